@@ -1,0 +1,41 @@
+//! The forkvm snapshot format.
+//!
+//! A snapshot is a directory `<store>/snapshots/<tag>/` holding three files:
+//!
+//! | file            | contents                                                                 | module           |
+//! |-----------------|--------------------------------------------------------------------------|------------------|
+//! | `snapshot.json` | metadata: tag, status, lineage, guest identity, memory size, vCPU count  | [`metadata`]     |
+//! | `vmstate.bin`   | encoded VM state (vCPU, irqchip, devices) in a checksummed container      | [`container`]    |
+//! | `memory.img`    | guest memory, byte for byte; sparse — all-zero pages are holes           | [`memory_image`] |
+//!
+//! `<tag>` follows the single rule in [`tag`]. Directories are written via
+//! [`dir::SnapshotWriter`] into `<tag>.partial/` and renamed into place only
+//! once every file is synced, so a crash never leaves a half-written snapshot
+//! under its real name; [`dir::SnapshotDir::open`] refuses incomplete ones.
+//!
+//! **Snapshot bytes are untrusted input.** A snapshot directory may have been
+//! copied from elsewhere, truncated, or tampered with. Every reader here
+//! checks sizes against caps before reading, refuses unknown format versions
+//! and unknown fields, and verifies checksums; callers must still treat the
+//! decoded VM state as untrusted and validate it before loading it into KVM.
+
+pub mod container;
+pub mod dir;
+pub mod memory_image;
+pub mod metadata;
+pub mod tag;
+
+pub use container::{
+    decode_vmstate, encode_vmstate, read_vmstate_file, write_vmstate_file, ContainerError,
+    VMSTATE_FORMAT_VERSION, VMSTATE_MAGIC, VMSTATE_MAX_BYTES,
+};
+pub use dir::{DirError, SnapshotDir, SnapshotWriter, MEMORY_IMG, SNAPSHOT_JSON, VMSTATE_BIN};
+pub use memory_image::{
+    allocated_bytes, create_image, open_image, write_sparse, MemoryImageError, SparseStats,
+    PAGE_SIZE,
+};
+pub use metadata::{
+    read_meta, write_meta, GuestIdentity, MetadataError, SnapshotMeta, SnapshotStatus,
+    METADATA_FORMAT_VERSION,
+};
+pub use tag::{validate_tag, TagError};

@@ -1,0 +1,306 @@
+//! `snapshot.json`: the human-readable description of a snapshot.
+//!
+//! It records what the snapshot is (tag, lineage, guest identity, machine
+//! shape) and whether it was completely written. It is parsed strictly —
+//! unknown fields and unknown format versions are refused — because a
+//! snapshot directory is untrusted input and a misread description could
+//! restore the wrong machine.
+
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Format version of `snapshot.json` written by this build. Readers accept
+/// exactly this version; any incompatible change bumps it.
+pub const METADATA_FORMAT_VERSION: u32 = 1;
+
+/// Largest `snapshot.json` accepted (1 MiB).
+pub const METADATA_MAX_BYTES: u64 = 1 << 20;
+
+/// Whether a snapshot's files are complete.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SnapshotStatus {
+    /// The snapshot is still being written; it must not be restored.
+    Writing,
+    /// All files are written and synced.
+    Ready,
+}
+
+/// Which guest the snapshot was taken from.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct GuestIdentity {
+    /// Guest kind: `"testguest"` or `"linux"`.
+    pub kind: String,
+    /// Guest name (e.g. kernel image name).
+    pub name: String,
+    /// Hash of the guest image contents, if known.
+    #[serde(default)]
+    pub content_hash: Option<String>,
+}
+
+/// Contents of `snapshot.json`.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotMeta {
+    /// Must equal [`METADATA_FORMAT_VERSION`].
+    pub format_version: u32,
+    /// The snapshot's tag (also its directory name).
+    pub tag: String,
+    /// Creation time, milliseconds since the Unix epoch.
+    pub created_at_unix_ms: u64,
+    /// Whether the snapshot is complete.
+    pub status: SnapshotStatus,
+    /// Guest memory size in bytes (= logical size of `memory.img`).
+    pub mem_size_bytes: u64,
+    /// Number of vCPUs.
+    pub vcpu_count: u8,
+    /// Interrupt controller model.
+    pub irqchip: String,
+    /// The guest this snapshot was taken from.
+    pub guest: GuestIdentity,
+    /// Tag of the snapshot this one was derived from.
+    #[serde(default)]
+    pub parent_tag: Option<String>,
+    /// Content hash of the parent snapshot.
+    #[serde(default)]
+    pub parent_hash: Option<String>,
+    /// Tag of the snapshot this one was forked (branched) from.
+    #[serde(default)]
+    pub branched_from: Option<String>,
+    /// Volumes attached to the VM.
+    #[serde(default)]
+    pub volumes: Vec<String>,
+    /// Bytes of disk actually allocated to `memory.img`.
+    pub memory_bytes_allocated: u64,
+}
+
+/// Why `snapshot.json` could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum MetadataError {
+    /// The file does not exist.
+    #[error("snapshot.json missing: {0} does not exist")]
+    Missing(PathBuf),
+    /// Opening, stat-ing or reading the file failed.
+    #[error("snapshot.json: cannot read {path}: {source}")]
+    ReadFile {
+        /// The file.
+        path: PathBuf,
+        /// Underlying error.
+        source: io::Error,
+    },
+    /// The file is larger than [`METADATA_MAX_BYTES`].
+    #[error(
+        "snapshot.json: {path} is {size} bytes, over the {max}-byte limit: the file is corrupt"
+    )]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        size: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// The file is not valid JSON or does not match the expected schema.
+    #[error("snapshot.json: cannot parse {path}: {source}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// Parser error (includes line and column).
+        source: serde_json::Error,
+    },
+    /// The file declares a format version this build does not know.
+    #[error("snapshot.json: format version {found} is not supported (this build reads version {supported}): {path}")]
+    UnsupportedVersion {
+        /// The file.
+        path: PathBuf,
+        /// Version stored in the file.
+        found: u32,
+        /// Version this build supports.
+        supported: u32,
+    },
+    /// Serialising the metadata failed.
+    #[error("snapshot.json: cannot serialise metadata: {0}")]
+    Serialize(serde_json::Error),
+    /// Creating, writing or syncing the file failed.
+    #[error("snapshot.json: cannot write {path}: {source}")]
+    WriteFile {
+        /// The file.
+        path: PathBuf,
+        /// Underlying error.
+        source: io::Error,
+    },
+}
+
+/// Writes `meta` to `path` as pretty JSON and fsyncs the file.
+pub fn write_meta(path: &Path, meta: &SnapshotMeta) -> Result<(), MetadataError> {
+    let mut json = serde_json::to_vec_pretty(meta).map_err(MetadataError::Serialize)?;
+    json.push(b'\n');
+    let err = |source| MetadataError::WriteFile {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = File::create(path).map_err(err)?;
+    file.write_all(&json).map_err(err)?;
+    file.sync_all().map_err(err)
+}
+
+/// Reads and strictly parses `snapshot.json` at `path`.
+pub fn read_meta(path: &Path) -> Result<SnapshotMeta, MetadataError> {
+    let err = |source| MetadataError::ReadFile {
+        path: path.to_path_buf(),
+        source,
+    };
+    let size = match fs::metadata(path) {
+        Ok(m) => m.len(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(MetadataError::Missing(path.to_path_buf()))
+        }
+        Err(e) => return Err(err(e)),
+    };
+    if size > METADATA_MAX_BYTES {
+        return Err(MetadataError::TooLarge {
+            path: path.to_path_buf(),
+            size,
+            max: METADATA_MAX_BYTES,
+        });
+    }
+    let mut bytes = Vec::new();
+    File::open(path)
+        .map_err(err)?
+        .take(METADATA_MAX_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(err)?;
+    let parse_err = |source| MetadataError::Parse {
+        path: path.to_path_buf(),
+        source,
+    };
+    // Check the version first, so a future format with different fields is
+    // reported as "unsupported version" rather than a confusing schema error.
+    #[derive(Deserialize)]
+    struct VersionOnly {
+        format_version: u32,
+    }
+    let version: VersionOnly = serde_json::from_slice(&bytes).map_err(parse_err)?;
+    if version.format_version != METADATA_FORMAT_VERSION {
+        return Err(MetadataError::UnsupportedVersion {
+            path: path.to_path_buf(),
+            found: version.format_version,
+            supported: METADATA_FORMAT_VERSION,
+        });
+    }
+    serde_json::from_slice(&bytes).map_err(parse_err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> SnapshotMeta {
+        SnapshotMeta {
+            format_version: METADATA_FORMAT_VERSION,
+            tag: "base".into(),
+            created_at_unix_ms: 1_700_000_000_000,
+            status: SnapshotStatus::Ready,
+            mem_size_bytes: 256 << 20,
+            vcpu_count: 2,
+            irqchip: "kvm-in-kernel".into(),
+            guest: GuestIdentity {
+                kind: "linux".into(),
+                name: "vmlinux".into(),
+                content_hash: Some("abc123".into()),
+            },
+            parent_tag: Some("root".into()),
+            parent_hash: None,
+            branched_from: None,
+            volumes: vec!["data".into()],
+            memory_bytes_allocated: 12 << 20,
+        }
+    }
+
+    #[test]
+    fn round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("snapshot.json");
+        write_meta(&path, &sample()).unwrap();
+        assert_eq!(read_meta(&path).unwrap(), sample());
+        let text = fs::read_to_string(&path).unwrap();
+        assert!(text.contains("\"status\": \"ready\""), "{text}");
+    }
+
+    #[test]
+    fn optional_fields_may_be_absent() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("snapshot.json");
+        let json = r#"{"format_version":1,"tag":"t","created_at_unix_ms":1,
+            "status":"writing","mem_size_bytes":4096,"vcpu_count":1,
+            "irqchip":"x","guest":{"kind":"testguest","name":"g"},
+            "memory_bytes_allocated":0}"#;
+        fs::write(&path, json).unwrap();
+        let meta = read_meta(&path).unwrap();
+        assert_eq!(meta.status, SnapshotStatus::Writing);
+        assert_eq!(meta.parent_tag, None);
+        assert!(meta.volumes.is_empty());
+        assert_eq!(meta.guest.content_hash, None);
+    }
+
+    #[test]
+    fn unknown_field_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("snapshot.json");
+        let mut value = serde_json::to_value(sample()).unwrap();
+        value["surprise"] = serde_json::json!(1);
+        fs::write(&path, value.to_string()).unwrap();
+        let err = read_meta(&path).unwrap_err();
+        assert!(matches!(err, MetadataError::Parse { .. }));
+        assert!(err.to_string().contains("surprise"), "{err}");
+    }
+
+    #[test]
+    fn unknown_version_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("snapshot.json");
+        fs::write(&path, r#"{"format_version": 2, "new_field": true}"#).unwrap();
+        let err = read_meta(&path).unwrap_err();
+        assert!(matches!(
+            err,
+            MetadataError::UnsupportedVersion {
+                found: 2,
+                supported: 1,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn garbage_is_a_parse_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("snapshot.json");
+        fs::write(&path, "not json").unwrap();
+        assert!(matches!(
+            read_meta(&path).unwrap_err(),
+            MetadataError::Parse { .. }
+        ));
+    }
+
+    #[test]
+    fn missing_and_oversized_files_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("snapshot.json");
+        assert!(matches!(
+            read_meta(&path).unwrap_err(),
+            MetadataError::Missing(p) if p == path
+        ));
+        File::create(&path)
+            .unwrap()
+            .set_len(METADATA_MAX_BYTES + 1)
+            .unwrap();
+        assert!(matches!(
+            read_meta(&path).unwrap_err(),
+            MetadataError::TooLarge { .. }
+        ));
+    }
+}

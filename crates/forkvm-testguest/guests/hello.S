@@ -1,0 +1,8 @@
+# hello: print one line on COM1 from ring 3, then sleep until the VMM stops us.
+        .include "prelude.S"
+main:
+        lea     rsi, [rip + msg]
+        call    puts
+1:      hlt
+        jmp     1b
+msg:    .asciz  "hello from ring 3\n"

@@ -1,0 +1,146 @@
+//! Tiny freestanding x86-64 test guests for forkvm's fast test tier.
+//!
+//! On PVM hosts guest ring-0 code runs through KVM's instruction emulator, ~1000x slower
+//! than native. These guests spend a handful of ring-0 instructions setting up (GDT, TSS,
+//! IDT, IOAPIC route for COM1), then drop to ring 3 with IOPL=3 and do all their work
+//! there at native speed. They exercise the VMM's boot path, serial port, interrupts,
+//! snapshot, restore and fork in milliseconds.
+//!
+//! Each guest is a flat binary loaded at [`IMAGE_BASE`] and entered in 64-bit mode; its
+//! arguments are little-endian u64 words the VMM writes at [`ARGS_ADDR`]. Sources are in
+//! `guests/*.S`, assembled by `build.rs`.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// Guest physical address the image is loaded at and entered.
+pub const IMAGE_BASE: u64 = 0x10_0000;
+/// Guest physical address of the u64 argument block.
+pub const ARGS_ADDR: u64 = 0x7000;
+/// Most arguments a guest takes.
+pub const MAX_ARGS: usize = 8;
+/// I/O port a guest writes its exit code to (see `exit` in `prelude.S`).
+pub const EXIT_PORT: u16 = 0x501;
+/// Exit code the guests' CPU-exception handler reports.
+pub const EXIT_CODE_FAULT: u8 = 0xfe;
+/// `count`: guest physical addresses of the published counter and hash.
+pub const COUNT_COUNTER_ADDR: u64 = 0x6000;
+pub const COUNT_HASH_ADDR: u64 = 0x6008;
+
+/// The test guests this crate builds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TestGuest {
+    /// Prints `hello from ring 3` and sleeps.
+    Hello,
+    /// Runs `args[0]` steps of a hash chain, prints `count=<hex> hash=<hex>`, exits 0.
+    Count,
+    /// Echoes COM1 input back.
+    Echo,
+    /// Fills `[args[0], args[0]+args[1])` with `args[2] ^ addr`, prints `ready`, then
+    /// serves peek/poke/sum/fill/ping commands on COM1 (see `guests/monitor.S`).
+    Monitor,
+}
+
+impl TestGuest {
+    pub const ALL: [TestGuest; 4] = [TestGuest::Hello, TestGuest::Count, TestGuest::Echo, TestGuest::Monitor];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            TestGuest::Hello => "hello",
+            TestGuest::Count => "count",
+            TestGuest::Echo => "echo",
+            TestGuest::Monitor => "monitor",
+        }
+    }
+
+    /// The flat binary image, to be loaded at [`IMAGE_BASE`].
+    pub fn image(self) -> &'static [u8] {
+        match self {
+            TestGuest::Hello => include_bytes!(concat!(env!("OUT_DIR"), "/hello.bin")),
+            TestGuest::Count => include_bytes!(concat!(env!("OUT_DIR"), "/count.bin")),
+            TestGuest::Echo => include_bytes!(concat!(env!("OUT_DIR"), "/echo.bin")),
+            TestGuest::Monitor => include_bytes!(concat!(env!("OUT_DIR"), "/monitor.bin")),
+        }
+    }
+}
+
+impl fmt::Display for TestGuest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for TestGuest {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        TestGuest::ALL.into_iter().find(|g| g.name() == s).ok_or_else(|| {
+            let names: Vec<_> = TestGuest::ALL.iter().map(|g| g.name()).collect();
+            format!("unknown test guest {s:?}; known: {}", names.join(", "))
+        })
+    }
+}
+
+/// The hash the `count` guest prints after `n` steps (see `guests/count.S`).
+pub fn count_hash(n: u64) -> u64 {
+    (1..=n).fold(0u64, |h, i| h.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(i))
+}
+
+/// Encodes `monitor` commands (see `guests/monitor.S`).
+pub mod monitor {
+    pub fn ping() -> Vec<u8> {
+        vec![b'p']
+    }
+    pub fn write(addr: u64, value: u64) -> Vec<u8> {
+        cmd(b'w', &[addr, value])
+    }
+    pub fn read(addr: u64) -> Vec<u8> {
+        cmd(b'r', &[addr])
+    }
+    pub fn sum(addr: u64, len: u64) -> Vec<u8> {
+        cmd(b's', &[addr, len])
+    }
+    pub fn fill(addr: u64, len: u64, seed: u64) -> Vec<u8> {
+        cmd(b'f', &[addr, len, seed])
+    }
+    /// The value the fill pattern puts at `addr`.
+    pub fn pattern_word(seed: u64, addr: u64) -> u64 {
+        seed ^ addr
+    }
+    fn cmd(op: u8, operands: &[u64]) -> Vec<u8> {
+        let mut bytes = vec![op];
+        for v in operands {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+        bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_guest_is_assembled_and_small() {
+        for g in TestGuest::ALL {
+            let img = g.image();
+            assert!(img.len() > 0x480 && img.len() < 64 * 1024, "{g}: {} bytes", img.len());
+            // The first instruction is `cli`.
+            assert_eq!(img[0], 0xfa, "{g} does not start with cli");
+        }
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for g in TestGuest::ALL {
+            assert_eq!(g.name().parse::<TestGuest>().unwrap(), g);
+        }
+        assert!("nope".parse::<TestGuest>().unwrap_err().contains("known: hello"));
+    }
+
+    #[test]
+    fn count_hash_matches_the_recurrence() {
+        assert_eq!(count_hash(0), 0);
+        assert_eq!(count_hash(1), 1);
+        assert_eq!(count_hash(2), 6_364_136_223_846_793_005u64.wrapping_add(2));
+    }
+}

@@ -1,0 +1,116 @@
+//! Routes vCPU I/O-port and MMIO exits to devices, and holds the devices' saved state.
+//!
+//! Port map: COM1 at 0x3f8, the test-exit port at 0x501. MMIO map: the IOAPIC window
+//! (split irqchip only). Unclaimed reads return all ones and unclaimed writes are
+//! dropped, as on a PC bus; a guest cannot stop the VMM by touching a hole.
+
+use super::ioapic::{Ioapic, IoapicState};
+use super::serial::{SerialDevice, SerialDeviceState, COM1_BASE, COM1_LEN};
+use crate::arch::x86_64::layout::{IOAPIC_SIZE, IOAPIC_START};
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Writing a byte here ends the run with that byte as the guest's exit code.
+pub const TEST_EXIT_PORT: u16 = 0x501;
+
+/// What the vCPU loop must do after a bus access.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BusAction {
+    Continue,
+    GuestExit(u8),
+}
+
+/// Saved state of every device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DevicesState {
+    pub serial: SerialDeviceState,
+    pub ioapic: Option<IoapicState>,
+}
+
+/// The VM's devices, shared by the vCPU threads and the control thread.
+#[derive(Debug)]
+pub struct Devices {
+    pub serial: Arc<Mutex<SerialDevice>>,
+    pub ioapic: Option<Arc<Mutex<Ioapic>>>,
+    unclaimed: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Devices {
+    pub fn new(serial: SerialDevice, ioapic: Option<Arc<Mutex<Ioapic>>>) -> Devices {
+        Devices { serial: Arc::new(Mutex::new(serial)), ioapic, unclaimed: AtomicU64::new(0) }
+    }
+
+    pub fn save(&self) -> DevicesState {
+        DevicesState { serial: lock(&self.serial).save(), ioapic: self.ioapic.as_ref().map(|i| lock(i).save()) }
+    }
+
+    fn note_unclaimed(&self, what: &str, addr: u64) {
+        // Rate-limited: a guest probing holes must not flood the log.
+        let n = self.unclaimed.fetch_add(1, Ordering::Relaxed);
+        if n < 16 || n.is_power_of_two() {
+            tracing::debug!(addr = format_args!("{addr:#x}"), count = n + 1, "unclaimed {what}");
+        }
+    }
+
+    pub fn pio_read(&self, port: u16, data: &mut [u8]) {
+        if (COM1_BASE..COM1_BASE + COM1_LEN).contains(&port) && data.len() == 1 {
+            data[0] = lock(&self.serial).read((port - COM1_BASE) as u8);
+        } else {
+            self.note_unclaimed("port read", port.into());
+            data.fill(0xff);
+        }
+    }
+
+    pub fn pio_write(&self, port: u16, data: &[u8]) -> BusAction {
+        if (COM1_BASE..COM1_BASE + COM1_LEN).contains(&port) && data.len() == 1 {
+            lock(&self.serial).write((port - COM1_BASE) as u8, data[0]);
+        } else if port == TEST_EXIT_PORT && !data.is_empty() {
+            return BusAction::GuestExit(data[0]);
+        } else {
+            self.note_unclaimed("port write", port.into());
+        }
+        BusAction::Continue
+    }
+
+    fn ioapic_at(&self, addr: u64) -> Option<&Arc<Mutex<Ioapic>>> {
+        self.ioapic.as_ref().filter(|_| (IOAPIC_START..IOAPIC_START + IOAPIC_SIZE).contains(&addr))
+    }
+
+    pub fn mmio_read(&self, addr: u64, data: &mut [u8]) {
+        match self.ioapic_at(addr) {
+            Some(io) => lock(io).mmio_read(addr - IOAPIC_START, data),
+            None => {
+                self.note_unclaimed("MMIO read", addr);
+                data.fill(0xff);
+            }
+        }
+    }
+
+    pub fn mmio_write(&self, addr: u64, data: &[u8]) {
+        match self.ioapic_at(addr) {
+            Some(io) => lock(io).mmio_write(addr - IOAPIC_START, data),
+            None => self.note_unclaimed("MMIO write", addr),
+        }
+    }
+
+    /// Queues serial input, waiting for FIFO room as the guest drains it (up to `timeout`).
+    pub fn send_serial_input(&self, mut input: &[u8], timeout: std::time::Duration) -> Result<(), String> {
+        let deadline = std::time::Instant::now() + timeout;
+        while !input.is_empty() {
+            let n = lock(&self.serial).enqueue(input).map_err(|e| e.to_string())?;
+            input = &input[n..];
+            if n == 0 {
+                if std::time::Instant::now() > deadline {
+                    return Err(format!("serial input: guest did not read its FIFO; {} bytes not sent", input.len()));
+                }
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+        }
+        Ok(())
+    }
+}

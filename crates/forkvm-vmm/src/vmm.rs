@@ -1,0 +1,378 @@
+//! A running VM in this process: its vCPU threads, devices and memory, and the
+//! operations the control socket exposes (status, pause, resume, snapshot, stop).
+
+use crate::arch::x86_64::cpuid::CpuTemplate;
+use crate::devices::Devices;
+use crate::persist::{StateError, VmState};
+use crate::vstate::irqchip::{IrqchipError, KernelIrqchipState};
+use crate::vstate::memory::{image_offsets, region_slices, total_size};
+use crate::vstate::vcpu::{VcpuEvent, VcpuExitReason, VcpuHandle, VcpuRequest, VcpuRunner};
+use crate::vstate::vcpu_state::VcpuStateError;
+use crate::vstate::vm::{Vm, VmError};
+use forkvm_snapshot::{GuestIdentity, SnapshotMeta, SnapshotStatus, SnapshotWriter};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{channel, Receiver};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+use vm_memory::GuestMemoryMmap;
+
+/// How long a vCPU has to acknowledge a pause or resume.
+const ACK_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunState {
+    Running,
+    Paused,
+    Exited,
+}
+
+/// What the guest is, as recorded in snapshots.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestInfo {
+    pub kind: String,
+    pub name: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum VmmError {
+    #[error("the VM has exited ({0:?})")]
+    Exited(VcpuExitReason),
+    #[error("vCPU {index} did not acknowledge {what} within {ACK_TIMEOUT:?}")]
+    AckTimeout { index: u8, what: &'static str },
+    #[error("saving vCPU {index}: {source}")]
+    SaveVcpu { index: u8, source: VcpuStateError },
+    #[error("saving the VM: {0}")]
+    SaveVm(#[from] VmError),
+    #[error("saving the irqchip: {0}")]
+    SaveIrqchip(#[from] IrqchipError),
+    #[error("snapshot: {0}")]
+    State(#[from] StateError),
+    #[error("snapshot: {0}")]
+    Dir(#[from] forkvm_snapshot::DirError),
+    #[error("snapshot: {0}")]
+    Container(#[from] forkvm_snapshot::ContainerError),
+    #[error("snapshot: {0}")]
+    MemoryImage(#[from] forkvm_snapshot::MemoryImageError),
+    #[error("snapshot: {0}")]
+    Metadata(#[from] forkvm_snapshot::MetadataError),
+    #[error("snapshot tag: {0}")]
+    Tag(#[from] forkvm_snapshot::TagError),
+    #[error("snapshot: measuring memory.img: {0}")]
+    MeasureImage(std::io::Error),
+    #[error("{0}")]
+    Input(String),
+}
+
+/// Set once when the VM stops for good; the process's main thread waits on it.
+#[derive(Debug, Default)]
+pub struct ExitLatch {
+    reason: Mutex<Option<VcpuExitReason>>,
+    cond: Condvar,
+}
+
+impl ExitLatch {
+    pub fn set(&self, reason: VcpuExitReason) {
+        let mut r = self.reason.lock().unwrap_or_else(|p| p.into_inner());
+        if r.is_none() {
+            *r = Some(reason);
+        }
+        self.cond.notify_all();
+    }
+
+    pub fn get(&self) -> Option<VcpuExitReason> {
+        self.reason.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Waits until set, or `timeout` passes.
+    pub fn wait(&self, timeout: Option<Duration>) -> Option<VcpuExitReason> {
+        let guard = self.reason.lock().unwrap_or_else(|p| p.into_inner());
+        let guard = match timeout {
+            None => self.cond.wait_while(guard, |r| r.is_none()).unwrap_or_else(|p| p.into_inner()),
+            Some(t) => self.cond.wait_timeout_while(guard, t, |r| r.is_none()).unwrap_or_else(|p| p.into_inner()).0,
+        };
+        guard.clone()
+    }
+}
+
+/// What a snapshot wrote.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SnapshotReport {
+    pub dir: PathBuf,
+    pub mem_size_bytes: u64,
+    pub memory_bytes_allocated: u64,
+    pub pause_ms: f64,
+    pub total_ms: f64,
+}
+
+/// Status, as the control socket reports it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VmmStatus {
+    pub state: RunState,
+    pub pid: u32,
+    pub vcpus: usize,
+    pub mem_size_bytes: u64,
+    pub irqchip: String,
+    pub cpu_template: String,
+    pub guest: GuestInfo,
+    pub exit: Option<String>,
+}
+
+#[derive(Debug)]
+pub struct Vmm {
+    vm: Vm,
+    memory: GuestMemoryMmap,
+    devices: Arc<Devices>,
+    vcpus: Vec<VcpuHandle>,
+    events: Receiver<VcpuEvent>,
+    exit: Arc<ExitLatch>,
+    guest: GuestInfo,
+    cpu_template: CpuTemplate,
+    state: RunState,
+}
+
+impl Vmm {
+    /// Starts the vCPU threads of a fully built VM.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn start(
+        vm: Vm,
+        memory: GuestMemoryMmap,
+        devices: Arc<Devices>,
+        runners: Vec<VcpuRunner>,
+        events: Receiver<VcpuEvent>,
+        guest: GuestInfo,
+        cpu_template: CpuTemplate,
+        start_paused: bool,
+    ) -> Result<Vmm, crate::builder::BuildError> {
+        let exit = Arc::new(ExitLatch::default());
+        // vCPU exits go to the latch through a forwarding channel so that `pause`, which
+        // waits for acknowledgements, never swallows one.
+        let (tx, rx) = channel();
+        let mut vcpus = Vec::new();
+        for mut runner in runners {
+            let index = runner.index;
+            let (fwd_tx, fwd_rx) = channel::<VcpuEvent>();
+            let upstream = std::mem::replace(&mut runner.events, fwd_tx);
+            drop(upstream);
+            let tx = tx.clone();
+            let latch = exit.clone();
+            std::thread::Builder::new()
+                .name(format!("vcpu{index}-events"))
+                .stack_size(64 << 10)
+                .spawn(move || {
+                    for ev in fwd_rx {
+                        if let VcpuEvent::Exited(_, reason) = &ev {
+                            latch.set(reason.clone());
+                        }
+                        if tx.send(ev).is_err() {
+                            break;
+                        }
+                    }
+                })
+                .map_err(|source| crate::builder::BuildError::SpawnVcpu { index, source })?;
+            vcpus.push(runner.spawn(start_paused).map_err(|source| crate::builder::BuildError::SpawnVcpu { index, source })?);
+        }
+        drop(events);
+        let state = if start_paused { RunState::Paused } else { RunState::Running };
+        Ok(Vmm { vm, memory, devices, vcpus, events: rx, exit, guest, cpu_template, state })
+    }
+
+    pub fn exit_latch(&self) -> Arc<ExitLatch> {
+        self.exit.clone()
+    }
+
+    pub fn devices(&self) -> &Arc<Devices> {
+        &self.devices
+    }
+
+    pub fn memory(&self) -> &GuestMemoryMmap {
+        &self.memory
+    }
+
+    pub fn state(&self) -> RunState {
+        if self.exit.get().is_some() {
+            RunState::Exited
+        } else {
+            self.state.clone()
+        }
+    }
+
+    pub fn status(&self) -> VmmStatus {
+        VmmStatus {
+            state: self.state(),
+            pid: std::process::id(),
+            vcpus: self.vcpus.len(),
+            mem_size_bytes: total_size(&self.memory),
+            irqchip: self.vm.irqchip.name().to_string(),
+            cpu_template: self.cpu_template.name().to_string(),
+            guest: self.guest.clone(),
+            exit: self.exit.get().map(|r| format!("{r:?}")),
+        }
+    }
+
+    fn check_alive(&self) -> Result<(), VmmError> {
+        match self.exit.get() {
+            Some(r) => Err(VmmError::Exited(r)),
+            None => Ok(()),
+        }
+    }
+
+    /// Sends `req` to every vCPU and waits until each acknowledged with `ack`.
+    fn broadcast(&mut self, make: impl Fn() -> VcpuRequest, what: &'static str, is_ack: fn(&VcpuEvent) -> Option<u8>) -> Result<(), VmmError> {
+        for v in &self.vcpus {
+            v.send(make());
+        }
+        let mut pending: Vec<u8> = self.vcpus.iter().map(|v| v.index).collect();
+        let deadline = Instant::now() + ACK_TIMEOUT;
+        while !pending.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.events.recv_timeout(left) {
+                Ok(VcpuEvent::Exited(_, reason)) => return Err(VmmError::Exited(reason)),
+                Ok(ev) => {
+                    if let Some(i) = is_ack(&ev) {
+                        pending.retain(|&p| p != i);
+                    }
+                }
+                Err(_) => return Err(VmmError::AckTimeout { index: pending[0], what }),
+            }
+        }
+        Ok(())
+    }
+
+    pub fn pause(&mut self) -> Result<(), VmmError> {
+        self.check_alive()?;
+        if self.state == RunState::Paused {
+            return Ok(());
+        }
+        self.broadcast(|| VcpuRequest::Pause, "pause", |e| match e {
+            VcpuEvent::Paused(i) => Some(*i),
+            _ => None,
+        })?;
+        self.state = RunState::Paused;
+        Ok(())
+    }
+
+    pub fn resume(&mut self) -> Result<(), VmmError> {
+        self.check_alive()?;
+        if self.state == RunState::Running {
+            return Ok(());
+        }
+        self.broadcast(|| VcpuRequest::Resume, "resume", |e| match e {
+            VcpuEvent::Resumed(i) => Some(*i),
+            _ => None,
+        })?;
+        self.state = RunState::Running;
+        Ok(())
+    }
+
+    /// The whole VM's state; the VM must be paused.
+    pub fn save_state(&mut self) -> Result<VmState, VmmError> {
+        self.check_alive()?;
+        let mut vcpus = Vec::new();
+        for v in &self.vcpus {
+            let (tx, rx) = channel();
+            v.send(VcpuRequest::Save(tx));
+            let state = rx
+                .recv_timeout(ACK_TIMEOUT)
+                .map_err(|_| VmmError::AckTimeout { index: v.index, what: "save" })?
+                .map_err(|source| VmmError::SaveVcpu { index: v.index, source })?;
+            vcpus.push(state);
+        }
+        let kernel_irqchip = match self.vm.irqchip {
+            crate::vstate::irqchip::IrqchipMode::Kernel => Some(KernelIrqchipState::save(&self.vm.fd)?),
+            crate::vstate::irqchip::IrqchipMode::Split => None,
+        };
+        Ok(VmState {
+            mem_size: total_size(&self.memory),
+            cpu_template: self.cpu_template,
+            irqchip_mode: self.vm.irqchip,
+            vcpus,
+            kernel_irqchip,
+            clock: self.vm.save_clock()?,
+            devices: self.devices.save(),
+        })
+    }
+
+    /// Writes a snapshot into the directory `dir` (which must not exist), crash-safely.
+    /// A running VM is paused for the duration and resumed afterwards.
+    pub fn snapshot(&mut self, dir: &Path) -> Result<SnapshotReport, VmmError> {
+        let started = Instant::now();
+        let tag = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        forkvm_snapshot::validate_tag(&tag)?;
+        let was_running = self.state == RunState::Running;
+        self.pause()?;
+        let result = self.write_snapshot(dir, &tag);
+        let paused_for = started.elapsed();
+        if was_running {
+            self.resume()?;
+        }
+        let (allocated, mem_size) = result?;
+        Ok(SnapshotReport {
+            dir: dir.to_path_buf(),
+            mem_size_bytes: mem_size,
+            memory_bytes_allocated: allocated,
+            pause_ms: paused_for.as_secs_f64() * 1e3,
+            total_ms: started.elapsed().as_secs_f64() * 1e3,
+        })
+    }
+
+    fn write_snapshot(&mut self, dir: &Path, tag: &str) -> Result<(u64, u64), VmmError> {
+        let state = self.save_state()?;
+        let writer = SnapshotWriter::begin(dir)?;
+        forkvm_snapshot::write_vmstate_file(&writer.path(forkvm_snapshot::VMSTATE_BIN), &state.encode_payload()?)?;
+        let mem_size = state.mem_size;
+        let image = forkvm_snapshot::create_image(&writer.path(forkvm_snapshot::MEMORY_IMG), mem_size)?;
+        for ((_, slice), offset) in region_slices(&self.memory).into_iter().zip(image_offsets(mem_size)) {
+            forkvm_snapshot::write_sparse(&image, offset, slice)?;
+        }
+        let allocated = forkvm_snapshot::allocated_bytes(&image).map_err(VmmError::MeasureImage)?;
+        let meta = SnapshotMeta {
+            format_version: forkvm_snapshot::METADATA_FORMAT_VERSION,
+            tag: tag.to_string(),
+            created_at_unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0),
+            status: SnapshotStatus::Ready,
+            mem_size_bytes: mem_size,
+            vcpu_count: state.vcpus.len() as u8,
+            irqchip: state.irqchip_mode.name().to_string(),
+            guest: GuestIdentity { kind: self.guest.kind.clone(), name: self.guest.name.clone(), content_hash: None },
+            parent_tag: None,
+            parent_hash: None,
+            branched_from: None,
+            volumes: Vec::new(),
+            memory_bytes_allocated: allocated,
+        };
+        forkvm_snapshot::write_meta(&writer.path(forkvm_snapshot::SNAPSHOT_JSON), &meta)?;
+        writer.commit()?;
+        Ok((allocated, mem_size))
+    }
+
+    /// Queues bytes on COM1's input.
+    pub fn send_serial_input(&self, data: &[u8]) -> Result<(), VmmError> {
+        self.check_alive()?;
+        self.devices.send_serial_input(data, Duration::from_secs(5)).map_err(VmmError::Input)
+    }
+
+    /// Stops the vCPU threads and waits for them.
+    pub fn stop(&mut self) {
+        for v in &self.vcpus {
+            v.send(VcpuRequest::Stop);
+        }
+        for v in &mut self.vcpus {
+            v.join();
+        }
+        self.exit.set(VcpuExitReason::Stopped);
+        self.state = RunState::Exited;
+    }
+}
+
+impl Drop for Vmm {
+    fn drop(&mut self) {
+        if self.vcpus.iter().any(|_| true) {
+            self.stop();
+        }
+    }
+}

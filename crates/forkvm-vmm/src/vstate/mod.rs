@@ -1,0 +1,7 @@
+//! KVM-side state: guest memory, the VM (irqchip, PIT, clock), vCPUs and their threads.
+
+pub mod irqchip;
+pub mod memory;
+pub mod vcpu;
+pub mod vcpu_state;
+pub mod vm;

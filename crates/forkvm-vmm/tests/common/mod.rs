@@ -1,0 +1,94 @@
+//! Helpers shared by the KVM tests: boot a test guest, read its console.
+
+#![allow(dead_code)]
+
+use forkvm_testguest::{TestGuest, IMAGE_BASE};
+use forkvm_vmm::arch::x86_64::cpuid::CpuTemplate;
+use forkvm_vmm::devices::serial::ConsoleOut;
+use forkvm_vmm::host::{open_kvm, HostKind};
+use forkvm_vmm::vstate::irqchip::IrqchipMode;
+use forkvm_vmm::{boot, BootConfig, Payload, Vmm};
+use std::io::Read;
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+pub fn kvm() -> kvm_ioctls::Kvm {
+    open_kvm().expect("these tests need /dev/kvm")
+}
+
+/// A console stream: the VMM writes the guest's serial output to one end, the test
+/// reads the other.
+pub struct Console {
+    stream: UnixStream,
+    pub seen: Vec<u8>,
+}
+
+impl Console {
+    pub fn pair() -> (Console, ConsoleOut) {
+        let (a, b) = UnixStream::pair().unwrap();
+        a.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        (Console { stream: a, seen: Vec::new() }, ConsoleOut::new(None, Some(b)))
+    }
+
+    /// Reads until the output contains `needle` (after `from`), or panics after `timeout`.
+    pub fn wait_for(&mut self, needle: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(pos) = find(&self.seen, needle.as_bytes()) {
+                let text = String::from_utf8_lossy(&self.seen[..pos + needle.len()]).into_owned();
+                self.seen.drain(..pos + needle.len());
+                return text;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {needle:?}; console so far: {:?}",
+                String::from_utf8_lossy(&self.seen)
+            );
+            let mut buf = [0u8; 4096];
+            match self.stream.read(&mut buf) {
+                Ok(0) => panic!("console closed; so far: {:?}", String::from_utf8_lossy(&self.seen)),
+                Ok(n) => self.seen.extend_from_slice(&buf[..n]),
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// The next line (without the newline).
+    pub fn line(&mut self, timeout: Duration) -> String {
+        let text = self.wait_for("\n", timeout);
+        text.trim_end_matches('\n').to_string()
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+pub fn template() -> CpuTemplate {
+    CpuTemplate::for_host(HostKind::detect())
+}
+
+pub fn boot_guest(guest: TestGuest, args: &[u64], mem_mib: u64, irqchip: IrqchipMode) -> (Vmm, Console) {
+    let (console, out) = Console::pair();
+    let vmm = boot(
+        &kvm(),
+        BootConfig {
+            mem_size: mem_mib << 20,
+            vcpu_count: 1,
+            irqchip,
+            cpu_template: template(),
+            payload: Payload::Flat {
+                name: guest.name().into(),
+                image: guest.image().to_vec(),
+                image_base: IMAGE_BASE,
+                args: args.to_vec(),
+            },
+            console: out,
+            start_paused: false,
+        },
+    )
+    .expect("boot");
+    (vmm, console)
+}
+
+pub const T: Duration = Duration::from_secs(10);
