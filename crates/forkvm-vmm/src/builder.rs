@@ -259,9 +259,13 @@ pub fn prepare(dir: &Path) -> Result<PreparedSnapshot, BuildError> {
 /// mapping of `memory.img`.
 pub fn restore(kvm: &Kvm, snap: &PreparedSnapshot, console: ConsoleOut, start_paused: bool) -> Result<Vmm, BuildError> {
     let state = &snap.state;
+    let mut timer = PhaseTimer::new();
     let vm = Vm::create(kvm, state.irqchip_mode)?;
+    timer.mark("create_vm");
     let mem = memory::private_file_mapping(&snap.memory, state.mem_size)?;
+    timer.mark("map_memory");
     vm.register_memory(&mem)?;
+    timer.mark("register_memory");
     let devices = attach_devices(&vm, console, Some(&state.devices))?;
     let (events_tx, events) = channel();
     let mut runners = Vec::new();
@@ -278,10 +282,34 @@ pub fn restore(kvm: &Kvm, snap: &PreparedSnapshot, console: ConsoleOut, start_pa
             events: events_tx.clone(),
         });
     }
+    timer.mark("vcpus");
     if let Some(k) = &state.kernel_irqchip {
         k.restore(&vm.fd)?;
     }
     vm.restore_clock(&state.clock)?;
+    timer.mark("irqchip_clock");
     let guest = GuestInfo { kind: snap.meta.guest.kind.clone(), name: snap.meta.guest.name.clone() };
-    Vmm::start(vm, mem, devices, runners, events, guest, state.cpu_template, start_paused)
+    let mut vmm = Vmm::start(vm, mem, devices, runners, events, guest, state.cpu_template, start_paused)?;
+    timer.mark("start_threads");
+    vmm.set_restore_phases(timer.phases);
+    Ok(vmm)
+}
+
+/// Wall time of each restore step, for benchmarks (`status` reports them).
+#[derive(Debug)]
+struct PhaseTimer {
+    last: std::time::Instant,
+    phases: Vec<(String, f64)>,
+}
+
+impl PhaseTimer {
+    fn new() -> PhaseTimer {
+        PhaseTimer { last: std::time::Instant::now(), phases: Vec::new() }
+    }
+
+    fn mark(&mut self, name: &str) {
+        let now = std::time::Instant::now();
+        self.phases.push((name.to_string(), (now - self.last).as_secs_f64() * 1e6));
+        self.last = now;
+    }
 }

@@ -42,25 +42,30 @@ impl HostKind {
 /// Why `/dev/kvm` cannot be used, in words a user can act on.
 #[derive(Debug, thiserror::Error)]
 pub enum KvmUnavailable {
-    #[error("/dev/kvm does not exist: this host has no KVM (load kvm_intel, kvm_amd or kvm_pvm, or run on a host with virtualization)")]
-    Missing,
+    #[error("{0} does not exist: this host has no KVM (load kvm_intel, kvm_amd or kvm_pvm, or run on a host with virtualization)")]
+    Missing(String),
     #[error("/dev/kvm exists but cannot be opened read-write ({0}): run as root or add your user to the kvm group")]
     Permission(std::io::Error),
     #[error("/dev/kvm cannot be opened: {0}")]
     Open(std::io::Error),
-    #[error("KVM API version {0} is not the supported version 12")]
+    #[error("the KVM device answered API version {0}, not 12: it is not a usable /dev/kvm")]
     ApiVersion(i32),
 }
 
-/// Opens `/dev/kvm`, turning each failure into an explanation.
+/// Environment variable that points forkvm at another KVM device node (for tests of
+/// the "no KVM" path, and hosts with an unusual layout).
+pub const KVM_DEVICE_ENV: &str = "FORKVM_KVM_DEVICE";
+
+/// Opens `/dev/kvm` (or `$FORKVM_KVM_DEVICE`), turning each failure into an explanation.
 pub fn open_kvm() -> Result<kvm_ioctls::Kvm, KvmUnavailable> {
-    open_kvm_at(Path::new("/dev/kvm"))
+    let path = std::env::var_os(KVM_DEVICE_ENV).unwrap_or_else(|| "/dev/kvm".into());
+    open_kvm_at(Path::new(&path))
 }
 
 /// Opens a KVM device node at `path` (tests point this elsewhere).
 pub fn open_kvm_at(path: &Path) -> Result<kvm_ioctls::Kvm, KvmUnavailable> {
     if !path.exists() {
-        return Err(KvmUnavailable::Missing);
+        return Err(KvmUnavailable::Missing(path.display().to_string()));
     }
     let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| KvmUnavailable::Open(e.into()))?;
     let kvm = kvm_ioctls::Kvm::new_with_path(&c_path).map_err(|e| {
@@ -84,8 +89,8 @@ mod tests {
     #[test]
     fn missing_device_is_explained() {
         let err = open_kvm_at(Path::new("/nonexistent/kvm")).unwrap_err();
-        assert!(matches!(err, KvmUnavailable::Missing));
-        assert!(err.to_string().contains("/dev/kvm does not exist"));
+        assert!(matches!(err, KvmUnavailable::Missing(_)));
+        assert!(err.to_string().contains("/nonexistent/kvm does not exist: this host has no KVM"));
     }
 
     #[test]

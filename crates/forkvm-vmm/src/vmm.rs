@@ -117,6 +117,9 @@ pub struct VmmStatus {
     pub cpu_template: String,
     pub guest: GuestInfo,
     pub exit: Option<String>,
+    /// Microseconds per restore step, when this VM was restored from a snapshot.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub restore_phases_us: Vec<(String, f64)>,
 }
 
 #[derive(Debug)]
@@ -130,6 +133,7 @@ pub struct Vmm {
     guest: GuestInfo,
     cpu_template: CpuTemplate,
     state: RunState,
+    restore_phases_us: Vec<(String, f64)>,
 }
 
 impl Vmm {
@@ -175,7 +179,11 @@ impl Vmm {
         }
         drop(events);
         let state = if start_paused { RunState::Paused } else { RunState::Running };
-        Ok(Vmm { vm, memory, devices, vcpus, events: rx, exit, guest, cpu_template, state })
+        Ok(Vmm { vm, memory, devices, vcpus, events: rx, exit, guest, cpu_template, state, restore_phases_us: Vec::new() })
+    }
+
+    pub(crate) fn set_restore_phases(&mut self, phases: Vec<(String, f64)>) {
+        self.restore_phases_us = phases;
     }
 
     pub fn exit_latch(&self) -> Arc<ExitLatch> {
@@ -208,6 +216,7 @@ impl Vmm {
             cpu_template: self.cpu_template.name().to_string(),
             guest: self.guest.clone(),
             exit: self.exit.get().map(|r| format!("{r:?}")),
+            restore_phases_us: self.restore_phases_us.clone(),
         }
     }
 
@@ -356,6 +365,26 @@ impl Vmm {
         self.devices.send_serial_input(data, Duration::from_secs(5)).map_err(VmmError::Input)
     }
 
+    /// Feeds everything read from `stream` to COM1's input, on a thread of its own (the
+    /// console stream of a child is both its serial output and input).
+    pub fn forward_input(&self, mut stream: std::os::unix::net::UnixStream) -> std::io::Result<()> {
+        use std::io::Read;
+        let devices = self.devices.clone();
+        let latch = self.exit.clone();
+        std::thread::Builder::new().name("serial-in".into()).stack_size(64 << 10).spawn(move || {
+            let mut buf = [0u8; 256];
+            while let Ok(n) = stream.read(&mut buf) {
+                if n == 0 || latch.get().is_some() {
+                    break;
+                }
+                if let Err(e) = devices.send_serial_input(&buf[..n], Duration::from_secs(60)) {
+                    tracing::warn!(error = %e, "dropping serial input");
+                }
+            }
+        })?;
+        Ok(())
+    }
+
     /// Stops the vCPU threads and waits for them.
     pub fn stop(&mut self) {
         for v in &self.vcpus {
@@ -371,8 +400,6 @@ impl Vmm {
 
 impl Drop for Vmm {
     fn drop(&mut self) {
-        if self.vcpus.iter().any(|_| true) {
-            self.stop();
-        }
+        self.stop();
     }
 }

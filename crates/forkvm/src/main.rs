@@ -1,1 +1,60 @@
-fn main(){}
+//! `forkvm`: the command-line interface. Thin: parses, calls the library, prints.
+
+mod bench_fork;
+mod doctor;
+mod fork_cmd;
+mod procstat;
+mod vm_cmd;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "forkvm", version, about = "microVM sandboxes that fork in milliseconds")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Boot a VM in this process and run it until it stops.
+    Boot(vm_cmd::BootArgs),
+    /// Restore a VM from a snapshot directory in this process and run it.
+    Restore(vm_cmd::RestoreArgs),
+    /// Talk to a running VMM over its control socket.
+    Ctl(vm_cmd::CtlArgs),
+    /// Start N child VMs from one snapshot (copy-on-write memory); they keep running.
+    Fork(fork_cmd::ForkArgs),
+    /// Benchmarks; each prints one JSON object.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+    /// Check what this host can run.
+    Doctor(doctor::DoctorArgs),
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCommand {
+    /// Fork N children from a snapshot of a warmed test guest, against N cold boots.
+    Fork(bench_fork::BenchForkArgs),
+}
+
+fn main() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FORKVM_LOG").unwrap_or_else(|_| "warn".into());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Boot(a) => vm_cmd::boot(a),
+        Command::Restore(a) => vm_cmd::restore(a),
+        Command::Ctl(a) => vm_cmd::ctl(a),
+        Command::Fork(a) => fork_cmd::run(a),
+        Command::Bench(BenchCommand::Fork(a)) => bench_fork::run(a),
+        Command::Doctor(a) => doctor::run(a),
+    };
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("forkvm: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! Control-socket messages. Requests reject unknown fields; responses carry either a
+//! result or an error string that names what failed.
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// Longest request line the server reads.
+pub const MAX_REQUEST_BYTES: usize = 1 << 20;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    Status,
+    Pause,
+    Resume,
+    /// Snapshot into `dir`, which must not exist; its last component is the tag.
+    Snapshot { dir: PathBuf },
+    /// Bytes for COM1's input, hex-encoded.
+    SendInput { hex: String },
+    Shutdown,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Response {
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Response {
+    pub fn ok(result: serde_json::Value) -> Response {
+        Response { ok: true, result: Some(result), error: None }
+    }
+    pub fn err(error: impl Into<String>) -> Response {
+        Response { ok: false, result: None, error: Some(error.into()) }
+    }
+}
+
+pub fn hex_encode(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub fn hex_decode(s: &str) -> Result<Vec<u8>, String> {
+    if s.len() % 2 != 0 {
+        return Err(format!("hex input has odd length {}", s.len()));
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| {
+            s.get(i..i + 2)
+                .and_then(|pair| u8::from_str_radix(pair, 16).ok())
+                .ok_or_else(|| format!("hex input is not hex at offset {i}"))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_parse_and_reject_unknown_fields() {
+        let r: Request = serde_json::from_str(r#"{"op":"snapshot","dir":"/x/t"}"#).unwrap();
+        assert_eq!(r, Request::Snapshot { dir: "/x/t".into() });
+        assert!(serde_json::from_str::<Request>(r#"{"op":"pause","x":1}"#).is_err());
+        assert!(serde_json::from_str::<Request>(r#"{"op":"reboot"}"#).is_err());
+    }
+
+    #[test]
+    fn hex_round_trips_and_rejects_garbage() {
+        let bytes = vec![0, 1, 0xab, 0xff];
+        assert_eq!(hex_decode(&hex_encode(&bytes)).unwrap(), bytes);
+        assert!(hex_decode("abc").unwrap_err().contains("odd"));
+        assert!(hex_decode("zz").unwrap_err().contains("offset 0"));
+    }
+}

@@ -1,0 +1,126 @@
+//! Serves a VMM's control socket until the VM stops.
+//!
+//! The main thread of a VMM process calls [`serve_until_exit`]: it binds the socket,
+//! answers requests on a listener thread (one thread per connection; requests on the
+//! `Vmm` are serialized by its mutex) and returns when the guest exits or a `shutdown`
+//! request arrives, after stopping the vCPUs and removing the socket.
+
+use super::protocol::{hex_decode, Request, Response, MAX_REQUEST_BYTES};
+use crate::vmm::{ExitLatch, Vmm};
+use crate::vstate::vcpu::VcpuExitReason;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("control socket {path} is in use by a running VMM")]
+    InUse { path: PathBuf },
+    #[error("binding the control socket {path}: {source}")]
+    Bind { path: PathBuf, source: std::io::Error },
+    #[error("starting the control thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// Binds `path`, replacing a stale socket nobody listens on.
+fn bind(path: &Path) -> Result<UnixListener, ServeError> {
+    if path.exists() {
+        if UnixStream::connect(path).is_ok() {
+            return Err(ServeError::InUse { path: path.into() });
+        }
+        let _ = std::fs::remove_file(path);
+    }
+    UnixListener::bind(path).map_err(|source| ServeError::Bind { path: path.into(), source })
+}
+
+/// Runs until the VM stops; returns why it stopped.
+pub fn serve_until_exit(vmm: Vmm, socket: Option<&Path>) -> Result<VcpuExitReason, ServeError> {
+    let latch = vmm.exit_latch();
+    let vmm = Arc::new(Mutex::new(vmm));
+    if let Some(path) = socket {
+        let listener = bind(path)?;
+        let (vmm, latch) = (vmm.clone(), latch.clone());
+        std::thread::Builder::new()
+            .name("control".into())
+            .stack_size(256 << 10)
+            .spawn(move || accept_loop(listener, vmm, latch))
+            .map_err(ServeError::Thread)?;
+    }
+    let reason = latch.wait(None).unwrap_or(VcpuExitReason::Stopped);
+    vmm.lock().unwrap_or_else(|p| p.into_inner()).stop();
+    if let Some(path) = socket {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(reason)
+}
+
+fn accept_loop(listener: UnixListener, vmm: Arc<Mutex<Vmm>>, latch: Arc<ExitLatch>) {
+    for conn in listener.incoming() {
+        let Ok(conn) = conn else { continue };
+        let (vmm, latch) = (vmm.clone(), latch.clone());
+        let spawned = std::thread::Builder::new()
+            .name("control-conn".into())
+            .stack_size(256 << 10)
+            .spawn(move || serve_connection(conn, vmm, latch));
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start a control connection thread");
+        }
+    }
+}
+
+fn serve_connection(conn: UnixStream, vmm: Arc<Mutex<Vmm>>, latch: Arc<ExitLatch>) {
+    let Ok(mut writer) = conn.try_clone() else { return };
+    let mut reader = BufReader::new(conn.take(u64::MAX));
+    loop {
+        let mut line = String::new();
+        reader.get_mut().set_limit(MAX_REQUEST_BYTES as u64 + 1);
+        match reader.read_line(&mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let response = if line.len() > MAX_REQUEST_BYTES {
+            // Not a line we can resynchronize on: answer and hang up.
+            let r = Response::err(format!("bad request: longer than {MAX_REQUEST_BYTES} bytes"));
+            let _ = writeln!(writer, "{}", serde_json::to_string(&r).unwrap_or_default());
+            return;
+        } else {
+            match serde_json::from_str::<Request>(line.trim_end()) {
+                Ok(req) => handle(req, &vmm, &latch),
+                Err(e) => Response::err(format!("bad request: {e}")),
+            }
+        };
+        let text = serde_json::to_string(&response).unwrap_or_else(|e| format!(r#"{{"ok":false,"error":"{e}"}}"#));
+        if writeln!(writer, "{text}").is_err() {
+            return;
+        }
+    }
+}
+
+fn handle(req: Request, vmm: &Mutex<Vmm>, latch: &ExitLatch) -> Response {
+    let mut vmm = vmm.lock().unwrap_or_else(|p| p.into_inner());
+    let json = |v: Result<serde_json::Value, String>| match v {
+        Ok(v) => Response::ok(v),
+        Err(e) => Response::err(e),
+    };
+    let status = |vmm: &Vmm| serde_json::to_value(vmm.status()).map_err(|e| e.to_string());
+    match req {
+        Request::Status => json(status(&vmm)),
+        Request::Pause => json(vmm.pause().map_err(|e| e.to_string()).and_then(|_| status(&vmm))),
+        Request::Resume => json(vmm.resume().map_err(|e| e.to_string()).and_then(|_| status(&vmm))),
+        Request::Snapshot { dir } => json(
+            vmm.snapshot(&dir)
+                .map_err(|e| e.to_string())
+                .and_then(|r| serde_json::to_value(r).map_err(|e| e.to_string())),
+        ),
+        Request::SendInput { hex } => json(
+            hex_decode(&hex)
+                .and_then(|bytes| vmm.send_serial_input(&bytes).map_err(|e| e.to_string()))
+                .map(|_| serde_json::Value::Null),
+        ),
+        Request::Shutdown => {
+            latch.set(VcpuExitReason::Stopped);
+            Response::ok(serde_json::Value::Null)
+        }
+    }
+}

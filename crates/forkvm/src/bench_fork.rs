@@ -1,0 +1,325 @@
+//! `forkvm bench fork`: fan-out of a warmed test guest against cold boots, one JSON object.
+//!
+//! The parent VM boots the `monitor` test guest, which fills all of its memory above
+//! 2 MiB with a pattern natively in ring 3 (its "warm-up"), then answers on COM1; it is
+//! snapshotted. Each run forks N children from that snapshot through one zygote, pings
+//! each child on its serial port and waits for every `pong`. The same N are then booted
+//! cold (fresh boot + the same fill) in the same invocation, for the ratio.
+//!
+//! Host-side numbers (spawn, restore phases, memory) are real on any host; guest-side
+//! time is inflated on PVM hosts only where the guest runs ring-0 code (here: the serial
+//! interrupt and halt paths, a few instructions per request).
+
+use crate::procstat::{mem_usage, MemUsage};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use forkvm_testguest::{monitor, TestGuest, IMAGE_BASE};
+use forkvm_vmm::arch::x86_64::cpuid::CpuTemplate;
+use forkvm_vmm::control::{serve_until_exit, ControlClient, Request};
+use forkvm_vmm::devices::serial::ConsoleOut;
+use forkvm_vmm::host::{open_kvm, HostKind};
+use forkvm_vmm::vstate::irqchip::IrqchipMode;
+use forkvm_vmm::zygote::{fork_and_run, ChildSpec, Zygote};
+use forkvm_vmm::{BootConfig, Payload};
+use serde_json::json;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+#[derive(Args, Debug)]
+pub struct BenchForkArgs {
+    /// Children per run.
+    #[arg(short = 'n', long, default_value_t = 100)]
+    pub count: usize,
+    /// Guest memory of the parent (and so of every child).
+    #[arg(long, default_value_t = 512)]
+    pub mem_mib: u64,
+    /// Fork runs; the JSON reports medians.
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+    /// Cold-boot runs of the same N.
+    #[arg(long, default_value_t = 1)]
+    pub cold_runs: usize,
+    /// Work directory (snapshot, sockets); default: a fresh directory under /tmp.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Print JSON only.
+    #[arg(long)]
+    pub json: bool,
+}
+
+const FILL_BASE: u64 = 2 << 20;
+const SEED: u64 = 0x5eed_f00d;
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
+
+fn monitor_config(mem_mib: u64, console: ConsoleOut) -> BootConfig {
+    let mem_size = mem_mib << 20;
+    BootConfig {
+        mem_size,
+        vcpu_count: 1,
+        irqchip: IrqchipMode::Split,
+        cpu_template: CpuTemplate::for_host(HostKind::detect()),
+        payload: Payload::Flat {
+            name: TestGuest::Monitor.name().into(),
+            image: TestGuest::Monitor.image().to_vec(),
+            image_base: IMAGE_BASE,
+            args: vec![FILL_BASE, mem_size - FILL_BASE, SEED],
+        },
+        console,
+        start_paused: false,
+    }
+}
+
+/// Forks a process that boots the monitor guest and serves `socket` (if any).
+fn spawn_cold(mem_mib: u64, stream: UnixStream, socket: Option<PathBuf>) -> Result<i32> {
+    let pid = fork_and_run(false, move || {
+        let run = || -> Result<()> {
+            let kvm = open_kvm()?;
+            let input = stream.try_clone()?;
+            let vmm = forkvm_vmm::boot(&kvm, monitor_config(mem_mib, ConsoleOut::new(None, Some(stream))))?;
+            vmm.forward_input(input)?;
+            serve_until_exit(vmm, socket.as_deref())?;
+            Ok(())
+        };
+        match run() {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("cold child: {e:#}");
+                70
+            }
+        }
+    })?;
+    Ok(pid)
+}
+
+/// Waits until every stream has produced `needle`; returns each one's time in ms.
+fn wait_all(streams: &mut [UnixStream], needle: &[u8], start: Instant, pids: &[i32]) -> Result<Vec<f64>> {
+    let mut seen: Vec<Vec<u8>> = vec![Vec::new(); streams.len()];
+    let mut done: Vec<Option<f64>> = vec![None; streams.len()];
+    let deadline = Instant::now() + ANSWER_TIMEOUT;
+    while done.iter().any(|d| d.is_none()) {
+        let mut fds: Vec<libc::pollfd> = streams
+            .iter()
+            .zip(&done)
+            .filter(|(_, d)| d.is_none())
+            .map(|(s, _)| libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLIN, revents: 0 })
+            .collect();
+        // SAFETY: `fds` is a valid array of pollfd of the given length.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 100) };
+        if n < 0 {
+            bail!("poll: {}", std::io::Error::last_os_error());
+        }
+        if Instant::now() > deadline {
+            let missing: Vec<i32> = done.iter().zip(pids).filter(|(d, _)| d.is_none()).map(|(_, p)| *p).collect();
+            bail!("{} children did not answer within {ANSWER_TIMEOUT:?} (pids {missing:?})", missing.len());
+        }
+        for pfd in fds.iter().filter(|p| p.revents != 0) {
+            let i = streams.iter().position(|s| s.as_raw_fd() == pfd.fd).expect("polled fd is ours");
+            let mut buf = [0u8; 512];
+            match streams[i].read(&mut buf) {
+                Ok(0) => bail!("child pid {} closed its console before answering: {:?}", pids[i], String::from_utf8_lossy(&seen[i])),
+                Ok(k) => seen[i].extend_from_slice(&buf[..k]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => bail!("reading child pid {}: {e}", pids[i]),
+            }
+            if seen[i].windows(needle.len()).any(|w| w == needle) {
+                done[i] = Some(start.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+    }
+    Ok(done.into_iter().map(|d| d.unwrap_or_default()).collect())
+}
+
+fn kill_all(pids: &[i32]) {
+    for &pid in pids {
+        // SAFETY: signalling and reaping our own children.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    for &pid in pids {
+        let mut status = 0;
+        // SAFETY: as above.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+    }
+}
+
+pub fn median(values: &mut [f64]) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    values.sort_by(|a, b| a.total_cmp(b));
+    let m = values.len() / 2;
+    if values.len() % 2 == 1 { values[m] } else { (values[m - 1] + values[m]) / 2.0 }
+}
+
+/// Boots the parent, waits for its warm-up, snapshots it; returns (warm ms, snapshot report).
+fn make_parent_snapshot(dir: &Path, mem_mib: u64) -> Result<(f64, serde_json::Value, PathBuf)> {
+    let (mut ours, theirs) = UnixStream::pair()?;
+    let socket = dir.join("parent.sock");
+    let t = Instant::now();
+    let pid = spawn_cold(mem_mib, theirs, Some(socket.clone()))?;
+    wait_all(std::slice::from_mut(&mut ours), b"ready\n", t, &[pid]).context("parent warm-up")?;
+    let warm_ms = t.elapsed().as_secs_f64() * 1e3;
+    let snap_dir = dir.join("parent-snapshot");
+    let mut client = ControlClient::connect(&socket)?;
+    let report = client.call(&Request::Snapshot { dir: snap_dir.clone() }).context("snapshotting the parent")?;
+    let _ = client.call(&Request::Shutdown);
+    let mut status = 0;
+    // SAFETY: reaping our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    Ok((warm_ms, report, snap_dir))
+}
+
+struct ForkRun {
+    ready_ms: f64,
+    first_ms: f64,
+    spawn_ms: f64,
+    prepare_ms: f64,
+    mem: Vec<MemUsage>,
+    phases: Vec<(String, f64)>,
+}
+
+fn fork_run(snap: &Path, dir: &Path, n: usize) -> Result<ForkRun> {
+    let t_prepare = Instant::now();
+    let zygote = Zygote::new(snap)?;
+    let prepare_ms = t_prepare.elapsed().as_secs_f64() * 1e3;
+    let mut streams = Vec::new();
+    let mut pids = Vec::new();
+    let start = Instant::now();
+    for i in 0..n {
+        let (mut ours, theirs) = UnixStream::pair()?;
+        ours.write_all(&monitor::ping())?; // waits in the socket until the child reads it
+        let spec = ChildSpec {
+            socket: Some(dir.join(format!("child-{i}.sock"))),
+            console_log: None,
+            console_stream: Some(theirs),
+            detach: false,
+        };
+        pids.push(zygote.spawn(spec)?);
+        streams.push(ours);
+    }
+    let spawn_ms = start.elapsed().as_secs_f64() * 1e3;
+    let result = (|| {
+        let mut times = wait_all(&mut streams, b"pong\n", start, &pids)?;
+        let ready_ms = times.iter().cloned().fold(0.0, f64::max);
+        let first_ms = times.iter().cloned().fold(f64::MAX, f64::min);
+        times.clear();
+        let mem = pids.iter().map(|&p| mem_usage(p)).collect::<Result<Vec<_>>>()?;
+        let status = ControlClient::connect(&dir.join("child-0.sock"))?.call(&Request::Status)?;
+        let phases: Vec<(String, f64)> = serde_json::from_value(status["restore_phases_us"].clone()).unwrap_or_default();
+        Ok(ForkRun { ready_ms, first_ms, spawn_ms, prepare_ms, mem, phases })
+    })();
+    kill_all(&pids);
+    result
+}
+
+fn cold_run(n: usize, mem_mib: u64) -> Result<f64> {
+    let mut streams = Vec::new();
+    let mut pids = Vec::new();
+    let start = Instant::now();
+    for _ in 0..n {
+        let (mut ours, theirs) = UnixStream::pair()?;
+        ours.write_all(&monitor::ping())?;
+        pids.push(spawn_cold(mem_mib, theirs, None)?);
+        streams.push(ours);
+    }
+    let r = wait_all(&mut streams, b"pong\n", start, &pids).map(|t| t.into_iter().fold(0.0, f64::max));
+    kill_all(&pids);
+    r
+}
+
+pub fn run(a: BenchForkArgs) -> Result<i32> {
+    if a.count == 0 || a.runs == 0 {
+        bail!("-n and --runs must be at least 1");
+    }
+    open_kvm()?;
+    let tmp;
+    let dir = match &a.dir {
+        Some(d) => {
+            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+            d.clone()
+        }
+        None => {
+            tmp = tempdir()?;
+            tmp.clone()
+        }
+    };
+    let (parent_warm_ms, snapshot, snap_dir) = make_parent_snapshot(&dir, a.mem_mib)?;
+    // One child alone: restore-to-first-answer without contention.
+    let mut single: Vec<f64> = Vec::new();
+    let mut runs = Vec::new();
+    for _ in 0..a.runs {
+        single.push(fork_run(&snap_dir, &dir, 1)?.ready_ms);
+        runs.push(fork_run(&snap_dir, &dir, a.count)?);
+    }
+    let mut cold: Vec<f64> = (0..a.cold_runs).map(|_| cold_run(a.count, a.mem_mib)).collect::<Result<_>>()?;
+    let med = |f: &dyn Fn(&ForkRun) -> f64| median(&mut runs.iter().map(f).collect::<Vec<_>>());
+    let ready_ms = med(&|r| r.ready_ms);
+    let mem_med = |f: fn(&MemUsage) -> u64| {
+        median(&mut runs.iter().map(|r| median(&mut r.mem.iter().map(|m| f(m) as f64).collect::<Vec<_>>())).collect::<Vec<_>>())
+    };
+    let mut phases = serde_json::Map::new();
+    if let Some(first) = runs.first() {
+        for (i, (name, _)) in first.phases.iter().enumerate() {
+            let v = median(&mut runs.iter().filter_map(|r| r.phases.get(i).map(|p| p.1)).collect::<Vec<_>>());
+            phases.insert(name.clone(), json!((v * 10.0).round() / 10.0));
+        }
+    }
+    let cold_ready_ms = median(&mut cold);
+    let round = |v: f64| (v * 100.0).round() / 100.0;
+    let out = json!({
+        "bench": "fork",
+        "n": a.count,
+        "mem_mib": a.mem_mib,
+        "runs": a.runs,
+        "guest": "monitor (test guest; fills memory above 2 MiB in ring 3, answers ping on COM1)",
+        "children_ready_ms": round(ready_ms),
+        "children_ready_ms_all": runs.iter().map(|r| round(r.ready_ms)).collect::<Vec<_>>(),
+        "per_child_ms": round(ready_ms / a.count as f64),
+        "host_spawn_ms": round(med(&|r| r.spawn_ms)),
+        "host_spawn_per_child_ms": round(med(&|r| r.spawn_ms) / a.count as f64),
+        "first_child_ready_ms": round(med(&|r| r.first_ms)),
+        "single_restore_ready_ms": round(median(&mut single)),
+        "prepare_ms": round(med(&|r| r.prepare_ms)),
+        "restore_phases_us": phases,
+        "private_kib_per_child": mem_med(|m| m.private_kib),
+        "pss_kib_per_child": mem_med(|m| m.pss_kib),
+        "rss_kib_per_child": mem_med(|m| m.rss_kib),
+        "cold_ready_ms": round(cold_ready_ms),
+        "cold_runs": a.cold_runs,
+        "speedup": round(cold_ready_ms / ready_ms),
+        "parent_warm_ms": round(parent_warm_ms),
+        "snapshot": snapshot,
+        "machine": machine(),
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+    });
+    if !a.json {
+        eprintln!("forkvm bench fork: {} children of a {} MiB guest, {} runs", a.count, a.mem_mib, a.runs);
+    }
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    if a.dir.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(0)
+}
+
+fn tempdir() -> Result<PathBuf> {
+    let d = std::env::temp_dir().join(format!("forkvm-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
+    Ok(d)
+}
+
+pub fn machine() -> serde_json::Value {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).unwrap_or("").trim().to_string();
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let mem_kib: u64 = meminfo.lines().find(|l| l.starts_with("MemTotal")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0);
+    json!({
+        "cpu": model,
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "mem_gib": mem_kib / (1 << 20),
+        "kvm": HostKind::detect().name(),
+        "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+    })
+}
