@@ -3,6 +3,7 @@
 main:
         lea     rsi, [rip + msg]
         call    puts
+        xor     edx, edx                # no wake condition: sleep for good
 1:      hlt
         jmp     1b
 msg:    .asciz  "hello from ring 3\n"

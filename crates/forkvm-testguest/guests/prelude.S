@@ -8,7 +8,8 @@
 # program's `main` runs natively and still reaches the serial port with in/out.
 #
 # Services for ring 3 (all preserve registers except the documented outputs):
-#   hlt        (in ring 3) sleep until an interrupt arrives, via the #GP handler
+#   hlt        (in ring 3) sleep until an interrupt arrives, via the #GP handler;
+#              with dx = port, cl = mask: unless port dx already shows a bit of cl
 #   putc       al -> COM1              puts    rsi -> NUL-terminated string
 #   puthex     rax -> 16 hex digits    getc    -> al (sleeps with hlt while empty)
 #   read_u64   -> rax (8 bytes from COM1, little endian)
@@ -53,6 +54,11 @@ _start:
         mov     dword ptr [rbx + 0x10], SERIAL_VECTOR
         mov     dword ptr [rbx], 0x19
         mov     dword ptr [rbx + 0x10], 0
+        # Mask both legacy PICs: interrupts come through the IOAPIC (on a split irqchip
+        # these ports are unclaimed and the writes are dropped).
+        mov     al, 0xff
+        out     0x21, al
+        out     0xa1, al
         # LAPIC: software-enable with spurious vector 0xff.
         mov     rbx, LAPIC
         mov     dword ptr [rbx + 0xf0], 0x1ff
@@ -132,14 +138,17 @@ puthex:
 
 getc:
         push    rdx
+        push    rcx
+        mov     cl, 1                   # LSR data ready: the wake condition for hlt
 1:      mov     dx, COM1 + 5
         in      al, dx
-        test    al, 1
+        test    al, cl
         jnz     2f
         hlt
         jmp     1b
 2:      mov     dx, COM1
         in      al, dx
+        pop     rcx
         pop     rdx
         ret
 
@@ -165,6 +174,7 @@ exit:
         mov     dx, EXIT_PORT
         mov     eax, edi
         out     dx, al
+        xor     edx, edx
 1:      hlt
         jmp     1b
 
@@ -175,19 +185,27 @@ exit:
 # here with interrupts on, then return past the hlt. (PVM hosts turn a ring-3 `int n`
 # into #UD and do not switch privilege on `syscall`, so an exception is the one way
 # up that works on every host.) Any other #GP is a fault.
+# The wake condition is re-checked here, with interrupts off, so a wake-up that
+# arrived between ring 3's check and its hlt is not lost: if dx is non-zero, port dx
+# is read and the halt skipped when it has any bit of cl set.
 gp_handler:
         push    rax
         mov     rax, [rsp + 16]         # rip, past the error code and saved rax
         cmp     byte ptr [rax], 0xf4
-        jne     1f
+        jne     2f
         inc     qword ptr [rsp + 16]
-        pop     rax
-        add     rsp, 8                  # drop the error code
-        sti
+        test    dx, dx
+        jz      1f
+        in      al, dx
+        test    al, cl
+        jnz     3f
+1:      sti
         hlt
         cli
+3:      pop     rax
+        add     rsp, 8                  # drop the error code
         iretq
-1:      pop     rax
+2:      pop     rax
         jmp     H_FAULT + 8 * 13
 
         .org    0x480

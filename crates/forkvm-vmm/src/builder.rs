@@ -25,7 +25,7 @@ use crate::arch::x86_64::layout::ZERO_PAGE_START;
 use crate::arch::x86_64::linux_boot::{load_linux, LinuxBootConfig, LinuxBootError};
 use crate::arch::x86_64::{msr, paging, regs};
 use crate::devices::ioapic::{BadIoapicState, Ioapic};
-use crate::devices::irq::IrqLine;
+use crate::devices::irq::{IrqLine, IrqRoute};
 use crate::devices::serial::{ConsoleOut, SerialDevice, SerialError, COM1_IRQ};
 use crate::devices::Devices;
 use crate::persist::{StateError, VmState};
@@ -40,6 +40,7 @@ use kvm_ioctls::{Kvm, VcpuFd};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::channel;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
@@ -145,6 +146,7 @@ pub fn boot(kvm: &Kvm, config: BootConfig) -> Result<Vmm, BuildError> {
             events: events_tx.clone(),
         });
     }
+    devices.arm_interrupts();
     Vmm::start(vm, mem, devices, runners, events, guest, config.cpu_template, config.start_paused)
 }
 
@@ -190,15 +192,17 @@ fn attach_devices(
         (IrqchipMode::Split, Some(s)) => Some(Arc::new(Mutex::new(Ioapic::restore(s)?))),
         (IrqchipMode::Split, None) => Some(Arc::new(Mutex::new(Ioapic::default()))),
     };
-    let irq = match &ioapic {
-        None => IrqLine::Kernel { vm: vm.fd.clone(), gsi: COM1_IRQ },
-        Some(io) => IrqLine::Split { vm: vm.fd.clone(), ioapic: io.clone(), pin: COM1_IRQ as usize },
+    let route = match &ioapic {
+        None => IrqRoute::Kernel { gsi: COM1_IRQ },
+        Some(io) => IrqRoute::Split { ioapic: io.clone(), pin: COM1_IRQ as usize },
     };
+    let armed = Arc::new(AtomicBool::new(false));
+    let irq = IrqLine::new(vm.fd.clone(), route, armed.clone());
     let serial = match state {
         Some(s) => SerialDevice::restore(&s.serial, irq, console)?,
         None => SerialDevice::new(irq, console),
     };
-    Ok(Arc::new(Devices::new(serial, ioapic)))
+    Ok(Arc::new(Devices::new(serial, ioapic, armed)))
 }
 
 fn create_vcpu(vm: &Vm, index: u8) -> Result<VcpuFd, BuildError> {
@@ -287,6 +291,7 @@ pub fn restore(kvm: &Kvm, snap: &PreparedSnapshot, console: ConsoleOut, start_pa
         k.restore(&vm.fd)?;
     }
     vm.restore_clock(&state.clock)?;
+    devices.arm_interrupts();
     timer.mark("irqchip_clock");
     let guest = GuestInfo { kind: snap.meta.guest.kind.clone(), name: snap.meta.guest.name.clone() };
     let mut vmm = Vmm::start(vm, mem, devices, runners, events, guest, state.cpu_template, start_paused)?;

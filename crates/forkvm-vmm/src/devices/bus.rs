@@ -8,7 +8,7 @@ use super::ioapic::{Ioapic, IoapicState};
 use super::serial::{SerialDevice, SerialDeviceState, COM1_BASE, COM1_LEN};
 use crate::arch::x86_64::layout::{IOAPIC_SIZE, IOAPIC_START};
 use serde::{Deserialize, Serialize};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Writing a byte here ends the run with that byte as the guest's exit code.
@@ -33,6 +33,7 @@ pub struct DevicesState {
 pub struct Devices {
     pub serial: Arc<Mutex<SerialDevice>>,
     pub ioapic: Option<Arc<Mutex<Ioapic>>>,
+    irqs_armed: Arc<AtomicBool>,
     unclaimed: AtomicU64,
 }
 
@@ -41,8 +42,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Devices {
-    pub fn new(serial: SerialDevice, ioapic: Option<Arc<Mutex<Ioapic>>>) -> Devices {
-        Devices { serial: Arc::new(Mutex::new(serial)), ioapic, unclaimed: AtomicU64::new(0) }
+    /// `irqs_armed` is the switch shared by the devices' interrupt lines.
+    pub fn new(serial: SerialDevice, ioapic: Option<Arc<Mutex<Ioapic>>>, irqs_armed: Arc<AtomicBool>) -> Devices {
+        Devices { serial: Arc::new(Mutex::new(serial)), ioapic, irqs_armed, unclaimed: AtomicU64::new(0) }
+    }
+
+    /// Lets device interrupts through; called once the VM is complete.
+    pub fn arm_interrupts(&self) {
+        self.irqs_armed.store(true, Ordering::Release);
     }
 
     pub fn save(&self) -> DevicesState {
