@@ -26,19 +26,33 @@ fn main() {
         let bin = out.join(format!("{guest}.bin"));
         run(
             "assemble",
-            Command::new("as").args(["--64", "-I"]).arg(src).arg("-o").arg(&obj).arg(&source),
+            Command::new("as")
+                .args(["--64", "-I"])
+                .arg(src)
+                .arg("-o")
+                .arg(&obj)
+                .arg(&source),
         );
         run(
             "link",
             Command::new("ld")
-                .args(["-m", "elf_x86_64", "-e", "_start", &format!("-Ttext={IMAGE_BASE}")])
+                .args([
+                    "-m",
+                    "elf_x86_64",
+                    "-e",
+                    "_start",
+                    &format!("-Ttext={IMAGE_BASE}"),
+                ])
                 .arg("-o")
                 .arg(&elf)
                 .arg(&obj),
         );
         run(
             "objcopy",
-            Command::new("objcopy").args(["-O", "binary"]).arg(&elf).arg(&bin),
+            Command::new("objcopy")
+                .args(["-O", "binary"])
+                .arg(&elf)
+                .arg(&bin),
         );
     }
 }

@@ -82,15 +82,26 @@ impl ExitLatch {
     }
 
     pub fn get(&self) -> Option<VcpuExitReason> {
-        self.reason.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Waits until set, or `timeout` passes.
     pub fn wait(&self, timeout: Option<Duration>) -> Option<VcpuExitReason> {
         let guard = self.reason.lock().unwrap_or_else(|p| p.into_inner());
         let guard = match timeout {
-            None => self.cond.wait_while(guard, |r| r.is_none()).unwrap_or_else(|p| p.into_inner()),
-            Some(t) => self.cond.wait_timeout_while(guard, t, |r| r.is_none()).unwrap_or_else(|p| p.into_inner()).0,
+            None => self
+                .cond
+                .wait_while(guard, |r| r.is_none())
+                .unwrap_or_else(|p| p.into_inner()),
+            Some(t) => {
+                self.cond
+                    .wait_timeout_while(guard, t, |r| r.is_none())
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0
+            }
         };
         guard.clone()
     }
@@ -175,11 +186,30 @@ impl Vmm {
                     }
                 })
                 .map_err(|source| crate::builder::BuildError::SpawnVcpu { index, source })?;
-            vcpus.push(runner.spawn(start_paused).map_err(|source| crate::builder::BuildError::SpawnVcpu { index, source })?);
+            vcpus.push(
+                runner
+                    .spawn(start_paused)
+                    .map_err(|source| crate::builder::BuildError::SpawnVcpu { index, source })?,
+            );
         }
         drop(events);
-        let state = if start_paused { RunState::Paused } else { RunState::Running };
-        Ok(Vmm { vm, memory, devices, vcpus, events: rx, exit, guest, cpu_template, state, restore_phases_us: Vec::new() })
+        let state = if start_paused {
+            RunState::Paused
+        } else {
+            RunState::Running
+        };
+        Ok(Vmm {
+            vm,
+            memory,
+            devices,
+            vcpus,
+            events: rx,
+            exit,
+            guest,
+            cpu_template,
+            state,
+            restore_phases_us: Vec::new(),
+        })
     }
 
     pub(crate) fn set_restore_phases(&mut self, phases: Vec<(String, f64)>) {
@@ -228,7 +258,12 @@ impl Vmm {
     }
 
     /// Sends `req` to every vCPU and waits until each acknowledged with `ack`.
-    fn broadcast(&mut self, make: impl Fn() -> VcpuRequest, what: &'static str, is_ack: fn(&VcpuEvent) -> Option<u8>) -> Result<(), VmmError> {
+    fn broadcast(
+        &mut self,
+        make: impl Fn() -> VcpuRequest,
+        what: &'static str,
+        is_ack: fn(&VcpuEvent) -> Option<u8>,
+    ) -> Result<(), VmmError> {
         for v in &self.vcpus {
             v.send(make());
         }
@@ -243,7 +278,12 @@ impl Vmm {
                         pending.retain(|&p| p != i);
                     }
                 }
-                Err(_) => return Err(VmmError::AckTimeout { index: pending[0], what }),
+                Err(_) => {
+                    return Err(VmmError::AckTimeout {
+                        index: pending[0],
+                        what,
+                    })
+                }
             }
         }
         Ok(())
@@ -254,10 +294,14 @@ impl Vmm {
         if self.state == RunState::Paused {
             return Ok(());
         }
-        self.broadcast(|| VcpuRequest::Pause, "pause", |e| match e {
-            VcpuEvent::Paused(i) => Some(*i),
-            _ => None,
-        })?;
+        self.broadcast(
+            || VcpuRequest::Pause,
+            "pause",
+            |e| match e {
+                VcpuEvent::Paused(i) => Some(*i),
+                _ => None,
+            },
+        )?;
         self.state = RunState::Paused;
         Ok(())
     }
@@ -267,10 +311,14 @@ impl Vmm {
         if self.state == RunState::Running {
             return Ok(());
         }
-        self.broadcast(|| VcpuRequest::Resume, "resume", |e| match e {
-            VcpuEvent::Resumed(i) => Some(*i),
-            _ => None,
-        })?;
+        self.broadcast(
+            || VcpuRequest::Resume,
+            "resume",
+            |e| match e {
+                VcpuEvent::Resumed(i) => Some(*i),
+                _ => None,
+            },
+        )?;
         self.state = RunState::Running;
         Ok(())
     }
@@ -284,12 +332,20 @@ impl Vmm {
             v.send(VcpuRequest::Save(tx));
             let state = rx
                 .recv_timeout(ACK_TIMEOUT)
-                .map_err(|_| VmmError::AckTimeout { index: v.index, what: "save" })?
-                .map_err(|source| VmmError::SaveVcpu { index: v.index, source })?;
+                .map_err(|_| VmmError::AckTimeout {
+                    index: v.index,
+                    what: "save",
+                })?
+                .map_err(|source| VmmError::SaveVcpu {
+                    index: v.index,
+                    source,
+                })?;
             vcpus.push(state);
         }
         let kernel_irqchip = match self.vm.irqchip {
-            crate::vstate::irqchip::IrqchipMode::Kernel => Some(KernelIrqchipState::save(&self.vm.fd)?),
+            crate::vstate::irqchip::IrqchipMode::Kernel => {
+                Some(KernelIrqchipState::save(&self.vm.fd)?)
+            }
             crate::vstate::irqchip::IrqchipMode::Split => None,
         };
         Ok(VmState {
@@ -307,7 +363,10 @@ impl Vmm {
     /// A running VM is paused for the duration and resumed afterwards.
     pub fn snapshot(&mut self, dir: &Path) -> Result<SnapshotReport, VmmError> {
         let started = Instant::now();
-        let tag = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let tag = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         forkvm_snapshot::validate_tag(&tag)?;
         let was_running = self.state == RunState::Running;
         self.pause()?;
@@ -329,10 +388,17 @@ impl Vmm {
     fn write_snapshot(&mut self, dir: &Path, tag: &str) -> Result<(u64, u64), VmmError> {
         let state = self.save_state()?;
         let writer = SnapshotWriter::begin(dir)?;
-        forkvm_snapshot::write_vmstate_file(&writer.path(forkvm_snapshot::VMSTATE_BIN), &state.encode_payload()?)?;
+        forkvm_snapshot::write_vmstate_file(
+            &writer.path(forkvm_snapshot::VMSTATE_BIN),
+            &state.encode_payload()?,
+        )?;
         let mem_size = state.mem_size;
-        let image = forkvm_snapshot::create_image(&writer.path(forkvm_snapshot::MEMORY_IMG), mem_size)?;
-        for ((_, slice), offset) in region_slices(&self.memory).into_iter().zip(image_offsets(mem_size)) {
+        let image =
+            forkvm_snapshot::create_image(&writer.path(forkvm_snapshot::MEMORY_IMG), mem_size)?;
+        for ((_, slice), offset) in region_slices(&self.memory)
+            .into_iter()
+            .zip(image_offsets(mem_size))
+        {
             forkvm_snapshot::write_sparse(&image, offset, slice)?;
         }
         let allocated = forkvm_snapshot::allocated_bytes(&image).map_err(VmmError::MeasureImage)?;
@@ -347,7 +413,11 @@ impl Vmm {
             mem_size_bytes: mem_size,
             vcpu_count: state.vcpus.len() as u8,
             irqchip: state.irqchip_mode.name().to_string(),
-            guest: GuestIdentity { kind: self.guest.kind.clone(), name: self.guest.name.clone(), content_hash: None },
+            guest: GuestIdentity {
+                kind: self.guest.kind.clone(),
+                name: self.guest.name.clone(),
+                content_hash: None,
+            },
             parent_tag: None,
             parent_hash: None,
             branched_from: None,
@@ -362,7 +432,9 @@ impl Vmm {
     /// Queues bytes on COM1's input.
     pub fn send_serial_input(&self, data: &[u8]) -> Result<(), VmmError> {
         self.check_alive()?;
-        self.devices.send_serial_input(data, Duration::from_secs(5)).map_err(VmmError::Input)
+        self.devices
+            .send_serial_input(data, Duration::from_secs(5))
+            .map_err(VmmError::Input)
     }
 
     /// Feeds everything read from `stream` to COM1's input, on a thread of its own (the
@@ -371,17 +443,20 @@ impl Vmm {
         use std::io::Read;
         let devices = self.devices.clone();
         let latch = self.exit.clone();
-        std::thread::Builder::new().name("serial-in".into()).stack_size(64 << 10).spawn(move || {
-            let mut buf = [0u8; 256];
-            while let Ok(n) = stream.read(&mut buf) {
-                if n == 0 || latch.get().is_some() {
-                    break;
+        std::thread::Builder::new()
+            .name("serial-in".into())
+            .stack_size(64 << 10)
+            .spawn(move || {
+                let mut buf = [0u8; 256];
+                while let Ok(n) = stream.read(&mut buf) {
+                    if n == 0 || latch.get().is_some() {
+                        break;
+                    }
+                    if let Err(e) = devices.send_serial_input(&buf[..n], Duration::from_secs(60)) {
+                        tracing::warn!(error = %e, "dropping serial input");
+                    }
                 }
-                if let Err(e) = devices.send_serial_input(&buf[..n], Duration::from_secs(60)) {
-                    tracing::warn!(error = %e, "dropping serial input");
-                }
-            }
-        })?;
+            })?;
         Ok(())
     }
 

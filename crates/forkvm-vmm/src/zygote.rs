@@ -33,7 +33,10 @@ pub enum ZygoteError {
     #[error(transparent)]
     Prepare(#[from] BuildError),
     #[error("opening the console log {path}: {source}")]
-    ConsoleLog { path: PathBuf, source: std::io::Error },
+    ConsoleLog {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("fork() of the zygote: {0}")]
     Fork(std::io::Error),
 }
@@ -57,6 +60,24 @@ pub fn fork_and_run(detach: bool, body: impl FnOnce() -> i32) -> std::io::Result
             unsafe { libc::_exit(code) }
         }
         pid => Ok(pid),
+    }
+}
+
+/// Points a detached child's standard streams away from the caller's: stdin and stdout
+/// at /dev/null, stderr at the console log (or /dev/null). Otherwise a caller reading
+/// our stdout to its end (a shell's `$(...)`, a test) would wait for every child.
+fn detach_stdio(log: Option<&File>) {
+    use std::os::fd::AsRawFd;
+    let Ok(null) = OpenOptions::new().read(true).write(true).open("/dev/null") else {
+        return;
+    };
+    let err_fd = log.map(|f| f.as_raw_fd()).unwrap_or(null.as_raw_fd());
+    // SAFETY: dup2 onto the standard descriptors of this (single-threaded) child; the
+    // source descriptors are open for the duration of the calls.
+    unsafe {
+        libc::dup2(null.as_raw_fd(), 0);
+        libc::dup2(null.as_raw_fd(), 1);
+        libc::dup2(err_fd, 2);
     }
 }
 
@@ -99,7 +120,10 @@ impl Zygote {
                     .create(true)
                     .append(true)
                     .open(path)
-                    .map_err(|source| ZygoteError::ConsoleLog { path: path.clone(), source })?,
+                    .map_err(|source| ZygoteError::ConsoleLog {
+                        path: path.clone(),
+                        source,
+                    })?,
             ),
             None => None,
         };
@@ -108,8 +132,14 @@ impl Zygote {
     }
 
     fn child_main(&self, spec: ChildSpec, log: Option<File>) -> i32 {
+        if spec.detach {
+            detach_stdio(log.as_ref());
+        }
         let mut error_log = log.as_ref().and_then(|f| f.try_clone().ok());
-        let input = spec.console_stream.as_ref().and_then(|s| s.try_clone().ok());
+        let input = spec
+            .console_stream
+            .as_ref()
+            .and_then(|s| s.try_clone().ok());
         let console = ConsoleOut::new(log, spec.console_stream);
         let fail = |msg: String, error_log: &mut Option<File>| {
             if let Some(f) = error_log.as_mut() {
@@ -124,7 +154,10 @@ impl Zygote {
         };
         if let Some(input) = input {
             if let Err(e) = vmm.forward_input(input) {
-                return fail(format!("starting the serial input thread: {e}"), &mut error_log);
+                return fail(
+                    format!("starting the serial input thread: {e}"),
+                    &mut error_log,
+                );
             }
         }
         match serve_until_exit(vmm, spec.socket.as_deref()) {

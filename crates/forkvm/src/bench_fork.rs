@@ -78,7 +78,10 @@ fn spawn_cold(mem_mib: u64, stream: UnixStream, socket: Option<PathBuf>) -> Resu
         let run = || -> Result<()> {
             let kvm = open_kvm()?;
             let input = stream.try_clone()?;
-            let vmm = forkvm_vmm::boot(&kvm, monitor_config(mem_mib, ConsoleOut::new(None, Some(stream))))?;
+            let vmm = forkvm_vmm::boot(
+                &kvm,
+                monitor_config(mem_mib, ConsoleOut::new(None, Some(stream))),
+            )?;
             vmm.forward_input(input)?;
             serve_until_exit(vmm, socket.as_deref())?;
             Ok(())
@@ -95,7 +98,12 @@ fn spawn_cold(mem_mib: u64, stream: UnixStream, socket: Option<PathBuf>) -> Resu
 }
 
 /// Waits until every stream has produced `needle`; returns each one's time in ms.
-fn wait_all(streams: &mut [UnixStream], needle: &[u8], start: Instant, pids: &[i32]) -> Result<Vec<f64>> {
+fn wait_all(
+    streams: &mut [UnixStream],
+    needle: &[u8],
+    start: Instant,
+    pids: &[i32],
+) -> Result<Vec<f64>> {
     let mut seen: Vec<Vec<u8>> = vec![Vec::new(); streams.len()];
     let mut done: Vec<Option<f64>> = vec![None; streams.len()];
     let deadline = Instant::now() + ANSWER_TIMEOUT;
@@ -104,7 +112,11 @@ fn wait_all(streams: &mut [UnixStream], needle: &[u8], start: Instant, pids: &[i
             .iter()
             .zip(&done)
             .filter(|(_, d)| d.is_none())
-            .map(|(s, _)| libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLIN, revents: 0 })
+            .map(|(s, _)| libc::pollfd {
+                fd: s.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
             .collect();
         // SAFETY: `fds` is a valid array of pollfd of the given length.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 100) };
@@ -112,14 +124,29 @@ fn wait_all(streams: &mut [UnixStream], needle: &[u8], start: Instant, pids: &[i
             bail!("poll: {}", std::io::Error::last_os_error());
         }
         if Instant::now() > deadline {
-            let missing: Vec<i32> = done.iter().zip(pids).filter(|(d, _)| d.is_none()).map(|(_, p)| *p).collect();
-            bail!("{} children did not answer within {ANSWER_TIMEOUT:?} (pids {missing:?})", missing.len());
+            let missing: Vec<i32> = done
+                .iter()
+                .zip(pids)
+                .filter(|(d, _)| d.is_none())
+                .map(|(_, p)| *p)
+                .collect();
+            bail!(
+                "{} children did not answer within {ANSWER_TIMEOUT:?} (pids {missing:?})",
+                missing.len()
+            );
         }
         for pfd in fds.iter().filter(|p| p.revents != 0) {
-            let i = streams.iter().position(|s| s.as_raw_fd() == pfd.fd).expect("polled fd is ours");
+            let i = streams
+                .iter()
+                .position(|s| s.as_raw_fd() == pfd.fd)
+                .expect("polled fd is ours");
             let mut buf = [0u8; 512];
             match streams[i].read(&mut buf) {
-                Ok(0) => bail!("child pid {} closed its console before answering: {:?}", pids[i], String::from_utf8_lossy(&seen[i])),
+                Ok(0) => bail!(
+                    "child pid {} closed its console before answering: {:?}",
+                    pids[i],
+                    String::from_utf8_lossy(&seen[i])
+                ),
                 Ok(k) => seen[i].extend_from_slice(&buf[..k]),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(e) => bail!("reading child pid {}: {e}", pids[i]),
@@ -150,7 +177,11 @@ pub fn median(values: &mut [f64]) -> f64 {
     }
     values.sort_by(|a, b| a.total_cmp(b));
     let m = values.len() / 2;
-    if values.len() % 2 == 1 { values[m] } else { (values[m - 1] + values[m]) / 2.0 }
+    if values.len() % 2 == 1 {
+        values[m]
+    } else {
+        (values[m - 1] + values[m]) / 2.0
+    }
 }
 
 /// Boots the parent, waits for its warm-up, snapshots it; returns (warm ms, snapshot report).
@@ -163,8 +194,12 @@ fn make_parent_snapshot(dir: &Path, mem_mib: u64) -> Result<(f64, serde_json::Va
     let warm_ms = t.elapsed().as_secs_f64() * 1e3;
     let snap_dir = dir.join("parent-snapshot");
     let mut client = ControlClient::connect(&socket)?;
-    let report = client.call(&Request::Snapshot { dir: snap_dir.clone() }).context("snapshotting the parent")?;
-    let _ = client.call(&Request::Shutdown);
+    let report = client
+        .call(&Request::Snapshot {
+            dir: snap_dir.clone(),
+        })
+        .context("snapshotting the parent")?;
+    let _ = client.call(&Request::Shutdown {});
     let mut status = 0;
     // SAFETY: reaping our own child.
     unsafe { libc::waitpid(pid, &mut status, 0) };
@@ -205,10 +240,22 @@ fn fork_run(snap: &Path, dir: &Path, n: usize) -> Result<ForkRun> {
         let ready_ms = times.iter().cloned().fold(0.0, f64::max);
         let first_ms = times.iter().cloned().fold(f64::MAX, f64::min);
         times.clear();
-        let mem = pids.iter().map(|&p| mem_usage(p)).collect::<Result<Vec<_>>>()?;
-        let status = ControlClient::connect(&dir.join("child-0.sock"))?.call(&Request::Status)?;
-        let phases: Vec<(String, f64)> = serde_json::from_value(status["restore_phases_us"].clone()).unwrap_or_default();
-        Ok(ForkRun { ready_ms, first_ms, spawn_ms, prepare_ms, mem, phases })
+        let mem = pids
+            .iter()
+            .map(|&p| mem_usage(p))
+            .collect::<Result<Vec<_>>>()?;
+        let status =
+            ControlClient::connect(&dir.join("child-0.sock"))?.call(&Request::Status {})?;
+        let phases: Vec<(String, f64)> =
+            serde_json::from_value(status["restore_phases_us"].clone()).unwrap_or_default();
+        Ok(ForkRun {
+            ready_ms,
+            first_ms,
+            spawn_ms,
+            prepare_ms,
+            mem,
+            phases,
+        })
     })();
     kill_all(&pids);
     result
@@ -224,7 +271,8 @@ fn cold_run(n: usize, mem_mib: u64) -> Result<f64> {
         pids.push(spawn_cold(mem_mib, theirs, None)?);
         streams.push(ours);
     }
-    let r = wait_all(&mut streams, b"pong\n", start, &pids).map(|t| t.into_iter().fold(0.0, f64::max));
+    let r =
+        wait_all(&mut streams, b"pong\n", start, &pids).map(|t| t.into_iter().fold(0.0, f64::max));
     kill_all(&pids);
     r
 }
@@ -253,16 +301,28 @@ pub fn run(a: BenchForkArgs) -> Result<i32> {
         single.push(fork_run(&snap_dir, &dir, 1)?.ready_ms);
         runs.push(fork_run(&snap_dir, &dir, a.count)?);
     }
-    let mut cold: Vec<f64> = (0..a.cold_runs).map(|_| cold_run(a.count, a.mem_mib)).collect::<Result<_>>()?;
+    let mut cold: Vec<f64> = (0..a.cold_runs)
+        .map(|_| cold_run(a.count, a.mem_mib))
+        .collect::<Result<_>>()?;
     let med = |f: &dyn Fn(&ForkRun) -> f64| median(&mut runs.iter().map(f).collect::<Vec<_>>());
     let ready_ms = med(&|r| r.ready_ms);
     let mem_med = |f: fn(&MemUsage) -> u64| {
-        median(&mut runs.iter().map(|r| median(&mut r.mem.iter().map(|m| f(m) as f64).collect::<Vec<_>>())).collect::<Vec<_>>())
+        median(
+            &mut runs
+                .iter()
+                .map(|r| median(&mut r.mem.iter().map(|m| f(m) as f64).collect::<Vec<_>>()))
+                .collect::<Vec<_>>(),
+        )
     };
     let mut phases = serde_json::Map::new();
     if let Some(first) = runs.first() {
         for (i, (name, _)) in first.phases.iter().enumerate() {
-            let v = median(&mut runs.iter().filter_map(|r| r.phases.get(i).map(|p| p.1)).collect::<Vec<_>>());
+            let v = median(
+                &mut runs
+                    .iter()
+                    .filter_map(|r| r.phases.get(i).map(|p| p.1))
+                    .collect::<Vec<_>>(),
+            );
             phases.insert(name.clone(), json!((v * 10.0).round() / 10.0));
         }
     }
@@ -295,7 +355,10 @@ pub fn run(a: BenchForkArgs) -> Result<i32> {
         "command": std::env::args().collect::<Vec<_>>().join(" "),
     });
     if !a.json {
-        eprintln!("forkvm bench fork: {} children of a {} MiB guest, {} runs", a.count, a.mem_mib, a.runs);
+        eprintln!(
+            "forkvm bench fork: {} children of a {} MiB guest, {} runs",
+            a.count, a.mem_mib, a.runs
+        );
     }
     println!("{}", serde_json::to_string_pretty(&out)?);
     if a.dir.is_none() {
@@ -312,9 +375,20 @@ fn tempdir() -> Result<PathBuf> {
 
 pub fn machine() -> serde_json::Value {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).unwrap_or("").trim().to_string();
+    let model = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .unwrap_or("")
+        .trim()
+        .to_string();
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let mem_kib: u64 = meminfo.lines().find(|l| l.starts_with("MemTotal")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0);
+    let mem_kib: u64 = meminfo
+        .lines()
+        .find(|l| l.starts_with("MemTotal"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     json!({
         "cpu": model,
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),

@@ -21,7 +21,9 @@ pub fn run(a: DoctorArgs) -> Result<i32> {
     let mut ok = true;
     match open_kvm() {
         Ok(kvm) => {
-            checks.push(json!({"check": "kvm", "ok": true, "detail": "/dev/kvm opens, API version 12"}));
+            checks.push(
+                json!({"check": "kvm", "ok": true, "detail": "/dev/kvm opens, API version 12"}),
+            );
             for mode in [IrqchipMode::Split, IrqchipMode::Kernel] {
                 let t = Instant::now();
                 let r = Vm::create(&kvm, mode);
@@ -44,11 +46,21 @@ pub fn run(a: DoctorArgs) -> Result<i32> {
         HostKind::Pvm => "PVM (kvm_pvm, no VMX/SVM): guest user code runs natively, guest kernel code through KVM's emulator (~1000x slower); the pvm-compat CPU template is used",
     };
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&json!({"host": kind.name(), "note": host_note, "ok": ok, "checks": checks}))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &json!({"host": kind.name(), "note": host_note, "ok": ok, "checks": checks})
+            )?
+        );
     } else {
         println!("host: {} — {host_note}", kind.name());
         for c in &checks {
-            println!("  [{}] {}: {}", if c["ok"] == true { " ok " } else { "FAIL" }, c["check"].as_str().unwrap_or(""), c["detail"].as_str().unwrap_or(""));
+            println!(
+                "  [{}] {}: {}",
+                if c["ok"] == true { " ok " } else { "FAIL" },
+                c["check"].as_str().unwrap_or(""),
+                c["detail"].as_str().unwrap_or("")
+            );
         }
     }
     Ok(if ok { 0 } else { 1 })

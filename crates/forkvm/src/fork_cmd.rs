@@ -48,7 +48,8 @@ pub fn run(a: ForkArgs) -> Result<i32> {
     if a.count == 0 || a.count > MAX_CHILDREN {
         bail!("-n must be between 1 and {MAX_CHILDREN}, got {}", a.count);
     }
-    std::fs::create_dir_all(&a.run_dir).with_context(|| format!("creating the run directory {}", a.run_dir.display()))?;
+    std::fs::create_dir_all(&a.run_dir)
+        .with_context(|| format!("creating the run directory {}", a.run_dir.display()))?;
     let t0 = Instant::now();
     let zygote = Zygote::new(&a.snapshot)?;
     let prepare_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -57,13 +58,32 @@ pub fn run(a: ForkArgs) -> Result<i32> {
     for index in 0..a.count {
         let socket = a.run_dir.join(format!("child-{index}.sock"));
         let console = a.run_dir.join(format!("child-{index}.log"));
-        let spec = ChildSpec { socket: Some(socket.clone()), console_log: Some(console.clone()), console_stream: None, detach: true };
-        let pid = zygote.spawn(spec).with_context(|| format!("starting child {index}"))?;
-        children.push(Child { index, pid, socket, console });
+        let spec = ChildSpec {
+            socket: Some(socket.clone()),
+            console_log: Some(console.clone()),
+            console_stream: None,
+            detach: true,
+        };
+        let pid = zygote
+            .spawn(spec)
+            .with_context(|| format!("starting child {index}"))?;
+        children.push(Child {
+            index,
+            pid,
+            socket,
+            console,
+        });
     }
     let spawn_ms = t1.elapsed().as_secs_f64() * 1e3;
     for c in &children {
-        wait_serving(c).with_context(|| format!("child {} (pid {}) did not come up; see {}", c.index, c.pid, c.console.display()))?;
+        wait_serving(c).with_context(|| {
+            format!(
+                "child {} (pid {}) did not come up; see {}",
+                c.index,
+                c.pid,
+                c.console.display()
+            )
+        })?;
     }
     let report = ForkReport {
         snapshot: a.snapshot.clone(),
@@ -76,7 +96,12 @@ pub fn run(a: ForkArgs) -> Result<i32> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         for c in &report.children {
-            println!("child {:>4}  pid {:>7}  socket {}", c.index, c.pid, c.socket.display());
+            println!(
+                "child {:>4}  pid {:>7}  socket {}",
+                c.index,
+                c.pid,
+                c.socket.display()
+            );
         }
         println!(
             "{} children from {} in {:.1} ms (spawn {:.1} ms, prepare {:.1} ms)",
@@ -101,7 +126,7 @@ fn wait_serving(c: &Child) -> Result<()> {
             bail!("it exited with status {status:#x}");
         }
         if let Ok(mut client) = ControlClient::connect(&c.socket) {
-            let s = client.call(&Request::Status)?;
+            let s = client.call(&Request::Status {})?;
             if s["state"] == "running" {
                 return Ok(());
             }

@@ -15,8 +15,12 @@ pub fn parse_smaps_rollup(text: &str) -> MemUsage {
     let mut m = MemUsage::default();
     for line in text.lines() {
         let mut parts = line.split_whitespace();
-        let (Some(key), Some(value)) = (parts.next(), parts.next()) else { continue };
-        let Ok(kib) = value.parse::<u64>() else { continue };
+        let (Some(key), Some(value)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        let Ok(kib) = value.parse::<u64>() else {
+            continue;
+        };
         match key {
             "Rss:" => m.rss_kib = kib,
             "Pss:" => m.pss_kib = kib,
@@ -40,6 +44,13 @@ mod tests {
     #[test]
     fn sums_private_and_reads_pss() {
         let text = "55d0-7ffd ---p 00000000 00:00 0 [rollup]\nRss: 1000 kB\nPss: 300 kB\nPss_Anon: 10 kB\nPrivate_Clean: 20 kB\nPrivate_Dirty: 180 kB\n";
-        assert_eq!(parse_smaps_rollup(text), MemUsage { rss_kib: 1000, pss_kib: 300, private_kib: 200 });
+        assert_eq!(
+            parse_smaps_rollup(text),
+            MemUsage {
+                rss_kib: 1000,
+                pss_kib: 300,
+                private_kib: 200
+            }
+        );
     }
 }

@@ -10,14 +10,20 @@ pub const MAX_REQUEST_BYTES: usize = 1 << 20;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Request {
-    Status,
-    Pause,
-    Resume,
+    // Empty struct variants, not unit ones: serde ignores unknown fields next to the tag
+    // of a unit variant, and requests must reject them.
+    Status {},
+    Pause {},
+    Resume {},
     /// Snapshot into `dir`, which must not exist; its last component is the tag.
-    Snapshot { dir: PathBuf },
+    Snapshot {
+        dir: PathBuf,
+    },
     /// Bytes for COM1's input, hex-encoded.
-    SendInput { hex: String },
-    Shutdown,
+    SendInput {
+        hex: String,
+    },
+    Shutdown {},
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -31,10 +37,18 @@ pub struct Response {
 
 impl Response {
     pub fn ok(result: serde_json::Value) -> Response {
-        Response { ok: true, result: Some(result), error: None }
+        Response {
+            ok: true,
+            result: Some(result),
+            error: None,
+        }
     }
     pub fn err(error: impl Into<String>) -> Response {
-        Response { ok: false, result: None, error: Some(error.into()) }
+        Response {
+            ok: false,
+            result: None,
+            error: Some(error.into()),
+        }
     }
 }
 
@@ -43,7 +57,7 @@ pub fn hex_encode(bytes: &[u8]) -> String {
 }
 
 pub fn hex_decode(s: &str) -> Result<Vec<u8>, String> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return Err(format!("hex input has odd length {}", s.len()));
     }
     (0..s.len())
@@ -65,6 +79,15 @@ mod tests {
         let r: Request = serde_json::from_str(r#"{"op":"snapshot","dir":"/x/t"}"#).unwrap();
         assert_eq!(r, Request::Snapshot { dir: "/x/t".into() });
         assert!(serde_json::from_str::<Request>(r#"{"op":"pause","x":1}"#).is_err());
+        assert!(serde_json::from_str::<Request>(r#"{"op":"snapshot","dir":"/a","x":1}"#).is_err());
+        assert_eq!(
+            serde_json::from_str::<Request>(r#"{"op":"pause"}"#).unwrap(),
+            Request::Pause {}
+        );
+        assert_eq!(
+            serde_json::to_string(&Request::Status {}).unwrap(),
+            r#"{"op":"status"}"#
+        );
         assert!(serde_json::from_str::<Request>(r#"{"op":"reboot"}"#).is_err());
     }
 

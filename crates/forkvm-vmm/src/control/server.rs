@@ -18,7 +18,10 @@ pub enum ServeError {
     #[error("control socket {path} is in use by a running VMM")]
     InUse { path: PathBuf },
     #[error("binding the control socket {path}: {source}")]
-    Bind { path: PathBuf, source: std::io::Error },
+    Bind {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("starting the control thread: {0}")]
     Thread(std::io::Error),
 }
@@ -31,7 +34,10 @@ fn bind(path: &Path) -> Result<UnixListener, ServeError> {
         }
         let _ = std::fs::remove_file(path);
     }
-    UnixListener::bind(path).map_err(|source| ServeError::Bind { path: path.into(), source })
+    UnixListener::bind(path).map_err(|source| ServeError::Bind {
+        path: path.into(),
+        source,
+    })
 }
 
 /// Runs until the VM stops; returns why it stopped.
@@ -70,7 +76,9 @@ fn accept_loop(listener: UnixListener, vmm: Arc<Mutex<Vmm>>, latch: Arc<ExitLatc
 }
 
 fn serve_connection(conn: UnixStream, vmm: Arc<Mutex<Vmm>>, latch: Arc<ExitLatch>) {
-    let Ok(mut writer) = conn.try_clone() else { return };
+    let Ok(mut writer) = conn.try_clone() else {
+        return;
+    };
     let mut reader = BufReader::new(conn.take(u64::MAX));
     loop {
         let mut line = String::new();
@@ -81,7 +89,9 @@ fn serve_connection(conn: UnixStream, vmm: Arc<Mutex<Vmm>>, latch: Arc<ExitLatch
         }
         let response = if line.len() > MAX_REQUEST_BYTES {
             // Not a line we can resynchronize on: answer and hang up.
-            let r = Response::err(format!("bad request: longer than {MAX_REQUEST_BYTES} bytes"));
+            let r = Response::err(format!(
+                "bad request: longer than {MAX_REQUEST_BYTES} bytes"
+            ));
             let _ = writeln!(writer, "{}", serde_json::to_string(&r).unwrap_or_default());
             return;
         } else {
@@ -90,7 +100,8 @@ fn serve_connection(conn: UnixStream, vmm: Arc<Mutex<Vmm>>, latch: Arc<ExitLatch
                 Err(e) => Response::err(format!("bad request: {e}")),
             }
         };
-        let text = serde_json::to_string(&response).unwrap_or_else(|e| format!(r#"{{"ok":false,"error":"{e}"}}"#));
+        let text = serde_json::to_string(&response)
+            .unwrap_or_else(|e| format!(r#"{{"ok":false,"error":"{e}"}}"#));
         if writeln!(writer, "{text}").is_err() {
             return;
         }
@@ -105,9 +116,17 @@ fn handle(req: Request, vmm: &Mutex<Vmm>, latch: &ExitLatch) -> Response {
     };
     let status = |vmm: &Vmm| serde_json::to_value(vmm.status()).map_err(|e| e.to_string());
     match req {
-        Request::Status => json(status(&vmm)),
-        Request::Pause => json(vmm.pause().map_err(|e| e.to_string()).and_then(|_| status(&vmm))),
-        Request::Resume => json(vmm.resume().map_err(|e| e.to_string()).and_then(|_| status(&vmm))),
+        Request::Status {} => json(status(&vmm)),
+        Request::Pause {} => json(
+            vmm.pause()
+                .map_err(|e| e.to_string())
+                .and_then(|_| status(&vmm)),
+        ),
+        Request::Resume {} => json(
+            vmm.resume()
+                .map_err(|e| e.to_string())
+                .and_then(|_| status(&vmm)),
+        ),
         Request::Snapshot { dir } => json(
             vmm.snapshot(&dir)
                 .map_err(|e| e.to_string())
@@ -118,7 +137,7 @@ fn handle(req: Request, vmm: &Mutex<Vmm>, latch: &ExitLatch) -> Response {
                 .and_then(|bytes| vmm.send_serial_input(&bytes).map_err(|e| e.to_string()))
                 .map(|_| serde_json::Value::Null),
         ),
-        Request::Shutdown => {
+        Request::Shutdown {} => {
             latch.set(VcpuExitReason::Stopped);
             Response::ok(serde_json::Value::Null)
         }

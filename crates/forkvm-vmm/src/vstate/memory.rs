@@ -8,14 +8,21 @@
 use crate::arch::x86_64::layout::ram_regions;
 use std::fs::File;
 use vm_memory::mmap::MmapRegion;
-use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap};
+use vm_memory::{
+    FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
+    GuestRegionMmap,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MemoryError {
     #[error("guest memory size {0} bytes is not a positive multiple of 2 MiB")]
     BadSize(u64),
     #[error("mapping {size} bytes of guest memory at {addr:#x}: {source}")]
-    Map { addr: u64, size: u64, source: vm_memory::mmap::MmapRegionError },
+    Map {
+        addr: u64,
+        size: u64,
+        source: vm_memory::mmap::MmapRegionError,
+    },
     #[error("guest memory region at {0:#x} overflows the address space")]
     Overflow(u64),
     #[error("assembling the guest memory map: {0}")]
@@ -28,7 +35,7 @@ pub const MIN_MEM_SIZE: u64 = 2 << 20;
 const SIZE_ALIGN: u64 = 2 << 20;
 
 fn check_size(mem_size: u64) -> Result<(), MemoryError> {
-    if mem_size < MIN_MEM_SIZE || mem_size % SIZE_ALIGN != 0 {
+    if mem_size < MIN_MEM_SIZE || !mem_size.is_multiple_of(SIZE_ALIGN) {
         return Err(MemoryError::BadSize(mem_size));
     }
     Ok(())
@@ -51,7 +58,9 @@ pub fn anonymous(mem_size: u64) -> Result<GuestMemoryMmap, MemoryError> {
         // SAFETY: the range is exactly the mapping just created; madvise only changes
         // how the kernel backs it.
         unsafe { libc::madvise(mapping.as_ptr().cast(), size as usize, libc::MADV_HUGEPAGE) };
-        regions.push(GuestRegionMmap::new(mapping, GuestAddress(addr)).ok_or(MemoryError::Overflow(addr))?);
+        regions.push(
+            GuestRegionMmap::new(mapping, GuestAddress(addr)).ok_or(MemoryError::Overflow(addr))?,
+        );
     }
     assemble(regions)
 }
@@ -60,7 +69,10 @@ pub fn anonymous(mem_size: u64) -> Result<GuestMemoryMmap, MemoryError> {
 pub fn private_file_mapping(image: &File, mem_size: u64) -> Result<GuestMemoryMmap, MemoryError> {
     check_size(mem_size)?;
     let mut regions = Vec::new();
-    for ((addr, size), offset) in ram_regions(mem_size).into_iter().zip(image_offsets(mem_size)) {
+    for ((addr, size), offset) in ram_regions(mem_size)
+        .into_iter()
+        .zip(image_offsets(mem_size))
+    {
         let file = image.try_clone().map_err(|e| MemoryError::Map {
             addr,
             size,
@@ -68,9 +80,16 @@ pub fn private_file_mapping(image: &File, mem_size: u64) -> Result<GuestMemoryMm
         })?;
         let prot = libc::PROT_READ | libc::PROT_WRITE;
         let flags = libc::MAP_PRIVATE | libc::MAP_NORESERVE;
-        let mapping = MmapRegion::build(Some(FileOffset::new(file, offset)), size as usize, prot, flags)
-            .map_err(|source| MemoryError::Map { addr, size, source })?;
-        regions.push(GuestRegionMmap::new(mapping, GuestAddress(addr)).ok_or(MemoryError::Overflow(addr))?);
+        let mapping = MmapRegion::build(
+            Some(FileOffset::new(file, offset)),
+            size as usize,
+            prot,
+            flags,
+        )
+        .map_err(|source| MemoryError::Map { addr, size, source })?;
+        regions.push(
+            GuestRegionMmap::new(mapping, GuestAddress(addr)).ok_or(MemoryError::Overflow(addr))?,
+        );
     }
     assemble(regions)
 }

@@ -120,7 +120,11 @@ impl VcpuRunner {
             .name(format!("vcpu{index}"))
             .stack_size(256 << 10)
             .spawn(move || self.run(rx, start_paused))?;
-        Ok(VcpuHandle { index, requests: tx, thread: Some(thread) })
+        Ok(VcpuHandle {
+            index,
+            requests: tx,
+            thread: Some(thread),
+        })
     }
 
     fn run(mut self, requests: Receiver<VcpuRequest>, mut paused: bool) {
@@ -153,7 +157,11 @@ impl VcpuRunner {
         loop {
             // Pending requests first; while paused, block for the next one.
             loop {
-                let req = if *paused { requests.recv().ok() } else { requests.try_recv().ok() };
+                let req = if *paused {
+                    requests.recv().ok()
+                } else {
+                    requests.try_recv().ok()
+                };
                 match req {
                     Some(r) => {
                         if !self.handle(r, paused) {
@@ -185,10 +193,14 @@ impl VcpuRunner {
                     ));
                 }
                 Ok(VcpuExit::FailEntry(reason, cpu)) => {
-                    return VcpuExitReason::Failed(format!("KVM entry failed: reason {reason:#x} on cpu {cpu}"))
+                    return VcpuExitReason::Failed(format!(
+                        "KVM entry failed: reason {reason:#x} on cpu {cpu}"
+                    ))
                 }
                 Ok(VcpuExit::Intr) => {}
-                Ok(other) => return VcpuExitReason::Failed(format!("unexpected vCPU exit: {other:?}")),
+                Ok(other) => {
+                    return VcpuExitReason::Failed(format!("unexpected vCPU exit: {other:?}"))
+                }
                 Err(e) if e.errno() == libc::EINTR => self.fd.set_kvm_immediate_exit(0),
                 Err(e) if e.errno() == libc::EAGAIN => {}
                 Err(e) => return VcpuExitReason::Failed(format!("KVM_RUN: {e}")),
