@@ -76,7 +76,7 @@ mod tests {
 
     #[test]
     fn entry_packs_base_and_limit() {
-        let e = gdt_entry(0x8089, 0x1234_5678, 0xabcde);
+        let e = gdt_entry(0x0089, 0x1234_5678, 0xabcde);
         let s = segment_from_entry(e, 0);
         assert_eq!(s.base, 0x1234_5678);
         assert_eq!(s.limit, 0xabcde);
