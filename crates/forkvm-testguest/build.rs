@@ -8,9 +8,7 @@ const GUESTS: &[&str] = &["hello", "count", "echo", "monitor"];
 const IMAGE_BASE: &str = "0x100000";
 
 fn run(step: &str, cmd: &mut Command) {
-    let status = cmd
-        .status()
-        .unwrap_or_else(|e| panic!("{step}: cannot start {cmd:?}: {e} (install binutils)"));
+    let status = cmd.status().unwrap_or_else(|e| panic!("{step}: cannot start {cmd:?}: {e} (install binutils)"));
     assert!(status.success(), "{step} failed: {cmd:?}");
 }
 
@@ -24,35 +22,15 @@ fn main() {
         let obj = out.join(format!("{guest}.o"));
         let elf = out.join(format!("{guest}.elf"));
         let bin = out.join(format!("{guest}.bin"));
-        run(
-            "assemble",
-            Command::new("as")
-                .args(["--64", "-I"])
-                .arg(src)
-                .arg("-o")
-                .arg(&obj)
-                .arg(&source),
-        );
+        run("assemble", Command::new("as").args(["--64", "-I"]).arg(src).arg("-o").arg(&obj).arg(&source));
         run(
             "link",
             Command::new("ld")
-                .args([
-                    "-m",
-                    "elf_x86_64",
-                    "-e",
-                    "_start",
-                    &format!("-Ttext={IMAGE_BASE}"),
-                ])
+                .args(["-m", "elf_x86_64", "-e", "_start", &format!("-Ttext={IMAGE_BASE}")])
                 .arg("-o")
                 .arg(&elf)
                 .arg(&obj),
         );
-        run(
-            "objcopy",
-            Command::new("objcopy")
-                .args(["-O", "binary"])
-                .arg(&elf)
-                .arg(&bin),
-        );
+        run("objcopy", Command::new("objcopy").args(["-O", "binary"]).arg(&elf).arg(&bin));
     }
 }

@@ -58,9 +58,7 @@ pub enum ContainerError {
         extra: u64,
     },
     /// The file does not start with [`VMSTATE_MAGIC`].
-    #[error(
-        "vmstate.bin: bad magic {found:02x?} (expected \"FKVMSTAT\"): not a forkvm VM state file"
-    )]
+    #[error("vmstate.bin: bad magic {found:02x?} (expected \"FKVMSTAT\"): not a forkvm VM state file")]
     BadMagic {
         /// The first 8 bytes of the file.
         found: [u8; 8],
@@ -135,10 +133,7 @@ pub fn encode_vmstate(payload: &[u8]) -> Vec<u8> {
 /// [`VMSTATE_MAX_BYTES`], actual length against declared length, CRC32.
 pub fn decode_vmstate(bytes: &[u8]) -> Result<&[u8], ContainerError> {
     if bytes.len() < VMSTATE_HEADER_LEN {
-        return Err(ContainerError::Truncated {
-            expected: VMSTATE_HEADER_LEN as u64,
-            actual: bytes.len() as u64,
-        });
+        return Err(ContainerError::Truncated { expected: VMSTATE_HEADER_LEN as u64, actual: bytes.len() as u64 });
     }
     let (header, payload) = bytes.split_at(VMSTATE_HEADER_LEN);
     let magic: [u8; 8] = field(header, 0);
@@ -150,16 +145,10 @@ pub fn decode_vmstate(bytes: &[u8]) -> Result<&[u8], ContainerError> {
         return Err(ContainerError::BadMagic { found: magic });
     }
     if version != VMSTATE_FORMAT_VERSION {
-        return Err(ContainerError::UnsupportedVersion {
-            found: version,
-            supported: VMSTATE_FORMAT_VERSION,
-        });
+        return Err(ContainerError::UnsupportedVersion { found: version, supported: VMSTATE_FORMAT_VERSION });
     }
     if declared > VMSTATE_MAX_BYTES {
-        return Err(ContainerError::TooLarge {
-            size: declared,
-            max: VMSTATE_MAX_BYTES,
-        });
+        return Err(ContainerError::TooLarge { size: declared, max: VMSTATE_MAX_BYTES });
     }
     let actual = payload.len() as u64;
     if actual < declared {
@@ -169,17 +158,11 @@ pub fn decode_vmstate(bytes: &[u8]) -> Result<&[u8], ContainerError> {
         });
     }
     if actual > declared {
-        return Err(ContainerError::TrailingBytes {
-            declared,
-            extra: actual - declared,
-        });
+        return Err(ContainerError::TrailingBytes { declared, extra: actual - declared });
     }
     let computed = crc32fast::hash(payload);
     if computed != stored_crc {
-        return Err(ContainerError::CrcMismatch {
-            expected: stored_crc,
-            actual: computed,
-        });
+        return Err(ContainerError::CrcMismatch { expected: stored_crc, actual: computed });
     }
     Ok(payload)
 }
@@ -198,45 +181,26 @@ fn field<const N: usize>(header: &[u8], at: usize) -> [u8; N] {
 pub fn read_vmstate_file(path: &Path) -> Result<Vec<u8>, ContainerError> {
     let meta = match fs::metadata(path) {
         Ok(m) => m,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(ContainerError::Missing(path.to_path_buf()))
-        }
-        Err(source) => {
-            return Err(ContainerError::StatFile {
-                path: path.to_path_buf(),
-                source,
-            })
-        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(ContainerError::Missing(path.to_path_buf())),
+        Err(source) => return Err(ContainerError::StatFile { path: path.to_path_buf(), source }),
     };
     let max_file = VMSTATE_MAX_BYTES + VMSTATE_HEADER_LEN as u64;
     if meta.len() > max_file {
-        return Err(ContainerError::TooLarge {
-            size: meta.len(),
-            max: VMSTATE_MAX_BYTES,
-        });
+        return Err(ContainerError::TooLarge { size: meta.len(), max: VMSTATE_MAX_BYTES });
     }
-    let read_err = |source| ContainerError::ReadFile {
-        path: path.to_path_buf(),
-        source,
-    };
+    let read_err = |source| ContainerError::ReadFile { path: path.to_path_buf(), source };
     let file = File::open(path).map_err(read_err)?;
     let mut bytes = Vec::with_capacity(meta.len() as usize);
     // Bound the read too, in case the file grows after the stat.
-    file.take(max_file + 1)
-        .read_to_end(&mut bytes)
-        .map_err(read_err)?;
+    file.take(max_file + 1).read_to_end(&mut bytes).map_err(read_err)?;
     decode_vmstate(&bytes).map(<[u8]>::to_vec)
 }
 
 /// Writes `payload` wrapped in the container to `path` and fsyncs the file.
 pub fn write_vmstate_file(path: &Path, payload: &[u8]) -> Result<(), ContainerError> {
-    let write_err = |source| ContainerError::WriteFile {
-        path: path.to_path_buf(),
-        source,
-    };
+    let write_err = |source| ContainerError::WriteFile { path: path.to_path_buf(), source };
     let mut file = File::create(path).map_err(write_err)?;
-    file.write_all(&encode_vmstate(payload))
-        .map_err(write_err)?;
+    file.write_all(&encode_vmstate(payload)).map_err(write_err)?;
     file.sync_all().map_err(write_err)
 }
 
@@ -266,13 +230,7 @@ mod tests {
     #[test]
     fn short_header_is_truncated() {
         let err = decode_vmstate(b"FKVM").unwrap_err();
-        assert!(matches!(
-            err,
-            ContainerError::Truncated {
-                expected: 24,
-                actual: 4
-            }
-        ));
+        assert!(matches!(err, ContainerError::Truncated { expected: 24, actual: 4 }));
     }
 
     #[test]
@@ -309,13 +267,7 @@ mod tests {
     fn truncated_payload_is_reported() {
         let bytes = encode_vmstate(b"hello world");
         let err = decode_vmstate(&bytes[..bytes.len() - 3]).unwrap_err();
-        assert!(matches!(
-            err,
-            ContainerError::Truncated {
-                expected: 35,
-                actual: 32
-            }
-        ));
+        assert!(matches!(err, ContainerError::Truncated { expected: 35, actual: 32 }));
     }
 
     #[test]
@@ -323,13 +275,7 @@ mod tests {
         let mut bytes = encode_vmstate(b"hello");
         bytes.extend_from_slice(b"xx");
         let err = decode_vmstate(&bytes).unwrap_err();
-        assert!(matches!(
-            err,
-            ContainerError::TrailingBytes {
-                declared: 5,
-                extra: 2
-            }
-        ));
+        assert!(matches!(err, ContainerError::TrailingBytes { declared: 5, extra: 2 }));
     }
 
     #[test]
@@ -340,10 +286,7 @@ mod tests {
         let err = decode_vmstate(&bytes).unwrap_err();
         assert!(matches!(err, ContainerError::CrcMismatch { .. }));
         let msg = err.to_string();
-        assert!(
-            msg.starts_with("vmstate.bin: checksum mismatch (stored 0x"),
-            "{msg}"
-        );
+        assert!(msg.starts_with("vmstate.bin: checksum mismatch (stored 0x"), "{msg}");
         assert!(msg.ends_with("the file is corrupt"), "{msg}");
     }
 
@@ -369,8 +312,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("vmstate.bin");
         let f = File::create(&path).unwrap();
-        f.set_len(VMSTATE_MAX_BYTES + VMSTATE_HEADER_LEN as u64 + 1)
-            .unwrap();
+        f.set_len(VMSTATE_MAX_BYTES + VMSTATE_HEADER_LEN as u64 + 1).unwrap();
         let err = read_vmstate_file(&path).unwrap_err();
         assert!(matches!(err, ContainerError::TooLarge { .. }));
     }

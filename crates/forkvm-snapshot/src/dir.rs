@@ -133,15 +133,8 @@ impl SnapshotDir {
         match fs::metadata(path) {
             Ok(m) if m.is_dir() => {}
             Ok(_) => return Err(DirError::NotADirectory(path.to_path_buf())),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(DirError::NotFound(path.to_path_buf()))
-            }
-            Err(source) => {
-                return Err(DirError::StatDir {
-                    path: path.to_path_buf(),
-                    source,
-                })
-            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(DirError::NotFound(path.to_path_buf())),
+            Err(source) => return Err(DirError::StatDir { path: path.to_path_buf(), source }),
         }
         let meta = read_meta(&path.join(SNAPSHOT_JSON)).map_err(DirError::ReadMeta)?;
         if meta.status == SnapshotStatus::Writing {
@@ -149,16 +142,10 @@ impl SnapshotDir {
         }
         for name in [VMSTATE_BIN, MEMORY_IMG] {
             if !path.join(name).is_file() {
-                return Err(DirError::MissingFile {
-                    dir: path.to_path_buf(),
-                    name,
-                });
+                return Err(DirError::MissingFile { dir: path.to_path_buf(), name });
             }
         }
-        Ok(SnapshotDir {
-            path: path.to_path_buf(),
-            meta,
-        })
+        Ok(SnapshotDir { path: path.to_path_buf(), meta })
     }
 
     /// Path of this snapshot's `vmstate.bin`.
@@ -191,11 +178,7 @@ mod tests {
             mem_size_bytes: 4096,
             vcpu_count: 1,
             irqchip: "x".into(),
-            guest: GuestIdentity {
-                kind: "testguest".into(),
-                name: "g".into(),
-                content_hash: None,
-            },
+            guest: GuestIdentity { kind: "testguest".into(), name: "g".into(), content_hash: None },
             parent_tag: None,
             parent_hash: None,
             branched_from: None,
@@ -237,10 +220,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("f");
         fs::write(&path, b"").unwrap();
-        assert!(matches!(
-            SnapshotDir::open(&path).unwrap_err(),
-            DirError::NotADirectory(_)
-        ));
+        assert!(matches!(SnapshotDir::open(&path).unwrap_err(), DirError::NotADirectory(_)));
     }
 
     #[test]
@@ -259,24 +239,12 @@ mod tests {
         let dir = tmp.path().join("t");
         make_snapshot(&dir, SnapshotStatus::Ready, &[VMSTATE_BIN]);
         let err = SnapshotDir::open(&dir).unwrap_err();
-        assert!(matches!(
-            err,
-            DirError::MissingFile {
-                name: MEMORY_IMG,
-                ..
-            }
-        ));
+        assert!(matches!(err, DirError::MissingFile { name: MEMORY_IMG, .. }));
         assert!(err.to_string().ends_with("memory.img is missing"));
 
         fs::remove_file(dir.join(VMSTATE_BIN)).unwrap();
         fs::write(dir.join(MEMORY_IMG), b"").unwrap();
-        assert!(matches!(
-            SnapshotDir::open(&dir).unwrap_err(),
-            DirError::MissingFile {
-                name: VMSTATE_BIN,
-                ..
-            }
-        ));
+        assert!(matches!(SnapshotDir::open(&dir).unwrap_err(), DirError::MissingFile { name: VMSTATE_BIN, .. }));
     }
 
     #[test]

@@ -26,16 +26,14 @@ pub mod metadata;
 pub mod tag;
 
 pub use container::{
-    decode_vmstate, encode_vmstate, read_vmstate_file, write_vmstate_file, ContainerError,
-    VMSTATE_FORMAT_VERSION, VMSTATE_MAGIC, VMSTATE_MAX_BYTES,
+    decode_vmstate, encode_vmstate, read_vmstate_file, write_vmstate_file, ContainerError, VMSTATE_FORMAT_VERSION,
+    VMSTATE_MAGIC, VMSTATE_MAX_BYTES,
 };
 pub use dir::{DirError, SnapshotDir, SnapshotWriter, MEMORY_IMG, SNAPSHOT_JSON, VMSTATE_BIN};
 pub use memory_image::{
-    allocated_bytes, create_image, open_image, write_sparse, MemoryImageError, SparseStats,
-    PAGE_SIZE,
+    allocated_bytes, create_image, open_image, write_sparse, MemoryImageError, SparseStats, PAGE_SIZE,
 };
 pub use metadata::{
-    read_meta, write_meta, GuestIdentity, MetadataError, SnapshotMeta, SnapshotStatus,
-    METADATA_FORMAT_VERSION,
+    read_meta, write_meta, GuestIdentity, MetadataError, SnapshotMeta, SnapshotStatus, METADATA_FORMAT_VERSION,
 };
 pub use tag::{validate_tag, TagError};

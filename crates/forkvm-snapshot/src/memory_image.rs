@@ -116,11 +116,7 @@ fn is_zero(buf: &[u8]) -> bool {
 /// The target range must not hold stale data (use a file from
 /// [`create_image`]): skipped pages are not written, so they read back as
 /// whatever the file already contains there — zeros for a hole.
-pub fn write_sparse(
-    file: &File,
-    offset: u64,
-    data: &[u8],
-) -> Result<SparseStats, MemoryImageError> {
+pub fn write_sparse(file: &File, offset: u64, data: &[u8]) -> Result<SparseStats, MemoryImageError> {
     let mut stats = SparseStats::default();
     // Start (within `data`) of the current run of non-zero pages.
     let mut run_start: Option<usize> = None;
@@ -144,20 +140,9 @@ pub fn write_sparse(
 }
 
 /// Writes one run of non-zero pages found at `start` within the caller's data.
-fn flush(
-    file: &File,
-    base: u64,
-    run: &[u8],
-    start: usize,
-    stats: &mut SparseStats,
-) -> Result<(), MemoryImageError> {
+fn flush(file: &File, base: u64, run: &[u8], start: usize, stats: &mut SparseStats) -> Result<(), MemoryImageError> {
     let at = base + start as u64;
-    file.write_all_at(run, at)
-        .map_err(|source| MemoryImageError::WriteData {
-            offset: at,
-            len: run.len(),
-            source,
-        })?;
+    file.write_all_at(run, at).map_err(|source| MemoryImageError::WriteData { offset: at, len: run.len(), source })?;
     stats.bytes_written += run.len() as u64;
     Ok(())
 }
@@ -165,43 +150,25 @@ fn flush(
 /// Creates (or truncates) `path` as a `size`-byte image that is all holes,
 /// opened read+write.
 pub fn create_image(path: &Path, size: u64) -> Result<File, MemoryImageError> {
-    let err = |source| MemoryImageError::CreateImage {
-        path: path.to_path_buf(),
-        size,
-        source,
-    };
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(path)
-        .map_err(err)?;
+    let err = |source| MemoryImageError::CreateImage { path: path.to_path_buf(), size, source };
+    let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path).map_err(err)?;
     file.set_len(size).map_err(err)?;
     Ok(file)
 }
 
 /// Opens an existing image read-only and checks it is `expected_size` bytes.
 pub fn open_image(path: &Path, expected_size: u64) -> Result<File, MemoryImageError> {
-    let err = |source| MemoryImageError::OpenImage {
-        path: path.to_path_buf(),
-        source,
-    };
+    let err = |source| MemoryImageError::OpenImage { path: path.to_path_buf(), source };
     let file = match File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(MemoryImageError::Missing {
-                path: path.to_path_buf(),
-            })
+            return Err(MemoryImageError::Missing { path: path.to_path_buf() })
         }
         Err(e) => return Err(err(e)),
     };
     let meta = file.metadata().map_err(err)?;
     if !meta.is_file() {
-        return Err(err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "not a regular file",
-        )));
+        return Err(err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file")));
     }
     if meta.len() != expected_size {
         return Err(MemoryImageError::SizeMismatch {
@@ -320,17 +287,10 @@ mod tests {
         let path = dir.path().join("memory.img");
         create_image(&path, 4096).unwrap();
         let err = open_image(&path, 8192).unwrap_err();
-        assert!(matches!(
-            err,
-            MemoryImageError::SizeMismatch {
-                expected: 8192,
-                actual: 4096,
-                ..
-            }
-        ));
-        assert!(err.to_string().starts_with(
-            "memory.img is 4096 bytes, snapshot says 8192: truncated or not this snapshot's"
-        ));
+        assert!(matches!(err, MemoryImageError::SizeMismatch { expected: 8192, actual: 4096, .. }));
+        assert!(err
+            .to_string()
+            .starts_with("memory.img is 4096 bytes, snapshot says 8192: truncated or not this snapshot's"));
     }
 
     #[test]

@@ -93,9 +93,7 @@ pub enum MetadataError {
         source: io::Error,
     },
     /// The file is larger than [`METADATA_MAX_BYTES`].
-    #[error(
-        "snapshot.json: {path} is {size} bytes, over the {max}-byte limit: the file is corrupt"
-    )]
+    #[error("snapshot.json: {path} is {size} bytes, over the {max}-byte limit: the file is corrupt")]
     TooLarge {
         /// The file.
         path: PathBuf,
@@ -139,10 +137,7 @@ pub enum MetadataError {
 pub fn write_meta(path: &Path, meta: &SnapshotMeta) -> Result<(), MetadataError> {
     let mut json = serde_json::to_vec_pretty(meta).map_err(MetadataError::Serialize)?;
     json.push(b'\n');
-    let err = |source| MetadataError::WriteFile {
-        path: path.to_path_buf(),
-        source,
-    };
+    let err = |source| MetadataError::WriteFile { path: path.to_path_buf(), source };
     let mut file = File::create(path).map_err(err)?;
     file.write_all(&json).map_err(err)?;
     file.sync_all().map_err(err)
@@ -150,34 +145,18 @@ pub fn write_meta(path: &Path, meta: &SnapshotMeta) -> Result<(), MetadataError>
 
 /// Reads and strictly parses `snapshot.json` at `path`.
 pub fn read_meta(path: &Path) -> Result<SnapshotMeta, MetadataError> {
-    let err = |source| MetadataError::ReadFile {
-        path: path.to_path_buf(),
-        source,
-    };
+    let err = |source| MetadataError::ReadFile { path: path.to_path_buf(), source };
     let size = match fs::metadata(path) {
         Ok(m) => m.len(),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(MetadataError::Missing(path.to_path_buf()))
-        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(MetadataError::Missing(path.to_path_buf())),
         Err(e) => return Err(err(e)),
     };
     if size > METADATA_MAX_BYTES {
-        return Err(MetadataError::TooLarge {
-            path: path.to_path_buf(),
-            size,
-            max: METADATA_MAX_BYTES,
-        });
+        return Err(MetadataError::TooLarge { path: path.to_path_buf(), size, max: METADATA_MAX_BYTES });
     }
     let mut bytes = Vec::new();
-    File::open(path)
-        .map_err(err)?
-        .take(METADATA_MAX_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(err)?;
-    let parse_err = |source| MetadataError::Parse {
-        path: path.to_path_buf(),
-        source,
-    };
+    File::open(path).map_err(err)?.take(METADATA_MAX_BYTES + 1).read_to_end(&mut bytes).map_err(err)?;
+    let parse_err = |source| MetadataError::Parse { path: path.to_path_buf(), source };
     // Check the version first, so a future format with different fields is
     // reported as "unsupported version" rather than a confusing schema error.
     #[derive(Deserialize)]
@@ -208,11 +187,7 @@ mod tests {
             mem_size_bytes: 256 << 20,
             vcpu_count: 2,
             irqchip: "kvm-in-kernel".into(),
-            guest: GuestIdentity {
-                kind: "linux".into(),
-                name: "vmlinux".into(),
-                content_hash: Some("abc123".into()),
-            },
+            guest: GuestIdentity { kind: "linux".into(), name: "vmlinux".into(), content_hash: Some("abc123".into()) },
             parent_tag: Some("root".into()),
             parent_hash: None,
             branched_from: None,
@@ -265,14 +240,7 @@ mod tests {
         let path = dir.path().join("snapshot.json");
         fs::write(&path, r#"{"format_version": 2, "new_field": true}"#).unwrap();
         let err = read_meta(&path).unwrap_err();
-        assert!(matches!(
-            err,
-            MetadataError::UnsupportedVersion {
-                found: 2,
-                supported: 1,
-                ..
-            }
-        ));
+        assert!(matches!(err, MetadataError::UnsupportedVersion { found: 2, supported: 1, .. }));
     }
 
     #[test]
@@ -280,10 +248,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("snapshot.json");
         fs::write(&path, "not json").unwrap();
-        assert!(matches!(
-            read_meta(&path).unwrap_err(),
-            MetadataError::Parse { .. }
-        ));
+        assert!(matches!(read_meta(&path).unwrap_err(), MetadataError::Parse { .. }));
     }
 
     #[test]
@@ -294,13 +259,7 @@ mod tests {
             read_meta(&path).unwrap_err(),
             MetadataError::Missing(p) if p == path
         ));
-        File::create(&path)
-            .unwrap()
-            .set_len(METADATA_MAX_BYTES + 1)
-            .unwrap();
-        assert!(matches!(
-            read_meta(&path).unwrap_err(),
-            MetadataError::TooLarge { .. }
-        ));
+        File::create(&path).unwrap().set_len(METADATA_MAX_BYTES + 1).unwrap();
+        assert!(matches!(read_meta(&path).unwrap_err(), MetadataError::TooLarge { .. }));
     }
 }

@@ -49,21 +49,13 @@ pub fn validate_tag(tag: &str) -> Result<(), TagError> {
     };
     let len = tag.chars().count();
     if len > TAG_MAX_LEN {
-        return Err(TagError::TooLong {
-            tag: tag.to_string(),
-            len,
-            max: TAG_MAX_LEN,
-        });
+        return Err(TagError::TooLong { tag: tag.to_string(), len, max: TAG_MAX_LEN });
     }
     if !first.is_ascii_alphanumeric() {
         return Err(TagError::BadFirstChar(tag.to_string()));
     }
-    if let Some(ch) = chars.find(|&c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
-    {
-        return Err(TagError::BadChar {
-            tag: tag.to_string(),
-            ch,
-        });
+    if let Some(ch) = chars.find(|&c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
+        return Err(TagError::BadChar { tag: tag.to_string(), ch });
     }
     if tag.contains("..") {
         return Err(TagError::DotDot(tag.to_string()));
@@ -92,72 +84,32 @@ mod tests {
     fn rejects_too_long() {
         let tag = "a".repeat(129);
         let err = validate_tag(&tag).unwrap_err();
-        assert!(matches!(
-            err,
-            TagError::TooLong {
-                len: 129,
-                max: 128,
-                ..
-            }
-        ));
+        assert!(matches!(err, TagError::TooLong { len: 129, max: 128, .. }));
         assert!(err.to_string().contains("at most 128"));
     }
 
     #[test]
     fn rejects_path_traversal() {
-        assert!(matches!(
-            validate_tag("../x").unwrap_err(),
-            TagError::BadFirstChar(_)
-        ));
-        assert!(matches!(
-            validate_tag("a/b").unwrap_err(),
-            TagError::BadChar { ch: '/', .. }
-        ));
-        assert!(matches!(
-            validate_tag("a/../b").unwrap_err(),
-            TagError::BadChar { ch: '/', .. }
-        ));
-        assert!(matches!(
-            validate_tag("a..b").unwrap_err(),
-            TagError::DotDot(_)
-        ));
-        assert!(matches!(
-            validate_tag("/etc").unwrap_err(),
-            TagError::BadFirstChar(_)
-        ));
+        assert!(matches!(validate_tag("../x").unwrap_err(), TagError::BadFirstChar(_)));
+        assert!(matches!(validate_tag("a/b").unwrap_err(), TagError::BadChar { ch: '/', .. }));
+        assert!(matches!(validate_tag("a/../b").unwrap_err(), TagError::BadChar { ch: '/', .. }));
+        assert!(matches!(validate_tag("a..b").unwrap_err(), TagError::DotDot(_)));
+        assert!(matches!(validate_tag("/etc").unwrap_err(), TagError::BadFirstChar(_)));
     }
 
     #[test]
     fn rejects_hidden_and_leading_punctuation() {
         for tag in [".hidden", ".", "..", "-flag", "_x"] {
-            assert!(
-                matches!(validate_tag(tag).unwrap_err(), TagError::BadFirstChar(_)),
-                "{tag}"
-            );
+            assert!(matches!(validate_tag(tag).unwrap_err(), TagError::BadFirstChar(_)), "{tag}");
         }
     }
 
     #[test]
     fn rejects_unicode_nul_and_whitespace() {
-        for (tag, ch) in [
-            ("caf\u{e9}", '\u{e9}'),
-            ("a\0b", '\0'),
-            ("a b", ' '),
-            ("a\\b", '\\'),
-        ] {
-            assert_eq!(
-                validate_tag(tag),
-                Err(TagError::BadChar {
-                    tag: tag.to_string(),
-                    ch
-                }),
-                "{tag:?}"
-            );
+        for (tag, ch) in [("caf\u{e9}", '\u{e9}'), ("a\0b", '\0'), ("a b", ' '), ("a\\b", '\\')] {
+            assert_eq!(validate_tag(tag), Err(TagError::BadChar { tag: tag.to_string(), ch }), "{tag:?}");
         }
-        assert!(matches!(
-            validate_tag("\u{e9}a").unwrap_err(),
-            TagError::BadFirstChar(_)
-        ));
+        assert!(matches!(validate_tag("\u{e9}a").unwrap_err(), TagError::BadFirstChar(_)));
     }
 
     #[test]

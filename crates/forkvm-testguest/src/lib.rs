@@ -42,12 +42,7 @@ pub enum TestGuest {
 }
 
 impl TestGuest {
-    pub const ALL: [TestGuest; 4] = [
-        TestGuest::Hello,
-        TestGuest::Count,
-        TestGuest::Echo,
-        TestGuest::Monitor,
-    ];
+    pub const ALL: [TestGuest; 4] = [TestGuest::Hello, TestGuest::Count, TestGuest::Echo, TestGuest::Monitor];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -78,21 +73,16 @@ impl fmt::Display for TestGuest {
 impl FromStr for TestGuest {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        TestGuest::ALL
-            .into_iter()
-            .find(|g| g.name() == s)
-            .ok_or_else(|| {
-                let names: Vec<_> = TestGuest::ALL.iter().map(|g| g.name()).collect();
-                format!("unknown test guest {s:?}; known: {}", names.join(", "))
-            })
+        TestGuest::ALL.into_iter().find(|g| g.name() == s).ok_or_else(|| {
+            let names: Vec<_> = TestGuest::ALL.iter().map(|g| g.name()).collect();
+            format!("unknown test guest {s:?}; known: {}", names.join(", "))
+        })
     }
 }
 
 /// The hash the `count` guest prints after `n` steps (see `guests/count.S`).
 pub fn count_hash(n: u64) -> u64 {
-    (1..=n).fold(0u64, |h, i| {
-        h.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(i)
-    })
+    (1..=n).fold(0u64, |h, i| h.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(i))
 }
 
 /// Encodes `monitor` commands (see `guests/monitor.S`).
@@ -133,11 +123,7 @@ mod tests {
     fn every_guest_is_assembled_and_small() {
         for g in TestGuest::ALL {
             let img = g.image();
-            assert!(
-                img.len() > 0x480 && img.len() < 64 * 1024,
-                "{g}: {} bytes",
-                img.len()
-            );
+            assert!(img.len() > 0x480 && img.len() < 64 * 1024, "{g}: {} bytes", img.len());
             // The first instruction is `cli`.
             assert_eq!(img[0], 0xfa, "{g} does not start with cli");
         }
@@ -148,10 +134,7 @@ mod tests {
         for g in TestGuest::ALL {
             assert_eq!(g.name().parse::<TestGuest>().unwrap(), g);
         }
-        assert!("nope"
-            .parse::<TestGuest>()
-            .unwrap_err()
-            .contains("known: hello"));
+        assert!("nope".parse::<TestGuest>().unwrap_err().contains("known: hello"));
     }
 
     #[test]

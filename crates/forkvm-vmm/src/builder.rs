@@ -29,7 +29,8 @@ use crate::devices::irq::{IrqLine, IrqRoute};
 use crate::devices::serial::{ConsoleOut, SerialDevice, SerialError, COM1_IRQ};
 use crate::devices::Devices;
 use crate::persist::{StateError, VmState};
-use crate::vmm::{GuestInfo, Vmm};
+use crate::vmm::{GuestInfo, VmParts, Vmm};
+use crate::vstate::exit::ExitLatch;
 use crate::vstate::irqchip::{IrqchipError, IrqchipMode};
 use crate::vstate::memory::{self, MemoryError};
 use crate::vstate::vcpu::VcpuRunner;
@@ -55,34 +56,19 @@ pub enum BuildError {
     #[error("loading the Linux kernel: {0}")]
     LoadLinux(#[from] LinuxBootError),
     #[error("opening {path}: {source}")]
-    Open {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error(
-        "test guest image of {size} bytes does not fit below the top of {mem_size} bytes of memory"
-    )]
+    Open { path: PathBuf, source: std::io::Error },
+    #[error("test guest image of {size} bytes does not fit below the top of {mem_size} bytes of memory")]
     ImageTooLarge { size: usize, mem_size: u64 },
     #[error("test guest takes at most {max} arguments, got {got}")]
     TooManyArgs { got: usize, max: usize },
     #[error("writing {what} into guest memory: {source}")]
-    WriteGuest {
-        what: &'static str,
-        source: vm_memory::GuestMemoryError,
-    },
+    WriteGuest { what: &'static str, source: vm_memory::GuestMemoryError },
     #[error("reading KVM's supported CPUID: {0}")]
     Cpuid(kvm_ioctls::Error),
     #[error("creating vCPU {index}: {source}")]
-    CreateVcpu {
-        index: u8,
-        source: kvm_ioctls::Error,
-    },
+    CreateVcpu { index: u8, source: kvm_ioctls::Error },
     #[error("setting up vCPU {index}: {step}: {source}")]
-    SetupVcpu {
-        index: u8,
-        step: &'static str,
-        source: kvm_ioctls::Error,
-    },
+    SetupVcpu { index: u8, step: &'static str, source: kvm_ioctls::Error },
     #[error("restoring vCPU {index}: {source}")]
     RestoreVcpu { index: u8, source: VcpuStateError },
     #[error("a VM has 1 to {max} vCPUs, not {got}")]
@@ -92,23 +78,13 @@ pub enum BuildError {
     #[error("restoring the IOAPIC: {0}")]
     Ioapic(#[from] BadIoapicState),
     #[error("snapshot {dir}: {source}")]
-    SnapshotDir {
-        dir: PathBuf,
-        source: forkvm_snapshot::DirError,
-    },
+    SnapshotDir { dir: PathBuf, source: forkvm_snapshot::DirError },
     #[error("snapshot {dir}: {source}")]
     State { dir: PathBuf, source: StateError },
     #[error("snapshot {dir}: {source}")]
-    MemoryImage {
-        dir: PathBuf,
-        source: forkvm_snapshot::MemoryImageError,
-    },
+    MemoryImage { dir: PathBuf, source: forkvm_snapshot::MemoryImageError },
     #[error("snapshot {dir}: snapshot.json says {meta} but vmstate.bin says {state}")]
-    Mismatch {
-        dir: PathBuf,
-        meta: String,
-        state: String,
-    },
+    Mismatch { dir: PathBuf, meta: String, state: String },
     #[error("starting vCPU thread {index}: {source}")]
     SpawnVcpu { index: u8, source: std::io::Error },
 }
@@ -118,18 +94,9 @@ pub enum BuildError {
 pub enum Payload {
     /// A flat image loaded at `image_base` and entered in 64-bit mode with `args` (u64
     /// words) at `ZERO_PAGE_START`.
-    Flat {
-        name: String,
-        image: Vec<u8>,
-        image_base: u64,
-        args: Vec<u64>,
-    },
+    Flat { name: String, image: Vec<u8>, image_base: u64, args: Vec<u64> },
     /// A Linux kernel (ELF vmlinux or bzImage), optional initrd and command line.
-    Linux {
-        kernel: PathBuf,
-        initrd: Option<PathBuf>,
-        cmdline: String,
-    },
+    Linux { kernel: PathBuf, initrd: Option<PathBuf>, cmdline: String },
 }
 
 /// Most u64 arguments a flat image takes.
@@ -150,35 +117,27 @@ pub struct BootConfig {
 pub fn boot(kvm: &Kvm, config: BootConfig) -> Result<Vmm, BuildError> {
     let vcpu_count = usize::from(config.vcpu_count);
     if vcpu_count == 0 || vcpu_count > crate::persist::MAX_VCPUS {
-        return Err(BuildError::VcpuCount {
-            got: vcpu_count,
-            max: crate::persist::MAX_VCPUS,
-        });
+        return Err(BuildError::VcpuCount { got: vcpu_count, max: crate::persist::MAX_VCPUS });
     }
     let mem = memory::anonymous(config.mem_size)?;
     let vm = Vm::create(kvm, config.irqchip)?;
     vm.register_memory(&mem)?;
     let (entry, guest) = load_payload(&mem, config.mem_size, &config.payload)?;
-    regs::write_boot_tables(&mem).map_err(|source| BuildError::WriteGuest {
-        what: "boot GDT",
-        source,
-    })?;
-    let cr3 = paging::write_identity_tables(&mem).map_err(|source| BuildError::WriteGuest {
-        what: "page tables",
-        source,
-    })?;
+    regs::write_boot_tables(&mem).map_err(|source| BuildError::WriteGuest { what: "boot GDT", source })?;
+    let cr3 =
+        paging::write_identity_tables(&mem).map_err(|source| BuildError::WriteGuest { what: "page tables", source })?;
     let devices = attach_devices(&vm, config.console, None)?;
     let base = base_cpuid(kvm, config.cpu_template).map_err(BuildError::Cpuid)?;
     let mut runners = Vec::new();
     let (events_tx, events) = channel();
+    let exit = Arc::new(ExitLatch::default());
     for index in 0..config.vcpu_count {
         let fd = create_vcpu(&vm, index)?;
-        let cpuid =
-            vcpu_cpuid(&base, index, config.vcpu_count).map_err(|_| BuildError::SetupVcpu {
-                index,
-                step: "building CPUID",
-                source: kvm_ioctls::Error::new(libc::EINVAL),
-            })?;
+        let cpuid = vcpu_cpuid(&base, index, config.vcpu_count).map_err(|_| BuildError::SetupVcpu {
+            index,
+            step: "building CPUID",
+            source: kvm_ioctls::Error::new(libc::EINVAL),
+        })?;
         setup_boot_vcpu(&fd, index, &cpuid, entry, cr3)?;
         let msr_indices = msr::saved_msr_indices(kvm, &fd).to_vec();
         runners.push(VcpuRunner {
@@ -188,97 +147,41 @@ pub fn boot(kvm: &Kvm, config: BootConfig) -> Result<Vmm, BuildError> {
             cpuid: cpuid.as_slice().to_vec(),
             msr_indices,
             events: events_tx.clone(),
+            exit: exit.clone(),
         });
     }
     devices.arm_interrupts();
-    Vmm::start(
-        vm,
-        mem,
-        devices,
-        runners,
-        events,
-        guest,
-        config.cpu_template,
-        config.start_paused,
-    )
+    let parts = VmParts { vm, memory: mem, devices, runners, events, exit, guest, cpu_template: config.cpu_template };
+    Vmm::start(parts, config.start_paused)
 }
 
-fn load_payload(
-    mem: &GuestMemoryMmap,
-    mem_size: u64,
-    payload: &Payload,
-) -> Result<(u64, GuestInfo), BuildError> {
+fn load_payload(mem: &GuestMemoryMmap, mem_size: u64, payload: &Payload) -> Result<(u64, GuestInfo), BuildError> {
     match payload {
-        Payload::Flat {
-            name,
-            image,
-            image_base,
-            args,
-        } => {
+        Payload::Flat { name, image, image_base, args } => {
             if args.len() > MAX_FLAT_ARGS {
-                return Err(BuildError::TooManyArgs {
-                    got: args.len(),
-                    max: MAX_FLAT_ARGS,
-                });
+                return Err(BuildError::TooManyArgs { got: args.len(), max: MAX_FLAT_ARGS });
             }
             if image_base.saturating_add(image.len() as u64) > mem_size {
-                return Err(BuildError::ImageTooLarge {
-                    size: image.len(),
-                    mem_size,
-                });
+                return Err(BuildError::ImageTooLarge { size: image.len(), mem_size });
             }
             mem.write_slice(image, GuestAddress(*image_base))
-                .map_err(|source| BuildError::WriteGuest {
-                    what: "test guest image",
-                    source,
-                })?;
+                .map_err(|source| BuildError::WriteGuest { what: "test guest image", source })?;
             let words: Vec<u8> = args.iter().flat_map(|a| a.to_le_bytes()).collect();
             mem.write_slice(&words, GuestAddress(ZERO_PAGE_START))
-                .map_err(|source| BuildError::WriteGuest {
-                    what: "test guest arguments",
-                    source,
-                })?;
-            Ok((
-                *image_base,
-                GuestInfo {
-                    kind: "testguest".into(),
-                    name: name.clone(),
-                },
-            ))
+                .map_err(|source| BuildError::WriteGuest { what: "test guest arguments", source })?;
+            Ok((*image_base, GuestInfo { kind: "testguest".into(), name: name.clone() }))
         }
-        Payload::Linux {
-            kernel,
-            initrd,
-            cmdline,
-        } => {
-            let open = |p: &PathBuf| {
-                File::open(p).map_err(|source| BuildError::Open {
-                    path: p.clone(),
-                    source,
-                })
-            };
+        Payload::Linux { kernel, initrd, cmdline } => {
+            let open = |p: &PathBuf| File::open(p).map_err(|source| BuildError::Open { path: p.clone(), source });
             let mut kernel_file = open(kernel)?;
             let mut initrd_file = initrd.as_ref().map(open).transpose()?;
             let loaded = load_linux(
                 mem,
                 mem_size,
-                LinuxBootConfig {
-                    kernel: &mut kernel_file,
-                    initrd: initrd_file.as_mut(),
-                    cmdline,
-                },
+                LinuxBootConfig { kernel: &mut kernel_file, initrd: initrd_file.as_mut(), cmdline },
             )?;
-            let name = kernel
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            Ok((
-                loaded.entry.0,
-                GuestInfo {
-                    kind: "linux".into(),
-                    name,
-                },
-            ))
+            let name = kernel.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            Ok((loaded.entry.0, GuestInfo { kind: "linux".into(), name }))
         }
     }
 }
@@ -296,10 +199,7 @@ fn attach_devices(
     };
     let route = match &ioapic {
         None => IrqRoute::Kernel { gsi: COM1_IRQ },
-        Some(io) => IrqRoute::Split {
-            ioapic: io.clone(),
-            pin: COM1_IRQ as usize,
-        },
+        Some(io) => IrqRoute::Split { ioapic: io.clone(), pin: COM1_IRQ as usize },
     };
     let armed = Arc::new(AtomicBool::new(false));
     let irq = IrqLine::new(vm.fd.clone(), route, armed.clone());
@@ -311,9 +211,7 @@ fn attach_devices(
 }
 
 fn create_vcpu(vm: &Vm, index: u8) -> Result<VcpuFd, BuildError> {
-    vm.fd
-        .create_vcpu(u64::from(index))
-        .map_err(|source| BuildError::CreateVcpu { index, source })
+    vm.fd.create_vcpu(u64::from(index)).map_err(|source| BuildError::CreateVcpu { index, source })
 }
 
 fn setup_boot_vcpu(
@@ -323,26 +221,17 @@ fn setup_boot_vcpu(
     entry: u64,
     cr3: u64,
 ) -> Result<(), BuildError> {
-    let step = |step: &'static str| {
-        move |source| BuildError::SetupVcpu {
-            index,
-            step,
-            source,
-        }
-    };
+    let step = |step: &'static str| move |source| BuildError::SetupVcpu { index, step, source };
     fd.set_cpuid2(cpuid).map_err(step("KVM_SET_CPUID2"))?;
-    let msrs =
-        msr::msrs_from_entries(&msr::boot_msr_entries()).map_err(|_| BuildError::SetupVcpu {
-            index,
-            step: "building MSRs",
-            source: kvm_ioctls::Error::new(libc::EINVAL),
-        })?;
+    let msrs = msr::msrs_from_entries(&msr::boot_msr_entries()).map_err(|_| BuildError::SetupVcpu {
+        index,
+        step: "building MSRs",
+        source: kvm_ioctls::Error::new(libc::EINVAL),
+    })?;
     fd.set_msrs(&msrs).map_err(step("KVM_SET_MSRS"))?;
-    fd.set_regs(&regs::boot_regs(entry))
-        .map_err(step("KVM_SET_REGS"))?;
+    fd.set_regs(&regs::boot_regs(entry)).map_err(step("KVM_SET_REGS"))?;
     let sregs = fd.get_sregs().map_err(step("KVM_GET_SREGS"))?;
-    fd.set_sregs(&regs::long_mode_sregs(sregs, cr3))
-        .map_err(step("KVM_SET_SREGS"))?;
+    fd.set_sregs(&regs::long_mode_sregs(sregs, cr3)).map_err(step("KVM_SET_SREGS"))?;
     fd.set_fpu(&regs::boot_fpu()).map_err(step("KVM_SET_FPU"))?;
     let mut lapic = fd.get_lapic().map_err(step("KVM_GET_LAPIC"))?;
     regs::set_lint_modes(&mut lapic);
@@ -361,69 +250,32 @@ pub struct PreparedSnapshot {
 /// Reads `snapshot.json` and `vmstate.bin`, opens `memory.img`, and checks they agree.
 pub fn prepare(dir: &Path) -> Result<PreparedSnapshot, BuildError> {
     let d = dir.to_path_buf();
-    let snap = SnapshotDir::open(dir).map_err(|source| BuildError::SnapshotDir {
-        dir: d.clone(),
-        source,
-    })?;
-    let payload = forkvm_snapshot::read_vmstate_file(&snap.vmstate_path()).map_err(|e| {
-        BuildError::State {
-            dir: d.clone(),
-            source: e.into(),
-        }
-    })?;
-    let state = VmState::decode_payload(&payload).map_err(|source| BuildError::State {
-        dir: d.clone(),
-        source,
-    })?;
+    let snap = SnapshotDir::open(dir).map_err(|source| BuildError::SnapshotDir { dir: d.clone(), source })?;
+    let payload = forkvm_snapshot::read_vmstate_file(&snap.vmstate_path())
+        .map_err(|e| BuildError::State { dir: d.clone(), source: e.into() })?;
+    let state = VmState::decode_payload(&payload).map_err(|source| BuildError::State { dir: d.clone(), source })?;
     let mismatch = |what: &str, meta: String, state: String| BuildError::Mismatch {
         dir: d.clone(),
         meta: format!("{what} {meta}"),
         state,
     };
     if snap.meta.mem_size_bytes != state.mem_size {
-        return Err(mismatch(
-            "memory size",
-            snap.meta.mem_size_bytes.to_string(),
-            state.mem_size.to_string(),
-        ));
+        return Err(mismatch("memory size", snap.meta.mem_size_bytes.to_string(), state.mem_size.to_string()));
     }
     if usize::from(snap.meta.vcpu_count) != state.vcpus.len() {
-        return Err(mismatch(
-            "vCPU count",
-            snap.meta.vcpu_count.to_string(),
-            state.vcpus.len().to_string(),
-        ));
+        return Err(mismatch("vCPU count", snap.meta.vcpu_count.to_string(), state.vcpus.len().to_string()));
     }
     if snap.meta.irqchip != state.irqchip_mode.name() {
-        return Err(mismatch(
-            "irqchip",
-            snap.meta.irqchip.clone(),
-            state.irqchip_mode.name().to_string(),
-        ));
+        return Err(mismatch("irqchip", snap.meta.irqchip.clone(), state.irqchip_mode.name().to_string()));
     }
-    let memory =
-        forkvm_snapshot::open_image(&snap.memory_path(), state.mem_size).map_err(|source| {
-            BuildError::MemoryImage {
-                dir: d.clone(),
-                source,
-            }
-        })?;
-    Ok(PreparedSnapshot {
-        dir: d,
-        meta: snap.meta,
-        state,
-        memory,
-    })
+    let memory = forkvm_snapshot::open_image(&snap.memory_path(), state.mem_size)
+        .map_err(|source| BuildError::MemoryImage { dir: d.clone(), source })?;
+    Ok(PreparedSnapshot { dir: d, meta: snap.meta, state, memory })
 }
 
 /// Restores one VM from a prepared snapshot; its memory is a private copy-on-write
 /// mapping of `memory.img`.
-pub fn restore(
-    kvm: &Kvm,
-    snap: &PreparedSnapshot,
-    console: ConsoleOut,
-    start_paused: bool,
-) -> Result<Vmm, BuildError> {
+pub fn restore(kvm: &Kvm, snap: &PreparedSnapshot, console: ConsoleOut, start_paused: bool) -> Result<Vmm, BuildError> {
     let state = &snap.state;
     let mut timer = PhaseTimer::new();
     let vm = Vm::create(kvm, state.irqchip_mode)?;
@@ -434,12 +286,12 @@ pub fn restore(
     timer.mark("register_memory");
     let devices = attach_devices(&vm, console, Some(&state.devices))?;
     let (events_tx, events) = channel();
+    let exit = Arc::new(ExitLatch::default());
     let mut runners = Vec::new();
     for (i, vs) in state.vcpus.iter().enumerate() {
         let index = i as u8;
         let fd = create_vcpu(&vm, index)?;
-        vs.restore(&fd)
-            .map_err(|source| BuildError::RestoreVcpu { index, source })?;
+        vs.restore(&fd).map_err(|source| BuildError::RestoreVcpu { index, source })?;
         runners.push(VcpuRunner {
             index,
             fd,
@@ -447,6 +299,7 @@ pub fn restore(
             cpuid: vs.cpuid.clone(),
             msr_indices: vs.msrs.iter().map(|m| m.index).collect(),
             events: events_tx.clone(),
+            exit: exit.clone(),
         });
     }
     timer.mark("vcpus");
@@ -456,20 +309,9 @@ pub fn restore(
     vm.restore_clock(&state.clock)?;
     devices.arm_interrupts();
     timer.mark("irqchip_clock");
-    let guest = GuestInfo {
-        kind: snap.meta.guest.kind.clone(),
-        name: snap.meta.guest.name.clone(),
-    };
-    let mut vmm = Vmm::start(
-        vm,
-        mem,
-        devices,
-        runners,
-        events,
-        guest,
-        state.cpu_template,
-        start_paused,
-    )?;
+    let guest = GuestInfo { kind: snap.meta.guest.kind.clone(), name: snap.meta.guest.name.clone() };
+    let parts = VmParts { vm, memory: mem, devices, runners, events, exit, guest, cpu_template: state.cpu_template };
+    let mut vmm = Vmm::start(parts, start_paused)?;
     timer.mark("start_threads");
     vmm.set_restore_phases(timer.phases);
     Ok(vmm)
@@ -484,16 +326,12 @@ struct PhaseTimer {
 
 impl PhaseTimer {
     fn new() -> PhaseTimer {
-        PhaseTimer {
-            last: std::time::Instant::now(),
-            phases: Vec::new(),
-        }
+        PhaseTimer { last: std::time::Instant::now(), phases: Vec::new() }
     }
 
     fn mark(&mut self, name: &str) {
         let now = std::time::Instant::now();
-        self.phases
-            .push((name.to_string(), (now - self.last).as_secs_f64() * 1e6));
+        self.phases.push((name.to_string(), (now - self.last).as_secs_f64() * 1e6));
         self.last = now;
     }
 }

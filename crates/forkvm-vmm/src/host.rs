@@ -67,8 +67,8 @@ pub fn open_kvm_at(path: &Path) -> Result<kvm_ioctls::Kvm, KvmUnavailable> {
     if !path.exists() {
         return Err(KvmUnavailable::Missing(path.display().to_string()));
     }
-    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|e| KvmUnavailable::Open(e.into()))?;
+    let c_path =
+        std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| KvmUnavailable::Open(e.into()))?;
     let kvm = kvm_ioctls::Kvm::new_with_path(&c_path).map_err(|e| {
         let io = std::io::Error::from_raw_os_error(e.errno());
         if matches!(e.errno(), libc::EACCES | libc::EPERM) {
@@ -91,9 +91,7 @@ mod tests {
     fn missing_device_is_explained() {
         let err = open_kvm_at(Path::new("/nonexistent/kvm")).unwrap_err();
         assert!(matches!(err, KvmUnavailable::Missing(_)));
-        assert!(err
-            .to_string()
-            .contains("/nonexistent/kvm does not exist: this host has no KVM"));
+        assert!(err.to_string().contains("/nonexistent/kvm does not exist: this host has no KVM"));
     }
 
     #[test]

@@ -80,25 +80,14 @@ impl VmState {
     pub fn validate(&self) -> Result<(), StateError> {
         let invalid = |m: String| Err(StateError::Invalid(m));
         if self.vcpus.is_empty() || self.vcpus.len() > MAX_VCPUS {
-            return invalid(format!(
-                "{} vCPUs; a VM has 1 to {MAX_VCPUS}",
-                self.vcpus.len()
-            ));
+            return invalid(format!("{} vCPUs; a VM has 1 to {MAX_VCPUS}", self.vcpus.len()));
         }
         for (i, v) in self.vcpus.iter().enumerate() {
             if v.msrs.len() > MAX_ENTRIES || v.cpuid.len() > MAX_ENTRIES {
-                return invalid(format!(
-                    "vCPU {i} carries {} MSRs and {} CPUID entries",
-                    v.msrs.len(),
-                    v.cpuid.len()
-                ));
+                return invalid(format!("vCPU {i} carries {} MSRs and {} CPUID entries", v.msrs.len(), v.cpuid.len()));
             }
         }
-        match (
-            self.irqchip_mode,
-            &self.kernel_irqchip,
-            &self.devices.ioapic,
-        ) {
+        match (self.irqchip_mode, &self.kernel_irqchip, &self.devices.ioapic) {
             (IrqchipMode::Kernel, Some(_), None) | (IrqchipMode::Split, None, Some(_)) => {}
             (mode, k, io) => {
                 return invalid(format!(
@@ -109,10 +98,7 @@ impl VmState {
             }
         }
         if self.mem_size == 0 || !self.mem_size.is_multiple_of(2 << 20) {
-            return invalid(format!(
-                "memory size {} is not a positive multiple of 2 MiB",
-                self.mem_size
-            ));
+            return invalid(format!("memory size {} is not a positive multiple of 2 MiB", self.mem_size));
         }
         Ok(())
     }

@@ -4,6 +4,7 @@
 use crate::arch::x86_64::cpuid::CpuTemplate;
 use crate::devices::Devices;
 use crate::persist::{StateError, VmState};
+pub use crate::vstate::exit::ExitLatch;
 use crate::vstate::irqchip::{IrqchipError, KernelIrqchipState};
 use crate::vstate::memory::{image_offsets, region_slices, total_size};
 use crate::vstate::vcpu::{VcpuEvent, VcpuExitReason, VcpuHandle, VcpuRequest, VcpuRunner};
@@ -13,7 +14,7 @@ use forkvm_snapshot::{GuestIdentity, SnapshotMeta, SnapshotStatus, SnapshotWrite
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Receiver};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vm_memory::GuestMemoryMmap;
 
@@ -65,48 +66,6 @@ pub enum VmmError {
     Input(String),
 }
 
-/// Set once when the VM stops for good; the process's main thread waits on it.
-#[derive(Debug, Default)]
-pub struct ExitLatch {
-    reason: Mutex<Option<VcpuExitReason>>,
-    cond: Condvar,
-}
-
-impl ExitLatch {
-    pub fn set(&self, reason: VcpuExitReason) {
-        let mut r = self.reason.lock().unwrap_or_else(|p| p.into_inner());
-        if r.is_none() {
-            *r = Some(reason);
-        }
-        self.cond.notify_all();
-    }
-
-    pub fn get(&self) -> Option<VcpuExitReason> {
-        self.reason
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    /// Waits until set, or `timeout` passes.
-    pub fn wait(&self, timeout: Option<Duration>) -> Option<VcpuExitReason> {
-        let guard = self.reason.lock().unwrap_or_else(|p| p.into_inner());
-        let guard = match timeout {
-            None => self
-                .cond
-                .wait_while(guard, |r| r.is_none())
-                .unwrap_or_else(|p| p.into_inner()),
-            Some(t) => {
-                self.cond
-                    .wait_timeout_while(guard, t, |r| r.is_none())
-                    .unwrap_or_else(|p| p.into_inner())
-                    .0
-            }
-        };
-        guard.clone()
-    }
-}
-
 /// What a snapshot wrote.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SnapshotReport {
@@ -133,6 +92,19 @@ pub struct VmmStatus {
     pub restore_phases_us: Vec<(String, f64)>,
 }
 
+/// A VM the builder has finished, before its vCPU threads run.
+#[derive(Debug)]
+pub(crate) struct VmParts {
+    pub vm: Vm,
+    pub memory: GuestMemoryMmap,
+    pub devices: Arc<Devices>,
+    pub runners: Vec<VcpuRunner>,
+    pub events: Receiver<VcpuEvent>,
+    pub exit: Arc<ExitLatch>,
+    pub guest: GuestInfo,
+    pub cpu_template: CpuTemplate,
+}
+
 #[derive(Debug)]
 pub struct Vmm {
     vm: Vm,
@@ -149,67 +121,17 @@ pub struct Vmm {
 
 impl Vmm {
     /// Starts the vCPU threads of a fully built VM.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn start(
-        vm: Vm,
-        memory: GuestMemoryMmap,
-        devices: Arc<Devices>,
-        runners: Vec<VcpuRunner>,
-        events: Receiver<VcpuEvent>,
-        guest: GuestInfo,
-        cpu_template: CpuTemplate,
-        start_paused: bool,
-    ) -> Result<Vmm, crate::builder::BuildError> {
-        let exit = Arc::new(ExitLatch::default());
-        // vCPU exits go to the latch through a forwarding channel so that `pause`, which
-        // waits for acknowledgements, never swallows one.
-        let (tx, rx) = channel();
+    pub(crate) fn start(parts: VmParts, start_paused: bool) -> Result<Vmm, crate::builder::BuildError> {
+        let VmParts { vm, memory, devices, runners, events, exit, guest, cpu_template } = parts;
         let mut vcpus = Vec::new();
-        for mut runner in runners {
+        for runner in runners {
             let index = runner.index;
-            let (fwd_tx, fwd_rx) = channel::<VcpuEvent>();
-            let upstream = std::mem::replace(&mut runner.events, fwd_tx);
-            drop(upstream);
-            let tx = tx.clone();
-            let latch = exit.clone();
-            std::thread::Builder::new()
-                .name(format!("vcpu{index}-events"))
-                .stack_size(64 << 10)
-                .spawn(move || {
-                    for ev in fwd_rx {
-                        if let VcpuEvent::Exited(_, reason) = &ev {
-                            latch.set(reason.clone());
-                        }
-                        if tx.send(ev).is_err() {
-                            break;
-                        }
-                    }
-                })
-                .map_err(|source| crate::builder::BuildError::SpawnVcpu { index, source })?;
-            vcpus.push(
-                runner
-                    .spawn(start_paused)
-                    .map_err(|source| crate::builder::BuildError::SpawnVcpu { index, source })?,
-            );
+            let handle =
+                runner.spawn(start_paused).map_err(|source| crate::builder::BuildError::SpawnVcpu { index, source })?;
+            vcpus.push(handle);
         }
-        drop(events);
-        let state = if start_paused {
-            RunState::Paused
-        } else {
-            RunState::Running
-        };
-        Ok(Vmm {
-            vm,
-            memory,
-            devices,
-            vcpus,
-            events: rx,
-            exit,
-            guest,
-            cpu_template,
-            state,
-            restore_phases_us: Vec::new(),
-        })
+        let state = if start_paused { RunState::Paused } else { RunState::Running };
+        Ok(Vmm { vm, memory, devices, vcpus, events, exit, guest, cpu_template, state, restore_phases_us: Vec::new() })
     }
 
     pub(crate) fn set_restore_phases(&mut self, phases: Vec<(String, f64)>) {
@@ -278,12 +200,7 @@ impl Vmm {
                         pending.retain(|&p| p != i);
                     }
                 }
-                Err(_) => {
-                    return Err(VmmError::AckTimeout {
-                        index: pending[0],
-                        what,
-                    })
-                }
+                Err(_) => return Err(VmmError::AckTimeout { index: pending[0], what }),
             }
         }
         Ok(())
@@ -332,20 +249,12 @@ impl Vmm {
             v.send(VcpuRequest::Save(tx));
             let state = rx
                 .recv_timeout(ACK_TIMEOUT)
-                .map_err(|_| VmmError::AckTimeout {
-                    index: v.index,
-                    what: "save",
-                })?
-                .map_err(|source| VmmError::SaveVcpu {
-                    index: v.index,
-                    source,
-                })?;
+                .map_err(|_| VmmError::AckTimeout { index: v.index, what: "save" })?
+                .map_err(|source| VmmError::SaveVcpu { index: v.index, source })?;
             vcpus.push(state);
         }
         let kernel_irqchip = match self.vm.irqchip {
-            crate::vstate::irqchip::IrqchipMode::Kernel => {
-                Some(KernelIrqchipState::save(&self.vm.fd)?)
-            }
+            crate::vstate::irqchip::IrqchipMode::Kernel => Some(KernelIrqchipState::save(&self.vm.fd)?),
             crate::vstate::irqchip::IrqchipMode::Split => None,
         };
         Ok(VmState {
@@ -363,10 +272,7 @@ impl Vmm {
     /// A running VM is paused for the duration and resumed afterwards.
     pub fn snapshot(&mut self, dir: &Path) -> Result<SnapshotReport, VmmError> {
         let started = Instant::now();
-        let tag = dir
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let tag = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         forkvm_snapshot::validate_tag(&tag)?;
         let was_running = self.state == RunState::Running;
         self.pause()?;
@@ -388,17 +294,10 @@ impl Vmm {
     fn write_snapshot(&mut self, dir: &Path, tag: &str) -> Result<(u64, u64), VmmError> {
         let state = self.save_state()?;
         let writer = SnapshotWriter::begin(dir)?;
-        forkvm_snapshot::write_vmstate_file(
-            &writer.path(forkvm_snapshot::VMSTATE_BIN),
-            &state.encode_payload()?,
-        )?;
+        forkvm_snapshot::write_vmstate_file(&writer.path(forkvm_snapshot::VMSTATE_BIN), &state.encode_payload()?)?;
         let mem_size = state.mem_size;
-        let image =
-            forkvm_snapshot::create_image(&writer.path(forkvm_snapshot::MEMORY_IMG), mem_size)?;
-        for ((_, slice), offset) in region_slices(&self.memory)
-            .into_iter()
-            .zip(image_offsets(mem_size))
-        {
+        let image = forkvm_snapshot::create_image(&writer.path(forkvm_snapshot::MEMORY_IMG), mem_size)?;
+        for ((_, slice), offset) in region_slices(&self.memory).into_iter().zip(image_offsets(mem_size)) {
             forkvm_snapshot::write_sparse(&image, offset, slice)?;
         }
         let allocated = forkvm_snapshot::allocated_bytes(&image).map_err(VmmError::MeasureImage)?;
@@ -413,11 +312,7 @@ impl Vmm {
             mem_size_bytes: mem_size,
             vcpu_count: state.vcpus.len() as u8,
             irqchip: state.irqchip_mode.name().to_string(),
-            guest: GuestIdentity {
-                kind: self.guest.kind.clone(),
-                name: self.guest.name.clone(),
-                content_hash: None,
-            },
+            guest: GuestIdentity { kind: self.guest.kind.clone(), name: self.guest.name.clone(), content_hash: None },
             parent_tag: None,
             parent_hash: None,
             branched_from: None,
@@ -432,9 +327,7 @@ impl Vmm {
     /// Queues bytes on COM1's input.
     pub fn send_serial_input(&self, data: &[u8]) -> Result<(), VmmError> {
         self.check_alive()?;
-        self.devices
-            .send_serial_input(data, Duration::from_secs(5))
-            .map_err(VmmError::Input)
+        self.devices.send_serial_input(data, Duration::from_secs(5)).map_err(VmmError::Input)
     }
 
     /// Feeds everything read from `stream` to COM1's input, on a thread of its own (the
@@ -443,20 +336,17 @@ impl Vmm {
         use std::io::Read;
         let devices = self.devices.clone();
         let latch = self.exit.clone();
-        std::thread::Builder::new()
-            .name("serial-in".into())
-            .stack_size(64 << 10)
-            .spawn(move || {
-                let mut buf = [0u8; 256];
-                while let Ok(n) = stream.read(&mut buf) {
-                    if n == 0 || latch.get().is_some() {
-                        break;
-                    }
-                    if let Err(e) = devices.send_serial_input(&buf[..n], Duration::from_secs(60)) {
-                        tracing::warn!(error = %e, "dropping serial input");
-                    }
+        std::thread::Builder::new().name("serial-in".into()).stack_size(64 << 10).spawn(move || {
+            let mut buf = [0u8; 256];
+            while let Ok(n) = stream.read(&mut buf) {
+                if n == 0 || latch.get().is_some() {
+                    break;
                 }
-            })?;
+                if let Err(e) = devices.send_serial_input(&buf[..n], Duration::from_secs(60)) {
+                    tracing::warn!(error = %e, "dropping serial input");
+                }
+            }
+        })?;
         Ok(())
     }
 

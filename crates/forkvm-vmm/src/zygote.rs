@@ -33,10 +33,7 @@ pub enum ZygoteError {
     #[error(transparent)]
     Prepare(#[from] BuildError),
     #[error("opening the console log {path}: {source}")]
-    ConsoleLog {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    ConsoleLog { path: PathBuf, source: std::io::Error },
     #[error("fork() of the zygote: {0}")]
     Fork(std::io::Error),
 }
@@ -120,10 +117,7 @@ impl Zygote {
                     .create(true)
                     .append(true)
                     .open(path)
-                    .map_err(|source| ZygoteError::ConsoleLog {
-                        path: path.clone(),
-                        source,
-                    })?,
+                    .map_err(|source| ZygoteError::ConsoleLog { path: path.clone(), source })?,
             ),
             None => None,
         };
@@ -136,10 +130,7 @@ impl Zygote {
             detach_stdio(log.as_ref());
         }
         let mut error_log = log.as_ref().and_then(|f| f.try_clone().ok());
-        let input = spec
-            .console_stream
-            .as_ref()
-            .and_then(|s| s.try_clone().ok());
+        let input = spec.console_stream.as_ref().and_then(|s| s.try_clone().ok());
         let console = ConsoleOut::new(log, spec.console_stream);
         let fail = |msg: String, error_log: &mut Option<File>| {
             if let Some(f) = error_log.as_mut() {
@@ -154,10 +145,7 @@ impl Zygote {
         };
         if let Some(input) = input {
             if let Err(e) = vmm.forward_input(input) {
-                return fail(
-                    format!("starting the serial input thread: {e}"),
-                    &mut error_log,
-                );
+                return fail(format!("starting the serial input thread: {e}"), &mut error_log);
             }
         }
         match serve_until_exit(vmm, spec.socket.as_deref()) {

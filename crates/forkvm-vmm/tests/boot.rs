@@ -24,14 +24,8 @@ fn count_runs_natively_and_exits_with_the_hash() {
     assert_eq!(line, "counting\n");
     let line = console.line(T);
     assert_eq!(line, format!("count={n:016x} hash={:016x}", count_hash(n)));
-    assert_eq!(
-        vmm.exit_latch().wait(Some(T)),
-        Some(VcpuExitReason::GuestExit(0))
-    );
-    let published: u64 = vmm
-        .memory()
-        .read_obj(GuestAddress(COUNT_COUNTER_ADDR))
-        .unwrap();
+    assert_eq!(vmm.exit_latch().wait(Some(T)), Some(VcpuExitReason::GuestExit(0)));
+    let published: u64 = vmm.memory().read_obj(GuestAddress(COUNT_COUNTER_ADDR)).unwrap();
     assert_eq!(published, n);
 }
 
@@ -41,9 +35,7 @@ fn echo_returns_input_through_the_serial_interrupt() {
         let (vmm, mut console) = boot_guest(TestGuest::Echo, &[], 16, mode);
         console.wait_for("echo ready\n", T);
         // More than the 64-byte FIFO: the guest must drain it while we feed it.
-        let input: String = (0..300)
-            .map(|i| char::from(b'a' + (i % 26) as u8))
-            .collect();
+        let input: String = (0..300).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
         vmm.send_serial_input(input.as_bytes()).unwrap();
         console.wait_for(&input, T);
     }
@@ -52,12 +44,7 @@ fn echo_returns_input_through_the_serial_interrupt() {
 #[test]
 fn monitor_fills_memory_and_answers_commands() {
     let (base, len, seed) = (4u64 << 20, 1u64 << 20, 0xabcdef);
-    let (vmm, mut console) = boot_guest(
-        TestGuest::Monitor,
-        &[base, len, seed],
-        16,
-        IrqchipMode::Split,
-    );
+    let (vmm, mut console) = boot_guest(TestGuest::Monitor, &[base, len, seed], 16, IrqchipMode::Split);
     console.wait_for("ready\n", T);
     let word: u64 = vmm.memory().read_obj(GuestAddress(base + 0x1238)).unwrap();
     assert_eq!(word, monitor::pattern_word(seed, base + 0x1238));
@@ -65,14 +52,11 @@ fn monitor_fills_memory_and_answers_commands() {
     assert_eq!(below, 0, "fill stays in its range");
     vmm.send_serial_input(&monitor::ping()).unwrap();
     assert_eq!(console.line(T), "pong");
-    vmm.send_serial_input(&monitor::write(0x18_0000, 0x1122_3344_5566_7788))
-        .unwrap();
+    vmm.send_serial_input(&monitor::write(0x18_0000, 0x1122_3344_5566_7788)).unwrap();
     assert_eq!(console.line(T), "ok");
     vmm.send_serial_input(&monitor::read(0x18_0000)).unwrap();
     assert_eq!(console.line(T), "=1122334455667788");
-    let expected: u64 = (0..16)
-        .map(|i| monitor::pattern_word(seed, base + 8 * i))
-        .fold(0, u64::wrapping_add);
+    let expected: u64 = (0..16).map(|i| monitor::pattern_word(seed, base + 8 * i)).fold(0, u64::wrapping_add);
     vmm.send_serial_input(&monitor::sum(base, 128)).unwrap();
     assert_eq!(console.line(T), format!("={expected:016x}"));
 }
@@ -83,15 +67,8 @@ fn a_fault_in_the_guest_is_reported_not_hung() {
     // the test guest reports on its console and through the exit port.
     let (vmm, mut console) = boot_guest(TestGuest::Monitor, &[0, 0, 0], 16, IrqchipMode::Split);
     console.wait_for("ready\n", T);
-    vmm.send_serial_input(&monitor::read(0x10_0000_0000))
-        .unwrap();
+    vmm.send_serial_input(&monitor::read(0x10_0000_0000)).unwrap();
     let line = console.wait_for("\n", T);
-    assert!(
-        line.starts_with("!F 000000000000000e"),
-        "page fault reported: {line:?}"
-    );
-    assert_eq!(
-        vmm.exit_latch().wait(Some(T)),
-        Some(VcpuExitReason::GuestExit(forkvm_testguest::EXIT_CODE_FAULT))
-    );
+    assert!(line.starts_with("!F 000000000000000e"), "page fault reported: {line:?}");
+    assert_eq!(vmm.exit_latch().wait(Some(T)), Some(VcpuExitReason::GuestExit(forkvm_testguest::EXIT_CODE_FAULT)));
 }

@@ -43,35 +43,15 @@ fn assert_same(a: &VmState, b: &VmState, mode: IrqchipMode) {
         assert_eq!(bytes(&x.xcrs), bytes(&y.xcrs), "{mode}: xcrs");
         assert_eq!(bytes(&x.lapic), bytes(&y.lapic), "{mode}: lapic");
         assert_eq!(bytes(&x.msrs), bytes(&y.msrs), "{mode}: msrs");
-        assert_eq!(
-            bytes(&x.vcpu_events),
-            bytes(&y.vcpu_events),
-            "{mode}: vcpu_events"
-        );
+        assert_eq!(bytes(&x.vcpu_events), bytes(&y.vcpu_events), "{mode}: vcpu_events");
         assert_eq!(bytes(&x.mp_state), bytes(&y.mp_state), "{mode}: mp_state");
-        assert_eq!(
-            bytes(&x.debugregs),
-            bytes(&y.debugregs),
-            "{mode}: debugregs"
-        );
+        assert_eq!(bytes(&x.debugregs), bytes(&y.debugregs), "{mode}: debugregs");
     }
     match (&a.kernel_irqchip, &b.kernel_irqchip) {
         (Some(x), Some(y)) => {
-            assert_eq!(
-                bytes(&x.pic_master),
-                bytes(&y.pic_master),
-                "{mode}: PIC master"
-            );
-            assert_eq!(
-                bytes(&x.pic_slave),
-                bytes(&y.pic_slave),
-                "{mode}: PIC slave"
-            );
-            assert_eq!(
-                bytes(&x.ioapic),
-                bytes(&y.ioapic),
-                "{mode}: in-kernel IOAPIC"
-            );
+            assert_eq!(bytes(&x.pic_master), bytes(&y.pic_master), "{mode}: PIC master");
+            assert_eq!(bytes(&x.pic_slave), bytes(&y.pic_slave), "{mode}: PIC slave");
+            assert_eq!(bytes(&x.ioapic), bytes(&y.ioapic), "{mode}: in-kernel IOAPIC");
             assert_eq!(bytes(&x.pit), bytes(&y.pit), "{mode}: PIT");
         }
         (None, None) => {}
@@ -95,10 +75,7 @@ fn save_restore_save_is_identical_and_the_guest_continues() {
         vmm.snapshot(&first).unwrap();
         let saved = vmm.save_state().unwrap();
         drop(vmm);
-        assert_eq!(
-            saved.devices.serial.in_buffer, b"abc",
-            "{mode}: FIFO captured"
-        );
+        assert_eq!(saved.devices.serial.in_buffer, b"abc", "{mode}: FIFO captured");
         assert_eq!(saved.kernel_irqchip.is_some(), mode == IrqchipMode::Kernel);
 
         let snap = prepare(&first).unwrap();

@@ -36,10 +36,7 @@ fn damaged(name: &str, damage: impl FnOnce(&Path)) -> (tempfile::TempDir, PathBu
 }
 
 fn refused(dir: &Path) -> String {
-    prepare(dir)
-        .map(|_| ())
-        .expect_err("a damaged snapshot must be refused")
-        .to_string()
+    prepare(dir).map(|_| ()).expect_err("a damaged snapshot must be refused").to_string()
 }
 
 fn edit(path: &Path, f: impl FnOnce(&mut Vec<u8>)) {
@@ -63,29 +60,22 @@ fn a_flipped_byte_in_vmstate_is_a_checksum_error() {
 
 #[test]
 fn a_truncated_vmstate_is_refused() {
-    let (_t, dir) = damaged("trunc", |d| {
-        edit(&d.join(VMSTATE_BIN), |b| b.truncate(b.len() / 2))
-    });
+    let (_t, dir) = damaged("trunc", |d| edit(&d.join(VMSTATE_BIN), |b| b.truncate(b.len() / 2)));
     let e = refused(&dir);
     assert!(e.contains("truncated"), "{e}");
 }
 
 #[test]
 fn a_wrong_format_version_is_refused() {
-    let (_t, dir) = damaged("version", |d| {
-        edit(&d.join(VMSTATE_BIN), |b| {
-            b[8..12].copy_from_slice(&99u32.to_le_bytes())
-        })
-    });
+    let (_t, dir) =
+        damaged("version", |d| edit(&d.join(VMSTATE_BIN), |b| b[8..12].copy_from_slice(&99u32.to_le_bytes())));
     let e = refused(&dir);
     assert!(e.contains("version 99"), "{e}");
 }
 
 #[test]
 fn a_missing_memory_image_is_refused() {
-    let (_t, dir) = damaged("nomem", |d| {
-        std::fs::remove_file(d.join(MEMORY_IMG)).unwrap()
-    });
+    let (_t, dir) = damaged("nomem", |d| std::fs::remove_file(d.join(MEMORY_IMG)).unwrap());
     let e = refused(&dir);
     assert!(e.contains("memory.img"), "{e}");
 }
@@ -93,10 +83,7 @@ fn a_missing_memory_image_is_refused() {
 #[test]
 fn a_short_memory_image_is_refused() {
     let (_t, dir) = damaged("short", |d| {
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(d.join(MEMORY_IMG))
-            .unwrap();
+        let f = std::fs::OpenOptions::new().write(true).open(d.join(MEMORY_IMG)).unwrap();
         f.set_len(8 << 20).unwrap();
     });
     let e = refused(&dir);
@@ -112,17 +99,12 @@ fn metadata_that_disagrees_with_the_state_is_refused() {
         write_meta(&p, &meta).unwrap();
     });
     let e = refused(&dir);
-    assert!(
-        e.contains("memory size 33554432") && e.contains("16777216"),
-        "{e}"
-    );
+    assert!(e.contains("memory size 33554432") && e.contains("16777216"), "{e}");
 }
 
 #[test]
 fn garbage_metadata_is_refused() {
-    let (_t, dir) = damaged("json", |d| {
-        std::fs::write(d.join(SNAPSHOT_JSON), b"{not json").unwrap()
-    });
+    let (_t, dir) = damaged("json", |d| std::fs::write(d.join(SNAPSHOT_JSON), b"{not json").unwrap());
     let e = refused(&dir);
     assert!(e.contains("snapshot.json"), "{e}");
 }
@@ -142,15 +124,9 @@ fn snapshot_into_an_existing_directory_fails_and_the_vm_runs_on() {
     std::fs::create_dir(&dir).unwrap();
     let e = vmm.snapshot(&dir).unwrap_err().to_string();
     assert!(e.contains("exists"), "{e}");
-    assert!(
-        !tmp.path().join("taken.partial").exists(),
-        "no partial directory left behind"
-    );
+    assert!(!tmp.path().join("taken.partial").exists(), "no partial directory left behind");
     vmm.send_serial_input(b"still here").unwrap();
     console.wait_for("still here", T);
-    let e = vmm
-        .snapshot(&tmp.path().join("../bad tag"))
-        .unwrap_err()
-        .to_string();
+    let e = vmm.snapshot(&tmp.path().join("../bad tag")).unwrap_err().to_string();
     assert!(e.contains("tag"), "{e}");
 }

@@ -4,7 +4,8 @@
 //! 2 MiB with a pattern natively in ring 3 (its "warm-up"), then answers on COM1; it is
 //! snapshotted. Each run forks N children from that snapshot through one zygote, pings
 //! each child on its serial port and waits for every `pong`. The same N are then booted
-//! cold (fresh boot + the same fill) in the same invocation, for the ratio.
+//! cold (fresh boot + the same fill) in the same invocation, for the ratio; cold guests
+//! share no memory, so only as many run at once as fit in RAM (`cold_max_concurrent`).
 //!
 //! Host-side numbers (spawn, restore phases, memory) are real on any host; guest-side
 //! time is inflated on PVM hosts only where the guest runs ring-0 code (here: the serial
@@ -45,6 +46,10 @@ pub struct BenchForkArgs {
     /// Work directory (snapshot, sockets); default: a fresh directory under /tmp.
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// Interrupt controller of the parent, and so of every child: split (LAPIC in KVM,
+    /// IOAPIC in the VMM) or kernel (KVM's full irqchip and PIT; slow to create on PVM).
+    #[arg(long, default_value = "split")]
+    pub irqchip: IrqchipMode,
     /// Print JSON only.
     #[arg(long)]
     pub json: bool,
@@ -54,12 +59,12 @@ const FILL_BASE: u64 = 2 << 20;
 const SEED: u64 = 0x5eed_f00d;
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
 
-fn monitor_config(mem_mib: u64, console: ConsoleOut) -> BootConfig {
+fn monitor_config(mem_mib: u64, irqchip: IrqchipMode, console: ConsoleOut) -> BootConfig {
     let mem_size = mem_mib << 20;
     BootConfig {
         mem_size,
         vcpu_count: 1,
-        irqchip: IrqchipMode::Split,
+        irqchip,
         cpu_template: CpuTemplate::for_host(HostKind::detect()),
         payload: Payload::Flat {
             name: TestGuest::Monitor.name().into(),
@@ -73,15 +78,12 @@ fn monitor_config(mem_mib: u64, console: ConsoleOut) -> BootConfig {
 }
 
 /// Forks a process that boots the monitor guest and serves `socket` (if any).
-fn spawn_cold(mem_mib: u64, stream: UnixStream, socket: Option<PathBuf>) -> Result<i32> {
+fn spawn_cold(mem_mib: u64, irqchip: IrqchipMode, stream: UnixStream, socket: Option<PathBuf>) -> Result<i32> {
     let pid = fork_and_run(false, move || {
         let run = || -> Result<()> {
             let kvm = open_kvm()?;
             let input = stream.try_clone()?;
-            let vmm = forkvm_vmm::boot(
-                &kvm,
-                monitor_config(mem_mib, ConsoleOut::new(None, Some(stream))),
-            )?;
+            let vmm = forkvm_vmm::boot(&kvm, monitor_config(mem_mib, irqchip, ConsoleOut::new(None, Some(stream))))?;
             vmm.forward_input(input)?;
             serve_until_exit(vmm, socket.as_deref())?;
             Ok(())
@@ -98,12 +100,7 @@ fn spawn_cold(mem_mib: u64, stream: UnixStream, socket: Option<PathBuf>) -> Resu
 }
 
 /// Waits until every stream has produced `needle`; returns each one's time in ms.
-fn wait_all(
-    streams: &mut [UnixStream],
-    needle: &[u8],
-    start: Instant,
-    pids: &[i32],
-) -> Result<Vec<f64>> {
+fn wait_all(streams: &mut [UnixStream], needle: &[u8], start: Instant, pids: &[i32]) -> Result<Vec<f64>> {
     let mut seen: Vec<Vec<u8>> = vec![Vec::new(); streams.len()];
     let mut done: Vec<Option<f64>> = vec![None; streams.len()];
     let deadline = Instant::now() + ANSWER_TIMEOUT;
@@ -112,11 +109,7 @@ fn wait_all(
             .iter()
             .zip(&done)
             .filter(|(_, d)| d.is_none())
-            .map(|(s, _)| libc::pollfd {
-                fd: s.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            })
+            .map(|(s, _)| libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLIN, revents: 0 })
             .collect();
         // SAFETY: `fds` is a valid array of pollfd of the given length.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 100) };
@@ -124,22 +117,11 @@ fn wait_all(
             bail!("poll: {}", std::io::Error::last_os_error());
         }
         if Instant::now() > deadline {
-            let missing: Vec<i32> = done
-                .iter()
-                .zip(pids)
-                .filter(|(d, _)| d.is_none())
-                .map(|(_, p)| *p)
-                .collect();
-            bail!(
-                "{} children did not answer within {ANSWER_TIMEOUT:?} (pids {missing:?})",
-                missing.len()
-            );
+            let missing: Vec<i32> = done.iter().zip(pids).filter(|(d, _)| d.is_none()).map(|(_, p)| *p).collect();
+            bail!("{} children did not answer within {ANSWER_TIMEOUT:?} (pids {missing:?})", missing.len());
         }
         for pfd in fds.iter().filter(|p| p.revents != 0) {
-            let i = streams
-                .iter()
-                .position(|s| s.as_raw_fd() == pfd.fd)
-                .expect("polled fd is ours");
+            let i = streams.iter().position(|s| s.as_raw_fd() == pfd.fd).expect("polled fd is ours");
             let mut buf = [0u8; 512];
             match streams[i].read(&mut buf) {
                 Ok(0) => bail!(
@@ -185,20 +167,16 @@ pub fn median(values: &mut [f64]) -> f64 {
 }
 
 /// Boots the parent, waits for its warm-up, snapshots it; returns (warm ms, snapshot report).
-fn make_parent_snapshot(dir: &Path, mem_mib: u64) -> Result<(f64, serde_json::Value, PathBuf)> {
+fn make_parent_snapshot(dir: &Path, mem_mib: u64, irqchip: IrqchipMode) -> Result<(f64, serde_json::Value, PathBuf)> {
     let (mut ours, theirs) = UnixStream::pair()?;
     let socket = dir.join("parent.sock");
     let t = Instant::now();
-    let pid = spawn_cold(mem_mib, theirs, Some(socket.clone()))?;
+    let pid = spawn_cold(mem_mib, irqchip, theirs, Some(socket.clone()))?;
     wait_all(std::slice::from_mut(&mut ours), b"ready\n", t, &[pid]).context("parent warm-up")?;
     let warm_ms = t.elapsed().as_secs_f64() * 1e3;
     let snap_dir = dir.join("parent-snapshot");
     let mut client = ControlClient::connect(&socket)?;
-    let report = client
-        .call(&Request::Snapshot {
-            dir: snap_dir.clone(),
-        })
-        .context("snapshotting the parent")?;
+    let report = client.call(&Request::Snapshot { dir: snap_dir.clone() }).context("snapshotting the parent")?;
     let _ = client.call(&Request::Shutdown {});
     let mut status = 0;
     // SAFETY: reaping our own child.
@@ -240,41 +218,80 @@ fn fork_run(snap: &Path, dir: &Path, n: usize) -> Result<ForkRun> {
         let ready_ms = times.iter().cloned().fold(0.0, f64::max);
         let first_ms = times.iter().cloned().fold(f64::MAX, f64::min);
         times.clear();
-        let mem = pids
-            .iter()
-            .map(|&p| mem_usage(p))
-            .collect::<Result<Vec<_>>>()?;
-        let status =
-            ControlClient::connect(&dir.join("child-0.sock"))?.call(&Request::Status {})?;
+        let mem = pids.iter().map(|&p| mem_usage(p)).collect::<Result<Vec<_>>>()?;
+        let status = ControlClient::connect(&dir.join("child-0.sock"))?.call(&Request::Status {})?;
         let phases: Vec<(String, f64)> =
             serde_json::from_value(status["restore_phases_us"].clone()).unwrap_or_default();
-        Ok(ForkRun {
-            ready_ms,
-            first_ms,
-            spawn_ms,
-            prepare_ms,
-            mem,
-            phases,
-        })
+        Ok(ForkRun { ready_ms, first_ms, spawn_ms, prepare_ms, mem, phases })
     })();
     kill_all(&pids);
     result
 }
 
-fn cold_run(n: usize, mem_mib: u64) -> Result<f64> {
-    let mut streams = Vec::new();
-    let mut pids = Vec::new();
+/// How many cold guests of `mem_mib` fit in memory at once (each touches all of it).
+fn cold_concurrency(n: usize, mem_mib: u64) -> usize {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let avail_kib: u64 = meminfo
+        .lines()
+        .find(|l| l.starts_with("MemAvailable"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let fit = (avail_kib * 7 / 10 / (mem_mib * 1024)) as usize;
+    fit.clamp(1, n)
+}
+
+/// N cold boots, at most `window` alive at a time (each one is killed once it has
+/// answered, and the next starts): cold guests cannot share memory, so 100 of 512 MiB
+/// do not fit at once. Returns ms until the last answered.
+fn cold_run(n: usize, mem_mib: u64, irqchip: IrqchipMode, window: usize) -> Result<f64> {
     let start = Instant::now();
-    for _ in 0..n {
-        let (mut ours, theirs) = UnixStream::pair()?;
-        ours.write_all(&monitor::ping())?;
-        pids.push(spawn_cold(mem_mib, theirs, None)?);
-        streams.push(ours);
-    }
-    let r =
-        wait_all(&mut streams, b"pong\n", start, &pids).map(|t| t.into_iter().fold(0.0, f64::max));
-    kill_all(&pids);
-    r
+    let mut started = 0;
+    let mut answered = 0;
+    let mut alive: Vec<(UnixStream, i32, Vec<u8>)> = Vec::new();
+    let deadline = Instant::now() + ANSWER_TIMEOUT * 4;
+    let result = (|| {
+        while answered < n {
+            while alive.len() < window && started < n {
+                let (mut ours, theirs) = UnixStream::pair()?;
+                ours.write_all(&monitor::ping())?;
+                alive.push((ours, spawn_cold(mem_mib, irqchip, theirs, None)?, Vec::new()));
+                started += 1;
+            }
+            let mut fds: Vec<libc::pollfd> = alive
+                .iter()
+                .map(|(s, _, _)| libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLIN, revents: 0 })
+                .collect();
+            // SAFETY: `fds` is a valid array of pollfd of the given length.
+            if unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 100) } < 0 {
+                bail!("poll: {}", std::io::Error::last_os_error());
+            }
+            if Instant::now() > deadline {
+                bail!("cold boots did not all answer within {:?}", ANSWER_TIMEOUT * 4);
+            }
+            let mut finished = Vec::new();
+            for (i, _) in fds.iter().enumerate().filter(|(_, p)| p.revents != 0) {
+                let (stream, pid, seen) = &mut alive[i];
+                let mut buf = [0u8; 512];
+                match stream.read(&mut buf) {
+                    Ok(0) => bail!("cold guest pid {pid} closed its console before answering"),
+                    Ok(k) => seen.extend_from_slice(&buf[..k]),
+                    Err(_) => {}
+                }
+                if seen.windows(5).any(|w| w == b"pong\n") {
+                    finished.push(i);
+                }
+            }
+            for i in finished.into_iter().rev() {
+                let (_, pid, _) = alive.remove(i);
+                kill_all(&[pid]);
+                answered += 1;
+            }
+        }
+        Ok(start.elapsed().as_secs_f64() * 1e3)
+    })();
+    kill_all(&alive.iter().map(|(_, p, _)| *p).collect::<Vec<_>>());
+    result
 }
 
 pub fn run(a: BenchForkArgs) -> Result<i32> {
@@ -293,17 +310,17 @@ pub fn run(a: BenchForkArgs) -> Result<i32> {
             tmp.clone()
         }
     };
-    let (parent_warm_ms, snapshot, snap_dir) = make_parent_snapshot(&dir, a.mem_mib)?;
+    let (parent_warm_ms, snapshot, snap_dir) = make_parent_snapshot(&dir, a.mem_mib, a.irqchip)?;
     // One child alone: restore-to-first-answer without contention.
-    let mut single: Vec<f64> = Vec::new();
+    let mut single = Vec::new();
     let mut runs = Vec::new();
     for _ in 0..a.runs {
-        single.push(fork_run(&snap_dir, &dir, 1)?.ready_ms);
+        single.push(fork_run(&snap_dir, &dir, 1)?);
         runs.push(fork_run(&snap_dir, &dir, a.count)?);
     }
-    let mut cold: Vec<f64> = (0..a.cold_runs)
-        .map(|_| cold_run(a.count, a.mem_mib))
-        .collect::<Result<_>>()?;
+    let window = cold_concurrency(a.count, a.mem_mib);
+    let mut cold: Vec<f64> =
+        (0..a.cold_runs).map(|_| cold_run(a.count, a.mem_mib, a.irqchip, window)).collect::<Result<_>>()?;
     let med = |f: &dyn Fn(&ForkRun) -> f64| median(&mut runs.iter().map(f).collect::<Vec<_>>());
     let ready_ms = med(&|r| r.ready_ms);
     let mem_med = |f: fn(&MemUsage) -> u64| {
@@ -314,18 +331,8 @@ pub fn run(a: BenchForkArgs) -> Result<i32> {
                 .collect::<Vec<_>>(),
         )
     };
-    let mut phases = serde_json::Map::new();
-    if let Some(first) = runs.first() {
-        for (i, (name, _)) in first.phases.iter().enumerate() {
-            let v = median(
-                &mut runs
-                    .iter()
-                    .filter_map(|r| r.phases.get(i).map(|p| p.1))
-                    .collect::<Vec<_>>(),
-            );
-            phases.insert(name.clone(), json!((v * 10.0).round() / 10.0));
-        }
-    }
+    let phases = median_phases(&single);
+    let phases_loaded = median_phases(&runs);
     let cold_ready_ms = median(&mut cold);
     let round = |v: f64| (v * 100.0).round() / 100.0;
     let out = json!({
@@ -340,14 +347,17 @@ pub fn run(a: BenchForkArgs) -> Result<i32> {
         "host_spawn_ms": round(med(&|r| r.spawn_ms)),
         "host_spawn_per_child_ms": round(med(&|r| r.spawn_ms) / a.count as f64),
         "first_child_ready_ms": round(med(&|r| r.first_ms)),
-        "single_restore_ready_ms": round(median(&mut single)),
+        "single_restore_ready_ms": round(median(&mut single.iter().map(|r| r.ready_ms).collect::<Vec<_>>())),
         "prepare_ms": round(med(&|r| r.prepare_ms)),
+        "irqchip": a.irqchip.name(),
         "restore_phases_us": phases,
+        "restore_phases_us_under_load": phases_loaded,
         "private_kib_per_child": mem_med(|m| m.private_kib),
         "pss_kib_per_child": mem_med(|m| m.pss_kib),
         "rss_kib_per_child": mem_med(|m| m.rss_kib),
         "cold_ready_ms": round(cold_ready_ms),
         "cold_runs": a.cold_runs,
+        "cold_max_concurrent": window,
         "speedup": round(cold_ready_ms / ready_ms),
         "parent_warm_ms": round(parent_warm_ms),
         "snapshot": snapshot,
@@ -355,16 +365,25 @@ pub fn run(a: BenchForkArgs) -> Result<i32> {
         "command": std::env::args().collect::<Vec<_>>().join(" "),
     });
     if !a.json {
-        eprintln!(
-            "forkvm bench fork: {} children of a {} MiB guest, {} runs",
-            a.count, a.mem_mib, a.runs
-        );
+        eprintln!("forkvm bench fork: {} children of a {} MiB guest, {} runs", a.count, a.mem_mib, a.runs);
     }
     println!("{}", serde_json::to_string_pretty(&out)?);
     if a.dir.is_none() {
         let _ = std::fs::remove_dir_all(&dir);
     }
     Ok(0)
+}
+
+/// Median of each restore phase over runs (child 0 of each run).
+fn median_phases(runs: &[ForkRun]) -> serde_json::Map<String, serde_json::Value> {
+    let mut phases = serde_json::Map::new();
+    if let Some(first) = runs.first() {
+        for (i, (name, _)) in first.phases.iter().enumerate() {
+            let v = median(&mut runs.iter().filter_map(|r| r.phases.get(i).map(|p| p.1)).collect::<Vec<_>>());
+            phases.insert(name.clone(), json!((v * 10.0).round() / 10.0));
+        }
+    }
+    phases
 }
 
 fn tempdir() -> Result<PathBuf> {

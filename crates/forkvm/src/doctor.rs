@@ -21,9 +21,7 @@ pub fn run(a: DoctorArgs) -> Result<i32> {
     let mut ok = true;
     match open_kvm() {
         Ok(kvm) => {
-            checks.push(
-                json!({"check": "kvm", "ok": true, "detail": "/dev/kvm opens, API version 12"}),
-            );
+            checks.push(json!({"check": "kvm", "ok": true, "detail": "/dev/kvm opens, API version 12"}));
             for mode in [IrqchipMode::Split, IrqchipMode::Kernel] {
                 let t = Instant::now();
                 let r = Vm::create(&kvm, mode);
@@ -48,9 +46,7 @@ pub fn run(a: DoctorArgs) -> Result<i32> {
     if a.json {
         println!(
             "{}",
-            serde_json::to_string_pretty(
-                &json!({"host": kind.name(), "note": host_note, "ok": ok, "checks": checks})
-            )?
+            serde_json::to_string_pretty(&json!({"host": kind.name(), "note": host_note, "ok": ok, "checks": checks}))?
         );
     } else {
         println!("host: {} — {host_note}", kind.name());

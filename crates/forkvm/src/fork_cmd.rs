@@ -64,25 +64,13 @@ pub fn run(a: ForkArgs) -> Result<i32> {
             console_stream: None,
             detach: true,
         };
-        let pid = zygote
-            .spawn(spec)
-            .with_context(|| format!("starting child {index}"))?;
-        children.push(Child {
-            index,
-            pid,
-            socket,
-            console,
-        });
+        let pid = zygote.spawn(spec).with_context(|| format!("starting child {index}"))?;
+        children.push(Child { index, pid, socket, console });
     }
     let spawn_ms = t1.elapsed().as_secs_f64() * 1e3;
     for c in &children {
         wait_serving(c).with_context(|| {
-            format!(
-                "child {} (pid {}) did not come up; see {}",
-                c.index,
-                c.pid,
-                c.console.display()
-            )
+            format!("child {} (pid {}) did not come up; see {}", c.index, c.pid, c.console.display())
         })?;
     }
     let report = ForkReport {
@@ -96,12 +84,7 @@ pub fn run(a: ForkArgs) -> Result<i32> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         for c in &report.children {
-            println!(
-                "child {:>4}  pid {:>7}  socket {}",
-                c.index,
-                c.pid,
-                c.socket.display()
-            );
+            println!("child {:>4}  pid {:>7}  socket {}", c.index, c.pid, c.socket.display());
         }
         println!(
             "{} children from {} in {:.1} ms (spawn {:.1} ms, prepare {:.1} ms)",

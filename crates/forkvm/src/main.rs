@@ -9,11 +9,7 @@ mod vm_cmd;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(
-    name = "forkvm",
-    version,
-    about = "microVM sandboxes that fork in milliseconds"
-)]
+#[command(name = "forkvm", version, about = "microVM sandboxes that fork in milliseconds")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -43,12 +39,8 @@ enum BenchCommand {
 }
 
 fn main() {
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_env("FORKVM_LOG").unwrap_or_else(|_| "warn".into());
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FORKVM_LOG").unwrap_or_else(|_| "warn".into());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Boot(a) => vm_cmd::boot(a),

@@ -44,13 +44,6 @@ mod tests {
     #[test]
     fn sums_private_and_reads_pss() {
         let text = "55d0-7ffd ---p 00000000 00:00 0 [rollup]\nRss: 1000 kB\nPss: 300 kB\nPss_Anon: 10 kB\nPrivate_Clean: 20 kB\nPrivate_Dirty: 180 kB\n";
-        assert_eq!(
-            parse_smaps_rollup(text),
-            MemUsage {
-                rss_kib: 1000,
-                pss_kib: 300,
-                private_kib: 200
-            }
-        );
+        assert_eq!(parse_smaps_rollup(text), MemUsage { rss_kib: 1000, pss_kib: 300, private_kib: 200 });
     }
 }

@@ -40,11 +40,7 @@ pub struct BootArgs {
     pub kernel: Option<PathBuf>,
     #[arg(long, requires = "kernel")]
     pub initrd: Option<PathBuf>,
-    #[arg(
-        long,
-        default_value = "console=ttyS0 reboot=k panic=1",
-        requires = "kernel"
-    )]
+    #[arg(long, default_value = "console=ttyS0 reboot=k panic=1", requires = "kernel")]
     pub cmdline: String,
     #[arg(long, default_value_t = 64)]
     pub mem_mib: u64,
@@ -100,9 +96,7 @@ fn open_console(args: &ConsoleArgs) -> Result<ConsoleOut> {
         None => {
             // Standard output, as a File the console can write unbuffered.
             let fd = std::io::stdout().lock();
-            let dup = std::os::fd::AsFd::as_fd(&fd)
-                .try_clone_to_owned()
-                .context("duplicating stdout")?;
+            let dup = std::os::fd::AsFd::as_fd(&fd).try_clone_to_owned().context("duplicating stdout")?;
             File::from(dup)
         }
     };
@@ -113,8 +107,7 @@ fn run_vmm(vmm: Vmm, args: &ConsoleArgs) -> Result<i32> {
     if args.stdin {
         forward_stdin(&vmm);
     }
-    let reason =
-        serve_until_exit(vmm, args.socket.as_deref()).context("serving the control socket")?;
+    let reason = serve_until_exit(vmm, args.socket.as_deref()).context("serving the control socket")?;
     match reason {
         VcpuExitReason::GuestExit(code) => Ok(i32::from(code)),
         VcpuExitReason::Stopped => Ok(0),
@@ -130,11 +123,7 @@ fn forward_stdin(vmm: &Vmm) {
         let mut buf = [0u8; 256];
         let mut stdin = std::io::stdin();
         while let Ok(n) = stdin.read(&mut buf) {
-            if n == 0
-                || devices
-                    .send_serial_input(&buf[..n], std::time::Duration::from_secs(60))
-                    .is_err()
-            {
+            if n == 0 || devices.send_serial_input(&buf[..n], std::time::Duration::from_secs(60)).is_err() {
                 break;
             }
         }
@@ -149,11 +138,7 @@ pub fn boot(a: BootArgs) -> Result<i32> {
             image_base: IMAGE_BASE,
             args: a.args.clone(),
         },
-        (None, Some(k)) => Payload::Linux {
-            kernel: k.clone(),
-            initrd: a.initrd.clone(),
-            cmdline: a.cmdline.clone(),
-        },
+        (None, Some(k)) => Payload::Linux { kernel: k.clone(), initrd: a.initrd.clone(), cmdline: a.cmdline.clone() },
         _ => bail!("say what to boot: --guest NAME (hello, count, echo, monitor) or --kernel PATH"),
     };
     let kvm = open_kvm()?;
@@ -161,9 +146,7 @@ pub fn boot(a: BootArgs) -> Result<i32> {
         mem_size: a.mem_mib << 20,
         vcpu_count: a.vcpus,
         irqchip: a.irqchip,
-        cpu_template: a
-            .cpu_template
-            .unwrap_or_else(|| CpuTemplate::for_host(HostKind::detect())),
+        cpu_template: a.cpu_template.unwrap_or_else(|| CpuTemplate::for_host(HostKind::detect())),
         payload,
         console: open_console(&a.console)?,
         start_paused: false,
@@ -175,18 +158,12 @@ pub fn boot(a: BootArgs) -> Result<i32> {
 pub fn restore(a: RestoreArgs) -> Result<i32> {
     let kvm = open_kvm()?;
     let snapshot = forkvm_vmm::prepare(&a.snapshot).context("reading the snapshot")?;
-    let vmm = forkvm_vmm::restore(&kvm, &snapshot, open_console(&a.console)?, a.paused)
-        .context("restoring the VM")?;
+    let vmm = forkvm_vmm::restore(&kvm, &snapshot, open_console(&a.console)?, a.paused).context("restoring the VM")?;
     run_vmm(vmm, &a.console)
 }
 
 fn ctl_request(words: &[String]) -> Result<Request> {
-    let arg = || {
-        words
-            .get(1)
-            .cloned()
-            .with_context(|| format!("`{}` needs an argument", words[0]))
-    };
+    let arg = || words.get(1).cloned().with_context(|| format!("`{}` needs an argument", words[0]));
     Ok(match words[0].as_str() {
         "status" => Request::Status {},
         "pause" => Request::Pause {},

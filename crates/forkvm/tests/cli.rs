@@ -35,11 +35,7 @@ impl Vmm {
             .stdin(Stdio::null())
             .spawn()
             .unwrap();
-        let vmm = Vmm {
-            child,
-            socket,
-            console,
-        };
+        let vmm = Vmm { child, socket, console };
         wait_until(|| vmm.socket.exists(), "control socket");
         vmm
     }
@@ -96,22 +92,12 @@ fn read_u64_at(file: &Path, offset: u64) -> u64 {
 
 #[test]
 fn without_kvm_the_cli_says_so() {
-    let out = forkvm()
-        .args(["boot", "--guest", "hello"])
-        .env("FORKVM_KVM_DEVICE", "/nonexistent/kvm")
-        .output()
-        .unwrap();
+    let out =
+        forkvm().args(["boot", "--guest", "hello"]).env("FORKVM_KVM_DEVICE", "/nonexistent/kvm").output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("/nonexistent/kvm does not exist: this host has no KVM"),
-        "{err}"
-    );
-    let out = forkvm()
-        .args(["doctor"])
-        .env("FORKVM_KVM_DEVICE", "/nonexistent/kvm")
-        .output()
-        .unwrap();
+    assert!(err.contains("/nonexistent/kvm does not exist: this host has no KVM"), "{err}");
+    let out = forkvm().args(["doctor"]).env("FORKVM_KVM_DEVICE", "/nonexistent/kvm").output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("FAIL"));
 }
@@ -127,122 +113,66 @@ fn doctor_passes_here() {
 fn a_counting_guest_snapshotted_mid_run_continues_in_a_new_process_from_the_exact_count() {
     let tmp = tempfile::tempdir().unwrap();
     let n: u64 = 400_000_000;
-    let mut parent = Vmm::start(
-        &[
-            "boot",
-            "--guest",
-            "count",
-            "--arg",
-            &n.to_string(),
-            "--mem-mib",
-            "16",
-        ],
-        tmp.path(),
-        "parent",
-    );
+    let mut parent =
+        Vmm::start(&["boot", "--guest", "count", "--arg", &n.to_string(), "--mem-mib", "16"], tmp.path(), "parent");
     parent.wait_console("counting\n");
     std::thread::sleep(Duration::from_millis(30));
     let snap = tmp.path().join("mid-run");
-    parent
-        .client()
-        .call(&Request::Snapshot { dir: snap.clone() })
-        .unwrap();
+    parent.client().call(&Request::Snapshot { dir: snap.clone() }).unwrap();
     parent.client().call(&Request::Shutdown {}).unwrap();
     parent.wait_exit();
 
     // The snapshot froze the loop part-way: the published counter and the vCPU's
     // counter register agree (the store may trail the increment by one step).
     let published = read_u64_at(&snap.join("memory.img"), COUNT_COUNTER_ADDR);
-    assert!(
-        published > 0 && published < n,
-        "snapshot taken mid-run: counter {published} of {n}"
-    );
+    assert!(published > 0 && published < n, "snapshot taken mid-run: counter {published} of {n}");
     let state = VmState::decode(&std::fs::read(snap.join("vmstate.bin")).unwrap()).unwrap();
     let rcx = state.vcpus[0].regs.rcx;
-    assert!(
-        rcx == published || rcx == published + 1,
-        "register {rcx} vs memory {published}"
-    );
+    assert!(rcx == published || rcx == published + 1, "register {rcx} vs memory {published}");
 
     // Restored paused in a new process, then resumed: it finishes with the hash of an
     // uninterrupted run, which any lost or repeated step would change.
-    let mut child = Vmm::start(
-        &["restore", "--paused", "--snapshot", snap.to_str().unwrap()],
-        tmp.path(),
-        "child",
-    );
+    let mut child = Vmm::start(&["restore", "--paused", "--snapshot", snap.to_str().unwrap()], tmp.path(), "child");
     let status = child.client().call(&Request::Status {}).unwrap();
     assert_eq!(status["state"], "paused");
     assert_ne!(status["pid"], serde_json::json!(std::process::id()));
     child.client().call(&Request::Resume {}).unwrap();
     let expected = format!("count={n:016x} hash={:016x}\n", count_hash(n));
     let text = child.wait_console(&expected);
-    assert!(
-        !text.contains("counting"),
-        "the child continued, it did not start over: {text:?}"
-    );
+    assert!(!text.contains("counting"), "the child continued, it did not start over: {text:?}");
     assert!(child.wait_exit().success());
 }
 
 #[test]
 fn control_socket_rejects_bad_requests_and_keeps_serving() {
     let tmp = tempfile::tempdir().unwrap();
-    let vmm = Vmm::start(
-        &["boot", "--guest", "echo", "--mem-mib", "8"],
-        tmp.path(),
-        "echo",
-    );
+    let vmm = Vmm::start(&["boot", "--guest", "echo", "--mem-mib", "8"], tmp.path(), "echo");
     vmm.wait_console("echo ready\n");
     let mut c = vmm.client();
     let e = c.call_raw("{not json\n").unwrap_err().to_string();
     assert!(e.contains("bad request"), "{e}");
-    let e = c
-        .call_raw("{\"op\":\"pause\",\"now\":true}\n")
-        .unwrap_err()
-        .to_string();
+    let e = c.call_raw("{\"op\":\"pause\",\"now\":true}\n").unwrap_err().to_string();
     assert!(e.contains("unknown field `now`"), "{e}");
     let e = c.call_raw("{\"op\":\"reboot\"}\n").unwrap_err().to_string();
     assert!(e.contains("unknown variant `reboot`"), "{e}");
-    let e = c
-        .call(&Request::SendInput { hex: "zz".into() })
-        .unwrap_err()
-        .to_string();
+    let e = c.call(&Request::SendInput { hex: "zz".into() }).unwrap_err().to_string();
     assert!(e.contains("not hex"), "{e}");
     assert_eq!(c.call(&Request::Pause {}).unwrap()["state"], "paused");
-    assert_eq!(
-        c.call(&Request::Pause {}).unwrap()["state"],
-        "paused",
-        "pause is idempotent"
-    );
+    assert_eq!(c.call(&Request::Pause {}).unwrap()["state"], "paused", "pause is idempotent");
     c.send_input(b"queued while paused").unwrap();
     assert_eq!(c.call(&Request::Resume {}).unwrap()["state"], "running");
     vmm.wait_console("queued while paused");
     // The CLI's `ctl` verb speaks the same protocol.
-    let out = forkvm()
-        .args(["ctl", "--socket"])
-        .arg(&vmm.socket)
-        .arg("status")
-        .output()
-        .unwrap();
+    let out = forkvm().args(["ctl", "--socket"]).arg(&vmm.socket).arg("status").output().unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["guest"]["name"], "echo");
-    let out = forkvm()
-        .args(["ctl", "--socket"])
-        .arg(&vmm.socket)
-        .arg("frobnicate")
-        .output()
-        .unwrap();
+    let out = forkvm().args(["ctl", "--socket"]).arg(&vmm.socket).arg("frobnicate").output().unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown control request"));
 }
 
 /// Sends one monitor command through a child's control socket and waits for the next
 /// reply line in its console log.
-fn monitor_call(
-    client: &mut ControlClient,
-    log: &Path,
-    replies_before: usize,
-    cmd: &[u8],
-) -> String {
+fn monitor_call(client: &mut ControlClient, log: &Path, replies_before: usize, cmd: &[u8]) -> String {
     client.send_input(cmd).unwrap();
     let mut line = String::new();
     wait_until(
@@ -282,10 +212,7 @@ fn a_hundred_children_of_a_512_mib_snapshot_each_keep_their_own_memory() {
     let mut parent = Vmm::start(&args, tmp.path(), "parent");
     parent.wait_console("ready\n");
     let snap = tmp.path().join("warm");
-    parent
-        .client()
-        .call(&Request::Snapshot { dir: snap.clone() })
-        .unwrap();
+    parent.client().call(&Request::Snapshot { dir: snap.clone() }).unwrap();
     parent.client().call(&Request::Shutdown {}).unwrap();
     parent.wait_exit();
     let image = snap.join("memory.img");
@@ -299,18 +226,11 @@ fn a_hundred_children_of_a_512_mib_snapshot_each_keep_their_own_memory() {
         .arg(&run)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let children = report["children"].as_array().unwrap();
     assert_eq!(children.len(), 100);
-    let pids: Vec<i32> = children
-        .iter()
-        .map(|c| c["pid"].as_i64().unwrap() as i32)
-        .collect();
+    let pids: Vec<i32> = children.iter().map(|c| c["pid"].as_i64().unwrap() as i32).collect();
     let kill_all = || {
         for &p in &pids {
             // SAFETY: signalling processes this test started.
@@ -321,34 +241,18 @@ fn a_hundred_children_of_a_512_mib_snapshot_each_keep_their_own_memory() {
     // Marker slots live below the filled range, so they start out zero in every child.
     let slots: u64 = 0x18_0000;
     let marker = |i: u64| 0xc0de_0000_0000_0000 | (i + 1);
-    let mut clients: Vec<ControlClient> = children
-        .iter()
-        .map(|c| ControlClient::connect(Path::new(c["socket"].as_str().unwrap())).unwrap())
-        .collect();
-    let logs: Vec<PathBuf> = children
-        .iter()
-        .map(|c| PathBuf::from(c["console"].as_str().unwrap()))
-        .collect();
+    let mut clients: Vec<ControlClient> =
+        children.iter().map(|c| ControlClient::connect(Path::new(c["socket"].as_str().unwrap())).unwrap()).collect();
+    let logs: Vec<PathBuf> = children.iter().map(|c| PathBuf::from(c["console"].as_str().unwrap())).collect();
     for (i, c) in clients.iter_mut().enumerate() {
         let i = i as u64;
-        assert_eq!(
-            monitor_call(
-                c,
-                &logs[i as usize],
-                0,
-                &monitor::write(slots + 8 * i, marker(i))
-            ),
-            "ok"
-        );
+        assert_eq!(monitor_call(c, &logs[i as usize], 0, &monitor::write(slots + 8 * i, marker(i))), "ok");
     }
     for (i, c) in clients.iter_mut().enumerate() {
         let iu = i as u64;
         // Its own marker is there, the sum over all 100 slots is its marker alone (no
         // other child's write is visible), and the parent's pattern is intact.
-        assert_eq!(
-            monitor_call(c, &logs[i], 1, &monitor::read(slots + 8 * iu)),
-            format!("={:016x}", marker(iu))
-        );
+        assert_eq!(monitor_call(c, &logs[i], 1, &monitor::read(slots + 8 * iu)), format!("={:016x}", marker(iu)));
         assert_eq!(
             monitor_call(c, &logs[i], 2, &monitor::sum(slots, 8 * 100)),
             format!("={:016x}", marker(iu)),
@@ -374,44 +278,24 @@ fn a_hundred_children_of_a_512_mib_snapshot_each_keep_their_own_memory() {
     }
     kill_all();
     let after = crc32fast::hash(&std::fs::read(&image).unwrap());
-    assert_eq!(
-        before, after,
-        "memory.img must be byte-identical after 100 children wrote to their memory"
-    );
+    assert_eq!(before, after, "memory.img must be byte-identical after 100 children wrote to their memory");
 }
 
 #[test]
 fn fork_refuses_bad_input_plainly() {
     let tmp = tempfile::tempdir().unwrap();
     let out = forkvm()
-        .args([
-            "fork",
-            "-n",
-            "2",
-            "--snapshot",
-            "/nonexistent/snap",
-            "--run-dir",
-        ])
+        .args(["fork", "-n", "2", "--snapshot", "/nonexistent/snap", "--run-dir"])
         .arg(tmp.path())
         .output()
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/snap"));
-    let out = forkvm()
-        .args(["fork", "-n", "0", "--snapshot", "/x", "--run-dir"])
-        .arg(tmp.path())
-        .output()
-        .unwrap();
+    let out = forkvm().args(["fork", "-n", "0", "--snapshot", "/x", "--run-dir"]).arg(tmp.path()).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("-n must be between 1"));
-    let out = forkvm()
-        .args(["boot", "--guest", "nosuch"])
-        .output()
-        .unwrap();
+    let out = forkvm().args(["boot", "--guest", "nosuch"]).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown test guest"));
-    let out = forkvm()
-        .args(["boot", "--guest", "hello", "--mem-mib", "3"])
-        .output()
-        .unwrap();
+    let out = forkvm().args(["boot", "--guest", "hello", "--mem-mib", "3"]).output().unwrap();
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("not a positive multiple of 2 MiB"),
         "{}",

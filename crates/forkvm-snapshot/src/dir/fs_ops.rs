@@ -45,13 +45,7 @@ pub(super) fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
     // NUL-terminated and outlive the call; AT_FDCWD makes the relative-path
     // behaviour identical to rename(2). The call does not retain them.
     let rc = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            c_from.as_ptr(),
-            libc::AT_FDCWD,
-            c_to.as_ptr(),
-            libc::RENAME_NOREPLACE,
-        )
+        libc::renameat2(libc::AT_FDCWD, c_from.as_ptr(), libc::AT_FDCWD, c_to.as_ptr(), libc::RENAME_NOREPLACE)
     };
     if rc == 0 {
         return Ok(());
@@ -60,10 +54,7 @@ pub(super) fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
     match err.raw_os_error() {
         Some(libc::EINVAL) | Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP) => {
             if fs::symlink_metadata(to).is_ok() {
-                return Err(io::Error::new(
-                    io::ErrorKind::AlreadyExists,
-                    "destination already exists",
-                ));
+                return Err(io::Error::new(io::ErrorKind::AlreadyExists, "destination already exists"));
             }
             fs::rename(from, to)
         }

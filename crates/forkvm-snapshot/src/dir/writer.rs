@@ -25,9 +25,7 @@ pub struct SnapshotWriter {
 
 /// `<final_dir>.partial`, next to `final_dir`.
 fn partial_path(final_dir: &Path) -> Result<PathBuf, DirError> {
-    let name = final_dir
-        .file_name()
-        .ok_or_else(|| DirError::InvalidPath(final_dir.to_path_buf()))?;
+    let name = final_dir.file_name().ok_or_else(|| DirError::InvalidPath(final_dir.to_path_buf()))?;
     let mut partial_name = OsString::from(name);
     partial_name.push(".partial");
     Ok(final_dir.with_file_name(partial_name))
@@ -53,29 +51,15 @@ impl SnapshotWriter {
         match fs::symlink_metadata(final_dir) {
             Ok(_) => return Err(DirError::AlreadyExists(final_dir.to_path_buf())),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(source) => {
-                return Err(DirError::CheckExisting {
-                    path: final_dir.to_path_buf(),
-                    source,
-                })
-            }
+            Err(source) => return Err(DirError::CheckExisting { path: final_dir.to_path_buf(), source }),
         }
-        remove_any(&partial).map_err(|source| DirError::RemoveStalePartial {
-            path: partial.clone(),
-            source,
-        })?;
-        let create_err = |source| DirError::CreatePartial {
-            path: partial.clone(),
-            source,
-        };
+        remove_any(&partial).map_err(|source| DirError::RemoveStalePartial { path: partial.clone(), source })?;
+        let create_err = |source| DirError::CreatePartial { path: partial.clone(), source };
         if let Some(parent) = partial.parent().filter(|p| !p.as_os_str().is_empty()) {
             fs::create_dir_all(parent).map_err(create_err)?;
         }
         fs::create_dir(&partial).map_err(create_err)?;
-        Ok(SnapshotWriter {
-            final_dir: final_dir.to_path_buf(),
-            partial: Some(partial),
-        })
+        Ok(SnapshotWriter { final_dir: final_dir.to_path_buf(), partial: Some(partial) })
     }
 
     /// Path of file `name` inside the staging directory.
@@ -100,21 +84,14 @@ impl SnapshotWriter {
     /// the final path; an existing snapshot is never overwritten.
     pub fn commit(mut self) -> Result<PathBuf, DirError> {
         let partial = self.staging().to_path_buf();
-        let sync_err = |source| DirError::SyncPartial {
-            path: partial.clone(),
-            source,
-        };
+        let sync_err = |source| DirError::SyncPartial { path: partial.clone(), source };
         sync_files_in(&partial).map_err(sync_err)?;
         sync_dir(&partial).map_err(sync_err)?;
         rename_noreplace(&partial, &self.final_dir).map_err(|source| {
             if source.kind() == io::ErrorKind::AlreadyExists {
                 DirError::AlreadyExists(self.final_dir.clone())
             } else {
-                DirError::Rename {
-                    from: partial.clone(),
-                    to: self.final_dir.clone(),
-                    source,
-                }
+                DirError::Rename { from: partial.clone(), to: self.final_dir.clone(), source }
             }
         })?;
         // The staging directory is gone; nothing for Drop to clean up.
@@ -123,10 +100,7 @@ impl SnapshotWriter {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        sync_dir(&parent).map_err(|source| DirError::SyncParent {
-            path: parent,
-            source,
-        })?;
+        sync_dir(&parent).map_err(|source| DirError::SyncParent { path: parent, source })?;
         Ok(self.final_dir.clone())
     }
 
@@ -159,10 +133,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let final_dir = tmp.path().join("snapshots").join("base");
         let w = SnapshotWriter::begin(&final_dir).unwrap();
-        assert_eq!(
-            w.path(VMSTATE_BIN),
-            tmp.path().join("snapshots/base.partial/vmstate.bin")
-        );
+        assert_eq!(w.path(VMSTATE_BIN), tmp.path().join("snapshots/base.partial/vmstate.bin"));
         write_all(&w);
         assert!(!final_dir.exists());
         assert_eq!(w.commit().unwrap(), final_dir);
@@ -232,9 +203,6 @@ mod tests {
 
     #[test]
     fn path_without_name_is_refused() {
-        assert!(matches!(
-            SnapshotWriter::begin(Path::new("/")).unwrap_err(),
-            DirError::InvalidPath(_)
-        ));
+        assert!(matches!(SnapshotWriter::begin(Path::new("/")).unwrap_err(), DirError::InvalidPath(_)));
     }
 }

@@ -37,18 +37,10 @@ pub struct Response {
 
 impl Response {
     pub fn ok(result: serde_json::Value) -> Response {
-        Response {
-            ok: true,
-            result: Some(result),
-            error: None,
-        }
+        Response { ok: true, result: Some(result), error: None }
     }
     pub fn err(error: impl Into<String>) -> Response {
-        Response {
-            ok: false,
-            result: None,
-            error: Some(error.into()),
-        }
+        Response { ok: false, result: None, error: Some(error.into()) }
     }
 }
 
@@ -80,14 +72,8 @@ mod tests {
         assert_eq!(r, Request::Snapshot { dir: "/x/t".into() });
         assert!(serde_json::from_str::<Request>(r#"{"op":"pause","x":1}"#).is_err());
         assert!(serde_json::from_str::<Request>(r#"{"op":"snapshot","dir":"/a","x":1}"#).is_err());
-        assert_eq!(
-            serde_json::from_str::<Request>(r#"{"op":"pause"}"#).unwrap(),
-            Request::Pause {}
-        );
-        assert_eq!(
-            serde_json::to_string(&Request::Status {}).unwrap(),
-            r#"{"op":"status"}"#
-        );
+        assert_eq!(serde_json::from_str::<Request>(r#"{"op":"pause"}"#).unwrap(), Request::Pause {});
+        assert_eq!(serde_json::to_string(&Request::Status {}).unwrap(), r#"{"op":"status"}"#);
         assert!(serde_json::from_str::<Request>(r#"{"op":"reboot"}"#).is_err());
     }
 

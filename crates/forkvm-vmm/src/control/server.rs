@@ -18,10 +18,7 @@ pub enum ServeError {
     #[error("control socket {path} is in use by a running VMM")]
     InUse { path: PathBuf },
     #[error("binding the control socket {path}: {source}")]
-    Bind {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Bind { path: PathBuf, source: std::io::Error },
     #[error("starting the control thread: {0}")]
     Thread(std::io::Error),
 }
@@ -34,10 +31,7 @@ fn bind(path: &Path) -> Result<UnixListener, ServeError> {
         }
         let _ = std::fs::remove_file(path);
     }
-    UnixListener::bind(path).map_err(|source| ServeError::Bind {
-        path: path.into(),
-        source,
-    })
+    UnixListener::bind(path).map_err(|source| ServeError::Bind { path: path.into(), source })
 }
 
 /// Runs until the VM stops; returns why it stopped.
@@ -89,9 +83,7 @@ fn serve_connection(conn: UnixStream, vmm: Arc<Mutex<Vmm>>, latch: Arc<ExitLatch
         }
         let response = if line.len() > MAX_REQUEST_BYTES {
             // Not a line we can resynchronize on: answer and hang up.
-            let r = Response::err(format!(
-                "bad request: longer than {MAX_REQUEST_BYTES} bytes"
-            ));
+            let r = Response::err(format!("bad request: longer than {MAX_REQUEST_BYTES} bytes"));
             let _ = writeln!(writer, "{}", serde_json::to_string(&r).unwrap_or_default());
             return;
         } else {
@@ -100,8 +92,7 @@ fn serve_connection(conn: UnixStream, vmm: Arc<Mutex<Vmm>>, latch: Arc<ExitLatch
                 Err(e) => Response::err(format!("bad request: {e}")),
             }
         };
-        let text = serde_json::to_string(&response)
-            .unwrap_or_else(|e| format!(r#"{{"ok":false,"error":"{e}"}}"#));
+        let text = serde_json::to_string(&response).unwrap_or_else(|e| format!(r#"{{"ok":false,"error":"{e}"}}"#));
         if writeln!(writer, "{text}").is_err() {
             return;
         }
@@ -117,16 +108,8 @@ fn handle(req: Request, vmm: &Mutex<Vmm>, latch: &ExitLatch) -> Response {
     let status = |vmm: &Vmm| serde_json::to_value(vmm.status()).map_err(|e| e.to_string());
     match req {
         Request::Status {} => json(status(&vmm)),
-        Request::Pause {} => json(
-            vmm.pause()
-                .map_err(|e| e.to_string())
-                .and_then(|_| status(&vmm)),
-        ),
-        Request::Resume {} => json(
-            vmm.resume()
-                .map_err(|e| e.to_string())
-                .and_then(|_| status(&vmm)),
-        ),
+        Request::Pause {} => json(vmm.pause().map_err(|e| e.to_string()).and_then(|_| status(&vmm))),
+        Request::Resume {} => json(vmm.resume().map_err(|e| e.to_string()).and_then(|_| status(&vmm))),
         Request::Snapshot { dir } => json(
             vmm.snapshot(&dir)
                 .map_err(|e| e.to_string())

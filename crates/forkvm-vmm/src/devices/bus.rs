@@ -43,17 +43,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Devices {
     /// `irqs_armed` is the switch shared by the devices' interrupt lines.
-    pub fn new(
-        serial: SerialDevice,
-        ioapic: Option<Arc<Mutex<Ioapic>>>,
-        irqs_armed: Arc<AtomicBool>,
-    ) -> Devices {
-        Devices {
-            serial: Arc::new(Mutex::new(serial)),
-            ioapic,
-            irqs_armed,
-            unclaimed: AtomicU64::new(0),
-        }
+    pub fn new(serial: SerialDevice, ioapic: Option<Arc<Mutex<Ioapic>>>, irqs_armed: Arc<AtomicBool>) -> Devices {
+        Devices { serial: Arc::new(Mutex::new(serial)), ioapic, irqs_armed, unclaimed: AtomicU64::new(0) }
     }
 
     /// Lets device interrupts through; called once the VM is complete.
@@ -62,21 +53,14 @@ impl Devices {
     }
 
     pub fn save(&self) -> DevicesState {
-        DevicesState {
-            serial: lock(&self.serial).save(),
-            ioapic: self.ioapic.as_ref().map(|i| lock(i).save()),
-        }
+        DevicesState { serial: lock(&self.serial).save(), ioapic: self.ioapic.as_ref().map(|i| lock(i).save()) }
     }
 
     fn note_unclaimed(&self, what: &str, addr: u64) {
         // Rate-limited: a guest probing holes must not flood the log.
         let n = self.unclaimed.fetch_add(1, Ordering::Relaxed);
         if n < 16 || n.is_power_of_two() {
-            tracing::debug!(
-                addr = format_args!("{addr:#x}"),
-                count = n + 1,
-                "unclaimed {what}"
-            );
+            tracing::debug!(addr = format_args!("{addr:#x}"), count = n + 1, "unclaimed {what}");
         }
     }
 
@@ -101,9 +85,7 @@ impl Devices {
     }
 
     fn ioapic_at(&self, addr: u64) -> Option<&Arc<Mutex<Ioapic>>> {
-        self.ioapic
-            .as_ref()
-            .filter(|_| (IOAPIC_START..IOAPIC_START + IOAPIC_SIZE).contains(&addr))
+        self.ioapic.as_ref().filter(|_| (IOAPIC_START..IOAPIC_START + IOAPIC_SIZE).contains(&addr))
     }
 
     pub fn mmio_read(&self, addr: u64, data: &mut [u8]) {
@@ -124,23 +106,14 @@ impl Devices {
     }
 
     /// Queues serial input, waiting for FIFO room as the guest drains it (up to `timeout`).
-    pub fn send_serial_input(
-        &self,
-        mut input: &[u8],
-        timeout: std::time::Duration,
-    ) -> Result<(), String> {
+    pub fn send_serial_input(&self, mut input: &[u8], timeout: std::time::Duration) -> Result<(), String> {
         let deadline = std::time::Instant::now() + timeout;
         while !input.is_empty() {
-            let n = lock(&self.serial)
-                .enqueue(input)
-                .map_err(|e| e.to_string())?;
+            let n = lock(&self.serial).enqueue(input).map_err(|e| e.to_string())?;
             input = &input[n..];
             if n == 0 {
                 if std::time::Instant::now() > deadline {
-                    return Err(format!(
-                        "serial input: guest did not read its FIFO; {} bytes not sent",
-                        input.len()
-                    ));
+                    return Err(format!("serial input: guest did not read its FIFO; {} bytes not sent", input.len()));
                 }
                 std::thread::sleep(std::time::Duration::from_micros(200));
             }

@@ -43,34 +43,19 @@ pub struct BadIoapicState(usize);
 
 impl Default for Ioapic {
     fn default() -> Self {
-        Ioapic {
-            id: 0,
-            ioregsel: 0,
-            redirection: [MASKED; IOAPIC_PINS],
-        }
+        Ioapic { id: 0, ioregsel: 0, redirection: [MASKED; IOAPIC_PINS] }
     }
 }
 
 impl Ioapic {
     pub fn save(&self) -> IoapicState {
-        IoapicState {
-            id: self.id,
-            ioregsel: self.ioregsel,
-            redirection: self.redirection.to_vec(),
-        }
+        IoapicState { id: self.id, ioregsel: self.ioregsel, redirection: self.redirection.to_vec() }
     }
 
     pub fn restore(state: &IoapicState) -> Result<Ioapic, BadIoapicState> {
-        let redirection = state
-            .redirection
-            .as_slice()
-            .try_into()
-            .map_err(|_| BadIoapicState(state.redirection.len()))?;
-        Ok(Ioapic {
-            id: state.id,
-            ioregsel: state.ioregsel,
-            redirection,
-        })
+        let redirection =
+            state.redirection.as_slice().try_into().map_err(|_| BadIoapicState(state.redirection.len()))?;
+        Ok(Ioapic { id: state.id, ioregsel: state.ioregsel, redirection })
     }
 
     pub fn mmio_read(&self, offset: u64, data: &mut [u8]) {
@@ -100,9 +85,7 @@ impl Ioapic {
         match reg {
             REG_ID | REG_ARBITRATION => self.id << 24,
             REG_VERSION => VERSION,
-            r if r >= REG_REDIRECTION_BASE
-                && ((r - REG_REDIRECTION_BASE) / 2) < IOAPIC_PINS as u32 =>
-            {
+            r if r >= REG_REDIRECTION_BASE && ((r - REG_REDIRECTION_BASE) / 2) < IOAPIC_PINS as u32 => {
                 let entry = self.redirection[((r - REG_REDIRECTION_BASE) / 2) as usize];
                 if (r - REG_REDIRECTION_BASE).is_multiple_of(2) {
                     entry as u32
@@ -117,9 +100,7 @@ impl Ioapic {
     fn write_register(&mut self, reg: u32, value: u32) {
         match reg {
             REG_ID => self.id = (value >> 24) & 0xf,
-            r if r >= REG_REDIRECTION_BASE
-                && ((r - REG_REDIRECTION_BASE) / 2) < IOAPIC_PINS as u32 =>
-            {
+            r if r >= REG_REDIRECTION_BASE && ((r - REG_REDIRECTION_BASE) / 2) < IOAPIC_PINS as u32 => {
                 let pin = ((r - REG_REDIRECTION_BASE) / 2) as usize;
                 let old = self.redirection[pin];
                 let new = if (r - REG_REDIRECTION_BASE).is_multiple_of(2) {
@@ -200,10 +181,6 @@ mod tests {
         let state = io.save();
         let again = Ioapic::restore(&state).unwrap().save();
         assert_eq!(state, again);
-        assert!(Ioapic::restore(&IoapicState {
-            redirection: vec![0; 3],
-            ..state
-        })
-        .is_err());
+        assert!(Ioapic::restore(&IoapicState { redirection: vec![0; 3], ..state }).is_err());
     }
 }

@@ -18,10 +18,7 @@ pub enum IrqRoute {
     /// A GSI of KVM's in-kernel PIC/IOAPIC.
     Kernel { gsi: u32 },
     /// A pin of the VMM's IOAPIC (split irqchip).
-    Split {
-        ioapic: Arc<Mutex<Ioapic>>,
-        pin: usize,
-    },
+    Split { ioapic: Arc<Mutex<Ioapic>>, pin: usize },
 }
 
 #[derive(Debug, Clone)]
@@ -49,10 +46,7 @@ impl IrqLine {
                 self.vm.set_irq_line(*gsi, false).map_err(to_io)
             }
             IrqRoute::Split { ioapic, pin } => {
-                let msi = ioapic
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .msi_for(*pin);
+                let msi = ioapic.lock().unwrap_or_else(|p| p.into_inner()).msi_for(*pin);
                 match msi {
                     Some(msi) => self.vm.signal_msi(msi).map(|_| ()).map_err(to_io),
                     None => Ok(()), // masked: dropped, like a masked edge on real hardware

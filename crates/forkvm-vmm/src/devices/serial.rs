@@ -28,11 +28,7 @@ pub struct ConsoleOut {
 
 impl ConsoleOut {
     pub fn new(log: Option<File>, stream: Option<UnixStream>) -> ConsoleOut {
-        ConsoleOut {
-            log,
-            stream,
-            failed: false,
-        }
+        ConsoleOut { log, stream, failed: false }
     }
 }
 
@@ -94,24 +90,16 @@ pub struct SerialDevice {
 
 impl std::fmt::Debug for SerialDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SerialDevice")
-            .field("state", &self.save())
-            .finish()
+        f.debug_struct("SerialDevice").field("state", &self.save()).finish()
     }
 }
 
 impl SerialDevice {
     pub fn new(irq: IrqLine, out: ConsoleOut) -> SerialDevice {
-        SerialDevice {
-            uart: Serial::new(irq, out),
-        }
+        SerialDevice { uart: Serial::new(irq, out) }
     }
 
-    pub fn restore(
-        state: &SerialDeviceState,
-        irq: IrqLine,
-        out: ConsoleOut,
-    ) -> Result<SerialDevice, SerialError> {
+    pub fn restore(state: &SerialDeviceState, irq: IrqLine, out: ConsoleOut) -> Result<SerialDevice, SerialError> {
         if state.in_buffer.len() > MAX_FIFO {
             return Err(SerialError::FifoTooLarge(state.in_buffer.len()));
         }
@@ -164,9 +152,7 @@ impl SerialDevice {
         if n == 0 {
             return Ok(0);
         }
-        self.uart
-            .enqueue_raw_bytes(&input[..n])
-            .map_err(SerialError::Enqueue)
+        self.uart.enqueue_raw_bytes(&input[..n]).map_err(SerialError::Enqueue)
     }
 
     /// Redirects the console (a restored VM gets its own log and stream).

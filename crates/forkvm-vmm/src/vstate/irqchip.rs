@@ -9,8 +9,8 @@
 //! The mode is chosen at boot and recorded in the snapshot; a restore uses the same mode.
 
 use kvm_bindings::{
-    kvm_enable_cap, kvm_irqchip, kvm_pit_config, kvm_pit_state2, KVM_CAP_SPLIT_IRQCHIP,
-    KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE, KVM_PIT_SPEAKER_DUMMY,
+    kvm_enable_cap, kvm_irqchip, kvm_pit_config, kvm_pit_state2, KVM_CAP_SPLIT_IRQCHIP, KVM_IRQCHIP_IOAPIC,
+    KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE, KVM_PIT_SPEAKER_DUMMY,
 };
 use kvm_ioctls::VmFd;
 use serde::{Deserialize, Serialize};
@@ -23,15 +23,9 @@ pub const IOAPIC_PINS: usize = 24;
 #[derive(Debug, thiserror::Error)]
 pub enum IrqchipError {
     #[error("irqchip: {step}: {source}")]
-    Kvm {
-        step: &'static str,
-        source: kvm_ioctls::Error,
-    },
+    Kvm { step: &'static str, source: kvm_ioctls::Error },
     #[error("irqchip: snapshot holds {found} irqchip state but this VM uses {mode}")]
-    ModeMismatch {
-        found: &'static str,
-        mode: IrqchipMode,
-    },
+    ModeMismatch { found: &'static str, mode: IrqchipMode },
 }
 
 fn kvm(step: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> IrqchipError {
@@ -58,20 +52,13 @@ impl IrqchipMode {
         match self {
             IrqchipMode::Kernel => {
                 vm.create_irq_chip().map_err(kvm("KVM_CREATE_IRQCHIP"))?;
-                let pit = kvm_pit_config {
-                    flags: KVM_PIT_SPEAKER_DUMMY,
-                    ..Default::default()
-                };
+                let pit = kvm_pit_config { flags: KVM_PIT_SPEAKER_DUMMY, ..Default::default() };
                 vm.create_pit2(pit).map_err(kvm("KVM_CREATE_PIT2"))
             }
             IrqchipMode::Split => {
-                let mut cap = kvm_enable_cap {
-                    cap: KVM_CAP_SPLIT_IRQCHIP,
-                    ..Default::default()
-                };
+                let mut cap = kvm_enable_cap { cap: KVM_CAP_SPLIT_IRQCHIP, ..Default::default() };
                 cap.args[0] = IOAPIC_PINS as u64;
-                vm.enable_cap(&cap)
-                    .map_err(kvm("KVM_ENABLE_CAP(SPLIT_IRQCHIP)"))
+                vm.enable_cap(&cap).map_err(kvm("KVM_ENABLE_CAP(SPLIT_IRQCHIP)"))
             }
         }
     }
@@ -107,10 +94,7 @@ pub struct KernelIrqchipState {
 impl KernelIrqchipState {
     pub fn save(vm: &VmFd) -> Result<KernelIrqchipState, IrqchipError> {
         let chip = |chip_id, step| {
-            let mut c = kvm_irqchip {
-                chip_id,
-                ..Default::default()
-            };
+            let mut c = kvm_irqchip { chip_id, ..Default::default() };
             vm.get_irqchip(&mut c).map(|_| c).map_err(kvm(step))
         };
         Ok(KernelIrqchipState {
@@ -122,12 +106,9 @@ impl KernelIrqchipState {
     }
 
     pub fn restore(&self, vm: &VmFd) -> Result<(), IrqchipError> {
-        vm.set_irqchip(&self.pic_master)
-            .map_err(kvm("KVM_SET_IRQCHIP(PIC master)"))?;
-        vm.set_irqchip(&self.pic_slave)
-            .map_err(kvm("KVM_SET_IRQCHIP(PIC slave)"))?;
-        vm.set_irqchip(&self.ioapic)
-            .map_err(kvm("KVM_SET_IRQCHIP(IOAPIC)"))?;
+        vm.set_irqchip(&self.pic_master).map_err(kvm("KVM_SET_IRQCHIP(PIC master)"))?;
+        vm.set_irqchip(&self.pic_slave).map_err(kvm("KVM_SET_IRQCHIP(PIC slave)"))?;
+        vm.set_irqchip(&self.ioapic).map_err(kvm("KVM_SET_IRQCHIP(IOAPIC)"))?;
         vm.set_pit2(&self.pit).map_err(kvm("KVM_SET_PIT2"))
     }
 }

@@ -8,21 +8,14 @@
 use crate::arch::x86_64::layout::ram_regions;
 use std::fs::File;
 use vm_memory::mmap::MmapRegion;
-use vm_memory::{
-    FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
-    GuestRegionMmap,
-};
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MemoryError {
     #[error("guest memory size {0} bytes is not a positive multiple of 2 MiB")]
     BadSize(u64),
     #[error("mapping {size} bytes of guest memory at {addr:#x}: {source}")]
-    Map {
-        addr: u64,
-        size: u64,
-        source: vm_memory::mmap::MmapRegionError,
-    },
+    Map { addr: u64, size: u64, source: vm_memory::mmap::MmapRegionError },
     #[error("guest memory region at {0:#x} overflows the address space")]
     Overflow(u64),
     #[error("assembling the guest memory map: {0}")]
@@ -53,14 +46,15 @@ pub fn anonymous(mem_size: u64) -> Result<GuestMemoryMmap, MemoryError> {
     for (addr, size) in ram_regions(mem_size) {
         let prot = libc::PROT_READ | libc::PROT_WRITE;
         let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
-        let mapping = MmapRegion::build(None, size as usize, prot, flags)
-            .map_err(|source| MemoryError::Map { addr, size, source })?;
+        let mapping = MmapRegion::build(None, size as usize, prot, flags).map_err(|source| MemoryError::Map {
+            addr,
+            size,
+            source,
+        })?;
         // SAFETY: the range is exactly the mapping just created; madvise only changes
         // how the kernel backs it.
         unsafe { libc::madvise(mapping.as_ptr().cast(), size as usize, libc::MADV_HUGEPAGE) };
-        regions.push(
-            GuestRegionMmap::new(mapping, GuestAddress(addr)).ok_or(MemoryError::Overflow(addr))?,
-        );
+        regions.push(GuestRegionMmap::new(mapping, GuestAddress(addr)).ok_or(MemoryError::Overflow(addr))?);
     }
     assemble(regions)
 }
@@ -69,10 +63,7 @@ pub fn anonymous(mem_size: u64) -> Result<GuestMemoryMmap, MemoryError> {
 pub fn private_file_mapping(image: &File, mem_size: u64) -> Result<GuestMemoryMmap, MemoryError> {
     check_size(mem_size)?;
     let mut regions = Vec::new();
-    for ((addr, size), offset) in ram_regions(mem_size)
-        .into_iter()
-        .zip(image_offsets(mem_size))
-    {
+    for ((addr, size), offset) in ram_regions(mem_size).into_iter().zip(image_offsets(mem_size)) {
         let file = image.try_clone().map_err(|e| MemoryError::Map {
             addr,
             size,
@@ -80,16 +71,9 @@ pub fn private_file_mapping(image: &File, mem_size: u64) -> Result<GuestMemoryMm
         })?;
         let prot = libc::PROT_READ | libc::PROT_WRITE;
         let flags = libc::MAP_PRIVATE | libc::MAP_NORESERVE;
-        let mapping = MmapRegion::build(
-            Some(FileOffset::new(file, offset)),
-            size as usize,
-            prot,
-            flags,
-        )
-        .map_err(|source| MemoryError::Map { addr, size, source })?;
-        regions.push(
-            GuestRegionMmap::new(mapping, GuestAddress(addr)).ok_or(MemoryError::Overflow(addr))?,
-        );
+        let mapping = MmapRegion::build(Some(FileOffset::new(file, offset)), size as usize, prot, flags)
+            .map_err(|source| MemoryError::Map { addr, size, source })?;
+        regions.push(GuestRegionMmap::new(mapping, GuestAddress(addr)).ok_or(MemoryError::Overflow(addr))?);
     }
     assemble(regions)
 }

@@ -1,5 +1,6 @@
 //! KVM-side state: guest memory, the VM (irqchip, PIT, clock), vCPUs and their threads.
 
+pub mod exit;
 pub mod irqchip;
 pub mod memory;
 pub mod vcpu;

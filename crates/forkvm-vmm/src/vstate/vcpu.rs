@@ -5,6 +5,7 @@
 //! with a signal whose handler sets `kvm_run.immediate_exit`, so a kick that lands just
 //! before the thread enters `KVM_RUN` is not lost: the next entry returns at once.
 
+use super::exit::ExitLatch;
 use super::vcpu_state::{VcpuState, VcpuStateError};
 use crate::devices::{BusAction, Devices};
 use kvm_bindings::{kvm_cpuid_entry2, kvm_run};
@@ -108,6 +109,8 @@ pub struct VcpuRunner {
     pub cpuid: Vec<kvm_cpuid_entry2>,
     pub msr_indices: Vec<u32>,
     pub events: Sender<VcpuEvent>,
+    /// Set when this vCPU stops for good (before `Exited` is sent).
+    pub exit: Arc<ExitLatch>,
 }
 
 impl VcpuRunner {
@@ -120,17 +123,14 @@ impl VcpuRunner {
             .name(format!("vcpu{index}"))
             .stack_size(256 << 10)
             .spawn(move || self.run(rx, start_paused))?;
-        Ok(VcpuHandle {
-            index,
-            requests: tx,
-            thread: Some(thread),
-        })
+        Ok(VcpuHandle { index, requests: tx, thread: Some(thread) })
     }
 
     fn run(mut self, requests: Receiver<VcpuRequest>, mut paused: bool) {
         KVM_RUN.with(|c| c.set(self.fd.get_kvm_run() as *mut kvm_run));
         let reason = self.run_loop(&requests, &mut paused);
         KVM_RUN.with(|c| c.set(std::ptr::null_mut()));
+        self.exit.set(reason.clone());
         let _ = self.events.send(VcpuEvent::Exited(self.index, reason));
     }
 
@@ -157,11 +157,7 @@ impl VcpuRunner {
         loop {
             // Pending requests first; while paused, block for the next one.
             loop {
-                let req = if *paused {
-                    requests.recv().ok()
-                } else {
-                    requests.try_recv().ok()
-                };
+                let req = if *paused { requests.recv().ok() } else { requests.try_recv().ok() };
                 match req {
                     Some(r) => {
                         if !self.handle(r, paused) {
@@ -188,19 +184,13 @@ impl VcpuRunner {
                     // SAFETY: for KVM_EXIT_INTERNAL_ERROR the union holds `internal`.
                     let suberror = unsafe { ie.__bindgen_anon_1.internal.suberror };
                     let rip = self.fd.get_regs().map(|r| r.rip).unwrap_or(0);
-                    return VcpuExitReason::Failed(format!(
-                        "KVM internal error (suberror {suberror}) at rip {rip:#x}"
-                    ));
+                    return VcpuExitReason::Failed(format!("KVM internal error (suberror {suberror}) at rip {rip:#x}"));
                 }
                 Ok(VcpuExit::FailEntry(reason, cpu)) => {
-                    return VcpuExitReason::Failed(format!(
-                        "KVM entry failed: reason {reason:#x} on cpu {cpu}"
-                    ))
+                    return VcpuExitReason::Failed(format!("KVM entry failed: reason {reason:#x} on cpu {cpu}"))
                 }
                 Ok(VcpuExit::Intr) => {}
-                Ok(other) => {
-                    return VcpuExitReason::Failed(format!("unexpected vCPU exit: {other:?}"))
-                }
+                Ok(other) => return VcpuExitReason::Failed(format!("unexpected vCPU exit: {other:?}")),
                 Err(e) if e.errno() == libc::EINTR => self.fd.set_kvm_immediate_exit(0),
                 Err(e) if e.errno() == libc::EAGAIN => {}
                 Err(e) => return VcpuExitReason::Failed(format!("KVM_RUN: {e}")),

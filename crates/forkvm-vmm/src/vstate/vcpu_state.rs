@@ -5,8 +5,8 @@
 //! and MP state last, because setting earlier state can reset them.
 
 use kvm_bindings::{
-    kvm_cpuid_entry2, kvm_debugregs, kvm_fpu, kvm_lapic_state, kvm_mp_state, kvm_msr_entry,
-    kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs, kvm_xsave, CpuId, Msrs,
+    kvm_cpuid_entry2, kvm_debugregs, kvm_fpu, kvm_lapic_state, kvm_mp_state, kvm_msr_entry, kvm_regs, kvm_sregs,
+    kvm_vcpu_events, kvm_xcrs, kvm_xsave, CpuId, Msrs,
 };
 use kvm_ioctls::VcpuFd;
 use serde::{Deserialize, Serialize};
@@ -14,10 +14,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, thiserror::Error)]
 pub enum VcpuStateError {
     #[error("vCPU state: {step}: {source}")]
-    Kvm {
-        step: &'static str,
-        source: kvm_ioctls::Error,
-    },
+    Kvm { step: &'static str, source: kvm_ioctls::Error },
     #[error("vCPU state: KVM saved {got} of {want} MSRs")]
     PartialMsrs { got: usize, want: usize },
     #[error("vCPU state: XSAVE area has {0} words, expected 1024")]
@@ -86,15 +83,9 @@ impl XsaveState {
     const WORDS: usize = 1024;
 
     fn to_kvm(&self) -> Result<kvm_xsave, VcpuStateError> {
-        let region: [u32; Self::WORDS] = self
-            .0
-            .as_slice()
-            .try_into()
-            .map_err(|_| VcpuStateError::XsaveSize(self.0.len()))?;
-        Ok(kvm_xsave {
-            region,
-            ..Default::default()
-        })
+        let region: [u32; Self::WORDS] =
+            self.0.as_slice().try_into().map_err(|_| VcpuStateError::XsaveSize(self.0.len()))?;
+        Ok(kvm_xsave { region, ..Default::default() })
     }
 }
 
@@ -116,37 +107,20 @@ pub struct VcpuState {
 impl VcpuState {
     /// Reads the state of a vCPU that is not running. `msr_indices` is the host's
     /// readable MSR list (see `arch::x86_64::msr::saved_msr_indices`).
-    pub fn save(
-        vcpu: &VcpuFd,
-        cpuid: &[kvm_cpuid_entry2],
-        msr_indices: &[u32],
-    ) -> Result<VcpuState, VcpuStateError> {
-        let entries: Vec<kvm_msr_entry> = msr_indices
-            .iter()
-            .map(|&index| kvm_msr_entry {
-                index,
-                ..Default::default()
-            })
-            .collect();
+    pub fn save(vcpu: &VcpuFd, cpuid: &[kvm_cpuid_entry2], msr_indices: &[u32]) -> Result<VcpuState, VcpuStateError> {
+        let entries: Vec<kvm_msr_entry> =
+            msr_indices.iter().map(|&index| kvm_msr_entry { index, ..Default::default() }).collect();
         let mut msrs = Msrs::from_entries(&entries).map_err(|e| VcpuStateError::Fam("MSR", e))?;
         let got = vcpu.get_msrs(&mut msrs).map_err(kvm("KVM_GET_MSRS"))?;
         if got != entries.len() {
-            return Err(VcpuStateError::PartialMsrs {
-                got,
-                want: entries.len(),
-            });
+            return Err(VcpuStateError::PartialMsrs { got, want: entries.len() });
         }
         Ok(VcpuState {
             cpuid: cpuid.to_vec(),
             regs: vcpu.get_regs().map_err(kvm("KVM_GET_REGS"))?,
             sregs: vcpu.get_sregs().map_err(kvm("KVM_GET_SREGS"))?,
             fpu: FpuState::from(&vcpu.get_fpu().map_err(kvm("KVM_GET_FPU"))?),
-            xsave: XsaveState(
-                vcpu.get_xsave()
-                    .map_err(kvm("KVM_GET_XSAVE"))?
-                    .region
-                    .to_vec(),
-            ),
+            xsave: XsaveState(vcpu.get_xsave().map_err(kvm("KVM_GET_XSAVE"))?.region.to_vec()),
             xcrs: vcpu.get_xcrs().map_err(kvm("KVM_GET_XCRS"))?,
             lapic: vcpu.get_lapic().map_err(kvm("KVM_GET_LAPIC"))?,
             msrs: msrs.as_slice().to_vec(),
@@ -158,13 +132,11 @@ impl VcpuState {
 
     /// Loads this state into a freshly created vCPU.
     pub fn restore(&self, vcpu: &VcpuFd) -> Result<(), VcpuStateError> {
-        let cpuid =
-            CpuId::from_entries(&self.cpuid).map_err(|e| VcpuStateError::Fam("CPUID", e))?;
+        let cpuid = CpuId::from_entries(&self.cpuid).map_err(|e| VcpuStateError::Fam("CPUID", e))?;
         vcpu.set_cpuid2(&cpuid).map_err(kvm("KVM_SET_CPUID2"))?;
         vcpu.set_sregs(&self.sregs).map_err(kvm("KVM_SET_SREGS"))?;
         vcpu.set_regs(&self.regs).map_err(kvm("KVM_SET_REGS"))?;
-        vcpu.set_fpu(&kvm_fpu::from(&self.fpu))
-            .map_err(kvm("KVM_SET_FPU"))?;
+        vcpu.set_fpu(&kvm_fpu::from(&self.fpu)).map_err(kvm("KVM_SET_FPU"))?;
         let xsave = self.xsave.to_kvm()?;
         // SAFETY: `xsave` is the legacy 4 KiB layout with no trailing extra area, which
         // is exactly what KVM_SET_XSAVE reads.
@@ -174,17 +146,11 @@ impl VcpuState {
         let msrs = Msrs::from_entries(&self.msrs).map_err(|e| VcpuStateError::Fam("MSR", e))?;
         let set = vcpu.set_msrs(&msrs).map_err(kvm("KVM_SET_MSRS"))?;
         if set != self.msrs.len() {
-            return Err(VcpuStateError::PartialMsrs {
-                got: set,
-                want: self.msrs.len(),
-            });
+            return Err(VcpuStateError::PartialMsrs { got: set, want: self.msrs.len() });
         }
-        vcpu.set_vcpu_events(&self.vcpu_events)
-            .map_err(kvm("KVM_SET_VCPU_EVENTS"))?;
-        vcpu.set_mp_state(self.mp_state)
-            .map_err(kvm("KVM_SET_MP_STATE"))?;
-        vcpu.set_debug_regs(&self.debugregs)
-            .map_err(kvm("KVM_SET_DEBUGREGS"))?;
+        vcpu.set_vcpu_events(&self.vcpu_events).map_err(kvm("KVM_SET_VCPU_EVENTS"))?;
+        vcpu.set_mp_state(self.mp_state).map_err(kvm("KVM_SET_MP_STATE"))?;
+        vcpu.set_debug_regs(&self.debugregs).map_err(kvm("KVM_SET_DEBUGREGS"))?;
         Ok(())
     }
 }

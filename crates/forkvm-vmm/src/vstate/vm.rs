@@ -17,14 +17,8 @@ pub enum VmError {
     TssAddress(kvm_ioctls::Error),
     #[error(transparent)]
     Irqchip(#[from] IrqchipError),
-    #[error(
-        "registering guest memory slot {slot} at {addr:#x} (KVM_SET_USER_MEMORY_REGION): {source}"
-    )]
-    RegisterMemory {
-        slot: u32,
-        addr: u64,
-        source: kvm_ioctls::Error,
-    },
+    #[error("registering guest memory slot {slot} at {addr:#x} (KVM_SET_USER_MEMORY_REGION): {source}")]
+    RegisterMemory { slot: u32, addr: u64, source: kvm_ioctls::Error },
     #[error("reading the guest clock (KVM_GET_CLOCK): {0}")]
     GetClock(kvm_ioctls::Error),
     #[error("setting the guest clock (KVM_SET_CLOCK): {0}")]
@@ -41,13 +35,9 @@ impl Vm {
     /// Creates the VM and its interrupt controllers; vCPUs come after this.
     pub fn create(kvm: &Kvm, irqchip: IrqchipMode) -> Result<Vm, VmError> {
         let fd = kvm.create_vm().map_err(VmError::Create)?;
-        fd.set_tss_address(TSS_ADDRESS)
-            .map_err(VmError::TssAddress)?;
+        fd.set_tss_address(TSS_ADDRESS).map_err(VmError::TssAddress)?;
         irqchip.create(&fd)?;
-        Ok(Vm {
-            fd: Arc::new(fd),
-            irqchip,
-        })
+        Ok(Vm { fd: Arc::new(fd), irqchip })
     }
 
     /// Registers every region of `mem` as a KVM memory slot.
@@ -63,12 +53,10 @@ impl Vm {
             debug_assert_eq!(r.flags & KVM_MEM_LOG_DIRTY_PAGES, 0);
             // SAFETY: the host range is a live mapping owned by `mem`, which the caller
             // keeps alive for as long as the VM exists (both live in the `Vmm`).
-            unsafe { self.fd.set_user_memory_region(r) }.map_err(|source| {
-                VmError::RegisterMemory {
-                    slot: slot as u32,
-                    addr: r.guest_phys_addr,
-                    source,
-                }
+            unsafe { self.fd.set_user_memory_region(r) }.map_err(|source| VmError::RegisterMemory {
+                slot: slot as u32,
+                addr: r.guest_phys_addr,
+                source,
             })?;
         }
         Ok(())
@@ -80,10 +68,7 @@ impl Vm {
 
     /// Sets kvm-clock so the guest's clock continues from where it was saved.
     pub fn restore_clock(&self, clock: &kvm_clock_data) -> Result<(), VmError> {
-        let c = kvm_clock_data {
-            clock: clock.clock,
-            ..Default::default()
-        };
+        let c = kvm_clock_data { clock: clock.clock, ..Default::default() };
         self.fd.set_clock(&c).map_err(VmError::SetClock)
     }
 }

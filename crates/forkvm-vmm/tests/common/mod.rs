@@ -27,13 +27,7 @@ impl Console {
     pub fn pair() -> (Console, ConsoleOut) {
         let (a, b) = UnixStream::pair().unwrap();
         a.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-        (
-            Console {
-                stream: a,
-                seen: Vec::new(),
-            },
-            ConsoleOut::new(None, Some(b)),
-        )
+        (Console { stream: a, seen: Vec::new() }, ConsoleOut::new(None, Some(b)))
     }
 
     /// Reads until the output contains `needle` (after `from`), or panics after `timeout`.
@@ -52,10 +46,7 @@ impl Console {
             );
             let mut buf = [0u8; 4096];
             match self.stream.read(&mut buf) {
-                Ok(0) => panic!(
-                    "console closed; so far: {:?}",
-                    String::from_utf8_lossy(&self.seen)
-                ),
+                Ok(0) => panic!("console closed; so far: {:?}", String::from_utf8_lossy(&self.seen)),
                 Ok(n) => self.seen.extend_from_slice(&buf[..n]),
                 Err(_) => {}
             }
@@ -77,12 +68,7 @@ pub fn template() -> CpuTemplate {
     CpuTemplate::for_host(HostKind::detect())
 }
 
-pub fn boot_guest(
-    guest: TestGuest,
-    args: &[u64],
-    mem_mib: u64,
-    irqchip: IrqchipMode,
-) -> (Vmm, Console) {
+pub fn boot_guest(guest: TestGuest, args: &[u64], mem_mib: u64, irqchip: IrqchipMode) -> (Vmm, Console) {
     let (console, out) = Console::pair();
     let vmm = boot(
         &kvm(),

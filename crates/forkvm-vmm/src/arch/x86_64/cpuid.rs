@@ -98,10 +98,7 @@ impl CpuTemplate {
             return;
         }
         for &(leaf, subleaf, reg, bit) in PVM_HIDDEN {
-            for e in entries
-                .iter_mut()
-                .filter(|e| e.function == leaf && e.index == subleaf)
-            {
+            for e in entries.iter_mut().filter(|e| e.function == leaf && e.index == subleaf) {
                 let r = match reg {
                     Reg::Ebx => &mut e.ebx,
                     Reg::Ecx => &mut e.ecx,
@@ -129,18 +126,13 @@ impl FromStr for CpuTemplate {
         match s {
             "host" => Ok(CpuTemplate::Host),
             "pvm-compat" => Ok(CpuTemplate::PvmCompat),
-            _ => Err(format!(
-                "unknown CPU template {s:?}; known: host, pvm-compat"
-            )),
+            _ => Err(format!("unknown CPU template {s:?}; known: host, pvm-compat")),
         }
     }
 }
 
 /// KVM's supported CPUID after `template`, without per-vCPU fields.
-pub fn base_cpuid(
-    kvm: &Kvm,
-    template: CpuTemplate,
-) -> Result<Vec<kvm_cpuid_entry2>, kvm_ioctls::Error> {
+pub fn base_cpuid(kvm: &Kvm, template: CpuTemplate) -> Result<Vec<kvm_cpuid_entry2>, kvm_ioctls::Error> {
     let supported = kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)?;
     let mut entries = supported.as_slice().to_vec();
     template.apply(&mut entries);
@@ -158,9 +150,7 @@ pub fn vcpu_cpuid(
         match e.function {
             1 => {
                 e.ecx |= 1 << 31; // hypervisor present
-                e.ebx = (e.ebx & 0x0000_ffff)
-                    | (u32::from(vcpu_count) << 16)
-                    | (u32::from(vcpu_index) << 24);
+                e.ebx = (e.ebx & 0x0000_ffff) | (u32::from(vcpu_count) << 16) | (u32::from(vcpu_index) << 24);
             }
             0xb | 0x1f => e.edx = u32::from(vcpu_index),
             _ => {}
@@ -174,25 +164,12 @@ mod tests {
     use super::*;
 
     fn entry(function: u32, index: u32) -> kvm_cpuid_entry2 {
-        kvm_cpuid_entry2 {
-            function,
-            index,
-            eax: !0,
-            ebx: !0,
-            ecx: !0,
-            edx: !0,
-            ..Default::default()
-        }
+        kvm_cpuid_entry2 { function, index, eax: !0, ebx: !0, ecx: !0, edx: !0, ..Default::default() }
     }
 
     #[test]
     fn pvm_compat_hides_emulator_hostile_features() {
-        let mut e = vec![
-            entry(1, 0),
-            entry(7, 0),
-            entry(0xd, 1),
-            entry(0x8000_0001, 0),
-        ];
+        let mut e = vec![entry(1, 0), entry(7, 0), entry(0xd, 1), entry(0x8000_0001, 0)];
         CpuTemplate::PvmCompat.apply(&mut e);
         assert_eq!(e[0].ecx & (1 << 23), 0, "popcnt");
         assert_eq!(e[0].ecx & (1 << 13), 0, "cx16");
@@ -212,10 +189,7 @@ mod tests {
 
     #[test]
     fn vcpu_cpuid_sets_apic_id() {
-        let base = vec![kvm_cpuid_entry2 {
-            function: 1,
-            ..Default::default()
-        }];
+        let base = vec![kvm_cpuid_entry2 { function: 1, ..Default::default() }];
         let c = vcpu_cpuid(&base, 3, 4).unwrap();
         let e = c.as_slice()[0];
         assert_eq!(e.ebx >> 24, 3);

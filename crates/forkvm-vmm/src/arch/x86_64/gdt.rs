@@ -14,12 +14,8 @@ pub const DATA_SELECTOR: u16 = 0x10;
 pub const TSS_SELECTOR: u16 = 0x18;
 
 /// The boot GDT: null, code64, data, tss.
-pub const BOOT_GDT: [u64; 4] = [
-    0,
-    gdt_entry(0xa09b, 0, 0xfffff),
-    gdt_entry(0xc093, 0, 0xfffff),
-    gdt_entry(0x808b, 0, 0xfffff),
-];
+pub const BOOT_GDT: [u64; 4] =
+    [0, gdt_entry(0xa09b, 0, 0xfffff), gdt_entry(0xc093, 0, 0xfffff), gdt_entry(0x808b, 0, 0xfffff)];
 
 /// Packs a segment descriptor. `flags` holds the access byte in bits 0..8 and the
 /// granularity/size nibble in bits 12..16, as the descriptor lays them out.

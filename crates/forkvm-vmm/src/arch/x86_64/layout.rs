@@ -50,10 +50,7 @@ pub fn ram_regions(mem_size: u64) -> Vec<(u64, u64)> {
     if mem_size <= MMIO_GAP_START {
         vec![(0, mem_size)]
     } else {
-        vec![
-            (0, MMIO_GAP_START),
-            (MMIO_GAP_END, mem_size - MMIO_GAP_START),
-        ]
+        vec![(0, MMIO_GAP_START), (MMIO_GAP_END, mem_size - MMIO_GAP_START)]
     }
 }
 

@@ -18,8 +18,7 @@ use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
 
 use linux_loader::loader::bootparam::{
-    boot_e820_entry, boot_params, setup_header, CAN_USE_HEAP, E820_MAX_ENTRIES_ZEROPAGE,
-    LOADED_HIGH, XLF_KERNEL_64,
+    boot_e820_entry, boot_params, setup_header, CAN_USE_HEAP, E820_MAX_ENTRIES_ZEROPAGE, LOADED_HIGH, XLF_KERNEL_64,
 };
 use linux_loader::loader::{BzImage, Elf, KernelLoader};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryError, GuestMemoryMmap};
@@ -120,11 +119,7 @@ pub enum LinuxBootError {
     #[error("failed to read the initrd")]
     ReadInitrd(#[source] io::Error),
     #[error("the initrd ({size} bytes) does not fit between the kernel end {kernel_end:#x} and {limit:#x}")]
-    InitrdTooLarge {
-        size: u64,
-        kernel_end: u64,
-        limit: u64,
-    },
+    InitrdTooLarge { size: u64, kernel_end: u64, limit: u64 },
     #[error("failed to load the initrd into guest memory")]
     LoadInitrd(#[source] GuestMemoryError),
     #[error("failed to write boot_params to the zero page")]
@@ -138,39 +133,26 @@ pub fn load_linux(
     mem_size: u64,
     config: LinuxBootConfig<'_>,
 ) -> Result<LoadedKernel, LinuxBootError> {
-    let LinuxBootConfig {
-        kernel,
-        initrd,
-        cmdline,
-    } = config;
+    let LinuxBootConfig { kernel, initrd, cmdline } = config;
     let himem = GuestAddress(layout::HIMEM_START);
 
     let format = detect_format(kernel)?;
     let (entry, header, kernel_end) = match format {
         KernelFormat::Elf => {
             // No offset: a vmlinux runs at the physical addresses it was linked for.
-            let loaded =
-                Elf::load(mem, None, kernel, Some(himem)).map_err(LinuxBootError::LoadKernel)?;
+            let loaded = Elf::load(mem, None, kernel, Some(himem)).map_err(LinuxBootError::LoadKernel)?;
             (loaded.kernel_load, None, loaded.kernel_end)
         }
         KernelFormat::BzImage => {
-            let loaded = BzImage::load(mem, Some(himem), kernel, Some(himem))
-                .map_err(LinuxBootError::LoadKernel)?;
+            let loaded = BzImage::load(mem, Some(himem), kernel, Some(himem)).map_err(LinuxBootError::LoadKernel)?;
             // The bzImage loader always returns the header it parsed.
             let hdr = loaded.setup_header.unwrap_or_default();
             let (version, xloadflags) = (hdr.version, hdr.xloadflags);
             if version < 0x020c || xloadflags & XLF_KERNEL_64 == 0 {
-                return Err(LinuxBootError::No64BitEntry {
-                    version,
-                    xloadflags,
-                });
+                return Err(LinuxBootError::No64BitEntry { version, xloadflags });
             }
             let entry = GuestAddress(layout::HIMEM_START + BZIMAGE_64BIT_ENTRY_OFFSET);
-            (
-                entry,
-                Some(hdr),
-                bzimage_footprint_end(&hdr, loaded.kernel_end),
-            )
+            (entry, Some(hdr), bzimage_footprint_end(&hdr, loaded.kernel_end))
         }
     };
 
@@ -187,15 +169,9 @@ pub fn load_linux(
 
     let params = build_boot_params(header, cmdline.len(), initrd, mem_size);
     let boot_params_addr = GuestAddress(layout::ZERO_PAGE_START);
-    mem.write_obj(params, boot_params_addr)
-        .map_err(LinuxBootError::WriteBootParams)?;
+    mem.write_obj(params, boot_params_addr).map_err(LinuxBootError::WriteBootParams)?;
 
-    Ok(LoadedKernel {
-        entry,
-        format,
-        boot_params_addr,
-        initrd,
-    })
+    Ok(LoadedKernel { entry, format, boot_params_addr, initrd })
 }
 
 /// The e820 map for `mem_size` bytes of guest RAM: every region of
@@ -205,11 +181,7 @@ pub fn e820_entries(mem_size: u64) -> Vec<E820Entry> {
     let mut entries = Vec::new();
     let mut push = |start: u64, end: u64| {
         if end > start {
-            entries.push(E820Entry {
-                addr: start,
-                size: end - start,
-                kind: E820_RAM,
-            });
+            entries.push(E820Entry { addr: start, size: end - start, kind: E820_RAM });
         }
     };
     for (start, size) in layout::ram_regions(mem_size) {
@@ -225,17 +197,12 @@ pub fn e820_entries(mem_size: u64) -> Vec<E820Entry> {
 fn detect_format(kernel: &mut File) -> Result<KernelFormat, LinuxBootError> {
     kernel.rewind().map_err(LinuxBootError::ReadKernel)?;
     let mut probe = Vec::with_capacity(PROBE_LEN);
-    Read::by_ref(kernel)
-        .take(PROBE_LEN as u64)
-        .read_to_end(&mut probe)
-        .map_err(LinuxBootError::ReadKernel)?;
+    Read::by_ref(kernel).take(PROBE_LEN as u64).read_to_end(&mut probe).map_err(LinuxBootError::ReadKernel)?;
     kernel.rewind().map_err(LinuxBootError::ReadKernel)?;
 
     if probe.starts_with(ELF_MAGIC) {
         let class = probe.get(4).copied().unwrap_or(0);
-        let machine = probe
-            .get(18..20)
-            .map_or(0, |b| u16::from_le_bytes([b[0], b[1]]));
+        let machine = probe.get(18..20).map_or(0, |b| u16::from_le_bytes([b[0], b[1]]));
         if class != ELF_CLASS_64 || machine != ELF_MACHINE_X86_64 {
             return Err(LinuxBootError::UnsupportedElf { class, machine });
         }
@@ -265,9 +232,7 @@ fn bzimage_footprint_end(hdr: &setup_header, payload_end: u64) -> u64 {
         return payload_end;
     }
     let align = u64::from(hdr.kernel_alignment).max(1);
-    let runtime_start = layout::HIMEM_START
-        .next_multiple_of(align)
-        .max(hdr.pref_address);
+    let runtime_start = layout::HIMEM_START.next_multiple_of(align).max(hdr.pref_address);
     payload_end.max(runtime_start.saturating_add(u64::from(hdr.init_size)))
 }
 
@@ -292,8 +257,7 @@ fn write_cmdline(mem: &GuestMemoryMmap, cmdline: &str, max: usize) -> Result<(),
     let mut bytes = Vec::with_capacity(len);
     bytes.extend_from_slice(cmdline.as_bytes());
     bytes.push(0);
-    mem.write_slice(&bytes, GuestAddress(layout::CMDLINE_START))
-        .map_err(LinuxBootError::WriteCommandLine)
+    mem.write_slice(&bytes, GuestAddress(layout::CMDLINE_START)).map_err(LinuxBootError::WriteCommandLine)
 }
 
 /// Exclusive upper bound for the initrd: the end of low RAM (RAM or the MMIO gap), and
@@ -302,27 +266,14 @@ fn initrd_limit(mem_size: u64, header: Option<&setup_header>) -> u64 {
     let addr_max = header
         .filter(|h| h.version >= 0x0203 && h.initrd_addr_max != 0)
         .map_or(DEFAULT_INITRD_ADDR_MAX, |h| h.initrd_addr_max);
-    mem_size
-        .min(layout::MMIO_GAP_START)
-        .min(u64::from(addr_max) + 1)
+    mem_size.min(layout::MMIO_GAP_START).min(u64::from(addr_max) + 1)
 }
 
 /// Copies the whole of `file` page-aligned at the highest address in [lowest, limit).
-fn load_initrd(
-    mem: &GuestMemoryMmap,
-    file: &mut File,
-    lowest: u64,
-    limit: u64,
-) -> Result<(u64, u64), LinuxBootError> {
-    let size = file
-        .seek(SeekFrom::End(0))
-        .map_err(LinuxBootError::ReadInitrd)?;
+fn load_initrd(mem: &GuestMemoryMmap, file: &mut File, lowest: u64, limit: u64) -> Result<(u64, u64), LinuxBootError> {
+    let size = file.seek(SeekFrom::End(0)).map_err(LinuxBootError::ReadInitrd)?;
     file.rewind().map_err(LinuxBootError::ReadInitrd)?;
-    let too_large = LinuxBootError::InitrdTooLarge {
-        size,
-        kernel_end: lowest,
-        limit,
-    };
+    let too_large = LinuxBootError::InitrdTooLarge { size, kernel_end: lowest, limit };
     let Some(top) = limit.checked_sub(size) else {
         return Err(too_large);
     };
@@ -331,8 +282,7 @@ fn load_initrd(
         return Err(too_large);
     }
     let count = usize::try_from(size).map_err(|_| too_large)?;
-    mem.read_exact_volatile_from(GuestAddress(addr), file, count)
-        .map_err(LinuxBootError::LoadInitrd)?;
+    mem.read_exact_volatile_from(GuestAddress(addr), file, count).map_err(LinuxBootError::LoadInitrd)?;
     Ok((addr, size))
 }
 
@@ -376,11 +326,7 @@ fn build_boot_params(
     let entries = e820_entries(mem_size);
     debug_assert!(entries.len() <= E820_MAX_ENTRIES_ZEROPAGE);
     for (slot, entry) in params.e820_table.iter_mut().zip(&entries) {
-        *slot = boot_e820_entry {
-            addr: entry.addr,
-            size: entry.size,
-            r#type: entry.kind,
-        };
+        *slot = boot_e820_entry { addr: entry.addr, size: entry.size, r#type: entry.kind };
     }
     params.e820_entries = entries.len().min(E820_MAX_ENTRIES_ZEROPAGE) as u8;
     params
@@ -451,11 +397,7 @@ mod tests {
 
     impl Default for FakeBzImage {
         fn default() -> Self {
-            Self {
-                xloadflags: XLF_KERNEL_64,
-                initrd_addr_max: 0x2ff_ffff,
-                cmdline_size: 0x7ff,
-            }
+            Self { xloadflags: XLF_KERNEL_64, initrd_addr_max: 0x2ff_ffff, cmdline_size: 0x7ff }
         }
     }
 
@@ -500,15 +442,7 @@ mod tests {
     ) -> Result<LoadedKernel, LinuxBootError> {
         let mut kernel = file_with(kernel);
         let mut initrd = initrd.map(file_with);
-        load_linux(
-            mem,
-            MEM_SIZE,
-            LinuxBootConfig {
-                kernel: &mut kernel,
-                initrd: initrd.as_mut(),
-                cmdline,
-            },
-        )
+        load_linux(mem, MEM_SIZE, LinuxBootConfig { kernel: &mut kernel, initrd: initrd.as_mut(), cmdline })
     }
 
     fn read_params(mem: &GuestMemoryMmap) -> boot_params {
@@ -525,11 +459,7 @@ mod tests {
         let table = params.e820_table;
         table[..usize::from(params.e820_entries)]
             .iter()
-            .map(|e| E820Entry {
-                addr: e.addr,
-                size: e.size,
-                kind: e.r#type,
-            })
+            .map(|e| E820Entry { addr: e.addr, size: e.size, kind: e.r#type })
             .collect()
     }
 
@@ -542,19 +472,13 @@ mod tests {
 
         assert_eq!(loaded.format, KernelFormat::Elf);
         assert_eq!(loaded.entry, GuestAddress(2 * MIB + 2));
-        assert_eq!(
-            loaded.boot_params_addr,
-            GuestAddress(layout::ZERO_PAGE_START)
-        );
+        assert_eq!(loaded.boot_params_addr, GuestAddress(layout::ZERO_PAGE_START));
         assert_eq!(loaded.initrd, None);
         assert_eq!(read_bytes(&mem, 2 * MIB, CODE.len()), CODE);
 
         let mut expected_cmdline = cmdline.as_bytes().to_vec();
         expected_cmdline.push(0);
-        assert_eq!(
-            read_bytes(&mem, layout::CMDLINE_START, expected_cmdline.len()),
-            expected_cmdline
-        );
+        assert_eq!(read_bytes(&mem, layout::CMDLINE_START, expected_cmdline.len()), expected_cmdline);
 
         let params = read_params(&mem);
         let hdr = params.hdr;
@@ -584,16 +508,7 @@ mod tests {
     fn elf_for_another_machine_is_rejected() {
         let img = elf_image(183 /* aarch64 */, 2 * MIB, 2 * MIB);
         let err = boot(&guest_mem(), &img, None, "").unwrap_err();
-        assert!(
-            matches!(
-                err,
-                LinuxBootError::UnsupportedElf {
-                    class: 2,
-                    machine: 183
-                }
-            ),
-            "{err:?}"
-        );
+        assert!(matches!(err, LinuxBootError::UnsupportedElf { class: 2, machine: 183 }), "{err:?}");
     }
 
     #[test]
@@ -603,10 +518,7 @@ mod tests {
         let loaded = boot(&mem, &img, None, "quiet").unwrap();
 
         assert_eq!(loaded.format, KernelFormat::BzImage);
-        assert_eq!(
-            loaded.entry,
-            GuestAddress(layout::HIMEM_START + BZIMAGE_64BIT_ENTRY_OFFSET)
-        );
+        assert_eq!(loaded.entry, GuestAddress(layout::HIMEM_START + BZIMAGE_64BIT_ENTRY_OFFSET));
         // The payload, not the setup sectors, starts at HIMEM_START.
         assert_eq!(read_bytes(&mem, layout::HIMEM_START, 4), [0, 1, 2, 3]);
         assert_eq!(read_bytes(&mem, loaded.entry.0, CODE.len()), CODE);
@@ -635,16 +547,9 @@ mod tests {
 
     #[test]
     fn bzimage_without_64bit_entry_is_rejected() {
-        let img = FakeBzImage {
-            xloadflags: 0,
-            ..Default::default()
-        }
-        .build();
+        let img = FakeBzImage { xloadflags: 0, ..Default::default() }.build();
         let err = boot(&guest_mem(), &img, None, "").unwrap_err();
-        assert!(
-            matches!(err, LinuxBootError::No64BitEntry { xloadflags: 0, .. }),
-            "{err:?}"
-        );
+        assert!(matches!(err, LinuxBootError::No64BitEntry { xloadflags: 0, .. }), "{err:?}");
     }
 
     #[test]
@@ -688,11 +593,7 @@ mod tests {
         let err = load_linux(
             &guest_mem(),
             MEM_SIZE,
-            LinuxBootConfig {
-                kernel: &mut kernel,
-                initrd: Some(&mut initrd),
-                cmdline: "",
-            },
+            LinuxBootConfig { kernel: &mut kernel, initrd: Some(&mut initrd), cmdline: "" },
         )
         .unwrap_err();
         assert!(
@@ -716,41 +617,21 @@ mod tests {
         let err = load_linux(
             &guest_mem(),
             MEM_SIZE,
-            LinuxBootConfig {
-                kernel: &mut kernel,
-                initrd: Some(&mut initrd),
-                cmdline: "",
-            },
+            LinuxBootConfig { kernel: &mut kernel, initrd: Some(&mut initrd), cmdline: "" },
         )
         .unwrap_err();
-        assert!(
-            matches!(err, LinuxBootError::InitrdTooLarge { .. }),
-            "{err:?}"
-        );
+        assert!(matches!(err, LinuxBootError::InitrdTooLarge { .. }), "{err:?}");
     }
 
     #[test]
     fn initrd_limit_honours_memory_gap_and_kernel_maximum() {
-        let hdr = |version: u16, initrd_addr_max: u32| setup_header {
-            version,
-            initrd_addr_max,
-            ..Default::default()
-        };
+        let hdr = |version: u16, initrd_addr_max: u32| setup_header { version, initrd_addr_max, ..Default::default() };
         assert_eq!(initrd_limit(MEM_SIZE, None), MEM_SIZE);
         assert_eq!(initrd_limit(5 << 30, None), 0x3800_0000);
-        assert_eq!(
-            initrd_limit(5 << 30, Some(&hdr(0x020f, 0x7fff_ffff))),
-            0x8000_0000
-        );
-        assert_eq!(
-            initrd_limit(5 << 30, Some(&hdr(0x020f, 0xffff_ffff))),
-            layout::MMIO_GAP_START
-        );
+        assert_eq!(initrd_limit(5 << 30, Some(&hdr(0x020f, 0x7fff_ffff))), 0x8000_0000);
+        assert_eq!(initrd_limit(5 << 30, Some(&hdr(0x020f, 0xffff_ffff))), layout::MMIO_GAP_START);
         // Before 2.03 the field does not exist.
-        assert_eq!(
-            initrd_limit(5 << 30, Some(&hdr(0x0202, 0xffff_ffff))),
-            0x3800_0000
-        );
+        assert_eq!(initrd_limit(5 << 30, Some(&hdr(0x0202, 0xffff_ffff))), 0x3800_0000);
     }
 
     #[test]
@@ -775,16 +656,7 @@ mod tests {
     fn command_line_longer_than_the_kernel_takes_is_refused() {
         let img = FakeBzImage::default().build();
         let err = boot(&guest_mem(), &img, None, &"y".repeat(0x800)).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                LinuxBootError::CommandLineTooLong {
-                    len: 0x801,
-                    max: 0x800
-                }
-            ),
-            "{err:?}"
-        );
+        assert!(matches!(err, LinuxBootError::CommandLineTooLong { len: 0x801, max: 0x800 }), "{err:?}");
     }
 
     #[test]
@@ -799,10 +671,7 @@ mod tests {
         let garbage: Vec<u8> = (0..4096u32).map(|i| (i * 31 + 7) as u8).collect();
         for img in [&garbage[..], &[], b"\x7fEL"] {
             let err = boot(&guest_mem(), img, None, "").unwrap_err();
-            assert!(
-                matches!(err, LinuxBootError::UnknownKernelFormat),
-                "{err:?}"
-            );
+            assert!(matches!(err, LinuxBootError::UnknownKernelFormat), "{err:?}");
         }
     }
 
@@ -812,16 +681,8 @@ mod tests {
         assert_eq!(
             e820_entries(mem_size),
             vec![
-                E820Entry {
-                    addr: 0,
-                    size: layout::EBDA_START,
-                    kind: E820_RAM
-                },
-                E820Entry {
-                    addr: layout::HIMEM_START,
-                    size: mem_size - layout::HIMEM_START,
-                    kind: E820_RAM
-                },
+                E820Entry { addr: 0, size: layout::EBDA_START, kind: E820_RAM },
+                E820Entry { addr: layout::HIMEM_START, size: mem_size - layout::HIMEM_START, kind: E820_RAM },
             ]
         );
     }
@@ -830,21 +691,9 @@ mod tests {
     fn e820_for_5_gib_skips_the_mmio_gap() {
         let mem_size = 5 << 30;
         let expected = vec![
-            E820Entry {
-                addr: 0,
-                size: layout::EBDA_START,
-                kind: E820_RAM,
-            },
-            E820Entry {
-                addr: layout::HIMEM_START,
-                size: layout::MMIO_GAP_START - layout::HIMEM_START,
-                kind: E820_RAM,
-            },
-            E820Entry {
-                addr: layout::MMIO_GAP_END,
-                size: mem_size - layout::MMIO_GAP_START,
-                kind: E820_RAM,
-            },
+            E820Entry { addr: 0, size: layout::EBDA_START, kind: E820_RAM },
+            E820Entry { addr: layout::HIMEM_START, size: layout::MMIO_GAP_START - layout::HIMEM_START, kind: E820_RAM },
+            E820Entry { addr: layout::MMIO_GAP_END, size: mem_size - layout::MMIO_GAP_START, kind: E820_RAM },
         ];
         assert_eq!(e820_entries(mem_size), expected);
         // And the zero page carries all three.
@@ -855,13 +704,6 @@ mod tests {
     #[test]
     fn e820_for_memory_ending_at_the_gap_and_below_himem() {
         assert_eq!(e820_entries(layout::MMIO_GAP_START).len(), 2);
-        assert_eq!(
-            e820_entries(0x8_0000),
-            vec![E820Entry {
-                addr: 0,
-                size: 0x8_0000,
-                kind: E820_RAM
-            }]
-        );
+        assert_eq!(e820_entries(0x8_0000), vec![E820Entry { addr: 0, size: 0x8_0000, kind: E820_RAM }]);
     }
 }

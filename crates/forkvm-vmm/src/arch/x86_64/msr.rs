@@ -39,11 +39,7 @@ pub fn boot_msr_entries() -> Vec<kvm_msr_entry> {
         (MSR_MTRR_DEF_TYPE, MTRR_ENABLE_WRITEBACK),
     ]
     .into_iter()
-    .map(|(index, data)| kvm_msr_entry {
-        index,
-        data,
-        ..Default::default()
-    })
+    .map(|(index, data)| kvm_msr_entry { index, data, ..Default::default() })
     .collect()
 }
 
@@ -57,29 +53,18 @@ pub fn msrs_from_entries(entries: &[kvm_msr_entry]) -> Result<Msrs, vmm_sys_util
 pub fn saved_msr_indices(kvm: &Kvm, vcpu: &VcpuFd) -> &'static [u32] {
     static LIST: OnceLock<Vec<u32>> = OnceLock::new();
     LIST.get_or_init(|| {
-        let mut list: Vec<u32> = kvm
-            .get_msr_index_list()
-            .map(|l| l.as_slice().to_vec())
-            .unwrap_or_default();
+        let mut list: Vec<u32> = kvm.get_msr_index_list().map(|l| l.as_slice().to_vec()).unwrap_or_default();
         // KVM stops at the first MSR it cannot read: drop that one and retry.
         loop {
-            let entries: Vec<kvm_msr_entry> = list
-                .iter()
-                .map(|&index| kvm_msr_entry {
-                    index,
-                    ..Default::default()
-                })
-                .collect();
+            let entries: Vec<kvm_msr_entry> =
+                list.iter().map(|&index| kvm_msr_entry { index, ..Default::default() }).collect();
             let Ok(mut msrs) = Msrs::from_entries(&entries) else {
                 return Vec::new();
             };
             match vcpu.get_msrs(&mut msrs) {
                 Ok(n) if n == list.len() => return list,
                 Ok(n) => {
-                    tracing::debug!(
-                        msr = list[n],
-                        "MSR in KVM's index list is not readable here"
-                    );
+                    tracing::debug!(msr = list[n], "MSR in KVM's index list is not readable here");
                     list.remove(n);
                 }
                 Err(_) => return Vec::new(),

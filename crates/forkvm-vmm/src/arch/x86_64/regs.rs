@@ -86,11 +86,7 @@ pub fn set_lint_modes(lapic: &mut kvm_lapic_state) {
 
 /// x87 and SSE control words at reset.
 pub fn boot_fpu() -> kvm_fpu {
-    kvm_fpu {
-        fcw: 0x37f,
-        mxcsr: 0x1f80,
-        ..Default::default()
-    }
+    kvm_fpu { fcw: 0x37f, mxcsr: 0x1f80, ..Default::default() }
 }
 
 #[cfg(test)]
