@@ -1,7 +1,9 @@
 //! A KVM VM: its file descriptor, interrupt controllers, memory slots and clock.
 
 use super::irqchip::{IrqchipError, IrqchipMode};
-use kvm_bindings::{kvm_clock_data, kvm_userspace_memory_region, KVM_MEM_LOG_DIRTY_PAGES};
+use kvm_bindings::{
+    kvm_clock_data, kvm_enable_cap, kvm_userspace_memory_region, KVM_CAP_EXCEPTION_PAYLOAD, KVM_MEM_LOG_DIRTY_PAGES,
+};
 use kvm_ioctls::{Kvm, VmFd};
 use std::sync::Arc;
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
@@ -15,6 +17,8 @@ pub enum VmError {
     Create(kvm_ioctls::Error),
     #[error("setting the TSS address (KVM_SET_TSS_ADDR): {0}")]
     TssAddress(kvm_ioctls::Error),
+    #[error("enabling exception payloads (KVM_CAP_EXCEPTION_PAYLOAD): {0}")]
+    ExceptionPayload(kvm_ioctls::Error),
     #[error(transparent)]
     Irqchip(#[from] IrqchipError),
     #[error("registering guest memory slot {slot} at {addr:#x} (KVM_SET_USER_MEMORY_REGION): {source}")]
@@ -23,6 +27,18 @@ pub enum VmError {
     GetClock(kvm_ioctls::Error),
     #[error("setting the guest clock (KVM_SET_CLOCK): {0}")]
     SetClock(kvm_ioctls::Error),
+}
+
+/// With `KVM_CAP_EXCEPTION_PAYLOAD`, KVM reports a pending and an injected exception
+/// apart and sets them back exactly; without it a vCPU paused mid-delivery of an
+/// exception comes back in a (harmlessly) different but not identical state.
+fn enable_exception_payload(fd: &VmFd) -> Result<(), VmError> {
+    if fd.check_extension_raw(u64::from(KVM_CAP_EXCEPTION_PAYLOAD)) <= 0 {
+        return Ok(());
+    }
+    let mut cap = kvm_enable_cap { cap: KVM_CAP_EXCEPTION_PAYLOAD, ..Default::default() };
+    cap.args[0] = 1;
+    fd.enable_cap(&cap).map_err(VmError::ExceptionPayload)
 }
 
 #[derive(Debug)]
@@ -36,6 +52,7 @@ impl Vm {
     pub fn create(kvm: &Kvm, irqchip: IrqchipMode) -> Result<Vm, VmError> {
         let fd = kvm.create_vm().map_err(VmError::Create)?;
         fd.set_tss_address(TSS_ADDRESS).map_err(VmError::TssAddress)?;
+        enable_exception_payload(&fd)?;
         irqchip.create(&fd)?;
         Ok(Vm { fd: Arc::new(fd), irqchip })
     }
