@@ -334,6 +334,13 @@ pub fn run(a: BenchForkArgs) -> Result<i32> {
     let phases = median_phases(&single);
     let phases_loaded = median_phases(&runs);
     let cold_ready_ms = median(&mut cold);
+    let spawn_ms = med(&|r| r.spawn_ms);
+    let dominant_step = if spawn_ms > ready_ms / 2.0 {
+        format!("the zygote's fork() loop: {spawn_ms:.1} ms of {ready_ms:.1} ms (fork() costs ~0.5 ms on this host)")
+    } else {
+        let top = phases_loaded.iter().max_by(|a, b| a.1.as_f64().unwrap_or(0.0).total_cmp(&b.1.as_f64().unwrap_or(0.0)));
+        format!("restore step {:?}", top.map(|t| t.0.as_str()).unwrap_or("?"))
+    };
     let round = |v: f64| (v * 100.0).round() / 100.0;
     let out = json!({
         "bench": "fork",
@@ -355,6 +362,7 @@ pub fn run(a: BenchForkArgs) -> Result<i32> {
         "private_kib_per_child": mem_med(|m| m.private_kib),
         "pss_kib_per_child": mem_med(|m| m.pss_kib),
         "rss_kib_per_child": mem_med(|m| m.rss_kib),
+        "dominant_step": dominant_step,
         "cold_ready_ms": round(cold_ready_ms),
         "cold_runs": a.cold_runs,
         "cold_max_concurrent": window,
