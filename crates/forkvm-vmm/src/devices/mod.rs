@@ -8,5 +8,6 @@ pub mod bus;
 pub mod ioapic;
 pub mod irq;
 pub mod serial;
+pub mod virtio;
 
 pub use bus::{BusAction, Devices, DevicesState};

@@ -1,0 +1,67 @@
+//! The contract between the virtio-mmio transport and a virtio device.
+
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use vm_memory::GuestMemoryMmap;
+
+/// virtio device IDs (virtio 1.2 §5).
+pub const TYPE_BLOCK: u32 = 2;
+pub const TYPE_RNG: u32 = 4;
+pub const TYPE_VSOCK: u32 = 19;
+
+/// Feature bit every modern device offers.
+pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
+
+/// How a device tells the driver that it used buffers (or that its configuration
+/// changed). The transport sets the interrupt-status bits; this only delivers the edge.
+pub trait Interrupt: Send + Sync + std::fmt::Debug {
+    fn trigger(&self) -> std::io::Result<()>;
+}
+
+impl Interrupt for crate::devices::irq::IrqLine {
+    fn trigger(&self) -> std::io::Result<()> {
+        self.pulse()
+    }
+}
+
+/// What the transport gives a device when the driver has set DRIVER_OK.
+#[derive(Debug, Clone)]
+pub struct ActivateContext {
+    pub mem: GuestMemoryMmap,
+    /// Trigger after adding to a used ring: the transport's implementation sets its
+    /// "used buffer" interrupt-status bit and raises the interrupt line.
+    pub notify_used: Arc<dyn Interrupt>,
+}
+
+/// A virtio device behind a transport.
+pub trait VirtioDevice: Send + std::fmt::Debug {
+    /// virtio device ID (`TYPE_*`).
+    fn device_type(&self) -> u32;
+    /// Maximum size of each queue, in queue order.
+    fn queue_max_sizes(&self) -> &[u16];
+    /// Feature bits the device offers (including `VIRTIO_F_VERSION_1`).
+    fn device_features(&self) -> u64;
+    /// The features the driver accepted (a subset of `device_features`).
+    fn set_acked_features(&mut self, features: u64);
+    /// Reads the device-specific configuration space at `offset`.
+    fn read_config(&self, offset: u64, data: &mut [u8]);
+    /// Writes the device-specific configuration space (most devices ignore writes).
+    fn write_config(&mut self, offset: u64, data: &[u8]);
+    /// Starts the device with its queues (index = queue number), set up by the driver.
+    fn activate(&mut self, ctx: ActivateContext, queues: Vec<virtio_queue::Queue>) -> Result<(), String>;
+    /// The driver notified queue `index` (a write to QueueNotify).
+    fn queue_notify(&mut self, index: u16);
+    /// The driver reset the device (status 0): stop using the queues.
+    fn reset(&mut self);
+    /// The device's own state (not the queues: the transport saves those).
+    fn save(&self) -> VirtioDeviceState;
+}
+
+/// Per-device saved state. Each device replaces its placeholder payload with the typed
+/// state struct from its own `persist.rs`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum VirtioDeviceState {
+    Rng(()),
+    Block(()),
+    Vsock(()),
+}
