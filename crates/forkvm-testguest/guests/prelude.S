@@ -63,6 +63,9 @@ _start:
         mov     rbx, LAPIC
         mov     dword ptr [rbx + 0xf0], 0x1ff
         mov     rsp, KSTACK_TOP
+.ifdef HAVE_RING0_HOOK
+        call    ring0_hook              # the guest's own ring-0 work (see traps.S)
+.endif
         # iretq frame: SS, RSP, RFLAGS (IOPL=3, IF=0), CS, RIP.
         push    SEL_UDATA
         push    USTACK_TOP

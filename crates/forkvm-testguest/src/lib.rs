@@ -39,10 +39,14 @@ pub enum TestGuest {
     /// Fills `[args[0], args[0]+args[1])` with `args[2] ^ addr`, prints `ready`, then
     /// serves peek/poke/sum/fill/ping commands on COM1 (see `guests/monitor.S`).
     Monitor,
+    /// Runs `fwait` and `int3` in ring 0 (instructions PVM's emulator cannot run), so
+    /// the CPU exception handler reports the #BP: `!F 0000000000000003 <rip>`.
+    Traps,
 }
 
 impl TestGuest {
-    pub const ALL: [TestGuest; 4] = [TestGuest::Hello, TestGuest::Count, TestGuest::Echo, TestGuest::Monitor];
+    pub const ALL: [TestGuest; 5] =
+        [TestGuest::Hello, TestGuest::Count, TestGuest::Echo, TestGuest::Monitor, TestGuest::Traps];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -50,6 +54,7 @@ impl TestGuest {
             TestGuest::Count => "count",
             TestGuest::Echo => "echo",
             TestGuest::Monitor => "monitor",
+            TestGuest::Traps => "traps",
         }
     }
 
@@ -60,6 +65,7 @@ impl TestGuest {
             TestGuest::Count => include_bytes!(concat!(env!("OUT_DIR"), "/count.bin")),
             TestGuest::Echo => include_bytes!(concat!(env!("OUT_DIR"), "/echo.bin")),
             TestGuest::Monitor => include_bytes!(concat!(env!("OUT_DIR"), "/monitor.bin")),
+            TestGuest::Traps => include_bytes!(concat!(env!("OUT_DIR"), "/traps.bin")),
         }
     }
 }

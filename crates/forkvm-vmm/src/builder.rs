@@ -122,7 +122,7 @@ pub fn boot(kvm: &Kvm, config: BootConfig) -> Result<Vmm, BuildError> {
     let mem = memory::anonymous(config.mem_size)?;
     let vm = Vm::create(kvm, config.irqchip)?;
     vm.register_memory(&mem)?;
-    let (entry, guest) = load_payload(&mem, config.mem_size, &config.payload)?;
+    let (entry, guest) = load_payload(&mem, config.mem_size, &config.payload, config.cpu_template)?;
     regs::write_boot_tables(&mem).map_err(|source| BuildError::WriteGuest { what: "boot GDT", source })?;
     let cr3 =
         paging::write_identity_tables(&mem).map_err(|source| BuildError::WriteGuest { what: "page tables", source })?;
@@ -148,6 +148,9 @@ pub fn boot(kvm: &Kvm, config: BootConfig) -> Result<Vmm, BuildError> {
             msr_indices,
             events: events_tx.clone(),
             exit: exit.clone(),
+            mem: mem.clone(),
+            payload_events: vm.payload_events,
+            fixups_seen: 0,
         });
     }
     devices.arm_interrupts();
@@ -155,7 +158,12 @@ pub fn boot(kvm: &Kvm, config: BootConfig) -> Result<Vmm, BuildError> {
     Vmm::start(parts, config.start_paused)
 }
 
-fn load_payload(mem: &GuestMemoryMmap, mem_size: u64, payload: &Payload) -> Result<(u64, GuestInfo), BuildError> {
+fn load_payload(
+    mem: &GuestMemoryMmap,
+    mem_size: u64,
+    payload: &Payload,
+    cpu_template: CpuTemplate,
+) -> Result<(u64, GuestInfo), BuildError> {
     match payload {
         Payload::Flat { name, image, image_base, args } => {
             if args.len() > MAX_FLAT_ARGS {
@@ -175,10 +183,12 @@ fn load_payload(mem: &GuestMemoryMmap, mem_size: u64, payload: &Payload) -> Resu
             let open = |p: &PathBuf| File::open(p).map_err(|source| BuildError::Open { path: p.clone(), source });
             let mut kernel_file = open(kernel)?;
             let mut initrd_file = initrd.as_ref().map(open).transpose()?;
+            // The CPU profile's arguments go last so they win over the caller's.
+            let cmdline = format!("{cmdline} {}", cpu_template.linux_cmdline());
             let loaded = load_linux(
                 mem,
                 mem_size,
-                LinuxBootConfig { kernel: &mut kernel_file, initrd: initrd_file.as_mut(), cmdline },
+                LinuxBootConfig { kernel: &mut kernel_file, initrd: initrd_file.as_mut(), cmdline: cmdline.trim() },
             )?;
             let name = kernel.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
             Ok((loaded.entry.0, GuestInfo { kind: "linux".into(), name }))
@@ -300,6 +310,9 @@ pub fn restore(kvm: &Kvm, snap: &PreparedSnapshot, console: ConsoleOut, start_pa
             msr_indices: vs.msrs.iter().map(|m| m.index).collect(),
             events: events_tx.clone(),
             exit: exit.clone(),
+            mem: mem.clone(),
+            payload_events: vm.payload_events,
+            fixups_seen: 0,
         });
     }
     timer.mark("vcpus");

@@ -87,6 +87,8 @@ pub struct VmmStatus {
     pub cpu_template: String,
     pub guest: GuestInfo,
     pub exit: Option<String>,
+    /// Instructions the VMM completed for KVM's emulator, per kind (PVM hosts).
+    pub emulation_fixups: Vec<(String, u64)>,
     /// Microseconds per restore step, when this VM was restored from a snapshot.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub restore_phases_us: Vec<(String, f64)>,
@@ -168,6 +170,7 @@ impl Vmm {
             cpu_template: self.cpu_template.name().to_string(),
             guest: self.guest.clone(),
             exit: self.exit.get().map(|r| format!("{r:?}")),
+            emulation_fixups: crate::vstate::emulation::counts().into_iter().map(|(k, n)| (k.to_string(), n)).collect(),
             restore_phases_us: self.restore_phases_us.clone(),
         }
     }

@@ -72,3 +72,22 @@ fn a_fault_in_the_guest_is_reported_not_hung() {
     assert!(line.starts_with("!F 000000000000000e"), "page fault reported: {line:?}");
     assert_eq!(vmm.exit_latch().wait(Some(T)), Some(VcpuExitReason::GuestExit(forkvm_testguest::EXIT_CODE_FAULT)));
 }
+
+#[test]
+fn ring_0_instructions_the_emulator_cannot_run_are_completed() {
+    // `fwait; int3; ret` in the traps guest's ring-0 hook.
+    let image = TestGuest::Traps.image();
+    let at = image.windows(3).position(|w| w == [0x9b, 0xcc, 0xc3]).expect("fwait; int3; ret in the image");
+    let after_int3 = forkvm_testguest::IMAGE_BASE + at as u64 + 2;
+    for mode in [IrqchipMode::Split, IrqchipMode::Kernel] {
+        let (vmm, mut console) = boot_guest(TestGuest::Traps, &[], 16, mode);
+        let line = console.wait_for(&format!("!F 0000000000000003 {after_int3:016x}\n"), T);
+        assert!(!line.contains("!F 0000000000000006"), "no #UD on the way: {line:?}");
+        assert_eq!(vmm.exit_latch().wait(Some(T)), Some(VcpuExitReason::GuestExit(forkvm_testguest::EXIT_CODE_FAULT)));
+        if forkvm_vmm::host::HostKind::detect() == forkvm_vmm::host::HostKind::Pvm {
+            let fixups = vmm.status().emulation_fixups;
+            let count = |k: &str| fixups.iter().find(|(n, _)| n == k).map(|(_, c)| *c).unwrap_or(0);
+            assert!(count("int3") >= 1 && count("fwait") >= 1, "PVM completes both through the VMM: {fixups:?}");
+        }
+    }
+}

@@ -105,6 +105,12 @@ impl Devices {
         }
     }
 
+    /// Writes a VMM note on the console (not the guest's output), as `[forkvm] ...`.
+    pub fn console_note(&self, note: &str) {
+        use std::io::Write;
+        let _ = writeln!(lock(&self.serial).console_mut(), "\n[forkvm] {note}");
+    }
+
     /// Queues serial input, waiting for FIFO room as the guest drains it (up to `timeout`).
     pub fn send_serial_input(&self, mut input: &[u8], timeout: std::time::Duration) -> Result<(), String> {
         let deadline = std::time::Instant::now() + timeout;

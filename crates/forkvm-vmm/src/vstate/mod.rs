@@ -1,5 +1,6 @@
 //! KVM-side state: guest memory, the VM (irqchip, PIT, clock), vCPUs and their threads.
 
+pub mod emulation;
 pub mod exit;
 pub mod irqchip;
 pub mod memory;

@@ -5,6 +5,7 @@
 //! with a signal whose handler sets `kvm_run.immediate_exit`, so a kick that lands just
 //! before the thread enters `KVM_RUN` is not lost: the next entry returns at once.
 
+use super::emulation;
 use super::exit::ExitLatch;
 use super::vcpu_state::{VcpuState, VcpuStateError};
 use crate::devices::{BusAction, Devices};
@@ -111,6 +112,12 @@ pub struct VcpuRunner {
     pub events: Sender<VcpuEvent>,
     /// Set when this vCPU stops for good (before `Exited` is sent).
     pub exit: Arc<ExitLatch>,
+    /// Guest memory, to read instructions the emulator could not complete.
+    pub mem: vm_memory::GuestMemoryMmap,
+    /// Whether KVM_CAP_EXCEPTION_PAYLOAD is on (changes how exceptions are injected).
+    pub payload_events: bool,
+    /// Emulation fix-up kinds already reported on the console (bit per `Fixup`).
+    pub fixups_seen: u8,
 }
 
 impl VcpuRunner {
@@ -132,6 +139,30 @@ impl VcpuRunner {
         KVM_RUN.with(|c| c.set(std::ptr::null_mut()));
         self.exit.set(reason.clone());
         let _ = self.events.send(VcpuEvent::Exited(self.index, reason));
+    }
+
+    /// KVM_EXIT_INTERNAL_ERROR: completes an instruction the emulator could not run
+    /// (see `emulation`), or says why the VM must stop.
+    fn handle_internal_error(&mut self) -> Result<(), VcpuExitReason> {
+        // SAFETY: for KVM_EXIT_INTERNAL_ERROR the kvm_run union holds `internal`.
+        let suberror = unsafe { self.fd.get_kvm_run().__bindgen_anon_1.internal.suberror };
+        if suberror != kvm_bindings::KVM_INTERNAL_ERROR_EMULATION {
+            let rip = self.fd.get_regs().map(|r| r.rip).unwrap_or(0);
+            return Err(VcpuExitReason::Failed(format!("KVM internal error (suberror {suberror}) at rip {rip:#x}")));
+        }
+        match emulation::complete(&self.fd, &self.mem, self.payload_events) {
+            Ok(fixup) => {
+                if self.fixups_seen & (1 << fixup as u8) == 0 {
+                    self.fixups_seen |= 1 << fixup as u8;
+                    self.devices.console_note(&format!(
+                        "emulation fix-up: completing `{}` (counted from now on)",
+                        fixup.name()
+                    ));
+                }
+                Ok(())
+            }
+            Err(e) => Err(VcpuExitReason::Failed(e.to_string())),
+        }
     }
 
     /// Handles one request; returns false when the thread must stop.
@@ -180,11 +211,9 @@ impl VcpuRunner {
                 Ok(VcpuExit::Shutdown) => return VcpuExitReason::Shutdown,
                 Ok(VcpuExit::Hlt) => *paused = true,
                 Ok(VcpuExit::InternalError) => {
-                    let ie = self.fd.get_kvm_run();
-                    // SAFETY: for KVM_EXIT_INTERNAL_ERROR the union holds `internal`.
-                    let suberror = unsafe { ie.__bindgen_anon_1.internal.suberror };
-                    let rip = self.fd.get_regs().map(|r| r.rip).unwrap_or(0);
-                    return VcpuExitReason::Failed(format!("KVM internal error (suberror {suberror}) at rip {rip:#x}"));
+                    if let Err(reason) = self.handle_internal_error() {
+                        return reason;
+                    }
                 }
                 Ok(VcpuExit::FailEntry(reason, cpu)) => {
                     return VcpuExitReason::Failed(format!("KVM entry failed: reason {reason:#x} on cpu {cpu}"))

@@ -32,19 +32,22 @@ pub enum VmError {
 /// With `KVM_CAP_EXCEPTION_PAYLOAD`, KVM reports a pending and an injected exception
 /// apart and sets them back exactly; without it a vCPU paused mid-delivery of an
 /// exception comes back in a (harmlessly) different but not identical state.
-fn enable_exception_payload(fd: &VmFd) -> Result<(), VmError> {
+fn enable_exception_payload(fd: &VmFd) -> Result<bool, VmError> {
     if fd.check_extension_raw(u64::from(KVM_CAP_EXCEPTION_PAYLOAD)) <= 0 {
-        return Ok(());
+        return Ok(false);
     }
     let mut cap = kvm_enable_cap { cap: KVM_CAP_EXCEPTION_PAYLOAD, ..Default::default() };
     cap.args[0] = 1;
-    fd.enable_cap(&cap).map_err(VmError::ExceptionPayload)
+    fd.enable_cap(&cap).map_err(VmError::ExceptionPayload)?;
+    Ok(true)
 }
 
 #[derive(Debug)]
 pub struct Vm {
     pub fd: Arc<VmFd>,
     pub irqchip: IrqchipMode,
+    /// KVM_CAP_EXCEPTION_PAYLOAD is enabled.
+    pub payload_events: bool,
 }
 
 impl Vm {
@@ -52,9 +55,9 @@ impl Vm {
     pub fn create(kvm: &Kvm, irqchip: IrqchipMode) -> Result<Vm, VmError> {
         let fd = kvm.create_vm().map_err(VmError::Create)?;
         fd.set_tss_address(TSS_ADDRESS).map_err(VmError::TssAddress)?;
-        enable_exception_payload(&fd)?;
+        let payload_events = enable_exception_payload(&fd)?;
         irqchip.create(&fd)?;
-        Ok(Vm { fd: Arc::new(fd), irqchip })
+        Ok(Vm { fd: Arc::new(fd), irqchip, payload_events })
     }
 
     /// Registers every region of `mem` as a KVM memory slot.

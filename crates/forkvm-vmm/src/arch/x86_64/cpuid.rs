@@ -92,6 +92,21 @@ impl CpuTemplate {
         }
     }
 
+    /// Kernel command-line arguments a Linux guest needs under this template. On PVM
+    /// hosts the guest sees some host features even when CPUID hides them, and KVM's
+    /// emulator cannot run their instructions, so the kernel is told to leave them alone
+    /// (`clearcpuid` by bit number: popcnt, smap, fsgsbase, rdrand, rdseed, rdpid, pcid,
+    /// invpcid, pku, xsave*, avx*, aes, pclmul, sse3-4.2, movbe, bmi, abm, sha, rdtscp,
+    /// cx16, fma, f16c); `tsc=unstable` makes it use kvm-clock, which a restore can set.
+    pub fn linux_cmdline(self) -> &'static str {
+        match self {
+            CpuTemplate::Host => "",
+            CpuTemplate::PvmCompat => {
+                "noxsave nofsgsbase nowatchdog tsc=unstable clearcpuid=151,308,288,158,306,534,145,298,515,154,156,293,153,129,147,148,137,128,150,291,296,197,317,59,141,140,157,304,521,522,320,321,323,416"
+            }
+        }
+    }
+
     /// Applies the template to `entries` in place.
     pub fn apply(self, entries: &mut [kvm_cpuid_entry2]) {
         if self == CpuTemplate::Host {
