@@ -29,7 +29,9 @@ pub const VMSTATE_MAGIC: [u8; 8] = *b"FKVMSTAT";
 /// bumps this number. Files with any other version — older or newer — are
 /// refused with [`ContainerError::UnsupportedVersion`]; they are never
 /// misread as the current layout.
-pub const VMSTATE_FORMAT_VERSION: u32 = 1;
+///
+/// History: 1 — first format; 2 — `DevicesState` gains the virtio-mmio transports.
+pub const VMSTATE_FORMAT_VERSION: u32 = 2;
 
 /// Largest payload accepted when reading (64 MiB). VM state (registers,
 /// irqchip, device state) is tiny; anything bigger is corrupt or hostile.
@@ -244,13 +246,13 @@ mod tests {
 
     #[test]
     fn other_versions_are_refused() {
-        for v in [0, VMSTATE_FORMAT_VERSION + 1, u32::MAX] {
+        for v in [0, VMSTATE_FORMAT_VERSION - 1, VMSTATE_FORMAT_VERSION + 1, u32::MAX] {
             let mut bytes = encode_vmstate(b"abc");
             set_u32(&mut bytes, 8, v);
             let err = decode_vmstate(&bytes).unwrap_err();
             assert!(matches!(
                 err,
-                ContainerError::UnsupportedVersion { found, supported: 1 } if found == v
+                ContainerError::UnsupportedVersion { found, supported: VMSTATE_FORMAT_VERSION } if found == v
             ));
         }
     }

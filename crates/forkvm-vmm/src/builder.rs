@@ -24,6 +24,7 @@ use crate::arch::x86_64::cpuid::{base_cpuid, vcpu_cpuid, CpuTemplate};
 use crate::arch::x86_64::layout::ZERO_PAGE_START;
 use crate::arch::x86_64::linux_boot::{load_linux, LinuxBootConfig, LinuxBootError};
 use crate::arch::x86_64::{msr, paging, regs};
+use crate::devices::attach::{build_slots, restore_slots, AttachError, DeviceConfig, SlotWiring};
 use crate::devices::ioapic::{BadIoapicState, Ioapic};
 use crate::devices::irq::{IrqLine, IrqRoute};
 use crate::devices::serial::{ConsoleOut, SerialDevice, SerialError, COM1_IRQ};
@@ -75,6 +76,8 @@ pub enum BuildError {
     VcpuCount { got: usize, max: usize },
     #[error("restoring the serial port: {0}")]
     Serial(#[from] SerialError),
+    #[error("virtio devices: {0}")]
+    Virtio(#[from] AttachError),
     #[error("restoring the IOAPIC: {0}")]
     Ioapic(#[from] BadIoapicState),
     #[error("snapshot {dir}: {source}")]
@@ -110,6 +113,8 @@ pub struct BootConfig {
     pub cpu_template: CpuTemplate,
     pub payload: Payload,
     pub console: ConsoleOut,
+    /// virtio devices (announced to a Linux guest on its command line).
+    pub devices: DeviceConfig,
     pub start_paused: bool,
 }
 
@@ -122,11 +127,12 @@ pub fn boot(kvm: &Kvm, config: BootConfig) -> Result<Vmm, BuildError> {
     let mem = memory::anonymous(config.mem_size)?;
     let vm = Vm::create(kvm, config.irqchip)?;
     vm.register_memory(&mem)?;
-    let (entry, guest) = load_payload(&mem, config.mem_size, &config.payload, config.cpu_template)?;
+    let extra_cmdline = format!("{} {}", config.devices.cmdline(), config.cpu_template.linux_cmdline());
+    let (entry, guest) = load_payload(&mem, config.mem_size, &config.payload, &extra_cmdline)?;
     regs::write_boot_tables(&mem).map_err(|source| BuildError::WriteGuest { what: "boot GDT", source })?;
     let cr3 =
         paging::write_identity_tables(&mem).map_err(|source| BuildError::WriteGuest { what: "page tables", source })?;
-    let devices = attach_devices(&vm, config.console, None)?;
+    let devices = attach_devices(&vm, &mem, config.console, &config.devices, None)?;
     let base = base_cpuid(kvm, config.cpu_template).map_err(BuildError::Cpuid)?;
     let mut runners = Vec::new();
     let (events_tx, events) = channel();
@@ -162,7 +168,7 @@ fn load_payload(
     mem: &GuestMemoryMmap,
     mem_size: u64,
     payload: &Payload,
-    cpu_template: CpuTemplate,
+    extra_cmdline: &str,
 ) -> Result<(u64, GuestInfo), BuildError> {
     match payload {
         Payload::Flat { name, image, image_base, args } => {
@@ -183,8 +189,8 @@ fn load_payload(
             let open = |p: &PathBuf| File::open(p).map_err(|source| BuildError::Open { path: p.clone(), source });
             let mut kernel_file = open(kernel)?;
             let mut initrd_file = initrd.as_ref().map(open).transpose()?;
-            // The CPU profile's arguments go last so they win over the caller's.
-            let cmdline = format!("{cmdline} {}", cpu_template.linux_cmdline());
+            // Device and CPU-profile arguments go last so they win over the caller's.
+            let cmdline = format!("{cmdline} {extra_cmdline}");
             let loaded = load_linux(
                 mem,
                 mem_size,
@@ -199,7 +205,9 @@ fn load_payload(
 /// Creates the device set; `state` restores it from a snapshot.
 fn attach_devices(
     vm: &Vm,
+    mem: &GuestMemoryMmap,
     console: ConsoleOut,
+    config: &DeviceConfig,
     state: Option<&crate::devices::DevicesState>,
 ) -> Result<Arc<Devices>, BuildError> {
     let ioapic = match (vm.irqchip, state.and_then(|s| s.ioapic.as_ref())) {
@@ -217,7 +225,12 @@ fn attach_devices(
         Some(s) => SerialDevice::restore(&s.serial, irq, console)?,
         None => SerialDevice::new(irq, console),
     };
-    Ok(Arc::new(Devices::new(serial, ioapic, armed)))
+    let wiring = SlotWiring { vm: &vm.fd, irqchip: vm.irqchip, ioapic: ioapic.as_ref(), mem, armed: &armed };
+    let virtio = match state {
+        Some(s) => restore_slots(config, &s.virtio, &wiring)?,
+        None => build_slots(config, &wiring)?,
+    };
+    Ok(Arc::new(Devices::new(serial, ioapic, virtio, armed)))
 }
 
 fn create_vcpu(vm: &Vm, index: u8) -> Result<VcpuFd, BuildError> {
@@ -285,7 +298,13 @@ pub fn prepare(dir: &Path) -> Result<PreparedSnapshot, BuildError> {
 
 /// Restores one VM from a prepared snapshot; its memory is a private copy-on-write
 /// mapping of `memory.img`.
-pub fn restore(kvm: &Kvm, snap: &PreparedSnapshot, console: ConsoleOut, start_paused: bool) -> Result<Vmm, BuildError> {
+pub fn restore(
+    kvm: &Kvm,
+    snap: &PreparedSnapshot,
+    console: ConsoleOut,
+    devices: &DeviceConfig,
+    start_paused: bool,
+) -> Result<Vmm, BuildError> {
     let state = &snap.state;
     let mut timer = PhaseTimer::new();
     let vm = Vm::create(kvm, state.irqchip_mode)?;
@@ -294,7 +313,7 @@ pub fn restore(kvm: &Kvm, snap: &PreparedSnapshot, console: ConsoleOut, start_pa
     timer.mark("map_memory");
     vm.register_memory(&mem)?;
     timer.mark("register_memory");
-    let devices = attach_devices(&vm, console, Some(&state.devices))?;
+    let devices = attach_devices(&vm, &mem, console, devices, Some(&state.devices))?;
     let (events_tx, events) = channel();
     let exit = Arc::new(ExitLatch::default());
     let mut runners = Vec::new();

@@ -14,6 +14,7 @@
 
 use crate::builder::{prepare, restore, BuildError, PreparedSnapshot};
 use crate::control::serve_until_exit;
+use crate::devices::attach::DeviceConfig;
 use crate::devices::serial::ConsoleOut;
 use crate::host::{open_kvm, KvmUnavailable};
 use crate::vstate::vcpu::VcpuExitReason;
@@ -90,6 +91,8 @@ pub struct ChildSpec {
     pub console_stream: Option<UnixStream>,
     /// Start a new session so the child outlives the caller's terminal.
     pub detach: bool,
+    /// The child's virtio devices: the snapshot's kinds, with this child's paths.
+    pub devices: DeviceConfig,
 }
 
 #[derive(Debug)]
@@ -139,7 +142,7 @@ impl Zygote {
             eprintln!("forkvm child {}: {msg}", std::process::id());
             EXIT_RESTORE_FAILED
         };
-        let vmm = match restore(&self.kvm, &self.snapshot, console, false) {
+        let vmm = match restore(&self.kvm, &self.snapshot, console, &spec.devices, false) {
             Ok(v) => v,
             Err(e) => return fail(format!("restore failed: {e}"), &mut error_log),
         };

@@ -53,7 +53,7 @@ fn pairs() -> &'static [(IrqchipMode, VmState, VmState)] {
                 drop(vmm);
                 let prepared = prepare(&snap).unwrap();
                 let (_console, out) = Console::pair();
-                let mut restored = restore(&kvm(), &prepared, out, true).unwrap();
+                let mut restored = restore(&kvm(), &prepared, out, &Default::default(), true).unwrap();
                 let again = restored.save_state().unwrap();
                 assert_eq!(bytes(&without_clocks(prepared.state.clone())), bytes(&without_clocks(saved.clone())));
                 (mode, without_clocks(saved), without_clocks(again))
@@ -144,7 +144,7 @@ fn clock_round_trips_monotonically() {
     vmm.snapshot(&snap).unwrap();
     let prepared = prepare(&snap).unwrap();
     let (_c, out) = Console::pair();
-    let mut restored = restore(&kvm(), &prepared, out, true).unwrap();
+    let mut restored = restore(&kvm(), &prepared, out, &Default::default(), true).unwrap();
     let again = restored.save_state().unwrap();
     assert!(again.clock.clock >= prepared.state.clock.clock);
     assert!(again.clock.clock - prepared.state.clock.clock < 10_000_000_000, "clock jumped by the snapshot's age");
@@ -164,7 +164,7 @@ fn whole_state_and_memory_round_trip_and_the_guest_continues() {
 
         let snap = prepare(&first).unwrap();
         let (mut console2, out) = Console::pair();
-        let mut restored = restore(&kvm(), &snap, out, true).unwrap();
+        let mut restored = restore(&kvm(), &snap, out, &Default::default(), true).unwrap();
         // A second snapshot of the restored VM: same state, byte-identical memory.
         let second = dir.path().join("second");
         restored.snapshot(&second).unwrap();

@@ -73,6 +73,7 @@ fn monitor_config(mem_mib: u64, irqchip: IrqchipMode, console: ConsoleOut) -> Bo
             args: vec![FILL_BASE, mem_size - FILL_BASE, SEED],
         },
         console,
+        devices: Default::default(),
         start_paused: false,
     }
 }
@@ -208,6 +209,7 @@ fn fork_run(snap: &Path, dir: &Path, n: usize) -> Result<ForkRun> {
             console_log: None,
             console_stream: Some(theirs),
             detach: false,
+            devices: Default::default(),
         };
         pids.push(zygote.spawn(spec)?);
         streams.push(ours);

@@ -149,6 +149,7 @@ pub fn boot(a: BootArgs) -> Result<i32> {
         cpu_template: a.cpu_template.unwrap_or_else(|| CpuTemplate::for_host(HostKind::detect())),
         payload,
         console: open_console(&a.console)?,
+        devices: Default::default(),
         start_paused: false,
     };
     let vmm = forkvm_vmm::boot(&kvm, config).context("booting the VM")?;
@@ -158,7 +159,7 @@ pub fn boot(a: BootArgs) -> Result<i32> {
 pub fn restore(a: RestoreArgs) -> Result<i32> {
     let kvm = open_kvm()?;
     let snapshot = forkvm_vmm::prepare(&a.snapshot).context("reading the snapshot")?;
-    let vmm = forkvm_vmm::restore(&kvm, &snapshot, open_console(&a.console)?, a.paused).context("restoring the VM")?;
+    let vmm = forkvm_vmm::restore(&kvm, &snapshot, open_console(&a.console)?, &Default::default(), a.paused).context("restoring the VM")?;
     run_vmm(vmm, &a.console)
 }
 

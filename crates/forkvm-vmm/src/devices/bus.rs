@@ -1,12 +1,14 @@
 //! Routes vCPU I/O-port and MMIO exits to devices, and holds the devices' saved state.
 //!
-//! Port map: COM1 at 0x3f8, the test-exit port at 0x501. MMIO map: the IOAPIC window
-//! (split irqchip only). Unclaimed reads return all ones and unclaimed writes are
+//! Port map: COM1 at 0x3f8, the test-exit port at 0x501. MMIO map: virtio-mmio slots
+//! from 0xd000_0000 (4 KiB each), the IOAPIC window (split irqchip only). Unclaimed reads return all ones and unclaimed writes are
 //! dropped, as on a PC bus; a guest cannot stop the VMM by touching a hole.
 
+use super::attach::VirtioSlot;
 use super::ioapic::{Ioapic, IoapicState};
 use super::serial::{SerialDevice, SerialDeviceState, COM1_BASE, COM1_LEN};
-use crate::arch::x86_64::layout::{IOAPIC_SIZE, IOAPIC_START};
+use super::virtio::mmio::MmioTransportState;
+use crate::arch::x86_64::layout::{IOAPIC_SIZE, IOAPIC_START, VIRTIO_MMIO_SIZE, VIRTIO_MMIO_START};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -26,6 +28,8 @@ pub enum BusAction {
 pub struct DevicesState {
     pub serial: SerialDeviceState,
     pub ioapic: Option<IoapicState>,
+    /// virtio-mmio transports (with their devices), in slot order.
+    pub virtio: Vec<MmioTransportState>,
 }
 
 /// The VM's devices, shared by the vCPU threads and the control thread.
@@ -33,6 +37,7 @@ pub struct DevicesState {
 pub struct Devices {
     pub serial: Arc<Mutex<SerialDevice>>,
     pub ioapic: Option<Arc<Mutex<Ioapic>>>,
+    pub virtio: Vec<VirtioSlot>,
     irqs_armed: Arc<AtomicBool>,
     unclaimed: AtomicU64,
 }
@@ -43,8 +48,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Devices {
     /// `irqs_armed` is the switch shared by the devices' interrupt lines.
-    pub fn new(serial: SerialDevice, ioapic: Option<Arc<Mutex<Ioapic>>>, irqs_armed: Arc<AtomicBool>) -> Devices {
-        Devices { serial: Arc::new(Mutex::new(serial)), ioapic, irqs_armed, unclaimed: AtomicU64::new(0) }
+    pub fn new(
+        serial: SerialDevice,
+        ioapic: Option<Arc<Mutex<Ioapic>>>,
+        virtio: Vec<VirtioSlot>,
+        irqs_armed: Arc<AtomicBool>,
+    ) -> Devices {
+        Devices { serial: Arc::new(Mutex::new(serial)), ioapic, virtio, irqs_armed, unclaimed: AtomicU64::new(0) }
     }
 
     /// Lets device interrupts through; called once the VM is complete.
@@ -53,7 +63,11 @@ impl Devices {
     }
 
     pub fn save(&self) -> DevicesState {
-        DevicesState { serial: lock(&self.serial).save(), ioapic: self.ioapic.as_ref().map(|i| lock(i).save()) }
+        DevicesState {
+            serial: lock(&self.serial).save(),
+            ioapic: self.ioapic.as_ref().map(|i| lock(i).save()),
+            virtio: self.virtio.iter().map(|v| lock(&v.transport).save()).collect(),
+        }
     }
 
     fn note_unclaimed(&self, what: &str, addr: u64) {
@@ -88,7 +102,17 @@ impl Devices {
         self.ioapic.as_ref().filter(|_| (IOAPIC_START..IOAPIC_START + IOAPIC_SIZE).contains(&addr))
     }
 
+    fn virtio_at(&self, addr: u64) -> Option<&VirtioSlot> {
+        if !(VIRTIO_MMIO_START..VIRTIO_MMIO_START + VIRTIO_MMIO_SIZE * self.virtio.len() as u64).contains(&addr) {
+            return None;
+        }
+        self.virtio.get(((addr - VIRTIO_MMIO_START) / VIRTIO_MMIO_SIZE) as usize)
+    }
+
     pub fn mmio_read(&self, addr: u64, data: &mut [u8]) {
+        if let Some(slot) = self.virtio_at(addr) {
+            return lock(&slot.transport).read(addr - slot.base, data);
+        }
         match self.ioapic_at(addr) {
             Some(io) => lock(io).mmio_read(addr - IOAPIC_START, data),
             None => {
@@ -99,6 +123,9 @@ impl Devices {
     }
 
     pub fn mmio_write(&self, addr: u64, data: &[u8]) {
+        if let Some(slot) = self.virtio_at(addr) {
+            return lock(&slot.transport).write(addr - slot.base, data);
+        }
         match self.ioapic_at(addr) {
             Some(io) => lock(io).mmio_write(addr - IOAPIC_START, data),
             None => self.note_unclaimed("MMIO write", addr),

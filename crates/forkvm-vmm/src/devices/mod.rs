@@ -4,6 +4,7 @@
 //! (console and test-guest channel), the IOAPIC when KVM runs a split irqchip, and the
 //! test-exit port our test guests use to end a run with a status.
 
+pub mod attach;
 pub mod bus;
 pub mod ioapic;
 pub mod irq;

@@ -84,6 +84,7 @@ pub fn boot_guest(guest: TestGuest, args: &[u64], mem_mib: u64, irqchip: Irqchip
                 args: args.to_vec(),
             },
             console: out,
+            devices: Default::default(),
             start_paused: false,
         },
     )

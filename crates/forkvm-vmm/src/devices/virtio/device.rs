@@ -53,6 +53,10 @@ pub trait VirtioDevice: Send + std::fmt::Debug {
     fn queue_notify(&mut self, index: u16);
     /// The driver reset the device (status 0): stop using the queues.
     fn reset(&mut self);
+    /// The live state of the queues handed over by `activate`, in queue order; empty
+    /// while the device is not active. The transport saves these, since after activation
+    /// only the device knows how far it has consumed each ring.
+    fn queue_states(&self) -> Vec<virtio_queue::QueueState>;
     /// The device's own state (not the queues: the transport saves those).
     fn save(&self) -> VirtioDeviceState;
 }
@@ -61,7 +65,19 @@ pub trait VirtioDevice: Send + std::fmt::Debug {
 /// state struct from its own `persist.rs`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum VirtioDeviceState {
-    Rng(()),
-    Block(()),
-    Vsock(()),
+    Rng(super::rng::RngState),
+    Block(super::blk::BlockState),
+    Vsock(super::vsock::VsockState),
+}
+
+impl VirtioDeviceState {
+    /// The virtio device ID (`TYPE_*`) this state belongs to, so a restore can check that
+    /// the saved state and the device it is given agree.
+    pub fn device_type(&self) -> u32 {
+        match self {
+            VirtioDeviceState::Rng(_) => TYPE_RNG,
+            VirtioDeviceState::Block(_) => TYPE_BLOCK,
+            VirtioDeviceState::Vsock(_) => TYPE_VSOCK,
+        }
+    }
 }

@@ -11,3 +11,10 @@
 pub mod device;
 
 pub use device::{ActivateContext, Interrupt, VirtioDevice, VirtioDeviceState};
+pub mod blk;
+pub mod mmio;
+pub mod ratelimit;
+pub mod rng;
+#[cfg(test)]
+mod test_utils;
+pub mod vsock;

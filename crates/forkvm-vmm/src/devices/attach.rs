@@ -1,0 +1,233 @@
+//! Which devices a VM has, where they live, and how they are built — from a
+//! [`DeviceConfig`] at boot, or from saved state plus a fresh config at restore.
+//!
+//! virtio-mmio slots are laid out in a fixed order (vsock, rng, then block devices), one
+//! 4 KiB window each from `VIRTIO_MMIO_START`, interrupt lines from
+//! [`FIRST_VIRTIO_IRQ`]. A Linux guest learns about them from the command line
+//! ([`DeviceConfig::cmdline`]). A restore must be given the same kinds of devices in
+//! the same order; paths (block images, the vsock socket) are the caller's, so a fork
+//! can point each child at its own.
+
+use super::irq::{IrqLine, IrqRoute};
+use super::virtio::blk::Block;
+use super::virtio::mmio::{MmioError, MmioTransport, MmioTransportState};
+use super::virtio::rng::Rng;
+use super::virtio::vsock::Vsock;
+use super::virtio::{Interrupt, VirtioDevice, VirtioDeviceState};
+use crate::arch::x86_64::layout::{VIRTIO_MMIO_SIZE, VIRTIO_MMIO_START};
+use crate::vstate::irqchip::IrqchipMode;
+use kvm_ioctls::VmFd;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use vm_memory::GuestMemoryMmap;
+
+/// Interrupt line of the first virtio slot (COM1 has 4).
+pub const FIRST_VIRTIO_IRQ: u32 = 5;
+/// Slots that fit below IRQ 16 (legacy PIC lines; the in-kernel irqchip routes them).
+pub const MAX_VIRTIO_SLOTS: usize = 11;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockConfig {
+    pub path: PathBuf,
+    pub read_only: bool,
+    /// Serial the guest sees (`/sys/block/vdX/serial`), at most 20 bytes.
+    pub id: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VsockConfig {
+    pub guest_cid: u64,
+    /// Host Unix socket: `CONNECT <port>\n` reaches guest port `<port>`; guest connections
+    /// to host port P go to `<uds_path>_<P>`.
+    pub uds_path: PathBuf,
+}
+
+/// The virtio devices of a VM.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceConfig {
+    pub vsock: Option<VsockConfig>,
+    pub rng: bool,
+    pub blocks: Vec<BlockConfig>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    #[error("{0} virtio devices requested; a VM has at most {MAX_VIRTIO_SLOTS}")]
+    TooMany(usize),
+    #[error("creating the {kind} device: {reason}")]
+    Create { kind: &'static str, reason: String },
+    #[error("the snapshot has virtio devices [{saved}] but the restore was given [{given}]")]
+    Mismatch { saved: String, given: String },
+    #[error("restoring virtio slot {slot} ({kind}): {source}")]
+    RestoreTransport { slot: usize, kind: &'static str, source: MmioError },
+}
+
+/// One device to place, in slot order.
+#[derive(Debug, Clone)]
+enum Planned {
+    Vsock(VsockConfig),
+    Rng,
+    Block(BlockConfig),
+}
+
+impl Planned {
+    fn kind(&self) -> &'static str {
+        match self {
+            Planned::Vsock(_) => "vsock",
+            Planned::Rng => "rng",
+            Planned::Block(_) => "block",
+        }
+    }
+}
+
+fn state_kind(s: &VirtioDeviceState) -> &'static str {
+    match s {
+        VirtioDeviceState::Vsock(_) => "vsock",
+        VirtioDeviceState::Rng(_) => "rng",
+        VirtioDeviceState::Block(_) => "block",
+    }
+}
+
+impl DeviceConfig {
+    fn planned(&self) -> Vec<Planned> {
+        let mut v: Vec<Planned> = self.vsock.iter().cloned().map(Planned::Vsock).collect();
+        if self.rng {
+            v.push(Planned::Rng);
+        }
+        v.extend(self.blocks.iter().cloned().map(Planned::Block));
+        v
+    }
+
+    /// `virtio_mmio.device=` arguments announcing every slot to a Linux guest.
+    pub fn cmdline(&self) -> String {
+        (0..self.planned().len())
+            .map(|i| format!("virtio_mmio.device=4K@{:#x}:{}", slot_base(i), FIRST_VIRTIO_IRQ + i as u32))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+fn slot_base(i: usize) -> u64 {
+    VIRTIO_MMIO_START + i as u64 * VIRTIO_MMIO_SIZE
+}
+
+/// A virtio-mmio device at its window.
+#[derive(Debug)]
+pub struct VirtioSlot {
+    pub base: u64,
+    pub irq: u32,
+    pub kind: &'static str,
+    pub transport: Mutex<MmioTransport>,
+}
+
+/// What slot devices need from the VM.
+#[derive(Debug, Clone)]
+pub struct SlotWiring<'a> {
+    pub vm: &'a Arc<VmFd>,
+    pub irqchip: IrqchipMode,
+    pub ioapic: Option<&'a Arc<Mutex<super::ioapic::Ioapic>>>,
+    pub mem: &'a GuestMemoryMmap,
+    pub armed: &'a Arc<AtomicBool>,
+}
+
+impl SlotWiring<'_> {
+    fn interrupt(&self, irq: u32) -> Arc<dyn Interrupt> {
+        let route = match (self.irqchip, self.ioapic) {
+            (IrqchipMode::Split, Some(io)) => IrqRoute::Split { ioapic: io.clone(), pin: irq as usize },
+            _ => IrqRoute::Kernel { gsi: irq },
+        };
+        Arc::new(IrqLine::new(self.vm.clone(), route, self.armed.clone()))
+    }
+}
+
+fn create(p: &Planned) -> Result<Box<dyn VirtioDevice>, AttachError> {
+    let err = |kind, reason: String| AttachError::Create { kind, reason };
+    Ok(match p {
+        Planned::Vsock(c) => {
+            Box::new(Vsock::new(c.guest_cid, c.uds_path.clone()).map_err(|e| err("vsock", e.to_string()))?)
+        }
+        Planned::Rng => Box::new(Rng::new()),
+        Planned::Block(c) => {
+            Box::new(Block::new(&c.path, c.read_only, &c.id).map_err(|e| err("block", e.to_string()))?)
+        }
+    })
+}
+
+fn restore_device(p: &Planned, s: &VirtioDeviceState) -> Result<Box<dyn VirtioDevice>, AttachError> {
+    let err = |kind, reason: String| AttachError::Create { kind, reason };
+    Ok(match (p, s) {
+        (Planned::Vsock(c), VirtioDeviceState::Vsock(s)) => {
+            Box::new(Vsock::restore(s, c.uds_path.clone()).map_err(|e| err("vsock", e.to_string()))?)
+        }
+        (Planned::Rng, VirtioDeviceState::Rng(s)) => Box::new(Rng::restore(s).map_err(|e| err("rng", e.to_string()))?),
+        (Planned::Block(c), VirtioDeviceState::Block(s)) => {
+            Box::new(Block::restore(&c.path, s).map_err(|e| err("block", e.to_string()))?)
+        }
+        _ => unreachable!("kinds were matched before"),
+    })
+}
+
+/// Builds the slots for a fresh VM.
+pub fn build_slots(config: &DeviceConfig, w: &SlotWiring<'_>) -> Result<Vec<VirtioSlot>, AttachError> {
+    let planned = config.planned();
+    if planned.len() > MAX_VIRTIO_SLOTS {
+        return Err(AttachError::TooMany(planned.len()));
+    }
+    planned
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let irq = FIRST_VIRTIO_IRQ + i as u32;
+            let transport = MmioTransport::new(create(p)?, w.mem.clone(), w.interrupt(irq));
+            Ok(VirtioSlot { base: slot_base(i), irq, kind: p.kind(), transport: Mutex::new(transport) })
+        })
+        .collect()
+}
+
+/// Rebuilds the slots of a restored VM from their saved transports.
+pub fn restore_slots(
+    config: &DeviceConfig,
+    saved: &[MmioTransportState],
+    w: &SlotWiring<'_>,
+) -> Result<Vec<VirtioSlot>, AttachError> {
+    let planned = config.planned();
+    let saved_kinds: Vec<&str> = saved.iter().map(|s| state_kind(&s.device)).collect();
+    let given_kinds: Vec<&str> = planned.iter().map(Planned::kind).collect();
+    if saved_kinds != given_kinds {
+        return Err(AttachError::Mismatch { saved: saved_kinds.join(", "), given: given_kinds.join(", ") });
+    }
+    planned
+        .iter()
+        .zip(saved)
+        .enumerate()
+        .map(|(i, (p, s))| {
+            let irq = FIRST_VIRTIO_IRQ + i as u32;
+            let device = restore_device(p, &s.device)?;
+            let transport = MmioTransport::restore(s, device, w.mem.clone(), w.interrupt(irq))
+                .map_err(|source| AttachError::RestoreTransport { slot: i, kind: p.kind(), source })?;
+            Ok(VirtioSlot { base: slot_base(i), irq, kind: p.kind(), transport: Mutex::new(transport) })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_announced_in_order() {
+        let c = DeviceConfig {
+            vsock: Some(VsockConfig { guest_cid: 3, uds_path: "/tmp/v.sock".into() }),
+            rng: true,
+            blocks: vec![BlockConfig { path: "/tmp/disk".into(), read_only: true, id: "root".into() }],
+        };
+        assert_eq!(
+            c.cmdline(),
+            "virtio_mmio.device=4K@0xd0000000:5 virtio_mmio.device=4K@0xd0001000:6 virtio_mmio.device=4K@0xd0002000:7"
+        );
+        let kinds: Vec<_> = c.planned().iter().map(Planned::kind).collect();
+        assert_eq!(kinds, ["vsock", "rng", "block"]);
+        assert_eq!(DeviceConfig::default().cmdline(), "");
+    }
+}

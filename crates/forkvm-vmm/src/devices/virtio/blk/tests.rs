@@ -1,0 +1,195 @@
+//! virtio-blk tests through the MMIO transport against a temporary image file.
+
+use super::*;
+use crate::devices::virtio::mmio::{MmioTransport, MmioTransportState};
+use crate::devices::virtio::test_utils::{bring_up, notify, reg_read, test_memory, CountingInterrupt, Desc, TestQueue};
+use crate::devices::virtio::VirtioDeviceState;
+use std::io::Write;
+use std::sync::Arc;
+use tempfile::NamedTempFile;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+const HEADER: u64 = 0x10000;
+const DATA: u64 = 0x20000;
+const STATUS: u64 = 0x30000;
+
+struct Rig {
+    image: NamedTempFile,
+    mem: GuestMemoryMmap,
+    irq: Arc<CountingInterrupt>,
+    t: MmioTransport,
+    q: TestQueue,
+}
+
+/// An image of `sectors` sectors, each filled with its own sector number.
+fn rig(sectors: u64, read_only: bool) -> Rig {
+    let mut image = NamedTempFile::new().unwrap();
+    for s in 0..sectors {
+        image.write_all(&[s as u8; SECTOR_SIZE as usize]).unwrap();
+    }
+    let block = Block::new(image.path(), read_only, "forkvm-disk-0").unwrap();
+    let mem = test_memory();
+    let irq = Arc::new(CountingInterrupt::default());
+    let mut t = MmioTransport::new(Box::new(block), mem.clone(), irq.clone());
+    let q = TestQueue::new(GuestAddress(0), 16);
+    bring_up(&mut t, std::slice::from_ref(&q));
+    Rig { image, mem, irq, t, q }
+}
+
+impl Rig {
+    /// Posts one request with `data` as its data descriptors; returns (status, used len).
+    fn submit(&mut self, kind: u32, sector: u64, data: &[Desc]) -> (u8, u32) {
+        self.mem.write_obj(kind.to_le(), GuestAddress(HEADER)).unwrap();
+        self.mem.write_obj(sector.to_le(), GuestAddress(HEADER + 8)).unwrap();
+        self.mem.write_obj(0xffu8, GuestAddress(STATUS)).unwrap();
+        let mut chain = vec![Desc::r(HEADER, 16)];
+        chain.extend_from_slice(data);
+        chain.push(Desc::w(STATUS, 1));
+        let head = self.q.add_chain(&self.mem, &chain);
+        let before = self.q.used_idx(&self.mem);
+        notify(&mut self.t, 0);
+        assert_eq!(self.q.used_idx(&self.mem), before.wrapping_add(1));
+        let (id, len) = self.q.used_elem(&self.mem, before);
+        assert_eq!(id, u32::from(head));
+        (self.mem.read_obj(GuestAddress(STATUS)).unwrap(), len)
+    }
+
+    fn guest(&self, addr: u64, len: usize) -> Vec<u8> {
+        let mut buf = vec![0u8; len];
+        self.mem.read_slice(&mut buf, GuestAddress(addr)).unwrap();
+        buf
+    }
+}
+
+#[test]
+fn config_space_holds_capacity_and_features_match_mode() {
+    let mut r = rig(8, true);
+    let low = reg_read(&mut r.t, 0x100);
+    let high = reg_read(&mut r.t, 0x104);
+    assert_eq!(u64::from(low) | (u64::from(high) << 32), 8);
+    let features = r.t.device().device_features();
+    assert_ne!(features & F_RO, 0);
+    assert_ne!(features & F_FLUSH, 0);
+    assert_eq!(rig(8, false).t.device().device_features() & F_RO, 0);
+}
+
+#[test]
+fn write_read_flush_round_trip() {
+    let mut r = rig(16, false);
+    let pattern: Vec<u8> = (0..1536u32).map(|i| (i * 7 + 3) as u8).collect();
+    r.mem.write_slice(&pattern[..512], GuestAddress(DATA)).unwrap();
+    r.mem.write_slice(&pattern[512..], GuestAddress(DATA + 0x1000)).unwrap();
+    assert_eq!(r.submit(T_OUT, 5, &[Desc::r(DATA, 512), Desc::r(DATA + 0x1000, 1024)]), (S_OK, 1));
+    assert_eq!(r.submit(T_FLUSH, 0, &[]), (S_OK, 1));
+
+    // The file holds exactly the written bytes; its neighbours are untouched.
+    let file = std::fs::read(r.image.path()).unwrap();
+    assert_eq!(&file[5 * 512..8 * 512], &pattern[..]);
+    assert_eq!(file[5 * 512 - 1], 4);
+    assert_eq!(file[8 * 512], 8);
+    assert_eq!(file.len(), 16 * 512);
+
+    // Reading back into a differently split buffer gives the same bytes.
+    let (status, len) = r.submit(T_IN, 4, &[Desc::w(0x50000, 1024), Desc::w(0x60000, 1024)]);
+    assert_eq!((status, len), (S_OK, 2049));
+    assert_eq!(r.guest(0x50000, 512), vec![4u8; 512]);
+    let mut back = r.guest(0x50000 + 512, 512);
+    back.extend(r.guest(0x60000, 1024));
+    assert_eq!(back, pattern);
+    assert_eq!(r.irq.count(), 3);
+}
+
+#[test]
+fn read_only_disk_refuses_writes() {
+    let mut r = rig(4, true);
+    let before = std::fs::read(r.image.path()).unwrap();
+    r.mem.write_slice(&[0xaa; 512], GuestAddress(DATA)).unwrap();
+    assert_eq!(r.submit(T_OUT, 1, &[Desc::r(DATA, 512)]).0, S_IOERR);
+    assert_eq!(std::fs::read(r.image.path()).unwrap(), before);
+    assert_eq!(r.submit(T_IN, 1, &[Desc::w(DATA, 512)]), (S_OK, 513));
+    assert_eq!(r.guest(DATA, 512), vec![1u8; 512]);
+    assert_eq!(r.submit(T_FLUSH, 0, &[]).0, S_OK);
+}
+
+#[test]
+fn out_of_range_sectors_are_io_errors() {
+    let mut r = rig(4, false);
+    assert_eq!(r.submit(T_IN, 4, &[Desc::w(DATA, 512)]).0, S_IOERR);
+    assert_eq!(r.submit(T_IN, 3, &[Desc::w(DATA, 1024)]).0, S_IOERR, "straddles the end");
+    assert_eq!(r.submit(T_OUT, u64::MAX, &[Desc::r(DATA, 512)]).0, S_IOERR, "overflowing sector");
+    assert_eq!(r.submit(T_IN, 3, &[Desc::w(DATA, 512)]).0, S_OK, "last sector is fine");
+    assert_eq!(r.submit(T_IN, 0, &[Desc::w(0x1_0000_0000, 512)]).0, S_IOERR, "buffer outside guest memory");
+    assert_eq!(r.submit(T_IN, 0, &[Desc::w(DATA, 100)]).0, S_IOERR, "partial sector");
+}
+
+#[test]
+fn get_id_and_unsupported_types() {
+    let mut r = rig(4, false);
+    let (status, len) = r.submit(T_GET_ID, 0, &[Desc::w(DATA, 64)]);
+    assert_eq!((status, len), (S_OK, 21));
+    let mut want = b"forkvm-disk-0".to_vec();
+    want.resize(BLOCK_ID_BYTES, 0);
+    assert_eq!(r.guest(DATA, BLOCK_ID_BYTES), want);
+    assert_eq!(r.submit(0x77, 0, &[]).0, S_UNSUPP);
+    let m = match r.t.device().save() {
+        VirtioDeviceState::Block(s) => s,
+        _ => panic!("not a block state"),
+    };
+    assert_eq!(m.id, "forkvm-disk-0");
+}
+
+#[test]
+fn chain_without_status_byte_is_used_with_zero_length() {
+    let mut r = rig(4, false);
+    r.q.add_chain(&r.mem, &[Desc::r(HEADER, 16)]);
+    notify(&mut r.t, 0);
+    assert_eq!(r.q.used_idx(&r.mem), 1);
+    assert_eq!(r.q.used_elem(&r.mem, 0).1, 0);
+    // And the queue still works afterwards.
+    assert_eq!(r.submit(T_IN, 0, &[Desc::w(DATA, 512)]).0, S_OK);
+}
+
+#[test]
+fn new_reports_clear_errors() {
+    let missing = Block::new(std::path::Path::new("/nonexistent/disk.img"), true, "x");
+    assert!(matches!(missing, Err(BlockError::OpenImage { .. })));
+    let image = NamedTempFile::new().unwrap();
+    let long = Block::new(image.path(), true, "this-serial-is-too-long-for-virtio");
+    assert!(matches!(long, Err(BlockError::IdTooLong(_))));
+    std::fs::write(image.path(), vec![0u8; 1000]).unwrap();
+    assert_eq!(Block::new(image.path(), true, "x").unwrap().capacity(), 1, "partial sector dropped");
+}
+
+#[test]
+fn save_restore_save_round_trip() {
+    let mut r = rig(8, false);
+    r.mem.write_slice(&[0x5a; 512], GuestAddress(DATA)).unwrap();
+    assert_eq!(r.submit(T_OUT, 2, &[Desc::r(DATA, 512)]).0, S_OK);
+
+    let saved = r.t.save();
+    let bytes = bincode::serialize(&saved).unwrap();
+    let saved: MmioTransportState = bincode::deserialize(&bytes).unwrap();
+    let VirtioDeviceState::Block(ref state) = saved.device else { panic!("not a block state") };
+    assert_eq!((state.capacity, state.read_only), (8, false));
+    let device = Block::restore(r.image.path(), state).unwrap();
+    let mut restored = MmioTransport::restore(&saved, Box::new(device), r.mem.clone(), r.irq.clone()).unwrap();
+    assert_eq!(restored.save(), saved);
+
+    // The restored device reads what the original wrote, continuing the same rings.
+    r.t = restored;
+    assert_eq!(r.submit(T_IN, 2, &[Desc::w(0x50000, 512)]), (S_OK, 513));
+    assert_eq!(r.guest(0x50000, 512), vec![0x5a; 512]);
+    restored = r.t;
+    assert_eq!(restored.save().queues[0].next_used, 2);
+}
+
+#[test]
+fn restore_rejects_a_resized_image() {
+    let r = rig(8, false);
+    let VirtioDeviceState::Block(mut state) = r.t.device().save() else { panic!("not a block state") };
+    state.capacity = 9;
+    assert!(matches!(Block::restore(r.image.path(), &state), Err(BlockError::RestoreCapacity { .. })));
+    state.capacity = 8;
+    state.acked_features |= 1 << 50;
+    assert!(matches!(Block::restore(r.image.path(), &state), Err(BlockError::RestoreFeatures { .. })));
+}

@@ -1,0 +1,323 @@
+//! The backend thread: host-socket I/O and all queue processing.
+//!
+//! The vCPU thread only kicks an [`EventFd`] (from `queue_notify`); this thread sleeps
+//! in `poll(2)` on that eventfd, the listening socket, host clients that have not yet
+//! sent their `CONNECT` line, and every stream socket with I/O to wait for. On each wake
+//! it locks [`Shared`] and, in order: accepts clients, reads `CONNECT` lines, does the
+//! signalled socket I/O, drains the tx queue, flushes buffered bytes to host sockets,
+//! fills rx buffers, posts a pending transport-reset event, drops closed streams, and
+//! triggers the used-buffer interrupt if it added anything to a used ring.
+//!
+//! Host sockets are non-blocking, so the lock is never held across a blocking call.
+
+use super::metrics::VsockMetrics;
+use super::muxer::{ConnKey, Muxer};
+use super::packet::{read_tx_chain, RxBuffers, HDR_SIZE};
+use super::{EVENT_TRANSPORT_RESET, MAX_CONNECT_LINE, MAX_PENDING_CLIENTS};
+use crate::devices::virtio::ratelimit::LogLimiter;
+use crate::devices::virtio::Interrupt;
+use std::collections::BTreeMap;
+use std::io::{ErrorKind, Read};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::EventFd;
+
+/// `poll` timeout: a safety net only, every event of interest wakes the thread.
+const POLL_TIMEOUT_MS: i32 = 1000;
+
+/// Errors starting the backend.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("spawning the vsock backend thread: {0}")]
+    SpawnThread(std::io::Error),
+}
+
+/// The queues and memory of an activated device.
+#[derive(Debug)]
+pub struct ActiveQueues {
+    pub mem: GuestMemoryMmap,
+    pub rx: Queue,
+    pub tx: Queue,
+    pub event: Queue,
+    pub irq: Arc<dyn Interrupt>,
+}
+
+#[derive(Debug)]
+struct PendingClient {
+    stream: UnixStream,
+    line: Vec<u8>,
+}
+
+/// State shared between the device (vCPU thread) and the backend thread.
+#[derive(Debug)]
+pub struct Shared {
+    pub active: Option<ActiveQueues>,
+    pub muxer: Muxer,
+    /// A `VIRTIO_VSOCK_EVENT_TRANSPORT_RESET` is owed to the guest (after a restore).
+    pub reset_event_pending: bool,
+    listener: UnixListener,
+    pending: BTreeMap<u64, PendingClient>,
+    next_pending_id: u64,
+    log: LogLimiter,
+    metrics: Arc<VsockMetrics>,
+}
+
+/// Lock `shared`, surviving a poisoned lock (the state stays usable; a panic elsewhere
+/// must not take the device down with it).
+pub fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
+    shared.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Tag {
+    Kick,
+    Listener,
+    Pending(u64),
+    Conn(ConnKey),
+}
+
+impl Shared {
+    /// `listener` must be non-blocking.
+    pub fn new(listener: UnixListener, muxer: Muxer, metrics: Arc<VsockMetrics>) -> Shared {
+        Shared {
+            active: None,
+            muxer,
+            reset_event_pending: false,
+            listener,
+            pending: BTreeMap::new(),
+            next_pending_id: 0,
+            log: LogLimiter::default(),
+            metrics,
+        }
+    }
+
+    fn warn(&mut self, what: &str, err: &dyn std::fmt::Display) {
+        self.metrics.guest_errors.fetch_add(1, Ordering::Relaxed);
+        if let Some(suppressed) = self.log.allow() {
+            tracing::warn!(device = "vsock", suppressed, "{what}: {err}");
+        }
+    }
+
+    fn accept_clients(&mut self) {
+        loop {
+            match self.listener.accept() {
+                Ok((stream, _)) => {
+                    if self.pending.len() >= MAX_PENDING_CLIENTS || stream.set_nonblocking(true).is_err() {
+                        self.metrics.host_clients_rejected.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    self.next_pending_id += 1;
+                    self.pending.insert(self.next_pending_id, PendingClient { stream, line: Vec::new() });
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// Reads from a client that has not finished its `CONNECT <port>\n` line.
+    fn read_pending(&mut self, id: u64) {
+        let Some(client) = self.pending.get_mut(&id) else { return };
+        let mut buf = [0u8; 4096];
+        match client.stream.read(&mut buf) {
+            Ok(0) => {
+                self.pending.remove(&id);
+                return;
+            }
+            Ok(n) => client.line.extend_from_slice(&buf[..n]),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => return,
+            Err(_) => {
+                self.pending.remove(&id);
+                return;
+            }
+        }
+        let newline = client.line.iter().position(|&b| b == b'\n');
+        let Some(pos) = newline.filter(|&p| p <= MAX_CONNECT_LINE) else {
+            if client.line.len() > MAX_CONNECT_LINE {
+                self.pending.remove(&id);
+                self.metrics.host_clients_rejected.fetch_add(1, Ordering::Relaxed);
+            }
+            return;
+        };
+        let Some(client) = self.pending.remove(&id) else { return };
+        let port = parse_connect_line(&client.line[..pos]);
+        let result = match port {
+            Some(port) => self.muxer.add_host_connection(client.stream, port, &client.line[pos + 1..]).map(|_| ()),
+            None => {
+                self.metrics.host_clients_rejected.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+        };
+        if let Err(err) = result {
+            self.metrics.host_clients_rejected.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(device = "vsock", "refusing host client: {err}");
+        }
+    }
+
+    fn poll_set(&self, kick: &EventFd) -> (Vec<libc::pollfd>, Vec<Tag>) {
+        let pollfd = |fd, events| libc::pollfd { fd, events, revents: 0 };
+        let mut fds = vec![pollfd(kick.as_raw_fd(), libc::POLLIN)];
+        let mut tags = vec![Tag::Kick];
+        if self.pending.len() < MAX_PENDING_CLIENTS {
+            fds.push(pollfd(self.listener.as_raw_fd(), libc::POLLIN));
+            tags.push(Tag::Listener);
+        }
+        for (id, client) in &self.pending {
+            fds.push(pollfd(client.stream.as_raw_fd(), libc::POLLIN));
+            tags.push(Tag::Pending(*id));
+        }
+        for (key, fd, events) in self.muxer.poll_interest() {
+            fds.push(pollfd(fd, events));
+            tags.push(Tag::Conn(key));
+        }
+        (fds, tags)
+    }
+
+    /// Runs the queues: tx, host writes, rx, event, teardown, interrupt.
+    pub fn process_queues(&mut self) {
+        let mut errors: Vec<String> = Vec::new();
+        let Shared { active, muxer, reset_event_pending, .. } = self;
+        let Some(q) = active.as_mut() else { return };
+        let mut used = false;
+        while let Some(chain) = q.tx.pop_descriptor_chain(&q.mem) {
+            let head = chain.head_index();
+            let packet = read_tx_chain(chain);
+            used |= q.tx.add_used(&q.mem, head, 0).is_ok();
+            match packet {
+                Ok(packet) => muxer.handle_guest_packet(packet),
+                Err(err) => {
+                    if let Some(hdr) = err.header() {
+                        muxer.reset_reply(hdr);
+                    }
+                    errors.push(format!("bad tx packet: {err}"));
+                }
+            }
+        }
+        muxer.flush_all();
+        while let Some(chain) = q.rx.pop_descriptor_chain(&q.mem) {
+            let head = chain.head_index();
+            let len = match RxBuffers::from_chain(chain) {
+                Ok(bufs) if bufs.capacity() >= HDR_SIZE => {
+                    let Some((hdr, payload)) = muxer.next_rx_packet(bufs.capacity() - HDR_SIZE) else {
+                        q.rx.go_to_previous_position();
+                        break;
+                    };
+                    bufs.write_packet(&q.mem, &hdr, &payload).unwrap_or_else(|err| {
+                        errors.push(format!("writing rx packet: {err}"));
+                        0
+                    })
+                }
+                Ok(bufs) => {
+                    errors.push(format!("rx buffer of {} bytes is smaller than a header", bufs.capacity()));
+                    0
+                }
+                Err(err) => {
+                    errors.push(format!("bad rx chain: {err}"));
+                    0
+                }
+            };
+            used |= q.rx.add_used(&q.mem, head, len).is_ok();
+        }
+        if *reset_event_pending {
+            if let Some(chain) = q.event.pop_descriptor_chain(&q.mem) {
+                let head = chain.head_index();
+                let event = EVENT_TRANSPORT_RESET.to_le_bytes();
+                let len =
+                    RxBuffers::from_chain(chain).and_then(|b| b.write_all(&q.mem, &event)).unwrap_or_else(|err| {
+                        errors.push(format!("writing transport-reset event: {err}"));
+                        0
+                    });
+                used |= q.event.add_used(&q.mem, head, len).is_ok();
+                *reset_event_pending = false;
+            }
+        }
+        muxer.reap();
+        if used {
+            self.metrics.interrupts.fetch_add(1, Ordering::Relaxed);
+            if let Err(err) = q.irq.trigger() {
+                errors.push(format!("raising the used-buffer interrupt: {err}"));
+            }
+        }
+        for err in errors {
+            self.warn("vsock queue", &err);
+        }
+    }
+}
+
+/// Parses `CONNECT <port>` (an optional trailing `\r` is accepted).
+pub fn parse_connect_line(line: &[u8]) -> Option<u32> {
+    let line = std::str::from_utf8(line).ok()?;
+    let port = line.trim_end_matches('\r').strip_prefix("CONNECT ")?;
+    port.parse().ok()
+}
+
+/// The running backend thread; dropping it stops and joins the thread.
+#[derive(Debug)]
+pub struct Backend {
+    kick: Arc<EventFd>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Backend {
+    /// Starts the thread. `kick` must be a non-blocking eventfd.
+    pub fn spawn(shared: Arc<Mutex<Shared>>, kick: Arc<EventFd>) -> Result<Backend, BackendError> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (thread_kick, thread_stop) = (kick.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("vsock-backend".into())
+            .spawn(move || run(&shared, &thread_kick, &thread_stop))
+            .map_err(BackendError::SpawnThread)?;
+        Ok(Backend { kick, stop, thread: Some(thread) })
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        let _ = self.kick.write(1);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn run(shared: &Mutex<Shared>, kick: &EventFd, stop: &AtomicBool) {
+    while !stop.load(Ordering::Acquire) {
+        let (mut fds, tags) = lock(shared).poll_set(kick);
+        // SAFETY: `fds` is a valid, exclusively borrowed array of `fds.len()` pollfd
+        // structs that outlives the call; poll only writes their `revents` fields.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, POLL_TIMEOUT_MS) };
+        if n < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() != ErrorKind::Interrupted {
+                tracing::error!(device = "vsock", "poll failed: {err}");
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            continue;
+        }
+        if stop.load(Ordering::Acquire) {
+            break;
+        }
+        let mut s = lock(shared);
+        for (fd, tag) in fds.iter().zip(tags) {
+            if fd.revents == 0 {
+                continue;
+            }
+            match tag {
+                Tag::Kick => {
+                    let _ = kick.read();
+                }
+                Tag::Listener => s.accept_clients(),
+                Tag::Pending(id) => s.read_pending(id),
+                Tag::Conn(key) => s.muxer.host_io(key),
+            }
+        }
+        s.process_queues();
+    }
+}
