@@ -1,0 +1,191 @@
+//! The `exec` request: spawn a process in its own process group, pump the host's stdin
+//! frames into it, stream its stdout/stderr back as they are produced, enforce the
+//! timeout by killing the group, and report how it ended.
+//!
+//! Output readers push chunks into an unbounded channel, so the child never blocks on a
+//! full pipe while the host is still sending stdin (the host reads only after `End`).
+//! After the process exits, output is drained until both pipes close or
+//! [`DRAIN_AFTER_EXIT`] passes (a background process may keep them open).
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::process::{ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use forkvm_proto::{read_frame, write_frame, AgentError, ExecRequest, ExitStatus, FrameKind, Response, DATA_CHUNK};
+
+use crate::reaper::{decode_status, Reaper};
+use crate::server::ServeError;
+
+/// How long to keep forwarding output after the process exited.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(250);
+
+enum Event {
+    Output(FrameKind, Vec<u8>),
+    Eof,
+    Exited(i32),
+}
+
+/// Runs one exec conversation on `conn` and returns the final response.
+pub fn run(conn: &mut UnixStream, req: ExecRequest, reaper: &Reaper) -> Result<Response, ServeError> {
+    let mut cmd = build_command(&req);
+    let (tx, rx) = mpsc::channel::<Event>();
+    let exit_tx = tx.clone();
+    let started = Instant::now();
+    let spawned = reaper.spawn(
+        &mut cmd,
+        Box::new(move |status| {
+            let _ = exit_tx.send(Event::Exited(status));
+        }),
+    );
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(e) => {
+            if req.stdin {
+                drain_input(conn, None)?;
+            }
+            let what = format!("spawning {:?}", req.command);
+            return Ok(Response::Error(AgentError::from_io(&what, &e)));
+        }
+    };
+    let pgid = child.id() as libc::pid_t;
+    for (pipe, kind) in [
+        (child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>), FrameKind::Stdout),
+        (child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>), FrameKind::Stderr),
+    ] {
+        let tx = tx.clone();
+        let Some(mut pipe) = pipe else { continue };
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; DATA_CHUNK];
+            loop {
+                match pipe.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        if tx.send(Event::Output(kind, buf[..n].to_vec())).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+            let _ = tx.send(Event::Eof);
+        });
+    }
+    drop(tx);
+    let stdin_pump = if req.stdin {
+        let mut reader = conn.try_clone().map_err(ServeError::CloneConnection)?;
+        let stdin = child.stdin.take();
+        Some(std::thread::spawn(move || drain_input(&mut reader, stdin)))
+    } else {
+        None
+    };
+    let outcome = forward(conn, &rx, pgid, started, req.timeout_ms.map(Duration::from_millis));
+    if outcome.is_err() {
+        kill_group(pgid);
+    }
+    let (status, timed_out, duration) = outcome?;
+    if let Some(pump) = stdin_pump {
+        pump.join().unwrap_or(Ok(()))?;
+    }
+    let (code, signal) = decode_status(status);
+    Ok(Response::Exit(ExitStatus { code, signal, timed_out, duration_ms: duration.as_millis() as u64 }))
+}
+
+fn build_command(req: &ExecRequest) -> Command {
+    let mut cmd = match &req.command {
+        forkvm_proto::Command::Argv(argv) => {
+            let mut cmd = Command::new(argv.first().map(String::as_str).unwrap_or(""));
+            cmd.args(argv.iter().skip(1));
+            cmd
+        }
+        forkvm_proto::Command::Shell(script) => {
+            let mut cmd = Command::new("/bin/sh");
+            cmd.arg("-c").arg(script);
+            cmd
+        }
+    };
+    cmd.envs(req.env.iter().map(|(k, v)| (k, v)));
+    if let Some(cwd) = &req.cwd {
+        cmd.current_dir(cwd);
+    }
+    cmd.stdin(if req.stdin { Stdio::piped() } else { Stdio::null() });
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
+    cmd
+}
+
+/// Forwards output until exit + EOFs (or the drain deadline); kills the group at the
+/// timeout. Returns (raw wait status, timed out, spawn-to-exit duration).
+fn forward(
+    conn: &mut UnixStream,
+    rx: &mpsc::Receiver<Event>,
+    pgid: libc::pid_t,
+    started: Instant,
+    timeout: Option<Duration>,
+) -> Result<(i32, bool, Duration), ServeError> {
+    let kill_at = timeout.map(|t| started + t);
+    let mut timed_out = false;
+    let mut exited: Option<(i32, Instant)> = None;
+    let mut open_pipes = 2;
+    loop {
+        if let Some((status, at)) = exited {
+            if open_pipes == 0 {
+                return Ok((status, timed_out, at - started));
+            }
+        }
+        let wake = match exited {
+            Some((_, at)) => Some(at + DRAIN_AFTER_EXIT),
+            None if !timed_out => kill_at,
+            None => None,
+        };
+        let event = match wake {
+            Some(when) => rx.recv_timeout(when.saturating_duration_since(Instant::now())),
+            None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+        };
+        match event {
+            Ok(Event::Output(kind, data)) => {
+                write_frame(conn, kind, &data).map_err(ServeError::SendOutput)?;
+            }
+            Ok(Event::Eof) => open_pipes -= 1,
+            Ok(Event::Exited(status)) => exited = Some((status, Instant::now())),
+            Err(mpsc::RecvTimeoutError::Timeout) => match exited {
+                Some((status, at)) => return Ok((status, timed_out, at - started)),
+                None => {
+                    kill_group(pgid);
+                    timed_out = true;
+                }
+            },
+            // Every sender is gone: the exit callback was dropped without running, which
+            // only happens if the reaper thread died. Report what we know.
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                let status = exited.map_or(-1, |(s, _)| s);
+                return Ok((status, timed_out, started.elapsed()));
+            }
+        }
+    }
+}
+
+fn kill_group(pgid: libc::pid_t) {
+    // SAFETY: kill(2) with a negative pid signals the process group we created
+    // (process_group(0) makes the child's pid its pgid); no memory is involved.
+    unsafe { libc::kill(-pgid, libc::SIGKILL) };
+}
+
+/// Reads `Stdin` frames until `End`, writing them to `stdin` while the child accepts
+/// them and discarding them after (so the host's writes always complete).
+fn drain_input(conn: &mut UnixStream, mut stdin: Option<ChildStdin>) -> Result<(), ServeError> {
+    loop {
+        let frame = read_frame(conn).map_err(ServeError::ReceiveInput)?;
+        match frame.kind {
+            FrameKind::Stdin => {
+                if let Some(pipe) = stdin.as_mut() {
+                    if pipe.write_all(&frame.payload).is_err() {
+                        stdin = None;
+                    }
+                }
+            }
+            FrameKind::End => return Ok(()),
+            kind => return Err(ServeError::UnexpectedFrame { step: "exec stdin", kind }),
+        }
+    }
+}

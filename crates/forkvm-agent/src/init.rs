@@ -1,0 +1,66 @@
+//! PID 1 duties: early mounts, the boot hostname, and shutdown.
+//!
+//! Shutdown uses `reboot(LINUX_REBOOT_CMD_RESTART)`, not power-off: forkvm's VMM has no
+//! ACPI, so a power-off would just halt the vCPUs, while a restart resets the CPU and
+//! KVM reports it as `KVM_EXIT_SHUTDOWN`, which the VMM treats as the guest exiting.
+
+use std::ffi::CString;
+use std::io;
+
+/// Whether this process is the guest's init.
+pub fn is_pid1() -> bool {
+    std::process::id() == 1
+}
+
+/// (source, target, fstype, mode for tmpfs)
+const MOUNTS: [(&str, &str, &str, Option<&str>); 5] = [
+    ("proc", "/proc", "proc", None),
+    ("sysfs", "/sys", "sysfs", None),
+    ("devtmpfs", "/dev", "devtmpfs", None),
+    ("tmpfs", "/tmp", "tmpfs", Some("mode=1777")),
+    ("tmpfs", "/run", "tmpfs", Some("mode=0755")),
+];
+
+/// Mounts proc, sysfs, devtmpfs and the tmpfs dirs; already-mounted (EBUSY) is fine.
+/// Returns the failures (target, error) so the caller can log them and carry on.
+pub fn mount_early() -> Vec<(&'static str, io::Error)> {
+    let mut failures = Vec::new();
+    for (source, target, fstype, data) in MOUNTS {
+        let _ = std::fs::create_dir_all(target);
+        if let Err(e) = mount(source, target, fstype, data) {
+            if e.raw_os_error() != Some(libc::EBUSY) {
+                failures.push((target, e));
+            }
+        }
+    }
+    failures
+}
+
+fn mount(source: &str, target: &str, fstype: &str, data: Option<&str>) -> io::Result<()> {
+    let c = |s: &str| CString::new(s).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL));
+    let (source, target, fstype) = (c(source)?, c(target)?, c(fstype)?);
+    let data = data.map(c).transpose()?;
+    let data_ptr = data.as_ref().map_or(std::ptr::null(), |d| d.as_ptr().cast());
+    let flags = libc::MS_NOSUID | libc::MS_NODEV;
+    // devtmpfs needs device nodes, so it must not get MS_NODEV.
+    let flags = if fstype.as_bytes() == b"devtmpfs" { libc::MS_NOSUID } else { flags };
+    // SAFETY: all pointers are NUL-terminated strings (or null data) alive for the call.
+    let rc = unsafe { libc::mount(source.as_ptr(), target.as_ptr(), fstype.as_ptr(), flags, data_ptr) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Flushes filesystems and resets the guest (PID 1), or exits the agent otherwise.
+pub fn shutdown(pid1: bool) -> ! {
+    // SAFETY: sync(2) takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+    if pid1 {
+        // SAFETY: reboot(2) with a valid command; on success it does not return.
+        unsafe { libc::reboot(libc::LINUX_REBOOT_CMD_RESTART) };
+        tracing::error!(error = %io::Error::last_os_error(), "reboot failed; exiting (kernel will panic)");
+    }
+    std::process::exit(0)
+}

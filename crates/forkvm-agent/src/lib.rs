@@ -1,0 +1,20 @@
+//! The forkvm guest agent as a library; `main.rs` only parses flags and calls in.
+//!
+//! The agent runs inside the guest (as PID 1, or started by it) and serves the
+//! `forkvm-proto` protocol over AF_VSOCK (or a Unix socket for host tests): `ping`,
+//! streamed `exec`, files, `eval` in one warm Python interpreter, `identity` after a
+//! restore, and `shutdown`. Startup order (see `main.rs`):
+//!
+//! 1. [`reaper::Reaper::start`] — block SIGCHLD and start reaping, before any thread.
+//! 2. When PID 1: [`init::mount_early`] and the boot hostname.
+//! 3. Start the warm interpreter, if configured ([`interp::Interp::start`]).
+//! 4. Bind the listener and [`server::Agent::serve`] forever.
+
+pub mod exec;
+pub mod files;
+pub mod identity;
+pub mod init;
+pub mod interp;
+pub mod reaper;
+pub mod server;
+pub mod vsock;

@@ -1,0 +1,109 @@
+//! `forkvm-agent`: parses flags and runs the agent library (see `lib.rs` for the startup
+//! order). When it is PID 1 a fatal error resets the guest instead of panicking the kernel.
+
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use forkvm_agent::identity::{IdentitySys, LinuxSys, RecordingSys};
+use forkvm_agent::interp::Interp;
+use forkvm_agent::reaper::Reaper;
+use forkvm_agent::server::{Agent, Listener};
+use forkvm_agent::vsock::VsockListener;
+use forkvm_agent::{identity, init};
+
+/// Flags. Kernel command-line `KEY=value` words reach PID 1 as environment, so every
+/// flag can also be set from the kernel command line through its env name.
+#[derive(Debug, Parser)]
+#[command(version, about = "forkvm guest agent")]
+struct Args {
+    /// AF_VSOCK port to listen on.
+    #[arg(long, env = "FORKVM_AGENT_VSOCK_PORT", default_value_t = 1024)]
+    vsock_port: u32,
+    /// Listen on this Unix socket instead of vsock (host tests).
+    #[arg(long, env = "FORKVM_AGENT_LISTEN_UNIX")]
+    listen_unix: Option<PathBuf>,
+    /// Python for the warm interpreter; no `eval` without it.
+    #[arg(long, env = "FORKVM_AGENT_PYTHON")]
+    python: Option<PathBuf>,
+    /// Hostname set at boot when PID 1.
+    #[arg(long, env = "FORKVM_AGENT_HOSTNAME", default_value = "forkvm")]
+    hostname: String,
+    /// Record identity system calls as JSON lines in this file instead of making them.
+    #[arg(long)]
+    identity_record: Option<PathBuf>,
+    /// With --identity-record: make the credited-entropy call fail (tests the fallback).
+    #[arg(long, requires = "identity_record")]
+    identity_record_fail_credit: bool,
+}
+
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+fn main() {
+    let pid1 = init::is_pid1();
+    if let Err(e) = run(pid1) {
+        eprintln!("forkvm-agent: fatal: {e:#}");
+        if pid1 {
+            init::shutdown(true);
+        }
+        std::process::exit(1);
+    }
+}
+
+fn run(pid1: bool) -> anyhow::Result<()> {
+    // Before any thread exists: SIGCHLD must be blocked in all of them.
+    let reaper = Reaper::start().context("starting the reaper")?;
+    if std::env::var_os("PATH").is_none() {
+        // Still single-threaded apart from the reaper, which never reads the environment.
+        std::env::set_var("PATH", DEFAULT_PATH);
+    }
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FORKVM_AGENT_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let args = Args::parse();
+    if pid1 {
+        for (target, e) in init::mount_early() {
+            tracing::warn!(target, error = %e, "early mount failed");
+        }
+        if let Err(e) = LinuxSys.set_hostname(&args.hostname) {
+            tracing::warn!(error = %e, "setting the boot hostname");
+        }
+    }
+    let interp = match &args.python {
+        Some(python) => match Interp::start(python.clone(), reaper.clone()) {
+            Ok(i) => Some(i),
+            Err(e) => {
+                tracing::error!(error = %e, "warm interpreter did not start; eval will retry");
+                None
+            }
+        },
+        None => None,
+    };
+    let identity_sys: Box<dyn identity::IdentitySys> = match args.identity_record {
+        Some(path) => Box::new(RecordingSys::new(path, args.identity_record_fail_credit)),
+        None => Box::new(LinuxSys),
+    };
+    let listener = match &args.listen_unix {
+        Some(path) => {
+            let _ = std::fs::remove_file(path);
+            let l = UnixListener::bind(path).with_context(|| format!("binding Unix socket {}", path.display()))?;
+            tracing::info!(path = %path.display(), "listening on Unix socket");
+            Listener::Unix(l)
+        }
+        None => {
+            let l = VsockListener::bind(args.vsock_port)
+                .with_context(|| format!("binding vsock port {}", args.vsock_port))?;
+            tracing::info!(port = args.vsock_port, "listening on vsock");
+            Listener::Vsock(l)
+        }
+    };
+    Arc::new(Agent::new(reaper, interp, identity_sys, pid1)).serve(listener);
+    Ok(())
+}

@@ -1,0 +1,218 @@
+//! Connection handling: accept loop (one thread per connection), reading the single
+//! request of a connection, dispatching it, and answering rejected frames with an
+//! `Error` frame before closing that connection (the agent keeps serving others).
+
+use std::io::{self, Read};
+use std::net::Shutdown;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use forkvm_proto::{
+    read_frame, write_json, AgentError, ErrorKind, FrameError, FrameKind, Pong, ProtocolError, ProtocolErrorCode,
+    Request, Response, PROTOCOL_VERSION,
+};
+
+use crate::identity::{self, IdentitySys};
+use crate::interp::Interp;
+use crate::reaper::Reaper;
+use crate::vsock::VsockListener;
+use crate::{exec, files, init};
+
+/// How long, and how much, to drain from a connection after rejecting a frame, so
+/// closing it does not reset the peer before it reads the `Error` frame.
+const DRAIN_TIME: Duration = Duration::from_millis(200);
+const DRAIN_BYTES: u64 = 16 << 20;
+
+/// Why a connection ended without a normal response.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The request frame could not be read or was rejected.
+    #[error("receiving the request: {0}")]
+    ReceiveRequest(#[source] FrameError),
+    /// The request frame's JSON did not decode.
+    #[error("decoding the request: {0}")]
+    DecodeRequest(#[source] FrameError),
+    /// A `Stdin`/`Data` frame could not be read or was rejected.
+    #[error("receiving input frames: {0}")]
+    ReceiveInput(#[source] FrameError),
+    /// A frame of the wrong kind arrived.
+    #[error("unexpected {kind:?} frame during {step}")]
+    UnexpectedFrame { step: &'static str, kind: FrameKind },
+    /// Sending output or data frames failed (the host went away).
+    #[error("sending output frames: {0}")]
+    SendOutput(#[source] FrameError),
+    /// Sending the final response failed.
+    #[error("sending the response: {0}")]
+    SendResponse(#[source] FrameError),
+    /// Duplicating the connection for the stdin pump failed.
+    #[error("cloning the connection for stdin: {0}")]
+    CloneConnection(#[source] io::Error),
+}
+
+impl ServeError {
+    /// The `Error` frame to send, if the host sent something we rejected.
+    fn protocol_error(&self) -> Option<ProtocolError> {
+        match self {
+            Self::ReceiveRequest(e) | Self::DecodeRequest(e) | Self::ReceiveInput(e) => match e {
+                FrameError::Closed | FrameError::ReadHeader(_) | FrameError::ReadPayload(_) => None,
+                e => Some(ProtocolError::from_frame_error(e)),
+            },
+            Self::UnexpectedFrame { .. } => Some(ProtocolError {
+                code: ProtocolErrorCode::UnexpectedFrame,
+                message: self.to_string(),
+                agent_protocol_version: PROTOCOL_VERSION,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// Shared agent state.
+pub struct Agent {
+    started: Instant,
+    reaper: Arc<Reaper>,
+    interp: Option<Interp>,
+    identity_sys: Box<dyn IdentitySys>,
+    sandbox_id: Mutex<Option<String>>,
+    generation: AtomicU64,
+    pid1: bool,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent").field("pid1", &self.pid1).finish_non_exhaustive()
+    }
+}
+
+/// Where connections come from.
+#[derive(Debug)]
+pub enum Listener {
+    /// A Unix socket (host tests, `--listen-unix`).
+    Unix(UnixListener),
+    /// AF_VSOCK (in a guest).
+    Vsock(VsockListener),
+}
+
+impl Listener {
+    fn accept(&self) -> io::Result<UnixStream> {
+        match self {
+            Self::Unix(l) => l.accept().map(|(s, _)| s),
+            Self::Vsock(l) => l.accept(),
+        }
+    }
+}
+
+impl Agent {
+    /// Builds the shared state.
+    pub fn new(reaper: Arc<Reaper>, interp: Option<Interp>, identity_sys: Box<dyn IdentitySys>, pid1: bool) -> Self {
+        Self {
+            started: Instant::now(),
+            reaper,
+            interp,
+            identity_sys,
+            sandbox_id: Mutex::new(None),
+            generation: AtomicU64::new(0),
+            pid1,
+        }
+    }
+
+    /// Accepts connections forever, one thread each.
+    pub fn serve(self: Arc<Self>, listener: Listener) {
+        loop {
+            match listener.accept() {
+                Ok(conn) => {
+                    let agent = self.clone();
+                    let spawned = std::thread::Builder::new().name("conn".into()).spawn(move || agent.handle(conn));
+                    if let Err(e) = spawned {
+                        tracing::error!(error = %e, "spawning a connection thread");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accepting a connection");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        }
+    }
+
+    /// Serves the one request of `conn`, answering rejected frames with an `Error` frame.
+    pub fn handle(&self, mut conn: UnixStream) {
+        match self.serve_one(&mut conn) {
+            Ok(true) => {
+                tracing::info!("shutdown requested");
+                let _ = conn.shutdown(Shutdown::Both);
+                init::shutdown(self.pid1);
+            }
+            Ok(false) => {}
+            Err(ServeError::ReceiveRequest(FrameError::Closed)) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "connection failed");
+                if let Some(pe) = e.protocol_error() {
+                    let _ = write_json(&mut conn, FrameKind::Error, &pe);
+                    let _ = conn.shutdown(Shutdown::Write);
+                    let _ = conn.set_read_timeout(Some(DRAIN_TIME));
+                    let _ = io::copy(&mut (&mut conn).take(DRAIN_BYTES), &mut io::sink());
+                }
+            }
+        }
+    }
+
+    /// Returns whether the agent should shut down after this request.
+    fn serve_one(&self, conn: &mut UnixStream) -> Result<bool, ServeError> {
+        let frame = read_frame(conn).map_err(ServeError::ReceiveRequest)?;
+        if frame.kind != FrameKind::Request {
+            return Err(ServeError::UnexpectedFrame { step: "request", kind: frame.kind });
+        }
+        let req: Request = frame.json().map_err(ServeError::DecodeRequest)?;
+        let shutdown = matches!(req, Request::Shutdown);
+        let response = self.dispatch(conn, req)?;
+        write_json(conn, FrameKind::Response, &response).map_err(ServeError::SendResponse)?;
+        Ok(shutdown)
+    }
+
+    fn dispatch(&self, conn: &mut UnixStream, req: Request) -> Result<Response, ServeError> {
+        Ok(match req {
+            Request::Ping => Response::Pong(self.pong()),
+            Request::Exec(req) => return exec::run(conn, req, &self.reaper),
+            Request::ReadFile { path } => return files::read_file(conn, &path),
+            Request::WriteFile(req) => return files::write_file(conn, &req),
+            Request::List { path } => files::list(&path),
+            Request::Stat { path } => files::stat(&path),
+            Request::Mkdir(req) => files::mkdir(&req),
+            Request::Remove { path, recursive } => files::remove(&path, recursive),
+            Request::Eval { code } => match &self.interp {
+                Some(interp) => interp.eval(&code).map_or_else(Response::Error, Response::Eval),
+                None => Response::Error(AgentError::new(
+                    ErrorKind::Unsupported,
+                    "eval: no warm interpreter configured (start the agent with --python)",
+                )),
+            },
+            Request::Identity(req) => {
+                let mut sandbox_id = self.sandbox_id.lock().unwrap_or_else(|e| e.into_inner());
+                match identity::apply(&*self.identity_sys, &req) {
+                    Ok(entropy) => {
+                        *sandbox_id = Some(req.sandbox_id);
+                        let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
+                        tracing::info!(sandbox_id = ?*sandbox_id, generation, "identity applied");
+                        Response::Identity(forkvm_proto::IdentityApplied { generation, entropy })
+                    }
+                    Err(e) => Response::Error(e),
+                }
+            }
+            Request::Shutdown => Response::ShuttingDown,
+        })
+    }
+
+    fn pong(&self) -> Pong {
+        Pong {
+            agent_version: env!("CARGO_PKG_VERSION").into(),
+            protocol_version: PROTOCOL_VERSION,
+            uptime_ms: self.started.elapsed().as_millis() as u64,
+            sandbox_id: self.sandbox_id.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+            generation: self.generation.load(Ordering::SeqCst),
+            eval_available: self.interp.is_some(),
+        }
+    }
+}

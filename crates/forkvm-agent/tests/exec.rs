@@ -1,0 +1,106 @@
+//! `exec` through the real agent binary: env, cwd, stdin, streaming, timeouts, exit
+//! codes and signals.
+
+mod common;
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::TestAgent;
+use forkvm_proto::ExecRequest;
+
+const SIGKILL: i32 = 9;
+const SIGTERM: i32 = 15;
+
+#[test]
+fn argv_with_env_and_cwd() {
+    let agent = TestAgent::start();
+    let mut req = ExecRequest::argv(["sh", "-c", "echo \"$GREETING\"; pwd; echo oops >&2; exit 3"]);
+    req.env = vec![("GREETING".into(), "hello forkvm".into())];
+    req.cwd = Some(agent.dir.path().display().to_string());
+    let out = agent.client().exec_collect(&req, b"").unwrap();
+    let expected = format!("hello forkvm\n{}\n", agent.dir.path().canonicalize().unwrap().display());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
+    assert_eq!(out.stderr, b"oops\n");
+    assert_eq!((out.status.code, out.status.signal, out.status.timed_out), (Some(3), None, false));
+}
+
+#[test]
+fn shell_string_reads_large_stdin() {
+    let agent = TestAgent::start();
+    let input: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    let out = agent.client().exec_collect(&ExecRequest::shell("cat"), &input).unwrap();
+    assert_eq!(out.status.code, Some(0));
+    assert!(out.stdout == input, "cat echoed {} of {} bytes", out.stdout.len(), input.len());
+    let out = agent.client().exec_collect(&ExecRequest::shell("head -c 5"), &input).unwrap();
+    assert_eq!(out.stdout, &input[..5]);
+}
+
+#[test]
+fn timeout_kills_the_process_group() {
+    let agent = TestAgent::start();
+    let mut req = ExecRequest::shell("sleep 10; echo never");
+    req.timeout_ms = Some(200);
+    let started = Instant::now();
+    let out = agent.client().exec_collect(&req, b"").unwrap();
+    assert!(out.status.timed_out);
+    assert_eq!(out.status.signal, Some(SIGKILL));
+    assert!(out.stdout.is_empty());
+    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+}
+
+#[test]
+fn signal_death_is_reported() {
+    let agent = TestAgent::start();
+    let out = agent.client().exec_collect(&ExecRequest::shell("kill -TERM $$"), b"").unwrap();
+    assert_eq!((out.status.code, out.status.signal, out.status.timed_out), (None, Some(SIGTERM), false));
+}
+
+#[test]
+fn output_streams_before_exit() {
+    let agent = TestAgent::start();
+    let client = agent.client();
+    let (tx, rx) = mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        let req = ExecRequest::shell("echo first; sleep 1; echo second");
+        let mut on_out = |chunk: &[u8]| tx.send(chunk.to_vec()).unwrap();
+        client.exec(&req, None, &mut on_out, &mut |_| {}).unwrap()
+    });
+    let first = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!(first, b"first\n");
+    assert!(!worker.is_finished(), "the first chunk must arrive while the command still runs");
+    let status = worker.join().unwrap();
+    assert_eq!(status.code, Some(0));
+    assert_eq!(rx.recv().unwrap(), b"second\n");
+}
+
+#[test]
+fn missing_program_and_cwd_are_errors() {
+    let agent = TestAgent::start();
+    let err = agent.client().exec_collect(&ExecRequest::argv(["/nonexistent/prog"]), b"").unwrap_err();
+    assert!(err.to_string().contains("NotFound"), "{err}");
+    let mut req = ExecRequest::argv(["true"]);
+    req.cwd = Some("/nonexistent-dir".into());
+    assert!(agent.client().exec_collect(&req, b"x").is_err());
+    // The agent still serves.
+    assert_eq!(agent.client().exec_collect(&ExecRequest::argv(["true"]), b"").unwrap().status.code, Some(0));
+}
+
+#[test]
+fn concurrent_execs_run_on_separate_connections() {
+    let agent = TestAgent::start();
+    let client = std::sync::Arc::new(agent.client());
+    let started = Instant::now();
+    let handles: Vec<_> = (0..4)
+        .map(|i| {
+            let client = client.clone();
+            std::thread::spawn(move || {
+                client.exec_collect(&ExecRequest::shell(format!("sleep 1; echo {i}")), b"").unwrap()
+            })
+        })
+        .collect();
+    for (i, h) in handles.into_iter().enumerate() {
+        assert_eq!(h.join().unwrap().stdout, format!("{i}\n").as_bytes());
+    }
+    assert!(started.elapsed() < Duration::from_secs(3), "execs were serialized: {:?}", started.elapsed());
+}

@@ -1,0 +1,293 @@
+//! Host-side client: one method per request, each opening a fresh stream through the
+//! connector it was built with (one request per connection, see the crate doc). The
+//! client is `Sync`, so threads sharing one client make concurrent requests.
+
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+
+use crate::frame::{read_frame, write_frame, write_json, FrameError, FrameKind, DATA_CHUNK};
+use crate::msg::{
+    AgentError, EvalResponse, ExecRequest, ExitStatus, FileInfo, IdentityApplied, IdentityRequest, MkdirRequest, Pong,
+    ProtocolError, Request, Response, WriteFileRequest,
+};
+use crate::vsock::{connect_vsock_uds, VsockConnectError};
+
+/// A failed request, by step.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Opening the per-request stream failed.
+    #[error("connecting to the agent: {0}")]
+    Connect(#[source] io::Error),
+    /// The vsock `CONNECT` handshake failed.
+    #[error(transparent)]
+    VsockConnect(#[from] VsockConnectError),
+    /// Sending the request or its stdin/data frames failed.
+    #[error("sending {step}: {source}")]
+    Send { step: &'static str, source: FrameError },
+    /// Reading the agent's reply frames failed.
+    #[error("receiving {step}: {source}")]
+    Receive { step: &'static str, source: FrameError },
+    /// Reading the caller's stdin / file source failed.
+    #[error("reading the local source for {step}: {source}")]
+    ReadSource { step: &'static str, source: io::Error },
+    /// Writing into the caller's sink failed.
+    #[error("writing the local sink for {step}: {source}")]
+    WriteSink { step: &'static str, source: io::Error },
+    /// The agent rejected a frame with an `Error` frame.
+    #[error(transparent)]
+    Rejected(#[from] ProtocolError),
+    /// The operation failed in the guest.
+    #[error("agent: {0}")]
+    Agent(#[from] AgentError),
+    /// The agent replied with a frame or response that does not fit the conversation.
+    #[error("unexpected reply to {step}: {got}")]
+    Unexpected { step: &'static str, got: String },
+}
+
+/// Collected result of [`AgentClient::exec_collect`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecOutput {
+    /// Everything written to stdout.
+    pub stdout: Vec<u8>,
+    /// Everything written to stderr.
+    pub stderr: Vec<u8>,
+    /// How the process ended.
+    pub status: ExitStatus,
+}
+
+type Connector<S> = Box<dyn Fn() -> Result<S, ClientError> + Send + Sync>;
+
+/// A client for one agent. Every method opens its own stream.
+pub struct AgentClient<S: Read + Write> {
+    connect: Connector<S>,
+}
+
+impl<S: Read + Write> fmt::Debug for AgentClient<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AgentClient").finish_non_exhaustive()
+    }
+}
+
+impl AgentClient<UnixStream> {
+    /// Connects through a VMM's hybrid vsock Unix socket (`CONNECT <port>` per request).
+    pub fn vsock_uds(path: impl Into<PathBuf>, port: u32) -> Self {
+        let path = path.into();
+        Self::new(move || Ok(connect_vsock_uds(&path, port)?))
+    }
+
+    /// Connects straight to an agent listening on a Unix socket (`--listen-unix`).
+    pub fn unix(path: impl AsRef<Path>) -> Self {
+        let path = path.as_ref().to_path_buf();
+        Self::new(move || UnixStream::connect(&path).map_err(ClientError::Connect))
+    }
+}
+
+impl<S: Read + Write> AgentClient<S> {
+    /// A client that calls `connect` for every request.
+    pub fn new(connect: impl Fn() -> Result<S, ClientError> + Send + Sync + 'static) -> Self {
+        Self { connect: Box::new(connect) }
+    }
+
+    fn start(&self, step: &'static str, req: &Request) -> Result<S, ClientError> {
+        let mut stream = (self.connect)()?;
+        write_json(&mut stream, FrameKind::Request, req).map_err(|source| ClientError::Send { step, source })?;
+        Ok(stream)
+    }
+
+    /// Sends one request with no trailing frames and returns its response.
+    fn call(&self, step: &'static str, req: &Request) -> Result<Response, ClientError> {
+        let mut stream = self.start(step, req)?;
+        final_response(&mut stream, step)
+    }
+
+    /// Liveness, versions, uptime, sandbox id and identity generation.
+    pub fn ping(&self) -> Result<Pong, ClientError> {
+        match self.call("ping", &Request::Ping)? {
+            Response::Pong(p) => Ok(p),
+            other => Err(unexpected("ping", &other)),
+        }
+    }
+
+    /// Runs a process, calling `on_stdout` / `on_stderr` with each chunk as it arrives.
+    /// `stdin` is streamed in full before output is read; `req.stdin` is set accordingly.
+    pub fn exec(
+        &self,
+        req: &ExecRequest,
+        stdin: Option<&mut dyn Read>,
+        on_stdout: &mut dyn FnMut(&[u8]),
+        on_stderr: &mut dyn FnMut(&[u8]),
+    ) -> Result<ExitStatus, ClientError> {
+        let step = "exec";
+        let mut req = req.clone();
+        req.stdin = stdin.is_some();
+        let mut stream = self.start(step, &Request::Exec(req))?;
+        if let Some(src) = stdin {
+            send_stream(&mut stream, src, FrameKind::Stdin, step)?;
+        }
+        loop {
+            let frame = read_frame(&mut stream).map_err(|source| ClientError::Receive { step, source })?;
+            match frame.kind {
+                FrameKind::Stdout => on_stdout(&frame.payload),
+                FrameKind::Stderr => on_stderr(&frame.payload),
+                _ => {
+                    return match decode_final(&frame, step)? {
+                        Response::Exit(status) => Ok(status),
+                        other => Err(unexpected(step, &other)),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs a process with `stdin` bytes and collects its output.
+    pub fn exec_collect(&self, req: &ExecRequest, stdin: &[u8]) -> Result<ExecOutput, ClientError> {
+        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        let mut src = stdin;
+        let src: Option<&mut dyn Read> = if stdin.is_empty() { None } else { Some(&mut src) };
+        let status = self.exec(req, src, &mut |c| stdout.extend_from_slice(c), &mut |c| stderr.extend_from_slice(c))?;
+        Ok(ExecOutput { stdout, stderr, status })
+    }
+
+    /// Streams a guest file into `sink`; returns the byte count.
+    pub fn read_file(&self, path: &str, sink: &mut dyn Write) -> Result<u64, ClientError> {
+        let step = "read_file";
+        let mut stream = self.start(step, &Request::ReadFile { path: path.into() })?;
+        let mut total = 0u64;
+        loop {
+            let frame = read_frame(&mut stream).map_err(|source| ClientError::Receive { step, source })?;
+            if frame.kind == FrameKind::Data {
+                sink.write_all(&frame.payload).map_err(|source| ClientError::WriteSink { step, source })?;
+                total += frame.payload.len() as u64;
+                continue;
+            }
+            return match decode_final(&frame, step)? {
+                Response::ReadDone { bytes } if bytes == total => Ok(total),
+                other => Err(unexpected(step, &other)),
+            };
+        }
+    }
+
+    /// Reads a whole guest file into memory.
+    pub fn read_file_to_vec(&self, path: &str) -> Result<Vec<u8>, ClientError> {
+        let mut out = Vec::new();
+        self.read_file(path, &mut out)?;
+        Ok(out)
+    }
+
+    /// Streams `src` into a guest file (atomically replaced); returns the byte count.
+    pub fn write_file(&self, req: &WriteFileRequest, src: &mut dyn Read) -> Result<u64, ClientError> {
+        let step = "write_file";
+        let mut stream = self.start(step, &Request::WriteFile(req.clone()))?;
+        send_stream(&mut stream, src, FrameKind::Data, step)?;
+        match final_response(&mut stream, step)? {
+            Response::Written { bytes } => Ok(bytes),
+            other => Err(unexpected(step, &other)),
+        }
+    }
+
+    /// Lists a guest directory.
+    pub fn list(&self, path: &str) -> Result<Vec<FileInfo>, ClientError> {
+        match self.call("list", &Request::List { path: path.into() })? {
+            Response::Entries { entries } => Ok(entries),
+            other => Err(unexpected("list", &other)),
+        }
+    }
+
+    /// Describes one guest path.
+    pub fn stat(&self, path: &str) -> Result<FileInfo, ClientError> {
+        match self.call("stat", &Request::Stat { path: path.into() })? {
+            Response::Stat(info) => Ok(info),
+            other => Err(unexpected("stat", &other)),
+        }
+    }
+
+    /// Creates a guest directory.
+    pub fn mkdir(&self, req: &MkdirRequest) -> Result<(), ClientError> {
+        self.expect_done("mkdir", &Request::Mkdir(req.clone()))
+    }
+
+    /// Removes a guest path (`recursive` for non-empty directories).
+    pub fn remove(&self, path: &str, recursive: bool) -> Result<(), ClientError> {
+        self.expect_done("remove", &Request::Remove { path: path.into(), recursive })
+    }
+
+    fn expect_done(&self, step: &'static str, req: &Request) -> Result<(), ClientError> {
+        match self.call(step, req)? {
+            Response::Done => Ok(()),
+            other => Err(unexpected(step, &other)),
+        }
+    }
+
+    /// Runs `code` in the warm interpreter.
+    pub fn eval(&self, code: &str) -> Result<EvalResponse, ClientError> {
+        match self.call("eval", &Request::Eval { code: code.into() })? {
+            Response::Eval(r) => Ok(r),
+            other => Err(unexpected("eval", &other)),
+        }
+    }
+
+    /// Applies a fresh identity (send first after a restore).
+    pub fn identity(&self, req: &IdentityRequest) -> Result<IdentityApplied, ClientError> {
+        match self.call("identity", &Request::Identity(req.clone()))? {
+            Response::Identity(r) => Ok(r),
+            other => Err(unexpected("identity", &other)),
+        }
+    }
+
+    /// Asks the guest to sync and reset (or the agent to exit, when not PID 1).
+    pub fn shutdown(&self) -> Result<(), ClientError> {
+        match self.call("shutdown", &Request::Shutdown)? {
+            Response::ShuttingDown => Ok(()),
+            other => Err(unexpected("shutdown", &other)),
+        }
+    }
+}
+
+/// Sends `src` as chunks of `kind`, then `End`.
+fn send_stream<S: Write>(
+    stream: &mut S,
+    src: &mut dyn Read,
+    kind: FrameKind,
+    step: &'static str,
+) -> Result<(), ClientError> {
+    let mut buf = vec![0u8; DATA_CHUNK];
+    loop {
+        let n = match src.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(source) => return Err(ClientError::ReadSource { step, source }),
+        };
+        write_frame(stream, kind, &buf[..n]).map_err(|source| ClientError::Send { step, source })?;
+    }
+    write_frame(stream, FrameKind::End, &[]).map_err(|source| ClientError::Send { step, source })
+}
+
+/// Reads the one frame that ends a conversation and decodes it.
+fn final_response<S: Read>(stream: &mut S, step: &'static str) -> Result<Response, ClientError> {
+    let frame = read_frame(stream).map_err(|source| ClientError::Receive { step, source })?;
+    decode_final(&frame, step)
+}
+
+/// Turns a terminal frame into a `Response`, mapping `Error` frames and
+/// `Response::Error` to errors.
+fn decode_final(frame: &crate::Frame, step: &'static str) -> Result<Response, ClientError> {
+    match frame.kind {
+        FrameKind::Response => match frame.json::<Response>() {
+            Ok(Response::Error(e)) => Err(ClientError::Agent(e)),
+            Ok(r) => Ok(r),
+            Err(source) => Err(ClientError::Receive { step, source }),
+        },
+        FrameKind::Error => match frame.json::<ProtocolError>() {
+            Ok(e) => Err(ClientError::Rejected(e)),
+            Err(source) => Err(ClientError::Receive { step, source }),
+        },
+        kind => Err(ClientError::Unexpected { step, got: format!("{kind:?} frame") }),
+    }
+}
+
+fn unexpected(step: &'static str, got: &Response) -> ClientError {
+    ClientError::Unexpected { step, got: format!("{got:?}") }
+}

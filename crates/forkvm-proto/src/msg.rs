@@ -1,0 +1,354 @@
+//! Message types carried as JSON in `Request`, `Response` and `Error` frames.
+//!
+//! Unknown fields are ignored and new optional fields carry `#[serde(default)]`, which is
+//! what lets the compatibility rule next to `PROTOCOL_VERSION` add fields without a bump.
+
+use std::io;
+
+use serde::{Deserialize, Serialize};
+
+/// A request from the host; one per connection.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// Liveness and identity check.
+    Ping,
+    /// Run a process; see [`ExecRequest`].
+    Exec(ExecRequest),
+    /// Stream a file's bytes back in `Data` frames.
+    ReadFile { path: String },
+    /// Write a file from the `Data` frames that follow.
+    WriteFile(WriteFileRequest),
+    /// List a directory.
+    List { path: String },
+    /// Describe one path (follows a final symlink).
+    Stat { path: String },
+    /// Create a directory.
+    Mkdir(MkdirRequest),
+    /// Remove a file, symlink or directory.
+    Remove {
+        path: String,
+        #[serde(default)]
+        recursive: bool,
+    },
+    /// Run code in the warm interpreter.
+    Eval { code: String },
+    /// Apply a fresh identity after a snapshot restore.
+    Identity(IdentityRequest),
+    /// Sync and reset the guest (or exit the agent when it is not PID 1).
+    Shutdown,
+}
+
+/// What to run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Command {
+    /// `argv[0]` is looked up in `PATH`.
+    Argv(Vec<String>),
+    /// Run through `sh -c`.
+    Shell(String),
+}
+
+/// An `exec` request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecRequest {
+    /// The program.
+    pub command: Command,
+    /// Extra environment, applied over the agent's own.
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+    /// Working directory; the agent's own when absent.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Whether `Stdin` frames and an `End` frame follow the request. The client sets it.
+    #[serde(default)]
+    pub stdin: bool,
+    /// Kill the process group after this long and report `timed_out`.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+impl ExecRequest {
+    /// An argv request with no env, cwd or timeout.
+    pub fn argv<I: IntoIterator<Item = S>, S: Into<String>>(argv: I) -> Self {
+        Self::new(Command::Argv(argv.into_iter().map(Into::into).collect()))
+    }
+
+    /// A `sh -c` request with no env, cwd or timeout.
+    pub fn shell(script: impl Into<String>) -> Self {
+        Self::new(Command::Shell(script.into()))
+    }
+
+    fn new(command: Command) -> Self {
+        Self { command, env: Vec::new(), cwd: None, stdin: false, timeout_ms: None }
+    }
+}
+
+/// How an exec ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitStatus {
+    /// Exit code, when the process exited normally.
+    pub code: Option<i32>,
+    /// Terminating signal, when a signal killed it.
+    pub signal: Option<i32>,
+    /// The agent killed the process group because `timeout_ms` passed.
+    pub timed_out: bool,
+    /// Wall time from spawn to exit.
+    pub duration_ms: u64,
+}
+
+/// A `write_file` request; the bytes follow in `Data` frames ended by `End`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteFileRequest {
+    /// Destination path; replaced atomically (temp file + rename in the same directory).
+    pub path: String,
+    /// Permission bits; 0o644 when absent.
+    #[serde(default)]
+    pub mode: Option<u32>,
+    /// Create missing parent directories.
+    #[serde(default)]
+    pub create_parents: bool,
+}
+
+/// A `mkdir` request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MkdirRequest {
+    /// Directory to create.
+    pub path: String,
+    /// Create missing parents, and succeed if the directory exists.
+    #[serde(default)]
+    pub parents: bool,
+    /// Permission bits (before umask); 0o755 when absent.
+    #[serde(default)]
+    pub mode: Option<u32>,
+}
+
+/// The type of a directory entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileType {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+/// One `list` entry, or a `stat` result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileInfo {
+    /// Entry name (for `stat`, the last path component).
+    pub name: String,
+    /// File type (`list` does not follow symlinks; `stat` does).
+    pub file_type: FileType,
+    /// Size in bytes.
+    pub size: u64,
+    /// Permission bits (`st_mode & 0o7777`).
+    pub mode: u32,
+    /// Modification time, nanoseconds since the Unix epoch (i64: years 1677..2262).
+    pub mtime_unix_ns: i64,
+}
+
+/// How the warm interpreter's evaluation ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum EvalOutcome {
+    /// The code ran; `value_repr` is `repr()` of the last expression, if it ended in one.
+    Value { value_repr: Option<String> },
+    /// The code raised.
+    Exception { exception: String, traceback: String },
+}
+
+/// The reply to `eval`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EvalResponse {
+    /// Value or exception.
+    pub outcome: EvalOutcome,
+    /// What the code printed to `sys.stdout`.
+    pub stdout: String,
+    /// What the code printed to `sys.stderr`.
+    pub stderr: String,
+}
+
+/// The `identity` request sent right after a restore.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdentityRequest {
+    /// The new sandbox id, reported by `ping` from now on.
+    pub sandbox_id: String,
+    /// New hostname (`sethostname`).
+    pub hostname: String,
+    /// Wall clock to set (`clock_settime(CLOCK_REALTIME)`), ns since the Unix epoch.
+    pub wall_clock_unix_ns: u64,
+    /// Fresh host entropy for the kernel RNG, hex-encoded on the wire.
+    #[serde(with = "crate::bytes_hex")]
+    pub entropy: Vec<u8>,
+}
+
+/// What happened to the identity's entropy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EntropyOutcome {
+    /// Added with `RNDADDENTROPY` and credited to the kernel's entropy count.
+    Credited,
+    /// `RNDADDENTROPY` failed; written to `/dev/urandom` (mixed, not credited).
+    MixedNotCredited,
+    /// No entropy was sent.
+    None,
+}
+
+/// The reply to `identity`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdentityApplied {
+    /// Number of identities applied since the agent started, this one included.
+    pub generation: u64,
+    /// What happened to the entropy.
+    pub entropy: EntropyOutcome,
+}
+
+/// The reply to `ping`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pong {
+    /// The agent's crate version.
+    pub agent_version: String,
+    /// The wire protocol version the agent speaks.
+    pub protocol_version: u8,
+    /// Milliseconds since the agent started (monotonic; includes time before a snapshot).
+    pub uptime_ms: u64,
+    /// The sandbox id from the last `identity`, if any.
+    pub sandbox_id: Option<String>,
+    /// Number of identities applied; see the crate doc.
+    pub generation: u64,
+    /// Whether a warm interpreter is configured.
+    pub eval_available: bool,
+}
+
+/// A terminal reply; see the conversation table in the crate doc.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Response {
+    Pong(Pong),
+    Exit(ExitStatus),
+    ReadDone { bytes: u64 },
+    Written { bytes: u64 },
+    Entries { entries: Vec<FileInfo> },
+    Stat(FileInfo),
+    Done,
+    Eval(EvalResponse),
+    Identity(IdentityApplied),
+    ShuttingDown,
+    Error(AgentError),
+}
+
+/// errno-like classification of an operation failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    NotFound,
+    PermissionDenied,
+    IsADirectory,
+    NotADirectory,
+    AlreadyExists,
+    DirectoryNotEmpty,
+    InvalidInput,
+    /// The agent cannot do this (e.g. `eval` with no interpreter configured).
+    Unsupported,
+    /// The warm interpreter died or broke its channel.
+    Interpreter,
+    /// Any other failure; see `errno` and `message`.
+    Io,
+}
+
+/// A failed operation: the agent kept serving, only this request failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{kind:?}: {message}")]
+pub struct AgentError {
+    /// Classification.
+    pub kind: ErrorKind,
+    /// Human-readable message naming the failed step and path.
+    pub message: String,
+    /// The raw errno, when the failure came from a syscall.
+    #[serde(default)]
+    pub errno: Option<i32>,
+}
+
+impl AgentError {
+    /// An error with no errno.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self { kind, message: message.into(), errno: None }
+    }
+
+    /// Classifies an I/O error; `context` names the step, e.g. `"open /etc/x"`.
+    pub fn from_io(context: &str, err: &io::Error) -> Self {
+        let errno = err.raw_os_error();
+        let kind = match errno {
+            Some(libc_errno::ENOENT) => ErrorKind::NotFound,
+            Some(libc_errno::EACCES | libc_errno::EPERM) => ErrorKind::PermissionDenied,
+            Some(libc_errno::EISDIR) => ErrorKind::IsADirectory,
+            Some(libc_errno::ENOTDIR) => ErrorKind::NotADirectory,
+            Some(libc_errno::EEXIST) => ErrorKind::AlreadyExists,
+            Some(libc_errno::ENOTEMPTY) => ErrorKind::DirectoryNotEmpty,
+            Some(libc_errno::EINVAL) => ErrorKind::InvalidInput,
+            _ => match err.kind() {
+                io::ErrorKind::NotFound => ErrorKind::NotFound,
+                io::ErrorKind::PermissionDenied => ErrorKind::PermissionDenied,
+                io::ErrorKind::AlreadyExists => ErrorKind::AlreadyExists,
+                io::ErrorKind::InvalidInput => ErrorKind::InvalidInput,
+                _ => ErrorKind::Io,
+            },
+        };
+        Self { kind, message: format!("{context}: {err}"), errno }
+    }
+}
+
+/// Linux errno values (stable ABI), kept here so the protocol crate needs no libc.
+mod libc_errno {
+    pub const EPERM: i32 = 1;
+    pub const ENOENT: i32 = 2;
+    pub const EACCES: i32 = 13;
+    pub const EEXIST: i32 = 17;
+    pub const ENOTDIR: i32 = 20;
+    pub const EISDIR: i32 = 21;
+    pub const EINVAL: i32 = 22;
+    pub const ENOTEMPTY: i32 = 39;
+}
+
+/// Why the agent rejected a frame (payload of an `Error` frame).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProtocolErrorCode {
+    BadMagic,
+    VersionMismatch,
+    UnknownKind,
+    Oversized,
+    Truncated,
+    Malformed,
+    /// A well-formed frame of a kind not valid at this point of the conversation.
+    UnexpectedFrame,
+}
+
+/// Payload of an `Error` frame.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("agent rejected frame ({code:?}): {message}")]
+pub struct ProtocolError {
+    /// Machine-readable reason.
+    pub code: ProtocolErrorCode,
+    /// The decoder's message, naming the bad value.
+    pub message: String,
+    /// The protocol version the agent speaks.
+    pub agent_protocol_version: u8,
+}
+
+impl ProtocolError {
+    /// Maps a frame decoding error to the code the agent reports.
+    pub fn from_frame_error(err: &crate::FrameError) -> Self {
+        use crate::FrameError as E;
+        let code = match err {
+            E::BadMagic(_) => ProtocolErrorCode::BadMagic,
+            E::VersionMismatch { .. } => ProtocolErrorCode::VersionMismatch,
+            E::UnknownKind(_) => ProtocolErrorCode::UnknownKind,
+            E::Oversized { .. } => ProtocolErrorCode::Oversized,
+            E::Truncated { .. } | E::Closed => ProtocolErrorCode::Truncated,
+            _ => ProtocolErrorCode::Malformed,
+        };
+        Self { code, message: err.to_string(), agent_protocol_version: crate::PROTOCOL_VERSION }
+    }
+}
