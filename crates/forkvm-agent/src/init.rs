@@ -36,6 +36,39 @@ pub fn mount_early() -> Vec<(&'static str, io::Error)> {
     failures
 }
 
+/// Where the writable layer of an overlay root lives (a tmpfs), and where the overlay is
+/// assembled before it replaces `/`. Both directories must exist in the image.
+const OVERLAY_DIR: &str = "/overlay";
+const NEWROOT_DIR: &str = "/newroot";
+
+/// Whether `/` is mounted read-only (the shared image of a sandbox).
+pub fn root_is_read_only() -> bool {
+    // SAFETY: statvfs fills the zeroed struct; the path is a valid C string.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let rc = unsafe { libc::statvfs(c"/".as_ptr(), &mut st) };
+    rc == 0 && st.f_flag & libc::ST_RDONLY != 0
+}
+
+/// Puts a tmpfs-backed overlay over the read-only root image and makes it `/`: the
+/// image stays shared and untouched, the sandbox's writes go to memory.
+pub fn overlay_root() -> io::Result<()> {
+    let step = |what: &str, r: io::Result<()>| r.map_err(|e| io::Error::new(e.kind(), format!("{what}: {e}")));
+    step("mounting the overlay tmpfs", mount_with("tmpfs", OVERLAY_DIR, "tmpfs", Some("mode=0755"), 0))?;
+    for d in ["upper", "work"] {
+        step("creating overlay dirs", std::fs::create_dir_all(format!("{OVERLAY_DIR}/{d}")))?;
+    }
+    let opts = format!("lowerdir=/,upperdir={OVERLAY_DIR}/upper,workdir={OVERLAY_DIR}/work");
+    step("mounting the overlay", mount_with("overlay", NEWROOT_DIR, "overlay", Some(&opts), 0))?;
+    step("entering the new root", std::env::set_current_dir(NEWROOT_DIR))?;
+    step("moving the overlay to /", mount_with(".", "/", "", None, libc::MS_MOVE))?;
+    // SAFETY: chroot(".") with a valid C string; we are root (PID 1).
+    if unsafe { libc::chroot(c".".as_ptr()) } != 0 {
+        return Err(io::Error::new(io::Error::last_os_error().kind(), "chroot into the overlay"));
+    }
+    step("chdir /", std::env::set_current_dir("/"))
+}
+
 fn mount(source: &str, target: &str, fstype: &str, data: Option<&str>) -> io::Result<()> {
     let c = |s: &str| CString::new(s).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL));
     let (source, target, fstype) = (c(source)?, c(target)?, c(fstype)?);
@@ -44,6 +77,24 @@ fn mount(source: &str, target: &str, fstype: &str, data: Option<&str>) -> io::Re
     let flags = libc::MS_NOSUID | libc::MS_NODEV;
     // devtmpfs needs device nodes, so it must not get MS_NODEV.
     let flags = if fstype.as_bytes() == b"devtmpfs" { libc::MS_NOSUID } else { flags };
+    mount_raw(&source, &target, &fstype, data_ptr, flags)
+}
+
+fn mount_with(source: &str, target: &str, fstype: &str, data: Option<&str>, flags: libc::c_ulong) -> io::Result<()> {
+    let c = |s: &str| CString::new(s).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL));
+    let (source, target, fstype) = (c(source)?, c(target)?, c(fstype)?);
+    let data = data.map(c).transpose()?;
+    let data_ptr = data.as_ref().map_or(std::ptr::null(), |d| d.as_ptr().cast());
+    mount_raw(&source, &target, &fstype, data_ptr, flags)
+}
+
+fn mount_raw(
+    source: &CString,
+    target: &CString,
+    fstype: &CString,
+    data_ptr: *const libc::c_void,
+    flags: libc::c_ulong,
+) -> io::Result<()> {
     // SAFETY: all pointers are NUL-terminated strings (or null data) alive for the call.
     let rc = unsafe { libc::mount(source.as_ptr(), target.as_ptr(), fstype.as_ptr(), flags, data_ptr) };
     if rc == 0 {

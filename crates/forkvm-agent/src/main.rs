@@ -67,8 +67,13 @@ fn run(pid1: bool) -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    let args = Args::parse();
+    // As PID 1 our argv is whatever words of the kernel command line the kernel did not
+    // understand (`noxsave`, ...): configuration comes from the environment only.
+    let args = if pid1 { Args::parse_from(["forkvm-agent"]) } else { Args::parse() };
     if pid1 {
+        if init::root_is_read_only() {
+            init::overlay_root().context("setting up the overlay root")?;
+        }
         for (target, e) in init::mount_early() {
             tracing::warn!(target, error = %e, "early mount failed");
         }

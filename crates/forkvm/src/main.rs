@@ -38,6 +38,22 @@ enum BenchCommand {
     Fork(bench_fork::BenchForkArgs),
 }
 
+/// The error and its causes, skipping a cause whose text the message already contains
+/// (library errors often print their source inline).
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&text);
+        }
+    }
+    out
+}
+
 fn main() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("FORKVM_LOG").unwrap_or_else(|_| "warn".into());
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
@@ -53,7 +69,7 @@ fn main() {
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {
-            eprintln!("forkvm: {e:#}");
+            eprintln!("forkvm: {}", error_chain(&e));
             std::process::exit(1);
         }
     }

@@ -6,6 +6,7 @@ use clap::Args;
 use forkvm_testguest::{TestGuest, IMAGE_BASE};
 use forkvm_vmm::arch::x86_64::cpuid::CpuTemplate;
 use forkvm_vmm::control::{serve_until_exit, ControlClient, Request};
+use forkvm_vmm::devices::attach::{BlockConfig, DeviceConfig, VsockConfig};
 use forkvm_vmm::devices::serial::ConsoleOut;
 use forkvm_vmm::host::{open_kvm, HostKind};
 use forkvm_vmm::vstate::irqchip::IrqchipMode;
@@ -25,6 +26,47 @@ pub struct ConsoleArgs {
     /// Feed standard input to the guest's serial port.
     #[arg(long)]
     pub stdin: bool,
+    #[command(flatten)]
+    pub devices: DeviceArgs,
+}
+
+/// virtio devices; a restore must name the same kinds as its snapshot, in the same order.
+#[derive(Args, Debug)]
+pub struct DeviceArgs {
+    /// virtio-vsock with this host Unix socket (`CONNECT <port>` reaches the guest).
+    #[arg(long)]
+    pub vsock: Option<PathBuf>,
+    /// Guest CID for the vsock device.
+    #[arg(long, default_value_t = 3)]
+    pub cid: u64,
+    /// virtio-rng.
+    #[arg(long)]
+    pub rng: bool,
+    /// virtio-blk disk: PATH, or PATH:ro for read-only; repeat for more (vda, vdb, ...).
+    #[arg(long = "disk")]
+    pub disks: Vec<String>,
+}
+
+impl DeviceArgs {
+    pub fn config(&self) -> Result<DeviceConfig> {
+        let blocks = self
+            .disks
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let (path, read_only) = match d.strip_suffix(":ro") {
+                    Some(p) => (p, true),
+                    None => (d.as_str(), false),
+                };
+                if path.is_empty() {
+                    bail!("--disk needs a path, got {d:?}");
+                }
+                Ok(BlockConfig { path: path.into(), read_only, id: format!("forkvm-disk{i}") })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let vsock = self.vsock.clone().map(|uds_path| VsockConfig { guest_cid: self.cid, uds_path });
+        Ok(DeviceConfig { vsock, rng: self.rng, blocks })
+    }
 }
 
 #[derive(Args, Debug)]
@@ -149,7 +191,7 @@ pub fn boot(a: BootArgs) -> Result<i32> {
         cpu_template: a.cpu_template.unwrap_or_else(|| CpuTemplate::for_host(HostKind::detect())),
         payload,
         console: open_console(&a.console)?,
-        devices: Default::default(),
+        devices: a.console.devices.config()?,
         start_paused: false,
     };
     let vmm = forkvm_vmm::boot(&kvm, config).context("booting the VM")?;
@@ -159,7 +201,8 @@ pub fn boot(a: BootArgs) -> Result<i32> {
 pub fn restore(a: RestoreArgs) -> Result<i32> {
     let kvm = open_kvm()?;
     let snapshot = forkvm_vmm::prepare(&a.snapshot).context("reading the snapshot")?;
-    let vmm = forkvm_vmm::restore(&kvm, &snapshot, open_console(&a.console)?, &Default::default(), a.paused).context("restoring the VM")?;
+    let vmm = forkvm_vmm::restore(&kvm, &snapshot, open_console(&a.console)?, &a.console.devices.config()?, a.paused)
+        .context("restoring the VM")?;
     run_vmm(vmm, &a.console)
 }
 

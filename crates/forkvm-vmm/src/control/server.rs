@@ -34,12 +34,20 @@ fn bind(path: &Path) -> Result<UnixListener, ServeError> {
     UnixListener::bind(path).map_err(|source| ServeError::Bind { path: path.into(), source })
 }
 
+/// (device, inode) of the socket file at `path`.
+fn socket_identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
 /// Runs until the VM stops; returns why it stopped.
 pub fn serve_until_exit(vmm: Vmm, socket: Option<&Path>) -> Result<VcpuExitReason, ServeError> {
     let latch = vmm.exit_latch();
     let vmm = Arc::new(Mutex::new(vmm));
+    let mut bound = None;
     if let Some(path) = socket {
         let listener = bind(path)?;
+        bound = socket_identity(path);
         let (vmm, latch) = (vmm.clone(), latch.clone());
         std::thread::Builder::new()
             .name("control".into())
@@ -49,8 +57,11 @@ pub fn serve_until_exit(vmm: Vmm, socket: Option<&Path>) -> Result<VcpuExitReaso
     }
     let reason = latch.wait(None).unwrap_or(VcpuExitReason::Stopped);
     vmm.lock().unwrap_or_else(|p| p.into_inner()).stop();
-    if let Some(path) = socket {
-        let _ = std::fs::remove_file(path);
+    // Remove the socket only if it is still ours: a newer VMM may have replaced it.
+    if let (Some(path), Some(id)) = (socket, bound) {
+        if socket_identity(path) == Some(id) {
+            let _ = std::fs::remove_file(path);
+        }
     }
     Ok(reason)
 }
