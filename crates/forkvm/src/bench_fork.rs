@@ -340,7 +340,8 @@ pub fn run(a: BenchForkArgs) -> Result<i32> {
     let dominant_step = if spawn_ms > ready_ms / 2.0 {
         format!("the zygote's fork() loop: {spawn_ms:.1} ms of {ready_ms:.1} ms (fork() costs ~0.5 ms on this host)")
     } else {
-        let top = phases_loaded.iter().max_by(|a, b| a.1.as_f64().unwrap_or(0.0).total_cmp(&b.1.as_f64().unwrap_or(0.0)));
+        let top =
+            phases_loaded.iter().max_by(|a, b| a.1.as_f64().unwrap_or(0.0).total_cmp(&b.1.as_f64().unwrap_or(0.0)));
         format!("restore step {:?}", top.map(|t| t.0.as_str()).unwrap_or("?"))
     };
     let round = |v: f64| (v * 100.0).round() / 100.0;

@@ -3,7 +3,9 @@
 mod bench_fork;
 mod doctor;
 mod fork_cmd;
+mod image_cmd;
 mod procstat;
+mod run_cmd;
 mod vm_cmd;
 
 use clap::{Parser, Subcommand};
@@ -28,6 +30,10 @@ enum Command {
     /// Benchmarks; each prints one JSON object.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Run one command in a fresh Linux sandbox and exit with its status.
+    Run(run_cmd::RunArgs),
+    /// Guest kernel and images.
+    Image(image_cmd::ImageArgs),
     /// Check what this host can run.
     Doctor(doctor::DoctorArgs),
 }
@@ -64,6 +70,8 @@ fn main() {
         Command::Ctl(a) => vm_cmd::ctl(a),
         Command::Fork(a) => fork_cmd::run(a),
         Command::Bench(BenchCommand::Fork(a)) => bench_fork::run(a),
+        Command::Run(a) => run_cmd::run(a),
+        Command::Image(a) => image_cmd::run(a),
         Command::Doctor(a) => doctor::run(a),
     };
     match result {

@@ -15,12 +15,18 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Writing a byte here ends the run with that byte as the guest's exit code.
 pub const TEST_EXIT_PORT: u16 = 0x501;
+/// The i8042 keyboard controller's command port; command 0xFE pulses the CPU reset line,
+/// which is how a Linux guest booted with `reboot=k` restarts: the VMM stops the VM.
+pub const I8042_COMMAND_PORT: u16 = 0x64;
+const I8042_RESET_CPU: u8 = 0xfe;
 
 /// What the vCPU loop must do after a bus access.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BusAction {
     Continue,
     GuestExit(u8),
+    /// The guest reset the machine (i8042 reset): treated as a shutdown.
+    Reset,
 }
 
 /// Saved state of every device.
@@ -81,6 +87,9 @@ impl Devices {
     pub fn pio_read(&self, port: u16, data: &mut [u8]) {
         if (COM1_BASE..COM1_BASE + COM1_LEN).contains(&port) && data.len() == 1 {
             data[0] = lock(&self.serial).read((port - COM1_BASE) as u8);
+        } else if port == I8042_COMMAND_PORT {
+            // Status: output buffer empty, input buffer empty — ready for a command.
+            data.fill(0);
         } else {
             self.note_unclaimed("port read", port.into());
             data.fill(0xff);
@@ -92,6 +101,8 @@ impl Devices {
             lock(&self.serial).write((port - COM1_BASE) as u8, data[0]);
         } else if port == TEST_EXIT_PORT && !data.is_empty() {
             return BusAction::GuestExit(data[0]);
+        } else if port == I8042_COMMAND_PORT && data.first() == Some(&I8042_RESET_CPU) {
+            return BusAction::Reset;
         } else {
             self.note_unclaimed("port write", port.into());
         }

@@ -201,11 +201,11 @@ impl VcpuRunner {
             }
             match self.fd.run() {
                 Ok(VcpuExit::IoIn(port, data)) => self.devices.pio_read(port, data),
-                Ok(VcpuExit::IoOut(port, data)) => {
-                    if let BusAction::GuestExit(code) = self.devices.pio_write(port, data) {
-                        return VcpuExitReason::GuestExit(code);
-                    }
-                }
+                Ok(VcpuExit::IoOut(port, data)) => match self.devices.pio_write(port, data) {
+                    BusAction::Continue => {}
+                    BusAction::GuestExit(code) => return VcpuExitReason::GuestExit(code),
+                    BusAction::Reset => return VcpuExitReason::Shutdown,
+                },
                 Ok(VcpuExit::MmioRead(addr, data)) => self.devices.mmio_read(addr, data),
                 Ok(VcpuExit::MmioWrite(addr, data)) => self.devices.mmio_write(addr, data),
                 Ok(VcpuExit::Shutdown) => return VcpuExitReason::Shutdown,

@@ -1,0 +1,275 @@
+//! Building a template's root filesystem: stage a directory, then `mkfs.ext4 -d` it.
+//!
+//! busybox bases copy busybox-static and link its applets; Debian bases run
+//! `debootstrap` (minbase) with the template's packages, then pip. Both get the static
+//! `forkvm-agent` as `/sbin/forkvm-agent` and the empty mount points the agent uses
+//! (`/overlay`, `/newroot`). The image is written under a temporary name and renamed
+//! into place, so a crash never leaves a half image under a valid key.
+
+use super::template::{Base, Template, TemplateError};
+use serde::{Deserialize, Serialize};
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Bump when the builder changes what it puts into an image.
+const BUILDER_VERSION: &str = "rootfs-1";
+/// Directories every image has (mount points of the agent and the kernel).
+const DIRS: &[&str] = &[
+    "bin", "sbin", "etc", "proc", "sys", "dev", "tmp", "run", "root", "usr/bin", "usr/sbin", "var", "overlay",
+    "newroot",
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum RootfsError {
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    #[error("reading the agent binary {path}: {source} (build it with crates/forkvm-agent/build-static.sh)")]
+    Agent { path: PathBuf, source: std::io::Error },
+    #[error("{what}: {path} is missing: install it with `apt-get install {package}`")]
+    MissingTool { what: &'static str, path: &'static str, package: &'static str },
+    #[error("staging the image in {dir}: {step}: {source}")]
+    Stage { dir: PathBuf, step: String, source: std::io::Error },
+    #[error("{step} failed ({status}); its output is in {log}")]
+    Command { step: String, status: String, log: PathBuf },
+    #[error("running {step}: {source}")]
+    Spawn { step: String, source: std::io::Error },
+    #[error("writing image metadata {path}: {source}")]
+    Metadata { path: PathBuf, source: std::io::Error },
+}
+
+/// A built image.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BuiltImage {
+    pub name: String,
+    pub key: String,
+    pub rootfs: PathBuf,
+    pub size_bytes: u64,
+    /// The warm interpreter, if the template has one.
+    pub python: Option<String>,
+    pub warmup_eval: Option<String>,
+}
+
+/// Content hash of everything an image is built from.
+pub fn image_key(template_text: &str, agent: &[u8]) -> String {
+    let mut h = blake3::Hasher::new();
+    for part in [BUILDER_VERSION.as_bytes(), template_text.as_bytes(), agent] {
+        h.update(&(part.len() as u64).to_le_bytes());
+        h.update(part);
+    }
+    h.finalize().to_hex()[..32].to_string()
+}
+
+/// The image for `template_path`, built into `<cache>/images/` if it is not there yet.
+pub fn ensure_image(template_path: &Path, agent_bin: &Path, cache: &Path) -> Result<BuiltImage, RootfsError> {
+    let (template, text) = Template::load(template_path)?;
+    let agent = std::fs::read(agent_bin).map_err(|source| RootfsError::Agent { path: agent_bin.into(), source })?;
+    let key = image_key(&text, &agent);
+    let dir = cache.join("images").join(format!("{}-{key}", template.name));
+    let meta_path = dir.join("image.json");
+    if let Ok(bytes) = std::fs::read(&meta_path) {
+        if let Ok(img) = serde_json::from_slice::<BuiltImage>(&bytes) {
+            if img.rootfs.exists() {
+                return Ok(img);
+            }
+        }
+    }
+    let work = cache.join("images").join(format!(".{}-{key}.tmp", template.name));
+    let _ = std::fs::remove_dir_all(&work);
+    let stage_err = |step: &str| {
+        let dir = work.clone();
+        let step = step.to_string();
+        move |source| RootfsError::Stage { dir, step, source }
+    };
+    let staging = work.join("root");
+    std::fs::create_dir_all(&staging).map_err(stage_err("creating the staging directory"))?;
+    match &template.base {
+        Base::Busybox => stage_busybox(&staging)?,
+        Base::Debian(suite) => stage_debian(&staging, suite, &template, &work)?,
+    }
+    stage_common(&staging, &agent, &template)?;
+    let image = work.join("rootfs.ext4");
+    let size = make_ext4(&staging, &image, &work)?;
+    std::fs::remove_dir_all(&staging).map_err(stage_err("removing the staging tree"))?;
+    let img = BuiltImage {
+        name: template.name.clone(),
+        key: key.clone(),
+        rootfs: dir.join("rootfs.ext4"),
+        size_bytes: size,
+        python: template.python.clone(),
+        warmup_eval: template.warmup_eval.clone(),
+    };
+    let json = serde_json::to_vec_pretty(&img).unwrap_or_default();
+    std::fs::write(work.join("image.json"), json)
+        .map_err(|source| RootfsError::Metadata { path: work.join("image.json"), source })?;
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::rename(&work, &dir).map_err(stage_err("publishing the image"))?;
+    Ok(img)
+}
+
+fn run(step: &str, cmd: &mut Command, log: &Path) -> Result<(), RootfsError> {
+    let out = cmd.output().map_err(|source| RootfsError::Spawn { step: step.into(), source })?;
+    let mut text = out.stdout;
+    text.extend_from_slice(&out.stderr);
+    let _ = std::fs::write(log, &text);
+    if !out.status.success() {
+        return Err(RootfsError::Command { step: step.into(), status: out.status.to_string(), log: log.into() });
+    }
+    Ok(())
+}
+
+fn stage_busybox(root: &Path) -> Result<(), RootfsError> {
+    const BUSYBOX: &str = "/bin/busybox";
+    let is_static = Command::new("file")
+        .arg(BUSYBOX)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("statically linked"));
+    if !Path::new(BUSYBOX).exists() || is_static.is_ok_and(|s| !s) {
+        return Err(RootfsError::MissingTool { what: "a static busybox", path: BUSYBOX, package: "busybox-static" });
+    }
+    let err = |step: &str| {
+        let (dir, step) = (root.to_path_buf(), step.to_string());
+        move |source| RootfsError::Stage { dir, step, source }
+    };
+    for d in DIRS {
+        std::fs::create_dir_all(root.join(d)).map_err(err("creating directories"))?;
+    }
+    std::fs::copy(BUSYBOX, root.join("bin/busybox")).map_err(err("copying busybox"))?;
+    let list = Command::new(BUSYBOX).arg("--list-full").output().map_err(err("listing busybox applets"))?;
+    for applet in String::from_utf8_lossy(&list.stdout).lines().filter(|l| !l.is_empty() && !l.contains("..")) {
+        let link = root.join(applet);
+        if link.exists() || applet == "bin/busybox" {
+            continue;
+        }
+        if let Some(parent) = link.parent() {
+            std::fs::create_dir_all(parent).map_err(err("creating applet directories"))?;
+        }
+        symlink("/bin/busybox", &link).map_err(err("linking busybox applets"))?;
+    }
+    std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").map_err(err("writing /etc/passwd"))?;
+    std::fs::write(root.join("etc/group"), "root:x:0:\n").map_err(err("writing /etc/group"))?;
+    Ok(())
+}
+
+fn stage_debian(root: &Path, suite: &str, t: &Template, work: &Path) -> Result<(), RootfsError> {
+    if !Path::new("/usr/sbin/debootstrap").exists() {
+        return Err(RootfsError::MissingTool {
+            what: "debootstrap",
+            path: "/usr/sbin/debootstrap",
+            package: "debootstrap",
+        });
+    }
+    let mut cmd = Command::new("/usr/sbin/debootstrap");
+    cmd.args(["--variant=minbase", "--merged-usr"]);
+    if !t.packages.is_empty() {
+        cmd.arg(format!("--include={}", t.packages.join(",")));
+    }
+    cmd.arg(suite).arg(root).arg(debian_mirror());
+    run("debootstrap", &mut cmd, &work.join("debootstrap.log"))?;
+    if !t.pip.is_empty() {
+        let python = t.python.as_deref().unwrap_or("/usr/bin/python3");
+        let mut pip = Command::new("chroot");
+        pip.arg(root).args([python, "-m", "pip", "install", "--break-system-packages", "--no-cache-dir"]).args(&t.pip);
+        run("pip install", &mut pip, &work.join("pip.log"))?;
+    }
+    // Package caches are dead weight in a read-only image.
+    let _ = std::fs::remove_dir_all(root.join("var/cache/apt/archives"));
+    let _ = std::fs::remove_dir_all(root.join("var/lib/apt/lists"));
+    for d in DIRS {
+        let _ = std::fs::create_dir_all(root.join(d));
+    }
+    Ok(())
+}
+
+/// The Debian mirror apt uses on this host (deb822 or one-line sources), else deb.debian.org.
+fn debian_mirror() -> String {
+    let mut text = std::fs::read_to_string("/etc/apt/sources.list.d/debian.sources").unwrap_or_default();
+    text.push_str(&std::fs::read_to_string("/etc/apt/sources.list").unwrap_or_default());
+    text.lines()
+        .find_map(|l| {
+            let l = l.trim();
+            l.strip_prefix("URIs:")
+                .map(|u| u.split_whitespace().next().unwrap_or("").to_string())
+                .or_else(|| {
+                    l.strip_prefix("deb ")
+                        .and_then(|r| r.split_whitespace().find(|w| w.starts_with("http")).map(String::from))
+                })
+                .filter(|u| u.starts_with("http") && !u.contains("security"))
+        })
+        .unwrap_or_else(|| "http://deb.debian.org/debian".to_string())
+}
+
+fn stage_common(root: &Path, agent: &[u8], t: &Template) -> Result<(), RootfsError> {
+    let err = |step: String| {
+        let dir = root.to_path_buf();
+        move |source| RootfsError::Stage { dir, step, source }
+    };
+    let agent_path = root.join("sbin/forkvm-agent");
+    std::fs::write(&agent_path, agent).map_err(err("installing the agent".into()))?;
+    std::fs::set_permissions(&agent_path, std::fs::Permissions::from_mode(0o755))
+        .map_err(err("chmod the agent".into()))?;
+    // Debug info is most of a release binary and useless in the guest.
+    let _ = Command::new("strip").arg("--strip-debug").arg(&agent_path).status();
+    std::fs::write(root.join("etc/hostname"), "forkvm\n").map_err(err("writing /etc/hostname".into()))?;
+    for (path, content) in &t.files {
+        let target = root.join(path.trim_start_matches('/'));
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent).map_err(err(format!("creating the parent of {path}")))?;
+        }
+        std::fs::write(&target, content).map_err(err(format!("writing {path}")))?;
+    }
+    Ok(())
+}
+
+fn tree_size(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .map(|e| match e.metadata() {
+                    Ok(m) if m.is_dir() => 4096 + tree_size(&e.path()),
+                    Ok(m) if m.is_file() => m.len().div_ceil(4096) * 4096,
+                    _ => 4096,
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// `mkfs.ext4 -d`: an ext4 image holding `staging`, sized with room for metadata.
+fn make_ext4(staging: &Path, image: &Path, work: &Path) -> Result<u64, RootfsError> {
+    if !Path::new("/usr/sbin/mkfs.ext4").exists() && !Path::new("/sbin/mkfs.ext4").exists() {
+        return Err(RootfsError::MissingTool { what: "mkfs.ext4", path: "/usr/sbin/mkfs.ext4", package: "e2fsprogs" });
+    }
+    let size_mib = (tree_size(staging) * 5 / 4) / (1 << 20) + 16;
+    let mut cmd = Command::new("mkfs.ext4");
+    cmd.args(["-q", "-F", "-L", "forkvm-root", "-O", "^has_journal", "-E", "root_owner=0:0", "-d"])
+        .arg(staging)
+        .arg(image)
+        .arg(format!("{size_mib}M"));
+    run("mkfs.ext4", &mut cmd, &work.join("mkfs.log"))?;
+    Ok(size_mib << 20)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_key_depends_on_template_and_agent() {
+        let k = image_key("name = \"a\"", b"agent");
+        assert_eq!(k.len(), 32);
+        assert_eq!(k, image_key("name = \"a\"", b"agent"));
+        assert_ne!(k, image_key("name = \"b\"", b"agent"));
+        assert_ne!(k, image_key("name = \"a\"", b"agent2"));
+    }
+
+    #[test]
+    fn a_missing_agent_is_explained() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path().join("t.toml");
+        std::fs::write(&t, "name = \"t\"\nbase = \"busybox\"\n").unwrap();
+        let e = ensure_image(&t, Path::new("/nonexistent/agent"), dir.path()).unwrap_err().to_string();
+        assert!(e.contains("build-static.sh"), "{e}");
+    }
+}

@@ -1,0 +1,125 @@
+//! Image templates: a small declarative TOML file says what goes into a root filesystem.
+//!
+//! ```toml
+//! name = "python"
+//! base = "debian:bookworm"          # or "busybox"
+//! packages = ["python3-numpy"]      # Debian packages (debian bases only)
+//! pip = []                          # PyPI packages, installed with the image's pip
+//! python = "/usr/bin/python3"       # the agent's warm interpreter
+//! warmup_eval = "import numpy"      # run in the warm interpreter before the template snapshot
+//! [files]
+//! "/etc/motd" = "hello\n"           # extra files: path = content
+//! ```
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Template {
+    pub name: String,
+    pub base: Base,
+    #[serde(default)]
+    pub packages: Vec<String>,
+    #[serde(default)]
+    pub pip: Vec<String>,
+    #[serde(default)]
+    pub python: Option<String>,
+    #[serde(default)]
+    pub warmup_eval: Option<String>,
+    #[serde(default)]
+    pub files: BTreeMap<String, String>,
+}
+
+/// What the root filesystem starts from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Base {
+    /// busybox-static's applets.
+    Busybox,
+    /// A Debian suite, installed with debootstrap.
+    Debian(String),
+}
+
+impl<'de> Deserialize<'de> for Base {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Base, D::Error> {
+        let s = String::deserialize(d)?;
+        match s.split_once(':') {
+            None if s == "busybox" => Ok(Base::Busybox),
+            Some(("debian", suite)) if !suite.is_empty() && suite.chars().all(|c| c.is_ascii_alphanumeric()) => {
+                Ok(Base::Debian(suite.to_string()))
+            }
+            _ => Err(serde::de::Error::custom(format!("base {s:?}: expected \"busybox\" or \"debian:<suite>\""))),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    #[error("reading template {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("template {path}: {source}")]
+    Parse { path: String, source: toml::de::Error },
+    #[error("template {path}: {problem}")]
+    Invalid { path: String, problem: String },
+}
+
+impl Template {
+    pub fn load(path: &Path) -> Result<(Template, String), TemplateError> {
+        let p = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| TemplateError::Read { path: p.clone(), source })?;
+        let t = Template::parse(&text).map_err(|e| match e {
+            TemplateError::Parse { source, .. } => TemplateError::Parse { path: p.clone(), source },
+            TemplateError::Invalid { problem, .. } => TemplateError::Invalid { path: p.clone(), problem },
+            other => other,
+        })?;
+        Ok((t, text))
+    }
+
+    pub fn parse(text: &str) -> Result<Template, TemplateError> {
+        let t: Template =
+            toml::from_str(text).map_err(|source| TemplateError::Parse { path: String::new(), source })?;
+        let invalid = |problem: String| Err(TemplateError::Invalid { path: String::new(), problem });
+        if t.name.is_empty() || !t.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+            return invalid(format!("name {:?} must be letters, digits, '-' or '_'", t.name));
+        }
+        if t.base == Base::Busybox && (!t.packages.is_empty() || !t.pip.is_empty() || t.python.is_some()) {
+            return invalid(
+                "a busybox base has no package manager and no Python: use base = \"debian:bookworm\"".into(),
+            );
+        }
+        for path in t.files.keys() {
+            if !path.starts_with('/') || path.split('/').any(|c| c == "..") {
+                return invalid(format!("file path {path:?} must be absolute and must not contain '..'"));
+            }
+        }
+        if t.warmup_eval.is_some() && t.python.is_none() {
+            return invalid("warmup_eval needs python = \"/path/to/python3\"".into());
+        }
+        Ok(t)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_templates_parse() {
+        for name in ["tiny", "python"] {
+            let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../templates").join(format!("{name}.toml"));
+            let (t, _) = Template::load(&path).unwrap();
+            assert_eq!(t.name, name);
+        }
+    }
+
+    #[test]
+    fn bad_templates_are_refused_with_the_reason() {
+        let e = |text: &str| Template::parse(text).unwrap_err().to_string();
+        assert!(e("name = \"x\"\nbase = \"alpine\"").contains("expected \"busybox\""));
+        assert!(e("name = \"x\"\nbase = \"busybox\"\npackages = [\"vim\"]").contains("no package manager"));
+        assert!(e("name = \"x\"\nbase = \"busybox\"\n[files]\n\"../etc\" = \"\"").contains("absolute"));
+        assert!(e("name = \"x y\"\nbase = \"busybox\"").contains("letters"));
+        assert!(e("name = \"x\"\nbase = \"busybox\"\nsurprise = 1").contains("unknown field"));
+    }
+}

@@ -1,0 +1,17 @@
+//! Linux sandboxes: a guest kernel, a template's root filesystem and the forkvm agent,
+//! booted once into a **template snapshot** and restored for every sandbox.
+//!
+//! A cold boot of a Linux guest takes tens of seconds on PVM hosts (guest kernel code is
+//! emulated), a restore a fraction of a second. So the first use of a template boots it,
+//! waits for the agent, runs the template's warm-up, and snapshots it under a content
+//! hash of everything that went into it (kernel, image, boot configuration); every
+//! sandbox after that is a copy-on-write restore, re-identified before anything runs.
+//! This is the library the CLI's `run` and the daemon use.
+
+pub mod artifacts;
+pub mod sandbox;
+pub mod template_snapshot;
+
+pub use artifacts::{Artifacts, ArtifactsError};
+pub use sandbox::{Sandbox, SandboxError};
+pub use template_snapshot::{ensure_template_snapshot, TemplateSnapshot, TemplateSnapshotError};

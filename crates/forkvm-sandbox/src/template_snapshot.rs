@@ -1,0 +1,180 @@
+//! Template snapshots: a template booted once, agent ready and warm-up done, saved under
+//! a content hash of what it was built from.
+//!
+//! Key = BLAKE3 of the kernel key, the image key, the boot configuration (memory,
+//! command line, irqchip, CPU template) and the vmstate format version; directory
+//! `<cache>/snapshots/<template>-<key>/`. Any input change makes a new key, so a stale
+//! snapshot is never restored, and the cache is safe to delete.
+
+use crate::artifacts::Artifacts;
+use forkvm_proto::AgentClient;
+use forkvm_vmm::arch::x86_64::cpuid::CpuTemplate;
+use forkvm_vmm::devices::attach::{BlockConfig, DeviceConfig, VsockConfig};
+use forkvm_vmm::devices::serial::ConsoleOut;
+use forkvm_vmm::host::{open_kvm, HostKind, KvmUnavailable};
+use forkvm_vmm::vstate::irqchip::IrqchipMode;
+use forkvm_vmm::{BootConfig, Payload};
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// vsock port the agent listens on.
+pub const AGENT_PORT: u32 = 1024;
+/// The guest CID of every sandbox (each VM has its own vsock device, so they never meet).
+pub const GUEST_CID: u64 = 3;
+/// How long a cold boot may take to reach the agent (guest kernels are emulated on PVM).
+const BOOT_TIMEOUT: Duration = Duration::from_secs(600);
+const MEM_MIB: u64 = 256;
+const IRQCHIP: IrqchipMode = IrqchipMode::Kernel;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateSnapshotError {
+    #[error(transparent)]
+    Kvm(#[from] KvmUnavailable),
+    #[error("preparing {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("booting the template VM: {0}")]
+    Boot(forkvm_vmm::BuildError),
+    #[error("the template VM's agent did not answer within {0:?}; see the console log {1}")]
+    AgentTimeout(Duration, PathBuf),
+    #[error("the template VM stopped during boot ({0}); see the console log {1}")]
+    Stopped(String, PathBuf),
+    #[error("template warm-up `{code}` failed: {detail}")]
+    Warmup { code: String, detail: String },
+    #[error("snapshotting the template VM: {0}")]
+    Snapshot(forkvm_vmm::VmmError),
+}
+
+/// A ready template snapshot and how to restore it.
+#[derive(Debug, Clone)]
+pub struct TemplateSnapshot {
+    pub dir: PathBuf,
+    pub key: String,
+    pub artifacts: Artifacts,
+    /// Seconds the cold boot took when this call had to make the snapshot.
+    pub boot_seconds: Option<f64>,
+}
+
+impl TemplateSnapshot {
+    /// Devices of a sandbox restored from this snapshot, with its own vsock socket.
+    pub fn devices(&self, vsock_uds: &Path) -> DeviceConfig {
+        devices(&self.artifacts, vsock_uds)
+    }
+}
+
+fn devices(a: &Artifacts, vsock_uds: &Path) -> DeviceConfig {
+    DeviceConfig {
+        vsock: Some(VsockConfig { guest_cid: GUEST_CID, uds_path: vsock_uds.to_path_buf() }),
+        rng: true,
+        blocks: vec![BlockConfig { path: a.image.rootfs.clone(), read_only: true, id: "forkvm-root".into() }],
+    }
+}
+
+fn cmdline(a: &Artifacts) -> String {
+    let mut c =
+        "console=ttyS0 reboot=k panic=1 quiet root=/dev/vda ro rootfstype=ext4 init=/sbin/forkvm-agent".to_string();
+    if let Some(python) = &a.image.python {
+        c.push_str(&format!(" FORKVM_AGENT_PYTHON={python}"));
+    }
+    c
+}
+
+fn snapshot_key(a: &Artifacts, template: CpuTemplate) -> String {
+    let config = format!("mem={MEM_MIB} irqchip={IRQCHIP} cpu={template} cmdline={}", cmdline(a));
+    let mut h = blake3::Hasher::new();
+    for part in [
+        a.kernel_key.as_str(),
+        a.image.key.as_str(),
+        config.as_str(),
+        &forkvm_snapshot::VMSTATE_FORMAT_VERSION.to_string(),
+    ] {
+        h.update(&(part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
+    h.finalize().to_hex()[..32].to_string()
+}
+
+/// Waits until the agent behind `uds` answers a ping.
+pub fn wait_for_agent(
+    client: &AgentClient<std::os::unix::net::UnixStream>,
+    timeout: Duration,
+    alive: &dyn Fn() -> Option<String>,
+) -> Result<(), Option<String>> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if client.ping().is_ok() {
+            return Ok(());
+        }
+        if let Some(why) = alive() {
+            return Err(Some(why));
+        }
+        if Instant::now() > deadline {
+            return Err(None);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The template snapshot for `artifacts`, booting and snapshotting it if missing.
+pub fn ensure_template_snapshot(artifacts: Artifacts) -> Result<TemplateSnapshot, TemplateSnapshotError> {
+    let cpu = CpuTemplate::for_host(HostKind::detect());
+    let key = snapshot_key(&artifacts, cpu);
+    let dir = artifacts.cache.join("snapshots").join(format!("{}-{key}", artifacts.image.name));
+    if forkvm_snapshot::SnapshotDir::open(&dir).is_ok() {
+        return Ok(TemplateSnapshot { dir, key, artifacts, boot_seconds: None });
+    }
+    let work = artifacts.cache.join("snapshots").join(format!(".boot-{}-{}", artifacts.image.name, std::process::id()));
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| TemplateSnapshotError::Io { path, source }
+    };
+    std::fs::create_dir_all(&work).map_err(io(&work))?;
+    let console_path = work.join("console.log");
+    let log = OpenOptions::new().create(true).append(true).open(&console_path).map_err(io(&console_path))?;
+    let uds = work.join("vsock.sock");
+    let started = Instant::now();
+    let kvm = open_kvm()?;
+    let mut vmm = forkvm_vmm::boot(
+        &kvm,
+        BootConfig {
+            mem_size: MEM_MIB << 20,
+            vcpu_count: 1,
+            irqchip: IRQCHIP,
+            cpu_template: cpu,
+            payload: Payload::Linux { kernel: artifacts.kernel.clone(), initrd: None, cmdline: cmdline(&artifacts) },
+            console: ConsoleOut::new(Some(log), None),
+            devices: devices(&artifacts, &uds),
+            start_paused: false,
+        },
+    )
+    .map_err(TemplateSnapshotError::Boot)?;
+    let client = AgentClient::vsock_uds(&uds, AGENT_PORT);
+    let latch = vmm.exit_latch();
+    let alive = || latch.get().map(|r| format!("{r:?}"));
+    wait_for_agent(&client, BOOT_TIMEOUT, &alive).map_err(|e| match e {
+        Some(why) => TemplateSnapshotError::Stopped(why, console_path.clone()),
+        None => TemplateSnapshotError::AgentTimeout(BOOT_TIMEOUT, console_path.clone()),
+    })?;
+    if let Some(code) = &artifacts.image.warmup_eval {
+        let warm = |detail: String| TemplateSnapshotError::Warmup { code: code.clone(), detail };
+        let r = client.eval(code).map_err(|e| warm(e.to_string()))?;
+        if let forkvm_proto::EvalOutcome::Exception { .. } = r.outcome {
+            return Err(warm(format!("{:?}", r.outcome)));
+        }
+    }
+    let boot_seconds = started.elapsed().as_secs_f64();
+    // Snapshot under a temporary tag, then move into place (another process may race us:
+    // the first complete snapshot wins, the other is discarded).
+    let tmp_snap = work.join("snapshot");
+    vmm.snapshot(&tmp_snap).map_err(TemplateSnapshotError::Snapshot)?;
+    vmm.stop();
+    drop(vmm);
+    if std::fs::rename(&tmp_snap, &dir).is_err() && forkvm_snapshot::SnapshotDir::open(&dir).is_err() {
+        return Err(TemplateSnapshotError::Io {
+            path: dir,
+            source: std::io::Error::other("could not publish the template snapshot"),
+        });
+    }
+    let _ = std::fs::remove_dir_all(&work);
+    Ok(TemplateSnapshot { dir, key, artifacts, boot_seconds: Some(boot_seconds) })
+}

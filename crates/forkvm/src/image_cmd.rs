@@ -1,0 +1,211 @@
+//! `forkvm image`: guest images. `forkvm image kernel` builds the guest kernel from
+//! Debian's `linux-source-6.1` (minutes, once per content hash) or finds it in the cache,
+//! and prints its path. Progress goes to stderr: a progress bar on a terminal, a few plain
+//! lines otherwise.
+
+use std::io::IsTerminal;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::{Args, Subcommand};
+use forkvm_image::kernel::{base_cmdline, ensure_kernel_at, BuildEvent, BuildPlan};
+use forkvm_vmm::arch::x86_64::cpuid::CpuTemplate;
+use forkvm_vmm::host::HostKind;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+
+#[derive(Args, Debug)]
+pub struct ImageArgs {
+    #[command(subcommand)]
+    pub command: ImageCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ImageCommand {
+    /// Build the guest kernel (or find it in the cache) and print the path of its vmlinux.
+    ///
+    /// Needs: apt-get install linux-source-6.1 build-essential bc flex bison libelf-dev.
+    /// Cache: $FORKVM_CACHE or ~/.cache/forkvm.
+    Kernel(KernelArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct KernelArgs {
+    /// Print one JSON object on stdout (path, key, cached, build_seconds, size_bytes, cmdline).
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: ImageArgs) -> Result<i32> {
+    match a.command {
+        ImageCommand::Kernel(k) => kernel(k),
+    }
+}
+
+fn kernel(a: KernelArgs) -> Result<i32> {
+    let plan = BuildPlan::current()?;
+    let key = plan.key();
+    let mut view = ProgressView::new();
+    let mut built_seconds = None;
+    let result = ensure_kernel_at(&plan, &mut |e| {
+        if let BuildEvent::Done { seconds, .. } = e {
+            built_seconds = Some(seconds);
+        }
+        view.show(&e);
+    });
+    view.finish();
+    let path = match result {
+        Ok(path) => path,
+        Err(e) => {
+            if let Some(log) = e.log_path() {
+                print_log_tail(log, 20);
+            }
+            return Err(e.into());
+        }
+    };
+    let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    let host = HostKind::detect();
+    let cmdline = format!("{} {}", base_cmdline(), CpuTemplate::for_host(host).linux_cmdline()).trim().to_string();
+    if a.json {
+        let out = json!({
+            "path": path,
+            "key": key,
+            "cached": built_seconds.is_none(),
+            "build_seconds": built_seconds,
+            "size_bytes": size,
+            "host": host.name(),
+            "cmdline": cmdline,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!("{}", path.display());
+        match built_seconds {
+            Some(s) => eprintln!("built in {} ({:.1} MiB, key {key})", fmt_duration(s), size as f64 / 1048576.0),
+            None => eprintln!("cached ({:.1} MiB, key {key})", size as f64 / 1048576.0),
+        }
+        eprintln!("kernel command line for this host ({}): {cmdline}", host.name());
+    }
+    Ok(0)
+}
+
+/// Renders [`BuildEvent`]s on stderr.
+pub(crate) struct ProgressView {
+    /// Set when stderr is a terminal and compiling has started.
+    bar: Option<ProgressBar>,
+    terminal: bool,
+    /// Last 10 % step printed in plain mode.
+    last_step: u64,
+}
+
+impl ProgressView {
+    pub(crate) fn new() -> Self {
+        ProgressView { bar: None, terminal: std::io::stderr().is_terminal(), last_step: u64::MAX }
+    }
+
+    pub(crate) fn show(&mut self, e: &BuildEvent) {
+        match e {
+            BuildEvent::Cached { .. } => {}
+            BuildEvent::Waiting { lock } => self.line(&format!("waiting for another build ({})", lock.display())),
+            BuildEvent::Extracting { tarball } => self.line(&format!("extracting {}", tarball.display())),
+            BuildEvent::Patching { name, index, count } => self.line(&format!("patch {index}/{count}: {name}")),
+            BuildEvent::Configuring => self.line("configuring (tinyconfig + forkvm.config)"),
+            BuildEvent::Compiling { done, estimated_total, elapsed } => {
+                if self.terminal {
+                    let bar = self.bar.get_or_insert_with(|| new_bar(*estimated_total));
+                    if *done > bar.length().unwrap_or(0) {
+                        bar.set_length(*done);
+                    }
+                    bar.set_position(*done);
+                } else {
+                    let step = done * 10 / estimated_total.max(&1);
+                    if step != self.last_step {
+                        self.last_step = step;
+                        eprintln!(
+                            "compiling: {done}/~{estimated_total} files, {}",
+                            fmt_duration(elapsed.as_secs_f64())
+                        );
+                    }
+                }
+            }
+            BuildEvent::Linking { elapsed } => {
+                if let Some(bar) = self.bar.take() {
+                    bar.finish_and_clear();
+                }
+                self.line(&format!("linking vmlinux ({} so far)", fmt_duration(elapsed.as_secs_f64())));
+            }
+            BuildEvent::Done { .. } => {}
+        }
+    }
+
+    fn line(&self, text: &str) {
+        match &self.bar {
+            Some(bar) => bar.println(text),
+            None => eprintln!("{text}"),
+        }
+    }
+
+    pub(crate) fn finish(&mut self) {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+fn new_bar(len: u64) -> ProgressBar {
+    let bar = ProgressBar::new(len);
+    let style = ProgressStyle::with_template("compiling [{bar:40}] {pos}/~{len} files, {elapsed_precise}")
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
+    bar.set_style(style);
+    bar.enable_steady_tick(Duration::from_millis(500));
+    bar
+}
+
+fn fmt_duration(seconds: f64) -> String {
+    let s = seconds.round() as u64;
+    if s >= 60 {
+        format!("{}m {:02}s", s / 60, s % 60)
+    } else {
+        format!("{seconds:.1} s")
+    }
+}
+
+fn print_log_tail(log: &Path, lines: usize) {
+    let Ok(text) = std::fs::read_to_string(log) else { return };
+    let all: Vec<&str> = text.lines().collect();
+    eprintln!("--- last {} lines of {} ---", lines.min(all.len()), log.display());
+    for l in &all[all.len().saturating_sub(lines)..] {
+        eprintln!("{l}");
+    }
+    eprintln!("---");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(subcommand)]
+        image: ImageCommand,
+    }
+
+    #[test]
+    fn parses_kernel_subcommand() {
+        let c = Cli::try_parse_from(["x", "kernel", "--json"]).unwrap();
+        let ImageCommand::Kernel(k) = c.image;
+        assert!(k.json);
+        let c = Cli::try_parse_from(["x", "kernel"]).unwrap();
+        let ImageCommand::Kernel(k) = c.image;
+        assert!(!k.json);
+        assert!(Cli::try_parse_from(["x", "rootfs"]).is_err());
+    }
+
+    #[test]
+    fn durations_read_well() {
+        assert_eq!(fmt_duration(12.34), "12.3 s");
+        assert_eq!(fmt_duration(492.0), "8m 12s");
+    }
+}
