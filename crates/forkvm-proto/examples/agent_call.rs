@@ -8,7 +8,13 @@ fn main() {
     let t = std::time::Instant::now();
     let out = client.exec_collect(&forkvm_proto::ExecRequest::argv(args[1..].to_vec()), b"");
     match out {
-        Ok(o) => println!("exec in {:?}: {:?} stdout={:?} stderr={:?}", t.elapsed(), o.status, String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)),
+        Ok(o) => println!(
+            "exec in {:?}: {:?} stdout={:?} stderr={:?}",
+            t.elapsed(),
+            o.status,
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ),
         Err(e) => println!("exec error: {e}"),
     }
 }

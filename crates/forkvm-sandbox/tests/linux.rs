@@ -82,3 +82,34 @@ fn writes_stay_in_their_sandbox() {
     assert_eq!(String::from_utf8_lossy(&a.client.exec_collect(&read, b"").unwrap().stdout), "mine\n");
     assert_eq!(String::from_utf8_lossy(&b.client.exec_collect(&read, b"").unwrap().stdout), "none\n");
 }
+
+fn python_template() -> &'static TemplateSnapshot {
+    static T: OnceLock<TemplateSnapshot> = OnceLock::new();
+    T.get_or_init(|| {
+        let artifacts = Artifacts::ensure("python", &mut |_| {}).expect("kernel and python image");
+        ensure_template_snapshot(artifacts).expect("python template snapshot")
+    })
+}
+
+#[test]
+fn eval_in_the_warm_interpreter_returns_reprs_and_tracebacks() {
+    use forkvm_proto::EvalOutcome;
+    let sb = Sandbox::start(python_template()).expect("python sandbox");
+    // numpy was imported by the template's warm-up, before the snapshot.
+    let r = sb.client.eval("import numpy as np\nnp.arange(4).reshape(2, 2).sum()").unwrap();
+    match r.outcome {
+        EvalOutcome::Value { value_repr: Some(v) } => assert!(v == "np.int64(6)" || v == "6", "{v}"),
+        other => panic!("expected a value, got {other:?}"),
+    }
+    sb.client.eval("x = 41").unwrap();
+    let r = sb.client.eval("x + 1").unwrap();
+    assert_eq!(r.outcome, EvalOutcome::Value { value_repr: Some("42".into()) });
+    let r = sb.client.eval("1 / 0").unwrap();
+    match r.outcome {
+        EvalOutcome::Exception { exception, traceback } => {
+            assert!(exception.contains("ZeroDivisionError"), "{exception}");
+            assert!(traceback.contains("Traceback"), "{traceback}");
+        }
+        other => panic!("expected an exception, got {other:?}"),
+    }
+}

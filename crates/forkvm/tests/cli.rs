@@ -305,7 +305,8 @@ fn fork_refuses_bad_input_plainly() {
 
 #[test]
 fn forkvm_run_streams_output_and_exits_with_the_command_status() {
-    let out = forkvm().args(["run", "--image", "tiny", "--", "sh", "-c", "echo out; echo err >&2; exit 7"]).output().unwrap();
+    let out =
+        forkvm().args(["run", "--image", "tiny", "--", "sh", "-c", "echo out; echo err >&2; exit 7"]).output().unwrap();
     assert_eq!(out.status.code(), Some(7), "stderr: {}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "out\n");
     assert!(String::from_utf8_lossy(&out.stderr).contains("err\n"));
