@@ -115,35 +115,31 @@ pub fn wait_for_agent(
     }
 }
 
-/// The template snapshot for `artifacts`, booting and snapshotting it if missing.
-pub fn ensure_template_snapshot(artifacts: Artifacts) -> Result<TemplateSnapshot, TemplateSnapshotError> {
-    let cpu = CpuTemplate::for_host(HostKind::detect());
-    let key = snapshot_key(&artifacts, cpu);
-    let dir = artifacts.cache.join("snapshots").join(format!("{}-{key}", artifacts.image.name));
-    if forkvm_snapshot::SnapshotDir::open(&dir).is_ok() {
-        return Ok(TemplateSnapshot { dir, key, artifacts, boot_seconds: None });
-    }
-    let work = artifacts.cache.join("snapshots").join(format!(".boot-{}-{}", artifacts.image.name, std::process::id()));
+/// Cold-boots the template's VM in this process (console log and vsock socket in `work`)
+/// and waits until its agent answers; returns the VM, a client and the console log path.
+pub fn boot_to_agent(
+    artifacts: &Artifacts,
+    work: &Path,
+) -> Result<(forkvm_vmm::Vmm, AgentClient<std::os::unix::net::UnixStream>, PathBuf), TemplateSnapshotError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| TemplateSnapshotError::Io { path, source }
     };
-    std::fs::create_dir_all(&work).map_err(io(&work))?;
+    std::fs::create_dir_all(work).map_err(io(work))?;
     let console_path = work.join("console.log");
     let log = OpenOptions::new().create(true).append(true).open(&console_path).map_err(io(&console_path))?;
     let uds = work.join("vsock.sock");
-    let started = Instant::now();
     let kvm = open_kvm()?;
-    let mut vmm = forkvm_vmm::boot(
+    let vmm = forkvm_vmm::boot(
         &kvm,
         BootConfig {
             mem_size: MEM_MIB << 20,
             vcpu_count: 1,
             irqchip: IRQCHIP,
-            cpu_template: cpu,
-            payload: Payload::Linux { kernel: artifacts.kernel.clone(), initrd: None, cmdline: cmdline(&artifacts) },
+            cpu_template: CpuTemplate::for_host(HostKind::detect()),
+            payload: Payload::Linux { kernel: artifacts.kernel.clone(), initrd: None, cmdline: cmdline(artifacts) },
             console: ConsoleOut::new(Some(log), None),
-            devices: devices(&artifacts, &uds),
+            devices: devices(artifacts, &uds),
             start_paused: false,
         },
     )
@@ -155,6 +151,20 @@ pub fn ensure_template_snapshot(artifacts: Artifacts) -> Result<TemplateSnapshot
         Some(why) => TemplateSnapshotError::Stopped(why, console_path.clone()),
         None => TemplateSnapshotError::AgentTimeout(BOOT_TIMEOUT, console_path.clone()),
     })?;
+    Ok((vmm, client, console_path))
+}
+
+/// The template snapshot for `artifacts`, booting and snapshotting it if missing.
+pub fn ensure_template_snapshot(artifacts: Artifacts) -> Result<TemplateSnapshot, TemplateSnapshotError> {
+    let cpu = CpuTemplate::for_host(HostKind::detect());
+    let key = snapshot_key(&artifacts, cpu);
+    let dir = artifacts.cache.join("snapshots").join(format!("{}-{key}", artifacts.image.name));
+    if forkvm_snapshot::SnapshotDir::open(&dir).is_ok() {
+        return Ok(TemplateSnapshot { dir, key, artifacts, boot_seconds: None });
+    }
+    let work = artifacts.cache.join("snapshots").join(format!(".boot-{}-{}", artifacts.image.name, std::process::id()));
+    let started = Instant::now();
+    let (mut vmm, client, _console) = boot_to_agent(&artifacts, &work)?;
     if let Some(code) = &artifacts.image.warmup_eval {
         let warm = |detail: String| TemplateSnapshotError::Warmup { code: code.clone(), detail };
         let r = client.eval(code).map_err(|e| warm(e.to_string()))?;

@@ -29,7 +29,7 @@ fn kvm_checks(checks: &mut Vec<Value>) -> bool {
         }
     };
     checks.push(check("kvm", true, "/dev/kvm opens, API version 12"));
-    let mut ok = true;
+    let mut ok = emulation_probe(&kvm, checks);
     for mode in [IrqchipMode::Split, IrqchipMode::Kernel] {
         let t = Instant::now();
         let r = Vm::create(&kvm, mode);
@@ -41,6 +41,50 @@ fn kvm_checks(checks: &mut Vec<Value>) -> bool {
         };
         checks.push(check(&format!("vm-{}-irqchip", mode.name()), detail.contains("created"), detail));
     }
+    ok
+}
+
+/// Boots the `traps` test guest, which runs `fwait` and `int3` in ring 0, and reports
+/// how the VMM's emulation-failure handler fared (on hardware KVM nothing needs fixing).
+fn emulation_probe(kvm: &kvm_ioctls::Kvm, checks: &mut Vec<Value>) -> bool {
+    use forkvm_testguest::{TestGuest, IMAGE_BASE};
+    use forkvm_vmm::{BootConfig, Payload};
+    let config = BootConfig {
+        mem_size: 4 << 20,
+        vcpu_count: 1,
+        irqchip: IrqchipMode::Split,
+        cpu_template: forkvm_vmm::arch::x86_64::cpuid::CpuTemplate::for_host(HostKind::detect()),
+        payload: Payload::Flat {
+            name: "traps".into(),
+            image: TestGuest::Traps.image().to_vec(),
+            image_base: IMAGE_BASE,
+            args: vec![],
+        },
+        console: forkvm_vmm::devices::serial::ConsoleOut::default(),
+        devices: Default::default(),
+        start_paused: false,
+    };
+    let result = forkvm_vmm::boot(kvm, config).map_err(|e| e.to_string()).and_then(|vmm| {
+        match vmm.exit_latch().wait(Some(std::time::Duration::from_secs(10))) {
+            Some(forkvm_vmm::vstate::vcpu::VcpuExitReason::GuestExit(forkvm_testguest::EXIT_CODE_FAULT)) => {
+                Ok(vmm.status().emulation_fixups)
+            }
+            other => Err(format!("the probe guest ended with {other:?}, not its #BP report")),
+        }
+    });
+    let ok = result.is_ok();
+    let detail = match result {
+        Ok(fixups) => {
+            let list: Vec<String> = fixups.iter().filter(|(_, n)| *n > 0).map(|(k, n)| format!("{k}×{n}")).collect();
+            if list.is_empty() {
+                "int3/fwait ran natively: no emulation fix-ups needed".to_string()
+            } else {
+                format!("the VMM completed what KVM's emulator could not: {}", list.join(", "))
+            }
+        }
+        Err(e) => e,
+    };
+    checks.push(check("emulation-fixups", ok, detail));
     ok
 }
 
@@ -91,6 +135,27 @@ fn facility_checks(checks: &mut Vec<Value>) {
         true,
         format!("{kernels} guest kernel(s) built under {}", cache.join("kernel").display()),
     ));
+    let count = |sub: &str| {
+        std::fs::read_dir(cache.join(sub))
+            .map(|d| d.filter_map(|e| e.ok()).filter(|e| !e.file_name().to_string_lossy().starts_with('.')).count())
+            .unwrap_or(0)
+    };
+    let cached =
+        format!("{} image(s), {} template snapshot(s) under {}", count("images"), count("snapshots"), cache.display());
+    checks.push(check("image-cache", true, cached));
+    let tools = [
+        ("busybox-static", "/bin/busybox"),
+        ("debootstrap", "/usr/sbin/debootstrap"),
+        ("e2fsprogs", "/usr/sbin/mkfs.ext4"),
+        ("linux-source-6.1", "/usr/src/linux-source-6.1.tar.xz"),
+    ];
+    let missing: Vec<&str> = tools.iter().filter(|(_, p)| !Path::new(p).exists()).map(|(n, _)| *n).collect();
+    let detail = if missing.is_empty() {
+        "kernel and image build tools installed".to_string()
+    } else {
+        format!("missing, so no new kernels or images (apt-get install {}); cached ones still run", missing.join(" "))
+    };
+    checks.push(check("image-tools", missing.is_empty(), detail));
 }
 
 pub fn run(a: DoctorArgs) -> Result<i32> {

@@ -28,6 +28,20 @@ pub enum ImageCommand {
     /// Needs: apt-get install linux-source-6.1 build-essential bc flex bison libelf-dev.
     /// Cache: $FORKVM_CACHE or ~/.cache/forkvm.
     Kernel(KernelArgs),
+    /// Build a template's root filesystem image (and the kernel, if missing) and print it.
+    ///
+    /// TEMPLATE is a name in templates/ (tiny, python) or a path to a .toml. Needs the
+    /// static agent (crates/forkvm-agent/build-static.sh), busybox-static or debootstrap.
+    Build(BuildArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct BuildArgs {
+    /// Template name or path.
+    pub template: String,
+    /// Also boot it once into its template snapshot (what `forkvm run` restores).
+    #[arg(long)]
+    pub snapshot: bool,
 }
 
 #[derive(Args, Debug)]
@@ -40,7 +54,31 @@ pub struct KernelArgs {
 pub fn run(a: ImageArgs) -> Result<i32> {
     match a.command {
         ImageCommand::Kernel(k) => kernel(k),
+        ImageCommand::Build(b) => build(b),
     }
+}
+
+fn build(a: BuildArgs) -> Result<i32> {
+    let started = std::time::Instant::now();
+    let mut view = ProgressView::new();
+    let artifacts = forkvm_sandbox::Artifacts::ensure(&a.template, &mut |e| view.show(&e));
+    view.finish();
+    let artifacts = artifacts?;
+    let mut out = json!({
+        "template": artifacts.image.name,
+        "image": artifacts.image.rootfs,
+        "image_key": artifacts.image.key,
+        "image_bytes": artifacts.image.size_bytes,
+        "kernel": artifacts.kernel,
+    });
+    if a.snapshot {
+        let t = forkvm_sandbox::ensure_template_snapshot(artifacts)?;
+        out["snapshot"] = json!(t.dir);
+        out["boot_seconds"] = json!(t.boot_seconds);
+    }
+    out["seconds"] = json!((started.elapsed().as_secs_f64() * 10.0).round() / 10.0);
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(0)
 }
 
 fn kernel(a: KernelArgs) -> Result<i32> {

@@ -1,5 +1,6 @@
 //! `forkvm`: the command-line interface. Thin: parses, calls the library, prints.
 
+mod bench_boot;
 mod bench_fork;
 mod doctor;
 mod fork_cmd;
@@ -42,6 +43,8 @@ enum Command {
 enum BenchCommand {
     /// Fork N children from a snapshot of a warmed test guest, against N cold boots.
     Fork(bench_fork::BenchForkArgs),
+    /// Linux sandbox readiness (cold boot, restore) and agent round trips.
+    Boot(bench_boot::BenchBootArgs),
 }
 
 /// The error and its causes, skipping a cause whose text the message already contains
@@ -70,6 +73,7 @@ fn main() {
         Command::Ctl(a) => vm_cmd::ctl(a),
         Command::Fork(a) => fork_cmd::run(a),
         Command::Bench(BenchCommand::Fork(a)) => bench_fork::run(a),
+        Command::Bench(BenchCommand::Boot(a)) => bench_boot::run(a),
         Command::Run(a) => run_cmd::run(a),
         Command::Image(a) => image_cmd::run(a),
         Command::Doctor(a) => doctor::run(a),
