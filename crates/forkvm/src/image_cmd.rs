@@ -233,11 +233,11 @@ mod tests {
     #[test]
     fn parses_kernel_subcommand() {
         let c = Cli::try_parse_from(["x", "kernel", "--json"]).unwrap();
-        let ImageCommand::Kernel(k) = c.image;
-        assert!(k.json);
+        assert!(matches!(c.image, ImageCommand::Kernel(KernelArgs { json: true })));
         let c = Cli::try_parse_from(["x", "kernel"]).unwrap();
-        let ImageCommand::Kernel(k) = c.image;
-        assert!(!k.json);
+        assert!(matches!(c.image, ImageCommand::Kernel(KernelArgs { json: false })));
+        let c = Cli::try_parse_from(["x", "build", "tiny", "--snapshot"]).unwrap();
+        assert!(matches!(c.image, ImageCommand::Build(BuildArgs { snapshot: true, .. })));
         assert!(Cli::try_parse_from(["x", "rootfs"]).is_err());
     }
 
