@@ -222,6 +222,8 @@ impl Vmm {
                 _ => None,
             },
         )?;
+        // vCPUs first, then device backends: after this nothing writes guest memory.
+        self.devices.set_paused(true);
         self.state = RunState::Paused;
         Ok(())
     }
@@ -231,6 +233,7 @@ impl Vmm {
         if self.state == RunState::Running {
             return Ok(());
         }
+        self.devices.set_paused(false);
         self.broadcast(
             || VcpuRequest::Resume,
             "resume",

@@ -63,6 +63,19 @@ impl Devices {
         Devices { serial: Arc::new(Mutex::new(serial)), ioapic, virtio, irqs_armed, unclaimed: AtomicU64::new(0) }
     }
 
+    /// Holds device backends while the vCPUs are paused (nothing may touch guest memory
+    /// during a snapshot), or lets them go again.
+    pub fn set_paused(&self, paused: bool) {
+        for slot in &self.virtio {
+            let mut t = lock(&slot.transport);
+            if paused {
+                t.device_mut().pause();
+            } else {
+                t.device_mut().resume();
+            }
+        }
+    }
+
     /// Lets device interrupts through; called once the VM is complete.
     pub fn arm_interrupts(&self) {
         self.irqs_armed.store(true, Ordering::Release);

@@ -59,6 +59,12 @@ pub trait VirtioDevice: Send + std::fmt::Debug {
     fn queue_states(&self) -> Vec<virtio_queue::QueueState>;
     /// The device's own state (not the queues: the transport saves those).
     fn save(&self) -> VirtioDeviceState;
+    /// Stop touching guest memory and queues until [`resume`](Self::resume): the VM is
+    /// paused (e.g. for a snapshot). Devices that only work on the vCPU thread's
+    /// notifications need nothing; devices with a backend thread must hold it.
+    fn pause(&mut self) {}
+    /// Undo [`pause`](Self::pause).
+    fn resume(&mut self) {}
 }
 
 /// Per-device saved state. Each device replaces its placeholder payload with the typed

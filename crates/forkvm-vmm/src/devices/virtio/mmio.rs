@@ -154,6 +154,10 @@ impl MmioTransport {
         self.device.as_ref()
     }
 
+    pub fn device_mut(&mut self) -> &mut dyn VirtioDevice {
+        self.device.as_mut()
+    }
+
     /// Whether the driver set DRIVER_OK and the device accepted its queues.
     pub fn is_activated(&self) -> bool {
         self.activated

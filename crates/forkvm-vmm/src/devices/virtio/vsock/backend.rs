@@ -60,6 +60,8 @@ pub struct Shared {
     pub muxer: Muxer,
     /// A `VIRTIO_VSOCK_EVENT_TRANSPORT_RESET` is owed to the guest (after a restore).
     pub reset_event_pending: bool,
+    /// The VM is paused: the backend must not touch guest memory or queues.
+    pub paused: bool,
     listener: UnixListener,
     pending: BTreeMap<u64, PendingClient>,
     next_pending_id: u64,
@@ -88,6 +90,7 @@ impl Shared {
             active: None,
             muxer,
             reset_event_pending: false,
+            paused: false,
             listener,
             pending: BTreeMap::new(),
             next_pending_id: 0,
@@ -305,6 +308,13 @@ fn run(shared: &Mutex<Shared>, kick: &EventFd, stop: &AtomicBool) {
             break;
         }
         let mut s = lock(shared);
+        if s.paused {
+            // Host sockets stay ready while paused; wait without spinning on them.
+            drop(s);
+            let _ = kick.read();
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            continue;
+        }
         for (fd, tag) in fds.iter().zip(tags) {
             if fd.revents == 0 {
                 continue;

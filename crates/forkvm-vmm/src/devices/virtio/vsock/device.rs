@@ -183,6 +183,15 @@ impl VirtioDevice for Vsock {
     fn save(&self) -> VirtioDeviceState {
         VirtioDeviceState::Vsock(self.state())
     }
+
+    fn pause(&mut self) {
+        lock(&self.shared).paused = true;
+    }
+
+    fn resume(&mut self) {
+        lock(&self.shared).paused = false;
+        let _ = self.kick.write(1);
+    }
 }
 
 impl Drop for Vsock {
