@@ -55,6 +55,8 @@ pub struct LinuxSys;
 
 /// `_IOW('R', 0x03, int[2])`.
 const RNDADDENTROPY: libc::c_ulong = 0x4008_5203;
+/// `_IO('R', 0x07)`: reseed the CRNG from the input pool now (Linux 5.18+).
+const RNDRESEEDCRNG: libc::c_ulong = 0x5207;
 
 /// Builds a `struct rand_pool_info { int entropy_count; int buf_size; u32 buf[] }`
 /// crediting 8 bits per byte.
@@ -100,6 +102,14 @@ impl IdentitySys for LinuxSys {
         // SAFETY: `info` is a complete rand_pool_info whose buf_size matches the bytes
         // that follow the header; the kernel only reads it during the call.
         let rc = unsafe { libc::ioctl(dev.as_raw_fd(), RNDADDENTROPY as _, info.as_ptr()) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // Credited entropy reaches /dev/urandom only at the CRNG's next reseed, which
+        // may be a minute away: clones restored from one snapshot would until then
+        // share their random stream. Reseed now.
+        // SAFETY: RNDRESEEDCRNG takes no argument.
+        let rc = unsafe { libc::ioctl(dev.as_raw_fd(), RNDRESEEDCRNG as _) };
         if rc == 0 {
             Ok(())
         } else {

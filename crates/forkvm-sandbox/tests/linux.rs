@@ -61,6 +61,19 @@ fn files_of_0_1_and_50_mib_round_trip_byte_identical() {
 }
 
 #[test]
+fn three_clones_read_three_different_random_streams() {
+    let probe = ExecRequest::shell("head -c 16 /dev/urandom | od -An -tx1");
+    let streams: Vec<String> = (0..3)
+        .map(|_| {
+            let sb = sandbox();
+            String::from_utf8_lossy(&sb.client.exec_collect(&probe, b"").unwrap().stdout).into_owned()
+        })
+        .collect();
+    assert!(streams.iter().all(|s| s.trim().len() > 30), "{streams:?}");
+    assert!(streams[0] != streams[1] && streams[1] != streams[2] && streams[0] != streams[2], "{streams:?}");
+}
+
+#[test]
 fn sandboxes_get_their_own_identity_and_entropy() {
     let (a, b) = (sandbox(), sandbox());
     assert_ne!(a.id, b.id);

@@ -153,7 +153,7 @@ impl Zygote {
         }
         match serve_until_exit(vmm, spec.socket.as_deref()) {
             Ok(VcpuExitReason::GuestExit(code)) => i32::from(code),
-            Ok(VcpuExitReason::Stopped) => 0,
+            Ok(VcpuExitReason::Stopped | VcpuExitReason::Reset) => 0,
             Ok(other) => fail(format!("guest stopped: {other:?}"), &mut error_log),
             Err(e) => fail(e.to_string(), &mut error_log),
         }

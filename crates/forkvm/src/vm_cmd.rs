@@ -152,8 +152,8 @@ fn run_vmm(vmm: Vmm, args: &ConsoleArgs) -> Result<i32> {
     let reason = serve_until_exit(vmm, args.socket.as_deref()).context("serving the control socket")?;
     match reason {
         VcpuExitReason::GuestExit(code) => Ok(i32::from(code)),
-        VcpuExitReason::Stopped => Ok(0),
-        VcpuExitReason::Shutdown => bail!("the guest shut down (triple fault or reset)"),
+        VcpuExitReason::Stopped | VcpuExitReason::Reset => Ok(0),
+        VcpuExitReason::Shutdown => bail!("the guest triple-faulted (KVM_EXIT_SHUTDOWN)"),
         VcpuExitReason::Failed(why) => bail!("the VM failed: {why}"),
     }
 }

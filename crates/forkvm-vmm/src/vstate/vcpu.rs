@@ -22,8 +22,10 @@ use std::thread::JoinHandle;
 pub enum VcpuExitReason {
     /// The guest wrote its exit code to the test-exit port.
     GuestExit(u8),
-    /// The guest triple-faulted or asked for a reset.
+    /// The guest triple-faulted (KVM_EXIT_SHUTDOWN).
     Shutdown,
+    /// The guest reset the machine on purpose (i8042 reset: Linux's `reboot`).
+    Reset,
     /// The VMM told it to stop.
     Stopped,
     /// KVM reported something we cannot continue from.
@@ -204,7 +206,7 @@ impl VcpuRunner {
                 Ok(VcpuExit::IoOut(port, data)) => match self.devices.pio_write(port, data) {
                     BusAction::Continue => {}
                     BusAction::GuestExit(code) => return VcpuExitReason::GuestExit(code),
-                    BusAction::Reset => return VcpuExitReason::Shutdown,
+                    BusAction::Reset => return VcpuExitReason::Reset,
                 },
                 Ok(VcpuExit::MmioRead(addr, data)) => self.devices.mmio_read(addr, data),
                 Ok(VcpuExit::MmioWrite(addr, data)) => self.devices.mmio_write(addr, data),
