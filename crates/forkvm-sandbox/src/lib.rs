@@ -9,9 +9,11 @@
 //! This is the library the CLI's `run` and the daemon use.
 
 pub mod artifacts;
+pub mod fanout;
 pub mod sandbox;
 pub mod template_snapshot;
 
 pub use artifacts::{Artifacts, ArtifactsError};
+pub use fanout::{fork_children, FanoutError, ForkedChild};
 pub use sandbox::{Sandbox, SandboxError};
 pub use template_snapshot::{ensure_template_snapshot, TemplateSnapshot, TemplateSnapshotError};

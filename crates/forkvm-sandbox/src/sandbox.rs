@@ -68,11 +68,31 @@ fn host_entropy() -> Vec<u8> {
     b
 }
 
+/// A fresh sandbox id (16 hex digits).
+pub fn new_sandbox_id() -> String {
+    random_hex(8)
+}
+
+/// Gives a restored guest its own identity: id, hostname `sb-<id>`, the host's wall
+/// clock, and fresh host entropy (credited, and the guest CRNG reseeded).
+pub fn apply_identity(client: &AgentClient<UnixStream>, id: &str) -> Result<(), forkvm_proto::ClientError> {
+    let now_ns =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    client
+        .identity(&IdentityRequest {
+            sandbox_id: id.to_string(),
+            hostname: format!("sb-{id}"),
+            wall_clock_unix_ns: now_ns,
+            entropy: host_entropy(),
+        })
+        .map(|_| ())
+}
+
 impl Sandbox {
     /// Restores a sandbox from `template` and gives it its own identity.
     pub fn start(template: &TemplateSnapshot) -> Result<Sandbox, SandboxError> {
         let started = Instant::now();
-        let id = random_hex(8);
+        let id = new_sandbox_id();
         let base = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
         let run_dir = base.join("forkvm").join(&id);
         std::fs::create_dir_all(&run_dir).map_err(|source| SandboxError::RunDir { path: run_dir.clone(), source })?;

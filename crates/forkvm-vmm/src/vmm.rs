@@ -364,6 +364,7 @@ impl Vmm {
         for v in &mut self.vcpus {
             v.join();
         }
+        self.devices.shutdown();
         self.exit.set(VcpuExitReason::Stopped);
         self.state = RunState::Exited;
     }

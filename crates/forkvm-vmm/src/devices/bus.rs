@@ -76,6 +76,13 @@ impl Devices {
         }
     }
 
+    /// Releases every device's host resources (the VM is stopping for good).
+    pub fn shutdown(&self) {
+        for slot in &self.virtio {
+            lock(&slot.transport).device_mut().shutdown();
+        }
+    }
+
     /// Lets device interrupts through; called once the VM is complete.
     pub fn arm_interrupts(&self) {
         self.irqs_armed.store(true, Ordering::Release);

@@ -65,6 +65,9 @@ pub trait VirtioDevice: Send + std::fmt::Debug {
     fn pause(&mut self) {}
     /// Undo [`pause`](Self::pause).
     fn resume(&mut self) {}
+    /// The VM is stopping for good: release host resources now (threads, sockets, files),
+    /// since a VMM process may end without running destructors.
+    fn shutdown(&mut self) {}
 }
 
 /// Per-device saved state. Each device replaces its placeholder payload with the typed

@@ -184,6 +184,11 @@ impl VirtioDevice for Vsock {
         VirtioDeviceState::Vsock(self.state())
     }
 
+    fn shutdown(&mut self) {
+        self.backend = None; // stops and joins the thread
+        let _ = std::fs::remove_file(&self.uds_path);
+    }
+
     fn pause(&mut self) {
         lock(&self.shared).paused = true;
     }
