@@ -87,6 +87,7 @@ fn serve_connection(conn: UnixStream, vmm: Arc<Mutex<Vmm>>, latch: Arc<ExitLatch
     let mut reader = BufReader::new(conn.take(u64::MAX));
     loop {
         let mut line = String::new();
+        let mut shutdown = false;
         reader.get_mut().set_limit(MAX_REQUEST_BYTES as u64 + 1);
         match reader.read_line(&mut line) {
             Ok(0) | Err(_) => return,
@@ -99,18 +100,27 @@ fn serve_connection(conn: UnixStream, vmm: Arc<Mutex<Vmm>>, latch: Arc<ExitLatch
             return;
         } else {
             match serde_json::from_str::<Request>(line.trim_end()) {
-                Ok(req) => handle(req, &vmm, &latch),
+                Ok(req) => {
+                    shutdown = matches!(req, Request::Shutdown {});
+                    handle(req, &vmm)
+                }
                 Err(e) => Response::err(format!("bad request: {e}")),
             }
         };
         let text = serde_json::to_string(&response).unwrap_or_else(|e| format!(r#"{{"ok":false,"error":"{e}"}}"#));
-        if writeln!(writer, "{text}").is_err() {
+        let written = writeln!(writer, "{text}").and_then(|_| writer.flush());
+        if shutdown {
+            // Answer first: once the latch is set the process may exit at any moment.
+            latch.set(VcpuExitReason::Stopped);
+            return;
+        }
+        if written.is_err() {
             return;
         }
     }
 }
 
-fn handle(req: Request, vmm: &Mutex<Vmm>, latch: &ExitLatch) -> Response {
+fn handle(req: Request, vmm: &Mutex<Vmm>) -> Response {
     let mut vmm = vmm.lock().unwrap_or_else(|p| p.into_inner());
     let json = |v: Result<serde_json::Value, String>| match v {
         Ok(v) => Response::ok(v),
@@ -131,9 +141,7 @@ fn handle(req: Request, vmm: &Mutex<Vmm>, latch: &ExitLatch) -> Response {
                 .and_then(|bytes| vmm.send_serial_input(&bytes).map_err(|e| e.to_string()))
                 .map(|_| serde_json::Value::Null),
         ),
-        Request::Shutdown {} => {
-            latch.set(VcpuExitReason::Stopped);
-            Response::ok(serde_json::Value::Null)
-        }
+        // The caller sets the exit latch once this answer is on its way.
+        Request::Shutdown {} => Response::ok(serde_json::Value::Null),
     }
 }
