@@ -75,6 +75,18 @@ impl Drop for Vmm {
     }
 }
 
+/// Kills the given processes when dropped, so a failing test leaves no VMMs behind.
+struct KillOnDrop(Vec<i32>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for &p in &self.0 {
+            // SAFETY: signalling processes this test started.
+            unsafe { libc::kill(p, libc::SIGKILL) };
+        }
+    }
+}
+
 fn wait_until(mut cond: impl FnMut() -> bool, what: &str) {
     let deadline = Instant::now() + T;
     while !cond() {
@@ -231,12 +243,7 @@ fn a_hundred_children_of_a_512_mib_snapshot_each_keep_their_own_memory() {
     let children = report["children"].as_array().unwrap();
     assert_eq!(children.len(), 100);
     let pids: Vec<i32> = children.iter().map(|c| c["pid"].as_i64().unwrap() as i32).collect();
-    let kill_all = || {
-        for &p in &pids {
-            // SAFETY: signalling processes this test started.
-            unsafe { libc::kill(p, libc::SIGKILL) };
-        }
-    };
+    let _reaper = KillOnDrop(pids.clone());
 
     // Marker slots live below the filled range, so they start out zero in every child.
     let slots: u64 = 0x18_0000;
@@ -276,7 +283,6 @@ fn a_hundred_children_of_a_512_mib_snapshot_each_keep_their_own_memory() {
         let sock = PathBuf::from(c["socket"].as_str().unwrap());
         wait_until(|| !sock.exists(), "child socket removed at shutdown");
     }
-    kill_all();
     let after = crc32fast::hash(&std::fs::read(&image).unwrap());
     assert_eq!(before, after, "memory.img must be byte-identical after 100 children wrote to their memory");
 }
@@ -330,6 +336,7 @@ fn linux_sandboxes_fork_from_a_template_each_with_its_own_identity() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let children = report["children"].as_array().unwrap();
+    let _reaper = KillOnDrop(children.iter().map(|c| c["pid"].as_i64().unwrap() as i32).collect());
     assert_eq!(children.len(), 3);
     let mut seen = std::collections::HashSet::new();
     for c in children {
