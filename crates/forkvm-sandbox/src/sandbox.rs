@@ -25,7 +25,7 @@ pub enum SandboxError {
     #[error("creating the run directory {path}: {source}")]
     RunDir { path: PathBuf, source: std::io::Error },
     #[error("reading the template snapshot: {0}")]
-    Prepare(forkvm_vmm::BuildError),
+    Prepare(#[from] crate::template_snapshot::PrepareError),
     #[error("restoring the sandbox: {0}")]
     Restore(forkvm_vmm::BuildError),
     #[error("the restored agent did not answer within {0:?}; see {1}")]
@@ -48,24 +48,23 @@ pub struct Sandbox {
     keep_run_dir: bool,
 }
 
-fn random_hex(bytes: usize) -> String {
-    let mut b = vec![0u8; bytes];
+/// Up to `n` bytes from the host's getrandom (fewer only if it fails).
+fn host_random(n: usize) -> Vec<u8> {
+    let mut b = vec![0u8; n];
     // SAFETY: getrandom writes at most `b.len()` bytes into `b`.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if n != b.len() as isize {
+    let got = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    b.truncate(got.max(0) as usize);
+    b
+}
+
+fn random_hex(bytes: usize) -> String {
+    let mut b = host_random(bytes);
+    if b.len() != bytes {
         // Fall back to time and pid: ids must differ, not be secret.
         let seed = format!("{:?}{}", Instant::now(), std::process::id());
         b = blake3::hash(seed.as_bytes()).as_bytes()[..bytes].to_vec();
     }
     b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn host_entropy() -> Vec<u8> {
-    let mut b = vec![0u8; 64];
-    // SAFETY: getrandom writes at most `b.len()` bytes into `b`.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    b.truncate(n.max(0) as usize);
-    b
 }
 
 /// A fresh sandbox id (16 hex digits).
@@ -83,7 +82,7 @@ pub fn apply_identity(client: &AgentClient<UnixStream>, id: &str) -> Result<(), 
             sandbox_id: id.to_string(),
             hostname: format!("sb-{id}"),
             wall_clock_unix_ns: now_ns,
-            entropy: host_entropy(),
+            entropy: host_random(64),
         })
         .map(|_| ())
 }
@@ -104,10 +103,9 @@ impl Sandbox {
             .map_err(|source| SandboxError::RunDir { path: console_path.clone(), source })?;
         let uds = run_dir.join("vsock.sock");
         let kvm = open_kvm()?;
-        let prepared = forkvm_vmm::prepare(&template.dir).map_err(SandboxError::Prepare)?;
-        let vmm =
-            forkvm_vmm::restore(&kvm, &prepared, ConsoleOut::new(Some(log), None), &template.devices(&uds), false)
-                .map_err(SandboxError::Restore)?;
+        let prepared = template.prepared()?;
+        let vmm = forkvm_vmm::restore(&kvm, prepared, ConsoleOut::new(Some(log), None), &template.devices(&uds), false)
+            .map_err(SandboxError::Restore)?;
         let client = AgentClient::vsock_uds(&uds, AGENT_PORT);
         let latch = vmm.exit_latch();
         let alive = || latch.get().map(|r| format!("{r:?}"));
@@ -125,7 +123,7 @@ impl Sandbox {
                 sandbox_id: id.clone(),
                 hostname: format!("sb-{id}"),
                 wall_clock_unix_ns: now_ns,
-                entropy: host_entropy(),
+                entropy: host_random(64),
             })
             .map_err(SandboxError::Identity)?;
         Ok(Sandbox { id, client, run_dir, ready_ms, vmm: Some(vmm), keep_run_dir: false })

@@ -13,9 +13,11 @@ use forkvm_vmm::devices::attach::{BlockConfig, DeviceConfig, VsockConfig};
 use forkvm_vmm::devices::serial::ConsoleOut;
 use forkvm_vmm::host::{open_kvm, HostKind, KvmUnavailable};
 use forkvm_vmm::vstate::irqchip::IrqchipMode;
+use forkvm_vmm::PreparedSnapshot;
 use forkvm_vmm::{BootConfig, Payload};
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// vsock port the agent listens on.
@@ -53,9 +55,30 @@ pub struct TemplateSnapshot {
     pub artifacts: Artifacts,
     /// Seconds the cold boot took when this call had to make the snapshot.
     pub boot_seconds: Option<f64>,
+    /// The snapshot read and checked once, shared by every sandbox restored from it.
+    prepared: Arc<OnceLock<PreparedSnapshot>>,
 }
 
+/// Reading the template snapshot failed (shared by every sandbox that asks after).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct PrepareError(String);
+
 impl TemplateSnapshot {
+    fn new(dir: PathBuf, key: String, artifacts: Artifacts, boot_seconds: Option<f64>) -> TemplateSnapshot {
+        TemplateSnapshot { dir, key, artifacts, boot_seconds, prepared: Arc::default() }
+    }
+
+    /// The parsed, checked snapshot: `snapshot.json` and `vmstate.bin` are read and
+    /// decoded on first use only, not per sandbox.
+    pub fn prepared(&self) -> Result<&PreparedSnapshot, PrepareError> {
+        if let Some(p) = self.prepared.get() {
+            return Ok(p);
+        }
+        let p = forkvm_vmm::prepare(&self.dir).map_err(|e| PrepareError(e.to_string()))?;
+        Ok(self.prepared.get_or_init(|| p))
+    }
+
     /// Devices of a sandbox restored from this snapshot, with its own vsock socket.
     pub fn devices(&self, vsock_uds: &Path) -> DeviceConfig {
         devices(&self.artifacts, vsock_uds)
@@ -160,7 +183,7 @@ pub fn ensure_template_snapshot(artifacts: Artifacts) -> Result<TemplateSnapshot
     let key = snapshot_key(&artifacts, cpu);
     let dir = artifacts.cache.join("snapshots").join(format!("{}-{key}", artifacts.image.name));
     if forkvm_snapshot::SnapshotDir::open(&dir).is_ok() {
-        return Ok(TemplateSnapshot { dir, key, artifacts, boot_seconds: None });
+        return Ok(TemplateSnapshot::new(dir, key, artifacts, None));
     }
     let work = artifacts.cache.join("snapshots").join(format!(".boot-{}-{}", artifacts.image.name, std::process::id()));
     let started = Instant::now();
@@ -186,5 +209,5 @@ pub fn ensure_template_snapshot(artifacts: Artifacts) -> Result<TemplateSnapshot
         });
     }
     let _ = std::fs::remove_dir_all(&work);
-    Ok(TemplateSnapshot { dir, key, artifacts, boot_seconds: Some(boot_seconds) })
+    Ok(TemplateSnapshot::new(dir, key, artifacts, Some(boot_seconds)))
 }
