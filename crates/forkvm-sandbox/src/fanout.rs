@@ -64,12 +64,7 @@ pub fn fork_children(template: &TemplateSnapshot, n: usize, run_dir: &Path) -> R
     let mut children = Vec::new();
     for (index, pid, control_socket, vsock, console) in spawned {
         let client = AgentClient::vsock_uds(&vsock, AGENT_PORT);
-        let gone = || {
-            let mut status = 0;
-            // SAFETY: waitpid on our own child with WNOHANG has no memory preconditions.
-            let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-            (r == pid).then(|| format!("exited with status {status:#x}"))
-        };
+        let gone = || forkvm_vmm::zygote::exit_status(pid).map(|s| format!("exited with status {s:#x}"));
         wait_for_agent(&client, CHILD_READY_TIMEOUT, &gone).map_err(|_| FanoutError::NotReady {
             index,
             pid,

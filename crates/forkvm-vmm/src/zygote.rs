@@ -79,6 +79,14 @@ fn detach_stdio(log: Option<&File>) {
     }
 }
 
+/// The wait status of child `pid` if it has exited (and reaps it), without blocking.
+pub fn exit_status(pid: libc::pid_t) -> Option<i32> {
+    let mut status = 0;
+    // SAFETY: waitpid on our own child with WNOHANG has no memory preconditions.
+    let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+    (r == pid).then_some(status)
+}
+
 /// One child to start.
 #[derive(Debug, Default)]
 pub struct ChildSpec {

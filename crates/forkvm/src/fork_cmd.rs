@@ -120,9 +120,7 @@ fn wait_serving(c: &Child) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         // A child that already exited will never answer.
-        let mut status = 0;
-        // SAFETY: waitpid on our own child with WNOHANG has no memory preconditions.
-        if unsafe { libc::waitpid(c.pid, &mut status, libc::WNOHANG) } == c.pid {
+        if let Some(status) = forkvm_vmm::zygote::exit_status(c.pid) {
             bail!("it exited with status {status:#x}");
         }
         if let Ok(mut client) = ControlClient::connect(&c.socket) {
