@@ -8,6 +8,7 @@
 use crate::sandbox::{apply_identity, new_sandbox_id};
 use crate::template_snapshot::{wait_for_agent, TemplateSnapshot, AGENT_PORT};
 use forkvm_proto::AgentClient;
+use forkvm_vmm::vmm::VmmLabels;
 use forkvm_vmm::zygote::{ChildSpec, Zygote, ZygoteError};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -51,18 +52,20 @@ pub fn fork_children(template: &TemplateSnapshot, n: usize, run_dir: &Path) -> R
         let control_socket = run_dir.join(format!("child-{index}.sock"));
         let vsock = run_dir.join(format!("child-{index}.vsock"));
         let console = run_dir.join(format!("child-{index}.log"));
+        let id = new_sandbox_id();
         let spec = ChildSpec {
             socket: Some(control_socket.clone()),
             console_log: Some(console.clone()),
             console_stream: None,
             detach: true,
             devices: template.devices(&vsock),
+            labels: VmmLabels { sandbox_id: Some(id.clone()), template: Some(template.artifacts.image.name.clone()) },
         };
         let pid = zygote.spawn(spec)?;
-        spawned.push((index, pid, control_socket, vsock, console));
+        spawned.push((index, pid, id, control_socket, vsock, console));
     }
     let mut children = Vec::new();
-    for (index, pid, control_socket, vsock, console) in spawned {
+    for (index, pid, id, control_socket, vsock, console) in spawned {
         let client = AgentClient::vsock_uds(&vsock, AGENT_PORT);
         let gone = || forkvm_vmm::zygote::exit_status(pid).map(|s| format!("exited with status {s:#x}"));
         wait_for_agent(&client, CHILD_READY_TIMEOUT, &gone).map_err(|_| FanoutError::NotReady {
@@ -70,7 +73,6 @@ pub fn fork_children(template: &TemplateSnapshot, n: usize, run_dir: &Path) -> R
             pid,
             console: console.clone(),
         })?;
-        let id = new_sandbox_id();
         apply_identity(&client, &id).map_err(|source| FanoutError::Identity { index, source })?;
         let ready_ms = started.elapsed().as_secs_f64() * 1e3;
         children.push(ForkedChild { index, pid, id, control_socket, vsock, console, client, ready_ms });

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use crate::metadata::{read_meta, MetadataError, SnapshotMeta, SnapshotStatus};
 
-pub use writer::SnapshotWriter;
+pub use writer::{sync_snapshot_dir, SnapshotWriter};
 
 /// File name of the snapshot metadata.
 pub const SNAPSHOT_JSON: &str = "snapshot.json";
@@ -23,6 +23,8 @@ pub const SNAPSHOT_JSON: &str = "snapshot.json";
 pub const VMSTATE_BIN: &str = "vmstate.bin";
 /// File name of the sparse guest memory image.
 pub const MEMORY_IMG: &str = "memory.img";
+/// Directory of the snapshot's disk images.
+pub const DISK_DIR: &str = "disk";
 
 /// Why a snapshot directory could not be created, committed or opened.
 #[derive(Debug, thiserror::Error)]
@@ -184,6 +186,9 @@ mod tests {
             branched_from: None,
             volumes: vec![],
             memory_bytes_allocated: 0,
+            writer_pid: None,
+            devices: None,
+            template: None,
         }
     }
 

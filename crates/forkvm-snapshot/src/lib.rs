@@ -23,17 +23,22 @@ pub mod container;
 pub mod dir;
 pub mod memory_image;
 pub mod metadata;
+pub mod store;
 pub mod tag;
 
 pub use container::{
     decode_vmstate, encode_vmstate, read_vmstate_file, write_vmstate_file, ContainerError, VMSTATE_FORMAT_VERSION,
     VMSTATE_MAGIC, VMSTATE_MAX_BYTES,
 };
-pub use dir::{DirError, SnapshotDir, SnapshotWriter, MEMORY_IMG, SNAPSHOT_JSON, VMSTATE_BIN};
+pub use dir::{
+    sync_snapshot_dir, DirError, SnapshotDir, SnapshotWriter, DISK_DIR, MEMORY_IMG, SNAPSHOT_JSON, VMSTATE_BIN,
+};
 pub use memory_image::{
     allocated_bytes, create_image, open_image, write_sparse, MemoryImageError, SparseStats, PAGE_SIZE,
 };
 pub use metadata::{
-    read_meta, write_meta, GuestIdentity, MetadataError, SnapshotMeta, SnapshotStatus, METADATA_FORMAT_VERSION,
+    read_meta, replace_meta, write_meta, write_meta_unsynced, DevicesMeta, DiskMeta, GuestIdentity, MetadataError,
+    SnapshotMeta, SnapshotStatus, METADATA_FORMAT_VERSION,
 };
+pub use store::{link_or_copy, process_alive, Store, StoreEntry, StoreError};
 pub use tag::{validate_tag, TagError};

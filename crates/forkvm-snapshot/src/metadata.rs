@@ -76,6 +76,46 @@ pub struct SnapshotMeta {
     pub volumes: Vec<String>,
     /// Bytes of disk actually allocated to `memory.img`.
     pub memory_bytes_allocated: u64,
+    /// Process writing a `writing` snapshot (a live branch's VMM), so a crashed writer's
+    /// leftover can be told from one still in progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writer_pid: Option<u32>,
+    /// The VM's devices, so the snapshot can be restored without outside knowledge.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub devices: Option<DevicesMeta>,
+    /// Template the sandbox was made from (Linux sandboxes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+}
+
+/// The devices a snapshot's VM had: enough to rebuild a [`DeviceConfig`]-like list at
+/// restore, with per-child paths for sockets.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct DevicesMeta {
+    /// Guest CID of the vsock device, if there is one.
+    #[serde(default)]
+    pub vsock_cid: Option<u64>,
+    /// Whether the VM has a virtio-rng device.
+    #[serde(default)]
+    pub rng: bool,
+    /// Block devices, in slot order.
+    #[serde(default)]
+    pub disks: Vec<DiskMeta>,
+}
+
+/// One block device of a snapshot. Read-only disks are kept inside the snapshot
+/// directory (`disk/<file>`, hard-linked when possible) so a snapshot never depends on
+/// a cache that is safe to delete.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct DiskMeta {
+    /// File name under the snapshot's `disk/` directory.
+    pub file: String,
+    /// Whether the guest sees the disk read-only.
+    pub read_only: bool,
+    /// Serial the guest sees.
+    pub id: String,
 }
 
 /// Why `snapshot.json` could not be read or written.
@@ -135,12 +175,36 @@ pub enum MetadataError {
 
 /// Writes `meta` to `path` as pretty JSON and fsyncs the file.
 pub fn write_meta(path: &Path, meta: &SnapshotMeta) -> Result<(), MetadataError> {
+    write_meta_file(path, meta, true)
+}
+
+/// Writes `meta` to `path` without fsync (for a `writing` snapshot, synced before it is
+/// marked `ready`).
+pub fn write_meta_unsynced(path: &Path, meta: &SnapshotMeta) -> Result<(), MetadataError> {
+    write_meta_file(path, meta, false)
+}
+
+fn write_meta_file(path: &Path, meta: &SnapshotMeta, sync: bool) -> Result<(), MetadataError> {
     let mut json = serde_json::to_vec_pretty(meta).map_err(MetadataError::Serialize)?;
     json.push(b'\n');
     let err = |source| MetadataError::WriteFile { path: path.to_path_buf(), source };
     let mut file = File::create(path).map_err(err)?;
     file.write_all(&json).map_err(err)?;
-    file.sync_all().map_err(err)
+    if sync {
+        file.sync_all().map_err(err)?;
+    }
+    Ok(())
+}
+
+/// Replaces `snapshot.json` in `dir` atomically (temporary file, fsync, rename, fsync
+/// of the directory): readers see the old or the new metadata, never a mix.
+pub fn replace_meta(dir: &Path, meta: &SnapshotMeta) -> Result<(), MetadataError> {
+    let tmp = dir.join(".snapshot.json.tmp");
+    write_meta(&tmp, meta)?;
+    let path = dir.join("snapshot.json");
+    let err = |source| MetadataError::WriteFile { path: path.clone(), source };
+    fs::rename(&tmp, &path).map_err(err)?;
+    File::open(dir).and_then(|d| d.sync_all()).map_err(err)
 }
 
 /// Reads and strictly parses `snapshot.json` at `path`.
@@ -193,6 +257,9 @@ mod tests {
             branched_from: None,
             volumes: vec!["data".into()],
             memory_bytes_allocated: 12 << 20,
+            writer_pid: None,
+            devices: None,
+            template: None,
         }
     }
 

@@ -37,6 +37,9 @@ pub enum TagError {
     /// The tag contains `..`.
     #[error("invalid tag {0:?}: a tag must not contain \"..\"")]
     DotDot(String),
+    /// The tag ends in `.partial`, the suffix of snapshots being written.
+    #[error("invalid tag {0:?}: the suffix \".partial\" is reserved for snapshots being written")]
+    Reserved(String),
 }
 
 /// Checks `tag` against the tag rule: 1 to 128 characters, first an ASCII
@@ -60,6 +63,9 @@ pub fn validate_tag(tag: &str) -> Result<(), TagError> {
     if tag.contains("..") {
         return Err(TagError::DotDot(tag.to_string()));
     }
+    if tag.ends_with(".partial") {
+        return Err(TagError::Reserved(tag.to_string()));
+    }
     Ok(())
 }
 
@@ -73,6 +79,12 @@ mod tests {
             assert_eq!(validate_tag(tag), Ok(()), "{tag}");
         }
         assert_eq!(validate_tag(&"a".repeat(128)), Ok(()));
+    }
+
+    #[test]
+    fn rejects_the_staging_suffix() {
+        assert_eq!(validate_tag("t.partial"), Err(TagError::Reserved("t.partial".into())));
+        assert_eq!(validate_tag("t.partial2"), Ok(()));
     }
 
     #[test]

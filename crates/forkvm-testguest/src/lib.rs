@@ -26,6 +26,8 @@ pub const EXIT_CODE_FAULT: u8 = 0xfe;
 /// `count`: guest physical addresses of the published counter and hash.
 pub const COUNT_COUNTER_ADDR: u64 = 0x6000;
 pub const COUNT_HASH_ADDR: u64 = 0x6008;
+/// `dirty`: guest physical address of the published pass count.
+pub const DIRTY_GEN_ADDR: u64 = 0x6000;
 
 /// The test guests this crate builds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,11 +44,14 @@ pub enum TestGuest {
     /// Runs `fwait` and `int3` in ring 0 (instructions PVM's emulator cannot run), so
     /// the CPU exception handler reports the #BP: `!F 0000000000000003 <rip>`.
     Traps,
+    /// Rewrites one word per page of `[args[0], args[0]+args[1])` forever, publishing
+    /// its pass count at [`DIRTY_GEN_ADDR`] (for branch benchmarks).
+    Dirty,
 }
 
 impl TestGuest {
-    pub const ALL: [TestGuest; 5] =
-        [TestGuest::Hello, TestGuest::Count, TestGuest::Echo, TestGuest::Monitor, TestGuest::Traps];
+    pub const ALL: [TestGuest; 6] =
+        [TestGuest::Hello, TestGuest::Count, TestGuest::Echo, TestGuest::Monitor, TestGuest::Traps, TestGuest::Dirty];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -55,6 +60,7 @@ impl TestGuest {
             TestGuest::Echo => "echo",
             TestGuest::Monitor => "monitor",
             TestGuest::Traps => "traps",
+            TestGuest::Dirty => "dirty",
         }
     }
 
@@ -66,6 +72,7 @@ impl TestGuest {
             TestGuest::Echo => include_bytes!(concat!(env!("OUT_DIR"), "/echo.bin")),
             TestGuest::Monitor => include_bytes!(concat!(env!("OUT_DIR"), "/monitor.bin")),
             TestGuest::Traps => include_bytes!(concat!(env!("OUT_DIR"), "/traps.bin")),
+            TestGuest::Dirty => include_bytes!(concat!(env!("OUT_DIR"), "/dirty.bin")),
         }
     }
 }

@@ -40,6 +40,7 @@ use crate::vstate::vm::{Vm, VmError};
 use forkvm_snapshot::{SnapshotDir, SnapshotMeta};
 use kvm_ioctls::{Kvm, VcpuFd};
 use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::channel;
@@ -137,8 +138,11 @@ pub fn boot(kvm: &Kvm, config: BootConfig) -> Result<Vmm, BuildError> {
     let mut runners = Vec::new();
     let (events_tx, events) = channel();
     let exit = Arc::new(ExitLatch::default());
+    let run_size = vcpu_run_size(kvm)?;
+    let mut kvm_fds = vec![vm.fd.as_raw_fd()];
     for index in 0..config.vcpu_count {
-        let fd = create_vcpu(&vm, index)?;
+        let fd = create_vcpu(&vm, index, run_size)?;
+        kvm_fds.push(fd.as_raw_fd());
         let cpuid = vcpu_cpuid(&base, index, config.vcpu_count).map_err(|_| BuildError::SetupVcpu {
             index,
             step: "building CPUID",
@@ -160,7 +164,18 @@ pub fn boot(kvm: &Kvm, config: BootConfig) -> Result<Vmm, BuildError> {
         });
     }
     devices.arm_interrupts();
-    let parts = VmParts { vm, memory: mem, devices, runners, events, exit, guest, cpu_template: config.cpu_template };
+    let parts = VmParts {
+        vm,
+        memory: mem,
+        devices,
+        runners,
+        events,
+        exit,
+        guest,
+        cpu_template: config.cpu_template,
+        device_config: config.devices.clone(),
+        kvm_fds,
+    };
     Vmm::start(parts, config.start_paused)
 }
 
@@ -233,8 +248,32 @@ fn attach_devices(
     Ok(Arc::new(Devices::new(serial, ioapic, virtio, armed)))
 }
 
-fn create_vcpu(vm: &Vm, index: u8) -> Result<VcpuFd, BuildError> {
-    vm.fd.create_vcpu(u64::from(index)).map_err(|source| BuildError::CreateVcpu { index, source })
+/// Creates vCPU `index`. Its `kvm_run` page is marked `MADV_DONTFORK`: a process forked
+/// from this VMM (a live branch's writer, a fork of the running VM) must not keep this
+/// VM's vCPUs alive through an inherited mapping.
+fn create_vcpu(vm: &Vm, index: u8, run_size: usize) -> Result<VcpuFd, BuildError> {
+    let mut fd = vm.fd.create_vcpu(u64::from(index)).map_err(|source| BuildError::CreateVcpu { index, source })?;
+    let run: *mut kvm_bindings::kvm_run = fd.get_kvm_run();
+    // SAFETY: `run` is the start of this vCPU's kvm_run mapping of `run_size` bytes (KVM's
+    // vCPU mmap size); MADV_DONTFORK only changes what fork() copies, not this mapping.
+    let rc = unsafe { libc::madvise(run.cast(), run_size, libc::MADV_DONTFORK) };
+    if rc != 0 {
+        return Err(BuildError::SetupVcpu {
+            index,
+            step: "madvise(kvm_run, MADV_DONTFORK)",
+            source: kvm_ioctls::Error::last(),
+        });
+    }
+    Ok(fd)
+}
+
+/// KVM's size of a vCPU's `kvm_run` mapping.
+fn vcpu_run_size(kvm: &Kvm) -> Result<usize, BuildError> {
+    kvm.get_vcpu_mmap_size().map_err(|source| BuildError::SetupVcpu {
+        index: 0,
+        step: "KVM_GET_VCPU_MMAP_SIZE",
+        source,
+    })
 }
 
 fn setup_boot_vcpu(
@@ -305,21 +344,41 @@ pub fn restore(
     devices: &DeviceConfig,
     start_paused: bool,
 ) -> Result<Vmm, BuildError> {
-    let state = &snap.state;
     let mut timer = PhaseTimer::new();
+    let mem = memory::private_file_mapping(&snap.memory, snap.state.mem_size)?;
+    timer.mark("map_memory");
+    let guest = GuestInfo { kind: snap.meta.guest.kind.clone(), name: snap.meta.guest.name.clone() };
+    restore_state(kvm, &snap.state, mem, guest, console, devices, start_paused, timer)
+}
+
+/// Builds a VM around guest memory that already holds the saved state's contents (a
+/// mapping of `memory.img`, or memory inherited copy-on-write through `fork()`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn restore_state(
+    kvm: &Kvm,
+    state: &VmState,
+    mem: GuestMemoryMmap,
+    guest: GuestInfo,
+    console: ConsoleOut,
+    devices: &DeviceConfig,
+    start_paused: bool,
+    mut timer: PhaseTimer,
+) -> Result<Vmm, BuildError> {
     let vm = Vm::create(kvm, state.irqchip_mode)?;
     timer.mark("create_vm");
-    let mem = memory::private_file_mapping(&snap.memory, state.mem_size)?;
-    timer.mark("map_memory");
     vm.register_memory(&mem)?;
     timer.mark("register_memory");
+    let device_config = devices.clone();
     let devices = attach_devices(&vm, &mem, console, devices, Some(&state.devices))?;
     let (events_tx, events) = channel();
     let exit = Arc::new(ExitLatch::default());
+    let run_size = vcpu_run_size(kvm)?;
+    let mut kvm_fds = vec![vm.fd.as_raw_fd()];
     let mut runners = Vec::new();
     for (i, vs) in state.vcpus.iter().enumerate() {
         let index = i as u8;
-        let fd = create_vcpu(&vm, index)?;
+        let fd = create_vcpu(&vm, index, run_size)?;
+        kvm_fds.push(fd.as_raw_fd());
         vs.restore(&fd).map_err(|source| BuildError::RestoreVcpu { index, source })?;
         runners.push(VcpuRunner {
             index,
@@ -341,8 +400,18 @@ pub fn restore(
     vm.restore_clock(&state.clock)?;
     devices.arm_interrupts();
     timer.mark("irqchip_clock");
-    let guest = GuestInfo { kind: snap.meta.guest.kind.clone(), name: snap.meta.guest.name.clone() };
-    let parts = VmParts { vm, memory: mem, devices, runners, events, exit, guest, cpu_template: state.cpu_template };
+    let parts = VmParts {
+        vm,
+        memory: mem,
+        devices,
+        runners,
+        events,
+        exit,
+        guest,
+        cpu_template: state.cpu_template,
+        device_config,
+        kvm_fds,
+    };
     let mut vmm = Vmm::start(parts, start_paused)?;
     timer.mark("start_threads");
     vmm.set_restore_phases(timer.phases);
@@ -351,13 +420,13 @@ pub fn restore(
 
 /// Wall time of each restore step, for benchmarks (`status` reports them).
 #[derive(Debug)]
-struct PhaseTimer {
+pub(crate) struct PhaseTimer {
     last: std::time::Instant,
     phases: Vec<(String, f64)>,
 }
 
 impl PhaseTimer {
-    fn new() -> PhaseTimer {
+    pub(crate) fn new() -> PhaseTimer {
         PhaseTimer { last: std::time::Instant::now(), phases: Vec::new() }
     }
 

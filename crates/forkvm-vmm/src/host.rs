@@ -4,6 +4,8 @@
 //! backend for VMs inside VMs, where guest ring-0 code is emulated). The CPU template,
 //! the guest command line and the tests' expectations depend on which one we are on.
 
+pub mod cgroup;
+
 use std::path::Path;
 
 /// How this host provides KVM.

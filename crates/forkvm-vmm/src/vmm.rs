@@ -1,16 +1,24 @@
 //! A running VM in this process: its vCPU threads, devices and memory, and the
 //! operations the control socket exposes (status, pause, resume, snapshot, stop).
 
+mod branch;
+pub mod fault;
+mod fork_running;
+
+pub use branch::{BranchError, BranchMode, BranchReport, BranchRequest};
+pub use fork_running::{ForkChild, ForkReport, ForkRunningError};
+
 use crate::arch::x86_64::cpuid::CpuTemplate;
+use crate::devices::attach::DeviceConfig;
 use crate::devices::Devices;
 use crate::persist::{StateError, VmState};
 pub use crate::vstate::exit::ExitLatch;
 use crate::vstate::irqchip::{IrqchipError, KernelIrqchipState};
-use crate::vstate::memory::{image_offsets, region_slices, total_size};
+use crate::vstate::memory::total_size;
 use crate::vstate::vcpu::{VcpuEvent, VcpuExitReason, VcpuHandle, VcpuRequest, VcpuRunner};
 use crate::vstate::vcpu_state::VcpuStateError;
 use crate::vstate::vm::{Vm, VmError};
-use forkvm_snapshot::{GuestIdentity, SnapshotMeta, SnapshotStatus, SnapshotWriter};
+use fault::{FaultPlan, FaultPoint};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Receiver};
@@ -64,6 +72,10 @@ pub enum VmmError {
     MeasureImage(std::io::Error),
     #[error("{0}")]
     Input(String),
+    #[error("injected fault at {0:?}")]
+    Injected(FaultPoint),
+    #[error("snapshot: {0}")]
+    Disk(String),
 }
 
 /// What a snapshot wrote.
@@ -92,6 +104,10 @@ pub struct VmmStatus {
     /// Microseconds per restore step, when this VM was restored from a snapshot.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub restore_phases_us: Vec<(String, f64)>,
+    pub labels: VmmLabels,
+    /// Tags of live branches still being written.
+    #[serde(default)]
+    pub branches_writing: Vec<String>,
 }
 
 /// A VM the builder has finished, before its vCPU threads run.
@@ -105,6 +121,21 @@ pub(crate) struct VmParts {
     pub exit: Arc<ExitLatch>,
     pub guest: GuestInfo,
     pub cpu_template: CpuTemplate,
+    pub device_config: DeviceConfig,
+    /// This VM's KVM descriptors (VM, vCPUs): a process forked from this one closes them.
+    pub kvm_fds: Vec<std::os::fd::RawFd>,
+}
+
+/// What the VMM knows about the sandbox it runs, for the snapshots it writes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmmLabels {
+    /// The sandbox's id (default branch tags are `branch-<id>-<seq>`).
+    #[serde(default)]
+    pub sandbox_id: Option<String>,
+    /// The template the sandbox was made from.
+    #[serde(default)]
+    pub template: Option<String>,
 }
 
 #[derive(Debug)]
@@ -119,12 +150,20 @@ pub struct Vmm {
     cpu_template: CpuTemplate,
     state: RunState,
     restore_phases_us: Vec<(String, f64)>,
+    device_config: DeviceConfig,
+    kvm_fds: Vec<std::os::fd::RawFd>,
+    labels: VmmLabels,
+    faults: FaultPlan,
+    /// Last sequence number used for a default branch tag (per source, monotonic).
+    branch_seq: u64,
+    /// Live branches whose memory image is still being written.
+    live_writes: Vec<branch::LiveWrite>,
 }
 
 impl Vmm {
     /// Starts the vCPU threads of a fully built VM.
     pub(crate) fn start(parts: VmParts, start_paused: bool) -> Result<Vmm, crate::builder::BuildError> {
-        let VmParts { vm, memory, devices, runners, events, exit, guest, cpu_template } = parts;
+        let VmParts { vm, memory, devices, runners, events, exit, guest, cpu_template, device_config, kvm_fds } = parts;
         let mut vcpus = Vec::new();
         for runner in runners {
             let index = runner.index;
@@ -133,7 +172,42 @@ impl Vmm {
             vcpus.push(handle);
         }
         let state = if start_paused { RunState::Paused } else { RunState::Running };
-        Ok(Vmm { vm, memory, devices, vcpus, events, exit, guest, cpu_template, state, restore_phases_us: Vec::new() })
+        Ok(Vmm {
+            vm,
+            memory,
+            devices,
+            vcpus,
+            events,
+            exit,
+            guest,
+            cpu_template,
+            state,
+            restore_phases_us: Vec::new(),
+            device_config,
+            kvm_fds,
+            labels: VmmLabels::default(),
+            faults: FaultPlan::default(),
+            branch_seq: 0,
+            live_writes: Vec::new(),
+        })
+    }
+
+    pub fn set_labels(&mut self, labels: VmmLabels) {
+        self.labels = labels;
+    }
+
+    pub fn labels(&self) -> &VmmLabels {
+        &self.labels
+    }
+
+    /// Arms a fault for the next branch (tests of the failure-mode table).
+    pub fn arm_fault(&mut self, point: FaultPoint) {
+        self.faults.arm(point);
+    }
+
+    /// The devices this VM was built with.
+    pub fn device_config(&self) -> &DeviceConfig {
+        &self.device_config
     }
 
     pub(crate) fn set_restore_phases(&mut self, phases: Vec<(String, f64)>) {
@@ -172,6 +246,8 @@ impl Vmm {
             exit: self.exit.get().map(|r| format!("{r:?}")),
             emulation_fixups: crate::vstate::emulation::counts().into_iter().map(|(k, n)| (k.to_string(), n)).collect(),
             restore_phases_us: self.restore_phases_us.clone(),
+            labels: self.labels.clone(),
+            branches_writing: self.live_writes.iter().filter(|w| !w.is_finished()).map(|w| w.tag.clone()).collect(),
         }
     }
 
@@ -214,14 +290,24 @@ impl Vmm {
         if self.state == RunState::Paused {
             return Ok(());
         }
-        self.broadcast(
+        if self.faults.take(FaultPoint::Pause) {
+            return Err(VmmError::Injected(FaultPoint::Pause));
+        }
+        let paused = self.broadcast(
             || VcpuRequest::Pause,
             "pause",
             |e| match e {
                 VcpuEvent::Paused(i) => Some(*i),
                 _ => None,
             },
-        )?;
+        );
+        if let Err(e) = paused {
+            // Some vCPUs may have paused: let them all run again, as before the call.
+            for v in &self.vcpus {
+                v.send(VcpuRequest::Resume);
+            }
+            return Err(e);
+        }
         // vCPUs first, then device backends: after this nothing writes guest memory.
         self.devices.set_paused(true);
         self.state = RunState::Paused;
@@ -232,6 +318,9 @@ impl Vmm {
         self.check_alive()?;
         if self.state == RunState::Running {
             return Ok(());
+        }
+        if self.faults.take(FaultPoint::Resume) {
+            return Err(VmmError::Injected(FaultPoint::Resume));
         }
         self.devices.set_paused(false);
         self.broadcast(
@@ -282,7 +371,7 @@ impl Vmm {
         forkvm_snapshot::validate_tag(&tag)?;
         let was_running = self.state == RunState::Running;
         self.pause()?;
-        let result = self.write_snapshot(dir, &tag);
+        let result = self.write_full(dir, &tag, None);
         let paused_for = started.elapsed();
         if was_running {
             self.resume()?;
@@ -295,39 +384,6 @@ impl Vmm {
             pause_ms: paused_for.as_secs_f64() * 1e3,
             total_ms: started.elapsed().as_secs_f64() * 1e3,
         })
-    }
-
-    fn write_snapshot(&mut self, dir: &Path, tag: &str) -> Result<(u64, u64), VmmError> {
-        let state = self.save_state()?;
-        let writer = SnapshotWriter::begin(dir)?;
-        forkvm_snapshot::write_vmstate_file(&writer.path(forkvm_snapshot::VMSTATE_BIN), &state.encode_payload()?)?;
-        let mem_size = state.mem_size;
-        let image = forkvm_snapshot::create_image(&writer.path(forkvm_snapshot::MEMORY_IMG), mem_size)?;
-        for ((_, slice), offset) in region_slices(&self.memory).into_iter().zip(image_offsets(mem_size)) {
-            forkvm_snapshot::write_sparse(&image, offset, slice)?;
-        }
-        let allocated = forkvm_snapshot::allocated_bytes(&image).map_err(VmmError::MeasureImage)?;
-        let meta = SnapshotMeta {
-            format_version: forkvm_snapshot::METADATA_FORMAT_VERSION,
-            tag: tag.to_string(),
-            created_at_unix_ms: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_millis() as u64)
-                .unwrap_or(0),
-            status: SnapshotStatus::Ready,
-            mem_size_bytes: mem_size,
-            vcpu_count: state.vcpus.len() as u8,
-            irqchip: state.irqchip_mode.name().to_string(),
-            guest: GuestIdentity { kind: self.guest.kind.clone(), name: self.guest.name.clone(), content_hash: None },
-            parent_tag: None,
-            parent_hash: None,
-            branched_from: None,
-            volumes: Vec::new(),
-            memory_bytes_allocated: allocated,
-        };
-        forkvm_snapshot::write_meta(&writer.path(forkvm_snapshot::SNAPSHOT_JSON), &meta)?;
-        writer.commit()?;
-        Ok((allocated, mem_size))
     }
 
     /// Queues bytes on COM1's input.
@@ -356,8 +412,10 @@ impl Vmm {
         Ok(())
     }
 
-    /// Stops the vCPU threads and waits for them.
+    /// Stops the vCPU threads and waits for them, after letting live branches finish
+    /// writing (their snapshots must not be lost to a shutdown).
     pub fn stop(&mut self) {
+        self.finish_live_writes();
         for v in &self.vcpus {
             v.send(VcpuRequest::Stop);
         }

@@ -64,7 +64,7 @@ pub fn fork_and_run(detach: bool, body: impl FnOnce() -> i32) -> std::io::Result
 /// Points a detached child's standard streams away from the caller's: stdin and stdout
 /// at /dev/null, stderr at the console log (or /dev/null). Otherwise a caller reading
 /// our stdout to its end (a shell's `$(...)`, a test) would wait for every child.
-fn detach_stdio(log: Option<&File>) {
+pub(crate) fn detach_stdio(log: Option<&File>) {
     use std::os::fd::AsRawFd;
     let Ok(null) = OpenOptions::new().read(true).write(true).open("/dev/null") else {
         return;
@@ -101,6 +101,8 @@ pub struct ChildSpec {
     pub detach: bool,
     /// The child's virtio devices: the snapshot's kinds, with this child's paths.
     pub devices: DeviceConfig,
+    /// Labels (sandbox id, template) of the child's VMM.
+    pub labels: crate::vmm::VmmLabels,
 }
 
 #[derive(Debug)]
@@ -150,10 +152,11 @@ impl Zygote {
             eprintln!("forkvm child {}: {msg}", std::process::id());
             EXIT_RESTORE_FAILED
         };
-        let vmm = match restore(&self.kvm, &self.snapshot, console, &spec.devices, false) {
+        let mut vmm = match restore(&self.kvm, &self.snapshot, console, &spec.devices, false) {
             Ok(v) => v,
             Err(e) => return fail(format!("restore failed: {e}"), &mut error_log),
         };
+        vmm.set_labels(spec.labels.clone());
         if let Some(input) = input {
             if let Err(e) = vmm.forward_input(input) {
                 return fail(format!("starting the serial input thread: {e}"), &mut error_log);

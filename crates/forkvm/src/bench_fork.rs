@@ -210,6 +210,7 @@ fn fork_run(snap: &Path, dir: &Path, n: usize) -> Result<ForkRun> {
             console_stream: Some(theirs),
             detach: false,
             devices: Default::default(),
+            labels: Default::default(),
         };
         pids.push(zygote.spawn(spec)?);
         streams.push(ours);

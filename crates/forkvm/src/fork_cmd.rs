@@ -80,6 +80,7 @@ pub fn run(a: ForkArgs) -> Result<i32> {
             console_stream: None,
             detach: true,
             devices: Default::default(),
+            labels: Default::default(),
         };
         let pid = zygote.spawn(spec).with_context(|| format!("starting child {index}"))?;
         children.push(Child { index, pid, socket, console });

@@ -31,6 +31,24 @@ fn partial_path(final_dir: &Path) -> Result<PathBuf, DirError> {
     Ok(final_dir.with_file_name(partial_name))
 }
 
+/// Makes a published snapshot directory durable: its files, its `disk/` files, the
+/// directory and its parent.
+pub fn sync_snapshot_dir(dir: &Path) -> Result<(), DirError> {
+    let sync_err = |source| DirError::SyncPartial { path: dir.to_path_buf(), source };
+    sync_files_in(dir).map_err(sync_err)?;
+    let disks = dir.join(super::DISK_DIR);
+    if disks.is_dir() {
+        sync_files_in(&disks).map_err(sync_err)?;
+        sync_dir(&disks).map_err(sync_err)?;
+    }
+    sync_dir(dir).map_err(sync_err)?;
+    let parent = match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    sync_dir(&parent).map_err(|source| DirError::SyncParent { path: parent, source })
+}
+
 /// Removes whatever is at `path` (directory or file), if anything.
 fn remove_any(path: &Path) -> io::Result<()> {
     match fs::symlink_metadata(path) {
@@ -86,6 +104,11 @@ impl SnapshotWriter {
         let partial = self.staging().to_path_buf();
         let sync_err = |source| DirError::SyncPartial { path: partial.clone(), source };
         sync_files_in(&partial).map_err(sync_err)?;
+        let disks = partial.join(super::DISK_DIR);
+        if disks.is_dir() {
+            sync_files_in(&disks).map_err(sync_err)?;
+            sync_dir(&disks).map_err(sync_err)?;
+        }
         sync_dir(&partial).map_err(sync_err)?;
         rename_noreplace(&partial, &self.final_dir).map_err(|source| {
             if source.kind() == io::ErrorKind::AlreadyExists {
@@ -101,6 +124,23 @@ impl SnapshotWriter {
             _ => PathBuf::from("."),
         };
         sync_dir(&parent).map_err(|source| DirError::SyncParent { path: parent, source })?;
+        Ok(self.final_dir.clone())
+    }
+
+    /// Publishes the staging directory under its final name **without** syncing, for a
+    /// snapshot whose `snapshot.json` says `writing`: a live branch makes its tag visible
+    /// (and taken) at once and finishes the files in the background. Its writer must call
+    /// [`sync_snapshot_dir`] before marking it `ready`.
+    pub fn publish_unsynced(mut self) -> Result<PathBuf, DirError> {
+        let partial = self.staging().to_path_buf();
+        rename_noreplace(&partial, &self.final_dir).map_err(|source| {
+            if source.kind() == io::ErrorKind::AlreadyExists {
+                DirError::AlreadyExists(self.final_dir.clone())
+            } else {
+                DirError::Rename { from: partial.clone(), to: self.final_dir.clone(), source }
+            }
+        })?;
+        self.partial = None;
         Ok(self.final_dir.clone())
     }
 

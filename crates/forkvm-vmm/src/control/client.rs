@@ -14,8 +14,8 @@ pub enum ControlClientError {
     Io(std::io::Error),
     #[error("the VMM sent a response that is not valid: {0}")]
     BadResponse(String),
-    #[error("the VMM refused: {0}")]
-    Refused(String),
+    #[error("the VMM refused: {error}")]
+    Refused { error: String, code: Option<String> },
 }
 
 #[derive(Debug)]
@@ -52,7 +52,15 @@ impl ControlClient {
             serde_json::from_str(&resp).map_err(|e| ControlClientError::BadResponse(format!("{e}: {resp:?}")))?;
         match (resp.ok, resp.result, resp.error) {
             (true, result, _) => Ok(result.unwrap_or(serde_json::Value::Null)),
-            (false, _, error) => Err(ControlClientError::Refused(error.unwrap_or_default())),
+            (false, _, error) => Err(ControlClientError::Refused { error: error.unwrap_or_default(), code: resp.code }),
+        }
+    }
+
+    /// The error code of a refusal (`conflict`, `disk_full`, ...), if any.
+    pub fn code(err: &ControlClientError) -> Option<&str> {
+        match err {
+            ControlClientError::Refused { code, .. } => code.as_deref(),
+            _ => None,
         }
     }
 

@@ -1,6 +1,8 @@
 //! Control-socket messages. Requests reject unknown fields; responses carry either a
 //! result or an error string that names what failed.
 
+use crate::vmm::fault::FaultPoint;
+use crate::vmm::{BranchRequest, ForkChild, VmmLabels};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -24,6 +26,18 @@ pub enum Request {
         hex: String,
     },
     Shutdown {},
+    /// Snapshot the running VM under a new tag (full or live).
+    Branch(BranchRequest),
+    /// Fork the running VM into one child VMM per entry.
+    Fork {
+        children: Vec<ForkChild>,
+    },
+    /// Set the labels (sandbox id, template) recorded in this VM's snapshots.
+    Label(VmmLabels),
+    /// Arm a fault for the next branch (only with `FORKVM_FAULT_INJECTION=1`).
+    InjectFault {
+        point: FaultPoint,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -33,14 +47,21 @@ pub struct Response {
     pub result: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// What kind of failure: `conflict`, `bad_request`, `disk_full`, `forbidden`,
+    /// `internal` (absent: a plain error).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
 }
 
 impl Response {
     pub fn ok(result: serde_json::Value) -> Response {
-        Response { ok: true, result: Some(result), error: None }
+        Response { ok: true, result: Some(result), error: None, code: None }
     }
     pub fn err(error: impl Into<String>) -> Response {
-        Response { ok: false, result: None, error: Some(error.into()) }
+        Response { ok: false, result: None, error: Some(error.into()), code: None }
+    }
+    pub fn err_code(error: impl Into<String>, code: &str) -> Response {
+        Response { ok: false, result: None, error: Some(error.into()), code: Some(code.to_string()) }
     }
 }
 

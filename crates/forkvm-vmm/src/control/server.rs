@@ -6,6 +6,7 @@
 //! request arrives, after stopping the vCPUs and removing the socket.
 
 use super::protocol::{hex_decode, Request, Response, MAX_REQUEST_BYTES};
+use crate::vmm::fault::{FaultPlan, FAULT_INJECTION_ENV};
 use crate::vmm::{ExitLatch, Vmm};
 use crate::vstate::vcpu::VcpuExitReason;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -141,6 +142,26 @@ fn handle(req: Request, vmm: &Mutex<Vmm>) -> Response {
                 .and_then(|bytes| vmm.send_serial_input(&bytes).map_err(|e| e.to_string()))
                 .map(|_| serde_json::Value::Null),
         ),
+        Request::Branch(req) => match vmm.branch(&req) {
+            Ok(r) => json(serde_json::to_value(r).map_err(|e| e.to_string())),
+            Err(e) => Response::err_code(e.to_string(), e.code()),
+        },
+        Request::Fork { children } => match vmm.fork_running(&children) {
+            Ok(r) => json(serde_json::to_value(r).map_err(|e| e.to_string())),
+            Err(e) => Response::err(e.to_string()),
+        },
+        Request::Label(labels) => {
+            vmm.set_labels(labels);
+            json(status(&vmm))
+        }
+        Request::InjectFault { point } => {
+            if FaultPlan::allowed_by_env() {
+                vmm.arm_fault(point);
+                Response::ok(serde_json::Value::Null)
+            } else {
+                Response::err_code(format!("fault injection is disabled (set {FAULT_INJECTION_ENV}=1)"), "forbidden")
+            }
+        }
         // The caller sets the exit latch once this answer is on its way.
         Request::Shutdown {} => Response::ok(serde_json::Value::Null),
     }

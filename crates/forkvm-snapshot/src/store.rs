@@ -1,0 +1,272 @@
+//! The snapshot store: tagged snapshots under `<root>/snapshots/<tag>/`.
+//!
+//! Unlike the artefact cache (kernel, images, template snapshots: rebuilt on demand,
+//! safe to delete), the store holds what users asked to keep — templates published under
+//! a tag, branches of running sandboxes. Its root is `$FORKVM_STORE`, else
+//! `$HOME/.local/share/forkvm`. Lookups go through the tag rule, report a `writing`
+//! snapshot as such (it cannot be forked yet), and [`Store::sweep`] removes what crashed
+//! writers left behind: `.partial` staging directories and `writing` snapshots whose
+//! writer process is gone.
+
+use crate::dir::{DirError, SnapshotDir};
+use crate::metadata::{read_meta, SnapshotMeta, SnapshotStatus};
+use crate::tag::{validate_tag, TagError};
+use crate::SNAPSHOT_JSON;
+use std::io;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error(transparent)]
+    BadTag(#[from] TagError),
+    #[error("snapshot {tag:?} not found in {store}")]
+    NotFound { tag: String, store: PathBuf },
+    #[error("snapshot {tag:?} is still being written; it can be used once it is ready")]
+    Writing { tag: String },
+    #[error("snapshot {tag:?} already exists in {store}")]
+    Exists { tag: String, store: PathBuf },
+    #[error("snapshot {tag:?}: {source}")]
+    Invalid { tag: String, source: DirError },
+    #[error("snapshot store {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+}
+
+impl StoreError {
+    /// `not_found`, `conflict`, `bad_request` or `internal`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            StoreError::NotFound { .. } => "not_found",
+            StoreError::Writing { .. } | StoreError::Exists { .. } => "conflict",
+            StoreError::BadTag(_) => "bad_request",
+            _ => "internal",
+        }
+    }
+}
+
+/// One entry of [`Store::list`].
+#[derive(Debug, Clone)]
+pub struct StoreEntry {
+    pub tag: String,
+    pub meta: SnapshotMeta,
+}
+
+#[derive(Debug, Clone)]
+pub struct Store {
+    root: PathBuf,
+}
+
+impl Store {
+    /// `$FORKVM_STORE` if set and not empty, else `$HOME/.local/share/forkvm`.
+    pub fn default_root() -> PathBuf {
+        match std::env::var_os("FORKVM_STORE").filter(|v| !v.is_empty()) {
+            Some(v) => PathBuf::from(v),
+            None => {
+                let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
+                home.join(".local/share/forkvm")
+            }
+        }
+    }
+
+    pub fn open(root: impl Into<PathBuf>) -> Store {
+        Store { root: root.into() }
+    }
+
+    pub fn open_default() -> Store {
+        Store::open(Store::default_root())
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The directory every tag lives in (created on demand).
+    pub fn snapshots_dir(&self) -> PathBuf {
+        self.root.join("snapshots")
+    }
+
+    /// Creates the snapshots directory if missing.
+    pub fn ensure(&self) -> Result<PathBuf, StoreError> {
+        let dir = self.snapshots_dir();
+        std::fs::create_dir_all(&dir).map_err(|source| StoreError::Io { path: dir.clone(), source })?;
+        Ok(dir)
+    }
+
+    /// Where `tag` lives (whether or not it exists).
+    pub fn tag_dir(&self, tag: &str) -> Result<PathBuf, StoreError> {
+        validate_tag(tag)?;
+        Ok(self.snapshots_dir().join(tag))
+    }
+
+    /// Fails with `Exists` if `tag` is taken.
+    pub fn check_free(&self, tag: &str) -> Result<PathBuf, StoreError> {
+        let dir = self.tag_dir(tag)?;
+        if std::fs::symlink_metadata(&dir).is_ok() {
+            return Err(StoreError::Exists { tag: tag.to_string(), store: self.snapshots_dir() });
+        }
+        Ok(dir)
+    }
+
+    /// The ready snapshot `tag`: `NotFound`, `Writing` (conflict) or `Invalid` otherwise.
+    pub fn lookup(&self, tag: &str) -> Result<SnapshotDir, StoreError> {
+        let dir = self.tag_dir(tag)?;
+        match SnapshotDir::open(&dir) {
+            Ok(d) => Ok(d),
+            Err(DirError::NotFound(_)) => {
+                Err(StoreError::NotFound { tag: tag.to_string(), store: self.snapshots_dir() })
+            }
+            Err(DirError::StillWriting(_)) => Err(StoreError::Writing { tag: tag.to_string() }),
+            Err(source) => Err(StoreError::Invalid { tag: tag.to_string(), source }),
+        }
+    }
+
+    /// Every snapshot with a readable `snapshot.json` (ready or writing), sorted by tag.
+    pub fn list(&self) -> Vec<StoreEntry> {
+        let mut out = Vec::new();
+        let Ok(entries) = std::fs::read_dir(self.snapshots_dir()) else {
+            return out;
+        };
+        for e in entries.flatten() {
+            let tag = e.file_name().to_string_lossy().into_owned();
+            if validate_tag(&tag).is_err() {
+                continue;
+            }
+            if let Ok(meta) = read_meta(&e.path().join(SNAPSHOT_JSON)) {
+                out.push(StoreEntry { tag, meta });
+            }
+        }
+        out.sort_by(|a, b| a.tag.cmp(&b.tag));
+        out
+    }
+
+    /// Deletes snapshot `tag` (ready or writing).
+    pub fn remove(&self, tag: &str) -> Result<(), StoreError> {
+        let dir = self.tag_dir(tag)?;
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                Err(StoreError::NotFound { tag: tag.to_string(), store: self.snapshots_dir() })
+            }
+            Err(source) => Err(StoreError::Io { path: dir, source }),
+        }
+    }
+
+    /// Removes leftovers of crashed writers: `<tag>.partial` directories, and `writing`
+    /// snapshots whose writer process no longer exists. Returns the names removed.
+    pub fn sweep(&self) -> Vec<String> {
+        let mut removed = Vec::new();
+        let Ok(entries) = std::fs::read_dir(self.snapshots_dir()) else {
+            return removed;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let stale = if name.ends_with(".partial") {
+                // A staging directory is only live while its writer holds the VM paused
+                // (full mode) or for a moment (live mode): one older than a minute is left over.
+                e.metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age.as_secs() > 60)
+            } else {
+                match read_meta(&e.path().join(SNAPSHOT_JSON)) {
+                    Ok(m) if m.status == SnapshotStatus::Writing => !m.writer_pid.is_some_and(process_alive),
+                    _ => false,
+                }
+            };
+            if stale && std::fs::remove_dir_all(e.path()).is_ok() {
+                removed.push(name);
+            }
+        }
+        removed.sort();
+        removed
+    }
+}
+
+/// Whether a process with this pid exists.
+pub fn process_alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Hard-links `src` to `dst`, or copies it when they are on different filesystems.
+pub fn link_or_copy(src: &Path, dst: &Path) -> io::Result<()> {
+    match std::fs::hard_link(src, dst) {
+        Ok(()) => Ok(()),
+        Err(_) => std::fs::copy(src, dst).map(|_| ()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metadata::{write_meta, GuestIdentity, METADATA_FORMAT_VERSION};
+    use crate::{MEMORY_IMG, VMSTATE_BIN};
+
+    fn meta(tag: &str, status: SnapshotStatus, writer_pid: Option<u32>) -> SnapshotMeta {
+        SnapshotMeta {
+            format_version: METADATA_FORMAT_VERSION,
+            tag: tag.into(),
+            created_at_unix_ms: 0,
+            status,
+            mem_size_bytes: 4096,
+            vcpu_count: 1,
+            irqchip: "split".into(),
+            guest: GuestIdentity { kind: "testguest".into(), name: "g".into(), content_hash: None },
+            parent_tag: None,
+            parent_hash: None,
+            branched_from: None,
+            volumes: vec![],
+            memory_bytes_allocated: 0,
+            writer_pid,
+            devices: None,
+            template: None,
+        }
+    }
+
+    fn put(store: &Store, tag: &str, status: SnapshotStatus, writer_pid: Option<u32>) {
+        let dir = store.snapshots_dir().join(tag);
+        std::fs::create_dir_all(&dir).unwrap();
+        write_meta(&dir.join(SNAPSHOT_JSON), &meta(tag, status, writer_pid)).unwrap();
+        std::fs::write(dir.join(VMSTATE_BIN), b"x").unwrap();
+        std::fs::write(dir.join(MEMORY_IMG), b"x").unwrap();
+    }
+
+    #[test]
+    fn lookup_reports_each_state() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path());
+        put(&store, "ready", SnapshotStatus::Ready, None);
+        put(&store, "busy", SnapshotStatus::Writing, Some(std::process::id()));
+        assert_eq!(store.lookup("ready").unwrap().meta.tag, "ready");
+        let busy = store.lookup("busy").unwrap_err();
+        assert!(matches!(busy, StoreError::Writing { .. }) && busy.code() == "conflict", "{busy}");
+        assert_eq!(store.lookup("nope").unwrap_err().code(), "not_found");
+        assert_eq!(store.lookup("../etc").unwrap_err().code(), "bad_request");
+        assert_eq!(store.check_free("ready").unwrap_err().code(), "conflict");
+        assert!(store.check_free("free").is_ok());
+        let tags: Vec<_> = store.list().into_iter().map(|e| e.tag).collect();
+        assert_eq!(tags, ["busy", "ready"]);
+    }
+
+    #[test]
+    fn sweep_removes_only_dead_writers_leftovers() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path());
+        put(&store, "ready", SnapshotStatus::Ready, None);
+        put(&store, "live-writer", SnapshotStatus::Writing, Some(std::process::id()));
+        // A pid that cannot exist (above the kernel's pid_max limit).
+        put(&store, "dead-writer", SnapshotStatus::Writing, Some(u32::MAX - 1));
+        assert_eq!(store.sweep(), ["dead-writer"]);
+        assert!(store.lookup("ready").is_ok());
+        assert!(matches!(store.lookup("live-writer"), Err(StoreError::Writing { .. })));
+        assert_eq!(store.lookup("dead-writer").unwrap_err().code(), "not_found");
+    }
+
+    #[test]
+    fn remove_deletes_and_reports_missing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path());
+        put(&store, "a", SnapshotStatus::Ready, None);
+        store.remove("a").unwrap();
+        assert_eq!(store.remove("a").unwrap_err().code(), "not_found");
+    }
+}

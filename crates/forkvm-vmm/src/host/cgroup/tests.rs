@@ -1,0 +1,289 @@
+//! Detection and group handling on fake trees, then the real thing on this host (root;
+//! fails loudly if the host has no usable memory cgroup).
+
+use std::io::Write;
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::*;
+
+const MIB: u64 = 1 << 20;
+
+/// The cgroup lines of the CI host's mountinfo: v1 controllers plus a cgroup2 without memory.
+const HYBRID_MOUNTINFO: &str = "\
+22 1 0:21 / / rw,relatime - overlay overlay rw
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+36 31 0:33 / /sys/fs/cgroup/devices rw,relatime - cgroup cgroup rw,devices
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+";
+const HYBRID_CGROUP: &str = "9:name=systemd:/\n4:memory:/process_api/3b89\n1:cpu:/\n0::/\n";
+
+const V2_MOUNTINFO: &str = "\
+22 1 0:21 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+25 22 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate
+";
+const V2_CGROUP: &str = "0::/forkvmd.service\n";
+
+/// Writes `files` (path relative to `root`, content) into a fresh fake tree.
+fn fake_tree(files: &[(&str, &str)]) -> tempfile::TempDir {
+    let root = tempfile::tempdir().unwrap();
+    for (path, content) in files {
+        let path = root.path().join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, content).unwrap();
+    }
+    root
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+#[test]
+fn detects_v1_only() {
+    let tree = fake_tree(&[("sys/fs/cgroup/memory/process_api/3b89/tasks", "")]);
+    let mountinfo: String =
+        HYBRID_MOUNTINFO.lines().filter(|l| !l.contains("cgroup2")).map(|l| l.to_owned() + "\n").collect();
+    let root = CgroupRoot::detect_from(&mountinfo, HYBRID_CGROUP, tree.path()).unwrap();
+    assert_eq!(root.version(), CgroupVersion::V1);
+    assert_eq!(root.dir(), tree.path().join("sys/fs/cgroup/memory/process_api/3b89/forkvm"));
+}
+
+#[test]
+fn detects_v1_mounted_from_a_subtree_with_escaped_mount_point() {
+    let tree = fake_tree(&[("cg/my mem/ours/tasks", "")]);
+    let mountinfo = "40 31 0:32 /docker/abc /cg/my\\040mem rw - cgroup cgroup rw,memory\n";
+    let root = CgroupRoot::detect_from(mountinfo, "4:memory:/docker/abc/ours\n", tree.path()).unwrap();
+    assert_eq!(root.dir(), tree.path().join("cg/my mem/ours/forkvm"));
+}
+
+#[test]
+fn detects_v2_only_when_it_offers_memory() {
+    let tree = fake_tree(&[("sys/fs/cgroup/forkvmd.service/cgroup.controllers", "cpu io memory pids\n")]);
+    let root = CgroupRoot::detect_from(V2_MOUNTINFO, V2_CGROUP, tree.path()).unwrap();
+    assert_eq!(root.version(), CgroupVersion::V2);
+    assert_eq!(root.dir(), tree.path().join("sys/fs/cgroup/forkvmd.service/forkvm"));
+}
+
+#[test]
+fn v2_without_memory_and_no_v1_is_an_error_naming_what_was_checked() {
+    let tree = fake_tree(&[("sys/fs/cgroup/forkvmd.service/cgroup.controllers", "cpu pids\n")]);
+    let err = CgroupRoot::detect_from(V2_MOUNTINFO, V2_CGROUP, tree.path()).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, CgroupError::NoMemoryController { .. }), "{msg}");
+    assert!(msg.contains("memory not listed in") && msg.contains("forkvmd.service/cgroup.controllers"), "{msg}");
+    assert!(msg.contains("no cgroup v1 mount with the memory controller"), "{msg}");
+}
+
+#[test]
+fn hybrid_like_the_ci_host_picks_v1() {
+    let tree = fake_tree(&[
+        ("sys/fs/cgroup/unified/cgroup.controllers", ""),
+        ("sys/fs/cgroup/memory/process_api/3b89/tasks", ""),
+    ]);
+    let root = CgroupRoot::detect_from(HYBRID_MOUNTINFO, HYBRID_CGROUP, tree.path()).unwrap();
+    assert_eq!(root.version(), CgroupVersion::V1);
+    assert_eq!(root.dir(), tree.path().join("sys/fs/cgroup/memory/process_api/3b89/forkvm"));
+}
+
+#[test]
+fn no_cgroup_mounts_is_an_error_naming_what_was_checked() {
+    let tree = fake_tree(&[]);
+    let err = CgroupRoot::detect_from("22 1 0:21 / / rw - ext4 /dev/sda1 rw\n", "0::/\n", tree.path()).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("no cgroup2 mount in mountinfo"), "{msg}");
+    assert!(msg.contains("no cgroup v1 mount with the memory controller in mountinfo"), "{msg}");
+}
+
+/// A v2 tree whose own group (`forkvmd.service`) delegates memory, plus `extra` files.
+fn v2_root(extra: &[(&str, &str)], delegates: &str) -> (tempfile::TempDir, CgroupRoot) {
+    let own = "sys/fs/cgroup/forkvmd.service";
+    let mut files = vec![
+        (format!("{own}/cgroup.controllers"), "cpu memory pids".to_string()),
+        (format!("{own}/cgroup.subtree_control"), delegates.to_string()),
+    ];
+    files.extend(extra.iter().map(|(p, c)| (format!("{own}/{p}"), c.to_string())));
+    let files: Vec<(&str, &str)> = files.iter().map(|(p, c)| (p.as_str(), c.as_str())).collect();
+    let tree = fake_tree(&files);
+    let root = CgroupRoot::detect_from(V2_MOUNTINFO, V2_CGROUP, tree.path()).unwrap();
+    (tree, root)
+}
+
+#[test]
+fn v2_create_enables_memory_and_writes_the_limit() {
+    let (_tree, root) = v2_root(&[], "memory pids\n");
+    let group = root.create("sb-1", 256 * MIB).unwrap();
+    assert_eq!(read(&root.dir().join("cgroup.subtree_control")), "+memory");
+    assert_eq!(read(&group.dir().join("memory.max")), "268435456");
+    assert!(!group.dir().join("memory.swap.max").exists(), "no swap accounting in this tree");
+    assert_eq!(group.name(), "sb-1");
+    assert_eq!(group.memory_limit_bytes().unwrap(), 256 * MIB);
+    assert!(matches!(root.create("sb-1", MIB), Err(CgroupError::AlreadyExists(_))));
+    assert_eq!(root.open("sb-1").unwrap().dir(), group.dir());
+    assert!(root.open("sb-2").is_none());
+
+    std::fs::write(group.dir().join("memory.max"), "max\n").unwrap();
+    assert_eq!(group.memory_limit_bytes().unwrap(), u64::MAX);
+    std::fs::write(group.dir().join("cgroup.procs"), "12\n345\n").unwrap();
+    assert_eq!(group.pids().unwrap(), vec![12, 345]);
+}
+
+#[test]
+fn v2_create_turns_swap_off_where_swap_is_accounted() {
+    let (_tree, root) =
+        v2_root(&[("forkvm/cgroup.subtree_control", "memory\n"), ("forkvm/memory.swap.max", "max\n")], "memory\n");
+    let group = root.create("sb", 64 * MIB).unwrap();
+    assert_eq!(read(&group.dir().join("memory.max")), "67108864");
+    assert_eq!(read(&group.dir().join("memory.swap.max")), "0");
+    assert_eq!(read(&root.dir().join("cgroup.subtree_control")), "memory\n", "already enabled: left alone");
+}
+
+#[test]
+fn v2_parent_that_does_not_delegate_memory_is_a_clear_error() {
+    let (_tree, root) = v2_root(&[], "pids\n");
+    let err = root.create("sb", 64 * MIB).unwrap_err();
+    assert!(matches!(err, CgroupError::MemoryNotDelegated { .. }), "{err}");
+    assert!(err.to_string().contains("does not delegate the memory controller"), "{err}");
+    assert!(!root.dir().exists());
+}
+
+#[test]
+fn names_are_validated() {
+    let (_tree, root) = v2_root(&[], "memory\n");
+    for bad in ["", "a/b", "..", "a b", "exiting", "é", &"x".repeat(65)] {
+        assert!(matches!(root.create(bad, MIB), Err(CgroupError::InvalidName(_))), "{bad:?} accepted");
+    }
+    assert!(root.create(&"x".repeat(64), MIB).is_ok());
+    assert!(root.create("Ok_name-9", MIB).is_ok());
+}
+
+/// Kills and reaps the child if a test fails half-way.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn real_root() -> CgroupRoot {
+    CgroupRoot::detect().unwrap_or_else(|e| panic!("this host must have a memory cgroup (CI runs as root): {e}"))
+}
+
+/// The caller's line of /proc/<pid>/cgroup for the hierarchy `version` uses.
+fn cgroup_line(pid: &str, version: CgroupVersion) -> String {
+    let text = read(Path::new(&format!("/proc/{pid}/cgroup")));
+    let wanted = |l: &&str| match version {
+        CgroupVersion::V1 => l.split(':').nth(1).is_some_and(|c| c.split(',').any(|c| c == "memory")),
+        CgroupVersion::V2 => l.starts_with("0::"),
+    };
+    text.lines().find(wanted).unwrap_or_else(|| panic!("no memory cgroup line in {text}")).to_string()
+}
+
+#[test]
+fn real_create_join_sweep_remove() {
+    let root = real_root();
+    let name = format!("t-join-{}", std::process::id());
+    let group = root.create(&name, 64 * MIB).unwrap();
+    assert_eq!(group.memory_limit_bytes().unwrap(), 64 * MIB);
+
+    let mut child = KillOnDrop(Command::new("sleep").arg("30").spawn().unwrap());
+    group.join(child.0.id()).unwrap();
+    assert_eq!(group.pids().unwrap(), vec![child.0.id()]);
+    assert!(cgroup_line(&child.0.id().to_string(), root.version()).ends_with(&format!("/forkvm/{name}")));
+
+    // Sweep removes the unwanted empty group, never the one with a live process.
+    let empty = format!("t-sweep-{}", std::process::id());
+    root.create(&empty, 64 * MIB).unwrap();
+    let removed = root.sweep(&|n| n != name && n != empty);
+    assert_eq!(removed, vec![empty.clone()]);
+    assert!(group.dir().is_dir() && root.open(&empty).is_none());
+
+    child.0.kill().unwrap();
+    child.0.wait().unwrap();
+    let dir = group.dir().to_path_buf();
+    group.remove().unwrap();
+    assert!(!dir.exists());
+}
+
+const HELPER_ENV: &str = "FORKVM_CGROUP_LEAVE_HELPER";
+
+/// Run in a child process by `real_leave_and_remove`: joins the group, charges memory to it,
+/// leaves and removes it, and prints its cgroup afterwards.
+#[test]
+#[ignore = "helper run in a child process by real_leave_and_remove; does nothing on its own"]
+fn leave_helper() {
+    let Ok(name) = std::env::var(HELPER_ENV) else { return };
+    let root = real_root();
+    let group = root.open(&name).expect("the parent test created the group");
+    group.join(0).unwrap();
+    let ballast = std::hint::black_box(vec![1u8; 8 << 20]);
+    let usage = group.memory_usage_bytes().unwrap();
+    assert!(usage >= 8 * MIB, "8 MiB touched after joining, usage {usage}");
+    drop(ballast);
+    group.leave_and_remove().unwrap();
+    println!("HELPER-CGROUP {}", cgroup_line("self", root.version()));
+}
+
+#[test]
+fn real_leave_and_remove() {
+    // A child process plays the sandbox, so this test process never changes cgroup.
+    let root = real_root();
+    let name = format!("t-leave-{}", std::process::id());
+    let dir = root.create(&name, 256 * MIB).unwrap().dir().to_path_buf();
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "host::cgroup::tests::leave_helper", "--ignored", "--nocapture", "--test-threads=1"])
+        .env(HELPER_ENV, &name)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "helper failed: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let line = stdout
+        .split("HELPER-CGROUP ")
+        .nth(1)
+        .and_then(|rest| rest.lines().next())
+        .unwrap_or_else(|| panic!("helper did not run: {stdout}"));
+    assert!(line.ends_with("/forkvm/exiting"), "helper ended in {line}");
+    assert!(!dir.exists(), "group left behind");
+}
+
+#[test]
+fn real_memory_limit_oom_kills() {
+    let root = real_root();
+    let group = root.create(&format!("t-oom-{}", std::process::id()), 32 * MIB).unwrap();
+    // `tail` on /dev/zero buffers one endless line; `read` holds it until we have joined it.
+    let mut child = KillOnDrop(
+        Command::new("/bin/sh")
+            .args(["-c", "read x; exec tail /dev/zero"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    group.join(child.0.id()).unwrap();
+    child.0.stdin.take().unwrap().write_all(b"\n").unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "not OOM-killed within 10 s");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status}");
+    let events = match root.version() {
+        CgroupVersion::V1 => read(&group.dir().join("memory.failcnt")).trim().parse::<u64>().unwrap(),
+        CgroupVersion::V2 => read(&group.dir().join("memory.events"))
+            .lines()
+            .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse::<u64>().ok())
+            .unwrap(),
+    };
+    assert!(events > 0, "the limit was never hit");
+    group.remove().unwrap();
+}

@@ -1,0 +1,460 @@
+//! BRANCH: snapshot a running VM under a new tag, in one of two modes (DESIGN §2).
+//!
+//! * `full`: pause the vCPUs → write state and memory → resume. The pause window grows
+//!   with memory and disk speed.
+//! * `live`: pause → capture vCPU/device state (small) → publish the tag as `writing` →
+//!   `fork()` this process → resume at once. The forked copy holds guest memory frozen at
+//!   the pause (copy-on-write) and writes the sparse memory image; a background thread
+//!   here reaps it, syncs the files and marks the snapshot `ready`. The pause window is
+//!   the state capture plus `fork()`, independent of disk speed.
+//!
+//! Failure modes (seed `000_*`): the tag is checked before anything is touched (collision
+//! → conflict, no side effect); pause fails → the VM runs on unchanged; writing fails
+//! (disk full included) → the partial files are removed and the VM resumed; resume fails
+//! after a good snapshot → the snapshot stays valid and the error says so. A live writer
+//! that fails removes its `writing` directory; a VMM that crashes mid-write leaves only a
+//! `writing` directory naming a dead writer, which readers refuse and sweeps remove.
+
+use super::{RunState, Vmm, VmmError};
+use crate::vmm::fault::FaultPoint;
+use crate::vstate::memory::{image_offsets, region_slices};
+use forkvm_snapshot::{
+    DevicesMeta, DiskMeta, GuestIdentity, SnapshotMeta, SnapshotStatus, SnapshotWriter, DISK_DIR, MEMORY_IMG,
+    SNAPSHOT_JSON, VMSTATE_BIN,
+};
+use serde::{Deserialize, Serialize};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+/// How a branch captures memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BranchMode {
+    #[default]
+    Full,
+    Live,
+}
+
+impl std::str::FromStr for BranchMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<BranchMode, String> {
+        match s {
+            "full" => Ok(BranchMode::Full),
+            "live" => Ok(BranchMode::Live),
+            other => Err(format!("unknown branch mode {other:?} (expected full or live)")),
+        }
+    }
+}
+
+/// A branch to take.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BranchRequest {
+    /// The snapshot store's `snapshots/` directory; the branch is `<store>/<tag>`.
+    pub store: PathBuf,
+    /// The new tag; default `branch-<sandbox-id>-<seq>`.
+    #[serde(default)]
+    pub tag: Option<String>,
+    #[serde(default)]
+    pub mode: BranchMode,
+    /// Live mode: wait until the snapshot is `ready` (default) or return once the source
+    /// runs again.
+    #[serde(default = "yes")]
+    pub wait: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// What a branch did.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BranchReport {
+    pub tag: String,
+    pub dir: PathBuf,
+    pub mode: BranchMode,
+    /// `writing` when a live branch returned before its memory image was complete.
+    pub status: SnapshotStatus,
+    /// The source sandbox (its id), recorded in the snapshot.
+    pub branched_from: Option<String>,
+    pub created_at_unix_ms: u64,
+    pub mem_size_bytes: u64,
+    /// From the pause request until the vCPUs ran again.
+    pub pause_ms: f64,
+    /// From the call until it returned.
+    pub return_ms: f64,
+    /// Allocated bytes of `memory.img`, once it is complete.
+    pub memory_bytes_allocated: Option<u64>,
+}
+
+/// Why a branch failed; [`BranchError::code`] maps it onto the API's status.
+#[derive(Debug, thiserror::Error)]
+pub enum BranchError {
+    #[error("branch tag {tag:?}: a snapshot with this tag already exists at {dir}")]
+    Conflict { tag: String, dir: PathBuf },
+    #[error("branch: {0}")]
+    BadTag(#[from] forkvm_snapshot::TagError),
+    #[error("branch: the source VM is not running ({0:?})")]
+    NotRunning(RunState),
+    #[error("branch: pausing the source VM failed; it keeps running unchanged: {0}")]
+    Pause(VmmError),
+    #[error("branch: writing the snapshot failed{}: {source}; partial files removed; {resumed}", if *disk_full { " (disk full)" } else { "" })]
+    Snapshot { source: VmmError, disk_full: bool, resumed: String },
+    #[error("branch: the snapshot {} is valid{}, but resuming the source VM failed: {source}", dir.display(), if *writing { " (its memory image is still being written)" } else { "" })]
+    Resume { dir: PathBuf, writing: bool, source: VmmError },
+}
+
+impl BranchError {
+    /// `conflict`, `bad_request`, `disk_full` or `internal`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            BranchError::Conflict { .. } | BranchError::NotRunning(_) => "conflict",
+            BranchError::BadTag(_) => "bad_request",
+            BranchError::Snapshot { disk_full: true, .. } => "disk_full",
+            _ => "internal",
+        }
+    }
+}
+
+/// A live branch's background writer.
+#[derive(Debug)]
+pub(crate) struct LiveWrite {
+    pub tag: String,
+    handle: Option<JoinHandle<Result<u64, String>>>,
+}
+
+impl LiveWrite {
+    pub fn is_finished(&self) -> bool {
+        self.handle.as_ref().is_none_or(|h| h.is_finished())
+    }
+}
+
+/// Whether an error chain holds an ENOSPC (or EDQUOT) from the kernel.
+fn is_disk_full(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if matches!(io.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)) {
+                return true;
+            }
+        }
+        cur = e.source();
+    }
+    false
+}
+
+fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+impl Vmm {
+    /// The tag a branch without one gets: `branch-<sandbox-id>-<seq>`, the first free one.
+    fn default_branch_tag(&mut self, store: &Path) -> String {
+        let id = self.labels.sandbox_id.clone().unwrap_or_else(|| format!("vm{}", std::process::id()));
+        loop {
+            self.branch_seq += 1;
+            let tag = format!("branch-{id}-{}", self.branch_seq);
+            if std::fs::symlink_metadata(store.join(&tag)).is_err() {
+                return tag;
+            }
+        }
+    }
+
+    /// Snapshots this running VM under a new tag (see the module doc).
+    pub fn branch(&mut self, req: &BranchRequest) -> Result<BranchReport, BranchError> {
+        let started = Instant::now();
+        let tag = match &req.tag {
+            Some(t) => t.clone(),
+            None => self.default_branch_tag(&req.store),
+        };
+        forkvm_snapshot::validate_tag(&tag)?;
+        let dir = req.store.join(&tag);
+        if std::fs::symlink_metadata(&dir).is_ok() {
+            return Err(BranchError::Conflict { tag, dir });
+        }
+        let state = self.state();
+        if state == RunState::Exited {
+            return Err(BranchError::NotRunning(state));
+        }
+        let was_running = state == RunState::Running;
+        self.pause().map_err(BranchError::Pause)?;
+        let branched_from = self.labels.sandbox_id.clone();
+        let written = match req.mode {
+            BranchMode::Full => self.write_full(&dir, &tag, branched_from.clone()).map(|(a, m)| (Some(a), m, None)),
+            BranchMode::Live => self.start_live(&dir, &tag, branched_from.clone()).map(|(m, w)| (None, m, Some(w))),
+        };
+        let resumed = if was_running { self.resume() } else { Ok(()) };
+        let pause_ms = started.elapsed().as_secs_f64() * 1e3;
+        let (mut allocated, mem_size, live) = match written {
+            Ok(w) => w,
+            Err(source) => {
+                let resumed = match resumed {
+                    Ok(()) if was_running => "the source VM was resumed".to_string(),
+                    Ok(()) => "the source VM stays paused, as it was".to_string(),
+                    Err(e) => format!("resuming the source VM also failed: {e}"),
+                };
+                let disk_full = is_disk_full(&source);
+                return Err(BranchError::Snapshot { source, disk_full, resumed });
+            }
+        };
+        let mut status = if live.is_some() { SnapshotStatus::Writing } else { SnapshotStatus::Ready };
+        if let Err(source) = resumed {
+            if let Some(w) = live {
+                self.live_writes.push(w);
+            }
+            return Err(BranchError::Resume { dir, writing: status == SnapshotStatus::Writing, source });
+        }
+        if let Some(mut w) = live {
+            if req.wait {
+                let result = w.handle.take().map(|h| h.join());
+                match result {
+                    Some(Ok(Ok(bytes))) => {
+                        allocated = Some(bytes);
+                        status = SnapshotStatus::Ready;
+                    }
+                    Some(Ok(Err(msg))) => {
+                        let source = VmmError::Disk(msg.clone());
+                        let disk_full = msg.contains("ENOSPC") || msg.contains("No space left");
+                        let resumed = "the source VM was resumed".to_string();
+                        return Err(BranchError::Snapshot { source, disk_full, resumed });
+                    }
+                    _ => {
+                        let source = VmmError::Disk("the live branch writer thread panicked".into());
+                        return Err(BranchError::Snapshot { source, disk_full: false, resumed: String::new() });
+                    }
+                }
+            } else {
+                self.live_writes.retain(|w| !w.is_finished());
+                self.live_writes.push(w);
+            }
+        }
+        Ok(BranchReport {
+            tag,
+            dir,
+            mode: req.mode,
+            status,
+            branched_from,
+            created_at_unix_ms: now_unix_ms(),
+            mem_size_bytes: mem_size,
+            pause_ms,
+            return_ms: started.elapsed().as_secs_f64() * 1e3,
+            memory_bytes_allocated: allocated,
+        })
+    }
+
+    /// Waits for every live branch still being written.
+    pub(crate) fn finish_live_writes(&mut self) {
+        for mut w in self.live_writes.drain(..) {
+            if let Some(h) = w.handle.take() {
+                let _ = h.join();
+            }
+        }
+    }
+
+    /// The snapshot's description; `disks` as linked into its directory.
+    fn snapshot_meta(
+        &self,
+        tag: &str,
+        state: &crate::persist::VmState,
+        status: SnapshotStatus,
+        allocated: u64,
+        disks: Vec<DiskMeta>,
+        branched_from: Option<String>,
+    ) -> SnapshotMeta {
+        SnapshotMeta {
+            format_version: forkvm_snapshot::METADATA_FORMAT_VERSION,
+            tag: tag.to_string(),
+            created_at_unix_ms: now_unix_ms(),
+            status,
+            mem_size_bytes: state.mem_size,
+            vcpu_count: state.vcpus.len() as u8,
+            irqchip: state.irqchip_mode.name().to_string(),
+            guest: GuestIdentity { kind: self.guest.kind.clone(), name: self.guest.name.clone(), content_hash: None },
+            parent_tag: None,
+            parent_hash: None,
+            branched_from,
+            volumes: Vec::new(),
+            memory_bytes_allocated: allocated,
+            writer_pid: (status == SnapshotStatus::Writing).then(std::process::id),
+            devices: Some(DevicesMeta {
+                vsock_cid: self.device_config.vsock.as_ref().map(|v| v.guest_cid),
+                rng: self.device_config.rng,
+                disks,
+            }),
+            template: self.labels.template.clone(),
+        }
+    }
+
+    /// Puts this VM's disks into `<staging>/disk/`: read-only images hard-linked (copied
+    /// across filesystems), writable ones copied — only while paused in full mode; a live
+    /// branch cannot capture a writable disk consistently until disks are layered.
+    fn capture_disks(&self, staging: &Path, live: bool) -> Result<Vec<DiskMeta>, VmmError> {
+        let mut disks = Vec::new();
+        if self.device_config.blocks.is_empty() {
+            return Ok(disks);
+        }
+        let dir = staging.join(DISK_DIR);
+        std::fs::create_dir(&dir).map_err(|e| VmmError::Disk(format!("creating {}: {e}", dir.display())))?;
+        for (i, b) in self.device_config.blocks.iter().enumerate() {
+            if live && !b.read_only {
+                return Err(VmmError::Disk(format!(
+                    "disk {} is writable: a live branch cannot capture it consistently (use mode full)",
+                    b.path.display()
+                )));
+            }
+            let file = format!("disk{i}.img");
+            let target = dir.join(&file);
+            let linked = b.read_only && std::fs::hard_link(&b.path, &target).is_ok();
+            if !linked {
+                std::fs::copy(&b.path, &target)
+                    .map_err(|e| VmmError::Disk(format!("copying disk {}: {e}", b.path.display())))?;
+            }
+            disks.push(DiskMeta { file, read_only: b.read_only, id: b.id.clone() });
+        }
+        Ok(disks)
+    }
+
+    /// Full mode (the VM is paused): writes the whole snapshot and publishes it.
+    /// Returns (allocated bytes of memory.img, memory size).
+    pub(super) fn write_full(
+        &mut self,
+        dir: &Path,
+        tag: &str,
+        branched_from: Option<String>,
+    ) -> Result<(u64, u64), VmmError> {
+        if self.faults.take(FaultPoint::SaveState) {
+            return Err(VmmError::Injected(FaultPoint::SaveState));
+        }
+        let state = self.save_state()?;
+        let writer = SnapshotWriter::begin(dir)?;
+        forkvm_snapshot::write_vmstate_file(&writer.path(VMSTATE_BIN), &state.encode_payload()?)?;
+        let disks = self.capture_disks(writer.staging(), false)?;
+        let mem_size = state.mem_size;
+        let image = forkvm_snapshot::create_image(&writer.path(MEMORY_IMG), mem_size)?;
+        if let Some(fault) = self.faults.take_write_fault() {
+            return Err(
+                forkvm_snapshot::MemoryImageError::WriteData { offset: 0, len: 0, source: fault.io_error() }.into()
+            );
+        }
+        for ((_, slice), offset) in region_slices(&self.memory).into_iter().zip(image_offsets(mem_size)) {
+            forkvm_snapshot::write_sparse(&image, offset, slice)?;
+        }
+        let allocated = forkvm_snapshot::allocated_bytes(&image).map_err(VmmError::MeasureImage)?;
+        let meta = self.snapshot_meta(tag, &state, SnapshotStatus::Ready, allocated, disks, branched_from);
+        forkvm_snapshot::write_meta(&writer.path(SNAPSHOT_JSON), &meta)?;
+        writer.commit()?;
+        Ok((allocated, mem_size))
+    }
+
+    /// Live mode (the VM is paused): captures state, publishes the tag as `writing`, and
+    /// forks the writer of the memory image. Returns (memory size, the writer).
+    fn start_live(
+        &mut self,
+        dir: &Path,
+        tag: &str,
+        branched_from: Option<String>,
+    ) -> Result<(u64, LiveWrite), VmmError> {
+        if self.faults.take(FaultPoint::SaveState) {
+            return Err(VmmError::Injected(FaultPoint::SaveState));
+        }
+        let state = self.save_state()?;
+        let writer = SnapshotWriter::begin(dir)?;
+        std::fs::write(writer.path(VMSTATE_BIN), forkvm_snapshot::encode_vmstate(&state.encode_payload()?))
+            .map_err(|e| VmmError::Disk(format!("writing vmstate.bin: {e}")))?;
+        let disks = self.capture_disks(writer.staging(), true)?;
+        let mem_size = state.mem_size;
+        let image = forkvm_snapshot::create_image(&writer.path(MEMORY_IMG), mem_size)?;
+        let meta = self.snapshot_meta(tag, &state, SnapshotStatus::Writing, 0, disks, branched_from);
+        forkvm_snapshot::write_meta_unsynced(&writer.path(SNAPSHOT_JSON), &meta)?;
+        let final_dir = writer.publish_unsynced()?;
+        // Everything the writer needs is computed before fork(): the child only reads
+        // guest memory and makes system calls.
+        let regions: Vec<(u64, &[u8])> = region_slices(&self.memory)
+            .into_iter()
+            .zip(image_offsets(mem_size))
+            .map(|((_, slice), offset)| (offset, slice))
+            .collect();
+        let fault = self.faults.take_write_fault();
+        let stall = self.faults.take(FaultPoint::StallWriter);
+        // SAFETY: the child runs only `write_image` (positional writes, fsync) and `_exit`;
+        // it takes no lock another thread of this process could hold and allocates nothing.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            let e = std::io::Error::last_os_error();
+            let _ = std::fs::remove_dir_all(&final_dir);
+            return Err(VmmError::Disk(format!("fork() of the live branch writer: {e}")));
+        }
+        if pid == 0 {
+            let code = write_image(&image, &regions, fault, stall);
+            // SAFETY: leaves the forked copy without running the parent's destructors.
+            unsafe { libc::_exit(code) }
+        }
+        drop(regions);
+        let handle = std::thread::Builder::new()
+            .name("branch-writer".into())
+            .stack_size(256 << 10)
+            .spawn(move || finish_live(pid, &final_dir, image, meta))
+            .map_err(|e| VmmError::Disk(format!("starting the live branch writer thread: {e}")))?;
+        Ok((mem_size, LiveWrite { tag: tag.to_string(), handle: Some(handle) }))
+    }
+}
+
+/// In the forked writer: writes guest memory (frozen at fork) into the image, sparsely,
+/// and syncs it. Returns the exit code: 0, or the errno that stopped it.
+fn write_image(image: &File, regions: &[(u64, &[u8])], fault: Option<FaultPoint>, stall: bool) -> i32 {
+    if stall {
+        std::thread::sleep(std::time::Duration::from_secs(3));
+    }
+    if let Some(f) = fault {
+        return f.io_error().raw_os_error().unwrap_or(libc::EIO);
+    }
+    for (offset, slice) in regions {
+        if let Err(e) = forkvm_snapshot::write_sparse(image, *offset, slice) {
+            return std::error::Error::source(&e)
+                .and_then(|s| s.downcast_ref::<std::io::Error>())
+                .and_then(|io| io.raw_os_error())
+                .unwrap_or(libc::EIO);
+        }
+    }
+    match image.sync_all() {
+        Ok(()) => 0,
+        Err(e) => e.raw_os_error().unwrap_or(libc::EIO),
+    }
+}
+
+/// In the VMM, on a thread: reaps the writer, then makes the snapshot durable and
+/// `ready` — or removes it. Returns the allocated bytes of the memory image.
+fn finish_live(pid: libc::pid_t, dir: &Path, image: File, mut meta: SnapshotMeta) -> Result<u64, String> {
+    let outcome = (|| {
+        let mut status = 0;
+        // SAFETY: waits for our own child; `status` is a valid out pointer.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if r != pid {
+            return Err(format!("waiting for the writer (pid {pid}): {}", std::io::Error::last_os_error()));
+        }
+        if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+            let why = if libc::WIFEXITED(status) {
+                let errno = libc::WEXITSTATUS(status);
+                let name = if errno == libc::ENOSPC { "ENOSPC: " } else { "" };
+                format!("{name}{}", std::io::Error::from_raw_os_error(errno))
+            } else {
+                format!("killed by signal {}", libc::WTERMSIG(status))
+            };
+            return Err(format!("writing memory.img: {why}"));
+        }
+        meta.memory_bytes_allocated =
+            forkvm_snapshot::allocated_bytes(&image).map_err(|e| format!("measuring memory.img: {e}"))?;
+        forkvm_snapshot::sync_snapshot_dir(dir).map_err(|e| e.to_string())?;
+        meta.status = SnapshotStatus::Ready;
+        meta.writer_pid = None;
+        forkvm_snapshot::replace_meta(dir, &meta).map_err(|e| e.to_string())?;
+        Ok(meta.memory_bytes_allocated)
+    })();
+    if let Err(e) = &outcome {
+        tracing::warn!(tag = %meta.tag, error = %e, "live branch failed; removing it");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    outcome
+}

@@ -1,0 +1,164 @@
+//! Fork a running VM straight into N children, without a disk round trip.
+//!
+//! The same mechanism as a live branch: pause the vCPUs, capture vCPU and device state,
+//! then `fork()` this VMM once per child and resume. Each forked process already holds
+//! guest memory frozen at the pause point, copy-on-write; it closes this VM's KVM
+//! descriptors (a KVM VM belongs to the process that created it), builds its own VM
+//! around that memory from the captured state — its own vsock socket, control socket and
+//! console — and serves until it stops. The source runs on unchanged.
+
+use super::{GuestInfo, Vmm, VmmError, VmmLabels};
+use crate::builder::{restore_state, PhaseTimer};
+use crate::control::serve_until_exit;
+use crate::devices::serial::ConsoleOut;
+use crate::host::open_kvm;
+use crate::vstate::vcpu::VcpuExitReason;
+use crate::zygote::{detach_stdio, fork_and_run, EXIT_RESTORE_FAILED};
+use serde::{Deserialize, Serialize};
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// One child of a fork of the running VM.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForkChild {
+    /// Control socket the child serves.
+    pub socket: PathBuf,
+    /// File the child's serial output is appended to.
+    #[serde(default)]
+    pub console_log: Option<PathBuf>,
+    /// The child's vsock socket (required when the VM has a vsock device).
+    #[serde(default)]
+    pub vsock_uds: Option<PathBuf>,
+    /// Labels of the child's VMM (its sandbox id).
+    #[serde(default)]
+    pub labels: VmmLabels,
+}
+
+/// What a fork of the running VM did.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ForkReport {
+    pub pids: Vec<i32>,
+    /// From the pause request until the source ran again.
+    pub pause_ms: f64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ForkRunningError {
+    #[error("fork: at least one child is needed")]
+    NoChildren,
+    #[error("fork: child {index} needs a vsock socket path (the VM has a vsock device)")]
+    MissingVsock { index: usize },
+    #[error("fork: pausing the source VM failed; it keeps running unchanged: {0}")]
+    Pause(VmmError),
+    #[error("fork: capturing the source VM's state failed (it was resumed): {0}")]
+    Save(VmmError),
+    #[error("fork: fork() of child {index} failed after {done} children started (the source was resumed): {source}")]
+    Fork { index: usize, done: usize, source: std::io::Error },
+    #[error("fork: the children started, but resuming the source VM failed: {0}")]
+    Resume(VmmError),
+}
+
+impl Vmm {
+    /// Forks this running VM into one child VMM process per entry of `children`.
+    pub fn fork_running(&mut self, children: &[ForkChild]) -> Result<ForkReport, ForkRunningError> {
+        if children.is_empty() {
+            return Err(ForkRunningError::NoChildren);
+        }
+        if self.device_config.vsock.is_some() {
+            if let Some(index) = children.iter().position(|c| c.vsock_uds.is_none()) {
+                return Err(ForkRunningError::MissingVsock { index });
+            }
+        }
+        let started = Instant::now();
+        let was_running = self.state() == super::RunState::Running;
+        self.pause().map_err(ForkRunningError::Pause)?;
+        let state = match self.save_state() {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = if was_running { self.resume() } else { Ok(()) };
+                return Err(ForkRunningError::Save(e));
+            }
+        };
+        let mut pids = Vec::new();
+        let mut failed = None;
+        for (index, child) in children.iter().enumerate() {
+            match fork_and_run(true, || self.child_main(&state, child)) {
+                Ok(pid) => pids.push(pid),
+                Err(source) => {
+                    failed = Some(ForkRunningError::Fork { index, done: pids.len(), source });
+                    break;
+                }
+            }
+        }
+        for &pid in &pids {
+            reap_in_background(pid);
+        }
+        let resumed = if was_running { self.resume() } else { Ok(()) };
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        resumed.map_err(ForkRunningError::Resume)?;
+        Ok(ForkReport { pids, pause_ms: started.elapsed().as_secs_f64() * 1e3 })
+    }
+
+    /// In a forked child: builds its own VM around the inherited memory and serves it.
+    fn child_main(&self, state: &crate::persist::VmState, child: &ForkChild) -> i32 {
+        let log = child.console_log.as_ref().and_then(|p| OpenOptions::new().create(true).append(true).open(p).ok());
+        detach_stdio(log.as_ref());
+        for &fd in &self.kvm_fds {
+            // SAFETY: these descriptors are the parent's VM and vCPUs, which this process
+            // never uses (KVM refuses them from another process); the objects owning them
+            // are never dropped here (the child leaves through `_exit`).
+            unsafe { libc::close(fd) };
+        }
+        let mut error_log = log.as_ref().and_then(|f| f.try_clone().ok());
+        let fail = |msg: String, error_log: &mut Option<std::fs::File>| {
+            if let Some(f) = error_log.as_mut() {
+                let _ = writeln!(f, "\n[forkvm] {msg}");
+            }
+            EXIT_RESTORE_FAILED
+        };
+        let kvm = match open_kvm() {
+            Ok(k) => k,
+            Err(e) => return fail(e.to_string(), &mut error_log),
+        };
+        let mut devices = self.device_config.clone();
+        if let (Some(v), Some(uds)) = (devices.vsock.as_mut(), &child.vsock_uds) {
+            v.uds_path = uds.clone();
+        }
+        let guest = GuestInfo { kind: self.guest.kind.clone(), name: self.guest.name.clone() };
+        let console = ConsoleOut::new(log, None);
+        let restored =
+            restore_state(&kvm, state, self.memory.clone(), guest, console, &devices, false, PhaseTimer::new());
+        let mut vmm = match restored {
+            Ok(v) => v,
+            Err(e) => return fail(format!("restoring the forked VM: {e}"), &mut error_log),
+        };
+        let mut labels = child.labels.clone();
+        if labels.template.is_none() {
+            labels.template = self.labels.template.clone();
+        }
+        vmm.set_labels(labels);
+        match serve_until_exit(vmm, Some(&child.socket)) {
+            Ok(VcpuExitReason::GuestExit(code)) => i32::from(code),
+            Ok(VcpuExitReason::Stopped | VcpuExitReason::Reset) => 0,
+            Ok(other) => fail(format!("guest stopped: {other:?}"), &mut error_log),
+            Err(e) => fail(e.to_string(), &mut error_log),
+        }
+    }
+}
+
+/// Reaps a child VMM when it exits, so it does not linger as a zombie of the source.
+fn reap_in_background(pid: libc::pid_t) {
+    let spawned = std::thread::Builder::new().name("reap-child".into()).stack_size(64 << 10).spawn(move || {
+        let mut status = 0;
+        // SAFETY: waits for our own child; `status` is a valid out pointer.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+    });
+    if let Err(e) = spawned {
+        tracing::warn!(pid, error = %e, "cannot start a reaper thread; the child will be reaped by init");
+    }
+}
