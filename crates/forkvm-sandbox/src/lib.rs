@@ -9,11 +9,19 @@
 //! This is the library the CLI's `run` and the daemon use.
 
 pub mod artifacts;
-pub mod fanout;
+pub mod lifecycle;
+pub mod registry;
 pub mod sandbox;
+pub mod source;
+pub mod spawn;
+pub mod tags;
 pub mod template_snapshot;
 
 pub use artifacts::{Artifacts, ArtifactsError};
-pub use fanout::{fork_children, FanoutError, ForkedChild};
+pub use lifecycle::{branch, fork_running, kill, LifecycleError};
+pub use registry::{Registry, RegistryError, SandboxRecord};
 pub use sandbox::{Sandbox, SandboxError};
+pub use source::{SourceError, SpawnSource};
+pub use spawn::{spawn, SpawnError, SpawnOptions, SpawnTimings, SpawnedSandbox};
+pub use tags::{publish_template, PublishError};
 pub use template_snapshot::{ensure_template_snapshot, TemplateSnapshot, TemplateSnapshotError};

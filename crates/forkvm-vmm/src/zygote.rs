@@ -103,6 +103,43 @@ pub struct ChildSpec {
     pub devices: DeviceConfig,
     /// Labels (sandbox id, template) of the child's VMM.
     pub labels: crate::vmm::VmmLabels,
+    /// What the child owns and removes when its VM stops.
+    pub owned: Owned,
+}
+
+/// What a sandbox's VMM process owns: it joins the cgroup before it builds the VM (so
+/// the VM's memory is charged there) and removes the cgroup and the run directory when
+/// the VM stops — nothing of a sandbox outlives it.
+#[derive(Debug, Default)]
+pub struct Owned {
+    /// Run directory (control and vsock sockets, console log), removed at exit.
+    pub run_dir: Option<PathBuf>,
+    /// Memory cgroup (name under the forkvm cgroup root) the process runs in.
+    pub cgroup: Option<String>,
+}
+
+impl Owned {
+    /// Joins the cgroup, if any. Errors name the step.
+    pub fn enter(&self) -> Result<Option<crate::host::cgroup::SandboxCgroup>, String> {
+        let Some(name) = &self.cgroup else { return Ok(None) };
+        let root = crate::host::cgroup::CgroupRoot::detect().map_err(|e| e.to_string())?;
+        let group =
+            root.open(name).ok_or_else(|| format!("cgroup {name} does not exist under {}", root.dir().display()))?;
+        group.join(0).map_err(|e| e.to_string())?;
+        Ok(Some(group))
+    }
+
+    /// Removes the run directory and leaves and removes the cgroup.
+    pub fn release(&self, group: Option<crate::host::cgroup::SandboxCgroup>) {
+        if let Some(dir) = &self.run_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        if let Some(g) = group {
+            if let Err(e) = g.leave_and_remove() {
+                eprintln!("forkvm child {}: {e}", std::process::id());
+            }
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -138,13 +175,13 @@ impl Zygote {
         fork_and_run(detach, || self.child_main(spec, log)).map_err(ZygoteError::Fork)
     }
 
-    fn child_main(&self, spec: ChildSpec, log: Option<File>) -> i32 {
+    fn child_main(&self, mut spec: ChildSpec, log: Option<File>) -> i32 {
         if spec.detach {
             detach_stdio(log.as_ref());
         }
         let mut error_log = log.as_ref().and_then(|f| f.try_clone().ok());
         let input = spec.console_stream.as_ref().and_then(|s| s.try_clone().ok());
-        let console = ConsoleOut::new(log, spec.console_stream);
+        let console = ConsoleOut::new(log, spec.console_stream.take());
         let fail = |msg: String, error_log: &mut Option<File>| {
             if let Some(f) = error_log.as_mut() {
                 let _ = writeln!(f, "\n[forkvm] {msg}");
@@ -152,21 +189,41 @@ impl Zygote {
             eprintln!("forkvm child {}: {msg}", std::process::id());
             EXIT_RESTORE_FAILED
         };
+        let group = match spec.owned.enter() {
+            Ok(g) => g,
+            Err(e) => {
+                spec.owned.release(None);
+                return fail(format!("joining the sandbox cgroup: {e}"), &mut error_log);
+            }
+        };
+        let code = self.run_child(&spec, console, input, &mut error_log, fail);
+        spec.owned.release(group);
+        code
+    }
+
+    fn run_child(
+        &self,
+        spec: &ChildSpec,
+        console: ConsoleOut,
+        input: Option<UnixStream>,
+        error_log: &mut Option<File>,
+        fail: impl Fn(String, &mut Option<File>) -> i32,
+    ) -> i32 {
         let mut vmm = match restore(&self.kvm, &self.snapshot, console, &spec.devices, false) {
             Ok(v) => v,
-            Err(e) => return fail(format!("restore failed: {e}"), &mut error_log),
+            Err(e) => return fail(format!("restore failed: {e}"), error_log),
         };
         vmm.set_labels(spec.labels.clone());
         if let Some(input) = input {
             if let Err(e) = vmm.forward_input(input) {
-                return fail(format!("starting the serial input thread: {e}"), &mut error_log);
+                return fail(format!("starting the serial input thread: {e}"), error_log);
             }
         }
         match serve_until_exit(vmm, spec.socket.as_deref()) {
             Ok(VcpuExitReason::GuestExit(code)) => i32::from(code),
             Ok(VcpuExitReason::Stopped | VcpuExitReason::Reset) => 0,
-            Ok(other) => fail(format!("guest stopped: {other:?}"), &mut error_log),
-            Err(e) => fail(e.to_string(), &mut error_log),
+            Ok(other) => fail(format!("guest stopped: {other:?}"), error_log),
+            Err(e) => fail(e.to_string(), error_log),
         }
     }
 }

@@ -32,6 +32,8 @@ fn children(dir: &Path, n: usize) -> Vec<ForkChild> {
             console_log: Some(dir.join(format!("c{i}.log"))),
             vsock_uds: None,
             labels: VmmLabels { sandbox_id: Some(format!("child{i}")), template: None },
+            run_dir: None,
+            cgroup: None,
         })
         .collect()
 }

@@ -211,6 +211,7 @@ fn fork_run(snap: &Path, dir: &Path, n: usize) -> Result<ForkRun> {
             detach: false,
             devices: Default::default(),
             labels: Default::default(),
+            owned: Default::default(),
         };
         pids.push(zygote.spawn(spec)?);
         streams.push(ours);

@@ -1,10 +1,13 @@
-//! `forkvm fork`: N child VMs from one snapshot, left running, each with its own control
-//! socket and console log under the run directory. `--snapshot DIR` forks any snapshot
-//! without devices (test guests); `--image T` forks Linux sandboxes from template T's
-//! snapshot, re-identifies each, and can run a command in every one (`--exec`).
+//! `forkvm fork`: N sandboxes from one snapshot, left running (or removed with `--rm`).
+//! `--tag T` (the snapshot store), `--image T` (a template's cached snapshot) and
+//! `--from-sandbox ID` (a running sandbox, no disk round trip) give registered Linux
+//! sandboxes, each re-identified, optionally running `--exec CMD` or `--eval CODE`;
+//! `--snapshot DIR --run-dir D` forks any snapshot without devices (test guests).
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use forkvm_sandbox::{spawn, Registry, SpawnOptions, SpawnSource, SpawnTimings};
+use forkvm_snapshot::Store;
 use forkvm_vmm::control::{ControlClient, Request};
 use forkvm_vmm::zygote::{ChildSpec, Zygote};
 use serde::Serialize;
@@ -13,24 +16,36 @@ use std::time::{Duration, Instant};
 
 #[derive(Args, Debug)]
 pub struct ForkArgs {
-    /// Snapshot directory to fork from (a VM without devices, e.g. a test guest).
-    #[arg(long, required_unless_present = "image", conflicts_with = "image")]
-    pub snapshot: Option<PathBuf>,
-    /// Template whose Linux sandbox snapshot to fork (built and booted once if missing).
+    /// Tag in the snapshot store to fork Linux sandboxes from.
+    #[arg(long)]
+    pub tag: Option<String>,
+    /// Running sandbox to fork straight into N new ones (no disk round trip).
+    #[arg(long)]
+    pub from_sandbox: Option<String>,
+    /// Template whose snapshot to fork (booted and warmed once, cached).
     #[arg(long)]
     pub image: Option<String>,
-    /// With --image: shell command to run in every child after its identity is set.
-    #[arg(long, requires = "image")]
+    /// Snapshot directory to fork from (a VM without devices, e.g. a test guest).
+    #[arg(long)]
+    pub snapshot: Option<PathBuf>,
+    /// Shell command to run in every sandbox after its identity is set.
+    #[arg(long, conflicts_with = "snapshot")]
     pub exec: Option<String>,
-    /// With --image: shut the children down after --exec (default: leave them running).
-    #[arg(long, requires = "image")]
+    /// Python code to evaluate in every sandbox's warm interpreter.
+    #[arg(long, conflicts_with = "snapshot")]
+    pub eval: Option<String>,
+    /// Kill the sandboxes after --exec/--eval (default: leave them running).
+    #[arg(long, conflicts_with = "snapshot")]
     pub rm: bool,
+    /// Memory limit per sandbox, MiB (a cgroup per sandbox VMM).
+    #[arg(long, conflicts_with = "snapshot")]
+    pub mem_limit_mib: Option<u64>,
     /// Number of children.
     #[arg(short = 'n', long, default_value_t = 1)]
     pub count: usize,
-    /// Directory for the children's control sockets and console logs.
+    /// With --snapshot: directory for the children's control sockets and console logs.
     #[arg(long)]
-    pub run_dir: PathBuf,
+    pub run_dir: Option<PathBuf>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -59,21 +74,24 @@ pub fn run(a: ForkArgs) -> Result<i32> {
     if a.count == 0 || a.count > MAX_CHILDREN {
         bail!("-n must be between 1 and {MAX_CHILDREN}, got {}", a.count);
     }
-    let snapshot = match (&a.snapshot, &a.image) {
-        (Some(s), None) => s.clone(),
-        (None, Some(image)) => return run_linux(&a, image),
-        _ => bail!("say what to fork: --snapshot DIR or --image TEMPLATE"),
+    let snapshot = match (&a.snapshot, &a.tag, &a.image, &a.from_sandbox) {
+        (Some(s), None, None, None) => s.clone(),
+        (None, Some(tag), None, None) => return run_linux(&a, LinuxSource::Tag(tag)),
+        (None, None, Some(image), None) => return run_linux(&a, LinuxSource::Image(image)),
+        (None, None, None, Some(id)) => return run_linux(&a, LinuxSource::Sandbox(id)),
+        _ => bail!("say what to fork, once: --tag TAG, --from-sandbox ID, --image TEMPLATE or --snapshot DIR"),
     };
-    std::fs::create_dir_all(&a.run_dir)
-        .with_context(|| format!("creating the run directory {}", a.run_dir.display()))?;
+    let Some(run_dir) = &a.run_dir else { bail!("--snapshot needs --run-dir DIR for the children's sockets") };
+    let run_dir = run_dir.clone();
+    std::fs::create_dir_all(&run_dir).with_context(|| format!("creating the run directory {}", run_dir.display()))?;
     let t0 = Instant::now();
     let zygote = Zygote::new(&snapshot)?;
     let prepare_ms = t0.elapsed().as_secs_f64() * 1e3;
     let t1 = Instant::now();
     let mut children = Vec::new();
     for index in 0..a.count {
-        let socket = a.run_dir.join(format!("child-{index}.sock"));
-        let console = a.run_dir.join(format!("child-{index}.log"));
+        let socket = run_dir.join(format!("child-{index}.sock"));
+        let console = run_dir.join(format!("child-{index}.log"));
         let spec = ChildSpec {
             socket: Some(socket.clone()),
             console_log: Some(console.clone()),
@@ -81,6 +99,7 @@ pub fn run(a: ForkArgs) -> Result<i32> {
             detach: true,
             devices: Default::default(),
             labels: Default::default(),
+            owned: Default::default(),
         };
         let pid = zygote.spawn(spec).with_context(|| format!("starting child {index}"))?;
         children.push(Child { index, pid, socket, console });
@@ -138,24 +157,47 @@ fn wait_serving(c: &Child) -> Result<()> {
     }
 }
 
-/// `--image`: Linux sandboxes forked from a template snapshot.
-fn run_linux(a: &ForkArgs, image: &str) -> Result<i32> {
-    let mut view = crate::image_cmd::ProgressView::new();
-    let artifacts = forkvm_sandbox::Artifacts::ensure(image, &mut |e| view.show(&e));
-    view.finish();
-    let template = forkvm_sandbox::ensure_template_snapshot(artifacts?).context("preparing the template snapshot")?;
-    let started = Instant::now();
-    let children = forkvm_sandbox::fork_children(&template, a.count, &a.run_dir)?;
-    let all_ready_ms = started.elapsed().as_secs_f64() * 1e3;
+/// Where Linux sandboxes come from.
+enum LinuxSource<'a> {
+    Tag(&'a str),
+    Image(&'a str),
+    Sandbox(&'a str),
+}
+
+/// `--tag`, `--image` or `--from-sandbox`: Linux sandboxes, registered and re-identified.
+fn run_linux(a: &ForkArgs, from: LinuxSource) -> Result<i32> {
+    let registry = Registry::open_default();
+    let opts = SpawnOptions { memory_limit_bytes: a.mem_limit_mib.map(|m| m << 20) };
+    let (sandboxes, what, timings, pause_ms) = match from {
+        LinuxSource::Tag(tag) => {
+            let source = SpawnSource::from_tag(&Store::open_default(), tag)?;
+            let (s, t) = spawn(&registry, &source, a.count, &opts)?;
+            (s, format!("tag {tag}"), Some(t), None)
+        }
+        LinuxSource::Image(image) => {
+            let template = crate::snapshot_cmd::template_snapshot(image)?;
+            let source = SpawnSource::from_template(&template)?;
+            let (s, t) = spawn(&registry, &source, a.count, &opts)?;
+            (s, format!("template {image}"), Some(t), None)
+        }
+        LinuxSource::Sandbox(id) => {
+            let started = Instant::now();
+            let (s, pause) = forkvm_sandbox::fork_running(&registry, id, a.count, &opts)?;
+            let t = SpawnTimings { all_ready_ms: started.elapsed().as_secs_f64() * 1e3, ..Default::default() };
+            (s, format!("running sandbox {id}"), Some(t), Some(pause))
+        }
+    };
+    let timings = timings.unwrap_or_default();
     let mut failed = false;
     let mut rows = Vec::new();
-    for c in &children {
+    for (index, sb) in sandboxes.iter().enumerate() {
+        let r = &sb.record;
         let mut row = serde_json::json!({
-            "index": c.index, "pid": c.pid, "sandbox_id": c.id, "socket": c.control_socket,
-            "vsock": c.vsock, "console": c.console, "ready_ms": (c.ready_ms * 10.0).round() / 10.0,
+            "index": index, "sandbox_id": r.id, "pid": r.pid, "hostname": format!("sb-{}", r.id),
+            "run_dir": r.run_dir, "ready_ms": round1(sb.ready_ms),
         });
         if let Some(cmd) = &a.exec {
-            let out = c.client.exec_collect(&forkvm_proto::ExecRequest::shell(cmd.clone()), b"");
+            let out = sb.client.exec_collect(&forkvm_proto::ExecRequest::shell(cmd.clone()), b"");
             row["exec"] = match out {
                 Ok(o) => {
                     failed |= o.status.code != Some(0);
@@ -170,28 +212,46 @@ fn run_linux(a: &ForkArgs, image: &str) -> Result<i32> {
                 }
             };
         }
+        if let Some(code) = &a.eval {
+            row["eval"] = match sb.client.eval(code) {
+                Ok(r) => {
+                    failed |= matches!(r.outcome, forkvm_proto::EvalOutcome::Exception { .. });
+                    serde_json::to_value(&r.outcome)?
+                }
+                Err(e) => {
+                    failed = true;
+                    serde_json::json!({ "error": e.to_string() })
+                }
+            };
+        }
         if a.rm {
-            if let Ok(mut ctl) = ControlClient::connect(&c.control_socket) {
-                let _ = ctl.call(&Request::Shutdown {});
-            }
+            forkvm_sandbox::lifecycle::kill_record(&registry, r)?;
         }
         rows.push(row);
     }
     let report = serde_json::json!({
-        "template": template.artifacts.image.name, "snapshot": template.dir, "n": a.count,
-        "all_ready_ms": (all_ready_ms * 10.0).round() / 10.0, "children": rows,
+        "from": what, "n": a.count, "prepare_ms": round1(timings.prepare_ms),
+        "host_spawn_ms": round1(timings.host_spawn_ms), "all_ready_ms": round1(timings.all_ready_ms),
+        "source_pause_ms": pause_ms.map(round1), "removed": a.rm, "sandboxes": rows,
     });
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         for r in &rows {
-            print!("child {} sandbox {} pid {}", r["index"], r["sandbox_id"].as_str().unwrap_or(""), r["pid"]);
-            match r.get("exec") {
-                Some(e) => println!(": exit {}\n{}", e["exit_code"], e["stdout"].as_str().unwrap_or("")),
-                None => println!(),
+            print!("{} pid {}", r["sandbox_id"].as_str().unwrap_or(""), r["pid"]);
+            if let Some(e) = r.get("exec") {
+                print!(": exit {}\n{}", e["exit_code"], e["stdout"].as_str().unwrap_or(""));
             }
+            if let Some(e) = r.get("eval") {
+                print!(": {e}");
+            }
+            println!();
         }
-        println!("{} sandboxes of {} ready in {all_ready_ms:.0} ms", a.count, template.artifacts.image.name);
+        println!("{} sandboxes from {what} ready in {:.0} ms", a.count, timings.all_ready_ms);
     }
     Ok(if failed { 1 } else { 0 })
+}
+
+fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
 }

@@ -7,6 +7,8 @@ mod fork_cmd;
 mod image_cmd;
 mod procstat;
 mod run_cmd;
+mod sandbox_cmd;
+mod snapshot_cmd;
 mod vm_cmd;
 
 use clap::{Parser, Subcommand};
@@ -31,6 +33,18 @@ enum Command {
     /// Benchmarks; each prints one JSON object.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Tagged snapshots: create from a template, list, delete, sweep.
+    Snapshot(snapshot_cmd::SnapshotArgs),
+    /// Running sandboxes.
+    Ps(sandbox_cmd::PsArgs),
+    /// Stop sandboxes (nothing of them remains: process, sockets, cgroup, files).
+    Kill(sandbox_cmd::KillArgs),
+    /// Run a command in a running sandbox.
+    Exec(sandbox_cmd::ExecArgs),
+    /// Evaluate Python in a running sandbox's warm interpreter.
+    Eval(sandbox_cmd::EvalArgs),
+    /// Snapshot a running sandbox under a new tag (full or live).
+    Branch(sandbox_cmd::BranchArgs),
     /// Run one command in a fresh Linux sandbox and exit with its status.
     Run(run_cmd::RunArgs),
     /// Guest kernel and images.
@@ -75,6 +89,12 @@ fn main() {
         Command::Bench(BenchCommand::Fork(a)) => bench_fork::run(a),
         Command::Bench(BenchCommand::Boot(a)) => bench_boot::run(a),
         Command::Run(a) => run_cmd::run(a),
+        Command::Snapshot(a) => snapshot_cmd::run(a),
+        Command::Ps(a) => sandbox_cmd::ps(a),
+        Command::Kill(a) => sandbox_cmd::kill(a),
+        Command::Exec(a) => sandbox_cmd::exec(a),
+        Command::Eval(a) => sandbox_cmd::eval(a),
+        Command::Branch(a) => sandbox_cmd::branch(a),
         Command::Image(a) => image_cmd::run(a),
         Command::Doctor(a) => doctor::run(a),
     };

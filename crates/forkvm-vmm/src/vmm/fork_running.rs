@@ -13,7 +13,7 @@ use crate::control::serve_until_exit;
 use crate::devices::serial::ConsoleOut;
 use crate::host::open_kvm;
 use crate::vstate::vcpu::VcpuExitReason;
-use crate::zygote::{detach_stdio, fork_and_run, EXIT_RESTORE_FAILED};
+use crate::zygote::{detach_stdio, fork_and_run, Owned, EXIT_RESTORE_FAILED};
 use serde::{Deserialize, Serialize};
 use std::fs::OpenOptions;
 use std::io::Write;
@@ -35,6 +35,12 @@ pub struct ForkChild {
     /// Labels of the child's VMM (its sandbox id).
     #[serde(default)]
     pub labels: VmmLabels,
+    /// Run directory the child removes when it stops.
+    #[serde(default)]
+    pub run_dir: Option<PathBuf>,
+    /// Memory cgroup (created by the caller) the child joins before building its VM.
+    #[serde(default)]
+    pub cgroup: Option<String>,
 }
 
 /// What a fork of the running VM did.
@@ -121,9 +127,30 @@ impl Vmm {
             }
             EXIT_RESTORE_FAILED
         };
+        let owned = Owned { run_dir: child.run_dir.clone(), cgroup: child.cgroup.clone() };
+        let group = match owned.enter() {
+            Ok(g) => g,
+            Err(e) => {
+                owned.release(None);
+                return fail(format!("joining the sandbox cgroup: {e}"), &mut error_log);
+            }
+        };
+        let code = self.serve_child(state, child, log, &mut error_log, fail);
+        owned.release(group);
+        code
+    }
+
+    fn serve_child(
+        &self,
+        state: &crate::persist::VmState,
+        child: &ForkChild,
+        log: Option<std::fs::File>,
+        error_log: &mut Option<std::fs::File>,
+        fail: impl Fn(String, &mut Option<std::fs::File>) -> i32,
+    ) -> i32 {
         let kvm = match open_kvm() {
             Ok(k) => k,
-            Err(e) => return fail(e.to_string(), &mut error_log),
+            Err(e) => return fail(e.to_string(), error_log),
         };
         let mut devices = self.device_config.clone();
         if let (Some(v), Some(uds)) = (devices.vsock.as_mut(), &child.vsock_uds) {
@@ -135,7 +162,7 @@ impl Vmm {
             restore_state(&kvm, state, self.memory.clone(), guest, console, &devices, false, PhaseTimer::new());
         let mut vmm = match restored {
             Ok(v) => v,
-            Err(e) => return fail(format!("restoring the forked VM: {e}"), &mut error_log),
+            Err(e) => return fail(format!("restoring the forked VM: {e}"), error_log),
         };
         let mut labels = child.labels.clone();
         if labels.template.is_none() {
@@ -145,8 +172,8 @@ impl Vmm {
         match serve_until_exit(vmm, Some(&child.socket)) {
             Ok(VcpuExitReason::GuestExit(code)) => i32::from(code),
             Ok(VcpuExitReason::Stopped | VcpuExitReason::Reset) => 0,
-            Ok(other) => fail(format!("guest stopped: {other:?}"), &mut error_log),
-            Err(e) => fail(e.to_string(), &mut error_log),
+            Ok(other) => fail(format!("guest stopped: {other:?}"), error_log),
+            Err(e) => fail(e.to_string(), error_log),
         }
     }
 }

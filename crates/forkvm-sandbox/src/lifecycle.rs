@@ -1,0 +1,181 @@
+//! Verbs on running sandboxes, through their VMMs' control sockets: branch (snapshot
+//! under a new tag, full or live), fork a running sandbox into N new ones, kill.
+//!
+//! Each verb checks state first: an unknown id is `not_found`; a tag collision or a
+//! `writing` source is `conflict`; the VMM's own refusals keep their code (`disk_full`,
+//! ...). See `docs/branching.md` for the failure-mode table.
+
+use crate::registry::{now_unix_ms, vmm_alive, Registry, RegistryError, SandboxRecord};
+use crate::sandbox::new_sandbox_id;
+use crate::spawn::{finish, make_cgroup, Pending, SpawnError, SpawnOptions, SpawnedSandbox};
+use crate::template_snapshot::AGENT_PORT;
+use forkvm_proto::AgentClient;
+use forkvm_snapshot::Store;
+use forkvm_vmm::control::{ControlClient, ControlClientError, Request};
+use forkvm_vmm::host::cgroup::CgroupRoot;
+use forkvm_vmm::vmm::{BranchMode, BranchReport, BranchRequest, ForkChild, ForkReport, VmmLabels};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LifecycleError {
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error(transparent)]
+    Store(#[from] forkvm_snapshot::StoreError),
+    #[error("sandbox {id}: {source}")]
+    Control { id: String, source: ControlClientError },
+    #[error("sandbox {id}: the VMM answered something unexpected: {detail}")]
+    BadAnswer { id: String, detail: String },
+    #[error(transparent)]
+    Spawn(#[from] SpawnError),
+    #[error("sandbox {id} (pid {pid}) did not stop within {waited:?} of shutdown and SIGKILL")]
+    Unkillable { id: String, pid: i32, waited: Duration },
+}
+
+impl LifecycleError {
+    /// The API code: `not_found`, `conflict`, `bad_request`, `disk_full`, `internal`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            LifecycleError::Registry(e) => e.code(),
+            LifecycleError::Store(e) => e.code(),
+            LifecycleError::Control { source, .. } => match ControlClient::code(source) {
+                Some("conflict") => "conflict",
+                Some("bad_request") => "bad_request",
+                Some("disk_full") => "disk_full",
+                _ => "internal",
+            },
+            LifecycleError::Spawn(e) => e.code(),
+            _ => "internal",
+        }
+    }
+}
+
+/// A client for the agent of sandbox `id`.
+pub fn agent(registry: &Registry, id: &str) -> Result<AgentClient<UnixStream>, LifecycleError> {
+    let r = registry.get(id)?;
+    Ok(AgentClient::vsock_uds(&r.vsock(), AGENT_PORT))
+}
+
+fn control(r: &SandboxRecord) -> Result<ControlClient, LifecycleError> {
+    ControlClient::connect(&r.control_socket()).map_err(|source| LifecycleError::Control { id: r.id.clone(), source })
+}
+
+fn call(r: &SandboxRecord, req: &Request) -> Result<serde_json::Value, LifecycleError> {
+    control(r)?.call(req).map_err(|source| LifecycleError::Control { id: r.id.clone(), source })
+}
+
+/// Snapshots running sandbox `id` under `tag` (default `branch-<id>-<seq>`) in `store`.
+pub fn branch(
+    registry: &Registry,
+    store: &Store,
+    id: &str,
+    tag: Option<&str>,
+    mode: BranchMode,
+    wait: bool,
+) -> Result<BranchReport, LifecycleError> {
+    let r = registry.get(id)?;
+    if let Some(t) = tag {
+        store.check_free(t)?;
+    }
+    let snapshots = store.ensure()?;
+    let req = Request::Branch(BranchRequest { store: snapshots, tag: tag.map(String::from), mode, wait });
+    let v = call(&r, &req)?;
+    serde_json::from_value(v).map_err(|e| LifecycleError::BadAnswer { id: id.to_string(), detail: e.to_string() })
+}
+
+/// Forks running sandbox `id` into `n` new sandboxes, without a disk round trip; each is
+/// registered and re-identified. Returns them and the source's pause window.
+pub fn fork_running(
+    registry: &Registry,
+    id: &str,
+    n: usize,
+    opts: &SpawnOptions,
+) -> Result<(Vec<SpawnedSandbox>, f64), LifecycleError> {
+    if n == 0 || n > crate::spawn::MAX_SPAWN {
+        return Err(SpawnError::Count(n).into());
+    }
+    let source = registry.get(id)?;
+    let started = Instant::now();
+    let cgroups = opts.memory_limit_bytes.map(|_| CgroupRoot::detect()).transpose().map_err(SpawnError::from)?;
+    let mut records = Vec::new();
+    let mut children = Vec::new();
+    for _ in 0..n {
+        let child_id = new_sandbox_id();
+        let run_dir = registry.create_run_dir(&child_id)?;
+        let cgroup = make_cgroup(&cgroups, &child_id, opts.memory_limit_bytes).map_err(SpawnError::from)?;
+        let record = SandboxRecord {
+            id: child_id.clone(),
+            pid: 0,
+            run_dir: run_dir.clone(),
+            template: source.template.clone(),
+            source_tag: source.source_tag.clone(),
+            forked_from: Some(source.id.clone()),
+            created_at_unix_ms: now_unix_ms(),
+            memory_limit_bytes: opts.memory_limit_bytes,
+            cgroup: cgroup.clone(),
+        };
+        children.push(ForkChild {
+            socket: record.control_socket(),
+            console_log: Some(record.console()),
+            vsock_uds: Some(record.vsock()),
+            labels: VmmLabels { sandbox_id: Some(child_id), template: source.template.clone() },
+            run_dir: Some(run_dir),
+            cgroup,
+        });
+        records.push(record);
+    }
+    let answer = call(&source, &Request::Fork { children });
+    let report: ForkReport = match answer.and_then(|v| {
+        serde_json::from_value(v).map_err(|e| LifecycleError::BadAnswer { id: id.to_string(), detail: e.to_string() })
+    }) {
+        Ok(r) => r,
+        Err(e) => {
+            for r in &records {
+                registry.clean_up(r);
+            }
+            return Err(e);
+        }
+    };
+    let mut pending = Vec::new();
+    for (mut record, pid) in records.into_iter().zip(report.pids) {
+        record.pid = pid;
+        let _ = registry.write(&record);
+        pending.push(Pending { record });
+    }
+    let sandboxes = finish(registry, pending, started)?;
+    Ok((sandboxes, report.pause_ms))
+}
+
+/// Stops sandbox `id`: shutdown through its control socket, SIGKILL if it does not stop;
+/// its run directory and cgroup are gone afterwards.
+pub fn kill(registry: &Registry, id: &str) -> Result<(), LifecycleError> {
+    let r = registry.get(id)?;
+    kill_record(registry, &r)
+}
+
+/// [`kill`] for a record in hand (also used to undo a failed spawn).
+pub fn kill_record(registry: &Registry, r: &SandboxRecord) -> Result<(), LifecycleError> {
+    const GRACE: Duration = Duration::from_secs(10);
+    if let Ok(mut c) = ControlClient::connect(&r.control_socket()) {
+        let _ = c.call(&Request::Shutdown {});
+    }
+    let deadline = Instant::now() + GRACE;
+    while vmm_alive(r.pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    if vmm_alive(r.pid) {
+        // SAFETY: signals a process by pid; no memory is involved.
+        unsafe { libc::kill(r.pid, libc::SIGKILL) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while vmm_alive(r.pid) {
+            if Instant::now() > deadline {
+                return Err(LifecycleError::Unkillable { id: r.id.clone(), pid: r.pid, waited: GRACE });
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    // The VMM removes both when it stops cleanly; after SIGKILL it could not.
+    registry.clean_up(r);
+    Ok(())
+}

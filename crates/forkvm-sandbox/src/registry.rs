@@ -1,0 +1,282 @@
+//! The registry of running sandboxes: one run directory per sandbox under
+//! `<run root>/sandboxes/<id>/`, holding its control socket, vsock socket, console log
+//! and `sandbox.json` (who it is, its VMM pid, where it came from).
+//!
+//! The sandbox's VMM process owns its run directory and removes it when it stops, so a
+//! listing is the set of live sandboxes. A VMM killed with `kill -9` cannot clean up:
+//! [`Registry::sweep`] (run by every listing) removes run directories whose process is
+//! gone, and forkvm cgroups no live sandbox uses. The run root is `$FORKVM_RUN`, else
+//! `$XDG_RUNTIME_DIR/forkvm`, else `/run/forkvm` for root, else `/tmp/forkvm-<uid>`.
+
+use forkvm_vmm::host::cgroup::CgroupRoot;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// File name of a sandbox's record in its run directory.
+pub const RECORD_JSON: &str = "sandbox.json";
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("sandbox {0:?} not found (no running sandbox has this id)")]
+    NotFound(String),
+    #[error("invalid sandbox id {0:?}: ids are 1 to 64 ASCII letters, digits, '-' or '_'")]
+    BadId(String),
+    #[error("sandbox registry {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("sandbox record {path}: {source}")]
+    Record { path: PathBuf, source: serde_json::Error },
+}
+
+impl RegistryError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            RegistryError::NotFound(_) => "not_found",
+            RegistryError::BadId(_) => "bad_request",
+            _ => "internal",
+        }
+    }
+}
+
+/// What the registry knows about one sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxRecord {
+    pub id: String,
+    /// Its VMM process.
+    pub pid: i32,
+    /// The run directory (sockets, console log, this record).
+    pub run_dir: PathBuf,
+    #[serde(default)]
+    pub template: Option<String>,
+    /// The tag it was spawned from, if any.
+    #[serde(default)]
+    pub source_tag: Option<String>,
+    /// The sandbox it was forked from while running, if any.
+    #[serde(default)]
+    pub forked_from: Option<String>,
+    pub created_at_unix_ms: u64,
+    #[serde(default)]
+    pub memory_limit_bytes: Option<u64>,
+    /// Its memory cgroup (name under the forkvm cgroup root).
+    #[serde(default)]
+    pub cgroup: Option<String>,
+}
+
+impl SandboxRecord {
+    pub fn control_socket(&self) -> PathBuf {
+        self.run_dir.join("control.sock")
+    }
+    pub fn vsock(&self) -> PathBuf {
+        self.run_dir.join("vsock.sock")
+    }
+    pub fn console(&self) -> PathBuf {
+        self.run_dir.join("console.log")
+    }
+}
+
+/// Whether process `pid` exists and is not a zombie (reaping it if it is our child).
+pub fn vmm_alive(pid: i32) -> bool {
+    if pid <= 0 {
+        return false;
+    }
+    if forkvm_vmm::zygote::exit_status(pid).is_some() {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name.
+        Ok(stat) => stat.rsplit_once(')').map(|(_, rest)| rest.trim_start()).is_some_and(|r| !r.starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+pub fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+fn valid_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 64 && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+#[derive(Debug, Clone)]
+pub struct Registry {
+    root: PathBuf,
+}
+
+impl Registry {
+    /// `$FORKVM_RUN`, `$XDG_RUNTIME_DIR/forkvm`, `/run/forkvm` (root) or `/tmp/forkvm-<uid>`.
+    pub fn default_root() -> PathBuf {
+        if let Some(v) = std::env::var_os("FORKVM_RUN").filter(|v| !v.is_empty()) {
+            return PathBuf::from(v);
+        }
+        if let Some(v) = std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
+            return PathBuf::from(v).join("forkvm");
+        }
+        // SAFETY: getuid has no preconditions.
+        let uid = unsafe { libc::getuid() };
+        if uid == 0 {
+            PathBuf::from("/run/forkvm")
+        } else {
+            std::env::temp_dir().join(format!("forkvm-{uid}"))
+        }
+    }
+
+    pub fn open(root: impl Into<PathBuf>) -> Registry {
+        Registry { root: root.into() }
+    }
+
+    pub fn open_default() -> Registry {
+        Registry::open(Registry::default_root())
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn sandboxes_dir(&self) -> PathBuf {
+        self.root.join("sandboxes")
+    }
+
+    /// Creates the run directory of a new sandbox.
+    pub fn create_run_dir(&self, id: &str) -> Result<PathBuf, RegistryError> {
+        if !valid_id(id) {
+            return Err(RegistryError::BadId(id.to_string()));
+        }
+        let dir = self.sandboxes_dir().join(id);
+        std::fs::create_dir_all(&dir).map_err(|source| RegistryError::Io { path: dir.clone(), source })?;
+        Ok(dir)
+    }
+
+    /// Writes `record` into its run directory (atomically).
+    pub fn write(&self, record: &SandboxRecord) -> Result<(), RegistryError> {
+        let path = record.run_dir.join(RECORD_JSON);
+        let tmp = record.run_dir.join(".sandbox.json.tmp");
+        let json =
+            serde_json::to_vec_pretty(record).map_err(|source| RegistryError::Record { path: path.clone(), source })?;
+        std::fs::write(&tmp, json)
+            .and_then(|_| std::fs::rename(&tmp, &path))
+            .map_err(|source| RegistryError::Io { path, source })
+    }
+
+    fn read(&self, dir: &Path) -> Option<SandboxRecord> {
+        let text = std::fs::read(dir.join(RECORD_JSON)).ok()?;
+        serde_json::from_slice(&text).ok()
+    }
+
+    /// The live sandbox `id`.
+    pub fn get(&self, id: &str) -> Result<SandboxRecord, RegistryError> {
+        if !valid_id(id) {
+            return Err(RegistryError::BadId(id.to_string()));
+        }
+        match self.read(&self.sandboxes_dir().join(id)) {
+            Some(r) if vmm_alive(r.pid) => Ok(r),
+            Some(r) => {
+                self.clean_up(&r);
+                Err(RegistryError::NotFound(id.to_string()))
+            }
+            None => Err(RegistryError::NotFound(id.to_string())),
+        }
+    }
+
+    /// Every live sandbox, oldest first (sweeps dead ones first).
+    pub fn list(&self) -> Vec<SandboxRecord> {
+        self.sweep();
+        let mut out: Vec<SandboxRecord> = std::fs::read_dir(self.sandboxes_dir())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| self.read(&e.path()))
+            .filter(|r| vmm_alive(r.pid))
+            .collect();
+        out.sort_by(|a, b| (a.created_at_unix_ms, &a.id).cmp(&(b.created_at_unix_ms, &b.id)));
+        out
+    }
+
+    /// Removes what dead sandboxes left: run directories whose VMM is gone (those without
+    /// a record yet are left alone for a minute: their spawner may still be writing it),
+    /// and forkvm cgroups of sandboxes that are not running. Returns the ids removed.
+    pub fn sweep(&self) -> Vec<String> {
+        let mut removed = Vec::new();
+        let mut live = Vec::new();
+        for e in std::fs::read_dir(self.sandboxes_dir()).into_iter().flatten().flatten() {
+            let id = e.file_name().to_string_lossy().into_owned();
+            match self.read(&e.path()) {
+                Some(r) if vmm_alive(r.pid) => live.push(r.cgroup.unwrap_or_default()),
+                Some(r) => {
+                    self.clean_up(&r);
+                    removed.push(id);
+                }
+                None => {
+                    let old = e.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
+                    if old.is_some_and(|age| age.as_secs() > 60) && std::fs::remove_dir_all(e.path()).is_ok() {
+                        removed.push(id);
+                    } else {
+                        live.push(format!("sb-{id}"));
+                    }
+                }
+            }
+        }
+        if let Ok(root) = CgroupRoot::detect() {
+            root.sweep(&|name| live.iter().any(|l| l == name));
+        }
+        removed.sort();
+        removed
+    }
+
+    /// Removes a dead sandbox's run directory and cgroup.
+    pub fn clean_up(&self, r: &SandboxRecord) {
+        let _ = std::fs::remove_dir_all(&r.run_dir);
+        if let (Some(name), Ok(root)) = (&r.cgroup, CgroupRoot::detect()) {
+            if let Some(g) = root.open(name) {
+                let _ = g.remove();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(reg: &Registry, id: &str, pid: i32) -> SandboxRecord {
+        SandboxRecord {
+            id: id.into(),
+            pid,
+            run_dir: reg.create_run_dir(id).unwrap(),
+            template: Some("tiny".into()),
+            source_tag: None,
+            forked_from: None,
+            created_at_unix_ms: now_unix_ms(),
+            memory_limit_bytes: None,
+            cgroup: None,
+        }
+    }
+
+    #[test]
+    fn live_sandboxes_are_listed_and_dead_ones_swept() {
+        let tmp = tempfile::tempdir().unwrap();
+        let reg = Registry::open(tmp.path());
+        let me = record(&reg, "alive", std::process::id() as i32);
+        reg.write(&me).unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead_pid = child.id() as i32;
+        child.wait().unwrap();
+        let dead = record(&reg, "dead", dead_pid);
+        reg.write(&dead).unwrap();
+        assert_eq!(reg.get("alive").unwrap(), me);
+        assert!(matches!(reg.get("dead"), Err(RegistryError::NotFound(_))));
+        assert!(!dead.run_dir.exists(), "a dead sandbox's run directory is removed");
+        assert_eq!(reg.list(), vec![me]);
+        assert_eq!(reg.get("../x").unwrap_err().code(), "bad_request");
+        assert_eq!(reg.get("nope").unwrap_err().code(), "not_found");
+    }
+
+    #[test]
+    fn zombies_are_not_alive() {
+        let child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as i32;
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        // `true` has exited but was not waited for: a zombie until vmm_alive reaps it.
+        assert!(!vmm_alive(pid));
+        assert!(vmm_alive(std::process::id() as i32));
+    }
+}

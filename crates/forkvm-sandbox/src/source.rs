@@ -1,0 +1,113 @@
+//! What sandboxes are spawned from: a ready snapshot directory plus the description of
+//! its devices, either a tag in the snapshot store or a template snapshot in the cache.
+//!
+//! A tagged snapshot is self-contained (its read-only disks live in its `disk/`
+//! directory), so each child's devices are the snapshot's, with the child's own vsock
+//! socket.
+
+use crate::template_snapshot::{TemplateSnapshot, GUEST_CID};
+use forkvm_snapshot::{DevicesMeta, DiskMeta, SnapshotMeta, Store, StoreError, DISK_DIR};
+use forkvm_vmm::devices::attach::{BlockConfig, DeviceConfig, VsockConfig};
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("snapshot {0} has no device description (it was written by an older forkvm); make it again")]
+    NoDevices(PathBuf),
+    #[error("snapshot {0} has no vsock device: it is not a Linux sandbox with an agent")]
+    NoAgent(PathBuf),
+    #[error("snapshot {dir}: disk {file:?} is not a file name inside its disk/ directory")]
+    BadDisk { dir: PathBuf, file: String },
+}
+
+fn is_plain_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
+}
+
+impl SourceError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            SourceError::Store(e) => e.code(),
+            _ => "bad_request",
+        }
+    }
+}
+
+/// A ready snapshot to spawn sandboxes from.
+#[derive(Debug, Clone)]
+pub struct SpawnSource {
+    pub dir: PathBuf,
+    /// The tag, when the snapshot is in the store.
+    pub tag: Option<String>,
+    pub meta: SnapshotMeta,
+    devices: DevicesMeta,
+}
+
+impl SpawnSource {
+    /// The ready snapshot `tag` (a `writing` one is a conflict).
+    pub fn from_tag(store: &Store, tag: &str) -> Result<SpawnSource, SourceError> {
+        let snap = store.lookup(tag)?;
+        let devices = snap.meta.devices.clone().ok_or_else(|| SourceError::NoDevices(snap.path.clone()))?;
+        if devices.vsock_cid.is_none() {
+            return Err(SourceError::NoAgent(snap.path.clone()));
+        }
+        // snapshot.json is untrusted: a disk is a plain file name inside `disk/`.
+        if let Some(d) = devices.disks.iter().find(|d| !is_plain_name(&d.file)) {
+            return Err(SourceError::BadDisk { dir: snap.path.clone(), file: d.file.clone() });
+        }
+        Ok(SpawnSource { dir: snap.path, tag: Some(tag.to_string()), meta: snap.meta, devices })
+    }
+
+    /// A template snapshot; its devices are the template's (rootfs from the cache).
+    pub fn from_template(t: &TemplateSnapshot) -> Result<SpawnSource, SourceError> {
+        let snap = forkvm_snapshot::SnapshotDir::open(&t.dir)
+            .map_err(|source| StoreError::Invalid { tag: t.artifacts.image.name.clone(), source })?;
+        let mut meta = snap.meta;
+        meta.template = Some(t.artifacts.image.name.clone());
+        let mut devices = template_devices();
+        devices.disks = vec![DiskMeta {
+            file: t.artifacts.image.rootfs.to_string_lossy().into_owned(),
+            read_only: true,
+            id: ROOT_DISK_ID.into(),
+        }];
+        Ok(SpawnSource { dir: t.dir.clone(), tag: None, meta, devices })
+    }
+
+    /// The template the snapshot was made from, if known.
+    pub fn template(&self) -> Option<&str> {
+        self.meta.template.as_deref()
+    }
+
+    /// The devices of one child: the snapshot's, with `vsock_uds` as its vsock socket.
+    pub fn devices(&self, vsock_uds: &Path) -> DeviceConfig {
+        DeviceConfig {
+            vsock: self.devices.vsock_cid.map(|guest_cid| VsockConfig { guest_cid, uds_path: vsock_uds.to_path_buf() }),
+            rng: self.devices.rng,
+            blocks: self
+                .devices
+                .disks
+                .iter()
+                .map(|d| BlockConfig { path: self.disk_path(d), read_only: d.read_only, id: d.id.clone() })
+                .collect(),
+        }
+    }
+
+    fn disk_path(&self, d: &DiskMeta) -> PathBuf {
+        let p = Path::new(&d.file);
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.dir.join(DISK_DIR).join(p)
+        }
+    }
+}
+
+/// Serial of the root disk every Linux sandbox has.
+pub const ROOT_DISK_ID: &str = "forkvm-root";
+
+/// The device description of a template's sandboxes (root disk added by the caller).
+pub fn template_devices() -> DevicesMeta {
+    DevicesMeta { vsock_cid: Some(GUEST_CID), rng: true, disks: Vec::new() }
+}

@@ -1,0 +1,203 @@
+//! Spawn N sandboxes from a snapshot: one zygote reads the snapshot once and `fork()`s a
+//! VMM process per sandbox (own run directory, sockets, console log and, with a memory
+//! limit, its own cgroup); each is registered, waited for, and re-identified (new id,
+//! hostname, clock, entropy) before it is handed out.
+//!
+//! The caller must be single-threaded when it calls [`spawn`] (the zygote forks). The
+//! sandboxes outlive the caller until they are killed ([`crate::lifecycle::kill`]).
+
+use crate::registry::{now_unix_ms, Registry, RegistryError, SandboxRecord};
+use crate::sandbox::{apply_identity, new_sandbox_id};
+use crate::source::SpawnSource;
+use crate::template_snapshot::{wait_for_agent, AGENT_PORT};
+use forkvm_proto::AgentClient;
+use forkvm_vmm::host::cgroup::{CgroupError, CgroupRoot};
+use forkvm_vmm::vmm::VmmLabels;
+use forkvm_vmm::zygote::{ChildSpec, Owned, Zygote, ZygoteError};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+/// How long a spawned sandbox's agent may take to answer (emulated guest kernels).
+pub const READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// Most sandboxes one call spawns.
+pub const MAX_SPAWN: usize = 4096;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    #[error("spawn: n must be between 1 and {MAX_SPAWN}, got {0}")]
+    Count(usize),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error(transparent)]
+    Zygote(#[from] ZygoteError),
+    #[error("memory limit: {0}")]
+    Cgroup(#[from] CgroupError),
+    #[error("sandbox {id} (pid {pid}) did not answer within {READY_TIMEOUT:?}{}; its console said: {console}", if *exited { " (its VMM exited)" } else { "" })]
+    NotReady { id: String, pid: i32, exited: bool, console: String },
+    #[error("sandbox {id}: applying its identity: {source}")]
+    Identity { id: String, source: forkvm_proto::ClientError },
+}
+
+impl SpawnError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            SpawnError::Count(_) => "bad_request",
+            SpawnError::Registry(e) => e.code(),
+            _ => "internal",
+        }
+    }
+}
+
+/// How sandboxes are spawned.
+#[derive(Debug, Clone, Default)]
+pub struct SpawnOptions {
+    /// Memory limit of each sandbox's VMM process (cgroup v1 or v2).
+    pub memory_limit_bytes: Option<u64>,
+}
+
+/// A running, re-identified sandbox and a client for its agent.
+#[derive(Debug)]
+pub struct SpawnedSandbox {
+    pub record: SandboxRecord,
+    pub client: AgentClient<UnixStream>,
+    /// From the start of the call to this sandbox's identity being applied.
+    pub ready_ms: f64,
+}
+
+/// What a spawn took, besides the sandboxes.
+#[derive(Debug, Clone, Default)]
+pub struct SpawnTimings {
+    /// Reading the snapshot once (the zygote).
+    pub prepare_ms: f64,
+    /// Forking every VMM process (host side).
+    pub host_spawn_ms: f64,
+    /// Until every sandbox answered and was re-identified.
+    pub all_ready_ms: f64,
+}
+
+/// A sandbox's VMM started but not yet answering.
+pub(crate) struct Pending {
+    pub record: SandboxRecord,
+}
+
+/// The last lines of a console log, for error messages.
+pub(crate) fn console_tail(record: &SandboxRecord) -> String {
+    let text = std::fs::read_to_string(record.console()).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().rev().take(5).collect();
+    lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
+}
+
+/// Creates the memory cgroup `sb-<id>` when a limit is asked for.
+pub(crate) fn make_cgroup(
+    root: &Option<CgroupRoot>,
+    id: &str,
+    limit: Option<u64>,
+) -> Result<Option<String>, CgroupError> {
+    match (root, limit) {
+        (Some(root), Some(bytes)) => {
+            let name = format!("sb-{id}");
+            root.create(&name, bytes)?;
+            Ok(Some(name))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Waits for each pending sandbox's agent and re-identifies it. On failure, every
+/// sandbox of the batch is killed: a spawn gives all of them or none.
+pub(crate) fn finish(
+    registry: &Registry,
+    pending: Vec<Pending>,
+    started: Instant,
+) -> Result<Vec<SpawnedSandbox>, SpawnError> {
+    let mut out = Vec::new();
+    let mut failure = None;
+    for p in &pending {
+        let client = AgentClient::vsock_uds(&p.record.vsock(), AGENT_PORT);
+        let pid = p.record.pid;
+        let gone = || (!crate::registry::vmm_alive(pid)).then(|| "exited".to_string());
+        if let Err(why) = wait_for_agent(&client, READY_TIMEOUT, &gone) {
+            failure = Some(SpawnError::NotReady {
+                id: p.record.id.clone(),
+                pid,
+                exited: why.is_some(),
+                console: console_tail(&p.record),
+            });
+            break;
+        }
+        if let Err(source) = apply_identity(&client, &p.record.id) {
+            failure = Some(SpawnError::Identity { id: p.record.id.clone(), source });
+            break;
+        }
+        let ready_ms = started.elapsed().as_secs_f64() * 1e3;
+        out.push(SpawnedSandbox { record: p.record.clone(), client, ready_ms });
+    }
+    if let Some(e) = failure {
+        for p in &pending {
+            let _ = crate::lifecycle::kill_record(registry, &p.record);
+        }
+        return Err(e);
+    }
+    Ok(out)
+}
+
+/// Spawns `n` sandboxes from `source` (see the module doc).
+pub fn spawn(
+    registry: &Registry,
+    source: &SpawnSource,
+    n: usize,
+    opts: &SpawnOptions,
+) -> Result<(Vec<SpawnedSandbox>, SpawnTimings), SpawnError> {
+    if n == 0 || n > MAX_SPAWN {
+        return Err(SpawnError::Count(n));
+    }
+    let started = Instant::now();
+    let zygote = Zygote::new(&source.dir)?;
+    let cgroups = opts.memory_limit_bytes.map(|_| CgroupRoot::detect()).transpose()?;
+    let prepare_ms = started.elapsed().as_secs_f64() * 1e3;
+    let forking = Instant::now();
+    let mut pending: Vec<Pending> = Vec::new();
+    for _ in 0..n {
+        let id = new_sandbox_id();
+        let run_dir = registry.create_run_dir(&id)?;
+        let cgroup = make_cgroup(&cgroups, &id, opts.memory_limit_bytes)?;
+        let mut record = SandboxRecord {
+            id: id.clone(),
+            pid: 0,
+            run_dir: run_dir.clone(),
+            template: source.template().map(String::from),
+            source_tag: source.tag.clone(),
+            forked_from: None,
+            created_at_unix_ms: now_unix_ms(),
+            memory_limit_bytes: opts.memory_limit_bytes,
+            cgroup: cgroup.clone(),
+        };
+        let spec = ChildSpec {
+            socket: Some(record.control_socket()),
+            console_log: Some(record.console()),
+            console_stream: None,
+            detach: true,
+            devices: source.devices(&record.vsock()),
+            labels: VmmLabels { sandbox_id: Some(id), template: record.template.clone() },
+            owned: Owned { run_dir: Some(run_dir), cgroup },
+        };
+        let spawned = zygote.spawn(spec);
+        match spawned {
+            Ok(pid) => record.pid = pid,
+            Err(e) => {
+                registry.clean_up(&record);
+                for p in &pending {
+                    let _ = crate::lifecycle::kill_record(registry, &p.record);
+                }
+                return Err(e.into());
+            }
+        }
+        // The record is best effort here: a VMM that already stopped removed its directory.
+        let _ = registry.write(&record);
+        pending.push(Pending { record });
+    }
+    let host_spawn_ms = forking.elapsed().as_secs_f64() * 1e3;
+    let sandboxes = finish(registry, pending, started)?;
+    let timings = SpawnTimings { prepare_ms, host_spawn_ms, all_ready_ms: started.elapsed().as_secs_f64() * 1e3 };
+    Ok((sandboxes, timings))
+}

@@ -1,0 +1,71 @@
+//! Publishing a template snapshot under a tag in the snapshot store
+//! (`forkvm snapshot create --image python --tag py`).
+//!
+//! The template snapshot (cache, keyed by content hash) is made on first use: boot, wait
+//! for the agent, run the template's warm-up, snapshot. The tag gets its own directory
+//! whose files are hard links to the template snapshot's (both are immutable once
+//! written; copies across filesystems) plus the root disk image, so the tag stays valid
+//! when the cache is deleted.
+
+use crate::source::{template_devices, ROOT_DISK_ID};
+use crate::template_snapshot::TemplateSnapshot;
+use forkvm_snapshot::{
+    link_or_copy, DiskMeta, SnapshotDir, SnapshotStatus, SnapshotWriter, Store, StoreError, DISK_DIR, MEMORY_IMG,
+    SNAPSHOT_JSON, VMSTATE_BIN,
+};
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("publishing tag {tag}: {step}: {source}")]
+    Io { tag: String, step: String, source: std::io::Error },
+    #[error("publishing tag {tag}: {source}")]
+    Dir { tag: String, source: forkvm_snapshot::DirError },
+    #[error("publishing tag {tag}: {source}")]
+    Meta { tag: String, source: forkvm_snapshot::MetadataError },
+}
+
+impl PublishError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            PublishError::Store(e) => e.code(),
+            PublishError::Dir { source: forkvm_snapshot::DirError::AlreadyExists(_), .. } => "conflict",
+            _ => "internal",
+        }
+    }
+}
+
+/// Publishes `template`'s snapshot as `tag` in `store`; a taken tag is a conflict.
+pub fn publish_template(store: &Store, template: &TemplateSnapshot, tag: &str) -> Result<SnapshotDir, PublishError> {
+    let final_dir = store.check_free(tag)?;
+    store.ensure()?;
+    let src = SnapshotDir::open(&template.dir)
+        .map_err(|source| StoreError::Invalid { tag: template.artifacts.image.name.clone(), source })?;
+    let dir_err = |source| PublishError::Dir { tag: tag.to_string(), source };
+    let writer = SnapshotWriter::begin(&final_dir).map_err(dir_err)?;
+    let io = |step: String| move |source| PublishError::Io { tag: tag.to_string(), step, source };
+    for name in [VMSTATE_BIN, MEMORY_IMG] {
+        link_or_copy(&src.path.join(name), &writer.path(name)).map_err(io(format!("linking {name}")))?;
+    }
+    let disks = writer.staging().join(DISK_DIR);
+    std::fs::create_dir(&disks).map_err(io("creating disk/".into()))?;
+    let rootfs: &PathBuf = &template.artifacts.image.rootfs;
+    link_or_copy(rootfs, &disks.join("disk0.img"))
+        .map_err(io(format!("linking the root disk {}", rootfs.display())))?;
+    let mut meta = src.meta.clone();
+    meta.tag = tag.to_string();
+    meta.status = SnapshotStatus::Ready;
+    meta.created_at_unix_ms = crate::registry::now_unix_ms();
+    meta.template = Some(template.artifacts.image.name.clone());
+    meta.guest.content_hash = Some(template.key.clone());
+    let mut devices = template_devices();
+    devices.disks = vec![DiskMeta { file: "disk0.img".into(), read_only: true, id: ROOT_DISK_ID.into() }];
+    meta.devices = Some(devices);
+    meta.writer_pid = None;
+    forkvm_snapshot::write_meta(&writer.path(SNAPSHOT_JSON), &meta)
+        .map_err(|source| PublishError::Meta { tag: tag.to_string(), source })?;
+    let path = writer.commit().map_err(dir_err)?;
+    Ok(SnapshotDir { path, meta })
+}

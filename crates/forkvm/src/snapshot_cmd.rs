@@ -1,0 +1,113 @@
+//! `forkvm snapshot create|ls|rm|sweep`: tagged snapshots in the snapshot store.
+//!
+//! `create --image T --tag X` makes (or finds, by content hash) template T's snapshot —
+//! boot, agent ready, warm-up, snapshot — and publishes it as tag X.
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use forkvm_sandbox::template_snapshot::TemplateSnapshot;
+use forkvm_snapshot::Store;
+use std::time::Instant;
+
+#[derive(Args, Debug)]
+pub struct SnapshotArgs {
+    #[command(subcommand)]
+    pub command: SnapshotCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SnapshotCommand {
+    /// Boot a template (once, cached), warm it up, and publish its snapshot as a tag.
+    Create {
+        /// Template name (templates/<name>.toml).
+        #[arg(long)]
+        image: String,
+        /// The new tag.
+        #[arg(long)]
+        tag: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the tags in the store.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a tag.
+    Rm { tag: String },
+    /// Remove what crashed writers left (`.partial` directories, `writing` snapshots of dead writers).
+    Sweep,
+}
+
+/// Template `image`'s snapshot, building the kernel, image and snapshot if missing.
+pub fn template_snapshot(image: &str) -> Result<TemplateSnapshot> {
+    let mut view = crate::image_cmd::ProgressView::new();
+    let artifacts = forkvm_sandbox::Artifacts::ensure(image, &mut |e| view.show(&e));
+    view.finish();
+    forkvm_sandbox::ensure_template_snapshot(artifacts?).context("preparing the template snapshot")
+}
+
+pub fn run(a: SnapshotArgs) -> Result<i32> {
+    let store = Store::open_default();
+    match a.command {
+        SnapshotCommand::Create { image, tag, json } => {
+            forkvm_snapshot::validate_tag(&tag)?;
+            store.check_free(&tag)?;
+            let started = Instant::now();
+            let template = template_snapshot(&image)?;
+            let snap = forkvm_sandbox::publish_template(&store, &template, &tag)?;
+            let report = serde_json::json!({
+                "tag": tag, "dir": snap.path, "template": image, "template_key": template.key,
+                "booted": template.boot_seconds.is_some(), "boot_seconds": template.boot_seconds,
+                "mem_size_bytes": snap.meta.mem_size_bytes,
+                "memory_bytes_allocated": snap.meta.memory_bytes_allocated,
+                "total_ms": (started.elapsed().as_secs_f64() * 1e4).round() / 10.0,
+            });
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                println!(
+                    "{tag}: {} ({} MiB of memory, template {image})",
+                    snap.path.display(),
+                    snap.meta.mem_size_bytes >> 20
+                );
+            }
+        }
+        SnapshotCommand::Ls { json } => {
+            let entries = store.list();
+            if json {
+                let rows: Vec<_> = entries
+                    .iter()
+                    .map(|e| {
+                        serde_json::json!({
+                            "tag": e.tag, "status": e.meta.status, "template": e.meta.template,
+                            "branched_from": e.meta.branched_from, "created_at_unix_ms": e.meta.created_at_unix_ms,
+                            "mem_size_bytes": e.meta.mem_size_bytes,
+                            "memory_bytes_allocated": e.meta.memory_bytes_allocated,
+                        })
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+            } else {
+                for e in &entries {
+                    let status = serde_json::to_value(e.meta.status)?;
+                    println!(
+                        "{:<40} {:<8} {:<10} {:>6} MiB{}",
+                        e.tag,
+                        status.as_str().unwrap_or(""),
+                        e.meta.template.as_deref().unwrap_or("-"),
+                        e.meta.memory_bytes_allocated >> 20,
+                        e.meta.branched_from.as_ref().map(|b| format!("  branched from {b}")).unwrap_or_default()
+                    );
+                }
+            }
+        }
+        SnapshotCommand::Rm { tag } => store.remove(&tag)?,
+        SnapshotCommand::Sweep => {
+            for name in store.sweep() {
+                println!("removed {name}");
+            }
+        }
+    }
+    Ok(0)
+}
