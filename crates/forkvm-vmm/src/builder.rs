@@ -40,7 +40,6 @@ use crate::vstate::vm::{Vm, VmError};
 use forkvm_snapshot::{SnapshotDir, SnapshotMeta};
 use kvm_ioctls::{Kvm, VcpuFd};
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::channel;
@@ -139,10 +138,8 @@ pub fn boot(kvm: &Kvm, config: BootConfig) -> Result<Vmm, BuildError> {
     let (events_tx, events) = channel();
     let exit = Arc::new(ExitLatch::default());
     let run_size = vcpu_run_size(kvm)?;
-    let mut kvm_fds = vec![vm.fd.as_raw_fd()];
     for index in 0..config.vcpu_count {
         let fd = create_vcpu(&vm, index, run_size)?;
-        kvm_fds.push(fd.as_raw_fd());
         let cpuid = vcpu_cpuid(&base, index, config.vcpu_count).map_err(|_| BuildError::SetupVcpu {
             index,
             step: "building CPUID",
@@ -174,7 +171,6 @@ pub fn boot(kvm: &Kvm, config: BootConfig) -> Result<Vmm, BuildError> {
         guest,
         cpu_template: config.cpu_template,
         device_config: config.devices.clone(),
-        kvm_fds,
     };
     Vmm::start(parts, config.start_paused)
 }
@@ -373,12 +369,10 @@ pub(crate) fn restore_state(
     let (events_tx, events) = channel();
     let exit = Arc::new(ExitLatch::default());
     let run_size = vcpu_run_size(kvm)?;
-    let mut kvm_fds = vec![vm.fd.as_raw_fd()];
     let mut runners = Vec::new();
     for (i, vs) in state.vcpus.iter().enumerate() {
         let index = i as u8;
         let fd = create_vcpu(&vm, index, run_size)?;
-        kvm_fds.push(fd.as_raw_fd());
         vs.restore(&fd).map_err(|source| BuildError::RestoreVcpu { index, source })?;
         runners.push(VcpuRunner {
             index,
@@ -410,7 +404,6 @@ pub(crate) fn restore_state(
         guest,
         cpu_template: state.cpu_template,
         device_config,
-        kvm_fds,
     };
     let mut vmm = Vmm::start(parts, start_paused)?;
     timer.mark("start_threads");

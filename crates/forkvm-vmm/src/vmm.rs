@@ -122,8 +122,6 @@ pub(crate) struct VmParts {
     pub guest: GuestInfo,
     pub cpu_template: CpuTemplate,
     pub device_config: DeviceConfig,
-    /// This VM's KVM descriptors (VM, vCPUs): a process forked from this one closes them.
-    pub kvm_fds: Vec<std::os::fd::RawFd>,
 }
 
 /// What the VMM knows about the sandbox it runs, for the snapshots it writes.
@@ -151,7 +149,6 @@ pub struct Vmm {
     state: RunState,
     restore_phases_us: Vec<(String, f64)>,
     device_config: DeviceConfig,
-    kvm_fds: Vec<std::os::fd::RawFd>,
     labels: VmmLabels,
     faults: FaultPlan,
     /// Last sequence number used for a default branch tag (per source, monotonic).
@@ -163,7 +160,7 @@ pub struct Vmm {
 impl Vmm {
     /// Starts the vCPU threads of a fully built VM.
     pub(crate) fn start(parts: VmParts, start_paused: bool) -> Result<Vmm, crate::builder::BuildError> {
-        let VmParts { vm, memory, devices, runners, events, exit, guest, cpu_template, device_config, kvm_fds } = parts;
+        let VmParts { vm, memory, devices, runners, events, exit, guest, cpu_template, device_config } = parts;
         let mut vcpus = Vec::new();
         for runner in runners {
             let index = runner.index;
@@ -184,7 +181,6 @@ impl Vmm {
             state,
             restore_phases_us: Vec::new(),
             device_config,
-            kvm_fds,
             labels: VmmLabels::default(),
             faults: FaultPlan::default(),
             branch_seq: 0,

@@ -79,6 +79,24 @@ pub(crate) fn detach_stdio(log: Option<&File>) {
     }
 }
 
+/// Closes every descriptor from `first` to `last` (inclusive) in this process.
+pub(crate) fn close_fds(first: u32, last: u32) {
+    if first > last {
+        return;
+    }
+    // SAFETY: close_range only closes descriptors; callers are forked children that own
+    // nothing in that range they still need.
+    let rc = unsafe { libc::syscall(libc::SYS_close_range, first, last, 0) };
+    if rc != 0 {
+        // Kernels before 5.9: close them one by one (up to the soft limit).
+        let max = last.min(65_535);
+        for fd in first..=max {
+            // SAFETY: as above.
+            unsafe { libc::close(fd as i32) };
+        }
+    }
+}
+
 /// The wait status of child `pid` if it has exited (and reaps it), without blocking.
 pub fn exit_status(pid: libc::pid_t) -> Option<i32> {
     let mut status = 0;

@@ -24,6 +24,7 @@ use forkvm_snapshot::{
 };
 use serde::{Deserialize, Serialize};
 use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -387,6 +388,10 @@ impl Vmm {
             return Err(VmmError::Disk(format!("fork() of the live branch writer: {e}")));
         }
         if pid == 0 {
+            // Keep stdio and the image; the source's sockets and KVM descriptors are not ours.
+            let keep = image.as_raw_fd() as u32;
+            crate::zygote::close_fds(3, keep - 1);
+            crate::zygote::close_fds(keep + 1, u32::MAX);
             let code = write_image(&image, &regions, fault, stall);
             // SAFETY: leaves the forked copy without running the parent's destructors.
             unsafe { libc::_exit(code) }

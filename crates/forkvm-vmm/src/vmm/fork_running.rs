@@ -13,7 +13,7 @@ use crate::control::serve_until_exit;
 use crate::devices::serial::ConsoleOut;
 use crate::host::open_kvm;
 use crate::vstate::vcpu::VcpuExitReason;
-use crate::zygote::{detach_stdio, fork_and_run, Owned, EXIT_RESTORE_FAILED};
+use crate::zygote::{close_fds, detach_stdio, fork_and_run, Owned, EXIT_RESTORE_FAILED};
 use serde::{Deserialize, Serialize};
 use std::fs::OpenOptions;
 use std::io::Write;
@@ -112,14 +112,11 @@ impl Vmm {
 
     /// In a forked child: builds its own VM around the inherited memory and serves it.
     fn child_main(&self, state: &crate::persist::VmState, child: &ForkChild) -> i32 {
+        // Nothing the source process has open belongs to this child: its KVM VM, device
+        // backends' sockets and files, control connections. Keep only stdio.
+        close_fds(3, u32::MAX);
         let log = child.console_log.as_ref().and_then(|p| OpenOptions::new().create(true).append(true).open(p).ok());
         detach_stdio(log.as_ref());
-        for &fd in &self.kvm_fds {
-            // SAFETY: these descriptors are the parent's VM and vCPUs, which this process
-            // never uses (KVM refuses them from another process); the objects owning them
-            // are never dropped here (the child leaves through `_exit`).
-            unsafe { libc::close(fd) };
-        }
         let mut error_log = log.as_ref().and_then(|f| f.try_clone().ok());
         let fail = |msg: String, error_log: &mut Option<std::fs::File>| {
             if let Some(f) = error_log.as_mut() {

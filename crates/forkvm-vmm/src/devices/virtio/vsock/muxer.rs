@@ -61,6 +61,23 @@ pub struct Muxer {
     metrics: Arc<VsockMetrics>,
 }
 
+/// Where a backend starts allocating host ports: a random point of our range. A guest
+/// restored from a snapshot still knows the connections its source had (closing ones
+/// linger in its socket tables); a new backend that counted from the base again would
+/// reuse those (host CID, port) pairs and the guest would reset them.
+fn random_start_port() -> u32 {
+    let mut b = [0u8; 4];
+    // SAFETY: getrandom writes at most 4 bytes into `b`.
+    let got = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), libc::GRND_NONBLOCK) };
+    let r = if got == 4 {
+        u32::from_le_bytes(b)
+    } else {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0)
+    };
+    // Leave room to count upwards for a long time before wrapping.
+    HOST_PORT_BASE + (r % (1 << 29))
+}
+
 impl Muxer {
     pub fn new(guest_cid: u64, uds_path: PathBuf, metrics: Arc<VsockMetrics>) -> Muxer {
         Muxer {
@@ -69,7 +86,7 @@ impl Muxer {
             conns: BTreeMap::new(),
             control: VecDeque::new(),
             cursor: (0, 0),
-            next_port: HOST_PORT_BASE,
+            next_port: random_start_port(),
             log: LogLimiter::default(),
             metrics,
         }

@@ -1,0 +1,67 @@
+//! A VMM killed (`kill -9`) while a live branch is being written leaves no `ready`
+//! snapshot behind: the tag stays `writing`, cannot be forked, and a sweep removes it.
+//! Fault injection over the control socket is refused unless the VMM was started with
+//! `FORKVM_FAULT_INJECTION=1`.
+
+use forkvm_snapshot::{Store, StoreError};
+use forkvm_vmm::control::{ControlClient, Request};
+use forkvm_vmm::vmm::fault::FaultPoint;
+use forkvm_vmm::vmm::{BranchMode, BranchRequest};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn start_vmm(dir: &Path, faults: bool) -> (Child, ControlClient) {
+    let socket = dir.join("vmm.sock");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_forkvm"));
+    cmd.args(["boot", "--guest", "dirty", "--arg", "0x400000", "--arg", "0xc00000", "--mem-mib", "16", "--socket"])
+        .arg(&socket)
+        .arg("--console")
+        .arg(dir.join("console.log"))
+        .stdin(Stdio::null());
+    if faults {
+        cmd.env("FORKVM_FAULT_INJECTION", "1");
+    }
+    let child = cmd.spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(c) = ControlClient::connect(&socket) {
+            return (child, c);
+        }
+        assert!(Instant::now() < deadline, "the VMM never served its socket");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn fault_injection_is_refused_without_the_environment_switch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut vmm, mut ctl) = start_vmm(tmp.path(), false);
+    let err = ctl.call(&Request::InjectFault { point: FaultPoint::Pause }).unwrap_err();
+    assert_eq!(ControlClient::code(&err), Some("forbidden"), "{err}");
+    vmm.kill().unwrap();
+    vmm.wait().unwrap();
+}
+
+#[test]
+fn a_crash_while_writing_leaves_no_ready_snapshot() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::open(tmp.path().join("store"));
+    let snapshots = store.ensure().unwrap();
+    let (mut vmm, mut ctl) = start_vmm(tmp.path(), true);
+    ctl.call(&Request::InjectFault { point: FaultPoint::StallWriter }).unwrap();
+    let req =
+        BranchRequest { store: snapshots.clone(), tag: Some("doomed".into()), mode: BranchMode::Live, wait: false };
+    let report = ctl.call(&Request::Branch(req)).unwrap();
+    assert_eq!(report["status"], "writing");
+    // The tag is taken and cannot be forked while it is written.
+    assert!(matches!(store.lookup("doomed"), Err(StoreError::Writing { .. })));
+    vmm.kill().unwrap(); // SIGKILL, mid-write
+    vmm.wait().unwrap();
+    // The writer may finish its memory image, but nobody marks the snapshot ready.
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(matches!(store.lookup("doomed"), Err(StoreError::Writing { .. })));
+    assert_eq!(store.sweep(), ["doomed"]);
+    assert_eq!(store.lookup("doomed").unwrap_err().code(), "not_found");
+    assert_eq!(std::fs::read_dir(&snapshots).unwrap().count(), 0);
+}
