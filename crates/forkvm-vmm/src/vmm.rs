@@ -367,7 +367,7 @@ impl Vmm {
         forkvm_snapshot::validate_tag(&tag)?;
         let was_running = self.state == RunState::Running;
         self.pause()?;
-        let result = self.write_full(dir, &tag, None);
+        let result = self.write_full(dir, &tag, None, &mut branch::Phases::new());
         let paused_for = started.elapsed();
         if was_running {
             self.resume()?;

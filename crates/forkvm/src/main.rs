@@ -1,6 +1,7 @@
 //! `forkvm`: the command-line interface. Thin: parses, calls the library, prints.
 
 mod bench_boot;
+mod bench_branch;
 mod bench_fork;
 mod doctor;
 mod fork_cmd;
@@ -59,6 +60,8 @@ enum BenchCommand {
     Fork(bench_fork::BenchForkArgs),
     /// Linux sandbox readiness (cold boot, restore) and agent round trips.
     Boot(bench_boot::BenchBootArgs),
+    /// BRANCH pause windows, full vs live, while the guest dirties memory.
+    Branch(bench_branch::BenchBranchArgs),
 }
 
 /// The error and its causes, skipping a cause whose text the message already contains
@@ -88,6 +91,7 @@ fn main() {
         Command::Fork(a) => fork_cmd::run(a),
         Command::Bench(BenchCommand::Fork(a)) => bench_fork::run(a),
         Command::Bench(BenchCommand::Boot(a)) => bench_boot::run(a),
+        Command::Bench(BenchCommand::Branch(a)) => bench_branch::run(a),
         Command::Run(a) => run_cmd::run(a),
         Command::Snapshot(a) => snapshot_cmd::run(a),
         Command::Ps(a) => sandbox_cmd::ps(a),

@@ -88,6 +88,27 @@ pub struct BranchReport {
     pub return_ms: f64,
     /// Allocated bytes of `memory.img`, once it is complete.
     pub memory_bytes_allocated: Option<u64>,
+    /// Milliseconds per step of the pause window, in order.
+    pub phases_ms: Vec<(String, f64)>,
+}
+
+/// Wall time of each step, for reports.
+#[derive(Debug)]
+pub(crate) struct Phases {
+    last: Instant,
+    pub steps: Vec<(String, f64)>,
+}
+
+impl Phases {
+    pub(crate) fn new() -> Phases {
+        Phases { last: Instant::now(), steps: Vec::new() }
+    }
+
+    pub(crate) fn mark(&mut self, name: &str) {
+        let now = Instant::now();
+        self.steps.push((name.to_string(), (now - self.last).as_secs_f64() * 1e3));
+        self.last = now;
+    }
 }
 
 /// Why a branch failed; [`BranchError::code`] maps it onto the API's status.
@@ -180,13 +201,20 @@ impl Vmm {
             return Err(BranchError::NotRunning(state));
         }
         let was_running = state == RunState::Running;
+        let mut phases = Phases::new();
         self.pause().map_err(BranchError::Pause)?;
+        phases.mark("pause");
         let branched_from = self.labels.sandbox_id.clone();
         let written = match req.mode {
-            BranchMode::Full => self.write_full(&dir, &tag, branched_from.clone()).map(|(a, m)| (Some(a), m, None)),
-            BranchMode::Live => self.start_live(&dir, &tag, branched_from.clone()).map(|(m, w)| (None, m, Some(w))),
+            BranchMode::Full => {
+                self.write_full(&dir, &tag, branched_from.clone(), &mut phases).map(|(a, m)| (Some(a), m, None))
+            }
+            BranchMode::Live => {
+                self.start_live(&dir, &tag, branched_from.clone(), &mut phases).map(|(m, w)| (None, m, Some(w)))
+            }
         };
         let resumed = if was_running { self.resume() } else { Ok(()) };
+        phases.mark("resume");
         let pause_ms = started.elapsed().as_secs_f64() * 1e3;
         let (mut allocated, mem_size, live) = match written {
             Ok(w) => w,
@@ -242,6 +270,7 @@ impl Vmm {
             pause_ms,
             return_ms: started.elapsed().as_secs_f64() * 1e3,
             memory_bytes_allocated: allocated,
+            phases_ms: phases.steps,
         })
     }
 
@@ -324,11 +353,13 @@ impl Vmm {
         dir: &Path,
         tag: &str,
         branched_from: Option<String>,
+        phases: &mut Phases,
     ) -> Result<(u64, u64), VmmError> {
         if self.faults.take(FaultPoint::SaveState) {
             return Err(VmmError::Injected(FaultPoint::SaveState));
         }
         let state = self.save_state()?;
+        phases.mark("save_state");
         let writer = SnapshotWriter::begin(dir)?;
         forkvm_snapshot::write_vmstate_file(&writer.path(VMSTATE_BIN), &state.encode_payload()?)?;
         let disks = self.capture_disks(writer.staging(), false)?;
@@ -339,13 +370,16 @@ impl Vmm {
                 forkvm_snapshot::MemoryImageError::WriteData { offset: 0, len: 0, source: fault.io_error() }.into()
             );
         }
+        phases.mark("stage_files");
         for ((_, slice), offset) in region_slices(&self.memory).into_iter().zip(image_offsets(mem_size)) {
             forkvm_snapshot::write_sparse(&image, offset, slice)?;
         }
+        phases.mark("write_memory");
         let allocated = forkvm_snapshot::allocated_bytes(&image).map_err(VmmError::MeasureImage)?;
         let meta = self.snapshot_meta(tag, &state, SnapshotStatus::Ready, allocated, disks, branched_from);
         forkvm_snapshot::write_meta(&writer.path(SNAPSHOT_JSON), &meta)?;
         writer.commit()?;
+        phases.mark("commit");
         Ok((allocated, mem_size))
     }
 
@@ -356,11 +390,13 @@ impl Vmm {
         dir: &Path,
         tag: &str,
         branched_from: Option<String>,
+        phases: &mut Phases,
     ) -> Result<(u64, LiveWrite), VmmError> {
         if self.faults.take(FaultPoint::SaveState) {
             return Err(VmmError::Injected(FaultPoint::SaveState));
         }
         let state = self.save_state()?;
+        phases.mark("save_state");
         let writer = SnapshotWriter::begin(dir)?;
         std::fs::write(writer.path(VMSTATE_BIN), forkvm_snapshot::encode_vmstate(&state.encode_payload()?))
             .map_err(|e| VmmError::Disk(format!("writing vmstate.bin: {e}")))?;
@@ -379,6 +415,7 @@ impl Vmm {
             .collect();
         let fault = self.faults.take_write_fault();
         let stall = self.faults.take(FaultPoint::StallWriter);
+        phases.mark("stage_files");
         // SAFETY: the child runs only `write_image` (positional writes, fsync) and `_exit`;
         // it takes no lock another thread of this process could hold and allocates nothing.
         let pid = unsafe { libc::fork() };
@@ -396,6 +433,7 @@ impl Vmm {
             // SAFETY: leaves the forked copy without running the parent's destructors.
             unsafe { libc::_exit(code) }
         }
+        phases.mark("fork");
         drop(regions);
         let handle = std::thread::Builder::new()
             .name("branch-writer".into())

@@ -1,0 +1,225 @@
+//! `forkvm bench branch`: the pause window of BRANCH, full vs live, while the guest
+//! dirties its memory.
+//!
+//! For each memory size and mode, a `dirty` test guest (one word per page rewritten in a
+//! loop over all of its memory, natively in ring 3) is booted in this process and
+//! branched `--runs` times into the store directory (tmpfs by default). Each branch is
+//! removed once complete, so large guests do not fill the disk. Reported: the pause
+//! window (pause request → vCPUs running again) p50/p90, the time until the call
+//! returned (live with `wait: false`: as soon as the source runs again), and the time
+//! until the snapshot was complete.
+
+use crate::bench_fork::machine;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use forkvm_testguest::{TestGuest, DIRTY_GEN_ADDR, IMAGE_BASE};
+use forkvm_vmm::arch::x86_64::cpuid::CpuTemplate;
+use forkvm_vmm::devices::serial::ConsoleOut;
+use forkvm_vmm::host::{open_kvm, HostKind};
+use forkvm_vmm::vmm::{BranchMode, BranchRequest};
+use forkvm_vmm::vstate::irqchip::IrqchipMode;
+use forkvm_vmm::{BootConfig, Payload, Vmm};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use vm_memory::{Bytes, GuestAddress};
+
+#[derive(Args, Debug)]
+pub struct BenchBranchArgs {
+    /// Guest memory sizes, MiB, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "512,1536")]
+    pub mem_mib: Vec<u64>,
+    /// Modes, comma-separated: full, live.
+    #[arg(long, value_delimiter = ',', default_value = "full,live")]
+    pub mode: Vec<BranchMode>,
+    /// Branches per (size, mode).
+    #[arg(long, default_value_t = 20)]
+    pub runs: usize,
+    /// Where branches are written (default: a directory under /dev/shm, tmpfs).
+    #[arg(long)]
+    pub store: Option<PathBuf>,
+    /// Print JSON only.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The dirty range starts above the guest image, its arguments and page tables.
+const DIRTY_BASE: u64 = 4 << 20;
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn stats(mut v: Vec<f64>) -> serde_json::Value {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let r = |x: f64| (x * 1000.0).round() / 1000.0;
+    json!({ "p50": r(percentile(&v, 0.5)), "p90": r(percentile(&v, 0.9)), "max": r(*v.last().unwrap_or(&0.0)), "n": v.len() })
+}
+
+fn generation(vmm: &Vmm) -> u64 {
+    vmm.memory().read_obj::<u64>(GuestAddress(DIRTY_GEN_ADDR)).unwrap_or(0)
+}
+
+fn boot_dirty(mem_mib: u64) -> Result<Vmm> {
+    let mem = mem_mib << 20;
+    let kvm = open_kvm()?;
+    let vmm = forkvm_vmm::boot(
+        &kvm,
+        BootConfig {
+            mem_size: mem,
+            vcpu_count: 1,
+            irqchip: IrqchipMode::Split,
+            cpu_template: CpuTemplate::for_host(HostKind::detect()),
+            payload: Payload::Flat {
+                name: "dirty".into(),
+                image: TestGuest::Dirty.image().to_vec(),
+                image_base: IMAGE_BASE,
+                args: vec![DIRTY_BASE, mem - 2 * DIRTY_BASE],
+            },
+            console: ConsoleOut::new(None, None),
+            devices: Default::default(),
+            start_paused: false,
+        },
+    )?;
+    // Two full passes: every page of the range is now private, dirty guest memory.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while generation(&vmm) < 2 {
+        if Instant::now() > deadline {
+            bail!("the dirty guest did not complete two passes over {mem_mib} MiB in 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(vmm)
+}
+
+fn wait_ready(dir: &Path) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while forkvm_snapshot::SnapshotDir::open(dir).is_err() {
+        if !dir.exists() {
+            bail!("the live branch {} failed and was removed", dir.display());
+        }
+        if Instant::now() > deadline {
+            bail!("the live branch {} was not ready after 300 s", dir.display());
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    Ok(())
+}
+
+fn one_config(store: &Path, mem_mib: u64, mode: BranchMode, runs: usize) -> Result<serde_json::Value> {
+    let mut vmm = boot_dirty(mem_mib)?;
+    let (g0, t0) = (generation(&vmm), Instant::now());
+    std::thread::sleep(Duration::from_millis(200));
+    let passes_per_s = (generation(&vmm) - g0) as f64 / t0.elapsed().as_secs_f64();
+    let (mut pause, mut ret, mut complete, mut allocated) = (Vec::new(), Vec::new(), Vec::new(), 0);
+    let mut phases: Vec<(String, Vec<f64>)> = Vec::new();
+    for i in 0..runs {
+        let tag = format!("bench-{mem_mib}-{mode:?}-{i}").to_lowercase();
+        let wait = mode == BranchMode::Full;
+        let started = Instant::now();
+        let r = vmm
+            .branch(&BranchRequest { store: store.to_path_buf(), tag: Some(tag), mode, wait })
+            .with_context(|| format!("branch {i} of {mem_mib} MiB ({mode:?})"))?;
+        if mode == BranchMode::Live {
+            wait_ready(&r.dir)?;
+        }
+        complete.push(started.elapsed().as_secs_f64() * 1e3);
+        pause.push(r.pause_ms);
+        for (name, ms) in &r.phases_ms {
+            match phases.iter_mut().find(|(n, _)| n == name) {
+                Some((_, v)) => v.push(*ms),
+                None => phases.push((name.clone(), vec![*ms])),
+            }
+        }
+        ret.push(r.return_ms);
+        allocated = forkvm_snapshot::SnapshotDir::open(&r.dir)?.meta.memory_bytes_allocated;
+        std::fs::remove_dir_all(&r.dir).with_context(|| format!("removing {}", r.dir.display()))?;
+        // Let the guest dirty its memory again before the next branch.
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    vmm.stop();
+    Ok(json!({
+        "mem_mib": mem_mib,
+        "mode": mode,
+        "wait": mode == BranchMode::Full,
+        "pause_ms": stats(pause),
+        "pause_phases_p50_ms": phases
+            .into_iter()
+            .map(|(n, mut v)| {
+                v.sort_by(|a, b| a.total_cmp(b));
+                (n, json!((percentile(&v, 0.5) * 1000.0).round() / 1000.0))
+            })
+            .collect::<serde_json::Map<_, _>>(),
+        "return_ms": stats(ret),
+        "complete_ms": stats(complete),
+        "memory_bytes_allocated": allocated,
+        "guest_passes_per_s": (passes_per_s * 10.0).round() / 10.0,
+    }))
+}
+
+fn fs_type(path: &Path) -> String {
+    let out = std::process::Command::new("stat").args(["-f", "-c", "%T"]).arg(path).output();
+    out.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default()
+}
+
+pub fn run(a: BenchBranchArgs) -> Result<i32> {
+    if a.runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    let store = match &a.store {
+        Some(s) => s.clone(),
+        None => {
+            let shm = Path::new("/dev/shm");
+            let base = if shm.is_dir() { shm.to_path_buf() } else { std::env::temp_dir() };
+            base.join(format!("forkvm-bench-branch-{}", std::process::id()))
+        }
+    };
+    std::fs::create_dir_all(&store).with_context(|| format!("creating {}", store.display()))?;
+    let mut results = Vec::new();
+    for &mem in &a.mem_mib {
+        for &mode in &a.mode {
+            let r = one_config(&store, mem, mode, a.runs);
+            if a.store.is_none() {
+                // Our own scratch store: leave nothing behind, also on failure.
+                if r.is_err() {
+                    let _ = std::fs::remove_dir_all(&store);
+                }
+            }
+            let r = r?;
+            if !a.json {
+                eprintln!(
+                    "{mem:>5} MiB {:<4}: pause p50 {:.2} ms p90 {:.2} ms, returned p50 {:.2} ms, complete p50 {:.1} ms",
+                    format!("{mode:?}").to_lowercase(),
+                    r["pause_ms"]["p50"].as_f64().unwrap_or(0.0),
+                    r["pause_ms"]["p90"].as_f64().unwrap_or(0.0),
+                    r["return_ms"]["p50"].as_f64().unwrap_or(0.0),
+                    r["complete_ms"]["p50"].as_f64().unwrap_or(0.0),
+                );
+            }
+            results.push(r);
+        }
+    }
+    let fs = fs_type(&store);
+    if a.store.is_none() {
+        let _ = std::fs::remove_dir_all(&store);
+    }
+    let report = json!({
+        "bench": "branch",
+        "command": format!(
+            "forkvm bench branch --mem-mib {} --mode {} --runs {} --json",
+            a.mem_mib.iter().map(|m| m.to_string()).collect::<Vec<_>>().join(","),
+            a.mode.iter().map(|m| format!("{m:?}").to_lowercase()).collect::<Vec<_>>().join(","),
+            a.runs
+        ),
+        "machine": machine(),
+        "store": store,
+        "store_fs": fs,
+        "results": results,
+    });
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(0)
+}
