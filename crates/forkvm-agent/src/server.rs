@@ -15,6 +15,12 @@ use forkvm_proto::{
 };
 
 use crate::identity::{self, IdentitySys};
+
+/// Reseeds the generators a warm interpreter may hold (see `reseed_interpreter`).
+const RESEED_PYTHON: &str = "import sys as _forkvm_sys\n\
+if 'random' in _forkvm_sys.modules: _forkvm_sys.modules['random'].seed()\n\
+if 'numpy' in _forkvm_sys.modules: _forkvm_sys.modules['numpy'].random.seed()\n\
+del _forkvm_sys";
 use crate::interp::Interp;
 use crate::reaper::Reaper;
 use crate::vsock::VsockListener;
@@ -193,6 +199,7 @@ impl Agent {
                 let mut sandbox_id = self.sandbox_id.lock().unwrap_or_else(|e| e.into_inner());
                 match identity::apply(&*self.identity_sys, &req) {
                     Ok(entropy) => {
+                        self.reseed_interpreter();
                         *sandbox_id = Some(req.sandbox_id);
                         let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
                         tracing::info!(sandbox_id = ?*sandbox_id, generation, "identity applied");
@@ -203,6 +210,21 @@ impl Agent {
             }
             Request::Shutdown => Response::ShuttingDown,
         })
+    }
+
+    /// Clones of one snapshot share the warm interpreter's random generators (`random`
+    /// and numpy's global one were seeded before the snapshot): reseed them from the
+    /// kernel's freshly reseeded CRNG, so no two sandboxes draw the same numbers.
+    fn reseed_interpreter(&self) {
+        let Some(interp) = &self.interp else { return };
+        match interp.eval(RESEED_PYTHON) {
+            Ok(r) => {
+                if let forkvm_proto::EvalOutcome::Exception { exception, .. } = r.outcome {
+                    tracing::warn!(%exception, "reseeding the interpreter's generators failed");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "reseeding the interpreter's generators failed"),
+        }
     }
 
     fn pong(&self) -> Pong {

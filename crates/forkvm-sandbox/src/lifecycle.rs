@@ -54,7 +54,7 @@ impl LifecycleError {
 /// A client for the agent of sandbox `id`.
 pub fn agent(registry: &Registry, id: &str) -> Result<AgentClient<UnixStream>, LifecycleError> {
     let r = registry.get(id)?;
-    Ok(AgentClient::vsock_uds(&r.vsock(), AGENT_PORT))
+    Ok(AgentClient::vsock_uds(r.vsock(), AGENT_PORT))
 }
 
 fn control(r: &SandboxRecord) -> Result<ControlClient, LifecycleError> {

@@ -36,6 +36,8 @@ pub enum SpawnError {
     NotReady { id: String, pid: i32, exited: bool, console: String },
     #[error("sandbox {id}: applying its identity: {source}")]
     Identity { id: String, source: forkvm_proto::ClientError },
+    #[error("a readiness worker thread panicked")]
+    Worker,
 }
 
 impl SpawnError {
@@ -103,34 +105,66 @@ pub(crate) fn make_cgroup(
     }
 }
 
-/// Waits for each pending sandbox's agent and re-identifies it. On failure, every
-/// sandbox of the batch is killed: a spawn gives all of them or none.
+/// Threads that wait for agents and apply identities in parallel (the guests boot
+/// concurrently; each identity costs a vsock round trip through the guest kernel).
+const READY_WORKERS: usize = 16;
+
+/// Waits for one pending sandbox's agent and re-identifies it.
+fn make_ready(p: &Pending, started: Instant) -> Result<SpawnedSandbox, SpawnError> {
+    let client = AgentClient::vsock_uds(p.record.vsock(), AGENT_PORT);
+    let pid = p.record.pid;
+    let gone = || (!crate::registry::vmm_alive(pid)).then(|| "exited".to_string());
+    if let Err(why) = wait_for_agent(&client, READY_TIMEOUT, &gone) {
+        return Err(SpawnError::NotReady {
+            id: p.record.id.clone(),
+            pid,
+            exited: why.is_some(),
+            console: console_tail(&p.record),
+        });
+    }
+    apply_identity(&client, &p.record.id).map_err(|source| SpawnError::Identity { id: p.record.id.clone(), source })?;
+    Ok(SpawnedSandbox { record: p.record.clone(), client, ready_ms: started.elapsed().as_secs_f64() * 1e3 })
+}
+
+/// Waits for every pending sandbox's agent and re-identifies it, in parallel. On
+/// failure, every sandbox of the batch is killed: a spawn gives all of them or none.
 pub(crate) fn finish(
     registry: &Registry,
     pending: Vec<Pending>,
     started: Instant,
 ) -> Result<Vec<SpawnedSandbox>, SpawnError> {
+    let workers = READY_WORKERS.min(pending.len()).max(1);
+    let mut results: Vec<Option<Result<SpawnedSandbox, SpawnError>>> = (0..pending.len()).map(|_| None).collect();
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|w| {
+                let pending = &pending;
+                scope.spawn(move || {
+                    (w..pending.len())
+                        .step_by(workers)
+                        .map(|i| (i, make_ready(&pending[i], started)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for h in handles {
+            for (i, r) in h.join().unwrap_or_default() {
+                results[i] = Some(r);
+            }
+        }
+    });
     let mut out = Vec::new();
     let mut failure = None;
-    for p in &pending {
-        let client = AgentClient::vsock_uds(&p.record.vsock(), AGENT_PORT);
-        let pid = p.record.pid;
-        let gone = || (!crate::registry::vmm_alive(pid)).then(|| "exited".to_string());
-        if let Err(why) = wait_for_agent(&client, READY_TIMEOUT, &gone) {
-            failure = Some(SpawnError::NotReady {
-                id: p.record.id.clone(),
-                pid,
-                exited: why.is_some(),
-                console: console_tail(&p.record),
-            });
-            break;
+    for r in results {
+        match r {
+            Some(Ok(s)) => out.push(s),
+            Some(Err(e)) => {
+                failure.get_or_insert(e);
+            }
+            None => {
+                failure.get_or_insert(SpawnError::Worker);
+            }
         }
-        if let Err(source) = apply_identity(&client, &p.record.id) {
-            failure = Some(SpawnError::Identity { id: p.record.id.clone(), source });
-            break;
-        }
-        let ready_ms = started.elapsed().as_secs_f64() * 1e3;
-        out.push(SpawnedSandbox { record: p.record.clone(), client, ready_ms });
     }
     if let Some(e) = failure {
         for p in &pending {

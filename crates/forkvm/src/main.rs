@@ -3,6 +3,7 @@
 mod bench_boot;
 mod bench_branch;
 mod bench_fork;
+mod bench_spawn;
 mod doctor;
 mod fork_cmd;
 mod image_cmd;
@@ -62,6 +63,8 @@ enum BenchCommand {
     Boot(bench_boot::BenchBootArgs),
     /// BRANCH pause windows, full vs live, while the guest dirties memory.
     Branch(bench_branch::BenchBranchArgs),
+    /// N Linux sandboxes from a tag until each answered an eval, against cold boots.
+    Spawn(bench_spawn::BenchSpawnArgs),
 }
 
 /// The error and its causes, skipping a cause whose text the message already contains
@@ -92,6 +95,7 @@ fn main() {
         Command::Bench(BenchCommand::Fork(a)) => bench_fork::run(a),
         Command::Bench(BenchCommand::Boot(a)) => bench_boot::run(a),
         Command::Bench(BenchCommand::Branch(a)) => bench_branch::run(a),
+        Command::Bench(BenchCommand::Spawn(a)) => bench_spawn::run(a),
         Command::Run(a) => run_cmd::run(a),
         Command::Snapshot(a) => snapshot_cmd::run(a),
         Command::Ps(a) => sandbox_cmd::ps(a),

@@ -22,15 +22,17 @@ fn start_vmm(dir: &Path, faults: bool) -> (Child, ControlClient) {
     if faults {
         cmd.env("FORKVM_FAULT_INJECTION", "1");
     }
-    let child = cmd.spawn().unwrap();
+    let mut child = cmd.spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    while Instant::now() < deadline {
         if let Ok(c) = ControlClient::connect(&socket) {
             return (child, c);
         }
-        assert!(Instant::now() < deadline, "the VMM never served its socket");
         std::thread::sleep(Duration::from_millis(2));
     }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("the VMM never served its socket");
 }
 
 #[test]

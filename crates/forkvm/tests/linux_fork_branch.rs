@@ -135,22 +135,28 @@ fn a_warm_variable_reaches_every_child_and_changes_stay_private() {
 fn clones_never_share_random_bytes_ids_or_hostnames() {
     let env = Env::new();
     env.tag("python", "py");
-    let probe = "import os, socket\n(socket.gethostname(), os.urandom(16).hex())";
+    // The kernel CRNG, Python's `random` and numpy's global generator were all seeded
+    // before the snapshot: each clone must draw its own numbers from every one of them.
+    let probe = "import os, random, socket, numpy\n\
+                 '|'.join([socket.gethostname(), os.urandom(16).hex(), repr(random.random()), repr(numpy.random.rand())])";
     let shell = "hostname; head -c 16 /dev/urandom | od -An -tx1";
     let report = env.json(&["fork", "--tag", "py", "-n", "3", "--eval", probe, "--exec", shell, "--json", "--rm"]);
     let mut seen = std::collections::HashSet::new();
     for s in report["sandboxes"].as_array().unwrap() {
         let id = s["sandbox_id"].as_str().unwrap();
-        let value = s["eval"]["value_repr"].as_str().unwrap();
-        assert!(value.starts_with(&format!("('sb-{id}', '")), "{value}");
+        let value = s["eval"]["value_repr"].as_str().unwrap().trim_matches('\'');
+        let parts: Vec<&str> = value.split('|').collect();
+        assert_eq!(parts.len(), 4, "{value}");
+        assert_eq!(parts[0], format!("sb-{id}"));
         let stdout = s["exec"]["stdout"].as_str().unwrap();
         let mut lines = stdout.lines();
         assert_eq!(lines.next(), Some(format!("sb-{id}").as_str()));
-        for sample in [value.to_string(), lines.next().unwrap().to_string(), id.to_string()] {
-            assert!(seen.insert(sample.clone()), "two clones share {sample}");
+        let urandom = lines.next().unwrap().to_string();
+        for sample in [id.to_string(), urandom, parts[1].into(), parts[2].into(), parts[3].into()] {
+            assert!(seen.insert(sample.clone()), "two clones share {sample}: {report}");
         }
     }
-    assert_eq!(seen.len(), 9);
+    assert_eq!(seen.len(), 15);
     assert!(env.sandboxes().is_empty(), "--rm left sandboxes running");
 }
 

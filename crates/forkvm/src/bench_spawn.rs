@@ -1,0 +1,149 @@
+//! `forkvm bench spawn -n 100 --tag T`: N Linux sandboxes from a tagged snapshot, each
+//! until it answered an eval, against cold boots of the same template in the same run.
+//!
+//! * `host_spawn_ms`: forking the N VMM processes from the zygote (host side only).
+//! * `all_identified_ms`: until every sandbox's agent answered and took its identity.
+//! * `all_ready_ms`: until every sandbox also answered one eval (`--eval`, default `1+1`)
+//!   — the number the issue asks for.
+//! * `pss_kib_per_child`, `private_kib_per_child`: medians over the VMM processes.
+//! * `cold_boot_ms`: cold boots of the template (kernel boot → agent → warm-up → first
+//!   eval), `--cold` of them (each takes 35–100 s on PVM hosts, so the default is 1), and
+//!   the speedup per sandbox: cold boot / (all_ready / N).
+
+use crate::bench_fork::{machine, median};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use forkvm_sandbox::template_snapshot::boot_to_agent;
+use forkvm_sandbox::{spawn, Artifacts, Registry, SpawnOptions, SpawnSource};
+use forkvm_snapshot::Store;
+use serde_json::json;
+use std::time::Instant;
+
+#[derive(Args, Debug)]
+pub struct BenchSpawnArgs {
+    /// Sandboxes to spawn.
+    #[arg(short = 'n', long, default_value_t = 100)]
+    pub count: usize,
+    /// Tag to spawn from (`forkvm snapshot create --image python --tag T`).
+    #[arg(long)]
+    pub tag: String,
+    /// Python code every sandbox evaluates to count as ready.
+    #[arg(long, default_value = "1+1")]
+    pub eval: String,
+    /// Cold boots of the tag's template to compare with.
+    #[arg(long, default_value_t = 1)]
+    pub cold: usize,
+    /// Print JSON only.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn r1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+/// Evaluates `code` in every sandbox, 16 at a time; returns the time every one answered.
+fn eval_all(sandboxes: &[forkvm_sandbox::SpawnedSandbox], code: &str, started: Instant) -> Result<f64> {
+    let workers = 16.min(sandboxes.len()).max(1);
+    let failures: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|w| {
+                scope.spawn(move || {
+                    let mut bad = Vec::new();
+                    for sb in sandboxes.iter().skip(w).step_by(workers) {
+                        match sb.client.eval(code) {
+                            Ok(r) if matches!(r.outcome, forkvm_proto::EvalOutcome::Value { .. }) => {}
+                            Ok(r) => bad.push(format!("{}: {:?}", sb.record.id, r.outcome)),
+                            Err(e) => bad.push(format!("{}: {e}", sb.record.id)),
+                        }
+                    }
+                    bad
+                })
+            })
+            .collect();
+        handles.into_iter().flat_map(|h| h.join().unwrap_or_else(|_| vec!["eval worker panicked".into()])).collect()
+    });
+    if !failures.is_empty() {
+        bail!("{} sandboxes failed the eval: {}", failures.len(), failures.join("; "));
+    }
+    Ok(started.elapsed().as_secs_f64() * 1e3)
+}
+
+pub fn run(a: BenchSpawnArgs) -> Result<i32> {
+    let store = Store::open_default();
+    let source = SpawnSource::from_tag(&store, &a.tag)?;
+    let template = source.template().map(String::from);
+    // A private registry: the bench's sandboxes never mix with the user's.
+    let run_root = std::env::temp_dir().join(format!("forkvm-bench-spawn-{}", std::process::id()));
+    let registry = Registry::open(&run_root);
+    let started = Instant::now();
+    let (sandboxes, timings) = spawn(&registry, &source, a.count, &SpawnOptions::default())?;
+    let all_ready_ms = eval_all(&sandboxes, &a.eval, started);
+    let mut pss = Vec::new();
+    let mut private = Vec::new();
+    for sb in &sandboxes {
+        if let Ok(m) = crate::procstat::mem_usage(sb.record.pid) {
+            pss.push(m.pss_kib as f64);
+            private.push(m.private_kib as f64);
+        }
+    }
+    let first_ready_ms = sandboxes.iter().map(|s| s.ready_ms).fold(f64::INFINITY, f64::min);
+    for sb in &sandboxes {
+        let _ = forkvm_sandbox::lifecycle::kill_record(&registry, &sb.record);
+    }
+    let _ = std::fs::remove_dir_all(&run_root);
+    let all_ready_ms = all_ready_ms?;
+
+    let mut cold = Vec::new();
+    if a.cold > 0 {
+        let Some(name) = &template else { bail!("tag {} does not name its template; use --cold 0", a.tag) };
+        let artifacts = Artifacts::ensure(name, &mut |_| {})?;
+        for i in 0..a.cold {
+            let work = std::env::temp_dir().join(format!("forkvm-bench-spawn-cold-{}-{i}", std::process::id()));
+            let t = Instant::now();
+            let (mut vmm, client, _console) = boot_to_agent(&artifacts, &work).context("cold boot")?;
+            if let Some(code) = &artifacts.image.warmup_eval {
+                client.eval(code).context("cold boot warm-up")?;
+            }
+            client.eval(&a.eval).context("cold boot eval")?;
+            cold.push(t.elapsed().as_secs_f64() * 1e3);
+            vmm.stop();
+            let _ = std::fs::remove_dir_all(&work);
+        }
+    }
+    let cold_ms = if cold.is_empty() { None } else { Some(median(&mut cold.clone())) };
+    let n = a.count as f64;
+    let report = json!({
+        "bench": "spawn",
+        "command": format!("forkvm bench spawn -n {} --tag {} --cold {} --json", a.count, a.tag, a.cold),
+        "machine": machine(),
+        "tag": a.tag,
+        "template": template,
+        "n": a.count,
+        "prepare_ms": r1(timings.prepare_ms),
+        "host_spawn_ms": r1(timings.host_spawn_ms),
+        "host_spawn_ms_per_child": (timings.host_spawn_ms / n * 1000.0).round() / 1000.0,
+        "first_ready_ms": r1(first_ready_ms),
+        "all_identified_ms": r1(timings.all_ready_ms),
+        "all_ready_ms": r1(all_ready_ms),
+        "pss_kib_per_child": median(&mut pss),
+        "private_kib_per_child": median(&mut private),
+        "cold_boots": cold.len(),
+        "cold_boot_ms": cold.iter().map(|c| r1(*c)).collect::<Vec<_>>(),
+        "cold_boot_median_ms": cold_ms.map(r1),
+        "speedup_per_sandbox": cold_ms.map(|c| r1(c / (all_ready_ms / n))),
+        "speedup_first_sandbox": cold_ms.map(|c| r1(c / first_ready_ms)),
+    });
+    if !a.json {
+        eprintln!(
+            "{} sandboxes of {}: host spawn {:.1} ms, all ready {:.0} ms, {:.0} KiB private each",
+            a.count,
+            a.tag,
+            timings.host_spawn_ms,
+            all_ready_ms,
+            report["private_kib_per_child"].as_f64().unwrap_or(0.0)
+        );
+    }
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(0)
+}
