@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use vm_memory::{Bytes, GuestAddress};
 
 /// Steps of the `count` guest: long enough to branch mid-run (~1 s natively).
-const STEPS: u64 = 600_000_000;
+const STEPS: u64 = 300_000_000;
 
 fn request(store: &Path, tag: Option<&str>, mode: BranchMode) -> BranchRequest {
     BranchRequest { store: store.to_path_buf(), tag: tag.map(Into::into), mode, wait: true }
