@@ -3,9 +3,10 @@
 //!
 //! Boot order (each step needs the ones before it):
 //! 1. Allocate guest memory (private anonymous).
-//! 2. Create the VM and its interrupt controllers (kernel or split irqchip; PIT with the
-//!    kernel irqchip) — KVM requires them before any vCPU exists.
-//! 3. Register guest memory with KVM.
+//! 2. Create the VM and register guest memory with KVM.
+//! 3. Create its interrupt controllers (kernel or split irqchip; PIT with the kernel
+//!    irqchip) — KVM requires them before any vCPU exists; after the memory, because on
+//!    PVM hosts a memory slot added to a VM with KVM's full irqchip costs milliseconds.
 //! 4. Load the payload: a Linux kernel (boot params, e820, command line, initrd) or a flat
 //!    test-guest image and its argument block.
 //! 5. Write the boot GDT, an empty IDT and the identity page tables.
@@ -15,8 +16,8 @@
 //! 8. Start the vCPU threads.
 //!
 //! Restore order: read and check the snapshot ([`PreparedSnapshot`], once per snapshot,
-//! shared by every child of a fork); then per VM: create the VM and irqchip (2), map
-//! `memory.img` copy-on-write and register it (1, 3), restore the devices (6), create the
+//! shared by every child of a fork); then per VM: map `memory.img` copy-on-write (1),
+//! create the VM, register the memory, create the irqchip (2, 3), restore the devices (6), create the
 //! vCPUs and load their saved state (7), restore the in-kernel irqchip, PIT and clock,
 //! start the threads (8).
 
@@ -125,8 +126,7 @@ pub fn boot(kvm: &Kvm, config: BootConfig) -> Result<Vmm, BuildError> {
         return Err(BuildError::VcpuCount { got: vcpu_count, max: crate::persist::MAX_VCPUS });
     }
     let mem = memory::anonymous(config.mem_size)?;
-    let vm = Vm::create(kvm, config.irqchip)?;
-    vm.register_memory(&mem)?;
+    let vm = Vm::create_with_memory(kvm, config.irqchip, &mem)?;
     let extra_cmdline = format!("{} {}", config.devices.cmdline(), config.cpu_template.linux_cmdline());
     let (entry, guest) = load_payload(&mem, config.mem_size, &config.payload, &extra_cmdline)?;
     regs::write_boot_tables(&mem).map_err(|source| BuildError::WriteGuest { what: "boot GDT", source })?;
@@ -360,10 +360,8 @@ pub(crate) fn restore_state(
     start_paused: bool,
     mut timer: PhaseTimer,
 ) -> Result<Vmm, BuildError> {
-    let vm = Vm::create(kvm, state.irqchip_mode)?;
-    timer.mark("create_vm");
-    vm.register_memory(&mem)?;
-    timer.mark("register_memory");
+    let vm = Vm::create_with_memory(kvm, state.irqchip_mode, &mem)?;
+    timer.mark("create_vm_and_memory");
     let device_config = devices.clone();
     let devices = attach_devices(&vm, &mem, console, devices, Some(&state.devices))?;
     let (events_tx, events) = channel();

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use vm_memory::{Bytes, GuestAddress};
 
 /// Steps of the `count` guest: long enough to branch mid-run (~1 s natively).
-const STEPS: u64 = 300_000_000;
+const STEPS: u64 = 600_000_000;
 
 fn request(store: &Path, tag: Option<&str>, mode: BranchMode) -> BranchRequest {
     BranchRequest { store: store.to_path_buf(), tag: tag.map(Into::into), mode, wait: true }
@@ -61,7 +61,8 @@ fn branch_mid_computation(mode: BranchMode) {
     wait_counting(&vmm, &mut console);
     let report = vmm.branch(&request(store.path(), Some("mid"), mode)).unwrap();
     assert_eq!(report.status, SnapshotStatus::Ready);
-    assert_eq!(vmm.state(), RunState::Running);
+    // Resumed: running, or already finished if the writer took longer than the guest.
+    assert_ne!(vmm.state(), RunState::Paused);
     let at_branch = image_counter(&report.dir);
     assert!(at_branch > 0 && at_branch < STEPS, "{mode:?}: branched at step {at_branch}, not mid-run");
     // The source carries on and finishes exactly as an uninterrupted run would.

@@ -117,9 +117,11 @@ fn one_config(store: &Path, mem_mib: u64, mode: BranchMode, runs: usize) -> Resu
     let passes_per_s = (generation(&vmm) - g0) as f64 / t0.elapsed().as_secs_f64();
     let (mut pause, mut ret, mut complete, mut allocated) = (Vec::new(), Vec::new(), Vec::new(), 0);
     let mut phases: Vec<(String, Vec<f64>)> = Vec::new();
+    let mut huge_kib = Vec::new();
     for i in 0..runs {
         let tag = format!("bench-{mem_mib}-{mode:?}-{i}").to_lowercase();
         let wait = mode == BranchMode::Full;
+        huge_kib.push(anon_huge_kib());
         let started = Instant::now();
         let r = vmm
             .branch(&BranchRequest { store: store.to_path_buf(), tag: Some(tag), mode, wait })
@@ -146,6 +148,8 @@ fn one_config(store: &Path, mem_mib: u64, mode: BranchMode, runs: usize) -> Resu
         "mem_mib": mem_mib,
         "mode": mode,
         "wait": mode == BranchMode::Full,
+        "first_pause_ms": (pause.first().copied().unwrap_or(0.0) * 1000.0).round() / 1000.0,
+        "anon_huge_kib_before_first_and_last": [huge_kib.first(), huge_kib.last()],
         "pause_ms": stats(pause),
         "pause_phases_p50_ms": phases
             .into_iter()
@@ -159,6 +163,17 @@ fn one_config(store: &Path, mem_mib: u64, mode: BranchMode, runs: usize) -> Resu
         "memory_bytes_allocated": allocated,
         "guest_passes_per_s": (passes_per_s * 10.0).round() / 10.0,
     }))
+}
+
+/// Transparent huge pages of this process (the guest memory): a live branch's `fork()`
+/// is cheap over huge pages, and copy-on-write after it splits the ones the guest writes.
+fn anon_huge_kib() -> u64 {
+    let text = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap_or_default();
+    text.lines()
+        .find(|l| l.starts_with("AnonHugePages:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 fn fs_type(path: &Path) -> String {

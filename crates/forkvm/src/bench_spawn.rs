@@ -1,7 +1,11 @@
 //! `forkvm bench spawn -n 100 --tag T`: N Linux sandboxes from a tagged snapshot, each
 //! until it answered an eval, against cold boots of the same template in the same run.
 //!
-//! * `host_spawn_ms`: forking the N VMM processes from the zygote (host side only).
+//! * `host_spawn_ms`: wall time of the zygote's loop forking the N VMM processes (the
+//!   children that already run compete with it for the CPUs).
+//! * `host_restore_ms_per_child`: the host-side CPU work of one restore (VM, memory,
+//!   devices, vCPUs, irqchip, threads), median over the children, as each VMM measured it
+//!   (`host_restore_phases_us` per step).
 //! * `all_identified_ms`: until every sandbox's agent answered and took its identity.
 //! * `all_ready_ms`: until every sandbox also answered one eval (`--eval`, default `1+1`)
 //!   — the number the issue asks for.
@@ -16,6 +20,7 @@ use clap::Args;
 use forkvm_sandbox::template_snapshot::boot_to_agent;
 use forkvm_sandbox::{spawn, Artifacts, Registry, SpawnOptions, SpawnSource};
 use forkvm_snapshot::Store;
+use forkvm_vmm::control::{ControlClient, Request};
 use serde_json::json;
 use std::time::Instant;
 
@@ -87,6 +92,23 @@ pub fn run(a: BenchSpawnArgs) -> Result<i32> {
             private.push(m.private_kib as f64);
         }
     }
+    // Host-side CPU of each restore, step by step, as its VMM measured it.
+    let mut restore_us: Vec<f64> = Vec::new();
+    let mut phase_us: Vec<(String, Vec<f64>)> = Vec::new();
+    for sb in &sandboxes {
+        let Ok(mut ctl) = ControlClient::connect(&sb.record.control_socket()) else { continue };
+        let Ok(status) = ctl.call(&Request::Status {}) else { continue };
+        let Ok(phases) = serde_json::from_value::<Vec<(String, f64)>>(status["restore_phases_us"].clone()) else {
+            continue;
+        };
+        restore_us.push(phases.iter().map(|(_, us)| us).sum());
+        for (name, us) in phases {
+            match phase_us.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, v)) => v.push(us),
+                None => phase_us.push((name, vec![us])),
+            }
+        }
+    }
     let first_ready_ms = sandboxes.iter().map(|s| s.ready_ms).fold(f64::INFINITY, f64::min);
     for sb in &sandboxes {
         let _ = forkvm_sandbox::lifecycle::kill_record(&registry, &sb.record);
@@ -123,6 +145,11 @@ pub fn run(a: BenchSpawnArgs) -> Result<i32> {
         "prepare_ms": r1(timings.prepare_ms),
         "host_spawn_ms": r1(timings.host_spawn_ms),
         "host_spawn_ms_per_child": (timings.host_spawn_ms / n * 1000.0).round() / 1000.0,
+        "host_restore_ms_per_child": (median(&mut restore_us) / 10.0).round() / 100.0,
+        "host_restore_phases_us": phase_us
+            .into_iter()
+            .map(|(name, mut v)| (name, json!(median(&mut v).round())))
+            .collect::<serde_json::Map<_, _>>(),
         "first_ready_ms": r1(first_ready_ms),
         "all_identified_ms": r1(timings.all_ready_ms),
         "all_ready_ms": r1(all_ready_ms),

@@ -419,6 +419,7 @@ impl Vmm {
         // SAFETY: the child runs only `write_image` (positional writes, fsync) and `_exit`;
         // it takes no lock another thread of this process could hold and allocates nothing.
         let pid = unsafe { libc::fork() };
+
         if pid < 0 {
             let e = std::io::Error::last_os_error();
             let _ = std::fs::remove_dir_all(&final_dir);
@@ -429,6 +430,11 @@ impl Vmm {
             let keep = image.as_raw_fd() as u32;
             crate::zygote::close_fds(3, keep - 1);
             crate::zygote::close_fds(keep + 1, u32::MAX);
+            // The writer uses idle CPU only: the source VM, running again, comes first.
+            let param = libc::sched_param { sched_priority: 0 };
+            // SAFETY: changes this (single-threaded) process's scheduling class; `param`
+            // is a valid pointer for the call.
+            unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
             let code = write_image(&image, &regions, fault, stall);
             // SAFETY: leaves the forked copy without running the parent's destructors.
             unsafe { libc::_exit(code) }

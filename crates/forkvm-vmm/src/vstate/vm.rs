@@ -60,6 +60,19 @@ impl Vm {
         Ok(Vm { fd: Arc::new(fd), irqchip, payload_events })
     }
 
+    /// Creates the VM with `mem` registered *before* the interrupt controllers: on PVM
+    /// hosts adding a memory slot to a VM that already has KVM's full irqchip costs
+    /// milliseconds, adding it first costs what it does with the split one.
+    pub fn create_with_memory(kvm: &Kvm, irqchip: IrqchipMode, mem: &GuestMemoryMmap) -> Result<Vm, VmError> {
+        let fd = kvm.create_vm().map_err(VmError::Create)?;
+        fd.set_tss_address(TSS_ADDRESS).map_err(VmError::TssAddress)?;
+        let payload_events = enable_exception_payload(&fd)?;
+        let vm = Vm { fd: Arc::new(fd), irqchip, payload_events };
+        vm.register_memory(mem)?;
+        irqchip.create(&vm.fd)?;
+        Ok(vm)
+    }
+
     /// Registers every region of `mem` as a KVM memory slot.
     pub fn register_memory(&self, mem: &GuestMemoryMmap) -> Result<(), VmError> {
         for (slot, region) in mem.iter().enumerate() {
