@@ -104,6 +104,9 @@ pub struct VmmStatus {
     /// Microseconds per restore step, when this VM was restored from a snapshot.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub restore_phases_us: Vec<(String, f64)>,
+    /// CPU time the restore took on the host (the phases are wall time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_cpu_us: Option<f64>,
     pub labels: VmmLabels,
     /// Tags of live branches still being written.
     #[serde(default)]
@@ -148,6 +151,7 @@ pub struct Vmm {
     cpu_template: CpuTemplate,
     state: RunState,
     restore_phases_us: Vec<(String, f64)>,
+    restore_cpu_us: Option<f64>,
     device_config: DeviceConfig,
     labels: VmmLabels,
     faults: FaultPlan,
@@ -180,6 +184,7 @@ impl Vmm {
             cpu_template,
             state,
             restore_phases_us: Vec::new(),
+            restore_cpu_us: None,
             device_config,
             labels: VmmLabels::default(),
             faults: FaultPlan::default(),
@@ -206,8 +211,9 @@ impl Vmm {
         &self.device_config
     }
 
-    pub(crate) fn set_restore_phases(&mut self, phases: Vec<(String, f64)>) {
+    pub(crate) fn set_restore_phases(&mut self, phases: Vec<(String, f64)>, cpu_us: f64) {
         self.restore_phases_us = phases;
+        self.restore_cpu_us = Some(cpu_us);
     }
 
     pub fn exit_latch(&self) -> Arc<ExitLatch> {
@@ -242,6 +248,7 @@ impl Vmm {
             exit: self.exit.get().map(|r| format!("{r:?}")),
             emulation_fixups: crate::vstate::emulation::counts().into_iter().map(|(k, n)| (k.to_string(), n)).collect(),
             restore_phases_us: self.restore_phases_us.clone(),
+            restore_cpu_us: self.restore_cpu_us,
             labels: self.labels.clone(),
             branches_writing: self.live_writes.iter().filter(|w| !w.is_finished()).map(|w| w.tag.clone()).collect(),
         }
