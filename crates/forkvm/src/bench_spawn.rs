@@ -2,7 +2,8 @@
 //! until it answered an eval, against cold boots of the same template in the same run.
 //!
 //! * `host_spawn_ms`: wall time of the zygote's loop forking the N VMM processes (the
-//!   children that already run compete with it for the CPUs).
+//!   children that already run compete with it for the CPUs); `host_spawn_cpu_ms_per_child`
+//!   the zygote's CPU time per child in that loop.
 //! * `host_restore_ms_per_child`: the host-side CPU work of one restore (VM, memory,
 //!   devices, vCPUs, irqchip, threads), median over the children, as each VMM measured it:
 //!   wall time (`host_restore_phases_us` per step; includes waiting for a CPU while the
@@ -150,6 +151,7 @@ pub fn run(a: BenchSpawnArgs) -> Result<i32> {
         "prepare_ms": r1(timings.prepare_ms),
         "host_spawn_ms": r1(timings.host_spawn_ms),
         "host_spawn_ms_per_child": (timings.host_spawn_ms / n * 1000.0).round() / 1000.0,
+        "host_spawn_cpu_ms_per_child": (timings.host_spawn_cpu_ms / n * 1000.0).round() / 1000.0,
         "host_restore_ms_per_child": (median(&mut restore_us) / 10.0).round() / 100.0,
         "host_restore_cpu_ms_per_child": (median(&mut restore_cpu_us) / 10.0).round() / 100.0,
         "host_restore_phases_us": phase_us
