@@ -5,5 +5,6 @@
 //!   the content hash of those inputs, booted as an ELF `vmlinux`.
 //! * [`rootfs`]: root filesystem images built from templates (DESIGN.md §3).
 
+pub mod cache_lock;
 pub mod kernel;
 pub mod rootfs;

@@ -185,6 +185,16 @@ pub fn ensure_template_snapshot(artifacts: Artifacts) -> Result<TemplateSnapshot
     if forkvm_snapshot::SnapshotDir::open(&dir).is_ok() {
         return Ok(TemplateSnapshot::new(dir, key, artifacts, None));
     }
+    // One boot per template snapshot: others wait here, then find its result.
+    let lock_path = artifacts.cache.join("snapshots").join(format!(".{}-{key}.lock", artifacts.image.name));
+    let _lock = forkvm_image::cache_lock::CacheLock::take(
+        &lock_path,
+        &mut || tracing::info!(template = %artifacts.image.name, "another process is booting this template; waiting"),
+    )
+    .map_err(|source| TemplateSnapshotError::Io { path: lock_path.clone(), source })?;
+    if forkvm_snapshot::SnapshotDir::open(&dir).is_ok() {
+        return Ok(TemplateSnapshot::new(dir, key, artifacts, None));
+    }
     let work = artifacts.cache.join("snapshots").join(format!(".boot-{}-{}", artifacts.image.name, std::process::id()));
     let started = Instant::now();
     let (mut vmm, client, _console) = boot_to_agent(&artifacts, &work)?;

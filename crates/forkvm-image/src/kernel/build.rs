@@ -3,7 +3,6 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Write};
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -304,40 +303,19 @@ fn is_elf(path: &Path) -> bool {
     File::open(path).and_then(|mut f| io::Read::read_exact(&mut f, &mut magic)).is_ok() && magic == *b"\x7fELF"
 }
 
-/// An exclusive `flock` on `<key>.lock`, released when dropped (the file is closed).
+/// An exclusive lock on `<key>.lock` (see [`crate::cache_lock`]).
 #[derive(Debug)]
 struct Lock {
-    _file: File,
+    _lock: crate::cache_lock::CacheLock,
 }
 
 impl Lock {
     fn take(path: &Path, progress: &mut dyn FnMut(BuildEvent)) -> Result<Lock, KernelError> {
-        let err = |source| KernelError::Lock { path: path.to_path_buf(), source };
-        let file = OpenOptions::new().create(true).truncate(false).write(true).open(path).map_err(err)?;
-        match flock(&file, libc::LOCK_EX | libc::LOCK_NB) {
-            Ok(()) => return Ok(Lock { _file: file }),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(err(e)),
-        }
-        progress(BuildEvent::Waiting { lock: path.to_path_buf() });
-        loop {
-            match flock(&file, libc::LOCK_EX) {
-                Ok(()) => return Ok(Lock { _file: file }),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(err(e)),
-            }
-        }
-    }
-}
-
-fn flock(file: &File, op: libc::c_int) -> io::Result<()> {
-    // SAFETY: flock(2) takes a descriptor number and an operation and touches no memory of
-    // ours; `file` keeps the descriptor open for the duration of the call.
-    let r = unsafe { libc::flock(file.as_raw_fd(), op) };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
+        let lock = crate::cache_lock::CacheLock::take(path, &mut || {
+            progress(BuildEvent::Waiting { lock: path.to_path_buf() })
+        })
+        .map_err(|source| KernelError::Lock { path: path.to_path_buf(), source })?;
+        Ok(Lock { _lock: lock })
     }
 }
 
@@ -388,18 +366,6 @@ mod tests {
         let e = ensure_kernel_at(&p, &mut |_| {}).unwrap_err();
         assert!(matches!(e, KernelError::FragmentSyntax { line: 2, .. }), "{e:?}");
         assert!(!p.paths().build_dir().exists());
-    }
-
-    #[test]
-    fn lock_is_exclusive_and_released_on_drop() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("k.lock");
-        let held = Lock::take(&path, &mut |_| {}).unwrap();
-        let other = OpenOptions::new().write(true).open(&path).unwrap();
-        let e = flock(&other, libc::LOCK_EX | libc::LOCK_NB).unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
-        drop(held);
-        flock(&other, libc::LOCK_EX | libc::LOCK_NB).unwrap();
     }
 
     #[test]

@@ -67,12 +67,26 @@ pub fn ensure_image(template_path: &Path, agent_bin: &Path, cache: &Path) -> Res
     let key = image_key(&text, &agent);
     let dir = cache.join("images").join(format!("{}-{key}", template.name));
     let meta_path = dir.join("image.json");
-    if let Ok(bytes) = std::fs::read(&meta_path) {
-        if let Ok(img) = serde_json::from_slice::<BuiltImage>(&bytes) {
-            if img.rootfs.exists() {
-                return Ok(img);
-            }
-        }
+    let built = || {
+        let img = serde_json::from_slice::<BuiltImage>(&std::fs::read(&meta_path).ok()?).ok()?;
+        img.rootfs.exists().then_some(img)
+    };
+    if let Some(img) = built() {
+        return Ok(img);
+    }
+    // One builder per image: others wait here, then find its result.
+    let lock_path = cache.join("images").join(format!(".{}-{key}.lock", template.name));
+    let _lock = crate::cache_lock::CacheLock::take(
+        &lock_path,
+        &mut || tracing::info!(image = %template.name, "another process is building this image; waiting"),
+    )
+    .map_err(|source| RootfsError::Stage {
+        dir: lock_path.clone(),
+        step: "taking the build lock".into(),
+        source,
+    })?;
+    if let Some(img) = built() {
+        return Ok(img);
     }
     let work = cache.join("images").join(format!(".{}-{key}.tmp", template.name));
     let _ = std::fs::remove_dir_all(&work);
