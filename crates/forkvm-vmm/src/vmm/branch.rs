@@ -251,7 +251,8 @@ impl Vmm {
                     }
                     _ => {
                         let source = VmmError::Disk("the live branch writer thread panicked".into());
-                        return Err(BranchError::Snapshot { source, disk_full: false, resumed: String::new() });
+                        let resumed = "the source VM was resumed".to_string();
+                        return Err(BranchError::Snapshot { source, disk_full: false, resumed });
                     }
                 }
             } else {
