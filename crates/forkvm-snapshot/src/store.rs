@@ -23,6 +23,8 @@ pub enum StoreError {
     NotFound { tag: String, store: PathBuf },
     #[error("snapshot {tag:?} is still being written; it can be used once it is ready")]
     Writing { tag: String },
+    #[error("snapshot {tag:?} was being written by process {pid}, which is gone: it will never be ready (`forkvm snapshot sweep` removes it)")]
+    Abandoned { tag: String, pid: u32 },
     #[error("snapshot {tag:?} already exists in {store}")]
     Exists { tag: String, store: PathBuf },
     #[error("snapshot {tag:?}: {source}")]
@@ -36,7 +38,7 @@ impl StoreError {
     pub fn code(&self) -> &'static str {
         match self {
             StoreError::NotFound { .. } => "not_found",
-            StoreError::Writing { .. } | StoreError::Exists { .. } => "conflict",
+            StoreError::Writing { .. } | StoreError::Exists { .. } | StoreError::Abandoned { .. } => "conflict",
             StoreError::BadTag(_) => "bad_request",
             _ => "internal",
         }
@@ -114,7 +116,13 @@ impl Store {
             Err(DirError::NotFound(_)) => {
                 Err(StoreError::NotFound { tag: tag.to_string(), store: self.snapshots_dir() })
             }
-            Err(DirError::StillWriting(_)) => Err(StoreError::Writing { tag: tag.to_string() }),
+            Err(DirError::StillWriting(_)) => {
+                let writer = read_meta(&dir.join(SNAPSHOT_JSON)).ok().and_then(|m| m.writer_pid);
+                match writer {
+                    Some(pid) if !process_alive(pid) => Err(StoreError::Abandoned { tag: tag.to_string(), pid }),
+                    _ => Err(StoreError::Writing { tag: tag.to_string() }),
+                }
+            }
             Err(source) => Err(StoreError::Invalid { tag: tag.to_string(), source }),
         }
     }
@@ -255,6 +263,9 @@ mod tests {
         put(&store, "live-writer", SnapshotStatus::Writing, Some(std::process::id()));
         // A pid that cannot exist (above the kernel's pid_max limit).
         put(&store, "dead-writer", SnapshotStatus::Writing, Some(u32::MAX - 1));
+        let abandoned = store.lookup("dead-writer").unwrap_err();
+        assert!(matches!(abandoned, StoreError::Abandoned { .. }), "{abandoned}");
+        assert!(abandoned.to_string().contains("snapshot sweep"), "{abandoned}");
         assert_eq!(store.sweep(), ["dead-writer"]);
         assert!(store.lookup("ready").is_ok());
         assert!(matches!(store.lookup("live-writer"), Err(StoreError::Writing { .. })));
