@@ -32,7 +32,7 @@ pub enum SpawnError {
     Zygote(#[from] ZygoteError),
     #[error("memory limit: {0}")]
     Cgroup(#[from] CgroupError),
-    #[error("sandbox {id} (pid {pid}) did not answer within {READY_TIMEOUT:?}{}; its console said: {console}", if *exited { " (its VMM exited)" } else { "" })]
+    #[error("sandbox {id} (pid {pid}) {}; its console said: {console}", if *exited { "stopped before its agent answered".to_string() } else { format!("did not answer within {READY_TIMEOUT:?}") })]
     NotReady { id: String, pid: i32, exited: bool, console: String },
     #[error("sandbox {id}: applying its identity: {source}")]
     Identity { id: String, source: forkvm_proto::ClientError },
@@ -96,7 +96,7 @@ pub(crate) struct Pending {
 /// The last lines of a console log, for error messages.
 pub(crate) fn console_tail(record: &SandboxRecord) -> String {
     let text = std::fs::read_to_string(record.console()).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().rev().take(5).collect();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).rev().take(5).collect();
     lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
 }
 

@@ -147,9 +147,11 @@ impl Owned {
         Ok(Some(group))
     }
 
-    /// Removes the run directory and leaves and removes the cgroup.
-    pub fn release(&self, group: Option<crate::host::cgroup::SandboxCgroup>) {
-        if let Some(dir) = &self.run_dir {
+    /// Leaves and removes the cgroup, and removes the run directory — unless the VMM
+    /// failed: then its console log (which says why) stays for whoever waits for the
+    /// sandbox, and registry sweeps remove it once they see the VMM is gone.
+    pub fn release(&self, group: Option<crate::host::cgroup::SandboxCgroup>, failed: bool) {
+        if let (Some(dir), false) = (&self.run_dir, failed) {
             let _ = std::fs::remove_dir_all(dir);
         }
         if let Some(g) = group {
@@ -200,22 +202,27 @@ impl Zygote {
         let mut error_log = log.as_ref().and_then(|f| f.try_clone().ok());
         let input = spec.console_stream.as_ref().and_then(|s| s.try_clone().ok());
         let console = ConsoleOut::new(log, spec.console_stream.take());
-        let fail = |msg: String, error_log: &mut Option<File>| {
+        let detached = spec.detach;
+        let fail = move |msg: String, error_log: &mut Option<File>| {
             if let Some(f) = error_log.as_mut() {
                 let _ = writeln!(f, "\n[forkvm] {msg}");
             }
-            eprintln!("forkvm child {}: {msg}", std::process::id());
+            if !detached {
+                // A detached child's stderr is the console log, which already has it.
+                eprintln!("forkvm child {}: {msg}", std::process::id());
+            }
             EXIT_RESTORE_FAILED
         };
         let group = match spec.owned.enter() {
             Ok(g) => g,
             Err(e) => {
-                spec.owned.release(None);
-                return fail(format!("joining the sandbox cgroup: {e}"), &mut error_log);
+                let code = fail(format!("joining the sandbox cgroup: {e}"), &mut error_log);
+                spec.owned.release(None, true);
+                return code;
             }
         };
         let code = self.run_child(&spec, console, input, &mut error_log, fail);
-        spec.owned.release(group);
+        spec.owned.release(group, code == EXIT_RESTORE_FAILED);
         code
     }
 

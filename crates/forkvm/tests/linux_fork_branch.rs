@@ -277,3 +277,16 @@ fn a_memory_limit_holds_per_sandbox_and_teardown_leaves_nothing() {
     wait_gone(&group_b);
     assert!(!Path::new(&format!("/proc/{}", sbs[1]["pid"])).exists() || env.sandboxes().is_empty());
 }
+
+#[test]
+fn a_sandbox_that_cannot_start_says_why_and_leaves_nothing() {
+    let env = Env::new();
+    env.tag("tiny", "broken");
+    let disk = env.store.join("snapshots/broken/disk/disk0.img");
+    std::fs::remove_file(&disk).unwrap();
+    let err = env.fails(&["fork", "--tag", "broken", "-n", "2"]);
+    assert!(err.contains("restore failed") && err.contains("disk0.img"), "{err}");
+    assert!(env.sandboxes().is_empty());
+    let left: Vec<_> = std::fs::read_dir(env.run.join("sandboxes")).unwrap().collect();
+    assert!(left.is_empty(), "a failed spawn left run directories: {left:?}");
+}

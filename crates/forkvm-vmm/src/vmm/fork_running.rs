@@ -128,12 +128,13 @@ impl Vmm {
         let group = match owned.enter() {
             Ok(g) => g,
             Err(e) => {
-                owned.release(None);
-                return fail(format!("joining the sandbox cgroup: {e}"), &mut error_log);
+                let code = fail(format!("joining the sandbox cgroup: {e}"), &mut error_log);
+                owned.release(None, true);
+                return code;
             }
         };
         let code = self.serve_child(state, child, log, &mut error_log, fail);
-        owned.release(group);
+        owned.release(group, code == EXIT_RESTORE_FAILED);
         code
     }
 

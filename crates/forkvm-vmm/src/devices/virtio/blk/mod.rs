@@ -44,9 +44,9 @@ pub const S_UNSUPP: u8 = virtio_bindings::virtio_blk::VIRTIO_BLK_S_UNSUPP as u8;
 pub enum BlockError {
     #[error("disk ID {0:?} is longer than {BLOCK_ID_BYTES} bytes")]
     IdTooLong(String),
-    #[error("opening disk image {path}")]
+    #[error("opening disk image {path}: {source}")]
     OpenImage { path: PathBuf, source: std::io::Error },
-    #[error("finding the size of disk image {path}")]
+    #[error("finding the size of disk image {path}: {source}")]
     SizeImage { path: PathBuf, source: std::io::Error },
     #[error("disk image {path} has {actual} sectors, the snapshot expects {saved}")]
     RestoreCapacity { path: PathBuf, saved: u64, actual: u64 },
