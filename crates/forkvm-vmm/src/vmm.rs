@@ -5,7 +5,7 @@ mod branch;
 pub mod fault;
 mod fork_running;
 
-pub use branch::{BranchError, BranchMode, BranchReport, BranchRequest};
+pub use branch::{BranchError, BranchMode, BranchReport, BranchRequest, PendingBranch};
 pub use fork_running::{ForkChild, ForkReport, ForkRunningError};
 
 use crate::arch::x86_64::cpuid::CpuTemplate;

@@ -68,3 +68,31 @@ fn a_crash_while_writing_leaves_no_ready_snapshot() {
     assert_eq!(store.lookup("doomed").unwrap_err().code(), "not_found");
     assert_eq!(std::fs::read_dir(&snapshots).unwrap().count(), 0);
 }
+
+#[test]
+fn a_waited_live_branch_does_not_block_other_requests() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::open(tmp.path().join("store"));
+    let snapshots = store.ensure().unwrap();
+    let (mut vmm, mut ctl) = start_vmm(tmp.path(), true);
+    ctl.call(&Request::InjectFault { point: FaultPoint::StallWriter }).unwrap();
+    let socket = tmp.path().join("vmm.sock");
+    let waiter = std::thread::spawn(move || {
+        let req = BranchRequest { store: snapshots, tag: Some("slow".into()), mode: BranchMode::Live, wait: true };
+        let started = Instant::now();
+        let report = ctl.call(&Request::Branch(req)).unwrap();
+        (report, started.elapsed())
+    });
+    // While the branch's writer stalls (3 s), the VMM answers another connection at once.
+    std::thread::sleep(Duration::from_millis(300));
+    let asked = Instant::now();
+    let status = ControlClient::connect(&socket).unwrap().call(&Request::Status {}).unwrap();
+    assert!(asked.elapsed() < Duration::from_secs(1), "status waited {:?} for the branch", asked.elapsed());
+    assert_eq!(status["branches_writing"], serde_json::json!(["slow"]));
+    let (report, took) = waiter.join().unwrap();
+    assert_eq!(report["status"], "ready");
+    assert!(took >= Duration::from_secs(3), "the waited branch returned before its writer finished");
+    assert!(store.lookup("slow").is_ok());
+    vmm.kill().unwrap();
+    vmm.wait().unwrap();
+}

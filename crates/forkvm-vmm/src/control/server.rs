@@ -142,10 +142,20 @@ fn handle(req: Request, vmm: &Mutex<Vmm>) -> Response {
                 .and_then(|bytes| vmm.send_serial_input(&bytes).map_err(|e| e.to_string()))
                 .map(|_| serde_json::Value::Null),
         ),
-        Request::Branch(req) => match vmm.branch(&req) {
-            Ok(r) => json(serde_json::to_value(r).map_err(|e| e.to_string())),
-            Err(e) => Response::err_code(e.to_string(), e.code()),
-        },
+        Request::Branch(req) => {
+            let started = vmm.start_branch(&req);
+            // A waited live branch is written without holding the VMM: other requests
+            // (status, another branch, shutdown) are served meanwhile.
+            drop(vmm);
+            let done = started.and_then(|(report, pending)| match pending {
+                Some(p) => p.finish(report),
+                None => Ok(report),
+            });
+            match done {
+                Ok(r) => json(serde_json::to_value(r).map_err(|e| e.to_string())),
+                Err(e) => Response::err_code(e.to_string(), e.code()),
+            }
+        }
         Request::Fork { children } => match vmm.fork_running(&children) {
             Ok(r) => json(serde_json::to_value(r).map_err(|e| e.to_string())),
             Err(e) => Response::err(e.to_string()),

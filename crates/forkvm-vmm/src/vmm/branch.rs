@@ -147,6 +147,37 @@ pub(crate) struct LiveWrite {
     handle: Option<JoinHandle<Result<u64, String>>>,
 }
 
+/// A live branch whose caller waits for it to be `ready` — without holding the VMM (the
+/// control socket keeps serving other requests meanwhile).
+#[derive(Debug)]
+pub struct PendingBranch {
+    outcome: std::sync::mpsc::Receiver<Result<u64, String>>,
+    started: Instant,
+}
+
+impl PendingBranch {
+    /// Waits for the memory image; returns the report of a `ready` snapshot.
+    pub fn finish(self, mut report: BranchReport) -> Result<BranchReport, BranchError> {
+        let resumed = "the source VM was resumed".to_string();
+        match self.outcome.recv() {
+            Ok(Ok(bytes)) => {
+                report.memory_bytes_allocated = Some(bytes);
+                report.status = SnapshotStatus::Ready;
+                report.return_ms = self.started.elapsed().as_secs_f64() * 1e3;
+                Ok(report)
+            }
+            Ok(Err(msg)) => {
+                let disk_full = msg.contains("ENOSPC") || msg.contains("No space left");
+                Err(BranchError::Snapshot { source: VmmError::Disk(msg), disk_full, resumed })
+            }
+            Err(_) => {
+                let source = VmmError::Disk("the live branch writer thread ended without a result".into());
+                Err(BranchError::Snapshot { source, disk_full: false, resumed })
+            }
+        }
+    }
+}
+
 impl LiveWrite {
     pub fn is_finished(&self) -> bool {
         self.handle.as_ref().is_none_or(|h| h.is_finished())
@@ -184,8 +215,19 @@ impl Vmm {
         }
     }
 
-    /// Snapshots this running VM under a new tag (see the module doc).
+    /// Snapshots this running VM under a new tag (see the module doc), waiting for a
+    /// live branch's memory image when `req.wait` says so.
     pub fn branch(&mut self, req: &BranchRequest) -> Result<BranchReport, BranchError> {
+        let (report, pending) = self.start_branch(req)?;
+        match pending {
+            Some(p) => p.finish(report),
+            None => Ok(report),
+        }
+    }
+
+    /// [`Vmm::branch`] up to the point where the source runs again. A live branch with
+    /// `wait` returns a [`PendingBranch`] to wait on after letting go of the VMM.
+    pub fn start_branch(&mut self, req: &BranchRequest) -> Result<(BranchReport, Option<PendingBranch>), BranchError> {
         let started = Instant::now();
         let tag = match &req.tag {
             Some(t) => t.clone(),
@@ -216,7 +258,7 @@ impl Vmm {
         let resumed = if was_running { self.resume() } else { Ok(()) };
         phases.mark("resume");
         let pause_ms = started.elapsed().as_secs_f64() * 1e3;
-        let (mut allocated, mem_size, live) = match written {
+        let (allocated, mem_size, live) = match written {
             Ok(w) => w,
             Err(source) => {
                 let resumed = match resumed {
@@ -228,39 +270,16 @@ impl Vmm {
                 return Err(BranchError::Snapshot { source, disk_full, resumed });
             }
         };
-        let mut status = if live.is_some() { SnapshotStatus::Writing } else { SnapshotStatus::Ready };
+        let status = if live.is_some() { SnapshotStatus::Writing } else { SnapshotStatus::Ready };
+        let pending = live.map(|(w, outcome)| {
+            self.live_writes.retain(|w| !w.is_finished());
+            self.live_writes.push(w);
+            PendingBranch { outcome, started }
+        });
         if let Err(source) = resumed {
-            if let Some(w) = live {
-                self.live_writes.push(w);
-            }
             return Err(BranchError::Resume { dir, writing: status == SnapshotStatus::Writing, source });
         }
-        if let Some(mut w) = live {
-            if req.wait {
-                let result = w.handle.take().map(|h| h.join());
-                match result {
-                    Some(Ok(Ok(bytes))) => {
-                        allocated = Some(bytes);
-                        status = SnapshotStatus::Ready;
-                    }
-                    Some(Ok(Err(msg))) => {
-                        let source = VmmError::Disk(msg.clone());
-                        let disk_full = msg.contains("ENOSPC") || msg.contains("No space left");
-                        let resumed = "the source VM was resumed".to_string();
-                        return Err(BranchError::Snapshot { source, disk_full, resumed });
-                    }
-                    _ => {
-                        let source = VmmError::Disk("the live branch writer thread panicked".into());
-                        let resumed = "the source VM was resumed".to_string();
-                        return Err(BranchError::Snapshot { source, disk_full: false, resumed });
-                    }
-                }
-            } else {
-                self.live_writes.retain(|w| !w.is_finished());
-                self.live_writes.push(w);
-            }
-        }
-        Ok(BranchReport {
+        let report = BranchReport {
             tag,
             dir,
             mode: req.mode,
@@ -272,7 +291,8 @@ impl Vmm {
             return_ms: started.elapsed().as_secs_f64() * 1e3,
             memory_bytes_allocated: allocated,
             phases_ms: phases.steps,
-        })
+        };
+        Ok((report, pending.filter(|_| req.wait)))
     }
 
     /// Waits for every live branch still being written.
@@ -392,7 +412,7 @@ impl Vmm {
         tag: &str,
         branched_from: Option<String>,
         phases: &mut Phases,
-    ) -> Result<(u64, LiveWrite), VmmError> {
+    ) -> Result<(u64, (LiveWrite, std::sync::mpsc::Receiver<Result<u64, String>>)), VmmError> {
         if self.faults.take(FaultPoint::SaveState) {
             return Err(VmmError::Injected(FaultPoint::SaveState));
         }
@@ -442,12 +462,17 @@ impl Vmm {
         }
         phases.mark("fork");
         drop(regions);
+        let (outcome_tx, outcome_rx) = std::sync::mpsc::channel();
         let handle = std::thread::Builder::new()
             .name("branch-writer".into())
             .stack_size(256 << 10)
-            .spawn(move || finish_live(pid, &final_dir, image, meta))
+            .spawn(move || {
+                let outcome = finish_live(pid, &final_dir, image, meta);
+                let _ = outcome_tx.send(outcome.clone());
+                outcome
+            })
             .map_err(|e| VmmError::Disk(format!("starting the live branch writer thread: {e}")))?;
-        Ok((mem_size, LiveWrite { tag: tag.to_string(), handle: Some(handle) }))
+        Ok((mem_size, (LiveWrite { tag: tag.to_string(), handle: Some(handle) }, outcome_rx)))
     }
 }
 
