@@ -147,11 +147,14 @@ pub(crate) struct LiveWrite {
     handle: Option<JoinHandle<Result<u64, String>>>,
 }
 
+/// Where a live branch's writer thread reports its outcome (allocated bytes or why not).
+type LiveOutcome = std::sync::mpsc::Receiver<Result<u64, String>>;
+
 /// A live branch whose caller waits for it to be `ready` — without holding the VMM (the
 /// control socket keeps serving other requests meanwhile).
 #[derive(Debug)]
 pub struct PendingBranch {
-    outcome: std::sync::mpsc::Receiver<Result<u64, String>>,
+    outcome: LiveOutcome,
     started: Instant,
 }
 
@@ -412,7 +415,7 @@ impl Vmm {
         tag: &str,
         branched_from: Option<String>,
         phases: &mut Phases,
-    ) -> Result<(u64, (LiveWrite, std::sync::mpsc::Receiver<Result<u64, String>>)), VmmError> {
+    ) -> Result<(u64, (LiveWrite, LiveOutcome)), VmmError> {
         if self.faults.take(FaultPoint::SaveState) {
             return Err(VmmError::Injected(FaultPoint::SaveState));
         }
