@@ -5,7 +5,7 @@
 //! loop over all of its memory, natively in ring 3) is booted in this process and
 //! branched `--runs` times into the store directory (tmpfs by default). Each branch is
 //! removed once complete, so large guests do not fill the disk. Reported: the pause
-//! window (pause request → vCPUs running again) p50/p90, the time until the call
+//! window (pause request → vCPUs running again) p50/p90 (`--gap-ms` apart), the time until the call
 //! returned (live with `wait: false`: as soon as the source runs again), and the time
 //! until the snapshot was complete.
 
@@ -35,6 +35,9 @@ pub struct BenchBranchArgs {
     /// Branches per (size, mode).
     #[arg(long, default_value_t = 20)]
     pub runs: usize,
+    /// Pause between one branch being complete and the next (the guest keeps dirtying).
+    #[arg(long, default_value_t = 500)]
+    pub gap_ms: u64,
     /// Where branches are written (default: a directory under /dev/shm, tmpfs).
     #[arg(long)]
     pub store: Option<PathBuf>,
@@ -110,7 +113,7 @@ fn wait_ready(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-fn one_config(store: &Path, mem_mib: u64, mode: BranchMode, runs: usize) -> Result<serde_json::Value> {
+fn one_config(store: &Path, mem_mib: u64, mode: BranchMode, runs: usize, gap: Duration) -> Result<serde_json::Value> {
     let mut vmm = boot_dirty(mem_mib)?;
     let (g0, t0) = (generation(&vmm), Instant::now());
     std::thread::sleep(Duration::from_millis(200));
@@ -141,7 +144,7 @@ fn one_config(store: &Path, mem_mib: u64, mode: BranchMode, runs: usize) -> Resu
         allocated = forkvm_snapshot::SnapshotDir::open(&r.dir)?.meta.memory_bytes_allocated;
         std::fs::remove_dir_all(&r.dir).with_context(|| format!("removing {}", r.dir.display()))?;
         // Let the guest dirty its memory again before the next branch.
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(gap);
     }
     vmm.stop();
     Ok(json!({
@@ -197,7 +200,7 @@ pub fn run(a: BenchBranchArgs) -> Result<i32> {
     let mut results = Vec::new();
     for &mem in &a.mem_mib {
         for &mode in &a.mode {
-            let r = one_config(&store, mem, mode, a.runs);
+            let r = one_config(&store, mem, mode, a.runs, Duration::from_millis(a.gap_ms));
             if a.store.is_none() {
                 // Our own scratch store: leave nothing behind, also on failure.
                 if r.is_err() {
@@ -225,10 +228,11 @@ pub fn run(a: BenchBranchArgs) -> Result<i32> {
     let report = json!({
         "bench": "branch",
         "command": format!(
-            "forkvm bench branch --mem-mib {} --mode {} --runs {} --json",
+            "forkvm bench branch --mem-mib {} --mode {} --runs {} --gap-ms {} --json",
             a.mem_mib.iter().map(|m| m.to_string()).collect::<Vec<_>>().join(","),
             a.mode.iter().map(|m| format!("{m:?}").to_lowercase()).collect::<Vec<_>>().join(","),
-            a.runs
+            a.runs,
+            a.gap_ms
         ),
         "machine": machine(),
         "store": store,

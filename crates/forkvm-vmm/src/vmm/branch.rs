@@ -466,12 +466,17 @@ impl Vmm {
         phases.mark("fork");
         drop(regions);
         let (outcome_tx, outcome_rx) = std::sync::mpsc::channel();
+        let huge_ranges: Vec<(usize, usize)> =
+            region_slices(&self.memory).into_iter().map(|(_, s)| (s.as_ptr() as usize, s.len())).collect();
         let handle = std::thread::Builder::new()
             .name("branch-writer".into())
             .stack_size(256 << 10)
             .spawn(move || {
                 let outcome = finish_live(pid, &final_dir, image, meta);
                 let _ = outcome_tx.send(outcome.clone());
+                if outcome.is_ok() {
+                    recollapse(&huge_ranges);
+                }
                 outcome
             })
             .map_err(|e| VmmError::Disk(format!("starting the live branch writer thread: {e}")))?;
@@ -499,6 +504,34 @@ fn write_image(image: &File, regions: &[(u64, &[u8])], fault: Option<FaultPoint>
     match image.sync_all() {
         Ok(()) => 0,
         Err(e) => e.raw_os_error().unwrap_or(libc::EIO),
+    }
+}
+
+/// After a live branch, gives the running guest its transparent huge pages back.
+///
+/// While the writer shared guest memory, every page the guest wrote was copied 4 KiB at
+/// a time, splitting its huge page; the next branch's `fork()` would then copy 4 KiB page
+/// tables (~30 ms at 1.5 GiB instead of ~2 ms). `MADV_COLLAPSE` merges them back, chunk
+/// by chunk, at idle priority; chunks that cannot be merged (never touched, in use) are
+/// skipped.
+fn recollapse(ranges: &[(usize, usize)]) {
+    const CHUNK: usize = 8 << 20;
+    const HUGE: usize = 2 << 20;
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: changes this thread's scheduling class (pid 0 = the calling thread).
+    unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+    for &(addr, len) in ranges {
+        let start = addr.next_multiple_of(HUGE);
+        let end = (addr + len) / HUGE * HUGE;
+        let mut at = start;
+        while at < end {
+            let n = CHUNK.min(end - at);
+            // SAFETY: [at, at + n) lies inside guest memory, which the VMM keeps mapped
+            // until it has joined this thread (`Vmm::stop`); MADV_COLLAPSE only changes
+            // how the range is backed, never its contents.
+            unsafe { libc::madvise(at as *mut libc::c_void, n, libc::MADV_COLLAPSE) };
+            at += n;
+        }
     }
 }
 
