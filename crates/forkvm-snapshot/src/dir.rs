@@ -169,27 +169,10 @@ impl SnapshotDir {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metadata::{write_meta, GuestIdentity, METADATA_FORMAT_VERSION};
+    use crate::metadata::{minimal_meta, write_meta};
 
     fn meta(status: SnapshotStatus) -> SnapshotMeta {
-        SnapshotMeta {
-            format_version: METADATA_FORMAT_VERSION,
-            tag: "t".into(),
-            created_at_unix_ms: 0,
-            status,
-            mem_size_bytes: 4096,
-            vcpu_count: 1,
-            irqchip: "x".into(),
-            guest: GuestIdentity { kind: "testguest".into(), name: "g".into(), content_hash: None },
-            parent_tag: None,
-            parent_hash: None,
-            branched_from: None,
-            volumes: vec![],
-            memory_bytes_allocated: 0,
-            writer_pid: None,
-            devices: None,
-            template: None,
-        }
+        minimal_meta("t", status)
     }
 
     fn make_snapshot(dir: &Path, status: SnapshotStatus, files: &[&str]) {

@@ -238,6 +238,29 @@ pub fn read_meta(path: &Path) -> Result<SnapshotMeta, MetadataError> {
     serde_json::from_slice(&bytes).map_err(parse_err)
 }
 
+/// A small valid description, for tests of the modules that read and write them.
+#[cfg(test)]
+pub(crate) fn minimal_meta(tag: &str, status: SnapshotStatus) -> SnapshotMeta {
+    SnapshotMeta {
+        format_version: METADATA_FORMAT_VERSION,
+        tag: tag.into(),
+        created_at_unix_ms: 0,
+        status,
+        mem_size_bytes: 4096,
+        vcpu_count: 1,
+        irqchip: "split".into(),
+        guest: GuestIdentity { kind: "testguest".into(), name: "g".into(), content_hash: None },
+        parent_tag: None,
+        parent_hash: None,
+        branched_from: None,
+        volumes: vec![],
+        memory_bytes_allocated: 0,
+        writer_pid: None,
+        devices: None,
+        template: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -206,28 +206,11 @@ pub fn link_or_copy(src: &Path, dst: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metadata::{write_meta, GuestIdentity, METADATA_FORMAT_VERSION};
+    use crate::metadata::{minimal_meta, write_meta};
     use crate::{MEMORY_IMG, VMSTATE_BIN};
 
     fn meta(tag: &str, status: SnapshotStatus, writer_pid: Option<u32>) -> SnapshotMeta {
-        SnapshotMeta {
-            format_version: METADATA_FORMAT_VERSION,
-            tag: tag.into(),
-            created_at_unix_ms: 0,
-            status,
-            mem_size_bytes: 4096,
-            vcpu_count: 1,
-            irqchip: "split".into(),
-            guest: GuestIdentity { kind: "testguest".into(), name: "g".into(), content_hash: None },
-            parent_tag: None,
-            parent_hash: None,
-            branched_from: None,
-            volumes: vec![],
-            memory_bytes_allocated: 0,
-            writer_pid,
-            devices: None,
-            template: None,
-        }
+        SnapshotMeta { writer_pid, ..minimal_meta(tag, status) }
     }
 
     fn put(store: &Store, tag: &str, status: SnapshotStatus, writer_pid: Option<u32>) {
