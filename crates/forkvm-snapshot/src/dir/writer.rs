@@ -34,6 +34,12 @@ fn partial_path(final_dir: &Path) -> Result<PathBuf, DirError> {
 /// Makes a published snapshot directory durable: its files, its `disk/` files, the
 /// directory and its parent.
 pub fn sync_snapshot_dir(dir: &Path) -> Result<(), DirError> {
+    sync_tree(dir)?;
+    sync_parent(dir)
+}
+
+/// Fsyncs the files of a snapshot directory (and of its `disk/`), then the directory.
+fn sync_tree(dir: &Path) -> Result<(), DirError> {
     let sync_err = |source| DirError::SyncPartial { path: dir.to_path_buf(), source };
     sync_files_in(dir).map_err(sync_err)?;
     let disks = dir.join(super::DISK_DIR);
@@ -41,7 +47,11 @@ pub fn sync_snapshot_dir(dir: &Path) -> Result<(), DirError> {
         sync_files_in(&disks).map_err(sync_err)?;
         sync_dir(&disks).map_err(sync_err)?;
     }
-    sync_dir(dir).map_err(sync_err)?;
+    sync_dir(dir).map_err(sync_err)
+}
+
+/// Fsyncs the directory holding `dir`, making its name durable.
+fn sync_parent(dir: &Path) -> Result<(), DirError> {
     let parent = match dir.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -100,31 +110,11 @@ impl SnapshotWriter {
     ///
     /// Fails (and removes the staging directory) if anything now exists at
     /// the final path; an existing snapshot is never overwritten.
-    pub fn commit(mut self) -> Result<PathBuf, DirError> {
-        let partial = self.staging().to_path_buf();
-        let sync_err = |source| DirError::SyncPartial { path: partial.clone(), source };
-        sync_files_in(&partial).map_err(sync_err)?;
-        let disks = partial.join(super::DISK_DIR);
-        if disks.is_dir() {
-            sync_files_in(&disks).map_err(sync_err)?;
-            sync_dir(&disks).map_err(sync_err)?;
-        }
-        sync_dir(&partial).map_err(sync_err)?;
-        rename_noreplace(&partial, &self.final_dir).map_err(|source| {
-            if source.kind() == io::ErrorKind::AlreadyExists {
-                DirError::AlreadyExists(self.final_dir.clone())
-            } else {
-                DirError::Rename { from: partial.clone(), to: self.final_dir.clone(), source }
-            }
-        })?;
-        // The staging directory is gone; nothing for Drop to clean up.
-        self.partial = None;
-        let parent = match self.final_dir.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        sync_dir(&parent).map_err(|source| DirError::SyncParent { path: parent, source })?;
-        Ok(self.final_dir.clone())
+    pub fn commit(self) -> Result<PathBuf, DirError> {
+        sync_tree(self.staging())?;
+        let final_dir = self.publish_unsynced()?;
+        sync_parent(&final_dir)?;
+        Ok(final_dir)
     }
 
     /// Publishes the staging directory under its final name **without** syncing, for a
