@@ -12,6 +12,7 @@ use crate::source::SpawnSource;
 use crate::template_snapshot::{wait_for_agent, AGENT_PORT};
 use forkvm_proto::AgentClient;
 use forkvm_vmm::host::cgroup::{CgroupError, CgroupRoot};
+use forkvm_vmm::phase_timer::thread_cpu_time;
 use forkvm_vmm::vmm::VmmLabels;
 use forkvm_vmm::zygote::{ChildSpec, Owned, Zygote, ZygoteError};
 use std::os::unix::net::UnixStream;
@@ -78,14 +79,6 @@ pub struct SpawnTimings {
     pub host_spawn_cpu_ms: f64,
     /// Until every sandbox answered and was re-identified.
     pub all_ready_ms: f64,
-}
-
-/// CPU time of the calling thread (user + kernel), in milliseconds.
-fn thread_cpu_ms() -> f64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes one timespec into `ts`.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 * 1e3 + ts.tv_nsec as f64 / 1e6
 }
 
 /// A sandbox's VMM started but not yet answering.
@@ -201,7 +194,7 @@ pub fn spawn(
     let cgroups = opts.memory_limit_bytes.map(|_| CgroupRoot::detect()).transpose()?;
     let prepare_ms = started.elapsed().as_secs_f64() * 1e3;
     let forking = Instant::now();
-    let forking_cpu = thread_cpu_ms();
+    let forking_cpu = thread_cpu_time();
     let mut pending: Vec<Pending> = Vec::new();
     for _ in 0..n {
         let id = new_sandbox_id();
@@ -243,7 +236,7 @@ pub fn spawn(
         pending.push(Pending { record });
     }
     let host_spawn_ms = forking.elapsed().as_secs_f64() * 1e3;
-    let host_spawn_cpu_ms = thread_cpu_ms() - forking_cpu;
+    let host_spawn_cpu_ms = (thread_cpu_time() - forking_cpu).as_secs_f64() * 1e3;
     let sandboxes = finish(registry, pending, started)?;
     let timings = SpawnTimings {
         prepare_ms,

@@ -31,6 +31,7 @@ use crate::devices::irq::{IrqLine, IrqRoute};
 use crate::devices::serial::{ConsoleOut, SerialDevice, SerialError, COM1_IRQ};
 use crate::devices::Devices;
 use crate::persist::{StateError, VmState};
+use crate::phase_timer::PhaseTimer;
 use crate::vmm::{GuestInfo, VmParts, Vmm};
 use crate::vstate::exit::ExitLatch;
 use crate::vstate::irqchip::{IrqchipError, IrqchipMode};
@@ -405,41 +406,6 @@ pub(crate) fn restore_state(
     };
     let mut vmm = Vmm::start(parts, start_paused)?;
     timer.mark("start_threads");
-    vmm.set_restore_phases(timer.phases, timer.cpu_us);
+    vmm.set_restore_phases(timer.steps(1e6), timer.cpu().as_secs_f64() * 1e6);
     Ok(vmm)
-}
-
-/// Wall time of each restore step, for benchmarks (`status` reports them).
-#[derive(Debug)]
-pub(crate) struct PhaseTimer {
-    last: std::time::Instant,
-    last_cpu_us: f64,
-    phases: Vec<(String, f64)>,
-    /// CPU time of this thread over all steps (wall time includes waiting for a CPU
-    /// when many VMs restore at once; this is the host-side work).
-    cpu_us: f64,
-}
-
-/// CPU time consumed by the calling thread, in microseconds (user + kernel, so KVM
-/// ioctls count).
-fn thread_cpu_us() -> f64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes one timespec into `ts`.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 * 1e6 + ts.tv_nsec as f64 / 1e3
-}
-
-impl PhaseTimer {
-    pub(crate) fn new() -> PhaseTimer {
-        PhaseTimer { last: std::time::Instant::now(), last_cpu_us: thread_cpu_us(), phases: Vec::new(), cpu_us: 0.0 }
-    }
-
-    fn mark(&mut self, name: &str) {
-        let now = std::time::Instant::now();
-        let cpu = thread_cpu_us();
-        self.phases.push((name.to_string(), (now - self.last).as_secs_f64() * 1e6));
-        self.cpu_us += cpu - self.last_cpu_us;
-        self.last = now;
-        self.last_cpu_us = cpu;
-    }
 }

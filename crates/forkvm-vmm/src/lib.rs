@@ -11,6 +11,7 @@ pub mod control;
 pub mod devices;
 pub mod host;
 pub mod persist;
+pub mod phase_timer;
 pub mod vmm;
 pub mod vstate;
 pub mod zygote;

@@ -374,7 +374,7 @@ impl Vmm {
         forkvm_snapshot::validate_tag(&tag)?;
         let was_running = self.state == RunState::Running;
         self.pause()?;
-        let result = self.write_full(dir, &tag, None, &mut branch::Phases::new());
+        let result = self.write_full(dir, &tag, None, &mut crate::phase_timer::PhaseTimer::new());
         let paused_for = started.elapsed();
         if was_running {
             self.resume()?;

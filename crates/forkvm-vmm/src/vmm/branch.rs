@@ -16,6 +16,7 @@
 //! `writing` directory naming a dead writer, which readers refuse and sweeps remove.
 
 use super::{RunState, Vmm, VmmError};
+use crate::phase_timer::PhaseTimer;
 use crate::vmm::fault::FaultPoint;
 use crate::vstate::memory::{image_offsets, region_slices};
 use forkvm_snapshot::{
@@ -90,25 +91,6 @@ pub struct BranchReport {
     pub memory_bytes_allocated: Option<u64>,
     /// Milliseconds per step of the pause window, in order.
     pub phases_ms: Vec<(String, f64)>,
-}
-
-/// Wall time of each step, for reports.
-#[derive(Debug)]
-pub(crate) struct Phases {
-    last: Instant,
-    pub steps: Vec<(String, f64)>,
-}
-
-impl Phases {
-    pub(crate) fn new() -> Phases {
-        Phases { last: Instant::now(), steps: Vec::new() }
-    }
-
-    pub(crate) fn mark(&mut self, name: &str) {
-        let now = Instant::now();
-        self.steps.push((name.to_string(), (now - self.last).as_secs_f64() * 1e3));
-        self.last = now;
-    }
 }
 
 /// Why a branch failed; [`BranchError::code`] maps it onto the API's status.
@@ -246,7 +228,7 @@ impl Vmm {
             return Err(BranchError::NotRunning(state));
         }
         let was_running = state == RunState::Running;
-        let mut phases = Phases::new();
+        let mut phases = PhaseTimer::new();
         self.pause().map_err(BranchError::Pause)?;
         phases.mark("pause");
         let branched_from = self.labels.sandbox_id.clone();
@@ -293,7 +275,7 @@ impl Vmm {
             pause_ms,
             return_ms: started.elapsed().as_secs_f64() * 1e3,
             memory_bytes_allocated: allocated,
-            phases_ms: phases.steps,
+            phases_ms: phases.steps(1e3),
         };
         Ok((report, pending.filter(|_| req.wait)))
     }
@@ -377,7 +359,7 @@ impl Vmm {
         dir: &Path,
         tag: &str,
         branched_from: Option<String>,
-        phases: &mut Phases,
+        phases: &mut PhaseTimer,
     ) -> Result<(u64, u64), VmmError> {
         if self.faults.take(FaultPoint::SaveState) {
             return Err(VmmError::Injected(FaultPoint::SaveState));
@@ -414,7 +396,7 @@ impl Vmm {
         dir: &Path,
         tag: &str,
         branched_from: Option<String>,
-        phases: &mut Phases,
+        phases: &mut PhaseTimer,
     ) -> Result<(u64, (LiveWrite, LiveOutcome)), VmmError> {
         if self.faults.take(FaultPoint::SaveState) {
             return Err(VmmError::Injected(FaultPoint::SaveState));

@@ -8,10 +8,11 @@
 //! console — and serves until it stops. The source runs on unchanged.
 
 use super::{GuestInfo, Vmm, VmmError, VmmLabels};
-use crate::builder::{restore_state, PhaseTimer};
+use crate::builder::restore_state;
 use crate::control::serve_until_exit;
 use crate::devices::serial::ConsoleOut;
 use crate::host::open_kvm;
+use crate::phase_timer::PhaseTimer;
 use crate::vstate::vcpu::VcpuExitReason;
 use crate::zygote::{close_fds, detach_stdio, fork_and_run, Owned, EXIT_RESTORE_FAILED};
 use serde::{Deserialize, Serialize};
