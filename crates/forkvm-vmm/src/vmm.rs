@@ -76,6 +76,8 @@ pub enum VmmError {
     Injected(FaultPoint),
     #[error("snapshot: {0}")]
     Disk(String),
+    #[error("live branch writer: {step}: {source}")]
+    LiveWriter { step: String, source: std::io::Error },
 }
 
 /// What a snapshot wrote.

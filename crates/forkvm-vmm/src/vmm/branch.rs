@@ -126,11 +126,11 @@ impl BranchError {
 #[derive(Debug)]
 pub(crate) struct LiveWrite {
     pub tag: String,
-    handle: Option<JoinHandle<Result<u64, String>>>,
+    handle: Option<JoinHandle<()>>,
 }
 
 /// Where a live branch's writer thread reports its outcome (allocated bytes or why not).
-type LiveOutcome = std::sync::mpsc::Receiver<Result<u64, String>>;
+type LiveOutcome = std::sync::mpsc::Receiver<Result<u64, VmmError>>;
 
 /// A live branch whose caller waits for it to be `ready` — without holding the VMM (the
 /// control socket keeps serving other requests meanwhile).
@@ -151,9 +151,9 @@ impl PendingBranch {
                 report.return_ms = self.started.elapsed().as_secs_f64() * 1e3;
                 Ok(report)
             }
-            Ok(Err(msg)) => {
-                let disk_full = msg.contains("ENOSPC") || msg.contains("No space left");
-                Err(BranchError::Snapshot { source: VmmError::Disk(msg), disk_full, resumed })
+            Ok(Err(source)) => {
+                let disk_full = is_disk_full(&source);
+                Err(BranchError::Snapshot { source, disk_full, resumed })
             }
             Err(_) => {
                 let source = VmmError::Disk("the live branch writer thread ended without a result".into());
@@ -446,20 +446,20 @@ impl Vmm {
             unsafe { libc::_exit(code) }
         }
         phases.mark("fork");
+        let huge_ranges: Vec<(usize, usize)> = regions.iter().map(|(_, s)| (s.as_ptr() as usize, s.len())).collect();
         drop(regions);
         let (outcome_tx, outcome_rx) = std::sync::mpsc::channel();
-        let huge_ranges: Vec<(usize, usize)> =
-            region_slices(&self.memory).into_iter().map(|(_, s)| (s.as_ptr() as usize, s.len())).collect();
         let handle = std::thread::Builder::new()
             .name("branch-writer".into())
             .stack_size(256 << 10)
             .spawn(move || {
-                let outcome = finish_live(pid, &final_dir, image, meta);
-                let _ = outcome_tx.send(outcome.clone());
-                if outcome.is_ok() {
+                let ok = finish_live(pid, &final_dir, image, meta);
+                let recollapse_after = ok.is_ok();
+                // Nobody listens for a branch taken with `wait: false`.
+                let _ = outcome_tx.send(ok);
+                if recollapse_after {
                     recollapse(&huge_ranges);
                 }
-                outcome
             })
             .map_err(|e| VmmError::Disk(format!("starting the live branch writer thread: {e}")))?;
         Ok((mem_size, (LiveWrite { tag: tag.to_string(), handle: Some(handle) }, outcome_rx)))
@@ -519,30 +519,30 @@ fn recollapse(ranges: &[(usize, usize)]) {
 
 /// In the VMM, on a thread: reaps the writer, then makes the snapshot durable and
 /// `ready` — or removes it. Returns the allocated bytes of the memory image.
-fn finish_live(pid: libc::pid_t, dir: &Path, image: File, mut meta: SnapshotMeta) -> Result<u64, String> {
+fn finish_live(pid: libc::pid_t, dir: &Path, image: File, mut meta: SnapshotMeta) -> Result<u64, VmmError> {
+    let step = |step: &str| {
+        let step = step.to_string();
+        move |source| VmmError::LiveWriter { step, source }
+    };
     let outcome = (|| {
         let mut status = 0;
         // SAFETY: waits for our own child; `status` is a valid out pointer.
         let r = unsafe { libc::waitpid(pid, &mut status, 0) };
         if r != pid {
-            return Err(format!("waiting for the writer (pid {pid}): {}", std::io::Error::last_os_error()));
+            return Err(step(&format!("waiting for the writer (pid {pid})"))(std::io::Error::last_os_error()));
         }
-        if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
-            let why = if libc::WIFEXITED(status) {
-                let errno = libc::WEXITSTATUS(status);
-                let name = if errno == libc::ENOSPC { "ENOSPC: " } else { "" };
-                format!("{name}{}", std::io::Error::from_raw_os_error(errno))
-            } else {
-                format!("killed by signal {}", libc::WTERMSIG(status))
-            };
-            return Err(format!("writing memory.img: {why}"));
+        if !libc::WIFEXITED(status) {
+            let killed = std::io::Error::other(format!("killed by signal {}", libc::WTERMSIG(status)));
+            return Err(step("writing memory.img")(killed));
         }
-        meta.memory_bytes_allocated =
-            forkvm_snapshot::allocated_bytes(&image).map_err(|e| format!("measuring memory.img: {e}"))?;
-        forkvm_snapshot::sync_snapshot_dir(dir).map_err(|e| e.to_string())?;
+        if libc::WEXITSTATUS(status) != 0 {
+            return Err(step("writing memory.img")(std::io::Error::from_raw_os_error(libc::WEXITSTATUS(status))));
+        }
+        meta.memory_bytes_allocated = forkvm_snapshot::allocated_bytes(&image).map_err(step("measuring memory.img"))?;
+        forkvm_snapshot::sync_snapshot_dir(dir)?;
         meta.status = SnapshotStatus::Ready;
         meta.writer_pid = None;
-        forkvm_snapshot::replace_meta(dir, &meta).map_err(|e| e.to_string())?;
+        forkvm_snapshot::replace_meta(dir, &meta)?;
         Ok(meta.memory_bytes_allocated)
     })();
     if let Err(e) = &outcome {
