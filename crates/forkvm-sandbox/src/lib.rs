@@ -10,6 +10,7 @@
 
 pub mod artifacts;
 pub mod lifecycle;
+pub mod parallel;
 pub mod registry;
 pub mod sandbox;
 pub mod source;

@@ -75,9 +75,7 @@ pub fn branch(
     wait: bool,
 ) -> Result<BranchReport, LifecycleError> {
     let r = registry.get(id)?;
-    if let Some(t) = tag {
-        store.check_free(t)?;
-    }
+    // The VMM checks the tag (rule, collision) before it pauses anything.
     let snapshots = store.ensure()?;
     let req = Request::Branch(BranchRequest { store: snapshots, tag: tag.map(String::from), mode, wait });
     let v = call(&r, &req)?;

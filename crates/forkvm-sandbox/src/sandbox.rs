@@ -114,18 +114,7 @@ impl Sandbox {
             None => SandboxError::AgentTimeout(RESTORE_TIMEOUT, console_path.clone()),
         })?;
         let ready_ms = started.elapsed().as_secs_f64() * 1e3;
-        let now_ns = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        client
-            .identity(&IdentityRequest {
-                sandbox_id: id.clone(),
-                hostname: format!("sb-{id}"),
-                wall_clock_unix_ns: now_ns,
-                entropy: host_random(64),
-            })
-            .map_err(SandboxError::Identity)?;
+        apply_identity(&client, &id).map_err(SandboxError::Identity)?;
         Ok(Sandbox { id, client, run_dir, ready_ms, vmm: Some(vmm), keep_run_dir: false })
     }
 

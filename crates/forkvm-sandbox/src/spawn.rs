@@ -137,26 +137,7 @@ pub(crate) fn finish(
     pending: Vec<Pending>,
     started: Instant,
 ) -> Result<Vec<SpawnedSandbox>, SpawnError> {
-    let workers = READY_WORKERS.min(pending.len()).max(1);
-    let mut results: Vec<Option<Result<SpawnedSandbox, SpawnError>>> = (0..pending.len()).map(|_| None).collect();
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..workers)
-            .map(|w| {
-                let pending = &pending;
-                scope.spawn(move || {
-                    (w..pending.len())
-                        .step_by(workers)
-                        .map(|i| (i, make_ready(&pending[i], started)))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        for h in handles {
-            for (i, r) in h.join().unwrap_or_default() {
-                results[i] = Some(r);
-            }
-        }
-    });
+    let results = crate::parallel::map(&pending, READY_WORKERS, |p| make_ready(p, started));
     let mut out = Vec::new();
     let mut failure = None;
     for r in results {

@@ -51,25 +51,13 @@ fn r1(x: f64) -> f64 {
 
 /// Evaluates `code` in every sandbox, 16 at a time; returns the time every one answered.
 fn eval_all(sandboxes: &[forkvm_sandbox::SpawnedSandbox], code: &str, started: Instant) -> Result<f64> {
-    let workers = 16.min(sandboxes.len()).max(1);
-    let failures: Vec<String> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..workers)
-            .map(|w| {
-                scope.spawn(move || {
-                    let mut bad = Vec::new();
-                    for sb in sandboxes.iter().skip(w).step_by(workers) {
-                        match sb.client.eval(code) {
-                            Ok(r) if matches!(r.outcome, forkvm_proto::EvalOutcome::Value { .. }) => {}
-                            Ok(r) => bad.push(format!("{}: {:?}", sb.record.id, r.outcome)),
-                            Err(e) => bad.push(format!("{}: {e}", sb.record.id)),
-                        }
-                    }
-                    bad
-                })
-            })
-            .collect();
-        handles.into_iter().flat_map(|h| h.join().unwrap_or_else(|_| vec!["eval worker panicked".into()])).collect()
+    let answers = forkvm_sandbox::parallel::map(sandboxes, 16, |sb| match sb.client.eval(code) {
+        Ok(r) if matches!(r.outcome, forkvm_proto::EvalOutcome::Value { .. }) => None,
+        Ok(r) => Some(format!("{}: {:?}", sb.record.id, r.outcome)),
+        Err(e) => Some(format!("{}: {e}", sb.record.id)),
     });
+    let failures: Vec<String> =
+        answers.into_iter().filter_map(|a| a.unwrap_or_else(|| Some("an eval worker panicked".into()))).collect();
     if !failures.is_empty() {
         bail!("{} sandboxes failed the eval: {}", failures.len(), failures.join("; "));
     }

@@ -51,7 +51,7 @@ pub fn run(a: SnapshotArgs) -> Result<i32> {
     let store = Store::open_default();
     match a.command {
         SnapshotCommand::Create { image, tag, json } => {
-            forkvm_snapshot::validate_tag(&tag)?;
+            // Refuse a bad or taken tag before a (possibly minutes-long) template boot.
             store.check_free(&tag)?;
             let started = Instant::now();
             let template = template_snapshot(&image)?;
