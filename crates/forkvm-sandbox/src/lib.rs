@@ -19,10 +19,10 @@ pub mod tags;
 pub mod template_snapshot;
 
 pub use artifacts::{Artifacts, ArtifactsError};
-pub use lifecycle::{branch, fork_running, kill, LifecycleError};
+pub use lifecycle::{branch, fork_running, fork_running_as, kill, kill_record, LifecycleError};
 pub use registry::{Registry, RegistryError, SandboxRecord};
 pub use sandbox::{Sandbox, SandboxError};
 pub use source::{SourceError, SpawnSource};
-pub use spawn::{spawn, SpawnError, SpawnOptions, SpawnTimings, SpawnedSandbox};
+pub use spawn::{finish, spawn, start_vmms, SpawnError, SpawnOptions, SpawnTimings, SpawnedSandbox, StartedVmms};
 pub use tags::{publish_template, PublishError};
 pub use template_snapshot::{ensure_template_snapshot, TemplateSnapshot, TemplateSnapshotError};

@@ -7,7 +7,7 @@
 
 use crate::registry::{now_unix_ms, vmm_alive, Registry, RegistryError, SandboxRecord};
 use crate::sandbox::new_sandbox_id;
-use crate::spawn::{finish, make_cgroup, Pending, SpawnError, SpawnOptions, SpawnedSandbox};
+use crate::spawn::{finish, make_cgroup, SpawnError, SpawnOptions, SpawnedSandbox};
 use crate::template_snapshot::AGENT_PORT;
 use forkvm_proto::AgentClient;
 use forkvm_snapshot::Store;
@@ -90,16 +90,28 @@ pub fn fork_running(
     n: usize,
     opts: &SpawnOptions,
 ) -> Result<(Vec<SpawnedSandbox>, f64), LifecycleError> {
-    if n == 0 || n > crate::spawn::MAX_SPAWN {
-        return Err(SpawnError::Count(n).into());
+    let ids: Vec<String> = (0..n).map(|_| new_sandbox_id()).collect();
+    fork_running_as(registry, id, &ids, opts)
+}
+
+/// [`fork_running`] with the children's ids chosen by the caller (the daemon records
+/// them before they exist, so a crash mid-fork can be cleaned up).
+pub fn fork_running_as(
+    registry: &Registry,
+    id: &str,
+    ids: &[String],
+    opts: &SpawnOptions,
+) -> Result<(Vec<SpawnedSandbox>, f64), LifecycleError> {
+    if ids.is_empty() || ids.len() > crate::spawn::MAX_SPAWN {
+        return Err(SpawnError::Count(ids.len()).into());
     }
     let source = registry.get(id)?;
     let started = Instant::now();
     let cgroups = opts.memory_limit_bytes.map(|_| CgroupRoot::detect()).transpose().map_err(SpawnError::from)?;
     let mut records = Vec::new();
     let mut children = Vec::new();
-    for _ in 0..n {
-        let child_id = new_sandbox_id();
+    for child_id in ids {
+        let child_id = child_id.clone();
         let run_dir = registry.create_run_dir(&child_id)?;
         let cgroup = make_cgroup(&cgroups, &child_id, opts.memory_limit_bytes).map_err(SpawnError::from)?;
         let record = SandboxRecord {
@@ -139,7 +151,7 @@ pub fn fork_running(
     for (mut record, pid) in records.into_iter().zip(report.pids) {
         record.pid = pid;
         let _ = registry.write(&record);
-        pending.push(Pending { record });
+        pending.push(record);
     }
     let sandboxes = finish(registry, pending, started)?;
     Ok((sandboxes, report.pause_ms))

@@ -81,11 +81,6 @@ pub struct SpawnTimings {
     pub all_ready_ms: f64,
 }
 
-/// A sandbox's VMM started but not yet answering.
-pub(crate) struct Pending {
-    pub record: SandboxRecord,
-}
-
 /// The last lines of a console log, for error messages.
 pub(crate) fn console_tail(record: &SandboxRecord) -> String {
     let text = std::fs::read_to_string(record.console()).unwrap_or_default();
@@ -114,30 +109,31 @@ pub(crate) fn make_cgroup(
 const READY_WORKERS: usize = 16;
 
 /// Waits for one pending sandbox's agent and re-identifies it.
-fn make_ready(p: &Pending, started: Instant) -> Result<SpawnedSandbox, SpawnError> {
-    let client = AgentClient::vsock_uds(p.record.vsock(), AGENT_PORT);
-    let pid = p.record.pid;
+fn make_ready(record: &SandboxRecord, started: Instant) -> Result<SpawnedSandbox, SpawnError> {
+    let client = AgentClient::vsock_uds(record.vsock(), AGENT_PORT);
+    let pid = record.pid;
     let gone = || (!crate::registry::vmm_alive(pid)).then(|| "exited".to_string());
     if let Err(why) = wait_for_agent(&client, READY_TIMEOUT, &gone) {
         return Err(SpawnError::NotReady {
-            id: p.record.id.clone(),
+            id: record.id.clone(),
             pid,
             exited: why.is_some(),
-            console: console_tail(&p.record),
+            console: console_tail(record),
         });
     }
-    apply_identity(&client, &p.record.id).map_err(|source| SpawnError::Identity { id: p.record.id.clone(), source })?;
-    Ok(SpawnedSandbox { record: p.record.clone(), client, ready_ms: started.elapsed().as_secs_f64() * 1e3 })
+    apply_identity(&client, &record.id).map_err(|source| SpawnError::Identity { id: record.id.clone(), source })?;
+    Ok(SpawnedSandbox { record: record.clone(), client, ready_ms: started.elapsed().as_secs_f64() * 1e3 })
 }
 
-/// Waits for every pending sandbox's agent and re-identifies it, in parallel. On
+/// Waits for every started sandbox's agent and re-identifies it, in parallel. On
 /// failure, every sandbox of the batch is killed: a spawn gives all of them or none.
-pub(crate) fn finish(
+/// Needs no single-threaded caller.
+pub fn finish(
     registry: &Registry,
-    pending: Vec<Pending>,
+    pending: Vec<SandboxRecord>,
     started: Instant,
 ) -> Result<Vec<SpawnedSandbox>, SpawnError> {
-    let results = crate::parallel::map(&pending, READY_WORKERS, |p| make_ready(p, started));
+    let results = crate::parallel::map(&pending, READY_WORKERS, |r| make_ready(r, started));
     let mut out = Vec::new();
     let mut failure = None;
     for r in results {
@@ -152,23 +148,38 @@ pub(crate) fn finish(
         }
     }
     if let Some(e) = failure {
-        for p in &pending {
-            let _ = crate::lifecycle::kill_record(registry, &p.record);
+        for r in &pending {
+            let _ = crate::lifecycle::kill_record(registry, r);
         }
         return Err(e);
     }
     Ok(out)
 }
 
-/// Spawns `n` sandboxes from `source` (see the module doc).
-pub fn spawn(
+/// The VMMs of a spawn, started (processes forked, registered) but not yet answering.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct StartedVmms {
+    pub records: Vec<SandboxRecord>,
+    /// Reading the snapshot once (the zygote).
+    pub prepare_ms: f64,
+    /// Wall time of the fork loop.
+    pub host_spawn_ms: f64,
+    /// CPU time of the fork loop.
+    pub host_spawn_cpu_ms: f64,
+}
+
+/// Starts one VMM per id from `source` (run directory, optional cgroup, forked from this
+/// process as the zygote) and registers them; they are not yet answering. On failure
+/// every VMM already started is killed. The caller must be single-threaded (the module
+/// doc); the daemon calls this in its spawner process.
+pub fn start_vmms(
     registry: &Registry,
     source: &SpawnSource,
-    n: usize,
+    ids: &[String],
     opts: &SpawnOptions,
-) -> Result<(Vec<SpawnedSandbox>, SpawnTimings), SpawnError> {
-    if n == 0 || n > MAX_SPAWN {
-        return Err(SpawnError::Count(n));
+) -> Result<StartedVmms, SpawnError> {
+    if ids.is_empty() || ids.len() > MAX_SPAWN {
+        return Err(SpawnError::Count(ids.len()));
     }
     let started = Instant::now();
     let zygote = Zygote::new(&source.dir)?;
@@ -176,11 +187,10 @@ pub fn spawn(
     let prepare_ms = started.elapsed().as_secs_f64() * 1e3;
     let forking = Instant::now();
     let forking_cpu = thread_cpu_time();
-    let mut pending: Vec<Pending> = Vec::new();
-    for _ in 0..n {
-        let id = new_sandbox_id();
-        let run_dir = registry.create_run_dir(&id)?;
-        let cgroup = make_cgroup(&cgroups, &id, opts.memory_limit_bytes)?;
+    let mut records: Vec<SandboxRecord> = Vec::new();
+    for id in ids {
+        let run_dir = registry.create_run_dir(id)?;
+        let cgroup = make_cgroup(&cgroups, id, opts.memory_limit_bytes)?;
         let mut record = SandboxRecord {
             id: id.clone(),
             pid: 0,
@@ -198,31 +208,50 @@ pub fn spawn(
             console_stream: None,
             detach: true,
             devices: source.devices(&record.vsock()),
-            labels: VmmLabels { sandbox_id: Some(id), template: record.template.clone() },
+            labels: VmmLabels { sandbox_id: Some(id.clone()), template: record.template.clone() },
             owned: Owned { run_dir: Some(run_dir), cgroup },
         };
-        let spawned = zygote.spawn(spec);
-        match spawned {
+        match zygote.spawn(spec) {
             Ok(pid) => record.pid = pid,
             Err(e) => {
                 registry.clean_up(&record);
-                for p in &pending {
-                    let _ = crate::lifecycle::kill_record(registry, &p.record);
+                for r in &records {
+                    let _ = crate::lifecycle::kill_record(registry, r);
                 }
                 return Err(e.into());
             }
         }
         // The record is best effort here: a VMM that already stopped removed its directory.
         let _ = registry.write(&record);
-        pending.push(Pending { record });
+        records.push(record);
     }
-    let host_spawn_ms = forking.elapsed().as_secs_f64() * 1e3;
-    let host_spawn_cpu_ms = (thread_cpu_time() - forking_cpu).as_secs_f64() * 1e3;
-    let sandboxes = finish(registry, pending, started)?;
-    let timings = SpawnTimings {
+    Ok(StartedVmms {
+        records,
         prepare_ms,
-        host_spawn_ms,
-        host_spawn_cpu_ms,
+        host_spawn_ms: forking.elapsed().as_secs_f64() * 1e3,
+        host_spawn_cpu_ms: (thread_cpu_time() - forking_cpu).as_secs_f64() * 1e3,
+    })
+}
+
+/// Spawns `n` sandboxes from `source` (see the module doc): [`start_vmms`], then
+/// [`finish`].
+pub fn spawn(
+    registry: &Registry,
+    source: &SpawnSource,
+    n: usize,
+    opts: &SpawnOptions,
+) -> Result<(Vec<SpawnedSandbox>, SpawnTimings), SpawnError> {
+    if n == 0 || n > MAX_SPAWN {
+        return Err(SpawnError::Count(n));
+    }
+    let started = Instant::now();
+    let ids: Vec<String> = (0..n).map(|_| new_sandbox_id()).collect();
+    let vmms = start_vmms(registry, source, &ids, opts)?;
+    let sandboxes = finish(registry, vmms.records, started)?;
+    let timings = SpawnTimings {
+        prepare_ms: vmms.prepare_ms,
+        host_spawn_ms: vmms.host_spawn_ms,
+        host_spawn_cpu_ms: vmms.host_spawn_cpu_ms,
         all_ready_ms: started.elapsed().as_secs_f64() * 1e3,
     };
     Ok((sandboxes, timings))

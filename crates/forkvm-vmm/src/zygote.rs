@@ -97,6 +97,21 @@ pub(crate) fn close_fds(first: u32, last: u32) {
     }
 }
 
+/// Closes every descriptor of this process except those in `keep`.
+pub(crate) fn close_fds_except(keep: &[std::os::fd::RawFd]) {
+    let mut keep: Vec<u32> = keep.iter().filter(|fd| **fd >= 0).map(|fd| *fd as u32).collect();
+    keep.sort_unstable();
+    keep.dedup();
+    let mut next = 0u32;
+    for fd in keep {
+        if fd > next {
+            close_fds(next, fd - 1);
+        }
+        next = fd + 1;
+    }
+    close_fds(next, u32::MAX);
+}
+
 /// The wait status of child `pid` if it has exited (and reaps it), without blocking.
 pub fn exit_status(pid: libc::pid_t) -> Option<i32> {
     let mut status = 0;
@@ -201,6 +216,17 @@ impl Zygote {
         }
         let mut error_log = log.as_ref().and_then(|f| f.try_clone().ok());
         let input = spec.console_stream.as_ref().and_then(|s| s.try_clone().ok());
+        if spec.detach {
+            // A detached VMM outlives its caller: it must not keep the caller's files,
+            // sockets or locks open (a daemon's state lock, its spawner's socket).
+            use std::os::fd::AsRawFd;
+            let mut keep = vec![0, 1, 2, self.kvm.as_raw_fd(), self.snapshot.memory.as_raw_fd()];
+            keep.extend(log.as_ref().map(|f| f.as_raw_fd()));
+            keep.extend(error_log.as_ref().map(|f| f.as_raw_fd()));
+            keep.extend(input.as_ref().map(|f| f.as_raw_fd()));
+            keep.extend(spec.console_stream.as_ref().map(|f| f.as_raw_fd()));
+            close_fds_except(&keep);
+        }
         let console = ConsoleOut::new(log, spec.console_stream.take());
         let detached = spec.detach;
         let fail = move |msg: String, error_log: &mut Option<File>| {

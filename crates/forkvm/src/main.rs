@@ -4,6 +4,7 @@ mod bench_boot;
 mod bench_branch;
 mod bench_fork;
 mod bench_spawn;
+mod daemon_cmd;
 mod doctor;
 mod fork_cmd;
 mod image_cmd;
@@ -53,6 +54,8 @@ enum Command {
     Image(image_cmd::ImageArgs),
     /// Check what this host can run.
     Doctor(doctor::DoctorArgs),
+    /// Run forkvmd, the REST controller (Unix socket; optionally TCP with a token, TLS).
+    Daemon(daemon_cmd::DaemonArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -105,6 +108,7 @@ fn main() {
         Command::Branch(a) => sandbox_cmd::branch(a),
         Command::Image(a) => image_cmd::run(a),
         Command::Doctor(a) => doctor::run(a),
+        Command::Daemon(a) => daemon_cmd::run(a),
     };
     match result {
         Ok(code) => std::process::exit(code),

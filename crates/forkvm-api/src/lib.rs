@@ -1,0 +1,274 @@
+//! The REST v1 wire types: forkd's JSON shapes (field names, defaults, status codes) plus
+//! forkvm's additions, each marked. Requests refuse unknown fields, so a typo is a 400
+//! naming the field rather than a silently ignored option. Shared by the daemon, the
+//! Rust client and (through `docs/openapi.json`) the Python SDK.
+
+use serde::{Deserialize, Serialize};
+
+pub mod routes;
+
+/// Version of this API, reported by `GET /version`.
+pub const API_VERSION: &str = "v1";
+/// Most sandboxes one `POST /v1/sandboxes` or fork may create.
+pub const MAX_SANDBOXES_PER_CALL: u32 = 1000;
+
+/// Every error body: `{"error": "..."}` as forkd, plus a machine-readable `code`
+/// (`bad_request`, `unauthorized`, `not_found`, `conflict`, `busy`, `disk_full`,
+/// `internal`) and, for conflicts, the object's current `state`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: String,
+    #[serde(default)]
+    pub code: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Health {
+    pub ok: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionInfo {
+    pub version: String,
+    pub api: String,
+}
+
+/// `POST /v1/snapshots`. forkd boots a kernel and rootfs given by path; forkvm builds
+/// from a named template (`tiny`, `python`), booted once and cached by content hash.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSnapshotRequest {
+    pub tag: String,
+    pub template: String,
+}
+
+/// A snapshot in the store.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotInfo {
+    pub tag: String,
+    pub dir: String,
+    pub created_at_unix: u64,
+    #[serde(default)]
+    pub branched_from: Option<String>,
+    /// Pause window of the branch that made it.
+    #[serde(default)]
+    pub pause_ms: Option<f64>,
+    /// `writing`, `ready` or `failed`.
+    pub status: String,
+    /// Whether a sandbox can be spawned from it now.
+    pub bootable: bool,
+    #[serde(default)]
+    pub warning: Option<String>,
+    /// forkvm: the template it descends from.
+    #[serde(default)]
+    pub template: Option<String>,
+    /// forkvm: branch mode (`full`, `live`), for branches.
+    #[serde(default)]
+    pub mode: Option<String>,
+    /// forkvm: guest memory size.
+    #[serde(default)]
+    pub memory_logical_bytes: u64,
+    /// forkvm: bytes the memory image occupies on disk (sparse).
+    #[serde(default)]
+    pub memory_physical_bytes: u64,
+}
+
+/// `GET /v1/snapshots/{tag}/info`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotInfoDetail {
+    pub tag: String,
+    pub dir: String,
+    pub created_at_unix: Option<u64>,
+    pub memory_logical_bytes: u64,
+    pub memory_physical_bytes: u64,
+    pub vmstate_bytes: u64,
+    pub parent_tag: Option<String>,
+    pub parent_content_hash: Option<String>,
+    pub chain_depth: u32,
+    pub ancestors: Vec<String>,
+    pub dependents: Vec<String>,
+    /// forkvm: snapshots branched from sandboxes that came from this one.
+    #[serde(default)]
+    pub branched_from: Option<String>,
+    pub status: String,
+}
+
+/// `POST /v1/sandboxes`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSandboxRequest {
+    pub snapshot_tag: String,
+    #[serde(default = "one")]
+    pub n: u32,
+    #[serde(default)]
+    pub memory_limit_mib: Option<u64>,
+    /// forkd: a network namespace per child. Not supported (guests have no network).
+    #[serde(default)]
+    pub per_child_netns: bool,
+    /// forkd: pre-fault memory. Accepted and ignored: restores are copy-on-write.
+    #[serde(default)]
+    pub prewarm: bool,
+    /// forkd: fork from a live VM's memory. Use `POST /v1/sandboxes/{id}/fork`.
+    #[serde(default)]
+    pub live_fork: bool,
+    /// forkd: hugepage-backed memory. Accepted and ignored: memory is THP-backed.
+    #[serde(default)]
+    pub hugepages: bool,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// forkvm: `POST /v1/sandboxes/{id}/fork`: N copies of a running sandbox, no disk.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForkSandboxRequest {
+    #[serde(default = "one")]
+    pub n: u32,
+    #[serde(default)]
+    pub memory_limit_mib: Option<u64>,
+}
+
+/// A running sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxInfo {
+    pub id: String,
+    /// The tag it was spawned from (for a fork of a running sandbox, its source's).
+    pub snapshot_tag: Option<String>,
+    pub netns: Option<String>,
+    /// forkd: the agent's address. forkvm: `unix:<path>` of the vsock socket.
+    pub guest_addr: String,
+    pub created_at_unix: u64,
+    pub pid: Option<i32>,
+    pub memory_limit_mib: Option<u64>,
+    pub has_branched: bool,
+    pub last_branch_memory_path: Option<String>,
+    pub branch_count: u32,
+    /// forkvm: `running`.
+    pub state: String,
+    /// forkvm.
+    pub template: Option<String>,
+    /// forkvm: the running sandbox it was forked from.
+    pub forked_from: Option<String>,
+    /// forkvm: last API call that touched it.
+    pub last_active_unix: u64,
+}
+
+/// `POST /v1/sandboxes/{id}/branch`. `mode` wins; forkd's legacy booleans `live` and
+/// `diff` select a mode when it is absent (both, or one contradicting `mode`, is a 400).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct BranchSandboxRequest {
+    #[serde(default)]
+    pub tag: Option<String>,
+    #[serde(default)]
+    pub mode: Option<String>,
+    #[serde(default)]
+    pub live: bool,
+    #[serde(default)]
+    pub diff: bool,
+    #[serde(default)]
+    pub measure_diff: bool,
+    #[serde(default = "yes")]
+    pub wait: bool,
+    #[serde(default)]
+    pub parent_tag: Option<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `POST /v1/sandboxes/{id}/exec` and `/exec/stream`. forkd takes `args`; forkvm also
+/// takes `cmd` (run by `/bin/sh -c`), `env`, `cwd` and `stdin`. Exactly one of `args`
+/// and `cmd`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub cmd: Option<String>,
+    #[serde(default = "thirty")]
+    pub timeout_secs: u64,
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Bytes (UTF-8) given to the process's standard input.
+    #[serde(default)]
+    pub stdin: Option<String>,
+}
+
+fn thirty() -> u64 {
+    30
+}
+
+/// `exit_code` is the process's code, else 128 + signal, else 124 on timeout (as
+/// `timeout(1)`); forkvm adds `signal`, `timed_out` and `duration_ms` so a timeout is
+/// never mistaken for a failure of the program.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecResponse {
+    pub stdout: String,
+    pub stderr: String,
+    pub exit_code: i32,
+    #[serde(default)]
+    pub signal: Option<i32>,
+    #[serde(default)]
+    pub timed_out: bool,
+    #[serde(default)]
+    pub duration_ms: u64,
+}
+
+/// One line of `POST /v1/sandboxes/{id}/exec/stream` (NDJSON): output chunks as they
+/// come, then one `exit` (or one `error`) line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ExecEvent {
+    Stdout { data: String },
+    Stderr { data: String },
+    Exit { exit_code: i32, signal: Option<i32>, timed_out: bool, duration_ms: u64 },
+    Error { error: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalRequest {
+    pub code: String,
+}
+
+/// forkd's shape (`result`, `error`, `exit_code`: 0 or 1) plus what the code printed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EvalResponse {
+    /// `repr()` of the last expression, if the code ended in one.
+    pub result: Option<String>,
+    /// The exception and traceback, if the code raised.
+    pub error: Option<String>,
+    pub exit_code: i32,
+    #[serde(default)]
+    pub stdout: String,
+    #[serde(default)]
+    pub stderr: String,
+}
+
+/// forkvm: one entry of `GET /v1/sandboxes/{id}/files/list?path=`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    pub name: String,
+    /// `file`, `dir`, `symlink` or `other`.
+    #[serde(rename = "type")]
+    pub file_type: String,
+    pub size: u64,
+    pub mode: u32,
+    pub mtime_unix_ns: i64,
+}
+
+/// forkvm: the reply to a file upload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileWritten {
+    pub path: String,
+    pub bytes: u64,
+}

@@ -1,0 +1,71 @@
+//! Every route of REST v1, once. The daemon builds its router from [`ROUTES`] and a test
+//! checks `docs/openapi.json` against it, so the document cannot drift from the server.
+//! Paths use axum's `{param}` syntax, which is also OpenAPI's.
+
+/// One route: method, path and the handler it names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Route {
+    pub method: &'static str,
+    pub path: &'static str,
+    pub name: RouteName,
+}
+
+/// Names the handler of each route (the daemon matches on it exhaustively).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RouteName {
+    Health,
+    Version,
+    Metrics,
+    ListSnapshots,
+    CreateSnapshot,
+    DeleteSnapshot,
+    SnapshotInfo,
+    ListSandboxes,
+    CreateSandboxes,
+    GetSandbox,
+    DeleteSandbox,
+    Ping,
+    Exec,
+    ExecStream,
+    Eval,
+    Branch,
+    Fork,
+    ReadFile,
+    WriteFile,
+    RemoveFile,
+    ListFiles,
+}
+
+const fn r(method: &'static str, path: &'static str, name: RouteName) -> Route {
+    Route { method, path, name }
+}
+
+/// The routes, in the order the OpenAPI document lists them.
+pub const ROUTES: &[Route] = &[
+    r("GET", "/healthz", RouteName::Health),
+    r("GET", "/version", RouteName::Version),
+    r("GET", "/metrics", RouteName::Metrics),
+    r("GET", "/v1/snapshots", RouteName::ListSnapshots),
+    r("POST", "/v1/snapshots", RouteName::CreateSnapshot),
+    r("DELETE", "/v1/snapshots/{tag}", RouteName::DeleteSnapshot),
+    r("GET", "/v1/snapshots/{tag}/info", RouteName::SnapshotInfo),
+    r("GET", "/v1/sandboxes", RouteName::ListSandboxes),
+    r("POST", "/v1/sandboxes", RouteName::CreateSandboxes),
+    r("GET", "/v1/sandboxes/{id}", RouteName::GetSandbox),
+    r("DELETE", "/v1/sandboxes/{id}", RouteName::DeleteSandbox),
+    r("POST", "/v1/sandboxes/{id}/ping", RouteName::Ping),
+    r("POST", "/v1/sandboxes/{id}/exec", RouteName::Exec),
+    r("POST", "/v1/sandboxes/{id}/exec/stream", RouteName::ExecStream),
+    r("POST", "/v1/sandboxes/{id}/eval", RouteName::Eval),
+    r("POST", "/v1/sandboxes/{id}/branch", RouteName::Branch),
+    r("POST", "/v1/sandboxes/{id}/fork", RouteName::Fork),
+    r("GET", "/v1/sandboxes/{id}/files", RouteName::ReadFile),
+    r("PUT", "/v1/sandboxes/{id}/files", RouteName::WriteFile),
+    r("DELETE", "/v1/sandboxes/{id}/files", RouteName::RemoveFile),
+    r("GET", "/v1/sandboxes/{id}/files/list", RouteName::ListFiles),
+];
+
+/// Routes anyone may call without a token (liveness probes).
+pub fn is_public(path: &str) -> bool {
+    path == "/healthz" || path == "/healthz/"
+}

@@ -1,0 +1,149 @@
+//! The audit log: one JSON line per request, appended and never rewritten — time, peer,
+//! method, path, status, latency, and the sandbox or tag the path names. The layer wraps
+//! authentication, so refused requests are logged too. Rotation: move the file away and
+//! send SIGHUP, or restart; the daemon reopens it (append mode) on SIGHUP.
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+use serde::Serialize;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// Who is on the other end of a connection, attached to each request as an extension.
+#[derive(Debug, Clone)]
+pub struct Peer(pub String);
+
+#[derive(Debug, Serialize)]
+struct Entry<'a> {
+    ts: String,
+    peer: &'a str,
+    method: &'a str,
+    path: &'a str,
+    status: u16,
+    latency_us: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sandbox: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tag: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ua: Option<&'a str>,
+}
+
+#[derive(Debug, Clone)]
+pub struct AuditLog {
+    path: PathBuf,
+    file: Arc<Mutex<File>>,
+}
+
+impl AuditLog {
+    pub fn open(path: &Path) -> std::io::Result<AuditLog> {
+        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        Ok(AuditLog { path: path.to_path_buf(), file: Arc::new(Mutex::new(file)) })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Reopens the file (after rotation).
+    pub fn reopen(&self) -> std::io::Result<()> {
+        let file = OpenOptions::new().create(true).append(true).open(&self.path)?;
+        *self.file.lock().unwrap_or_else(|p| p.into_inner()) = file;
+        Ok(())
+    }
+
+    fn append(&self, e: &Entry<'_>) {
+        let Ok(mut line) = serde_json::to_vec(e) else { return };
+        line.push(b'\n');
+        // One write per line: O_APPEND keeps concurrent lines whole.
+        let mut f = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        if let Err(err) = f.write_all(&line) {
+            tracing::warn!(path = %self.path.display(), %err, "audit log write failed");
+        }
+    }
+}
+
+/// RFC 3339 UTC with milliseconds.
+pub fn rfc3339_now() -> String {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let secs = now.as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60,
+        now.subsec_millis()
+    )
+}
+
+/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (H. Hinnant's method).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+/// The sandbox id or snapshot tag a path names.
+fn subject(path: &str) -> (Option<&str>, Option<&str>) {
+    let mut parts = path.trim_start_matches('/').split('/');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some("v1"), Some("sandboxes"), Some(id)) => (Some(id), None),
+        (Some("v1"), Some("snapshots"), Some(tag)) => (None, Some(tag)),
+        _ => (None, None),
+    }
+}
+
+/// Middleware writing one line per request.
+pub async fn record(State(log): State<AuditLog>, req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = req.method().to_string();
+    let path = req.uri().path().to_string();
+    let peer = req.extensions().get::<Peer>().map(|p| p.0.clone()).unwrap_or_else(|| "in-process".into());
+    let ua = req.headers().get(axum::http::header::USER_AGENT).and_then(|v| v.to_str().ok()).map(String::from);
+    let resp = next.run(req).await;
+    let (sandbox, tag) = subject(&path);
+    log.append(&Entry {
+        ts: rfc3339_now(),
+        peer: &peer,
+        method: &method,
+        path: &path,
+        status: resp.status().as_u16(),
+        latency_us: started.elapsed().as_micros() as u64,
+        sandbox,
+        tag,
+        ua: ua.as_deref(),
+    });
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(20_788), (2026, 12, 1));
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+        assert!(rfc3339_now().ends_with('Z'));
+    }
+
+    #[test]
+    fn subjects() {
+        assert_eq!(subject("/v1/sandboxes/abc/exec"), (Some("abc"), None));
+        assert_eq!(subject("/v1/snapshots/py/info"), (None, Some("py")));
+        assert_eq!(subject("/v1/sandboxes"), (None, None));
+    }
+}

@@ -1,0 +1,128 @@
+//! Starting the daemon: check the configuration, take the state directory's lock, fork
+//! the spawner while still single-threaded, open the database and audit log, reconcile,
+//! then start the runtime and serve until SIGTERM/SIGINT.
+
+use crate::audit::AuditLog;
+use crate::db::Db;
+use crate::reconcile::reconcile;
+use crate::serve::{bind_unix, tls_acceptor, wrap, ServeError, TcpConfig};
+use crate::spawner::Spawner;
+use crate::state::AppState;
+use forkvm_sandbox::Registry;
+use forkvm_snapshot::Store;
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    pub registry: Registry,
+    pub store: Store,
+    /// The Unix socket (always served).
+    pub socket: PathBuf,
+    pub tcp: Option<TcpConfig>,
+    /// Database, audit log and lock.
+    pub state_dir: PathBuf,
+    pub branch_concurrency: usize,
+}
+
+impl DaemonConfig {
+    /// The default socket: `<run root>/forkvmd.sock`.
+    pub fn default_socket(registry: &Registry) -> PathBuf {
+        registry.root().join("forkvmd.sock")
+    }
+    /// The default state directory: `<store root>/forkvmd`.
+    pub fn default_state_dir(store: &Store) -> PathBuf {
+        store.root().join("forkvmd")
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("--branch-concurrency must be at least 1")]
+    ZeroConcurrency,
+    #[error("state directory {path}: {source}")]
+    StateDir { path: PathBuf, source: std::io::Error },
+    #[error("another forkvmd uses the state directory {0} (its lock is held)")]
+    Locked(PathBuf),
+    #[error("starting the spawner process: {0}")]
+    Spawner(std::io::Error),
+    #[error(transparent)]
+    Db(#[from] crate::db::DbError),
+    #[error("audit log {path}: {source}")]
+    Audit { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Serve(#[from] ServeError),
+    #[error("starting the async runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// Runs the daemon until a stop signal. Call it from a single-threaded process (the
+/// spawner is forked before any thread starts).
+pub fn run(cfg: DaemonConfig) -> Result<(), DaemonError> {
+    if cfg.branch_concurrency == 0 {
+        return Err(DaemonError::ZeroConcurrency);
+    }
+    let tls = match &cfg.tcp {
+        Some(t) => {
+            t.check()?;
+            t.tls.as_ref().map(|(c, k)| tls_acceptor(c, k)).transpose()?
+        }
+        None => None,
+    };
+    let dir_err = |source| DaemonError::StateDir { path: cfg.state_dir.clone(), source };
+    std::fs::create_dir_all(&cfg.state_dir).map_err(dir_err)?;
+    let lock_path = cfg.state_dir.join("forkvmd.lock");
+    let lock =
+        std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path).map_err(dir_err)?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(DaemonError::Locked(cfg.state_dir.clone()));
+    }
+    let spawner = Spawner::start(cfg.registry.clone(), cfg.store.clone()).map_err(DaemonError::Spawner)?;
+    let db = Db::open(&cfg.state_dir.join("state.db"))?;
+    let audit_path = cfg.state_dir.join("audit.log");
+    let audit = AuditLog::open(&audit_path).map_err(|source| DaemonError::Audit { path: audit_path, source })?;
+    let state = AppState::new(cfg.registry.clone(), cfg.store.clone(), db, Some(spawner), cfg.branch_concurrency);
+    let (reconciled, watch) = reconcile(&state);
+    tracing::info!(?reconciled, "reconciled state with running sandboxes and the store");
+    println!("forkvmd reconciled {}", serde_json::to_string(&reconciled).unwrap_or_default());
+
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(DaemonError::Runtime)?;
+    runtime.block_on(async move {
+        for (op, tag) in watch {
+            tokio::spawn(crate::routes::branch::watch_writing(state.clone(), op, tag));
+        }
+        let app = crate::app(state.clone());
+        let unix = bind_unix(&cfg.socket)?;
+        println!("forkvmd listening on unix:{}", cfg.socket.display());
+        let tcp = match &cfg.tcp {
+            Some(t) => {
+                let l = tokio::net::TcpListener::bind(t.addr)
+                    .await
+                    .map_err(|source| ServeError::Listen { what: t.addr.to_string(), source })?;
+                let scheme = if tls.is_some() { "https" } else { "http" };
+                println!("forkvmd listening on {scheme}://{}", l.local_addr().unwrap_or(t.addr));
+                Some((l, wrap(app.clone(), t.token.clone(), Some(audit.clone())), tls))
+            }
+            None => None,
+        };
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        tokio::spawn(reopen_on_hangup(audit.clone()));
+        crate::serve::run(Some((unix, wrap(app, None, Some(audit)))), tcp, crate::serve::stop_signal()).await;
+        let _ = std::fs::remove_file(&cfg.socket);
+        Ok::<(), DaemonError>(())
+    })?;
+    drop(lock);
+    Ok(())
+}
+
+async fn reopen_on_hangup(audit: AuditLog) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else { return };
+    while hup.recv().await.is_some() {
+        if let Err(e) = audit.reopen() {
+            tracing::warn!(path = %audit.path().display(), %e, "reopening the audit log");
+        }
+    }
+}

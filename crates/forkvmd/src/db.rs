@@ -1,0 +1,402 @@
+//! The daemon's state in SQLite (WAL): sandboxes it started (and those it adopted),
+//! snapshots with what only the daemon knows (branch mode, pause window), and branches
+//! in flight. The run directories and the snapshot store stay the truth about what
+//! exists; this database is what lets a restarted daemon tell an interrupted spawn or
+//! branch from a finished one. Every write is one statement or one transaction, so a
+//! `kill -9` at any point leaves a consistent file.
+
+use rusqlite::{params, Connection, OptionalExtension};
+use std::path::Path;
+
+const SCHEMA_VERSION: i64 = 1;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sandboxes (
+  id TEXT PRIMARY KEY,
+  state TEXT NOT NULL CHECK (state IN ('starting', 'running')),
+  op TEXT,
+  pid INTEGER,
+  template TEXT,
+  snapshot_tag TEXT,
+  forked_from TEXT,
+  memory_limit_mib INTEGER,
+  created_at_unix INTEGER NOT NULL,
+  last_active_unix INTEGER NOT NULL,
+  branch_count INTEGER NOT NULL DEFAULT 0,
+  last_branch_tag TEXT
+);
+CREATE TABLE IF NOT EXISTS snapshots (
+  tag TEXT PRIMARY KEY,
+  status TEXT NOT NULL,
+  branched_from TEXT,
+  template TEXT,
+  mode TEXT,
+  pause_ms REAL,
+  created_at_unix INTEGER NOT NULL,
+  memory_logical_bytes INTEGER NOT NULL DEFAULT 0,
+  memory_physical_bytes INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS branches (
+  op TEXT PRIMARY KEY,
+  sandbox_id TEXT NOT NULL,
+  tag TEXT,
+  mode TEXT NOT NULL,
+  wait INTEGER NOT NULL,
+  started_at_unix INTEGER NOT NULL
+);
+";
+
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error("state database {path}: {source}")]
+    Open { path: String, source: rusqlite::Error },
+    #[error("state database {path} has schema version {found}; this forkvmd knows {SCHEMA_VERSION}")]
+    Version { path: String, found: i64 },
+    #[error("state database: {0}")]
+    Sql(#[from] rusqlite::Error),
+}
+
+/// A sandbox row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxRow {
+    pub id: String,
+    pub state: String,
+    pub op: Option<String>,
+    pub pid: Option<i32>,
+    pub template: Option<String>,
+    pub snapshot_tag: Option<String>,
+    pub forked_from: Option<String>,
+    pub memory_limit_mib: Option<u64>,
+    pub created_at_unix: u64,
+    pub last_active_unix: u64,
+    pub branch_count: u32,
+    pub last_branch_tag: Option<String>,
+}
+
+/// A snapshot row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SnapshotRow {
+    pub tag: String,
+    pub status: String,
+    pub branched_from: Option<String>,
+    pub template: Option<String>,
+    pub mode: Option<String>,
+    pub pause_ms: Option<f64>,
+    pub created_at_unix: u64,
+    pub memory_logical_bytes: u64,
+    pub memory_physical_bytes: u64,
+}
+
+/// A branch in flight.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BranchRow {
+    pub op: String,
+    pub sandbox_id: String,
+    pub tag: Option<String>,
+    pub mode: String,
+    pub wait: bool,
+    pub started_at_unix: u64,
+}
+
+#[derive(Debug)]
+pub struct Db {
+    conn: Connection,
+}
+
+impl Db {
+    pub fn open(path: &Path) -> Result<Db, DbError> {
+        let err = |source| DbError::Open { path: path.display().to_string(), source };
+        let conn = Connection::open(path).map_err(err)?;
+        conn.pragma_update(None, "journal_mode", "WAL").map_err(err)?;
+        conn.pragma_update(None, "synchronous", "NORMAL").map_err(err)?;
+        conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(err)?;
+        conn.execute_batch(SCHEMA).map_err(err)?;
+        let found: Option<String> =
+            conn.query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| r.get(0)).optional().map_err(err)?;
+        match found.and_then(|v| v.parse::<i64>().ok()) {
+            None => {
+                conn.execute(
+                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema', ?1)",
+                    [SCHEMA_VERSION.to_string()],
+                )
+                .map_err(err)?;
+            }
+            Some(SCHEMA_VERSION) => {}
+            Some(found) => return Err(DbError::Version { path: path.display().to_string(), found }),
+        }
+        Ok(Db { conn })
+    }
+
+    /// Inserts sandbox rows (`starting` ones are recorded before any process exists).
+    pub fn insert_sandboxes(&mut self, rows: &[SandboxRow]) -> Result<(), DbError> {
+        let tx = self.conn.transaction()?;
+        for r in rows {
+            tx.execute(
+                "INSERT INTO sandboxes (id, state, op, pid, template, snapshot_tag, forked_from, memory_limit_mib,
+                   created_at_unix, last_active_unix, branch_count, last_branch_tag)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                params![
+                    r.id,
+                    r.state,
+                    r.op,
+                    r.pid,
+                    r.template,
+                    r.snapshot_tag,
+                    r.forked_from,
+                    r.memory_limit_mib.map(|v| v as i64),
+                    r.created_at_unix as i64,
+                    r.last_active_unix as i64,
+                    r.branch_count,
+                    r.last_branch_tag
+                ],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Marks sandboxes running with their VMM pids.
+    pub fn mark_running(&mut self, pids: &[(String, i32)]) -> Result<(), DbError> {
+        let tx = self.conn.transaction()?;
+        for (id, pid) in pids {
+            tx.execute("UPDATE sandboxes SET state = 'running', pid = ?2 WHERE id = ?1", params![id, pid])?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    pub fn delete_sandboxes(&mut self, ids: &[String]) -> Result<(), DbError> {
+        let tx = self.conn.transaction()?;
+        for id in ids {
+            tx.execute("DELETE FROM sandboxes WHERE id = ?1", [id])?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    pub fn sandboxes(&self) -> Result<Vec<SandboxRow>, DbError> {
+        let mut st = self.conn.prepare(
+            "SELECT id, state, op, pid, template, snapshot_tag, forked_from, memory_limit_mib, created_at_unix,
+                    last_active_unix, branch_count, last_branch_tag FROM sandboxes ORDER BY created_at_unix, id",
+        )?;
+        let rows = st.query_map([], |r| {
+            Ok(SandboxRow {
+                id: r.get(0)?,
+                state: r.get(1)?,
+                op: r.get(2)?,
+                pid: r.get(3)?,
+                template: r.get(4)?,
+                snapshot_tag: r.get(5)?,
+                forked_from: r.get(6)?,
+                memory_limit_mib: r.get::<_, Option<i64>>(7)?.map(|v| v as u64),
+                created_at_unix: r.get::<_, i64>(8)? as u64,
+                last_active_unix: r.get::<_, i64>(9)? as u64,
+                branch_count: r.get(10)?,
+                last_branch_tag: r.get(11)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    pub fn touch(&self, id: &str, now_unix: u64) -> Result<(), DbError> {
+        self.conn.execute("UPDATE sandboxes SET last_active_unix = ?2 WHERE id = ?1", params![id, now_unix as i64])?;
+        Ok(())
+    }
+
+    pub fn record_branch_of(&self, id: &str, tag: &str) -> Result<(), DbError> {
+        self.conn.execute(
+            "UPDATE sandboxes SET branch_count = branch_count + 1, last_branch_tag = ?2 WHERE id = ?1",
+            params![id, tag],
+        )?;
+        Ok(())
+    }
+
+    pub fn upsert_snapshot(&self, s: &SnapshotRow) -> Result<(), DbError> {
+        self.conn.execute(
+            "INSERT INTO snapshots (tag, status, branched_from, template, mode, pause_ms, created_at_unix,
+               memory_logical_bytes, memory_physical_bytes) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+             ON CONFLICT (tag) DO UPDATE SET status = excluded.status, branched_from = excluded.branched_from,
+               template = excluded.template, mode = COALESCE(excluded.mode, snapshots.mode),
+               pause_ms = COALESCE(excluded.pause_ms, snapshots.pause_ms), created_at_unix = excluded.created_at_unix,
+               memory_logical_bytes = excluded.memory_logical_bytes,
+               memory_physical_bytes = excluded.memory_physical_bytes",
+            params![
+                s.tag,
+                s.status,
+                s.branched_from,
+                s.template,
+                s.mode,
+                s.pause_ms,
+                s.created_at_unix as i64,
+                s.memory_logical_bytes as i64,
+                s.memory_physical_bytes as i64
+            ],
+        )?;
+        Ok(())
+    }
+
+    pub fn delete_snapshot(&self, tag: &str) -> Result<(), DbError> {
+        self.conn.execute("DELETE FROM snapshots WHERE tag = ?1", [tag])?;
+        Ok(())
+    }
+
+    pub fn snapshots(&self) -> Result<Vec<SnapshotRow>, DbError> {
+        let mut st = self.conn.prepare(
+            "SELECT tag, status, branched_from, template, mode, pause_ms, created_at_unix, memory_logical_bytes,
+                    memory_physical_bytes FROM snapshots ORDER BY tag",
+        )?;
+        let rows = st.query_map([], |r| {
+            Ok(SnapshotRow {
+                tag: r.get(0)?,
+                status: r.get(1)?,
+                branched_from: r.get(2)?,
+                template: r.get(3)?,
+                mode: r.get(4)?,
+                pause_ms: r.get(5)?,
+                created_at_unix: r.get::<_, i64>(6)? as u64,
+                memory_logical_bytes: r.get::<_, i64>(7)? as u64,
+                memory_physical_bytes: r.get::<_, i64>(8)? as u64,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    pub fn insert_branch(&self, b: &BranchRow) -> Result<(), DbError> {
+        self.conn.execute(
+            "INSERT INTO branches (op, sandbox_id, tag, mode, wait, started_at_unix) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![b.op, b.sandbox_id, b.tag, b.mode, b.wait, b.started_at_unix as i64],
+        )?;
+        Ok(())
+    }
+
+    pub fn set_branch_tag(&self, op: &str, tag: &str) -> Result<(), DbError> {
+        self.conn.execute("UPDATE branches SET tag = ?2 WHERE op = ?1", params![op, tag])?;
+        Ok(())
+    }
+
+    pub fn delete_branch(&self, op: &str) -> Result<(), DbError> {
+        self.conn.execute("DELETE FROM branches WHERE op = ?1", [op])?;
+        Ok(())
+    }
+
+    pub fn branches(&self) -> Result<Vec<BranchRow>, DbError> {
+        let mut st =
+            self.conn.prepare("SELECT op, sandbox_id, tag, mode, wait, started_at_unix FROM branches ORDER BY op")?;
+        let rows = st.query_map([], |r| {
+            Ok(BranchRow {
+                op: r.get(0)?,
+                sandbox_id: r.get(1)?,
+                tag: r.get(2)?,
+                mode: r.get(3)?,
+                wait: r.get(4)?,
+                started_at_unix: r.get::<_, i64>(5)? as u64,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: &str) -> SandboxRow {
+        SandboxRow {
+            id: id.into(),
+            state: "starting".into(),
+            op: Some("op1".into()),
+            pid: None,
+            template: Some("python".into()),
+            snapshot_tag: Some("py".into()),
+            forked_from: None,
+            memory_limit_mib: Some(256),
+            created_at_unix: 10,
+            last_active_unix: 10,
+            branch_count: 0,
+            last_branch_tag: None,
+        }
+    }
+
+    #[test]
+    fn sandboxes_snapshots_branches_round_trip_and_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        {
+            let mut db = Db::open(&path).unwrap();
+            db.insert_sandboxes(&[row("a"), row("b")]).unwrap();
+            db.mark_running(&[("a".into(), 42)]).unwrap();
+            db.record_branch_of("a", "t1").unwrap();
+            db.touch("a", 99).unwrap();
+            db.upsert_snapshot(&SnapshotRow {
+                tag: "t1".into(),
+                status: "writing".into(),
+                branched_from: Some("a".into()),
+                template: None,
+                mode: Some("live".into()),
+                pause_ms: Some(3.5),
+                created_at_unix: 5,
+                memory_logical_bytes: 1,
+                memory_physical_bytes: 0,
+            })
+            .unwrap();
+            // A later update without mode/pause keeps what the branch recorded.
+            db.upsert_snapshot(&SnapshotRow {
+                tag: "t1".into(),
+                status: "ready".into(),
+                branched_from: Some("a".into()),
+                template: None,
+                mode: None,
+                pause_ms: None,
+                created_at_unix: 5,
+                memory_logical_bytes: 1,
+                memory_physical_bytes: 1,
+            })
+            .unwrap();
+            db.insert_branch(&BranchRow {
+                op: "b1".into(),
+                sandbox_id: "a".into(),
+                tag: None,
+                mode: "live".into(),
+                wait: true,
+                started_at_unix: 7,
+            })
+            .unwrap();
+            db.set_branch_tag("b1", "t2").unwrap();
+            assert!(db.insert_sandboxes(&[row("a")]).is_err(), "duplicate id refused");
+        }
+        let mut db = Db::open(&path).unwrap();
+        let s = db.sandboxes().unwrap();
+        assert_eq!(s.len(), 2);
+        assert_eq!(
+            (s[0].state.as_str(), s[0].pid, s[0].branch_count, s[0].last_active_unix),
+            ("running", Some(42), 1, 99)
+        );
+        assert_eq!(s[1].state, "starting");
+        let snaps = db.snapshots().unwrap();
+        assert_eq!(
+            (snaps[0].status.as_str(), snaps[0].mode.as_deref(), snaps[0].pause_ms),
+            ("ready", Some("live"), Some(3.5))
+        );
+        assert_eq!(db.branches().unwrap()[0].tag.as_deref(), Some("t2"));
+        db.delete_branch("b1").unwrap();
+        db.delete_sandboxes(&["b".into()]).unwrap();
+        db.delete_snapshot("t1").unwrap();
+        assert!(db.branches().unwrap().is_empty());
+        assert_eq!(db.sandboxes().unwrap().len(), 1);
+        assert!(db.snapshots().unwrap().is_empty());
+        let mode: String = db.conn.query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
+        assert_eq!(mode, "wal");
+    }
+
+    #[test]
+    fn newer_schema_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        drop(Db::open(&path).unwrap());
+        let c = Connection::open(&path).unwrap();
+        c.execute("UPDATE meta SET value = '99' WHERE key = 'schema'", []).unwrap();
+        drop(c);
+        assert!(matches!(Db::open(&path), Err(DbError::Version { found: 99, .. })));
+    }
+}

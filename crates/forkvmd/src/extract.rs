@@ -1,0 +1,59 @@
+//! Request extractors whose failures are the API's 400s with a message naming what was
+//! wrong (axum's own extractors answer in plain text, or 415/422).
+
+use crate::error::ApiError;
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use serde::de::DeserializeOwned;
+
+/// Largest JSON body accepted.
+pub const MAX_JSON_BODY: usize = 4 << 20;
+
+/// A JSON body; an empty body is read as `{}` (every field defaulted), so calls with
+/// nothing to say (`ping`, `branch` with defaults) need no body.
+#[derive(Debug)]
+pub struct JsonBody<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let bytes = Bytes::from_request(req, state)
+            .await
+            .map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?;
+        if bytes.len() > MAX_JSON_BODY {
+            return Err(ApiError::bad_request(format!("the JSON body is larger than {MAX_JSON_BODY} bytes")));
+        }
+        let text: &[u8] = if bytes.iter().all(|b| b.is_ascii_whitespace()) { b"{}" } else { &bytes };
+        serde_json::from_slice(text).map(JsonBody).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+    }
+}
+
+/// Query parameters; unknown ones are refused when `T` denies unknown fields.
+#[derive(Debug)]
+pub struct QueryArgs<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for QueryArgs<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        let q = parts.uri.query().unwrap_or("");
+        serde_urlencoded::from_str(q).map(QueryArgs).map_err(|e| ApiError::bad_request(format!("invalid query: {e}")))
+    }
+}
+
+/// The one path parameter of a route (`{id}` or `{tag}`), percent-decoded.
+#[derive(Debug)]
+pub struct Param(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for Param {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let axum::extract::Path(v) = axum::extract::Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::bad_request(format!("invalid path parameter: {e}")))?;
+        Ok(Param(v))
+    }
+}

@@ -1,0 +1,33 @@
+//! forkvmd: the controller daemon. It answers forkd's REST v1 (same paths and JSON
+//! shapes, so forkd's clients work unchanged) and adds files, streamed exec, forking a
+//! running sandbox, a Unix-socket listener, and re-attaching to running sandboxes after
+//! a restart.
+//!
+//! Sandboxes are separate VMM processes that outlive the daemon; the daemon drives them
+//! through their control sockets and agents, keeps its own records in SQLite (see
+//! [`db`]), and on start reconciles those records with what runs ([`reconcile`]).
+//! Spawning forks, which a multi-threaded process must not do, so a single-threaded
+//! helper forked before the runtime starts does it ([`spawner`]).
+
+pub mod audit;
+pub mod auth;
+pub mod daemon;
+pub mod db;
+pub mod error;
+pub mod extract;
+pub mod metrics;
+pub mod reconcile;
+pub mod routes;
+pub mod serve;
+pub mod spawner;
+pub mod state;
+pub mod views;
+
+pub use daemon::{run, DaemonConfig, DaemonError};
+pub use state::AppState;
+
+/// The API's router over `state`, without authentication or audit (those wrap it per
+/// listener, see [`serve::wrap`]); in-process tests call it directly.
+pub fn app(state: AppState) -> axum::Router {
+    routes::router(state)
+}

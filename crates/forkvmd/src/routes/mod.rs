@@ -1,0 +1,79 @@
+//! The router, built from the route table in `forkvm_api::routes` (the same table the
+//! OpenAPI document is checked against), plus JSON answers for unknown paths and
+//! methods.
+
+pub mod branch;
+pub mod files;
+pub mod meta;
+pub mod run;
+pub mod sandboxes;
+pub mod snapshots;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+use axum::http::{Method, Uri};
+use axum::routing::{on, MethodFilter, MethodRouter};
+use axum::Router;
+use forkvm_api::routes::{RouteName, ROUTES};
+
+fn handler(name: RouteName, filter: MethodFilter) -> MethodRouter<AppState> {
+    match name {
+        RouteName::Health => on(filter, meta::health),
+        RouteName::Version => on(filter, meta::version),
+        RouteName::Metrics => on(filter, meta::metrics),
+        RouteName::ListSnapshots => on(filter, snapshots::list),
+        RouteName::CreateSnapshot => on(filter, snapshots::create),
+        RouteName::DeleteSnapshot => on(filter, snapshots::delete),
+        RouteName::SnapshotInfo => on(filter, snapshots::info),
+        RouteName::ListSandboxes => on(filter, sandboxes::list),
+        RouteName::CreateSandboxes => on(filter, sandboxes::create),
+        RouteName::GetSandbox => on(filter, sandboxes::get),
+        RouteName::DeleteSandbox => on(filter, sandboxes::delete),
+        RouteName::Ping => on(filter, run::ping),
+        RouteName::Exec => on(filter, run::exec),
+        RouteName::ExecStream => on(filter, run::exec_stream),
+        RouteName::Eval => on(filter, run::eval),
+        RouteName::Branch => on(filter, branch::branch),
+        RouteName::Fork => on(filter, sandboxes::fork),
+        RouteName::ReadFile => on(filter, files::read),
+        RouteName::WriteFile => on(filter, files::write),
+        RouteName::RemoveFile => on(filter, files::remove),
+        RouteName::ListFiles => on(filter, files::list),
+    }
+}
+
+fn method_filter(method: &str) -> MethodFilter {
+    match method {
+        "GET" => MethodFilter::GET,
+        "POST" => MethodFilter::POST,
+        "PUT" => MethodFilter::PUT,
+        "DELETE" => MethodFilter::DELETE,
+        other => panic!("route table: unsupported method {other}"),
+    }
+}
+
+async fn no_route(method: Method, uri: Uri) -> ApiError {
+    ApiError::not_found(format!("no route {method} {}", uri.path()))
+}
+
+async fn wrong_method(method: Method, uri: Uri) -> ApiError {
+    let allowed: Vec<&str> = ROUTES.iter().filter(|r| r.path == uri.path()).map(|r| r.method).collect();
+    let mut e = ApiError::new(
+        axum::http::StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{method} is not allowed on {} (allowed: {})", uri.path(), allowed.join(", ")),
+    );
+    if allowed.is_empty() {
+        e.message = format!("{method} is not allowed on {}", uri.path());
+    }
+    e
+}
+
+/// Every route of the table, with state.
+pub fn router(state: AppState) -> Router {
+    let mut r: Router<AppState> = Router::new();
+    for route in ROUTES {
+        r = r.route(route.path, handler(route.name, method_filter(route.method)));
+    }
+    r.fallback(no_route).method_not_allowed_fallback(wrong_method).with_state(state)
+}

@@ -1,0 +1,156 @@
+//! Talking to a sandbox's agent: ping, exec (collected or streamed as NDJSON), eval.
+
+use crate::error::{agent_error, ApiError};
+use crate::extract::{JsonBody, Param};
+use crate::routes::sandboxes::running;
+use crate::state::AppState;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use forkvm_api::{EvalRequest, EvalResponse, ExecEvent, ExecRequest, ExecResponse};
+use forkvm_proto::{AgentClient, Command, EvalOutcome, ExitStatus};
+use forkvm_sandbox::template_snapshot::AGENT_PORT;
+use std::os::unix::net::UnixStream;
+
+/// Longest exec timeout accepted (a day).
+const MAX_TIMEOUT_SECS: u64 = 86_400;
+
+fn client(s: &AppState, id: &str) -> Result<AgentClient<UnixStream>, ApiError> {
+    let r = running(s, id)?;
+    s.touch(id);
+    Ok(AgentClient::vsock_uds(r.vsock(), AGENT_PORT))
+}
+
+/// The agent's exec request for an API exec request.
+fn agent_request(req: &ExecRequest) -> Result<forkvm_proto::ExecRequest, ApiError> {
+    let command = match (&req.cmd, req.args.is_empty()) {
+        (Some(_), false) => return Err(ApiError::bad_request("give either args or cmd, not both")),
+        (Some(c), true) if c.trim().is_empty() => return Err(ApiError::bad_request("cmd is empty")),
+        (Some(c), true) => Command::Shell(c.clone()),
+        (None, true) => return Err(ApiError::bad_request("args is empty (give args or cmd)")),
+        (None, false) if req.args[0].is_empty() => return Err(ApiError::bad_request("args[0] is empty")),
+        (None, false) => Command::Argv(req.args.clone()),
+    };
+    if req.timeout_secs == 0 || req.timeout_secs > MAX_TIMEOUT_SECS {
+        return Err(ApiError::bad_request(format!(
+            "timeout_secs must be between 1 and {MAX_TIMEOUT_SECS}, got {}",
+            req.timeout_secs
+        )));
+    }
+    Ok(forkvm_proto::ExecRequest {
+        command,
+        env: req.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        cwd: req.cwd.clone(),
+        stdin: false,
+        timeout_ms: Some(req.timeout_secs * 1000),
+    })
+}
+
+/// forkd's `exit_code` for how a process ended: its code, else 128 + signal, else 124
+/// for a timeout (as `timeout(1)`).
+fn exit_code(st: &ExitStatus) -> i32 {
+    match (st.code, st.signal) {
+        _ if st.timed_out => 124,
+        (Some(c), _) => c,
+        (None, Some(sig)) => 128 + sig,
+        (None, None) => -1,
+    }
+}
+
+fn exit_event(st: &ExitStatus) -> ExecEvent {
+    ExecEvent::Exit {
+        exit_code: exit_code(st),
+        signal: st.signal,
+        timed_out: st.timed_out,
+        duration_ms: st.duration_ms,
+    }
+}
+
+pub async fn ping(State(s): State<AppState>, Param(id): Param) -> Result<Json<serde_json::Value>, ApiError> {
+    s.blocking(move |s| {
+        let pong = client(&s, &id)?.ping().map_err(|e| agent_error(&id, e))?;
+        serde_json::to_value(pong).map(Json).map_err(|e| ApiError::internal(e.to_string()))
+    })
+    .await
+}
+
+pub async fn exec(
+    State(s): State<AppState>,
+    Param(id): Param,
+    JsonBody(req): JsonBody<ExecRequest>,
+) -> Result<Json<ExecResponse>, ApiError> {
+    let agent_req = agent_request(&req)?;
+    s.blocking(move |s| {
+        let c = client(&s, &id)?;
+        let out = c
+            .exec_collect(&agent_req, req.stdin.as_deref().unwrap_or("").as_bytes())
+            .map_err(|e| agent_error(&id, e))?;
+        Ok(Json(ExecResponse {
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            exit_code: exit_code(&out.status),
+            signal: out.status.signal,
+            timed_out: out.status.timed_out,
+            duration_ms: out.status.duration_ms,
+        }))
+    })
+    .await
+}
+
+fn ndjson_line(e: &ExecEvent) -> bytes::Bytes {
+    let mut v = serde_json::to_vec(e).unwrap_or_else(|_| b"{\"type\":\"error\",\"error\":\"encoding\"}".to_vec());
+    v.push(b'\n');
+    bytes::Bytes::from(v)
+}
+
+/// Output lines are sent as they arrive; the response status is 200 once the sandbox is
+/// found, so a failure after that is an `error` line, never a truncated stream.
+pub async fn exec_stream(
+    State(s): State<AppState>,
+    Param(id): Param,
+    JsonBody(req): JsonBody<ExecRequest>,
+) -> Result<Response, ApiError> {
+    let agent_req = agent_request(&req)?;
+    let id2 = id.clone();
+    let c = s.blocking(move |s| client(&s, &id2)).await?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(64);
+    tokio::task::spawn_blocking(move || {
+        let send = |e: ExecEvent| {
+            let _ = tx.blocking_send(ndjson_line(&e));
+        };
+        let stdin = req.stdin.unwrap_or_default();
+        let mut src = stdin.as_bytes();
+        let src: Option<&mut dyn std::io::Read> = if stdin.is_empty() { None } else { Some(&mut src) };
+        let result = c.exec(
+            &agent_req,
+            src,
+            &mut |chunk| send(ExecEvent::Stdout { data: String::from_utf8_lossy(chunk).into_owned() }),
+            &mut |chunk| send(ExecEvent::Stderr { data: String::from_utf8_lossy(chunk).into_owned() }),
+        );
+        match result {
+            Ok(st) => send(exit_event(&st)),
+            Err(e) => send(ExecEvent::Error { error: agent_error(&id, e).message }),
+        }
+    });
+    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+    let body = Body::from_stream(futures_util::StreamExt::map(stream, Ok::<_, std::io::Error>));
+    Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response())
+}
+
+pub async fn eval(
+    State(s): State<AppState>,
+    Param(id): Param,
+    JsonBody(req): JsonBody<EvalRequest>,
+) -> Result<Json<EvalResponse>, ApiError> {
+    s.blocking(move |s| {
+        let r = client(&s, &id)?.eval(&req.code).map_err(|e| agent_error(&id, e))?;
+        let (result, error, exit_code) = match r.outcome {
+            EvalOutcome::Value { value_repr } => (value_repr, None, 0),
+            EvalOutcome::Exception { exception, traceback } => (None, Some(format!("{exception}\n{traceback}")), 1),
+        };
+        Ok(Json(EvalResponse { result, error, exit_code, stdout: r.stdout, stderr: r.stderr }))
+    })
+    .await
+}

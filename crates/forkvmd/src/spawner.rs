@@ -1,0 +1,159 @@
+//! The spawner: a single-threaded helper process that starts sandbox VMMs for the daemon.
+//!
+//! Spawning forks the caller once per sandbox (the caller is the zygote: it reads the
+//! snapshot once and every child inherits it). A child of a multi-threaded process only
+//! gets the forking thread, with any lock another thread held stuck forever, so the
+//! tokio daemon must not be that caller. It forks this helper first thing, while it is
+//! still single-threaded, and sends it one JSON line per spawn over a socket pair; the
+//! helper starts the VMMs ([`forkvm_sandbox::start_vmms`]), answers with their records
+//! and goes back to waiting. Waiting for the guests and re-identifying them happens in
+//! the daemon, in parallel, since that needs no fork.
+//!
+//! The helper dies with the daemon (`PR_SET_PDEATHSIG`), never mid-way through anything
+//! the restarted daemon could not clean up: its VMMs are recorded as `starting` in the
+//! state database before it is asked to create them. It reaps the VMMs it forked.
+
+use forkvm_sandbox::{Registry, SpawnOptions, SpawnSource, StartedVmms};
+use forkvm_snapshot::Store;
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// One spawn: VMMs with these ids from snapshot `tag`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SpawnOrder {
+    pub tag: String,
+    pub ids: Vec<String>,
+    pub memory_limit_bytes: Option<u64>,
+}
+
+/// Why the spawner could not start them: the library error's code and message.
+#[derive(Debug, Clone, Serialize, Deserialize, thiserror::Error)]
+#[error("{message}")]
+pub struct SpawnRefused {
+    pub code: String,
+    pub message: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum Answer {
+    Started(StartedVmms),
+    Refused(SpawnRefused),
+}
+
+/// The daemon's handle on its spawner.
+#[derive(Debug)]
+pub struct Spawner {
+    stream: Mutex<BufReader<UnixStream>>,
+    pid: libc::pid_t,
+}
+
+impl Spawner {
+    /// Forks the spawner. Call this while the process is single-threaded: before the
+    /// async runtime or any other thread starts.
+    pub fn start(registry: Registry, store: Store) -> std::io::Result<Spawner> {
+        let (ours, theirs) = UnixStream::pair()?;
+        // SAFETY: getpid has no preconditions.
+        let parent = unsafe { libc::getpid() };
+        let (ours_fd, theirs_fd) = (ours.as_raw_fd(), theirs.as_raw_fd());
+        let pid = forkvm_vmm::zygote::fork_and_run(false, move || {
+            // SAFETY: in the child, both descriptors are open copies that nothing else
+            // owns: ours is closed, theirs becomes the stream.
+            let theirs = unsafe {
+                libc::close(ours_fd);
+                UnixStream::from_raw_fd(theirs_fd)
+            };
+            serve(parent, theirs, &registry, &store)
+        })?;
+        drop(theirs);
+        Ok(Spawner { stream: Mutex::new(BufReader::new(ours)), pid })
+    }
+
+    pub fn pid(&self) -> libc::pid_t {
+        self.pid
+    }
+
+    /// Starts the VMMs of `order` (blocking; call from a blocking thread).
+    pub fn start_vmms(&self, order: &SpawnOrder) -> Result<StartedVmms, SpawnRefused> {
+        let lost = |what: &str, e: &dyn std::fmt::Display| SpawnRefused {
+            code: "internal".into(),
+            message: format!("the spawner process (pid {}): {what}: {e}", self.pid),
+        };
+        let mut line = serde_json::to_string(order).map_err(|e| lost("encoding the order", &e))?;
+        line.push('\n');
+        let mut stream = self.stream.lock().unwrap_or_else(|p| p.into_inner());
+        stream.get_mut().write_all(line.as_bytes()).map_err(|e| lost("sending the order", &e))?;
+        let mut answer = String::new();
+        match stream.read_line(&mut answer) {
+            Ok(0) => return Err(lost("reading its answer", &"it exited")),
+            Ok(_) => {}
+            Err(e) => return Err(lost("reading its answer", &e)),
+        }
+        match serde_json::from_str(&answer).map_err(|e| lost("decoding its answer", &e))? {
+            Answer::Started(s) => Ok(s),
+            Answer::Refused(r) => Err(r),
+        }
+    }
+}
+
+/// The spawner's loop; returns its exit code.
+fn serve(parent: libc::pid_t, stream: UnixStream, registry: &Registry, store: &Store) -> i32 {
+    // SAFETY: prctl with integer arguments; getppid has no preconditions.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
+        if libc::getppid() != parent {
+            return 0; // the daemon died before the death signal was armed
+        }
+    }
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    let Ok(mut writer) = stream.try_clone() else { return 1 };
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    loop {
+        reap_children();
+        match reader.read_line(&mut line) {
+            Ok(0) => return 0, // the daemon closed its end
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => continue,
+            Err(_) => return 1,
+        }
+        let answer = match serde_json::from_str::<SpawnOrder>(&line) {
+            Ok(order) => execute(&order, registry, store),
+            Err(e) => Answer::Refused(SpawnRefused { code: "internal".into(), message: format!("bad order: {e}") }),
+        };
+        line.clear();
+        let Ok(mut out) = serde_json::to_string(&answer) else { return 1 };
+        out.push('\n');
+        if writer.write_all(out.as_bytes()).is_err() {
+            return 0;
+        }
+    }
+}
+
+fn execute(order: &SpawnOrder, registry: &Registry, store: &Store) -> Answer {
+    let refused = |code: &str, message: String| Answer::Refused(SpawnRefused { code: code.into(), message });
+    let source = match SpawnSource::from_tag(store, &order.tag) {
+        Ok(s) => s,
+        Err(e) => return refused(e.code(), e.to_string()),
+    };
+    let opts = SpawnOptions { memory_limit_bytes: order.memory_limit_bytes };
+    match forkvm_sandbox::start_vmms(registry, &source, &order.ids, &opts) {
+        Ok(started) => Answer::Started(started),
+        Err(e) => refused(e.code(), e.to_string()),
+    }
+}
+
+/// Reaps VMMs that stopped, so they do not linger as zombies of the spawner.
+fn reap_children() {
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid on any child, non-blocking; `status` is a valid out pointer.
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        if pid <= 0 {
+            return;
+        }
+    }
+}
