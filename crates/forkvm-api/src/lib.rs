@@ -1,7 +1,7 @@
 //! The REST v1 wire types: forkd's JSON shapes (field names, defaults, status codes) plus
 //! forkvm's additions, each marked. Requests refuse unknown fields, so a typo is a 400
 //! naming the field rather than a silently ignored option. Shared by the daemon, the
-//! Rust client and (through `docs/openapi.json`) the Python SDK.
+//! Rust client; `docs/openapi.json` documents them for other clients.
 
 use serde::{Deserialize, Serialize};
 
@@ -89,7 +89,7 @@ pub struct SnapshotInfoDetail {
     pub chain_depth: u32,
     pub ancestors: Vec<String>,
     pub dependents: Vec<String>,
-    /// forkvm: snapshots branched from sandboxes that came from this one.
+    /// forkvm: the sandbox this snapshot was branched from, if it is a branch.
     #[serde(default)]
     pub branched_from: Option<String>,
     pub status: String,
@@ -120,6 +120,21 @@ pub struct CreateSandboxRequest {
 
 fn one() -> u32 {
     1
+}
+
+impl CreateSandboxRequest {
+    /// `n` sandboxes from `snapshot_tag`, every other field at its default.
+    pub fn new(snapshot_tag: impl Into<String>, n: u32) -> Self {
+        CreateSandboxRequest {
+            snapshot_tag: snapshot_tag.into(),
+            n,
+            memory_limit_mib: None,
+            per_child_netns: false,
+            prewarm: false,
+            live_fork: false,
+            hugepages: false,
+        }
+    }
 }
 
 /// forkvm: `POST /v1/sandboxes/{id}/fork`: N copies of a running sandbox, no disk.
@@ -159,7 +174,7 @@ pub struct SandboxInfo {
 
 /// `POST /v1/sandboxes/{id}/branch`. `mode` wins; forkd's legacy booleans `live` and
 /// `diff` select a mode when it is absent (both, or one contradicting `mode`, is a 400).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BranchSandboxRequest {
     #[serde(default)]
@@ -182,10 +197,25 @@ fn yes() -> bool {
     true
 }
 
+/// The same defaults as an empty JSON body (`wait: true`).
+impl Default for BranchSandboxRequest {
+    fn default() -> Self {
+        BranchSandboxRequest {
+            tag: None,
+            mode: None,
+            live: false,
+            diff: false,
+            measure_diff: false,
+            wait: true,
+            parent_tag: None,
+        }
+    }
+}
+
 /// `POST /v1/sandboxes/{id}/exec` and `/exec/stream`. forkd takes `args`; forkvm also
 /// takes `cmd` (run by `/bin/sh -c`), `env`, `cwd` and `stdin`. Exactly one of `args`
 /// and `cmd`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ExecRequest {
     #[serde(default)]
@@ -205,6 +235,13 @@ pub struct ExecRequest {
 
 fn thirty() -> u64 {
     30
+}
+
+/// The same defaults as a JSON body with only the command (`timeout_secs: 30`).
+impl Default for ExecRequest {
+    fn default() -> Self {
+        ExecRequest { args: Vec::new(), cmd: None, timeout_secs: 30, env: Default::default(), cwd: None, stdin: None }
+    }
 }
 
 /// `exit_code` is the process's code, else 128 + signal, else 124 on timeout (as

@@ -4,6 +4,7 @@
 //! sandboxes, each re-identified, optionally running `--exec CMD` or `--eval CODE`;
 //! `--snapshot DIR --run-dir D` forks any snapshot without devices (test guests).
 
+use crate::remote_cmd::RemoteArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use forkvm_sandbox::{spawn, Registry, SpawnOptions, SpawnSource, SpawnTimings};
@@ -70,7 +71,10 @@ struct ForkReport {
 
 const MAX_CHILDREN: usize = 4096;
 
-pub fn run(a: ForkArgs) -> Result<i32> {
+pub fn run(a: ForkArgs, remote: &RemoteArgs) -> Result<i32> {
+    if let Some(code) = crate::remote_cmd::fork(&a, remote)? {
+        return Ok(code);
+    }
     if a.count == 0 || a.count > MAX_CHILDREN {
         bail!("-n must be between 1 and {MAX_CHILDREN}, got {}", a.count);
     }

@@ -9,6 +9,7 @@ mod doctor;
 mod fork_cmd;
 mod image_cmd;
 mod procstat;
+mod remote_cmd;
 mod run_cmd;
 mod sandbox_cmd;
 mod snapshot_cmd;
@@ -21,6 +22,8 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    remote: remote_cmd::RemoteArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -90,22 +93,23 @@ fn main() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("FORKVM_LOG").unwrap_or_else(|_| "warn".into());
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     let cli = Cli::parse();
+    let remote = &cli.remote;
     let result = match cli.command {
         Command::Boot(a) => vm_cmd::boot(a),
         Command::Restore(a) => vm_cmd::restore(a),
         Command::Ctl(a) => vm_cmd::ctl(a),
-        Command::Fork(a) => fork_cmd::run(a),
+        Command::Fork(a) => fork_cmd::run(a, remote),
         Command::Bench(BenchCommand::Fork(a)) => bench_fork::run(a),
         Command::Bench(BenchCommand::Boot(a)) => bench_boot::run(a),
         Command::Bench(BenchCommand::Branch(a)) => bench_branch::run(a),
         Command::Bench(BenchCommand::Spawn(a)) => bench_spawn::run(a),
         Command::Run(a) => run_cmd::run(a),
-        Command::Snapshot(a) => snapshot_cmd::run(a),
-        Command::Ps(a) => sandbox_cmd::ps(a),
-        Command::Kill(a) => sandbox_cmd::kill(a),
-        Command::Exec(a) => sandbox_cmd::exec(a),
-        Command::Eval(a) => sandbox_cmd::eval(a),
-        Command::Branch(a) => sandbox_cmd::branch(a),
+        Command::Snapshot(a) => snapshot_cmd::run(a, remote),
+        Command::Ps(a) => sandbox_cmd::ps(a, remote),
+        Command::Kill(a) => sandbox_cmd::kill(a, remote),
+        Command::Exec(a) => sandbox_cmd::exec(a, remote),
+        Command::Eval(a) => sandbox_cmd::eval(a, remote),
+        Command::Branch(a) => sandbox_cmd::branch(a, remote),
         Command::Image(a) => image_cmd::run(a),
         Command::Doctor(a) => doctor::run(a),
         Command::Daemon(a) => daemon_cmd::run(a),

@@ -1,6 +1,7 @@
 //! Verbs on running sandboxes (found in the registry by id): `ps`, `kill`, `exec`,
 //! `eval`, `branch`.
 
+use crate::remote_cmd::RemoteArgs;
 use anyhow::{bail, Result};
 use clap::Args;
 use forkvm_sandbox::lifecycle::agent;
@@ -58,7 +59,10 @@ pub struct BranchArgs {
     pub json: bool,
 }
 
-pub fn ps(a: PsArgs) -> Result<i32> {
+pub fn ps(a: PsArgs, remote: &RemoteArgs) -> Result<i32> {
+    if let Some(code) = crate::remote_cmd::ps(&a, remote)? {
+        return Ok(code);
+    }
     let list = Registry::open_default().list();
     if a.json {
         println!("{}", serde_json::to_string_pretty(&list)?);
@@ -76,7 +80,10 @@ pub fn ps(a: PsArgs) -> Result<i32> {
     Ok(0)
 }
 
-pub fn kill(a: KillArgs) -> Result<i32> {
+pub fn kill(a: KillArgs, remote: &RemoteArgs) -> Result<i32> {
+    if let Some(code) = crate::remote_cmd::kill(&a, remote)? {
+        return Ok(code);
+    }
     let registry = Registry::open_default();
     let ids: Vec<String> = if a.all { registry.list().into_iter().map(|r| r.id).collect() } else { a.ids };
     if ids.is_empty() && !a.all {
@@ -88,7 +95,10 @@ pub fn kill(a: KillArgs) -> Result<i32> {
     Ok(0)
 }
 
-pub fn exec(a: ExecArgs) -> Result<i32> {
+pub fn exec(a: ExecArgs, remote: &RemoteArgs) -> Result<i32> {
+    if let Some(code) = crate::remote_cmd::exec(&a, remote)? {
+        return Ok(code);
+    }
     let client = agent(&Registry::open_default(), &a.id)?;
     let out = client.exec_collect(&forkvm_proto::ExecRequest::argv(a.command), b"")?;
     std::io::stdout().write_all(&out.stdout)?;
@@ -96,7 +106,10 @@ pub fn exec(a: ExecArgs) -> Result<i32> {
     Ok(out.status.code.unwrap_or(128 + out.status.signal.unwrap_or(0)))
 }
 
-pub fn eval(a: EvalArgs) -> Result<i32> {
+pub fn eval(a: EvalArgs, remote: &RemoteArgs) -> Result<i32> {
+    if let Some(code) = crate::remote_cmd::eval(&a, remote)? {
+        return Ok(code);
+    }
     let client = agent(&Registry::open_default(), &a.id)?;
     let r = client.eval(&a.code)?;
     if a.json {
@@ -118,7 +131,10 @@ pub fn eval(a: EvalArgs) -> Result<i32> {
     }
 }
 
-pub fn branch(a: BranchArgs) -> Result<i32> {
+pub fn branch(a: BranchArgs, remote: &RemoteArgs) -> Result<i32> {
+    if let Some(code) = crate::remote_cmd::branch(&a, remote)? {
+        return Ok(code);
+    }
     let report = forkvm_sandbox::branch(
         &Registry::open_default(),
         &Store::open_default(),

@@ -3,6 +3,7 @@
 //! `create --image T --tag X` makes (or finds, by content hash) template T's snapshot —
 //! boot, agent ready, warm-up, snapshot — and publishes it as tag X.
 
+use crate::remote_cmd::RemoteArgs;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use forkvm_sandbox::template_snapshot::TemplateSnapshot;
@@ -47,7 +48,10 @@ pub fn template_snapshot(image: &str) -> Result<TemplateSnapshot> {
     forkvm_sandbox::ensure_template_snapshot(artifacts?).context("preparing the template snapshot")
 }
 
-pub fn run(a: SnapshotArgs) -> Result<i32> {
+pub fn run(a: SnapshotArgs, remote: &RemoteArgs) -> Result<i32> {
+    if let Some(code) = crate::remote_cmd::snapshot(&a, remote)? {
+        return Ok(code);
+    }
     let store = Store::open_default();
     match a.command {
         SnapshotCommand::Create { image, tag, json } => {

@@ -70,6 +70,8 @@ impl From<forkvm_snapshot::StoreError> for ApiError {
             StoreError::Writing { .. } => Some("writing"),
             StoreError::Abandoned { .. } => Some("abandoned"),
             StoreError::Exists { .. } => Some("exists"),
+            // It exists but cannot be used: incomplete or unreadable files.
+            StoreError::Invalid { .. } => return ApiError::conflict(e.to_string(), "not_bootable"),
             _ => None,
         };
         let mut out = ApiError::from_code(e.code(), e.to_string());

@@ -26,6 +26,9 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
             return Err(ApiError::bad_request(format!("the JSON body is larger than {MAX_JSON_BODY} bytes")));
         }
         let text: &[u8] = if bytes.iter().all(|b| b.is_ascii_whitespace()) { b"{}" } else { &bytes };
+        if text.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return Err(ApiError::bad_request("invalid JSON body: it must be a JSON object"));
+        }
         serde_json::from_slice(text).map(JsonBody).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
     }
 }

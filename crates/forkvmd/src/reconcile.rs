@@ -95,7 +95,9 @@ pub fn reconcile(s: &AppState) -> (Reconciled, Vec<(String, String)>) {
 
     let mut watch = Vec::new();
     let entries = s.store.list();
-    for b in s.db().branches().unwrap_or_default() {
+    // (Bound first: the database lock must not be held while a branch is settled.)
+    let branches = s.db().branches().unwrap_or_default();
+    for b in branches {
         // A branch with a default tag: the VMM chose it; find the source's snapshot in writing.
         let tag = b.tag.clone().or_else(|| {
             entries

@@ -69,11 +69,36 @@ async fn wrong_method(method: Method, uri: Uri) -> ApiError {
     e
 }
 
+/// Counts requests and their latency per route template (not per concrete path, so
+/// sandbox ids do not explode the label set).
+async fn track(
+    axum::extract::State(s): axum::extract::State<AppState>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let route = req.extensions().get::<axum::extract::MatchedPath>().map(|p| p.as_str().to_string());
+    let method = req.method().to_string();
+    let started = std::time::Instant::now();
+    let resp = next.run(req).await;
+    let route = route.unwrap_or_else(|| "unmatched".into());
+    let status = resp.status().as_u16().to_string();
+    s.metrics.inc("forkvm_http_requests_total", &[("method", &method), ("route", &route), ("status", &status)]);
+    s.metrics.observe(
+        "forkvm_http_request_duration_seconds",
+        &[("method", &method), ("route", &route)],
+        started.elapsed().as_secs_f64(),
+    );
+    resp
+}
+
 /// Every route of the table, with state.
 pub fn router(state: AppState) -> Router {
     let mut r: Router<AppState> = Router::new();
     for route in ROUTES {
         r = r.route(route.path, handler(route.name, method_filter(route.method)));
     }
-    r.fallback(no_route).method_not_allowed_fallback(wrong_method).with_state(state)
+    r.route_layer(axum::middleware::from_fn_with_state(state.clone(), track))
+        .fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
+        .with_state(state)
 }

@@ -59,6 +59,17 @@ fn exit_code(st: &ExitStatus) -> i32 {
     }
 }
 
+/// A program that could not be started (missing, not executable) ends like it would in a
+/// shell, 127 or 126 with the reason on stderr; only a missing sandbox is a 404.
+fn not_started(e: &forkvm_proto::ClientError) -> Option<(i32, String)> {
+    use forkvm_proto::{ClientError, ErrorKind};
+    match e {
+        ClientError::Agent(a) if a.kind == ErrorKind::NotFound => Some((127, format!("{}\n", a.message))),
+        ClientError::Agent(a) if a.kind == ErrorKind::PermissionDenied => Some((126, format!("{}\n", a.message))),
+        _ => None,
+    }
+}
+
 fn exit_event(st: &ExitStatus) -> ExecEvent {
     ExecEvent::Exit {
         exit_code: exit_code(st),
@@ -131,7 +142,13 @@ pub async fn exec_stream(
         );
         match result {
             Ok(st) => send(exit_event(&st)),
-            Err(e) => send(ExecEvent::Error { error: agent_error(&id, e).message }),
+            Err(e) => match not_started(&e) {
+                Some((exit_code, stderr)) => {
+                    send(ExecEvent::Stderr { data: stderr });
+                    send(ExecEvent::Exit { exit_code, signal: None, timed_out: false, duration_ms: 0 });
+                }
+                None => send(ExecEvent::Error { error: agent_error(&id, e).message }),
+            },
         }
     });
     let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
@@ -148,7 +165,10 @@ pub async fn eval(
         let r = client(&s, &id)?.eval(&req.code).map_err(|e| agent_error(&id, e))?;
         let (result, error, exit_code) = match r.outcome {
             EvalOutcome::Value { value_repr } => (value_repr, None, 0),
-            EvalOutcome::Exception { exception, traceback } => (None, Some(format!("{exception}\n{traceback}")), 1),
+            // The traceback ends with the exception line; without one, the exception alone.
+            EvalOutcome::Exception { exception, traceback } => {
+                (None, Some(if traceback.trim().is_empty() { exception } else { traceback }), 1)
+            }
         };
         Ok(Json(EvalResponse { result, error, exit_code, stdout: r.stdout, stderr: r.stderr }))
     })

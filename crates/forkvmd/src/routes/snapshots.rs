@@ -83,14 +83,11 @@ pub async fn delete(
                 "has_dependents",
             ));
         }
-        match s.store.lookup(&tag) {
-            Err(StoreError::Writing { .. }) => {
-                return Err(ApiError::conflict(
-                    format!("snapshot {tag:?} is still being written; delete it once it is ready"),
-                    "writing",
-                ))
-            }
-            Ok(_) | Err(_) => {}
+        if let Err(StoreError::Writing { .. }) = s.store.lookup(&tag) {
+            return Err(ApiError::conflict(
+                format!("snapshot {tag:?} is still being written; delete it once it is ready"),
+                "writing",
+            ));
         }
         if args.cascade {
             for d in &detail.dependents {

@@ -1,0 +1,132 @@
+//! Running sandboxes: `/v1/sandboxes` (spawn, list, get, kill) and the actions on one
+//! (ping, exec, streamed exec, eval, branch, fork).
+
+use crate::client::{next_data, Client};
+use crate::encode::Target;
+use crate::error::ClientError;
+use crate::ndjson::Lines;
+use crate::transport;
+use forkvm_api::{
+    BranchSandboxRequest, CreateSandboxRequest, EvalRequest, EvalResponse, ExecEvent, ExecRequest, ExecResponse,
+    ForkSandboxRequest, SandboxInfo, SnapshotInfo,
+};
+use hyper::Method;
+use serde::{Deserialize, Serialize};
+
+/// How a streamed command ended: the data of its `exit` line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecExit {
+    /// The process's code, else 128 + signal, else 124 on timeout.
+    pub exit_code: i32,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub duration_ms: u64,
+}
+
+fn sandbox(id: &str) -> Result<Target, ClientError> {
+    Target::new("/v1/sandboxes").segment("sandbox id", id)
+}
+
+impl Client {
+    /// `GET /v1/sandboxes`.
+    pub fn list_sandboxes(&self) -> Result<Vec<SandboxInfo>, ClientError> {
+        self.call_json(Method::GET, "/v1/sandboxes", None::<&()>, "sandbox list")
+    }
+
+    /// `POST /v1/sandboxes`: `req.n` sandboxes from a tag, all ready, or none.
+    pub fn spawn(&self, req: &CreateSandboxRequest) -> Result<Vec<SandboxInfo>, ClientError> {
+        self.call_json(Method::POST, "/v1/sandboxes", Some(req), "spawned sandboxes")
+    }
+
+    /// `GET /v1/sandboxes/{id}`.
+    pub fn get_sandbox(&self, id: &str) -> Result<SandboxInfo, ClientError> {
+        self.call_json(Method::GET, &sandbox(id)?.build(), None::<&()>, "sandbox")
+    }
+
+    /// `DELETE /v1/sandboxes/{id}`.
+    pub fn kill_sandbox(&self, id: &str) -> Result<(), ClientError> {
+        self.call_empty(Method::DELETE, &sandbox(id)?.build())
+    }
+
+    /// `POST /v1/sandboxes/{id}/ping`: the agent's pong, as the daemon relays it.
+    pub fn ping(&self, id: &str) -> Result<serde_json::Value, ClientError> {
+        self.call_json(Method::POST, &sandbox(id)?.push("/ping").build(), None::<&()>, "ping reply")
+    }
+
+    /// `POST /v1/sandboxes/{id}/exec`: runs a command and returns all it printed.
+    pub fn exec(&self, id: &str, req: &ExecRequest) -> Result<ExecResponse, ClientError> {
+        self.call_json(Method::POST, &sandbox(id)?.push("/exec").build(), Some(req), "exec reply")
+    }
+
+    /// `POST /v1/sandboxes/{id}/exec/stream`: runs a command, calling `on_event` with
+    /// each `stdout`/`stderr` chunk as it arrives, and returns its `exit` line. An
+    /// `error` line becomes [`ClientError::Stream`]; a stream that ends without either,
+    /// [`ClientError::Truncated`].
+    pub fn exec_stream(
+        &self,
+        id: &str,
+        req: &ExecRequest,
+        mut on_event: impl FnMut(ExecEvent),
+    ) -> Result<ExecExit, ClientError> {
+        let target = sandbox(id)?.push("/exec/stream").build();
+        let body = transport::full(crate::client::encode_json(req)?);
+        self.block_on(async {
+            let resp = self.send(Method::POST, &target, body, Some("application/json")).await?;
+            let name = format!("POST {target}");
+            let mut body = resp.into_body();
+            let mut lines = Lines::default();
+            let mut state = Stream { on_event: &mut on_event, exit: None };
+            while let Some(data) = next_data(&mut body, &name).await? {
+                let too_long = || ClientError::TooLarge { request: name.clone(), limit: crate::ndjson::MAX_LINE };
+                lines.feed(&data, too_long, |line| state.line(line))?;
+                if let Some(exit) = state.exit {
+                    // Anything after the exit line is ignored; the connection is dropped.
+                    return Ok(exit);
+                }
+            }
+            lines.finish(|line| state.line(line))?;
+            state.exit.ok_or(ClientError::Truncated)
+        })
+    }
+
+    /// `POST /v1/sandboxes/{id}/eval`: Python in the sandbox's warm interpreter.
+    pub fn eval(&self, id: &str, code: &str) -> Result<EvalResponse, ClientError> {
+        let req = EvalRequest { code: code.to_string() };
+        self.call_json(Method::POST, &sandbox(id)?.push("/eval").build(), Some(&req), "eval reply")
+    }
+
+    /// `POST /v1/sandboxes/{id}/branch`: a new snapshot of the running sandbox.
+    pub fn branch(&self, id: &str, req: &BranchSandboxRequest) -> Result<SnapshotInfo, ClientError> {
+        self.call_json(Method::POST, &sandbox(id)?.push("/branch").build(), Some(req), "branch reply")
+    }
+
+    /// `POST /v1/sandboxes/{id}/fork`: `req.n` copies of the running sandbox.
+    pub fn fork(&self, id: &str, req: &ForkSandboxRequest) -> Result<Vec<SandboxInfo>, ClientError> {
+        self.call_json(Method::POST, &sandbox(id)?.push("/fork").build(), Some(req), "forked sandboxes")
+    }
+}
+
+/// What an exec stream has told so far.
+struct Stream<'a, F: FnMut(ExecEvent)> {
+    on_event: &'a mut F,
+    exit: Option<ExecExit>,
+}
+
+impl<F: FnMut(ExecEvent)> Stream<'_, F> {
+    fn line(&mut self, line: &[u8]) -> Result<(), ClientError> {
+        if self.exit.is_some() {
+            return Ok(());
+        }
+        match crate::client::decode::<ExecEvent>(line, "exec stream line")? {
+            ExecEvent::Exit { exit_code, signal, timed_out, duration_ms } => {
+                self.exit = Some(ExecExit { exit_code, signal, timed_out, duration_ms });
+                Ok(())
+            }
+            ExecEvent::Error { error } => Err(ClientError::Stream { message: error }),
+            output => {
+                (self.on_event)(output);
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,96 @@
+//! `--daemon ENDPOINT`: the verbs that can go through forkvmd instead of acting on this
+//! host's registry and store directly. This file holds the global option, turning it
+//! into a client, and the spinner; the verbs are in `remote_cmd/` (one file per group)
+//! and are called from a one-line dispatch at the top of each local verb, which goes
+//! on locally when no daemon was asked for (or `auto` found none).
+
+mod fork;
+mod sandbox;
+mod snapshot;
+
+pub use fork::fork;
+pub use sandbox::{branch, eval, exec, kill, ps};
+pub use snapshot::snapshot;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use forkvm_client::{token_from_env, Client, ClientOptions, Endpoint};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Timeout the daemon applies to `exec` (the API needs one; the local path has none).
+const EXEC_TIMEOUT_SECS: u64 = 24 * 3600;
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct RemoteArgs {
+    /// Go through the forkvm daemon: unix:/path.sock, http://host:port, https://host:port,
+    /// or `auto` (its default socket, if a daemon listens there). TCP needs FORKVM_TOKEN.
+    #[arg(long, global = true, env = "FORKVM_DAEMON", value_name = "ENDPOINT")]
+    pub daemon: Option<String>,
+    /// PEM certificate to trust for an https:// daemon (e.g. its self-signed one).
+    #[arg(long, global = true, env = "FORKVM_CA_CERT", value_name = "PEM")]
+    pub ca_cert: Option<PathBuf>,
+}
+
+impl RemoteArgs {
+    /// A client for the daemon, if one was asked for (and for `auto`, found).
+    fn client(&self) -> Result<Option<Client>> {
+        let Some(spec) = self.daemon.as_deref() else { return Ok(None) };
+        let Some(endpoint) = Endpoint::resolve(spec)? else { return Ok(None) };
+        let what = endpoint.to_string();
+        let options =
+            ClientOptions { token: token_from_env(), ca_cert: self.ca_cert.clone(), ..ClientOptions::default() };
+        Client::with_options(endpoint, options).map(Some).with_context(|| format!("setting up the client for {what}"))
+    }
+
+    /// True when a daemon was named (not `auto`, which falls back to local work).
+    fn explicit(&self) -> bool {
+        self.daemon.as_deref().map(str::trim).is_some_and(|s| !s.is_empty() && s != "auto")
+    }
+
+    /// Refuses `what`, which has no daemon API, when a daemon was named explicitly.
+    fn refuse_local(&self, what: &str, instead: &str) -> Result<()> {
+        if self.explicit() {
+            bail!("{what} has no daemon API (--daemon/FORKVM_DAEMON is set); {instead}");
+        }
+        Ok(())
+    }
+}
+
+/// A spinner on stderr while a call runs, if stderr is a terminal; cleared when dropped.
+struct Spinner(Option<ProgressBar>);
+
+impl Spinner {
+    fn start(message: String) -> Spinner {
+        if !std::io::stderr().is_terminal() {
+            return Spinner(None);
+        }
+        let bar = ProgressBar::new_spinner();
+        if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} ({elapsed})") {
+            bar.set_style(style);
+        }
+        bar.set_message(message);
+        bar.enable_steady_tick(Duration::from_millis(100));
+        Spinner(Some(bar))
+    }
+
+    fn set_message(&self, message: String) {
+        if let Some(bar) = &self.0 {
+            bar.set_message(message);
+        }
+    }
+}
+
+impl Drop for Spinner {
+    fn drop(&mut self) {
+        if let Some(bar) = &self.0 {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}

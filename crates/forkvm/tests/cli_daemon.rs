@@ -1,0 +1,149 @@
+//! Linux tier: the CLI's verbs through a real `forkvm daemon` (`--daemon`), over its Unix
+//! socket and over TCP with TLS and a bearer token.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+struct Env {
+    _tmp: tempfile::TempDir,
+    dir: PathBuf,
+    daemon: Option<Child>,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let _ = self.cli(&["kill", "--all"], &[]);
+        if let Some(mut d) = self.daemon.take() {
+            let _ = d.kill();
+            let _ = d.wait();
+        }
+    }
+}
+
+impl Env {
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_forkvm"));
+        c.args(args)
+            .env("FORKVM_STORE", self.dir.join("store"))
+            .env("FORKVM_RUN", self.dir.join("run"))
+            .env_remove("FORKVM_DAEMON")
+            .env_remove("FORKVM_TOKEN");
+        c
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.join("run/forkvmd.sock")
+    }
+
+    /// `forkvm --daemon unix:<socket> args...` with extra environment.
+    fn cli(&self, args: &[&str], envs: &[(&str, &str)]) -> Output {
+        let endpoint = format!("unix:{}", self.socket().display());
+        let mut c = self.command(&[]);
+        c.arg("--daemon").arg(&endpoint).args(args);
+        for (k, v) in envs {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.cli(args, &[]);
+        assert!(out.status.success(), "forkvm {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    }
+}
+
+/// Starts a daemon with TCP + TLS + token; returns the env and the https address.
+fn start() -> (Env, String, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let (cert_pem, key_pem) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&cert_pem, cert.cert.pem()).unwrap();
+    std::fs::write(&key_pem, cert.signing_key.serialize_pem()).unwrap();
+    std::fs::write(dir.join("token"), "cli-test-token-0123456789\n").unwrap();
+    let mut env = Env { _tmp: tmp, dir: dir.clone(), daemon: None };
+    let mut child = env
+        .command(&["daemon", "--bind", "127.0.0.1:0", "--token-file"])
+        .arg(dir.join("token"))
+        .arg("--tls-cert")
+        .arg(&cert_pem)
+        .arg("--tls-key")
+        .arg(&key_pem)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let https = loop {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).unwrap() > 0, "the daemon exited");
+        if let Some(a) = line.trim().strip_prefix("forkvmd listening on https://") {
+            break a.replace("127.0.0.1", "localhost");
+        }
+    };
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    env.daemon = Some(child);
+    (env, https, cert_pem)
+}
+
+fn ids(ps_json: &str) -> Vec<String> {
+    let v: serde_json::Value = serde_json::from_str(ps_json).unwrap();
+    v.as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap().to_string()).collect()
+}
+
+#[test]
+fn cli_verbs_through_the_daemon_over_unix_and_tls() {
+    let (env, https, cert) = start();
+    assert!(Path::new(&env.socket()).exists());
+    env.ok(&["snapshot", "create", "--image", "python", "--tag", "py"]);
+    assert!(env.ok(&["snapshot", "ls"]).contains("py"));
+    env.ok(&["fork", "--tag", "py", "-n", "2"]);
+    let sandboxes = ids(&env.ok(&["ps", "--json"]));
+    assert_eq!(sandboxes.len(), 2);
+    let a = &sandboxes[0];
+
+    let out = env.cli(&["exec", a, "--", "sh", "-c", "echo out; echo err >&2; exit 5"], &[]);
+    assert_eq!(out.status.code(), Some(5), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "out\n");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("err"));
+    assert_eq!(env.ok(&["eval", a, "x = 6 * 7\nx"]).trim(), "42");
+    let out = env.cli(&["eval", a, "1/0"], &[]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ZeroDivisionError"));
+
+    let b: serde_json::Value =
+        serde_json::from_str(&env.ok(&["branch", a, "--mode", "live", "--tag", "cli-b", "--json"])).unwrap();
+    assert_eq!(b["tag"], "cli-b", "{b}");
+    env.ok(&["fork", "--from-sandbox", a, "-n", "1"]);
+    assert_eq!(ids(&env.ok(&["ps", "--json"])).len(), 3);
+    // Errors keep the daemon's message and fail the command.
+    let out = env.cli(&["kill", "no-such-sandbox"], &[]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not found"), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = env.cli(&["snapshot", "create", "--image", "python", "--tag", "py"], &[]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already exists"));
+
+    // Over TCP + TLS: the token and the certificate are both required.
+    let url = format!("https://{https}");
+    let cert = cert.to_str().unwrap();
+    let tls = |envs: &[(&str, &str)]| {
+        let mut c = env.command(&["--daemon", &url, "ps", "--json"]);
+        for (k, v) in envs {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    };
+    let out = tls(&[("FORKVM_CA_CERT", cert), ("FORKVM_TOKEN", "cli-test-token-0123456789")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(ids(&String::from_utf8_lossy(&out.stdout)).len(), 3);
+    let out = tls(&[("FORKVM_CA_CERT", cert)]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("missing bearer token"), "{out:?}");
+    let out = tls(&[("FORKVM_CA_CERT", cert), ("FORKVM_TOKEN", "cli-test-token-0123456780")]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid bearer token"), "{out:?}");
+    let out = tls(&[("FORKVM_TOKEN", "cli-test-token-0123456789")]);
+    assert!(!out.status.success(), "an untrusted certificate must be refused");
+
+    env.ok(&["kill", "--all"]);
+    assert!(ids(&env.ok(&["ps", "--json"])).is_empty());
+}

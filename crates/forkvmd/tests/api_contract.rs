@@ -1,0 +1,348 @@
+//! The REST contract in process (no KVM, no sandboxes): every route of the table answers
+//! 401 over TCP without or with a wrong token, 404 for an unknown sandbox or tag, 400
+//! for malformed JSON, unknown fields, bad tags and ids, and 409 with the current state
+//! for conflicts; the OpenAPI document lists exactly the routes the router serves.
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use forkvm_api::routes::{RouteName, ROUTES};
+use forkvm_api::ErrorBody;
+use forkvm_sandbox::{Registry, SandboxRecord};
+use forkvm_snapshot::Store;
+use forkvmd::audit::AuditLog;
+use forkvmd::auth::Token;
+use forkvmd::db::{Db, SandboxRow};
+use forkvmd::AppState;
+use tower::ServiceExt;
+
+const TOKEN: &str = "test-token-0123456789abcdef";
+
+struct Env {
+    _dir: tempfile::TempDir,
+    state: AppState,
+    audit: std::path::PathBuf,
+    app: axum::Router,
+}
+
+fn env() -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = Registry::open(dir.path().join("run"));
+    let store = Store::open(dir.path().join("store"));
+    let db = Db::open(&dir.path().join("state.db")).unwrap();
+    let state = AppState::new(registry, store, db, None, 4);
+    let audit = dir.path().join("audit.log");
+    let app = forkvmd::serve::wrap(
+        forkvmd::app(state.clone()),
+        Some(Token::new(TOKEN).unwrap()),
+        Some(AuditLog::open(&audit).unwrap()),
+    );
+    Env { _dir: dir, state, audit, app }
+}
+
+async fn call(app: &axum::Router, method: &str, uri: &str, token: Option<&str>, body: &str) -> (StatusCode, String) {
+    let mut b = Request::builder().method(method).uri(uri);
+    if let Some(t) = token {
+        b = b.header("authorization", format!("Bearer {t}"));
+    }
+    let resp = app.clone().oneshot(b.body(Body::from(body.to_string())).unwrap()).await.unwrap();
+    let status = resp.status();
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+    (status, String::from_utf8_lossy(&bytes).into_owned())
+}
+
+fn error_of(body: &str) -> ErrorBody {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not an error body ({e}): {body}"))
+}
+
+/// A concrete URI for a route, naming `subject` as its sandbox or tag, with the query a
+/// files route needs.
+fn uri(path: &str, subject: &str, name: RouteName) -> String {
+    let p = path.replace("{id}", subject).replace("{tag}", subject);
+    match name {
+        RouteName::ReadFile | RouteName::WriteFile | RouteName::RemoveFile | RouteName::ListFiles => {
+            format!("{p}?path=/tmp/x")
+        }
+        _ => p,
+    }
+}
+
+/// A valid body for each route that takes one.
+fn good_body(name: RouteName) -> &'static str {
+    match name {
+        RouteName::CreateSnapshot => r#"{"tag":"t1","template":"python"}"#,
+        RouteName::CreateSandboxes => r#"{"snapshot_tag":"nope","n":1}"#,
+        RouteName::Exec | RouteName::ExecStream => r#"{"args":["true"]}"#,
+        RouteName::Eval => r#"{"code":"1"}"#,
+        RouteName::Branch | RouteName::Fork => "{}",
+        RouteName::WriteFile => "bytes",
+        _ => "",
+    }
+}
+
+#[tokio::test]
+async fn every_route_but_healthz_needs_the_token() {
+    let e = env();
+    for r in ROUTES {
+        let u = uri(r.path, "nope", r.name);
+        let (none, body) = call(&e.app, r.method, &u, None, good_body(r.name)).await;
+        let (wrong, wbody) = call(&e.app, r.method, &u, Some("test-token-0123456789abcdeX"), good_body(r.name)).await;
+        let (short, _) = call(&e.app, r.method, &u, Some("test"), good_body(r.name)).await;
+        if r.name == RouteName::Health {
+            assert_eq!((none, wrong), (StatusCode::OK, StatusCode::OK));
+            continue;
+        }
+        assert_eq!(none, StatusCode::UNAUTHORIZED, "{} {}", r.method, r.path);
+        assert_eq!(error_of(&body).error, "missing bearer token");
+        assert_eq!(wrong, StatusCode::UNAUTHORIZED, "{} {}", r.method, r.path);
+        assert_eq!(error_of(&wbody).error, "invalid bearer token");
+        assert_eq!(short, StatusCode::UNAUTHORIZED);
+    }
+    // Refused requests are audited too.
+    let log = std::fs::read_to_string(&e.audit).unwrap();
+    assert!(log.lines().count() >= ROUTES.len() * 3);
+    let lines: Vec<serde_json::Value> = log.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let line = lines.iter().find(|l| l["path"] == "/v1/sandboxes/nope/exec").unwrap();
+    assert_eq!(line["status"], 401);
+    assert_eq!(line["sandbox"], "nope");
+    assert_eq!(line["method"], "POST");
+    assert!(line["ts"].as_str().unwrap().ends_with('Z'));
+    assert!(line["latency_us"].is_u64());
+}
+
+#[tokio::test]
+async fn unknown_sandbox_or_tag_is_404_on_every_route_that_names_one() {
+    let e = env();
+    let mut checked = 0;
+    for r in ROUTES.iter().filter(|r| r.path.contains('{')) {
+        let u = uri(r.path, "nope", r.name);
+        let (status, body) = call(&e.app, r.method, &u, Some(TOKEN), good_body(r.name)).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{} {u}: {body}", r.method);
+        let err = error_of(&body);
+        assert_eq!(err.code, "not_found");
+        assert!(err.error.contains("nope"), "{body}");
+        checked += 1;
+    }
+    assert_eq!(checked, ROUTES.iter().filter(|r| r.path.contains('{')).count());
+    assert!(checked >= 14);
+    let (status, body) =
+        call(&e.app, "POST", "/v1/sandboxes", Some(TOKEN), good_body(RouteName::CreateSandboxes)).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+}
+
+#[tokio::test]
+async fn malformed_json_and_unknown_fields_are_400_with_a_message() {
+    let e = env();
+    let json_routes = [
+        RouteName::CreateSnapshot,
+        RouteName::CreateSandboxes,
+        RouteName::Exec,
+        RouteName::ExecStream,
+        RouteName::Eval,
+        RouteName::Branch,
+        RouteName::Fork,
+    ];
+    for r in ROUTES.iter().filter(|r| json_routes.contains(&r.name)) {
+        let u = uri(r.path, "nope", r.name);
+        let (status, body) = call(&e.app, r.method, &u, Some(TOKEN), "{\"args\": [").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{} {u}: {body}", r.method);
+        assert!(error_of(&body).error.contains("invalid JSON body"), "{body}");
+        let (status, body) = call(&e.app, r.method, &u, Some(TOKEN), r#"{"bogus_field": 1}"#).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{} {u}: {body}", r.method);
+        assert!(error_of(&body).error.contains("bogus_field"), "{body}");
+        let (status, body) = call(&e.app, r.method, &u, Some(TOKEN), r#"[1, 2]"#).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{} {u}: {body}", r.method);
+    }
+    // Wrong types and values.
+    for (uri, body) in [
+        ("/v1/sandboxes", r#"{"snapshot_tag":"t","n":"many"}"#),
+        ("/v1/sandboxes", r#"{"snapshot_tag":"t","n":0}"#),
+        ("/v1/sandboxes", r#"{"snapshot_tag":"t","n":1001}"#),
+        ("/v1/sandboxes", r#"{"snapshot_tag":"t","per_child_netns":true}"#),
+        ("/v1/sandboxes", r#"{"snapshot_tag":"t","memory_limit_mib":0}"#),
+        ("/v1/sandboxes/nope/exec", r#"{"args":[]}"#),
+        ("/v1/sandboxes/nope/exec", r#"{"args":["a"],"cmd":"b"}"#),
+        ("/v1/sandboxes/nope/exec", r#"{"args":["a"],"timeout_secs":0}"#),
+        ("/v1/sandboxes/nope/branch", r#"{"mode":"diff"}"#),
+        ("/v1/sandboxes/nope/branch", r#"{"mode":"full","wait":false}"#),
+        ("/v1/sandboxes/nope/branch", r#"{"live":true,"diff":true}"#),
+        ("/v1/sandboxes/nope/fork", r#"{"n":0}"#),
+    ] {
+        let (status, text) = call(&e.app, "POST", uri, Some(TOKEN), body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "POST {uri} {body}: {text}");
+        assert_eq!(error_of(&text).code, "bad_request");
+    }
+    // Unknown query parameters, relative guest paths.
+    for (method, uri) in [
+        ("DELETE", "/v1/snapshots/t?cascade=true&force=true"),
+        ("DELETE", "/v1/snapshots/t?recursive=true"),
+        ("GET", "/v1/sandboxes/nope/files?path=/x&bogus=1"),
+        ("GET", "/v1/sandboxes/nope/files?path=relative"),
+        ("GET", "/v1/sandboxes/nope/files"),
+        ("PUT", "/v1/sandboxes/nope/files?path=/x&mode=99999"),
+    ] {
+        let (status, text) = call(&e.app, method, uri, Some(TOKEN), "").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{method} {uri}: {text}");
+    }
+}
+
+#[tokio::test]
+async fn one_tag_rule_everywhere_and_no_path_traversal() {
+    let e = env();
+    let bad_tags = ["..%2F..%2Fetc", "a..b", ".hidden", "x.partial", "-x", "a%2Fb", "a%00b"];
+    for t in bad_tags {
+        for (method, uri, body) in [
+            ("GET", format!("/v1/snapshots/{t}/info"), String::new()),
+            ("DELETE", format!("/v1/snapshots/{t}"), String::new()),
+            ("POST", "/v1/snapshots".to_string(), format!(r#"{{"tag":"{}","template":"python"}}"#, decode(t))),
+            ("POST", "/v1/sandboxes".to_string(), format!(r#"{{"snapshot_tag":"{}"}}"#, decode(t))),
+            ("POST", "/v1/sandboxes/nope/branch".to_string(), format!(r#"{{"tag":"{}"}}"#, decode(t))),
+        ] {
+            let (status, text) = call(&e.app, method, &uri, Some(TOKEN), &body).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{method} {uri} {body}: {text}");
+        }
+    }
+    // Dots are allowed by the one rule (forkd's daemon refused them; its CLI did not).
+    let (status, text) = call(&e.app, "GET", "/v1/snapshots/py.v2/info", Some(TOKEN), "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{text}");
+    for id in ["..%2F..%2Fetc", "a%2Fb", "..", "x%20y"] {
+        let (status, text) = call(&e.app, "GET", &format!("/v1/sandboxes/{id}"), Some(TOKEN), "").await;
+        assert!(status == StatusCode::BAD_REQUEST || status == StatusCode::NOT_FOUND, "{id}: {status} {text}");
+        assert!(!text.contains("/etc/"), "{text}");
+    }
+}
+
+fn decode(t: &str) -> String {
+    t.replace("%2F", "/").replace("%00", "\\u0000")
+}
+
+fn write_snapshot_json(store: &Store, tag: &str, status: &str, writer_pid: Option<u32>) {
+    let dir = store.snapshots_dir().join(tag);
+    std::fs::create_dir_all(&dir).unwrap();
+    let meta = serde_json::json!({
+        "format_version": 1, "tag": tag, "created_at_unix_ms": 1000, "status": status,
+        "mem_size_bytes": 4096, "vcpu_count": 1, "irqchip": "split",
+        "guest": {"kind": "linux", "name": "g"}, "writer_pid": writer_pid, "memory_bytes_allocated": 0,
+    });
+    std::fs::write(dir.join("snapshot.json"), serde_json::to_vec(&meta).unwrap()).unwrap();
+}
+
+#[tokio::test]
+async fn conflicts_are_409_with_the_current_state() {
+    let e = env();
+    let store = e.state.store.clone();
+    // A snapshot being written by a live process (this one).
+    write_snapshot_json(&store, "w1", "writing", Some(std::process::id()));
+    let (status, text) = call(&e.app, "POST", "/v1/sandboxes", Some(TOKEN), r#"{"snapshot_tag":"w1"}"#).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{text}");
+    assert_eq!(error_of(&text).state.as_deref(), Some("writing"));
+    let (status, text) = call(&e.app, "DELETE", "/v1/snapshots/w1", Some(TOKEN), "").await;
+    assert_eq!(status, StatusCode::CONFLICT, "{text}");
+    assert_eq!(error_of(&text).state.as_deref(), Some("writing"));
+    // Listed as writing, not bootable.
+    let (_, text) = call(&e.app, "GET", "/v1/snapshots", Some(TOKEN), "").await;
+    let list: Vec<forkvm_api::SnapshotInfo> = serde_json::from_str(&text).unwrap();
+    assert_eq!((list[0].status.as_str(), list[0].bootable), ("writing", false));
+    // A tag that exists: creating it again is a conflict, found before any build.
+    let (status, text) =
+        call(&e.app, "POST", "/v1/snapshots", Some(TOKEN), r#"{"tag":"w1","template":"python"}"#).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{text}");
+    assert_eq!(error_of(&text).state.as_deref(), Some("exists"));
+    // A snapshot whose files are missing: not bootable, a 409 naming why.
+    write_snapshot_json(&store, "broken", "ready", None);
+    let (status, text) = call(&e.app, "POST", "/v1/sandboxes", Some(TOKEN), r#"{"snapshot_tag":"broken"}"#).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{text}");
+    let (_, text) = call(&e.app, "GET", "/v1/snapshots", Some(TOKEN), "").await;
+    let list: Vec<forkvm_api::SnapshotInfo> = serde_json::from_str(&text).unwrap();
+    let broken = list.iter().find(|s| s.tag == "broken").unwrap();
+    assert_eq!((broken.status.as_str(), broken.bootable), ("failed", false));
+    assert!(broken.warning.is_some());
+    // A sandbox still starting (its spawn has not finished): its calls are conflicts.
+    let run_dir = e.state.registry.create_run_dir("s1").unwrap();
+    let record = SandboxRecord {
+        id: "s1".into(),
+        pid: std::process::id() as i32,
+        run_dir,
+        template: None,
+        source_tag: Some("py".into()),
+        forked_from: None,
+        created_at_unix_ms: 0,
+        memory_limit_bytes: None,
+        cgroup: None,
+    };
+    e.state.registry.write(&record).unwrap();
+    let row = SandboxRow {
+        id: "s1".into(),
+        state: "starting".into(),
+        op: Some("spawn-x".into()),
+        pid: None,
+        template: None,
+        snapshot_tag: Some("py".into()),
+        forked_from: None,
+        memory_limit_mib: None,
+        created_at_unix: 0,
+        last_active_unix: 0,
+        branch_count: 0,
+        last_branch_tag: None,
+    };
+    e.state.db().insert_sandboxes(&[row]).unwrap();
+    for (method, uri, body) in [
+        ("GET", "/v1/sandboxes/s1", ""),
+        ("POST", "/v1/sandboxes/s1/exec", r#"{"args":["true"]}"#),
+        ("POST", "/v1/sandboxes/s1/branch", "{}"),
+    ] {
+        let (status, text) = call(&e.app, method, uri, Some(TOKEN), body).await;
+        assert_eq!(status, StatusCode::CONFLICT, "{method} {uri}: {text}");
+        assert_eq!(error_of(&text).state.as_deref(), Some("starting"));
+    }
+    // ... and it is not listed.
+    let (_, text) = call(&e.app, "GET", "/v1/sandboxes", Some(TOKEN), "").await;
+    assert_eq!(text, "[]");
+}
+
+#[tokio::test]
+async fn unknown_routes_and_methods_answer_json() {
+    let e = env();
+    let (status, text) = call(&e.app, "GET", "/v1/workspaces", Some(TOKEN), "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(error_of(&text).error.contains("/v1/workspaces"));
+    let (status, text) = call(&e.app, "PATCH", "/v1/sandboxes", Some(TOKEN), "").await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(error_of(&text).code, "method_not_allowed");
+    let (status, text) = call(&e.app, "GET", "/version", Some(TOKEN), "").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(text.contains("\"api\":\"v1\""));
+    let (status, text) = call(&e.app, "GET", "/metrics", Some(TOKEN), "").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(text.contains("forkvm_build_info{"), "{text}");
+    assert!(text.contains("forkvm_http_requests_total{method=\"GET\",route=\"/version\",status=\"200\"} 1"), "{text}");
+}
+
+#[test]
+fn openapi_document_matches_the_router() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/openapi.json");
+    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut documented = Vec::new();
+    for (p, item) in doc["paths"].as_object().expect("paths") {
+        for (method, op) in item.as_object().unwrap() {
+            if ["get", "post", "put", "delete", "patch", "head", "options"].contains(&method.as_str()) {
+                documented.push((method.to_uppercase(), p.clone(), op["operationId"].as_str().unwrap().to_string()));
+            }
+        }
+    }
+    let mut served: Vec<(String, String, String)> =
+        ROUTES.iter().map(|r| (r.method.to_string(), r.path.to_string(), snake(&format!("{:?}", r.name)))).collect();
+    documented.sort();
+    served.sort();
+    assert_eq!(documented, served, "docs/openapi.json and forkvm_api::routes::ROUTES differ");
+}
+
+fn snake(camel: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in camel.chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            out.push('_');
+        }
+        out.push(c.to_ascii_lowercase());
+    }
+    out
+}

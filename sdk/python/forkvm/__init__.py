@@ -1,0 +1,69 @@
+"""forkvm: Python SDK for forkvmd, the forkvm microVM sandbox daemon.
+
+``Sandbox`` is the object API (create, run commands, files, eval, fork, branch);
+``Controller`` is one method per REST route. Both talk to the daemon found by
+``FORKVM_DAEMON`` or its default Unix socket; see README.md.
+"""
+
+__version__ = "0.1.0"
+
+from .controller import Controller
+from .errors import (
+    BadRequest,
+    Busy,
+    Conflict,
+    ConnectionFailed,
+    ControllerError,
+    DiskFull,
+    EvalError,
+    ForkvmError,
+    NotFound,
+    ProtocolError,
+    ServerError,
+    Unauthorized,
+)
+from .sandbox import Commands, Files, Sandbox
+from .transport import Endpoint, default_socket_path, resolve_endpoint
+from .types import (
+    EvalResult,
+    ExecResult,
+    FileEntry,
+    FileWritten,
+    Pong,
+    SandboxInfo,
+    SnapshotInfo,
+    SnapshotInfoDetail,
+    VersionInfo,
+)
+
+__all__ = [
+    "__version__",
+    "Controller",
+    "Sandbox",
+    "Commands",
+    "Files",
+    "Endpoint",
+    "default_socket_path",
+    "resolve_endpoint",
+    "ForkvmError",
+    "BadRequest",
+    "Unauthorized",
+    "NotFound",
+    "Conflict",
+    "Busy",
+    "DiskFull",
+    "ServerError",
+    "ConnectionFailed",
+    "ProtocolError",
+    "EvalError",
+    "ControllerError",
+    "SnapshotInfo",
+    "SnapshotInfoDetail",
+    "SandboxInfo",
+    "ExecResult",
+    "EvalResult",
+    "FileEntry",
+    "FileWritten",
+    "Pong",
+    "VersionInfo",
+]

@@ -1,0 +1,351 @@
+"""``Controller``: one method per forkvmd REST v1 route, typed answers, typed errors.
+
+This is the low-level client: it knows the routes and the JSON shapes and nothing
+else, so it maps one-to-one onto ``crates/forkvm-api/src/routes.rs``. Method names
+follow forkd's Python SDK (``spawn_sandboxes``, ``exec_command``, ...) so code
+written for forkd ports by changing the import. :mod:`forkvm.sandbox` builds the
+friendlier object API on top.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+
+import httpx
+
+from .errors import ConnectionFailed, ProtocolError, error_from_response
+from .streaming import OutputCallback, collect_exec_events
+from .transport import Endpoint, make_client, quote_segment, resolve_endpoint, resolve_token
+from .types import (
+    EvalResult,
+    ExecResult,
+    FileEntry,
+    FileWritten,
+    Pong,
+    SandboxInfo,
+    SnapshotInfo,
+    SnapshotInfoDetail,
+    VersionInfo,
+    parse_list,
+)
+
+__all__ = ["Controller"]
+
+#: Seconds added to a command's own timeout before the HTTP request gives up.
+EXEC_GRACE_SECS = 30.0
+
+
+def _sb(sandbox_id: str, *rest: str) -> str:
+    return "/".join(["/v1/sandboxes", quote_segment(sandbox_id), *rest])
+
+
+def _snap(tag: str, *rest: str) -> str:
+    return "/".join(["/v1/snapshots", quote_segment(tag), *rest])
+
+
+class Controller:
+    """Client for forkvmd.
+
+    Args:
+        base_url: ``unix:/path/forkvmd.sock``, ``http://host:port`` or
+            ``https://host:port``; default ``$FORKVM_DAEMON``, else the daemon's
+            default socket (see :mod:`forkvm.transport`).
+        token: bearer token for a TCP listener; default ``$FORKVM_TOKEN``.
+        timeout: seconds a request may take (commands get at least their own timeout
+            plus a grace period).
+        verify: TLS verification for ``https`` (``False`` or a CA bundle path).
+    """
+
+    def __init__(
+        self,
+        base_url: Optional[str] = None,
+        token: Optional[str] = None,
+        timeout: float = 600.0,
+        *,
+        verify: Union[bool, str] = True,
+    ) -> None:
+        self.endpoint: Endpoint = resolve_endpoint(base_url)
+        self.timeout = timeout
+        self._token = resolve_token(token)
+        self._verify = verify
+        self._client = make_client(self.endpoint, self._token, timeout, verify)
+
+    def clone(self) -> "Controller":
+        """A new Controller for the same daemon, token and settings (own connections)."""
+        return Controller(str(self.endpoint), self._token or "", self.timeout, verify=self._verify)
+
+    def close(self) -> None:
+        """Closes the connection pool; the Controller cannot be used afterwards."""
+        self._client.close()
+
+    def __enter__(self) -> "Controller":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Controller({str(self.endpoint)!r})"
+
+    # --- plumbing --------------------------------------------------------
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Optional[Mapping[str, Union[str, int]]] = None,
+        content: Optional[bytes] = None,
+        timeout: Optional[float] = None,
+    ) -> httpx.Response:
+        try:
+            resp = self._client.request(
+                method,
+                path,
+                json=json,
+                params=params,
+                content=content,
+                timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
+            )
+        except httpx.TransportError as e:
+            raise ConnectionFailed(
+                f"cannot talk to forkvmd at {self.endpoint} ({method} {path}): "
+                f"{type(e).__name__}: {e}. Is `forkvm daemon` running there?",
+                url=str(self._client.base_url) + path.lstrip("/"),
+            ) from e
+        if resp.status_code >= 300:
+            raise error_from_response(resp.status_code, resp.content, str(resp.request.url))
+        return resp
+
+    @staticmethod
+    def _json(resp: httpx.Response) -> Any:
+        try:
+            return resp.json()
+        except ValueError as e:
+            raise ProtocolError(
+                f"expected JSON, got {resp.text[:200]!r}", status=resp.status_code, url=str(resp.request.url)
+            ) from e
+
+    @staticmethod
+    def _exec_body(
+        args: Optional[Sequence[str]],
+        cmd: Optional[str],
+        timeout_secs: float,
+        env: Optional[Mapping[str, str]],
+        cwd: Optional[str],
+        stdin: Optional[str],
+    ) -> Dict[str, Any]:
+        if (args is None) == (cmd is None):
+            raise ValueError("give exactly one of args (argv list) and cmd (a shell command)")
+        if isinstance(args, str):
+            raise TypeError("args is an argv list; pass a shell command string as cmd=")
+        body: Dict[str, Any] = {"timeout_secs": int(math.ceil(timeout_secs))}
+        if args is not None:
+            body["args"] = list(args)
+        if cmd is not None:
+            body["cmd"] = cmd
+        if env:
+            body["env"] = dict(env)
+        if cwd is not None:
+            body["cwd"] = cwd
+        if stdin is not None:
+            body["stdin"] = stdin
+        return body
+
+    def _exec_timeout(self, timeout_secs: float) -> float:
+        return max(self.timeout, timeout_secs + EXEC_GRACE_SECS)
+
+    # --- daemon ----------------------------------------------------------
+
+    def health(self) -> bool:
+        """``GET /healthz``: whether the daemon says it is ok."""
+        return bool(self._json(self._request("GET", "/healthz")).get("ok"))
+
+    def version(self) -> VersionInfo:
+        """``GET /version``."""
+        return VersionInfo.from_json(self._json(self._request("GET", "/version")))
+
+    def metrics(self) -> str:
+        """``GET /metrics``: Prometheus text."""
+        return self._request("GET", "/metrics").text
+
+    # --- snapshots -------------------------------------------------------
+
+    def list_snapshots(self) -> List[SnapshotInfo]:
+        """``GET /v1/snapshots``."""
+        return parse_list(SnapshotInfo, self._json(self._request("GET", "/v1/snapshots")), "snapshots")
+
+    def create_snapshot(self, tag: str, template: str, *, timeout: Optional[float] = None) -> SnapshotInfo:
+        """``POST /v1/snapshots``: a snapshot of ``template`` (``tiny``, ``python``) as
+        ``tag``. The first build of a template can take minutes; it is cached after."""
+        body = {"tag": tag, "template": template}
+        return SnapshotInfo.from_json(self._json(self._request("POST", "/v1/snapshots", json=body, timeout=timeout)))
+
+    def delete_snapshot(self, tag: str, cascade: bool = False, force: bool = False) -> None:
+        """``DELETE /v1/snapshots/{tag}``."""
+        params: Dict[str, Union[str, int]] = {}
+        if cascade:
+            params["cascade"] = "true"
+        if force:
+            params["force"] = "true"
+        self._request("DELETE", _snap(tag), params=params or None)
+
+    def snapshot_info(self, tag: str) -> SnapshotInfoDetail:
+        """``GET /v1/snapshots/{tag}/info``: sizes and lineage."""
+        return SnapshotInfoDetail.from_json(self._json(self._request("GET", _snap(tag, "info"))))
+
+    # --- sandboxes -------------------------------------------------------
+
+    def list_sandboxes(self) -> List[SandboxInfo]:
+        """``GET /v1/sandboxes``."""
+        return parse_list(SandboxInfo, self._json(self._request("GET", "/v1/sandboxes")), "sandboxes")
+
+    def spawn_sandboxes(
+        self,
+        snapshot_tag: str,
+        n: int = 1,
+        memory_limit_mib: Optional[int] = None,
+        *,
+        per_child_netns: bool = False,
+    ) -> List[SandboxInfo]:
+        """``POST /v1/sandboxes``: ``n`` sandboxes from a snapshot, all ready, or none.
+
+        ``per_child_netns`` is forkd's option; forkvm guests have no network, so the
+        daemon refuses it when true.
+        """
+        if isinstance(memory_limit_mib, bool):
+            raise TypeError("memory_limit_mib is a number of MiB (forkd's 3rd argument per_child_netns is keyword-only here)")
+        body: Dict[str, Any] = {"snapshot_tag": snapshot_tag, "n": n}
+        if memory_limit_mib is not None:
+            body["memory_limit_mib"] = memory_limit_mib
+        if per_child_netns:
+            body["per_child_netns"] = True
+        return parse_list(SandboxInfo, self._json(self._request("POST", "/v1/sandboxes", json=body)), "sandboxes")
+
+    def get_sandbox(self, sandbox_id: str) -> SandboxInfo:
+        """``GET /v1/sandboxes/{id}``."""
+        return SandboxInfo.from_json(self._json(self._request("GET", _sb(sandbox_id))))
+
+    def kill_sandbox(self, sandbox_id: str) -> None:
+        """``DELETE /v1/sandboxes/{id}``."""
+        self._request("DELETE", _sb(sandbox_id))
+
+    def ping_sandbox(self, sandbox_id: str) -> Pong:
+        """``POST /v1/sandboxes/{id}/ping``: a round trip to the guest agent."""
+        return Pong.from_json(self._json(self._request("POST", _sb(sandbox_id, "ping"))))
+
+    def exec_command(
+        self,
+        sandbox_id: str,
+        args: Optional[Sequence[str]] = None,
+        timeout_secs: float = 30,
+        *,
+        cmd: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        stdin: Optional[str] = None,
+    ) -> ExecResult:
+        """``POST /v1/sandboxes/{id}/exec``: runs ``args`` (argv) or ``cmd`` (via
+        ``/bin/sh -c``) and waits for it. A timeout is ``timed_out=True``, exit 124."""
+        body = self._exec_body(args, cmd, timeout_secs, env, cwd, stdin)
+        resp = self._request("POST", _sb(sandbox_id, "exec"), json=body, timeout=self._exec_timeout(timeout_secs))
+        return ExecResult.from_json(self._json(resp))
+
+    def exec_stream(
+        self,
+        sandbox_id: str,
+        args: Optional[Sequence[str]] = None,
+        timeout_secs: float = 30,
+        *,
+        cmd: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        stdin: Optional[str] = None,
+        on_stdout: Optional[OutputCallback] = None,
+        on_stderr: Optional[OutputCallback] = None,
+    ) -> ExecResult:
+        """``POST /v1/sandboxes/{id}/exec/stream``: as :meth:`exec_command`, calling
+        ``on_stdout``/``on_stderr`` with each chunk as it arrives. The result holds
+        all the output too. An ``error`` line raises :class:`ForkvmError`."""
+        body = self._exec_body(args, cmd, timeout_secs, env, cwd, stdin)
+        path = _sb(sandbox_id, "exec", "stream")
+        try:
+            with self._client.stream(
+                "POST", path, json=body, timeout=self._exec_timeout(timeout_secs)
+            ) as resp:
+                if resp.status_code >= 300:
+                    raise error_from_response(resp.status_code, resp.read(), str(resp.request.url))
+                return collect_exec_events(resp.iter_raw(), on_stdout, on_stderr, url=str(resp.request.url))
+        except httpx.TransportError as e:
+            raise ConnectionFailed(
+                f"cannot talk to forkvmd at {self.endpoint} (POST {path}): {type(e).__name__}: {e}",
+            ) from e
+
+    def eval_code(self, sandbox_id: str, code: str, *, timeout: Optional[float] = None) -> EvalResult:
+        """``POST /v1/sandboxes/{id}/eval``: runs ``code`` in the warm interpreter.
+        Does not raise when the code raised: see ``EvalResult.error``."""
+        resp = self._request("POST", _sb(sandbox_id, "eval"), json={"code": code}, timeout=timeout)
+        return EvalResult.from_json(self._json(resp))
+
+    def branch_sandbox(
+        self,
+        sandbox_id: str,
+        tag: Optional[str] = None,
+        mode: Optional[str] = None,
+        wait: bool = True,
+    ) -> SnapshotInfo:
+        """``POST /v1/sandboxes/{id}/branch``: a snapshot of the running sandbox.
+        ``mode`` is ``full`` or ``live`` (daemon's default if ``None``); a live branch
+        with ``wait=False`` returns while the snapshot is still ``writing``."""
+        body: Dict[str, Any] = {"wait": wait}
+        if tag is not None:
+            body["tag"] = tag
+        if mode is not None:
+            body["mode"] = mode
+        return SnapshotInfo.from_json(self._json(self._request("POST", _sb(sandbox_id, "branch"), json=body)))
+
+    def fork_sandbox(self, sandbox_id: str, n: int = 1, memory_limit_mib: Optional[int] = None) -> List[SandboxInfo]:
+        """``POST /v1/sandboxes/{id}/fork``: ``n`` running copies, no disk."""
+        body: Dict[str, Any] = {"n": n}
+        if memory_limit_mib is not None:
+            body["memory_limit_mib"] = memory_limit_mib
+        return parse_list(SandboxInfo, self._json(self._request("POST", _sb(sandbox_id, "fork"), json=body)), "sandboxes")
+
+    # --- files -----------------------------------------------------------
+
+    def read_file(self, sandbox_id: str, path: str) -> bytes:
+        """``GET /v1/sandboxes/{id}/files?path=``: the file's bytes."""
+        return self._request("GET", _sb(sandbox_id, "files"), params={"path": path}).content
+
+    def write_file(
+        self,
+        sandbox_id: str,
+        path: str,
+        data: Union[bytes, str],
+        mode: Optional[int] = None,
+        create_parents: bool = False,
+    ) -> FileWritten:
+        """``PUT /v1/sandboxes/{id}/files?path=``: writes ``data`` (str as UTF-8),
+        replacing the file atomically. ``mode`` is the permission bits (e.g. 0o755)."""
+        content = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        params: Dict[str, Union[str, int]] = {"path": path}
+        if mode is not None:
+            params["mode"] = int(mode)
+        if create_parents:
+            params["create_parents"] = "true"
+        resp = self._request("PUT", _sb(sandbox_id, "files"), params=params, content=content)
+        return FileWritten.from_json(self._json(resp))
+
+    def remove_file(self, sandbox_id: str, path: str, recursive: bool = False) -> None:
+        """``DELETE /v1/sandboxes/{id}/files?path=``."""
+        params: Dict[str, Union[str, int]] = {"path": path}
+        if recursive:
+            params["recursive"] = "true"
+        self._request("DELETE", _sb(sandbox_id, "files"), params=params)
+
+    def list_files(self, sandbox_id: str, path: str) -> List[FileEntry]:
+        """``GET /v1/sandboxes/{id}/files/list?path=``: a directory's entries."""
+        resp = self._request("GET", _sb(sandbox_id, "files", "list"), params={"path": path})
+        return parse_list(FileEntry, self._json(resp), "files")

@@ -1,0 +1,229 @@
+"""``Sandbox``: one running microVM as an object, shaped like E2B's SDK.
+
+Agent code thinks in sandboxes, not routes: ``Sandbox.create("py")``, then
+``sb.commands.run(...)``, ``sb.files.write(...)``, ``sb.eval(...)``, ``sb.fork(2)``.
+This module is that view over :class:`~forkvm.controller.Controller`; it adds no
+protocol of its own, only defaults (shell strings, parent directories, idempotent
+kill) and turning a raised exception in ``eval`` into :class:`EvalError`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Mapping, Optional, Sequence, Union
+
+from .controller import Controller
+from .errors import EvalError, NotFound
+from .streaming import OutputCallback
+from .types import ExecResult, FileEntry, FileWritten, Pong, SandboxInfo, SnapshotInfo
+
+__all__ = ["Sandbox", "Commands", "Files"]
+
+
+def _headline(error: str, exit_code: int) -> str:
+    """The exception line of an eval error: first line, unless that is the
+    "Traceback (most recent call last):" header, then the last."""
+    lines = [ln for ln in error.strip().splitlines() if ln.strip()]
+    if not lines:
+        return f"exit code {exit_code}"
+    return lines[-1] if lines[0].startswith("Traceback") else lines[0]
+
+
+class Commands:
+    """``sandbox.commands``: processes in the sandbox."""
+
+    def __init__(self, sandbox: "Sandbox") -> None:
+        self._sb = sandbox
+
+    def run(
+        self,
+        cmd: Union[str, Sequence[str]],
+        *,
+        timeout: float = 30,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        stdin: Optional[str] = None,
+        on_stdout: Optional[OutputCallback] = None,
+        on_stderr: Optional[OutputCallback] = None,
+    ) -> ExecResult:
+        """Runs ``cmd`` and waits: a string goes through ``/bin/sh -c``, a list is argv.
+
+        With ``on_stdout``/``on_stderr`` the output is streamed to them as it comes.
+        A non-zero exit is not an exception: check ``exit_code`` (``timed_out`` for
+        a timeout, which is exit code 124).
+        """
+        argv: Optional[List[str]] = None
+        shell: Optional[str] = None
+        if isinstance(cmd, str):
+            shell = cmd
+        else:
+            argv = list(cmd)
+        c, sid = self._sb.controller, self._sb.id
+        if on_stdout is not None or on_stderr is not None:
+            return c.exec_stream(
+                sid, argv, timeout, cmd=shell, env=env, cwd=cwd, stdin=stdin, on_stdout=on_stdout, on_stderr=on_stderr
+            )
+        return c.exec_command(sid, argv, timeout, cmd=shell, env=env, cwd=cwd, stdin=stdin)
+
+
+class Files:
+    """``sandbox.files``: the sandbox's filesystem."""
+
+    def __init__(self, sandbox: "Sandbox") -> None:
+        self._sb = sandbox
+
+    def read(self, path: str) -> bytes:
+        """The bytes of the file at ``path`` (absolute). Missing: :class:`NotFound`."""
+        return self._sb.controller.read_file(self._sb.id, path)
+
+    def read_text(self, path: str, encoding: str = "utf-8") -> str:
+        """The file at ``path`` decoded as text."""
+        return self.read(path).decode(encoding)
+
+    def write(self, path: str, data: Union[bytes, str], mode: Optional[int] = None) -> FileWritten:
+        """Writes ``data`` to ``path``, creating parent directories."""
+        return self._sb.controller.write_file(self._sb.id, path, data, mode=mode, create_parents=True)
+
+    def list(self, path: str) -> List[FileEntry]:
+        """The entries of the directory ``path``."""
+        return self._sb.controller.list_files(self._sb.id, path)
+
+    def remove(self, path: str, recursive: bool = False) -> None:
+        """Removes the file (or, with ``recursive``, the directory tree) at ``path``."""
+        self._sb.controller.remove_file(self._sb.id, path, recursive=recursive)
+
+
+class Sandbox:
+    """A running sandbox. Make one with :meth:`create`, :meth:`connect` or :meth:`fork`.
+
+    Used as a context manager it is killed on exit. A Sandbox that made its own
+    Controller closes it when killed or closed.
+    """
+
+    def __init__(self, info: SandboxInfo, controller: Controller, *, owns_controller: bool = False) -> None:
+        self._info = info
+        self._controller = controller
+        self._owns_controller = owns_controller
+        self._killed = False
+        self.commands = Commands(self)
+        self.files = Files(self)
+
+    # --- making ----------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        template_or_tag: str,
+        *,
+        controller: Optional[Controller] = None,
+        memory_limit_mib: Optional[int] = None,
+        **controller_kwargs: Any,
+    ) -> "Sandbox":
+        """Spawns one sandbox from the snapshot tagged ``template_or_tag``.
+
+        Without ``controller``, a Controller is made from ``controller_kwargs``
+        (``base_url``, ``token``, ``timeout``) and owned by the sandbox.
+        """
+        own = controller is None
+        c = Controller(**controller_kwargs) if controller is None else controller
+        try:
+            infos = c.spawn_sandboxes(template_or_tag, n=1, memory_limit_mib=memory_limit_mib)
+        except BaseException:
+            if own:
+                c.close()
+            raise
+        return cls(infos[0], c, owns_controller=own)
+
+    @classmethod
+    def connect(cls, sandbox_id: str, *, controller: Optional[Controller] = None, **controller_kwargs: Any) -> "Sandbox":
+        """Attaches to the existing sandbox ``sandbox_id`` (:class:`NotFound` if none)."""
+        own = controller is None
+        c = Controller(**controller_kwargs) if controller is None else controller
+        try:
+            info = c.get_sandbox(sandbox_id)
+        except BaseException:
+            if own:
+                c.close()
+            raise
+        return cls(info, c, owns_controller=own)
+
+    # --- reading ---------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        return self._info.id
+
+    @property
+    def info(self) -> SandboxInfo:
+        """What the daemon said about this sandbox when it was last fetched."""
+        return self._info
+
+    @property
+    def controller(self) -> Controller:
+        return self._controller
+
+    def refresh(self) -> SandboxInfo:
+        """Fetches the sandbox's current info from the daemon."""
+        self._info = self._controller.get_sandbox(self.id)
+        return self._info
+
+    def __repr__(self) -> str:
+        return f"Sandbox({self.id!r})"
+
+    # --- doing -----------------------------------------------------------
+
+    def ping(self) -> Pong:
+        """A round trip to the guest agent."""
+        return self._controller.ping_sandbox(self.id)
+
+    def eval(self, code: str) -> Optional[str]:
+        """Runs ``code`` in the sandbox's warm Python interpreter (state persists
+        between calls) and returns ``repr()`` of its last expression, or ``None``.
+
+        Raises :class:`EvalError` (``.traceback``) if the code raised.
+        """
+        r = self._controller.eval_code(self.id, code)
+        if r.error is not None or r.exit_code != 0:
+            tb = r.error or ""
+            raise EvalError(f"eval raised: {_headline(tb, r.exit_code)}\n{tb}".rstrip(), traceback=tb, stdout=r.stdout, stderr=r.stderr)
+        return r.result
+
+    def branch(self, tag: Optional[str] = None, mode: Optional[str] = "live", wait: bool = True) -> SnapshotInfo:
+        """Snapshots this sandbox while it keeps running; spawn from the tag later."""
+        return self._controller.branch_sandbox(self.id, tag=tag, mode=mode, wait=wait)
+
+    def fork(self, n: int = 1, memory_limit_mib: Optional[int] = None) -> List["Sandbox"]:
+        """``n`` running copies of this sandbox (memory, interpreter state and all).
+
+        The copies share this sandbox's Controller if it was given by the caller;
+        otherwise each gets its own, so killing one never closes another's.
+        """
+        infos = self._controller.fork_sandbox(self.id, n=n, memory_limit_mib=memory_limit_mib)
+        out: List[Sandbox] = []
+        for info in infos:
+            if self._owns_controller:
+                out.append(Sandbox(info, self._controller.clone(), owns_controller=True))
+            else:
+                out.append(Sandbox(info, self._controller))
+        return out
+
+    def kill(self) -> None:
+        """Stops the sandbox. Calling it again, or on one already gone, is fine."""
+        if not self._killed:
+            try:
+                self._controller.kill_sandbox(self.id)
+            except NotFound:
+                pass
+            self._killed = True
+        self.close()
+
+    def close(self) -> None:
+        """Releases the Controller if this sandbox made it (the sandbox keeps running)."""
+        if self._owns_controller:
+            self._controller.close()
+            self._owns_controller = False
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()

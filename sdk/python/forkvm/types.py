@@ -1,0 +1,390 @@
+"""Typed views of forkvmd's JSON answers (mirrors crates/forkvm-api/src/lib.rs).
+
+Each class parses one response shape with ``from_json``. Parsing is strict about the
+fields the daemon always sends (a missing or mistyped one is a ``ProtocolError``, not
+an ``AttributeError`` three calls later) and tolerant of fields it does not know, so a
+newer daemon that adds fields keeps working. The whole object stays in ``.raw``, and
+``obj["field"]`` reads it, which keeps code written for forkd's dict answers working.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Type, TypeVar
+
+from .errors import ProtocolError
+
+__all__ = [
+    "SnapshotInfo",
+    "SnapshotInfoDetail",
+    "SandboxInfo",
+    "ExecResult",
+    "EvalResult",
+    "FileEntry",
+    "FileWritten",
+    "Pong",
+    "VersionInfo",
+]
+
+T = TypeVar("T")
+_MISSING = object()
+
+
+class _Fields:
+    """Reads typed fields out of one JSON object, naming the shape in every error."""
+
+    def __init__(self, shape: str, data: Any) -> None:
+        if not isinstance(data, Mapping):
+            raise ProtocolError(f"{shape}: expected a JSON object, got {type(data).__name__}")
+        self.shape = shape
+        self.data: Mapping[str, Any] = data
+
+    def _get(self, name: str, kinds: Tuple[type, ...], required: bool, default: Any) -> Any:
+        value = self.data.get(name, _MISSING)
+        if value is _MISSING:
+            if required:
+                raise ProtocolError(f"{self.shape}: missing field {name!r}")
+            return default
+        # bool is an int in Python; JSON true is never a number here.
+        if isinstance(value, bool) and bool not in kinds:
+            ok = False
+        else:
+            ok = isinstance(value, kinds)
+        if not ok:
+            names = "/".join(k.__name__ for k in kinds)
+            raise ProtocolError(f"{self.shape}: field {name!r} should be {names}, got {value!r}")
+        return value
+
+    def req_str(self, name: str) -> str:
+        v: str = self._get(name, (str,), True, None)
+        return v
+
+    def req_int(self, name: str) -> int:
+        v: int = self._get(name, (int,), True, None)
+        return v
+
+    def req_bool(self, name: str) -> bool:
+        v: bool = self._get(name, (bool,), True, None)
+        return v
+
+    def opt_str(self, name: str) -> Optional[str]:
+        v: Optional[str] = self._get(name, (str, type(None)), False, None)
+        return v
+
+    def opt_int(self, name: str) -> Optional[int]:
+        v: Optional[int] = self._get(name, (int, type(None)), False, None)
+        return v
+
+    def opt_float(self, name: str) -> Optional[float]:
+        v = self._get(name, (int, float, type(None)), False, None)
+        return None if v is None else float(v)
+
+    def int_or(self, name: str, default: int) -> int:
+        v: int = self._get(name, (int,), False, default)
+        return v
+
+    def bool_or(self, name: str, default: bool) -> bool:
+        v: bool = self._get(name, (bool,), False, default)
+        return v
+
+    def str_or(self, name: str, default: str) -> str:
+        v: str = self._get(name, (str,), False, default)
+        return v
+
+    def str_list(self, name: str) -> List[str]:
+        v = self._get(name, (list,), True, None)
+        if not all(isinstance(x, str) for x in v):
+            raise ProtocolError(f"{self.shape}: field {name!r} should be a list of strings")
+        return list(v)
+
+
+class _Record:
+    """Gives every response ``.raw`` and forkd-style ``obj["field"]`` access."""
+
+    raw: Dict[str, Any]
+
+    def __getitem__(self, key: str) -> Any:
+        return self.raw[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.raw.get(key, default)
+
+
+def _raw(data: Any) -> Dict[str, Any]:
+    return dict(data)
+
+
+def parse_list(cls: Type[T], data: Any, shape: str) -> List[T]:
+    """Parses a JSON array of ``cls`` (which must have ``from_json``)."""
+    if not isinstance(data, list):
+        raise ProtocolError(f"{shape}: expected a JSON array, got {type(data).__name__}")
+    return [cls.from_json(item) for item in data]  # type: ignore[attr-defined]
+
+
+@dataclass
+class VersionInfo(_Record):
+    """``GET /version``."""
+
+    version: str
+    api: str
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "VersionInfo":
+        f = _Fields("VersionInfo", data)
+        return cls(version=f.req_str("version"), api=f.req_str("api"), raw=_raw(data))
+
+
+@dataclass
+class SnapshotInfo(_Record):
+    """A snapshot in the store (``GET /v1/snapshots``, create, branch)."""
+
+    tag: str
+    dir: str
+    created_at_unix: int
+    #: ``writing``, ``ready`` or ``failed``.
+    status: str
+    #: Whether a sandbox can be spawned from it now.
+    bootable: bool
+    branched_from: Optional[str] = None
+    pause_ms: Optional[float] = None
+    warning: Optional[str] = None
+    template: Optional[str] = None
+    #: Branch mode (``full``, ``live``) for branches.
+    mode: Optional[str] = None
+    memory_logical_bytes: int = 0
+    memory_physical_bytes: int = 0
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "SnapshotInfo":
+        f = _Fields("SnapshotInfo", data)
+        return cls(
+            tag=f.req_str("tag"),
+            dir=f.req_str("dir"),
+            created_at_unix=f.req_int("created_at_unix"),
+            status=f.req_str("status"),
+            bootable=f.req_bool("bootable"),
+            branched_from=f.opt_str("branched_from"),
+            pause_ms=f.opt_float("pause_ms"),
+            warning=f.opt_str("warning"),
+            template=f.opt_str("template"),
+            mode=f.opt_str("mode"),
+            memory_logical_bytes=f.int_or("memory_logical_bytes", 0),
+            memory_physical_bytes=f.int_or("memory_physical_bytes", 0),
+            raw=_raw(data),
+        )
+
+
+@dataclass
+class SnapshotInfoDetail(_Record):
+    """``GET /v1/snapshots/{tag}/info``: sizes and lineage."""
+
+    tag: str
+    dir: str
+    created_at_unix: Optional[int]
+    memory_logical_bytes: int
+    memory_physical_bytes: int
+    vmstate_bytes: int
+    parent_tag: Optional[str]
+    parent_content_hash: Optional[str]
+    chain_depth: int
+    ancestors: List[str]
+    dependents: List[str]
+    status: str
+    branched_from: Optional[str] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "SnapshotInfoDetail":
+        f = _Fields("SnapshotInfoDetail", data)
+        return cls(
+            tag=f.req_str("tag"),
+            dir=f.req_str("dir"),
+            created_at_unix=f.opt_int("created_at_unix"),
+            memory_logical_bytes=f.req_int("memory_logical_bytes"),
+            memory_physical_bytes=f.req_int("memory_physical_bytes"),
+            vmstate_bytes=f.req_int("vmstate_bytes"),
+            parent_tag=f.opt_str("parent_tag"),
+            parent_content_hash=f.opt_str("parent_content_hash"),
+            chain_depth=f.req_int("chain_depth"),
+            ancestors=f.str_list("ancestors"),
+            dependents=f.str_list("dependents"),
+            status=f.req_str("status"),
+            branched_from=f.opt_str("branched_from"),
+            raw=_raw(data),
+        )
+
+
+@dataclass
+class SandboxInfo(_Record):
+    """A running sandbox."""
+
+    id: str
+    guest_addr: str
+    created_at_unix: int
+    has_branched: bool
+    branch_count: int
+    #: ``running``.
+    state: str
+    last_active_unix: int
+    snapshot_tag: Optional[str] = None
+    netns: Optional[str] = None
+    pid: Optional[int] = None
+    memory_limit_mib: Optional[int] = None
+    last_branch_memory_path: Optional[str] = None
+    template: Optional[str] = None
+    #: The running sandbox it was forked from, if any.
+    forked_from: Optional[str] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "SandboxInfo":
+        f = _Fields("SandboxInfo", data)
+        return cls(
+            id=f.req_str("id"),
+            guest_addr=f.req_str("guest_addr"),
+            created_at_unix=f.req_int("created_at_unix"),
+            has_branched=f.req_bool("has_branched"),
+            branch_count=f.req_int("branch_count"),
+            state=f.req_str("state"),
+            last_active_unix=f.req_int("last_active_unix"),
+            snapshot_tag=f.opt_str("snapshot_tag"),
+            netns=f.opt_str("netns"),
+            pid=f.opt_int("pid"),
+            memory_limit_mib=f.opt_int("memory_limit_mib"),
+            last_branch_memory_path=f.opt_str("last_branch_memory_path"),
+            template=f.opt_str("template"),
+            forked_from=f.opt_str("forked_from"),
+            raw=_raw(data),
+        )
+
+
+@dataclass
+class ExecResult(_Record):
+    """What a command did. ``exit_code`` is the process's code, else 128 + signal,
+    else 124 on timeout; ``signal`` and ``timed_out`` say which."""
+
+    stdout: str
+    stderr: str
+    exit_code: int
+    signal: Optional[int] = None
+    timed_out: bool = False
+    duration_ms: int = 0
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def ok(self) -> bool:
+        """Exited by itself with code 0."""
+        return self.exit_code == 0 and not self.timed_out and self.signal is None
+
+    @classmethod
+    def from_json(cls, data: Any) -> "ExecResult":
+        f = _Fields("ExecResult", data)
+        return cls(
+            stdout=f.req_str("stdout"),
+            stderr=f.req_str("stderr"),
+            exit_code=f.req_int("exit_code"),
+            signal=f.opt_int("signal"),
+            timed_out=f.bool_or("timed_out", False),
+            duration_ms=f.int_or("duration_ms", 0),
+            raw=_raw(data),
+        )
+
+
+@dataclass
+class EvalResult(_Record):
+    """``POST /v1/sandboxes/{id}/eval``: ``result`` is ``repr()`` of the last expression;
+    ``error`` the exception and traceback if the code raised (then ``exit_code`` is 1)."""
+
+    result: Optional[str]
+    error: Optional[str]
+    exit_code: int
+    stdout: str = ""
+    stderr: str = ""
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "EvalResult":
+        f = _Fields("EvalResult", data)
+        return cls(
+            result=f.opt_str("result"),
+            error=f.opt_str("error"),
+            exit_code=f.req_int("exit_code"),
+            stdout=f.str_or("stdout", ""),
+            stderr=f.str_or("stderr", ""),
+            raw=_raw(data),
+        )
+
+
+@dataclass
+class FileEntry(_Record):
+    """One entry of a directory listing."""
+
+    name: str
+    #: ``file``, ``dir``, ``symlink`` or ``other``.
+    type: str
+    size: int
+    mode: int
+    mtime_unix_ns: int
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def is_dir(self) -> bool:
+        return self.type == "dir"
+
+    @property
+    def is_file(self) -> bool:
+        return self.type == "file"
+
+    @classmethod
+    def from_json(cls, data: Any) -> "FileEntry":
+        f = _Fields("FileEntry", data)
+        return cls(
+            name=f.req_str("name"),
+            type=f.req_str("type"),
+            size=f.req_int("size"),
+            mode=f.req_int("mode"),
+            mtime_unix_ns=f.req_int("mtime_unix_ns"),
+            raw=_raw(data),
+        )
+
+
+@dataclass
+class FileWritten(_Record):
+    """The reply to a file upload: where it went and how many bytes."""
+
+    path: str
+    bytes: int
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "FileWritten":
+        f = _Fields("FileWritten", data)
+        return cls(path=f.req_str("path"), bytes=f.req_int("bytes"), raw=_raw(data))
+
+
+@dataclass
+class Pong(_Record):
+    """The guest agent's answer to a ping."""
+
+    agent_version: str
+    protocol_version: int
+    uptime_ms: int
+    generation: int
+    eval_available: bool
+    sandbox_id: Optional[str] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "Pong":
+        f = _Fields("Pong", data)
+        return cls(
+            agent_version=f.req_str("agent_version"),
+            protocol_version=f.req_int("protocol_version"),
+            uptime_ms=f.req_int("uptime_ms"),
+            generation=f.req_int("generation"),
+            eval_available=f.req_bool("eval_available"),
+            sandbox_id=f.opt_str("sandbox_id"),
+            raw=_raw(data),
+        )

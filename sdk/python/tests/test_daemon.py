@@ -1,0 +1,364 @@
+"""Acceptance tests: the SDK against a real `forkvm daemon` with real sandboxes.
+
+A session fixture starts `$FORKVM_BIN daemon` (default <repo>/target/debug/forkvm) on a
+private socket, run root and snapshot store, builds the snapshot tag `py` from the
+`python` template (cached after the first build), and at the end kills every sandbox
+it made through the API and stops the daemon. Every test here is skipped, with the
+reason, only when that binary does not exist.
+
+Restores cost ~1-2 s of guest time each on the CI machine, so the tests share one
+sandbox where they can; in all about six sandboxes are spawned.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Iterator, List
+
+import pytest
+
+from forkvm import BadRequest, Conflict, Controller, EvalError, ForkvmError, NotFound, Sandbox
+
+REPO = Path(__file__).resolve().parents[3]
+FORKVM_BIN = os.environ.get("FORKVM_BIN") or str(REPO / "target" / "debug" / "forkvm")
+READY_LINE = "forkvmd listening"
+READY_TIMEOUT_S = 60
+TEMPLATE_TIMEOUT_S = 900
+
+# The test command (scripts/test) sets FORKVM_SDK_REQUIRE_DAEMON=1: there a missing
+# binary is a failure, never a silent skip.
+if os.environ.get("FORKVM_SDK_REQUIRE_DAEMON") == "1" and not os.path.exists(FORKVM_BIN):
+    raise RuntimeError(f"FORKVM_BIN={FORKVM_BIN} does not exist, and FORKVM_SDK_REQUIRE_DAEMON=1")
+
+pytestmark = pytest.mark.skipif(
+    not os.path.exists(FORKVM_BIN),
+    reason=f"FORKVM_BIN={FORKVM_BIN} does not exist: build it with `cargo build -p forkvm` or set FORKVM_BIN",
+)
+
+
+class Daemon:
+    def __init__(self, proc: "subprocess.Popen[bytes]", socket: str, root: str, stderr_path: str) -> None:
+        self.proc = proc
+        self.socket = socket
+        self.root = root
+        self.stderr_path = stderr_path
+
+    @property
+    def url(self) -> str:
+        return f"unix:{self.socket}"
+
+    def stderr_tail(self, n: int = 40) -> str:
+        try:
+            with open(self.stderr_path, "rb") as f:
+                return "\n".join(f.read().decode("utf-8", "replace").splitlines()[-n:])
+        except OSError:
+            return "(no stderr)"
+
+
+@pytest.fixture(scope="session")
+def daemon() -> Iterator[Daemon]:
+    root = tempfile.mkdtemp(prefix="fkpy-")
+    sock = os.path.join(root, "forkvmd.sock")
+    env = dict(os.environ)
+    for k in [k for k in env if k.startswith("FORKVMD_")] + ["FORKVM_DAEMON"]:
+        env.pop(k, None)  # only the settings below
+    env.update(FORKVM_RUN=os.path.join(root, "run"), FORKVM_STORE=os.path.join(root, "store"))
+    stderr_path = os.path.join(root, "forkvmd.stderr")
+    with open(stderr_path, "wb") as errf:
+        proc = subprocess.Popen(
+            [FORKVM_BIN, "daemon", "--socket", sock], stdout=subprocess.PIPE, stderr=errf, env=env
+        )
+    d = Daemon(proc, sock, root, stderr_path)
+    lines: "queue.Queue[str]" = queue.Queue()
+
+    def pump() -> None:  # keeps reading so the daemon never blocks on a full pipe
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            lines.put(raw.decode("utf-8", "replace"))
+        lines.put("")
+
+    threading.Thread(target=pump, daemon=True).start()
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    seen: List[str] = []
+    failure = None
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"no {READY_LINE!r} line within {READY_TIMEOUT_S} s; stdout: {seen}")
+            try:
+                line = lines.get(timeout=left)
+            except queue.Empty:
+                continue
+            if line == "":
+                raise RuntimeError(f"forkvmd exited with {proc.wait()} before it was ready; stdout: {seen}")
+            seen.append(line.rstrip())
+            if READY_LINE in line:
+                break
+    except RuntimeError as e:
+        failure = str(e)
+    if failure is not None:
+        proc.kill()
+        proc.wait()
+        tail = d.stderr_tail()
+        shutil.rmtree(root, ignore_errors=True)
+        pytest.fail(f"{failure}\nstderr:\n{tail}", pytrace=False)
+    try:
+        yield d
+    finally:
+        try:
+            with Controller(d.url, timeout=60) as c:
+                for sb in c.list_sandboxes():
+                    try:
+                        c.kill_sandbox(sb.id)
+                    except NotFound:
+                        pass
+        except ForkvmError as e:
+            print(f"cleanup: could not kill sandboxes: {e}")
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def ctl(daemon: Daemon) -> Iterator[Controller]:
+    with Controller(daemon.url, timeout=120) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def py(ctl: Controller) -> str:
+    """The snapshot tag `py`, built from the python template."""
+    snap = ctl.create_snapshot("py", "python", timeout=TEMPLATE_TIMEOUT_S)
+    assert (snap.tag, snap.status, snap.bootable) == ("py", "ready", True)
+    return snap.tag
+
+
+@pytest.fixture(scope="module")
+def sb(ctl: Controller, py: str) -> Iterator[Sandbox]:
+    """One sandbox shared by the tests that do not need their own."""
+    with Sandbox.create(py, controller=ctl) as s:
+        yield s
+
+
+# --- daemon ------------------------------------------------------------------
+
+
+def test_health_version_metrics(ctl: Controller) -> None:
+    assert ctl.health() is True
+    v = ctl.version()
+    assert v.api == "v1" and v.version
+    assert "forkvm_http_requests_total" in ctl.metrics()
+
+
+def test_snapshot_listed_with_info(ctl: Controller, py: str) -> None:
+    assert py in [s.tag for s in ctl.list_snapshots()]
+    info = ctl.snapshot_info(py)
+    assert (info.tag, info.status) == (py, "ready")
+    assert info.memory_logical_bytes > 0
+
+
+# --- commands -------------------------------------------------------------------
+
+
+def test_run_echo_and_exit_codes(sb: Sandbox) -> None:
+    r = sb.commands.run("echo hi")
+    assert (r.stdout, r.exit_code, r.timed_out) == ("hi\n", 0, False)
+    r = sb.commands.run("echo oops >&2; exit 3")
+    assert (r.stderr, r.exit_code, r.timed_out) == ("oops\n", 3, False)
+    r = sb.commands.run(["echo", "a  b", "$HOME"])
+    assert r.stdout == "a  b $HOME\n"
+    r = sb.commands.run("echo $GREETING; pwd; cat", env={"GREETING": "hello"}, cwd="/tmp", stdin="from stdin")
+    assert r.stdout == "hello\n/tmp\nfrom stdin"
+
+
+def test_run_timeout(sb: Sandbox) -> None:
+    r = sb.commands.run("sleep 5", timeout=1)
+    assert r.timed_out is True
+    assert r.exit_code == 124
+
+
+def test_stream_collects_all_output(sb: Sandbox) -> None:
+    out: List[str] = []
+    err: List[str] = []
+    r = sb.commands.run(
+        "for i in 1 2 3; do echo $i; sleep 0.2; done; echo done >&2",
+        on_stdout=out.append,
+        on_stderr=err.append,
+    )
+    assert "".join(out) == "1\n2\n3\n" == r.stdout
+    assert "".join(err) == "done\n" == r.stderr
+    assert r.exit_code == 0
+
+
+def test_stream_delivers_chunks_before_exit(sb: Sandbox) -> None:
+    """The command prints 1, then waits for a file that only the on_stdout callback
+    creates (over another request) on seeing the 1. Without streaming the callback
+    would run only after the exit, and the command would give up without printing 2."""
+    assert sb.commands.run("rm -f /tmp/go").exit_code == 0
+    created: List[str] = []
+
+    def on_out(chunk: str) -> None:
+        if "1" in chunk and not created:
+            sb.files.write("/tmp/go", b"")
+            created.append(chunk)
+
+    script = "echo 1; i=0; while [ ! -e /tmp/go ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; [ -e /tmp/go ] && echo 2"
+    r = sb.commands.run(script, timeout=30, on_stdout=on_out)
+    assert created, "on_stdout was never called"
+    assert (r.stdout, r.exit_code) == ("1\n2\n", 0), r
+
+
+def test_exec_bad_request_names_the_problem(sb: Sandbox, ctl: Controller) -> None:
+    with pytest.raises(BadRequest) as ei:
+        ctl.exec_command(sb.id, [])
+    assert ei.value.code == "bad_request" and ei.value.message
+
+
+# --- files --------------------------------------------------------------------------
+
+
+def test_files_round_trip(sb: Sandbox) -> None:
+    every_byte = bytes(range(256))
+    w = sb.files.write("/tmp/sdk/all.bin", every_byte)
+    assert (w.path, w.bytes) == ("/tmp/sdk/all.bin", 256)
+    assert sb.files.read("/tmp/sdk/all.bin") == every_byte
+
+    big = os.urandom(1 << 20)
+    sb.files.write("/tmp/sdk/big.bin", big, mode=0o600)
+    assert sb.files.read("/tmp/sdk/big.bin") == big
+    entries = {e.name: e for e in sb.files.list("/tmp/sdk")}
+    assert entries["big.bin"].type == "file" and entries["big.bin"].size == 1 << 20
+    assert entries["big.bin"].mode & 0o777 == 0o600
+    assert entries["all.bin"].size == 256
+
+    sb.files.write("/tmp/sdk/t.txt", "héllo")
+    assert sb.files.read_text("/tmp/sdk/t.txt") == "héllo"
+    assert sb.commands.run("cat /tmp/sdk/t.txt").stdout == "héllo"
+
+    sb.files.remove("/tmp/sdk/big.bin")
+    with pytest.raises(NotFound):
+        sb.files.read("/tmp/sdk/big.bin")
+    sb.files.remove("/tmp/sdk", recursive=True)
+    with pytest.raises(NotFound):
+        sb.files.list("/tmp/sdk")
+
+
+# --- eval ------------------------------------------------------------------------------
+
+
+def test_eval(sb: Sandbox) -> None:
+    assert sb.eval("1 + 1") == "2"
+    assert sb.eval("'a' * 3") == "'aaa'"
+    assert sb.eval("z = [1, 2]") is None
+    assert sb.eval("z") == "[1, 2]"
+    with pytest.raises(EvalError) as ei:
+        sb.eval("1/0")
+    assert "ZeroDivisionError" in str(ei.value)
+    assert "ZeroDivisionError" in ei.value.traceback
+
+
+def test_ping(sb: Sandbox) -> None:
+    pong = sb.ping()
+    assert pong.eval_available is True
+    assert pong.sandbox_id == sb.id
+
+
+def test_connect_attaches(sb: Sandbox, ctl: Controller) -> None:
+    other = Sandbox.connect(sb.id, controller=ctl)
+    assert other.info.id == sb.id
+    assert other.commands.run("echo attached").stdout == "attached\n"
+
+
+# --- fork and branch ----------------------------------------------------------------------
+
+
+def test_fork_children_share_parent_state_not_each_other(sb: Sandbox) -> None:
+    assert sb.eval("x = 41") is None
+    kids = sb.fork(2)
+    try:
+        assert len(kids) == 2 and kids[0].id != kids[1].id and sb.id not in (kids[0].id, kids[1].id)
+        assert [k.eval("x") for k in kids] == ["41", "41"]
+        kids[0].eval("x = 100")
+        assert kids[0].eval("x") == "100"
+        assert kids[1].eval("x") == "41"
+        assert sb.eval("x") == "41"
+        assert kids[0].info.forked_from == sb.id
+    finally:
+        for k in kids:
+            k.kill()
+
+
+def test_branch_live_then_spawn_sees_state(sb: Sandbox, ctl: Controller) -> None:
+    sb.eval("y = 'branched'")
+    snap = sb.branch(mode="live")
+    assert snap.status == "ready" and snap.mode == "live" and snap.bootable
+    assert snap.tag in [s.tag for s in ctl.list_snapshots()]
+    with Sandbox.create(snap.tag, controller=ctl) as child:
+        assert child.id != sb.id
+        assert child.eval("y") == "'branched'"
+    assert sb.commands.run("echo still").stdout == "still\n"
+    ctl.delete_snapshot(snap.tag)
+    assert snap.tag not in [s.tag for s in ctl.list_snapshots()]
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+
+def test_unknown_sandbox_is_not_found(ctl: Controller) -> None:
+    with pytest.raises(NotFound) as ei:
+        ctl.get_sandbox("nope")
+    e = ei.value
+    assert (e.status, e.code) == (404, "not_found")
+    assert e.message and e.message in str(e)
+
+
+@pytest.mark.parametrize("bad", ["..", "../sandboxes", "a/b", "%2E%2E"])
+def test_ids_cannot_traverse(ctl: Controller, bad: str) -> None:
+    with pytest.raises((NotFound, BadRequest)):
+        ctl.get_sandbox(bad)
+
+
+def test_tags_cannot_traverse(ctl: Controller, py: str) -> None:
+    with pytest.raises((NotFound, BadRequest)):
+        ctl.snapshot_info(f"x/../{py}")
+
+
+def test_spawn_unknown_tag_is_not_found(ctl: Controller) -> None:
+    with pytest.raises(NotFound):
+        ctl.spawn_sandboxes("no-such-tag")
+
+
+def test_bad_tag_is_bad_request(ctl: Controller) -> None:
+    with pytest.raises(BadRequest) as ei:
+        ctl.create_snapshot("../x", "python")
+    assert ei.value.message
+
+
+def test_duplicate_snapshot_is_conflict(ctl: Controller, py: str) -> None:
+    with pytest.raises(Conflict):
+        ctl.create_snapshot(py, "python", timeout=TEMPLATE_TIMEOUT_S)
+
+
+def test_kill_then_get_is_not_found(ctl: Controller, py: str) -> None:
+    s = Sandbox.create(py, controller=ctl)
+    assert ctl.get_sandbox(s.id).state == "running"
+    s.kill()
+    s.kill()
+    with pytest.raises(NotFound):
+        ctl.get_sandbox(s.id)
+    with pytest.raises(NotFound):
+        ctl.kill_sandbox(s.id)
+    assert s.id not in [x.id for x in ctl.list_sandboxes()]

@@ -1,0 +1,558 @@
+"""Unit tests: no daemon, no KVM. HTTP behaviour is checked against a real tiny HTTP
+server started in-process (http.server in a thread, on 127.0.0.1 or a Unix socket)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socketserver
+import tempfile
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+import pytest
+
+import forkvm
+from forkvm import (
+    BadRequest,
+    Busy,
+    Conflict,
+    ConnectionFailed,
+    Controller,
+    DiskFull,
+    EvalError,
+    ForkvmError,
+    NotFound,
+    ProtocolError,
+    Sandbox,
+    ServerError,
+    Unauthorized,
+)
+from forkvm.streaming import NdjsonDecoder
+from forkvm.transport import UDS_BASE_URL, default_socket_path, quote_segment, resolve_endpoint
+from forkvm.types import ExecResult, FileEntry, SandboxInfo, SnapshotInfo
+
+
+# --- a tiny real HTTP server ------------------------------------------------
+
+Reply = Tuple[int, Dict[str, str], bytes]
+Route = Callable[["Handler"], Optional[Reply]]
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: "FakeServerMixin"  # type: ignore[assignment]
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass
+
+    def _serve(self) -> None:
+        n = int(self.headers.get("Content-Length") or 0)
+        self.body = self.rfile.read(n) if n else b""
+        self.server.requests.append((self.command, self.path, dict(self.headers), self.body))
+        route_path = self.path.split("?", 1)[0]
+        fn = self.server.routes.get((self.command, route_path))
+        reply = fn(self) if fn else (404, {}, json.dumps({"error": f"no fake route {route_path}", "code": "not_found"}).encode())
+        if reply is None:  # the route wrote its own response
+            return
+        status, headers, body = reply
+        self.send_response(status)
+        headers = {"Content-Type": "application/json", **headers}
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_PUT = do_DELETE = _serve
+
+    # helpers for streaming routes
+    def start_chunked(self, status: int = 200) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/x-ndjson")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+    def chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def end_chunked(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+
+class FakeServerMixin:
+    routes: Dict[Tuple[str, str], Route]
+    requests: List[Tuple[str, str, Dict[str, str], bytes]]
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        # A client that stops reading early (an error line ends a stream) resets the
+        # connection under the handler; that is expected, anything else is shown.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)  # type: ignore[misc]
+
+
+class TcpServer(FakeServerMixin, ThreadingHTTPServer):
+    daemon_threads = True
+
+
+class UnixServer(FakeServerMixin, socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+def _json_reply(status: int, obj: Any) -> Route:
+    return lambda h: (status, {}, json.dumps(obj).encode())
+
+
+def _start(server: FakeServerMixin) -> Iterator[FakeServerMixin]:
+    server.routes = {}
+    server.requests = []
+    t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)  # type: ignore[attr-defined]
+    t.start()
+    yield server
+    server.shutdown()  # type: ignore[attr-defined]
+    server.server_close()  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def server() -> Iterator[FakeServerMixin]:
+    yield from _start(TcpServer(("127.0.0.1", 0), Handler))
+
+
+def _url(server: Any) -> str:
+    host, port = server.server_address[:2]
+    return f"http://{host}:{port}"
+
+
+@pytest.fixture
+def client(server: TcpServer) -> Iterator[Controller]:
+    with Controller(_url(server), token="", timeout=20) as c:
+        yield c
+
+
+SANDBOX = {
+    "id": "abc",
+    "snapshot_tag": "py",
+    "netns": None,
+    "guest_addr": "unix:/run/x/v.sock",
+    "created_at_unix": 1,
+    "pid": 42,
+    "memory_limit_mib": None,
+    "has_branched": False,
+    "last_branch_memory_path": None,
+    "branch_count": 0,
+    "state": "running",
+    "template": "python",
+    "forked_from": None,
+    "last_active_unix": 2,
+}
+
+
+# --- endpoint resolution ----------------------------------------------------
+
+
+def test_endpoint_explicit_wins_over_env() -> None:
+    env = {"FORKVM_DAEMON": "http://other:1"}
+    assert resolve_endpoint("unix:/s/d.sock", env) == forkvm.Endpoint(UDS_BASE_URL, "/s/d.sock")
+    assert resolve_endpoint("http://h:8080/", env).base_url == "http://h:8080"
+
+
+def test_endpoint_from_env_forms() -> None:
+    assert resolve_endpoint(None, {"FORKVM_DAEMON": "unix:/a/b.sock"}).uds == "/a/b.sock"
+    assert resolve_endpoint(None, {"FORKVM_DAEMON": "unix:///a/b.sock"}).uds == "/a/b.sock"
+    e = resolve_endpoint(None, {"FORKVM_DAEMON": "https://h:9443"})
+    assert (e.base_url, e.uds) == ("https://h:9443", None)
+    assert str(resolve_endpoint(None, {"FORKVM_DAEMON": "unix:/x.sock"})) == "unix:/x.sock"
+    with pytest.raises(ValueError, match="FORKVM_DAEMON"):
+        resolve_endpoint(None, {"FORKVM_DAEMON": "ftp://h"})
+    with pytest.raises(ValueError):
+        resolve_endpoint(None, {"FORKVM_DAEMON": "unix:"})
+
+
+def test_default_socket_order() -> None:
+    both = {"FORKVM_RUN": "/r", "XDG_RUNTIME_DIR": "/x"}
+    assert default_socket_path(both, uid=1000) == "/r/forkvmd.sock"
+    assert default_socket_path({"XDG_RUNTIME_DIR": "/x", "FORKVM_RUN": ""}, uid=1000) == "/x/forkvm/forkvmd.sock"
+    assert default_socket_path({}, uid=0) == "/run/forkvm/forkvmd.sock"
+    assert default_socket_path({}, uid=1000) == "/tmp/forkvm-1000/forkvmd.sock"
+    assert default_socket_path({"TMPDIR": "/t"}, uid=7) == "/t/forkvm-7/forkvmd.sock"
+    e = resolve_endpoint(None, {"FORKVM_RUN": "/r"})
+    assert (e.base_url, e.uds) == (UDS_BASE_URL, "/r/forkvmd.sock")
+
+
+def test_controller_reads_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FORKVM_DAEMON", "unix:/nowhere/forkvmd.sock")
+    with Controller() as c:
+        assert str(c.endpoint) == "unix:/nowhere/forkvmd.sock"
+
+
+# --- URL quoting --------------------------------------------------------------
+
+
+def test_quote_segment() -> None:
+    assert quote_segment("sb-1_a") == "sb-1_a"
+    assert quote_segment("a/b") == "a%2Fb"
+    assert quote_segment("..") == "%2E%2E"
+    assert quote_segment(".") == "%2E"
+    assert quote_segment("../x") == "..%2Fx"
+    assert quote_segment("a?b#c d") == "a%3Fb%23c%20d"
+    with pytest.raises(ValueError):
+        quote_segment("")
+
+
+@pytest.mark.parametrize(
+    "sid, raw",
+    [
+        ("a/b", "/v1/sandboxes/a%2Fb"),
+        ("..", "/v1/sandboxes/%2E%2E"),
+        ("../../healthz", "/v1/sandboxes/..%2F..%2Fhealthz"),
+        ("x?y", "/v1/sandboxes/x%3Fy"),
+    ],
+)
+def test_ids_stay_one_segment_on_the_wire(server: TcpServer, client: Controller, sid: str, raw: str) -> None:
+    with pytest.raises(NotFound):
+        client.get_sandbox(sid)
+    method, path, _, _ = server.requests[-1]
+    assert (method, path) == ("GET", raw)
+
+
+def test_tag_and_query_quoting(server: TcpServer, client: Controller) -> None:
+    server.routes[("DELETE", "/v1/snapshots/a%2F..")] = lambda h: (204, {}, b"")
+    client.delete_snapshot("a/..", cascade=True)
+    assert server.requests[-1][1] == "/v1/snapshots/a%2F..?cascade=true"
+    server.routes[("GET", "/v1/sandboxes/s/files")] = lambda h: (200, {"Content-Type": "application/octet-stream"}, b"\x00\xff")
+    assert client.read_file("s", "/tmp/a b&c=d") == b"\x00\xff"
+    assert server.requests[-1][1] == "/v1/sandboxes/s/files?path=%2Ftmp%2Fa+b%26c%3Dd"
+
+
+# --- error mapping ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "status, cls",
+    [(400, BadRequest), (401, Unauthorized), (404, NotFound), (409, Conflict), (503, Busy), (507, DiskFull), (500, ServerError), (502, ServerError), (418, ForkvmError)],
+)
+def test_status_maps_to_class(server: TcpServer, client: Controller, status: int, cls: type) -> None:
+    body = {"error": f"boom {status}", "code": "some_code", "state": "writing"}
+    server.routes[("GET", "/v1/sandboxes/x")] = _json_reply(status, body)
+    with pytest.raises(ForkvmError) as ei:
+        client.get_sandbox("x")
+    e = ei.value
+    assert type(e) is cls
+    assert (e.status, e.code, e.message, e.state) == (status, "some_code", f"boom {status}", "writing")
+    assert e.url is not None and e.url.endswith("/v1/sandboxes/x")
+    assert f"boom {status}" in str(e)
+
+
+def test_non_json_error_body_is_kept(server: TcpServer, client: Controller) -> None:
+    server.routes[("GET", "/version")] = lambda h: (502, {"Content-Type": "text/html"}, b"<h1>Bad Gateway</h1>")
+    with pytest.raises(ServerError) as ei:
+        client.version()
+    assert ei.value.message == "<h1>Bad Gateway</h1>" and ei.value.code is None
+
+
+def test_bad_success_body_is_protocol_error(server: TcpServer, client: Controller) -> None:
+    server.routes[("GET", "/v1/sandboxes/x")] = _json_reply(200, {"id": "x"})
+    with pytest.raises(ProtocolError, match="guest_addr"):
+        client.get_sandbox("x")
+    server.routes[("GET", "/version")] = lambda h: (200, {}, b"not json")
+    with pytest.raises(ProtocolError):
+        client.version()
+
+
+def test_connection_failed_names_endpoint(tmp_path: Any) -> None:
+    sock = str(tmp_path / "none.sock")
+    with Controller(f"unix:{sock}") as c:
+        with pytest.raises(ConnectionFailed) as ei:
+            c.health()
+    assert sock in str(ei.value) and ei.value.status is None
+
+
+def test_token_sent_as_bearer(server: TcpServer) -> None:
+    server.routes[("GET", "/healthz")] = _json_reply(200, {"ok": True})
+    with Controller(_url(server), token="s3cret") as c:
+        assert c.health() is True
+    headers = {k.lower(): v for k, v in server.requests[-1][2].items()}
+    assert headers["authorization"] == "Bearer s3cret"
+
+
+def test_token_from_env(server: TcpServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    server.routes[("GET", "/healthz")] = _json_reply(200, {"ok": True})
+    monkeypatch.setenv("FORKVM_TOKEN", "envtok")
+    with Controller(_url(server)) as c:
+        c.health()
+    headers = {k.lower(): v for k, v in server.requests[-1][2].items()}
+    assert headers["authorization"] == "Bearer envtok"
+
+
+def test_unix_socket_transport() -> None:
+    d = tempfile.mkdtemp(prefix="fkpy-")
+    path = os.path.join(d, "forkvmd.sock")
+    gen = _start(UnixServer(path, Handler))
+    srv = next(gen)
+    try:
+        srv.routes[("GET", "/version")] = _json_reply(200, {"version": "0.1.0", "api": "v1", "new_field": 1})
+        with Controller(f"unix:{path}") as c:
+            v = c.version()
+        assert (v.version, v.api, v["new_field"]) == ("0.1.0", "v1", 1)
+        assert srv.requests[-1][2].get("Host") == "forkvmd"
+    finally:
+        next(gen, None)
+        os.unlink(path)
+        os.rmdir(d)
+
+
+# --- request bodies -------------------------------------------------------------
+
+
+def test_exec_body_shapes(server: TcpServer, client: Controller) -> None:
+    out = {"stdout": "hi\n", "stderr": "", "exit_code": 0, "signal": None, "timed_out": False, "duration_ms": 3}
+    server.routes[("POST", "/v1/sandboxes/s/exec")] = _json_reply(200, out)
+    r = client.exec_command("s", ["echo", "hi"], 5)
+    assert json.loads(server.requests[-1][3]) == {"args": ["echo", "hi"], "timeout_secs": 5}
+    assert r == ExecResult("hi\n", "", 0, None, False, 3)
+    client.exec_command("s", cmd="echo $A", timeout_secs=1.5, env={"A": "1"}, cwd="/tmp", stdin="in")
+    assert json.loads(server.requests[-1][3]) == {"cmd": "echo $A", "timeout_secs": 2, "env": {"A": "1"}, "cwd": "/tmp", "stdin": "in"}
+    with pytest.raises(ValueError):
+        client.exec_command("s", ["a"], cmd="b")
+    with pytest.raises(ValueError):
+        client.exec_command("s")
+
+
+def test_sandbox_api_over_fake_server(server: TcpServer, client: Controller) -> None:
+    server.routes[("POST", "/v1/sandboxes")] = _json_reply(201, [SANDBOX])
+    server.routes[("PUT", "/v1/sandboxes/abc/files")] = _json_reply(201, {"path": "/a/b", "bytes": 2})
+    server.routes[("POST", "/v1/sandboxes/abc/eval")] = lambda h: (
+        200,
+        {},
+        json.dumps(
+            {"result": None, "error": "Traceback (most recent call last):\nZeroDivisionError: division by zero\n", "exit_code": 1}
+            if b"1/0" in h.body
+            else {"result": "2", "error": None, "exit_code": 0, "stdout": "", "stderr": ""}
+        ).encode(),
+    )
+    killed: List[int] = []
+
+    def kill_route(h: Handler) -> Reply:
+        killed.append(1)
+        return (204, {}, b"") if len(killed) == 1 else (404, {}, b'{"error":"gone","code":"not_found"}')
+
+    server.routes[("DELETE", "/v1/sandboxes/abc")] = kill_route
+    with Sandbox.create("py", controller=client, memory_limit_mib=64) as sb:
+        assert json.loads(server.requests[-1][3]) == {"snapshot_tag": "py", "n": 1, "memory_limit_mib": 64}
+        assert sb.id == "abc" and sb.info.state == "running"
+        assert sb.files.write("/a/b", "hi", mode=0o644).bytes == 2
+        assert server.requests[-1][1] == "/v1/sandboxes/abc/files?path=%2Fa%2Fb&mode=420&create_parents=true"
+        assert server.requests[-1][3] == b"hi"
+        assert sb.eval("1+1") == "2"
+        with pytest.raises(EvalError) as ei:
+            sb.eval("1/0")
+        assert "ZeroDivisionError" in str(ei.value) and "Traceback" in ei.value.traceback
+        sb.kill()
+        sb.kill()  # idempotent: no second request
+    assert killed == [1]
+    Sandbox(SandboxInfo.from_json(SANDBOX), client).kill()  # a 404 on kill is fine
+    assert killed == [1, 1]
+
+
+# --- types --------------------------------------------------------------------
+
+
+def test_types_tolerate_extra_and_require_required() -> None:
+    snap = {"tag": "t", "dir": "/d", "created_at_unix": 5, "status": "ready", "bootable": True, "future": [1]}
+    s = SnapshotInfo.from_json(snap)
+    assert (s.tag, s.branched_from, s.memory_logical_bytes, s["future"]) == ("t", None, 0, [1])
+    for missing in ("tag", "status", "bootable"):
+        with pytest.raises(ProtocolError, match=missing):
+            SnapshotInfo.from_json({k: v for k, v in snap.items() if k != missing})
+    with pytest.raises(ProtocolError, match="created_at_unix"):
+        SnapshotInfo.from_json({**snap, "created_at_unix": True})
+    with pytest.raises(ProtocolError):
+        SnapshotInfo.from_json([snap])
+    assert SandboxInfo.from_json({**SANDBOX, "extra": {}}).pid == 42
+    f = FileEntry.from_json({"name": "a", "type": "dir", "size": 0, "mode": 0o40755, "mtime_unix_ns": -1})
+    assert f.is_dir and not f.is_file
+    e = ExecResult.from_json({"stdout": "", "stderr": "", "exit_code": 124, "timed_out": True})
+    assert e.timed_out and not e.ok and e.duration_ms == 0
+
+
+# --- NDJSON streaming ---------------------------------------------------------------
+
+
+def _events_bytes() -> bytes:
+    lines = [
+        {"type": "stdout", "data": "héllo\n"},
+        {"type": "stderr", "data": "warn\n"},
+        {"type": "future_kind", "x": 1},
+        {"type": "stdout", "data": "wörld ✓\n"},
+        {"type": "exit", "exit_code": 3, "signal": None, "timed_out": False, "duration_ms": 7},
+    ]
+    return b"".join(json.dumps(l, ensure_ascii=False).encode() + b"\n" for l in lines)
+
+
+def test_ndjson_decoder_every_split_point() -> None:
+    data = _events_bytes()
+    want = NdjsonDecoder().feed(data)
+    assert len(want) == 5
+    for i in range(len(data) + 1):
+        for j in range(i, len(data) + 1, 7):
+            dec = NdjsonDecoder()
+            got = dec.feed(data[:i]) + dec.feed(data[i:j]) + dec.feed(data[j:]) + dec.close()
+            assert got == want, (i, j)
+    dec = NdjsonDecoder()
+    assert [dec.feed(bytes([b])) for b in data].count([]) == len(data) - 5
+
+
+def test_ndjson_last_line_without_newline_and_bad_line() -> None:
+    dec = NdjsonDecoder()
+    assert dec.feed(b'{"type":"exit","exit_code":0}') == []
+    assert dec.close() == [{"type": "exit", "exit_code": 0}]
+    with pytest.raises(ProtocolError):
+        NdjsonDecoder().feed(b"{oops\n")
+
+
+def test_stream_is_consumed_as_it_arrives(server: TcpServer, client: Controller) -> None:
+    """The server holds back the rest of the body until the client has reported the
+    first chunk through on_stdout, so a client that buffered the body would never see
+    a result; chunks split lines and a UTF-8 character."""
+    seen_first = threading.Event()
+    data = _events_bytes()
+    first_line_end = data.index(b"\n") + 1
+
+    def route(h: Handler) -> None:
+        h.start_chunked()
+        h.chunk(data[: first_line_end + 5])  # first line and part of the second
+        if not seen_first.wait(10):
+            h.chunk(b'{"type":"error","error":"client did not stream"}\n')
+            h.end_chunked()
+            return
+        rest = data[first_line_end + 5 :]
+        w = "ö".encode()
+        k = rest.index(w) + 1  # split in the middle of a two-byte character
+        h.chunk(rest[:k])
+        h.chunk(rest[k:])
+        h.end_chunked()
+
+    server.routes[("POST", "/v1/sandboxes/s/exec/stream")] = route
+    out: List[str] = []
+    err: List[str] = []
+
+    def on_out(s: str) -> None:
+        out.append(s)
+        seen_first.set()
+
+    r = client.exec_stream("s", cmd="x", on_stdout=on_out, on_stderr=err.append)
+    assert out == ["héllo\n", "wörld ✓\n"] and err == ["warn\n"]
+    assert (r.stdout, r.stderr, r.exit_code, r.duration_ms) == ("héllo\nwörld ✓\n", "warn\n", 3, 7)
+
+
+def test_stream_error_line_and_http_error(server: TcpServer, client: Controller) -> None:
+    def route(h: Handler) -> None:
+        h.start_chunked()
+        h.chunk(b'{"type":"stdout","data":"a"}\n{"type":"error","error":"agent went away"}\n')
+        h.end_chunked()
+
+    server.routes[("POST", "/v1/sandboxes/s/exec/stream")] = route
+    with pytest.raises(ForkvmError, match="agent went away"):
+        client.exec_stream("s", ["true"])
+    server.routes[("POST", "/v1/sandboxes/s/exec/stream")] = _json_reply(404, {"error": "no sandbox s", "code": "not_found"})
+    with pytest.raises(NotFound, match="no sandbox s"):
+        client.exec_stream("s", ["true"])
+
+    def truncated(h: Handler) -> None:
+        h.start_chunked()
+        h.chunk(b'{"type":"stdout","data":"a"}\n')
+        h.end_chunked()
+
+    server.routes[("POST", "/v1/sandboxes/s/exec/stream")] = truncated
+    with pytest.raises(ProtocolError, match="without an exit"):
+        client.exec_stream("s", ["true"])
+
+
+def test_version_is_single_source() -> None:
+    assert forkvm.__version__ == "0.1.0"
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(here, "pyproject.toml")) as f:
+        text = f.read()
+    assert 'version = { attr = "forkvm.__version__" }' in text
+    assert "\nversion =" not in text.split("[tool.setuptools.dynamic]")[0]
+
+
+
+# --- every route of routes.rs has a Controller method that calls it ------------------
+
+ROUTES_RS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "crates", "forkvm-api", "src", "routes.rs")
+
+SNAP = {"tag": "TAG", "dir": "/d", "created_at_unix": 1, "status": "ready", "bootable": True}
+EXEC = {"stdout": "", "stderr": "", "exit_code": 0}
+PONG = {"agent_version": "0", "protocol_version": 1, "uptime_ms": 1, "sandbox_id": "ID", "generation": 1, "eval_available": True}
+DETAIL = {
+    "tag": "TAG", "dir": "/d", "created_at_unix": 1, "memory_logical_bytes": 1, "memory_physical_bytes": 1,
+    "vmstate_bytes": 1, "parent_tag": None, "parent_content_hash": None, "chain_depth": 0,
+    "ancestors": [], "dependents": [], "status": "ready",
+}
+SB = {**SANDBOX, "id": "ID"}
+ENTRY = {"name": "a", "type": "file", "size": 1, "mode": 420, "mtime_unix_ns": 0}
+STREAM = b'{"type":"exit","exit_code":0,"signal":null,"timed_out":false,"duration_ms":1}\n'
+
+# route name in routes.rs -> (canned JSON reply, call through the Controller)
+CALLS: Dict[str, Tuple[Any, Callable[[Controller], Any]]] = {
+    "Health": ({"ok": True}, lambda c: c.health()),
+    "Version": ({"version": "0.1.0", "api": "v1"}, lambda c: c.version()),
+    "Metrics": ("# text", lambda c: c.metrics()),
+    "ListSnapshots": ([SNAP], lambda c: c.list_snapshots()),
+    "CreateSnapshot": (SNAP, lambda c: c.create_snapshot("TAG", "python")),
+    "DeleteSnapshot": (None, lambda c: c.delete_snapshot("TAG")),
+    "SnapshotInfo": (DETAIL, lambda c: c.snapshot_info("TAG")),
+    "ListSandboxes": ([SB], lambda c: c.list_sandboxes()),
+    "CreateSandboxes": ([SB], lambda c: c.spawn_sandboxes("TAG")),
+    "GetSandbox": (SB, lambda c: c.get_sandbox("ID")),
+    "DeleteSandbox": (None, lambda c: c.kill_sandbox("ID")),
+    "Ping": (PONG, lambda c: c.ping_sandbox("ID")),
+    "Exec": (EXEC, lambda c: c.exec_command("ID", ["true"])),
+    "ExecStream": (STREAM, lambda c: c.exec_stream("ID", ["true"])),
+    "Eval": ({"result": "1", "error": None, "exit_code": 0}, lambda c: c.eval_code("ID", "1")),
+    "Branch": (SNAP, lambda c: c.branch_sandbox("ID")),
+    "Fork": ([SB], lambda c: c.fork_sandbox("ID")),
+    "ReadFile": (b"x", lambda c: c.read_file("ID", "/a")),
+    "WriteFile": ({"path": "/a", "bytes": 1}, lambda c: c.write_file("ID", "/a", b"x")),
+    "RemoveFile": (None, lambda c: c.remove_file("ID", "/a")),
+    "ListFiles": ([ENTRY], lambda c: c.list_files("ID", "/")),
+}
+
+
+def _fixed(status: int, ctype: str, body: bytes) -> Route:
+    return lambda h: (status, {"Content-Type": ctype}, body)
+
+
+def _routes_rs() -> List[Tuple[str, str, str]]:
+    import re
+
+    with open(ROUTES_RS) as f:
+        text = f.read()
+    return re.findall(r'r\("([A-Z]+)", "([^"]+)", RouteName::(\w+)\)', text)
+
+
+@pytest.mark.skipif(not os.path.exists(ROUTES_RS), reason="crates/forkvm-api/src/routes.rs not found (SDK outside the repo)")
+def test_every_route_is_covered(server: TcpServer, client: Controller) -> None:
+    routes = _routes_rs()
+    assert len(routes) >= 21
+    assert {name for _, _, name in routes} == set(CALLS), "routes.rs and the SDK's route table differ"
+    for method, template, name in routes:
+        reply, call = CALLS[name]
+        path = template.replace("{id}", "ID").replace("{tag}", "TAG")
+        if isinstance(reply, bytes):
+            body, ctype = reply, "application/octet-stream"
+        elif isinstance(reply, str):
+            body, ctype = reply.encode(), "text/plain"
+        else:
+            body, ctype = json.dumps(reply).encode(), "application/json"
+        status = 204 if reply is None else 200
+        server.routes[(method, path)] = _fixed(status, ctype, body if status != 204 else b"")
+        call(client)
+        got_method, raw, _, _ = server.requests[-1]
+        assert (got_method, raw.split("?", 1)[0]) == (method, path), name
