@@ -77,6 +77,13 @@ impl AgentClient<UnixStream> {
         Self::new(move || Ok(connect_vsock_uds(&path, port)?))
     }
 
+    /// [`AgentClient::vsock_uds`] whose requests fail when the agent is silent for
+    /// `limit` (see [`crate::vsock::connect_vsock_uds_within`]); for probes.
+    pub fn vsock_uds_within(path: impl Into<PathBuf>, port: u32, limit: std::time::Duration) -> Self {
+        let path = path.into();
+        Self::new(move || Ok(crate::vsock::connect_vsock_uds_within(&path, port, Some(limit))?))
+    }
+
     /// Connects straight to an agent listening on a Unix socket (`--listen-unix`).
     pub fn unix(path: impl AsRef<Path>) -> Self {
         let path = path.as_ref().to_path_buf();

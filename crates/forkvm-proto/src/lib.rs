@@ -75,4 +75,4 @@ pub use msg::{
     FileType, IdentityApplied, IdentityRequest, MkdirRequest, Pong, ProtocolError, ProtocolErrorCode, Request,
     Response, WriteFileRequest,
 };
-pub use vsock::{connect_vsock_uds, VsockConnectError};
+pub use vsock::{connect_vsock_uds, connect_vsock_uds_within, VsockConnectError};

@@ -30,9 +30,26 @@ pub enum VsockConnectError {
 ///
 /// The acknowledgement is read one byte at a time so no agent bytes are consumed.
 pub fn connect_vsock_uds(path: impl AsRef<Path>, port: u32) -> Result<UnixStream, VsockConnectError> {
+    connect_vsock_uds_within(path, port, None)
+}
+
+/// [`connect_vsock_uds`] whose stream gives up on any read or write that waits longer
+/// than `limit` (the handshake included). A guest that resets its vsock transport (as it
+/// does right after a restore) drops its connections without telling the host, so a
+/// request on such a connection would otherwise wait forever.
+pub fn connect_vsock_uds_within(
+    path: impl AsRef<Path>,
+    port: u32,
+    limit: Option<std::time::Duration>,
+) -> Result<UnixStream, VsockConnectError> {
     let path = path.as_ref();
     let mut stream = UnixStream::connect(path)
         .map_err(|source| VsockConnectError::Connect { path: path.display().to_string(), source })?;
+    if limit.is_some() {
+        let set = |r: io::Result<()>| r.map_err(|source| VsockConnectError::SendConnect { port, source });
+        set(stream.set_read_timeout(limit))?;
+        set(stream.set_write_timeout(limit))?;
+    }
     stream
         .write_all(format!("CONNECT {port}\n").as_bytes())
         .map_err(|source| VsockConnectError::SendConnect { port, source })?;

@@ -109,7 +109,7 @@ impl Sandbox {
         let client = AgentClient::vsock_uds(&uds, AGENT_PORT);
         let latch = vmm.exit_latch();
         let alive = || latch.get().map(|r| format!("{r:?}"));
-        crate::template_snapshot::wait_for_agent(&client, RESTORE_TIMEOUT, &alive).map_err(|e| match e {
+        crate::template_snapshot::wait_for_agent(&uds, RESTORE_TIMEOUT, &alive).map_err(|e| match e {
             Some(why) => SandboxError::Stopped(why, console_path.clone()),
             None => SandboxError::AgentTimeout(RESTORE_TIMEOUT, console_path.clone()),
         })?;

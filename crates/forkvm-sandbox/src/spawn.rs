@@ -113,7 +113,7 @@ fn make_ready(record: &SandboxRecord, started: Instant) -> Result<SpawnedSandbox
     let client = AgentClient::vsock_uds(record.vsock(), AGENT_PORT);
     let pid = record.pid;
     let gone = || (!crate::registry::vmm_alive(pid)).then(|| "exited".to_string());
-    if let Err(why) = wait_for_agent(&client, READY_TIMEOUT, &gone) {
+    if let Err(why) = wait_for_agent(&record.vsock(), READY_TIMEOUT, &gone) {
         return Err(SpawnError::NotReady {
             id: record.id.clone(),
             pid,
@@ -121,7 +121,21 @@ fn make_ready(record: &SandboxRecord, started: Instant) -> Result<SpawnedSandbox
             console: console_tail(record),
         });
     }
-    apply_identity(&client, &record.id).map_err(|source| SpawnError::Identity { id: record.id.clone(), source })?;
+    // Bounded and retried for the same reason as the readiness ping: a connection made
+    // before the guest processed its transport reset is dropped silently. Applying the
+    // identity twice is harmless (the second wins).
+    let bounded = AgentClient::vsock_uds_within(record.vsock(), AGENT_PORT, crate::template_snapshot::PING_LIMIT);
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match apply_identity(&bounded, &record.id) {
+            Ok(()) => break,
+            Err(e) if attempt < 3 && !matches!(e, forkvm_proto::ClientError::Agent(_)) => {
+                tracing::warn!(id = %record.id, %e, "applying the identity failed; retrying");
+            }
+            Err(source) => return Err(SpawnError::Identity { id: record.id.clone(), source }),
+        }
+    }
     Ok(SpawnedSandbox { record: record.clone(), client, ready_ms: started.elapsed().as_secs_f64() * 1e3 })
 }
 

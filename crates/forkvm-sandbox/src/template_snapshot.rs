@@ -117,15 +117,18 @@ fn snapshot_key(a: &Artifacts, template: CpuTemplate) -> String {
     h.finalize().to_hex()[..32].to_string()
 }
 
-/// Waits until the agent behind `uds` answers a ping.
-pub fn wait_for_agent(
-    client: &AgentClient<std::os::unix::net::UnixStream>,
-    timeout: Duration,
-    alive: &dyn Fn() -> Option<String>,
-) -> Result<(), Option<String>> {
+/// How long one readiness ping may wait for the agent. Right after a restore the guest
+/// resets its vsock transport, and a connection made just before it processed the reset
+/// is dropped on the guest side without a word to the host: without a limit, that ping
+/// would wait forever. Generous, for guests whose kernel code is emulated and busy.
+pub const PING_LIMIT: Duration = Duration::from_secs(10);
+
+/// Waits until the agent behind the vsock socket `uds` answers a ping.
+pub fn wait_for_agent(uds: &Path, timeout: Duration, alive: &dyn Fn() -> Option<String>) -> Result<(), Option<String>> {
+    let probe = AgentClient::vsock_uds_within(uds, AGENT_PORT, PING_LIMIT);
     let deadline = Instant::now() + timeout;
     loop {
-        if client.ping().is_ok() {
+        if probe.ping().is_ok() {
             return Ok(());
         }
         if let Some(why) = alive() {
@@ -170,7 +173,7 @@ pub fn boot_to_agent(
     let client = AgentClient::vsock_uds(&uds, AGENT_PORT);
     let latch = vmm.exit_latch();
     let alive = || latch.get().map(|r| format!("{r:?}"));
-    wait_for_agent(&client, BOOT_TIMEOUT, &alive).map_err(|e| match e {
+    wait_for_agent(&uds, BOOT_TIMEOUT, &alive).map_err(|e| match e {
         Some(why) => TemplateSnapshotError::Stopped(why, console_path.clone()),
         None => TemplateSnapshotError::AgentTimeout(BOOT_TIMEOUT, console_path.clone()),
     })?;

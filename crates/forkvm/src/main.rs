@@ -1,5 +1,6 @@
 //! `forkvm`: the command-line interface. Thin: parses, calls the library, prints.
 
+mod bench_api;
 mod bench_boot;
 mod bench_branch;
 mod bench_fork;
@@ -71,6 +72,8 @@ enum BenchCommand {
     Branch(bench_branch::BenchBranchArgs),
     /// N Linux sandboxes from a tag until each answered an eval, against cold boots.
     Spawn(bench_spawn::BenchSpawnArgs),
+    /// The REST API's overhead: spawn of N, exec and eval round trips, REST vs library.
+    Api(bench_api::BenchApiArgs),
 }
 
 /// The error and its causes, skipping a cause whose text the message already contains
@@ -103,6 +106,7 @@ fn main() {
         Command::Bench(BenchCommand::Boot(a)) => bench_boot::run(a),
         Command::Bench(BenchCommand::Branch(a)) => bench_branch::run(a),
         Command::Bench(BenchCommand::Spawn(a)) => bench_spawn::run(a),
+        Command::Bench(BenchCommand::Api(a)) => bench_api::run(a),
         Command::Run(a) => run_cmd::run(a),
         Command::Snapshot(a) => snapshot_cmd::run(a, remote),
         Command::Ps(a) => sandbox_cmd::ps(a, remote),
