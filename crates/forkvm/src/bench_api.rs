@@ -7,7 +7,9 @@
 //! * `spawn_ratio`: REST spawn / library spawn (median over rounds).
 //! * `exec_ms`, `eval_ms`: p50 / p99 of `--round-trips` calls each (exec runs `true`,
 //!   eval `1+1`); `*_overhead_p50_ms` is REST minus direct. The guest side (emulated guest
-//!   kernel on PVM hosts) dominates both; the difference is the daemon's.
+//!   kernel on PVM hosts) dominates both; the difference is the daemon's, within noise.
+//! * `get_sandbox_ms`: `GET /v1/sandboxes/{id}`, ten times as many calls: the daemon's own
+//!   cost per request (HTTP, registry, database), with no guest involved.
 //!
 //! The library spawn forks this process, so it must be single-threaded then: the bench
 //! checks that, and runs the library phase first in each round.
@@ -112,6 +114,8 @@ struct Round {
     exec_rest: Vec<f64>,
     eval_direct: Vec<f64>,
     eval_rest: Vec<f64>,
+    /// `GET /v1/sandboxes/{id}`: the daemon alone, no guest involved.
+    get_rest: Vec<f64>,
 }
 
 fn round(a: &BenchApiArgs, source: &SpawnSource, run_root: &Path) -> Result<Round> {
@@ -152,10 +156,14 @@ fn round(a: &BenchApiArgs, source: &SpawnSource, run_root: &Path) -> Result<Roun
             client.eval(id, "1+1")?;
             Ok(())
         })?;
+        let get_rest = time_calls(a.round_trips * 10, || {
+            client.get_sandbox(id)?;
+            Ok(())
+        })?;
         for s in &infos {
             let _ = client.kill_sandbox(&s.id);
         }
-        Ok(Round { lib_spawn_ms, rest_spawn_ms, exec_direct, exec_rest, eval_direct, eval_rest })
+        Ok(Round { lib_spawn_ms, rest_spawn_ms, exec_direct, exec_rest, eval_direct, eval_rest, get_rest })
     })();
     // SAFETY: signals the daemon we started.
     unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
@@ -191,6 +199,7 @@ pub fn run(a: BenchApiArgs) -> Result<i32> {
         "spawn_ratio": (median(&mut ratios) * 1000.0).round() / 1000.0,
         "exec_ms": { "direct": p50_p99(exec_direct.clone()), "rest": p50_p99(exec_rest.clone()) },
         "eval_ms": { "direct": p50_p99(eval_direct.clone()), "rest": p50_p99(eval_rest.clone()) },
+        "get_sandbox_ms": p50_p99(all(|r| &r.get_rest)),
         "exec_overhead_p50_ms": overhead(&exec_rest, &exec_direct),
         "eval_overhead_p50_ms": overhead(&eval_rest, &eval_direct),
         "machine": machine(),
