@@ -82,7 +82,7 @@ pub struct SpawnTimings {
 }
 
 /// The last lines of a console log, for error messages.
-pub(crate) fn console_tail(record: &SandboxRecord) -> String {
+pub fn console_tail(record: &SandboxRecord) -> String {
     let text = std::fs::read_to_string(record.console()).unwrap_or_default();
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).rev().take(5).collect();
     lines.into_iter().rev().collect::<Vec<_>>().join(" | ")

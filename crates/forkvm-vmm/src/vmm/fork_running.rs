@@ -170,7 +170,10 @@ impl Vmm {
         vmm.set_labels(labels);
         match serve_until_exit(vmm, Some(&child.socket)) {
             Ok(VcpuExitReason::GuestExit(code)) => i32::from(code),
-            Ok(VcpuExitReason::Stopped | VcpuExitReason::Reset) => 0,
+            Ok(VcpuExitReason::Stopped) => 0,
+            // Nobody asked for it: a reboot or kernel panic in the guest. Failing keeps the
+            // run directory, so the console log says what happened.
+            Ok(VcpuExitReason::Reset) => fail("the guest reset itself (reboot or kernel panic)".into(), error_log),
             Ok(other) => fail(format!("guest stopped: {other:?}"), error_log),
             Err(e) => fail(e.to_string(), error_log),
         }

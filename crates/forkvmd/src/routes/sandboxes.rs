@@ -60,7 +60,8 @@ pub async fn list(State(s): State<AppState>) -> Result<Json<Vec<SandboxInfo>>, A
 pub fn running(s: &AppState, id: &str) -> Result<SandboxRecord, ApiError> {
     let r = s.registry.get(id)?;
     if !forkvm_sandbox::registry::vmm_alive(r.pid) {
-        return Err(ApiError::not_found(format!("sandbox {id:?} not found (its VMM has stopped)")));
+        let console = forkvm_sandbox::spawn::console_tail(&r);
+        return Err(ApiError::not_found(format!("sandbox {id:?} has stopped; its console ended with: {console}")));
     }
     if s.sandbox_row(id).is_some_and(|row| row.state == "starting") {
         return Err(ApiError::conflict(format!("sandbox {id:?} is still starting"), "starting"));
