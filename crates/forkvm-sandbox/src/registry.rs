@@ -162,6 +162,17 @@ impl Registry {
         serde_json::from_slice(&text).ok()
     }
 
+    /// Sandbox `id`'s record and whether its VMM is alive, without cleaning up a dead one
+    /// (so its console log can still be read).
+    pub fn lookup(&self, id: &str) -> Result<(SandboxRecord, bool), RegistryError> {
+        if !valid_id(id) {
+            return Err(RegistryError::BadId(id.to_string()));
+        }
+        let r = self.read(&self.sandboxes_dir().join(id)).ok_or_else(|| RegistryError::NotFound(id.to_string()))?;
+        let alive = vmm_alive(r.pid);
+        Ok((r, alive))
+    }
+
     /// The live sandbox `id`.
     pub fn get(&self, id: &str) -> Result<SandboxRecord, RegistryError> {
         if !valid_id(id) {

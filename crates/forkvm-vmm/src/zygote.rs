@@ -270,7 +270,11 @@ impl Zygote {
                 return fail(format!("starting the serial input thread: {e}"), error_log);
             }
         }
-        match serve_until_exit(vmm, spec.socket.as_deref()) {
+        let outcome = serve_until_exit(vmm, spec.socket.as_deref());
+        if let (Ok(reason), Some(f)) = (&outcome, error_log.as_mut()) {
+            let _ = writeln!(f, "[forkvm] VMM stopping: {reason:?}");
+        }
+        match outcome {
             Ok(VcpuExitReason::GuestExit(code)) => i32::from(code),
             Ok(VcpuExitReason::Stopped) => 0,
             // Nobody asked for it: a reboot or kernel panic in the guest. Failing keeps the

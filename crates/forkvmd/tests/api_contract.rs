@@ -346,3 +346,29 @@ fn snake(camel: &str) -> String {
     }
     out
 }
+
+#[tokio::test]
+async fn a_stopped_sandbox_is_404_quoting_its_console() {
+    let e = env();
+    let mut dead = std::process::Command::new("true").spawn().unwrap();
+    let pid = dead.id() as i32;
+    dead.wait().unwrap();
+    let run_dir = e.state.registry.create_run_dir("gone1").unwrap();
+    let record = SandboxRecord {
+        id: "gone1".into(),
+        pid,
+        run_dir: run_dir.clone(),
+        template: None,
+        source_tag: None,
+        forked_from: None,
+        created_at_unix_ms: 0,
+        memory_limit_bytes: None,
+        cgroup: None,
+    };
+    e.state.registry.write(&record).unwrap();
+    std::fs::write(record.console(), "booting\nKernel panic - not syncing: Attempted to kill init!\n").unwrap();
+    let (status, text) = call(&e.app, "POST", "/v1/sandboxes/gone1/exec", Some(TOKEN), r#"{"args":["true"]}"#).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{text}");
+    assert!(error_of(&text).error.contains("Attempted to kill init"), "{text}");
+    assert!(!run_dir.exists(), "the dead sandbox's run directory is cleaned up after it was quoted");
+}

@@ -111,6 +111,10 @@ fn serve_connection(conn: UnixStream, vmm: Arc<Mutex<Vmm>>, latch: Arc<ExitLatch
         let text = serde_json::to_string(&response).unwrap_or_else(|e| format!(r#"{{"ok":false,"error":"{e}"}}"#));
         let written = writeln!(writer, "{text}").and_then(|_| writer.flush());
         if shutdown {
+            // Say who asked, on stderr (a detached VMM's console log): a sandbox that
+            // stopped can then be told from one that was stopped.
+            let peer = peer_pid(&writer);
+            eprintln!("[forkvm] shutdown requested over the control socket by pid {peer}");
             // Answer first: once the latch is set the process may exit at any moment.
             latch.set(VcpuExitReason::Stopped);
             return;
@@ -118,6 +122,28 @@ fn serve_connection(conn: UnixStream, vmm: Arc<Mutex<Vmm>>, latch: Arc<ExitLatch
         if written.is_err() {
             return;
         }
+    }
+}
+
+/// The pid of the process on the other end of a Unix stream (0 if unknown).
+fn peer_pid(s: &UnixStream) -> i32 {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED fills a ucred of `len` bytes at a valid pointer.
+    let rc = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc == 0 {
+        cred.pid
+    } else {
+        0
     }
 }
 

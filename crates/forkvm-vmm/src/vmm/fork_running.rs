@@ -168,7 +168,11 @@ impl Vmm {
             labels.template = self.labels.template.clone();
         }
         vmm.set_labels(labels);
-        match serve_until_exit(vmm, Some(&child.socket)) {
+        let outcome = serve_until_exit(vmm, Some(&child.socket));
+        if let (Ok(reason), Some(f)) = (&outcome, error_log.as_mut()) {
+            let _ = writeln!(f, "[forkvm] VMM stopping: {reason:?}");
+        }
+        match outcome {
             Ok(VcpuExitReason::GuestExit(code)) => i32::from(code),
             Ok(VcpuExitReason::Stopped) => 0,
             // Nobody asked for it: a reboot or kernel panic in the guest. Failing keeps the

@@ -58,9 +58,12 @@ pub async fn list(State(s): State<AppState>) -> Result<Json<Vec<SandboxInfo>>, A
 
 /// The record of a running sandbox the API may show (not one still starting).
 pub fn running(s: &AppState, id: &str) -> Result<SandboxRecord, ApiError> {
-    let r = s.registry.get(id)?;
-    if !forkvm_sandbox::registry::vmm_alive(r.pid) {
+    let (r, alive) = s.registry.lookup(id)?;
+    if !alive {
+        // Say why before the run directory goes: a crashed guest leaves its console.
         let console = forkvm_sandbox::spawn::console_tail(&r);
+        s.registry.clean_up(&r);
+        let _ = s.db().delete_sandboxes(&[id.to_string()]);
         return Err(ApiError::not_found(format!("sandbox {id:?} has stopped; its console ended with: {console}")));
     }
     if s.sandbox_row(id).is_some_and(|row| row.state == "starting") {
