@@ -12,7 +12,7 @@
 //! - Snapshot rows follow the store.
 
 use crate::db::SandboxRow;
-use crate::state::{now_unix, AppState};
+use crate::state::{new_row, AppState, Origin};
 use crate::views::{snapshot_info, snapshot_row};
 use forkvm_snapshot::SnapshotStatus;
 use forkvm_vmm::control::{ControlClient, Request};
@@ -75,20 +75,7 @@ pub fn reconcile(s: &AppState) -> (Reconciled, Vec<(String, String)>) {
         .list()
         .into_iter()
         .filter(|r| !known.contains(&r.id.as_str()))
-        .map(|r| SandboxRow {
-            id: r.id.clone(),
-            state: "running".into(),
-            op: Some("adopted".into()),
-            pid: Some(r.pid),
-            template: r.template.clone(),
-            snapshot_tag: r.source_tag.clone(),
-            forked_from: r.forked_from.clone(),
-            memory_limit_mib: r.memory_limit_bytes.map(|b| b >> 20),
-            created_at_unix: r.created_at_unix_ms / 1000,
-            last_active_unix: now_unix(),
-            branch_count: 0,
-            last_branch_tag: None,
-        })
+        .map(|r| new_row(&r.id, "running", "adopted", &Origin::of(&r), r.created_at_unix_ms / 1000))
         .collect();
     out.adopted = adopted.iter().map(|r| r.id.clone()).collect();
     let _ = s.db().insert_sandboxes(&adopted);

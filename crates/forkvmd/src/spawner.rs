@@ -72,10 +72,6 @@ impl Spawner {
         Ok(Spawner { stream: Mutex::new(BufReader::new(ours)), pid })
     }
 
-    pub fn pid(&self) -> libc::pid_t {
-        self.pid
-    }
-
     /// Starts the VMMs of `order` (blocking; call from a blocking thread).
     pub fn start_vmms(&self, order: &SpawnOrder) -> Result<StartedVmms, SpawnRefused> {
         let lost = |what: &str, e: &dyn std::fmt::Display| SpawnRefused {

@@ -95,20 +95,40 @@ pub fn now_unix() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
-/// A new database row for a sandbox about to start.
-pub fn starting_row(id: &str, op: &str, record_like: &SandboxRecord) -> SandboxRow {
-    let now = now_unix();
+/// Where a sandbox came from, as its database row records it.
+#[derive(Debug, Clone, Default)]
+pub struct Origin {
+    pub template: Option<String>,
+    pub snapshot_tag: Option<String>,
+    pub forked_from: Option<String>,
+    pub memory_limit_bytes: Option<u64>,
+}
+
+impl Origin {
+    /// The origin a running sandbox's record names.
+    pub fn of(r: &SandboxRecord) -> Origin {
+        Origin {
+            template: r.template.clone(),
+            snapshot_tag: r.source_tag.clone(),
+            forked_from: r.forked_from.clone(),
+            memory_limit_bytes: r.memory_limit_bytes,
+        }
+    }
+}
+
+/// A new database row: sandbox `id` in `state`, made by call `op`, last active now.
+pub fn new_row(id: &str, state: &str, op: &str, origin: &Origin, created_at_unix: u64) -> SandboxRow {
     SandboxRow {
         id: id.to_string(),
-        state: "starting".into(),
+        state: state.to_string(),
         op: Some(op.to_string()),
         pid: None,
-        template: record_like.template.clone(),
-        snapshot_tag: record_like.source_tag.clone(),
-        forked_from: record_like.forked_from.clone(),
-        memory_limit_mib: record_like.memory_limit_bytes.map(|b| b >> 20),
-        created_at_unix: now,
-        last_active_unix: now,
+        template: origin.template.clone(),
+        snapshot_tag: origin.snapshot_tag.clone(),
+        forked_from: origin.forked_from.clone(),
+        memory_limit_mib: origin.memory_limit_bytes.map(|b| b >> 20),
+        created_at_unix,
+        last_active_unix: now_unix(),
         branch_count: 0,
         last_branch_tag: None,
     }

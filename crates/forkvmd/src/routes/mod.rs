@@ -57,16 +57,11 @@ async fn no_route(method: Method, uri: Uri) -> ApiError {
 }
 
 async fn wrong_method(method: Method, uri: Uri) -> ApiError {
-    let allowed: Vec<&str> = ROUTES.iter().filter(|r| r.path == uri.path()).map(|r| r.method).collect();
-    let mut e = ApiError::new(
+    ApiError::new(
         axum::http::StatusCode::METHOD_NOT_ALLOWED,
         "method_not_allowed",
-        format!("{method} is not allowed on {} (allowed: {})", uri.path(), allowed.join(", ")),
-    );
-    if allowed.is_empty() {
-        e.message = format!("{method} is not allowed on {}", uri.path());
-    }
-    e
+        format!("{method} is not allowed on {}", uri.path()),
+    )
 }
 
 /// Counts requests and their latency per route template (not per concrete path, so

@@ -8,7 +8,7 @@
 use crate::error::ApiError;
 use crate::extract::{JsonBody, Param};
 use crate::spawner::SpawnOrder;
-use crate::state::{now_unix, starting_row, AppState};
+use crate::state::{new_row, now_unix, AppState, Origin};
 use crate::views::sandbox_info;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -136,18 +136,13 @@ pub async fn create(
         let spawner = s.spawner.clone().ok_or_else(|| ApiError::internal("this daemon has no spawner process"))?;
         let op = op_id("spawn");
         let ids: Vec<String> = (0..req.n).map(|_| new_sandbox_id()).collect();
-        let like = SandboxRecord {
-            id: String::new(),
-            pid: 0,
-            run_dir: Default::default(),
+        let origin = Origin {
             template: source.template().map(String::from),
-            source_tag: Some(req.snapshot_tag.clone()),
+            snapshot_tag: Some(req.snapshot_tag.clone()),
             forked_from: None,
-            created_at_unix_ms: now_unix() * 1000,
             memory_limit_bytes: limit,
-            cgroup: None,
         };
-        let rows: Vec<_> = ids.iter().map(|id| starting_row(id, &op, &like)).collect();
+        let rows: Vec<_> = ids.iter().map(|id| new_row(id, "starting", &op, &origin, now_unix())).collect();
         s.db().insert_sandboxes(&rows).map_err(|e| ApiError::internal(e.to_string()))?;
         let order = SpawnOrder { tag: req.snapshot_tag.clone(), ids: ids.clone(), memory_limit_bytes: limit };
         let made = spawner
@@ -172,8 +167,8 @@ pub async fn fork(
         let source = running(&s, &id)?;
         let op = op_id("fork");
         let ids: Vec<String> = (0..req.n).map(|_| new_sandbox_id()).collect();
-        let like = SandboxRecord { forked_from: Some(id.clone()), memory_limit_bytes: limit, ..source.clone() };
-        let rows: Vec<_> = ids.iter().map(|cid| starting_row(cid, &op, &like)).collect();
+        let origin = Origin { forked_from: Some(id.clone()), memory_limit_bytes: limit, ..Origin::of(&source) };
+        let rows: Vec<_> = ids.iter().map(|cid| new_row(cid, "starting", &op, &origin, now_unix())).collect();
         s.db().insert_sandboxes(&rows).map_err(|e| ApiError::internal(e.to_string()))?;
         s.touch(&id);
         let opts = SpawnOptions { memory_limit_bytes: limit };
