@@ -9,6 +9,7 @@
 //! This is the library the CLI's `run` and the daemon use.
 
 pub mod artifacts;
+pub mod chain_ops;
 pub mod lifecycle;
 pub mod parallel;
 pub mod registry;
@@ -19,7 +20,8 @@ pub mod tags;
 pub mod template_snapshot;
 
 pub use artifacts::{Artifacts, ArtifactsError};
-pub use lifecycle::{branch, fork_running, fork_running_as, kill, kill_record, LifecycleError};
+pub use chain_ops::{branch_diff, snapshot_diff, ChainOpError, DiffStep, SnapshotDiffReport};
+pub use lifecycle::{branch, branch_to_dir, fork_running, fork_running_as, kill, kill_record, LifecycleError};
 pub use registry::{Registry, RegistryError, SandboxRecord};
 pub use sandbox::{Sandbox, SandboxError};
 pub use source::{SourceError, SpawnSource};

@@ -74,10 +74,22 @@ pub fn branch(
     mode: BranchMode,
     wait: bool,
 ) -> Result<BranchReport, LifecycleError> {
+    let snapshots = store.ensure()?;
+    branch_to_dir(registry, &snapshots, id, tag, mode, wait)
+}
+
+/// [`branch`] into `<dir>/<tag>` instead of the store (a staging place for a diff).
+pub fn branch_to_dir(
+    registry: &Registry,
+    dir: &std::path::Path,
+    id: &str,
+    tag: Option<&str>,
+    mode: BranchMode,
+    wait: bool,
+) -> Result<BranchReport, LifecycleError> {
     let r = registry.get(id)?;
     // The VMM checks the tag (rule, collision) before it pauses anything.
-    let snapshots = store.ensure()?;
-    let req = Request::Branch(BranchRequest { store: snapshots, tag: tag.map(String::from), mode, wait });
+    let req = Request::Branch(BranchRequest { store: dir.to_path_buf(), tag: tag.map(String::from), mode, wait });
     let v = call(&r, &req)?;
     serde_json::from_value(v).map_err(|e| LifecycleError::BadAnswer { id: id.to_string(), detail: e.to_string() })
 }

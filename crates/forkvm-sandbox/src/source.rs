@@ -6,6 +6,7 @@
 //! socket.
 
 use crate::template_snapshot::{TemplateSnapshot, GUEST_CID};
+use forkvm_snapshot::chain::{self, AssembleStats, AssembledCache, Chain, ChainError};
 use forkvm_snapshot::{DevicesMeta, DiskMeta, SnapshotMeta, Store, StoreError, DISK_DIR};
 use forkvm_vmm::devices::attach::{BlockConfig, DeviceConfig, VsockConfig};
 use std::path::{Path, PathBuf};
@@ -14,6 +15,8 @@ use std::path::{Path, PathBuf};
 pub enum SourceError {
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    Chain(#[from] ChainError),
     #[error("snapshot {0} has no device description (it was written by an older forkvm); make it again")]
     NoDevices(PathBuf),
     #[error("snapshot {0} has no vsock device: it is not a Linux sandbox with an agent")]
@@ -30,6 +33,7 @@ impl SourceError {
     pub fn code(&self) -> &'static str {
         match self {
             SourceError::Store(e) => e.code(),
+            SourceError::Chain(e) => e.code(),
             _ => "bad_request",
         }
     }
@@ -43,12 +47,45 @@ pub struct SpawnSource {
     pub tag: Option<String>,
     pub meta: SnapshotMeta,
     devices: DevicesMeta,
+    /// The memory image to map when it is not the directory's `memory.img`: a chunked
+    /// snapshot's assembled image.
+    pub memory: Option<PathBuf>,
+    /// Links above the chain's base (0 for a snapshot without a parent).
+    pub chain_depth: usize,
+    /// What assembling the chain cost, when this call assembled it (first spawn).
+    pub assembled: Option<AssembleStats>,
+}
+
+/// The cache of assembled chain images, under the artefact cache.
+pub fn assembled_cache() -> AssembledCache {
+    AssembledCache::new(&forkvm_image::kernel::cache_dir())
 }
 
 impl SpawnSource {
-    /// The ready snapshot `tag` (a `writing` one is a conflict).
+    /// The ready snapshot `tag` (a `writing` one is a conflict), its chain checked and,
+    /// for a chunked snapshot, its memory assembled (once: later calls find it cached).
     pub fn from_tag(store: &Store, tag: &str) -> Result<SpawnSource, SourceError> {
-        let snap = store.lookup(tag)?;
+        let chain = SpawnSource::check_tag(store, tag)?;
+        let (image, assembled) = assembled_cache().memory_for(store, &chain)?;
+        let snap = chain.head().clone();
+        let memory = snap.is_chunked().then_some(image);
+        let devices = snap.meta.devices.clone().ok_or_else(|| SourceError::NoDevices(snap.path.clone()))?;
+        Ok(SpawnSource {
+            dir: snap.path,
+            tag: Some(tag.to_string()),
+            meta: snap.meta,
+            devices,
+            memory,
+            chain_depth: chain.depth(),
+            assembled,
+        })
+    }
+
+    /// Whether `tag` could be spawned from, without assembling anything: ready, its chain
+    /// intact, with an agent and well-formed disks. Returns the resolved chain.
+    pub fn check_tag(store: &Store, tag: &str) -> Result<Chain, SourceError> {
+        let chain = chain::resolve(store, tag)?;
+        let snap = chain.head();
         let devices = snap.meta.devices.clone().ok_or_else(|| SourceError::NoDevices(snap.path.clone()))?;
         if devices.vsock_cid.is_none() {
             return Err(SourceError::NoAgent(snap.path.clone()));
@@ -57,7 +94,7 @@ impl SpawnSource {
         if let Some(d) = devices.disks.iter().find(|d| !is_plain_name(&d.file)) {
             return Err(SourceError::BadDisk { dir: snap.path.clone(), file: d.file.clone() });
         }
-        Ok(SpawnSource { dir: snap.path, tag: Some(tag.to_string()), meta: snap.meta, devices })
+        Ok(chain)
     }
 
     /// A template snapshot; its devices are the template's (rootfs from the cache).
@@ -72,7 +109,7 @@ impl SpawnSource {
             read_only: true,
             id: ROOT_DISK_ID.into(),
         }];
-        Ok(SpawnSource { dir: t.dir.clone(), tag: None, meta, devices })
+        Ok(SpawnSource { dir: t.dir.clone(), tag: None, meta, devices, memory: None, chain_depth: 0, assembled: None })
     }
 
     /// The template the snapshot was made from, if known.

@@ -196,7 +196,7 @@ pub fn start_vmms(
         return Err(SpawnError::Count(ids.len()));
     }
     let started = Instant::now();
-    let zygote = Zygote::new(&source.dir)?;
+    let zygote = Zygote::with_memory(&source.dir, source.memory.as_deref())?;
     let cgroups = opts.memory_limit_bytes.map(|_| CgroupRoot::detect()).transpose()?;
     let prepare_ms = started.elapsed().as_secs_f64() * 1e3;
     let forking = Instant::now();

@@ -13,7 +13,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::metadata::{read_meta, MetadataError, SnapshotMeta, SnapshotStatus};
+use crate::metadata::{read_meta, MemoryFormat, MetadataError, SnapshotMeta, SnapshotStatus};
 
 pub use writer::{sync_snapshot_dir, SnapshotWriter};
 
@@ -23,6 +23,8 @@ pub const SNAPSHOT_JSON: &str = "snapshot.json";
 pub const VMSTATE_BIN: &str = "vmstate.bin";
 /// File name of the sparse guest memory image.
 pub const MEMORY_IMG: &str = "memory.img";
+/// File name of a chunked snapshot's memory description (see `page_map`).
+pub const MEMORY_MAP: &str = "memory.map";
 /// Directory of the snapshot's disk images.
 pub const DISK_DIR: &str = "disk";
 
@@ -127,7 +129,7 @@ pub struct SnapshotDir {
 impl SnapshotDir {
     /// Opens the snapshot at `path`: it must be a directory whose
     /// `snapshot.json` parses and says `ready`, and which holds
-    /// `vmstate.bin` and `memory.img`.
+    /// `vmstate.bin` and its memory (`memory.img`, or `memory.map` when chunked).
     ///
     /// The contents of the files are not validated here; their readers
     /// ([`crate::read_vmstate_file`], [`crate::open_image`]) do that.
@@ -142,7 +144,11 @@ impl SnapshotDir {
         if meta.status == SnapshotStatus::Writing {
             return Err(DirError::StillWriting(path.to_path_buf()));
         }
-        for name in [VMSTATE_BIN, MEMORY_IMG] {
+        let memory = match meta.memory_format {
+            MemoryFormat::Image => MEMORY_IMG,
+            MemoryFormat::Chunked => MEMORY_MAP,
+        };
+        for name in [VMSTATE_BIN, memory] {
             if !path.join(name).is_file() {
                 return Err(DirError::MissingFile { dir: path.to_path_buf(), name });
             }
@@ -158,6 +164,16 @@ impl SnapshotDir {
     /// Path of this snapshot's `memory.img`.
     pub fn memory_path(&self) -> PathBuf {
         self.path.join(MEMORY_IMG)
+    }
+
+    /// Path of this snapshot's `memory.map` (chunked snapshots).
+    pub fn memory_map_path(&self) -> PathBuf {
+        self.path.join(MEMORY_MAP)
+    }
+
+    /// Whether the memory is in the chunk store (`memory.map`) rather than `memory.img`.
+    pub fn is_chunked(&self) -> bool {
+        self.meta.memory_format == MemoryFormat::Chunked
     }
 
     /// Path of this snapshot's `snapshot.json`.

@@ -19,26 +19,39 @@
 //! and unknown fields, and verifies checksums; callers must still treat the
 //! decoded VM state as untrusted and validate it before loading it into KVM.
 
+pub mod chain;
+pub mod chunk_store;
 pub mod container;
 pub mod dir;
 pub mod memory_image;
 pub mod metadata;
+pub mod pack_archive;
+pub mod page_map;
 pub mod store;
 pub mod tag;
 
+pub use chunk_store::{ChunkError, ChunkId, ChunkLock, ChunkStore, GcReport, PutOutcome, MAX_CHUNK_BYTES};
 pub use container::{
     decode_vmstate, encode_vmstate, read_vmstate_file, write_vmstate_file, ContainerError, VMSTATE_FORMAT_VERSION,
     VMSTATE_MAGIC, VMSTATE_MAX_BYTES,
 };
 pub use dir::{
-    sync_snapshot_dir, DirError, SnapshotDir, SnapshotWriter, DISK_DIR, MEMORY_IMG, SNAPSHOT_JSON, VMSTATE_BIN,
+    sync_snapshot_dir, DirError, SnapshotDir, SnapshotWriter, DISK_DIR, MEMORY_IMG, MEMORY_MAP, SNAPSHOT_JSON,
+    VMSTATE_BIN,
 };
 pub use memory_image::{
     allocated_bytes, create_image, open_image, write_sparse, MemoryImageError, SparseStats, PAGE_SIZE,
 };
 pub use metadata::{
-    read_meta, replace_meta, write_meta, write_meta_unsynced, DevicesMeta, DiskMeta, GuestIdentity, MetadataError,
-    SnapshotMeta, SnapshotStatus, METADATA_FORMAT_VERSION,
+    read_meta, replace_meta, write_meta, write_meta_unsynced, DevicesMeta, DiskMeta, GuestIdentity, MemoryFormat,
+    MetadataError, SnapshotMeta, SnapshotStatus, METADATA_FORMAT_VERSION,
+};
+pub use pack_archive::{
+    extract_pack, PackEntry, PackError, PackLimits, PackManifest, PackWriter, PACK_FORMAT, PACK_MANIFEST, PACK_VERSION,
+};
+pub use page_map::{
+    apply_page_map, build_page_map, ApplyStats, BuildStats, Extent, ExtentContent, PageMap, PageMapError,
+    PAGES_PER_CHUNK,
 };
 pub use store::{link_or_copy, process_alive, Store, StoreEntry, StoreError};
 pub use tag::{validate_tag, TagError};

@@ -86,6 +86,33 @@ pub struct SnapshotMeta {
     /// Template the sandbox was made from (Linux sandboxes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<String>,
+    /// Where the guest memory is: `memory.img` in the directory, or `memory.map` over
+    /// the store's chunks.
+    #[serde(default, skip_serializing_if = "MemoryFormat::is_image")]
+    pub memory_format: MemoryFormat,
+    /// The snapshot's content hash (chunked snapshots): what a child's `parent_hash`
+    /// names and what assembled images are cached under. See `chain::content_hash`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_hash: Option<String>,
+}
+
+/// How a snapshot's guest memory is stored.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum MemoryFormat {
+    /// `memory.img`: the whole memory, sparse, mapped directly at restore.
+    #[default]
+    Image,
+    /// `memory.map`: extents of chunks in the store's chunk store; a diff over the
+    /// parent's memory when `parent_tag` is set. Restores map an assembled image.
+    Chunked,
+}
+
+impl MemoryFormat {
+    /// True for [`MemoryFormat::Image`] (the default, not written to JSON).
+    pub fn is_image(&self) -> bool {
+        *self == MemoryFormat::Image
+    }
 }
 
 /// The devices a snapshot's VM had: enough to rebuild a [`DeviceConfig`]-like list at
@@ -258,6 +285,8 @@ pub(crate) fn minimal_meta(tag: &str, status: SnapshotStatus) -> SnapshotMeta {
         writer_pid: None,
         devices: None,
         template: None,
+        memory_format: MemoryFormat::Image,
+        content_hash: None,
     }
 }
 
@@ -283,6 +312,8 @@ mod tests {
             writer_pid: None,
             devices: None,
             template: None,
+            memory_format: MemoryFormat::Chunked,
+            content_hash: Some("ab".repeat(32)),
         }
     }
 

@@ -308,6 +308,12 @@ pub struct PreparedSnapshot {
 
 /// Reads `snapshot.json` and `vmstate.bin`, opens `memory.img`, and checks they agree.
 pub fn prepare(dir: &Path) -> Result<PreparedSnapshot, BuildError> {
+    prepare_with_memory(dir, None)
+}
+
+/// [`prepare`], with the memory image taken from `memory` instead of the directory's
+/// `memory.img`: a chunked snapshot's assembled image (`forkvm_snapshot::chain`).
+pub fn prepare_with_memory(dir: &Path, memory: Option<&Path>) -> Result<PreparedSnapshot, BuildError> {
     let d = dir.to_path_buf();
     let snap = SnapshotDir::open(dir).map_err(|source| BuildError::SnapshotDir { dir: d.clone(), source })?;
     let payload = forkvm_snapshot::read_vmstate_file(&snap.vmstate_path())
@@ -327,7 +333,8 @@ pub fn prepare(dir: &Path) -> Result<PreparedSnapshot, BuildError> {
     if snap.meta.irqchip != state.irqchip_mode.name() {
         return Err(mismatch("irqchip", snap.meta.irqchip.clone(), state.irqchip_mode.name().to_string()));
     }
-    let memory = forkvm_snapshot::open_image(&snap.memory_path(), state.mem_size)
+    let memory_path = memory.map(Path::to_path_buf).unwrap_or_else(|| snap.memory_path());
+    let memory = forkvm_snapshot::open_image(&memory_path, state.mem_size)
         .map_err(|source| BuildError::MemoryImage { dir: d.clone(), source })?;
     Ok(PreparedSnapshot { dir: d, meta: snap.meta, state, memory })
 }

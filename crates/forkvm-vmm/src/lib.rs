@@ -16,5 +16,5 @@ pub mod vmm;
 pub mod vstate;
 pub mod zygote;
 
-pub use builder::{boot, prepare, restore, BootConfig, BuildError, Payload, PreparedSnapshot};
+pub use builder::{boot, prepare, prepare_with_memory, restore, BootConfig, BuildError, Payload, PreparedSnapshot};
 pub use vmm::{Vmm, VmmError};

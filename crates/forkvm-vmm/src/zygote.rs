@@ -12,7 +12,7 @@
 //! The zygote holds no guest memory, so `fork()` copies almost no page tables. It must be
 //! single-threaded when it forks (only the calling thread survives in the child).
 
-use crate::builder::{prepare, restore, BuildError, PreparedSnapshot};
+use crate::builder::{prepare_with_memory, restore, BuildError, PreparedSnapshot};
 use crate::control::serve_until_exit;
 use crate::devices::attach::DeviceConfig;
 use crate::devices::serial::ConsoleOut;
@@ -185,8 +185,14 @@ pub struct Zygote {
 
 impl Zygote {
     pub fn new(snapshot_dir: &Path) -> Result<Zygote, ZygoteError> {
+        Zygote::with_memory(snapshot_dir, None)
+    }
+
+    /// A zygote whose memory image is `memory` rather than the directory's `memory.img`
+    /// (a chunked snapshot's assembled image).
+    pub fn with_memory(snapshot_dir: &Path, memory: Option<&Path>) -> Result<Zygote, ZygoteError> {
         let kvm = open_kvm()?;
-        let snapshot = prepare(snapshot_dir)?;
+        let snapshot = prepare_with_memory(snapshot_dir, memory)?;
         Ok(Zygote { kvm, snapshot })
     }
 

@@ -5,6 +5,7 @@ mod bench_boot;
 mod bench_branch;
 mod bench_fork;
 mod bench_spawn;
+mod chain_cmd;
 mod daemon_cmd;
 mod doctor;
 mod fork_cmd;
@@ -58,6 +59,21 @@ enum Command {
     Image(image_cmd::ImageArgs),
     /// Check what this host can run.
     Doctor(doctor::DoctorArgs),
+    /// Spawn from a tag, run commands, and save what changed as a diff snapshot over it.
+    #[command(name = "snapshot-diff")]
+    SnapshotDiff(chain_cmd::SnapshotDiffArgs),
+    /// A snapshot's chain: depth, parent, ancestors, dependents, sizes.
+    #[command(name = "snapshot-info")]
+    SnapshotInfo(chain_cmd::SnapshotInfoArgs),
+    /// Delete a snapshot (refused while others are built on it; --cascade, --force).
+    Rmi(chain_cmd::RmiArgs),
+    /// Flatten a chain head into a new snapshot without a parent.
+    #[command(name = "snapshot-compact")]
+    SnapshotCompact(chain_cmd::CompactArgs),
+    /// Write a snapshot's whole chain to one hash-checked .tar.zst.
+    Pack(chain_cmd::PackArgs),
+    /// Import a pack into the store (every entry checked before anything is imported).
+    Unpack(chain_cmd::UnpackArgs),
     /// Run forkvmd, the REST controller (Unix socket; optionally TCP with a token, TLS).
     Daemon(daemon_cmd::DaemonArgs),
 }
@@ -117,6 +133,12 @@ fn main() {
         Command::Image(a) => image_cmd::run(a),
         Command::Doctor(a) => doctor::run(a),
         Command::Daemon(a) => daemon_cmd::run(a),
+        Command::SnapshotDiff(a) => chain_cmd::snapshot_diff(a, remote),
+        Command::SnapshotInfo(a) => chain_cmd::snapshot_info(a, remote),
+        Command::Rmi(a) => chain_cmd::rmi(a, remote),
+        Command::SnapshotCompact(a) => chain_cmd::compact(a, remote),
+        Command::Pack(a) => chain_cmd::pack(a, remote),
+        Command::Unpack(a) => chain_cmd::unpack(a, remote),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -51,7 +51,7 @@ impl RemoteArgs {
     }
 
     /// Refuses `what`, which has no daemon API, when a daemon was named explicitly.
-    fn refuse_local(&self, what: &str, instead: &str) -> Result<()> {
+    pub(crate) fn refuse_local(&self, what: &str, instead: &str) -> Result<()> {
         if self.explicit() {
             bail!("{what} has no daemon API (--daemon/FORKVM_DAEMON is set); {instead}");
         }

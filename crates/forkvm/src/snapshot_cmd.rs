@@ -7,6 +7,7 @@ use crate::remote_cmd::RemoteArgs;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use forkvm_sandbox::template_snapshot::TemplateSnapshot;
+use forkvm_snapshot::chain::{self, RemoveMode};
 use forkvm_snapshot::Store;
 use std::time::Instant;
 
@@ -34,9 +35,18 @@ pub enum SnapshotCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Delete a tag.
-    Rm { tag: String },
-    /// Remove what crashed writers left (`.partial` directories, `writing` snapshots of dead writers).
+    /// Delete a tag (refused while other snapshots are built on it; same as `rmi`).
+    Rm {
+        tag: String,
+        /// Also delete every snapshot built on it.
+        #[arg(long, conflicts_with = "force")]
+        cascade: bool,
+        /// Leave the snapshots built on it orphaned (unbootable).
+        #[arg(long)]
+        force: bool,
+    },
+    /// Remove what crashed writers left (`.partial` directories, `writing` snapshots of
+    /// dead writers, staging directories) and chunks no snapshot references.
     Sweep,
 }
 
@@ -106,10 +116,21 @@ pub fn run(a: SnapshotArgs, remote: &RemoteArgs) -> Result<i32> {
                 }
             }
         }
-        SnapshotCommand::Rm { tag } => store.remove(&tag)?,
+        SnapshotCommand::Rm { tag, cascade, force } => {
+            let mode = match (cascade, force) {
+                (true, _) => RemoveMode::Cascade,
+                (_, true) => RemoveMode::Force,
+                _ => RemoveMode::Refuse,
+            };
+            chain::remove(&store, &forkvm_sandbox::source::assembled_cache(), &tag, mode)?;
+        }
         SnapshotCommand::Sweep => {
-            for name in store.sweep() {
+            for name in store.sweep().into_iter().chain(chain::sweep_staging(&store)) {
                 println!("removed {name}");
+            }
+            let gc = chain::collect_garbage(&store)?;
+            if gc.removed > 0 {
+                println!("removed {} unreferenced chunks ({} bytes)", gc.removed, gc.removed_bytes);
             }
         }
     }

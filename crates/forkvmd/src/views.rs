@@ -22,7 +22,7 @@ fn status_name(s: SnapshotStatus) -> &'static str {
 /// A snapshot as `GET /v1/snapshots` shows it: status and bootability re-checked on disk.
 pub fn snapshot_info(store: &Store, e: &StoreEntry, row: Option<&SnapshotRow>) -> SnapshotInfo {
     let dir = store.snapshots_dir().join(&e.tag);
-    let (status, bootable, warning) = match SpawnSource::from_tag(store, &e.tag) {
+    let (status, bootable, warning) = match SpawnSource::check_tag(store, &e.tag) {
         Ok(_) => ("ready".to_string(), true, None),
         Err(forkvm_sandbox::SourceError::Store(StoreError::Writing { .. })) => ("writing".to_string(), false, None),
         Err(err) => ("failed".to_string(), false, Some(err.to_string())),

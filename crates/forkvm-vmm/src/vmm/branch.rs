@@ -320,6 +320,8 @@ impl Vmm {
                 disks,
             }),
             template: self.labels.template.clone(),
+            memory_format: forkvm_snapshot::MemoryFormat::Image,
+            content_hash: None,
         }
     }
 

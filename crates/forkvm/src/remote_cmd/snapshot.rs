@@ -44,7 +44,7 @@ pub fn snapshot(a: &SnapshotArgs, remote: &RemoteArgs) -> Result<Option<i32>> {
                 }
             }
         }
-        SnapshotCommand::Rm { tag } => client.delete_snapshot(tag, false, false)?,
+        SnapshotCommand::Rm { tag, cascade, force } => client.delete_snapshot(tag, *cascade, *force)?,
         SnapshotCommand::Sweep => return Ok(None),
     }
     Ok(Some(0))

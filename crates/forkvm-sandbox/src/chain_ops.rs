@@ -1,0 +1,213 @@
+//! Making diff snapshots from sandboxes: `snapshot-diff` and the `diff` branch mode.
+//!
+//! Both take a full branch of a sandbox spawned from a tag into a staging directory on
+//! the store's filesystem, then publish it as a diff over that tag
+//! ([`forkvm_snapshot::chain::write_diff`]): only the pages that differ from the parent go
+//! into the chunk store, and the branch's memory image becomes the new snapshot's
+//! assembled image. A whole-image parent is moved into the chunk store first (a diff's
+//! parent must have a content hash).
+
+use crate::lifecycle::{self, LifecycleError};
+use crate::registry::Registry;
+use crate::source::{assembled_cache, SourceError, SpawnSource};
+use crate::spawn::{spawn, SpawnError, SpawnOptions};
+use forkvm_proto::{ClientError, EvalOutcome, ExecRequest};
+use forkvm_snapshot::chain::{self, ChainError, ConvertReport};
+use forkvm_snapshot::{SnapshotDir, Store};
+use forkvm_vmm::vmm::BranchMode;
+use serde::Serialize;
+use std::time::Instant;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ChainOpError {
+    #[error(transparent)]
+    Chain(#[from] ChainError),
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    #[error(transparent)]
+    Spawn(#[from] SpawnError),
+    #[error(transparent)]
+    Lifecycle(#[from] LifecycleError),
+    #[error("{step} in the sandbox: {source}")]
+    Agent { step: String, source: ClientError },
+    #[error("{step} failed ({outcome}); nothing was snapshotted{}", if output.is_empty() { String::new() } else { format!(". Output:\n{output}") })]
+    StepFailed { step: String, outcome: String, output: String },
+    #[error("sandbox {id} was not spawned from a tagged snapshot (it is a fork of a running sandbox or of a template): a diff needs a parent tag; take a full or live branch instead")]
+    NoParent { id: String },
+    #[error("sandbox {id} was spawned from {actual:?}, not from {expected:?}")]
+    ParentMismatch { id: String, expected: String, actual: String },
+    #[error("the staged branch could not be read: {0}")]
+    Staged(String),
+}
+
+impl ChainOpError {
+    /// The API code: `not_found`, `conflict`, `bad_request` or `internal`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ChainOpError::Chain(e) => e.code(),
+            ChainOpError::Source(e) => e.code(),
+            ChainOpError::Spawn(e) => e.code(),
+            ChainOpError::Lifecycle(e) => e.code(),
+            ChainOpError::StepFailed { .. } | ChainOpError::NoParent { .. } | ChainOpError::ParentMismatch { .. } => {
+                "bad_request"
+            }
+            _ => "internal",
+        }
+    }
+}
+
+/// One thing to do in the sandbox before the diff is taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DiffStep {
+    /// A `sh -c` command; it must exit 0.
+    Exec(String),
+    /// Python code for the agent's persistent interpreter; it must not raise.
+    Eval(String),
+}
+
+/// What `snapshot-diff` did and what each part cost.
+#[derive(Debug, Clone, Serialize)]
+pub struct SnapshotDiffReport {
+    #[serde(flatten)]
+    pub diff: ConvertReport,
+    /// Whether the parent had to be moved into the chunk store first.
+    pub parent_ingested: bool,
+    pub spawn_ms: f64,
+    pub steps_ms: f64,
+    /// The sandbox's pause while its memory was written (full branch).
+    pub branch_pause_ms: f64,
+    pub branch_ms: f64,
+    pub diff_ms: f64,
+    pub total_ms: f64,
+    /// What the steps printed.
+    pub output: String,
+}
+
+/// Spawns a sandbox from `from`, runs `steps` in it, and publishes what changed as the
+/// diff snapshot `tag` (parent `from`). The sandbox is killed either way.
+pub fn snapshot_diff(
+    registry: &Registry,
+    store: &Store,
+    from: &str,
+    tag: &str,
+    steps: &[DiffStep],
+    opts: &SpawnOptions,
+) -> Result<SnapshotDiffReport, ChainOpError> {
+    let started = Instant::now();
+    store.check_free(tag).map_err(ChainError::from)?;
+    let cache = assembled_cache();
+    let ingested = chain::ingest(store, &cache, from)?.changed;
+    let source = SpawnSource::from_tag(store, from)?;
+    let (mut sandboxes, _) = spawn(registry, &source, 1, opts)?;
+    let sandbox = sandboxes.remove(0);
+    let spawn_ms = started.elapsed().as_secs_f64() * 1e3;
+    let id = sandbox.record.id.clone();
+    let result = (|| {
+        let steps_started = Instant::now();
+        let output = run_steps(&sandbox.client, steps)?;
+        let steps_ms = steps_started.elapsed().as_secs_f64() * 1e3;
+        let (diff, pause_ms, branch_ms, diff_ms) = diff_branch(registry, store, &id, from, tag)?;
+        Ok::<_, ChainOpError>((output, steps_ms, diff, pause_ms, branch_ms, diff_ms))
+    })();
+    let killed = lifecycle::kill(registry, &id);
+    let (output, steps_ms, diff, branch_pause_ms, branch_ms, diff_ms) = result?;
+    killed?;
+    Ok(SnapshotDiffReport {
+        diff,
+        parent_ingested: ingested,
+        spawn_ms,
+        steps_ms,
+        branch_pause_ms,
+        branch_ms,
+        diff_ms,
+        total_ms: started.elapsed().as_secs_f64() * 1e3,
+        output,
+    })
+}
+
+fn run_steps(
+    client: &forkvm_proto::AgentClient<std::os::unix::net::UnixStream>,
+    steps: &[DiffStep],
+) -> Result<String, ChainOpError> {
+    let mut output = String::new();
+    for step in steps {
+        match step {
+            DiffStep::Exec(cmd) => {
+                let name = format!("exec {cmd:?}");
+                let out = client
+                    .exec_collect(&ExecRequest::shell(cmd.clone()), &[])
+                    .map_err(|source| ChainOpError::Agent { step: name.clone(), source })?;
+                output.push_str(&String::from_utf8_lossy(&out.stdout));
+                output.push_str(&String::from_utf8_lossy(&out.stderr));
+                if out.status.code != Some(0) {
+                    let outcome = match (out.status.code, out.status.signal) {
+                        (Some(c), _) => format!("exit code {c}"),
+                        (None, Some(s)) => format!("killed by signal {s}"),
+                        _ => "no exit status".into(),
+                    };
+                    return Err(ChainOpError::StepFailed { step: name, outcome, output });
+                }
+            }
+            DiffStep::Eval(code) => {
+                let name = format!("eval {code:?}");
+                let r = client.eval(code).map_err(|source| ChainOpError::Agent { step: name.clone(), source })?;
+                output.push_str(&r.stdout);
+                output.push_str(&r.stderr);
+                if let EvalOutcome::Exception { exception, .. } = r.outcome {
+                    return Err(ChainOpError::StepFailed { step: name, outcome: exception, output });
+                }
+            }
+        }
+    }
+    Ok(output)
+}
+
+/// Branches running sandbox `id` (spawned from `parent`) into a staging directory and
+/// publishes it as the diff `tag` over `parent`. Returns the diff, the pause, the branch
+/// time and the diff time.
+fn diff_branch(
+    registry: &Registry,
+    store: &Store,
+    id: &str,
+    parent: &str,
+    tag: &str,
+) -> Result<(ConvertReport, f64, f64, f64), ChainOpError> {
+    store.check_free(tag).map_err(ChainError::from)?;
+    let staging = chain::new_staging_dir(store, "diff")?;
+    let result = (|| {
+        let branched = Instant::now();
+        let report = lifecycle::branch_to_dir(registry, &staging, id, Some(tag), BranchMode::Full, true)?;
+        let branch_ms = branched.elapsed().as_secs_f64() * 1e3;
+        let staged = SnapshotDir::open(&report.dir).map_err(|e| ChainOpError::Staged(e.to_string()))?;
+        let diffing = Instant::now();
+        let chain = chain::resolve(store, parent)?;
+        let diff = chain::write_diff(store, &assembled_cache(), &chain, &staged, tag)?;
+        Ok::<_, ChainOpError>((diff, report.pause_ms, branch_ms, diffing.elapsed().as_secs_f64() * 1e3))
+    })();
+    let _ = std::fs::remove_dir_all(&staging);
+    result
+}
+
+/// The `diff` branch mode: snapshots running sandbox `id` as a diff over the tag it was
+/// spawned from (`expected_parent`, when given, must be that tag).
+pub fn branch_diff(
+    registry: &Registry,
+    store: &Store,
+    id: &str,
+    tag: &str,
+    expected_parent: Option<&str>,
+) -> Result<(ConvertReport, f64), ChainOpError> {
+    let record = registry.get(id).map_err(LifecycleError::from)?;
+    let Some(parent) = record.source_tag.clone().filter(|_| record.forked_from.is_none()) else {
+        return Err(ChainOpError::NoParent { id: id.into() });
+    };
+    if let Some(expected) = expected_parent.filter(|e| *e != parent) {
+        return Err(ChainOpError::ParentMismatch { id: id.into(), expected: expected.into(), actual: parent });
+    }
+    let cache = assembled_cache();
+    // The sandbox's memory started as the parent's: if the parent is still a whole
+    // image, moving it into the chunk store does not change that.
+    chain::ingest(store, &cache, &parent)?;
+    let (diff, pause_ms, _, _) = diff_branch(registry, store, id, &parent, tag)?;
+    Ok((diff, pause_ms))
+}

@@ -1,0 +1,197 @@
+//! Assembled memory images: a chunked snapshot's flat `memory.img`, built once.
+//!
+//! A chunked snapshot cannot be mapped directly: its memory is a chain of page maps over
+//! compressed chunks. The first spawn from it verifies every link and writes the flat
+//! image to `<cache>/assembled/<content hash>/memory.img`; every later spawn maps that
+//! file (copy-on-write, like any `memory.img`). The directory lives in the artefact
+//! cache: it is safe to delete and rebuilt on demand. An image under its final name is
+//! always complete (written to a temporary name, synced, renamed), and is never written
+//! again, so running sandboxes may keep it mapped while it is evicted.
+
+use std::fs::{self, File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use super::{is_hash, verify, Chain, ChainError};
+use crate::chunk_store::ChunkStore;
+use crate::metadata::MemoryFormat;
+use crate::page_map::{apply_page_map, PageMap};
+use crate::store::Store;
+use crate::MEMORY_IMG;
+
+/// What assembling a chain cost (the one-time price of a chain head).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct AssembleStats {
+    /// Links applied (base included).
+    pub links: usize,
+    /// Chunks read, decompressed and verified.
+    pub chunks_read: u64,
+    /// Bytes written into the image.
+    pub bytes_written: u64,
+    /// Wall time of verification plus assembly.
+    pub ms: f64,
+}
+
+/// The cache of assembled images, `<cache>/assembled/`.
+#[derive(Debug, Clone)]
+pub struct AssembledCache {
+    root: PathBuf,
+}
+
+impl AssembledCache {
+    /// The cache under `cache_root` (the artefact cache, `$FORKVM_CACHE`).
+    pub fn new(cache_root: &Path) -> AssembledCache {
+        AssembledCache { root: cache_root.join("assembled") }
+    }
+
+    /// Where the image of content hash `hash` lives (whether or not it exists).
+    /// `hash` must be a well-formed hash ([`is_hash`]); anything else gets a path that
+    /// never exists inside the cache.
+    pub fn image_path(&self, hash: &str) -> PathBuf {
+        let name = if is_hash(hash) { hash } else { "invalid-hash" };
+        self.root.join(name).join(MEMORY_IMG)
+    }
+
+    /// The memory image to map for `chain`'s head: the head's own `memory.img` for a
+    /// whole-image snapshot; for a chunked one the cached assembled image, assembled
+    /// first if missing (then the stats say what that cost).
+    pub fn memory_for(&self, store: &Store, chain: &Chain) -> Result<(PathBuf, Option<AssembleStats>), ChainError> {
+        let head = chain.head();
+        if head.meta.memory_format == MemoryFormat::Image {
+            return Ok((head.memory_path(), None));
+        }
+        let hash = head.meta.content_hash.clone().unwrap_or_default();
+        let image = self.image_path(&hash);
+        if image.is_file() {
+            return Ok((image, None));
+        }
+        let dir = image.parent().expect("image path has a parent").to_path_buf();
+        fs::create_dir_all(&dir).map_err(ChainError::io("creating the assembled-image directory", &dir))?;
+        // One assembler per image: a concurrent spawn of the same head waits here and
+        // then finds the image.
+        let lock_path = dir.join(".lock");
+        let lock = File::create(&lock_path).map_err(ChainError::io("opening the assembly lock", &lock_path))?;
+        flock(&lock, libc::LOCK_EX).map_err(ChainError::io("locking the assembly", &lock_path))?;
+        if image.is_file() {
+            return Ok((image, None));
+        }
+        let stats = assemble_into(store, chain, &image)?;
+        Ok((image, Some(stats)))
+    }
+
+    /// Puts `image` (a complete flat image of the snapshot with content hash `hash`)
+    /// into the cache by renaming it, so the first spawn does not assemble. Returns
+    /// whether it was adopted; an image on another filesystem is left where it is.
+    pub fn adopt(&self, hash: &str, image: &Path) -> bool {
+        if !is_hash(hash) {
+            return false;
+        }
+        let target = self.image_path(hash);
+        if target.is_file() {
+            return false;
+        }
+        let Some(dir) = target.parent() else { return false };
+        if fs::create_dir_all(dir).is_err() {
+            return false;
+        }
+        let ok = fs::rename(image, &target).is_ok();
+        if ok {
+            let _ = File::open(dir).and_then(|d| d.sync_all());
+        }
+        ok
+    }
+
+    /// Hard-links `image` into the cache under `hash` (it stays where it is too).
+    pub fn share(&self, hash: &str, image: &Path) -> bool {
+        let target = self.image_path(hash);
+        if !is_hash(hash) || target.is_file() {
+            return false;
+        }
+        let Some(dir) = target.parent() else { return false };
+        fs::create_dir_all(dir).is_ok() && fs::hard_link(image, &target).is_ok()
+    }
+
+    /// Drops the assembled image of `hash` (sandboxes mapping it keep their mapping).
+    pub fn evict(&self, hash: &str) {
+        if is_hash(hash) {
+            let _ = fs::remove_dir_all(self.root.join(hash));
+        }
+    }
+
+    /// Whether an assembled image of `hash` is cached.
+    pub fn contains(&self, hash: &str) -> bool {
+        is_hash(hash) && self.image_path(hash).is_file()
+    }
+}
+
+/// Verifies `chain` and writes its head's flat memory to `image` (via a temporary name).
+fn assemble_into(store: &Store, chain: &Chain, image: &Path) -> Result<AssembleStats, ChainError> {
+    let started = Instant::now();
+    verify(chain)?;
+    let head = chain.head();
+    let mem_size = head.meta.mem_size_bytes;
+    let chunks = ChunkStore::open(store.root());
+    let tmp = image.with_file_name(format!(".{MEMORY_IMG}.{}.tmp", std::process::id()));
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)
+        .map_err(ChainError::io("creating the assembled image", &tmp))?;
+    let cleanup = TempFile(&tmp);
+    file.set_len(mem_size).map_err(ChainError::io("sizing the assembled image", &tmp))?;
+    let mut stats = AssembleStats { links: chain.links.len(), ..AssembleStats::default() };
+    for link in &chain.links {
+        let tag = &link.meta.tag;
+        if link.meta.mem_size_bytes != mem_size {
+            return Err(ChainError::Malformed {
+                tag: tag.clone(),
+                reason: format!("memory size {} differs from the head's {mem_size}", link.meta.mem_size_bytes),
+            });
+        }
+        let map = PageMap::read_file(&link.memory_map_path())
+            .map_err(ChainError::page_map(format!("reading {tag}'s memory.map")))?;
+        if map.mem_size != mem_size {
+            return Err(ChainError::Malformed {
+                tag: tag.clone(),
+                reason: format!("memory.map describes {} bytes, snapshot says {mem_size}", map.mem_size),
+            });
+        }
+        let applied =
+            apply_page_map(&map, &chunks, &file).map_err(ChainError::page_map(format!("assembling {tag}'s pages")))?;
+        stats.chunks_read += applied.chunks_read;
+        stats.bytes_written += applied.bytes_written;
+    }
+    file.sync_all().map_err(ChainError::io("syncing the assembled image", &tmp))?;
+    fs::rename(&tmp, image).map_err(ChainError::io("publishing the assembled image", image))?;
+    std::mem::forget(cleanup);
+    if let Some(dir) = image.parent() {
+        let _ = File::open(dir).and_then(|d| d.sync_all());
+    }
+    stats.ms = started.elapsed().as_secs_f64() * 1e3;
+    Ok(stats)
+}
+
+/// Removes a temporary file unless forgotten.
+struct TempFile<'a>(&'a Path);
+
+impl Drop for TempFile<'_> {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(self.0);
+    }
+}
+
+fn flock(file: &File, op: libc::c_int) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    loop {
+        // SAFETY: flock on a descriptor we own; no memory is passed.
+        if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}

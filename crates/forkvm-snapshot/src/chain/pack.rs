@@ -1,0 +1,325 @@
+//! `pack` and `unpack`: a whole chain in one hash-checked `.tar.zst`.
+//!
+//! A pack holds, for each link from the base to the head, its `snapshot.json`,
+//! `vmstate.bin` and `memory.map`; each distinct disk image once (`disks/<n>`); and every
+//! chunk the maps reference, uncompressed (`chunks/<blake3>`; the archive is compressed
+//! as a whole). The container ([`crate::pack_archive`]) checks every entry's hash and
+//! refuses unsafe names and entry types. On top of that, unpack checks the chain itself
+//! (each link's content hash recomputed from its files, parent edges, every referenced
+//! chunk present) **in a staging directory before anything enters the store**: a
+//! tampered or truncated pack leaves the store as it was. A link whose tag already
+//! exists with the same content hash is reused; with different content it is a conflict.
+
+use std::collections::{BTreeSet, HashMap};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use super::assemble::AssembledCache;
+use super::convert::ingest;
+use super::{check_disk_names, content_hash, new_staging_dir, resolve, verify, ChainError, MAX_CHAIN_DEPTH};
+use crate::chunk_store::{ChunkId, ChunkStore};
+use crate::dir::{SnapshotWriter, DISK_DIR, MEMORY_MAP, SNAPSHOT_JSON, VMSTATE_BIN};
+use crate::metadata::{read_meta, MemoryFormat, SnapshotMeta, SnapshotStatus};
+use crate::pack_archive::{extract_pack, PackLimits, PackWriter};
+use crate::page_map::PageMap;
+use crate::store::{Store, StoreError};
+use crate::tag::validate_tag;
+
+/// The chain description a pack carries in its manifest.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+struct PackMeta {
+    head: String,
+    links: Vec<PackLink>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+struct PackLink {
+    tag: String,
+    content_hash: String,
+    /// Disk file name in the snapshot → pack entry holding it.
+    disks: Vec<PackDisk>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+struct PackDisk {
+    file: String,
+    entry: String,
+}
+
+/// What `pack` wrote.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct PackReport {
+    pub path: PathBuf,
+    /// Tags from the base to the head.
+    pub links: Vec<String>,
+    pub chunks: u64,
+    pub disks: u64,
+    /// Bytes of the entries before compression, and of the pack file.
+    pub logical_bytes: u64,
+    pub pack_bytes: u64,
+    pub ms: f64,
+}
+
+/// What `unpack` did.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct UnpackReport {
+    pub head: String,
+    /// Links written into the store, base first.
+    pub imported: Vec<String>,
+    /// Links already in the store with the same content, reused.
+    pub reused: Vec<String>,
+    pub chunks_new: u64,
+    pub chunks_present: u64,
+    pub logical_bytes: u64,
+    pub pack_bytes: u64,
+    pub ms: f64,
+}
+
+fn chunk_entry(id: &ChunkId) -> String {
+    format!("chunks/{}", id.to_hex())
+}
+
+fn link_entry(tag: &str, name: &str) -> String {
+    format!("snapshots/{tag}/{name}")
+}
+
+/// Writes `tag`'s whole chain to `out` (refused if `out` exists). A whole-image
+/// snapshot is moved into the chunk store first.
+pub fn pack(store: &Store, cache: &AssembledCache, tag: &str, out: &Path) -> Result<PackReport, ChainError> {
+    let started = Instant::now();
+    let mut chain = resolve(store, tag)?;
+    if chain.head().meta.memory_format == MemoryFormat::Image {
+        ingest(store, cache, tag)?;
+        chain = resolve(store, tag)?;
+    }
+    verify(&chain)?;
+    let chunks = ChunkStore::open(store.root());
+    let mut w = PackWriter::create(out)?;
+    let mut logical = 0u64;
+    let mut disks_by_inode: HashMap<(u64, u64), String> = HashMap::new();
+    let mut ids: Vec<ChunkId> = Vec::new();
+    let mut seen: BTreeSet<ChunkId> = BTreeSet::new();
+    let mut links = Vec::new();
+    for link in &chain.links {
+        let t = &link.meta.tag;
+        for name in [SNAPSHOT_JSON, VMSTATE_BIN, MEMORY_MAP] {
+            let path = link.path.join(name);
+            logical += std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            w.add_file(&link_entry(t, name), &path)?;
+        }
+        let mut disks = Vec::new();
+        for d in link.meta.devices.iter().flat_map(|d| d.disks.iter()) {
+            let path = link.path.join(DISK_DIR).join(&d.file);
+            let m = std::fs::metadata(&path).map_err(ChainError::io("reading a disk to pack", &path))?;
+            let next = format!("disks/{}", disks_by_inode.len());
+            let entry = disks_by_inode.entry((m.dev(), m.ino())).or_insert(next.clone()).clone();
+            if entry == next {
+                logical += m.len();
+                w.add_file(&entry, &path)?;
+            }
+            disks.push(PackDisk { file: d.file.clone(), entry });
+        }
+        let map = PageMap::read_file(&link.memory_map_path())
+            .map_err(ChainError::page_map(format!("reading {t}'s memory.map")))?;
+        for id in map.chunks() {
+            if seen.insert(id) {
+                ids.push(id);
+            }
+        }
+        links.push(PackLink {
+            tag: t.clone(),
+            content_hash: link.meta.content_hash.clone().unwrap_or_default(),
+            disks,
+        });
+    }
+    let mut buf = Vec::new();
+    for id in &ids {
+        chunks.get_into(id, &mut buf).map_err(ChainError::chunks("reading a chunk to pack"))?;
+        logical += buf.len() as u64;
+        w.add_bytes(&chunk_entry(id), &buf)?;
+    }
+    let meta = PackMeta { head: tag.into(), links };
+    let meta =
+        serde_json::to_value(&meta).map_err(|e| ChainError::BadPack { path: out.into(), reason: e.to_string() })?;
+    let (pack_bytes, _) = w.finish(meta)?;
+    Ok(PackReport {
+        path: out.into(),
+        links: chain.tags(),
+        chunks: ids.len() as u64,
+        disks: disks_by_inode.len() as u64,
+        logical_bytes: logical,
+        pack_bytes,
+        ms: started.elapsed().as_secs_f64() * 1e3,
+    })
+}
+
+/// The names a pack may hold (besides its manifest).
+fn accept_name(name: &str) -> bool {
+    let parts: Vec<&str> = name.split('/').collect();
+    match parts.as_slice() {
+        ["chunks", hex] => ChunkId::from_hex(hex).is_ok(),
+        ["disks", n] => !n.is_empty() && n.len() <= 6 && n.bytes().all(|b| b.is_ascii_digit()),
+        ["snapshots", tag, file] => {
+            validate_tag(tag).is_ok() && [SNAPSHOT_JSON, VMSTATE_BIN, MEMORY_MAP].contains(file)
+        }
+        _ => false,
+    }
+}
+
+/// Removes a staging directory however unpack ends.
+struct Staging(PathBuf);
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Imports the chain in `pack_path` into `store`. Everything is checked before the
+/// store is touched; links already present with the same content are reused.
+pub fn unpack(store: &Store, pack_path: &Path) -> Result<UnpackReport, ChainError> {
+    let started = Instant::now();
+    let bad = |reason: String| ChainError::BadPack { path: pack_path.to_path_buf(), reason };
+    let pack_bytes = std::fs::metadata(pack_path).map_err(ChainError::io("opening the pack", pack_path))?.len();
+    let staging = Staging(new_staging_dir(store, "unpack")?);
+    let manifest = extract_pack(pack_path, &staging.0, &accept_name, &PackLimits::default())?;
+    let logical: u64 = manifest.entries.iter().map(|e| e.size).sum();
+    let meta: PackMeta =
+        serde_json::from_value(manifest.meta.clone()).map_err(|e| bad(format!("chain description: {e}")))?;
+    if meta.links.is_empty() || meta.links.len() > MAX_CHAIN_DEPTH + 1 {
+        return Err(bad(format!("{} links (1 to {} expected)", meta.links.len(), MAX_CHAIN_DEPTH + 1)));
+    }
+    if meta.links.last().map(|l| l.tag.as_str()) != Some(meta.head.as_str()) {
+        return Err(bad(format!("head {:?} is not the last link", meta.head)));
+    }
+    let chunks = ChunkStore::open(store.root());
+    let mut metas: Vec<SnapshotMeta> = Vec::new();
+    let mut needed: BTreeSet<ChunkId> = BTreeSet::new();
+    for (i, link) in meta.links.iter().enumerate() {
+        let m = check_link(&staging.0, link, i.checked_sub(1).map(|p| &meta.links[p])).map_err(&bad)?;
+        let map_path = staging.0.join("snapshots").join(&link.tag).join(MEMORY_MAP);
+        let map = PageMap::read_file(&map_path).map_err(|e| bad(format!("{}: memory.map: {e}", link.tag)))?;
+        if map.mem_size != m.mem_size_bytes || metas.first().is_some_and(|b| b.mem_size_bytes != m.mem_size_bytes) {
+            return Err(bad(format!("{}: memory sizes of the links disagree", link.tag)));
+        }
+        needed.extend(map.chunks());
+        metas.push(m);
+    }
+    for id in &needed {
+        if !staging.0.join(chunk_entry(id)).is_file() && !chunks.contains(id) {
+            return Err(bad(format!("chunk {id} is referenced but not in the pack")));
+        }
+    }
+    // Which links exist already: the same content is reused, different content refused.
+    let mut reuse = Vec::new();
+    for link in &meta.links {
+        match store.lookup(&link.tag) {
+            Ok(existing) if existing.meta.content_hash.as_deref() == Some(link.content_hash.as_str()) => {
+                reuse.push(true)
+            }
+            Ok(_)
+            | Err(StoreError::Writing { .. })
+            | Err(StoreError::Abandoned { .. })
+            | Err(StoreError::Invalid { .. }) => {
+                return Err(StoreError::Exists { tag: link.tag.clone(), store: store.snapshots_dir() }.into())
+            }
+            Err(StoreError::NotFound { .. }) => reuse.push(false),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    // Import: chunks (synced) before the snapshots that reference them.
+    let _lock = chunks.lock_shared().map_err(ChainError::chunks("locking the chunk store"))?;
+    let (mut chunks_new, mut chunks_present) = (0, 0);
+    for id in &needed {
+        let path = staging.0.join(chunk_entry(id));
+        if !path.is_file() {
+            chunks_present += 1;
+            continue;
+        }
+        let data = std::fs::read(&path).map_err(ChainError::io("reading a staged chunk", &path))?;
+        if ChunkId::of(&data) != *id {
+            return Err(bad(format!("chunk {id} does not hash to its name")));
+        }
+        let put = chunks.put(&data).map_err(ChainError::chunks("storing a chunk"))?;
+        if put.new {
+            chunks_new += 1;
+        } else {
+            chunks_present += 1;
+        }
+    }
+    chunks.sync().map_err(ChainError::chunks("syncing imported chunks"))?;
+    let (mut imported, mut reused) = (Vec::new(), Vec::new());
+    for (link, reuse) in meta.links.iter().zip(reuse) {
+        if reuse {
+            reused.push(link.tag.clone());
+            continue;
+        }
+        let src = staging.0.join("snapshots").join(&link.tag);
+        let writer = SnapshotWriter::begin(&store.tag_dir(&link.tag)?)
+            .map_err(ChainError::dir(format!("importing {}", link.tag)))?;
+        for name in [SNAPSHOT_JSON, VMSTATE_BIN, MEMORY_MAP, DISK_DIR] {
+            let from = src.join(name);
+            if from.exists() {
+                std::fs::rename(&from, writer.path(name))
+                    .map_err(ChainError::io("moving a staged file into place", &from))?;
+            }
+        }
+        writer.commit().map_err(ChainError::dir(format!("publishing {}", link.tag)))?;
+        imported.push(link.tag.clone());
+    }
+    Ok(UnpackReport {
+        head: meta.head,
+        imported,
+        reused,
+        chunks_new,
+        chunks_present,
+        logical_bytes: logical,
+        pack_bytes,
+        ms: started.elapsed().as_secs_f64() * 1e3,
+    })
+}
+
+/// Checks one staged link against the pack's description and its parent link, puts its
+/// disks in place (hard links within the staging directory) and returns its metadata.
+fn check_link(staging: &Path, link: &PackLink, parent: Option<&PackLink>) -> Result<SnapshotMeta, String> {
+    let tag = &link.tag;
+    validate_tag(tag).map_err(|e| format!("link tag: {e}"))?;
+    let dir = staging.join("snapshots").join(tag);
+    let m = read_meta(&dir.join(SNAPSHOT_JSON)).map_err(|e| format!("{tag}: {e}"))?;
+    if m.tag != *tag {
+        return Err(format!("{tag}: its snapshot.json names {:?}", m.tag));
+    }
+    if m.status != SnapshotStatus::Ready || m.memory_format != MemoryFormat::Chunked {
+        return Err(format!("{tag}: not a ready chunked snapshot"));
+    }
+    check_disk_names(&m).map_err(|e| e.to_string())?;
+    match (parent, &m.parent_tag, &m.parent_hash) {
+        (None, None, None) => {}
+        (Some(p), Some(pt), Some(ph)) if *pt == p.tag && *ph == p.content_hash => {}
+        _ => return Err(format!("{tag}: its parent edge does not match the pack's chain order")),
+    }
+    let disks = m.devices.iter().flat_map(|d| d.disks.iter());
+    for d in disks {
+        let Some(pd) = link.disks.iter().find(|x| x.file == d.file) else {
+            return Err(format!("{tag}: disk {:?} is not in the pack", d.file));
+        };
+        if !accept_name(&pd.entry) || !pd.entry.starts_with("disks/") {
+            return Err(format!("{tag}: disk entry {:?} is not a disk", pd.entry));
+        }
+        let from = staging.join(&pd.entry);
+        let disk_dir = dir.join(DISK_DIR);
+        std::fs::create_dir_all(&disk_dir).map_err(|e| format!("{tag}: staging disk/: {e}"))?;
+        std::fs::hard_link(&from, disk_dir.join(&d.file)).map_err(|e| format!("{tag}: disk {:?}: {e}", pd.entry))?;
+    }
+    let actual = content_hash(&dir, &m).map_err(|e| e.to_string())?;
+    if Some(&actual) != m.content_hash.as_ref() || actual != link.content_hash {
+        return Err(format!("{tag}: content hash {actual} does not match the recorded {}", link.content_hash));
+    }
+    Ok(m)
+}
