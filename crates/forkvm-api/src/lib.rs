@@ -64,35 +64,98 @@ pub struct SnapshotInfo {
     /// forkvm: the template it descends from.
     #[serde(default)]
     pub template: Option<String>,
-    /// forkvm: branch mode (`full`, `live`), for branches.
+    /// forkvm: branch mode (`full`, `live`, `diff`), for branches.
     #[serde(default)]
     pub mode: Option<String>,
     /// forkvm: guest memory size.
     #[serde(default)]
     pub memory_logical_bytes: u64,
-    /// forkvm: bytes the memory image occupies on disk (sparse).
+    /// forkvm: bytes the memory occupies on disk: a whole image's allocated blocks, or
+    /// for a chunked snapshot the compressed chunks it added to the store when it was made.
     #[serde(default)]
     pub memory_physical_bytes: u64,
 }
 
-/// `GET /v1/snapshots/{tag}/info`.
+/// `GET /v1/snapshots/{tag}/info`: forkd's fields (sizes, lineage) plus forkvm's
+/// chain detail. Fields forkvm added default when absent, so an older daemon's answer
+/// still parses.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotInfoDetail {
     pub tag: String,
     pub dir: String,
     pub created_at_unix: Option<u64>,
+    /// Guest memory size.
     pub memory_logical_bytes: u64,
+    /// Bytes the memory occupies on disk: a whole image's allocated blocks, or a chunked
+    /// snapshot's `memory.map` plus the compressed chunks it references (chunks shared
+    /// with other snapshots are counted in each).
     pub memory_physical_bytes: u64,
     pub vmstate_bytes: u64,
     pub parent_tag: Option<String>,
     pub parent_content_hash: Option<String>,
+    /// Links above the chain's base (0 for a snapshot without a parent).
     pub chain_depth: u32,
+    /// From the base to the parent, as far as they exist.
     pub ancestors: Vec<String>,
+    /// Snapshots made directly on top of this one.
     pub dependents: Vec<String>,
     /// forkvm: the sandbox this snapshot was branched from, if it is a branch.
     #[serde(default)]
     pub branched_from: Option<String>,
+    /// `writing`, `ready` or `failed` (ready on disk but not bootable; see `problem`).
     pub status: String,
+    /// forkvm: every snapshot built on this one, at any depth, deepest first (what
+    /// `DELETE ?cascade=true` removes with it).
+    #[serde(default)]
+    pub descendants: Vec<String>,
+    /// forkvm: whether a sandbox can be spawned from it now.
+    #[serde(default = "yes")]
+    pub bootable: bool,
+    /// forkvm: why it is not bootable (e.g. its parent was removed with `force`).
+    #[serde(default)]
+    pub problem: Option<String>,
+    /// forkvm: `image` (a whole `memory.img`) or `chunked` (a `memory.map` over the
+    /// store's chunks; a diff over its parent when it has one).
+    #[serde(default)]
+    pub memory_format: String,
+    /// forkvm: content hash of a chunked snapshot (what a child's `parent_content_hash` names).
+    #[serde(default)]
+    pub content_hash: Option<String>,
+    /// forkvm: bytes on disk of the whole chain, base to this snapshot (vmstate and memory
+    /// of every link).
+    #[serde(default)]
+    pub chain_physical_bytes: u64,
+    /// forkvm: chunks this snapshot's `memory.map` references (0 for a whole image).
+    #[serde(default)]
+    pub chunks: u64,
+}
+
+/// forkd: `POST /v1/snapshots/{tag}/compact`: the flat equivalent of `tag`'s chain,
+/// written as the new snapshot `to` (no parent; `branched_from` is `compact:<tag>`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompactSnapshotRequest {
+    pub to: String,
+}
+
+/// forkvm: the reply to `POST /v1/snapshots/unpack`: which links of the packed chain
+/// were written into the store and which were already there with the same content.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UnpackResponse {
+    /// The chain's head (the tag that was packed).
+    pub head: String,
+    /// Links written into the store, base first.
+    pub imported: Vec<String>,
+    /// Links already in the store with the same content hash, reused.
+    pub reused: Vec<String>,
+    /// Chunks the store did not have, and those it had already.
+    pub chunks_new: u64,
+    pub chunks_present: u64,
+    /// Bytes of the pack's entries before compression, and of the pack itself.
+    pub logical_bytes: u64,
+    pub pack_bytes: u64,
+    /// Time spent checking and importing (not receiving).
+    pub ms: f64,
 }
 
 /// `POST /v1/sandboxes`.
@@ -172,8 +235,10 @@ pub struct SandboxInfo {
     pub last_active_unix: u64,
 }
 
-/// `POST /v1/sandboxes/{id}/branch`. `mode` wins; forkd's legacy booleans `live` and
-/// `diff` select a mode when it is absent (both, or one contradicting `mode`, is a 400).
+/// `POST /v1/sandboxes/{id}/branch`. `mode` (`full`, `live` or `diff`) wins; forkd's
+/// legacy booleans `live` and `diff` select a mode when it is absent (both, or one
+/// contradicting `mode`, is a 400). `parent_tag` is for diff branches: the tag the
+/// sandbox must have been spawned from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BranchSandboxRequest {
@@ -195,6 +260,14 @@ pub struct BranchSandboxRequest {
 
 fn yes() -> bool {
     true
+}
+
+impl BranchSandboxRequest {
+    /// A diff branch (`mode: "diff"`) to `tag` (the daemon's default when `None`), over
+    /// the tag the sandbox was spawned from, which must be `parent_tag` when given.
+    pub fn diff(tag: Option<String>, parent_tag: Option<String>) -> Self {
+        BranchSandboxRequest { tag, mode: Some("diff".into()), parent_tag, ..BranchSandboxRequest::default() }
+    }
 }
 
 /// The same defaults as an empty JSON body (`wait: true`).

@@ -16,6 +16,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::fmt;
 use std::future::Future;
+use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 use tokio_rustls::TlsConnector;
@@ -29,6 +30,8 @@ pub const CA_CERT_ENV: &str = "FORKVM_CA_CERT";
 const JSON_LIMIT: usize = 64 << 20;
 /// Largest error body read.
 const ERROR_LIMIT: usize = 1 << 20;
+/// Size of one upload chunk read from a reader.
+const UPLOAD_CHUNK: usize = 64 << 10;
 
 /// `FORKVM_TOKEN`, trimmed; `None` when unset or empty.
 pub fn token_from_env() -> Option<String> {
@@ -205,6 +208,74 @@ impl Client {
         self.block_on(async {
             let resp = self.send(method.clone(), target, transport::empty(), None).await?;
             collect(resp.into_body(), JSON_LIMIT, &format!("{method} {target}")).await.map(drop)
+        })
+    }
+
+    /// A GET whose reply body is copied into `sink` as it arrives (a file, a pack);
+    /// returns how many bytes.
+    pub(crate) fn download(&self, target: &str, sink: &mut dyn Write) -> Result<u64, ClientError> {
+        let name = format!("GET {target}");
+        self.block_on(async {
+            let resp = self.send(Method::GET, target, transport::empty(), None).await?;
+            let mut body = resp.into_body();
+            let mut total = 0u64;
+            while let Some(data) = next_data(&mut body, &name).await? {
+                sink.write_all(&data).map_err(ClientError::Sink)?;
+                total += data.len() as u64;
+            }
+            sink.flush().map_err(ClientError::Sink)?;
+            Ok(total)
+        })
+    }
+
+    /// A request whose body is streamed from `src` (sent chunked, never whole in memory);
+    /// returns the reply body, at most `reply_limit` bytes. Stops reading `src` as soon
+    /// as the daemon answers (say, with an error).
+    pub(crate) fn upload(
+        &self,
+        method: Method,
+        target: &str,
+        content_type: &'static str,
+        src: &mut dyn Read,
+        reply_limit: usize,
+    ) -> Result<Vec<u8>, ClientError> {
+        let name = format!("{method} {target}");
+        self.block_on(async {
+            let mut sender = self.open(&name).await?;
+            let (tx, body) = transport::channel(4);
+            let req = self.build(method, target, body, Some(content_type))?;
+            let send = sender.send_request(req);
+            let produce = async move {
+                let mut buf = vec![0u8; UPLOAD_CHUNK];
+                loop {
+                    let n = match src.read(&mut buf) {
+                        Ok(0) => return Ok(()),
+                        Ok(n) => n,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                        Err(e) => {
+                            // Abort the body so the daemon does not keep a truncated upload.
+                            let _ = tx.send(Err(std::io::Error::new(e.kind(), "upload source failed"))).await;
+                            return Err(e);
+                        }
+                    };
+                    if tx.send(Ok(Bytes::copy_from_slice(&buf[..n]))).await.is_err() {
+                        return Ok(()); // The connection stopped taking the body; its reply tells why.
+                    }
+                }
+            };
+            tokio::pin!(send, produce);
+            let (early, read) = tokio::select! {
+                r = &mut send => (Some(r), Ok(())),
+                read = &mut produce => (None, read),
+            };
+            read.map_err(ClientError::Source)?;
+            let resp = match early {
+                Some(r) => r,
+                None => send.await,
+            }
+            .map_err(|e| ClientError::Send { request: name.clone(), source: e.into() })?;
+            let resp = check(resp, &name).await?;
+            collect(resp.into_body(), reply_limit, &name).await
         })
     }
 

@@ -313,3 +313,97 @@ fn metrics_are_text() {
     let client = Client::new(server.endpoint.clone(), None).unwrap();
     assert_eq!(client.metrics().unwrap(), "forkvm_sandboxes 3\n");
 }
+
+/// A `SnapshotInfo` of `tag`, with `extra` fields set.
+fn snapshot_json(tag: &str, extra: serde_json::Value) -> serde_json::Value {
+    let mut v =
+        json!({"tag": tag, "dir": format!("/s/{tag}"), "created_at_unix": 3, "status": "ready", "bootable": true});
+    for (k, x) in extra.as_object().unwrap() {
+        v[k] = x.clone();
+    }
+    v
+}
+
+#[test]
+fn snapshot_chain_calls() {
+    let pack: Vec<u8> = (0..200_000u32).map(|i| (i * 13 % 251) as u8).collect();
+    let served = pack.clone();
+    let server = TestServer::tcp(move |r: &Recorded| match (r.method.as_str(), r.target.as_str()) {
+        ("POST", "/v1/snapshots/head/compact") => {
+            Reply::json(200, snapshot_json("flat", json!({"branched_from": "compact:head"})))
+        }
+        ("GET", "/v1/snapshots/head/pack") => {
+            Reply::chunked(200, "application/zstd", served.chunks(60_000).map(<[u8]>::to_vec).collect())
+        }
+        ("POST", "/v1/snapshots/unpack") => Reply::json(
+            201,
+            json!({"head": "head", "imported": ["base", "head"], "reused": [], "chunks_new": 4, "chunks_present": 0,
+                   "logical_bytes": 9, "pack_bytes": r.body.len(), "ms": 1.5}),
+        ),
+        ("GET", "/v1/snapshots/head/info") => Reply::json(
+            200,
+            json!({"tag": "head", "dir": "/s/head", "created_at_unix": 3, "memory_logical_bytes": 4096,
+                   "memory_physical_bytes": 100, "vmstate_bytes": 10, "parent_tag": "base",
+                   "parent_content_hash": "ab", "chain_depth": 1, "ancestors": ["base"], "dependents": [],
+                   "branched_from": null, "status": "failed", "descendants": [], "bootable": false,
+                   "problem": "parent gone", "memory_format": "chunked", "content_hash": "cd",
+                   "chain_physical_bytes": 300, "chunks": 2}),
+        ),
+        // An older daemon: forkd's fields only.
+        ("GET", "/v1/snapshots/old/info") => Reply::json(
+            200,
+            json!({"tag": "old", "dir": "/s/old", "created_at_unix": null, "memory_logical_bytes": 1,
+                   "memory_physical_bytes": 1, "vmstate_bytes": 1, "parent_tag": null, "parent_content_hash": null,
+                   "chain_depth": 0, "ancestors": [], "dependents": [], "status": "ready"}),
+        ),
+        _ => Reply::json(404, json!({"error": "no such route", "code": "not_found"})),
+    });
+    let client = Client::new(server.endpoint.clone(), None).unwrap();
+
+    let flat = client.compact_snapshot("head", "flat").unwrap();
+    assert_eq!((flat.tag.as_str(), flat.branched_from.as_deref()), ("flat", Some("compact:head")));
+    let sent = server.last();
+    assert_eq!(sent.json(), json!({"to": "flat"}));
+    assert_eq!(sent.header("content-type"), Some("application/json"));
+
+    let mut sink = Vec::new();
+    assert_eq!(client.pack_snapshot("head", &mut sink).unwrap(), pack.len() as u64);
+    assert!(sink == pack, "the pack arrived byte-identical");
+
+    let r = client.unpack_snapshot(&mut pack.as_slice()).unwrap();
+    assert_eq!((r.head.as_str(), r.imported.len(), r.pack_bytes), ("head", 2, pack.len() as u64));
+    let sent = server.last();
+    assert_eq!(sent.header("content-type"), Some("application/zstd"));
+    assert_eq!(sent.header("transfer-encoding"), Some("chunked"), "streamed, not buffered");
+    assert!(sent.body == pack, "the upload arrived byte-identical");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("head.tar.zst");
+    std::fs::write(&file, &pack).unwrap();
+    assert_eq!(client.unpack_snapshot_file(&file).unwrap().pack_bytes, pack.len() as u64);
+    let missing = dir.path().join("none.tar.zst");
+    let e = client.unpack_snapshot_file(&missing).unwrap_err();
+    assert!(matches!(&e, ClientError::OpenFile { path, .. } if *path == missing), "{e:?}");
+
+    let info = client.snapshot_info("head").unwrap();
+    assert_eq!((info.bootable, info.problem.as_deref(), info.chunks), (false, Some("parent gone"), 2));
+    assert_eq!((info.memory_format.as_str(), info.chain_physical_bytes), ("chunked", 300));
+    let old = client.snapshot_info("old").unwrap();
+    assert!(old.bootable && old.descendants.is_empty() && old.content_hash.is_none(), "{old:?}");
+
+    let e = client.compact_snapshot("", "x").unwrap_err();
+    assert!(matches!(e, ClientError::InvalidArgument { .. }), "{e:?}");
+}
+
+#[test]
+fn a_diff_branch_sends_its_mode_and_parent() {
+    let server = TestServer::tcp(|_| Reply::json(201, snapshot_json("d1", json!({"mode": "diff", "pause_ms": 40.0}))));
+    let client = Client::new(server.endpoint.clone(), None).unwrap();
+    let req = BranchSandboxRequest::diff(Some("d1".into()), Some("py".into()));
+    let snap = client.branch("sb-a", &req).unwrap();
+    assert_eq!((snap.mode.as_deref(), snap.pause_ms), (Some("diff"), Some(40.0)));
+    let sent = server.last().json();
+    assert_eq!(
+        (&sent["mode"], &sent["tag"], &sent["parent_tag"], &sent["wait"]),
+        (&json!("diff"), &json!("d1"), &json!("py"), &json!(true))
+    );
+}

@@ -68,6 +68,13 @@ pub enum ClientError {
     Sink(#[source] std::io::Error),
     #[error("reading the bytes to upload")]
     Source(#[source] std::io::Error),
+    /// A local file given to upload could not be opened.
+    #[error("opening {} to upload it", path.display())]
+    OpenFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl ClientError {

@@ -2,7 +2,7 @@
 //! `/files/list`. Downloads stream into a writer and uploads stream from a reader, so
 //! a large file never sits in memory whole.
 
-use crate::client::{check, collect, decode, next_data, Client};
+use crate::client::{collect, decode, Client};
 use crate::encode::Target;
 use crate::error::ClientError;
 use crate::transport;
@@ -20,8 +20,6 @@ pub struct WriteFileOptions {
     pub create_parents: bool,
 }
 
-/// Size of one upload chunk read from a reader.
-const CHUNK: usize = 64 << 10;
 /// Largest reply to an upload (a small JSON object).
 const REPLY_LIMIT: usize = 1 << 20;
 
@@ -50,19 +48,7 @@ fn upload_target(id: &str, path: &str, opts: &WriteFileOptions) -> Result<String
 impl Client {
     /// `GET /v1/sandboxes/{id}/files?path=`: the file's bytes into `sink`; returns how many.
     pub fn read_file(&self, id: &str, path: &str, sink: &mut dyn Write) -> Result<u64, ClientError> {
-        let target = files(id, path, "/files")?.build();
-        let name = format!("GET {target}");
-        self.block_on(async {
-            let resp = self.send(Method::GET, &target, transport::empty(), None).await?;
-            let mut body = resp.into_body();
-            let mut total = 0u64;
-            while let Some(data) = next_data(&mut body, &name).await? {
-                sink.write_all(&data).map_err(ClientError::Sink)?;
-                total += data.len() as u64;
-            }
-            sink.flush().map_err(ClientError::Sink)?;
-            Ok(total)
-        })
+        self.download(&files(id, path, "/files")?.build(), sink)
     }
 
     /// `PUT /v1/sandboxes/{id}/files?path=` with `data` as the file's content.
@@ -91,44 +77,8 @@ impl Client {
         opts: &WriteFileOptions,
     ) -> Result<FileWritten, ClientError> {
         let target = upload_target(id, path, opts)?;
-        let name = format!("PUT {target}");
-        self.block_on(async {
-            let mut sender = self.open(&name).await?;
-            let (tx, body) = transport::channel(4);
-            let req = self.build(Method::PUT, &target, body, Some("application/octet-stream"))?;
-            let send = sender.send_request(req);
-            let produce = async move {
-                let mut buf = vec![0u8; CHUNK];
-                loop {
-                    let n = match src.read(&mut buf) {
-                        Ok(0) => return Ok(()),
-                        Ok(n) => n,
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                        Err(e) => {
-                            // Abort the body so the daemon does not keep a truncated file.
-                            let _ = tx.send(Err(std::io::Error::new(e.kind(), "upload source failed"))).await;
-                            return Err(e);
-                        }
-                    };
-                    if tx.send(Ok(Bytes::copy_from_slice(&buf[..n]))).await.is_err() {
-                        return Ok(()); // The connection stopped taking the body; its reply tells why.
-                    }
-                }
-            };
-            tokio::pin!(send, produce);
-            let (early, read) = tokio::select! {
-                r = &mut send => (Some(r), Ok(())),
-                read = &mut produce => (None, read),
-            };
-            read.map_err(ClientError::Source)?;
-            let resp = match early {
-                Some(r) => r,
-                None => send.await,
-            }
-            .map_err(|e| ClientError::Send { request: name.clone(), source: e.into() })?;
-            let resp = check(resp, &name).await?;
-            decode(&collect(resp.into_body(), REPLY_LIMIT, &name).await?, "file upload reply")
-        })
+        let reply = self.upload(Method::PUT, &target, "application/octet-stream", src, REPLY_LIMIT)?;
+        decode(&reply, "file upload reply")
     }
 
     /// `DELETE /v1/sandboxes/{id}/files?path=`; `recursive` for a directory and its content.

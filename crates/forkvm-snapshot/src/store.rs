@@ -158,13 +158,12 @@ impl Store {
         }
     }
 
-    /// Removes leftovers of crashed writers: `<tag>.partial` directories, and `writing`
-    /// snapshots whose writer process no longer exists. Returns the names removed.
+    /// Removes leftovers of crashed writers: `<tag>.partial` directories, `writing`
+    /// snapshots whose writer process no longer exists, and staging directories of dead
+    /// processes (`staging/<name>`). Returns the names removed.
     pub fn sweep(&self) -> Vec<String> {
         let mut removed = Vec::new();
-        let Ok(entries) = std::fs::read_dir(self.snapshots_dir()) else {
-            return removed;
-        };
+        let entries = std::fs::read_dir(self.snapshots_dir()).into_iter().flatten();
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             let stale = if name.ends_with(".partial") {
@@ -185,6 +184,7 @@ impl Store {
                 removed.push(name);
             }
         }
+        removed.extend(crate::chain::sweep_staging(self).into_iter().map(|n| format!("staging/{n}")));
         removed.sort();
         removed
     }

@@ -3,6 +3,7 @@
 mod bench_api;
 mod bench_boot;
 mod bench_branch;
+mod bench_chain;
 mod bench_fork;
 mod bench_spawn;
 mod chain_cmd;
@@ -90,6 +91,8 @@ enum BenchCommand {
     Spawn(bench_spawn::BenchSpawnArgs),
     /// The REST API's overhead: spawn of N, exec and eval round trips, REST vs library.
     Api(bench_api::BenchApiArgs),
+    /// Diff-snapshot chains: spawn cost per depth, bytes on disk, pack/unpack throughput.
+    Chain(bench_chain::BenchChainArgs),
 }
 
 /// The error and its causes, skipping a cause whose text the message already contains
@@ -123,6 +126,7 @@ fn main() {
         Command::Bench(BenchCommand::Branch(a)) => bench_branch::run(a),
         Command::Bench(BenchCommand::Spawn(a)) => bench_spawn::run(a),
         Command::Bench(BenchCommand::Api(a)) => bench_api::run(a),
+        Command::Bench(BenchCommand::Chain(a)) => bench_chain::run(a),
         Command::Run(a) => run_cmd::run(a),
         Command::Snapshot(a) => snapshot_cmd::run(a, remote),
         Command::Ps(a) => sandbox_cmd::ps(a, remote),

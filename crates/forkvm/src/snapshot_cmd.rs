@@ -125,7 +125,7 @@ pub fn run(a: SnapshotArgs, remote: &RemoteArgs) -> Result<i32> {
             chain::remove(&store, &forkvm_sandbox::source::assembled_cache(), &tag, mode)?;
         }
         SnapshotCommand::Sweep => {
-            for name in store.sweep().into_iter().chain(chain::sweep_staging(&store)) {
+            for name in store.sweep() {
                 println!("removed {name}");
             }
             let gc = chain::collect_garbage(&store)?;

@@ -86,8 +86,47 @@ impl From<forkvm_sandbox::SourceError> for ApiError {
     fn from(e: forkvm_sandbox::SourceError) -> ApiError {
         match e {
             forkvm_sandbox::SourceError::Store(s) => s.into(),
+            // A missing head is a 404 and a broken link a 409, as the chain decides.
+            forkvm_sandbox::SourceError::Chain(c) => c.into(),
             // A snapshot that exists but cannot be spawned from is in the wrong state.
             other => ApiError::conflict(other.to_string(), "not_bootable"),
+        }
+    }
+}
+
+impl From<forkvm_snapshot::chain::ChainError> for ApiError {
+    fn from(e: forkvm_snapshot::chain::ChainError) -> ApiError {
+        use forkvm_snapshot::chain::ChainError;
+        use forkvm_snapshot::PackError;
+        match e {
+            ChainError::Store(s) => s.into(),
+            // The host failed to read or write a pack file: not the pack's fault.
+            ChainError::Pack(PackError::Io { source, .. }) if source.raw_os_error() == Some(libc::ENOSPC) => {
+                ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "disk_full", format!("no space left: {source}"))
+            }
+            ChainError::Pack(p @ PackError::Io { .. }) => ApiError::internal(p.to_string()),
+            other => {
+                let message = other.to_string();
+                // A snapshot whose chain or files are broken is in the wrong state to be
+                // used, whatever failed to read it: a 409 that says so.
+                match other.state() {
+                    Some(state) => ApiError::conflict(message, state),
+                    None => ApiError::from_code(other.code(), message),
+                }
+            }
+        }
+    }
+}
+
+impl From<forkvm_sandbox::ChainOpError> for ApiError {
+    fn from(e: forkvm_sandbox::ChainOpError) -> ApiError {
+        use forkvm_sandbox::ChainOpError;
+        match e {
+            ChainOpError::Chain(c) => c.into(),
+            ChainOpError::Source(s) => s.into(),
+            ChainOpError::Spawn(s) => s.into(),
+            ChainOpError::Lifecycle(l) => l.into(),
+            other => ApiError::from_code(other.code(), other.to_string()),
         }
     }
 }

@@ -46,14 +46,22 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for QueryArgs<T> {
     }
 }
 
-/// The one path parameter of a route (`{id}` or `{tag}`), percent-decoded.
+/// The one path parameter of a route (`{id}` or `{tag}`), percent-decoded; or the
+/// [`ParamValue`] the router gave a request whose parameter a static path shadowed.
 #[derive(Debug)]
 pub struct Param(pub String);
+
+/// The path parameter of a request routed by a static path (see `routes::shadowed`).
+#[derive(Debug, Clone)]
+pub struct ParamValue(pub String);
 
 impl<S: Send + Sync> FromRequestParts<S> for Param {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        if let Some(ParamValue(v)) = parts.extensions.get::<ParamValue>() {
+            return Ok(Param(v.clone()));
+        }
         let axum::extract::Path(v) = axum::extract::Path::<String>::from_request_parts(parts, state)
             .await
             .map_err(|e| ApiError::bad_request(format!("invalid path parameter: {e}")))?;

@@ -1,11 +1,13 @@
-//! What every handler shares: where sandboxes and snapshots live, the state database,
-//! the spawner, metrics, and the branch concurrency limit.
+//! What every handler shares: where sandboxes and snapshots live, the cache of assembled
+//! chain images, the state database, the spawner, metrics, and the branch concurrency
+//! limit.
 
 use crate::db::{Db, SandboxRow, SnapshotRow};
 use crate::error::ApiError;
 use crate::metrics::{Gauges, Metrics};
 use crate::spawner::Spawner;
 use forkvm_sandbox::{Registry, SandboxRecord};
+use forkvm_snapshot::chain::AssembledCache;
 use forkvm_snapshot::Store;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -18,13 +20,18 @@ pub const DEFAULT_BRANCH_CONCURRENCY: usize = 4;
 pub struct Inner {
     pub registry: Registry,
     pub store: Store,
+    /// Assembled memory images of chunked snapshots: evicted when a snapshot is deleted,
+    /// filled by compaction. The daemon's is the one spawns use
+    /// ([`forkvm_sandbox::source::assembled_cache`]); tests give their own.
+    pub cache: AssembledCache,
     pub db: Mutex<Db>,
     /// `None` only in handler tests that never spawn.
     pub spawner: Option<Arc<Spawner>>,
     pub metrics: Metrics,
     pub branch_slots: Arc<Semaphore>,
     pub branch_cap: usize,
-    /// Tags of branches being taken now (a second branch to the same tag is a 409).
+    /// Tags of snapshots being made now by branches and compactions (a second call making
+    /// the same tag is a 409); see [`AppState::claim_tag`].
     pub branch_tags: Mutex<HashSet<String>>,
 }
 
@@ -40,9 +47,23 @@ impl std::ops::Deref for AppState {
 
 impl AppState {
     pub fn new(registry: Registry, store: Store, db: Db, spawner: Option<Spawner>, branch_cap: usize) -> AppState {
+        let cache = forkvm_sandbox::source::assembled_cache();
+        AppState::with_cache(registry, store, cache, db, spawner, branch_cap)
+    }
+
+    /// [`AppState::new`] with the assembled-image cache at `cache` (tests: not the user's).
+    pub fn with_cache(
+        registry: Registry,
+        store: Store,
+        cache: AssembledCache,
+        db: Db,
+        spawner: Option<Spawner>,
+        branch_cap: usize,
+    ) -> AppState {
         AppState(Arc::new(Inner {
             registry,
             store,
+            cache,
             db: Mutex::new(db),
             spawner: spawner.map(Arc::new),
             metrics: Metrics::default(),
@@ -85,9 +106,36 @@ impl AppState {
         self.db().snapshots().unwrap_or_default()
     }
 
+    /// Reserves `tag` for a snapshot this call is about to make (branch, compaction), so a
+    /// concurrent call making the same tag is refused before either writes. `None` when
+    /// another call holds it; the claim ends when the returned value is dropped.
+    pub fn claim_tag(&self, tag: &str) -> Option<TagClaim> {
+        let fresh = self.branch_tags.lock().unwrap_or_else(|p| p.into_inner()).insert(tag.to_string());
+        fresh.then(|| TagClaim { s: self.clone(), tag: tag.to_string() })
+    }
+
     /// Notes an API call on sandbox `id`.
     pub fn touch(&self, id: &str) {
         let _ = self.db().touch(id, now_unix());
+    }
+}
+
+/// A tag reserved by [`AppState::claim_tag`], released on drop however the call ends.
+#[derive(Debug)]
+pub struct TagClaim {
+    s: AppState,
+    tag: String,
+}
+
+impl TagClaim {
+    pub fn tag(&self) -> &str {
+        &self.tag
+    }
+}
+
+impl Drop for TagClaim {
+    fn drop(&mut self) {
+        self.s.branch_tags.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.tag);
     }
 }
 

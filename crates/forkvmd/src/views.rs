@@ -1,10 +1,15 @@
 //! The API's views of snapshots and sandboxes, built from what is on disk (snapshot
 //! store, run directories) and what only the daemon recorded (database rows).
+//!
+//! A snapshot's memory is either a whole `memory.img` or, in a chain, a `memory.map`
+//! over the store's shared chunks; sizes and lineage come from the chain library
+//! (`forkvm_snapshot::chain`), which is what the CLI reports too, so the two agree.
 
 use crate::db::{SandboxRow, SnapshotRow};
 use forkvm_api::{SandboxInfo, SnapshotInfo, SnapshotInfoDetail};
 use forkvm_sandbox::{SandboxRecord, SpawnSource};
-use forkvm_snapshot::{SnapshotStatus, Store, StoreEntry, StoreError, MEMORY_IMG, VMSTATE_BIN};
+use forkvm_snapshot::chain::{self, ChainError, ChainInfo};
+use forkvm_snapshot::{MemoryFormat, SnapshotStatus, Store, StoreEntry, StoreError, MEMORY_IMG, VMSTATE_BIN};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
@@ -12,20 +17,36 @@ fn physical_bytes(path: &Path) -> u64 {
     std::fs::metadata(path).map(|m| m.blocks() * 512).unwrap_or(0)
 }
 
-fn status_name(s: SnapshotStatus) -> &'static str {
-    match s {
-        SnapshotStatus::Ready => "ready",
-        SnapshotStatus::Writing => "writing",
+/// Whether `tag` can be spawned from, as the list and the detail both report it:
+/// (`status`, `bootable`, why not).
+fn bootability(store: &Store, tag: &str) -> (String, bool, Option<String>) {
+    match SpawnSource::check_tag(store, tag) {
+        Ok(_) => ("ready".to_string(), true, None),
+        Err(forkvm_sandbox::SourceError::Store(StoreError::Writing { .. }))
+        | Err(forkvm_sandbox::SourceError::Chain(ChainError::Store(StoreError::Writing { .. }))) => {
+            ("writing".to_string(), false, None)
+        }
+        Err(err) => ("failed".to_string(), false, Some(err.to_string())),
+    }
+}
+
+fn format_name(f: MemoryFormat) -> &'static str {
+    match f {
+        MemoryFormat::Image => "image",
+        MemoryFormat::Chunked => "chunked",
     }
 }
 
 /// A snapshot as `GET /v1/snapshots` shows it: status and bootability re-checked on disk.
+/// The memory's size on disk is cheap here (no chunk is looked at): a whole image's
+/// allocated blocks, or what a chunked snapshot added to the chunk store when it was
+/// made; `GET /v1/snapshots/{tag}/info` counts every chunk it references.
 pub fn snapshot_info(store: &Store, e: &StoreEntry, row: Option<&SnapshotRow>) -> SnapshotInfo {
     let dir = store.snapshots_dir().join(&e.tag);
-    let (status, bootable, warning) = match SpawnSource::check_tag(store, &e.tag) {
-        Ok(_) => ("ready".to_string(), true, None),
-        Err(forkvm_sandbox::SourceError::Store(StoreError::Writing { .. })) => ("writing".to_string(), false, None),
-        Err(err) => ("failed".to_string(), false, Some(err.to_string())),
+    let (status, bootable, warning) = bootability(store, &e.tag);
+    let memory_physical_bytes = match e.meta.memory_format {
+        MemoryFormat::Image => physical_bytes(&dir.join(MEMORY_IMG)),
+        MemoryFormat::Chunked => e.meta.memory_bytes_allocated,
     };
     SnapshotInfo {
         tag: e.tag.clone(),
@@ -39,7 +60,7 @@ pub fn snapshot_info(store: &Store, e: &StoreEntry, row: Option<&SnapshotRow>) -
         template: e.meta.template.clone(),
         mode: row.and_then(|r| r.mode.clone()),
         memory_logical_bytes: e.meta.mem_size_bytes,
-        memory_physical_bytes: physical_bytes(&dir.join(MEMORY_IMG)),
+        memory_physical_bytes,
     }
 }
 
@@ -58,37 +79,40 @@ pub fn snapshot_row(info: &SnapshotInfo) -> SnapshotRow {
     }
 }
 
-/// `GET /v1/snapshots/{tag}/info`: sizes and lineage.
-pub fn snapshot_detail(store: &Store, e: &StoreEntry) -> SnapshotInfoDetail {
-    let dir = store.snapshots_dir().join(&e.tag);
-    let all = store.list();
-    let mut ancestors = Vec::new();
-    let mut parent = e.meta.parent_tag.clone();
-    while let Some(p) = parent {
-        if ancestors.contains(&p) || ancestors.len() > 64 {
-            break;
-        }
-        parent = all.iter().find(|x| x.tag == p).and_then(|x| x.meta.parent_tag.clone());
-        ancestors.push(p);
-    }
-    ancestors.reverse();
-    let dependents =
-        all.iter().filter(|x| x.meta.parent_tag.as_deref() == Some(e.tag.as_str())).map(|x| x.tag.clone()).collect();
-    SnapshotInfoDetail {
-        tag: e.tag.clone(),
-        dir: dir.display().to_string(),
-        created_at_unix: Some(e.meta.created_at_unix_ms / 1000),
-        memory_logical_bytes: e.meta.mem_size_bytes,
-        memory_physical_bytes: physical_bytes(&dir.join(MEMORY_IMG)),
-        vmstate_bytes: std::fs::metadata(dir.join(VMSTATE_BIN)).map(|m| m.len()).unwrap_or(0),
-        parent_tag: e.meta.parent_tag.clone(),
-        parent_content_hash: e.meta.parent_hash.clone(),
-        chain_depth: ancestors.len() as u32,
-        ancestors,
-        dependents,
+/// `GET /v1/snapshots/{tag}/info`: sizes and lineage from [`chain::info`] (which also
+/// answers for a snapshot whose chain is broken), bootability as the list reports it.
+pub fn snapshot_detail(store: &Store, e: &StoreEntry) -> Result<SnapshotInfoDetail, ChainError> {
+    let i: ChainInfo = chain::info(store, &e.tag)?;
+    let vmstate_bytes = std::fs::metadata(i.dir.join(VMSTATE_BIN)).map(|m| m.len()).unwrap_or(0);
+    let (status, bootable, problem) = match (i.status, i.bootable) {
+        (SnapshotStatus::Writing, _) => ("writing".to_string(), false, None),
+        // The chain holds; the device description must too (as for the list).
+        (SnapshotStatus::Ready, true) => bootability(store, &e.tag),
+        (SnapshotStatus::Ready, false) => ("failed".to_string(), false, i.problem.clone()),
+    };
+    Ok(SnapshotInfoDetail {
+        tag: i.tag,
+        dir: i.dir.display().to_string(),
+        created_at_unix: Some(i.created_at_unix_ms / 1000),
+        memory_logical_bytes: i.memory_bytes,
+        // `physical_bytes` counts the link's vmstate too; it is reported on its own.
+        memory_physical_bytes: i.physical_bytes.saturating_sub(vmstate_bytes),
+        vmstate_bytes,
+        parent_tag: i.parent_tag,
+        parent_content_hash: i.parent_content_hash,
+        chain_depth: u32::try_from(i.chain_depth).unwrap_or(u32::MAX),
+        ancestors: i.ancestors,
+        dependents: i.dependents,
         branched_from: e.meta.branched_from.clone(),
-        status: status_name(e.meta.status).to_string(),
-    }
+        status,
+        descendants: i.descendants,
+        bootable,
+        problem,
+        memory_format: format_name(i.memory_format).to_string(),
+        content_hash: i.content_hash,
+        chain_physical_bytes: i.chain_physical_bytes,
+        chunks: i.chunks,
+    })
 }
 
 /// A running sandbox.

@@ -33,6 +33,7 @@ from .types import (
     SandboxInfo,
     SnapshotInfo,
     SnapshotInfoDetail,
+    UnpackResult,
     VersionInfo,
 )
 
@@ -59,6 +60,7 @@ __all__ = [
     "ControllerError",
     "SnapshotInfo",
     "SnapshotInfoDetail",
+    "UnpackResult",
     "SandboxInfo",
     "ExecResult",
     "EvalResult",

@@ -10,7 +10,8 @@ friendlier object API on top.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+import os
+from typing import IO, Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import httpx
 
@@ -26,6 +27,7 @@ from .types import (
     SandboxInfo,
     SnapshotInfo,
     SnapshotInfoDetail,
+    UnpackResult,
     VersionInfo,
     parse_list,
 )
@@ -34,6 +36,9 @@ __all__ = ["Controller"]
 
 #: Seconds added to a command's own timeout before the HTTP request gives up.
 EXEC_GRACE_SECS = 30.0
+
+#: A local file path.
+PathLike = Union[str, "os.PathLike[str]"]
 
 
 def _sb(sandbox_id: str, *rest: str) -> str:
@@ -97,7 +102,8 @@ class Controller:
         *,
         json: Any = None,
         params: Optional[Mapping[str, Union[str, int]]] = None,
-        content: Optional[bytes] = None,
+        content: Union[bytes, IO[bytes], None] = None,
+        headers: Optional[Mapping[str, str]] = None,
         timeout: Optional[float] = None,
     ) -> httpx.Response:
         try:
@@ -107,6 +113,7 @@ class Controller:
                 json=json,
                 params=params,
                 content=content,
+                headers=headers,
                 timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
             )
         except httpx.TransportError as e:
@@ -184,7 +191,13 @@ class Controller:
         return SnapshotInfo.from_json(self._json(self._request("POST", "/v1/snapshots", json=body, timeout=timeout)))
 
     def delete_snapshot(self, tag: str, cascade: bool = False, force: bool = False) -> None:
-        """``DELETE /v1/snapshots/{tag}``."""
+        """``DELETE /v1/snapshots/{tag}``.
+
+        A snapshot others are built on (a diff chain's parent) is refused with
+        :class:`Conflict` (``state == "has_dependents"``, the message names them) unless
+        ``cascade`` (delete them too, at any depth) or ``force`` (delete it alone and
+        leave them unbootable); not both.
+        """
         params: Dict[str, Union[str, int]] = {}
         if cascade:
             params["cascade"] = "true"
@@ -193,8 +206,61 @@ class Controller:
         self._request("DELETE", _snap(tag), params=params or None)
 
     def snapshot_info(self, tag: str) -> SnapshotInfoDetail:
-        """``GET /v1/snapshots/{tag}/info``: sizes and lineage."""
+        """``GET /v1/snapshots/{tag}/info``: sizes, lineage (ancestors, dependents,
+        descendants) and whether it is bootable, with the reason when it is not."""
         return SnapshotInfoDetail.from_json(self._json(self._request("GET", _snap(tag, "info"))))
+
+    def compact_snapshot(self, tag: str, to: str, *, timeout: Optional[float] = None) -> SnapshotInfo:
+        """``POST /v1/snapshots/{tag}/compact``: writes ``to``, the flat equivalent of
+        ``tag``'s chain (no parent; ``branched_from`` is ``compact:<tag>``)."""
+        resp = self._request("POST", _snap(tag, "compact"), json={"to": to}, timeout=timeout)
+        return SnapshotInfo.from_json(self._json(resp))
+
+    def pack_snapshot(self, tag: str, path: PathLike, *, timeout: Optional[float] = None) -> int:
+        """``GET /v1/snapshots/{tag}/pack``: streams ``tag``'s whole chain, as a
+        ``.tar.zst`` pack, into the file ``path``; returns its size in bytes.
+
+        The download goes to ``<path>.partial`` first and is renamed when complete, so
+        a failed one never leaves a truncated pack under ``path``.
+        """
+        target = _snap(tag, "pack")
+        dest = os.fspath(path)
+        partial = dest + ".partial"
+        total = 0
+        try:
+            with self._client.stream(
+                "GET", target, timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout
+            ) as resp:
+                if resp.status_code >= 300:
+                    raise error_from_response(resp.status_code, resp.read(), str(resp.request.url))
+                with open(partial, "wb") as f:
+                    for chunk in resp.iter_bytes():
+                        f.write(chunk)
+                        total += len(chunk)
+            os.replace(partial, dest)
+        except httpx.TransportError as e:
+            raise ConnectionFailed(
+                f"cannot talk to forkvmd at {self.endpoint} (GET {target}): {type(e).__name__}: {e}",
+            ) from e
+        finally:
+            if os.path.exists(partial):
+                os.unlink(partial)
+        return total
+
+    def unpack_snapshot(self, path: PathLike, *, timeout: Optional[float] = None) -> UnpackResult:
+        """``POST /v1/snapshots/unpack``: imports the chain in the pack file ``path``
+        (streamed, never read whole). The daemon checks all of it before anything
+        enters its store: a damaged pack is a :class:`BadRequest` and imports nothing;
+        a tag that exists there with other content is a :class:`Conflict`."""
+        with open(os.fspath(path), "rb") as f:
+            resp = self._request(
+                "POST",
+                "/v1/snapshots/unpack",
+                content=f,
+                headers={"Content-Type": "application/zstd"},
+                timeout=timeout,
+            )
+        return UnpackResult.from_json(self._json(resp))
 
     # --- sandboxes -------------------------------------------------------
 
@@ -295,15 +361,23 @@ class Controller:
         tag: Optional[str] = None,
         mode: Optional[str] = None,
         wait: bool = True,
+        *,
+        parent_tag: Optional[str] = None,
     ) -> SnapshotInfo:
         """``POST /v1/sandboxes/{id}/branch``: a snapshot of the running sandbox.
-        ``mode`` is ``full`` or ``live`` (daemon's default if ``None``); a live branch
-        with ``wait=False`` returns while the snapshot is still ``writing``."""
+
+        ``mode`` is ``full``, ``live`` or ``diff`` (daemon's default, full, if ``None``).
+        A live branch with ``wait=False`` returns while the snapshot is still
+        ``writing``. A diff branch stores only the pages that differ from the snapshot
+        the sandbox was spawned from; ``parent_tag``, if given, must name that snapshot.
+        """
         body: Dict[str, Any] = {"wait": wait}
         if tag is not None:
             body["tag"] = tag
         if mode is not None:
             body["mode"] = mode
+        if parent_tag is not None:
+            body["parent_tag"] = parent_tag
         return SnapshotInfo.from_json(self._json(self._request("POST", _sb(sandbox_id, "branch"), json=body)))
 
     def fork_sandbox(self, sandbox_id: str, n: int = 1, memory_limit_mib: Optional[int] = None) -> List[SandboxInfo]:

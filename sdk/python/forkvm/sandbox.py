@@ -187,9 +187,17 @@ class Sandbox:
             raise EvalError(f"eval raised: {_headline(tb, r.exit_code)}\n{tb}".rstrip(), traceback=tb, stdout=r.stdout, stderr=r.stderr)
         return r.result
 
-    def branch(self, tag: Optional[str] = None, mode: Optional[str] = "live", wait: bool = True) -> SnapshotInfo:
-        """Snapshots this sandbox while it keeps running; spawn from the tag later."""
-        return self._controller.branch_sandbox(self.id, tag=tag, mode=mode, wait=wait)
+    def branch(
+        self,
+        tag: Optional[str] = None,
+        mode: Optional[str] = "live",
+        wait: bool = True,
+        *,
+        parent_tag: Optional[str] = None,
+    ) -> SnapshotInfo:
+        """Snapshots this sandbox while it keeps running; spawn from the tag later.
+        ``mode="diff"`` stores only what changed since the snapshot it was spawned from."""
+        return self._controller.branch_sandbox(self.id, tag=tag, mode=mode, wait=wait, parent_tag=parent_tag)
 
     def fork(self, n: int = 1, memory_limit_mib: Optional[int] = None) -> List["Sandbox"]:
         """``n`` running copies of this sandbox (memory, interpreter state and all).

@@ -17,6 +17,7 @@ from .errors import ProtocolError
 __all__ = [
     "SnapshotInfo",
     "SnapshotInfoDetail",
+    "UnpackResult",
     "SandboxInfo",
     "ExecResult",
     "EvalResult",
@@ -91,11 +92,15 @@ class _Fields:
         v: str = self._get(name, (str,), False, default)
         return v
 
-    def str_list(self, name: str) -> List[str]:
-        v = self._get(name, (list,), True, None)
+    def str_list(self, name: str, required: bool = True) -> List[str]:
+        v = self._get(name, (list,), required, [])
         if not all(isinstance(x, str) for x in v):
             raise ProtocolError(f"{self.shape}: field {name!r} should be a list of strings")
         return list(v)
+
+    def req_float(self, name: str) -> float:
+        v = self._get(name, (int, float), True, None)
+        return float(v)
 
 
 class _Record:
@@ -150,7 +155,7 @@ class SnapshotInfo(_Record):
     pause_ms: Optional[float] = None
     warning: Optional[str] = None
     template: Optional[str] = None
-    #: Branch mode (``full``, ``live``) for branches.
+    #: Branch mode (``full``, ``live``, ``diff``) for branches.
     mode: Optional[str] = None
     memory_logical_bytes: int = 0
     memory_physical_bytes: int = 0
@@ -178,21 +183,44 @@ class SnapshotInfo(_Record):
 
 @dataclass
 class SnapshotInfoDetail(_Record):
-    """``GET /v1/snapshots/{tag}/info``: sizes and lineage."""
+    """``GET /v1/snapshots/{tag}/info``: sizes, lineage and bootability.
+
+    The fields after ``branched_from`` are forkvm's; they take their defaults when a
+    daemon without snapshot chains leaves them out.
+    """
 
     tag: str
     dir: str
     created_at_unix: Optional[int]
+    #: Guest memory size.
     memory_logical_bytes: int
+    #: Bytes the memory occupies on disk (a whole image's blocks, or a chunked
+    #: snapshot's map plus the chunks it references).
     memory_physical_bytes: int
     vmstate_bytes: int
     parent_tag: Optional[str]
     parent_content_hash: Optional[str]
+    #: Links above the chain's base (0 without a parent).
     chain_depth: int
+    #: From the base to the parent.
     ancestors: List[str]
+    #: Snapshots made directly on top of this one.
     dependents: List[str]
+    #: ``writing``, ``ready`` or ``failed`` (not bootable; see ``problem``).
     status: str
     branched_from: Optional[str] = None
+    #: Every snapshot built on this one, deepest first (``cascade`` deletes them).
+    descendants: List[str] = field(default_factory=list)
+    bootable: bool = True
+    #: Why it is not bootable (say, its parent was deleted with ``force``).
+    problem: Optional[str] = None
+    #: ``image`` or ``chunked``.
+    memory_format: str = ""
+    content_hash: Optional[str] = None
+    #: Bytes on disk of the whole chain, base to this snapshot.
+    chain_physical_bytes: int = 0
+    #: Chunks its memory map references.
+    chunks: int = 0
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -212,6 +240,46 @@ class SnapshotInfoDetail(_Record):
             dependents=f.str_list("dependents"),
             status=f.req_str("status"),
             branched_from=f.opt_str("branched_from"),
+            descendants=f.str_list("descendants", required=False),
+            bootable=f.bool_or("bootable", True),
+            problem=f.opt_str("problem"),
+            memory_format=f.str_or("memory_format", ""),
+            content_hash=f.opt_str("content_hash"),
+            chain_physical_bytes=f.int_or("chain_physical_bytes", 0),
+            chunks=f.int_or("chunks", 0),
+            raw=_raw(data),
+        )
+
+
+@dataclass
+class UnpackResult(_Record):
+    """``POST /v1/snapshots/unpack``: what a pack brought into the store."""
+
+    #: The chain's head (the tag that was packed).
+    head: str
+    #: Links written into the store, base first.
+    imported: List[str]
+    #: Links already there with the same content.
+    reused: List[str]
+    chunks_new: int
+    chunks_present: int
+    logical_bytes: int
+    pack_bytes: int
+    ms: float
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "UnpackResult":
+        f = _Fields("UnpackResult", data)
+        return cls(
+            head=f.req_str("head"),
+            imported=f.str_list("imported"),
+            reused=f.str_list("reused"),
+            chunks_new=f.req_int("chunks_new"),
+            chunks_present=f.req_int("chunks_present"),
+            logical_bytes=f.req_int("logical_bytes"),
+            pack_bytes=f.req_int("pack_bytes"),
+            ms=f.req_float("ms"),
             raw=_raw(data),
         )
 

@@ -314,6 +314,54 @@ def test_branch_live_then_spawn_sees_state(sb: Sandbox, ctl: Controller) -> None
     assert snap.tag not in [s.tag for s in ctl.list_snapshots()]
 
 
+def test_diff_branch_chain_round_trip(ctl: Controller, tmp_path: Path) -> None:
+    """A diff branch stores what changed since the snapshot the sandbox came from; a
+    sandbox spawned from it sees the state; the chain shows in info, guards its parent
+    on delete, and travels as a pack. Its own base tag, so `py` stays as it is."""
+    base = ctl.create_snapshot("chain-base", "python", timeout=TEMPLATE_TIMEOUT_S).tag
+    try:
+        with Sandbox.create(base, controller=ctl) as s:
+            s.eval("z = 'diffed'")
+            with pytest.raises(BadRequest):
+                s.branch(mode="diff", wait=False)
+            with pytest.raises(BadRequest) as ei:
+                s.branch(mode="diff", parent_tag="py")
+            assert "chain-base" in ei.value.message
+            snap = s.branch(tag="chain-d1", mode="diff", parent_tag=base)
+            assert (snap.tag, snap.mode, snap.status, snap.bootable) == ("chain-d1", "diff", "ready", True)
+            assert snap.pause_ms is not None and snap.pause_ms > 0
+            assert s.eval("z") == "'diffed'", "the source runs on"
+        info = ctl.snapshot_info("chain-d1")
+        assert (info.parent_tag, info.chain_depth, info.ancestors) == (base, 1, [base])
+        assert (info.memory_format, info.bootable) == ("chunked", True)
+        base_info = ctl.snapshot_info(base)
+        assert base_info.dependents == ["chain-d1"] and base_info.content_hash == info.parent_content_hash
+        assert info.memory_physical_bytes < base_info.memory_physical_bytes, "a diff stores less than its base"
+        with Sandbox.create("chain-d1", controller=ctl) as child:
+            assert child.eval("z") == "'diffed'"
+
+        flat = ctl.compact_snapshot("chain-d1", "chain-flat")
+        assert (flat.branched_from, ctl.snapshot_info("chain-flat").chain_depth) == ("compact:chain-d1", 0)
+        ctl.delete_snapshot("chain-flat")
+
+        pack = tmp_path / "chain.tar.zst"
+        assert ctl.pack_snapshot("chain-d1", pack) == pack.stat().st_size > 0
+        with pytest.raises(Conflict) as ci:
+            ctl.delete_snapshot(base)
+        assert ci.value.state == "has_dependents" and "chain-d1" in ci.value.message
+        ctl.delete_snapshot(base, cascade=True)
+        assert not {base, "chain-d1"} & {x.tag for x in ctl.list_snapshots()}
+        r = ctl.unpack_snapshot(pack)
+        assert (r.head, r.imported, r.reused) == ("chain-d1", [base, "chain-d1"], [])
+        with Sandbox.create("chain-d1", controller=ctl) as again:
+            assert again.eval("z") == "'diffed'"
+    finally:
+        try:
+            ctl.delete_snapshot(base, cascade=True)
+        except NotFound:
+            pass
+
+
 # --- errors ---------------------------------------------------------------------------------
 
 

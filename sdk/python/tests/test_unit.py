@@ -31,7 +31,7 @@ from forkvm import (
 )
 from forkvm.streaming import NdjsonDecoder
 from forkvm.transport import UDS_BASE_URL, default_socket_path, quote_segment, resolve_endpoint
-from forkvm.types import ExecResult, FileEntry, SandboxInfo, SnapshotInfo
+from forkvm.types import ExecResult, FileEntry, SandboxInfo, SnapshotInfo, SnapshotInfoDetail, UnpackResult
 
 
 # --- a tiny real HTTP server ------------------------------------------------
@@ -496,6 +496,25 @@ DETAIL = {
     "ancestors": [], "dependents": [], "status": "ready",
 }
 SB = {**SANDBOX, "id": "ID"}
+UNPACKED = {
+    "head": "TAG", "imported": ["base", "TAG"], "reused": [], "chunks_new": 3, "chunks_present": 0,
+    "logical_bytes": 10, "pack_bytes": 4, "ms": 1.5,
+}
+
+
+_SCRATCH = tempfile.TemporaryDirectory(prefix="fkpy-unit-")  # removed at exit
+
+
+def _scratch(name: str) -> str:
+    return os.path.join(_SCRATCH.name, name)
+
+
+def _pack_file(data: bytes) -> str:
+    """A pack file holding ``data``."""
+    path = _scratch("in.tar.zst")
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
 ENTRY = {"name": "a", "type": "file", "size": 1, "mode": 420, "mtime_unix_ns": 0}
 STREAM = b'{"type":"exit","exit_code":0,"signal":null,"timed_out":false,"duration_ms":1}\n'
 
@@ -508,6 +527,9 @@ CALLS: Dict[str, Tuple[Any, Callable[[Controller], Any]]] = {
     "CreateSnapshot": (SNAP, lambda c: c.create_snapshot("TAG", "python")),
     "DeleteSnapshot": (None, lambda c: c.delete_snapshot("TAG")),
     "SnapshotInfo": (DETAIL, lambda c: c.snapshot_info("TAG")),
+    "CompactSnapshot": (SNAP, lambda c: c.compact_snapshot("TAG", "flat")),
+    "PackSnapshot": (b"pack", lambda c: c.pack_snapshot("TAG", _scratch("p.tar.zst"))),
+    "UnpackSnapshot": (UNPACKED, lambda c: c.unpack_snapshot(_pack_file(b"pack"))),
     "ListSandboxes": ([SB], lambda c: c.list_sandboxes()),
     "CreateSandboxes": ([SB], lambda c: c.spawn_sandboxes("TAG")),
     "GetSandbox": (SB, lambda c: c.get_sandbox("ID")),
@@ -540,7 +562,7 @@ def _routes_rs() -> List[Tuple[str, str, str]]:
 @pytest.mark.skipif(not os.path.exists(ROUTES_RS), reason="crates/forkvm-api/src/routes.rs not found (SDK outside the repo)")
 def test_every_route_is_covered(server: TcpServer, client: Controller) -> None:
     routes = _routes_rs()
-    assert len(routes) >= 21
+    assert len(routes) >= 24
     assert {name for _, _, name in routes} == set(CALLS), "routes.rs and the SDK's route table differ"
     for method, template, name in routes:
         reply, call = CALLS[name]
@@ -556,3 +578,79 @@ def test_every_route_is_covered(server: TcpServer, client: Controller) -> None:
         call(client)
         got_method, raw, _, _ = server.requests[-1]
         assert (got_method, raw.split("?", 1)[0]) == (method, path), name
+
+
+# --- snapshot chains ------------------------------------------------------------------
+
+
+def test_chain_request_shapes(server: TcpServer, client: Controller, tmp_path: Any) -> None:
+    server.routes[("POST", "/v1/snapshots/head/compact")] = _json_reply(200, {**SNAP, "tag": "flat", "branched_from": "compact:head"})
+    flat = client.compact_snapshot("head", "flat")
+    assert (flat.tag, flat.branched_from) == ("flat", "compact:head")
+    method, path, headers, body = server.requests[-1]
+    assert (method, path, json.loads(body)) == ("POST", "/v1/snapshots/head/compact", {"to": "flat"})
+
+    server.routes[("DELETE", "/v1/snapshots/base")] = lambda h: (204, {}, b"")
+    client.delete_snapshot("base", force=True)
+    assert server.requests[-1][1] == "/v1/snapshots/base?force=true"
+    client.delete_snapshot("base", cascade=True)
+    assert server.requests[-1][1] == "/v1/snapshots/base?cascade=true"
+
+    server.routes[("POST", "/v1/sandboxes/sb/branch")] = _json_reply(201, {**SNAP, "tag": "d1", "mode": "diff", "pause_ms": 30.5})
+    snap = client.branch_sandbox("sb", "d1", mode="diff", parent_tag="py")
+    assert (snap.mode, snap.pause_ms) == ("diff", 30.5)
+    assert json.loads(server.requests[-1][3]) == {"tag": "d1", "mode": "diff", "parent_tag": "py", "wait": True}
+    Sandbox(SandboxInfo.from_json({**SANDBOX, "id": "sb"}), client).branch(mode="diff")
+    assert json.loads(server.requests[-1][3]) == {"mode": "diff", "wait": True}
+
+
+def test_pack_streams_to_a_file_and_unpack_streams_from_one(server: TcpServer, client: Controller, tmp_path: Any) -> None:
+    pack = bytes(range(256)) * 3000  # several chunks on the wire
+
+    def pack_route(h: Handler) -> None:
+        h.send_response(200)
+        h.send_header("Content-Type", "application/zstd")
+        h.send_header("Transfer-Encoding", "chunked")
+        h.end_headers()
+        for i in range(0, len(pack), 100_000):
+            h.chunk(pack[i : i + 100_000])
+        h.end_chunked()
+
+    server.routes[("GET", "/v1/snapshots/head/pack")] = pack_route
+    out = tmp_path / "head.tar.zst"
+    assert client.pack_snapshot("head", out) == len(pack)
+    assert out.read_bytes() == pack
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["head.tar.zst"]
+
+    # An error leaves nothing behind, not even the partial file.
+    server.routes[("GET", "/v1/snapshots/gone/pack")] = _json_reply(404, {"error": "snapshot \"gone\" not found", "code": "not_found"})
+    with pytest.raises(NotFound, match="gone"):
+        client.pack_snapshot("gone", tmp_path / "gone.tar.zst")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["head.tar.zst"]
+
+    server.routes[("POST", "/v1/snapshots/unpack")] = lambda h: (201, {}, json.dumps({**UNPACKED, "pack_bytes": len(h.body)}).encode())
+    r = client.unpack_snapshot(str(out))
+    assert isinstance(r, UnpackResult)
+    assert (r.head, r.imported, r.pack_bytes, r.ms) == ("TAG", ["base", "TAG"], len(pack), 1.5)
+    method, path, headers, body = server.requests[-1]
+    lower = {k.lower(): v for k, v in headers.items()}
+    assert (method, path, lower["content-type"], lower["content-length"]) == ("POST", "/v1/snapshots/unpack", "application/zstd", str(len(pack)))
+    assert body == pack
+
+    server.routes[("POST", "/v1/snapshots/unpack")] = _json_reply(400, {"error": "pack is corrupt: bad frame", "code": "bad_request"})
+    with pytest.raises(BadRequest, match="corrupt"):
+        client.unpack_snapshot(out)
+    with pytest.raises(FileNotFoundError):
+        client.unpack_snapshot(tmp_path / "none.tar.zst")
+
+
+def test_snapshot_detail_new_fields_and_older_daemons() -> None:
+    d = SnapshotInfoDetail.from_json(
+        {**DETAIL, "descendants": ["b", "a"], "bootable": False, "problem": "parent gone", "memory_format": "chunked",
+         "content_hash": "ab", "chain_physical_bytes": 9, "chunks": 2}
+    )
+    assert (d.descendants, d.bootable, d.problem, d.memory_format, d.chunks) == (["b", "a"], False, "parent gone", "chunked", 2)
+    old = SnapshotInfoDetail.from_json(DETAIL)
+    assert (old.descendants, old.bootable, old.problem, old.chain_physical_bytes) == ([], True, None, 0)
+    with pytest.raises(ProtocolError, match="descendants"):
+        SnapshotInfoDetail.from_json({**DETAIL, "descendants": [1]})

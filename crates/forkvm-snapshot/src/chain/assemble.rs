@@ -75,6 +75,13 @@ impl AssembledCache {
         if image.is_file() {
             return Ok((image, None));
         }
+        // Under the lock no one else assembles this image: a temporary file here is a
+        // crashed assembler's.
+        for e in fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if e.file_name().to_string_lossy().ends_with(".tmp") {
+                let _ = fs::remove_file(e.path());
+            }
+        }
         let stats = assemble_into(store, chain, &image)?;
         Ok((image, Some(stats)))
     }

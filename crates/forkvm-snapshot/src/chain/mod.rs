@@ -11,7 +11,7 @@
 //!
 //! Around that: [`convert`] turns snapshots into chunked ones (ingest, diff, compact),
 //! [`lineage`] answers "what depends on what" (info, rmi, garbage collection), and
-//! [`pack`] ships a whole chain as one hash-checked `.tar.zst`.
+//! [`mod@pack`] ships a whole chain as one hash-checked `.tar.zst`.
 //!
 //! A snapshot's **content hash** ([`content_hash`]) covers its `memory.map` (which names
 //! every chunk by its BLAKE3 hash), its `vmstate.bin`, its parent's content hash, its

@@ -1,13 +1,18 @@
-//! `POST /v1/sandboxes/{id}/branch`: snapshot a running sandbox under a tag, full or
-//! live, within the daemon's concurrency limit. The branch is recorded as in flight
+//! `POST /v1/sandboxes/{id}/branch`: snapshot a running sandbox under a tag, full, live
+//! or diff, within the daemon's concurrency limit. The branch is recorded as in flight
 //! before the VMM is asked, so a restarted daemon knows to finish or clean it up; a live
 //! branch returned before its memory image is complete is watched until it is `ready`.
+//!
+//! A diff branch is a full branch into the store's staging directory, published by the
+//! daemon as a diff over the tag the sandbox was spawned from (only the pages that
+//! differ are stored; see `forkvm_sandbox::branch_diff`). The daemon, not the VMM,
+//! names it, so it also picks the default tag, claiming it like a requested one.
 
 use crate::db::BranchRow;
 use crate::error::ApiError;
 use crate::extract::{JsonBody, Param};
 use crate::routes::sandboxes::running;
-use crate::state::{now_unix, AppState};
+use crate::state::{now_unix, AppState, TagClaim};
 use crate::views::{snapshot_info, snapshot_row};
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -18,8 +23,28 @@ use forkvm_snapshot::{validate_tag, StoreError};
 use forkvm_vmm::vmm::BranchMode;
 use std::time::Duration;
 
-/// The mode a request asks for, from `mode` or forkd's legacy booleans.
-pub fn resolve_mode(req: &BranchSandboxRequest) -> Result<BranchMode, ApiError> {
+/// The branch modes of the API: the VMM's two, and diff (done by the daemon on top of a
+/// full branch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Full,
+    Live,
+    Diff,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Full => "full",
+            Mode::Live => "live",
+            Mode::Diff => "diff",
+        }
+    }
+}
+
+/// The mode a request asks for, from `mode` or forkd's legacy booleans, with the
+/// options that only make sense in some modes checked against it.
+pub fn resolve_mode(req: &BranchSandboxRequest) -> Result<Mode, ApiError> {
     if req.live && req.diff {
         return Err(ApiError::bad_request("live and diff exclude each other: choose one mode"));
     }
@@ -39,43 +64,68 @@ pub fn resolve_mode(req: &BranchSandboxRequest) -> Result<BranchMode, ApiError> 
         (None, None) => "full",
     };
     let mode = match mode {
-        "full" => BranchMode::Full,
-        "live" => BranchMode::Live,
-        "diff" => {
-            return Err(ApiError::bad_request(
-                "diff branches need snapshot chains, which this forkvm does not have yet; use full or live",
-            ))
-        }
-        other => return Err(ApiError::bad_request(format!("unknown mode {other:?} (expected full or live)"))),
+        "full" => Mode::Full,
+        "live" => Mode::Live,
+        "diff" => Mode::Diff,
+        other => return Err(ApiError::bad_request(format!("unknown mode {other:?} (expected full, live or diff)"))),
     };
-    if !req.wait && mode != BranchMode::Live {
-        return Err(ApiError::bad_request("wait: false needs mode live (a full branch is complete when it returns)"));
+    if !req.wait && mode != Mode::Live {
+        return Err(ApiError::bad_request(format!(
+            "wait: false needs mode live (a {} branch is complete when it returns)",
+            mode.name()
+        )));
     }
-    if req.parent_tag.is_some() {
-        return Err(ApiError::bad_request("parent_tag applies to diff branches, which this forkvm does not have yet"));
+    if let Some(p) = &req.parent_tag {
+        if mode != Mode::Diff {
+            return Err(ApiError::bad_request(format!(
+                "parent_tag applies to diff branches only, not to mode {:?}",
+                mode.name()
+            )));
+        }
+        validate_tag(p)?;
     }
     Ok(mode)
 }
 
-fn mode_name(m: BranchMode) -> &'static str {
-    match m {
-        BranchMode::Full => "full",
-        BranchMode::Live => "live",
-    }
+fn in_progress(tag: &str) -> ApiError {
+    ApiError::conflict(format!("a branch to tag {tag:?} is in progress"), "writing")
 }
 
-/// Takes a tag out of the in-flight set when the branch ends, however it ends.
-struct TagSlot<'a> {
-    s: &'a AppState,
-    tag: Option<String>,
-}
-
-impl Drop for TagSlot<'_> {
-    fn drop(&mut self) {
-        if let Some(t) = &self.tag {
-            self.s.branch_tags.lock().unwrap_or_else(|p| p.into_inner()).remove(t);
+/// The first free `branch-<id>-<n>`, claimed (the VMM's default rule, applied to the
+/// store since a diff's VMM branch goes to a staging directory).
+fn default_diff_tag(s: &AppState, id: &str) -> Result<TagClaim, ApiError> {
+    for n in 1u32.. {
+        let tag = format!("branch-{id}-{n}");
+        if s.store.check_free(&tag).is_err() {
+            continue;
+        }
+        if let Some(claim) = s.claim_tag(&tag) {
+            return Ok(claim);
         }
     }
+    Err(ApiError::internal(format!("no free default tag for a branch of {id}")))
+}
+
+/// Takes the branch (the VMM's, or a diff); returns its tag and pause window.
+fn take(
+    s: &AppState,
+    id: &str,
+    req: &BranchSandboxRequest,
+    mode: Mode,
+    tag: Option<&str>,
+) -> Result<(String, f64), ApiError> {
+    let vmm_mode = match mode {
+        Mode::Full => BranchMode::Full,
+        Mode::Live => BranchMode::Live,
+        Mode::Diff => {
+            let tag =
+                tag.ok_or_else(|| ApiError::internal("a diff branch was started without a tag (the daemon names it)"))?;
+            let (_, pause_ms) = forkvm_sandbox::branch_diff(&s.registry, &s.store, id, tag, req.parent_tag.as_deref())?;
+            return Ok((tag.to_string(), pause_ms));
+        }
+    };
+    let report = forkvm_sandbox::branch(&s.registry, &s.store, id, tag, vmm_mode, req.wait)?;
+    Ok((report.tag, report.pause_ms))
 }
 
 pub async fn branch(
@@ -93,45 +143,44 @@ pub async fn branch(
     let result = s
         .blocking(move |s| {
             let _permit = permit;
-            let mut slot = TagSlot { s: &s, tag: None };
-            if let Some(t) = &req.tag {
-                if !s.branch_tags.lock().unwrap_or_else(|p| p.into_inner()).insert(t.clone()) {
-                    return Err(ApiError::conflict(format!("a branch to tag {t:?} is in progress"), "writing"));
-                }
-                slot.tag = Some(t.clone());
-            }
+            let mut claim = match &req.tag {
+                Some(t) => Some(s.claim_tag(t).ok_or_else(|| in_progress(t))?),
+                None => None,
+            };
             running(&s, &id)?;
+            if mode == Mode::Diff && claim.is_none() {
+                claim = Some(default_diff_tag(&s, &id)?);
+            }
+            let tag = claim.as_ref().map(|c| c.tag().to_string());
             let op = format!("branch-{}", new_sandbox_id());
             let row = BranchRow {
                 op: op.clone(),
                 sandbox_id: id.clone(),
-                tag: req.tag.clone(),
-                mode: mode_name(mode).into(),
+                tag: tag.clone(),
+                mode: mode.name().into(),
                 wait: req.wait,
                 started_at_unix: now_unix(),
             };
             s.db().insert_branch(&row).map_err(|e| ApiError::internal(e.to_string()))?;
             s.touch(&id);
-            let outcome = forkvm_sandbox::branch(&s.registry, &s.store, &id, req.tag.as_deref(), mode, req.wait);
-            let report = match outcome {
+            let (tag, pause_ms) = match take(&s, &id, &req, mode, tag.as_deref()) {
                 Ok(r) => r,
                 Err(e) => {
                     let _ = s.db().delete_branch(&op);
-                    let e = ApiError::from(e);
-                    s.metrics.inc("forkvm_branches_total", &[("mode", mode_name(mode)), ("outcome", e.code)]);
+                    s.metrics.inc("forkvm_branches_total", &[("mode", mode.name()), ("outcome", e.code)]);
                     return Err(e);
                 }
             };
-            s.metrics.inc("forkvm_branches_total", &[("mode", mode_name(mode)), ("outcome", "ok")]);
-            s.metrics.observe("forkvm_branch_pause_seconds", &[("mode", mode_name(mode))], report.pause_ms / 1e3);
-            let _ = s.db().set_branch_tag(&op, &report.tag);
-            let _ = s.db().record_branch_of(&id, &report.tag);
-            let entry = s.store.list().into_iter().find(|e| e.tag == report.tag).ok_or_else(|| {
-                ApiError::internal(format!("branch {:?} reported success but is not in the store", report.tag))
+            s.metrics.inc("forkvm_branches_total", &[("mode", mode.name()), ("outcome", "ok")]);
+            s.metrics.observe("forkvm_branch_pause_seconds", &[("mode", mode.name())], pause_ms / 1e3);
+            let _ = s.db().set_branch_tag(&op, &tag);
+            let _ = s.db().record_branch_of(&id, &tag);
+            let entry = s.store.list().into_iter().find(|e| e.tag == tag).ok_or_else(|| {
+                ApiError::internal(format!("branch {tag:?} reported success but is not in the store"))
             })?;
             let mut info = snapshot_info(&s.store, &entry, None);
-            info.mode = Some(mode_name(mode).into());
-            info.pause_ms = Some(report.pause_ms);
+            info.mode = Some(mode.name().into());
+            info.pause_ms = Some(pause_ms);
             let _ = s.db().upsert_snapshot(&snapshot_row(&info));
             let writing = info.status == "writing";
             if !writing {
@@ -200,13 +249,30 @@ mod tests {
 
     #[test]
     fn modes() {
-        assert_eq!(resolve_mode(&req(None, false, false, true)).unwrap(), BranchMode::Full);
-        assert_eq!(resolve_mode(&req(None, true, false, true)).unwrap(), BranchMode::Live);
-        assert_eq!(resolve_mode(&req(Some("live"), true, false, false)).unwrap(), BranchMode::Live);
+        assert_eq!(resolve_mode(&req(None, false, false, true)).unwrap(), Mode::Full);
+        assert_eq!(resolve_mode(&req(None, true, false, true)).unwrap(), Mode::Live);
+        assert_eq!(resolve_mode(&req(Some("live"), true, false, false)).unwrap(), Mode::Live);
+        assert_eq!(resolve_mode(&req(Some("diff"), false, false, true)).unwrap(), Mode::Diff);
+        assert_eq!(resolve_mode(&req(None, false, true, true)).unwrap(), Mode::Diff);
         assert!(resolve_mode(&req(Some("full"), true, false, true)).is_err());
+        assert!(resolve_mode(&req(Some("full"), false, true, true)).is_err());
         assert!(resolve_mode(&req(None, true, true, true)).is_err());
-        assert!(resolve_mode(&req(Some("diff"), false, false, true)).is_err());
         assert!(resolve_mode(&req(Some("fast"), false, false, true)).is_err());
         assert!(resolve_mode(&req(Some("full"), false, false, false)).is_err(), "wait:false needs live");
+        assert!(resolve_mode(&req(Some("diff"), false, false, false)).is_err(), "wait:false needs live");
+    }
+
+    #[test]
+    fn parent_tag_is_for_diff_branches() {
+        let with_parent = |mode: &str, parent: &str| BranchSandboxRequest {
+            mode: Some(mode.into()),
+            parent_tag: Some(parent.into()),
+            ..Default::default()
+        };
+        assert_eq!(resolve_mode(&with_parent("diff", "py")).unwrap(), Mode::Diff);
+        let e = resolve_mode(&with_parent("full", "py")).unwrap_err();
+        assert!(e.message.contains("parent_tag"), "{}", e.message);
+        assert!(resolve_mode(&with_parent("live", "py")).is_err());
+        assert!(resolve_mode(&with_parent("diff", "../x")).is_err());
     }
 }

@@ -10,11 +10,12 @@ pub mod sandboxes;
 pub mod snapshots;
 
 use crate::error::ApiError;
+use crate::extract::ParamValue;
 use crate::state::AppState;
 use axum::http::{Method, Uri};
 use axum::routing::{on, MethodFilter, MethodRouter};
 use axum::Router;
-use forkvm_api::routes::{RouteName, ROUTES};
+use forkvm_api::routes::{Route, RouteName, ROUTES};
 
 fn handler(name: RouteName, filter: MethodFilter) -> MethodRouter<AppState> {
     match name {
@@ -25,6 +26,9 @@ fn handler(name: RouteName, filter: MethodFilter) -> MethodRouter<AppState> {
         RouteName::CreateSnapshot => on(filter, snapshots::create),
         RouteName::DeleteSnapshot => on(filter, snapshots::delete),
         RouteName::SnapshotInfo => on(filter, snapshots::info),
+        RouteName::CompactSnapshot => on(filter, snapshots::compact),
+        RouteName::PackSnapshot => on(filter, snapshots::pack),
+        RouteName::UnpackSnapshot => on(filter, snapshots::unpack),
         RouteName::ListSandboxes => on(filter, sandboxes::list),
         RouteName::CreateSandboxes => on(filter, sandboxes::create),
         RouteName::GetSandbox => on(filter, sandboxes::get),
@@ -86,14 +90,73 @@ async fn track(
     resp
 }
 
+/// The `{param}` routes a static path shadows, with the value the parameter has there.
+///
+/// axum prefers a static segment: `DELETE /v1/snapshots/unpack` would match the path of
+/// `POST /v1/snapshots/unpack` and answer 405, so a snapshot tagged `unpack` could not be
+/// deleted. Each (method, static path) pair that no route serves but a one-parameter
+/// route matches is served by that route's handler instead.
+pub fn shadowed() -> Vec<(&'static Route, &'static str, String)> {
+    let mut out = Vec::new();
+    for param_route in ROUTES.iter().filter(|r| r.path.contains('{')) {
+        let template: Vec<&str> = param_route.path.split('/').collect();
+        for fixed in ROUTES.iter().filter(|r| !r.path.contains('{')) {
+            let segments: Vec<&str> = fixed.path.split('/').collect();
+            if segments.len() != template.len()
+                || ROUTES.iter().any(|r| r.path == fixed.path && r.method == param_route.method)
+            {
+                continue;
+            }
+            let mut value = None;
+            let fits = template.iter().zip(&segments).all(|(t, s)| {
+                if t.starts_with('{') {
+                    value = Some(s.to_string());
+                    true
+                } else {
+                    t == s
+                }
+            });
+            if let (true, Some(v)) = (fits, value) {
+                out.push((param_route, fixed.path, v));
+            }
+        }
+    }
+    out
+}
+
 /// Every route of the table, with state.
 pub fn router(state: AppState) -> Router {
     let mut r: Router<AppState> = Router::new();
     for route in ROUTES {
         r = r.route(route.path, handler(route.name, method_filter(route.method)));
     }
+    for (route, path, value) in shadowed() {
+        let value = ParamValue(value);
+        let h = handler(route.name, method_filter(route.method)).layer(axum::middleware::map_request(
+            move |mut req: axum::extract::Request| {
+                let value = value.clone();
+                async move {
+                    req.extensions_mut().insert(value);
+                    req
+                }
+            },
+        ));
+        r = r.route(path, h);
+    }
     r.route_layer(axum::middleware::from_fn_with_state(state.clone(), track))
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
         .with_state(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_unpack_path_shadows_a_tag_route() {
+        let found: Vec<(&str, &str, &str, String)> =
+            shadowed().into_iter().map(|(r, path, value)| (r.method, r.path, path, value)).collect();
+        assert_eq!(found, [("DELETE", "/v1/snapshots/{tag}", "/v1/snapshots/unpack", "unpack".to_string())]);
+    }
 }

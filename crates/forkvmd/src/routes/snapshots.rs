@@ -1,15 +1,37 @@
-//! `/v1/snapshots`: list, create from a template, delete, info.
+//! `/v1/snapshots`: list, create from a template, delete, info; and for snapshot chains,
+//! compact (flatten a chain into a new base) and pack/unpack (move a chain between hosts
+//! as one hash-checked `.tar.zst`).
+//!
+//! The chain rules live in `forkvm_snapshot::chain`, shared with the CLI, so the daemon
+//! and `forkvm rmi`/`snapshot-info` cannot disagree: deleting a snapshot others are built
+//! on is refused unless the caller says whether to take them too (`cascade`) or orphan
+//! them (`force`), and the daemon's rows follow every tag that went. Packs travel through
+//! files in the store's staging directory (same filesystem; a dead daemon's are swept at
+//! start): a pack is written whole before it is streamed, since its manifest comes last,
+//! and an upload is received whole before it is unpacked, since unpack checks the entire
+//! chain before anything enters the store. Neither is ever held in memory.
 
 use crate::error::ApiError;
 use crate::extract::{JsonBody, Param, QueryArgs};
 use crate::state::AppState;
 use crate::views::{snapshot_detail, snapshot_info, snapshot_row};
+use axum::body::Body;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
-use forkvm_api::{CreateSnapshotRequest, SnapshotInfo, SnapshotInfoDetail};
+use forkvm_api::{CompactSnapshotRequest, CreateSnapshotRequest, SnapshotInfo, SnapshotInfoDetail, UnpackResponse};
+use forkvm_snapshot::chain::{self, RemoveMode};
 use forkvm_snapshot::{validate_tag, StoreEntry, StoreError};
+use futures_util::StreamExt;
 use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Largest pack `POST /v1/snapshots/unpack` accepts.
+pub const MAX_PACK_UPLOAD: u64 = 64 << 30;
+/// Bytes read from a pack file per body chunk of a download.
+const PACK_CHUNK: usize = 256 << 10;
 
 pub async fn list(State(s): State<AppState>) -> Result<Json<Vec<SnapshotInfo>>, ApiError> {
     s.blocking(|s| {
@@ -31,6 +53,14 @@ fn entry(s: &AppState, tag: &str) -> Result<StoreEntry, ApiError> {
         .ok_or_else(|| ApiError::from(StoreError::NotFound { tag: tag.to_string(), store: s.store.snapshots_dir() }))
 }
 
+/// Records `tag` (just made) in the database; returns its view.
+fn record_new(s: &AppState, tag: &str) -> Result<SnapshotInfo, ApiError> {
+    let e = entry(s, tag)?;
+    let info = snapshot_info(&s.store, &e, None);
+    let _ = s.db().upsert_snapshot(&snapshot_row(&info));
+    Ok(info)
+}
+
 pub async fn create(
     State(s): State<AppState>,
     JsonBody(req): JsonBody<CreateSnapshotRequest>,
@@ -49,10 +79,7 @@ pub async fn create(
             forkvm_sandbox::ensure_template_snapshot(artifacts).map_err(|e| ApiError::internal(e.to_string()))?;
         forkvm_sandbox::publish_template(&s.store, &template, &req.tag)
             .map_err(|e| ApiError::from_code(e.code(), e.to_string()))?;
-        let e = entry(&s, &req.tag)?;
-        let info = snapshot_info(&s.store, &e, None);
-        let _ = s.db().upsert_snapshot(&snapshot_row(&info));
-        Ok((StatusCode::CREATED, Json(info)))
+        Ok((StatusCode::CREATED, Json(record_new(&s, &req.tag)?)))
     })
     .await
 }
@@ -71,37 +98,184 @@ pub async fn delete(
     Param(tag): Param,
     QueryArgs(args): QueryArgs<DeleteArgs>,
 ) -> Result<StatusCode, ApiError> {
-    if args.cascade && args.force {
-        return Err(ApiError::bad_request("cascade and force exclude each other"));
-    }
+    let mode = match (args.cascade, args.force) {
+        (true, true) => {
+            return Err(ApiError::bad_request(
+                "cascade and force exclude each other: cascade deletes the dependents, force orphans them",
+            ))
+        }
+        (true, false) => RemoveMode::Cascade,
+        (false, true) => RemoveMode::Force,
+        (false, false) => RemoveMode::Refuse,
+    };
     s.blocking(move |s| {
-        let e = entry(&s, &tag)?;
-        let detail = snapshot_detail(&s.store, &e);
-        if !detail.dependents.is_empty() && !args.cascade && !args.force {
-            return Err(ApiError::conflict(
-                format!("snapshot {tag:?} has dependents: {}", detail.dependents.join(", ")),
-                "has_dependents",
-            ));
+        entry(&s, &tag)?;
+        // A snapshot being written belongs to its writer, in a cascade too.
+        let mut doomed = vec![tag.clone()];
+        if mode == RemoveMode::Cascade {
+            doomed.extend(chain::info(&s.store, &tag)?.descendants);
         }
-        if let Err(StoreError::Writing { .. }) = s.store.lookup(&tag) {
-            return Err(ApiError::conflict(
-                format!("snapshot {tag:?} is still being written; delete it once it is ready"),
-                "writing",
-            ));
-        }
-        if args.cascade {
-            for d in &detail.dependents {
-                s.store.remove(d)?;
-                let _ = s.db().delete_snapshot(d);
+        for t in &doomed {
+            if let Err(StoreError::Writing { .. }) = s.store.lookup(t) {
+                return Err(ApiError::conflict(
+                    format!("snapshot {t:?} is still being written; delete it once it is ready"),
+                    "writing",
+                ));
             }
         }
-        s.store.remove(&tag)?;
-        let _ = s.db().delete_snapshot(&tag);
+        let report = chain::remove(&s.store, &s.cache, &tag, mode)?;
+        for t in &report.removed {
+            let _ = s.db().delete_snapshot(t);
+        }
+        if !report.orphaned.is_empty() {
+            tracing::info!(%tag, orphaned = ?report.orphaned, "deleted a snapshot, leaving its dependents unbootable");
+        }
         Ok(StatusCode::NO_CONTENT)
     })
     .await
 }
 
 pub async fn info(State(s): State<AppState>, Param(tag): Param) -> Result<Json<SnapshotInfoDetail>, ApiError> {
-    s.blocking(move |s| Ok(Json(snapshot_detail(&s.store, &entry(&s, &tag)?)))).await
+    s.blocking(move |s| {
+        let e = entry(&s, &tag)?;
+        Ok(Json(snapshot_detail(&s.store, &e)?))
+    })
+    .await
+}
+
+/// forkd answers 200 (not 201) with the new snapshot; so does forkvm.
+pub async fn compact(
+    State(s): State<AppState>,
+    Param(tag): Param,
+    JsonBody(req): JsonBody<CompactSnapshotRequest>,
+) -> Result<Json<SnapshotInfo>, ApiError> {
+    validate_tag(&tag)?;
+    validate_tag(&req.to)?;
+    if req.to == tag {
+        return Err(ApiError::bad_request(format!("compacting {tag:?} onto itself: `to` must name a new snapshot")));
+    }
+    s.blocking(move |s| {
+        entry(&s, &tag)?;
+        let to = req.to;
+        let _claim = s
+            .claim_tag(&to)
+            .ok_or_else(|| ApiError::conflict(format!("snapshot {to:?} is being made by another call"), "writing"))?;
+        let report = chain::compact(&s.store, &s.cache, &tag, &to)?;
+        tracing::info!(from = %tag, %to, ms = report.ms, chunks_new = report.chunks_new, "compacted a chain");
+        Ok(Json(record_new(&s, &to)?))
+    })
+    .await
+}
+
+/// Removes a staging directory when dropped (a request that ends early included).
+struct Staged(PathBuf);
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A host I/O failure at `step` on `path`: 507 when the disk is full, else 500.
+fn io_error(step: &str, path: &Path, e: std::io::Error) -> ApiError {
+    let message = format!("{step} ({}): {e}", path.display());
+    if e.raw_os_error() == Some(libc::ENOSPC) {
+        ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "disk_full", message)
+    } else {
+        ApiError::internal(message)
+    }
+}
+
+/// `GET /v1/snapshots/{tag}/pack`: the chain of `tag`, base to head, as a `.tar.zst`
+/// (what `forkvm snapshot-pack` writes). A whole-image head is moved into the chunk
+/// store first, as the CLI does.
+pub async fn pack(State(s): State<AppState>, Param(tag): Param) -> Result<Response, ApiError> {
+    let t = tag.clone();
+    let (file, size) = s
+        .blocking(move |s| {
+            entry(&s, &t)?;
+            let staged = Staged(chain::new_staging_dir(&s.store, "pack")?);
+            let out = staged.0.join(format!("{t}.tar.zst"));
+            let report = chain::pack(&s.store, &s.cache, &t, &out)?;
+            tracing::info!(tag = %t, links = ?report.links, bytes = report.pack_bytes, "packed a chain");
+            // The open file outlives its name: nothing is left behind however the download ends.
+            let file = std::fs::File::open(&out).map_err(|e| io_error("opening the written pack", &out, e))?;
+            let size = file.metadata().map_err(|e| io_error("sizing the written pack", &out, e))?.len();
+            drop(staged);
+            Ok((file, size))
+        })
+        .await?;
+    let chunks = futures_util::stream::unfold(Some(tokio::fs::File::from_std(file)), |state| async move {
+        let mut f = state?;
+        let mut buf = vec![0u8; PACK_CHUNK];
+        match f.read(&mut buf).await {
+            Ok(0) => None,
+            Ok(n) => {
+                buf.truncate(n);
+                Some((Ok(bytes::Bytes::from(buf)), Some(f)))
+            }
+            Err(e) => Some((Err(e), None)),
+        }
+    });
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/zstd".to_string()),
+            (header::CONTENT_LENGTH, size.to_string()),
+            // Tags are letters, digits, `.`, `_` and `-`: nothing to quote.
+            (header::CONTENT_DISPOSITION, format!("attachment; filename=\"{tag}.tar.zst\"")),
+        ],
+        Body::from_stream(chunks),
+    )
+        .into_response())
+}
+
+/// Writes the request body to `path`, refusing more than [`MAX_PACK_UPLOAD`] bytes.
+async fn receive(body: Body, path: &Path) -> Result<u64, ApiError> {
+    let mut f = tokio::fs::File::create(path).await.map_err(|e| io_error("creating the upload file", path, e))?;
+    let mut stream = body.into_data_stream();
+    let mut total = 0u64;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("reading the uploaded pack: {e}")))?;
+        total += chunk.len() as u64;
+        if total > MAX_PACK_UPLOAD {
+            return Err(ApiError::bad_request(format!("the pack is larger than {MAX_PACK_UPLOAD} bytes")));
+        }
+        f.write_all(&chunk).await.map_err(|e| io_error("writing the uploaded pack", path, e))?;
+    }
+    f.flush().await.map_err(|e| io_error("writing the uploaded pack", path, e))?;
+    if total == 0 {
+        return Err(ApiError::bad_request("the request body is empty: send the .tar.zst pack as the body"));
+    }
+    Ok(total)
+}
+
+/// `POST /v1/snapshots/unpack`: imports the chain in the pack sent as the body. Every
+/// link is checked against its content hash before the store is touched: a damaged
+/// pack is a 400 and imports nothing; a tag that exists with other content is a 409.
+pub async fn unpack(State(s): State<AppState>, body: Body) -> Result<(StatusCode, Json<UnpackResponse>), ApiError> {
+    let staged = Staged(s.blocking(|s| Ok(chain::new_staging_dir(&s.store, "upload")?)).await?);
+    let path = staged.0.join("upload.tar.zst");
+    receive(body, &path).await?;
+    s.blocking(move |s| {
+        let r = chain::unpack(&s.store, &path)?;
+        drop(staged);
+        for t in &r.imported {
+            record_new(&s, t)?;
+        }
+        tracing::info!(head = %r.head, imported = ?r.imported, reused = ?r.reused, "unpacked a chain");
+        Ok((
+            StatusCode::CREATED,
+            Json(UnpackResponse {
+                head: r.head,
+                imported: r.imported,
+                reused: r.reused,
+                chunks_new: r.chunks_new,
+                chunks_present: r.chunks_present,
+                logical_bytes: r.logical_bytes,
+                pack_bytes: r.pack_bytes,
+                ms: r.ms,
+            }),
+        ))
+    })
+    .await
 }
