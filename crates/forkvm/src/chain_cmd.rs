@@ -96,7 +96,9 @@ fn mib(bytes: u64) -> String {
 }
 
 pub fn snapshot_diff(a: SnapshotDiffArgs, remote: &RemoteArgs) -> Result<i32> {
-    remote.refuse_local("snapshot-diff", "run it on the daemon's host without --daemon")?;
+    if let Some(code) = crate::remote_cmd::snapshot_diff(&a, remote)? {
+        return Ok(code);
+    }
     if a.exec.is_empty() && a.eval.is_empty() {
         bail!("snapshot-diff needs something to run: --exec CMD or --eval CODE");
     }
@@ -123,7 +125,9 @@ pub fn snapshot_diff(a: SnapshotDiffArgs, remote: &RemoteArgs) -> Result<i32> {
 }
 
 pub fn snapshot_info(a: SnapshotInfoArgs, remote: &RemoteArgs) -> Result<i32> {
-    remote.refuse_local("snapshot-info", "run it on the daemon's host without --daemon")?;
+    if let Some(code) = crate::remote_cmd::snapshot_info(&a, remote)? {
+        return Ok(code);
+    }
     let i = chain::info(&Store::open_default(), &a.tag)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&i)?);
@@ -156,7 +160,9 @@ pub fn snapshot_info(a: SnapshotInfoArgs, remote: &RemoteArgs) -> Result<i32> {
 }
 
 pub fn rmi(a: RmiArgs, remote: &RemoteArgs) -> Result<i32> {
-    remote.refuse_local("rmi", "use `forkvm snapshot rm` through the daemon")?;
+    if let Some(code) = crate::remote_cmd::rmi(&a, remote)? {
+        return Ok(code);
+    }
     let mode = match (a.cascade, a.force) {
         (true, _) => RemoveMode::Cascade,
         (_, true) => RemoveMode::Force,
@@ -176,7 +182,9 @@ pub fn rmi(a: RmiArgs, remote: &RemoteArgs) -> Result<i32> {
 }
 
 pub fn compact(a: CompactArgs, remote: &RemoteArgs) -> Result<i32> {
-    remote.refuse_local("snapshot-compact", "run it on the daemon's host without --daemon")?;
+    if let Some(code) = crate::remote_cmd::compact(&a, remote)? {
+        return Ok(code);
+    }
     let r = chain::compact(&Store::open_default(), &assembled_cache(), &a.from, &a.to)?;
     print(a.json, &r, || {
         format!("{}: flat copy of {} ({} pages, {} new chunks) in {:.0} ms", r.tag, a.from, r.pages, r.chunks_new, r.ms)
@@ -184,7 +192,9 @@ pub fn compact(a: CompactArgs, remote: &RemoteArgs) -> Result<i32> {
 }
 
 pub fn pack(a: PackArgs, remote: &RemoteArgs) -> Result<i32> {
-    remote.refuse_local("pack", "run it on the daemon's host without --daemon")?;
+    if let Some(code) = crate::remote_cmd::pack(&a, remote)? {
+        return Ok(code);
+    }
     let r = chain::pack(&Store::open_default(), &assembled_cache(), &a.tag, &a.out)?;
     print(a.json, &r, || {
         format!(
@@ -202,7 +212,9 @@ pub fn pack(a: PackArgs, remote: &RemoteArgs) -> Result<i32> {
 }
 
 pub fn unpack(a: UnpackArgs, remote: &RemoteArgs) -> Result<i32> {
-    remote.refuse_local("unpack", "run it on the daemon's host without --daemon")?;
+    if let Some(code) = crate::remote_cmd::unpack(&a, remote)? {
+        return Ok(code);
+    }
     let r = chain::unpack(&Store::open_default(), &a.pack)?;
     print(a.json, &r, || {
         let mut line = format!(

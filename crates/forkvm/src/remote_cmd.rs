@@ -4,10 +4,12 @@
 //! and are called from a one-line dispatch at the top of each local verb, which goes
 //! on locally when no daemon was asked for (or `auto` found none).
 
+mod chain;
 mod fork;
 mod sandbox;
 mod snapshot;
 
+pub use chain::{compact, pack, rmi, snapshot_diff, snapshot_info, unpack};
 pub use fork::fork;
 pub use sandbox::{branch, eval, exec, kill, ps};
 pub use snapshot::snapshot;
@@ -51,7 +53,7 @@ impl RemoteArgs {
     }
 
     /// Refuses `what`, which has no daemon API, when a daemon was named explicitly.
-    pub(crate) fn refuse_local(&self, what: &str, instead: &str) -> Result<()> {
+    fn refuse_local(&self, what: &str, instead: &str) -> Result<()> {
         if self.explicit() {
             bail!("{what} has no daemon API (--daemon/FORKVM_DAEMON is set); {instead}");
         }

@@ -42,6 +42,25 @@ pub struct EvalArgs {
     pub json: bool,
 }
 
+/// The `--mode` of `branch`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BranchModeArg {
+    Full,
+    Live,
+    Diff,
+}
+
+impl BranchModeArg {
+    /// The API's name of the mode.
+    pub fn name(self) -> &'static str {
+        match self {
+            BranchModeArg::Full => "full",
+            BranchModeArg::Live => "live",
+            BranchModeArg::Diff => "diff",
+        }
+    }
+}
+
 #[derive(Args, Debug)]
 pub struct BranchArgs {
     /// The running sandbox to branch.
@@ -49,9 +68,14 @@ pub struct BranchArgs {
     /// The new tag (default `branch-<id>-<seq>`).
     #[arg(long)]
     pub tag: Option<String>,
-    /// `full` (pause, write, resume) or `live` (pause, fork, resume; written in the background).
-    #[arg(long, default_value = "full")]
-    pub mode: BranchMode,
+    /// `full` (pause, write, resume), `live` (pause, fork, resume; written in the
+    /// background) or `diff` (like full, keeping only the pages that differ from the tag
+    /// the sandbox was spawned from: a chain link over it).
+    #[arg(long, value_enum, default_value = "full")]
+    pub mode: BranchModeArg,
+    /// Diff mode: the parent the caller expects (refused if the sandbox came from another tag).
+    #[arg(long)]
+    pub parent_tag: Option<String>,
     /// Live mode: return as soon as the sandbox runs again (the snapshot is `writing`).
     #[arg(long)]
     pub no_wait: bool,
@@ -135,12 +159,20 @@ pub fn branch(a: BranchArgs, remote: &RemoteArgs) -> Result<i32> {
     if let Some(code) = crate::remote_cmd::branch(&a, remote)? {
         return Ok(code);
     }
+    let mode = match a.mode {
+        BranchModeArg::Diff => return branch_diff(&a),
+        BranchModeArg::Full => BranchMode::Full,
+        BranchModeArg::Live => BranchMode::Live,
+    };
+    if a.parent_tag.is_some() {
+        bail!("--parent-tag applies to --mode diff");
+    }
     let report = forkvm_sandbox::branch(
         &Registry::open_default(),
         &Store::open_default(),
         &a.id,
         a.tag.as_deref(),
-        a.mode,
+        mode,
         !a.no_wait,
     )?;
     if a.json {
@@ -154,6 +186,33 @@ pub fn branch(a: BranchArgs, remote: &RemoteArgs) -> Result<i32> {
             report.dir.display(),
             report.pause_ms,
             report.return_ms
+        );
+    }
+    Ok(0)
+}
+
+/// `branch --mode diff`: a chain link over the tag the sandbox was spawned from.
+fn branch_diff(a: &BranchArgs) -> Result<i32> {
+    if a.no_wait {
+        bail!("--no-wait applies to --mode live only");
+    }
+    let store = Store::open_default();
+    let tag = match &a.tag {
+        Some(t) => t.clone(),
+        None => (1..).map(|n| format!("branch-{}-{n}", a.id)).find(|t| store.check_free(t).is_ok()).unwrap_or_default(),
+    };
+    let (diff, pause_ms) =
+        forkvm_sandbox::branch_diff(&Registry::open_default(), &store, &a.id, &tag, a.parent_tag.as_deref())?;
+    if a.json {
+        let mut v = serde_json::to_value(&diff)?;
+        v["mode"] = "diff".into();
+        v["pause_ms"] = pause_ms.into();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!(
+            "{tag} (diff over {}, {} pages): paused {pause_ms:.1} ms",
+            diff.parent_tag.as_deref().unwrap_or("-"),
+            diff.pages
         );
     }
     Ok(0)

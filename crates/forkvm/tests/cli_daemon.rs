@@ -144,6 +144,34 @@ fn cli_verbs_through_the_daemon_over_unix_and_tls() {
     let out = tls(&[("FORKVM_TOKEN", "cli-test-token-0123456789")]);
     assert!(!out.status.success(), "an untrusted certificate must be refused");
 
+    // Chains through the daemon: snapshot-diff (spawn, run, diff branch, kill), info,
+    // compact, pack (streamed down), rmi, unpack (streamed up).
+    let before = ids(&env.ok(&["ps", "--json"])).len();
+    env.ok(&["snapshot-diff", "--from", "py", "--tag", "d1", "--exec", "echo layer > /tmp/d1", "--eval", "d1 = 17"]);
+    assert_eq!(ids(&env.ok(&["ps", "--json"])).len(), before, "snapshot-diff left its sandbox running");
+    let info: serde_json::Value = serde_json::from_str(&env.ok(&["snapshot-info", "d1", "--json"])).unwrap();
+    assert_eq!(
+        (info["chain_depth"].as_u64(), info["ancestors"].clone()),
+        (Some(1), serde_json::json!(["py"])),
+        "{info}"
+    );
+    env.ok(&["snapshot-compact", "--from", "d1", "--to", "d1-flat"]);
+    let pack = env.dir.join("d1.tar.zst");
+    env.ok(&["pack", "--tag", "d1", "--out", pack.to_str().unwrap()]);
+    let out = env.cli(&["rmi", "py"], &[]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("d1"), "{out:?}");
+    env.ok(&["rmi", "d1"]);
+    let u: serde_json::Value = serde_json::from_str(&env.ok(&["unpack", pack.to_str().unwrap(), "--json"])).unwrap();
+    assert_eq!(
+        (u["imported"].clone(), u["reused"].clone()),
+        (serde_json::json!(["d1"]), serde_json::json!(["py"])),
+        "{u}"
+    );
+    for tag in ["d1", "d1-flat"] {
+        let out = env.ok(&["fork", "--tag", tag, "-n", "1", "--exec", "cat /tmp/d1", "--eval", "d1", "--rm"]);
+        assert!(out.contains("layer") && out.contains("17"), "{tag}: {out}");
+    }
+
     env.ok(&["kill", "--all"]);
     assert!(ids(&env.ok(&["ps", "--json"])).is_empty());
 }

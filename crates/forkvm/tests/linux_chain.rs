@@ -162,6 +162,7 @@ fn chain_children_see_their_heads_state_at_every_depth_and_after_pack_unpack() {
     assert_eq!(info["bootable"], true);
     let info = env.json(&["snapshot-info", "l1", "--json"]);
     assert_eq!(info["dependents"], serde_json::json!(["l2"]));
+    assert_eq!(info["descendants"], serde_json::json!(["l3", "l2"]));
 
     for (depth, tag) in ["base", "l1", "l2", "l3"].iter().enumerate() {
         check_children(&env, &env.store, tag, depth);
@@ -188,6 +189,20 @@ fn chain_children_see_their_heads_state_at_every_depth_and_after_pack_unpack() {
     let u = env.json_in(&other, &["unpack", pack.to_str().unwrap(), "--json"]);
     assert_eq!(u["imported"], serde_json::json!(["base", "l1", "l2", "l3"]));
     check_children(&env, &other, "l3", 3);
+
+    // A diff branch of a running sandbox: a link over the tag it was spawned from.
+    let v = env.json(&["fork", "--tag", "l1", "-n", "1", "--json"]);
+    let id = v["sandboxes"][0]["sandbox_id"].as_str().unwrap().to_string();
+    env.ok(&["eval", &id, "mid = 'branched'"]);
+    let err = env.fails_in(&env.store, &["branch", &id, "--mode", "diff", "--parent-tag", "l2"]);
+    assert!(err.contains("l1"), "{err}");
+    let b = env.json(&["branch", &id, "--mode", "diff", "--tag", "l1-b", "--json"]);
+    assert_eq!(b["parent_tag"], "l1", "{b}");
+    env.ok(&["kill", &id]);
+    let info = env.json(&["snapshot-info", "l1-b", "--json"]);
+    assert_eq!(info["ancestors"], serde_json::json!(["base", "l1"]), "{info}");
+    let kid = env.json(&["fork", "--tag", "l1-b", "-n", "1", "--eval", "(mid, x1)", "--rm", "--json"]);
+    assert_eq!(kid["sandboxes"][0]["eval"]["value_repr"], "('branched', 11)", "{kid}");
 
     // rmi: refused while dependents exist (naming them); --force orphans them.
     let err = env.fails_in(&env.store, &["rmi", "l2"]);

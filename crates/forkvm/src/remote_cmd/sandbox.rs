@@ -90,8 +90,13 @@ pub fn eval(a: &EvalArgs, remote: &RemoteArgs) -> Result<Option<i32>> {
 
 pub fn branch(a: &BranchArgs, remote: &RemoteArgs) -> Result<Option<i32>> {
     let Some(client) = remote.client()? else { return Ok(None) };
-    let mode = serde_json::to_value(a.mode)?.as_str().unwrap_or("full").to_string();
-    let req = BranchSandboxRequest { tag: a.tag.clone(), mode: Some(mode), wait: !a.no_wait, ..Default::default() };
+    let req = BranchSandboxRequest {
+        tag: a.tag.clone(),
+        mode: Some(a.mode.name().to_string()),
+        wait: !a.no_wait,
+        parent_tag: a.parent_tag.clone(),
+        ..Default::default()
+    };
     let started = Instant::now();
     let spinner = Spinner::start(format!("branching {}", a.id));
     let snap = client.branch(&a.id, &req)?;
