@@ -5,6 +5,8 @@
 //! streamed `exec`, files, `eval` in one warm Python interpreter, `identity` after a
 //! restore, and `shutdown`. Startup order (see `main.rs`):
 //!
+//! 0. [`xstate::avoid_unsaved_vector_state`] — re-exec with glibc kept off vector
+//!    registers the kernel does not save, where that is the case (PVM hosts).
 //! 1. [`reaper::Reaper::start`] — block SIGCHLD and start reaping, before any thread.
 //! 2. When PID 1: [`init::mount_early`] and the boot hostname.
 //! 3. Start the warm interpreter, if configured ([`interp::Interp::start`]).
@@ -18,3 +20,4 @@ pub mod interp;
 pub mod reaper;
 pub mod server;
 pub mod vsock;
+pub mod xstate;

@@ -12,6 +12,7 @@ use forkvm_agent::interp::Interp;
 use forkvm_agent::reaper::Reaper;
 use forkvm_agent::server::{Agent, Listener};
 use forkvm_agent::vsock::VsockListener;
+use forkvm_agent::xstate::{self, VectorState};
 use forkvm_agent::{identity, init};
 
 /// Flags. Kernel command-line `KEY=value` words reach PID 1 as environment, so every
@@ -42,8 +43,10 @@ struct Args {
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 fn main() {
+    // First, while single-threaded: may re-execute the agent (see xstate.rs).
+    let vector_state = xstate::avoid_unsaved_vector_state();
     let pid1 = init::is_pid1();
-    if let Err(e) = run(pid1) {
+    if let Err(e) = run(pid1, vector_state) {
         eprintln!("forkvm-agent: fatal: {e:#}");
         if pid1 {
             init::shutdown(true);
@@ -52,7 +55,7 @@ fn main() {
     }
 }
 
-fn run(pid1: bool) -> anyhow::Result<()> {
+fn run(pid1: bool, vector_state: VectorState) -> anyhow::Result<()> {
     // Before any thread exists: SIGCHLD must be blocked in all of them.
     let reaper = Reaper::start().context("starting the reaper")?;
     if std::env::var_os("PATH").is_none() {
@@ -67,6 +70,18 @@ fn run(pid1: bool) -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
+    match vector_state {
+        VectorState::Saved => {}
+        VectorState::Avoided { unsaved } => tracing::info!(
+            unsaved = format_args!("{unsaved:#x}"),
+            "the kernel does not save all vector state the CPU offers: glibc kept to SSE (GLIBC_TUNABLES)"
+        ),
+        VectorState::Exposed { unsaved, error } => tracing::error!(
+            unsaved = format_args!("{unsaved:#x}"),
+            %error,
+            "the kernel does not save all vector state the CPU offers, and re-executing with GLIBC_TUNABLES failed"
+        ),
+    }
     // As PID 1 our argv is whatever words of the kernel command line the kernel did not
     // understand (`noxsave`, ...): configuration comes from the environment only.
     let args = if pid1 { Args::parse_from(["forkvm-agent"]) } else { Args::parse() };

@@ -96,6 +96,55 @@ fn writes_stay_in_their_sandbox() {
     assert_eq!(String::from_utf8_lossy(&b.client.exec_collect(&read, b"").unwrap().stdout), "none\n");
 }
 
+/// On PVM hosts the guest kernel (`noxsave`) saves no AVX state while guest user code
+/// still sees AVX-512 (forkvm-agent's `xstate.rs`): glibc's AVX-512 memcpy then loses the
+/// first 64 bytes of large copies whenever another task runs in the middle of one. That
+/// cut holes into exec output and killed the agent, PID 1, with SIGSEGV. The agent must
+/// keep glibc to SSE there, and exec output must come back byte-exact, also in the
+/// sequence the agent died in (an exec with stdin, then one killed at its timeout).
+#[test]
+fn exec_output_stays_byte_exact_where_the_kernel_saves_no_avx_state() {
+    let sb = sandbox();
+    let cpuinfo = String::from_utf8(sb.client.read_file_to_vec("/proc/cpuinfo").unwrap()).unwrap();
+    let flags = cpuinfo.lines().find(|l| l.starts_with("flags")).unwrap_or_default();
+    let kernel_saves_avx = flags.split_whitespace().any(|f| f == "xsave");
+    if !kernel_saves_avx && std::arch::is_x86_feature_detected!("avx") {
+        let environ = sb.client.read_file_to_vec("/proc/1/environ").unwrap();
+        let tunables = environ.split(|b| *b == 0).find_map(|v| v.strip_prefix(b"GLIBC_TUNABLES=".as_slice()));
+        let tunables = String::from_utf8_lossy(tunables.unwrap_or_default());
+        assert!(
+            tunables.contains("glibc.cpu.hwcaps=-AVX,") && tunables.contains("-AVX_Fast_Unaligned_Load"),
+            "PID 1 runs with glibc's AVX code on a kernel that does not save AVX state: GLIBC_TUNABLES={tunables:?}"
+        );
+    }
+    // Every chunk of output is copied by the agent into a fresh 64 KiB buffer.
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let input: Vec<u8> = (0..1 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let out = sb.client.exec_collect(&ExecRequest::argv(["cat"]), &input).unwrap();
+    assert_eq!(out.stdout.len(), input.len());
+    let bad: Vec<usize> = (0..input.len()).filter(|&i| out.stdout[i] != input[i]).collect();
+    assert!(bad.is_empty(), "{} bytes differ, first at {:#x}", bad.len(), bad[0]);
+    for round in 0..3 {
+        let mut req = ExecRequest::shell("echo $GREETING; pwd; cat");
+        req.env = vec![("GREETING".into(), "hello".into())];
+        req.cwd = Some("/tmp".into());
+        let out = sb.client.exec_collect(&req, b"from stdin").unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "hello\n/tmp\nfrom stdin", "round {round}");
+        let mut req = ExecRequest::shell("sleep 5");
+        req.timeout_ms = Some(1000);
+        let out = sb.client.exec_collect(&req, b"").unwrap();
+        assert!(out.status.timed_out, "round {round}: {:?}", out.status);
+    }
+    assert!(sb.client.ping().is_ok());
+}
+
 fn python_template() -> &'static TemplateSnapshot {
     static T: OnceLock<TemplateSnapshot> = OnceLock::new();
     T.get_or_init(|| {

@@ -24,6 +24,11 @@ impl TestAgent {
     }
 
     pub fn start_with(extra: &[&str]) -> Self {
+        Self::start_with_env(extra, &[])
+    }
+
+    /// [`TestAgent::start_with`] with extra environment variables for the agent.
+    pub fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("agent.sock");
         // FORKVM_AGENT_BIN runs the suite against another build (e.g. the static one).
@@ -35,6 +40,7 @@ impl TestAgent {
             .arg(dir.path().join("identity-calls"))
             .args(extra)
             .env("FORKVM_AGENT_LOG", "error")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .spawn()
             .unwrap();
