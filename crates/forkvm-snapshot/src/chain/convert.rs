@@ -40,7 +40,8 @@ pub struct ConvertReport {
 
 /// Moves a whole-image snapshot's memory into the chunk store (in place: same tag, same
 /// vmstate and disks). Its `memory.img` becomes the assembled image of its new content
-/// hash. A chunked snapshot is left alone.
+/// hash (hard-linked; the directory's name for it goes at the next garbage collection).
+/// A chunked snapshot is left alone.
 pub fn ingest(store: &Store, cache: &AssembledCache, tag: &str) -> Result<ConvertReport, ChainError> {
     let started = Instant::now();
     let snap = store.lookup(tag)?;
@@ -74,9 +75,10 @@ pub fn ingest(store: &Store, cache: &AssembledCache, tag: &str) -> Result<Conver
     meta.memory_bytes_allocated = stats.bytes_stored;
     replace_meta(&snap.path, &meta).map_err(ChainError::meta(format!("switching {tag} to chunked memory")))?;
     drop(image);
-    if !cache.adopt(&hash, &image_path) {
-        let _ = fs::remove_file(&image_path);
-    }
+    // The image becomes the assembled image by a hard link, and stays in the directory
+    // until the next garbage collection: a spawn that read the metadata just before the
+    // switch still finds it.
+    cache.share(&hash, &image_path);
     Ok(ConvertReport {
         tag: tag.into(),
         content_hash: hash,
