@@ -17,7 +17,7 @@ use super::{content_hash, resolve, Chain, ChainError};
 use crate::chunk_store::ChunkStore;
 use crate::dir::{SnapshotDir, SnapshotWriter, DISK_DIR, MEMORY_MAP, SNAPSHOT_JSON, VMSTATE_BIN};
 use crate::metadata::{replace_meta, write_meta, MemoryFormat, SnapshotMeta, SnapshotStatus};
-use crate::page_map::{build_page_map, PageMap};
+use crate::page_map::{build_page_map, BuildStats, PageMap};
 use crate::store::{link_or_copy, Store};
 
 /// What a conversion wrote.
@@ -36,6 +36,30 @@ pub struct ConvertReport {
     pub ms: f64,
     /// False when the snapshot was already in the wanted form and nothing was done.
     pub changed: bool,
+}
+
+impl ConvertReport {
+    /// The report of a conversion that wrote `map` (with `stats`) as `tag`.
+    fn written(
+        tag: impl Into<String>,
+        content_hash: String,
+        parent_tag: Option<String>,
+        map: &PageMap,
+        stats: &BuildStats,
+        started: Instant,
+    ) -> ConvertReport {
+        ConvertReport {
+            tag: tag.into(),
+            content_hash,
+            parent_tag,
+            pages: map.present_pages(),
+            chunks_new: stats.chunks_new,
+            bytes_stored: stats.bytes_stored,
+            chunks_reused: stats.chunks_reused,
+            ms: started.elapsed().as_secs_f64() * 1e3,
+            changed: true,
+        }
+    }
 }
 
 /// Moves a whole-image snapshot's memory into the chunk store (in place: same tag, same
@@ -79,17 +103,7 @@ pub fn ingest(store: &Store, cache: &AssembledCache, tag: &str) -> Result<Conver
     // until the next garbage collection: a spawn that read the metadata just before the
     // switch still finds it.
     cache.share(&hash, &image_path);
-    Ok(ConvertReport {
-        tag: tag.into(),
-        content_hash: hash,
-        parent_tag: None,
-        pages: map.present_pages(),
-        chunks_new: stats.chunks_new,
-        bytes_stored: stats.bytes_stored,
-        chunks_reused: stats.chunks_reused,
-        ms: started.elapsed().as_secs_f64() * 1e3,
-        changed: true,
-    })
+    Ok(ConvertReport::written(tag, hash, None, &map, &stats, started))
 }
 
 /// Publishes `tag` as a diff over `parent` (a chunked chain head): `staged` is a
@@ -143,17 +157,7 @@ pub fn write_diff(
     let hash = publish_chunked(&dest, &staged.path, &map, meta)?;
     drop(image);
     cache.adopt(&hash, &image_path);
-    Ok(ConvertReport {
-        tag: tag.into(),
-        content_hash: hash,
-        parent_tag: Some(parent_tag),
-        pages: map.present_pages(),
-        chunks_new: stats.chunks_new,
-        bytes_stored: stats.bytes_stored,
-        chunks_reused: stats.chunks_reused,
-        ms: started.elapsed().as_secs_f64() * 1e3,
-        changed: true,
-    })
+    Ok(ConvertReport::written(tag, hash, Some(parent_tag), &map, &stats, started))
 }
 
 /// Writes `to`: the flat equivalent of `from`'s chain (no parent), sharing its chunks.
@@ -184,17 +188,7 @@ pub fn compact(store: &Store, cache: &AssembledCache, from: &str, to: &str) -> R
     meta.memory_bytes_allocated = stats.bytes_stored;
     let hash = publish_chunked(&dest, &head.path, &map, meta)?;
     cache.share(&hash, &image_path);
-    Ok(ConvertReport {
-        tag: to.into(),
-        content_hash: hash,
-        parent_tag: None,
-        pages: map.present_pages(),
-        chunks_new: stats.chunks_new,
-        bytes_stored: stats.bytes_stored,
-        chunks_reused: stats.chunks_reused,
-        ms: started.elapsed().as_secs_f64() * 1e3,
-        changed: true,
-    })
+    Ok(ConvertReport::written(to, hash, None, &map, &stats, started))
 }
 
 /// Writes a chunked snapshot at `dest` from `map`, `meta` and the vmstate and disks of
