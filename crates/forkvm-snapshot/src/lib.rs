@@ -23,6 +23,7 @@ pub mod chain;
 pub mod chunk_store;
 pub mod container;
 pub mod dir;
+pub mod layered_disk;
 pub mod memory_image;
 pub mod metadata;
 pub mod pack_archive;
@@ -39,6 +40,7 @@ pub use dir::{
     sync_snapshot_dir, DirError, SnapshotDir, SnapshotWriter, DISK_DIR, MEMORY_IMG, MEMORY_MAP, SNAPSHOT_JSON,
     VMSTATE_BIN,
 };
+pub use layered_disk::{Layer, LayerError, LayerId, LayerInfo, LayerStack, SealedLayer, StackStats};
 pub use memory_image::{
     allocated_bytes, create_image, open_image, write_sparse, MemoryImageError, SparseStats, PAGE_SIZE,
 };

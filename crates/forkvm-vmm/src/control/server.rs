@@ -25,6 +25,10 @@ pub enum ServeError {
 }
 
 /// Binds `path`, replacing a stale socket nobody listens on.
+///
+/// The socket is bound and listening under a temporary name first and then renamed into
+/// place, so whoever sees `path` appear can connect at once (a socket file exists from
+/// `bind()`, before `listen()`: a connect in between is refused).
 fn bind(path: &Path) -> Result<UnixListener, ServeError> {
     if path.exists() {
         if UnixStream::connect(path).is_ok() {
@@ -32,7 +36,22 @@ fn bind(path: &Path) -> Result<UnixListener, ServeError> {
         }
         let _ = std::fs::remove_file(path);
     }
-    UnixListener::bind(path).map_err(|source| ServeError::Bind { path: path.into(), source })
+    let err = |source| ServeError::Bind { path: path.into(), source };
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".{}.tmp", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let _ = std::fs::remove_file(&tmp);
+    let listener = match UnixListener::bind(&tmp) {
+        Ok(l) => l,
+        // The longer temporary name does not fit in a socket address: bind in place.
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => return UnixListener::bind(path).map_err(err),
+        Err(e) => return Err(err(e)),
+    };
+    if let Err(e) = std::fs::rename(&tmp, path) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(err(e));
+    }
+    Ok(listener)
 }
 
 /// (device, inode) of the socket file at `path`.
