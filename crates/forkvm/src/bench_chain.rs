@@ -177,7 +177,10 @@ fn run_in(a: &BenchChainArgs, work: &std::path::Path) -> Result<i32> {
         })
         .collect();
 
-    // Disk: the links as diffs in the chunk store vs the same states as whole images.
+    // Disk: the links as diffs in the chunk store vs the same states as whole images,
+    // after a garbage collection (the steady state: ingest leaves the base's memory.img
+    // until then).
+    chain::collect_garbage(&store)?;
     let mut chain_bytes = 0;
     let mut flat_bytes = 0;
     for tag in heads.iter().skip(1).take(a.depth) {
