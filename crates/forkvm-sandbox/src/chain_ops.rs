@@ -1,7 +1,9 @@
 //! Making diff snapshots from sandboxes: `snapshot-diff` and the `diff` branch mode.
 //!
-//! Both take a full branch of a sandbox spawned from a tag into a staging directory on
-//! the store's filesystem, then publish it as a diff over that tag
+//! Both take a branch of a sandbox spawned from a tag (live when its disks are read-only,
+//! so the sandbox pauses for a fork of its VMM only; full otherwise) into a staging
+//! directory on the store's filesystem, wait until it is written, then publish it as a
+//! diff over that tag
 //! ([`forkvm_snapshot::chain::write_diff`]): only the pages that differ from the parent go
 //! into the chunk store, and the branch's memory image becomes the new snapshot's
 //! assembled image. A whole-image parent is moved into the chunk store first (a diff's
@@ -74,7 +76,8 @@ pub struct SnapshotDiffReport {
     pub parent_ingested: bool,
     pub spawn_ms: f64,
     pub steps_ms: f64,
-    /// The sandbox's pause while its memory was written (full branch).
+    /// The sandbox's pause: a fork of its VMM (live branch), or while its memory was
+    /// written (full branch, when it has writable disks).
     pub branch_pause_ms: f64,
     pub branch_ms: f64,
     pub diff_ms: f64,
@@ -173,14 +176,18 @@ fn diff_branch(
     tag: &str,
 ) -> Result<(ConvertReport, f64, f64, f64), ChainOpError> {
     store.check_free(tag).map_err(ChainError::from)?;
+    let chain = chain::resolve(store, parent)?;
+    // The sandbox has its parent's disks. Read-only ones allow a live branch: the pause
+    // is a fork of the VMM, and the memory is written (and then diffed) while it runs on.
+    let mut disks = chain.head().meta.devices.iter().flat_map(|d| d.disks.iter());
+    let mode = if disks.all(|d| d.read_only) { BranchMode::Live } else { BranchMode::Full };
     let staging = chain::new_staging_dir(store, "diff")?;
     let result = (|| {
         let branched = Instant::now();
-        let report = lifecycle::branch_to_dir(registry, &staging, id, Some(tag), BranchMode::Full, true)?;
+        let report = lifecycle::branch_to_dir(registry, &staging, id, Some(tag), mode, true)?;
         let branch_ms = branched.elapsed().as_secs_f64() * 1e3;
         let staged = SnapshotDir::open(&report.dir).map_err(|e| ChainOpError::Staged(e.to_string()))?;
         let diffing = Instant::now();
-        let chain = chain::resolve(store, parent)?;
         let diff = chain::write_diff(store, &assembled_cache(), &chain, &staged, tag)?;
         Ok::<_, ChainOpError>((diff, report.pause_ms, branch_ms, diffing.elapsed().as_secs_f64() * 1e3))
     })();
