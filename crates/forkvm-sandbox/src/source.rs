@@ -25,10 +25,6 @@ pub enum SourceError {
     BadDisk { dir: PathBuf, file: String },
 }
 
-fn is_plain_name(name: &str) -> bool {
-    !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
-}
-
 impl SourceError {
     pub fn code(&self) -> &'static str {
         match self {
@@ -91,7 +87,7 @@ impl SpawnSource {
             return Err(SourceError::NoAgent(snap.path.clone()));
         }
         // snapshot.json is untrusted: a disk is a plain file name inside `disk/`.
-        if let Some(d) = devices.disks.iter().find(|d| !is_plain_name(&d.file)) {
+        if let Some(d) = devices.disks.iter().find(|d| !d.has_plain_name()) {
             return Err(SourceError::BadDisk { dir: snap.path.clone(), file: d.file.clone() });
         }
         Ok(chain)

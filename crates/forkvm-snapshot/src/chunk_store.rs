@@ -354,16 +354,8 @@ impl ChunkStore {
             .truncate(false)
             .open(&path)
             .map_err(io_err("open chunk lock file", &path))?;
-        loop {
-            // SAFETY: flock only operates on the descriptor, which `file` keeps open.
-            if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
-                return Ok(ChunkLock { _file: file });
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(io_err("flock chunk lock file", &path)(e));
-            }
-        }
+        crate::flock::flock(&file, op).map_err(io_err("flock chunk lock file", &path))?;
+        Ok(ChunkLock { _file: file })
     }
 
     /// Deletes every chunk not in the live set, and stale temp files.

@@ -23,6 +23,7 @@ pub mod chain;
 pub mod chunk_store;
 pub mod container;
 pub mod dir;
+mod flock;
 pub mod layered_disk;
 pub mod memory_image;
 pub mod metadata;

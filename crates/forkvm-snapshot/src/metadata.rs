@@ -145,6 +145,15 @@ pub struct DiskMeta {
     pub id: String,
 }
 
+impl DiskMeta {
+    /// Whether `file` is a plain file name (so `disk/<file>` stays inside the snapshot):
+    /// `snapshot.json` is untrusted.
+    pub fn has_plain_name(&self) -> bool {
+        let f = self.file.as_str();
+        !f.is_empty() && f != "." && f != ".." && !f.contains('/') && !f.contains('\0')
+    }
+}
+
 /// Why `snapshot.json` could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum MetadataError {

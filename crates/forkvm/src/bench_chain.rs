@@ -187,7 +187,8 @@ fn run_in(a: &BenchChainArgs, work: &std::path::Path) -> Result<i32> {
         let info = chain::info(&store, tag)?;
         chain_bytes += info.physical_bytes;
         let (image, _) = cache.memory_for(&store, &chain::resolve(&store, tag)?)?;
-        flat_bytes += du_file(&image) + std::fs::metadata(info.dir.join(forkvm_snapshot::VMSTATE_BIN))?.len();
+        let image_bytes = std::fs::File::open(&image).and_then(|f| forkvm_snapshot::allocated_bytes(&f)).unwrap_or(0);
+        flat_bytes += image_bytes + std::fs::metadata(info.dir.join(forkvm_snapshot::VMSTATE_BIN))?.len();
     }
     let base_info = chain::info(&store, "base")?;
 
@@ -264,9 +265,4 @@ fn disk_bytes(store: &Store) -> u64 {
         }
     }
     total
-}
-
-fn du_file(path: &std::path::Path) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(path).map(|m| m.blocks() * 512).unwrap_or(0)
 }

@@ -71,7 +71,7 @@ impl AssembledCache {
         // then finds the image.
         let lock_path = dir.join(".lock");
         let lock = File::create(&lock_path).map_err(ChainError::io("opening the assembly lock", &lock_path))?;
-        flock(&lock, libc::LOCK_EX).map_err(ChainError::io("locking the assembly", &lock_path))?;
+        crate::flock::flock(&lock, libc::LOCK_EX).map_err(ChainError::io("locking the assembly", &lock_path))?;
         if image.is_file() {
             return Ok((image, None));
         }
@@ -186,19 +186,5 @@ struct TempFile<'a>(&'a Path);
 impl Drop for TempFile<'_> {
     fn drop(&mut self) {
         let _ = fs::remove_file(self.0);
-    }
-}
-
-fn flock(file: &File, op: libc::c_int) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    loop {
-        // SAFETY: flock on a descriptor we own; no memory is passed.
-        if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
-            return Ok(());
-        }
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(e);
-        }
     }
 }

@@ -62,7 +62,7 @@ pub fn info(store: &Store, tag: &str) -> Result<ChainInfo, ChainError> {
         return Err(StoreError::NotFound { tag: tag.into(), store: store.snapshots_dir() }.into());
     };
     let meta = &entry.meta;
-    let (bootable, problem) = match store.lookup(tag).map_err(ChainError::from).and_then(|_| resolve(store, tag)) {
+    let (bootable, problem) = match resolve(store, tag) {
         Ok(_) => (true, None),
         Err(e) => (false, Some(e.to_string())),
     };

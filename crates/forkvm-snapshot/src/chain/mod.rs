@@ -250,12 +250,9 @@ pub fn content_hash(dir: &Path, meta: &SnapshotMeta) -> Result<String, ChainErro
 pub(crate) fn check_disk_names(meta: &SnapshotMeta) -> Result<(), ChainError> {
     let disks = meta.devices.iter().flat_map(|d| d.disks.iter());
     for d in disks {
-        let f = d.file.as_str();
-        if f.is_empty() || f == "." || f == ".." || f.contains('/') || f.contains('\0') {
-            return Err(ChainError::Malformed {
-                tag: meta.tag.clone(),
-                reason: format!("disk {f:?} is not a file name"),
-            });
+        if !d.has_plain_name() {
+            let reason = format!("disk {:?} is not a file name", d.file);
+            return Err(ChainError::Malformed { tag: meta.tag.clone(), reason });
         }
     }
     Ok(())
