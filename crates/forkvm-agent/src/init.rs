@@ -36,7 +36,7 @@ pub fn mount_early() -> Vec<(&'static str, io::Error)> {
     failures
 }
 
-/// Where the writable layer of an overlay root lives (a tmpfs), and where the overlay is
+/// Where the writable layer of an overlay root lives (the data disk, or a tmpfs), and where the overlay is
 /// assembled before it replaces `/`. Both directories must exist in the image.
 const OVERLAY_DIR: &str = "/overlay";
 const NEWROOT_DIR: &str = "/newroot";
@@ -50,11 +50,22 @@ pub fn root_is_read_only() -> bool {
     rc == 0 && st.f_flag & libc::ST_RDONLY != 0
 }
 
-/// Puts a tmpfs-backed overlay over the read-only root image and makes it `/`: the
-/// image stays shared and untouched, the sandbox's writes go to memory.
+/// Serial of the sandbox's own data disk (the host's `DATA_DISK_ID`).
+pub const DATA_DISK_SERIAL: &str = "forkvm-data";
+
+/// Puts an overlay over the read-only root image and makes it `/`: the image stays
+/// shared and untouched; the sandbox's writes go to its data disk (an ext4 on the
+/// layered virtio disk whose serial is [`DATA_DISK_SERIAL`]), so they are on a disk the
+/// host snapshots, forks and backs up. Without such a disk they go to a tmpfs.
 pub fn overlay_root() -> io::Result<()> {
     let step = |what: &str, r: io::Result<()>| r.map_err(|e| io::Error::new(e.kind(), format!("{what}: {e}")));
-    step("mounting the overlay tmpfs", mount_with("tmpfs", OVERLAY_DIR, "tmpfs", Some("mode=0755"), 0))?;
+    match mount_data_disk() {
+        Ok(true) => {}
+        Ok(false) => {
+            step("mounting the overlay tmpfs", mount_with("tmpfs", OVERLAY_DIR, "tmpfs", Some("mode=0755"), 0))?
+        }
+        Err(e) => return Err(io::Error::new(e.kind(), format!("mounting the data disk: {e}"))),
+    }
     for d in ["upper", "work"] {
         step("creating overlay dirs", std::fs::create_dir_all(format!("{OVERLAY_DIR}/{d}")))?;
     }
@@ -67,6 +78,40 @@ pub fn overlay_root() -> io::Result<()> {
         return Err(io::Error::new(io::Error::last_os_error().kind(), "chroot into the overlay"));
     }
     step("chdir /", std::env::set_current_dir("/"))
+}
+
+/// Mounts the data disk at [`OVERLAY_DIR`] if the VM has one (found by serial through
+/// a temporary sysfs and devtmpfs, unmounted again). `Ok(false)`: there is none.
+fn mount_data_disk() -> io::Result<bool> {
+    for (source, target, fstype) in [("sysfs", "/sys", "sysfs"), ("devtmpfs", "/dev", "devtmpfs")] {
+        if let Err(e) = mount_with(source, target, fstype, None, 0) {
+            if e.raw_os_error() != Some(libc::EBUSY) {
+                return Err(io::Error::new(e.kind(), format!("mounting {target} to look for it: {e}")));
+            }
+        }
+    }
+    let found = disk_by_serial(DATA_DISK_SERIAL);
+    let mounted = match &found {
+        // Inode tables are left unzeroed by mkfs on a sparse, all-zero disk: do not
+        // spend (emulated) kernel time zeroing them again.
+        Some(dev) => mount_with(&format!("/dev/{dev}"), OVERLAY_DIR, "ext4", Some("noinit_itable"), 0)
+            .map_err(|e| io::Error::new(e.kind(), format!("mounting /dev/{dev} (ext4): {e}"))),
+        None => Ok(()),
+    };
+    for target in [c"/dev", c"/sys"] {
+        // SAFETY: a valid C string; detaching our own temporary mounts.
+        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+    }
+    mounted.map(|()| found.is_some())
+}
+
+/// The block device (`vdb`) whose virtio serial is `serial`, from `/sys/block`.
+fn disk_by_serial(serial: &str) -> Option<String> {
+    std::fs::read_dir("/sys/block").ok()?.filter_map(Result::ok).find_map(|e| {
+        let name = e.file_name().into_string().ok()?;
+        let s = std::fs::read_to_string(e.path().join("serial")).ok()?;
+        (s.trim_end_matches(['\n', '\0']) == serial).then_some(name)
+    })
 }
 
 fn mount(source: &str, target: &str, fstype: &str, data: Option<&str>) -> io::Result<()> {

@@ -179,6 +179,10 @@ pub struct CreateSandboxRequest {
     /// forkd: hugepage-backed memory. Accepted and ignored: memory is THP-backed.
     #[serde(default)]
     pub hugepages: bool,
+    /// forkvm: archive each sandbox this many seconds after it started (`0`: never);
+    /// absent, the daemon's `--default-ttl`.
+    #[serde(default)]
+    pub ttl_seconds: Option<u64>,
 }
 
 fn one() -> u32 {
@@ -196,6 +200,7 @@ impl CreateSandboxRequest {
             prewarm: false,
             live_fork: false,
             hugepages: false,
+            ttl_seconds: None,
         }
     }
 }
@@ -208,6 +213,9 @@ pub struct ForkSandboxRequest {
     pub n: u32,
     #[serde(default)]
     pub memory_limit_mib: Option<u64>,
+    /// As [`CreateSandboxRequest::ttl_seconds`].
+    #[serde(default)]
+    pub ttl_seconds: Option<u64>,
 }
 
 /// A running sandbox.
@@ -225,7 +233,9 @@ pub struct SandboxInfo {
     pub has_branched: bool,
     pub last_branch_memory_path: Option<String>,
     pub branch_count: u32,
-    /// forkvm: `running`.
+    /// forkvm: `running`, `paused` (the daemon paused it when idle; the next call that
+    /// needs it resumes it) or `archived` (in `<store>/archives/<id>/`, no process;
+    /// `POST .../restore` brings it back).
     pub state: String,
     /// forkvm.
     pub template: Option<String>,
@@ -233,6 +243,24 @@ pub struct SandboxInfo {
     pub forked_from: Option<String>,
     /// forkvm: last API call that touched it.
     pub last_active_unix: u64,
+    /// forkvm: the daemon's last disk snapshot of it, if it tried one since it started.
+    #[serde(default)]
+    pub last_disk_snapshot: Option<LastDiskSnapshot>,
+    /// forkvm: why it is in its state: `idle` (paused), `ttl` or `api` (archived).
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// forkvm: last API call that used it (exec, files, eval, ...), Unix ms.
+    #[serde(default)]
+    pub last_activity_unix_ms: u64,
+    /// forkvm: its time to live, if it has one.
+    #[serde(default)]
+    pub ttl_seconds: Option<u64>,
+    /// forkvm: when the daemon archives it (Unix ms), if it has a TTL.
+    #[serde(default)]
+    pub expires_at_unix_ms: Option<u64>,
+    /// forkvm: when it was archived (Unix ms), for an archived sandbox.
+    #[serde(default)]
+    pub archived_at_unix_ms: Option<u64>,
 }
 
 /// `POST /v1/sandboxes/{id}/branch`. `mode` (`full`, `live` or `diff`) wins; forkd's
@@ -381,4 +409,131 @@ pub struct FileEntry {
 pub struct FileWritten {
     pub path: String,
     pub bytes: u64,
+}
+
+/// forkvm: `POST /v1/sandboxes/{id}/disk-snapshots`: take a disk snapshot now. Omitted
+/// retention fields take the daemon's (`--disk-retention-keep-*`); an empty body is `{}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiskSnapshotRequest {
+    /// Keep the newest this many (0 counts as 1; the newest is always kept).
+    #[serde(default)]
+    pub keep_last: Option<u32>,
+    /// Keep the newest snapshot of each of the last this many hours that have one.
+    #[serde(default)]
+    pub keep_hourly: Option<u32>,
+    /// Keep the newest snapshot of each of the last this many days that have one.
+    #[serde(default)]
+    pub keep_daily: Option<u32>,
+}
+
+/// forkvm: what one disk snapshot did (`POST /v1/sandboxes/{id}/disk-snapshots`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DiskSnapshotReport {
+    pub sandbox_id: String,
+    /// The snapshot's sequence number (the newest existing one when `unchanged`; 0 when
+    /// the disks were never written and there is none).
+    pub seq: u64,
+    /// Nothing was written since the last snapshot: no new snapshot was made (200).
+    pub unchanged: bool,
+    /// Layers the seal made.
+    pub new_layers: u64,
+    /// Time the VMM spent sealing the disks (the only part the sandbox could notice).
+    pub seal_ms: f64,
+    /// Time spent encrypting and writing to the vault.
+    pub write_ms: f64,
+    pub written_chunks: u64,
+    pub written_bytes: u64,
+    /// Bytes of distinct chunks the snapshot references (its whole disk state).
+    pub stored_bytes: u64,
+    /// Snapshots the retention policy removed afterwards.
+    pub retired: u64,
+}
+
+/// forkvm: one disk of a disk snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskSnapshotDisk {
+    /// The disk's serial (e.g. `data`).
+    pub id: String,
+    /// Content key of the base image its layers sit on.
+    pub base_key: String,
+    /// Disk size in bytes.
+    pub size: u64,
+    /// The id of the layer the snapshot captured (hex).
+    pub layer_id: String,
+    /// Blocks that differ from the base.
+    pub blocks: u64,
+    /// Runs of such blocks.
+    pub extents: u64,
+}
+
+/// forkvm: one entry of `GET /v1/sandboxes/{id}/disk-snapshots` (oldest first).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskSnapshotInfo {
+    pub seq: u64,
+    pub created_unix_ms: u64,
+    /// Bytes of distinct encrypted chunks the snapshot references.
+    pub stored_bytes: u64,
+    pub disks: Vec<DiskSnapshotDisk>,
+}
+
+/// forkvm: the daemon's last disk snapshot attempt of a sandbox (scheduled or asked
+/// for), in [`SandboxInfo::last_disk_snapshot`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastDiskSnapshot {
+    /// The newest snapshot the attempt left (`None` if it failed and none was ever taken
+    /// by this daemon).
+    pub seq: Option<u64>,
+    /// When the attempt ended.
+    pub at_unix_ms: u64,
+    /// Why the attempt failed; `None` when it succeeded.
+    pub error: Option<String>,
+}
+
+/// forkvm: what `POST /v1/sandboxes/{id}/archive` did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ArchiveReport {
+    pub sandbox_id: String,
+    /// The archive: `<store>/archives/<id>`.
+    pub dir: String,
+    /// The last encrypted disk snapshot taken before the process stopped, when the
+    /// sandbox has a layered disk.
+    pub disk_snapshot_seq: Option<u64>,
+    /// Writing the archive (the sandbox was paused throughout).
+    pub write_ms: f64,
+    pub total_ms: f64,
+    /// `api` (asked for) or `ttl` (its time to live ran out).
+    pub reason: String,
+}
+
+/// forkvm: `POST /v1/sandboxes/{id}/restore`: an archived sandbox runs again, same id.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestoreRequest {
+    /// As [`CreateSandboxRequest::ttl_seconds`], counted from the restore.
+    #[serde(default)]
+    pub ttl_seconds: Option<u64>,
+}
+
+/// forkvm: `POST /v1/sandboxes/{id}/disk-fork`: a new sandbox cold-booted on a disk
+/// snapshot of `{id}` (which may be running, archived or gone).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiskForkRequest {
+    /// The disk snapshot (default: the newest).
+    #[serde(default)]
+    pub seq: Option<u64>,
+    #[serde(default)]
+    pub memory_limit_mib: Option<u64>,
+    /// As [`CreateSandboxRequest::ttl_seconds`].
+    #[serde(default)]
+    pub ttl_seconds: Option<u64>,
+}
+
+/// forkvm: `POST /v1/sandboxes/{id}/ttl`: archive the sandbox `ttl_seconds` from now
+/// (`0`: never).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetTtlRequest {
+    pub ttl_seconds: u64,
 }

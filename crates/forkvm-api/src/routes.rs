@@ -37,6 +37,12 @@ pub enum RouteName {
     WriteFile,
     RemoveFile,
     ListFiles,
+    TakeDiskSnapshot,
+    ListDiskSnapshots,
+    ArchiveSandbox,
+    RestoreSandbox,
+    DiskFork,
+    SetTtl,
 }
 
 const fn r(method: &'static str, path: &'static str, name: RouteName) -> Route {
@@ -69,6 +75,12 @@ pub const ROUTES: &[Route] = &[
     r("PUT", "/v1/sandboxes/{id}/files", RouteName::WriteFile),
     r("DELETE", "/v1/sandboxes/{id}/files", RouteName::RemoveFile),
     r("GET", "/v1/sandboxes/{id}/files/list", RouteName::ListFiles),
+    r("POST", "/v1/sandboxes/{id}/disk-snapshots", RouteName::TakeDiskSnapshot),
+    r("GET", "/v1/sandboxes/{id}/disk-snapshots", RouteName::ListDiskSnapshots),
+    r("POST", "/v1/sandboxes/{id}/archive", RouteName::ArchiveSandbox),
+    r("POST", "/v1/sandboxes/{id}/restore", RouteName::RestoreSandbox),
+    r("POST", "/v1/sandboxes/{id}/disk-fork", RouteName::DiskFork),
+    r("POST", "/v1/sandboxes/{id}/ttl", RouteName::SetTtl),
 ];
 
 /// Routes anyone may call without a token (liveness probes).

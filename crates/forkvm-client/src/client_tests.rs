@@ -127,6 +127,7 @@ fn request_bodies_are_the_api_types() {
         prewarm: false,
         live_fork: false,
         hugepages: false,
+        ttl_seconds: Some(60),
     };
     assert_eq!(client.spawn(&req).unwrap().len(), 2);
     let sent = server.last();
@@ -134,6 +135,7 @@ fn request_bodies_are_the_api_types() {
     assert_eq!(sent.json()["snapshot_tag"], "base");
     assert_eq!(sent.json()["n"], 2);
     assert_eq!(sent.json()["memory_limit_mib"], 256);
+    assert_eq!(sent.json()["ttl_seconds"], 60);
     let snap = client
         .branch(
             "sb-a",
@@ -406,4 +408,72 @@ fn a_diff_branch_sends_its_mode_and_parent() {
         (&sent["mode"], &sent["tag"], &sent["parent_tag"], &sent["wait"]),
         (&json!("diff"), &json!("d1"), &json!("py"), &json!(true))
     );
+}
+
+#[test]
+fn disk_snapshots_are_taken_and_listed() {
+    let server = TestServer::tcp(|req| match req.method.as_str() {
+        "POST" => Reply::json(
+            201,
+            json!({
+                "sandbox_id": "sb-1", "seq": 7, "unchanged": false, "new_layers": 1, "seal_ms": 0.4,
+                "write_ms": 12.5, "written_chunks": 3, "written_bytes": 12288, "stored_bytes": 40960, "retired": 1
+            }),
+        ),
+        _ => Reply::json(
+            200,
+            json!([{ "seq": 7, "created_unix_ms": 1700000000000u64, "stored_bytes": 40960, "disks": [{
+                "id": "data", "base_key": "blake3:ab", "size": 1048576, "layer_id": "00ff", "blocks": 10, "extents": 2
+            }]}]),
+        ),
+    });
+    let client = Client::new(server.endpoint.clone(), None).unwrap();
+    let req = forkvm_api::DiskSnapshotRequest { keep_last: Some(5), ..Default::default() };
+    let r = client.disk_snapshot("sb-1", &req).unwrap();
+    assert_eq!((r.seq, r.unchanged, r.written_bytes, r.retired), (7, false, 12288, 1));
+    let sent = server.last();
+    assert_eq!((sent.method.as_str(), sent.target.as_str()), ("POST", "/v1/sandboxes/sb-1/disk-snapshots"));
+    assert_eq!(sent.json(), json!({"keep_last": 5, "keep_hourly": null, "keep_daily": null}));
+    let list = client.disk_snapshots("sb-1").unwrap();
+    assert_eq!(list.len(), 1);
+    assert_eq!((list[0].seq, list[0].disks[0].id.as_str(), list[0].disks[0].blocks), (7, "data", 10));
+    assert_eq!(server.last().target, "/v1/sandboxes/sb-1/disk-snapshots");
+}
+
+#[test]
+fn lifecycle_calls() {
+    let server = TestServer::tcp(|req| {
+        if req.target.ends_with("/archive") {
+            Reply::json(
+                200,
+                json!({"sandbox_id": "sb-1", "dir": "/s/archives/sb-1", "disk_snapshot_seq": 4, "write_ms": 80.0,
+                       "total_ms": 120.0, "reason": "api"}),
+            )
+        } else if req.target.ends_with("/disk-fork") {
+            Reply::json(201, sandbox_json("sb-new"))
+        } else {
+            let mut s = sandbox_json("sb-1");
+            s["ttl_seconds"] = json!(30);
+            s["expires_at_unix_ms"] = json!(1_700_000_030_000u64);
+            Reply::json(200, s)
+        }
+    });
+    let client = Client::new(server.endpoint.clone(), None).unwrap();
+    let r = client.archive("sb-1").unwrap();
+    assert_eq!((r.disk_snapshot_seq, r.reason.as_str()), (Some(4), "api"));
+    assert_eq!((server.last().method.as_str(), server.last().target.as_str()), ("POST", "/v1/sandboxes/sb-1/archive"));
+    let s = client.restore("sb-1", &forkvm_api::RestoreRequest { ttl_seconds: Some(30) }).unwrap();
+    assert_eq!(s.expires_at_unix_ms, Some(1_700_000_030_000));
+    assert_eq!(server.last().target, "/v1/sandboxes/sb-1/restore");
+    assert_eq!(server.last().json(), json!({"ttl_seconds": 30}));
+    let s = client.set_ttl("sb-1", 30).unwrap();
+    assert_eq!(s.ttl_seconds, Some(30));
+    assert_eq!(
+        (server.last().target.as_str(), server.last().json()),
+        ("/v1/sandboxes/sb-1/ttl", json!({"ttl_seconds": 30}))
+    );
+    let req = forkvm_api::DiskForkRequest { seq: Some(2), ..Default::default() };
+    assert_eq!(client.disk_fork("sb-1", &req).unwrap().id, "sb-new");
+    assert_eq!(server.last().target, "/v1/sandboxes/sb-1/disk-fork");
+    assert_eq!(server.last().json(), json!({"seq": 2, "memory_limit_mib": null, "ttl_seconds": null}));
 }

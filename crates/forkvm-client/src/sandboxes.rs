@@ -1,5 +1,5 @@
 //! Running sandboxes: `/v1/sandboxes` (spawn, list, get, kill) and the actions on one
-//! (ping, exec, streamed exec, eval, branch, fork).
+//! (ping, exec, streamed exec, eval, branch, fork, disk snapshots).
 
 use crate::client::{next_data, Client};
 use crate::encode::Target;
@@ -7,8 +7,9 @@ use crate::error::ClientError;
 use crate::ndjson::Lines;
 use crate::transport;
 use forkvm_api::{
-    BranchSandboxRequest, CreateSandboxRequest, EvalRequest, EvalResponse, ExecEvent, ExecRequest, ExecResponse,
-    ForkSandboxRequest, SandboxInfo, SnapshotInfo,
+    ArchiveReport, BranchSandboxRequest, CreateSandboxRequest, DiskForkRequest, DiskSnapshotInfo, DiskSnapshotReport,
+    DiskSnapshotRequest, EvalRequest, EvalResponse, ExecEvent, ExecRequest, ExecResponse, ForkSandboxRequest,
+    RestoreRequest, SandboxInfo, SetTtlRequest, SnapshotInfo,
 };
 use hyper::Method;
 use serde::{Deserialize, Serialize};
@@ -46,6 +47,29 @@ impl Client {
     /// `DELETE /v1/sandboxes/{id}`.
     pub fn kill_sandbox(&self, id: &str) -> Result<(), ClientError> {
         self.call_empty(Method::DELETE, &sandbox(id)?.build())
+    }
+
+    /// `POST /v1/sandboxes/{id}/archive`: the sandbox goes to the store, its VMM stops;
+    /// it stays listed as `archived`.
+    pub fn archive(&self, id: &str) -> Result<ArchiveReport, ClientError> {
+        self.call_json(Method::POST, &sandbox(id)?.push("/archive").build(), None::<&()>, "archive report")
+    }
+
+    /// `POST /v1/sandboxes/{id}/restore`: an archived sandbox runs again (same id).
+    pub fn restore(&self, id: &str, req: &RestoreRequest) -> Result<SandboxInfo, ClientError> {
+        self.call_json(Method::POST, &sandbox(id)?.push("/restore").build(), Some(req), "restored sandbox")
+    }
+
+    /// `POST /v1/sandboxes/{id}/ttl`: archive it `ttl_seconds` from now (0: never).
+    pub fn set_ttl(&self, id: &str, ttl_seconds: u64) -> Result<SandboxInfo, ClientError> {
+        let req = SetTtlRequest { ttl_seconds };
+        self.call_json(Method::POST, &sandbox(id)?.push("/ttl").build(), Some(&req), "sandbox")
+    }
+
+    /// `POST /v1/sandboxes/{id}/disk-fork`: a new sandbox cold-booted on a disk snapshot
+    /// of `id` (long: the guest boots).
+    pub fn disk_fork(&self, id: &str, req: &DiskForkRequest) -> Result<SandboxInfo, ClientError> {
+        self.call_json(Method::POST, &sandbox(id)?.push("/disk-fork").build(), Some(req), "disk-forked sandbox")
     }
 
     /// `POST /v1/sandboxes/{id}/ping`: the agent's pong, as the daemon relays it.
@@ -103,6 +127,21 @@ impl Client {
     /// `POST /v1/sandboxes/{id}/fork`: `req.n` copies of the running sandbox.
     pub fn fork(&self, id: &str, req: &ForkSandboxRequest) -> Result<Vec<SandboxInfo>, ClientError> {
         self.call_json(Method::POST, &sandbox(id)?.push("/fork").build(), Some(req), "forked sandboxes")
+    }
+
+    /// `POST /v1/sandboxes/{id}/disk-snapshots`: an encrypted, incremental snapshot of
+    /// the sandbox's layered disks now (`unchanged` when nothing was written since the
+    /// last one), then retention (`req`'s fields, else the daemon's).
+    pub fn disk_snapshot(&self, id: &str, req: &DiskSnapshotRequest) -> Result<DiskSnapshotReport, ClientError> {
+        let target = sandbox(id)?.push("/disk-snapshots").build();
+        self.call_json(Method::POST, &target, Some(req), "disk snapshot report")
+    }
+
+    /// `GET /v1/sandboxes/{id}/disk-snapshots`: the sandbox's disk snapshots, oldest
+    /// first (also for a sandbox that is gone but left them).
+    pub fn disk_snapshots(&self, id: &str) -> Result<Vec<DiskSnapshotInfo>, ClientError> {
+        let target = sandbox(id)?.push("/disk-snapshots").build();
+        self.call_json(Method::GET, &target, None::<&()>, "disk snapshot list")
     }
 }
 

@@ -2,7 +2,7 @@
 //! kernel, the static agent binary and a template's root filesystem image.
 
 use forkvm_image::kernel::{ensure_kernel, BuildEvent, KernelError};
-use forkvm_image::rootfs::{ensure_image, BuiltImage, RootfsError};
+use forkvm_image::rootfs::{ensure_image, ensure_scratch_disk, BuiltImage, RootfsError};
 use std::path::{Path, PathBuf};
 
 /// Environment variable naming the static `forkvm-agent` binary to put in images.
@@ -30,6 +30,8 @@ pub struct Artifacts {
     pub kernel: PathBuf,
     pub kernel_key: String,
     pub image: BuiltImage,
+    /// The blank base of every sandbox's layered data disk.
+    pub scratch: PathBuf,
     pub cache: PathBuf,
 }
 
@@ -87,7 +89,8 @@ impl Artifacts {
         let kernel_key =
             kernel.parent().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let image = ensure_image(&template, &agent_binary()?, &cache)?;
-        Ok(Artifacts { kernel, kernel_key, image, cache })
+        let scratch = ensure_scratch_disk(&cache)?;
+        Ok(Artifacts { kernel, kernel_key, image, scratch, cache })
     }
 }
 

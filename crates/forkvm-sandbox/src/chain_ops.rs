@@ -177,10 +177,11 @@ fn diff_branch(
 ) -> Result<(ConvertReport, f64, f64, f64), ChainOpError> {
     store.check_free(tag).map_err(ChainError::from)?;
     let chain = chain::resolve(store, parent)?;
-    // The sandbox has its parent's disks. Read-only ones allow a live branch: the pause
-    // is a fork of the VMM, and the memory is written (and then diffed) while it runs on.
+    // The sandbox has its parent's kinds of disks. Read-only and layered ones allow a
+    // live branch (a layered disk is sealed in the pause): the pause is a fork of the
+    // VMM, and the memory is written (and then diffed) while it runs on.
     let mut disks = chain.head().meta.devices.iter().flat_map(|d| d.disks.iter());
-    let mode = if disks.all(|d| d.read_only) { BranchMode::Live } else { BranchMode::Full };
+    let mode = if disks.all(|d| d.read_only || d.layers.is_some()) { BranchMode::Live } else { BranchMode::Full };
     let staging = chain::new_staging_dir(store, "diff")?;
     let result = (|| {
         let branched = Instant::now();

@@ -8,8 +8,11 @@
 //! sandbox after that is a copy-on-write restore, re-identified before anything runs.
 //! This is the library the CLI's `run` and the daemon use.
 
+pub mod archive;
 pub mod artifacts;
 pub mod chain_ops;
+pub mod disk_fork;
+pub mod disk_snapshots;
 pub mod lifecycle;
 pub mod parallel;
 pub mod registry;

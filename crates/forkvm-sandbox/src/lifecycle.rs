@@ -61,7 +61,8 @@ fn control(r: &SandboxRecord) -> Result<ControlClient, LifecycleError> {
     ControlClient::connect(&r.control_socket()).map_err(|source| LifecycleError::Control { id: r.id.clone(), source })
 }
 
-fn call(r: &SandboxRecord, req: &Request) -> Result<serde_json::Value, LifecycleError> {
+/// One request to sandbox `r`'s VMM.
+pub(crate) fn call(r: &SandboxRecord, req: &Request) -> Result<serde_json::Value, LifecycleError> {
     control(r)?.call(req).map_err(|source| LifecycleError::Control { id: r.id.clone(), source })
 }
 
@@ -142,6 +143,7 @@ pub fn fork_running_as(
             console_log: Some(record.console()),
             vsock_uds: Some(record.vsock()),
             labels: VmmLabels { sandbox_id: Some(child_id), template: source.template.clone() },
+            disk_dir: Some(record.disk_dir()),
             run_dir: Some(run_dir),
             cgroup,
         });
@@ -177,8 +179,10 @@ pub fn kill(registry: &Registry, id: &str) -> Result<(), LifecycleError> {
 }
 
 /// [`kill`] for a record in hand (also used to undo a failed spawn).
+/// A restored sandbox's archive (its lower disk layers) goes with it.
 pub fn kill_record(registry: &Registry, r: &SandboxRecord) -> Result<(), LifecycleError> {
     const GRACE: Duration = Duration::from_secs(10);
+    let archive = crate::archive::linked_archive(&r.run_dir);
     if let Ok(mut c) = ControlClient::connect(&r.control_socket()) {
         let _ = c.call(&Request::Shutdown {});
     }
@@ -199,5 +203,13 @@ pub fn kill_record(registry: &Registry, r: &SandboxRecord) -> Result<(), Lifecyc
     }
     // The VMM removes both when it stops cleanly; after SIGKILL it could not.
     registry.clean_up(r);
+    if let Some(dir) = archive {
+        std::fs::remove_dir_all(&dir)
+            .or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) })
+            .map_err(|e| LifecycleError::BadAnswer {
+                id: r.id.clone(),
+                detail: format!("removing its archive {}: {e}", dir.display()),
+            })?;
+    }
     Ok(())
 }

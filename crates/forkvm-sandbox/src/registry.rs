@@ -72,6 +72,10 @@ impl SandboxRecord {
     pub fn console(&self) -> PathBuf {
         self.run_dir.join("console.log")
     }
+    /// Where the sandbox's layered disks keep their writable layers (`disk<i>/`).
+    pub fn disk_dir(&self) -> PathBuf {
+        self.run_dir.join("disks")
+    }
 }
 
 /// Whether process `pid` exists and is not a zombie (reaping it if it is our child).

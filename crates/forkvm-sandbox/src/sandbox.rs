@@ -28,6 +28,8 @@ pub enum SandboxError {
     Prepare(#[from] crate::template_snapshot::PrepareError),
     #[error("restoring the sandbox: {0}")]
     Restore(forkvm_vmm::BuildError),
+    #[error("reading the template snapshot's devices: {0}")]
+    Devices(#[from] crate::source::SourceError),
     #[error("the restored agent did not answer within {0:?}; see {1}")]
     AgentTimeout(Duration, PathBuf),
     #[error("the sandbox VM stopped ({0}); see {1}")]
@@ -104,7 +106,8 @@ impl Sandbox {
         let uds = run_dir.join("vsock.sock");
         let kvm = open_kvm()?;
         let prepared = template.prepared()?;
-        let vmm = forkvm_vmm::restore(&kvm, prepared, ConsoleOut::new(Some(log), None), &template.devices(&uds), false)
+        let devices = template.devices(&uds, &run_dir.join("disks"))?;
+        let vmm = forkvm_vmm::restore(&kvm, prepared, ConsoleOut::new(Some(log), None), &devices, false)
             .map_err(SandboxError::Restore)?;
         let client = AgentClient::vsock_uds(&uds, AGENT_PORT);
         let latch = vmm.exit_latch();

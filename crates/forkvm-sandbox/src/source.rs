@@ -8,7 +8,7 @@
 use crate::template_snapshot::{TemplateSnapshot, GUEST_CID};
 use forkvm_snapshot::chain::{self, AssembleStats, AssembledCache, Chain, ChainError};
 use forkvm_snapshot::{DevicesMeta, DiskMeta, SnapshotMeta, Store, StoreError, DISK_DIR};
-use forkvm_vmm::devices::attach::{BlockConfig, DeviceConfig, VsockConfig};
+use forkvm_vmm::devices::attach::{BlockConfig, DeviceConfig, LayeredConfig, VsockConfig};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -77,6 +77,30 @@ impl SpawnSource {
         })
     }
 
+    /// A whole-image snapshot directory outside the store's tags (an archive), checked
+    /// like a tag: ready, with an agent and well-formed disks.
+    pub fn from_dir(dir: &Path) -> Result<SpawnSource, SourceError> {
+        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let snap =
+            forkvm_snapshot::SnapshotDir::open(dir).map_err(|source| StoreError::Invalid { tag: name, source })?;
+        let devices = snap.meta.devices.clone().ok_or_else(|| SourceError::NoDevices(dir.to_path_buf()))?;
+        if devices.vsock_cid.is_none() {
+            return Err(SourceError::NoAgent(dir.to_path_buf()));
+        }
+        if let Some(d) = devices.disks.iter().find(|d| !d.has_plain_name()) {
+            return Err(SourceError::BadDisk { dir: dir.to_path_buf(), file: d.file.clone() });
+        }
+        Ok(SpawnSource {
+            dir: dir.to_path_buf(),
+            tag: None,
+            meta: snap.meta,
+            devices,
+            memory: None,
+            chain_depth: 0,
+            assembled: None,
+        })
+    }
+
     /// Whether `tag` could be spawned from, without assembling anything: ready, its chain
     /// intact, with an agent and well-formed disks. Returns the resolved chain.
     pub fn check_tag(store: &Store, tag: &str) -> Result<Chain, SourceError> {
@@ -99,12 +123,9 @@ impl SpawnSource {
             .map_err(|source| StoreError::Invalid { tag: t.artifacts.image.name.clone(), source })?;
         let mut meta = snap.meta;
         meta.template = Some(t.artifacts.image.name.clone());
-        let mut devices = template_devices();
-        devices.disks = vec![DiskMeta {
-            file: t.artifacts.image.rootfs.to_string_lossy().into_owned(),
-            read_only: true,
-            id: ROOT_DISK_ID.into(),
-        }];
+        // The snapshot holds its disks (hard links of the root image and the data disk's
+        // base and layers), recorded as the VM had them.
+        let devices = meta.devices.clone().ok_or_else(|| SourceError::NoDevices(t.dir.clone()))?;
         Ok(SpawnSource { dir: t.dir.clone(), tag: None, meta, devices, memory: None, chain_depth: 0, assembled: None })
     }
 
@@ -113,8 +134,10 @@ impl SpawnSource {
         self.meta.template.as_deref()
     }
 
-    /// The devices of one child: the snapshot's, with `vsock_uds` as its vsock socket.
-    pub fn devices(&self, vsock_uds: &Path) -> DeviceConfig {
+    /// The devices of one child: the snapshot's, with `vsock_uds` as its vsock socket and
+    /// its layered disks' writable tops under `disk_dir` (`disk<i>/`).
+    pub fn devices(&self, vsock_uds: &Path, disk_dir: &Path) -> DeviceConfig {
+        let disk_files = self.dir.join(DISK_DIR);
         DeviceConfig {
             vsock: self.devices.vsock_cid.map(|guest_cid| VsockConfig { guest_cid, uds_path: vsock_uds.to_path_buf() }),
             rng: self.devices.rng,
@@ -122,7 +145,16 @@ impl SpawnSource {
                 .devices
                 .disks
                 .iter()
-                .map(|d| BlockConfig { path: self.disk_path(d), read_only: d.read_only, id: d.id.clone() })
+                .enumerate()
+                .map(|(i, d)| BlockConfig {
+                    path: self.disk_path(d),
+                    read_only: d.read_only,
+                    id: d.id.clone(),
+                    layers: d.layers.as_ref().map(|_| LayeredConfig {
+                        sealed: d.layer_dirs(&disk_files),
+                        dir: disk_dir.join(format!("disk{i}")),
+                    }),
+                })
                 .collect(),
         }
     }
@@ -139,6 +171,9 @@ impl SpawnSource {
 
 /// Serial of the root disk every Linux sandbox has.
 pub const ROOT_DISK_ID: &str = "forkvm-root";
+/// Serial of every Linux sandbox's own data disk (layered; the agent mounts it under
+/// the root overlay as its writable half).
+pub const DATA_DISK_ID: &str = "forkvm-data";
 
 /// The device description of a template's sandboxes (root disk added by the caller).
 pub fn template_devices() -> DevicesMeta {

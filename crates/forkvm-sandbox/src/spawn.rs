@@ -33,7 +33,7 @@ pub enum SpawnError {
     Zygote(#[from] ZygoteError),
     #[error("memory limit: {0}")]
     Cgroup(#[from] CgroupError),
-    #[error("sandbox {id} (pid {pid}) {}; its console said: {console}", if *exited { "stopped before its agent answered".to_string() } else { format!("did not answer within {READY_TIMEOUT:?}") })]
+    #[error("sandbox {id} (pid {pid}) {}; its console said: {console}", if *exited { "stopped before its agent answered" } else { "did not answer in time" })]
     NotReady { id: String, pid: i32, exited: bool, console: String },
     #[error("sandbox {id}: applying its identity: {source}")]
     Identity { id: String, source: forkvm_proto::ClientError },
@@ -109,11 +109,11 @@ pub(crate) fn make_cgroup(
 const READY_WORKERS: usize = 16;
 
 /// Waits for one pending sandbox's agent and re-identifies it.
-fn make_ready(record: &SandboxRecord, started: Instant) -> Result<SpawnedSandbox, SpawnError> {
+fn make_ready(record: &SandboxRecord, started: Instant, timeout: Duration) -> Result<SpawnedSandbox, SpawnError> {
     let client = AgentClient::vsock_uds(record.vsock(), AGENT_PORT);
     let pid = record.pid;
     let gone = || (!crate::registry::vmm_alive(pid)).then(|| "exited".to_string());
-    if let Err(why) = wait_for_agent(&record.vsock(), READY_TIMEOUT, &gone) {
+    if let Err(why) = wait_for_agent(&record.vsock(), timeout, &gone) {
         return Err(SpawnError::NotReady {
             id: record.id.clone(),
             pid,
@@ -147,7 +147,17 @@ pub fn finish(
     pending: Vec<SandboxRecord>,
     started: Instant,
 ) -> Result<Vec<SpawnedSandbox>, SpawnError> {
-    let results = crate::parallel::map(&pending, READY_WORKERS, |r| make_ready(r, started));
+    finish_within(registry, pending, started, READY_TIMEOUT)
+}
+
+/// [`finish`] with another limit on each agent's first answer (a cold boot needs more).
+pub fn finish_within(
+    registry: &Registry,
+    pending: Vec<SandboxRecord>,
+    started: Instant,
+    timeout: Duration,
+) -> Result<Vec<SpawnedSandbox>, SpawnError> {
+    let results = crate::parallel::map(&pending, READY_WORKERS, |r| make_ready(r, started, timeout));
     let mut out = Vec::new();
     let mut failure = None;
     for r in results {
@@ -221,7 +231,7 @@ pub fn start_vmms(
             console_log: Some(record.console()),
             console_stream: None,
             detach: true,
-            devices: source.devices(&record.vsock()),
+            devices: source.devices(&record.vsock(), &record.disk_dir()),
             labels: VmmLabels { sandbox_id: Some(id.clone()), template: record.template.clone() },
             owned: Owned { run_dir: Some(run_dir), cgroup },
         };

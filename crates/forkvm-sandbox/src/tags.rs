@@ -4,16 +4,15 @@
 //! The template snapshot (cache, keyed by content hash) is made on first use: boot, wait
 //! for the agent, run the template's warm-up, snapshot. The tag gets its own directory
 //! whose files are hard links to the template snapshot's (both are immutable once
-//! written; copies across filesystems) plus the root disk image, so the tag stays valid
+//! written; copies across filesystems), disks included, so the tag stays valid
 //! when the cache is deleted.
 
-use crate::source::{template_devices, ROOT_DISK_ID};
 use crate::template_snapshot::TemplateSnapshot;
 use forkvm_snapshot::{
-    link_or_copy, DiskMeta, SnapshotDir, SnapshotStatus, SnapshotWriter, Store, StoreError, DISK_DIR, MEMORY_IMG,
-    SNAPSHOT_JSON, VMSTATE_BIN,
+    link_or_copy, SnapshotDir, SnapshotStatus, SnapshotWriter, Store, StoreError, DISK_DIR, MEMORY_IMG, SNAPSHOT_JSON,
+    VMSTATE_BIN,
 };
-use std::path::PathBuf;
+use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
@@ -49,23 +48,32 @@ pub fn publish_template(store: &Store, template: &TemplateSnapshot, tag: &str) -
     for name in [VMSTATE_BIN, MEMORY_IMG] {
         link_or_copy(&src.path.join(name), &writer.path(name)).map_err(io(format!("linking {name}")))?;
     }
-    let disks = writer.staging().join(DISK_DIR);
-    std::fs::create_dir(&disks).map_err(io("creating disk/".into()))?;
-    let rootfs: &PathBuf = &template.artifacts.image.rootfs;
-    link_or_copy(rootfs, &disks.join("disk0.img"))
-        .map_err(io(format!("linking the root disk {}", rootfs.display())))?;
+    link_tree(&src.path.join(DISK_DIR), &writer.staging().join(DISK_DIR)).map_err(io("linking disk/".into()))?;
     let mut meta = src.meta.clone();
     meta.tag = tag.to_string();
     meta.status = SnapshotStatus::Ready;
     meta.created_at_unix_ms = crate::registry::now_unix_ms();
     meta.template = Some(template.artifacts.image.name.clone());
     meta.guest.content_hash = Some(template.key.clone());
-    let mut devices = template_devices();
-    devices.disks = vec![DiskMeta { file: "disk0.img".into(), read_only: true, id: ROOT_DISK_ID.into() }];
-    meta.devices = Some(devices);
     meta.writer_pid = None;
     forkvm_snapshot::write_meta(&writer.path(SNAPSHOT_JSON), &meta)
         .map_err(|source| PublishError::Meta { tag: tag.to_string(), source })?;
     let path = writer.commit().map_err(dir_err)?;
     Ok(SnapshotDir { path, meta })
+}
+
+/// Recreates the directory tree `from` at `to`, every file hard-linked (copied across
+/// filesystems): disk images and sealed layers are immutable.
+fn link_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            link_tree(&entry.path(), &target)?;
+        } else {
+            link_or_copy(&entry.path(), &target)?;
+        }
+    }
+    Ok(())
 }

@@ -7,9 +7,10 @@
 //! snapshot is never restored, and the cache is safe to delete.
 
 use crate::artifacts::Artifacts;
+use crate::source::{DATA_DISK_ID, ROOT_DISK_ID};
 use forkvm_proto::AgentClient;
 use forkvm_vmm::arch::x86_64::cpuid::CpuTemplate;
-use forkvm_vmm::devices::attach::{BlockConfig, DeviceConfig, VsockConfig};
+use forkvm_vmm::devices::attach::{BlockConfig, DeviceConfig, LayeredConfig, VsockConfig};
 use forkvm_vmm::devices::serial::ConsoleOut;
 use forkvm_vmm::host::{open_kvm, HostKind, KvmUnavailable};
 use forkvm_vmm::vstate::irqchip::IrqchipMode;
@@ -25,9 +26,9 @@ pub const AGENT_PORT: u32 = 1024;
 /// The guest CID of every sandbox (each VM has its own vsock device, so they never meet).
 pub const GUEST_CID: u64 = 3;
 /// How long a cold boot may take to reach the agent (guest kernels are emulated on PVM).
-const BOOT_TIMEOUT: Duration = Duration::from_secs(600);
-const MEM_MIB: u64 = 256;
-const IRQCHIP: IrqchipMode = IrqchipMode::Kernel;
+pub const BOOT_TIMEOUT: Duration = Duration::from_secs(600);
+pub(crate) const MEM_MIB: u64 = 256;
+pub(crate) const IRQCHIP: IrqchipMode = IrqchipMode::Kernel;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TemplateSnapshotError {
@@ -79,21 +80,32 @@ impl TemplateSnapshot {
         Ok(self.prepared.get_or_init(|| p))
     }
 
-    /// Devices of a sandbox restored from this snapshot, with its own vsock socket.
-    pub fn devices(&self, vsock_uds: &Path) -> DeviceConfig {
-        devices(&self.artifacts, vsock_uds)
+    /// Devices of a sandbox restored from this snapshot, with its own vsock socket and
+    /// directory for its disks' writable layers.
+    pub fn devices(&self, vsock_uds: &Path, disk_dir: &Path) -> Result<DeviceConfig, crate::source::SourceError> {
+        Ok(crate::source::SpawnSource::from_template(self)?.devices(vsock_uds, disk_dir))
     }
 }
 
-fn devices(a: &Artifacts, vsock_uds: &Path) -> DeviceConfig {
+/// The devices a template boots with: the shared root image, read-only, and the
+/// sandbox's own data disk, layered over the blank base and `sealed` (tops in `disk_dir/disk1`).
+pub(crate) fn boot_devices(a: &Artifacts, vsock_uds: &Path, disk_dir: &Path, sealed: Vec<PathBuf>) -> DeviceConfig {
     DeviceConfig {
         vsock: Some(VsockConfig { guest_cid: GUEST_CID, uds_path: vsock_uds.to_path_buf() }),
         rng: true,
-        blocks: vec![BlockConfig { path: a.image.rootfs.clone(), read_only: true, id: "forkvm-root".into() }],
+        blocks: vec![
+            BlockConfig { path: a.image.rootfs.clone(), read_only: true, id: ROOT_DISK_ID.into(), layers: None },
+            BlockConfig {
+                path: a.scratch.clone(),
+                read_only: false,
+                id: DATA_DISK_ID.into(),
+                layers: Some(LayeredConfig { sealed, dir: disk_dir.join("disk1") }),
+            },
+        ],
     }
 }
 
-fn cmdline(a: &Artifacts) -> String {
+pub(crate) fn cmdline(a: &Artifacts) -> String {
     let mut c =
         "console=ttyS0 reboot=k panic=1 quiet root=/dev/vda ro rootfstype=ext4 init=/sbin/forkvm-agent".to_string();
     if let Some(python) = &a.image.python {
@@ -108,6 +120,7 @@ fn snapshot_key(a: &Artifacts, template: CpuTemplate) -> String {
     for part in [
         a.kernel_key.as_str(),
         a.image.key.as_str(),
+        &forkvm_image::rootfs::scratch_key(),
         config.as_str(),
         &forkvm_snapshot::VMSTATE_FORMAT_VERSION.to_string(),
     ] {
@@ -165,7 +178,7 @@ pub fn boot_to_agent(
             cpu_template: CpuTemplate::for_host(HostKind::detect()),
             payload: Payload::Linux { kernel: artifacts.kernel.clone(), initrd: None, cmdline: cmdline(artifacts) },
             console: ConsoleOut::new(Some(log), None),
-            devices: devices(artifacts, &uds),
+            devices: boot_devices(artifacts, &uds, &work.join("disks"), Vec::new()),
             start_paused: false,
         },
     )

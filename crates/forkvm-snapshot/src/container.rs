@@ -30,8 +30,9 @@ pub const VMSTATE_MAGIC: [u8; 8] = *b"FKVMSTAT";
 /// refused with [`ContainerError::UnsupportedVersion`]; they are never
 /// misread as the current layout.
 ///
-/// History: 1 — first format; 2 — `DevicesState` gains the virtio-mmio transports.
-pub const VMSTATE_FORMAT_VERSION: u32 = 2;
+/// History: 1 — first format; 2 — `DevicesState` gains the virtio-mmio transports;
+/// 3 — `BlockState` gains a layered disk's sealed layer ids.
+pub const VMSTATE_FORMAT_VERSION: u32 = 3;
 
 /// Largest payload accepted when reading (64 MiB). VM state (registers,
 /// irqchip, device state) is tiny; anything bigger is corrupt or hostile.

@@ -31,6 +31,9 @@ pub mod pack_archive;
 pub mod page_map;
 pub mod store;
 pub mod tag;
+#[cfg(test)]
+mod test_rng;
+pub mod vault;
 
 pub use chunk_store::{ChunkError, ChunkId, ChunkLock, ChunkStore, GcReport, PutOutcome, MAX_CHUNK_BYTES};
 pub use container::{
@@ -46,8 +49,8 @@ pub use memory_image::{
     allocated_bytes, create_image, open_image, write_sparse, MemoryImageError, SparseStats, PAGE_SIZE,
 };
 pub use metadata::{
-    read_meta, replace_meta, write_meta, write_meta_unsynced, DevicesMeta, DiskMeta, GuestIdentity, MemoryFormat,
-    MetadataError, SnapshotMeta, SnapshotStatus, METADATA_FORMAT_VERSION,
+    is_layer_name, read_meta, replace_meta, write_meta, write_meta_unsynced, DevicesMeta, DiskMeta, GuestIdentity,
+    MemoryFormat, MetadataError, SnapshotMeta, SnapshotStatus, METADATA_FORMAT_VERSION,
 };
 pub use pack_archive::{
     extract_pack, PackEntry, PackError, PackLimits, PackManifest, PackWriter, PACK_FORMAT, PACK_MANIFEST, PACK_VERSION,

@@ -143,6 +143,12 @@ pub struct DiskMeta {
     pub read_only: bool,
     /// Serial the guest sees.
     pub id: String,
+    /// A layered disk (DESIGN §5): `file` is its base image and these are its sealed
+    /// layers, oldest first, each the directory `disk/<file>.layers/<name>/` holding the
+    /// layer's `data` and `bitmap`; names are layer ids (32 lowercase hex digits). A
+    /// restored layered disk gets a fresh writable top over them. `None`: a plain image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layers: Option<Vec<String>>,
 }
 
 impl DiskMeta {
@@ -150,8 +156,25 @@ impl DiskMeta {
     /// `snapshot.json` is untrusted.
     pub fn has_plain_name(&self) -> bool {
         let f = self.file.as_str();
-        !f.is_empty() && f != "." && f != ".." && !f.contains('/') && !f.contains('\0')
+        let plain = !f.is_empty() && f != "." && f != ".." && !f.contains('/') && !f.contains('\0');
+        plain && self.layers.iter().flatten().all(|l| is_layer_name(l))
     }
+
+    /// Where the sealed layer `name` of this disk lives inside the snapshot's `disk/`.
+    pub fn layer_dir(&self, disk_dir: &std::path::Path, name: &str) -> std::path::PathBuf {
+        disk_dir.join(format!("{}.layers", self.file)).join(name)
+    }
+
+    /// The directories of this disk's sealed layers inside `disk_dir`, oldest first
+    /// (empty for a plain image).
+    pub fn layer_dirs(&self, disk_dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+        self.layers.iter().flatten().map(|l| self.layer_dir(disk_dir, l)).collect()
+    }
+}
+
+/// Whether `name` is a layer id as written in `snapshot.json`: 32 lowercase hex digits.
+pub fn is_layer_name(name: &str) -> bool {
+    name.len() == 32 && name.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// Why `snapshot.json` could not be read or written.

@@ -7,6 +7,7 @@
 
 pub mod arch;
 pub mod builder;
+pub mod cold_boot;
 pub mod control;
 pub mod devices;
 pub mod host;

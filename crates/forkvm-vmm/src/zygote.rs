@@ -24,6 +24,18 @@ use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
+/// Opens a child's console log for appending (created if missing), before the fork.
+pub(crate) fn open_console_log(path: Option<&Path>) -> Result<Option<File>, ZygoteError> {
+    path.map(|p| {
+        OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+            .map_err(|source| ZygoteError::ConsoleLog { path: p.to_path_buf(), source })
+    })
+    .transpose()
+}
+
 /// Exit status of a child that could not restore its VM.
 pub const EXIT_RESTORE_FAILED: i32 = 70;
 
@@ -202,16 +214,7 @@ impl Zygote {
 
     /// Forks one child VMM; returns its pid. The child never returns from this call.
     pub fn spawn(&self, spec: ChildSpec) -> Result<libc::pid_t, ZygoteError> {
-        let log = match &spec.console_log {
-            Some(path) => Some(
-                OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
-                    .map_err(|source| ZygoteError::ConsoleLog { path: path.clone(), source })?,
-            ),
-            None => None,
-        };
+        let log = open_console_log(spec.console_log.as_deref())?;
         let detach = spec.detach;
         fork_and_run(detach, || self.child_main(spec, log)).map_err(ZygoteError::Fork)
     }
@@ -276,18 +279,29 @@ impl Zygote {
                 return fail(format!("starting the serial input thread: {e}"), error_log);
             }
         }
-        let outcome = serve_until_exit(vmm, spec.socket.as_deref());
-        if let (Ok(reason), Some(f)) = (&outcome, error_log.as_mut()) {
-            let _ = writeln!(f, "[forkvm] VMM stopping: {reason:?}");
-        }
-        match outcome {
-            Ok(VcpuExitReason::GuestExit(code)) => i32::from(code),
-            Ok(VcpuExitReason::Stopped) => 0,
-            // Nobody asked for it: a reboot or kernel panic in the guest. Failing keeps the
-            // run directory, so the console log says what happened.
-            Ok(VcpuExitReason::Reset) => fail("the guest reset itself (reboot or kernel panic)".into(), error_log),
-            Ok(other) => fail(format!("guest stopped: {other:?}"), error_log),
-            Err(e) => fail(e.to_string(), error_log),
-        }
+        serve_to_exit_code(vmm, spec.socket.as_deref(), error_log, fail)
+    }
+}
+
+/// Serves `vmm`'s control socket until its VM stops, notes why in the console log, and
+/// turns that into the VMM process's exit status: the guest's own code, 0 when asked to
+/// stop, else `fail`'s (a failure keeps the run directory, so the log says what happened).
+pub(crate) fn serve_to_exit_code(
+    vmm: crate::Vmm,
+    socket: Option<&Path>,
+    error_log: &mut Option<File>,
+    fail: impl Fn(String, &mut Option<File>) -> i32,
+) -> i32 {
+    let outcome = serve_until_exit(vmm, socket);
+    if let (Ok(reason), Some(f)) = (&outcome, error_log.as_mut()) {
+        let _ = writeln!(f, "[forkvm] VMM stopping: {reason:?}");
+    }
+    match outcome {
+        Ok(VcpuExitReason::GuestExit(code)) => i32::from(code),
+        Ok(VcpuExitReason::Stopped) => 0,
+        // Nobody asked for it: a reboot or kernel panic in the guest.
+        Ok(VcpuExitReason::Reset) => fail("the guest reset itself (reboot or kernel panic)".into(), error_log),
+        Ok(other) => fail(format!("guest stopped: {other:?}"), error_log),
+        Err(e) => fail(e.to_string(), error_log),
     }
 }

@@ -34,6 +34,7 @@ fn children(dir: &Path, n: usize) -> Vec<ForkChild> {
             labels: VmmLabels { sandbox_id: Some(format!("child{i}")), template: None },
             run_dir: None,
             cgroup: None,
+            disk_dir: Some(dir.join(format!("c{i}.disks"))),
         })
         .collect()
 }

@@ -1,13 +1,17 @@
 //! `forkvm`: the command-line interface. Thin: parses, calls the library, prints.
 
+mod archive_cmd;
 mod bench_api;
 mod bench_boot;
 mod bench_branch;
 mod bench_chain;
+mod bench_disk;
 mod bench_fork;
+mod bench_lazy;
 mod bench_spawn;
 mod chain_cmd;
 mod daemon_cmd;
+mod disk_cmd;
 mod doctor;
 mod fork_cmd;
 mod image_cmd;
@@ -77,6 +81,22 @@ enum Command {
     Unpack(chain_cmd::UnpackArgs),
     /// Run forkvmd, the REST controller (Unix socket; optionally TCP with a token, TLS).
     Daemon(daemon_cmd::DaemonArgs),
+    /// Take an encrypted, incremental snapshot of a sandbox's disks now.
+    DiskSnapshot(disk_cmd::DiskSnapshotArgs),
+    /// List a sandbox's disk snapshots.
+    DiskSnapshots(disk_cmd::DiskSnapshotsArgs),
+    /// Write one of a sandbox's disk snapshots out as a raw disk image.
+    DiskExport(disk_cmd::DiskExportArgs),
+    /// Boot a new sandbox on a copy of a sandbox's disk snapshot (a disk-only fork).
+    DiskFork(disk_cmd::DiskForkArgs),
+    /// Move a sandbox to the store (memory, disks, processes) and stop its VMM.
+    Archive(archive_cmd::ArchiveArgs),
+    /// Bring an archived sandbox back, as it was.
+    Unarchive(archive_cmd::UnarchiveArgs),
+    /// List archived sandboxes.
+    Archives(archive_cmd::ArchivesArgs),
+    /// Set a sandbox's time to live (daemon only): archived, never deleted, when it ends.
+    Ttl(archive_cmd::TtlArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -93,6 +113,10 @@ enum BenchCommand {
     Api(bench_api::BenchApiArgs),
     /// Diff-snapshot chains: spawn cost per depth, bytes on disk, pack/unpack throughput.
     Chain(bench_chain::BenchChainArgs),
+    /// Continuous disk snapshots: steady-state cost against the guest's write rate.
+    DiskSnapshot(bench_disk::BenchDiskArgs),
+    /// Lazy restore from a disk snapshot: eager vs lazy vs lazy + prefetch playbook (host side).
+    LazyRestore(bench_lazy::BenchLazyArgs),
 }
 
 /// The error and its causes, skipping a cause whose text the message already contains
@@ -127,6 +151,8 @@ fn main() {
         Command::Bench(BenchCommand::Spawn(a)) => bench_spawn::run(a),
         Command::Bench(BenchCommand::Api(a)) => bench_api::run(a),
         Command::Bench(BenchCommand::Chain(a)) => bench_chain::run(a),
+        Command::Bench(BenchCommand::DiskSnapshot(a)) => bench_disk::run(a),
+        Command::Bench(BenchCommand::LazyRestore(a)) => bench_lazy::run(a),
         Command::Run(a) => run_cmd::run(a),
         Command::Snapshot(a) => snapshot_cmd::run(a, remote),
         Command::Ps(a) => sandbox_cmd::ps(a, remote),
@@ -143,6 +169,14 @@ fn main() {
         Command::SnapshotCompact(a) => chain_cmd::compact(a, remote),
         Command::Pack(a) => chain_cmd::pack(a, remote),
         Command::Unpack(a) => chain_cmd::unpack(a, remote),
+        Command::DiskSnapshot(a) => disk_cmd::snapshot(a, remote),
+        Command::DiskSnapshots(a) => disk_cmd::list(a, remote),
+        Command::DiskExport(a) => disk_cmd::export(a, remote),
+        Command::DiskFork(a) => disk_cmd::fork(a, remote),
+        Command::Archive(a) => archive_cmd::archive(a, remote),
+        Command::Unarchive(a) => archive_cmd::unarchive(a, remote),
+        Command::Archives(a) => archive_cmd::list(a, remote),
+        Command::Ttl(a) => archive_cmd::ttl(a, remote),
     };
     match result {
         Ok(code) => std::process::exit(code),

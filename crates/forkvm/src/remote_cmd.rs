@@ -5,12 +5,16 @@
 //! on locally when no daemon was asked for (or `auto` found none).
 
 mod chain;
+mod disk;
 mod fork;
+mod lifecycle;
 mod sandbox;
 mod snapshot;
 
 pub use chain::{compact, pack, rmi, snapshot_diff, snapshot_info, unpack};
+pub use disk::{disk_snapshot, disk_snapshots};
 pub use fork::fork;
+pub use lifecycle::{archive, archives, disk_fork, set_ttl, unarchive};
 pub use sandbox::{branch, eval, exec, kill, ps};
 pub use snapshot::snapshot;
 
@@ -53,7 +57,7 @@ impl RemoteArgs {
     }
 
     /// Refuses `what`, which has no daemon API, when a daemon was named explicitly.
-    fn refuse_local(&self, what: &str, instead: &str) -> Result<()> {
+    pub(crate) fn refuse_local(&self, what: &str, instead: &str) -> Result<()> {
         if self.explicit() {
             bail!("{what} has no daemon API (--daemon/FORKVM_DAEMON is set); {instead}");
         }

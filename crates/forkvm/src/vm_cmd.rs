@@ -61,7 +61,7 @@ impl DeviceArgs {
                 if path.is_empty() {
                     bail!("--disk needs a path, got {d:?}");
                 }
-                Ok(BlockConfig { path: path.into(), read_only, id: format!("forkvm-disk{i}") })
+                Ok(BlockConfig { path: path.into(), read_only, id: format!("forkvm-disk{i}"), layers: None })
             })
             .collect::<Result<Vec<_>>>()?;
         let vsock = self.vsock.clone().map(|uds_path| VsockConfig { guest_cid: self.cid, uds_path });

@@ -74,7 +74,7 @@ fn write_snapshot(dir: &Path, tag: &str, mem: &[u8], disk: &Path) {
         devices: Some(DevicesMeta {
             vsock_cid: Some(3),
             rng: true,
-            disks: vec![DiskMeta { file: "disk0.img".into(), read_only: true, id: "forkvm-root".into() }],
+            disks: vec![DiskMeta { file: "disk0.img".into(), read_only: true, id: "forkvm-root".into(), layers: None }],
         }),
         template: None,
         memory_format: MemoryFormat::Image,

@@ -56,7 +56,21 @@ impl AuditLog {
         Ok(())
     }
 
-    fn append(&self, e: &Entry<'_>) {
+    /// A line for something the daemon did on its own, not for a request (e.g. a
+    /// scheduled disk snapshot that failed): `{"ts", "peer": "forkvmd", "event",
+    /// "sandbox", ...details}`.
+    pub fn event(&self, event: &str, sandbox: Option<&str>, details: serde_json::Value) {
+        let mut line = serde_json::json!({ "ts": rfc3339_now(), "peer": "forkvmd", "event": event });
+        if let Some(id) = sandbox {
+            line["sandbox"] = id.into();
+        }
+        if let (Some(out), serde_json::Value::Object(more)) = (line.as_object_mut(), details) {
+            out.extend(more);
+        }
+        self.append(&line);
+    }
+
+    fn append(&self, e: &impl Serialize) {
         let Ok(mut line) = serde_json::to_vec(e) else { return };
         line.push(b'\n');
         // One write per line: O_APPEND keeps concurrent lines whole.

@@ -1,9 +1,11 @@
 //! Starting the daemon: check the configuration, take the state directory's lock, fork
 //! the spawner while still single-threaded, open the database and audit log, reconcile,
-//! then start the runtime and serve until SIGTERM/SIGINT.
+//! then start the runtime, the disk snapshot schedule, and serve until SIGTERM/SIGINT.
 
 use crate::audit::AuditLog;
 use crate::db::Db;
+use crate::disk::DiskSnapshotConfig;
+use crate::lifecycle::LifecycleConfig;
 use crate::reconcile::reconcile;
 use crate::serve::{bind_unix, tls_acceptor, wrap, ServeError, TcpConfig};
 use crate::spawner::Spawner;
@@ -23,6 +25,10 @@ pub struct DaemonConfig {
     /// Database, audit log and lock.
     pub state_dir: PathBuf,
     pub branch_concurrency: usize,
+    /// The disk snapshot schedule and retention.
+    pub disk_snapshots: DiskSnapshotConfig,
+    /// Idle pause and the default TTL.
+    pub lifecycle: LifecycleConfig,
 }
 
 impl DaemonConfig {
@@ -83,6 +89,8 @@ pub fn run(cfg: DaemonConfig) -> Result<(), DaemonError> {
     let audit_path = cfg.state_dir.join("audit.log");
     let audit = AuditLog::open(&audit_path).map_err(|source| DaemonError::Audit { path: audit_path, source })?;
     let state = AppState::new(cfg.registry.clone(), cfg.store.clone(), db, Some(spawner), cfg.branch_concurrency);
+    state.disk.set_retention(cfg.disk_snapshots.retention);
+    state.lifecycle.set_config(cfg.lifecycle);
     let (reconciled, watch) = reconcile(&state);
     tracing::info!(?reconciled, "reconciled state with running sandboxes and the store");
     println!("forkvmd reconciled {}", serde_json::to_string(&reconciled).unwrap_or_default());
@@ -109,6 +117,15 @@ pub fn run(cfg: DaemonConfig) -> Result<(), DaemonError> {
         use std::io::Write;
         let _ = std::io::stdout().flush();
         tokio::spawn(reopen_on_hangup(audit.clone()));
+        match cfg.disk_snapshots.interval {
+            Some(every) => {
+                tracing::info!(?every, retention = ?cfg.disk_snapshots.retention, "disk snapshots scheduled");
+                tokio::spawn(crate::disk::schedule(state.clone(), every, Some(audit.clone())));
+            }
+            None => tracing::info!("scheduled disk snapshots are off (--disk-snapshot-interval 0)"),
+        }
+        tracing::info!(idle_pause = ?cfg.lifecycle.idle_pause, default_ttl = ?cfg.lifecycle.default_ttl, "lifecycle");
+        tokio::spawn(crate::lifecycle::schedule(state.clone(), Some(audit.clone())));
         crate::serve::run(Some((unix, wrap(app, None, Some(audit)))), tcp, crate::serve::stop_signal()).await;
         let _ = std::fs::remove_file(&cfg.socket);
         Ok::<(), DaemonError>(())

@@ -8,13 +8,16 @@
 use rusqlite::{params, Connection, OptionalExtension};
 use std::path::Path;
 
-const SCHEMA_VERSION: i64 = 1;
+/// 2: sandboxes may be `paused` or `archived` (or `restoring`), with a reason, a TTL,
+/// the last activity in ms and when they were archived. A version 1 file is migrated in
+/// one transaction when opened; an older forkvmd refuses a version 2 file.
+const SCHEMA_VERSION: i64 = 2;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS sandboxes (
   id TEXT PRIMARY KEY,
-  state TEXT NOT NULL CHECK (state IN ('starting', 'running')),
+  state TEXT NOT NULL CHECK (state IN ('starting', 'running', 'paused', 'archived', 'restoring')),
   op TEXT,
   pid INTEGER,
   template TEXT,
@@ -24,7 +27,12 @@ CREATE TABLE IF NOT EXISTS sandboxes (
   created_at_unix INTEGER NOT NULL,
   last_active_unix INTEGER NOT NULL,
   branch_count INTEGER NOT NULL DEFAULT 0,
-  last_branch_tag TEXT
+  last_branch_tag TEXT,
+  reason TEXT,
+  ttl_seconds INTEGER,
+  expires_at_unix_ms INTEGER,
+  last_activity_unix_ms INTEGER NOT NULL DEFAULT 0,
+  archived_at_unix_ms INTEGER
 );
 CREATE TABLE IF NOT EXISTS snapshots (
   tag TEXT PRIMARY KEY,
@@ -72,7 +80,44 @@ pub struct SandboxRow {
     pub last_active_unix: u64,
     pub branch_count: u32,
     pub last_branch_tag: Option<String>,
+    /// Why it is in its state: `idle` (paused), `ttl` or `api` (archived).
+    pub reason: Option<String>,
+    pub ttl_seconds: Option<u64>,
+    pub expires_at_unix_ms: Option<u64>,
+    pub last_activity_unix_ms: u64,
+    pub archived_at_unix_ms: Option<u64>,
 }
+
+/// Version 1 to 2: the `sandboxes` table is rebuilt with the wider state check and the
+/// lifecycle columns (SQLite cannot alter a check), in one transaction.
+const MIGRATE_1_TO_2: &str = "
+CREATE TABLE sandboxes_v2 (
+  id TEXT PRIMARY KEY,
+  state TEXT NOT NULL CHECK (state IN ('starting', 'running', 'paused', 'archived', 'restoring')),
+  op TEXT,
+  pid INTEGER,
+  template TEXT,
+  snapshot_tag TEXT,
+  forked_from TEXT,
+  memory_limit_mib INTEGER,
+  created_at_unix INTEGER NOT NULL,
+  last_active_unix INTEGER NOT NULL,
+  branch_count INTEGER NOT NULL DEFAULT 0,
+  last_branch_tag TEXT,
+  reason TEXT,
+  ttl_seconds INTEGER,
+  expires_at_unix_ms INTEGER,
+  last_activity_unix_ms INTEGER NOT NULL DEFAULT 0,
+  archived_at_unix_ms INTEGER
+);
+INSERT INTO sandboxes_v2 (id, state, op, pid, template, snapshot_tag, forked_from, memory_limit_mib,
+  created_at_unix, last_active_unix, branch_count, last_branch_tag, last_activity_unix_ms)
+  SELECT id, state, op, pid, template, snapshot_tag, forked_from, memory_limit_mib, created_at_unix,
+    last_active_unix, branch_count, last_branch_tag, last_active_unix * 1000 FROM sandboxes;
+DROP TABLE sandboxes;
+ALTER TABLE sandboxes_v2 RENAME TO sandboxes;
+UPDATE meta SET value = '2' WHERE key = 'schema';
+";
 
 /// A snapshot row.
 #[derive(Debug, Clone, PartialEq)]
@@ -123,6 +168,11 @@ impl Db {
                 .map_err(err)?;
             }
             Some(SCHEMA_VERSION) => {}
+            Some(1) => {
+                let tx = conn.unchecked_transaction().map_err(err)?;
+                tx.execute_batch(MIGRATE_1_TO_2).map_err(err)?;
+                tx.commit().map_err(err)?;
+            }
             Some(found) => return Err(DbError::Version { path: path.display().to_string(), found }),
         }
         Ok(Db { conn })
@@ -134,8 +184,9 @@ impl Db {
         for r in rows {
             tx.execute(
                 "INSERT INTO sandboxes (id, state, op, pid, template, snapshot_tag, forked_from, memory_limit_mib,
-                   created_at_unix, last_active_unix, branch_count, last_branch_tag)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                   created_at_unix, last_active_unix, branch_count, last_branch_tag, reason, ttl_seconds,
+                   expires_at_unix_ms, last_activity_unix_ms, archived_at_unix_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
                 params![
                     r.id,
                     r.state,
@@ -148,7 +199,12 @@ impl Db {
                     r.created_at_unix as i64,
                     r.last_active_unix as i64,
                     r.branch_count,
-                    r.last_branch_tag
+                    r.last_branch_tag,
+                    r.reason,
+                    r.ttl_seconds.map(|v| v as i64),
+                    r.expires_at_unix_ms.map(|v| v as i64),
+                    r.last_activity_unix_ms as i64,
+                    r.archived_at_unix_ms.map(|v| v as i64)
                 ],
             )?;
         }
@@ -178,7 +234,8 @@ impl Db {
     pub fn sandboxes(&self) -> Result<Vec<SandboxRow>, DbError> {
         let mut st = self.conn.prepare(
             "SELECT id, state, op, pid, template, snapshot_tag, forked_from, memory_limit_mib, created_at_unix,
-                    last_active_unix, branch_count, last_branch_tag FROM sandboxes ORDER BY created_at_unix, id",
+                    last_active_unix, branch_count, last_branch_tag, reason, ttl_seconds, expires_at_unix_ms,
+                    last_activity_unix_ms, archived_at_unix_ms FROM sandboxes ORDER BY created_at_unix, id",
         )?;
         let rows = st.query_map([], |r| {
             Ok(SandboxRow {
@@ -194,13 +251,53 @@ impl Db {
                 last_active_unix: r.get::<_, i64>(9)? as u64,
                 branch_count: r.get(10)?,
                 last_branch_tag: r.get(11)?,
+                reason: r.get(12)?,
+                ttl_seconds: r.get::<_, Option<i64>>(13)?.map(|v| v as u64),
+                expires_at_unix_ms: r.get::<_, Option<i64>>(14)?.map(|v| v as u64),
+                last_activity_unix_ms: r.get::<_, i64>(15)? as u64,
+                archived_at_unix_ms: r.get::<_, Option<i64>>(16)?.map(|v| v as u64),
             })
         })?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    pub fn touch(&self, id: &str, now_unix: u64) -> Result<(), DbError> {
-        self.conn.execute("UPDATE sandboxes SET last_active_unix = ?2 WHERE id = ?1", params![id, now_unix as i64])?;
+    /// Notes an API call that used sandbox `id` at `now_ms`.
+    pub fn touch(&self, id: &str, now_ms: u64) -> Result<(), DbError> {
+        self.conn.execute(
+            "UPDATE sandboxes SET last_active_unix = ?2, last_activity_unix_ms = ?3 WHERE id = ?1",
+            params![id, (now_ms / 1000) as i64, now_ms as i64],
+        )?;
+        Ok(())
+    }
+
+    /// Sets sandbox `id`'s state and reason (`None` clears it); `archived_at_unix_ms` is
+    /// set for `archived` and cleared otherwise.
+    pub fn set_state(&self, id: &str, state: &str, reason: Option<&str>, now_ms: u64) -> Result<(), DbError> {
+        let archived_at = (state == "archived").then_some(now_ms as i64);
+        self.conn.execute(
+            "UPDATE sandboxes SET state = ?2, reason = ?3, archived_at_unix_ms = ?4,
+               pid = CASE WHEN ?2 = 'archived' THEN NULL ELSE pid END WHERE id = ?1",
+            params![id, state, reason, archived_at],
+        )?;
+        Ok(())
+    }
+
+    /// Sets sandbox `id`'s TTL (`None`: none) and when it runs out.
+    pub fn set_ttl(&self, id: &str, ttl_seconds: Option<u64>, expires_at_unix_ms: Option<u64>) -> Result<(), DbError> {
+        self.conn.execute(
+            "UPDATE sandboxes SET ttl_seconds = ?2, expires_at_unix_ms = ?3 WHERE id = ?1",
+            params![id, ttl_seconds.map(|v| v as i64), expires_at_unix_ms.map(|v| v as i64)],
+        )?;
+        Ok(())
+    }
+
+    /// Marks sandbox `id` running again (a restore) with its VMM pid.
+    pub fn mark_restored(&self, id: &str, pid: i32, now_ms: u64) -> Result<(), DbError> {
+        self.conn.execute(
+            "UPDATE sandboxes SET state = 'running', reason = NULL, archived_at_unix_ms = NULL, pid = ?2,
+               last_active_unix = ?3, last_activity_unix_ms = ?4 WHERE id = ?1",
+            params![id, pid, (now_ms / 1000) as i64, now_ms as i64],
+        )?;
         Ok(())
     }
 
@@ -315,6 +412,11 @@ mod tests {
             last_active_unix: 10,
             branch_count: 0,
             last_branch_tag: None,
+            reason: None,
+            ttl_seconds: None,
+            expires_at_unix_ms: None,
+            last_activity_unix_ms: 10_000,
+            archived_at_unix_ms: None,
         }
     }
 
@@ -327,7 +429,7 @@ mod tests {
             db.insert_sandboxes(&[row("a"), row("b")]).unwrap();
             db.mark_running(&[("a".into(), 42)]).unwrap();
             db.record_branch_of("a", "t1").unwrap();
-            db.touch("a", 99).unwrap();
+            db.touch("a", 99_000).unwrap();
             db.upsert_snapshot(&SnapshotRow {
                 tag: "t1".into(),
                 status: "writing".into(),
@@ -398,5 +500,44 @@ mod tests {
         c.execute("UPDATE meta SET value = '99' WHERE key = 'schema'", []).unwrap();
         drop(c);
         assert!(matches!(Db::open(&path), Err(DbError::Version { found: 99, .. })));
+    }
+
+    #[test]
+    fn a_version_1_file_is_migrated_and_keeps_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let c = Connection::open(&path).unwrap();
+        c.execute_batch(
+            "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+             INSERT INTO meta VALUES ('schema', '1');
+             CREATE TABLE sandboxes (id TEXT PRIMARY KEY,
+               state TEXT NOT NULL CHECK (state IN ('starting', 'running')), op TEXT, pid INTEGER,
+               template TEXT, snapshot_tag TEXT, forked_from TEXT, memory_limit_mib INTEGER,
+               created_at_unix INTEGER NOT NULL, last_active_unix INTEGER NOT NULL,
+               branch_count INTEGER NOT NULL DEFAULT 0, last_branch_tag TEXT);
+             INSERT INTO sandboxes VALUES ('old1', 'running', 'spawn-1', 7, 'python', 'py', NULL, NULL, 5, 6, 2, 't');",
+        )
+        .unwrap();
+        drop(c);
+        let db = Db::open(&path).unwrap();
+        let rows = db.sandboxes().unwrap();
+        assert_eq!((rows[0].id.as_str(), rows[0].pid, rows[0].branch_count), ("old1", Some(7), 2));
+        assert_eq!((rows[0].last_activity_unix_ms, rows[0].reason.as_deref()), (6000, None));
+        db.set_state("old1", "archived", Some("ttl"), 123).unwrap();
+        db.set_ttl("old1", Some(2), Some(8000)).unwrap();
+        drop(db);
+        let db = Db::open(&path).unwrap();
+        let r = &db.sandboxes().unwrap()[0];
+        assert_eq!(
+            (r.state.as_str(), r.reason.as_deref(), r.archived_at_unix_ms, r.pid),
+            ("archived", Some("ttl"), Some(123), None)
+        );
+        assert_eq!((r.ttl_seconds, r.expires_at_unix_ms), (Some(2), Some(8000)));
+        db.mark_restored("old1", 9, 200_000).unwrap();
+        let r = &db.sandboxes().unwrap()[0];
+        assert_eq!(
+            (r.state.as_str(), r.reason.as_deref(), r.archived_at_unix_ms, r.pid),
+            ("running", None, None, Some(9))
+        );
     }
 }

@@ -153,6 +153,16 @@ impl From<forkvm_sandbox::LifecycleError> for ApiError {
     }
 }
 
+impl From<forkvm_sandbox::disk_snapshots::DiskSnapshotError> for ApiError {
+    fn from(e: forkvm_sandbox::disk_snapshots::DiskSnapshotError) -> ApiError {
+        use forkvm_sandbox::disk_snapshots::DiskSnapshotError;
+        match e {
+            DiskSnapshotError::Lifecycle(l) => l.into(),
+            other => ApiError::from_code(other.code(), other.to_string()),
+        }
+    }
+}
+
 impl From<forkvm_snapshot::TagError> for ApiError {
     fn from(e: forkvm_snapshot::TagError) -> ApiError {
         ApiError::bad_request(e.to_string())

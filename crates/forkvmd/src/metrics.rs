@@ -39,6 +39,7 @@ type Key = (&'static str, Vec<(&'static str, String)>);
 struct Inner {
     counters: BTreeMap<Key, u64>,
     histograms: BTreeMap<Key, Histogram>,
+    gauges: BTreeMap<Key, f64>,
 }
 
 /// The daemon's metrics.
@@ -64,6 +65,20 @@ const HELP: &[(&str, &str, &str)] = &[
     ("forkvm_spawn_duration_seconds", "histogram", "Spawn call latency until every sandbox was ready, by kind."),
     ("forkvm_branches_total", "counter", "BRANCH calls by mode and outcome."),
     ("forkvm_branch_pause_seconds", "histogram", "Source pause window of successful BRANCH calls, by mode."),
+    (
+        "forkvm_disk_snapshots_total",
+        "counter",
+        "Disk snapshot attempts by trigger (schedule, api) and outcome (ok, unchanged, failed).",
+    ),
+    ("forkvm_disk_snapshot_written_bytes_total", "counter", "Encrypted chunk bytes disk snapshots wrote to the vault."),
+    ("forkvm_disk_snapshot_duration_seconds", "histogram", "Disk snapshot latency (seal and write), by trigger."),
+    ("forkvm_disk_snapshot_last_duration_seconds", "gauge", "Duration of the last disk snapshot attempt."),
+    ("forkvm_disk_snapshot_last_success_unix", "gauge", "When a disk snapshot last succeeded (Unix seconds)."),
+    ("forkvm_auto_pauses_total", "counter", "Sandboxes the daemon paused because they were idle (--idle-pause)."),
+    ("forkvm_auto_resumes_total", "counter", "Sandboxes paused when idle that a call resumed."),
+    ("forkvm_ttl_archives_total", "counter", "Archives made because a sandbox's TTL ran out, by outcome (ok, failed)."),
+    ("forkvm_archives_total", "counter", "Archive attempts by reason (api, ttl) and outcome (ok or the error code)."),
+    ("forkvm_restores_total", "counter", "Restores of archived sandboxes by outcome (ok or the error code)."),
 ];
 
 impl Metrics {
@@ -79,6 +94,12 @@ impl Metrics {
     pub fn observe(&self, name: &'static str, labels: &[(&'static str, &str)], seconds: f64) {
         let key = key(name, labels);
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).histograms.entry(key).or_default().observe(seconds);
+    }
+
+    /// Sets a gauge the daemon updates itself (not one read when scraped).
+    pub fn set(&self, name: &'static str, labels: &[(&'static str, &str)], value: f64) {
+        let key = key(name, labels);
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).gauges.insert(key, value);
     }
 
     /// The exposition text.
@@ -99,6 +120,9 @@ impl Metrics {
         for (name, kind, help) in HELP {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
             for ((n, labels), v) in inner.counters.iter().filter(|((n, _), _)| n == name) {
+                let _ = writeln!(out, "{n}{} {v}", render_labels(labels, None));
+            }
+            for ((n, labels), v) in inner.gauges.iter().filter(|((n, _), _)| n == name) {
                 let _ = writeln!(out, "{n}{} {v}", render_labels(labels, None));
             }
             for ((n, labels), h) in inner.histograms.iter().filter(|((n, _), _)| n == name) {
@@ -155,5 +179,9 @@ mod tests {
         assert!(text.contains("forkvm_branch_pause_seconds_count{mode=\"live\"} 2\n"));
         assert!(text.contains("forkvm_build_info{version=\""));
         assert!(text.contains("# TYPE forkvm_spawns_total counter"));
+        m.set("forkvm_disk_snapshot_last_duration_seconds", &[], 0.25);
+        let text = m.render(Gauges::default());
+        assert!(text.contains("# TYPE forkvm_disk_snapshot_last_duration_seconds gauge\n"), "{text}");
+        assert!(text.contains("\nforkvm_disk_snapshot_last_duration_seconds 0.25\n"), "{text}");
     }
 }

@@ -14,6 +14,7 @@
 use crate::db::SandboxRow;
 use crate::state::{new_row, AppState, Origin};
 use crate::views::{snapshot_info, snapshot_row};
+use forkvm_sandbox::archive;
 use forkvm_snapshot::SnapshotStatus;
 use forkvm_vmm::control::{ControlClient, Request};
 use serde::Serialize;
@@ -35,6 +36,11 @@ pub struct Reconciled {
     pub branches_settled: Vec<String>,
     /// Leftovers removed from the store (dead writers, staging directories).
     pub swept_snapshots: Vec<String>,
+    /// Archived sandboxes (recorded, or archives found that the database did not know:
+    /// archived without the daemon, or whose VMM stopped after the archive was written).
+    pub archived: Vec<String>,
+    /// Restores the daemon died in: finished ones marked running, others back to archived.
+    pub restores_settled: Vec<String>,
 }
 
 /// Runs before the listeners open. Returns the branches (op, tag) still being written.
@@ -43,9 +49,36 @@ pub fn reconcile(s: &AppState) -> (Reconciled, Vec<(String, String)>) {
     s.registry.sweep();
     let rows = s.db().sandboxes().unwrap_or_default();
     let mut drop_ids = Vec::new();
+    let has_archive =
+        |id: &str| archive::archives_dir(&s.store).join(id).join(forkvm_snapshot::SNAPSHOT_JSON).is_file();
+    let now = forkvm_sandbox::registry::now_unix_ms();
     for row in &rows {
         let record = s.registry.get(&row.id).ok();
         match (row.state.as_str(), record) {
+            ("archived", None) if has_archive(&row.id) => out.archived.push(row.id.clone()),
+            // Restored without the daemon (`forkvm unarchive`): running again.
+            ("archived", Some(r)) => {
+                let _ = s.db().mark_restored(&row.id, r.pid, now);
+                out.reattached.push(row.id.clone());
+            }
+            ("restoring", Some(r)) if archive::linked_archive(&r.run_dir).is_some() => {
+                let _ = s.db().mark_restored(&row.id, r.pid, now);
+                out.restores_settled.push(row.id.clone());
+            }
+            ("restoring", rec) if has_archive(&row.id) => {
+                // Not yet linked to its archive, so stopping it leaves the archive.
+                if let Some(r) = rec {
+                    let _ = forkvm_sandbox::kill_record(&s.registry, &r);
+                }
+                let _ = s.db().set_state(&row.id, "archived", row.reason.as_deref(), now);
+                out.restores_settled.push(row.id.clone());
+            }
+            // Its VMM stopped after the archive was written (a daemon killed mid-archive,
+            // or a restored sandbox that crashed): archived, as the archive says.
+            ("running" | "paused", None) if has_archive(&row.id) => {
+                let _ = s.db().set_state(&row.id, "archived", Some("recovered"), now);
+                out.archived.push(row.id.clone());
+            }
             ("starting", rec) => {
                 if let Some(r) = rec {
                     let _ = forkvm_sandbox::kill_record(&s.registry, &r);
@@ -79,6 +112,20 @@ pub fn reconcile(s: &AppState) -> (Reconciled, Vec<(String, String)>) {
         .collect();
     out.adopted = adopted.iter().map(|r| r.id.clone()).collect();
     let _ = s.db().insert_sandboxes(&adopted);
+    // Archives made without the daemon.
+    for id in archive::list(&s.registry, &s.store) {
+        if known.contains(&id.as_str()) {
+            continue;
+        }
+        let a = archive::archived_record(&s.store, &id);
+        let origin = a.as_ref().map(Origin::of).unwrap_or_default();
+        let created = a.map(|r| r.created_at_unix_ms / 1000).unwrap_or(0);
+        let row = new_row(&id, "archived", "adopted", &origin, created);
+        if s.db().insert_sandboxes(&[row]).is_ok() {
+            let _ = s.db().set_state(&id, "archived", Some("api"), now);
+            out.archived.push(id);
+        }
+    }
 
     let mut watch = Vec::new();
     let entries = s.store.list();

@@ -13,7 +13,8 @@
 //! the restarted daemon could not clean up: its VMMs are recorded as `starting` in the
 //! state database before it is asked to create them. It reaps the VMMs it forked.
 
-use forkvm_sandbox::{Registry, SpawnOptions, SpawnSource, StartedVmms};
+use forkvm_sandbox::archive::PendingRestore;
+use forkvm_sandbox::{Registry, SandboxRecord, SpawnOptions, SpawnSource, StartedVmms};
 use forkvm_snapshot::Store;
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Write};
@@ -38,10 +39,39 @@ pub struct SpawnRefused {
     pub message: String,
 }
 
+/// What the spawner is asked: every kind of VMM start (each forks).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Order {
+    Spawn(SpawnOrder),
+    /// Archived sandbox `id` from its archive ([`forkvm_sandbox::archive::start_restore`]).
+    Restore {
+        id: String,
+    },
+    /// New sandbox `id` cold-booted on a disk snapshot of `source`
+    /// ([`forkvm_sandbox::disk_fork::start_disk_fork`]).
+    DiskFork {
+        source: String,
+        seq: Option<u64>,
+        id: String,
+        memory_limit_bytes: Option<u64>,
+    },
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 enum Answer {
     Started(StartedVmms),
+    Restoring(PendingRestore),
+    Booting(SandboxRecord),
     Refused(SpawnRefused),
+}
+
+/// The API error for a refusal (`conflict_state`: the state a conflict reports).
+pub fn refused(r: SpawnRefused, conflict_state: &str) -> crate::error::ApiError {
+    let mut e = crate::error::ApiError::from_code(&r.code, r.message);
+    if e.code == "conflict" {
+        e.state = Some(conflict_state.to_string());
+    }
+    e
 }
 
 /// The daemon's handle on its spawner.
@@ -74,6 +104,41 @@ impl Spawner {
 
     /// Starts the VMMs of `order` (blocking; call from a blocking thread).
     pub fn start_vmms(&self, order: &SpawnOrder) -> Result<StartedVmms, SpawnRefused> {
+        match self.ask(&Order::Spawn(order.clone()))? {
+            Answer::Started(s) => Ok(s),
+            other => Err(self.unexpected(&other)),
+        }
+    }
+
+    /// Starts archived sandbox `id`'s VMM (blocking); the guest is not yet answering.
+    pub fn start_restore(&self, id: &str) -> Result<PendingRestore, SpawnRefused> {
+        match self.ask(&Order::Restore { id: id.to_string() })? {
+            Answer::Restoring(p) => Ok(p),
+            other => Err(self.unexpected(&other)),
+        }
+    }
+
+    /// Restores a disk snapshot of `source` for new sandbox `id` and starts its cold boot
+    /// (blocking); the guest is not yet answering.
+    pub fn start_disk_fork(
+        &self,
+        source: &str,
+        seq: Option<u64>,
+        id: &str,
+        memory_limit_bytes: Option<u64>,
+    ) -> Result<SandboxRecord, SpawnRefused> {
+        let order = Order::DiskFork { source: source.into(), seq, id: id.into(), memory_limit_bytes };
+        match self.ask(&order)? {
+            Answer::Booting(r) => Ok(r),
+            other => Err(self.unexpected(&other)),
+        }
+    }
+
+    fn unexpected(&self, a: &Answer) -> SpawnRefused {
+        SpawnRefused { code: "internal".into(), message: format!("the spawner (pid {}) answered {a:?}", self.pid) }
+    }
+
+    fn ask(&self, order: &Order) -> Result<Answer, SpawnRefused> {
         let lost = |what: &str, e: &dyn std::fmt::Display| SpawnRefused {
             code: "internal".into(),
             message: format!("the spawner process (pid {}): {what}: {e}", self.pid),
@@ -89,8 +154,8 @@ impl Spawner {
             Err(e) => return Err(lost("reading its answer", &e)),
         }
         match serde_json::from_str(&answer).map_err(|e| lost("decoding its answer", &e))? {
-            Answer::Started(s) => Ok(s),
             Answer::Refused(r) => Err(r),
+            other => Ok(other),
         }
     }
 }
@@ -116,7 +181,7 @@ fn serve(parent: libc::pid_t, stream: UnixStream, registry: &Registry, store: &S
             Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => continue,
             Err(_) => return 1,
         }
-        let answer = match serde_json::from_str::<SpawnOrder>(&line) {
+        let answer = match serde_json::from_str::<Order>(&line) {
             Ok(order) => execute(&order, registry, store),
             Err(e) => Answer::Refused(SpawnRefused { code: "internal".into(), message: format!("bad order: {e}") }),
         };
@@ -129,8 +194,24 @@ fn serve(parent: libc::pid_t, stream: UnixStream, registry: &Registry, store: &S
     }
 }
 
-fn execute(order: &SpawnOrder, registry: &Registry, store: &Store) -> Answer {
+fn execute(order: &Order, registry: &Registry, store: &Store) -> Answer {
     let refused = |code: &str, message: String| Answer::Refused(SpawnRefused { code: code.into(), message });
+    let order = match order {
+        Order::Spawn(o) => o,
+        Order::Restore { id } => {
+            return match forkvm_sandbox::archive::start_restore(registry, store, id) {
+                Ok(p) => Answer::Restoring(p),
+                Err(e) => refused(e.code(), e.to_string()),
+            }
+        }
+        Order::DiskFork { source, seq, id, memory_limit_bytes } => {
+            let opts = SpawnOptions { memory_limit_bytes: *memory_limit_bytes };
+            return match forkvm_sandbox::disk_fork::start_disk_fork(registry, store, source, *seq, id, &opts) {
+                Ok(r) => Answer::Booting(r),
+                Err(e) => refused(e.code(), e.to_string()),
+            };
+        }
+    };
     let source = match SpawnSource::from_tag(store, &order.tag) {
         Ok(s) => s,
         Err(e) => return refused(e.code(), e.to_string()),

@@ -1,9 +1,11 @@
 //! What every handler shares: where sandboxes and snapshots live, the cache of assembled
-//! chain images, the state database, the spawner, metrics, and the branch concurrency
-//! limit.
+//! chain images, the state database, the spawner, metrics, the branch concurrency
+//! limit, and the disk snapshots' locks.
 
 use crate::db::{Db, SandboxRow, SnapshotRow};
+use crate::disk::DiskSnapshots;
 use crate::error::ApiError;
+use crate::lifecycle::Lifecycle;
 use crate::metrics::{Gauges, Metrics};
 use crate::spawner::Spawner;
 use forkvm_sandbox::{Registry, SandboxRecord};
@@ -33,6 +35,10 @@ pub struct Inner {
     /// Tags of snapshots being made now by branches and compactions (a second call making
     /// the same tag is a 409); see [`AppState::claim_tag`].
     pub branch_tags: Mutex<HashSet<String>>,
+    /// Disk snapshots: per-sandbox locks, last attempts, retention ([`crate::disk`]).
+    pub disk: DiskSnapshots,
+    /// Idle pause, TTL, activity ([`crate::lifecycle`]).
+    pub lifecycle: Lifecycle,
 }
 
 #[derive(Debug, Clone)]
@@ -70,6 +76,8 @@ impl AppState {
             branch_slots: Arc::new(Semaphore::new(branch_cap)),
             branch_cap,
             branch_tags: Mutex::new(HashSet::new()),
+            disk: DiskSnapshots::default(),
+            lifecycle: Lifecycle::default(),
         }))
     }
 
@@ -116,7 +124,7 @@ impl AppState {
 
     /// Notes an API call on sandbox `id`.
     pub fn touch(&self, id: &str) {
-        let _ = self.db().touch(id, now_unix());
+        let _ = self.db().touch(id, forkvm_sandbox::registry::now_unix_ms());
     }
 }
 
@@ -179,5 +187,10 @@ pub fn new_row(id: &str, state: &str, op: &str, origin: &Origin, created_at_unix
         last_active_unix: now_unix(),
         branch_count: 0,
         last_branch_tag: None,
+        reason: None,
+        ttl_seconds: None,
+        expires_at_unix_ms: None,
+        last_activity_unix_ms: forkvm_sandbox::registry::now_unix_ms(),
+        archived_at_unix_ms: None,
     }
 }

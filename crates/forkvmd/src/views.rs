@@ -6,6 +6,7 @@
 //! (`forkvm_snapshot::chain`), which is what the CLI reports too, so the two agree.
 
 use crate::db::{SandboxRow, SnapshotRow};
+use crate::disk::DiskSnapshots;
 use forkvm_api::{SandboxInfo, SnapshotInfo, SnapshotInfoDetail};
 use forkvm_sandbox::{SandboxRecord, SpawnSource};
 use forkvm_snapshot::chain::{self, ChainError, ChainInfo};
@@ -116,7 +117,7 @@ pub fn snapshot_detail(store: &Store, e: &StoreEntry) -> Result<SnapshotInfoDeta
 }
 
 /// A running sandbox.
-pub fn sandbox_info(r: &SandboxRecord, row: Option<&SandboxRow>) -> SandboxInfo {
+pub fn sandbox_info(r: &SandboxRecord, row: Option<&SandboxRow>, disk: &DiskSnapshots) -> SandboxInfo {
     let created = r.created_at_unix_ms / 1000;
     SandboxInfo {
         id: r.id.clone(),
@@ -129,9 +130,41 @@ pub fn sandbox_info(r: &SandboxRecord, row: Option<&SandboxRow>) -> SandboxInfo 
         has_branched: row.is_some_and(|x| x.branch_count > 0),
         last_branch_memory_path: None,
         branch_count: row.map(|x| x.branch_count).unwrap_or(0),
-        state: "running".into(),
+        state: row.filter(|x| x.state == "paused").map_or("running", |_| "paused").into(),
         template: r.template.clone(),
         forked_from: r.forked_from.clone(),
         last_active_unix: row.map(|x| x.last_active_unix).unwrap_or(created),
+        last_disk_snapshot: disk.last(&r.id),
+        reason: row.and_then(|x| x.reason.clone()),
+        last_activity_unix_ms: row.map(|x| x.last_activity_unix_ms).unwrap_or(r.created_at_unix_ms),
+        ttl_seconds: row.and_then(|x| x.ttl_seconds),
+        expires_at_unix_ms: row.and_then(|x| x.expires_at_unix_ms),
+        archived_at_unix_ms: None,
+    }
+}
+
+/// An archived sandbox: no process, only the daemon's row (and the archive on disk).
+pub fn archived_info(row: &SandboxRow, disk: &DiskSnapshots) -> SandboxInfo {
+    SandboxInfo {
+        id: row.id.clone(),
+        snapshot_tag: row.snapshot_tag.clone(),
+        netns: None,
+        guest_addr: String::new(),
+        created_at_unix: row.created_at_unix,
+        pid: None,
+        memory_limit_mib: row.memory_limit_mib,
+        has_branched: row.branch_count > 0,
+        last_branch_memory_path: None,
+        branch_count: row.branch_count,
+        state: "archived".into(),
+        template: row.template.clone(),
+        forked_from: row.forked_from.clone(),
+        last_active_unix: row.last_active_unix,
+        last_disk_snapshot: disk.last(&row.id),
+        reason: row.reason.clone(),
+        last_activity_unix_ms: row.last_activity_unix_ms,
+        ttl_seconds: row.ttl_seconds,
+        expires_at_unix_ms: row.expires_at_unix_ms,
+        archived_at_unix_ms: row.archived_at_unix_ms,
     }
 }

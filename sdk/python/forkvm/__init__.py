@@ -25,10 +25,15 @@ from .errors import (
 from .sandbox import Commands, Files, Sandbox
 from .transport import Endpoint, default_socket_path, resolve_endpoint
 from .types import (
+    DiskSnapshotDisk,
+    DiskSnapshotInfo,
+    ArchiveReport,
+    DiskSnapshotReport,
     EvalResult,
     ExecResult,
     FileEntry,
     FileWritten,
+    LastDiskSnapshot,
     Pong,
     SandboxInfo,
     SnapshotInfo,
@@ -64,6 +69,11 @@ __all__ = [
     "SandboxInfo",
     "ExecResult",
     "EvalResult",
+    "ArchiveReport",
+    "DiskSnapshotReport",
+    "DiskSnapshotInfo",
+    "DiskSnapshotDisk",
+    "LastDiskSnapshot",
     "FileEntry",
     "FileWritten",
     "Pong",

@@ -19,6 +19,9 @@ from .errors import ConnectionFailed, ProtocolError, error_from_response
 from .streaming import OutputCallback, collect_exec_events
 from .transport import Endpoint, make_client, quote_segment, resolve_endpoint, resolve_token
 from .types import (
+    ArchiveReport,
+    DiskSnapshotInfo,
+    DiskSnapshotReport,
     EvalResult,
     ExecResult,
     FileEntry,
@@ -275,6 +278,7 @@ class Controller:
         memory_limit_mib: Optional[int] = None,
         *,
         per_child_netns: bool = False,
+        ttl_seconds: Optional[int] = None,
     ) -> List[SandboxInfo]:
         """``POST /v1/sandboxes``: ``n`` sandboxes from a snapshot, all ready, or none.
 
@@ -288,6 +292,8 @@ class Controller:
             body["memory_limit_mib"] = memory_limit_mib
         if per_child_netns:
             body["per_child_netns"] = True
+        if ttl_seconds is not None:
+            body["ttl_seconds"] = ttl_seconds
         return parse_list(SandboxInfo, self._json(self._request("POST", "/v1/sandboxes", json=body)), "sandboxes")
 
     def get_sandbox(self, sandbox_id: str) -> SandboxInfo:
@@ -380,12 +386,97 @@ class Controller:
             body["parent_tag"] = parent_tag
         return SnapshotInfo.from_json(self._json(self._request("POST", _sb(sandbox_id, "branch"), json=body)))
 
-    def fork_sandbox(self, sandbox_id: str, n: int = 1, memory_limit_mib: Optional[int] = None) -> List[SandboxInfo]:
+    def fork_sandbox(
+        self,
+        sandbox_id: str,
+        n: int = 1,
+        memory_limit_mib: Optional[int] = None,
+        *,
+        ttl_seconds: Optional[int] = None,
+    ) -> List[SandboxInfo]:
         """``POST /v1/sandboxes/{id}/fork``: ``n`` running copies, no disk."""
         body: Dict[str, Any] = {"n": n}
         if memory_limit_mib is not None:
             body["memory_limit_mib"] = memory_limit_mib
+        if ttl_seconds is not None:
+            body["ttl_seconds"] = ttl_seconds
         return parse_list(SandboxInfo, self._json(self._request("POST", _sb(sandbox_id, "fork"), json=body)), "sandboxes")
+
+    # --- lifecycle -------------------------------------------------------
+
+    def archive_sandbox(self, sandbox_id: str, *, timeout: Optional[float] = None) -> ArchiveReport:
+        """``POST /v1/sandboxes/{id}/archive``: the sandbox goes to the store (memory,
+        disks, processes) and its VMM stops; it stays listed as ``archived``."""
+        resp = self._request("POST", _sb(sandbox_id, "archive"), timeout=timeout)
+        return ArchiveReport.from_json(self._json(resp))
+
+    def restore(
+        self, sandbox_id: str, *, ttl_seconds: Optional[int] = None, timeout: Optional[float] = None
+    ) -> SandboxInfo:
+        """``POST /v1/sandboxes/{id}/restore``: an archived sandbox runs again, same id,
+        processes and files. ``ttl_seconds`` counts from now (0: none; absent: the
+        daemon's ``--default-ttl``)."""
+        body: Dict[str, Any] = {}
+        if ttl_seconds is not None:
+            body["ttl_seconds"] = ttl_seconds
+        resp = self._request("POST", _sb(sandbox_id, "restore"), json=body, timeout=timeout)
+        return SandboxInfo.from_json(self._json(resp))
+
+    restore_sandbox = restore
+
+    def set_ttl(self, sandbox_id: str, ttl_seconds: int) -> SandboxInfo:
+        """``POST /v1/sandboxes/{id}/ttl``: the daemon archives (never deletes) the
+        sandbox ``ttl_seconds`` from now; 0 removes the TTL."""
+        resp = self._request("POST", _sb(sandbox_id, "ttl"), json={"ttl_seconds": ttl_seconds})
+        return SandboxInfo.from_json(self._json(resp))
+
+    def disk_fork(
+        self,
+        sandbox_id: str,
+        seq: Optional[int] = None,
+        *,
+        memory_limit_mib: Optional[int] = None,
+        ttl_seconds: Optional[int] = None,
+        timeout: Optional[float] = 900.0,
+    ) -> SandboxInfo:
+        """``POST /v1/sandboxes/{id}/disk-fork``: a new sandbox cold-booted on disk
+        snapshot ``seq`` (default: the newest) of ``sandbox_id`` (running, archived or
+        gone). The guest boots, so this is long (about a minute on PVM hosts)."""
+        body: Dict[str, Any] = {}
+        for name, value in (("seq", seq), ("memory_limit_mib", memory_limit_mib), ("ttl_seconds", ttl_seconds)):
+            if value is not None:
+                body[name] = value
+        resp = self._request("POST", _sb(sandbox_id, "disk-fork"), json=body, timeout=timeout)
+        return SandboxInfo.from_json(self._json(resp))
+
+    # --- disk snapshots --------------------------------------------------
+
+    def disk_snapshot(
+        self,
+        sandbox_id: str,
+        *,
+        keep_last: Optional[int] = None,
+        keep_hourly: Optional[int] = None,
+        keep_daily: Optional[int] = None,
+        timeout: Optional[float] = None,
+    ) -> DiskSnapshotReport:
+        """``POST /v1/sandboxes/{id}/disk-snapshots``: an encrypted, incremental
+        snapshot of the sandbox's layered disks now (``unchanged`` when nothing was
+        written since the last one), then retention: the ``keep_*`` given, the daemon's
+        ``--disk-retention-keep-*`` for the rest. Waits for a snapshot of the same
+        sandbox the daemon's schedule is taking."""
+        body: Dict[str, Any] = {}
+        for name, value in (("keep_last", keep_last), ("keep_hourly", keep_hourly), ("keep_daily", keep_daily)):
+            if value is not None:
+                body[name] = value
+        resp = self._request("POST", _sb(sandbox_id, "disk-snapshots"), json=body, timeout=timeout)
+        return DiskSnapshotReport.from_json(self._json(resp))
+
+    def list_disk_snapshots(self, sandbox_id: str) -> List[DiskSnapshotInfo]:
+        """``GET /v1/sandboxes/{id}/disk-snapshots``: oldest first; also for a sandbox
+        that is gone but left snapshots."""
+        resp = self._request("GET", _sb(sandbox_id, "disk-snapshots"))
+        return parse_list(DiskSnapshotInfo, self._json(resp), "disk snapshots")
 
     # --- files -----------------------------------------------------------
 

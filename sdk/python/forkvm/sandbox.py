@@ -14,7 +14,7 @@ from typing import Any, List, Mapping, Optional, Sequence, Union
 from .controller import Controller
 from .errors import EvalError, NotFound
 from .streaming import OutputCallback
-from .types import ExecResult, FileEntry, FileWritten, Pong, SandboxInfo, SnapshotInfo
+from .types import ArchiveReport, DiskSnapshotInfo, DiskSnapshotReport, ExecResult, FileEntry, FileWritten, Pong, SandboxInfo, SnapshotInfo
 
 __all__ = ["Sandbox", "Commands", "Files"]
 
@@ -199,6 +199,21 @@ class Sandbox:
         ``mode="diff"`` stores only what changed since the snapshot it was spawned from."""
         return self._controller.branch_sandbox(self.id, tag=tag, mode=mode, wait=wait, parent_tag=parent_tag)
 
+    def disk_snapshot(
+        self,
+        *,
+        keep_last: Optional[int] = None,
+        keep_hourly: Optional[int] = None,
+        keep_daily: Optional[int] = None,
+    ) -> DiskSnapshotReport:
+        """Takes an encrypted, incremental snapshot of this sandbox's disks now (the
+        daemon also takes one every ``--disk-snapshot-interval``)."""
+        return self._controller.disk_snapshot(self.id, keep_last=keep_last, keep_hourly=keep_hourly, keep_daily=keep_daily)
+
+    def disk_snapshots(self) -> List[DiskSnapshotInfo]:
+        """This sandbox's disk snapshots, oldest first."""
+        return self._controller.list_disk_snapshots(self.id)
+
     def fork(self, n: int = 1, memory_limit_mib: Optional[int] = None) -> List["Sandbox"]:
         """``n`` running copies of this sandbox (memory, interpreter state and all).
 
@@ -213,6 +228,30 @@ class Sandbox:
             else:
                 out.append(Sandbox(info, self._controller))
         return out
+
+    def archive(self) -> ArchiveReport:
+        """Moves this sandbox to the store and stops its VMM (reversible: :meth:`restore`)."""
+        report = self._controller.archive_sandbox(self.id)
+        self.refresh()
+        return report
+
+    def restore(self, *, ttl_seconds: Optional[int] = None) -> SandboxInfo:
+        """Runs this archived sandbox again (same id, processes and files)."""
+        self._info = self._controller.restore(self.id, ttl_seconds=ttl_seconds)
+        return self._info
+
+    def set_ttl(self, ttl_seconds: int) -> SandboxInfo:
+        """The daemon archives (never deletes) this sandbox ``ttl_seconds`` from now; 0: no TTL."""
+        self._info = self._controller.set_ttl(self.id, ttl_seconds)
+        return self._info
+
+    def disk_fork(self, seq: Optional[int] = None, *, memory_limit_mib: Optional[int] = None) -> "Sandbox":
+        """A new sandbox cold-booted on one of this sandbox's disk snapshots (its files,
+        none of its processes). Long: the guest boots."""
+        info = self._controller.disk_fork(self.id, seq, memory_limit_mib=memory_limit_mib)
+        if self._owns_controller:
+            return Sandbox(info, self._controller.clone(), owns_controller=True)
+        return Sandbox(info, self._controller)
 
     def kill(self) -> None:
         """Stops the sandbox. Calling it again, or on one already gone, is fine."""

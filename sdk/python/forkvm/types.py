@@ -19,6 +19,10 @@ __all__ = [
     "SnapshotInfoDetail",
     "UnpackResult",
     "SandboxInfo",
+    "LastDiskSnapshot",
+    "DiskSnapshotReport",
+    "DiskSnapshotDisk",
+    "DiskSnapshotInfo",
     "ExecResult",
     "EvalResult",
     "FileEntry",
@@ -285,15 +289,127 @@ class UnpackResult(_Record):
 
 
 @dataclass
+class LastDiskSnapshot(_Record):
+    """forkvm: the daemon's last disk snapshot attempt on a sandbox."""
+
+    #: When the attempt ended (Unix milliseconds).
+    at_unix_ms: int
+    #: The newest snapshot the attempt left (``None`` if it failed and none was taken).
+    seq: Optional[int] = None
+    #: Why the attempt failed; ``None`` when it succeeded.
+    error: Optional[str] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "LastDiskSnapshot":
+        f = _Fields("LastDiskSnapshot", data)
+        return cls(at_unix_ms=f.req_int("at_unix_ms"), seq=f.opt_int("seq"), error=f.opt_str("error"), raw=_raw(data))
+
+
+@dataclass
+class DiskSnapshotReport(_Record):
+    """forkvm: ``POST /v1/sandboxes/{id}/disk-snapshots``: what one disk snapshot did."""
+
+    sandbox_id: str
+    #: The snapshot's sequence number (the newest existing one when ``unchanged``).
+    seq: int
+    #: Nothing was written since the last snapshot: no new one was made.
+    unchanged: bool
+    new_layers: int
+    #: Time the VMM spent sealing the disks (the vCPUs are not paused).
+    seal_ms: float
+    #: Time spent encrypting and writing to the vault.
+    write_ms: float
+    written_chunks: int
+    written_bytes: int
+    #: Bytes of distinct chunks the snapshot references (its whole disk state).
+    stored_bytes: int
+    #: Snapshots the retention policy removed afterwards.
+    retired: int
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "DiskSnapshotReport":
+        f = _Fields("DiskSnapshotReport", data)
+        return cls(
+            sandbox_id=f.req_str("sandbox_id"),
+            seq=f.req_int("seq"),
+            unchanged=f.req_bool("unchanged"),
+            new_layers=f.req_int("new_layers"),
+            seal_ms=f.req_float("seal_ms"),
+            write_ms=f.req_float("write_ms"),
+            written_chunks=f.req_int("written_chunks"),
+            written_bytes=f.req_int("written_bytes"),
+            stored_bytes=f.req_int("stored_bytes"),
+            retired=f.req_int("retired"),
+            raw=_raw(data),
+        )
+
+
+@dataclass
+class DiskSnapshotDisk(_Record):
+    """forkvm: one disk of a disk snapshot."""
+
+    #: The disk's serial (e.g. ``forkvm-data``).
+    id: str
+    #: Content key of the base image its layers sit on.
+    base_key: str
+    size: int
+    #: The newest sealed layer the snapshot covers (hex).
+    layer_id: str
+    #: Blocks that differ from the base.
+    blocks: int
+    extents: int
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "DiskSnapshotDisk":
+        f = _Fields("DiskSnapshotDisk", data)
+        return cls(
+            id=f.req_str("id"),
+            base_key=f.req_str("base_key"),
+            size=f.req_int("size"),
+            layer_id=f.req_str("layer_id"),
+            blocks=f.req_int("blocks"),
+            extents=f.req_int("extents"),
+            raw=_raw(data),
+        )
+
+
+@dataclass
+class DiskSnapshotInfo(_Record):
+    """forkvm: one entry of ``GET /v1/sandboxes/{id}/disk-snapshots``."""
+
+    seq: int
+    created_unix_ms: int
+    #: Bytes of distinct encrypted chunks it references.
+    stored_bytes: int
+    disks: List[DiskSnapshotDisk]
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "DiskSnapshotInfo":
+        f = _Fields("DiskSnapshotInfo", data)
+        disks = f._get("disks", (list,), True, None)
+        return cls(
+            seq=f.req_int("seq"),
+            created_unix_ms=f.req_int("created_unix_ms"),
+            stored_bytes=f.req_int("stored_bytes"),
+            disks=[DiskSnapshotDisk.from_json(d) for d in disks],
+            raw=_raw(data),
+        )
+
+
+@dataclass
 class SandboxInfo(_Record):
-    """A running sandbox."""
+    """A sandbox: running, paused (by the daemon, when idle) or archived."""
 
     id: str
     guest_addr: str
     created_at_unix: int
     has_branched: bool
     branch_count: int
-    #: ``running``.
+    #: ``running``, ``paused`` (idle; the next call resumes it) or ``archived``.
     state: str
     last_active_unix: int
     snapshot_tag: Optional[str] = None
@@ -304,11 +420,23 @@ class SandboxInfo(_Record):
     template: Optional[str] = None
     #: The running sandbox it was forked from, if any.
     forked_from: Optional[str] = None
+    #: forkvm: the daemon's last disk snapshot of it, if it tried one since it started.
+    last_disk_snapshot: Optional[LastDiskSnapshot] = None
+    #: forkvm: why it is in its state: ``idle`` (paused), ``api``/``ttl``/``recovered`` (archived).
+    reason: Optional[str] = None
+    #: forkvm: last call that used it, Unix ms.
+    last_activity_unix_ms: int = 0
+    #: forkvm: its time to live and when it runs out (Unix ms), if it has one.
+    ttl_seconds: Optional[int] = None
+    expires_at_unix_ms: Optional[int] = None
+    #: forkvm: when it was archived (Unix ms).
+    archived_at_unix_ms: Optional[int] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_json(cls, data: Any) -> "SandboxInfo":
         f = _Fields("SandboxInfo", data)
+        last = f._get("last_disk_snapshot", (dict, type(None)), False, None)
         return cls(
             id=f.req_str("id"),
             guest_addr=f.req_str("guest_addr"),
@@ -324,6 +452,41 @@ class SandboxInfo(_Record):
             last_branch_memory_path=f.opt_str("last_branch_memory_path"),
             template=f.opt_str("template"),
             forked_from=f.opt_str("forked_from"),
+            last_disk_snapshot=None if last is None else LastDiskSnapshot.from_json(last),
+            reason=f.opt_str("reason"),
+            last_activity_unix_ms=f.opt_int("last_activity_unix_ms") or 0,
+            ttl_seconds=f.opt_int("ttl_seconds"),
+            expires_at_unix_ms=f.opt_int("expires_at_unix_ms"),
+            archived_at_unix_ms=f.opt_int("archived_at_unix_ms"),
+            raw=_raw(data),
+        )
+
+
+@dataclass
+class ArchiveReport(_Record):
+    """forkvm: ``POST /v1/sandboxes/{id}/archive``: what archiving did."""
+
+    sandbox_id: str
+    #: The archive, ``<store>/archives/<id>``.
+    dir: str
+    #: ``api`` or ``ttl``.
+    reason: str
+    write_ms: float
+    total_ms: float
+    #: The last disk snapshot taken before the VMM stopped (layered disks only).
+    disk_snapshot_seq: Optional[int] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "ArchiveReport":
+        f = _Fields("ArchiveReport", data)
+        return cls(
+            sandbox_id=f.req_str("sandbox_id"),
+            dir=f.req_str("dir"),
+            reason=f.req_str("reason"),
+            write_ms=f.req_float("write_ms"),
+            total_ms=f.req_float("total_ms"),
+            disk_snapshot_seq=f.opt_int("disk_snapshot_seq"),
             raw=_raw(data),
         )
 

@@ -70,7 +70,11 @@ def daemon() -> Iterator[Daemon]:
     env = dict(os.environ)
     for k in [k for k in env if k.startswith("FORKVMD_")] + ["FORKVM_DAEMON"]:
         env.pop(k, None)  # only the settings below
-    env.update(FORKVM_RUN=os.path.join(root, "run"), FORKVM_STORE=os.path.join(root, "store"))
+    env.update(
+        FORKVM_RUN=os.path.join(root, "run"),
+        FORKVM_STORE=os.path.join(root, "store"),
+        FORKVM_KEYS=os.path.join(root, "keys"),  # disk snapshot keys: not the user's
+    )
     stderr_path = os.path.join(root, "forkvmd.stderr")
     with open(stderr_path, "wb") as errf:
         proc = subprocess.Popen(
@@ -282,6 +286,23 @@ def test_connect_attaches(sb: Sandbox, ctl: Controller) -> None:
     assert other.commands.run("echo attached").stdout == "attached\n"
 
 
+# --- disk snapshots -----------------------------------------------------------------------
+
+
+def test_disk_snapshot_then_list(sb: Sandbox) -> None:
+    assert sb.commands.run("head -c 262144 /dev/urandom > /root/disk-snap && sync").exit_code == 0
+    r = sb.disk_snapshot()
+    assert r.sandbox_id == sb.id and r.seq >= 1 and not r.unchanged, r
+    assert r.written_bytes >= 262144 and r.new_layers >= 1, r
+    snaps = sb.disk_snapshots()
+    assert snaps and snaps[-1].seq == r.seq, snaps
+    data = snaps[-1].disks[0]
+    assert data.id == "forkvm-data" and data.blocks >= 64 and data.base_key.startswith("blake3:"), data
+    info = sb.refresh()
+    assert info.last_disk_snapshot is not None and info.last_disk_snapshot.seq == r.seq
+    assert info.last_disk_snapshot.error is None
+
+
 # --- fork and branch ----------------------------------------------------------------------
 
 
@@ -410,3 +431,26 @@ def test_kill_then_get_is_not_found(ctl: Controller, py: str) -> None:
     with pytest.raises(NotFound):
         ctl.kill_sandbox(s.id)
     assert s.id not in [x.id for x in ctl.list_sandboxes()]
+
+
+def test_archive_then_restore_keeps_files_and_delete_removes_it(ctl: Controller, py: str) -> None:
+    s = Sandbox.create(py, controller=ctl)
+    try:
+        s.files.write("/root/kept.txt", "still here\n")
+        report = s.archive()
+        assert (report.sandbox_id, report.reason) == (s.id, "api")
+        assert s.info.state == "archived" and s.info.pid is None
+        assert s.id in [x.id for x in ctl.list_sandboxes() if x.state == "archived"]
+        with pytest.raises(Conflict) as ei:
+            s.commands.run("true")
+        assert ei.value.state == "archived"
+        info = s.restore()
+        assert (info.id, info.state) == (s.id, "running")
+        assert s.files.read_text("/root/kept.txt") == "still here\n"
+        with pytest.raises(Conflict):
+            ctl.restore(s.id)
+        s.archive()
+    finally:
+        s.kill()
+    with pytest.raises(NotFound):
+        ctl.get_sandbox(s.id)

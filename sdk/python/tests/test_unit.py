@@ -544,6 +544,8 @@ CALLS: Dict[str, Tuple[Any, Callable[[Controller], Any]]] = {
     "WriteFile": ({"path": "/a", "bytes": 1}, lambda c: c.write_file("ID", "/a", b"x")),
     "RemoveFile": (None, lambda c: c.remove_file("ID", "/a")),
     "ListFiles": ([ENTRY], lambda c: c.list_files("ID", "/")),
+    "TakeDiskSnapshot": (None, lambda c: c.disk_snapshot("ID")),
+    "ListDiskSnapshots": (None, lambda c: c.list_disk_snapshots("ID")),
 }
 
 
@@ -654,3 +656,114 @@ def test_snapshot_detail_new_fields_and_older_daemons() -> None:
     assert (old.descendants, old.bootable, old.problem, old.chain_physical_bytes) == ([], True, None, 0)
     with pytest.raises(ProtocolError, match="descendants"):
         SnapshotInfoDetail.from_json({**DETAIL, "descendants": [1]})
+
+
+# --- disk snapshots -------------------------------------------------------------------
+
+DISK_REPORT = {
+    "sandbox_id": "sb", "seq": 7, "unchanged": False, "new_layers": 1, "seal_ms": 0.4, "write_ms": 12,
+    "written_chunks": 3, "written_bytes": 12288, "stored_bytes": 40960, "retired": 1,
+}
+DISK_SNAPSHOT = {
+    "seq": 7, "created_unix_ms": 1700000000000, "stored_bytes": 40960,
+    "disks": [{"id": "forkvm-data", "base_key": "blake3:ab", "size": 1 << 30, "layer_id": "00ff", "blocks": 10, "extents": 2}],
+}
+CALLS["TakeDiskSnapshot"] = (DISK_REPORT, CALLS["TakeDiskSnapshot"][1])
+CALLS["ListDiskSnapshots"] = ([DISK_SNAPSHOT], CALLS["ListDiskSnapshots"][1])
+
+
+def test_disk_snapshots_over_fake_server(server: TcpServer, client: Controller) -> None:
+    server.routes[("POST", "/v1/sandboxes/sb/disk-snapshots")] = _json_reply(201, DISK_REPORT)
+    server.routes[("GET", "/v1/sandboxes/sb/disk-snapshots")] = _json_reply(200, [DISK_SNAPSHOT])
+    sb = Sandbox(SandboxInfo.from_json({**SANDBOX, "id": "sb"}), client)
+    r = sb.disk_snapshot()
+    assert (r.seq, r.unchanged, r.written_bytes, r.retired, r.write_ms) == (7, False, 12288, 1, 12.0)
+    assert r["stored_bytes"] == 40960
+    method, path, _, body = server.requests[-1]
+    assert (method, path, json.loads(body)) == ("POST", "/v1/sandboxes/sb/disk-snapshots", {})
+    sb.disk_snapshot(keep_last=5, keep_daily=0)
+    assert json.loads(server.requests[-1][3]) == {"keep_last": 5, "keep_daily": 0}
+    [snap] = sb.disk_snapshots()
+    assert (snap.seq, snap.created_unix_ms, snap.stored_bytes) == (7, 1700000000000, 40960)
+    assert (snap.disks[0].id, snap.disks[0].blocks, snap.disks[0].size) == ("forkvm-data", 10, 1 << 30)
+    assert server.requests[-1][:2] == ("GET", "/v1/sandboxes/sb/disk-snapshots")
+    # Errors keep their class: no layered disk is a 400, unknown sandbox a 404.
+    server.routes[("POST", "/v1/sandboxes/raw/disk-snapshots")] = _json_reply(
+        400, {"error": "sandbox raw has no layered disk to snapshot", "code": "bad_request"}
+    )
+    with pytest.raises(forkvm.BadRequest, match="no layered disk"):
+        client.disk_snapshot("raw")
+    with pytest.raises(forkvm.NotFound):
+        client.list_disk_snapshots("nope")
+
+
+def test_disk_snapshot_types() -> None:
+    with pytest.raises(ProtocolError, match="missing field 'seq'"):
+        forkvm.DiskSnapshotReport.from_json({k: v for k, v in DISK_REPORT.items() if k != "seq"})
+    with pytest.raises(ProtocolError, match="DiskSnapshotDisk"):
+        forkvm.DiskSnapshotInfo.from_json({**DISK_SNAPSHOT, "disks": [{"id": "x"}]})
+    # The sandbox view's last attempt: absent (older daemon), null, a success, a failure.
+    assert SandboxInfo.from_json(SANDBOX).last_disk_snapshot is None
+    assert SandboxInfo.from_json({**SANDBOX, "last_disk_snapshot": None}).last_disk_snapshot is None
+    ok = SandboxInfo.from_json({**SANDBOX, "last_disk_snapshot": {"seq": 3, "at_unix_ms": 5, "error": None}})
+    assert ok.last_disk_snapshot == forkvm.LastDiskSnapshot(at_unix_ms=5, seq=3, error=None)
+    bad = SandboxInfo.from_json({**SANDBOX, "last_disk_snapshot": {"seq": None, "at_unix_ms": 5, "error": "boom"}})
+    assert bad.last_disk_snapshot is not None and bad.last_disk_snapshot.error == "boom"
+    with pytest.raises(ProtocolError):
+        SandboxInfo.from_json({**SANDBOX, "last_disk_snapshot": 3})
+
+
+# --- lifecycle ------------------------------------------------------------------
+
+ARCHIVE_REPORT = {
+    "sandbox_id": "sb",
+    "dir": "/s/archives/sb",
+    "disk_snapshot_seq": 3,
+    "write_ms": 80.5,
+    "total_ms": 120.0,
+    "reason": "api",
+}
+CALLS["ArchiveSandbox"] = (ARCHIVE_REPORT, lambda c: c.archive_sandbox("ID"))
+CALLS["RestoreSandbox"] = (SANDBOX, lambda c: c.restore("ID"))
+CALLS["DiskFork"] = (SANDBOX, lambda c: c.disk_fork("ID"))
+CALLS["SetTtl"] = (SANDBOX, lambda c: c.set_ttl("ID", 5))
+
+
+def test_lifecycle_over_fake_server(server: TcpServer, client: Controller) -> None:
+    archived = {**SANDBOX, "id": "sb", "state": "archived", "pid": None, "reason": "api", "archived_at_unix_ms": 9}
+    running = {**SANDBOX, "id": "sb", "ttl_seconds": 60, "expires_at_unix_ms": 70_000, "last_activity_unix_ms": 10_000}
+    server.routes[("POST", "/v1/sandboxes/sb/archive")] = _json_reply(200, ARCHIVE_REPORT)
+    server.routes[("GET", "/v1/sandboxes/sb")] = _json_reply(200, archived)
+    server.routes[("POST", "/v1/sandboxes/sb/restore")] = _json_reply(200, running)
+    server.routes[("POST", "/v1/sandboxes/sb/ttl")] = _json_reply(200, running)
+    server.routes[("POST", "/v1/sandboxes/sb/disk-fork")] = _json_reply(201, {**SANDBOX, "id": "new", "forked_from": "sb"})
+    sb = Sandbox(SandboxInfo.from_json({**SANDBOX, "id": "sb"}), client)
+    r = sb.archive()
+    assert (r.sandbox_id, r.disk_snapshot_seq, r.reason, r.write_ms) == ("sb", 3, "api", 80.5)
+    assert sb.info.state == "archived" and sb.info.reason == "api" and sb.info.pid is None
+    assert sb.info.archived_at_unix_ms == 9
+    info = sb.restore(ttl_seconds=60)
+    assert json.loads(server.requests[-1][3]) == {"ttl_seconds": 60}
+    assert (info.state, info.ttl_seconds, info.expires_at_unix_ms, info.last_activity_unix_ms) == ("running", 60, 70_000, 10_000)
+    client.restore("sb")
+    assert server.requests[-1][:2] == ("POST", "/v1/sandboxes/sb/restore") and json.loads(server.requests[-1][3]) == {}
+    sb.set_ttl(60)
+    assert server.requests[-1][:2] == ("POST", "/v1/sandboxes/sb/ttl")
+    assert json.loads(server.requests[-1][3]) == {"ttl_seconds": 60}
+    child = sb.disk_fork(seq=2)
+    assert child.id == "new" and child.info.forked_from == "sb"
+    assert json.loads(server.requests[-1][3]) == {"seq": 2}
+    server.routes[("POST", "/v1/sandboxes")] = _json_reply(201, [SANDBOX])
+    client.spawn_sandboxes("py", ttl_seconds=30)
+    assert json.loads(server.requests[-1][3]) == {"snapshot_tag": "py", "n": 1, "ttl_seconds": 30}
+
+
+def test_lifecycle_errors_keep_their_class(server: TcpServer, client: Controller) -> None:
+    server.routes[("POST", "/v1/sandboxes/sb/restore")] = _json_reply(
+        409, {"error": "sandbox \"sb\" is running", "code": "conflict", "state": "running"}
+    )
+    with pytest.raises(forkvm.Conflict) as ei:
+        client.restore("sb")
+    assert ei.value.state == "running"
+    with pytest.raises(forkvm.NotFound):
+        client.archive_sandbox("nope")

@@ -121,7 +121,7 @@ pub fn ensure_image(template_path: &Path, agent_bin: &Path, cache: &Path) -> Res
     Ok(img)
 }
 
-fn run(step: &str, cmd: &mut Command, log: &Path) -> Result<(), RootfsError> {
+pub(crate) fn run(step: &str, cmd: &mut Command, log: &Path) -> Result<(), RootfsError> {
     let out = cmd.output().map_err(|source| RootfsError::Spawn { step: step.into(), source })?;
     let mut text = out.stdout;
     text.extend_from_slice(&out.stderr);

@@ -15,7 +15,7 @@ use std::time::Instant;
 use super::assemble::AssembledCache;
 use super::{content_hash, resolve, Chain, ChainError};
 use crate::chunk_store::ChunkStore;
-use crate::dir::{SnapshotDir, SnapshotWriter, DISK_DIR, MEMORY_MAP, SNAPSHOT_JSON, VMSTATE_BIN};
+use crate::dir::{SnapshotDir, SnapshotWriter, MEMORY_MAP, SNAPSHOT_JSON, VMSTATE_BIN};
 use crate::metadata::{replace_meta, write_meta, MemoryFormat, SnapshotMeta, SnapshotStatus};
 use crate::page_map::{build_page_map, BuildStats, PageMap};
 use crate::store::{link_or_copy, Store};
@@ -79,6 +79,8 @@ pub fn ingest(store: &Store, cache: &AssembledCache, tag: &str) -> Result<Conver
             reason: "it names a parent but its memory is a whole image".into(),
         });
     }
+    super::check_disk_names(&snap.meta)?;
+    super::disks::check_layers(&snap.path, &snap.meta)?;
     let image_path = snap.memory_path();
     let image = open_image(&image_path, snap.meta.mem_size_bytes)?;
     let chunks = ChunkStore::open(store.root());
@@ -192,7 +194,8 @@ pub fn compact(store: &Store, cache: &AssembledCache, from: &str, to: &str) -> R
 }
 
 /// Writes a chunked snapshot at `dest` from `map`, `meta` and the vmstate and disks of
-/// `source_dir` (hard-linked, copied across filesystems); returns its content hash.
+/// `source_dir` (hard-linked, copied across filesystems; a layered disk's sealed layers
+/// too, checked before publishing); returns its content hash.
 fn publish_chunked(
     dest: &Path,
     source_dir: &Path,
@@ -205,16 +208,8 @@ fn publish_chunked(
     map.write_file(&writer.path(MEMORY_MAP)).map_err(ChainError::page_map(format!("writing {tag}'s memory.map")))?;
     let vmstate = source_dir.join(VMSTATE_BIN);
     link_or_copy(&vmstate, &writer.path(VMSTATE_BIN)).map_err(ChainError::io("taking over vmstate.bin", &vmstate))?;
-    if let Some(devices) = &meta.devices {
-        if !devices.disks.is_empty() {
-            let disk_dir = writer.path(DISK_DIR);
-            fs::create_dir(&disk_dir).map_err(ChainError::io("creating disk/", &disk_dir))?;
-            for d in &devices.disks {
-                let src = source_dir.join(DISK_DIR).join(&d.file);
-                link_or_copy(&src, &disk_dir.join(&d.file)).map_err(ChainError::io("taking over a disk", &src))?;
-            }
-        }
-    }
+    super::disks::take_over(source_dir, writer.staging(), &meta)?;
+    super::disks::check_layers(writer.staging(), &meta)?;
     meta.memory_format = MemoryFormat::Chunked;
     meta.status = SnapshotStatus::Ready;
     meta.content_hash = None;

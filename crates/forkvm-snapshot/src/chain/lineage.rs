@@ -52,6 +52,10 @@ pub struct ChainInfo {
     pub chain_physical_bytes: u64,
     /// Chunks this link's map references.
     pub chunks: u64,
+    /// Bytes allocated on disk to this link's disks: base images and a layered disk's
+    /// sealed layers (holes not counted; files shared by hard link with other snapshots
+    /// counted here too). Not part of `physical_bytes`.
+    pub disk_bytes: u64,
 }
 
 /// Reports on `tag`, also when its chain is broken (then `bootable` is false).
@@ -101,6 +105,7 @@ pub fn info(store: &Store, tag: &str) -> Result<ChainInfo, ChainError> {
         physical_bytes: physical,
         chain_physical_bytes: chain_physical + physical,
         chunks,
+        disk_bytes: super::disks::allocated_bytes(&store.snapshots_dir().join(tag), meta),
     })
 }
 

@@ -15,11 +15,14 @@
 //!
 //! A snapshot's **content hash** ([`content_hash`]) covers its `memory.map` (which names
 //! every chunk by its BLAKE3 hash), its `vmstate.bin`, its parent's content hash, its
-//! memory size and its disks' names and sizes. Disk contents are not hashed: disks are
-//! immutable images shared (hard-linked) by every snapshot of a template.
+//! memory size and its disks' names and sizes (and a layered disk's layer ids). Disk
+//! contents are not hashed: disks are immutable images shared (hard-linked) by every
+//! snapshot of a template, and sealed layers are immutable and named by id; [`disks`]
+//! checks that the layers a link lists are there and chain up.
 
 pub mod assemble;
 pub mod convert;
+pub mod disks;
 pub mod lineage;
 pub mod pack;
 
@@ -54,6 +57,8 @@ pub enum ChainError {
     ParentUnusable { tag: String, parent: String, reason: String },
     #[error("snapshot {tag:?}: {reason}")]
     Malformed { tag: String, reason: String },
+    #[error("snapshot {tag:?} is not bootable: disk {disk:?}, layer {layer}: {reason}")]
+    DiskLayer { tag: String, disk: String, layer: String, reason: String },
     #[error("snapshot {tag:?}: chain deeper than {max} links; compact it (`forkvm snapshot-compact`)")]
     TooDeep { tag: String, max: usize },
     #[error("snapshot {tag:?}: its chain loops back onto itself")]
@@ -86,6 +91,7 @@ impl ChainError {
             ChainError::ParentMissing { .. }
             | ChainError::ParentChanged { .. }
             | ChainError::ParentUnusable { .. }
+            | ChainError::DiskLayer { .. }
             | ChainError::HasDependents { .. } => "conflict",
             ChainError::TooDeep { .. } | ChainError::BadPack { .. } | ChainError::Pack(_) => "bad_request",
             _ => "internal",
@@ -99,6 +105,7 @@ impl ChainError {
             | ChainError::ParentChanged { .. }
             | ChainError::ParentUnusable { .. }
             | ChainError::Malformed { .. }
+            | ChainError::DiskLayer { .. }
             | ChainError::ContentMismatch { .. } => Some("not_bootable"),
             ChainError::HasDependents { .. } => Some("has_dependents"),
             _ => None,
@@ -158,10 +165,14 @@ impl Chain {
 /// Walks `tag`'s chain down to its base through the metadata only (cheap: one small
 /// `snapshot.json` per link), checking each link: the parent exists and is ready, its
 /// recorded content hash is the one the child was made on, links are chunked, no loop,
-/// no deeper than [`MAX_CHAIN_DEPTH`]. File contents are verified at assembly.
+/// no deeper than [`MAX_CHAIN_DEPTH`]. The head's layered disks are checked too (the
+/// disks a spawn boots; [`disks::check_layers`], bitmap reads only). File contents are
+/// verified at assembly.
 pub fn resolve(store: &Store, tag: &str) -> Result<Chain, ChainError> {
     let head = store.lookup(tag)?;
     check_own_meta(&head)?;
+    check_disk_names(&head.meta)?;
+    disks::check_layers(&head.path, &head.meta)?;
     let mut links = vec![head];
     let mut seen: HashSet<String> = HashSet::from([tag.to_string()]);
     loop {
@@ -240,7 +251,12 @@ pub fn content_hash(dir: &Path, meta: &SnapshotMeta) -> Result<String, ChainErro
         for d in &devices.disks {
             let path = dir.join(DISK_DIR).join(&d.file);
             let size = std::fs::metadata(&path).map_err(ChainError::io("sizing a disk to hash it", &path))?.len();
-            disks.push(format!("disk {} {} {} {size}\n", d.id, d.file, d.read_only));
+            let mut line = format!("disk {} {} {} {size}", d.id, d.file, d.read_only);
+            if let Some(layers) = &d.layers {
+                // Layer ids name content: a layer is immutable once sealed.
+                line.push_str(&format!(" layers {}", layers.join(",")));
+            }
+            disks.push(line + "\n");
         }
     }
     Ok(hash_parts(&map, &vmstate, meta, &disks))
@@ -271,9 +287,12 @@ fn hash_parts(map: &[u8], vmstate: &[u8], meta: &SnapshotMeta, disks: &[String])
     h.finalize().to_hex().to_string()
 }
 
-/// Recomputes the content hash of every link and compares it with the recorded one.
+/// Recomputes the content hash of every link and compares it with the recorded one, and
+/// checks every link's layered disks ([`disks::check_layers`]).
 pub fn verify(chain: &Chain) -> Result<(), ChainError> {
     for link in &chain.links {
+        check_disk_names(&link.meta)?;
+        disks::check_layers(&link.path, &link.meta)?;
         if link.meta.memory_format != MemoryFormat::Chunked {
             continue;
         }

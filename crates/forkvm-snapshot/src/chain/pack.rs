@@ -1,12 +1,15 @@
 //! `pack` and `unpack`: a whole chain in one hash-checked `.tar.zst`.
 //!
 //! A pack holds, for each link from the base to the head, its `snapshot.json`,
-//! `vmstate.bin` and `memory.map`; each distinct disk image once (`disks/<n>`); and every
-//! chunk the maps reference, uncompressed (`chunks/<blake3>`; the archive is compressed
-//! as a whole). The container ([`crate::pack_archive`]) checks every entry's hash and
+//! `vmstate.bin` and `memory.map`; each distinct disk image once (`disks/<n>`, a sparse
+//! entry: only its data extents); each distinct sealed layer of a layered disk once
+//! (`layers/<n>/data`, a sparse entry holding the layer's present blocks, and
+//! `layers/<n>/bitmap` as is); and every chunk the maps reference, uncompressed
+//! (`chunks/<blake3>`; the archive is compressed as a whole). Files shared by hard link
+//! (a disk or layer every link has) are packed once and hard-linked again by unpack. The container ([`crate::pack_archive`]) checks every entry's hash and
 //! refuses unsafe names and entry types. On top of that, unpack checks the chain itself
 //! (each link's content hash recomputed from its files, parent edges, every referenced
-//! chunk present) **in a staging directory before anything enters the store**: a
+//! chunk present, every layered disk's layers sealed and chained as listed) **in a staging directory before anything enters the store**: a
 //! tampered or truncated pack leaves the store as it was. A link whose tag already
 //! exists with the same content hash is reused; with different content it is a conflict.
 
@@ -19,11 +22,13 @@ use serde::{Deserialize, Serialize};
 
 use super::assemble::AssembledCache;
 use super::convert::ingest;
+use super::disks::{check_layers, disks_of, layer_extents};
 use super::{check_disk_names, content_hash, new_staging_dir, resolve, verify, ChainError, MAX_CHAIN_DEPTH};
 use crate::chunk_store::{ChunkId, ChunkStore};
 use crate::dir::{SnapshotWriter, DISK_DIR, MEMORY_MAP, SNAPSHOT_JSON, VMSTATE_BIN};
+use crate::layered_disk::{Layer, BITMAP_FILE, DATA_FILE};
 use crate::metadata::{read_meta, MemoryFormat, SnapshotMeta, SnapshotStatus};
-use crate::pack_archive::{extract_pack, PackLimits, PackWriter};
+use crate::pack_archive::{decode_sparse, extract_pack, PackLimits, PackManifest, PackWriter, SparseExtents};
 use crate::page_map::PageMap;
 use crate::store::{Store, StoreError};
 use crate::tag::validate_tag;
@@ -49,6 +54,18 @@ struct PackLink {
 #[serde(deny_unknown_fields)]
 struct PackDisk {
     file: String,
+    /// `disks/<n>`: the base image (the whole disk for a plain one), a sparse entry.
+    entry: String,
+    /// A layered disk's sealed layers, oldest first (empty for a plain image).
+    layers: Vec<PackLayer>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+struct PackLayer {
+    /// The layer's id, its directory name under `disk/<file>.layers/`.
+    name: String,
+    /// `layers/<n>`: the pack directory holding its `data` (sparse) and `bitmap`.
     entry: String,
 }
 
@@ -60,6 +77,8 @@ pub struct PackReport {
     pub links: Vec<String>,
     pub chunks: u64,
     pub disks: u64,
+    /// Distinct sealed layers of layered disks.
+    pub layers: u64,
     /// Bytes of the entries before compression, and of the pack file.
     pub logical_bytes: u64,
     pub pack_bytes: u64,
@@ -103,6 +122,7 @@ pub fn pack(store: &Store, cache: &AssembledCache, tag: &str, out: &Path) -> Res
     let mut w = PackWriter::create(out)?;
     let mut logical = 0u64;
     let mut disks_by_inode: HashMap<(u64, u64), String> = HashMap::new();
+    let mut layers_by_inode: HashMap<[u64; 4], String> = HashMap::new();
     let mut ids: Vec<ChunkId> = Vec::new();
     let mut seen: BTreeSet<ChunkId> = BTreeSet::new();
     let mut links = Vec::new();
@@ -114,16 +134,43 @@ pub fn pack(store: &Store, cache: &AssembledCache, tag: &str, out: &Path) -> Res
             w.add_file(&link_entry(t, name), &path)?;
         }
         let mut disks = Vec::new();
-        for d in link.meta.devices.iter().flat_map(|d| d.disks.iter()) {
-            let path = link.path.join(DISK_DIR).join(&d.file);
+        let disk_dir = link.path.join(DISK_DIR);
+        for d in disks_of(&link.meta) {
+            let path = disk_dir.join(&d.file);
             let m = std::fs::metadata(&path).map_err(ChainError::io("reading a disk to pack", &path))?;
             let next = format!("disks/{}", disks_by_inode.len());
             let entry = disks_by_inode.entry((m.dev(), m.ino())).or_insert(next.clone()).clone();
             if entry == next {
-                logical += m.len();
-                w.add_file(&entry, &path)?;
+                let file = std::fs::File::open(&path).map_err(ChainError::io("reading a disk to pack", &path))?;
+                let extents = SparseExtents::of_file(&file, m.len())
+                    .map_err(ChainError::io("finding a disk's data extents", &path))?;
+                logical += extents.encoded_len();
+                w.add_sparse_file(&entry, &path, &extents)?;
             }
-            disks.push(PackDisk { file: d.file.clone(), entry });
+            let mut layers = Vec::new();
+            for name in d.layers.iter().flatten() {
+                let dir = d.layer_dir(&disk_dir, name);
+                let (data, bitmap) = (dir.join(DATA_FILE), dir.join(BITMAP_FILE));
+                let stat = |p: &Path| std::fs::metadata(p).map_err(ChainError::io("reading a disk layer to pack", p));
+                let (md, mb) = (stat(&data)?, stat(&bitmap)?);
+                let next = format!("layers/{}", layers_by_inode.len());
+                let key = [md.dev(), md.ino(), mb.dev(), mb.ino()];
+                let entry = layers_by_inode.entry(key).or_insert(next.clone()).clone();
+                if entry == next {
+                    let layer = Layer::open_sealed(&dir).map_err(|e| ChainError::DiskLayer {
+                        tag: t.clone(),
+                        disk: d.file.clone(),
+                        layer: name.clone(),
+                        reason: e.to_string(),
+                    })?;
+                    let extents = layer_extents(&layer);
+                    logical += extents.encoded_len() + mb.len();
+                    w.add_sparse_file(&format!("{entry}/{DATA_FILE}"), &data, &extents)?;
+                    w.add_file(&format!("{entry}/{BITMAP_FILE}"), &bitmap)?;
+                }
+                layers.push(PackLayer { name: name.clone(), entry });
+            }
+            disks.push(PackDisk { file: d.file.clone(), entry, layers });
         }
         let map = PageMap::read_file(&link.memory_map_path())
             .map_err(ChainError::page_map(format!("reading {t}'s memory.map")))?;
@@ -153,6 +200,7 @@ pub fn pack(store: &Store, cache: &AssembledCache, tag: &str, out: &Path) -> Res
         links: chain.tags(),
         chunks: ids.len() as u64,
         disks: disks_by_inode.len() as u64,
+        layers: layers_by_inode.len() as u64,
         logical_bytes: logical,
         pack_bytes,
         ms: started.elapsed().as_secs_f64() * 1e3,
@@ -164,12 +212,39 @@ fn accept_name(name: &str) -> bool {
     let parts: Vec<&str> = name.split('/').collect();
     match parts.as_slice() {
         ["chunks", hex] => ChunkId::from_hex(hex).is_ok(),
-        ["disks", n] => !n.is_empty() && n.len() <= 6 && n.bytes().all(|b| b.is_ascii_digit()),
+        ["disks", n] => is_index(n),
+        ["layers", n, file] => is_index(n) && [DATA_FILE, BITMAP_FILE].contains(file),
         ["snapshots", tag, file] => {
             validate_tag(tag).is_ok() && [SNAPSHOT_JSON, VMSTATE_BIN, MEMORY_MAP].contains(file)
         }
         _ => false,
     }
+}
+
+/// `<n>` of `disks/<n>` and `layers/<n>`: a decimal index.
+fn is_index(n: &str) -> bool {
+    !n.is_empty() && n.len() <= 6 && n.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// Whether `entry` names a pack directory of a layer (`layers/<n>`).
+fn is_layer_entry(entry: &str) -> bool {
+    entry.strip_prefix("layers/").is_some_and(is_index)
+}
+
+/// Whether the entry `name` is a sparse entry: a disk image or a layer's data.
+fn is_sparse_entry(name: &str) -> bool {
+    name.starts_with("disks/") || (name.starts_with("layers/") && name.ends_with(&format!("/{DATA_FILE}")))
+}
+
+/// Replaces every staged sparse entry with the file it encodes (holes as holes, synced).
+fn decode_sparse_entries(staging: &Path, manifest: &PackManifest) -> Result<(), ChainError> {
+    for e in manifest.entries.iter().filter(|e| is_sparse_entry(&e.name)) {
+        let encoded = staging.join(&e.name);
+        let decoded = staging.join(format!("{}.decoded", e.name));
+        decode_sparse(&e.name, &encoded, &decoded)?;
+        std::fs::rename(&decoded, &encoded).map_err(ChainError::io("replacing a sparse entry", &encoded))?;
+    }
+    Ok(())
 }
 
 /// Removes a staging directory however unpack ends.
@@ -190,6 +265,7 @@ pub fn unpack(store: &Store, pack_path: &Path) -> Result<UnpackReport, ChainErro
     let staging = Staging(new_staging_dir(store, "unpack")?);
     let manifest = extract_pack(pack_path, &staging.0, &accept_name, &PackLimits::default())?;
     let logical: u64 = manifest.entries.iter().map(|e| e.size).sum();
+    decode_sparse_entries(&staging.0, &manifest)?;
     let meta: PackMeta =
         serde_json::from_value(manifest.meta.clone()).map_err(|e| bad(format!("chain description: {e}")))?;
     if meta.links.is_empty() || meta.links.len() > MAX_CHAIN_DEPTH + 1 {
@@ -316,10 +392,27 @@ fn check_link(staging: &Path, link: &PackLink, parent: Option<&PackLink>) -> Res
         let disk_dir = dir.join(DISK_DIR);
         std::fs::create_dir_all(&disk_dir).map_err(|e| format!("{tag}: staging disk/: {e}"))?;
         std::fs::hard_link(&from, disk_dir.join(&d.file)).map_err(|e| format!("{tag}: disk {:?}: {e}", pd.entry))?;
+        let listed: Vec<&String> = d.layers.iter().flatten().collect();
+        let packed: Vec<&String> = pd.layers.iter().map(|l| &l.name).collect();
+        if listed != packed {
+            return Err(format!("{tag}: disk {:?}: the pack's layers differ from its snapshot.json's", d.file));
+        }
+        for l in &pd.layers {
+            if !is_layer_entry(&l.entry) {
+                return Err(format!("{tag}: layer entry {:?} is not a layer", l.entry));
+            }
+            let to = d.layer_dir(&disk_dir, &l.name);
+            std::fs::create_dir_all(&to).map_err(|e| format!("{tag}: staging layer {}: {e}", l.name))?;
+            for file in [DATA_FILE, BITMAP_FILE] {
+                std::fs::hard_link(staging.join(&l.entry).join(file), to.join(file))
+                    .map_err(|e| format!("{tag}: layer {} ({}/{file}): {e}", l.name, l.entry))?;
+            }
+        }
     }
     let actual = content_hash(&dir, &m).map_err(|e| e.to_string())?;
     if Some(&actual) != m.content_hash.as_ref() || actual != link.content_hash {
         return Err(format!("{tag}: content hash {actual} does not match the recorded {}", link.content_hash));
     }
+    check_layers(&dir, &m).map_err(|e| e.to_string())?;
     Ok(m)
 }

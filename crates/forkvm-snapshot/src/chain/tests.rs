@@ -75,7 +75,7 @@ fn write_image_snapshot(dir: &Path, tag: &str, mem: &[u8], disk: &Path) {
     meta.devices = Some(DevicesMeta {
         vsock_cid: Some(3),
         rng: true,
-        disks: vec![DiskMeta { file: "root.img".into(), read_only: true, id: "forkvm-root".into() }],
+        disks: vec![DiskMeta { file: "root.img".into(), read_only: true, id: "forkvm-root".into(), layers: None }],
     });
     write_meta(&dir.join(SNAPSHOT_JSON), &meta).unwrap();
     fs::write(dir.join(VMSTATE_BIN), format!("vmstate of {tag}")).unwrap();
@@ -407,3 +407,6 @@ fn files_under(root: &Path) -> Vec<PathBuf> {
     out.sort();
     out
 }
+
+#[path = "layer_tests.rs"]
+mod layers;

@@ -38,16 +38,39 @@ pub fn sync_snapshot_dir(dir: &Path) -> Result<(), DirError> {
     sync_parent(dir)
 }
 
-/// Fsyncs the files of a snapshot directory (and of its `disk/`), then the directory.
+/// Fsyncs the files of a snapshot directory (and of its `disk/`, layers included), then
+/// the directory.
 fn sync_tree(dir: &Path) -> Result<(), DirError> {
     let sync_err = |source| DirError::SyncPartial { path: dir.to_path_buf(), source };
     sync_files_in(dir).map_err(sync_err)?;
     let disks = dir.join(super::DISK_DIR);
     if disks.is_dir() {
         sync_files_in(&disks).map_err(sync_err)?;
+        sync_layer_dirs(&disks).map_err(sync_err)?;
         sync_dir(&disks).map_err(sync_err)?;
     }
     sync_dir(dir).map_err(sync_err)
+}
+
+/// Fsyncs the sealed layers of layered disks (`disk/<file>.layers/<id>/{data,bitmap}`)
+/// and the directories naming them.
+fn sync_layer_dirs(disks: &Path) -> io::Result<()> {
+    for entry in fs::read_dir(disks)? {
+        let entry = entry?;
+        let is_layers = entry.file_name().to_str().is_some_and(|n| n.ends_with(".layers"));
+        if !is_layers || !entry.file_type()?.is_dir() {
+            continue;
+        }
+        for layer in fs::read_dir(entry.path())? {
+            let layer = layer?;
+            if layer.file_type()?.is_dir() {
+                sync_files_in(&layer.path())?;
+                sync_dir(&layer.path())?;
+            }
+        }
+        sync_dir(&entry.path())?;
+    }
+    Ok(())
 }
 
 /// Fsyncs the directory holding `dir`, making its name durable.

@@ -30,11 +30,11 @@ const TMP_NAME: &str = "bitmap.tmp";
 
 /// What the bitmap file says about its layer, besides the bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Header {
-    pub(super) sealed: bool,
-    pub(super) disk_size: u64,
-    pub(super) id: LayerId,
-    pub(super) parent: LayerId,
+pub(crate) struct Header {
+    pub(crate) sealed: bool,
+    pub(crate) disk_size: u64,
+    pub(crate) id: LayerId,
+    pub(crate) parent: LayerId,
 }
 
 /// One bit per block: set when the block is present in the layer.
@@ -240,7 +240,7 @@ pub(super) fn decode(path: &Path, bytes: &[u8]) -> Result<(Header, Bitmap), Laye
 }
 
 /// Reads and validates `path`, refusing files over the size cap before reading them.
-pub(super) fn read_file(path: &Path) -> Result<(Header, Bitmap), LayerError> {
+pub(crate) fn read_file(path: &Path) -> Result<(Header, Bitmap), LayerError> {
     let err = |source| LayerError::ReadBitmap { path: path.to_path_buf(), source };
     let file = File::open(path).map_err(err)?;
     let len = file.metadata().map_err(err)?.len();
@@ -256,7 +256,7 @@ pub(super) fn read_file(path: &Path) -> Result<(Header, Bitmap), LayerError> {
 
 /// Replaces `<dir>/bitmap` atomically: write `bitmap.tmp`, fsync, rename, fsync `dir`.
 /// Returns the bytes written.
-pub(super) fn write_file(dir: &Path, header: &Header, bits: &Bitmap) -> Result<u64, LayerError> {
+pub(crate) fn write_file(dir: &Path, header: &Header, bits: &Bitmap) -> Result<u64, LayerError> {
     let tmp = dir.join(TMP_NAME);
     let dst = dir.join(super::BITMAP_FILE);
     let bytes = encode(header, bits);

@@ -56,31 +56,7 @@ impl Layer {
     /// does not exist or is a complete layer. Returns the layer and the bytes written.
     pub(super) fn create(dir: &Path, disk_size: u64, parent: LayerId) -> Result<(Layer, u64), LayerError> {
         let err = |step| move |source| LayerError::CreateLayer { path: dir.to_path_buf(), step, source };
-        match fs::symlink_metadata(dir) {
-            Ok(_) => return Err(LayerError::LayerExists { path: dir.to_path_buf() }),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(err("checking that the directory is free")(e)),
-        }
-        let name = dir.file_name().ok_or_else(|| {
-            err("naming the staging directory")(io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))
-        })?;
-        let mut staging = OsString::from(name);
-        staging.push(".partial");
-        let partial = dir.with_file_name(staging);
-        // A leftover from a crash while creating this very layer: never referenced.
-        match fs::remove_dir_all(&partial) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(err("removing a stale staging directory")(e)),
-        }
-        fs::create_dir(&partial).map_err(err("creating the staging directory"))?;
-        let data = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(partial.join(DATA_FILE))
-            .map_err(err("creating the data file"))?;
-        data.set_len(disk_size).map_err(err("sizing the data file"))?;
+        let (partial, data) = stage(dir, disk_size)?;
         data.sync_all().map_err(err("syncing the data file"))?;
         let header = Header { sealed: false, disk_size, id: LayerId::generate(dir), parent };
         let bits = Bitmap::new(blocks_for(disk_size));
@@ -212,6 +188,40 @@ impl Iterator for PresentBlocks<'_> {
             Err(source) => Err(LayerError::Read { path: self.layer.data_path.clone(), offset, source }),
         })
     }
+}
+
+/// Starts building a layer at `dir` (which must not exist) in `<dir>.partial/`, created
+/// afresh (a leftover from a crash while building this very layer is never referenced),
+/// with an empty data file of the disk's size; the caller writes the rest and renames
+/// the staging directory into place. Its parent directory is created if missing.
+pub(super) fn stage(dir: &Path, disk_size: u64) -> Result<(PathBuf, File), LayerError> {
+    let err = |step| move |source| LayerError::CreateLayer { path: dir.to_path_buf(), step, source };
+    match fs::symlink_metadata(dir) {
+        Ok(_) => return Err(LayerError::LayerExists { path: dir.to_path_buf() }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err("checking that the directory is free")(e)),
+    }
+    let name = dir.file_name().ok_or_else(|| {
+        err("naming the staging directory")(io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))
+    })?;
+    let mut staging = OsString::from(name);
+    staging.push(".partial");
+    let partial = dir.with_file_name(staging);
+    match fs::remove_dir_all(&partial) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err("removing a stale staging directory")(e)),
+    }
+    fs::create_dir_all(parent_dir(dir)).map_err(err("creating the parent directory"))?;
+    fs::create_dir(&partial).map_err(err("creating the staging directory"))?;
+    let data = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(partial.join(DATA_FILE))
+        .map_err(err("creating the data file"))?;
+    data.set_len(disk_size).map_err(err("sizing the data file"))?;
+    Ok((partial, data))
 }
 
 /// The byte length of block `index` of a `disk_size`-byte disk.

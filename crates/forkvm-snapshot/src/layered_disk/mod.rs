@@ -12,7 +12,8 @@
 //! snapshots do every minute. A sealed layer holds only the blocks written since the
 //! previous seal; [`Layer::present_blocks`] reads them out for the chunk store.
 //!
-//! This is a library: the virtio-blk device does not use it yet.
+//! The virtio-blk device serves it to the guest (every Linux sandbox's data disk, see
+//! `docs/disks.md`); snapshots hard-link its sealed layers, and the vault encrypts them.
 //!
 //! # On disk
 //!
@@ -83,12 +84,17 @@
 //! top at a time, which the controller guarantees.
 
 mod bitmap;
+mod builder;
 mod layer;
 mod stack;
 
+/// The bitmap file's header and its atomic read/write, for layers built elsewhere in
+/// the crate (the vault's lazy cache layer).
+pub(crate) use bitmap::{read_file as read_bitmap_file, write_file as write_bitmap_file, Header as BitmapHeader};
 pub use bitmap::{Bitmap, LAYER_FORMAT_VERSION, LAYER_MAGIC};
+pub use builder::SealedLayerBuilder;
 pub use layer::{inspect, Layer, LayerInfo, PresentBlocks};
-pub use stack::{LayerStack, SealedLayer, StackStats};
+pub use stack::{LayerStack, LazyLower, SealedLayer, StackStats};
 
 use std::fmt;
 use std::io;
@@ -345,6 +351,27 @@ pub enum LayerError {
         offset: u64,
         /// Underlying error.
         source: io::Error,
+    },
+    /// The lazy lower layer could not produce blocks (fetching, decrypting or caching
+    /// them failed); nothing was read.
+    #[error("layered disk: reading {len} bytes at offset {offset} from lazy layer {layer}: {source}")]
+    LowerRead {
+        /// The lazy layer's id.
+        layer: LayerId,
+        /// Disk offset.
+        offset: u64,
+        /// Requested length.
+        len: u64,
+        /// Underlying error (for a vault layer, a `VaultError`).
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The lazy lower layer could not make what it fetched durable.
+    #[error("layered disk: flushing lazy layer {layer}: {source}")]
+    LowerFlush {
+        /// The lazy layer's id.
+        layer: LayerId,
+        /// Underlying error (for a vault layer, a `VaultError`).
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// A positional write to the top's data file failed.
     #[error("layered disk: writing {path} at offset {offset}: {source}")]

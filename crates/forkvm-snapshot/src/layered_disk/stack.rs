@@ -4,13 +4,53 @@
 //! from the same layer is one positional read, and a write is one positional write to
 //! the top (plus, on first touch of a partially written block, a copy of that block
 //! from below).
+//!
+//! # Lazy lower layer
+//!
+//! A stack may also have one [`LazyLower`] between the base and the sealed layers: a
+//! read-only layer whose blocks are produced on demand (the vault's `VaultLayer`, a
+//! snapshot's disk map fetched and decrypted block range by block range). Order, oldest
+//! first: base → lazy lower → sealed layers → top. The first sealed layer (or the top,
+//! when there is none) names the lazy lower's [`LazyLower::id`] as its parent, so
+//! sealing works as usual and the chain is checked on open like any other. The lazy
+//! lower is not one of [`LayerStack::sealed_layers`]: it has no sealed directory to
+//! hard-link until it is complete and turned into one (see `VaultLayer::into_sealed`),
+//! after which the same disk opens with [`LayerStack::open`] and that directory first
+//! in `sealed`.
 
 use super::layer::{self, Layer, Role};
 use super::{blocks_for, inspect, LayerError, LayerId, BLOCK_SIZE, MAX_DISK_BYTES};
+use std::fmt;
 use std::fs::{self, File};
 use std::io::{Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// A read-only layer just above the base whose blocks are materialised on demand.
+///
+/// Implementations are shared (`Arc`) between the stack and whoever drives them (a
+/// prefetcher, stats), so every method takes `&self` and must be thread-safe.
+pub trait LazyLower: fmt::Debug + Send + Sync {
+    /// The layer's id: the first layer above it names it as its parent. Never
+    /// [`LayerId::BASE`].
+    fn id(&self) -> LayerId;
+    /// Size of the disk, in bytes; must equal the base's.
+    fn disk_size(&self) -> u64;
+    /// Whether block `index` is present in this layer (known without fetching it).
+    fn is_present(&self, index: u64) -> bool;
+    /// Blocks present in this layer.
+    fn present_count(&self) -> u64;
+    /// Reads `buf.len()` bytes at disk offset `offset`, fetching what is not local yet.
+    /// The stack only asks for runs of blocks that [`LazyLower::is_present`] says are.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), LayerError>;
+    /// Makes what was materialised so far durable, so a reopen need not fetch it again
+    /// ([`LayerStack::flush`] calls it after flushing the top). Never needed for
+    /// correctness: what is not durable is fetched again.
+    fn flush(&self) -> Result<(), LayerError> {
+        Ok(())
+    }
+}
 
 /// A layered disk, open for reading and writing.
 #[derive(Debug)]
@@ -18,9 +58,16 @@ pub struct LayerStack {
     base_path: PathBuf,
     base: File,
     size: u64,
+    /// The lazy layer between the base and the sealed layers, if any.
+    lower: Option<Arc<dyn LazyLower>>,
     /// Oldest first.
     sealed: Vec<Layer>,
-    top: Layer,
+    /// `None` until the first write when the top was created lazily
+    /// ([`LayerStack::create_lazy`]): an empty top costs no files.
+    top: Option<Layer>,
+    /// Where the top lives (or will be created) and the id it sits on.
+    top_dir: PathBuf,
+    top_parent: LayerId,
     /// The top's data file has writes not yet fsynced.
     data_dirty: bool,
     /// The top's in-memory bitmap differs from its file.
@@ -52,6 +99,8 @@ pub struct StackStats {
     pub top_blocks: u64,
     /// Blocks present in each sealed layer, oldest first.
     pub sealed_blocks: Vec<u64>,
+    /// Blocks present in the lazy lower layer (0 without one).
+    pub lower_blocks: u64,
     /// Whether there are writes a [`LayerStack::flush`] has not yet made durable.
     pub unflushed: bool,
 }
@@ -60,6 +109,7 @@ pub struct StackStats {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Source {
     Base,
+    Lower,
     Sealed(usize),
     Top,
 }
@@ -67,18 +117,89 @@ enum Source {
 impl LayerStack {
     /// Opens an existing stack: `sealed` oldest first, `top` an unsealed layer over them.
     pub fn open(base: &Path, sealed: &[PathBuf], top: &Path) -> Result<LayerStack, LayerError> {
-        let (base_file, size, sealed) = open_lower(base, sealed)?;
+        LayerStack::open_inner(base, None, sealed, top)
+    }
+
+    /// [`LayerStack::open`] with a lazy lower layer between the base and `sealed`.
+    pub fn open_over(
+        base: &Path,
+        lower: Arc<dyn LazyLower>,
+        sealed: &[PathBuf],
+        top: &Path,
+    ) -> Result<LayerStack, LayerError> {
+        LayerStack::open_inner(base, Some(lower), sealed, top)
+    }
+
+    fn open_inner(
+        base: &Path,
+        lower: Option<Arc<dyn LazyLower>>,
+        sealed: &[PathBuf],
+        top: &Path,
+    ) -> Result<LayerStack, LayerError> {
+        let (base_file, size, sealed) = open_lower(base, lower.as_deref(), sealed)?;
         let top = Layer::open(top, Role::Top)?;
-        check_layer(&top, size, expected_parent(&sealed))?;
-        Ok(LayerStack::assemble(base, base_file, size, sealed, top))
+        check_layer(&top, size, expected_parent(lower.as_deref(), &sealed))?;
+        Ok(LayerStack::assemble(base, base_file, size, lower, sealed, top.dir().to_path_buf(), Some(top)))
     }
 
     /// Opens `base` and `sealed` (oldest first) and creates an empty top at `new_top`,
     /// which must not exist. This is how a new sandbox, or a fork, gets its own disk.
     pub fn create(base: &Path, sealed: &[PathBuf], new_top: &Path) -> Result<LayerStack, LayerError> {
-        let (base_file, size, sealed) = open_lower(base, sealed)?;
-        let (top, _) = Layer::create(new_top, size, expected_parent(&sealed))?;
-        Ok(LayerStack::assemble(base, base_file, size, sealed, top))
+        LayerStack::create_inner(base, None, sealed, new_top)
+    }
+
+    /// [`LayerStack::create`] with a lazy lower layer between the base and `sealed`
+    /// (e.g. a disk restored lazily from a vault snapshot, with `sealed` empty).
+    pub fn create_over(
+        base: &Path,
+        lower: Arc<dyn LazyLower>,
+        sealed: &[PathBuf],
+        new_top: &Path,
+    ) -> Result<LayerStack, LayerError> {
+        LayerStack::create_inner(base, Some(lower), sealed, new_top)
+    }
+
+    fn create_inner(
+        base: &Path,
+        lower: Option<Arc<dyn LazyLower>>,
+        sealed: &[PathBuf],
+        new_top: &Path,
+    ) -> Result<LayerStack, LayerError> {
+        let (base_file, size, sealed) = open_lower(base, lower.as_deref(), sealed)?;
+        let (top, _) = Layer::create(new_top, size, expected_parent(lower.as_deref(), &sealed))?;
+        Ok(LayerStack::assemble(base, base_file, size, lower, sealed, new_top.to_path_buf(), Some(top)))
+    }
+
+    /// Like [`LayerStack::create`], but the top's files are created on the first write
+    /// (which then pays the creation's syncs): a fork that never writes its disk costs
+    /// no file creation, and sealing an untouched top is not needed. Checks only that
+    /// `new_top` does not exist yet.
+    pub fn create_lazy(base: &Path, sealed: &[PathBuf], new_top: &Path) -> Result<LayerStack, LayerError> {
+        LayerStack::create_lazy_inner(base, None, sealed, new_top)
+    }
+
+    /// [`LayerStack::create_lazy`] (top created on the first write) with a lazy lower
+    /// layer between the base and `sealed`.
+    pub fn create_lazy_over(
+        base: &Path,
+        lower: Arc<dyn LazyLower>,
+        sealed: &[PathBuf],
+        new_top: &Path,
+    ) -> Result<LayerStack, LayerError> {
+        LayerStack::create_lazy_inner(base, Some(lower), sealed, new_top)
+    }
+
+    fn create_lazy_inner(
+        base: &Path,
+        lower: Option<Arc<dyn LazyLower>>,
+        sealed: &[PathBuf],
+        new_top: &Path,
+    ) -> Result<LayerStack, LayerError> {
+        if fs::symlink_metadata(new_top).is_ok() {
+            return Err(LayerError::LayerExists { path: new_top.to_path_buf() });
+        }
+        let (base_file, size, sealed) = open_lower(base, lower.as_deref(), sealed)?;
+        Ok(LayerStack::assemble(base, base_file, size, lower, sealed, new_top.to_path_buf(), None))
     }
 
     /// Opens the stack after a crash (or error) during `seal(new_top)` of a stack whose
@@ -94,15 +215,36 @@ impl LayerStack {
         old_top: &Path,
         new_top: &Path,
     ) -> Result<LayerStack, LayerError> {
+        LayerStack::recover_seal_inner(base, None, sealed, old_top, new_top)
+    }
+
+    /// [`LayerStack::recover_seal`] of a stack with a lazy lower layer.
+    pub fn recover_seal_over(
+        base: &Path,
+        lower: Arc<dyn LazyLower>,
+        sealed: &[PathBuf],
+        old_top: &Path,
+        new_top: &Path,
+    ) -> Result<LayerStack, LayerError> {
+        LayerStack::recover_seal_inner(base, Some(lower), sealed, old_top, new_top)
+    }
+
+    fn recover_seal_inner(
+        base: &Path,
+        lower: Option<Arc<dyn LazyLower>>,
+        sealed: &[PathBuf],
+        old_top: &Path,
+        new_top: &Path,
+    ) -> Result<LayerStack, LayerError> {
         let old = inspect(old_top)?;
         let new_exists = fs::symlink_metadata(new_top).is_ok();
         if old.sealed {
-            let mut lower = sealed.to_vec();
-            lower.push(old_top.to_path_buf());
+            let mut sealed_now = sealed.to_vec();
+            sealed_now.push(old_top.to_path_buf());
             return if new_exists {
-                LayerStack::open(base, &lower, new_top)
+                LayerStack::open_inner(base, lower, &sealed_now, new_top)
             } else {
-                LayerStack::create(base, &lower, new_top)
+                LayerStack::create_inner(base, lower, &sealed_now, new_top)
             };
         }
         if new_exists {
@@ -121,16 +263,28 @@ impl LayerStack {
             fs::remove_dir_all(new_top)
                 .map_err(|e| refuse(format!("removing the unused new top {}: {e}", new_top.display())))?;
         }
-        LayerStack::open(base, sealed, old_top)
+        LayerStack::open_inner(base, lower, sealed, old_top)
     }
 
-    fn assemble(base: &Path, base_file: File, size: u64, sealed: Vec<Layer>, top: Layer) -> LayerStack {
+    fn assemble(
+        base: &Path,
+        base_file: File,
+        size: u64,
+        lower: Option<Arc<dyn LazyLower>>,
+        sealed: Vec<Layer>,
+        top_dir: PathBuf,
+        top: Option<Layer>,
+    ) -> LayerStack {
+        let top_parent = expected_parent(lower.as_deref(), &sealed);
         LayerStack {
             base_path: base.to_path_buf(),
             base: base_file,
             size,
+            lower,
             sealed,
             top,
+            top_dir,
+            top_parent,
             data_dirty: false,
             bitmap_dirty: false,
         }
@@ -151,9 +305,33 @@ impl LayerStack {
         &self.sealed
     }
 
-    /// The writable top.
-    pub fn top(&self) -> &Layer {
-        &self.top
+    /// The lazy lower layer between the base and the sealed layers, if any.
+    pub fn lazy_lower(&self) -> Option<&Arc<dyn LazyLower>> {
+        self.lower.as_ref()
+    }
+
+    /// The writable top; `None` while a lazily created top has not been written.
+    pub fn top(&self) -> Option<&Layer> {
+        self.top.as_ref()
+    }
+
+    /// Where the top lives (or will be created on the first write).
+    pub fn top_dir(&self) -> &Path {
+        &self.top_dir
+    }
+
+    /// Whether the top holds no block: sealing it would add nothing.
+    pub fn top_is_empty(&self) -> bool {
+        self.top.as_ref().is_none_or(|t| t.present_count() == 0)
+    }
+
+    /// The top, creating its files first if it was created lazily.
+    fn top_mut(&mut self) -> Result<&mut Layer, LayerError> {
+        if self.top.is_none() {
+            let (layer, _) = Layer::create(&self.top_dir, self.size, self.top_parent)?;
+            self.top = Some(layer);
+        }
+        Ok(self.top.as_mut().expect("created above"))
     }
 
     /// Block counts per layer.
@@ -161,8 +339,9 @@ impl LayerStack {
         StackStats {
             size: self.size,
             blocks: blocks_for(self.size),
-            top_blocks: self.top.present_count(),
+            top_blocks: self.top.as_ref().map_or(0, Layer::present_count),
             sealed_blocks: self.sealed.iter().map(Layer::present_count).collect(),
+            lower_blocks: self.lower.as_ref().map_or(0, |l| l.present_count()),
             unflushed: self.data_dirty || self.bitmap_dirty,
         }
     }
@@ -197,31 +376,38 @@ impl LayerStack {
             return Ok(());
         }
         let (first, last) = (offset / BLOCK_SIZE, (end - 1) / BLOCK_SIZE);
+        self.top_mut()?;
         self.copy_up_if_partial(first, offset, end)?;
         if last != first {
             self.copy_up_if_partial(last, offset, end)?;
         }
-        self.top.data().write_all_at(buf, offset).map_err(|source| LayerError::Write {
-            path: self.top.data_path().to_path_buf(),
+        let top = self.top_mut()?;
+        top.data().write_all_at(buf, offset).map_err(|source| LayerError::Write {
+            path: top.data_path().to_path_buf(),
             offset,
             source,
         })?;
+        let added = top.bits_mut().set_range(first, last + 1);
         self.data_dirty = true;
-        if self.top.bits_mut().set_range(first, last + 1) > 0 {
+        if added > 0 {
             self.bitmap_dirty = true;
         }
         Ok(())
     }
 
     /// Makes every write so far durable: fsync the top's data, then (if blocks were
-    /// added) replace its bitmap atomically.
+    /// added) replace its bitmap atomically; then lets a lazy lower layer persist what
+    /// it fetched ([`LazyLower::flush`]).
     pub fn flush(&mut self) -> Result<(), LayerError> {
         self.sync_data()?;
-        if self.bitmap_dirty {
-            self.top.persist(false)?;
+        if let (true, Some(top)) = (self.bitmap_dirty, &self.top) {
+            top.persist(false)?;
             self.bitmap_dirty = false;
         }
-        Ok(())
+        match &self.lower {
+            Some(lower) => lower.flush(),
+            None => Ok(()),
+        }
     }
 
     /// Seals the top and starts an empty top at `new_top` (which must not exist).
@@ -231,9 +417,11 @@ impl LayerStack {
     /// the old top's bitmap with a sealed one. On error before the commit the stack is
     /// unchanged (the new top is removed) and still usable.
     pub fn seal(&mut self, new_top: &Path) -> Result<SealedLayer, LayerError> {
+        self.top_mut()?;
         self.sync_data()?;
-        let (new, new_bytes) = Layer::create(new_top, self.size, self.top.id())?;
-        let sealed_bytes = match self.top.persist(true) {
+        let top = self.top.as_ref().expect("created above");
+        let (new, new_bytes) = Layer::create(new_top, self.size, top.id())?;
+        let sealed_bytes = match top.persist(true) {
             Ok(n) => n,
             Err(e) => {
                 // The rename may have happened before a later step failed: make the
@@ -245,7 +433,9 @@ impl LayerStack {
             }
         };
         self.bitmap_dirty = false;
-        let mut old = std::mem::replace(&mut self.top, new);
+        self.top_dir = new_top.to_path_buf();
+        self.top_parent = top.id();
+        let mut old = self.top.replace(new).expect("created above");
         old.mark_sealed();
         let info = SealedLayer {
             dir: old.dir().to_path_buf(),
@@ -258,11 +448,10 @@ impl LayerStack {
     }
 
     fn sync_data(&mut self) -> Result<(), LayerError> {
-        if self.data_dirty {
-            self.top
-                .data()
+        if let (true, Some(top)) = (self.data_dirty, &self.top) {
+            top.data()
                 .sync_data()
-                .map_err(|source| LayerError::SyncData { path: self.top.data_path().to_path_buf(), source })?;
+                .map_err(|source| LayerError::SyncData { path: top.data_path().to_path_buf(), source })?;
             self.data_dirty = false;
         }
         Ok(())
@@ -280,21 +469,34 @@ impl LayerStack {
 
     /// The newest layer holding block `b`: one bitmap lookup per layer at most.
     fn source(&self, b: u64) -> Source {
-        if self.top.is_present(b) {
+        if self.top.as_ref().is_some_and(|t| t.is_present(b)) {
             return Source::Top;
         }
-        self.sealed.iter().rposition(|l| l.is_present(b)).map_or(Source::Base, Source::Sealed)
+        if let Some(i) = self.sealed.iter().rposition(|l| l.is_present(b)) {
+            return Source::Sealed(i);
+        }
+        match &self.lower {
+            Some(l) if l.is_present(b) => Source::Lower,
+            _ => Source::Base,
+        }
     }
 
     /// Reads disk bytes `lo..hi` (within the request at `offset`) from `source`.
     fn read_run(&self, source: Source, lo: u64, hi: u64, buf: &mut [u8], offset: u64) -> Result<(), LayerError> {
         let lo = lo.max(offset);
-        let (file, path) = match source {
-            Source::Base => (&self.base, self.base_path.as_path()),
-            Source::Sealed(i) => (self.sealed[i].data(), self.sealed[i].data_path()),
-            Source::Top => (self.top.data(), self.top.data_path()),
+        let dst_range = (lo - offset) as usize..(hi - offset) as usize;
+        let (file, path) = match (source, &self.lower) {
+            (Source::Lower, Some(lower)) => return lower.read_at(&mut buf[dst_range], lo),
+            // `source` only answers Lower when there is one.
+            (Source::Base | Source::Lower, _) => (&self.base, self.base_path.as_path()),
+            (Source::Sealed(i), _) => (self.sealed[i].data(), self.sealed[i].data_path()),
+            // `source` only answers Top when the top exists.
+            (Source::Top, _) => match &self.top {
+                Some(t) => (t.data(), t.data_path()),
+                None => (&self.base, self.base_path.as_path()),
+            },
         };
-        let dst = &mut buf[(lo - offset) as usize..(hi - offset) as usize];
+        let dst = &mut buf[dst_range];
         file.read_exact_at(dst, lo).map_err(|source| LayerError::Read { path: path.to_path_buf(), offset: lo, source })
     }
 
@@ -304,13 +506,14 @@ impl LayerStack {
         let lo = b * BLOCK_SIZE;
         let len = layer::block_len(self.size, b);
         let whole = offset <= lo && end >= lo + len as u64;
-        if whole || self.top.is_present(b) {
+        if whole || self.top.as_ref().is_some_and(|t| t.is_present(b)) {
             return Ok(());
         }
         let mut block = [0u8; BLOCK_SIZE as usize];
         self.read_at(&mut block[..len], lo)?;
-        self.top.data().write_all_at(&block[..len], lo).map_err(|source| LayerError::Write {
-            path: self.top.data_path().to_path_buf(),
+        let top = self.top_mut()?;
+        top.data().write_all_at(&block[..len], lo).map_err(|source| LayerError::Write {
+            path: top.data_path().to_path_buf(),
             offset: lo,
             source,
         })
@@ -318,7 +521,11 @@ impl LayerStack {
 }
 
 /// Opens the base and the sealed layers (oldest first), checking sizes and the id chain.
-fn open_lower(base: &Path, sealed: &[PathBuf]) -> Result<(File, u64, Vec<Layer>), LayerError> {
+fn open_lower(
+    base: &Path,
+    lower: Option<&dyn LazyLower>,
+    sealed: &[PathBuf],
+) -> Result<(File, u64, Vec<Layer>), LayerError> {
     let err = |source| LayerError::OpenBase { path: base.to_path_buf(), source };
     let mut file = File::open(base).map_err(err)?;
     // Seeking to the end also sizes block devices, whose metadata length is 0.
@@ -326,18 +533,27 @@ fn open_lower(base: &Path, sealed: &[PathBuf]) -> Result<(File, u64, Vec<Layer>)
     if size > MAX_DISK_BYTES {
         return Err(LayerError::BaseTooLarge { path: base.to_path_buf(), size, max: MAX_DISK_BYTES });
     }
+    if let Some(l) = lower {
+        if l.disk_size() != size {
+            return Err(LayerError::SizeMismatch {
+                path: PathBuf::from(format!("<lazy layer {}>", l.id())),
+                layer: l.disk_size(),
+                base: size,
+            });
+        }
+    }
     let mut layers: Vec<Layer> = Vec::with_capacity(sealed.len());
     for dir in sealed {
         let layer = Layer::open(dir, Role::Sealed)?;
-        check_layer(&layer, size, expected_parent(&layers))?;
+        check_layer(&layer, size, expected_parent(lower, &layers))?;
         layers.push(layer);
     }
     Ok((file, size, layers))
 }
 
-/// The id a layer placed on `below` must name as its parent.
-fn expected_parent(below: &[Layer]) -> LayerId {
-    below.last().map_or(LayerId::BASE, Layer::id)
+/// The id a layer placed on `below` (over `lower`, if any) must name as its parent.
+fn expected_parent(lower: Option<&dyn LazyLower>, below: &[Layer]) -> LayerId {
+    below.last().map_or_else(|| lower.map_or(LayerId::BASE, |l| l.id()), Layer::id)
 }
 
 fn check_layer(layer: &Layer, size: u64, parent: LayerId) -> Result<(), LayerError> {

@@ -12,30 +12,13 @@ const BS: usize = BLOCK_SIZE as usize;
 /// 65 blocks, the last one partial (1000 bytes).
 const SIZE: usize = 64 * BS + 1000;
 
-/// splitmix64: deterministic, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn bytes(&mut self, len: usize) -> Vec<u8> {
-        (0..len).map(|_| (self.next() as u8) | 1).collect()
-    }
-}
+use crate::test_rng::Rng;
 
 /// A temp dir with a base image of `size` non-zero pseudo-random bytes.
 fn setup(size: usize, seed: u64) -> (tempfile::TempDir, PathBuf, Vec<u8>) {
     let tmp = tempfile::tempdir().unwrap();
     let base = tmp.path().join("base.img");
-    let content = Rng(seed).bytes(size);
+    let content = Rng(seed).nonzero_bytes(size);
     fs::write(&base, &content).unwrap();
     (tmp, base, content)
 }
@@ -49,7 +32,7 @@ fn read_all(stack: &LayerStack) -> Vec<u8> {
 /// Rebuilds the disk from the base plus every layer's present blocks, oldest first.
 fn replay_layers(base: &[u8], stack: &LayerStack) -> Vec<u8> {
     let mut disk = base.to_vec();
-    for layer in stack.sealed_layers().iter().chain(std::iter::once(stack.top())) {
+    for layer in stack.sealed_layers().iter().chain(stack.top()) {
         for item in layer.present_blocks() {
             let (index, data) = item.unwrap();
             let at = index as usize * BS;
@@ -81,11 +64,11 @@ fn random_workload_matches_model_across_seals_and_reopens() {
                 // Whole aligned blocks.
                 let b = offset / BS;
                 let len = (BS * (1 + rng.below(3) as usize)).min(SIZE - b * BS);
-                let data = rng.bytes(len);
+                let data = rng.nonzero_bytes(len);
                 write(&mut stack, &mut model, &data, b * BS);
             }
             3..=5 => {
-                let data = rng.bytes(len);
+                let data = rng.nonzero_bytes(len);
                 write(&mut stack, &mut model, &data, offset);
             }
             _ => {
@@ -155,13 +138,13 @@ fn partial_write_copies_the_block_up_from_the_right_layer() {
     // Ten bytes across the 2|3 boundary: block 2 comes from the sealed layer, 3 from the base.
     write(&mut stack, &mut model, &[0xAB; 10], 3 * BS - 5);
     assert_eq!(stack.stats().top_blocks, 2);
-    let top: Vec<(u64, Vec<u8>)> = stack.top().present_blocks().map(Result::unwrap).collect();
+    let top: Vec<(u64, Vec<u8>)> = stack.top().unwrap().present_blocks().map(Result::unwrap).collect();
     assert_eq!(top, vec![(2, model[2 * BS..3 * BS].to_vec()), (3, model[3 * BS..4 * BS].to_vec())]);
     assert_eq!(top[0].1[..BS - 5], [9u8; BS - 5]);
     assert_eq!(top[1].1[5..], model[3 * BS + 5..4 * BS]);
     // The partial last block (1000 bytes) too.
     write(&mut stack, &mut model, &[1u8; 3], SIZE - 3);
-    let last = stack.top().present_blocks().map(Result::unwrap).last().unwrap();
+    let last = stack.top().unwrap().present_blocks().map(Result::unwrap).last().unwrap();
     assert_eq!((last.0, last.1.len()), (64, 1000));
     assert_eq!(read_all(&stack), model);
 }
@@ -172,13 +155,13 @@ fn crash_without_flush_returns_to_the_last_flush() {
     let top = tmp.path().join("t0");
     let mut stack = LayerStack::create(&base, &[], &top).unwrap();
     let mut rng = Rng(5);
-    let flushed_data = rng.bytes(4 * BS);
+    let flushed_data = rng.nonzero_bytes(4 * BS);
     write(&mut stack, &mut model, &flushed_data, 0);
     stack.flush().unwrap();
     assert!(!stack.stats().unflushed);
     let flushed = model.clone();
     // After the flush: overwrite a present block in place, add new blocks, a partial one.
-    let later = rng.bytes(2 * BS);
+    let later = rng.nonzero_bytes(2 * BS);
     write(&mut stack, &mut model, &later[..BS], BS);
     write(&mut stack, &mut model, &later, 6 * BS);
     write(&mut stack, &mut model, &[0u8; 100], 9 * BS + 50);
@@ -241,11 +224,11 @@ fn recover_seal_opens_either_side_of_the_commit() {
     let mut stack = LayerStack::create(&base, &[], &t0).unwrap();
     write(&mut stack, &mut model, &[5u8; 3000], 7000);
     stack.flush().unwrap();
-    Layer::create(&t1, SIZE as u64, stack.top().id()).unwrap();
+    Layer::create(&t1, SIZE as u64, stack.top().unwrap().id()).unwrap();
     drop(stack);
     let mut stack = LayerStack::recover_seal(&base, &[], &t0, &t1).unwrap();
     assert!(!t1.exists(), "the unused new top is removed");
-    assert_eq!(stack.top().dir(), t0);
+    assert_eq!(stack.top().unwrap().dir(), t0);
     assert_eq!(read_all(&stack), model);
 
     // Crash after the commit: t0 is sealed, t1 is the top.
@@ -412,4 +395,28 @@ fn bitmap_bits_and_encoding_round_trip() {
     assert_eq!((h, b), (header, bits));
     assert_eq!(LayerId::BASE.to_string(), "base");
     assert_eq!(LayerId([0xab; 16]).to_string(), "ab".repeat(16));
+}
+
+#[test]
+fn a_lazy_top_creates_no_files_until_the_first_write() {
+    let (tmp, base, content) = setup(SIZE, 41);
+    let top = tmp.path().join("top");
+    let mut stack = LayerStack::create_lazy(&base, &[], &top).unwrap();
+    assert!(stack.top().is_none() && stack.top_is_empty());
+    assert_eq!(read_all(&stack), content, "reads fall through to the base");
+    stack.flush().unwrap();
+    assert!(!top.exists(), "neither reads nor a flush create the top");
+    let err = LayerStack::create_lazy(&base, &[], &tmp.path().join("base.img")).unwrap_err();
+    assert!(matches!(err, LayerError::LayerExists { .. }), "{err}");
+
+    stack.write_at(&[7u8; 10], 5).unwrap();
+    assert!(top.join(DATA_FILE).exists() && !stack.top_is_empty());
+    let mut expected = content.clone();
+    expected[5..15].fill(7);
+    assert_eq!(read_all(&stack), expected, "a partial first write copied its block up");
+    stack.flush().unwrap();
+    let sealed = stack.seal(&tmp.path().join("top2")).unwrap();
+    assert_eq!((sealed.dir.as_path(), sealed.blocks), (top.as_path(), 1));
+    let reopened = LayerStack::create_lazy(&base, std::slice::from_ref(&top), &tmp.path().join("top3")).unwrap();
+    assert_eq!(read_all(&reopened), expected);
 }

@@ -19,9 +19,11 @@
 //! only returns once every staged file matches the manifest's size and BLAKE3 hash.
 
 mod reader;
+mod sparse;
 mod writer;
 
 pub use reader::extract_pack;
+pub use sparse::{decode_sparse, SparseExtents, MAX_SPARSE_EXTENTS, MAX_SPARSE_SIZE, SPARSE_MAGIC, SPARSE_VERSION};
 pub use writer::PackWriter;
 
 use std::io;
@@ -34,7 +36,12 @@ pub const PACK_MANIFEST: &str = "forkvm-pack.json";
 /// Value of [`PackManifest::format`].
 pub const PACK_FORMAT: &str = "forkvm-pack";
 /// Value of [`PackManifest::version`] written and accepted by this build.
-pub const PACK_VERSION: u32 = 1;
+///
+/// Compatibility rule: a reader accepts exactly the version it writes. Version 2 added
+/// sparse entries ([`SparseExtents`], written by [`PackWriter::add_sparse_file`]) for disk
+/// images and layered disks' layers; version 1 packs held disk images byte for byte and
+/// are refused (re-pack them with the newer build).
+pub const PACK_VERSION: u32 = 2;
 
 /// Tar block size.
 const BLOCK: u64 = 512;
@@ -114,6 +121,9 @@ pub enum PackError {
     /// The archive contains an entry the manifest does not list.
     #[error("pack entry {0:?} is in the archive but not listed in the manifest")]
     Unlisted(String),
+    /// A sparse entry (see [`SparseExtents`]) is malformed.
+    #[error("pack entry {name:?}: malformed sparse entry: {reason}")]
+    Sparse { name: String, reason: String },
 }
 
 /// Caps applied by [`extract_pack`] while reading, before any allocation or write they would bound.

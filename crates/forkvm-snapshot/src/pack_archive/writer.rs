@@ -7,9 +7,10 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use super::sparse::SparseEncoder;
 use super::{
-    check_name, io_err, padding, shown, PackEntry, PackError, PackLimits, PackManifest, BLOCK, CHUNK, PACK_FORMAT,
-    PACK_MANIFEST, PACK_VERSION,
+    check_name, io_err, padding, shown, PackEntry, PackError, PackLimits, PackManifest, SparseExtents, BLOCK, CHUNK,
+    PACK_FORMAT, PACK_MANIFEST, PACK_VERSION,
 };
 
 /// zstd compression level used by [`PackWriter`].
@@ -98,6 +99,21 @@ impl PackWriter {
             return Err(io_err("pack source file", path)(e));
         }
         self.add_stream(name, meta.len(), &mut file, path)
+    }
+
+    /// Streams the regular file at `path` as a sparse entry holding only `extents` (see
+    /// [`SparseExtents`]): the entry costs the extents' bytes, not the file's size.
+    /// `extents.size()` must be the file's size.
+    pub fn add_sparse_file(&mut self, name: &str, path: &Path, extents: &SparseExtents) -> Result<(), PackError> {
+        self.check_new_name(name)?;
+        let file = File::open(path).map_err(io_err("open source file", path))?;
+        let meta = file.metadata().map_err(io_err("stat source file", path))?;
+        if !meta.is_file() || meta.len() != extents.size() {
+            let msg = format!("not a regular file of {} bytes", extents.size());
+            return Err(io_err("pack source file", path)(io::Error::new(io::ErrorKind::InvalidInput, msg)));
+        }
+        let mut encoder = SparseEncoder::new(&file, extents);
+        self.add_stream(name, extents.encoded_len(), &mut encoder, path)
     }
 
     /// Writes one entry of exactly `size` bytes read from `src` (`src_path` names it in errors).

@@ -34,6 +34,9 @@ pub enum Request {
     },
     /// Set the labels (sandbox id, template) recorded in this VM's snapshots.
     Label(VmmLabels),
+    /// Seal every layered disk's top (a consistent cut of the disks, without pausing the
+    /// vCPUs); answers with each layered disk's sealed layers.
+    SealDisks {},
     /// Arm a fault for the next branch (only with `FORKVM_FAULT_INJECTION=1`).
     InjectFault {
         point: FaultPoint,

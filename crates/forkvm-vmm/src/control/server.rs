@@ -205,6 +205,11 @@ fn handle(req: Request, vmm: &Mutex<Vmm>) -> Response {
             Ok(r) => json(serde_json::to_value(r).map_err(|e| e.to_string())),
             Err(e) => Response::err(e.to_string()),
         },
+        Request::SealDisks {} => json(
+            vmm.seal_disks()
+                .map_err(|e| e.to_string())
+                .and_then(|seals| serde_json::to_value(seals).map_err(|e| e.to_string())),
+        ),
         Request::Label(labels) => {
             vmm.set_labels(labels);
             json(status(&vmm))

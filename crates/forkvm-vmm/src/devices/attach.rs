@@ -29,10 +29,44 @@ pub const MAX_VIRTIO_SLOTS: usize = 11;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlockConfig {
+    /// The raw image, or a layered disk's base.
     pub path: PathBuf,
     pub read_only: bool,
     /// Serial the guest sees (`/sys/block/vdX/serial`), at most 20 bytes.
     pub id: String,
+    /// Makes the disk layered (and writable): `path` is its base.
+    pub layers: Option<LayeredConfig>,
+}
+
+/// A layered disk's lower layers and where this VM keeps the layers it writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayeredConfig {
+    /// Sealed layer directories over the base, oldest first (shared, never written).
+    pub sealed: Vec<PathBuf>,
+    /// This VM's own directory for the disk: its writable tops (`top-<n>`) live here,
+    /// and stay here once sealed. One VM per directory.
+    pub dir: PathBuf,
+}
+
+impl LayeredConfig {
+    /// The first `top-<n>` of this VM's directory not yet on disk: where its next top
+    /// goes (a top is created on its first write, so an unwritten one is never there).
+    pub fn free_top(&self) -> PathBuf {
+        let free = (0u32..).map(|n| self.dir.join(format!("top-{n}"))).find(|p| std::fs::symlink_metadata(p).is_err());
+        free.expect("an unused name exists")
+    }
+}
+
+impl BlockConfig {
+    /// Opens the device: a raw image, or a layered disk with a fresh top at
+    /// [`LayeredConfig::free_top`] (made with its directory on the first write: a
+    /// restore that never writes its disk creates nothing).
+    pub fn open(&self) -> Result<Block, String> {
+        let Some(l) = &self.layers else {
+            return Block::new(&self.path, self.read_only, &self.id).map_err(|e| e.to_string());
+        };
+        Block::layered(&self.path, &l.sealed, &l.free_top(), &self.id).map_err(|e| e.to_string())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -148,9 +182,7 @@ fn create(p: &Planned) -> Result<Box<dyn VirtioDevice>, AttachError> {
             Box::new(Vsock::new(c.guest_cid, c.uds_path.clone()).map_err(|e| err("vsock", e.to_string()))?)
         }
         Planned::Rng => Box::new(Rng::new()),
-        Planned::Block(c) => {
-            Box::new(Block::new(&c.path, c.read_only, &c.id).map_err(|e| err("block", e.to_string()))?)
-        }
+        Planned::Block(c) => Box::new(c.open().map_err(|e| err("block", e))?),
     })
 }
 
@@ -162,7 +194,7 @@ fn restore_device(p: &Planned, s: &VirtioDeviceState) -> Result<Box<dyn VirtioDe
         }
         (Planned::Rng, VirtioDeviceState::Rng(s)) => Box::new(Rng::restore(s).map_err(|e| err("rng", e.to_string()))?),
         (Planned::Block(c), VirtioDeviceState::Block(s)) => {
-            Box::new(Block::restore(&c.path, s).map_err(|e| err("block", e.to_string()))?)
+            Box::new(c.open().and_then(|b| b.with_state(s).map_err(|e| e.to_string())).map_err(|e| err("block", e))?)
         }
         _ => unreachable!("kinds were matched before"),
     })
@@ -220,7 +252,7 @@ mod tests {
         let c = DeviceConfig {
             vsock: Some(VsockConfig { guest_cid: 3, uds_path: "/tmp/v.sock".into() }),
             rng: true,
-            blocks: vec![BlockConfig { path: "/tmp/disk".into(), read_only: true, id: "root".into() }],
+            blocks: vec![BlockConfig { path: "/tmp/disk".into(), read_only: true, id: "root".into(), layers: None }],
         };
         assert_eq!(
             c.cmdline(),

@@ -20,8 +20,8 @@ use crate::phase_timer::PhaseTimer;
 use crate::vmm::fault::FaultPoint;
 use crate::vstate::memory::{image_offsets, region_slices};
 use forkvm_snapshot::{
-    DevicesMeta, DiskMeta, GuestIdentity, SnapshotMeta, SnapshotStatus, SnapshotWriter, DISK_DIR, MEMORY_IMG,
-    SNAPSHOT_JSON, VMSTATE_BIN,
+    DevicesMeta, DiskMeta, GuestIdentity, SnapshotMeta, SnapshotStatus, SnapshotWriter, MEMORY_IMG, SNAPSHOT_JSON,
+    VMSTATE_BIN,
 };
 use serde::{Deserialize, Serialize};
 use std::fs::File;
@@ -325,35 +325,6 @@ impl Vmm {
         }
     }
 
-    /// Puts this VM's disks into `<staging>/disk/`: read-only images hard-linked (copied
-    /// across filesystems), writable ones copied — only while paused in full mode; a live
-    /// branch cannot capture a writable disk consistently until disks are layered.
-    fn capture_disks(&self, staging: &Path, live: bool) -> Result<Vec<DiskMeta>, VmmError> {
-        let mut disks = Vec::new();
-        if self.device_config.blocks.is_empty() {
-            return Ok(disks);
-        }
-        let dir = staging.join(DISK_DIR);
-        std::fs::create_dir(&dir).map_err(|e| VmmError::Disk(format!("creating {}: {e}", dir.display())))?;
-        for (i, b) in self.device_config.blocks.iter().enumerate() {
-            if live && !b.read_only {
-                return Err(VmmError::Disk(format!(
-                    "disk {} is writable: a live branch cannot capture it consistently (use mode full)",
-                    b.path.display()
-                )));
-            }
-            let file = format!("disk{i}.img");
-            let target = dir.join(&file);
-            let linked = b.read_only && std::fs::hard_link(&b.path, &target).is_ok();
-            if !linked {
-                std::fs::copy(&b.path, &target)
-                    .map_err(|e| VmmError::Disk(format!("copying disk {}: {e}", b.path.display())))?;
-            }
-            disks.push(DiskMeta { file, read_only: b.read_only, id: b.id.clone() });
-        }
-        Ok(disks)
-    }
-
     /// Full mode (the VM is paused): writes the whole snapshot and publishes it.
     /// Returns (allocated bytes of memory.img, memory size).
     pub(super) fn write_full(
@@ -366,11 +337,13 @@ impl Vmm {
         if self.faults.take(FaultPoint::SaveState) {
             return Err(VmmError::Injected(FaultPoint::SaveState));
         }
+        // Layered disks first: the saved device state names the sealed layers.
+        let seals = self.seal_disks()?;
         let state = self.save_state()?;
         phases.mark("save_state");
         let writer = SnapshotWriter::begin(dir)?;
         forkvm_snapshot::write_vmstate_file(&writer.path(VMSTATE_BIN), &state.encode_payload()?)?;
-        let disks = self.capture_disks(writer.staging(), false)?;
+        let disks = self.capture_disks(writer.staging(), &seals, false)?;
         let mem_size = state.mem_size;
         let image = forkvm_snapshot::create_image(&writer.path(MEMORY_IMG), mem_size)?;
         if let Some(fault) = self.faults.take_write_fault() {
@@ -403,12 +376,14 @@ impl Vmm {
         if self.faults.take(FaultPoint::SaveState) {
             return Err(VmmError::Injected(FaultPoint::SaveState));
         }
+        // Layered disks first: the saved device state names the sealed layers.
+        let seals = self.seal_disks()?;
         let state = self.save_state()?;
         phases.mark("save_state");
         let writer = SnapshotWriter::begin(dir)?;
         std::fs::write(writer.path(VMSTATE_BIN), forkvm_snapshot::encode_vmstate(&state.encode_payload()?))
             .map_err(|e| VmmError::Disk(format!("writing vmstate.bin: {e}")))?;
-        let disks = self.capture_disks(writer.staging(), true)?;
+        let disks = self.capture_disks(writer.staging(), &seals, true)?;
         let mem_size = state.mem_size;
         let image = forkvm_snapshot::create_image(&writer.path(MEMORY_IMG), mem_size)?;
         let meta = self.snapshot_meta(tag, &state, SnapshotStatus::Writing, 0, disks, branched_from);

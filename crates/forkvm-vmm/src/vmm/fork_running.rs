@@ -9,11 +9,9 @@
 
 use super::{GuestInfo, Vmm, VmmError, VmmLabels};
 use crate::builder::restore_state;
-use crate::control::serve_until_exit;
 use crate::devices::serial::ConsoleOut;
 use crate::host::open_kvm;
 use crate::phase_timer::PhaseTimer;
-use crate::vstate::vcpu::VcpuExitReason;
 use crate::zygote::{close_fds, detach_stdio, fork_and_run, Owned, EXIT_RESTORE_FAILED};
 use serde::{Deserialize, Serialize};
 use std::fs::OpenOptions;
@@ -42,6 +40,10 @@ pub struct ForkChild {
     /// Memory cgroup (created by the caller) the child joins before building its VM.
     #[serde(default)]
     pub cgroup: Option<String>,
+    /// Where the child keeps its layered disks' writable tops (`disk<i>/` inside);
+    /// required when the VM has a layered disk.
+    #[serde(default)]
+    pub disk_dir: Option<PathBuf>,
 }
 
 /// What a fork of the running VM did.
@@ -58,6 +60,10 @@ pub enum ForkRunningError {
     NoChildren,
     #[error("fork: child {index} needs a vsock socket path (the VM has a vsock device)")]
     MissingVsock { index: usize },
+    #[error("fork: child {index} needs a disk directory (the VM has a layered disk)")]
+    MissingDiskDir { index: usize },
+    #[error("fork: sealing the source VM's disks failed (it was resumed): {0}")]
+    Seal(VmmError),
     #[error("fork: pausing the source VM failed; it keeps running unchanged: {0}")]
     Pause(VmmError),
     #[error("fork: capturing the source VM's state failed (it was resumed): {0}")]
@@ -79,9 +85,20 @@ impl Vmm {
                 return Err(ForkRunningError::MissingVsock { index });
             }
         }
+        if self.device_config.blocks.iter().any(|b| b.layers.is_some()) {
+            if let Some(index) = children.iter().position(|c| c.disk_dir.is_none()) {
+                return Err(ForkRunningError::MissingDiskDir { index });
+            }
+        }
         let started = Instant::now();
         let was_running = self.state() == super::RunState::Running;
         self.pause().map_err(ForkRunningError::Pause)?;
+        // The children share the disks as of now: seal, so each gets its own top over
+        // the same layers and the source writes to a new top of its own.
+        if let Err(e) = self.seal_disks() {
+            let _ = if was_running { self.resume() } else { Ok(()) };
+            return Err(ForkRunningError::Seal(e));
+        }
         let state = match self.save_state() {
             Ok(s) => s,
             Err(e) => {
@@ -155,6 +172,11 @@ impl Vmm {
         if let (Some(v), Some(uds)) = (devices.vsock.as_mut(), &child.vsock_uds) {
             v.uds_path = uds.clone();
         }
+        for (i, b) in devices.blocks.iter_mut().enumerate() {
+            if let (Some(l), Some(dir)) = (b.layers.as_mut(), &child.disk_dir) {
+                l.dir = dir.join(format!("disk{i}"));
+            }
+        }
         let guest = GuestInfo { kind: self.guest.kind.clone(), name: self.guest.name.clone() };
         let console = ConsoleOut::new(log, None);
         let restored =
@@ -168,19 +190,7 @@ impl Vmm {
             labels.template = self.labels.template.clone();
         }
         vmm.set_labels(labels);
-        let outcome = serve_until_exit(vmm, Some(&child.socket));
-        if let (Ok(reason), Some(f)) = (&outcome, error_log.as_mut()) {
-            let _ = writeln!(f, "[forkvm] VMM stopping: {reason:?}");
-        }
-        match outcome {
-            Ok(VcpuExitReason::GuestExit(code)) => i32::from(code),
-            Ok(VcpuExitReason::Stopped) => 0,
-            // Nobody asked for it: a reboot or kernel panic in the guest. Failing keeps the
-            // run directory, so the console log says what happened.
-            Ok(VcpuExitReason::Reset) => fail("the guest reset itself (reboot or kernel panic)".into(), error_log),
-            Ok(other) => fail(format!("guest stopped: {other:?}"), error_log),
-            Err(e) => fail(e.to_string(), error_log),
-        }
+        crate::zygote::serve_to_exit_code(vmm, Some(&child.socket), error_log, fail)
     }
 }
 

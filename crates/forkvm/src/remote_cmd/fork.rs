@@ -49,8 +49,11 @@ pub fn fork(a: &ForkArgs, remote: &RemoteArgs) -> Result<Option<i32>> {
             prewarm: false,
             live_fork: false,
             hugepages: false,
+            ttl_seconds: None,
         })?,
-        Source::Sandbox(id) => client.fork(id, &ForkSandboxRequest { n, memory_limit_mib: a.mem_limit_mib })?,
+        Source::Sandbox(id) => {
+            client.fork(id, &ForkSandboxRequest { n, memory_limit_mib: a.mem_limit_mib, ttl_seconds: None })?
+        }
     };
     let what = match what {
         Source::Tag(tag) => format!("tag {tag}"),

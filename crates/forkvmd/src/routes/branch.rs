@@ -11,7 +11,7 @@
 use crate::db::BranchRow;
 use crate::error::ApiError;
 use crate::extract::{JsonBody, Param};
-use crate::routes::sandboxes::running;
+use crate::lifecycle::use_sandbox;
 use crate::state::{now_unix, AppState, TagClaim};
 use crate::views::{snapshot_info, snapshot_row};
 use axum::extract::State;
@@ -147,7 +147,7 @@ pub async fn branch(
                 Some(t) => Some(s.claim_tag(t).ok_or_else(|| in_progress(t))?),
                 None => None,
             };
-            running(&s, &id)?;
+            let (_, _in_use) = use_sandbox(&s, &id)?;
             if mode == Mode::Diff && claim.is_none() {
                 claim = Some(default_diff_tag(&s, &id)?);
             }
@@ -162,7 +162,6 @@ pub async fn branch(
                 started_at_unix: now_unix(),
             };
             s.db().insert_branch(&row).map_err(|e| ApiError::internal(e.to_string()))?;
-            s.touch(&id);
             let (tag, pause_ms) = match take(&s, &id, &req, mode, tag.as_deref()) {
                 Ok(r) => r,
                 Err(e) => {

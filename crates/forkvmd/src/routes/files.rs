@@ -4,7 +4,7 @@
 
 use crate::error::{agent_error, ApiError};
 use crate::extract::{Param, QueryArgs};
-use crate::routes::sandboxes::running;
+use crate::lifecycle::{use_sandbox, InUse};
 use crate::state::AppState;
 use axum::body::Body;
 use axum::extract::State;
@@ -55,10 +55,11 @@ fn check_path(path: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn client(s: &AppState, id: &str) -> Result<AgentClient<UnixStream>, ApiError> {
-    let r = running(s, id)?;
-    s.touch(id);
-    Ok(AgentClient::vsock_uds(r.vsock(), AGENT_PORT))
+/// The agent of running sandbox `id` (resumed if the daemon paused it), and the guard
+/// that keeps it from being paused while the call runs.
+fn client(s: &AppState, id: &str) -> Result<(AgentClient<UnixStream>, InUse), ApiError> {
+    let (r, in_use) = use_sandbox(s, id)?;
+    Ok((AgentClient::vsock_uds(r.vsock(), AGENT_PORT), in_use))
 }
 
 fn type_name(t: FileType) -> &'static str {
@@ -94,19 +95,20 @@ pub async fn read(
     let (id2, path) = (id.clone(), a.path.clone());
     // Stat first, so that a missing file or a directory is a proper status, not a
     // stream that breaks off.
-    let (c, size) = s
+    let (c, in_use, size) = s
         .blocking(move |s| {
-            let c = client(&s, &id2)?;
+            let (c, in_use) = client(&s, &id2)?;
             let st = c.stat(&path).map_err(|e| agent_error(&id2, e))?;
             if st.file_type != FileType::File {
                 return Err(ApiError::bad_request(format!("{path:?} is a {}, not a file", type_name(st.file_type))));
             }
-            Ok((c, st.size))
+            Ok((c, in_use, st.size))
         })
         .await?;
     let (tx, rx) = mpsc::channel(16);
     let path = a.path.clone();
     tokio::task::spawn_blocking(move || {
+        let _in_use = in_use;
         let mut w = ChannelWriter(tx.clone());
         if let Err(e) = c.read_file(&path, &mut w) {
             let _ = tx.blocking_send(Err(std::io::Error::other(agent_error(&id, e).message)));
@@ -166,7 +168,7 @@ pub async fn write(
     let path = a.path.clone();
     let written = s
         .blocking(move |s| {
-            let c = client(&s, &id)?;
+            let (c, _in_use) = client(&s, &id)?;
             let req = WriteFileRequest { path: a.path.clone(), mode: a.mode, create_parents: a.create_parents };
             let mut reader = ChannelReader { rx, pending: bytes::Bytes::new() };
             c.write_file(&req, &mut reader).map_err(|e| agent_error(&id, e))
@@ -186,7 +188,8 @@ pub async fn remove(
         return Err(ApiError::bad_request("refusing to remove /"));
     }
     s.blocking(move |s| {
-        client(&s, &id)?.remove(&a.path, a.recursive).map_err(|e| agent_error(&id, e))?;
+        let (c, _in_use) = client(&s, &id)?;
+        c.remove(&a.path, a.recursive).map_err(|e| agent_error(&id, e))?;
         Ok(StatusCode::NO_CONTENT)
     })
     .await
@@ -199,7 +202,8 @@ pub async fn list(
 ) -> Result<Json<Vec<FileEntry>>, ApiError> {
     check_path(&a.path)?;
     s.blocking(move |s| {
-        let entries = client(&s, &id)?.list(&a.path).map_err(|e| agent_error(&id, e))?;
+        let (c, _in_use) = client(&s, &id)?;
+        let entries = c.list(&a.path).map_err(|e| agent_error(&id, e))?;
         Ok(Json(
             entries
                 .into_iter()

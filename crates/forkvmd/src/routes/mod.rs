@@ -3,6 +3,7 @@
 //! methods.
 
 pub mod branch;
+pub mod disk;
 pub mod files;
 pub mod meta;
 pub mod run;
@@ -43,6 +44,12 @@ fn handler(name: RouteName, filter: MethodFilter) -> MethodRouter<AppState> {
         RouteName::WriteFile => on(filter, files::write),
         RouteName::RemoveFile => on(filter, files::remove),
         RouteName::ListFiles => on(filter, files::list),
+        RouteName::TakeDiskSnapshot => on(filter, disk::take),
+        RouteName::ListDiskSnapshots => on(filter, disk::list),
+        RouteName::ArchiveSandbox => on(filter, sandboxes::archive),
+        RouteName::RestoreSandbox => on(filter, sandboxes::restore),
+        RouteName::DiskFork => on(filter, sandboxes::disk_fork),
+        RouteName::SetTtl => on(filter, sandboxes::set_ttl),
     }
 }
 

@@ -2,7 +2,7 @@
 
 use crate::error::{agent_error, ApiError};
 use crate::extract::{JsonBody, Param};
-use crate::routes::sandboxes::running;
+use crate::lifecycle::{use_sandbox, InUse};
 use crate::state::AppState;
 use axum::body::Body;
 use axum::extract::State;
@@ -17,10 +17,11 @@ use std::os::unix::net::UnixStream;
 /// Longest exec timeout accepted (a day).
 const MAX_TIMEOUT_SECS: u64 = 86_400;
 
-fn client(s: &AppState, id: &str) -> Result<AgentClient<UnixStream>, ApiError> {
-    let r = running(s, id)?;
-    s.touch(id);
-    Ok(AgentClient::vsock_uds(r.vsock(), AGENT_PORT))
+/// The agent of running sandbox `id` (resumed if the daemon paused it), and the guard
+/// that keeps it from being paused while the call runs.
+fn client(s: &AppState, id: &str) -> Result<(AgentClient<UnixStream>, InUse), ApiError> {
+    let (r, in_use) = use_sandbox(s, id)?;
+    Ok((AgentClient::vsock_uds(r.vsock(), AGENT_PORT), in_use))
 }
 
 /// The agent's exec request for an API exec request.
@@ -81,7 +82,8 @@ fn exit_event(st: &ExitStatus) -> ExecEvent {
 
 pub async fn ping(State(s): State<AppState>, Param(id): Param) -> Result<Json<serde_json::Value>, ApiError> {
     s.blocking(move |s| {
-        let pong = client(&s, &id)?.ping().map_err(|e| agent_error(&id, e))?;
+        let (c, _in_use) = client(&s, &id)?;
+        let pong = c.ping().map_err(|e| agent_error(&id, e))?;
         serde_json::to_value(pong).map(Json).map_err(|e| ApiError::internal(e.to_string()))
     })
     .await
@@ -94,7 +96,7 @@ pub async fn exec(
 ) -> Result<Json<ExecResponse>, ApiError> {
     let agent_req = agent_request(&req)?;
     s.blocking(move |s| {
-        let c = client(&s, &id)?;
+        let (c, _in_use) = client(&s, &id)?;
         let out = c
             .exec_collect(&agent_req, req.stdin.as_deref().unwrap_or("").as_bytes())
             .map_err(|e| agent_error(&id, e))?;
@@ -125,9 +127,10 @@ pub async fn exec_stream(
 ) -> Result<Response, ApiError> {
     let agent_req = agent_request(&req)?;
     let id2 = id.clone();
-    let c = s.blocking(move |s| client(&s, &id2)).await?;
+    let (c, in_use) = s.blocking(move |s| client(&s, &id2)).await?;
     let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(64);
     tokio::task::spawn_blocking(move || {
+        let _in_use = in_use;
         let send = |e: ExecEvent| {
             let _ = tx.blocking_send(ndjson_line(&e));
         };
@@ -162,7 +165,8 @@ pub async fn eval(
     JsonBody(req): JsonBody<EvalRequest>,
 ) -> Result<Json<EvalResponse>, ApiError> {
     s.blocking(move |s| {
-        let r = client(&s, &id)?.eval(&req.code).map_err(|e| agent_error(&id, e))?;
+        let (c, _in_use) = client(&s, &id)?;
+        let r = c.eval(&req.code).map_err(|e| agent_error(&id, e))?;
         let (result, error, exit_code) = match r.outcome {
             EvalOutcome::Value { value_repr } => (value_repr, None, 0),
             // The traceback ends with the exception line; without one, the exception alone.

@@ -5,17 +5,22 @@
 //! between finds the `starting` rows on restart and removes those sandboxes (a spawn
 //! gives all of its sandboxes or none).
 
+use crate::db::SandboxRow;
 use crate::error::ApiError;
 use crate::extract::{JsonBody, Param};
+use crate::lifecycle::{apply_ttl, archived_conflict, use_sandbox};
 use crate::spawner::SpawnOrder;
 use crate::state::{new_row, now_unix, AppState, Origin};
-use crate::views::sandbox_info;
+use crate::views::{archived_info, sandbox_info};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
-use forkvm_api::{CreateSandboxRequest, ForkSandboxRequest, SandboxInfo, MAX_SANDBOXES_PER_CALL};
+use forkvm_api::{
+    ArchiveReport, CreateSandboxRequest, DiskForkRequest, ForkSandboxRequest, RestoreRequest, SandboxInfo,
+    SetTtlRequest, MAX_SANDBOXES_PER_CALL,
+};
 use forkvm_sandbox::sandbox::new_sandbox_id;
-use forkvm_sandbox::{SandboxRecord, SpawnOptions, SpawnSource, SpawnedSandbox};
+use forkvm_sandbox::{RegistryError, SandboxRecord, SpawnOptions, SpawnSource, SpawnedSandbox};
 use forkvm_snapshot::validate_tag;
 use std::time::Instant;
 
@@ -43,13 +48,15 @@ pub async fn list(State(s): State<AppState>) -> Result<Json<Vec<SandboxInfo>>, A
     s.blocking(|s| {
         s.registry.sweep();
         let rows = s.db().sandboxes().unwrap_or_default();
+        let shown = |x: &SandboxRow| x.state == "running" || x.state == "paused";
         let mut out: Vec<SandboxInfo> = s
             .registry
             .list()
             .iter()
-            .filter(|r| rows.iter().find(|x| x.id == r.id).is_none_or(|x| x.state == "running"))
-            .map(|r| sandbox_info(r, rows.iter().find(|x| x.id == r.id)))
+            .filter(|r| rows.iter().find(|x| x.id == r.id).is_none_or(shown))
+            .map(|r| sandbox_info(r, rows.iter().find(|x| x.id == r.id), &s.disk))
             .collect();
+        out.extend(rows.iter().filter(|x| x.state == "archived").map(|x| archived_info(x, &s.disk)));
         out.sort_by(|a, b| (a.created_at_unix, &a.id).cmp(&(b.created_at_unix, &b.id)));
         Ok(Json(out))
     })
@@ -58,7 +65,15 @@ pub async fn list(State(s): State<AppState>) -> Result<Json<Vec<SandboxInfo>>, A
 
 /// The record of a running sandbox the API may show (not one still starting).
 pub fn running(s: &AppState, id: &str) -> Result<SandboxRecord, ApiError> {
-    let (r, alive) = s.registry.lookup(id)?;
+    let (r, alive) = match s.registry.lookup(id) {
+        Ok(found) => found,
+        Err(RegistryError::NotFound(_)) => {
+            return Err(
+                archived_conflict(s, id).unwrap_or_else(|| ApiError::not_found(format!("sandbox {id:?} not found")))
+            )
+        }
+        Err(e) => return Err(e.into()),
+    };
     if !alive {
         // Say why before the run directory goes: a crashed guest leaves its console.
         let console = forkvm_sandbox::spawn::console_tail(&r);
@@ -66,7 +81,7 @@ pub fn running(s: &AppState, id: &str) -> Result<SandboxRecord, ApiError> {
         let _ = s.db().delete_sandboxes(&[id.to_string()]);
         return Err(ApiError::not_found(format!("sandbox {id:?} has stopped; its console ended with: {console}")));
     }
-    if s.sandbox_row(id).is_some_and(|row| row.state == "starting") {
+    if s.sandbox_row(id).is_some_and(|row| row.state == "starting" || row.state == "restoring") {
         return Err(ApiError::conflict(format!("sandbox {id:?} is still starting"), "starting"));
     }
     Ok(r)
@@ -74,17 +89,42 @@ pub fn running(s: &AppState, id: &str) -> Result<SandboxRecord, ApiError> {
 
 pub async fn get(State(s): State<AppState>, Param(id): Param) -> Result<Json<SandboxInfo>, ApiError> {
     s.blocking(move |s| {
+        if let Some(row) = s.sandbox_row(&id).filter(|r| r.state == "archived") {
+            return Ok(Json(archived_info(&row, &s.disk)));
+        }
         let r = running(&s, &id)?;
-        Ok(Json(sandbox_info(&r, s.sandbox_row(&id).as_ref())))
+        Ok(Json(sandbox_info(&r, s.sandbox_row(&id).as_ref(), &s.disk)))
     })
     .await
 }
 
+/// Stops a running sandbox, or removes an archived one's archive: the only call that
+/// deletes a sandbox (its vault of disk snapshots stays).
 pub async fn delete(State(s): State<AppState>, Param(id): Param) -> Result<StatusCode, ApiError> {
+    let sandbox_lock = s.disk.sandbox_lock(&id);
+    let _held = sandbox_lock.lock().await;
     s.blocking(move |s| {
-        let r = s.registry.get(&id)?;
-        forkvm_sandbox::kill_record(&s.registry, &r)?;
-        let _ = s.db().delete_sandboxes(&[id]);
+        match s.registry.get(&id) {
+            Ok(r) => forkvm_sandbox::kill_record(&s.registry, &r)?,
+            Err(RegistryError::NotFound(_)) => {
+                let dir = forkvm_sandbox::archive::archives_dir(&s.store);
+                let known = s.sandbox_row(&id).is_some_and(|r| r.state == "archived");
+                if !known && !dir.join(&id).exists() {
+                    return Err(ApiError::not_found(format!("sandbox {id:?} not found")));
+                }
+                for d in [dir.join(&id), dir.join(format!("{id}.next"))] {
+                    match std::fs::remove_dir_all(&d) {
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                            return Err(ApiError::internal(format!("removing the archive {}: {e}", d.display())))
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+        let _ = s.db().delete_sandboxes(std::slice::from_ref(&id));
+        tracing::info!(sandbox_id = %id, "deleted");
         Ok(StatusCode::NO_CONTENT)
     })
     .await
@@ -97,17 +137,20 @@ fn settle(
     started: Instant,
     made: Result<Vec<SpawnedSandbox>, ApiError>,
     ids: &[String],
+    ttl: Option<u64>,
 ) -> Result<Vec<SandboxInfo>, ApiError> {
     let seconds = started.elapsed().as_secs_f64();
     match made {
         Ok(sandboxes) => {
             let pids: Vec<(String, i32)> = sandboxes.iter().map(|x| (x.record.id.clone(), x.record.pid)).collect();
             s.db().mark_running(&pids).map_err(|e| ApiError::internal(e.to_string()))?;
+            apply_ttl(s, ids, ttl);
             s.metrics.inc("forkvm_spawns_total", &[("kind", kind), ("outcome", "ok")]);
             s.metrics.add("forkvm_sandboxes_spawned_total", &[("kind", kind)], sandboxes.len() as u64);
             s.metrics.observe("forkvm_spawn_duration_seconds", &[("kind", kind)], seconds);
             let rows = s.db().sandboxes().unwrap_or_default();
-            Ok(sandboxes.iter().map(|x| sandbox_info(&x.record, rows.iter().find(|r| r.id == x.record.id))).collect())
+            let view = |x: &SpawnedSandbox| sandbox_info(&x.record, rows.iter().find(|r| r.id == x.record.id), &s.disk);
+            Ok(sandboxes.iter().map(view).collect())
         }
         Err(e) => {
             let _ = s.db().delete_sandboxes(ids);
@@ -130,6 +173,7 @@ pub async fn create(
         return Err(ApiError::bad_request("live_fork: fork a running sandbox with POST /v1/sandboxes/{id}/fork"));
     }
     validate_tag(&req.snapshot_tag)?;
+    let ttl = s.lifecycle.ttl_for(req.ttl_seconds)?;
     s.blocking(move |s| {
         let started = Instant::now();
         let source = SpawnSource::from_tag(&s.store, &req.snapshot_tag)?;
@@ -149,7 +193,7 @@ pub async fn create(
             .start_vmms(&order)
             .map_err(|r| ApiError::from_code(&r.code, r.message))
             .and_then(|vmms| forkvm_sandbox::finish(&s.registry, vmms.records, started).map_err(ApiError::from));
-        let infos = settle(&s, "snapshot", started, made, &ids)?;
+        let infos = settle(&s, "snapshot", started, made, &ids, ttl)?;
         Ok((StatusCode::CREATED, Json(infos)))
     })
     .await
@@ -162,21 +206,95 @@ pub async fn fork(
 ) -> Result<(StatusCode, Json<Vec<SandboxInfo>>), ApiError> {
     check_count(req.n)?;
     let limit = limit_bytes(req.memory_limit_mib)?;
+    let ttl = s.lifecycle.ttl_for(req.ttl_seconds)?;
     s.blocking(move |s| {
         let started = Instant::now();
-        let source = running(&s, &id)?;
+        let (source, _in_use) = use_sandbox(&s, &id)?;
         let op = op_id("fork");
         let ids: Vec<String> = (0..req.n).map(|_| new_sandbox_id()).collect();
         let origin = Origin { forked_from: Some(id.clone()), memory_limit_bytes: limit, ..Origin::of(&source) };
         let rows: Vec<_> = ids.iter().map(|cid| new_row(cid, "starting", &op, &origin, now_unix())).collect();
         s.db().insert_sandboxes(&rows).map_err(|e| ApiError::internal(e.to_string()))?;
-        s.touch(&id);
         let opts = SpawnOptions { memory_limit_bytes: limit };
         let made = forkvm_sandbox::fork_running_as(&s.registry, &id, &ids, &opts)
             .map(|(sandboxes, _pause_ms)| sandboxes)
             .map_err(ApiError::from);
-        let infos = settle(&s, "fork", started, made, &ids)?;
+        let infos = settle(&s, "fork", started, made, &ids, ttl)?;
         Ok((StatusCode::CREATED, Json(infos)))
+    })
+    .await
+}
+
+/// `POST /v1/sandboxes/{id}/archive`: the sandbox leaves memory for
+/// `<store>/archives/<id>/` (its VMM stops); listed as `archived` until restored or deleted.
+pub async fn archive(State(s): State<AppState>, Param(id): Param) -> Result<Json<ArchiveReport>, ApiError> {
+    crate::lifecycle::archive_sandbox(&s, &id, "api").await.map(Json)
+}
+
+/// `POST /v1/sandboxes/{id}/restore`: an archived sandbox runs again, same id.
+pub async fn restore(
+    State(s): State<AppState>,
+    Param(id): Param,
+    JsonBody(req): JsonBody<RestoreRequest>,
+) -> Result<Json<SandboxInfo>, ApiError> {
+    crate::lifecycle::restore_sandbox(&s, &id, req.ttl_seconds).await.map(Json)
+}
+
+/// `POST /v1/sandboxes/{id}/ttl`: archive it `ttl_seconds` from now (`0`: never).
+pub async fn set_ttl(
+    State(s): State<AppState>,
+    Param(id): Param,
+    JsonBody(req): JsonBody<SetTtlRequest>,
+) -> Result<Json<SandboxInfo>, ApiError> {
+    let ttl = s.lifecycle.ttl_for(Some(req.ttl_seconds))?;
+    s.blocking(move |s| {
+        let r = running(&s, &id)?;
+        if s.sandbox_row(&id).is_none() {
+            let row = new_row(&id, "running", "adopted", &Origin::of(&r), r.created_at_unix_ms / 1000);
+            let _ = s.db().insert_sandboxes(&[row]);
+        }
+        let expires = ttl.map(|t| forkvm_sandbox::registry::now_unix_ms() + t * 1000);
+        s.db().set_ttl(&id, ttl, expires).map_err(|e| ApiError::internal(e.to_string()))?;
+        Ok(Json(sandbox_info(&r, s.sandbox_row(&id).as_ref(), &s.disk)))
+    })
+    .await
+}
+
+/// `POST /v1/sandboxes/{id}/disk-fork`: a new sandbox cold-booted on a disk snapshot of
+/// `{id}` (running, archived or gone). The spawner restores the disk and starts the VMM;
+/// the boot is awaited here (long: about a minute on PVM hosts).
+pub async fn disk_fork(
+    State(s): State<AppState>,
+    Param(id): Param,
+    JsonBody(req): JsonBody<DiskForkRequest>,
+) -> Result<(StatusCode, Json<SandboxInfo>), ApiError> {
+    let limit = limit_bytes(req.memory_limit_mib)?;
+    let ttl = s.lifecycle.ttl_for(req.ttl_seconds)?;
+    s.blocking(move |s| {
+        let started = Instant::now();
+        // Validates the id before it names a directory.
+        if let Err(e @ RegistryError::BadId(_)) = s.registry.lookup(&id) {
+            return Err(e.into());
+        }
+        if !forkvm_sandbox::disk_snapshots::vault_dir(&s.store, &id).is_dir() {
+            return Err(ApiError::not_found(format!("sandbox {id:?} not found, or it has no disk snapshots")));
+        }
+        let spawner = s.spawner.clone().ok_or_else(|| ApiError::internal("this daemon has no spawner process"))?;
+        let new_id = new_sandbox_id();
+        let origin = Origin { forked_from: Some(id.clone()), memory_limit_bytes: limit, ..Origin::default() };
+        let row = new_row(&new_id, "starting", &op_id("disk-fork"), &origin, now_unix());
+        s.db().insert_sandboxes(&[row]).map_err(|e| ApiError::internal(e.to_string()))?;
+        let made = spawner
+            .start_disk_fork(&id, req.seq, &new_id, limit)
+            .map_err(|r| crate::spawner::refused(r, "conflict"))
+            .and_then(|record| {
+                let timeout = forkvm_sandbox::template_snapshot::BOOT_TIMEOUT;
+                forkvm_sandbox::spawn::finish_within(&s.registry, vec![record], started, timeout)
+                    .map_err(ApiError::from)
+            });
+        let ids = [new_id];
+        let mut infos = settle(&s, "disk_fork", started, made, &ids, ttl)?;
+        Ok((StatusCode::CREATED, Json(infos.remove(0))))
     })
     .await
 }

@@ -204,7 +204,8 @@ fn malformed_manifest_json_is_refused() {
     };
     let variants = [
         with(&|v| v["format"] = "tarball".into()),
-        with(&|v| v["version"] = 2.into()),
+        with(&|v| v["version"] = (PACK_VERSION + 1).into()),
+        with(&|v| v["version"] = (PACK_VERSION - 1).into()),
         with(&|v| v["extra"] = 1.into()),
         with(&|v| v["entries"][0]["mode"] = 0o777.into()),
         serde_json::json!("not an object"),

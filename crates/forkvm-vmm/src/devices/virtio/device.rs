@@ -68,6 +68,11 @@ pub trait VirtioDevice: Send + std::fmt::Debug {
     /// The VM is stopping for good: release host resources now (threads, sockets, files),
     /// since a VMM process may end without running destructors.
     fn shutdown(&mut self) {}
+    /// The block device behind this trait object, for operations only disks have
+    /// (sealing a layered disk's top).
+    fn as_block_mut(&mut self) -> Option<&mut super::blk::Block> {
+        None
+    }
 }
 
 /// Per-device saved state. Each device replaces its placeholder payload with the typed

@@ -1,4 +1,5 @@
-//! The virtio-blk device: executes parsed requests against a raw image file.
+//! The virtio-blk device: executes parsed requests against a raw image file or a
+//! layered disk (base image + sealed layers + writable top, DESIGN §5).
 //!
 //! Requests run synchronously on the vCPU thread that wrote QueueNotify, with positional
 //! I/O (`pread`/`pwrite`) so no file offset is shared. Data moves through a bounded
@@ -11,6 +12,7 @@ use super::{BlockError, BLOCK_ID_BYTES, BLOCK_QUEUE_SIZE, F_FLUSH, F_RO, SECTOR_
 use crate::devices::virtio::device::{TYPE_BLOCK, VIRTIO_F_VERSION_1};
 use crate::devices::virtio::ratelimit::LogLimiter;
 use crate::devices::virtio::{ActivateContext, Interrupt, VirtioDevice, VirtioDeviceState};
+use forkvm_snapshot::{LayerId, LayerStack, SealedLayer};
 use std::fs::{File, OpenOptions};
 use std::io::{Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
@@ -30,11 +32,21 @@ struct Active {
     queue: Queue,
 }
 
-/// The image file and what the guest is told about it.
+/// Where the disk's bytes live.
+#[derive(Debug)]
+pub(super) enum Backend {
+    /// One image file, read and written in place.
+    Raw(File),
+    /// A layered disk: reads fall through the layers, writes go to the top.
+    Layered(Box<LayerStack>),
+}
+
+/// The image and what the guest is told about it.
 #[derive(Debug)]
 pub(super) struct Disk {
+    /// The image (a layered disk's base).
     pub(super) path: PathBuf,
-    pub(super) file: File,
+    pub(super) backend: Backend,
     pub(super) read_only: bool,
     /// In 512-byte sectors.
     pub(super) capacity: u64,
@@ -69,8 +81,58 @@ impl Block {
         if size & (SECTOR_SIZE - 1) != 0 {
             tracing::warn!(path = %path.display(), size, "disk image size is not a multiple of 512; the tail is unreachable");
         }
-        let disk = Disk { path: path.to_path_buf(), file, read_only, capacity: size / SECTOR_SIZE, id: id.to_string() };
-        Ok(Block { disk, acked_features: 0, active: None, metrics: Arc::default(), log_limit: LogLimiter::default() })
+        let disk = Disk {
+            path: path.to_path_buf(),
+            backend: Backend::Raw(file),
+            read_only,
+            capacity: size / SECTOR_SIZE,
+            id: id.to_string(),
+        };
+        Ok(Block::with_disk(disk))
+    }
+
+    /// A writable layered disk: `base` and `sealed` (oldest first) as they are, and a
+    /// fresh, empty top at `top` (created on the first write). `id` as in [`Block::new`].
+    pub fn layered(base: &Path, sealed: &[PathBuf], top: &Path, id: &str) -> Result<Block, BlockError> {
+        if id.len() > BLOCK_ID_BYTES {
+            return Err(BlockError::IdTooLong(id.to_string()));
+        }
+        let stack = LayerStack::create_lazy(base, sealed, top).map_err(BlockError::Layers)?;
+        let size = stack.size();
+        if size & (SECTOR_SIZE - 1) != 0 {
+            tracing::warn!(path = %base.display(), size, "disk base size is not a multiple of 512; the tail is unreachable");
+        }
+        let disk = Disk {
+            path: base.to_path_buf(),
+            backend: Backend::Layered(Box::new(stack)),
+            read_only: false,
+            capacity: size / SECTOR_SIZE,
+            id: id.to_string(),
+        };
+        Ok(Block::with_disk(disk))
+    }
+
+    fn with_disk(disk: Disk) -> Block {
+        Block { disk, acked_features: 0, active: None, metrics: Arc::default(), log_limit: LogLimiter::default() }
+    }
+
+    /// A layered disk's sealed layers, oldest first (directory and id); `None` for a raw image.
+    pub fn sealed_layers(&self) -> Option<Vec<(PathBuf, LayerId)>> {
+        match &self.disk.backend {
+            Backend::Raw(_) => None,
+            Backend::Layered(s) => Some(s.sealed_layers().iter().map(|l| (l.dir().to_path_buf(), l.id())).collect()),
+        }
+    }
+
+    /// Seals a layered disk's top and starts an empty one at `new_top`, capturing the
+    /// disk as the guest has written it so far (requests run under the device's lock,
+    /// so none is half done). `Ok(None)` when there is nothing to seal: a raw image, or a
+    /// top the guest has not written (no new layer is made, `new_top` is not used).
+    pub fn seal(&mut self, new_top: &Path) -> Result<Option<SealedLayer>, BlockError> {
+        match &mut self.disk.backend {
+            Backend::Layered(s) if !s.top_is_empty() => s.seal(new_top).map(Some).map_err(BlockError::Layers),
+            _ => Ok(None),
+        }
     }
 
     /// The disk size in 512-byte sectors.
@@ -146,7 +208,7 @@ fn log(limit: &mut LogLimiter, head: u16, e: &BlockError) {
 
 impl Disk {
     /// Runs one request; `Ok` is the number of bytes written into guest buffers.
-    fn execute(&self, mem: &GuestMemoryMmap, cmd: &Command, metrics: &BlockMetrics) -> Result<u32, BlockError> {
+    fn execute(&mut self, mem: &GuestMemoryMmap, cmd: &Command, metrics: &BlockMetrics) -> Result<u32, BlockError> {
         match cmd {
             Command::In { sector, data } => {
                 let offset = self.check_range(*sector, data)?;
@@ -168,7 +230,10 @@ impl Disk {
             Command::Flush => {
                 add(&metrics.flushes, 1);
                 if !self.read_only {
-                    self.file.sync_data().map_err(BlockError::FlushImage)?;
+                    match &mut self.backend {
+                        Backend::Raw(file) => file.sync_data().map_err(BlockError::FlushImage)?,
+                        Backend::Layered(stack) => stack.flush().map_err(BlockError::Layers)?,
+                    }
                 }
                 Ok(0)
             }
@@ -203,9 +268,12 @@ impl Disk {
             let mut done = 0u64;
             while done < u64::from(seg.len) {
                 let n = (u64::from(seg.len) - done).min(buf.len() as u64) as usize;
-                self.file
-                    .read_exact_at(&mut buf[..n], offset)
-                    .map_err(|source| BlockError::ReadImage { offset, source })?;
+                match &self.backend {
+                    Backend::Raw(file) => file
+                        .read_exact_at(&mut buf[..n], offset)
+                        .map_err(|source| BlockError::ReadImage { offset, source })?,
+                    Backend::Layered(stack) => stack.read_at(&mut buf[..n], offset).map_err(BlockError::Layers)?,
+                }
                 mem.write_slice(&buf[..n], seg_addr(seg, done)?).map_err(BlockError::GuestMemory)?;
                 done += n as u64;
                 offset += n as u64;
@@ -214,16 +282,19 @@ impl Disk {
         Ok(())
     }
 
-    fn write_from(&self, mem: &GuestMemoryMmap, mut offset: u64, data: &[Segment]) -> Result<(), BlockError> {
+    fn write_from(&mut self, mem: &GuestMemoryMmap, mut offset: u64, data: &[Segment]) -> Result<(), BlockError> {
         let mut buf = vec![0u8; IO_CHUNK.min(total_len(data) as usize)];
         for seg in data {
             let mut done = 0u64;
             while done < u64::from(seg.len) {
                 let n = (u64::from(seg.len) - done).min(buf.len() as u64) as usize;
                 mem.read_slice(&mut buf[..n], seg_addr(seg, done)?).map_err(BlockError::GuestMemory)?;
-                self.file
-                    .write_all_at(&buf[..n], offset)
-                    .map_err(|source| BlockError::WriteImage { offset, source })?;
+                match &mut self.backend {
+                    Backend::Raw(file) => file
+                        .write_all_at(&buf[..n], offset)
+                        .map_err(|source| BlockError::WriteImage { offset, source })?,
+                    Backend::Layered(stack) => stack.write_at(&buf[..n], offset).map_err(BlockError::Layers)?,
+                }
                 done += n as u64;
                 offset += n as u64;
             }
@@ -298,5 +369,19 @@ impl VirtioDevice for Block {
 
     fn save(&self) -> VirtioDeviceState {
         VirtioDeviceState::Block(self.state())
+    }
+
+    /// An orderly stop makes a layered disk's writes durable (the guest may not have
+    /// flushed); a raw image's writes are in the page cache already.
+    fn shutdown(&mut self) {
+        if let Backend::Layered(stack) = &mut self.disk.backend {
+            if let Err(e) = stack.flush() {
+                tracing::warn!(error = %e, "flushing the layered disk at shutdown failed");
+            }
+        }
+    }
+
+    fn as_block_mut(&mut self) -> Option<&mut Block> {
+        Some(self)
     }
 }

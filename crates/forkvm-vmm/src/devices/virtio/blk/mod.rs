@@ -72,6 +72,10 @@ pub enum BlockError {
     Malformed(#[source] RequestError),
     #[error("adding to the used ring")]
     AddUsed(#[source] virtio_queue::Error),
+    #[error(transparent)]
+    Layers(forkvm_snapshot::LayerError),
+    #[error("disk {id}: the snapshot has layers {saved}, the restore was given {given}")]
+    RestoreLayers { id: String, saved: String, given: String },
 }
 
 #[cfg(test)]

@@ -19,6 +19,9 @@ pub struct BlockState {
     /// In 512-byte sectors.
     pub capacity: u64,
     pub acked_features: u64,
+    /// A layered disk's sealed layer ids (hex), oldest first: the disk content the
+    /// guest's memory was captured with. `None` for a raw image.
+    pub layers: Option<Vec<String>>,
 }
 
 impl Block {
@@ -30,6 +33,7 @@ impl Block {
             id: self.disk.id.clone(),
             capacity: self.disk.capacity,
             acked_features: self.acked_features,
+            layers: self.sealed_layers().map(|l| l.iter().map(|(_, id)| id.to_string()).collect()),
         }
     }
 
@@ -37,13 +41,26 @@ impl Block {
     /// own copy) as the device was when `state` was saved, not yet active (the
     /// transport's restore activates it with the saved queue).
     pub fn restore(path: &Path, state: &BlockState) -> Result<Block, BlockError> {
-        let mut block = Block::new(path, state.read_only, &state.id)?;
-        if block.capacity() != state.capacity {
-            return Err(BlockError::RestoreCapacity {
-                path: path.to_path_buf(),
-                saved: state.capacity,
-                actual: block.capacity(),
+        Block::new(path, state.read_only, &state.id)?.with_state(state)
+    }
+
+    /// Applies `state` to a device just opened (raw or layered) for a restore, refusing
+    /// a disk that is not the one the guest was using: capacity, features, and for a
+    /// layered disk the exact sealed layers.
+    pub fn with_state(self, state: &BlockState) -> Result<Block, BlockError> {
+        let given = self.sealed_layers().map(|l| l.iter().map(|(_, id)| id.to_string()).collect::<Vec<_>>());
+        if given != state.layers {
+            let show = |l: &Option<Vec<String>>| l.as_ref().map_or("a raw image".to_string(), |v| format!("{v:?}"));
+            return Err(BlockError::RestoreLayers {
+                id: state.id.clone(),
+                saved: show(&state.layers),
+                given: show(&given),
             });
+        }
+        let path = self.disk.path.clone();
+        let mut block = self;
+        if block.capacity() != state.capacity {
+            return Err(BlockError::RestoreCapacity { path, saved: state.capacity, actual: block.capacity() });
         }
         let offered = block.device_features();
         if state.acked_features & !offered != 0 {

@@ -193,3 +193,61 @@ fn restore_rejects_a_resized_image() {
     state.acked_features |= 1 << 50;
     assert!(matches!(Block::restore(r.image.path(), &state), Err(BlockError::RestoreFeatures { .. })));
 }
+
+/// A transport around a layered disk over `base` (sealed layers `sealed`, top in `top`).
+fn layered_transport(
+    r: &Rig,
+    base: &std::path::Path,
+    sealed: &[std::path::PathBuf],
+    top: &std::path::Path,
+) -> MmioTransport {
+    let block = Block::layered(base, sealed, top, "forkvm-data").unwrap();
+    let mut t = MmioTransport::new(Box::new(block), r.mem.clone(), r.irq.clone());
+    bring_up(&mut t, std::slice::from_ref(&r.q));
+    t
+}
+
+#[test]
+fn a_layered_disk_writes_its_top_seals_and_leaves_the_base_alone() {
+    let mut r = rig(64, false);
+    let base_before = std::fs::read(r.image.path()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let base = r.image.path().to_path_buf();
+    r.t = layered_transport(&r, &base, &[], &dir.path().join("top-0"));
+    assert_eq!(r.t.device().device_features() & F_RO, 0, "a layered disk is writable");
+    assert!(!dir.path().join("top-0").exists(), "no files before the first write");
+
+    // Unwritten sectors read from the base; a write of one sector lands in the top.
+    assert_eq!(r.submit(T_IN, 9, &[Desc::w(0x50000, 512)]), (S_OK, 513));
+    assert_eq!(r.guest(0x50000, 512), vec![9u8; 512]);
+    r.mem.write_slice(&[0xa5; 512], GuestAddress(DATA)).unwrap();
+    assert_eq!(r.submit(T_OUT, 9, &[Desc::r(DATA, 512)]).0, S_OK);
+    assert_eq!(r.submit(T_FLUSH, 0, &[]).0, S_OK);
+    assert_eq!(std::fs::read(&base).unwrap(), base_before, "the base is never written");
+    assert_eq!(r.submit(T_IN, 8, &[Desc::w(0x50000, 1024)]).0, S_OK);
+    assert_eq!(r.guest(0x50000, 512), vec![8u8; 512], "the rest of the 4 KiB block was copied up");
+    assert_eq!(r.guest(0x50000 + 512, 512), vec![0xa5; 512]);
+
+    // Seal: the written block becomes a sealed layer; an untouched top seals to nothing.
+    let block = r.t.device_mut().as_block_mut().unwrap();
+    let sealed = block.seal(&dir.path().join("top-1")).unwrap().expect("the top had a block");
+    assert_eq!((sealed.dir.clone(), sealed.blocks), (dir.path().join("top-0"), 1));
+    assert!(block.seal(&dir.path().join("top-2")).unwrap().is_none(), "nothing new to seal");
+    let VirtioDeviceState::Block(state) = r.t.device().save() else { panic!("not a block state") };
+    assert_eq!(state.layers, Some(vec![sealed.id.to_string()]));
+
+    // A restore must be given exactly those layers: none (or a raw image) is refused.
+    let fresh = Block::layered(&base, &[], &dir.path().join("other"), "forkvm-data").unwrap();
+    let err = fresh.with_state(&state).unwrap_err();
+    assert!(matches!(err, BlockError::RestoreLayers { .. }), "{err}");
+    assert!(Block::restore(&base, &state).is_err(), "a raw image is not the layered disk");
+    let child = Block::layered(&base, std::slice::from_ref(&sealed.dir), &dir.path().join("child"), "forkvm-data")
+        .unwrap()
+        .with_state(&state)
+        .unwrap();
+    let mut ct = MmioTransport::new(Box::new(child), r.mem.clone(), r.irq.clone());
+    bring_up(&mut ct, std::slice::from_ref(&r.q));
+    r.t = ct;
+    assert_eq!(r.submit(T_IN, 9, &[Desc::w(0x50000, 512)]).0, S_OK);
+    assert_eq!(r.guest(0x50000, 512), vec![0xa5; 512], "a child on the sealed layer sees the write");
+}

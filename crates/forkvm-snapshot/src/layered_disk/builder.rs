@@ -1,0 +1,136 @@
+//! Building a sealed layer from blocks that come from elsewhere (e.g. a vault restore).
+//!
+//! Why this exists: a stack only makes sealed layers by sealing its top, which takes a
+//! writable top and a copy-up path. A restore has the blocks in hand and wants a sealed
+//! layer straight away, crash-safely: the layer is built in `<dir>.partial/` (data
+//! written, bitmap persisted with the sealed flag, both synced) and renamed to `dir`
+//! only once complete, so `dir` either does not exist or is a whole sealed layer.
+
+use super::bitmap::{self, Header};
+use super::layer::block_len;
+use super::{blocks_for, Bitmap, Layer, LayerError, LayerId, BLOCK_SIZE, DATA_FILE, MAX_DISK_BYTES};
+use std::fs::{self, File};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+/// A sealed layer under construction in `<dir>.partial/`. Dropping it without
+/// [`SealedLayerBuilder::finish`] leaves the staging directory, which the next
+/// [`SealedLayerBuilder::create`] for the same `dir` removes.
+#[derive(Debug)]
+pub struct SealedLayerBuilder {
+    dir: PathBuf,
+    partial: PathBuf,
+    data: File,
+    disk_size: u64,
+    parent: LayerId,
+    bits: Bitmap,
+}
+
+impl SealedLayerBuilder {
+    /// Starts a sealed layer for a `disk_size`-byte disk on top of `parent`; `dir` must
+    /// not exist.
+    pub fn create(dir: &Path, disk_size: u64, parent: LayerId) -> Result<SealedLayerBuilder, LayerError> {
+        if disk_size > MAX_DISK_BYTES {
+            return Err(LayerError::BaseTooLarge { path: dir.to_path_buf(), size: disk_size, max: MAX_DISK_BYTES });
+        }
+        let (partial, data) = super::layer::stage(dir, disk_size)?;
+        let bits = Bitmap::new(blocks_for(disk_size));
+        Ok(SealedLayerBuilder { dir: dir.to_path_buf(), partial, data, disk_size, parent, bits })
+    }
+
+    /// Stores `data` as blocks `first..`: its length must be exactly the byte length of
+    /// those blocks (4096 each, less for a partial last block of the disk). All-zero
+    /// blocks are marked present but left as holes.
+    pub fn put_blocks(&mut self, first: u64, data: &[u8]) -> Result<(), LayerError> {
+        let offset = first.saturating_mul(BLOCK_SIZE);
+        let len = data.len() as u64;
+        let end = offset.checked_add(len).filter(|&e| e <= self.disk_size && offset < e);
+        let Some(end) = end else {
+            return Err(LayerError::OutOfRange { offset, len, size: self.disk_size });
+        };
+        let last = blocks_for(end) - 1;
+        if end % BLOCK_SIZE != 0 && end != self.disk_size {
+            let e = io::Error::new(io::ErrorKind::InvalidInput, format!("{len} bytes at block {first} end mid-block"));
+            return Err(LayerError::CreateLayer {
+                path: self.dir.clone(),
+                step: "checking the block length",
+                source: e,
+            });
+        }
+        for (i, block) in data.chunks(BLOCK_SIZE as usize).enumerate() {
+            let index = first + i as u64;
+            debug_assert_eq!(block.len(), block_len(self.disk_size, index));
+            if block.iter().any(|&b| b != 0) {
+                let at = index * BLOCK_SIZE;
+                self.data.write_all_at(block, at).map_err(|source| LayerError::Write {
+                    path: self.partial.join(DATA_FILE),
+                    offset: at,
+                    source,
+                })?;
+            }
+        }
+        self.bits.set_range(first, last + 1);
+        Ok(())
+    }
+
+    /// Stores block `index` (see [`SealedLayerBuilder::put_blocks`]).
+    pub fn put_block(&mut self, index: u64, data: &[u8]) -> Result<(), LayerError> {
+        self.put_blocks(index, data)
+    }
+
+    /// Syncs the data, persists the sealed bitmap, renames the layer into place and
+    /// opens it.
+    pub fn finish(self) -> Result<Layer, LayerError> {
+        let dir = self.dir.as_path();
+        let err = |step| move |source| LayerError::CreateLayer { path: dir.to_path_buf(), step, source };
+        self.data.sync_all().map_err(err("syncing the data file"))?;
+        drop(self.data);
+        let header =
+            Header { sealed: true, disk_size: self.disk_size, id: LayerId::generate(dir), parent: self.parent };
+        bitmap::write_file(&self.partial, &header, &self.bits)?;
+        fs::rename(&self.partial, dir).map_err(err("renaming the staging directory into place"))?;
+        let parent = match dir.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        bitmap::sync_dir(parent).map_err(err("syncing the parent directory"))?;
+        Layer::open_sealed(dir)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layered_disk::LayerStack;
+
+    #[test]
+    fn built_layer_stacks_on_the_base_and_reads_back() {
+        let tmp = tempfile::tempdir().unwrap();
+        let size = 5 * BLOCK_SIZE + 100;
+        let base = tmp.path().join("base");
+        fs::write(&base, vec![0xaa; size as usize]).unwrap();
+        let dir = tmp.path().join("built");
+        let mut b = SealedLayerBuilder::create(&dir, size, LayerId::BASE).unwrap();
+        assert!(tmp.path().join("built.partial").exists() && !dir.exists());
+        b.put_blocks(1, &[1u8; 2 * BLOCK_SIZE as usize]).unwrap();
+        b.put_block(3, &[0u8; BLOCK_SIZE as usize]).unwrap();
+        b.put_block(5, &[5u8; 100]).unwrap();
+        assert!(matches!(b.put_block(6, &[0u8; 1]), Err(LayerError::OutOfRange { .. })));
+        assert!(matches!(b.put_block(0, &[]), Err(LayerError::OutOfRange { .. })));
+        assert!(matches!(b.put_block(0, &[0u8; 10]), Err(LayerError::CreateLayer { .. })));
+        let layer = b.finish().unwrap();
+        assert!(layer.is_sealed() && layer.parent() == LayerId::BASE && layer.present_count() == 4);
+        assert!(!tmp.path().join("built.partial").exists());
+        let stack = LayerStack::create(&base, std::slice::from_ref(&dir), &tmp.path().join("top")).unwrap();
+        let mut disk = vec![0u8; size as usize];
+        stack.read_at(&mut disk, 0).unwrap();
+        let bs = BLOCK_SIZE as usize;
+        let mut want = vec![0xaa; size as usize];
+        want[bs..3 * bs].fill(1);
+        want[3 * bs..4 * bs].fill(0);
+        want[5 * bs..].fill(5);
+        assert!(disk == want);
+        assert!(matches!(SealedLayerBuilder::create(&dir, size, LayerId::BASE), Err(LayerError::LayerExists { .. })));
+    }
+}

@@ -1,0 +1,90 @@
+//! Pins: snapshots that retention must keep because something still reads them lazily.
+//!
+//! Why this exists: a lazily restored disk ([`super::VaultLayer`]) fetches chunks long
+//! after its restore started, without holding the vault's lock (holding it would stall
+//! the source sandbox's own snapshots). Retention would otherwise delete a snapshot
+//! and its chunks from under it. A pin is an empty file `pins/<seq, 16 digits>.<holder>`;
+//! [`Vault::retain`] keeps every pinned snapshot that exists.
+//!
+//! Ordering: a pin is created under the shared lock after the manifest was read, and
+//! retention lists pins under the exclusive lock, so either retention sees the pin or
+//! the pinning reader sees the manifest already gone (and fails with `not_found`).
+//! A pin outlives the process: it belongs to the cache directory that still needs the
+//! chunks, and is removed when that cache is complete (`VaultLayer::seal_cache`) or
+//! discarded (`VaultLayer::discard`, [`Vault::unpin`]).
+
+use super::fsutil::{self, create_dir};
+use super::{io_err, validate_name, Vault, VaultError};
+use std::collections::BTreeSet;
+use std::fs::{self, OpenOptions};
+use std::io;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+
+/// The pins directory inside a vault.
+pub(crate) const PINS_DIR: &str = "pins";
+
+impl Vault {
+    fn pin_path(&self, seq: u64, holder: &str) -> PathBuf {
+        self.root.join(PINS_DIR).join(format!("{seq:016}.{holder}"))
+    }
+
+    /// Pins snapshot `seq` for `holder` (a name, see [`super::validate_name`]): retention
+    /// keeps it until [`Vault::unpin`]. Fails with `not_found` if the snapshot is gone.
+    pub fn pin(&self, seq: u64, holder: &str) -> Result<(), VaultError> {
+        validate_name("pin holder", holder)?;
+        let _lock = self.lock(libc::LOCK_SH)?;
+        self.load(seq)?;
+        self.pin_locked(seq, holder)
+    }
+
+    /// Creates the pin file; the caller holds the lock and has checked the manifest.
+    pub(crate) fn pin_locked(&self, seq: u64, holder: &str) -> Result<(), VaultError> {
+        let dir = self.root.join(PINS_DIR);
+        create_dir(&dir, 0o700)?;
+        let path = self.pin_path(seq, holder);
+        match OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path) {
+            Ok(_) => fsutil::sync_dir(&dir),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+            Err(e) => Err(io_err("creating pin", &path)(e)),
+        }
+    }
+
+    /// Removes `holder`'s pin of `seq` (Ok if there is none).
+    pub fn unpin(&self, seq: u64, holder: &str) -> Result<(), VaultError> {
+        validate_name("pin holder", holder)?;
+        let path = self.pin_path(seq, holder);
+        match fs::remove_file(&path) {
+            Ok(()) => fsutil::sync_dir(&self.root.join(PINS_DIR)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_err("removing pin", &path)(e)),
+        }
+    }
+
+    /// Every pin, as `(seq, holder)`, sorted. Names that are not pins are ignored.
+    pub fn pins(&self) -> Result<Vec<(u64, String)>, VaultError> {
+        let dir = self.root.join(PINS_DIR);
+        let entries = match fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io_err("listing pins", &dir)(e)),
+        };
+        let mut out = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(io_err("listing pins", &dir))?;
+            let name = entry.file_name();
+            let Some((seq, holder)) = name.to_str().and_then(|n| n.split_once('.')) else { continue };
+            if seq.len() != 16 || !seq.bytes().all(|c| c.is_ascii_digit()) || validate_name("", holder).is_err() {
+                continue;
+            }
+            out.extend(seq.parse::<u64>().ok().map(|s| (s, holder.to_string())));
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// The pinned sequence numbers.
+    pub(crate) fn pinned_seqs(&self) -> Result<BTreeSet<u64>, VaultError> {
+        Ok(self.pins()?.into_iter().map(|(s, _)| s).collect())
+    }
+}

@@ -1,0 +1,130 @@
+//! Capturing a VM's disks: sealing layered disks and placing them in a snapshot.
+//!
+//! A layered disk (DESIGN §5) is captured by sealing its top: the guest's writes so far
+//! become an immutable layer and an empty top takes over, in O(bitmap), without copying
+//! data. Everything that must see the disk as of one instant — a snapshot, a BRANCH, a
+//! fork of the running VM, a continuous disk snapshot — seals first. Sealed layers are
+//! immutable, so a snapshot holds them as hard links, and children share them.
+//!
+//! Requests run under the device's lock on the vCPU thread that queued them, so a seal
+//! (which takes that lock) never splits one. A paused VM issues none at all, which is
+//! what makes the seal consistent with the memory saved in the same pause.
+
+use super::{Vmm, VmmError};
+use forkvm_snapshot::{link_or_copy, DiskMeta, LayerId, DISK_DIR};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// One layered disk after a seal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskSeal {
+    /// Position among the VM's block devices.
+    pub index: usize,
+    /// The serial the guest sees.
+    pub id: String,
+    /// The base image.
+    pub base: PathBuf,
+    /// Every sealed layer, oldest first: (directory, id as hex).
+    pub layers: Vec<(PathBuf, String)>,
+    /// The layer this seal made, if the guest wrote since the last one.
+    pub new_layer: Option<String>,
+}
+
+impl Vmm {
+    /// Seals the top of every layered disk the guest wrote since its last seal and
+    /// records the new layers in the VM's device configuration (so forks and later
+    /// snapshots stack on them). Raw images are untouched. Returns every layered disk.
+    pub fn seal_disks(&mut self) -> Result<Vec<DiskSeal>, VmmError> {
+        let mut out = Vec::new();
+        let blocks = self.devices.virtio.iter().filter(|s| s.kind == "block");
+        for (index, slot) in blocks.enumerate() {
+            let Some(layered) = self.device_config.blocks.get(index).and_then(|b| b.layers.clone()) else {
+                continue;
+            };
+            let mut transport = slot.transport.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(block) = transport.device_mut().as_block_mut() else {
+                return Err(VmmError::Disk(format!("virtio slot for disk {index} is not a block device")));
+            };
+            let sealed =
+                block.seal(&layered.free_top()).map_err(|e| VmmError::Disk(format!("sealing disk {index}: {e}")))?;
+            let layers = block.sealed_layers().unwrap_or_default();
+            drop(transport);
+            let config = &mut self.device_config.blocks[index];
+            if let (Some(s), Some(l)) = (&sealed, config.layers.as_mut()) {
+                l.sealed.push(s.dir.clone());
+            }
+            out.push(DiskSeal {
+                index,
+                id: config.id.clone(),
+                base: config.path.clone(),
+                layers: layers.into_iter().map(|(dir, id): (PathBuf, LayerId)| (dir, id.to_string())).collect(),
+                new_layer: sealed.map(|s| s.id.to_string()),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Puts this VM's disks into `<staging>/disk/` (the VM is paused and `seals` is what
+    /// `seal_disks` returned in this pause: each layered disk's layers and their ids):
+    ///
+    /// * a layered disk: its base and every sealed layer hard-linked (copied across
+    ///   filesystems) as `disk<i>.img` and `disk<i>.img.layers/<id>/{data,bitmap}`;
+    /// * a read-only image: hard-linked;
+    /// * a writable raw image: copied, only in full mode — a live branch cannot capture
+    ///   it consistently (the copy would race the resumed guest).
+    pub(super) fn capture_disks(
+        &self,
+        staging: &Path,
+        seals: &[DiskSeal],
+        live: bool,
+    ) -> Result<Vec<DiskMeta>, VmmError> {
+        let mut disks = Vec::new();
+        if self.device_config.blocks.is_empty() {
+            return Ok(disks);
+        }
+        let dir = staging.join(DISK_DIR);
+        std::fs::create_dir(&dir).map_err(|e| VmmError::Disk(format!("creating {}: {e}", dir.display())))?;
+        for (i, b) in self.device_config.blocks.iter().enumerate() {
+            let file = format!("disk{i}.img");
+            let target = dir.join(&file);
+            if b.layers.is_some() {
+                let seal = seals
+                    .iter()
+                    .find(|s| s.index == i)
+                    .ok_or_else(|| VmmError::Disk(format!("disk {i} is layered but was not sealed in this pause")))?;
+                link_or_copy(&b.path, &target)
+                    .map_err(|e| VmmError::Disk(format!("linking the base of disk {i} ({}): {e}", b.path.display())))?;
+                let mut meta = DiskMeta { file, read_only: false, id: b.id.clone(), layers: None };
+                for (layer, id) in &seal.layers {
+                    link_layer(layer, &meta.layer_dir(&dir, id))?;
+                }
+                meta.layers = Some(seal.layers.iter().map(|(_, id)| id.clone()).collect());
+                disks.push(meta);
+                continue;
+            }
+            if live && !b.read_only {
+                return Err(VmmError::Disk(format!(
+                    "disk {} is writable: a live branch cannot capture it consistently (use mode full)",
+                    b.path.display()
+                )));
+            }
+            let linked = b.read_only && std::fs::hard_link(&b.path, &target).is_ok();
+            if !linked {
+                std::fs::copy(&b.path, &target)
+                    .map_err(|e| VmmError::Disk(format!("copying disk {}: {e}", b.path.display())))?;
+            }
+            disks.push(DiskMeta { file, read_only: b.read_only, id: b.id.clone(), layers: None });
+        }
+        Ok(disks)
+    }
+}
+
+/// Hard-links (or copies) a sealed layer's files into `to`.
+fn link_layer(from: &Path, to: &Path) -> Result<(), VmmError> {
+    std::fs::create_dir_all(to).map_err(|e| VmmError::Disk(format!("creating {}: {e}", to.display())))?;
+    for name in [forkvm_snapshot::layered_disk::DATA_FILE, forkvm_snapshot::layered_disk::BITMAP_FILE] {
+        link_or_copy(&from.join(name), &to.join(name))
+            .map_err(|e| VmmError::Disk(format!("linking layer file {}: {e}", from.join(name).display())))?;
+    }
+    Ok(())
+}

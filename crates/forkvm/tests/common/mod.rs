@@ -1,0 +1,71 @@
+//! The harness of the Linux-tier tests that drive a real `forkvm daemon`: a private
+//! store, run and key directory; the CLI through the daemon's Unix socket; the daemon
+//! started and waited for; everything killed when dropped.
+#![allow(dead_code)] // each test binary uses its own part of it
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+
+pub struct Env {
+    pub _tmp: tempfile::TempDir,
+    pub dir: PathBuf,
+    pub daemon: Option<Child>,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let _ = self.cli(&["kill", "--all"]);
+        if let Some(mut d) = self.daemon.take() {
+            let _ = d.kill();
+            let _ = d.wait();
+        }
+    }
+}
+
+impl Env {
+    pub fn new() -> Env {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
+        Env { _tmp: tmp, dir, daemon: None }
+    }
+
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_forkvm"));
+        c.args(args)
+            .env("FORKVM_STORE", self.dir.join("store"))
+            .env("FORKVM_RUN", self.dir.join("run"))
+            .env("FORKVM_KEYS", self.dir.join("keys"))
+            .env_remove("FORKVM_DAEMON")
+            .env_remove("FORKVM_TOKEN");
+        c
+    }
+
+    pub fn cli(&self, args: &[&str]) -> Output {
+        let endpoint = format!("unix:{}", self.dir.join("run/forkvmd.sock").display());
+        self.command(&["--daemon", &endpoint]).args(args).output().unwrap()
+    }
+
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.cli(args);
+        assert!(out.status.success(), "forkvm {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    pub fn json(&self, args: &[&str]) -> serde_json::Value {
+        serde_json::from_str(&self.ok(args)).unwrap()
+    }
+
+    pub fn start_daemon(&mut self, extra: &[&str]) {
+        let mut child = self.command(&["daemon"]).args(extra).stdout(Stdio::piped()).spawn().unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        loop {
+            let mut line = String::new();
+            assert!(out.read_line(&mut line).unwrap() > 0, "the daemon exited");
+            if line.starts_with("forkvmd listening on unix:") {
+                break;
+            }
+        }
+        self.daemon = Some(child);
+    }
+}
