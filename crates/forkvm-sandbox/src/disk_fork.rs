@@ -8,27 +8,44 @@
 //! agent state) and its own lifetime. The source may be running, archived or gone: the
 //! snapshot lives in its vault, and the vault's owner record names the template.
 //!
-//! The snapshot's blocks are decrypted into one sealed layer in the new sandbox's own
-//! directory (over the blank base, which must be the one the snapshot names); the new
-//! sandbox writes to its own top above it, so the fork and its source diverge.
-//! A cold boot runs the guest kernel's start-up, which is emulated on PVM hosts
-//! (about a minute here); on hardware-virtualised hosts it is about a second.
+//! How the snapshot reaches the new sandbox's disk ([`DiskRestore`]):
+//!
+//! * **lazy with playbook** (the default): the VMM opens the snapshot as a lazy layer
+//!   (blocks fetched and decrypted into a cache layer in the new sandbox's directory on
+//!   first read) and replays the template's playbook — the blocks earlier disk forks of
+//!   this template read while booting — in the background. Once the sandbox answers,
+//!   its own first reads are merged into the playbook, which so improves with use.
+//! * **lazy**: the same, without the replay (reads fetch on demand; still recorded).
+//! * **eager**: every block is decrypted into one sealed layer before the VMM starts.
+//!
+//! Either way the base must be the one the snapshot names, and the new sandbox writes
+//! to its own top, so the fork and its source diverge. A lazy disk becomes an ordinary
+//! one (its cache, completed, sealed) at its first seal: the first disk snapshot,
+//! branch or fork. A cold boot runs the guest kernel's start-up, which is emulated on
+//! PVM hosts (about a minute here); on hardware-virtualised hosts it is about a second.
 
 use crate::artifacts::{Artifacts, ArtifactsError};
-use crate::disk_snapshots::{base_key, open_vault, read_owner, DiskSnapshotError};
+use crate::disk_snapshots::{base_key, keys_dir, open_vault, read_owner, vault_dir, DiskSnapshotError};
+use crate::lifecycle::{call, LifecycleError};
 use crate::registry::{now_unix_ms, Registry, SandboxRecord};
 use crate::sandbox::new_sandbox_id;
 use crate::source::DATA_DISK_ID;
 use crate::spawn::{finish_within, make_cgroup, SpawnError, SpawnOptions, SpawnedSandbox};
 use crate::template_snapshot::{boot_devices, cmdline, BOOT_TIMEOUT, IRQCHIP, MEM_MIB};
+use forkvm_snapshot::vault::KeyStore;
 use forkvm_snapshot::Store;
 use forkvm_vmm::arch::x86_64::cpuid::CpuTemplate;
 use forkvm_vmm::cold_boot::{boot_detached, Machine};
+use forkvm_vmm::control::Request;
+use forkvm_vmm::devices::virtio::blk::LazySource;
 use forkvm_vmm::host::cgroup::CgroupRoot;
 use forkvm_vmm::host::HostKind;
+use forkvm_vmm::vmm::disks::LazyDisk;
 use forkvm_vmm::vmm::VmmLabels;
 use forkvm_vmm::zygote::{ChildSpec, Owned};
 use forkvm_vmm::Payload;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
 use std::time::Instant;
 
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +84,50 @@ impl DiskForkError {
     }
 }
 
+/// How a disk fork's disk is restored from the snapshot (see the module doc).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DiskRestore {
+    /// Decrypt everything before the VMM starts.
+    Eager,
+    /// Fetch on first read.
+    Lazy,
+    /// Fetch on first read, and replay the template's playbook right after start.
+    #[default]
+    LazyPlaybook,
+}
+
+impl DiskRestore {
+    pub fn name(self) -> &'static str {
+        match self {
+            DiskRestore::Eager => "eager",
+            DiskRestore::Lazy => "lazy",
+            DiskRestore::LazyPlaybook => "lazy_playbook",
+        }
+    }
+}
+
+/// A disk fork whose VMM has started (see [`start_disk_fork`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StartedDiskFork {
+    pub record: SandboxRecord,
+    pub restore: DiskRestore,
+    /// Host time spent making the disk ready before the VMM started: decrypting the
+    /// whole snapshot (eager), or opening it lazily.
+    pub restore_ms: f64,
+}
+
+/// A disk fork that answers.
+#[derive(Debug)]
+pub struct DiskFork {
+    pub sandbox: SpawnedSandbox,
+    pub restore: DiskRestore,
+    /// See [`StartedDiskFork::restore_ms`].
+    pub restore_ms: f64,
+    /// The lazy disks' counters when the sandbox first answered (empty when eager).
+    pub lazy: Vec<LazyDisk>,
+}
+
 /// Boots a new sandbox on disk snapshot `seq` (default: the newest) of sandbox `source`.
 /// The caller must be single-threaded (the VMM process is forked from it).
 pub fn fork_from_disk(
@@ -74,12 +135,37 @@ pub fn fork_from_disk(
     store: &Store,
     source: &str,
     seq: Option<u64>,
+    restore: DiskRestore,
     opts: &SpawnOptions,
-) -> Result<SpawnedSandbox, DiskForkError> {
+) -> Result<DiskFork, DiskForkError> {
     let started = Instant::now();
-    let record = start_disk_fork(registry, store, source, seq, &new_sandbox_id(), opts)?;
-    let mut ready = finish_within(registry, vec![record], started, BOOT_TIMEOUT)?;
-    Ok(ready.remove(0))
+    let fork = start_disk_fork(registry, store, source, seq, &new_sandbox_id(), restore, opts)?;
+    let sandbox = finish_within(registry, vec![fork.record], started, BOOT_TIMEOUT)?.remove(0);
+    let lazy = end_restore_recording(&sandbox.record).unwrap_or_else(|e| {
+        tracing::warn!(sandbox = %sandbox.record.id, error = %e, "ending the restore's recording failed");
+        Vec::new()
+    });
+    Ok(DiskFork { sandbox, restore: fork.restore, restore_ms: fork.restore_ms, lazy })
+}
+
+/// Ends the recording of a lazily restored sandbox's first reads (merging it into its
+/// template's playbook) and returns its lazy disks' counters: what a disk fork does
+/// once the sandbox answers. Empty for a sandbox with no lazy disk.
+pub fn end_restore_recording(record: &SandboxRecord) -> Result<Vec<LazyDisk>, LifecycleError> {
+    lazy_disks(record, true)
+}
+
+/// A running sandbox's lazy disks' counters; `finish_recording` as in
+/// [`end_restore_recording`].
+pub fn lazy_disks(record: &SandboxRecord, finish_recording: bool) -> Result<Vec<LazyDisk>, LifecycleError> {
+    let answer = call(record, &Request::LazyDisks { finish_recording })?;
+    serde_json::from_value(answer)
+        .map_err(|e| LifecycleError::BadAnswer { id: record.id.clone(), detail: e.to_string() })
+}
+
+/// Where the playbook of `template`'s disk `disk_id` lives in `store`.
+pub fn playbook_path(store: &Store, template: &str, disk_id: &str) -> PathBuf {
+    store.root().join("playbooks").join(template).join(format!("{disk_id}.playbook"))
 }
 
 /// The first half of [`fork_from_disk`]: the new sandbox `id`'s disk is restored and its
@@ -92,8 +178,9 @@ pub fn start_disk_fork(
     source: &str,
     seq: Option<u64>,
     id: &str,
+    restore: DiskRestore,
     opts: &SpawnOptions,
-) -> Result<SandboxRecord, DiskForkError> {
+) -> Result<StartedDiskFork, DiskForkError> {
     let id = id.to_string();
     let vault = open_vault(store, source)?;
     let vault_err = |e| DiskSnapshotError::Vault { id: source.to_string(), source: e };
@@ -145,11 +232,40 @@ pub fn start_disk_fork(
         registry.clean_up(record);
         DiskForkError::Step { id: source.to_string(), step, reason }
     };
-    // The snapshot, decrypted into one sealed layer of the new sandbox's own.
+    // The snapshot as the new sandbox's own lowest layer: decrypted now (eager), or a
+    // cache that fills in as the guest reads (lazy; opened here once so that a bad
+    // source fails this call, then again by the VMM, which keeps no inherited file).
     let restored = record.disk_dir().join("disk1").join(format!("from-{source}-{}", snap.seq));
-    if let Err(e) = vault.restore_layer(snap.seq, DATA_DISK_ID, &restored) {
-        return Err(fail(&record, "restoring the disk snapshot", e.to_string()));
-    }
+    let restoring = Instant::now();
+    let (sealed, lazy) = match restore {
+        DiskRestore::Eager => {
+            if let Err(e) = vault.restore_layer(snap.seq, DATA_DISK_ID, &restored) {
+                return Err(fail(&record, "restoring the disk snapshot", e.to_string()));
+            }
+            (vec![restored], None)
+        }
+        DiskRestore::Lazy | DiskRestore::LazyPlaybook => {
+            let key = KeyStore::open(&keys_dir()).and_then(|k| k.sandbox_key(source));
+            let key = match key {
+                Ok(k) => k,
+                Err(e) => return Err(fail(&record, "unlocking the source's vault", e.to_string())),
+            };
+            let lazy = LazySource {
+                vault: vault_dir(store, source),
+                key,
+                seq: snap.seq,
+                disk_id: DATA_DISK_ID.to_string(),
+                cache: restored,
+                playbook: Some(playbook_path(store, &owner, DATA_DISK_ID)),
+                prefetch: restore == DiskRestore::LazyPlaybook,
+            };
+            if let Err(e) = lazy.open() {
+                return Err(fail(&record, "opening the disk snapshot lazily", e));
+            }
+            (Vec::new(), Some(lazy))
+        }
+    };
+    let restore_ms = restoring.elapsed().as_secs_f64() * 1e3;
     let machine = Machine {
         mem_size: MEM_MIB << 20,
         vcpu_count: 1,
@@ -162,7 +278,7 @@ pub fn start_disk_fork(
         console_log: Some(record.console()),
         console_stream: None,
         detach: true,
-        devices: boot_devices(&artifacts, &record.vsock(), &record.disk_dir(), vec![restored]),
+        devices: boot_devices(&artifacts, &record.vsock(), &record.disk_dir(), sealed, lazy),
         labels: VmmLabels { sandbox_id: Some(id.clone()), template: Some(owner) },
         owned: Owned { run_dir: Some(run_dir), cgroup },
     };
@@ -171,5 +287,5 @@ pub fn start_disk_fork(
         Err(e) => return Err(fail(&record, "starting the VMM", e.to_string())),
     };
     let _ = registry.write(&record);
-    Ok(record)
+    Ok(StartedDiskFork { record, restore, restore_ms })
 }

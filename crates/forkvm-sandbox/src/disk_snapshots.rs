@@ -104,7 +104,8 @@ fn owner_path(store: &Store, id: &str) -> PathBuf {
     store.root().join("vault").join(format!("{id}.owner.json"))
 }
 
-fn write_owner(store: &Store, id: &str, owner: &VaultOwner) -> std::io::Result<()> {
+/// Records what sandbox `id`'s vault holds snapshots of (see [`VaultOwner`]).
+pub fn write_owner(store: &Store, id: &str, owner: &VaultOwner) -> std::io::Result<()> {
     let path = owner_path(store, id);
     if read_owner(store, id).as_ref() == Some(owner) {
         return Ok(());

@@ -153,6 +153,7 @@ impl SpawnSource {
                     layers: d.layers.as_ref().map(|_| LayeredConfig {
                         sealed: d.layer_dirs(&disk_files),
                         dir: disk_dir.join(format!("disk{i}")),
+                        lazy: None,
                     }),
                 })
                 .collect(),

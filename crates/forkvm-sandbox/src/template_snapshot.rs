@@ -12,6 +12,7 @@ use forkvm_proto::AgentClient;
 use forkvm_vmm::arch::x86_64::cpuid::CpuTemplate;
 use forkvm_vmm::devices::attach::{BlockConfig, DeviceConfig, LayeredConfig, VsockConfig};
 use forkvm_vmm::devices::serial::ConsoleOut;
+use forkvm_vmm::devices::virtio::blk::LazySource;
 use forkvm_vmm::host::{open_kvm, HostKind, KvmUnavailable};
 use forkvm_vmm::vstate::irqchip::IrqchipMode;
 use forkvm_vmm::PreparedSnapshot;
@@ -88,8 +89,15 @@ impl TemplateSnapshot {
 }
 
 /// The devices a template boots with: the shared root image, read-only, and the
-/// sandbox's own data disk, layered over the blank base and `sealed` (tops in `disk_dir/disk1`).
-pub(crate) fn boot_devices(a: &Artifacts, vsock_uds: &Path, disk_dir: &Path, sealed: Vec<PathBuf>) -> DeviceConfig {
+/// sandbox's own data disk, layered over the blank base, `lazy` (a vault snapshot restored
+/// lazily) and `sealed` (tops in `disk_dir/disk1`).
+pub(crate) fn boot_devices(
+    a: &Artifacts,
+    vsock_uds: &Path,
+    disk_dir: &Path,
+    sealed: Vec<PathBuf>,
+    lazy: Option<LazySource>,
+) -> DeviceConfig {
     DeviceConfig {
         vsock: Some(VsockConfig { guest_cid: GUEST_CID, uds_path: vsock_uds.to_path_buf() }),
         rng: true,
@@ -99,7 +107,7 @@ pub(crate) fn boot_devices(a: &Artifacts, vsock_uds: &Path, disk_dir: &Path, sea
                 path: a.scratch.clone(),
                 read_only: false,
                 id: DATA_DISK_ID.into(),
-                layers: Some(LayeredConfig { sealed, dir: disk_dir.join("disk1") }),
+                layers: Some(LayeredConfig { sealed, dir: disk_dir.join("disk1"), lazy: lazy.map(Box::new) }),
             },
         ],
     }
@@ -178,7 +186,7 @@ pub fn boot_to_agent(
             cpu_template: CpuTemplate::for_host(HostKind::detect()),
             payload: Payload::Linux { kernel: artifacts.kernel.clone(), initrd: None, cmdline: cmdline(artifacts) },
             console: ConsoleOut::new(Some(log), None),
-            devices: boot_devices(artifacts, &uds, &work.join("disks"), Vec::new()),
+            devices: boot_devices(artifacts, &uds, &work.join("disks"), Vec::new(), None),
             start_paused: false,
         },
     )

@@ -8,6 +8,7 @@
 use crate::remote_cmd::RemoteArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use forkvm_sandbox::disk_fork::DiskRestore;
 use forkvm_sandbox::disk_snapshots::{self, DEFAULT_RETENTION};
 use forkvm_sandbox::Registry;
 use forkvm_snapshot::vault::{RetentionPolicy, SnapshotInfo};
@@ -50,8 +51,30 @@ pub struct DiskForkArgs {
     /// Memory limit of the new sandbox, MiB (a cgroup for its VMM).
     #[arg(long)]
     pub mem_limit_mib: Option<u64>,
+    /// How the disk is restored: `lazy-playbook` (fetch on first read, replay the
+    /// template's playbook), `lazy` (fetch on first read) or `eager` (decrypt it all first).
+    #[arg(long, value_enum, default_value = "lazy-playbook")]
+    pub restore: RestoreArg,
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--restore` of `disk-fork`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RestoreArg {
+    Eager,
+    Lazy,
+    LazyPlaybook,
+}
+
+impl From<RestoreArg> for DiskRestore {
+    fn from(a: RestoreArg) -> DiskRestore {
+        match a {
+            RestoreArg::Eager => DiskRestore::Eager,
+            RestoreArg::Lazy => DiskRestore::Lazy,
+            RestoreArg::LazyPlaybook => DiskRestore::LazyPlaybook,
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -167,20 +190,37 @@ pub fn fork(a: DiskForkArgs, remote: &RemoteArgs) -> Result<i32> {
         return Ok(code);
     }
     let opts = forkvm_sandbox::SpawnOptions { memory_limit_bytes: a.mem_limit_mib.map(|m| m << 20) };
-    let s = forkvm_sandbox::disk_fork::fork_from_disk(
+    let f = forkvm_sandbox::disk_fork::fork_from_disk(
         &Registry::open_default(),
         &Store::open_default(),
         &a.id,
         a.seq,
+        a.restore.into(),
         &opts,
     )?;
+    let s = &f.sandbox;
     if a.json {
         println!(
             "{}",
-            serde_json::json!({ "sandbox_id": s.record.id, "pid": s.record.pid, "ready_ms": s.ready_ms, "forked_from": a.id })
+            serde_json::json!({
+                "sandbox_id": s.record.id,
+                "pid": s.record.pid,
+                "ready_ms": s.ready_ms,
+                "forked_from": a.id,
+                "restore": f.restore.name(),
+                "restore_ms": f.restore_ms,
+                "lazy_disks": f.lazy,
+            })
         );
     } else {
-        println!("{} (booted on {}'s disk in {:.1} s)", s.record.id, a.id, s.ready_ms / 1e3);
+        println!(
+            "{} (booted on {}'s disk in {:.1} s; {} restore took {:.1} ms)",
+            s.record.id,
+            a.id,
+            s.ready_ms / 1e3,
+            f.restore.name(),
+            f.restore_ms
+        );
     }
     Ok(0)
 }

@@ -6,6 +6,7 @@ mod bench_boot;
 mod bench_branch;
 mod bench_chain;
 mod bench_disk;
+mod bench_disk_fork;
 mod bench_fork;
 mod bench_lazy;
 mod bench_spawn;
@@ -117,6 +118,8 @@ enum BenchCommand {
     DiskSnapshot(bench_disk::BenchDiskArgs),
     /// Lazy restore from a disk snapshot: eager vs lazy vs lazy + prefetch playbook (host side).
     LazyRestore(bench_lazy::BenchLazyArgs),
+    /// Disk-only fork, restore → first exec: eager vs lazy vs lazy + playbook (guest side).
+    DiskFork(bench_disk_fork::BenchDiskForkArgs),
 }
 
 /// The error and its causes, skipping a cause whose text the message already contains
@@ -153,6 +156,7 @@ fn main() {
         Command::Bench(BenchCommand::Chain(a)) => bench_chain::run(a),
         Command::Bench(BenchCommand::DiskSnapshot(a)) => bench_disk::run(a),
         Command::Bench(BenchCommand::LazyRestore(a)) => bench_lazy::run(a),
+        Command::Bench(BenchCommand::DiskFork(a)) => bench_disk_fork::run(a),
         Command::Run(a) => run_cmd::run(a),
         Command::Snapshot(a) => snapshot_cmd::run(a, remote),
         Command::Ps(a) => sandbox_cmd::ps(a, remote),

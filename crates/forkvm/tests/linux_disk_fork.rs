@@ -3,6 +3,11 @@
 //! has a new id and identity, and the two diverge. This is the one test of the tier
 //! that boots a kernel (about a minute here: guest kernel code is emulated); every other
 //! sandbox is a restore.
+//!
+//! The fork restores its disk lazily (the default): the test checks the boot read
+//! through the lazy layer, that the playbook learned from it, and that the fork's own
+//! first disk snapshot — which settles the lazy layer into an ordinary one — holds the
+//! source's files (exported and read from the host with `debugfs`).
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -58,7 +63,7 @@ fn a_disk_only_fork_boots_on_the_sources_files_with_a_new_identity_and_diverges(
     env.ok(&["snapshot", "create", "--image", "tiny", "--tag", "t"]);
     let v = env.json(&["fork", "--tag", "t", "-n", "1", "--json"]);
     let src = v["sandboxes"][0]["sandbox_id"].as_str().unwrap().to_string();
-    env.sh(&src, "mkdir -p /work && echo from-source > /work/notes && sync");
+    env.sh(&src, "mkdir -p /work && echo from-source > /work/notes && echo kept-by-source > /work/kept && sync");
     // A process of the source: a disk-only fork must not have it.
     env.sh(&src, "sleep 100000 >/dev/null 2>&1 & echo $! > /work/sleeper.pid; sync");
     let snap = env.json(&["disk-snapshot", &src, "--json"]);
@@ -68,6 +73,15 @@ fn a_disk_only_fork_boots_on_the_sources_files_with_a_new_identity_and_diverges(
     let fork = env.json(&["disk-fork", &src, "--seq", &seq.to_string(), "--json"]);
     let child = fork["sandbox_id"].as_str().unwrap().to_string();
     assert_ne!(child, src, "a new id");
+    assert_eq!(fork["restore"], "lazy_playbook", "{fork}");
+    let lazy = &fork["lazy_disks"][0];
+    assert_eq!(lazy["id"], "forkvm-data", "{fork}");
+    let reads = lazy["hits"].as_u64().unwrap() + lazy["misses"].as_u64().unwrap() + lazy["waits"].as_u64().unwrap();
+    assert!(reads > 0, "the boot read its disk through the lazy layer: {fork}");
+    assert!(lazy["misses"].as_u64().unwrap() > 0, "no playbook yet in a new store: first reads fetch: {fork}");
+    let saved = lazy["recording"]["saved_to"].as_str().expect("the recording was saved");
+    assert!(std::path::Path::new(saved).starts_with(&env.store), "{saved}");
+    assert!(std::fs::metadata(saved).unwrap().len() > 0, "the playbook {saved} exists");
     assert_eq!(env.sh(&child, "cat /work/notes"), "from-source\n", "the source's files");
     let child_hostname = env.sh(&child, "hostname");
     assert_ne!(child_hostname, src_hostname, "a new identity");
@@ -88,6 +102,22 @@ fn a_disk_only_fork_boots_on_the_sources_files_with_a_new_identity_and_diverges(
     // The source's own disk snapshots are untouched by the fork; the fork has none yet.
     let list = env.json(&["disk-snapshots", &src, "--json"]);
     assert_eq!(list.as_array().unwrap().len(), 1);
+
+    // The fork's first disk snapshot settles its lazy layer: fetches the rest, makes it
+    // an ordinary layer, and captures the whole disk — the source's files included.
+    let own = env.json(&["disk-snapshot", &child, "--json"]);
+    let own_seq = own["seq"].as_u64().unwrap();
+    assert_eq!(
+        env.sh(&child, "cat /work/kept /work/notes"),
+        "kept-by-source\nfrom-child\n",
+        "still reads after settling"
+    );
+    let image = env.store.parent().unwrap().join("child-export.img");
+    env.ok(&["disk-export", &child, "--seq", &own_seq.to_string(), "--out", image.to_str().unwrap()]);
+    let fsck = Command::new("e2fsck").args(["-fy"]).arg(&image).output().expect("e2fsck (e2fsprogs) runs");
+    assert!(matches!(fsck.status.code(), Some(0 | 1)), "{}", String::from_utf8_lossy(&fsck.stdout));
+    assert_eq!(read_in_image(&image, "/upper/work/kept").as_deref(), Some(&b"kept-by-source\n"[..]));
+    assert_eq!(read_in_image(&image, "/upper/work/notes").as_deref(), Some(&b"from-child\n"[..]));
     // A disk fork of a sandbox with no snapshot says so.
     let out = env.cmd(&["disk-fork", &child]);
     assert!(!out.status.success());
@@ -96,4 +126,18 @@ fn a_disk_only_fork_boots_on_the_sources_files_with_a_new_identity_and_diverges(
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// The content of `path` (inside the data disk) in `image`, or `None` if it is not there.
+fn read_in_image(image: &std::path::Path, path: &str) -> Option<Vec<u8>> {
+    let dump = image.with_extension("dump");
+    let _ = std::fs::remove_file(&dump);
+    let out = Command::new("debugfs")
+        .arg("-R")
+        .arg(format!("dump {path} {}", dump.display()))
+        .arg(image)
+        .output()
+        .expect("debugfs (e2fsprogs) runs");
+    assert!(out.status.success(), "debugfs: {}", String::from_utf8_lossy(&out.stderr));
+    std::fs::read(&dump).ok()
 }

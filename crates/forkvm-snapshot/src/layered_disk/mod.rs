@@ -399,6 +399,14 @@ pub enum LayerError {
         /// What does not fit.
         reason: String,
     },
+    /// A completed lazy layer could not replace the stack's lazy lower layer.
+    #[error("layered disk: settling the lazy layer as {path}: {reason}")]
+    SettleLower {
+        /// The sealed directory offered in its place.
+        path: PathBuf,
+        /// What does not fit.
+        reason: String,
+    },
 }
 
 #[cfg(test)]

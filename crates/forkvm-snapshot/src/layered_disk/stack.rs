@@ -14,7 +14,8 @@
 //! when there is none) names the lazy lower's [`LazyLower::id`] as its parent, so
 //! sealing works as usual and the chain is checked on open like any other. The lazy
 //! lower is not one of [`LayerStack::sealed_layers`]: it has no sealed directory to
-//! hard-link until it is complete and turned into one (see `VaultLayer::into_sealed`),
+//! hard-link until it is complete and turned into one (`VaultLayer::seal_cache`, then
+//! [`LayerStack::settle_lower`]),
 //! after which the same disk opens with [`LayerStack::open`] and that directory first
 //! in `sealed`.
 
@@ -303,6 +304,30 @@ impl LayerStack {
     /// The sealed layers, oldest first.
     pub fn sealed_layers(&self) -> &[Layer] {
         &self.sealed
+    }
+
+    /// Replaces the lazy lower layer with `dir`, the sealed layer directory it became
+    /// once complete (`VaultLayer::seal_cache`): it must be sealed, have the lower's id
+    /// and the base as its parent. Afterwards the stack holds no lazy layer and `dir` is
+    /// its first sealed layer, as if opened with [`LayerStack::open`] and `dir` first.
+    pub fn settle_lower(&mut self, dir: &Path) -> Result<(), LayerError> {
+        let Some(lower) = &self.lower else {
+            return Err(LayerError::SettleLower {
+                path: dir.to_path_buf(),
+                reason: "the stack has no lazy layer".into(),
+            });
+        };
+        let layer = Layer::open(dir, Role::Sealed)?;
+        check_layer(&layer, self.size, LayerId::BASE)?;
+        if layer.id() != lower.id() {
+            return Err(LayerError::SettleLower {
+                path: dir.to_path_buf(),
+                reason: format!("layer {} is not the lazy layer {} it should replace", layer.id(), lower.id()),
+            });
+        }
+        self.sealed.insert(0, layer);
+        self.lower = None;
+        Ok(())
     }
 
     /// The lazy lower layer between the base and the sealed layers, if any.

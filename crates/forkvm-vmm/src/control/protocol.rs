@@ -37,6 +37,12 @@ pub enum Request {
     /// Seal every layered disk's top (a consistent cut of the disks, without pausing the
     /// vCPUs); answers with each layered disk's sealed layers.
     SealDisks {},
+    /// The lazily restored disks' counters; `finish_recording` ends their recordings
+    /// and merges them into their playbooks.
+    LazyDisks {
+        #[serde(default)]
+        finish_recording: bool,
+    },
     /// Arm a fault for the next branch (only with `FORKVM_FAULT_INJECTION=1`).
     InjectFault {
         point: FaultPoint,

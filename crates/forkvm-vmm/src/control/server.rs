@@ -210,6 +210,11 @@ fn handle(req: Request, vmm: &Mutex<Vmm>) -> Response {
                 .map_err(|e| e.to_string())
                 .and_then(|seals| serde_json::to_value(seals).map_err(|e| e.to_string())),
         ),
+        Request::LazyDisks { finish_recording } => json(
+            vmm.lazy_disks(finish_recording)
+                .map_err(|e| e.to_string())
+                .and_then(|disks| serde_json::to_value(disks).map_err(|e| e.to_string())),
+        ),
         Request::Label(labels) => {
             vmm.set_labels(labels);
             json(status(&vmm))

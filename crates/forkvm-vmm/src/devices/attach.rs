@@ -9,7 +9,7 @@
 //! can point each child at its own.
 
 use super::irq::{IrqLine, IrqRoute};
-use super::virtio::blk::Block;
+use super::virtio::blk::{Block, LazySource};
 use super::virtio::mmio::{MmioError, MmioTransport, MmioTransportState};
 use super::virtio::rng::Rng;
 use super::virtio::vsock::Vsock;
@@ -46,6 +46,9 @@ pub struct LayeredConfig {
     /// This VM's own directory for the disk: its writable tops (`top-<n>`) live here,
     /// and stay here once sealed. One VM per directory.
     pub dir: PathBuf,
+    /// The disk's lowest layer, restored lazily from a vault snapshot (below `sealed`),
+    /// until the first seal settles it into `sealed[0]`.
+    pub lazy: Option<Box<LazySource>>,
 }
 
 impl LayeredConfig {
@@ -65,7 +68,11 @@ impl BlockConfig {
         let Some(l) = &self.layers else {
             return Block::new(&self.path, self.read_only, &self.id).map_err(|e| e.to_string());
         };
-        Block::layered(&self.path, &l.sealed, &l.free_top(), &self.id).map_err(|e| e.to_string())
+        match &l.lazy {
+            Some(lazy) => Block::layered_lazy(&self.path, lazy, &l.sealed, &l.free_top(), &self.id),
+            None => Block::layered(&self.path, &l.sealed, &l.free_top(), &self.id),
+        }
+        .map_err(|e| e.to_string())
     }
 }
 

@@ -11,6 +11,7 @@
 //! what makes the seal consistent with the memory saved in the same pause.
 
 use super::{Vmm, VmmError};
+use crate::devices::virtio::blk::LazyReport;
 use forkvm_snapshot::{link_or_copy, DiskMeta, LayerId, DISK_DIR};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -30,6 +31,17 @@ pub struct DiskSeal {
     pub new_layer: Option<String>,
 }
 
+/// One lazily restored disk's state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LazyDisk {
+    /// Position among the VM's block devices.
+    pub index: usize,
+    /// The serial the guest sees.
+    pub id: String,
+    #[serde(flatten)]
+    pub report: LazyReport,
+}
+
 impl Vmm {
     /// Seals the top of every layered disk the guest wrote since its last seal and
     /// records the new layers in the VM's device configuration (so forks and later
@@ -45,6 +57,13 @@ impl Vmm {
             let Some(block) = transport.device_mut().as_block_mut() else {
                 return Err(VmmError::Disk(format!("virtio slot for disk {index} is not a block device")));
             };
+            // A lazily restored disk becomes ordinary first (its cache, complete and
+            // sealed, is its lowest layer from now on), so what is captured is all local.
+            let settled = block.settle_lazy().map_err(|e| VmmError::Disk(format!("sealing disk {index}: {e}")))?;
+            if let (Some(dir), Some(l)) = (&settled, self.device_config.blocks[index].layers.as_mut()) {
+                l.sealed.insert(0, dir.clone());
+                l.lazy = None;
+            }
             let sealed =
                 block.seal(&layered.free_top()).map_err(|e| VmmError::Disk(format!("sealing disk {index}: {e}")))?;
             let layers = block.sealed_layers().unwrap_or_default();
@@ -60,6 +79,24 @@ impl Vmm {
                 layers: layers.into_iter().map(|(dir, id): (PathBuf, LayerId)| (dir, id.to_string())).collect(),
                 new_layer: sealed.map(|s| s.id.to_string()),
             });
+        }
+        Ok(out)
+    }
+
+    /// The lazily restored disks' counters (see `devices::virtio::blk::lazy`), ending
+    /// their recordings first when `finish_recording` (each merged into its playbook).
+    pub fn lazy_disks(&mut self, finish_recording: bool) -> Result<Vec<LazyDisk>, VmmError> {
+        let mut out = Vec::new();
+        let blocks = self.devices.virtio.iter().filter(|s| s.kind == "block");
+        for (index, slot) in blocks.enumerate() {
+            let mut transport = slot.transport.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(block) = transport.device_mut().as_block_mut() else {
+                return Err(VmmError::Disk(format!("virtio slot for disk {index} is not a block device")));
+            };
+            if let Some(report) = block.lazy_report(finish_recording) {
+                let id = self.device_config.blocks.get(index).map(|b| b.id.clone()).unwrap_or_default();
+                out.push(LazyDisk { index, id, report });
+            }
         }
         Ok(out)
     }

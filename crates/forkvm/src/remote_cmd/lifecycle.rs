@@ -52,6 +52,9 @@ pub fn archives(a: &ArchivesArgs, remote: &RemoteArgs) -> Result<Option<i32>> {
 
 pub fn disk_fork(a: &DiskForkArgs, remote: &RemoteArgs) -> Result<Option<i32>> {
     let Some(client) = remote.client()? else { return Ok(None) };
+    if a.restore != crate::disk_cmd::RestoreArg::LazyPlaybook {
+        anyhow::bail!("--restore is not part of the REST API yet: the daemon always restores lazily with the playbook");
+    }
     let started = std::time::Instant::now();
     let req = DiskForkRequest { seq: a.seq, memory_limit_mib: a.mem_limit_mib, ttl_seconds: None };
     let s = {

@@ -289,8 +289,15 @@ pub async fn disk_fork(
             .map_err(|r| crate::spawner::refused(r, "conflict"))
             .and_then(|record| {
                 let timeout = forkvm_sandbox::template_snapshot::BOOT_TIMEOUT;
-                forkvm_sandbox::spawn::finish_within(&s.registry, vec![record], started, timeout)
-                    .map_err(ApiError::from)
+                let ready = forkvm_sandbox::spawn::finish_within(&s.registry, vec![record], started, timeout)
+                    .map_err(ApiError::from)?;
+                // The playbook learns what this boot read (best effort: the fork stands).
+                for r in &ready {
+                    if let Err(e) = forkvm_sandbox::disk_fork::end_restore_recording(&r.record) {
+                        tracing::warn!(sandbox = %r.record.id, error = %e, "ending the restore's recording failed");
+                    }
+                }
+                Ok(ready)
             });
         let ids = [new_id];
         let mut infos = settle(&s, "disk_fork", started, made, &ids, ttl)?;

@@ -234,7 +234,8 @@ impl Playbook {
     pub fn save(&self, path: &Path) -> Result<(), PlaybookError> {
         let io = |step| move |source| PlaybookError::Io { step, path: path.to_path_buf(), source };
         let mut name = path.file_name().map(std::ffi::OsString::from).unwrap_or_default();
-        name.push(".tmp");
+        // Per process: two VMMs ending their recordings at once each write their own.
+        name.push(format!(".{}.tmp", std::process::id()));
         let tmp = path.with_file_name(name);
         let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp).map_err(io("creating"))?;
         f.write_all(&self.encode()).and_then(|()| f.sync_all()).map_err(io("writing"))?;

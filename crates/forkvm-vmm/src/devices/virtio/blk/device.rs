@@ -60,6 +60,8 @@ pub struct Block {
     active: Option<Active>,
     metrics: Arc<BlockMetrics>,
     log_limit: LogLimiter,
+    /// The lazily restored lowest layer, until it is settled (`lazy.rs`).
+    pub(super) lazy: Option<super::lazy::LazyDisk>,
 }
 
 impl Block {
@@ -98,6 +100,14 @@ impl Block {
             return Err(BlockError::IdTooLong(id.to_string()));
         }
         let stack = LayerStack::create_lazy(base, sealed, top).map_err(BlockError::Layers)?;
+        Block::with_stack(base, stack, id)
+    }
+
+    /// A writable layered disk over `stack` (whose base is `base`).
+    pub(super) fn with_stack(base: &Path, stack: LayerStack, id: &str) -> Result<Block, BlockError> {
+        if id.len() > BLOCK_ID_BYTES {
+            return Err(BlockError::IdTooLong(id.to_string()));
+        }
         let size = stack.size();
         if size & (SECTOR_SIZE - 1) != 0 {
             tracing::warn!(path = %base.display(), size, "disk base size is not a multiple of 512; the tail is unreachable");
@@ -113,7 +123,14 @@ impl Block {
     }
 
     fn with_disk(disk: Disk) -> Block {
-        Block { disk, acked_features: 0, active: None, metrics: Arc::default(), log_limit: LogLimiter::default() }
+        Block {
+            disk,
+            acked_features: 0,
+            active: None,
+            metrics: Arc::default(),
+            log_limit: LogLimiter::default(),
+            lazy: None,
+        }
     }
 
     /// A layered disk's sealed layers, oldest first (directory and id); `None` for a raw image.
@@ -374,6 +391,9 @@ impl VirtioDevice for Block {
     /// An orderly stop makes a layered disk's writes durable (the guest may not have
     /// flushed); a raw image's writes are in the page cache already.
     fn shutdown(&mut self) {
+        // A VM that stops ends its restore's recording; the replay stops with the layer.
+        let _ = self.lazy_report(true);
+        self.lazy = None;
         if let Backend::Layered(stack) = &mut self.disk.backend {
             if let Err(e) = stack.flush() {
                 tracing::warn!(error = %e, "flushing the layered disk at shutdown failed");

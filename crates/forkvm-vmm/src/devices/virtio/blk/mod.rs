@@ -6,11 +6,13 @@
 //! and restores, `metrics.rs` counts.
 
 pub mod device;
+pub mod lazy;
 pub mod metrics;
 pub mod persist;
 pub mod request;
 
 pub use device::Block;
+pub use lazy::{LazyReport, LazySource, RecordingSaved};
 pub use metrics::{BlockMetrics, BlockMetricsSnapshot};
 pub use persist::BlockState;
 pub use request::{Command, Request, RequestError, Segment};
@@ -74,6 +76,8 @@ pub enum BlockError {
     AddUsed(#[source] virtio_queue::Error),
     #[error(transparent)]
     Layers(forkvm_snapshot::LayerError),
+    #[error("lazy disk: {0}")]
+    Lazy(String),
     #[error("disk {id}: the snapshot has layers {saved}, the restore was given {given}")]
     RestoreLayers { id: String, saved: String, given: String },
 }

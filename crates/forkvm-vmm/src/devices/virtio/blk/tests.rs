@@ -251,3 +251,127 @@ fn a_layered_disk_writes_its_top_seals_and_leaves_the_base_alone() {
     assert_eq!(r.submit(T_IN, 9, &[Desc::w(0x50000, 512)]).0, S_OK);
     assert_eq!(r.guest(0x50000, 512), vec![0xa5; 512], "a child on the sealed layer sees the write");
 }
+
+/// A vault snapshot of a layered disk over the rig's image whose sectors 9 and 40 were
+/// written (0xa5, 0x5a); returns (vault dir, seq).
+fn vault_snapshot(r: &mut Rig, dir: &std::path::Path) -> (std::path::PathBuf, u64) {
+    use forkvm_snapshot::vault::{DiskInput, SandboxKey, Vault};
+    let base = r.image.path().to_path_buf();
+    r.t = layered_transport(r, &base, &[], &dir.join("src-top-0"));
+    for (sector, byte) in [(9, 0xa5u8), (40, 0x5a)] {
+        r.mem.write_slice(&[byte; 512], GuestAddress(DATA)).unwrap();
+        assert_eq!(r.submit(T_OUT, sector, &[Desc::r(DATA, 512)]).0, S_OK);
+    }
+    let block = r.t.device_mut().as_block_mut().unwrap();
+    let sealed = block.seal(&dir.join("src-top-1")).unwrap().unwrap();
+    let vault_dir = dir.join("vault");
+    let vault = Vault::open(&vault_dir, SandboxKey::from_bytes([7; 32])).unwrap();
+    let input = DiskInput { id: "forkvm-data".into(), base_key: "test-base".into(), layers: vec![sealed.dir] };
+    (vault_dir, vault.snapshot(&[input]).unwrap().seq)
+}
+
+fn lazy_source(dir: &std::path::Path, vault: &std::path::Path, seq: u64, cache: &str, prefetch: bool) -> LazySource {
+    LazySource {
+        vault: vault.to_path_buf(),
+        key: forkvm_snapshot::vault::SandboxKey::from_bytes([7; 32]),
+        seq,
+        disk_id: "forkvm-data".into(),
+        cache: dir.join(cache),
+        playbook: Some(dir.join("playbooks/t/forkvm-data.playbook")),
+        prefetch,
+    }
+}
+
+fn lazy_transport(r: &Rig, source: &LazySource, top: &std::path::Path) -> MmioTransport {
+    let block = Block::layered_lazy(r.image.path(), source, &[], top, "forkvm-data").unwrap();
+    let mut t = MmioTransport::new(Box::new(block), r.mem.clone(), r.irq.clone());
+    bring_up(&mut t, std::slice::from_ref(&r.q));
+    t
+}
+
+#[test]
+fn a_lazily_restored_disk_fetches_on_read_learns_a_playbook_and_settles_into_an_ordinary_layer() {
+    let mut r = rig(64, false);
+    let dir = tempfile::tempdir().unwrap();
+    let (vault, seq) = vault_snapshot(&mut r, dir.path());
+    let source = lazy_source(dir.path(), &vault, seq, "cache-a", true);
+    r.t = lazy_transport(&r, &source, &dir.path().join("top-0"));
+    let block = r.t.device_mut().as_block_mut().unwrap();
+    assert!(block.is_lazy());
+    let first = block.lazy_report(false).unwrap();
+    assert_eq!((first.filled_blocks, first.playbook_entries, first.misses), (0, 0, 0), "nothing local, no playbook");
+
+    // Reads: the snapshot's sector through the lazy layer, the rest from the base.
+    assert_eq!(r.submit(T_IN, 9, &[Desc::w(0x50000, 512)]), (S_OK, 513));
+    assert_eq!(r.guest(0x50000, 512), vec![0xa5; 512]);
+    assert_eq!(r.submit(T_IN, 3, &[Desc::w(0x50000, 512)]).0, S_OK);
+    assert_eq!(r.guest(0x50000, 512), vec![3u8; 512], "not in the snapshot: the base");
+    let block = r.t.device_mut().as_block_mut().unwrap();
+    let after = block.lazy_report(true).unwrap();
+    assert!(after.misses >= 1 && after.fetched_extents >= 1, "{after:?}");
+    let saved = after.recording.clone().expect("the recording ended");
+    assert_eq!((saved.touches, saved.runs, saved.error.as_deref()), (1, 1, None), "{saved:?}");
+    assert!(saved.saved_to.as_ref().unwrap().is_file());
+
+    // A write, then a settle: the cache becomes the first sealed layer; nothing changes
+    // for the guest, and the disk seals and captures like any layered disk.
+    r.mem.write_slice(&[0x11; 512], GuestAddress(DATA)).unwrap();
+    assert_eq!(r.submit(T_OUT, 41, &[Desc::r(DATA, 512)]).0, S_OK);
+    let block = r.t.device_mut().as_block_mut().unwrap();
+    let settled = block.settle_lazy().unwrap().expect("it was lazy");
+    assert_eq!(settled, dir.path().join("cache-a"));
+    assert!(!block.is_lazy() && block.lazy_report(false).is_none());
+    assert_eq!(block.settle_lazy().unwrap(), None, "settling twice is a no-op");
+    let sealed_top = block.seal(&dir.path().join("top-1")).unwrap().unwrap();
+    let layers = block.sealed_layers().unwrap();
+    assert_eq!(
+        layers.iter().map(|(d, _)| d.clone()).collect::<Vec<_>>(),
+        vec![settled.clone(), sealed_top.dir.clone()]
+    );
+    for (sector, byte) in [(9u64, 0xa5u8), (40, 0x5a), (41, 0x11), (5, 5)] {
+        assert_eq!(r.submit(T_IN, sector, &[Desc::w(0x50000, 512)]).0, S_OK);
+        assert_eq!(r.guest(0x50000, 512), vec![byte; 512], "sector {sector} after settling");
+    }
+    // The settled layers open as an ordinary disk without the vault.
+    std::fs::remove_dir_all(&vault).unwrap();
+    let plain = Block::layered(r.image.path(), &[settled, sealed_top.dir], &dir.path().join("plain"), "forkvm-data");
+    r.t = {
+        let mut t = MmioTransport::new(Box::new(plain.unwrap()), r.mem.clone(), r.irq.clone());
+        bring_up(&mut t, std::slice::from_ref(&r.q));
+        t
+    };
+    assert_eq!(r.submit(T_IN, 40, &[Desc::w(0x50000, 512)]).0, S_OK);
+    assert_eq!(r.guest(0x50000, 512), vec![0x5a; 512]);
+}
+
+#[test]
+fn a_lazy_restore_replays_the_saved_playbook_so_the_same_reads_hit() {
+    let mut r = rig(64, false);
+    let dir = tempfile::tempdir().unwrap();
+    let (vault, seq) = vault_snapshot(&mut r, dir.path());
+    // A first restore reads sector 40 and saves what it read.
+    r.t = lazy_transport(&r, &lazy_source(dir.path(), &vault, seq, "cache-1", true), &dir.path().join("a"));
+    assert_eq!(r.submit(T_IN, 40, &[Desc::w(0x50000, 512)]).0, S_OK);
+    let first = r.t.device_mut().as_block_mut().unwrap().lazy_report(true).unwrap();
+    assert_eq!((first.misses, first.recording.unwrap().runs), (1, 1));
+
+    // A second restore without prefetch misses again; one with prefetch finds it local.
+    for (cache, prefetch, misses) in [("cache-2", false, 1), ("cache-3", true, 0)] {
+        r.t = lazy_transport(
+            &r,
+            &lazy_source(dir.path(), &vault, seq, cache, prefetch),
+            &dir.path().join(cache).with_extension("top"),
+        );
+        let block = r.t.device_mut().as_block_mut().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !block.lazy_report(false).unwrap().prefetch_done {
+            assert!(std::time::Instant::now() < deadline, "the replay ends");
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        assert_eq!(r.submit(T_IN, 40, &[Desc::w(0x50000, 512)]).0, S_OK);
+        assert_eq!(r.guest(0x50000, 512), vec![0x5a; 512]);
+        let report = r.t.device_mut().as_block_mut().unwrap().lazy_report(false).unwrap();
+        assert_eq!(report.misses, misses, "{cache}: {report:?}");
+        assert_eq!(report.playbook_entries, if prefetch { 1 } else { 0 }, "{report:?}");
+    }
+}

@@ -1,0 +1,301 @@
+//! A layered disk whose lowest layer is restored lazily from an encrypted vault
+//! snapshot (issue 7: lazy restore with prefetch playbooks).
+//!
+//! Why this exists: a disk-only fork must not wait for the whole snapshot to be
+//! decrypted before its VM starts. The VMM opens the snapshot as a
+//! [`VaultLayer`] (its blocks are fetched, authenticated and decrypted on first read
+//! into a local cache layer), stacks the disk on it, and replays the template's
+//! **playbook** — the extents earlier restores read first, in order — on a few
+//! background threads, so the guest mostly finds its blocks already local. What this
+//! restore reads first is recorded and merged into the playbook when the recording
+//! ends: the playbook improves with use.
+//!
+//! The lazy layer lives only until the disk is first captured. Everything that seals
+//! (a disk snapshot, a branch, a fork of the running VM) first **settles** it: the
+//! prefetch stops, the remaining extents are fetched, the cache becomes an ordinary
+//! sealed layer directory and replaces the lazy layer in the stack. After that the disk
+//! is an ordinary layered disk that snapshots hard-link and forks share, no background
+//! thread is left (a VMM fork copies only the forking thread), and the source vault's
+//! snapshot is no longer pinned. The cost: the first seal of a lazily restored disk
+//! waits for what the prefetch has not fetched yet (about 3 ms per MiB here).
+//!
+//! The VMM process opens the vault itself (the spawner checks the same open first, so
+//! errors reach the caller): a forked VMM closes every inherited descriptor.
+
+use super::device::{Backend, Block};
+use super::BlockError;
+use forkvm_snapshot::vault::lazy::{PrefetchReport, Prefetcher};
+use forkvm_snapshot::vault::{Playbook, SandboxKey, Vault, VaultLayer};
+use forkvm_snapshot::LayerStack;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Threads a playbook replay and a settle use to fetch.
+pub const FETCH_THREADS: usize = 4;
+
+/// Where a lazily restored disk's lowest layer comes from, and what to do with its
+/// playbook. Part of a [`crate::devices::attach::LayeredConfig`].
+#[derive(Clone)]
+pub struct LazySource {
+    /// The vault directory holding the snapshot.
+    pub vault: PathBuf,
+    /// The vault's key (its owner's sandbox key, unwrapped by the caller).
+    pub key: SandboxKey,
+    /// The snapshot's sequence number.
+    pub seq: u64,
+    /// The disk's id in the snapshot.
+    pub disk_id: String,
+    /// The local cache layer directory (created if missing, resumed if present).
+    pub cache: PathBuf,
+    /// The playbook file: replayed at start when `prefetch` is set and it exists;
+    /// this restore's first reads are merged into it when the recording ends.
+    pub playbook: Option<PathBuf>,
+    /// Replay the playbook right after start.
+    pub prefetch: bool,
+}
+
+impl fmt::Debug for LazySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LazySource")
+            .field("vault", &self.vault)
+            .field("seq", &self.seq)
+            .field("disk_id", &self.disk_id)
+            .field("cache", &self.cache)
+            .field("playbook", &self.playbook)
+            .field("prefetch", &self.prefetch)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Two sources are the same when they name the same snapshot, cache and playbook (the
+/// key is whatever unlocks that vault).
+impl PartialEq for LazySource {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.vault, self.seq, &self.disk_id, &self.cache, &self.playbook, self.prefetch)
+            == (&other.vault, other.seq, &other.disk_id, &other.cache, &other.playbook, other.prefetch)
+    }
+}
+
+impl Eq for LazySource {}
+
+impl LazySource {
+    /// Opens the snapshot's disk as a lazy layer (pins the snapshot, creates or resumes
+    /// the cache). What the spawner calls to check the source before starting a VMM,
+    /// and what the VMM calls to build the disk.
+    pub fn open(&self) -> Result<VaultLayer, String> {
+        let vault = Vault::open(&self.vault, self.key.clone())
+            .map_err(|e| format!("opening vault {}: {e}", self.vault.display()))?;
+        VaultLayer::open(Arc::new(vault), self.seq, &self.disk_id, &self.cache)
+            .map_err(|e| format!("opening disk {} of vault snapshot {} lazily: {e}", self.disk_id, self.seq))
+    }
+
+    /// The playbook to replay, if prefetching and one was saved before (an unreadable
+    /// one is reported and ignored: a restore never fails for want of a prefetch).
+    fn replay(&self) -> Option<Playbook> {
+        let path = self.playbook.as_ref().filter(|_| self.prefetch)?;
+        match Playbook::load(path) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                if path.exists() {
+                    tracing::warn!(path = %path.display(), error = %e, "ignoring an unreadable playbook");
+                }
+                None
+            }
+        }
+    }
+}
+
+/// A block device's lazy layer while it is lazy.
+#[derive(Debug)]
+pub(super) struct LazyDisk {
+    layer: Arc<VaultLayer>,
+    prefetcher: Option<Prefetcher>,
+    playbook: Option<PathBuf>,
+    /// Entries of the playbook replayed at start (0: none).
+    replayed_entries: usize,
+    prefetch_report: Option<PrefetchReport>,
+    /// The playbook this restore's recording was saved into, once it was.
+    recorded: Option<RecordingSaved>,
+}
+
+/// What ending a recording did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordingSaved {
+    /// Extents this restore read first.
+    pub touches: usize,
+    /// The playbook's path, when it was merged and saved.
+    pub saved_to: Option<PathBuf>,
+    /// Restores the saved playbook has learned from.
+    pub runs: u64,
+    /// Why saving failed, if it did (the restore goes on).
+    pub error: Option<String>,
+}
+
+/// A lazily restored disk's state, for the control socket.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LazyReport {
+    /// The snapshot and disk it comes from.
+    pub seq: u64,
+    pub disk_id: String,
+    /// Extents and blocks in the snapshot, and how many are local.
+    pub extents: u64,
+    pub filled_extents: u64,
+    pub blocks: u64,
+    pub filled_blocks: u64,
+    /// Guest reads that found their extent local, fetched it themselves, or waited
+    /// for a prefetch thread's fetch of it.
+    pub hits: u64,
+    pub misses: u64,
+    pub waits: u64,
+    /// Extents fetched in all, and of those by the prefetch.
+    pub fetched_extents: u64,
+    pub prefetched_extents: u64,
+    pub fetched_bytes: u64,
+    pub fetch_errors: u64,
+    /// Fetch time summed over threads, in milliseconds.
+    pub fetch_ms: f64,
+    /// Entries of the playbook replayed at start (0: no playbook).
+    pub playbook_entries: usize,
+    /// Whether the replay has ended.
+    pub prefetch_done: bool,
+    /// Set once the recording ended and was merged into the playbook.
+    pub recording: Option<RecordingSaved>,
+}
+
+impl LazyDisk {
+    /// Opens `source` and starts replaying its playbook.
+    pub(super) fn start(source: &LazySource) -> Result<LazyDisk, BlockError> {
+        let layer = Arc::new(source.open().map_err(BlockError::Lazy)?);
+        layer.restart_recording();
+        let replay = source.replay();
+        let replayed_entries = replay.as_ref().map_or(0, Playbook::len);
+        let prefetcher = replay.filter(|p| !p.is_empty()).map(|p| layer.prefetch(&p, FETCH_THREADS));
+        Ok(LazyDisk {
+            layer,
+            prefetcher,
+            playbook: source.playbook.clone(),
+            replayed_entries,
+            prefetch_report: None,
+            recorded: None,
+        })
+    }
+
+    pub(super) fn layer(&self) -> Arc<VaultLayer> {
+        Arc::clone(&self.layer)
+    }
+
+    /// Ends the recording (once) and merges it into the playbook file.
+    fn finish_recording(&mut self) -> &RecordingSaved {
+        if self.recorded.is_none() {
+            let rec = self.layer.stop_recording();
+            let mut saved = RecordingSaved { touches: rec.touches.len(), saved_to: None, runs: 0, error: None };
+            if let Some(path) = &self.playbook {
+                let mut book = Playbook::load(path).unwrap_or_else(|_| Playbook::new(self.layer.size()));
+                if book.disk_size() != self.layer.size() {
+                    book = Playbook::new(self.layer.size());
+                }
+                book.merge(&rec);
+                let made = path.parent().map_or(Ok(()), std::fs::create_dir_all);
+                match made.map_err(|e| e.to_string()).and_then(|()| book.save(path).map_err(|e| e.to_string())) {
+                    Ok(()) => {
+                        saved.saved_to = Some(path.clone());
+                        saved.runs = book.runs();
+                    }
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), error = %e, "saving the playbook failed");
+                        saved.error = Some(e);
+                    }
+                }
+            }
+            self.recorded = Some(saved);
+        }
+        self.recorded.as_ref().expect("set above")
+    }
+
+    fn report(&mut self) -> LazyReport {
+        if self.prefetcher.as_ref().is_some_and(Prefetcher::is_finished) {
+            self.prefetch_report = self.prefetcher.take().map(Prefetcher::wait);
+        }
+        let s = self.layer.stats();
+        LazyReport {
+            seq: self.layer.seq(),
+            disk_id: self.layer.disk_id().to_string(),
+            extents: s.extents,
+            filled_extents: s.filled_extents,
+            blocks: s.blocks,
+            filled_blocks: s.filled_blocks,
+            hits: s.hits,
+            misses: s.misses,
+            waits: s.waits,
+            fetched_extents: s.fetched_extents,
+            prefetched_extents: s.prefetched_extents,
+            fetched_bytes: s.fetched_bytes,
+            fetch_errors: s.fetch_errors,
+            fetch_ms: s.fetch_time.as_secs_f64() * 1e3,
+            playbook_entries: self.replayed_entries,
+            prefetch_done: self.prefetcher.is_none(),
+            recording: self.recorded.clone(),
+        }
+    }
+}
+
+impl Block {
+    /// A writable layered disk whose lowest layer is `source`, restored lazily (see the
+    /// module doc); `sealed` (oldest first) stack above it and a fresh top at `top`
+    /// (created on the first write). Starts the playbook replay.
+    pub fn layered_lazy(
+        base: &Path,
+        source: &LazySource,
+        sealed: &[PathBuf],
+        top: &Path,
+        id: &str,
+    ) -> Result<Block, BlockError> {
+        if id.len() > super::BLOCK_ID_BYTES {
+            return Err(BlockError::IdTooLong(id.to_string()));
+        }
+        let lazy = LazyDisk::start(source)?;
+        let stack = LayerStack::create_lazy_over(base, lazy.layer(), sealed, top).map_err(BlockError::Layers)?;
+        let mut block = Block::with_stack(base, stack, id)?;
+        block.lazy = Some(lazy);
+        Ok(block)
+    }
+
+    /// Whether the disk still has a lazy layer.
+    pub fn is_lazy(&self) -> bool {
+        self.lazy.is_some()
+    }
+
+    /// The lazy layer's counters, ending its recording first when `finish_recording`
+    /// (merging it into the playbook). `None` for a disk that is not (or no longer) lazy.
+    pub fn lazy_report(&mut self, finish_recording: bool) -> Option<LazyReport> {
+        let lazy = self.lazy.as_mut()?;
+        if finish_recording {
+            lazy.finish_recording();
+        }
+        Some(lazy.report())
+    }
+
+    /// Makes a lazy disk ordinary (see the module doc): ends the recording, stops the
+    /// replay, fetches every missing extent, seals the cache and puts it in the lazy
+    /// layer's place. Returns the cache directory, now the disk's first sealed layer;
+    /// `Ok(None)` when the disk was not lazy. On error the disk stays lazy and usable.
+    pub fn settle_lazy(&mut self) -> Result<Option<PathBuf>, BlockError> {
+        let Some(lazy) = self.lazy.as_mut() else { return Ok(None) };
+        lazy.finish_recording();
+        if let Some(p) = lazy.prefetcher.take() {
+            lazy.prefetch_report = Some(p.stop());
+        }
+        let layer = lazy.layer();
+        let lazy_err = |step: &str, e: String| BlockError::Lazy(format!("settling disk {}: {step}: {e}", self.disk.id));
+        layer.materialize_all(FETCH_THREADS).map_err(|e| lazy_err("fetching the rest", e.to_string()))?;
+        let sealed = layer.seal_cache().map_err(|e| lazy_err("sealing the cache", e.to_string()))?;
+        match &mut self.disk.backend {
+            Backend::Layered(stack) => stack.settle_lower(&sealed.dir).map_err(BlockError::Layers)?,
+            Backend::Raw(_) => return Err(lazy_err("replacing the layer", "the disk is not layered".into())),
+        }
+        self.lazy = None;
+        Ok(Some(sealed.dir))
+    }
+}
