@@ -103,6 +103,15 @@ fn a_disk_only_fork_boots_on_the_sources_files_with_a_new_identity_and_diverges(
     let list = env.json(&["disk-snapshots", &src, "--json"]);
     assert_eq!(list.as_array().unwrap().len(), 1);
 
+    // A disk fork of a sandbox with no snapshot says so.
+    let out = env.cmd(&["disk-fork", &child]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no disk snapshot"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
     // The fork's first disk snapshot settles its lazy layer: fetches the rest, makes it
     // an ordinary layer, and captures the whole disk — the source's files included.
     let own = env.json(&["disk-snapshot", &child, "--json"]);
@@ -118,14 +127,6 @@ fn a_disk_only_fork_boots_on_the_sources_files_with_a_new_identity_and_diverges(
     assert!(matches!(fsck.status.code(), Some(0 | 1)), "{}", String::from_utf8_lossy(&fsck.stdout));
     assert_eq!(read_in_image(&image, "/upper/work/kept").as_deref(), Some(&b"kept-by-source\n"[..]));
     assert_eq!(read_in_image(&image, "/upper/work/notes").as_deref(), Some(&b"from-child\n"[..]));
-    // A disk fork of a sandbox with no snapshot says so.
-    let out = env.cmd(&["disk-fork", &child]);
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("no disk snapshot"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// The content of `path` (inside the data disk) in `image`, or `None` if it is not there.
