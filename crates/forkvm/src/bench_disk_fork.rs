@@ -138,7 +138,7 @@ fn measure(a: &BenchDiskForkArgs, artifacts: &Artifacts, root: &Path) -> Result<
             "guest_reads_found_local_at_ready": med_opt(&|r| r.hits_at_ready),
             "extents_prefetched_at_ready": med_opt(&|r| r.prefetched_at_ready),
             "guest_reads_that_fetched_in_execs": med_opt(&|r| r.misses_in_execs),
-            "fetched_mib": med_opt(&|r| r.fetched_bytes.map(|b| b >> 20)),
+            "fetched_kib": med_opt(&|r| r.fetched_bytes.map(|b| b >> 10)),
             "ready_ms_all": rs.iter().map(|r| r2(r.ready_ms)).collect::<Vec<_>>(),
         })
     };
