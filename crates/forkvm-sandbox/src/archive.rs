@@ -191,7 +191,9 @@ pub fn finish_restore(
     let PendingRestore { vmms, archived } = pending;
     // Linked only once it runs: `kill` of a half-started restore must not take the
     // archive with it.
-    let mut sandbox = finish(registry, vmms.records, started)?.remove(0);
+    let ready = finish(registry, vmms.records, started)?;
+    crate::spawn::learn_memory(vmms.memory_playbook.as_deref(), &ready);
+    let mut sandbox = ready.into_iter().next().expect("one sandbox per restore");
     let id = sandbox.record.id.clone();
     let dir = archives_dir(store).join(&id);
     let record = &mut sandbox.record;

@@ -14,6 +14,7 @@ pub mod chain_ops;
 pub mod disk_fork;
 pub mod disk_snapshots;
 pub mod lifecycle;
+pub mod memory_playbook;
 pub mod parallel;
 pub mod registry;
 pub mod sandbox;

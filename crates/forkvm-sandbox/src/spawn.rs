@@ -16,6 +16,7 @@ use forkvm_vmm::phase_timer::thread_cpu_time;
 use forkvm_vmm::vmm::VmmLabels;
 use forkvm_vmm::zygote::{ChildSpec, Owned, Zygote, ZygoteError};
 use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// How long a spawned sandbox's agent may take to answer (emulated guest kernels).
@@ -79,6 +80,8 @@ pub struct SpawnTimings {
     pub host_spawn_cpu_ms: f64,
     /// Until every sandbox answered and was re-identified.
     pub all_ready_ms: f64,
+    /// Pages of the memory playbook replayed (0: none yet for this image).
+    pub memory_prefetch_pages: u64,
 }
 
 /// The last lines of a console log, for error messages.
@@ -190,6 +193,13 @@ pub struct StartedVmms {
     pub host_spawn_ms: f64,
     /// CPU time of the fork loop.
     pub host_spawn_cpu_ms: f64,
+    /// The source image's memory playbook (`crate::memory_playbook`), replayed if it
+    /// existed; [`learn_memory`] records into it.
+    #[serde(default)]
+    pub memory_playbook: Option<PathBuf>,
+    /// Its pages replayed (0: none).
+    #[serde(default)]
+    pub memory_prefetch_pages: u64,
 }
 
 /// Starts one VMM per id from `source` (run directory, optional cgroup, forked from this
@@ -206,7 +216,13 @@ pub fn start_vmms(
         return Err(SpawnError::Count(ids.len()));
     }
     let started = Instant::now();
-    let zygote = Zygote::with_memory(&source.dir, source.memory.as_deref())?;
+    let mut zygote = Zygote::with_memory(&source.dir, source.memory.as_deref())?;
+    let image = source.memory.clone().unwrap_or_else(|| source.dir.join(forkvm_snapshot::MEMORY_IMG));
+    let memory_playbook = crate::memory_playbook::playbook_path(&image);
+    let memory_prefetch_pages = match &memory_playbook {
+        Some(p) if crate::memory_playbook::replay_enabled() => crate::memory_playbook::replay(&mut zygote, p),
+        _ => 0,
+    };
     let cgroups = opts.memory_limit_bytes.map(|_| CgroupRoot::detect()).transpose()?;
     let prepare_ms = started.elapsed().as_secs_f64() * 1e3;
     let forking = Instant::now();
@@ -254,7 +270,19 @@ pub fn start_vmms(
         prepare_ms,
         host_spawn_ms: forking.elapsed().as_secs_f64() * 1e3,
         host_spawn_cpu_ms: (thread_cpu_time() - forking_cpu).as_secs_f64() * 1e3,
+        memory_playbook,
+        memory_prefetch_pages,
     })
+}
+
+/// Teaches the spawn's memory playbook what its first ready sandbox touched (one per
+/// spawn: the children of one image touch the same pages). Best effort: a failure is
+/// logged, the sandboxes stand.
+pub fn learn_memory(playbook: Option<&Path>, ready: &[SpawnedSandbox]) {
+    let (Some(path), Some(first)) = (playbook, ready.first()) else { return };
+    if let Err(e) = crate::memory_playbook::record(&first.record, path) {
+        tracing::warn!(sandbox = %first.record.id, error = %e, "recording the memory playbook failed");
+    }
 }
 
 /// Spawns `n` sandboxes from `source` (see the module doc): [`start_vmms`], then
@@ -272,11 +300,14 @@ pub fn spawn(
     let ids: Vec<String> = (0..n).map(|_| new_sandbox_id()).collect();
     let vmms = start_vmms(registry, source, &ids, opts)?;
     let sandboxes = finish(registry, vmms.records, started)?;
+    let all_ready_ms = started.elapsed().as_secs_f64() * 1e3;
+    learn_memory(vmms.memory_playbook.as_deref(), &sandboxes);
     let timings = SpawnTimings {
         prepare_ms: vmms.prepare_ms,
         host_spawn_ms: vmms.host_spawn_ms,
         host_spawn_cpu_ms: vmms.host_spawn_cpu_ms,
-        all_ready_ms: started.elapsed().as_secs_f64() * 1e3,
+        all_ready_ms,
+        memory_prefetch_pages: vmms.memory_prefetch_pages,
     };
     Ok((sandboxes, timings))
 }

@@ -17,6 +17,7 @@ use crate::control::serve_until_exit;
 use crate::devices::attach::DeviceConfig;
 use crate::devices::serial::ConsoleOut;
 use crate::host::{open_kvm, KvmUnavailable};
+use crate::vstate::memory_playbook::MemoryPrefetch;
 use crate::vstate::vcpu::VcpuExitReason;
 use kvm_ioctls::Kvm;
 use std::fs::{File, OpenOptions};
@@ -193,6 +194,8 @@ impl Owned {
 pub struct Zygote {
     kvm: Kvm,
     snapshot: PreparedSnapshot,
+    /// Memory pages every child faults in ahead of its guest (a memory playbook).
+    memory_prefetch: Option<MemoryPrefetch>,
 }
 
 impl Zygote {
@@ -205,11 +208,19 @@ impl Zygote {
     pub fn with_memory(snapshot_dir: &Path, memory: Option<&Path>) -> Result<Zygote, ZygoteError> {
         let kvm = open_kvm()?;
         let snapshot = prepare_with_memory(snapshot_dir, memory)?;
-        Ok(Zygote { kvm, snapshot })
+        Ok(Zygote { kvm, snapshot, memory_prefetch: None })
     }
 
     pub fn snapshot(&self) -> &PreparedSnapshot {
         &self.snapshot
+    }
+
+    /// Replays a memory playbook (`vstate::memory_playbook`): asks the kernel now to read
+    /// its pages of the image ahead, and has every child spawned from here on map them on
+    /// a background thread as its vCPUs start.
+    pub fn prefetch_memory(&mut self, prefetch: MemoryPrefetch) {
+        prefetch.advise(&self.snapshot.memory);
+        self.memory_prefetch = Some(prefetch).filter(|p| !p.is_empty());
     }
 
     /// Forks one child VMM; returns its pid. The child never returns from this call.
@@ -274,6 +285,10 @@ impl Zygote {
             Err(e) => return fail(format!("restore failed: {e}"), error_log),
         };
         vmm.set_labels(spec.labels.clone());
+        if let Some(p) = &self.memory_prefetch {
+            // Best effort: without the thread the guest faults its pages in itself.
+            let _ = p.populate_in_background(vmm.memory());
+        }
         if let Some(input) = input {
             if let Err(e) = vmm.forward_input(input) {
                 return fail(format!("starting the serial input thread: {e}"), error_log);

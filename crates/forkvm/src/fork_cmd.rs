@@ -237,6 +237,7 @@ fn run_linux(a: &ForkArgs, from: LinuxSource) -> Result<i32> {
         "from": what, "n": a.count, "prepare_ms": round1(timings.prepare_ms),
         "host_spawn_ms": round1(timings.host_spawn_ms), "all_ready_ms": round1(timings.all_ready_ms),
         "source_pause_ms": pause_ms.map(round1), "removed": a.rm, "sandboxes": rows,
+        "memory_prefetch_pages": timings.memory_prefetch_pages,
     });
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);

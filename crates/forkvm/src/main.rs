@@ -9,6 +9,7 @@ mod bench_disk;
 mod bench_disk_fork;
 mod bench_fork;
 mod bench_lazy;
+mod bench_memory;
 mod bench_spawn;
 mod chain_cmd;
 mod daemon_cmd;
@@ -120,6 +121,8 @@ enum BenchCommand {
     LazyRestore(bench_lazy::BenchLazyArgs),
     /// Disk-only fork, restore → first exec: eager vs lazy vs lazy + playbook (guest side).
     DiskFork(bench_disk_fork::BenchDiskForkArgs),
+    /// Spawn → ready → first exec without and with the memory playbook, warm and cold cache.
+    MemoryPrefetch(bench_memory::BenchMemoryArgs),
 }
 
 /// The error and its causes, skipping a cause whose text the message already contains
@@ -157,6 +160,7 @@ fn main() {
         Command::Bench(BenchCommand::DiskSnapshot(a)) => bench_disk::run(a),
         Command::Bench(BenchCommand::LazyRestore(a)) => bench_lazy::run(a),
         Command::Bench(BenchCommand::DiskFork(a)) => bench_disk_fork::run(a),
+        Command::Bench(BenchCommand::MemoryPrefetch(a)) => bench_memory::run(a),
         Command::Run(a) => run_cmd::run(a),
         Command::Snapshot(a) => snapshot_cmd::run(a, remote),
         Command::Ps(a) => sandbox_cmd::ps(a, remote),

@@ -125,6 +125,12 @@ fn a_warm_variable_reaches_every_child_and_changes_stay_private() {
     env.ok(&["branch", &parent, "--tag", "py-shared", "--mode", "live"]);
     let report = env.json(&["fork", "--tag", "py-shared", "-n", "2", "--eval", "shared['items'][-1]", "--json"]);
     assert_eq!(eval_values(&report), ["4", "4"]);
+    // A new image has no memory playbook yet; that spawn taught it the pages its
+    // children touched, and the next spawn faults them in ahead — same state.
+    assert_eq!(report["memory_prefetch_pages"], 0, "{report}");
+    let report = env.json(&["fork", "--tag", "py-shared", "-n", "2", "--eval", "shared['items'][-1]", "--json"]);
+    assert_eq!(eval_values(&report), ["4", "4"]);
+    assert!(report["memory_prefetch_pages"].as_u64().unwrap() > 100, "{report}");
 
     env.ok(&["kill", "--all"]);
     assert!(env.sandboxes().is_empty());

@@ -43,6 +43,11 @@ pub enum Request {
         #[serde(default)]
         finish_recording: bool,
     },
+    /// Merge the guest memory pages this VM has touched since its restore into the
+    /// memory playbook at `path` (`vstate::memory_playbook`).
+    RecordMemoryPlaybook {
+        path: PathBuf,
+    },
     /// Arm a fault for the next branch (only with `FORKVM_FAULT_INJECTION=1`).
     InjectFault {
         point: FaultPoint,

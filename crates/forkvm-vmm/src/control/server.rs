@@ -215,6 +215,10 @@ fn handle(req: Request, vmm: &Mutex<Vmm>) -> Response {
                 .map_err(|e| e.to_string())
                 .and_then(|disks| serde_json::to_value(disks).map_err(|e| e.to_string())),
         ),
+        Request::RecordMemoryPlaybook { path } => json(
+            crate::vstate::memory_playbook::record(vmm.memory(), &path)
+                .and_then(|r| serde_json::to_value(r).map_err(|e| e.to_string())),
+        ),
         Request::Label(labels) => {
             vmm.set_labels(labels);
             json(status(&vmm))

@@ -4,6 +4,7 @@ pub mod emulation;
 pub mod exit;
 pub mod irqchip;
 pub mod memory;
+pub mod memory_playbook;
 pub mod vcpu;
 pub mod vcpu_state;
 pub mod vm;

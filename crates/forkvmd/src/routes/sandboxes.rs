@@ -189,10 +189,11 @@ pub async fn create(
         let rows: Vec<_> = ids.iter().map(|id| new_row(id, "starting", &op, &origin, now_unix())).collect();
         s.db().insert_sandboxes(&rows).map_err(|e| ApiError::internal(e.to_string()))?;
         let order = SpawnOrder { tag: req.snapshot_tag.clone(), ids: ids.clone(), memory_limit_bytes: limit };
-        let made = spawner
-            .start_vmms(&order)
-            .map_err(|r| ApiError::from_code(&r.code, r.message))
-            .and_then(|vmms| forkvm_sandbox::finish(&s.registry, vmms.records, started).map_err(ApiError::from));
+        let made = spawner.start_vmms(&order).map_err(|r| ApiError::from_code(&r.code, r.message)).and_then(|vmms| {
+            let ready = forkvm_sandbox::finish(&s.registry, vmms.records, started).map_err(ApiError::from)?;
+            forkvm_sandbox::spawn::learn_memory(vmms.memory_playbook.as_deref(), &ready);
+            Ok(ready)
+        });
         let infos = settle(&s, "snapshot", started, made, &ids, ttl)?;
         Ok((StatusCode::CREATED, Json(infos)))
     })
