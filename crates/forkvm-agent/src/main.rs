@@ -43,6 +43,14 @@ struct Args {
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 fn main() {
+    // `forkvm-agent --vector-state`: what xstate.rs decides from, as this process sees it
+    // (tests compare it with what PID 1 did).
+    if std::env::args().nth(1).as_deref() == Some("--vector-state") {
+        let (cpu, kernel) = (xstate::cpu_xfeatures(), xstate::kernel_xfeatures());
+        let unsaved = xstate::unsaved(cpu, kernel);
+        println!("cpu={cpu:#x} kernel={} unsaved={unsaved:#x}", kernel.map_or("unknown".into(), |k| format!("{k:#x}")));
+        return;
+    }
     // First, while single-threaded: may re-execute the agent (see xstate.rs).
     let vector_state = xstate::avoid_unsaved_vector_state();
     let pid1 = init::is_pid1();
