@@ -198,11 +198,11 @@ fn one_fork(
         ready_ms: f.sandbox.ready_ms,
         first_exec_ms,
         read_ms,
-        misses_at_ready: at_ready.as_ref().map(|r| r.misses),
-        prefetched_at_ready: at_ready.as_ref().map(|r| r.prefetched_extents),
-        hits_at_ready: at_ready.as_ref().map(|r| r.hits + r.waits),
-        misses_in_execs: after.as_ref().zip(at_ready.as_ref()).map(|(b, a)| b.misses - a.misses),
-        fetched_bytes: after.as_ref().map(|r| r.fetched_bytes),
+        misses_at_ready: at_ready.as_ref().map(|r| r.stats.misses),
+        prefetched_at_ready: at_ready.as_ref().map(|r| r.stats.prefetched_extents),
+        hits_at_ready: at_ready.as_ref().map(|r| r.stats.hits + r.stats.waits),
+        misses_in_execs: after.as_ref().zip(at_ready.as_ref()).map(|(b, a)| b.stats.misses - a.stats.misses),
+        fetched_bytes: after.as_ref().map(|r| r.stats.fetched_bytes),
     };
     forkvm_sandbox::lifecycle::kill_record(registry, &f.sandbox.record)?;
     Ok(run)

@@ -9,6 +9,10 @@
 //! first disk snapshot — which settles the lazy layer into an ordinary one — holds the
 //! source's files (exported and read from the host with `debugfs`).
 
+#[path = "common/disk_image.rs"]
+mod disk_image;
+
+use disk_image::{fsck, read_in_image};
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
@@ -123,22 +127,7 @@ fn a_disk_only_fork_boots_on_the_sources_files_with_a_new_identity_and_diverges(
     );
     let image = env.store.parent().unwrap().join("child-export.img");
     env.ok(&["disk-export", &child, "--seq", &own_seq.to_string(), "--out", image.to_str().unwrap()]);
-    let fsck = Command::new("e2fsck").args(["-fy"]).arg(&image).output().expect("e2fsck (e2fsprogs) runs");
-    assert!(matches!(fsck.status.code(), Some(0 | 1)), "{}", String::from_utf8_lossy(&fsck.stdout));
+    fsck(&image);
     assert_eq!(read_in_image(&image, "/upper/work/kept").as_deref(), Some(&b"kept-by-source\n"[..]));
     assert_eq!(read_in_image(&image, "/upper/work/notes").as_deref(), Some(&b"from-child\n"[..]));
-}
-
-/// The content of `path` (inside the data disk) in `image`, or `None` if it is not there.
-fn read_in_image(image: &std::path::Path, path: &str) -> Option<Vec<u8>> {
-    let dump = image.with_extension("dump");
-    let _ = std::fs::remove_file(&dump);
-    let out = Command::new("debugfs")
-        .arg("-R")
-        .arg(format!("dump {path} {}", dump.display()))
-        .arg(image)
-        .output()
-        .expect("debugfs (e2fsprogs) runs");
-    assert!(out.status.success(), "debugfs: {}", String::from_utf8_lossy(&out.stderr));
-    std::fs::read(&dump).ok()
 }

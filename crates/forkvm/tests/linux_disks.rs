@@ -7,6 +7,10 @@
 //! ext4 image, `e2fsck` replays its journal (a snapshot is a crash-consistent cut), and
 //! `debugfs` reads files from it (the overlay's upper directory is `/upper` there).
 
+#[path = "common/disk_image.rs"]
+mod disk_image;
+
+use disk_image::{fsck, read_in_image};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Instant;
@@ -70,13 +74,7 @@ impl Env {
         let out = self.tmp.path().join(format!("export-{id}-{seq}.img"));
         let _ = std::fs::remove_file(&out);
         self.ok(&["disk-export", id, "--seq", &seq.to_string(), "--out", out.to_str().unwrap()]);
-        let fsck = Command::new("e2fsck").args(["-fy"]).arg(&out).output().expect("e2fsck (e2fsprogs) runs");
-        // 0: clean; 1: errors corrected (the journal replayed). Anything else is damage.
-        assert!(
-            matches!(fsck.status.code(), Some(0 | 1)),
-            "snapshot {seq} is not a sound ext4: {}",
-            String::from_utf8_lossy(&fsck.stdout)
-        );
+        fsck(&out);
         out
     }
 }
@@ -85,20 +83,6 @@ impl Drop for Env {
     fn drop(&mut self) {
         let _ = self.cmd(&["kill", "--all"]);
     }
-}
-
-/// The content of `path` (inside the data disk) in `image`, or `None` if it is not there.
-fn read_in_image(image: &Path, path: &str) -> Option<Vec<u8>> {
-    let dump = image.with_extension("dump");
-    let _ = std::fs::remove_file(&dump);
-    let out = Command::new("debugfs")
-        .arg("-R")
-        .arg(format!("dump {path} {}", dump.display()))
-        .arg(image)
-        .output()
-        .expect("debugfs (e2fsprogs) runs");
-    assert!(out.status.success(), "debugfs: {}", String::from_utf8_lossy(&out.stderr));
-    std::fs::read(&dump).ok()
 }
 
 fn md5(bytes: &[u8]) -> String {

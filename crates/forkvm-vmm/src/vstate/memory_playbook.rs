@@ -170,13 +170,8 @@ pub struct MemoryRecording {
 pub fn record(mem: &GuestMemoryMmap, path: &Path) -> Result<MemoryRecording, String> {
     let pages = touched_pages(mem).map_err(|e| format!("reading /proc/self/pagemap: {e}"))?;
     let size = total_size(mem);
-    let mut book = Playbook::load(path).ok().filter(|b| b.disk_size() == size).unwrap_or_else(|| Playbook::new(size));
     let rec = Recording { touches: pages.iter().map(|&block| Touch { block, at_micros: 0 }).collect() };
-    book.merge_with(&rec, &memory_rule());
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    }
-    book.save(path).map_err(|e| e.to_string())?;
+    let book = Playbook::merge_into_file(path, size, &rec, &memory_rule()).map_err(|e| e.to_string())?;
     Ok(MemoryRecording {
         touched_pages: pages.len() as u64,
         playbook_pages: book.len() as u64,

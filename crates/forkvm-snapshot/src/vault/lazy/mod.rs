@@ -156,8 +156,9 @@ struct Counters {
     persists: AtomicU64,
 }
 
-/// Counters of a [`VaultLayer`] since it was opened.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Counters of a [`VaultLayer`] since it was opened (in JSON, `fetch_time` is
+/// `fetch_ms`, milliseconds).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LazyStats {
     /// Extents in the snapshot's map.
     pub extents: u64,
@@ -182,9 +183,25 @@ pub struct LazyStats {
     /// Fetches that failed (nothing was marked).
     pub fetch_errors: u64,
     /// Time spent fetching (reading, decrypting, writing the cache), summed over threads.
+    #[serde(rename = "fetch_ms", with = "millis")]
     pub fetch_time: Duration,
     /// Bitmap persists.
     pub persists: u64,
+}
+
+/// A duration as fractional milliseconds.
+mod millis {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64() * 1e3)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let ms = f64::deserialize(d)?;
+        Duration::try_from_secs_f64(ms / 1e3).map_err(serde::de::Error::custom)
+    }
 }
 
 /// What [`VaultLayer::seal_cache`] produced: an ordinary sealed layer directory.

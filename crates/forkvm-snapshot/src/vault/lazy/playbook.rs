@@ -248,6 +248,32 @@ impl Playbook {
         File::open(dir).and_then(|d| d.sync_all()).map_err(io("syncing the directory"))
     }
 
+    /// Merges one restore's recording into the playbook file at `path` and saves it:
+    /// the file's playbook when it is one for a `disk_size`-byte disk, else a new one (a
+    /// missing, unreadable or other-size file is replaced: a playbook is only a hint).
+    /// Creates the parent directory. Returns the playbook as saved.
+    pub fn merge_into_file(
+        path: &Path,
+        disk_size: u64,
+        observed: &Recording,
+        rule: &MergeRule,
+    ) -> Result<Playbook, PlaybookError> {
+        let mut book = Playbook::load(path)
+            .ok()
+            .filter(|b| b.disk_size() == disk_size)
+            .unwrap_or_else(|| Playbook::new(disk_size));
+        book.merge_with(observed, rule);
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            fs::create_dir_all(dir).map_err(|source| PlaybookError::Io {
+                step: "creating its directory",
+                path: path.to_path_buf(),
+                source,
+            })?;
+        }
+        book.save(path)?;
+        Ok(book)
+    }
+
     /// Reads and validates the playbook at `path`, refusing files over the size cap
     /// before reading them.
     pub fn load(path: &Path) -> Result<Playbook, PlaybookError> {

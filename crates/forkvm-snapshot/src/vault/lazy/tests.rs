@@ -642,3 +642,21 @@ fn the_benchmark_serves_the_same_bytes_three_ways() {
     assert!(env.vault.pins().unwrap().is_empty());
     assert!(fs::read_dir(&scratch).unwrap().next().is_none(), "the benchmark cleans up");
 }
+
+#[test]
+fn merging_into_a_file_creates_it_learns_and_replaces_what_is_not_a_playbook_for_this_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a/b/p.playbook");
+    let rule = MergeRule::default();
+    let one = Playbook::merge_into_file(&path, 1 << 20, &rec(&[(3, 10), (7, 5)]), &rule).unwrap();
+    assert_eq!((one.runs(), one.len()), (1, 2));
+    let two = Playbook::merge_into_file(&path, 1 << 20, &rec(&[(9, 1)]), &rule).unwrap();
+    assert_eq!((two.runs(), two.len()), (2, 3), "learned on top of the saved one");
+    assert_eq!(Playbook::load(&path).unwrap(), two);
+    // Another disk size, or garbage: a new playbook.
+    let other = Playbook::merge_into_file(&path, 2 << 20, &rec(&[(1, 1)]), &rule).unwrap();
+    assert_eq!((other.runs(), other.len(), other.disk_size()), (1, 1, 2 << 20));
+    fs::write(&path, b"not a playbook").unwrap();
+    let fresh = Playbook::merge_into_file(&path, 2 << 20, &rec(&[(1, 1)]), &rule).unwrap();
+    assert_eq!(fresh.runs(), 1);
+}

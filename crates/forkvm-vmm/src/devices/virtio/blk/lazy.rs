@@ -24,8 +24,8 @@
 
 use super::device::{Backend, Block};
 use super::BlockError;
-use forkvm_snapshot::vault::lazy::{PrefetchReport, Prefetcher};
-use forkvm_snapshot::vault::{Playbook, SandboxKey, Vault, VaultLayer};
+use forkvm_snapshot::vault::lazy::{MergeRule, PrefetchReport, Prefetcher};
+use forkvm_snapshot::vault::{LazyStats, Playbook, SandboxKey, Vault, VaultLayer};
 use forkvm_snapshot::LayerStack;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -139,23 +139,11 @@ pub struct LazyReport {
     /// The snapshot and disk it comes from.
     pub seq: u64,
     pub disk_id: String,
-    /// Extents and blocks in the snapshot, and how many are local.
-    pub extents: u64,
-    pub filled_extents: u64,
-    pub blocks: u64,
-    pub filled_blocks: u64,
-    /// Guest reads that found their extent local, fetched it themselves, or waited
-    /// for a prefetch thread's fetch of it.
-    pub hits: u64,
-    pub misses: u64,
-    pub waits: u64,
-    /// Extents fetched in all, and of those by the prefetch.
-    pub fetched_extents: u64,
-    pub prefetched_extents: u64,
-    pub fetched_bytes: u64,
-    pub fetch_errors: u64,
-    /// Fetch time summed over threads, in milliseconds.
-    pub fetch_ms: f64,
+    /// The lazy layer's counters: guest reads that found their extent local (`hits`),
+    /// fetched it (`misses`) or waited for a prefetch (`waits`); extents fetched, by
+    /// the prefetch too; bytes; fetch time.
+    #[serde(flatten)]
+    pub stats: LazyStats,
     /// Entries of the playbook replayed at start (0: no playbook).
     pub playbook_entries: usize,
     /// Whether the replay has ended.
@@ -192,20 +180,14 @@ impl LazyDisk {
             let rec = self.layer.stop_recording();
             let mut saved = RecordingSaved { touches: rec.touches.len(), saved_to: None, runs: 0, error: None };
             if let Some(path) = &self.playbook {
-                let mut book = Playbook::load(path).unwrap_or_else(|_| Playbook::new(self.layer.size()));
-                if book.disk_size() != self.layer.size() {
-                    book = Playbook::new(self.layer.size());
-                }
-                book.merge(&rec);
-                let made = path.parent().map_or(Ok(()), std::fs::create_dir_all);
-                match made.map_err(|e| e.to_string()).and_then(|()| book.save(path).map_err(|e| e.to_string())) {
-                    Ok(()) => {
+                match Playbook::merge_into_file(path, self.layer.size(), &rec, &MergeRule::default()) {
+                    Ok(book) => {
                         saved.saved_to = Some(path.clone());
                         saved.runs = book.runs();
                     }
                     Err(e) => {
                         tracing::warn!(path = %path.display(), error = %e, "saving the playbook failed");
-                        saved.error = Some(e);
+                        saved.error = Some(e.to_string());
                     }
                 }
             }
@@ -218,22 +200,10 @@ impl LazyDisk {
         if self.prefetcher.as_ref().is_some_and(Prefetcher::is_finished) {
             self.prefetch_report = self.prefetcher.take().map(Prefetcher::wait);
         }
-        let s = self.layer.stats();
         LazyReport {
             seq: self.layer.seq(),
             disk_id: self.layer.disk_id().to_string(),
-            extents: s.extents,
-            filled_extents: s.filled_extents,
-            blocks: s.blocks,
-            filled_blocks: s.filled_blocks,
-            hits: s.hits,
-            misses: s.misses,
-            waits: s.waits,
-            fetched_extents: s.fetched_extents,
-            prefetched_extents: s.prefetched_extents,
-            fetched_bytes: s.fetched_bytes,
-            fetch_errors: s.fetch_errors,
-            fetch_ms: s.fetch_time.as_secs_f64() * 1e3,
+            stats: self.layer.stats(),
             playbook_entries: self.replayed_entries,
             prefetch_done: self.prefetcher.is_none(),
             recording: self.recorded.clone(),

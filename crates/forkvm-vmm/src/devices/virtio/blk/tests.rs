@@ -299,7 +299,11 @@ fn a_lazily_restored_disk_fetches_on_read_learns_a_playbook_and_settles_into_an_
     let block = r.t.device_mut().as_block_mut().unwrap();
     assert!(block.is_lazy());
     let first = block.lazy_report(false).unwrap();
-    assert_eq!((first.filled_blocks, first.playbook_entries, first.misses), (0, 0, 0), "nothing local, no playbook");
+    assert_eq!(
+        (first.stats.filled_blocks, first.playbook_entries, first.stats.misses),
+        (0, 0, 0),
+        "nothing local, no playbook"
+    );
 
     // Reads: the snapshot's sector through the lazy layer, the rest from the base.
     assert_eq!(r.submit(T_IN, 9, &[Desc::w(0x50000, 512)]), (S_OK, 513));
@@ -308,7 +312,7 @@ fn a_lazily_restored_disk_fetches_on_read_learns_a_playbook_and_settles_into_an_
     assert_eq!(r.guest(0x50000, 512), vec![3u8; 512], "not in the snapshot: the base");
     let block = r.t.device_mut().as_block_mut().unwrap();
     let after = block.lazy_report(true).unwrap();
-    assert!(after.misses >= 1 && after.fetched_extents >= 1, "{after:?}");
+    assert!(after.stats.misses >= 1 && after.stats.fetched_extents >= 1, "{after:?}");
     let saved = after.recording.clone().expect("the recording ended");
     assert_eq!((saved.touches, saved.runs, saved.error.as_deref()), (1, 1, None), "{saved:?}");
     assert!(saved.saved_to.as_ref().unwrap().is_file());
@@ -353,7 +357,7 @@ fn a_lazy_restore_replays_the_saved_playbook_so_the_same_reads_hit() {
     r.t = lazy_transport(&r, &lazy_source(dir.path(), &vault, seq, "cache-1", true), &dir.path().join("a"));
     assert_eq!(r.submit(T_IN, 40, &[Desc::w(0x50000, 512)]).0, S_OK);
     let first = r.t.device_mut().as_block_mut().unwrap().lazy_report(true).unwrap();
-    assert_eq!((first.misses, first.recording.unwrap().runs), (1, 1));
+    assert_eq!((first.stats.misses, first.recording.unwrap().runs), (1, 1));
 
     // A second restore without prefetch misses again; one with prefetch finds it local.
     for (cache, prefetch, misses) in [("cache-2", false, 1), ("cache-3", true, 0)] {
@@ -371,7 +375,7 @@ fn a_lazy_restore_replays_the_saved_playbook_so_the_same_reads_hit() {
         assert_eq!(r.submit(T_IN, 40, &[Desc::w(0x50000, 512)]).0, S_OK);
         assert_eq!(r.guest(0x50000, 512), vec![0x5a; 512]);
         let report = r.t.device_mut().as_block_mut().unwrap().lazy_report(false).unwrap();
-        assert_eq!(report.misses, misses, "{cache}: {report:?}");
+        assert_eq!(report.stats.misses, misses, "{cache}: {report:?}");
         assert_eq!(report.playbook_entries, if prefetch { 1 } else { 0 }, "{report:?}");
     }
 }
