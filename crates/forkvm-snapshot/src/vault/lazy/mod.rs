@@ -499,6 +499,13 @@ impl VaultLayer {
         Ok(SealedCache { dir: self.dir.clone(), id: self.id, blocks: bits.count_ones() })
     }
 
+    /// Removes the snapshot's pin without sealing: for a disk that is going away with
+    /// its cache (its VM stops before the cache was completed). Reads keep working
+    /// until retention removes the snapshot. Idempotent.
+    pub fn release(&self) -> Result<(), VaultError> {
+        self.vault.unpin(self.seq, &self.holder)
+    }
+
     fn lock_state(&self) -> MutexGuard<'_, State> {
         // The state is only changed by short, non-panicking updates: a poisoned lock
         // still holds a consistent state.

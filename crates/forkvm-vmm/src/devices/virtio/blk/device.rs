@@ -391,9 +391,15 @@ impl VirtioDevice for Block {
     /// An orderly stop makes a layered disk's writes durable (the guest may not have
     /// flushed); a raw image's writes are in the page cache already.
     fn shutdown(&mut self) {
-        // A VM that stops ends its restore's recording; the replay stops with the layer.
-        let _ = self.lazy_report(true);
-        self.lazy = None;
+        // A VM that stops ends its restore's recording, and its lazy layer stops pinning
+        // the source's snapshot (the run directory, cache included, goes with the VMM).
+        if let Some(layer) = self.lazy.as_ref().map(super::lazy::LazyDisk::layer) {
+            let _ = self.lazy_report(true);
+            self.lazy = None;
+            if let Err(e) = layer.release() {
+                tracing::warn!(error = %e, "releasing the lazy disk's snapshot pin failed");
+            }
+        }
         if let Backend::Layered(stack) = &mut self.disk.backend {
             if let Err(e) = stack.flush() {
                 tracing::warn!(error = %e, "flushing the layered disk at shutdown failed");

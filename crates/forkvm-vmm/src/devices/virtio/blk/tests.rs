@@ -359,6 +359,18 @@ fn a_lazy_restore_replays_the_saved_playbook_so_the_same_reads_hit() {
     let first = r.t.device_mut().as_block_mut().unwrap().lazy_report(true).unwrap();
     assert_eq!((first.stats.misses, first.recording.unwrap().runs), (1, 1));
 
+    // A stopped VM's lazy layer no longer pins the snapshot.
+    let pinned = || {
+        forkvm_snapshot::vault::Vault::open(&vault, forkvm_snapshot::vault::SandboxKey::from_bytes([7; 32]))
+            .unwrap()
+            .pins()
+            .unwrap()
+            .len()
+    };
+    assert_eq!(pinned(), 1);
+    r.t.device_mut().shutdown();
+    assert_eq!(pinned(), 0, "released at shutdown");
+
     // A second restore without prefetch misses again; one with prefetch finds it local.
     for (cache, prefetch, misses) in [("cache-2", false, 1), ("cache-3", true, 0)] {
         r.t = lazy_transport(
