@@ -528,6 +528,21 @@ pub struct DiskForkRequest {
     /// As [`CreateSandboxRequest::ttl_seconds`].
     #[serde(default)]
     pub ttl_seconds: Option<u64>,
+    /// How the disk is restored (default: `lazy_playbook`).
+    #[serde(default)]
+    pub restore: Option<DiskRestoreMode>,
+}
+
+/// forkvm: how a disk-only fork restores its disk from the snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DiskRestoreMode {
+    /// Decrypt the whole snapshot before the VM starts.
+    Eager,
+    /// Start at once; fetch and decrypt each block on its first read.
+    Lazy,
+    /// As `lazy`, and replay the template's prefetch playbook right after start.
+    LazyPlaybook,
 }
 
 /// forkvm: `POST /v1/sandboxes/{id}/ttl`: archive the sandbox `ttl_seconds` from now

@@ -54,6 +54,8 @@ pub enum Order {
         seq: Option<u64>,
         id: String,
         memory_limit_bytes: Option<u64>,
+        #[serde(default)]
+        restore: forkvm_sandbox::disk_fork::DiskRestore,
     },
 }
 
@@ -126,8 +128,9 @@ impl Spawner {
         seq: Option<u64>,
         id: &str,
         memory_limit_bytes: Option<u64>,
+        restore: forkvm_sandbox::disk_fork::DiskRestore,
     ) -> Result<SandboxRecord, SpawnRefused> {
-        let order = Order::DiskFork { source: source.into(), seq, id: id.into(), memory_limit_bytes };
+        let order = Order::DiskFork { source: source.into(), seq, id: id.into(), memory_limit_bytes, restore };
         match self.ask(&order)? {
             Answer::Booting(r) => Ok(r),
             other => Err(self.unexpected(&other)),
@@ -204,10 +207,10 @@ fn execute(order: &Order, registry: &Registry, store: &Store) -> Answer {
                 Err(e) => refused(e.code(), e.to_string()),
             }
         }
-        Order::DiskFork { source, seq, id, memory_limit_bytes } => {
+        Order::DiskFork { source, seq, id, memory_limit_bytes, restore } => {
             let opts = SpawnOptions { memory_limit_bytes: *memory_limit_bytes };
-            let restore = forkvm_sandbox::disk_fork::DiskRestore::default();
-            return match forkvm_sandbox::disk_fork::start_disk_fork(registry, store, source, *seq, id, restore, &opts) {
+            return match forkvm_sandbox::disk_fork::start_disk_fork(registry, store, source, *seq, id, *restore, &opts)
+            {
                 Ok(r) => Answer::Booting(r.record),
                 Err(e) => refused(e.code(), e.to_string()),
             };

@@ -198,6 +198,7 @@ async fn malformed_json_and_unknown_fields_are_400_with_a_message() {
         ("/v1/sandboxes/nope/restore", r#"{"ttl_seconds":999999999999}"#),
         ("/v1/sandboxes/nope/disk-fork", r#"{"seq":"newest"}"#),
         ("/v1/sandboxes/nope/disk-fork", r#"{"memory_limit_mib":0}"#),
+        ("/v1/sandboxes/nope/disk-fork", r#"{"restore":"fast"}"#),
         ("/v1/sandboxes/bad.id/archive", ""),
         ("/v1/sandboxes/bad.id/restore", ""),
         ("/v1/sandboxes/bad.id/disk-fork", ""),

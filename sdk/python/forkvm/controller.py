@@ -437,13 +437,16 @@ class Controller:
         *,
         memory_limit_mib: Optional[int] = None,
         ttl_seconds: Optional[int] = None,
+        restore: Optional[str] = None,
         timeout: Optional[float] = 900.0,
     ) -> SandboxInfo:
         """``POST /v1/sandboxes/{id}/disk-fork``: a new sandbox cold-booted on disk
         snapshot ``seq`` (default: the newest) of ``sandbox_id`` (running, archived or
-        gone). The guest boots, so this is long (about a minute on PVM hosts)."""
+        gone). The guest boots, so this is long (about a minute on PVM hosts).
+        ``restore``: ``"lazy_playbook"`` (the daemon's default), ``"lazy"`` or ``"eager"``."""
         body: Dict[str, Any] = {}
-        for name, value in (("seq", seq), ("memory_limit_mib", memory_limit_mib), ("ttl_seconds", ttl_seconds)):
+        values = (("seq", seq), ("memory_limit_mib", memory_limit_mib), ("ttl_seconds", ttl_seconds), ("restore", restore))
+        for name, value in values:
             if value is not None:
                 body[name] = value
         resp = self._request("POST", _sb(sandbox_id, "disk-fork"), json=body, timeout=timeout)

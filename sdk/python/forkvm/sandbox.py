@@ -245,10 +245,13 @@ class Sandbox:
         self._info = self._controller.set_ttl(self.id, ttl_seconds)
         return self._info
 
-    def disk_fork(self, seq: Optional[int] = None, *, memory_limit_mib: Optional[int] = None) -> "Sandbox":
+    def disk_fork(
+        self, seq: Optional[int] = None, *, memory_limit_mib: Optional[int] = None, restore: Optional[str] = None
+    ) -> "Sandbox":
         """A new sandbox cold-booted on one of this sandbox's disk snapshots (its files,
-        none of its processes). Long: the guest boots."""
-        info = self._controller.disk_fork(self.id, seq, memory_limit_mib=memory_limit_mib)
+        none of its processes). Long: the guest boots. ``restore`` as in
+        :meth:`Controller.disk_fork`."""
+        info = self._controller.disk_fork(self.id, seq, memory_limit_mib=memory_limit_mib, restore=restore)
         if self._owns_controller:
             return Sandbox(info, self._controller.clone(), owns_controller=True)
         return Sandbox(info, self._controller)

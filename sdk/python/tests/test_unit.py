@@ -753,6 +753,8 @@ def test_lifecycle_over_fake_server(server: TcpServer, client: Controller) -> No
     child = sb.disk_fork(seq=2)
     assert child.id == "new" and child.info.forked_from == "sb"
     assert json.loads(server.requests[-1][3]) == {"seq": 2}
+    sb.disk_fork(restore="eager")
+    assert json.loads(server.requests[-1][3]) == {"restore": "eager"}
     server.routes[("POST", "/v1/sandboxes")] = _json_reply(201, [SANDBOX])
     client.spawn_sandboxes("py", ttl_seconds=30)
     assert json.loads(server.requests[-1][3]) == {"snapshot_tag": "py", "n": 1, "ttl_seconds": 30}

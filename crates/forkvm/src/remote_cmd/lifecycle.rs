@@ -5,7 +5,7 @@ use super::{RemoteArgs, Spinner};
 use crate::archive_cmd::{ArchiveArgs, ArchivesArgs, TtlArgs, UnarchiveArgs};
 use crate::disk_cmd::DiskForkArgs;
 use anyhow::Result;
-use forkvm_client::api::{DiskForkRequest, RestoreRequest};
+use forkvm_client::api::{DiskForkRequest, DiskRestoreMode, RestoreRequest};
 
 pub fn archive(a: &ArchiveArgs, remote: &RemoteArgs) -> Result<Option<i32>> {
     let Some(client) = remote.client()? else { return Ok(None) };
@@ -52,11 +52,14 @@ pub fn archives(a: &ArchivesArgs, remote: &RemoteArgs) -> Result<Option<i32>> {
 
 pub fn disk_fork(a: &DiskForkArgs, remote: &RemoteArgs) -> Result<Option<i32>> {
     let Some(client) = remote.client()? else { return Ok(None) };
-    if a.restore != crate::disk_cmd::RestoreArg::LazyPlaybook {
-        anyhow::bail!("--restore is not part of the REST API yet: the daemon always restores lazily with the playbook");
-    }
     let started = std::time::Instant::now();
-    let req = DiskForkRequest { seq: a.seq, memory_limit_mib: a.mem_limit_mib, ttl_seconds: None };
+    let restore = match a.restore {
+        crate::disk_cmd::RestoreArg::Eager => DiskRestoreMode::Eager,
+        crate::disk_cmd::RestoreArg::Lazy => DiskRestoreMode::Lazy,
+        crate::disk_cmd::RestoreArg::LazyPlaybook => DiskRestoreMode::LazyPlaybook,
+    };
+    let req =
+        DiskForkRequest { seq: a.seq, memory_limit_mib: a.mem_limit_mib, ttl_seconds: None, restore: Some(restore) };
     let s = {
         let _spinner = Spinner::start(format!("booting a new sandbox on {}'s disk", a.id));
         client.disk_fork(&a.id, &req)?

@@ -286,7 +286,7 @@ pub async fn disk_fork(
         let row = new_row(&new_id, "starting", &op_id("disk-fork"), &origin, now_unix());
         s.db().insert_sandboxes(&[row]).map_err(|e| ApiError::internal(e.to_string()))?;
         let made = spawner
-            .start_disk_fork(&id, req.seq, &new_id, limit)
+            .start_disk_fork(&id, req.seq, &new_id, limit, restore_mode(req.restore))
             .map_err(|r| crate::spawner::refused(r, "conflict"))
             .and_then(|record| {
                 let timeout = forkvm_sandbox::template_snapshot::BOOT_TIMEOUT;
@@ -305,4 +305,15 @@ pub async fn disk_fork(
         Ok((StatusCode::CREATED, Json(infos.remove(0))))
     })
     .await
+}
+
+/// The library's restore mode for the API's (absent: lazy with the playbook).
+fn restore_mode(m: Option<forkvm_api::DiskRestoreMode>) -> forkvm_sandbox::disk_fork::DiskRestore {
+    use forkvm_api::DiskRestoreMode as Api;
+    use forkvm_sandbox::disk_fork::DiskRestore;
+    match m {
+        Some(Api::Eager) => DiskRestore::Eager,
+        Some(Api::Lazy) => DiskRestore::Lazy,
+        Some(Api::LazyPlaybook) | None => DiskRestore::LazyPlaybook,
+    }
 }
