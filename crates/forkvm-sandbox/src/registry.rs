@@ -237,6 +237,30 @@ impl Registry {
         removed
     }
 
+    /// Abandons sandbox `id` whose spawner died before writing its record (a daemon
+    /// restarting after a kill mid-spawn): asks a VMM that may already serve its control
+    /// socket to stop, then removes the run directory. Does nothing to a sandbox with a
+    /// record (use `lifecycle::kill_record`) or an invalid id.
+    pub fn abandon_unrecorded(&self, id: &str) {
+        if !valid_id(id) {
+            return;
+        }
+        let dir = self.sandboxes_dir().join(id);
+        if self.read(&dir).is_some() {
+            return;
+        }
+        let socket = dir.join("control.sock");
+        if let Ok(mut c) = forkvm_vmm::control::ControlClient::connect(&socket) {
+            let _ = c.call(&forkvm_vmm::control::Request::Shutdown {});
+            // A VMM that stops cleanly removes its run directory itself.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while dir.exists() && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// Removes a dead sandbox's run directory and cgroup.
     pub fn clean_up(&self, r: &SandboxRecord) {
         let _ = std::fs::remove_dir_all(&r.run_dir);

@@ -80,8 +80,12 @@ pub fn reconcile(s: &AppState) -> (Reconciled, Vec<(String, String)>) {
                 out.archived.push(row.id.clone());
             }
             ("starting", rec) => {
-                if let Some(r) = rec {
-                    let _ = forkvm_sandbox::kill_record(&s.registry, &r);
+                match rec {
+                    Some(r) => {
+                        let _ = forkvm_sandbox::kill_record(&s.registry, &r);
+                    }
+                    // The spawner died between making its run directory and its record.
+                    None => s.registry.abandon_unrecorded(&row.id),
                 }
                 out.interrupted.push(row.id.clone());
                 drop_ids.push(row.id.clone());
