@@ -475,5 +475,5 @@ fn lifecycle_calls() {
     let req = forkvm_api::DiskForkRequest { seq: Some(2), ..Default::default() };
     assert_eq!(client.disk_fork("sb-1", &req).unwrap().id, "sb-new");
     assert_eq!(server.last().target, "/v1/sandboxes/sb-1/disk-fork");
-    assert_eq!(server.last().json(), json!({"seq": 2, "memory_limit_mib": null, "ttl_seconds": null}));
+    assert_eq!(server.last().json(), json!({"seq": 2, "memory_limit_mib": null, "ttl_seconds": null, "restore": null}));
 }
