@@ -26,7 +26,7 @@
 
 use crate::artifacts::{Artifacts, ArtifactsError};
 use crate::disk_snapshots::{base_key, keys_dir, open_vault, read_owner, vault_dir, DiskSnapshotError};
-use crate::lifecycle::{call, LifecycleError};
+use crate::lifecycle::{call_as, LifecycleError};
 use crate::registry::{now_unix_ms, Registry, SandboxRecord};
 use crate::sandbox::new_sandbox_id;
 use crate::source::DATA_DISK_ID;
@@ -158,9 +158,7 @@ pub fn end_restore_recording(record: &SandboxRecord) -> Result<Vec<LazyDisk>, Li
 /// A running sandbox's lazy disks' counters; `finish_recording` as in
 /// [`end_restore_recording`].
 pub fn lazy_disks(record: &SandboxRecord, finish_recording: bool) -> Result<Vec<LazyDisk>, LifecycleError> {
-    let answer = call(record, &Request::LazyDisks { finish_recording })?;
-    serde_json::from_value(answer)
-        .map_err(|e| LifecycleError::BadAnswer { id: record.id.clone(), detail: e.to_string() })
+    call_as(record, &Request::LazyDisks { finish_recording })
 }
 
 /// Where the playbook of `template`'s disk `disk_id` lives in `store`.

@@ -66,6 +66,12 @@ pub(crate) fn call(r: &SandboxRecord, req: &Request) -> Result<serde_json::Value
     control(r)?.call(req).map_err(|source| LifecycleError::Control { id: r.id.clone(), source })
 }
 
+/// [`call`], with the answer parsed as `T`.
+pub(crate) fn call_as<T: serde::de::DeserializeOwned>(r: &SandboxRecord, req: &Request) -> Result<T, LifecycleError> {
+    serde_json::from_value(call(r, req)?)
+        .map_err(|e| LifecycleError::BadAnswer { id: r.id.clone(), detail: e.to_string() })
+}
+
 /// Snapshots running sandbox `id` under `tag` (default `branch-<id>-<seq>`) in `store`.
 pub fn branch(
     registry: &Registry,
@@ -91,8 +97,7 @@ pub fn branch_to_dir(
     let r = registry.get(id)?;
     // The VMM checks the tag (rule, collision) before it pauses anything.
     let req = Request::Branch(BranchRequest { store: dir.to_path_buf(), tag: tag.map(String::from), mode, wait });
-    let v = call(&r, &req)?;
-    serde_json::from_value(v).map_err(|e| LifecycleError::BadAnswer { id: id.to_string(), detail: e.to_string() })
+    call_as(&r, &req)
 }
 
 /// Forks running sandbox `id` into `n` new sandboxes, without a disk round trip; each is
@@ -149,10 +154,7 @@ pub fn fork_running_as(
         });
         records.push(record);
     }
-    let answer = call(&source, &Request::Fork { children });
-    let report: ForkReport = match answer.and_then(|v| {
-        serde_json::from_value(v).map_err(|e| LifecycleError::BadAnswer { id: id.to_string(), detail: e.to_string() })
-    }) {
+    let report: ForkReport = match call_as(&source, &Request::Fork { children }) {
         Ok(r) => r,
         Err(e) => {
             for r in &records {

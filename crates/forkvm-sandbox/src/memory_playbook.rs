@@ -8,7 +8,7 @@
 //! new one. Playbooks live in the cache (`$FORKVM_CACHE/playbooks/memory-<key>.playbook`):
 //! deleting them only loses the head start, and the next spawns learn it again.
 
-use crate::lifecycle::{call, LifecycleError};
+use crate::lifecycle::{call_as, LifecycleError};
 use crate::registry::SandboxRecord;
 use forkvm_snapshot::vault::Playbook;
 use forkvm_vmm::control::Request;
@@ -46,7 +46,5 @@ pub fn replay(zygote: &mut Zygote, path: &Path) -> u64 {
 
 /// Merges what sandbox `record` touched since its restore into the playbook at `path`.
 pub fn record(record: &SandboxRecord, path: &Path) -> Result<MemoryRecording, LifecycleError> {
-    let answer = call(record, &Request::RecordMemoryPlaybook { path: path.to_path_buf() })?;
-    serde_json::from_value(answer)
-        .map_err(|e| LifecycleError::BadAnswer { id: record.id.clone(), detail: e.to_string() })
+    call_as(record, &Request::RecordMemoryPlaybook { path: path.to_path_buf() })
 }

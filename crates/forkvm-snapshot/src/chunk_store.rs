@@ -347,14 +347,7 @@ impl ChunkStore {
     fn lock(&self, op: libc::c_int) -> Result<ChunkLock, ChunkError> {
         fs::create_dir_all(&self.dir).map_err(io_err("create chunks directory", &self.dir))?;
         let path = self.dir.join(LOCK_FILE);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(io_err("open chunk lock file", &path))?;
-        crate::flock::flock(&file, op).map_err(io_err("flock chunk lock file", &path))?;
+        let file = crate::flock::lock_file(&path, op).map_err(io_err("lock chunk lock file", &path))?;
         Ok(ChunkLock { _file: file })
     }
 

@@ -14,7 +14,7 @@
 //! The library spawn forks this process, so it must be single-threaded then: the bench
 //! checks that, and runs the library phase first in each round.
 
-use crate::bench_fork::{machine, median};
+use crate::bench_fork::{machine, median, r2};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use forkvm_client::api::{CreateSandboxRequest, ExecRequest};
@@ -44,10 +44,6 @@ pub struct BenchApiArgs {
     /// Print JSON only.
     #[arg(long)]
     pub json: bool,
-}
-
-fn r2(x: f64) -> f64 {
-    (x * 100.0).round() / 100.0
 }
 
 /// The q-quantile (nearest rank) of `v`.

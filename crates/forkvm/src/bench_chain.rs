@@ -17,7 +17,7 @@
 //! bytes on disk of the chain's links against the same states kept as whole images, and
 //! `pack`/`unpack` throughput of the whole chain (unpacked into an empty store).
 
-use crate::bench_fork::{machine, median};
+use crate::bench_fork::{machine, median, r2};
 use anyhow::{Context, Result};
 use clap::Args;
 use forkvm_sandbox::source::assembled_cache;
@@ -44,10 +44,6 @@ pub struct BenchChainArgs {
     /// Print JSON only.
     #[arg(long)]
     pub json: bool,
-}
-
-fn r2(x: f64) -> f64 {
-    (x * 100.0).round() / 100.0
 }
 
 /// One spawn's measurements, ms.

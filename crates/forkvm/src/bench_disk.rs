@@ -12,7 +12,7 @@
 //! disk requests wait under the device lock), the vault write, bytes written, and the
 //! share of a 60 s interval the snapshot takes on one core.
 
-use crate::bench_fork::{machine, median};
+use crate::bench_fork::{machine, median, r2};
 use anyhow::{Context, Result};
 use clap::Args;
 use forkvm_snapshot::vault::{DiskInput, RetentionPolicy, SandboxKey, Vault};
@@ -41,7 +41,7 @@ pub struct BenchDiskArgs {
 }
 
 /// xorshift64*: incompressible bytes without a dependency.
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -50,16 +50,12 @@ impl Rng {
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
-    fn fill(&mut self, buf: &mut [u8]) {
+    pub(crate) fn fill(&mut self, buf: &mut [u8]) {
         for c in buf.chunks_mut(8) {
             let v = self.next().to_le_bytes();
             c.copy_from_slice(&v[..c.len()]);
         }
     }
-}
-
-fn r2(x: f64) -> f64 {
-    (x * 100.0).round() / 100.0
 }
 
 /// Runs `measure` in a fresh directory `<dir or temp>/forkvm-bench-<name>-<pid>`, removed

@@ -22,8 +22,8 @@
 //! PVM hosts (about a minute here) and dwarfs the restore; the host restore time and
 //! the fetch counts are what carry over to hardware-virtualised hosts.
 
-use crate::bench_disk::in_scratch_dir;
-use crate::bench_fork::{machine, median};
+use crate::bench_disk::{in_scratch_dir, Rng};
+use crate::bench_fork::{machine, median, r2};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use forkvm_proto::ExecRequest;
@@ -230,17 +230,11 @@ fn make_source(a: &BenchDiskForkArgs, artifacts: &Artifacts, store: &Store, id: 
     }
     let files = root.join("files");
     std::fs::create_dir_all(&files)?;
-    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let mut random = |len: u64| -> Vec<u8> {
-        (0..len / 8 + 1)
-            .flat_map(|_| {
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
-                rng.to_le_bytes()
-            })
-            .take(len as usize)
-            .collect()
+        let mut buf = vec![0u8; len as usize];
+        rng.fill(&mut buf);
+        buf
     };
     let mut cmds = String::from("mkdir upper\nmkdir upper/bench\nmkdir upper/bench/lib\n");
     std::fs::write(files.join("hello"), HELLO)?;
@@ -317,8 +311,4 @@ fn diff_into_layer(base: &Path, image: &Path, layer: &Path) -> Result<u64> {
     }
     builder.finish()?;
     Ok(taken)
-}
-
-fn r2(x: f64) -> f64 {
-    (x * 100.0).round() / 100.0
 }

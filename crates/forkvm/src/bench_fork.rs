@@ -154,6 +154,11 @@ fn kill_all(pids: &[i32]) {
     }
 }
 
+/// `x` rounded to two decimals, for reports.
+pub fn r2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
 pub fn median(values: &mut [f64]) -> f64 {
     if values.is_empty() {
         return 0.0;

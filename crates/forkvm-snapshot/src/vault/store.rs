@@ -12,7 +12,7 @@ use super::{io_err, validate_name, FaultPoint, SandboxKey, VaultError};
 use crate::chunk_store::ChunkId;
 use crate::layered_disk::{blocks_for, Layer, LayerId, BLOCK_SIZE, DATA_FILE};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -133,14 +133,7 @@ impl Vault {
 
     pub(crate) fn lock(&self, op: libc::c_int) -> Result<VaultLock, VaultError> {
         let path = self.root.join(LOCK_FILE);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(io_err("opening lock file", &path))?;
-        crate::flock::flock(&file, op).map_err(io_err("locking", &path))?;
+        let file = crate::flock::lock_file(&path, op).map_err(io_err("locking", &path))?;
         Ok(VaultLock(file))
     }
 

@@ -18,7 +18,7 @@
 //! order, so the playbook is in image order, which is also the order readahead likes.
 //! The file format is the disk playbook's ([`Playbook`], one entry per 4 KiB page).
 
-use super::memory::image_offsets;
+use super::memory::{image_offsets, total_size};
 use forkvm_snapshot::vault::lazy::{Recording, Touch};
 use forkvm_snapshot::vault::Playbook;
 use serde::{Deserialize, Serialize};
@@ -116,10 +116,6 @@ impl MemoryPrefetch {
         }
         out
     }
-}
-
-fn total_size(mem: &GuestMemoryMmap) -> u64 {
-    mem.iter().map(|r| r.len()).sum()
 }
 
 /// Ascending pages as (first, count) runs.
