@@ -96,7 +96,13 @@ pub fn branch_to_dir(
 ) -> Result<BranchReport, LifecycleError> {
     let r = registry.get(id)?;
     // The VMM checks the tag (rule, collision) before it pauses anything.
-    let req = Request::Branch(BranchRequest { store: dir.to_path_buf(), tag: tag.map(String::from), mode, wait });
+    let req = Request::Branch(BranchRequest {
+        store: dir.to_path_buf(),
+        tag: tag.map(String::from),
+        mode,
+        wait,
+        disks: Default::default(),
+    });
     call_as(&r, &req)
 }
 
@@ -206,12 +212,10 @@ pub fn kill_record(registry: &Registry, r: &SandboxRecord) -> Result<(), Lifecyc
     // The VMM removes both when it stops cleanly; after SIGKILL it could not.
     registry.clean_up(r);
     if let Some(dir) = archive {
-        std::fs::remove_dir_all(&dir)
-            .or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) })
-            .map_err(|e| LifecycleError::BadAnswer {
-                id: r.id.clone(),
-                detail: format!("removing its archive {}: {e}", dir.display()),
-            })?;
+        crate::archive::format::remove_linked(&dir).map_err(|e| LifecycleError::BadAnswer {
+            id: r.id.clone(),
+            detail: format!("removing its archive {}: {e}", dir.display()),
+        })?;
     }
     Ok(())
 }

@@ -9,6 +9,7 @@ use crate::template_snapshot::{TemplateSnapshot, GUEST_CID};
 use forkvm_snapshot::chain::{self, AssembleStats, AssembledCache, Chain, ChainError};
 use forkvm_snapshot::{DevicesMeta, DiskMeta, SnapshotMeta, Store, StoreError, DISK_DIR};
 use forkvm_vmm::devices::attach::{BlockConfig, DeviceConfig, LayeredConfig, VsockConfig};
+use forkvm_vmm::devices::virtio::blk::LazySource;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +51,22 @@ pub struct SpawnSource {
     pub chain_depth: usize,
     /// What assembling the chain cost, when this call assembled it (first spawn).
     pub assembled: Option<AssembleStats>,
+    /// Layered disks whose lower layers come from a vault snapshot (an archive), not
+    /// from the directory. Only for a single-sandbox restore: each names one cache.
+    pub vault_lowers: Vec<VaultLower>,
+}
+
+/// A layered disk a restore rebuilds from a vault snapshot instead of reading its
+/// sealed layers from the snapshot directory: an archived sandbox's data disk, whose
+/// layers went into the vault encrypted.
+#[derive(Debug, Clone)]
+pub struct VaultLower {
+    /// The disk's position among the VM's block devices.
+    pub index: usize,
+    /// The snapshot, served lazily.
+    pub source: LazySource,
+    /// The saved sealed layer ids it stands for (the directory's `layers` of the disk).
+    pub replaces: Vec<String>,
 }
 
 /// The cache of assembled chain images, under the artefact cache.
@@ -74,6 +91,7 @@ impl SpawnSource {
             memory,
             chain_depth: chain.depth(),
             assembled,
+            vault_lowers: Vec::new(),
         })
     }
 
@@ -98,6 +116,7 @@ impl SpawnSource {
             memory: None,
             chain_depth: 0,
             assembled: None,
+            vault_lowers: Vec::new(),
         })
     }
 
@@ -126,7 +145,16 @@ impl SpawnSource {
         // The snapshot holds its disks (hard links of the root image and the data disk's
         // base and layers), recorded as the VM had them.
         let devices = meta.devices.clone().ok_or_else(|| SourceError::NoDevices(t.dir.clone()))?;
-        Ok(SpawnSource { dir: t.dir.clone(), tag: None, meta, devices, memory: None, chain_depth: 0, assembled: None })
+        Ok(SpawnSource {
+            dir: t.dir.clone(),
+            tag: None,
+            meta,
+            devices,
+            memory: None,
+            chain_depth: 0,
+            assembled: None,
+            vault_lowers: Vec::new(),
+        })
     }
 
     /// The template the snapshot was made from, if known.
@@ -150,10 +178,22 @@ impl SpawnSource {
                     path: self.disk_path(d),
                     read_only: d.read_only,
                     id: d.id.clone(),
-                    layers: d.layers.as_ref().map(|_| LayeredConfig {
-                        sealed: d.layer_dirs(&disk_files),
-                        dir: disk_dir.join(format!("disk{i}")),
-                        lazy: None,
+                    layers: d.layers.as_ref().map(|_| {
+                        let dir = disk_dir.join(format!("disk{i}"));
+                        match self.vault_lowers.iter().find(|v| v.index == i) {
+                            Some(v) => LayeredConfig {
+                                sealed: Vec::new(),
+                                dir,
+                                lazy: Some(Box::new(v.source.clone())),
+                                replaces: v.replaces.clone(),
+                            },
+                            None => LayeredConfig {
+                                sealed: d.layer_dirs(&disk_files),
+                                dir,
+                                lazy: None,
+                                replaces: Vec::new(),
+                            },
+                        }
                     }),
                 })
                 .collect(),

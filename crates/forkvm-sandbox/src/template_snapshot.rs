@@ -107,7 +107,12 @@ pub(crate) fn boot_devices(
                 path: a.scratch.clone(),
                 read_only: false,
                 id: DATA_DISK_ID.into(),
-                layers: Some(LayeredConfig { sealed, dir: disk_dir.join("disk1"), lazy: lazy.map(Box::new) }),
+                layers: Some(LayeredConfig {
+                    sealed,
+                    dir: disk_dir.join("disk1"),
+                    lazy: lazy.map(Box::new),
+                    replaces: Vec::new(),
+                }),
             },
         ],
     }

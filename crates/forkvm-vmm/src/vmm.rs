@@ -6,7 +6,7 @@ pub mod disks;
 pub mod fault;
 mod fork_running;
 
-pub use branch::{BranchError, BranchMode, BranchReport, BranchRequest, PendingBranch};
+pub use branch::{BranchError, BranchMode, BranchReport, BranchRequest, DiskCapture, PendingBranch};
 pub use fork_running::{ForkChild, ForkReport, ForkRunningError};
 
 use crate::arch::x86_64::cpuid::CpuTemplate;
@@ -377,7 +377,8 @@ impl Vmm {
         forkvm_snapshot::validate_tag(&tag)?;
         let was_running = self.state == RunState::Running;
         self.pause()?;
-        let result = self.write_full(dir, &tag, None, &mut crate::phase_timer::PhaseTimer::new());
+        let result =
+            self.write_full(dir, &tag, None, branch::DiskCapture::Link, &mut crate::phase_timer::PhaseTimer::new());
         let paused_for = started.elapsed();
         if was_running {
             self.resume()?;

@@ -19,7 +19,7 @@ use vm_memory::{Bytes, GuestAddress};
 const STEPS: u64 = 600_000_000;
 
 fn request(store: &Path, tag: Option<&str>, mode: BranchMode) -> BranchRequest {
-    BranchRequest { store: store.to_path_buf(), tag: tag.map(Into::into), mode, wait: true }
+    BranchRequest { store: store.to_path_buf(), tag: tag.map(Into::into), mode, wait: true, disks: Default::default() }
 }
 
 fn counter(vmm: &Vmm) -> u64 {

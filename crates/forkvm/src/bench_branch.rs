@@ -127,7 +127,13 @@ fn one_config(store: &Path, mem_mib: u64, mode: BranchMode, runs: usize, gap: Du
         huge_kib.push(anon_huge_kib());
         let started = Instant::now();
         let r = vmm
-            .branch(&BranchRequest { store: store.to_path_buf(), tag: Some(tag), mode, wait })
+            .branch(&BranchRequest {
+                store: store.to_path_buf(),
+                tag: Some(tag),
+                mode,
+                wait,
+                disks: Default::default(),
+            })
             .with_context(|| format!("branch {i} of {mem_mib} MiB ({mode:?})"))?;
         if mode == BranchMode::Live {
             wait_ready(&r.dir)?;

@@ -113,8 +113,18 @@ pub fn kill(a: KillArgs, remote: &RemoteArgs) -> Result<i32> {
     if ids.is_empty() && !a.all {
         bail!("name the sandboxes to kill, or --all");
     }
+    let store = Store::open_default();
     for id in ids {
-        forkvm_sandbox::kill(&registry, &id)?;
+        match forkvm_sandbox::kill(&registry, &id) {
+            // Not running but archived: kill deletes the archive (the only destructive verb).
+            Err(forkvm_sandbox::LifecycleError::Registry(forkvm_sandbox::RegistryError::NotFound(_)))
+                if forkvm_sandbox::archive::has_archive(&store, &id) =>
+            {
+                forkvm_sandbox::archive::format::remove_all(&store, &id)
+                    .map_err(|e| anyhow::anyhow!("removing the archive of {id}: {e}"))?;
+            }
+            other => other?,
+        }
     }
     Ok(0)
 }

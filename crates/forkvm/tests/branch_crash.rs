@@ -52,8 +52,13 @@ fn a_crash_while_writing_leaves_no_ready_snapshot() {
     let snapshots = store.ensure().unwrap();
     let (mut vmm, mut ctl) = start_vmm(tmp.path(), true);
     ctl.call(&Request::InjectFault { point: FaultPoint::StallWriter }).unwrap();
-    let req =
-        BranchRequest { store: snapshots.clone(), tag: Some("doomed".into()), mode: BranchMode::Live, wait: false };
+    let req = BranchRequest {
+        store: snapshots.clone(),
+        tag: Some("doomed".into()),
+        mode: BranchMode::Live,
+        wait: false,
+        disks: Default::default(),
+    };
     let report = ctl.call(&Request::Branch(req)).unwrap();
     assert_eq!(report["status"], "writing");
     // The tag is taken and cannot be forked while it is written.
@@ -78,7 +83,13 @@ fn a_waited_live_branch_does_not_block_other_requests() {
     ctl.call(&Request::InjectFault { point: FaultPoint::StallWriter }).unwrap();
     let socket = tmp.path().join("vmm.sock");
     let waiter = std::thread::spawn(move || {
-        let req = BranchRequest { store: snapshots, tag: Some("slow".into()), mode: BranchMode::Live, wait: true };
+        let req = BranchRequest {
+            store: snapshots,
+            tag: Some("slow".into()),
+            mode: BranchMode::Live,
+            wait: true,
+            disks: Default::default(),
+        };
         let started = Instant::now();
         let report = ctl.call(&Request::Branch(req)).unwrap();
         (report, started.elapsed())

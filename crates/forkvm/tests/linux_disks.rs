@@ -238,6 +238,27 @@ fn the_store_holds_no_plaintext_of_what_the_guest_wrote() {
     // The keys are apart from the data.
     assert!(!env.keys.starts_with(&env.store) && !env.store.starts_with(&env.keys));
     assert!(env.store.join("vault").join(&id).is_dir());
+
+    // An archive holds memory too: a tmpfs file lives only in guest memory (and the
+    // disk file above in its page cache). A plain branch (a tag, which is the user's
+    // unencrypted copy) shows the search finds them in a memory image...
+    let in_memory = format!("FORKVM-MEMORY-CANARY-{nonce}");
+    env.sh(&id, &format!("yes {in_memory} | head -c 1048576 > /tmp/in-memory"));
+    env.ok(&["branch", &id, "--tag", "probe"]);
+    let probe = env.store.join("snapshots").join("probe");
+    assert!(contains_anywhere(&probe, in_memory.as_bytes()), "the search does not find the canary in a memory image");
+    env.ok(&["rmi", "probe"]);
+    // ...and the archive, memory and disks, holds neither in the clear.
+    env.json(&["archive", &id, "--json"]);
+    assert!(!contains_anywhere(&env.store, in_memory.as_bytes()), "plaintext of the guest's memory in the store");
+    assert!(!contains_anywhere(&env.store, canary.as_bytes()), "plaintext of the guest's file in the store");
+    // What was encrypted comes back whole.
+    env.ok(&["unarchive", &id]);
+    let yes = |line: &str, len: usize| md5(&format!("{line}\n").repeat(len / line.len() + 1).as_bytes()[..len]);
+    let guest_md5 =
+        |path: &str| env.sh(&id, &format!("md5sum < {path}")).split_whitespace().next().unwrap().to_string();
+    assert_eq!(guest_md5("/tmp/in-memory"), yes(&in_memory, 1 << 20));
+    assert_eq!(guest_md5("/root/canary"), yes(&canary, 4 << 20));
 }
 
 /// Whether any file under `dir` contains `needle`: GNU grep, which skips the holes of

@@ -258,8 +258,7 @@ pub async fn restore_sandbox(
                 Err(forkvm_sandbox::RegistryError::NotFound(_)) => {}
                 Err(e) => return Err(e.into()),
             }
-            let dir = archive::archives_dir(&s.store).join(&id);
-            if !dir.join(forkvm_snapshot::SNAPSHOT_JSON).is_file() {
+            if !archive::has_archive(&s.store, &id) {
                 return Err(ApiError::not_found(format!("sandbox {id:?} not found, and it has no archive")));
             }
             let spawner = s.spawner.clone().ok_or_else(|| ApiError::internal("this daemon has no spawner process"))?;

@@ -49,8 +49,7 @@ pub fn reconcile(s: &AppState) -> (Reconciled, Vec<(String, String)>) {
     s.registry.sweep();
     let rows = s.db().sandboxes().unwrap_or_default();
     let mut drop_ids = Vec::new();
-    let has_archive =
-        |id: &str| archive::archives_dir(&s.store).join(id).join(forkvm_snapshot::SNAPSHOT_JSON).is_file();
+    let has_archive = |id: &str| archive::has_archive(&s.store, id);
     let now = forkvm_sandbox::registry::now_unix_ms();
     for row in &rows {
         let record = s.registry.get(&row.id).ok();

@@ -5,6 +5,10 @@
 //! layer straight away, crash-safely: the layer is built in `<dir>.partial/` (data
 //! written, bitmap persisted with the sealed flag, both synced) and renamed to `dir`
 //! only once complete, so `dir` either does not exist or is a whole sealed layer.
+//!
+//! [`SealedLayerBuilder::adopt`] makes a layer of a flat image that already mirrors
+//! block offsets (a VM's memory image): the file is moved in as the data file and its
+//! non-zero blocks marked present, so the vault can store memory like a disk.
 
 use super::bitmap::{self, Header};
 use super::layer::block_len;
@@ -79,6 +83,40 @@ impl SealedLayerBuilder {
         self.put_blocks(index, data)
     }
 
+    /// Makes the flat image `image` (moved in by `rename`, so on the same filesystem as
+    /// `dir`) the data file of a sealed layer at `dir` on top of `parent`. Every block
+    /// that is not all zeros is present; holes and zero blocks are absent, so they read
+    /// through to what is below (for a memory image: the all-zero base). Once moved,
+    /// `image` is the layer's (or, after a later failure, its staging directory's).
+    pub fn adopt(dir: &Path, image: &Path, parent: LayerId) -> Result<Layer, LayerError> {
+        let err = |step| move |source| LayerError::CreateLayer { path: dir.to_path_buf(), step, source };
+        let size = fs::metadata(image).map_err(err("sizing the image"))?.len();
+        let mut builder = SealedLayerBuilder::create(dir, size, parent)?;
+        let data_path = builder.partial.join(DATA_FILE);
+        fs::rename(image, &data_path).map_err(err("moving the image in"))?;
+        builder.data = File::open(&data_path).map_err(err("opening the image"))?;
+        let extents = crate::pack_archive::SparseExtents::of_file(&builder.data, size)
+            .map_err(err("finding the image's data extents"))?;
+        let mut buf = vec![0u8; 1 << 20];
+        for &(offset, len) in extents.extents() {
+            let (mut at, end) = (offset / BLOCK_SIZE * BLOCK_SIZE, offset + len);
+            while at < end {
+                let n = ((end - at) as usize).min(buf.len());
+                let n = n.div_ceil(BLOCK_SIZE as usize) * BLOCK_SIZE as usize;
+                let n = n.min((size - at) as usize);
+                builder.data.read_exact_at(&mut buf[..n], at).map_err(err("reading the image"))?;
+                for (i, block) in buf[..n].chunks(BLOCK_SIZE as usize).enumerate() {
+                    if block.iter().any(|&b| b != 0) {
+                        let index = at / BLOCK_SIZE + i as u64;
+                        builder.bits.set_range(index, index + 1);
+                    }
+                }
+                at += n as u64;
+            }
+        }
+        builder.finish()
+    }
+
     /// Syncs the data, persists the sealed bitmap, renames the layer into place and
     /// opens it.
     pub fn finish(self) -> Result<Layer, LayerError> {
@@ -132,5 +170,40 @@ mod tests {
         want[5 * bs..].fill(5);
         assert!(disk == want);
         assert!(matches!(SealedLayerBuilder::create(&dir, size, LayerId::BASE), Err(LayerError::LayerExists { .. })));
+    }
+
+    #[test]
+    fn an_adopted_image_keeps_its_non_zero_blocks_and_reads_back_whole() {
+        let tmp = tempfile::tempdir().unwrap();
+        let bs = BLOCK_SIZE as usize;
+        let size = 300 * BLOCK_SIZE;
+        let image = tmp.path().join("memory.img");
+        let f = File::create(&image).unwrap();
+        f.set_len(size).unwrap();
+        let mut want = vec![0u8; size as usize];
+        // A block at the start, a run crossing the 1 MiB read buffer, one zero block
+        // written (allocated but all zeros), and the last block.
+        for (block, byte) in [(0, 1u8), (255, 2), (256, 3), (257, 4), (299, 5)] {
+            want[block * bs..(block + 1) * bs].fill(byte);
+            f.write_all_at(&want[block * bs..(block + 1) * bs], (block * bs) as u64).unwrap();
+        }
+        f.write_all_at(&vec![0u8; bs], (100 * bs) as u64).unwrap();
+        drop(f);
+        let dir = tmp.path().join("mem-layer");
+        let layer = SealedLayerBuilder::adopt(&dir, &image, LayerId::BASE).unwrap();
+        assert!(!image.exists(), "the image is moved, not copied");
+        assert!(layer.is_sealed() && layer.parent() == LayerId::BASE && layer.disk_size() == size);
+        let present: Vec<u64> = (0..300).filter(|&b| layer.is_present(b)).collect();
+        assert_eq!(present, vec![0, 255, 256, 257, 299], "zero and hole blocks are absent");
+        let zeros = tmp.path().join("zeros");
+        File::create(&zeros).unwrap().set_len(size).unwrap();
+        let stack = LayerStack::create(&zeros, std::slice::from_ref(&dir), &tmp.path().join("top")).unwrap();
+        let mut got = vec![0u8; size as usize];
+        stack.read_at(&mut got, 0).unwrap();
+        assert!(got == want);
+        // A missing image is an error naming the layer; nothing is left behind.
+        let gone = SealedLayerBuilder::adopt(&tmp.path().join("other"), &image, LayerId::BASE);
+        assert!(matches!(gone, Err(LayerError::CreateLayer { step: "sizing the image", .. })), "{gone:?}");
+        assert!(!tmp.path().join("other").exists());
     }
 }

@@ -80,6 +80,7 @@ pub mod manifest;
 pub mod pins;
 mod restore;
 mod retain;
+mod sealed_file;
 mod store;
 
 pub use keys::{KeyStore, SandboxKey};
@@ -87,6 +88,7 @@ pub use lazy::{LazyStats, Playbook, Prefetcher, SealedCache, VaultLayer};
 pub use manifest::{DiskMap, Manifest};
 pub use restore::RestoredLayer;
 pub use retain::{RetainReport, RetentionPolicy};
+pub use sealed_file::SEALED_FILE_MAGIC;
 pub use store::{DiskInfo, DiskInput, SnapshotInfo, Vault};
 
 use crate::layered_disk::LayerError;

@@ -19,10 +19,24 @@ use std::collections::BTreeSet;
 use std::fs::{self, OpenOptions};
 use std::io;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The pins directory inside a vault.
 pub(crate) const PINS_DIR: &str = "pins";
+
+/// Removes `holder`'s pin of `seq` in the vault at `vault_root` (Ok if there is none).
+/// Needs no key: a caller that lets go of a snapshot (a deleted archive) may no longer
+/// be able to unlock the vault, and must still not keep the snapshot forever.
+pub fn remove_pin(vault_root: &Path, seq: u64, holder: &str) -> Result<(), VaultError> {
+    validate_name("pin holder", holder)?;
+    let dir = vault_root.join(PINS_DIR);
+    let path = dir.join(format!("{seq:016}.{holder}"));
+    match fs::remove_file(&path) {
+        Ok(()) => fsutil::sync_dir(&dir),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io_err("removing pin", &path)(e)),
+    }
+}
 
 impl Vault {
     fn pin_path(&self, seq: u64, holder: &str) -> PathBuf {
@@ -52,13 +66,7 @@ impl Vault {
 
     /// Removes `holder`'s pin of `seq` (Ok if there is none).
     pub fn unpin(&self, seq: u64, holder: &str) -> Result<(), VaultError> {
-        validate_name("pin holder", holder)?;
-        let path = self.pin_path(seq, holder);
-        match fs::remove_file(&path) {
-            Ok(()) => fsutil::sync_dir(&self.root.join(PINS_DIR)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(io_err("removing pin", &path)(e)),
-        }
+        remove_pin(&self.root, seq, holder)
     }
 
     /// Every pin, as `(seq, holder)`, sorted. Names that are not pins are ignored.

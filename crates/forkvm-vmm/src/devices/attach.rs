@@ -49,6 +49,11 @@ pub struct LayeredConfig {
     /// The disk's lowest layer, restored lazily from a vault snapshot (below `sealed`),
     /// until the first seal settles it into `sealed[0]`.
     pub lazy: Option<Box<LazySource>>,
+    /// A restore whose lower layers were rebuilt from a vault snapshot (an archive):
+    /// the saved sealed layer ids that `lazy` (or, eager, `sealed`'s first entry) stands
+    /// for. The saved state's layer list must start with exactly these; the layers
+    /// given after the rebuilt one must match the rest. Empty for every other open.
+    pub replaces: Vec<String>,
 }
 
 impl LayeredConfig {
@@ -201,7 +206,9 @@ fn restore_device(p: &Planned, s: &VirtioDeviceState) -> Result<Box<dyn VirtioDe
         }
         (Planned::Rng, VirtioDeviceState::Rng(s)) => Box::new(Rng::restore(s).map_err(|e| err("rng", e.to_string()))?),
         (Planned::Block(c), VirtioDeviceState::Block(s)) => {
-            Box::new(c.open().and_then(|b| b.with_state(s).map_err(|e| e.to_string())).map_err(|e| err("block", e))?)
+            let replaces = c.layers.as_ref().map_or(&[][..], |l| &l.replaces[..]);
+            let block = c.open().and_then(|b| b.with_state_replacing(s, replaces).map_err(|e| e.to_string()));
+            Box::new(block.map_err(|e| err("block", e))?)
         }
         _ => unreachable!("kinds were matched before"),
     })

@@ -65,6 +65,23 @@ pub struct BranchRequest {
     /// runs again.
     #[serde(default = "yes")]
     pub wait: bool,
+    /// How the snapshot holds the VM's disk files.
+    #[serde(default)]
+    pub disks: DiskCapture,
+}
+
+/// How a branch puts the VM's disk files (images, bases, sealed layers) in its `disk/`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DiskCapture {
+    /// Hard links (copies across filesystems): the snapshot stands alone.
+    #[default]
+    Link,
+    /// Symbolic links to the files where the VM has them: nothing is copied, and the
+    /// snapshot is only valid while they exist. For a caller that moves the capture
+    /// elsewhere at once (an archive encrypts it into the vault), so a run directory
+    /// on another filesystem never receives a copy of a root image.
+    Reference,
 }
 
 fn yes() -> bool {
@@ -234,10 +251,12 @@ impl Vmm {
         let branched_from = self.labels.sandbox_id.clone();
         let written = match req.mode {
             BranchMode::Full => {
-                self.write_full(&dir, &tag, branched_from.clone(), &mut phases).map(|(a, m)| (Some(a), m, None))
+                let full = self.write_full(&dir, &tag, branched_from.clone(), req.disks, &mut phases);
+                full.map(|(a, m)| (Some(a), m, None))
             }
             BranchMode::Live => {
-                self.start_live(&dir, &tag, branched_from.clone(), &mut phases).map(|(m, w)| (None, m, Some(w)))
+                let live = self.start_live(&dir, &tag, branched_from.clone(), req.disks, &mut phases);
+                live.map(|(m, w)| (None, m, Some(w)))
             }
         };
         let resumed = if was_running { self.resume() } else { Ok(()) };
@@ -332,6 +351,7 @@ impl Vmm {
         dir: &Path,
         tag: &str,
         branched_from: Option<String>,
+        capture: DiskCapture,
         phases: &mut PhaseTimer,
     ) -> Result<(u64, u64), VmmError> {
         if self.faults.take(FaultPoint::SaveState) {
@@ -343,7 +363,7 @@ impl Vmm {
         phases.mark("save_state");
         let writer = SnapshotWriter::begin(dir)?;
         forkvm_snapshot::write_vmstate_file(&writer.path(VMSTATE_BIN), &state.encode_payload()?)?;
-        let disks = self.capture_disks(writer.staging(), &seals, false)?;
+        let disks = self.capture_disks(writer.staging(), &seals, false, capture)?;
         let mem_size = state.mem_size;
         let image = forkvm_snapshot::create_image(&writer.path(MEMORY_IMG), mem_size)?;
         if let Some(fault) = self.faults.take_write_fault() {
@@ -371,6 +391,7 @@ impl Vmm {
         dir: &Path,
         tag: &str,
         branched_from: Option<String>,
+        req_disks: DiskCapture,
         phases: &mut PhaseTimer,
     ) -> Result<(u64, (LiveWrite, LiveOutcome)), VmmError> {
         if self.faults.take(FaultPoint::SaveState) {
@@ -383,7 +404,7 @@ impl Vmm {
         let writer = SnapshotWriter::begin(dir)?;
         std::fs::write(writer.path(VMSTATE_BIN), forkvm_snapshot::encode_vmstate(&state.encode_payload()?))
             .map_err(|e| VmmError::Disk(format!("writing vmstate.bin: {e}")))?;
-        let disks = self.capture_disks(writer.staging(), &seals, true)?;
+        let disks = self.capture_disks(writer.staging(), &seals, true, req_disks)?;
         let mem_size = state.mem_size;
         let image = forkvm_snapshot::create_image(&writer.path(MEMORY_IMG), mem_size)?;
         let meta = self.snapshot_meta(tag, &state, SnapshotStatus::Writing, 0, disks, branched_from);

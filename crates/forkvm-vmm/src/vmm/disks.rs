@@ -114,7 +114,9 @@ impl Vmm {
         staging: &Path,
         seals: &[DiskSeal],
         live: bool,
+        capture: super::branch::DiskCapture,
     ) -> Result<Vec<DiskMeta>, VmmError> {
+        let reference = capture == super::branch::DiskCapture::Reference;
         let mut disks = Vec::new();
         if self.device_config.blocks.is_empty() {
             return Ok(disks);
@@ -129,11 +131,11 @@ impl Vmm {
                     .iter()
                     .find(|s| s.index == i)
                     .ok_or_else(|| VmmError::Disk(format!("disk {i} is layered but was not sealed in this pause")))?;
-                link_or_copy(&b.path, &target)
+                place(&b.path, &target, reference)
                     .map_err(|e| VmmError::Disk(format!("linking the base of disk {i} ({}): {e}", b.path.display())))?;
                 let mut meta = DiskMeta { file, read_only: false, id: b.id.clone(), layers: None };
                 for (layer, id) in &seal.layers {
-                    link_layer(layer, &meta.layer_dir(&dir, id))?;
+                    link_layer(layer, &meta.layer_dir(&dir, id), reference)?;
                 }
                 meta.layers = Some(seal.layers.iter().map(|(_, id)| id.clone()).collect());
                 disks.push(meta);
@@ -145,7 +147,7 @@ impl Vmm {
                     b.path.display()
                 )));
             }
-            let linked = b.read_only && std::fs::hard_link(&b.path, &target).is_ok();
+            let linked = b.read_only && place(&b.path, &target, reference).is_ok();
             if !linked {
                 std::fs::copy(&b.path, &target)
                     .map_err(|e| VmmError::Disk(format!("copying disk {}: {e}", b.path.display())))?;
@@ -156,12 +158,28 @@ impl Vmm {
     }
 }
 
-/// Hard-links (or copies) a sealed layer's files into `to`.
-fn link_layer(from: &Path, to: &Path) -> Result<(), VmmError> {
+/// Hard-links (or copies) a sealed layer's files into `to`; with `reference`, `to` is
+/// a symbolic link to the layer's directory.
+fn link_layer(from: &Path, to: &Path, reference: bool) -> Result<(), VmmError> {
+    if reference {
+        let parent = to.parent().unwrap_or(Path::new("."));
+        std::fs::create_dir_all(parent).map_err(|e| VmmError::Disk(format!("creating {}: {e}", parent.display())))?;
+        return place(from, to, true).map_err(|e| VmmError::Disk(format!("referencing layer {}: {e}", from.display())));
+    }
     std::fs::create_dir_all(to).map_err(|e| VmmError::Disk(format!("creating {}: {e}", to.display())))?;
     for name in [forkvm_snapshot::layered_disk::DATA_FILE, forkvm_snapshot::layered_disk::BITMAP_FILE] {
         link_or_copy(&from.join(name), &to.join(name))
             .map_err(|e| VmmError::Disk(format!("linking layer file {}: {e}", from.join(name).display())))?;
     }
     Ok(())
+}
+
+/// Puts `from` at `to`: a symbolic link to its absolute path with `reference`, else
+/// a hard link (a copy across filesystems).
+fn place(from: &Path, to: &Path, reference: bool) -> std::io::Result<()> {
+    if reference {
+        std::os::unix::fs::symlink(std::path::absolute(from)?, to)
+    } else {
+        link_or_copy(from, to)
+    }
 }

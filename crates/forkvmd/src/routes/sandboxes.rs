@@ -107,19 +107,12 @@ pub async fn delete(State(s): State<AppState>, Param(id): Param) -> Result<Statu
         match s.registry.get(&id) {
             Ok(r) => forkvm_sandbox::kill_record(&s.registry, &r)?,
             Err(RegistryError::NotFound(_)) => {
-                let dir = forkvm_sandbox::archive::archives_dir(&s.store);
                 let known = s.sandbox_row(&id).is_some_and(|r| r.state == "archived");
-                if !known && !dir.join(&id).exists() {
+                if !known && !forkvm_sandbox::archive::has_archive(&s.store, &id) {
                     return Err(ApiError::not_found(format!("sandbox {id:?} not found")));
                 }
-                for d in [dir.join(&id), dir.join(format!("{id}.next"))] {
-                    match std::fs::remove_dir_all(&d) {
-                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                            return Err(ApiError::internal(format!("removing the archive {}: {e}", d.display())))
-                        }
-                        _ => {}
-                    }
-                }
+                forkvm_sandbox::archive::format::remove_all(&s.store, &id)
+                    .map_err(|e| ApiError::internal(format!("removing the archive of {id}: {e}")))?;
             }
             Err(e) => return Err(e.into()),
         }

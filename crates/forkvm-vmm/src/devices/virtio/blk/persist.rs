@@ -48,7 +48,23 @@ impl Block {
     /// a disk that is not the one the guest was using: capacity, features, and for a
     /// layered disk the exact sealed layers.
     pub fn with_state(self, state: &BlockState) -> Result<Block, BlockError> {
-        let given = self.sealed_layers().map(|l| l.iter().map(|(_, id)| id.to_string()).collect::<Vec<_>>());
+        self.with_state_replacing(state, &[])
+    }
+
+    /// [`Block::with_state`] for a disk whose lower layers were rebuilt from a vault
+    /// snapshot: its lowest layer (lazy, or the first sealed one) stands for the saved
+    /// layers `replaces`. Empty `replaces` is [`Block::with_state`].
+    pub fn with_state_replacing(self, state: &BlockState, replaces: &[String]) -> Result<Block, BlockError> {
+        let given = self.sealed_layers().map(|l| {
+            let ids = l.iter().map(|(_, id)| id.to_string());
+            if replaces.is_empty() {
+                ids.collect::<Vec<_>>()
+            } else {
+                // An eager rebuild is the first sealed layer; a lazy one is below them.
+                let skip = usize::from(!self.is_lazy());
+                replaces.iter().cloned().chain(ids.skip(skip)).collect()
+            }
+        });
         if given != state.layers {
             let show = |l: &Option<Vec<String>>| l.as_ref().map_or("a raw image".to_string(), |v| format!("{v:?}"));
             return Err(BlockError::RestoreLayers {

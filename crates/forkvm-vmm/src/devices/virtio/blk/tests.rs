@@ -391,3 +391,30 @@ fn a_lazy_restore_replays_the_saved_playbook_so_the_same_reads_hit() {
         assert_eq!(report.playbook_entries, if prefetch { 1 } else { 0 }, "{report:?}");
     }
 }
+
+#[test]
+fn a_disk_rebuilt_from_a_vault_snapshot_restores_in_place_of_the_layers_it_stands_for() {
+    let mut r = rig(64, false);
+    let dir = tempfile::tempdir().unwrap();
+    let (vault, seq) = vault_snapshot(&mut r, dir.path());
+    // The state the guest was saved with: the source's sealed layer.
+    let VirtioDeviceState::Block(state) = r.t.device().save() else { panic!("not a block state") };
+    let saved = state.layers.clone().unwrap();
+    assert_eq!(saved.len(), 1);
+    let open = |cache: &str| {
+        let source = lazy_source(dir.path(), &vault, seq, cache, false);
+        Block::layered_lazy(r.image.path(), &source, &[], &dir.path().join(format!("{cache}-top")), "forkvm-data")
+            .unwrap()
+    };
+    // Without saying what it stands for, the lazy disk is refused; standing for the
+    // wrong layers too; for exactly the saved ones it restores and reads the snapshot.
+    assert!(matches!(open("a").with_state(&state), Err(BlockError::RestoreLayers { .. })));
+    let wrong = vec!["0123456789abcdef0123456789abcdef".to_string()];
+    assert!(matches!(open("b").with_state_replacing(&state, &wrong), Err(BlockError::RestoreLayers { .. })));
+    let block = open("c").with_state_replacing(&state, &saved).unwrap();
+    let mut t = MmioTransport::new(Box::new(block), r.mem.clone(), r.irq.clone());
+    bring_up(&mut t, std::slice::from_ref(&r.q));
+    r.t = t;
+    assert_eq!(r.submit(T_IN, 40, &[Desc::w(0x50000, 512)]).0, S_OK);
+    assert_eq!(r.guest(0x50000, 512), vec![0x5a; 512]);
+}

@@ -1,16 +1,25 @@
 //! Archive and restore: a sandbox leaves the host's memory and comes back as it was.
 //!
-//! `archive` pauses the sandbox, writes it whole — vCPU and device state, memory, and
-//! its disks (the base and every sealed layer, by hard link) — to
-//! `<store>/archives/<id>/`, takes a last encrypted disk snapshot when it has a
-//! layered disk, and stops its VMM. Nothing is lost: the archive is a complete,
-//! crash-safe snapshot directory, written before the process goes.
+//! `archive` pauses the sandbox and captures it whole — vCPU and device state, memory,
+//! disks — into its own run directory, then seals that capture into the store
+//! encrypted ([`seal`]): memory and the layered disks' sealed layers as one snapshot of
+//! the sandbox's vault, the state as a file sealed with the vault's key, described by
+//! `<store>/archives/<id>/` ([`format`]). Only then does its VMM stop. Nothing is lost,
+//! and nothing the guest wrote is in the store in the clear.
 //!
-//! `restore` starts the same sandbox (same id, same processes, same files) from its
-//! archive and gives it a fresh clock and entropy. The archive then holds the restored
-//! sandbox's lower disk layers, so it lives as long as the sandbox does: `kill` (the
-//! only destructive verb) removes it; a VMM that merely crashes leaves it, and the
-//! sandbox can be restored from it again.
+//! `restore` rebuilds the capture in the new run directory ([`unseal`]: state unsealed,
+//! memory decrypted, disks served lazily from the vault) and starts the same sandbox
+//! (same id, same processes, same files) with a fresh clock and entropy. The archive
+//! stays, linked from the run directory, until the sandbox is archived again (which
+//! replaces it) or killed (which removes it): a restored VMM that crashes can be
+//! restored from it again.
+
+pub mod format;
+mod seal;
+mod unseal;
+
+pub use format::{archives_dir, ArchiveManifest, ArchivedDisk};
+pub use unseal::RESTORE_IMAGE_DIR;
 
 use crate::lifecycle::{self, LifecycleError};
 use crate::registry::{Registry, RegistryError, SandboxRecord};
@@ -18,15 +27,18 @@ use crate::source::{SourceError, SpawnSource};
 use crate::spawn::{finish, start_vmms, SpawnError, SpawnOptions, SpawnedSandbox, StartedVmms};
 use forkvm_snapshot::{Store, StoreError};
 use forkvm_vmm::control::Request;
-use forkvm_vmm::vmm::BranchMode;
+use forkvm_vmm::vmm::{BranchMode, BranchReport, BranchRequest, DiskCapture};
+use format::ARCHIVED_RECORD;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-/// In a restored sandbox's run directory: a link to the archive holding its lower layers.
+/// In a restored sandbox's run directory: a link to its archive (which `kill` removes).
 pub const ARCHIVE_LINK: &str = "archive";
-/// In an archive: the sandbox's registry record as it was archived.
-const ARCHIVED_RECORD: &str = "sandbox.json";
+/// In an archiving sandbox's run directory: where the capture is written.
+const CAPTURE_DIR: &str = "archiving";
+/// The capture's name in [`CAPTURE_DIR`].
+const CAPTURE_TAG: &str = "capture";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ArchiveError {
@@ -42,8 +54,10 @@ pub enum ArchiveError {
     NotArchived(String),
     #[error("sandbox {0} is running: restore needs it archived")]
     Running(String),
-    #[error("archiving sandbox {id}: {step}: {source}")]
+    #[error("archive of sandbox {id}: {step}: {source}")]
     Io { id: String, step: String, source: std::io::Error },
+    #[error("archive of sandbox {id}: {step}: {reason}")]
+    Step { id: String, step: &'static str, reason: String },
 }
 
 impl ArchiveError {
@@ -56,7 +70,7 @@ impl ArchiveError {
             ArchiveError::Store(e) => e.code(),
             ArchiveError::NotArchived(_) => "not_found",
             ArchiveError::Running(_) => "conflict",
-            ArchiveError::Io { .. } => "internal",
+            ArchiveError::Io { .. } | ArchiveError::Step { .. } => "internal",
         }
     }
 }
@@ -66,16 +80,11 @@ impl ArchiveError {
 pub struct ArchiveReport {
     pub sandbox_id: String,
     pub dir: PathBuf,
-    /// The final encrypted disk snapshot, when the sandbox has a layered disk.
+    /// The vault snapshot holding the archived memory and disks.
     pub disk_snapshot_seq: Option<u64>,
-    /// Writing the archive (the sandbox was paused throughout).
+    /// Capturing and sealing the archive (the sandbox was paused throughout).
     pub write_ms: f64,
     pub total_ms: f64,
-}
-
-/// Where archives live in `store`.
-pub fn archives_dir(store: &Store) -> PathBuf {
-    store.root().join("archives")
 }
 
 fn io(id: &str, step: impl Into<String>) -> impl FnOnce(std::io::Error) -> ArchiveError + '_ {
@@ -87,52 +96,58 @@ fn io(id: &str, step: impl Into<String>) -> impl FnOnce(std::io::Error) -> Archi
 pub fn archive(registry: &Registry, store: &Store, id: &str) -> Result<ArchiveReport, ArchiveError> {
     let started = Instant::now();
     let record = registry.get(id).map_err(LifecycleError::from)?;
-    let dir = archives_dir(store);
-    std::fs::create_dir_all(&dir).map_err(io(id, format!("creating {}", dir.display())))?;
-    // A restored sandbox archived again: the new archive is written beside the old one
-    // (whose layers it links), and replaces it once the sandbox is stopped.
-    let final_dir = dir.join(id);
-    let tag = if final_dir.exists() { format!("{id}.next") } else { id.to_string() };
-    let _ = std::fs::remove_dir_all(dir.join(format!("{id}.next")));
-    // Paused first, so nothing the guest does after the snapshot is lost with the process.
+    let archives = archives_dir(store);
+    std::fs::create_dir_all(&archives).map_err(io(id, format!("creating {}", archives.display())))?;
+    let partial = format::partial_dir(store, id);
+    format::remove(store, id, &partial).map_err(io(id, "removing an earlier, unfinished archive"))?;
+    // Paused first, so nothing the guest does after the capture is lost with the process.
     lifecycle::call(&record, &Request::Pause {})?;
     let resume = |e: ArchiveError| {
         let _ = lifecycle::call(&record, &Request::Resume {});
         e
     };
-    let disk_snapshot_seq =
-        match crate::disk_snapshots::take(registry, store, id, &crate::disk_snapshots::DEFAULT_RETENTION) {
-            Ok(r) => Some(r.seq),
-            Err(crate::disk_snapshots::DiskSnapshotError::NoLayeredDisk(_)) => None,
-            Err(e) => {
-                return Err(resume(ArchiveError::Io {
-                    id: id.into(),
-                    step: "the final disk snapshot".into(),
-                    source: std::io::Error::other(e.to_string()),
-                }))
-            }
-        };
     let writing = Instant::now();
-    let branched = lifecycle::branch_to_dir(registry, &dir, id, Some(&tag), BranchMode::Full, true);
-    let report = branched.map_err(|e| resume(e.into()))?;
-    let write_ms = writing.elapsed().as_secs_f64() * 1e3;
-    let json = serde_json::to_vec_pretty(&record).expect("a record serializes");
-    std::fs::write(report.dir.join(ARCHIVED_RECORD), json)
-        .map_err(|e| resume(io(id, "saving the sandbox record")(e)))?;
-    // Stopping a restored sandbox removes the archive it was restored from; the new
-    // one links every file it needs.
-    lifecycle::kill_record(registry, &record)?;
-    if tag != id {
-        match std::fs::remove_dir_all(&final_dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(id, "removing the old archive")(e)),
-            _ => {}
+    // The capture goes to the sandbox's own run directory, its disks only referenced;
+    // sealing moves it into the store encrypted.
+    let staging = record.run_dir.join(CAPTURE_DIR);
+    let _ = std::fs::remove_dir_all(&staging);
+    let req = Request::Branch(BranchRequest {
+        store: staging.clone(),
+        tag: Some(CAPTURE_TAG.into()),
+        mode: BranchMode::Full,
+        wait: true,
+        disks: DiskCapture::Reference,
+    });
+    let captured = lifecycle::call_as::<BranchReport>(&record, &req).map_err(|e| resume(e.into()))?;
+    let sealed = seal::seal_capture(store, &record, &captured.dir, &partial);
+    let _ = std::fs::remove_dir_all(&staging);
+    let sealed = match sealed {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = format::remove(store, id, &partial);
+            return Err(resume(e));
         }
-        std::fs::rename(&report.dir, &final_dir).map_err(io(id, "moving the new archive into place"))?;
+    };
+    let write_ms = writing.elapsed().as_secs_f64() * 1e3;
+    // The new archive replaces the one this sandbox was restored from (if any) before
+    // the VMM stops: there is always a complete archive or a running sandbox.
+    let _ = std::fs::remove_file(record.run_dir.join(ARCHIVE_LINK));
+    let final_dir = archives_dir(store).join(id);
+    let old = archives_dir(store).join(format!("{id}.old"));
+    format::remove(store, id, &old).map_err(|e| resume(io(id, "removing an old archive")(e)))?;
+    match std::fs::rename(&final_dir, &old) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(resume(io(id, "setting the previous archive aside")(e)))
+        }
+        _ => {}
     }
+    std::fs::rename(&partial, &final_dir).map_err(|e| resume(io(id, "moving the new archive into place")(e)))?;
+    lifecycle::kill_record(registry, &record)?;
+    format::remove(store, id, &old).map_err(io(id, "removing the previous archive"))?;
     Ok(ArchiveReport {
         sandbox_id: id.to_string(),
         dir: final_dir,
-        disk_snapshot_seq,
+        disk_snapshot_seq: Some(sealed.vault_seq),
         write_ms,
         total_ms: started.elapsed().as_secs_f64() * 1e3,
     })
@@ -156,8 +171,13 @@ pub struct PendingRestore {
 
 /// The record archived sandbox `id` had when it was archived, if its archive has one.
 pub fn archived_record(store: &Store, id: &str) -> Option<SandboxRecord> {
-    let dir = archives_dir(store).join(id);
+    let dir = format::find(store, id)?;
     std::fs::read(dir.join(ARCHIVED_RECORD)).ok().and_then(|b| serde_json::from_slice(&b).ok())
+}
+
+/// Whether sandbox `id` has a complete archive in `store`.
+pub fn has_archive(store: &Store, id: &str) -> bool {
+    format::find(store, id).is_some()
 }
 
 /// The first half of [`restore`]: checks the sandbox is archived and not running, and
@@ -169,15 +189,34 @@ pub fn start_restore(registry: &Registry, store: &Store, id: &str) -> Result<Pen
         Err(RegistryError::NotFound(_)) => {}
         Err(e) => return Err(LifecycleError::from(e).into()),
     }
-    let dir = archives_dir(store).join(id);
-    if !dir.join(forkvm_snapshot::SNAPSHOT_JSON).is_file() {
-        return Err(ArchiveError::NotArchived(id.to_string()));
-    }
+    let dir = format::find(store, id).ok_or_else(|| ArchiveError::NotArchived(id.to_string()))?;
+    let manifest = format::read_manifest(&dir, id).map_err(|reason| ArchiveError::Step {
+        id: id.into(),
+        step: "reading archive.json",
+        reason,
+    })?;
     let archived = archived_record(store, id);
-    let source = SpawnSource::from_dir(&dir)?;
     let opts = SpawnOptions { memory_limit_bytes: archived.as_ref().and_then(|r| r.memory_limit_bytes) };
-    let vmms = start_vmms(registry, &source, &[id.to_string()], &opts)?;
-    Ok(PendingRestore { vmms, archived })
+    let Some(manifest) = manifest else {
+        // Format 0: a plaintext snapshot directory, restored as it is.
+        let source = SpawnSource::from_dir(&dir)?;
+        let vmms = start_vmms(registry, &source, &[id.to_string()], &opts)?;
+        return Ok(PendingRestore { vmms, archived });
+    };
+    let run_dir = registry.create_run_dir(id).map_err(LifecycleError::from)?;
+    let started = unseal::unseal(store, id, &dir, &manifest, &run_dir)
+        .and_then(|source| start_vmms(registry, &source, &[id.to_string()], &opts).map_err(ArchiveError::from));
+    match started {
+        Ok(mut vmms) => {
+            // The rebuilt image is this restore's alone: no playbook to learn for it.
+            vmms.memory_playbook = None;
+            Ok(PendingRestore { vmms, archived })
+        }
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&run_dir);
+            Err(e)
+        }
+    }
 }
 
 /// The second half of [`restore`]: waits for the agent, re-identifies the sandbox, puts
@@ -195,7 +234,7 @@ pub fn finish_restore(
     crate::spawn::learn_memory(vmms.memory_playbook.as_deref(), &ready);
     let mut sandbox = ready.into_iter().next().expect("one sandbox per restore");
     let id = sandbox.record.id.clone();
-    let dir = archives_dir(store).join(&id);
+    let dir = format::find(store, &id).ok_or_else(|| ArchiveError::NotArchived(id.clone()))?;
     let record = &mut sandbox.record;
     if let Some(a) = &archived {
         record.template.clone_from(&a.template);
@@ -220,9 +259,10 @@ pub fn list(registry: &Registry, store: &Store) -> Vec<String> {
         .flatten()
         .flatten()
         .filter_map(|e| e.file_name().into_string().ok())
-        .filter(|n| !n.contains('.'))
-        .filter(|n| registry.get(n).is_err())
+        .filter_map(|n| n.strip_suffix(".partial").map(String::from).or((!n.contains('.')).then_some(n)))
+        .filter(|n| has_archive(store, n) && registry.get(n).is_err())
         .collect();
     ids.sort();
+    ids.dedup();
     ids
 }
