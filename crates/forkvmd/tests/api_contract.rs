@@ -1048,7 +1048,7 @@ async fn archived_sandboxes_are_listed_refuse_calls_and_only_delete_removes_them
     // An archived sandbox: the daemon's row and its archive on disk.
     let archive = e.state.store.root().join("archives/arch1");
     std::fs::create_dir_all(&archive).unwrap();
-    std::fs::write(archive.join("snapshot.json"), "{}").unwrap();
+    std::fs::write(archive.join("archive.json"), "{}").unwrap();
     let mut row = running_row("arch1", 5_000);
     row.state = "archived".into();
     row.reason = Some("ttl".into());

@@ -96,7 +96,11 @@ pub(super) fn seal_capture(
     let owner = VaultOwner { template: record.template.clone(), source_tag: record.source_tag.clone() };
     write_owner(store, id, &owner).map_err(io("recording the vault's owner"))?;
     let info = vault.snapshot(&inputs).map_err(vault_err(id, "writing memory and disks to the vault"))?;
-    vault.pin(info.seq, ARCHIVE_PIN).map_err(vault_err(id, "pinning the archive's vault snapshot"))?;
+    // Pinned while the archive exists (its final directory: a pin outlives a crash).
+    let anchor = super::format::archives_dir(store).join(id);
+    vault
+        .pin_while(info.seq, ARCHIVE_PIN, Some(&anchor))
+        .map_err(vault_err(id, "pinning the archive's vault snapshot"))?;
     let written = write_files(&vault, record, capture, out, info.seq);
     let manifest = ArchiveManifest {
         format: ARCHIVE_FORMAT,

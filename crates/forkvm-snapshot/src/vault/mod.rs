@@ -57,6 +57,11 @@
 //! **full** map of blocks above the base as `[first_block, block_count, chunk_hex]`
 //! extents, sorted and non-overlapping: every snapshot is self-contained.
 //!
+//! Sealed files (`vault::sealed_file`, magic `FKVMVSF1`) are small blobs sealed with
+//! the same AEAD key but kept outside the vault: an archive's vCPU and device state.
+//! An archive's memory is one more disk of a snapshot (id `memory`, over an all-zero
+//! base); the vault does not distinguish it.
+//!
 //! Compatibility rule: the magics carry the format version (`…1`); a reader accepts
 //! exactly the versions it knows, and the JSON refuses unknown fields.
 //!

@@ -12,6 +12,13 @@
 //! A pin outlives the process: it belongs to the cache directory that still needs the
 //! chunks, and is removed when that cache is complete (`VaultLayer::seal_cache`) or
 //! discarded (`VaultLayer::discard`, [`Vault::unpin`]).
+//!
+//! **Anchors.** A holder can die without unpinning (a VMM killed by SIGKILL before its
+//! lazy disk settled). So a pin may name an *anchor*, the path whose existence is the
+//! reason for the pin (a lazy layer's cache directory, an archive's directory), as the
+//! pin file's content. Retention drops a pin whose anchor is gone, once the pin is
+//! older than [`ANCHOR_GRACE`] (the anchor may be created just after its pin). A pin
+//! without an anchor (an empty file) is kept until it is removed.
 
 use super::fsutil::{self, create_dir};
 use super::{io_err, validate_name, Vault, VaultError};
@@ -23,6 +30,12 @@ use std::path::{Path, PathBuf};
 
 /// The pins directory inside a vault.
 pub(crate) const PINS_DIR: &str = "pins";
+/// A pin: the snapshot's sequence number and the holder's name.
+pub type Pin = (u64, String);
+/// How long a pin whose anchor does not exist is still honoured.
+pub const ANCHOR_GRACE: std::time::Duration = std::time::Duration::from_secs(600);
+/// Longest anchor path read back.
+const MAX_ANCHOR_BYTES: u64 = 4096;
 
 /// Removes `holder`'s pin of `seq` in the vault at `vault_root` (Ok if there is none).
 /// Needs no key: a caller that lets go of a snapshot (a deleted archive) may no longer
@@ -46,21 +59,42 @@ impl Vault {
     /// Pins snapshot `seq` for `holder` (a name, see [`super::validate_name`]): retention
     /// keeps it until [`Vault::unpin`]. Fails with `not_found` if the snapshot is gone.
     pub fn pin(&self, seq: u64, holder: &str) -> Result<(), VaultError> {
+        self.pin_while(seq, holder, None)
+    }
+
+    /// [`Vault::pin`] for as long as `anchor` exists (see the module doc); `None`: until
+    /// [`Vault::unpin`].
+    pub fn pin_while(&self, seq: u64, holder: &str, anchor: Option<&Path>) -> Result<(), VaultError> {
         validate_name("pin holder", holder)?;
         let _lock = self.lock(libc::LOCK_SH)?;
         self.load(seq)?;
-        self.pin_locked(seq, holder)
+        self.pin_locked(seq, holder, anchor)
     }
 
-    /// Creates the pin file; the caller holds the lock and has checked the manifest.
-    pub(crate) fn pin_locked(&self, seq: u64, holder: &str) -> Result<(), VaultError> {
+    /// Creates (or re-anchors) the pin file; the caller holds the lock and has checked
+    /// the manifest.
+    pub(crate) fn pin_locked(&self, seq: u64, holder: &str, anchor: Option<&Path>) -> Result<(), VaultError> {
+        use std::io::Write;
+        use std::os::unix::ffi::OsStrExt;
         let dir = self.root.join(PINS_DIR);
         create_dir(&dir, 0o700)?;
         let path = self.pin_path(seq, holder);
-        match OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path) {
-            Ok(_) => fsutil::sync_dir(&dir),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
-            Err(e) => Err(io_err("creating pin", &path)(e)),
+        let anchor =
+            anchor.map(std::path::absolute).transpose().map_err(io_err("resolving the pin's anchor", &path))?;
+        let content = anchor.as_ref().map_or(&[][..], |a| a.as_os_str().as_bytes());
+        let existed = path.exists();
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io_err("creating pin", &path))?;
+        f.write_all(content).and_then(|()| f.sync_all()).map_err(io_err("writing pin", &path))?;
+        if existed {
+            Ok(())
+        } else {
+            fsutil::sync_dir(&dir)
         }
     }
 
@@ -91,8 +125,38 @@ impl Vault {
         Ok(out)
     }
 
-    /// The pinned sequence numbers.
-    pub(crate) fn pinned_seqs(&self) -> Result<BTreeSet<u64>, VaultError> {
-        Ok(self.pins()?.into_iter().map(|(s, _)| s).collect())
+    /// The sequence numbers of live pins, and the pins dropped: those whose anchor is
+    /// gone (past [`ANCHOR_GRACE`]) are removed and not counted. Under the exclusive lock.
+    pub(crate) fn pinned_seqs(&self) -> Result<(BTreeSet<u64>, Vec<Pin>), VaultError> {
+        let (mut live, mut stale) = (BTreeSet::new(), Vec::new());
+        for (seq, holder) in self.pins()? {
+            if pin_is_stale(&self.pin_path(seq, &holder)) {
+                remove_pin(&self.root, seq, &holder)?;
+                stale.push((seq, holder));
+            } else {
+                live.insert(seq);
+            }
+        }
+        Ok((live, stale))
     }
+}
+
+/// Whether the pin at `path` names an anchor that no longer exists and is older than
+/// [`ANCHOR_GRACE`].
+fn pin_is_stale(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let content = match super::fsutil::read_capped(path, MAX_ANCHOR_BYTES) {
+        Ok(c) => c,
+        // Removed meanwhile, or unreadable (kept: never drop a pin by mistake).
+        Err(_) => return false,
+    };
+    if content.is_empty() {
+        return false;
+    }
+    let anchor = Path::new(std::ffi::OsStr::from_bytes(&content));
+    if std::fs::symlink_metadata(anchor).is_ok() {
+        return false;
+    }
+    let age = fs::metadata(path).and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
+    age.is_some_and(|a| a > ANCHOR_GRACE)
 }

@@ -48,6 +48,8 @@ pub struct RetainReport {
     pub chunks_kept: u64,
     /// Space freed by the deleted manifests and chunks (`st_blocks * 512`).
     pub bytes_freed: u64,
+    /// Pins dropped because their holder is gone (`(seq, holder)`, see `pins`).
+    pub stale_pins: Vec<(u64, String)>,
 }
 
 /// The sequence numbers `policy` keeps among `snaps` (`(seq, created_unix_ms)`).
@@ -80,8 +82,9 @@ impl Vault {
         let snaps: Vec<(u64, u64)> = manifests.iter().map(|m| (m.seq, m.created_unix_ms)).collect();
         let mut keep = select(&snaps, policy);
         // Snapshots a lazy restore still reads (see `pins`) are kept whatever the policy.
-        keep.extend(self.pinned_seqs()?);
-        let mut report = RetainReport::default();
+        let (pinned, stale_pins) = self.pinned_seqs()?;
+        keep.extend(pinned);
+        let mut report = RetainReport { stale_pins, ..RetainReport::default() };
         for &(seq, _) in &snaps {
             if keep.contains(&seq) {
                 report.kept.push(seq);

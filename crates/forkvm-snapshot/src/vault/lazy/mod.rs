@@ -247,7 +247,7 @@ impl VaultLayer {
         let map = {
             let _lock = vault.lock(libc::LOCK_SH)?;
             let map = vault.disk_map(seq, disk_id)?;
-            vault.pin_locked(seq, &holder)?;
+            vault.pin_locked(seq, &holder, Some(cache_dir))?;
             map
         };
         let mut extents = Vec::with_capacity(map.extents.len());

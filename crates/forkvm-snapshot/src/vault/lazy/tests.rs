@@ -660,3 +660,51 @@ fn merging_into_a_file_creates_it_learns_and_replaces_what_is_not_a_playbook_for
     let fresh = Playbook::merge_into_file(&path, 2 << 20, &rec(&[(1, 1)]), &rule).unwrap();
     assert_eq!(fresh.runs(), 1);
 }
+
+#[test]
+fn a_pin_whose_cache_is_gone_is_dropped_after_the_grace_period() {
+    let mut env = Env::new(12);
+    env.seq = 1;
+    // A lazy restore whose process died without unpinning (SIGKILL): its cache (the
+    // pin's anchor) is removed later with its run directory.
+    let run = env.path("run");
+    let cache = run.join("cache");
+    drop(VaultLayer::open(Arc::clone(&env.vault), 1, "data", &cache).unwrap());
+    let holder = VaultLayer::pin_holder(&cache).unwrap();
+    // An archive-like pin whose anchor exists, and an unanchored one on seq 2.
+    let anchor = env.path("archive-dir");
+    std::fs::create_dir_all(&anchor).unwrap();
+    env.vault.pin_while(1, "archive", Some(&anchor)).unwrap();
+    env.vault.pin(2, "manual").unwrap();
+    let keep_last_one = RetentionPolicy { keep_last: 1, keep_hourly: 0, keep_daily: 0 };
+    let age = |seq: u64, holder: &str, by: std::time::Duration| {
+        let path = env.vault.root().join("pins").join(format!("{seq:016}.{holder}"));
+        let f = std::fs::File::options().write(true).open(path).unwrap();
+        f.set_modified(std::time::SystemTime::now() - by).unwrap();
+    };
+    let old = crate::vault::pins::ANCHOR_GRACE + std::time::Duration::from_secs(60);
+
+    // Cache still there: kept, however old the pin.
+    std::fs::create_dir_all(&cache).unwrap();
+    age(1, &holder, old);
+    let r = env.vault.retain(&keep_last_one).unwrap();
+    assert_eq!((r.kept.clone(), r.stale_pins.len()), (vec![1, 2], 0), "{r:?}");
+    // Cache gone, but the pin is young (the anchor may be about to be made): kept.
+    std::fs::remove_dir_all(&run).unwrap();
+    assert!(!cache.exists());
+    env.vault.pin_while(1, &holder, Some(&cache)).unwrap();
+    assert_eq!(env.vault.retain(&keep_last_one).unwrap().stale_pins, vec![]);
+    // Gone and old: the pin is dropped; the archive's still holds seq 1.
+    age(1, &holder, old);
+    let r = env.vault.retain(&keep_last_one).unwrap();
+    assert_eq!(r.stale_pins, vec![(1, holder.clone())]);
+    assert_eq!(r.kept, vec![1, 2]);
+    // The archive goes: its pin is dropped too, and seq 1 with it. An unanchored pin
+    // (seq 2, also the newest) is never dropped.
+    std::fs::remove_dir_all(&anchor).unwrap();
+    age(1, "archive", old);
+    age(2, "manual", old);
+    let r = env.vault.retain(&keep_last_one).unwrap();
+    assert_eq!((r.stale_pins, r.removed, r.kept), (vec![(1, "archive".to_string())], vec![1], vec![2]));
+    assert_eq!(env.vault.pins().unwrap(), vec![(2, "manual".to_string())]);
+}
