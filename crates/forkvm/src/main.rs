@@ -2,6 +2,7 @@
 
 mod archive_cmd;
 mod bench_api;
+mod bench_archive;
 mod bench_boot;
 mod bench_branch;
 mod bench_chain;
@@ -123,6 +124,8 @@ enum BenchCommand {
     DiskFork(bench_disk_fork::BenchDiskForkArgs),
     /// Spawn → ready → first exec without and with the memory playbook, warm and cold cache.
     MemoryPrefetch(bench_memory::BenchMemoryArgs),
+    /// Encrypted archive and unarchive, against a plaintext branch and a restore from it.
+    Archive(bench_archive::BenchArchiveArgs),
 }
 
 /// The error and its causes, skipping a cause whose text the message already contains
@@ -161,6 +164,7 @@ fn main() {
         Command::Bench(BenchCommand::LazyRestore(a)) => bench_lazy::run(a),
         Command::Bench(BenchCommand::DiskFork(a)) => bench_disk_fork::run(a),
         Command::Bench(BenchCommand::MemoryPrefetch(a)) => bench_memory::run(a),
+        Command::Bench(BenchCommand::Archive(a)) => bench_archive::run(a),
         Command::Run(a) => run_cmd::run(a),
         Command::Snapshot(a) => snapshot_cmd::run(a, remote),
         Command::Ps(a) => sandbox_cmd::ps(a, remote),
