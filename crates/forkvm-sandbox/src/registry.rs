@@ -192,6 +192,12 @@ impl Registry {
         }
     }
 
+    /// Ids of the live sandboxes spawned from tag `tag` (their disks still read its
+    /// sealed layers, which their branches and disk snapshots link by name).
+    pub fn spawned_from(&self, tag: &str) -> Vec<String> {
+        self.list().into_iter().filter(|r| r.source_tag.as_deref() == Some(tag)).map(|r| r.id).collect()
+    }
+
     /// Every live sandbox, oldest first (sweeps dead ones first).
     pub fn list(&self) -> Vec<SandboxRecord> {
         self.sweep();

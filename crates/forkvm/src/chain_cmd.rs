@@ -43,7 +43,8 @@ pub struct RmiArgs {
     /// Also delete every snapshot built on it.
     #[arg(long, conflicts_with = "force")]
     pub cascade: bool,
-    /// Delete it and leave the snapshots built on it orphaned (unbootable).
+    /// Delete it even when snapshots are built on it (left orphaned, unbootable) or
+    /// running sandboxes were spawned from it (their later branches and disk snapshots fail).
     #[arg(long)]
     pub force: bool,
     #[arg(long)]
@@ -168,7 +169,27 @@ pub fn rmi(a: RmiArgs, remote: &RemoteArgs) -> Result<i32> {
         (_, true) => RemoveMode::Force,
         _ => RemoveMode::Refuse,
     };
-    let r = chain::remove(&Store::open_default(), &assembled_cache(), &a.tag, mode)?;
+    let store = Store::open_default();
+    // Refused for its dependents first (chain::remove says so); then for its users.
+    let has_dependents = mode == RemoveMode::Refuse && !chain::info(&store, &a.tag)?.dependents.is_empty();
+    if mode != RemoveMode::Force && !has_dependents {
+        let mut doomed = vec![a.tag.clone()];
+        if mode == RemoveMode::Cascade {
+            doomed.extend(chain::info(&store, &a.tag)?.descendants);
+        }
+        let registry = Registry::open_default();
+        for t in &doomed {
+            let users = registry.spawned_from(t);
+            if !users.is_empty() {
+                bail!(
+                    "snapshot {t:?} is in use by running sandboxes {}: their data disks read its layers, and \
+                     their branches and disk snapshots need them; kill them first, or --force",
+                    users.join(", ")
+                );
+            }
+        }
+    }
+    let r = chain::remove(&store, &assembled_cache(), &a.tag, mode)?;
     print(a.json, &r, || {
         let mut line = format!("removed {}", r.removed.join(", "));
         if !r.orphaned.is_empty() {

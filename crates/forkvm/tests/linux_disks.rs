@@ -248,6 +248,10 @@ fn the_store_holds_no_plaintext_of_what_the_guest_wrote() {
     let probe = env.store.join("snapshots").join("probe");
     assert!(contains_anywhere(&probe, in_memory.as_bytes()), "the search does not find the canary in a memory image");
     env.ok(&["rmi", "probe"]);
+    // The tag the sandbox runs from is in use: its removal is refused, naming it.
+    let out = env.cmd(&["rmi", "t"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains(&id) && err.contains("--force"), "{err}");
     // ...and the archive, memory and disks, holds neither in the clear.
     env.json(&["archive", &id, "--json"]);
     assert!(!contains_anywhere(&env.store, in_memory.as_bytes()), "plaintext of the guest's memory in the store");

@@ -123,6 +123,23 @@ pub async fn delete(
                 ));
             }
         }
+        // Refused for its dependents first (chain::remove says so); then for its users.
+        let has_dependents = mode == RemoveMode::Refuse && !chain::info(&s.store, &tag)?.dependents.is_empty();
+        if mode != RemoveMode::Force && !has_dependents {
+            for t in &doomed {
+                let users = s.registry.spawned_from(t);
+                if !users.is_empty() {
+                    return Err(ApiError::conflict(
+                        format!(
+                            "snapshot {t:?} is in use by running sandboxes {}: their data disks read its layers, and \
+                             their branches and disk snapshots need them; delete them first, or force=true",
+                            users.join(", ")
+                        ),
+                        "in_use",
+                    ));
+                }
+            }
+        }
         let report = chain::remove(&s.store, &s.cache, &tag, mode)?;
         for t in &report.removed {
             let _ = s.db().delete_snapshot(t);
