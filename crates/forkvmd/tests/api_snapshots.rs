@@ -328,3 +328,24 @@ async fn diff_branches_check_their_parent_first() {
     let metrics = call(&e.app, "GET", "/metrics", Some(TOKEN), "").await.1;
     assert!(metrics.contains("forkvm_branches_total{mode=\"diff\",outcome=\"bad_request\"} 2"), "{metrics}");
 }
+
+#[tokio::test]
+async fn deleting_a_snapshot_running_sandboxes_came_from_needs_force() {
+    let e = env();
+    e.state.store.ensure().unwrap();
+    write_image_snapshot(&e.state.store.tag_dir("used").unwrap(), "used", &memory(3));
+    forkvmd::reconcile::reconcile(&e.state);
+    fake_running(&e, "user1", Some("used"), None);
+    let (status, text) = call(&e.app, "DELETE", "/v1/snapshots/used", Some(TOKEN), "").await;
+    assert_eq!(status, StatusCode::CONFLICT, "{text}");
+    let err = error_of(&text);
+    assert_eq!(err.state.as_deref(), Some("in_use"), "{text}");
+    assert!(err.error.contains("user1") && err.error.contains("force"), "{text}");
+    assert!(e.state.store.snapshots_dir().join("used").is_dir(), "refused: nothing deleted");
+    // Cascade checks every snapshot it would delete; force deletes it anyway.
+    let (status, _) = call(&e.app, "DELETE", "/v1/snapshots/used?cascade=true", Some(TOKEN), "").await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    let (status, text) = call(&e.app, "DELETE", "/v1/snapshots/used?force=true", Some(TOKEN), "").await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{text}");
+    assert!(!e.state.store.snapshots_dir().join("used").exists());
+}
