@@ -75,6 +75,8 @@ pub struct DiskSnapshotReport {
     pub stored_bytes: u64,
     /// Snapshots the retention policy removed afterwards.
     pub retired: usize,
+    /// The VM's own sealed layers merged into one afterwards (0 below the threshold).
+    pub compacted_layers: usize,
 }
 
 /// The directory of the host key and the wrapped per-sandbox keys:
@@ -175,6 +177,7 @@ pub fn take(
     };
     let write_ms = writing.elapsed().as_secs_f64() * 1e3;
     let retired = if info.unchanged { 0 } else { vault.retain(retention).map_err(vault_err)?.removed.len() };
+    let compacted_layers = if info.unchanged { 0 } else { compact(&record, &info) };
     Ok(DiskSnapshotReport {
         sandbox_id: id.to_string(),
         seq: info.seq,
@@ -186,7 +189,31 @@ pub fn take(
         written_bytes: info.written_bytes,
         stored_bytes: info.stored_bytes,
         retired,
+        compacted_layers,
     })
+}
+
+/// Sealed layers the VM keeps before it merges those the vault holds into one
+/// (`FORKVM_COMPACT_LAYERS`, at least 2).
+pub const DEFAULT_COMPACT_LAYERS: usize = 16;
+
+fn compact_threshold() -> usize {
+    std::env::var("FORKVM_COMPACT_LAYERS").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_COMPACT_LAYERS).max(2)
+}
+
+/// Has the VMM merge its own layers that snapshot `info` now holds (`vmm::compact`);
+/// returns how many were merged. Best effort: a failure is logged, the snapshot stands.
+fn compact(record: &crate::registry::SandboxRecord, info: &SnapshotInfo) -> usize {
+    use forkvm_vmm::vmm::compact::{CoveredLayer, DiskCompaction};
+    let covered = info.disks.iter().map(|d| CoveredLayer { disk: d.id.clone(), layer: d.layer_id.clone() }).collect();
+    let req = Request::CompactDisks { covered, min_layers: compact_threshold() };
+    match crate::lifecycle::call_as::<Vec<DiskCompaction>>(record, &req) {
+        Ok(done) => done.iter().map(|c| c.merged_layers).sum(),
+        Err(e) => {
+            tracing::warn!(sandbox = %record.id, error = %e, "compacting the disk layers failed");
+            0
+        }
+    }
 }
 
 /// Crash tests' hook: `FORKVM_DISK_SNAPSHOT_STALL_MS=N` (honoured only with

@@ -2,6 +2,7 @@
 //! operations the control socket exposes (status, pause, resume, snapshot, stop).
 
 mod branch;
+pub mod compact;
 pub mod disks;
 pub mod fault;
 mod fork_running;

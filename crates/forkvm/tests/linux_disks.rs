@@ -330,3 +330,55 @@ impl Env {
         String::from_utf8_lossy(&out.stderr).into_owned()
     }
 }
+
+#[test]
+fn layers_the_vault_holds_are_merged_and_everything_still_reads_them() {
+    let mut env = Env::new();
+    env.extra_env.push(("FORKVM_COMPACT_LAYERS", "3".into()));
+    env.ok(&["snapshot", "create", "--image", "tiny", "--tag", "t"]);
+    let id = env.fork("--tag", "t", 1).remove(0);
+    let disk_dir = env.run.join("sandboxes").join(&id).join("disks").join("disk1");
+    let entries = |prefix: &str| {
+        let mut v: Vec<String> = std::fs::read_dir(&disk_dir)
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| n.starts_with(prefix))
+            .collect();
+        v.sort();
+        v
+    };
+    let mut compacted = Vec::new();
+    let mut child = None;
+    for round in 0..3 {
+        env.sh(&id, &format!("echo round{round} >> /root/log && sync"));
+        if round == 1 {
+            // A live fork shares the source's layers so far; it must survive their merge.
+            child = Some(env.fork("--from-sandbox", &id, 1).remove(0));
+        }
+        let r = env.json(&["disk-snapshot", &id, "--json"]);
+        compacted.push(r["compacted_layers"].as_u64().unwrap());
+    }
+    // Three own layers by the third snapshot (the fork sealed one more): merged then.
+    assert_eq!(compacted[..2], [0, 0], "{compacted:?}");
+    assert!(compacted[2] >= 3, "{compacted:?}");
+    assert_eq!(entries("merged-").len(), 1, "{:?}", entries(""));
+    assert!(entries("top-").len() <= 1, "the merged tops are gone: {:?}", entries(""));
+    assert_eq!(env.sh(&id, "cat /root/log"), "round0\nround1\nround2\n");
+
+    // The vault's lineage goes on: the next snapshot uploads only the new write.
+    env.sh(&id, "echo round3 >> /root/log && sync");
+    let r = env.json(&["disk-snapshot", &id, "--json"]);
+    assert!(r["written_bytes"].as_u64().unwrap() < 1 << 20, "{r}");
+    let image = env.export(&id, r["seq"].as_u64().unwrap());
+    assert_eq!(read_in_image(&image, "/upper/root/log").unwrap(), b"round0\nround1\nround2\nround3\n");
+    // A branch carries the merged layer, and the child forked before the merge still
+    // branches (its own links to the layers it shares).
+    env.ok(&["branch", &id, "--tag", "after-merge"]);
+    let kid = env.fork("--tag", "after-merge", 1).remove(0);
+    assert_eq!(env.sh(&kid, "cat /root/log"), "round0\nround1\nround2\nround3\n");
+    let child = child.unwrap();
+    env.ok(&["branch", &child, "--tag", "child-branch"]);
+    let grandchild = env.fork("--tag", "child-branch", 1).remove(0);
+    assert_eq!(env.sh(&grandchild, "cat /root/log"), "round0\nround1\n");
+}

@@ -29,6 +29,8 @@ pub struct SealedLayerBuilder {
     disk_size: u64,
     parent: LayerId,
     bits: Bitmap,
+    /// The id to give the layer; a fresh one when `None`.
+    id: Option<LayerId>,
 }
 
 impl SealedLayerBuilder {
@@ -40,7 +42,7 @@ impl SealedLayerBuilder {
         }
         let (partial, data) = super::layer::stage(dir, disk_size)?;
         let bits = Bitmap::new(blocks_for(disk_size));
-        Ok(SealedLayerBuilder { dir: dir.to_path_buf(), partial, data, disk_size, parent, bits })
+        Ok(SealedLayerBuilder { dir: dir.to_path_buf(), partial, data, disk_size, parent, bits, id: None })
     }
 
     /// Stores `data` as blocks `first..`: its length must be exactly the byte length of
@@ -76,6 +78,13 @@ impl SealedLayerBuilder {
         }
         self.bits.set_range(first, last + 1);
         Ok(())
+    }
+
+    /// Gives the layer `id` instead of a fresh one: a merge of layers `a..=b` is
+    /// "the disk as of `b`", so it keeps `b`'s id (see [`super::merge_layers`]).
+    pub(super) fn with_id(mut self, id: LayerId) -> SealedLayerBuilder {
+        self.id = Some(id);
+        self
     }
 
     /// Stores block `index` (see [`SealedLayerBuilder::put_blocks`]).
@@ -124,8 +133,12 @@ impl SealedLayerBuilder {
         let err = |step| move |source| LayerError::CreateLayer { path: dir.to_path_buf(), step, source };
         self.data.sync_all().map_err(err("syncing the data file"))?;
         drop(self.data);
-        let header =
-            Header { sealed: true, disk_size: self.disk_size, id: LayerId::generate(dir), parent: self.parent };
+        let header = Header {
+            sealed: true,
+            disk_size: self.disk_size,
+            id: self.id.unwrap_or_else(|| LayerId::generate(dir)),
+            parent: self.parent,
+        };
         bitmap::write_file(&self.partial, &header, &self.bits)?;
         fs::rename(&self.partial, dir).map_err(err("renaming the staging directory into place"))?;
         let parent = match dir.parent() {

@@ -86,6 +86,7 @@
 mod bitmap;
 mod builder;
 mod layer;
+mod merge;
 mod stack;
 
 /// The bitmap file's header and its atomic read/write, for layers built elsewhere in
@@ -94,6 +95,7 @@ pub(crate) use bitmap::{read_file as read_bitmap_file, write_file as write_bitma
 pub use bitmap::{Bitmap, LAYER_FORMAT_VERSION, LAYER_MAGIC};
 pub use builder::SealedLayerBuilder;
 pub use layer::{inspect, Layer, LayerInfo, PresentBlocks};
+pub use merge::merge_layers;
 pub use stack::{LayerStack, LazyLower, SealedLayer, StackStats};
 
 use std::fmt;
@@ -403,6 +405,14 @@ pub enum LayerError {
     #[error("layered disk: settling the lazy layer as {path}: {reason}")]
     SettleLower {
         /// The sealed directory offered in its place.
+        path: PathBuf,
+        /// What does not fit.
+        reason: String,
+    },
+    /// Sealed layers could not be merged, or the merge could not replace them.
+    #[error("layered disk: merging layers into {path}: {reason}")]
+    Merge {
+        /// The merged layer's directory.
         path: PathBuf,
         /// What does not fit.
         reason: String,

@@ -62,7 +62,7 @@ pub struct LayerStack {
     /// The lazy layer between the base and the sealed layers, if any.
     lower: Option<Arc<dyn LazyLower>>,
     /// Oldest first.
-    sealed: Vec<Layer>,
+    pub(super) sealed: Vec<Layer>,
     /// `None` until the first write when the top was created lazily
     /// ([`LayerStack::create_lazy`]): an empty top costs no files.
     top: Option<Layer>,
@@ -581,7 +581,7 @@ fn expected_parent(lower: Option<&dyn LazyLower>, below: &[Layer]) -> LayerId {
     below.last().map_or_else(|| lower.map_or(LayerId::BASE, |l| l.id()), Layer::id)
 }
 
-fn check_layer(layer: &Layer, size: u64, parent: LayerId) -> Result<(), LayerError> {
+pub(super) fn check_layer(layer: &Layer, size: u64, parent: LayerId) -> Result<(), LayerError> {
     if layer.disk_size() != size {
         return Err(LayerError::SizeMismatch { path: layer.dir().to_path_buf(), layer: layer.disk_size(), base: size });
     }

@@ -48,6 +48,12 @@ pub enum Request {
     RecordMemoryPlaybook {
         path: PathBuf,
     },
+    /// Merge each listed disk's own sealed layers up to the given (vault-covered) layer
+    /// into one, when there are at least `min_layers` (`vmm::compact`).
+    CompactDisks {
+        covered: Vec<crate::vmm::compact::CoveredLayer>,
+        min_layers: usize,
+    },
     /// Arm a fault for the next branch (only with `FORKVM_FAULT_INJECTION=1`).
     InjectFault {
         point: FaultPoint,

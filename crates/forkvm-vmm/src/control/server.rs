@@ -167,6 +167,13 @@ fn peer_pid(s: &UnixStream) -> i32 {
 }
 
 fn handle(req: Request, vmm: &Mutex<Vmm>) -> Response {
+    // Compaction copies data: it takes the VMM's lock only to plan and to swap.
+    if let Request::CompactDisks { covered, min_layers } = &req {
+        return match crate::vmm::compact::compact_disks(vmm, covered, *min_layers) {
+            Ok(done) => serde_json::to_value(done).map_or_else(|e| Response::err(e.to_string()), Response::ok),
+            Err(e) => Response::err(e.to_string()),
+        };
+    }
     let mut vmm = vmm.lock().unwrap_or_else(|p| p.into_inner());
     let json = |v: Result<serde_json::Value, String>| match v {
         Ok(v) => Response::ok(v),
@@ -223,6 +230,7 @@ fn handle(req: Request, vmm: &Mutex<Vmm>) -> Response {
             vmm.set_labels(labels);
             json(status(&vmm))
         }
+        Request::CompactDisks { .. } => unreachable!("handled before the VMM's lock is taken"),
         Request::InjectFault { point } => {
             if FaultPlan::allowed_by_env() {
                 vmm.arm_fault(point);

@@ -158,6 +158,21 @@ impl Vmm {
     }
 }
 
+/// Gives a forked child its own names for the layers in `sealed` that live in the
+/// source's directory `source_dir`: each is hard-linked (copied across filesystems) into
+/// `<child_dir>/inherited-<name>` and `sealed` is updated. Shared layers (a tag's) stay.
+pub(crate) fn inherit_layers(source_dir: &Path, sealed: &mut [PathBuf], child_dir: &Path) -> Result<(), VmmError> {
+    for path in sealed.iter_mut().filter(|p| p.starts_with(source_dir)) {
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let to = child_dir.join(format!("inherited-{name}"));
+        if !to.exists() {
+            link_layer(path, &to, false)?;
+        }
+        *path = to;
+    }
+    Ok(())
+}
+
 /// Hard-links (or copies) a sealed layer's files into `to`; with `reference`, `to` is
 /// a symbolic link to the layer's directory.
 fn link_layer(from: &Path, to: &Path, reference: bool) -> Result<(), VmmError> {

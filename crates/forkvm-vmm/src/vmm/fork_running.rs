@@ -174,7 +174,13 @@ impl Vmm {
         }
         for (i, b) in devices.blocks.iter_mut().enumerate() {
             if let (Some(l), Some(dir)) = (b.layers.as_mut(), &child.disk_dir) {
-                l.dir = dir.join(format!("disk{i}"));
+                let own = dir.join(format!("disk{i}"));
+                // The source's own layers live in its directory, which goes when it
+                // stops or compacts them: the child keeps its own hard links.
+                if let Err(e) = super::disks::inherit_layers(&l.dir, &mut l.sealed, &own) {
+                    return fail(format!("linking the source's layers of disk {i}: {e}"), error_log);
+                }
+                l.dir = own;
             }
         }
         let guest = GuestInfo { kind: self.guest.kind.clone(), name: self.guest.name.clone() };

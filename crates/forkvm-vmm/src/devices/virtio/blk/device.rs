@@ -141,6 +141,18 @@ impl Block {
         }
     }
 
+    /// Replaces sealed layers `range` with their merge at `merged`
+    /// (`LayerStack::replace_sealed`), under the device's lock: no request is split.
+    pub fn replace_sealed(&mut self, range: std::ops::Range<usize>, merged: &Path) -> Result<(), BlockError> {
+        match &mut self.disk.backend {
+            Backend::Layered(s) => s.replace_sealed(range, merged).map_err(BlockError::Layers),
+            Backend::Raw(_) => Err(BlockError::Layers(forkvm_snapshot::LayerError::Merge {
+                path: merged.to_path_buf(),
+                reason: "the disk is a raw image".into(),
+            })),
+        }
+    }
+
     /// Seals a layered disk's top and starts an empty one at `new_top`, capturing the
     /// disk as the guest has written it so far (requests run under the device's lock,
     /// so none is half done). `Ok(None)` when there is nothing to seal: a raw image, or a
