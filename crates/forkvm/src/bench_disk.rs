@@ -10,7 +10,10 @@
 //! snapshot: seal + encrypt + write the new layer's blocks + publish + retention.
 //! Reported per rate, medians: the seal (the only part a running sandbox notices: its
 //! disk requests wait under the device lock), the vault write, bytes written, and the
-//! share of a 60 s interval the snapshot takes on one core.
+//! share of a 60 s interval the snapshot takes on one core. Then the rate's layers are
+//! compacted (merged into one, as the VMM does once the vault holds them) and one more
+//! interval is snapshotted: the merge's cost, and what that snapshot uploads (one
+//! interval's data when the vault's lineage survives the merge).
 
 use crate::bench_fork::{machine, median, r2};
 use anyhow::{Context, Result};
@@ -129,6 +132,24 @@ fn measure(a: &BenchDiskArgs, root: &std::path::Path) -> Result<serde_json::Valu
             written.push(info.written_bytes as f64);
             chunks.push(info.written_chunks as f64);
         }
+        // Compaction (what the VMM does once enough of its layers are in the vault):
+        // merge them all, swap the merge in, and take one more interval's snapshot,
+        // which must upload only that interval (the vault's lineage continues).
+        let layers_before = sealed.len();
+        let t = Instant::now();
+        let merged = dir.join("layers/merged");
+        forkvm_snapshot::layered_disk::merge_layers(&merged, &sealed)?;
+        stack.replace_sealed(0..sealed.len(), &merged)?;
+        let compact_ms = t.elapsed().as_secs_f64() * 1e3;
+        for _ in 0..(mib << 20) / buf.len() as u64 {
+            rng.fill(&mut buf);
+            let offset = (rng.next() % (size / 4096 - 16)) * 4096;
+            stack.write_at(&buf, offset)?;
+        }
+        stack.flush()?;
+        let last = stack.seal(&dir.join("layers/top-after"))?;
+        let input = DiskInput { id: "forkvm-data".into(), base_key: "bench".into(), layers: vec![merged, last.dir] };
+        let after = vault.snapshot(std::slice::from_ref(&input))?;
         let snap_p50 = median(&mut snap.clone());
         let written_p50 = median(&mut written);
         rates.push(json!({
@@ -140,7 +161,9 @@ fn measure(a: &BenchDiskArgs, root: &std::path::Path) -> Result<serde_json::Valu
             "written_chunks_p50": median(&mut chunks),
             "vault_mib_per_s": r2((mib as f64) / (snap_p50 / 1e3)),
             "share_of_60s_pct": r2(snap_p50 / 600.0),
-            "layers_at_end": sealed.len(),
+            "layers_at_end": layers_before,
+            "compact_ms": r2(compact_ms),
+            "written_mib_after_compact": r2(after.written_bytes as f64 / (1 << 20) as f64),
         }));
         let _ = std::fs::remove_dir_all(&dir);
     }
