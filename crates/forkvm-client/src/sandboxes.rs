@@ -49,6 +49,13 @@ impl Client {
         self.call_empty(Method::DELETE, &sandbox(id)?.build())
     }
 
+    /// `DELETE /v1/sandboxes/{id}?purge=true`: also destroys its disk snapshots (its key,
+    /// then its vault), also for a sandbox already deleted. 409 while something still
+    /// reads them.
+    pub fn purge_sandbox(&self, id: &str) -> Result<(), ClientError> {
+        self.call_empty(Method::DELETE, &sandbox(id)?.query("purge", "true").build())
+    }
+
     /// `POST /v1/sandboxes/{id}/archive`: the sandbox goes to the store, its VMM stops;
     /// it stays listed as `archived`.
     pub fn archive(&self, id: &str) -> Result<ArchiveReport, ClientError> {

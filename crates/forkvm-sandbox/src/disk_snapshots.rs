@@ -41,6 +41,8 @@ pub enum DiskSnapshotError {
     Base { id: String, disk: String, path: PathBuf, source: std::io::Error },
     #[error("sandbox {id}: {source}")]
     Vault { id: String, source: VaultError },
+    #[error("sandbox {id}: its disk snapshots are still needed by {} (its archive: delete it first; lazy restores from it let go at their first disk snapshot)", readers.join(", "))]
+    InUse { id: String, readers: Vec<String> },
 }
 
 impl DiskSnapshotError {
@@ -49,6 +51,7 @@ impl DiskSnapshotError {
         match self {
             DiskSnapshotError::Lifecycle(e) => e.code(),
             DiskSnapshotError::NoLayeredDisk(_) => "bad_request",
+            DiskSnapshotError::InUse { .. } => "conflict",
             DiskSnapshotError::Vault { source, .. } if source.code() == "not_found" => "not_found",
             _ => "internal",
         }
@@ -282,6 +285,44 @@ pub fn base_key(path: &Path) -> std::io::Result<String> {
         pos = end;
     }
     Ok(format!("blake3:{}", h.finalize().to_hex()))
+}
+
+/// What [`purge`] removed.
+#[derive(Debug, Clone, Serialize)]
+pub struct PurgeReport {
+    pub sandbox_id: String,
+    /// Its wrapped key was deleted (crypto-shredding whatever copy of the vault remains).
+    pub key_removed: bool,
+    /// Its vault directory was deleted.
+    pub vault_removed: bool,
+}
+
+/// Destroys sandbox `id`'s disk snapshots: its key first (the vault is unreadable from
+/// then on, wherever a copy of it is), then its vault and owner record. Refused while a
+/// live pin holds one of its snapshots: its archive (delete that first), or another
+/// sandbox restoring lazily from it (which lets go at its first disk snapshot, within a
+/// minute under the daemon).
+/// Ok, with nothing removed, when there is nothing to remove.
+pub fn purge(store: &Store, id: &str) -> Result<PurgeReport, DiskSnapshotError> {
+    let vault_err = |source| DiskSnapshotError::Vault { id: id.to_string(), source };
+    forkvm_snapshot::vault::validate_name("sandbox id", id).map_err(vault_err)?;
+    let dir = vault_dir(store, id);
+    let readers = forkvm_snapshot::vault::pins::live_holders(&dir).map_err(vault_err)?;
+    if !readers.is_empty() {
+        return Err(DiskSnapshotError::InUse { id: id.to_string(), readers });
+    }
+    let keys = KeyStore::open(&keys_dir()).map_err(vault_err)?;
+    let key_removed = keys.has_sandbox_key(id);
+    keys.remove_sandbox_key(id).map_err(vault_err)?;
+    let vault_removed = dir.exists();
+    match std::fs::remove_dir_all(&dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(vault_err(VaultError::Io { step: "removing the vault", path: dir, source: e }))
+        }
+        _ => {}
+    }
+    let _ = std::fs::remove_file(owner_path(store, id));
+    Ok(PurgeReport { sandbox_id: id.to_string(), key_removed, vault_removed })
 }
 
 /// The sandbox's disk snapshots, oldest first.

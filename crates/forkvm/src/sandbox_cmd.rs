@@ -23,6 +23,10 @@ pub struct KillArgs {
     /// Kill every running sandbox.
     #[arg(long, conflicts_with = "ids")]
     pub all: bool,
+    /// Also destroy their disk snapshots (key, then vault): nothing of them is left.
+    /// Works on a sandbox deleted before too.
+    #[arg(long)]
+    pub purge: bool,
 }
 
 #[derive(Args, Debug)]
@@ -123,7 +127,13 @@ pub fn kill(a: KillArgs, remote: &RemoteArgs) -> Result<i32> {
                 forkvm_sandbox::archive::format::remove_all(&store, &id)
                     .map_err(|e| anyhow::anyhow!("removing the archive of {id}: {e}"))?;
             }
+            // Deleted before: only its disk snapshots are left to purge.
+            Err(forkvm_sandbox::LifecycleError::Registry(forkvm_sandbox::RegistryError::NotFound(_)))
+                if a.purge && forkvm_sandbox::disk_snapshots::vault_dir(&store, &id).exists() => {}
             other => other?,
+        }
+        if a.purge {
+            forkvm_sandbox::disk_snapshots::purge(&store, &id)?;
         }
     }
     Ok(0)

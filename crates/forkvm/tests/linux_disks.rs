@@ -263,6 +263,11 @@ fn the_store_holds_no_plaintext_of_what_the_guest_wrote() {
         |path: &str| env.sh(&id, &format!("md5sum < {path}")).split_whitespace().next().unwrap().to_string();
     assert_eq!(guest_md5("/tmp/in-memory"), yes(&in_memory, 1 << 20));
     assert_eq!(guest_md5("/root/canary"), yes(&canary, 4 << 20));
+    // kill --purge leaves nothing: archive, vault and key gone.
+    env.ok(&["kill", "--purge", &id]);
+    assert!(!env.store.join("vault").join(&id).exists());
+    assert!(!env.keys.join("sandboxes").join(format!("{id}.key")).exists());
+    assert!(std::fs::read_dir(env.store.join("archives")).unwrap().next().is_none());
 }
 
 /// Whether any file under `dir` contains `needle`: GNU grep, which skips the holes of

@@ -411,3 +411,44 @@ async fn idle_sandboxes_are_paused_and_the_next_call_resumes_them() {
     assert!(metrics.contains("forkvm_auto_pauses_total 1\n"), "{metrics}");
     assert!(metrics.contains("forkvm_auto_resumes_total 1\n"), "{metrics}");
 }
+
+#[tokio::test]
+async fn delete_with_purge_destroys_the_key_then_the_vault_unless_something_still_reads_it() {
+    use forkvm_snapshot::vault::{KeyStore, Vault};
+    test_keys();
+    let e = env();
+    let keys = KeyStore::open(&forkvm_sandbox::disk_snapshots::keys_dir()).unwrap();
+    // A sandbox deleted earlier: only its vault is left (with one disk snapshot).
+    let vault_dir = forkvm_sandbox::disk_snapshots::vault_dir(&e.state.store, "gone1");
+    let vault = Vault::open(&vault_dir, keys.sandbox_key("gone1").unwrap()).unwrap();
+    let layer = e.dir.path().join("layer");
+    let mut b =
+        forkvm_snapshot::layered_disk::SealedLayerBuilder::create(&layer, 1 << 20, forkvm_snapshot::LayerId::BASE)
+            .unwrap();
+    b.put_blocks(3, &[7u8; 4096]).unwrap();
+    b.finish().unwrap();
+    let input =
+        forkvm_snapshot::vault::DiskInput { id: "forkvm-data".into(), base_key: "b".into(), layers: vec![layer] };
+    let seq = vault.snapshot(&[input]).unwrap().seq;
+    // Without purge there is nothing to delete; with it, a live reader (a lazy restore's
+    // pin whose cache exists) refuses it and nothing is removed.
+    let (status, _) = call(&e.app, "DELETE", "/v1/sandboxes/gone1", Some(TOKEN), "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let cache = e.dir.path().join("reader-cache");
+    std::fs::create_dir_all(&cache).unwrap();
+    vault.pin_while(seq, "lazy-reader", Some(&cache)).unwrap();
+    let (status, text) = call(&e.app, "DELETE", "/v1/sandboxes/gone1?purge=true", Some(TOKEN), "").await;
+    assert_eq!(status, StatusCode::CONFLICT, "{text}");
+    assert_eq!(error_of(&text).state.as_deref(), Some("in_use"));
+    assert!(text.contains("lazy-reader"), "{text}");
+    assert!(vault_dir.is_dir() && keys.has_sandbox_key("gone1"));
+    // Once the reader let go: the key goes, then the vault.
+    vault.unpin(seq, "lazy-reader").unwrap();
+    let (status, text) = call(&e.app, "DELETE", "/v1/sandboxes/gone1?purge=true", Some(TOKEN), "").await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{text}");
+    assert!(!vault_dir.exists() && !keys.has_sandbox_key("gone1"));
+    let (status, _) = call(&e.app, "DELETE", "/v1/sandboxes/gone1?purge=true", Some(TOKEN), "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "nothing left");
+    let (status, _) = call(&e.app, "DELETE", "/v1/sandboxes/gone1?purge=yes", Some(TOKEN), "").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}

@@ -300,9 +300,15 @@ class Controller:
         """``GET /v1/sandboxes/{id}``."""
         return SandboxInfo.from_json(self._json(self._request("GET", _sb(sandbox_id))))
 
-    def kill_sandbox(self, sandbox_id: str) -> None:
-        """``DELETE /v1/sandboxes/{id}``."""
-        self._request("DELETE", _sb(sandbox_id))
+    def kill_sandbox(self, sandbox_id: str, purge: bool = False) -> None:
+        """``DELETE /v1/sandboxes/{id}``: stops it (or removes its archive).
+
+        With ``purge`` its disk snapshots are destroyed too (its key, then its vault),
+        also for a sandbox deleted before; :class:`Conflict` (``state == "in_use"``)
+        while its archive or a lazy restore still needs them.
+        """
+        params: Dict[str, Union[str, int]] = {"purge": "true"} if purge else {}
+        self._request("DELETE", _sb(sandbox_id), params=params)
 
     def ping_sandbox(self, sandbox_id: str) -> Pong:
         """``POST /v1/sandboxes/{id}/ping``: a round trip to the guest agent."""

@@ -256,11 +256,14 @@ class Sandbox:
             return Sandbox(info, self._controller.clone(), owns_controller=True)
         return Sandbox(info, self._controller)
 
-    def kill(self) -> None:
-        """Stops the sandbox. Calling it again, or on one already gone, is fine."""
-        if not self._killed:
+    def kill(self, purge: bool = False) -> None:
+        """Stops the sandbox. Calling it again, or on one already gone, is fine.
+
+        ``purge`` also destroys its disk snapshots (nothing of it is left).
+        """
+        if not self._killed or purge:
             try:
-                self._controller.kill_sandbox(self.id)
+                self._controller.kill_sandbox(self.id, purge=purge)
             except NotFound:
                 pass
             self._killed = True

@@ -132,6 +132,11 @@ impl KeyStore {
         Ok(key)
     }
 
+    /// Whether `owner` has a key (an invalid owner name has none).
+    pub fn has_sandbox_key(&self, owner: &str) -> bool {
+        self.sandbox_path(owner).is_ok_and(|p| p.exists())
+    }
+
     /// Deletes `owner`'s key (crypto-shredding its vault); Ok if there is none.
     pub fn remove_sandbox_key(&self, owner: &str) -> Result<(), VaultError> {
         let path = self.sandbox_path(owner)?;

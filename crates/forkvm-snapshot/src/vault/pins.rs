@@ -141,6 +141,29 @@ impl Vault {
     }
 }
 
+/// The holders of the live pins in the vault at `vault_root` (stale ones, see the module
+/// doc, left out), read without the key: who still reads this vault's snapshots.
+pub fn live_holders(vault_root: &Path) -> Result<Vec<String>, VaultError> {
+    let dir = vault_root.join(PINS_DIR);
+    let entries = match fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io_err("listing pins", &dir)(e)),
+    };
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(io_err("listing pins", &dir))?;
+        let name = entry.file_name();
+        let Some((_, holder)) = name.to_str().and_then(|n| n.split_once('.')) else { continue };
+        if validate_name("", holder).is_ok() && !pin_is_stale(&entry.path()) {
+            out.push(holder.to_string());
+        }
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
 /// Whether the pin at `path` names an anchor that no longer exists and is older than
 /// [`ANCHOR_GRACE`].
 fn pin_is_stale(path: &Path) -> bool {

@@ -35,7 +35,8 @@ pub fn kill(a: &KillArgs, remote: &RemoteArgs) -> Result<Option<i32>> {
         bail!("name the sandboxes to kill, or --all");
     }
     for id in ids {
-        match client.kill_sandbox(&id) {
+        let killed = if a.purge { client.purge_sandbox(&id) } else { client.kill_sandbox(&id) };
+        match killed {
             Ok(()) => {}
             // With --all, one that stopped since the listing is already what we wanted.
             Err(e) if a.all && e.is_not_found() => {}

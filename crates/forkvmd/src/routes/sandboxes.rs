@@ -7,7 +7,7 @@
 
 use crate::db::SandboxRow;
 use crate::error::ApiError;
-use crate::extract::{JsonBody, Param};
+use crate::extract::{JsonBody, Param, QueryArgs};
 use crate::lifecycle::{apply_ttl, archived_conflict, use_sandbox};
 use crate::spawner::SpawnOrder;
 use crate::state::{new_row, now_unix, AppState, Origin};
@@ -98,17 +98,34 @@ pub async fn get(State(s): State<AppState>, Param(id): Param) -> Result<Json<San
     .await
 }
 
+/// `DELETE /v1/sandboxes/{id}` query.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteArgs {
+    /// Also destroy its disk snapshots (key, then vault).
+    #[serde(default)]
+    pub purge: bool,
+}
+
 /// Stops a running sandbox, or removes an archived one's archive: the only call that
-/// deletes a sandbox (its vault of disk snapshots stays).
-pub async fn delete(State(s): State<AppState>, Param(id): Param) -> Result<StatusCode, ApiError> {
+/// deletes a sandbox. Its vault of disk snapshots stays (a disk-only fork can still
+/// start from it) unless `purge`, which also works on a sandbox deleted before.
+pub async fn delete(
+    State(s): State<AppState>,
+    Param(id): Param,
+    QueryArgs(args): QueryArgs<DeleteArgs>,
+) -> Result<StatusCode, ApiError> {
     let sandbox_lock = s.disk.sandbox_lock(&id);
     let _held = sandbox_lock.lock().await;
     s.blocking(move |s| {
+        let vault = forkvm_sandbox::disk_snapshots::vault_dir(&s.store, &id);
         match s.registry.get(&id) {
             Ok(r) => forkvm_sandbox::kill_record(&s.registry, &r)?,
             Err(RegistryError::NotFound(_)) => {
                 let known = s.sandbox_row(&id).is_some_and(|r| r.state == "archived");
-                if !known && !forkvm_sandbox::archive::has_archive(&s.store, &id) {
+                let archived = forkvm_sandbox::archive::has_archive(&s.store, &id);
+                let purgeable = args.purge && vault.exists();
+                if !(known || archived || purgeable) {
                     return Err(ApiError::not_found(format!("sandbox {id:?} not found")));
                 }
                 forkvm_sandbox::archive::format::remove_all(&s.store, &id)
@@ -117,7 +134,13 @@ pub async fn delete(State(s): State<AppState>, Param(id): Param) -> Result<Statu
             Err(e) => return Err(e.into()),
         }
         let _ = s.db().delete_sandboxes(std::slice::from_ref(&id));
-        tracing::info!(sandbox_id = %id, "deleted");
+        if args.purge {
+            forkvm_sandbox::disk_snapshots::purge(&s.store, &id).map_err(|e| match e.code() {
+                "conflict" => ApiError::conflict(e.to_string(), "in_use"),
+                _ => ApiError::internal(e.to_string()),
+            })?;
+        }
+        tracing::info!(sandbox_id = %id, purge = args.purge, "deleted");
         Ok(StatusCode::NO_CONTENT)
     })
     .await
