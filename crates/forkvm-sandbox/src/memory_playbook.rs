@@ -7,6 +7,11 @@
 //! image reads and improves the same playbook, and an image rewritten in place gets a
 //! new one. Playbooks live in the cache (`$FORKVM_CACHE/playbooks/memory-<key>.playbook`):
 //! deleting them only loses the head start, and the next spawns learn it again.
+//!
+//! A spawn's first ready sandbox records twice: when it answers, and again after its
+//! first call (exec or eval, CLI or daemon), so the pages a typical first request
+//! touches are in the playbook too. The second recording is armed by a marker in the
+//! sandbox's run directory ([`arm_first_call`]) that the first call claims.
 
 use crate::lifecycle::{call_as, LifecycleError};
 use crate::registry::SandboxRecord;
@@ -42,6 +47,39 @@ pub fn replay(zygote: &mut Zygote, path: &Path) -> u64 {
     let pages = prefetch.pages();
     zygote.prefetch_memory(prefetch);
     pages
+}
+
+/// In a run directory: the playbook the sandbox's first call still has to teach.
+const FIRST_CALL_MARKER: &str = "memory-playbook.first-call";
+
+/// Arms the recording after sandbox `record`'s first call (see the module doc).
+pub fn arm_first_call(record: &SandboxRecord, path: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    std::fs::write(record.run_dir.join(FIRST_CALL_MARKER), path.as_os_str().as_bytes())
+}
+
+/// Whether the sandbox with run directory `run_dir` still waits for its first call's
+/// recording (a `stat`: cheap enough for every call).
+pub fn first_call_pending(run_dir: &Path) -> bool {
+    run_dir.join(FIRST_CALL_MARKER).exists()
+}
+
+/// After a call to sandbox `record`: if it is the first one and its spawn's playbook
+/// waits for it, merges what the sandbox has touched by now. Claimed by one caller
+/// (a rename); best effort (a failure is logged).
+pub fn learn_after_first_call(record: &SandboxRecord) {
+    use std::os::unix::ffi::OsStrExt;
+    let marker = record.run_dir.join(FIRST_CALL_MARKER);
+    let claimed = record.run_dir.join(format!(".{FIRST_CALL_MARKER}.{}", std::process::id()));
+    if std::fs::rename(&marker, &claimed).is_err() {
+        return;
+    }
+    let path = std::fs::read(&claimed).map(|b| PathBuf::from(std::ffi::OsStr::from_bytes(&b)));
+    let _ = std::fs::remove_file(&claimed);
+    let Ok(path) = path else { return };
+    if let Err(e) = self::record(record, &path) {
+        tracing::warn!(sandbox = %record.id, error = %e, "recording the memory playbook after the first call failed");
+    }
 }
 
 /// Merges what sandbox `record` touched since its restore into the playbook at `path`.

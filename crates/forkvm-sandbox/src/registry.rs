@@ -140,6 +140,12 @@ impl Registry {
         self.root.join("sandboxes")
     }
 
+    /// Where sandbox `id`'s run directory is (whether or not it exists); `None` for an
+    /// invalid id.
+    pub fn run_dir(&self, id: &str) -> Option<PathBuf> {
+        valid_id(id).then(|| self.sandboxes_dir().join(id))
+    }
+
     /// Creates the run directory of a new sandbox.
     pub fn create_run_dir(&self, id: &str) -> Result<PathBuf, RegistryError> {
         if !valid_id(id) {

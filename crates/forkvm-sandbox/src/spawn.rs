@@ -276,12 +276,16 @@ pub fn start_vmms(
 }
 
 /// Teaches the spawn's memory playbook what its first ready sandbox touched (one per
-/// spawn: the children of one image touch the same pages). Best effort: a failure is
+/// spawn: the children of one image touch the same pages), now and again after its
+/// first call (`memory_playbook::learn_after_first_call`). Best effort: a failure is
 /// logged, the sandboxes stand.
 pub fn learn_memory(playbook: Option<&Path>, ready: &[SpawnedSandbox]) {
     let (Some(path), Some(first)) = (playbook, ready.first()) else { return };
     if let Err(e) = crate::memory_playbook::record(&first.record, path) {
         tracing::warn!(sandbox = %first.record.id, error = %e, "recording the memory playbook failed");
+    }
+    if let Err(e) = crate::memory_playbook::arm_first_call(&first.record, path) {
+        tracing::warn!(sandbox = %first.record.id, error = %e, "arming the memory playbook's first-call recording failed");
     }
 }
 

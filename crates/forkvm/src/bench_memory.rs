@@ -95,6 +95,8 @@ pub fn run(a: BenchMemoryArgs) -> Result<i32> {
             let t = Instant::now();
             let out = sbs[0].client.exec_collect(&ExecRequest::argv(["true"]), b"")?;
             let exec_ms = t.elapsed().as_secs_f64() * 1e3;
+            // What the CLI and the daemon do after a call: the spawn's first call teaches.
+            forkvm_sandbox::memory_playbook::learn_after_first_call(&sbs[0].record);
             forkvm_sandbox::kill_record(&registry, &sbs[0].record)?;
             if out.status.code != Some(0) {
                 bail!("`true` exited with {:?}", out.status);

@@ -139,14 +139,24 @@ pub fn kill(a: KillArgs, remote: &RemoteArgs) -> Result<i32> {
     Ok(0)
 }
 
+/// The memory playbook's recording after a spawn's first call (`memory_playbook`).
+fn learn_after_first_call(registry: &Registry, id: &str) {
+    let pending = registry.run_dir(id).is_some_and(|d| forkvm_sandbox::memory_playbook::first_call_pending(&d));
+    if let (true, Ok(r)) = (pending, registry.get(id)) {
+        forkvm_sandbox::memory_playbook::learn_after_first_call(&r);
+    }
+}
+
 pub fn exec(a: ExecArgs, remote: &RemoteArgs) -> Result<i32> {
     if let Some(code) = crate::remote_cmd::exec(&a, remote)? {
         return Ok(code);
     }
-    let client = agent(&Registry::open_default(), &a.id)?;
+    let registry = Registry::open_default();
+    let client = agent(&registry, &a.id)?;
     let out = client.exec_collect(&forkvm_proto::ExecRequest::argv(a.command), b"")?;
     std::io::stdout().write_all(&out.stdout)?;
     std::io::stderr().write_all(&out.stderr)?;
+    learn_after_first_call(&registry, &a.id);
     Ok(out.status.code.unwrap_or(128 + out.status.signal.unwrap_or(0)))
 }
 
@@ -154,8 +164,10 @@ pub fn eval(a: EvalArgs, remote: &RemoteArgs) -> Result<i32> {
     if let Some(code) = crate::remote_cmd::eval(&a, remote)? {
         return Ok(code);
     }
-    let client = agent(&Registry::open_default(), &a.id)?;
+    let registry = Registry::open_default();
+    let client = agent(&registry, &a.id)?;
     let r = client.eval(&a.code)?;
+    learn_after_first_call(&registry, &a.id);
     if a.json {
         println!("{}", serde_json::to_string_pretty(&r.outcome)?);
     }

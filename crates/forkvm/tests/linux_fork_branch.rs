@@ -128,6 +128,19 @@ fn a_warm_variable_reaches_every_child_and_changes_stay_private() {
     // A new image has no memory playbook yet; that spawn taught it the pages its
     // children touched, and the next spawn faults them in ahead — same state.
     assert_eq!(report["memory_prefetch_pages"], 0, "{report}");
+    // One child of that spawn records again after its first call (the pages a first
+    // request touches): its run directory holds the marker until then.
+    let markers: Vec<std::path::PathBuf> = report["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| env.run.join("sandboxes").join(s["sandbox_id"].as_str().unwrap()).join("memory-playbook.first-call"))
+        .filter(|m| m.exists())
+        .collect();
+    assert_eq!(markers.len(), 1, "{report}");
+    let first = markers[0].parent().unwrap().file_name().unwrap().to_str().unwrap().to_string();
+    assert_eq!(env.eval(&first, "len(shared['items'])"), "5");
+    assert!(!markers[0].exists(), "the first call claimed the recording");
     let report = env.json(&["fork", "--tag", "py-shared", "-n", "2", "--eval", "shared['items'][-1]", "--json"]);
     assert_eq!(eval_values(&report), ["4", "4"]);
     assert!(report["memory_prefetch_pages"].as_u64().unwrap() > 100, "{report}");

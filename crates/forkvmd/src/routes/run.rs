@@ -89,6 +89,15 @@ pub async fn ping(State(s): State<AppState>, Param(id): Param) -> Result<Json<se
     .await
 }
 
+/// Teaches the sandbox's spawn's memory playbook what its first call touched, off the
+/// reply's path (`memory_playbook::learn_after_first_call`; a no-op after the first).
+fn learn_after_first_call(s: &AppState, id: &str) {
+    let pending = s.registry.run_dir(id).is_some_and(|d| forkvm_sandbox::memory_playbook::first_call_pending(&d));
+    if let (true, Ok(r)) = (pending, s.registry.get(id)) {
+        std::thread::spawn(move || forkvm_sandbox::memory_playbook::learn_after_first_call(&r));
+    }
+}
+
 pub async fn exec(
     State(s): State<AppState>,
     Param(id): Param,
@@ -100,6 +109,7 @@ pub async fn exec(
         let out = c
             .exec_collect(&agent_req, req.stdin.as_deref().unwrap_or("").as_bytes())
             .map_err(|e| agent_error(&id, e))?;
+        learn_after_first_call(&s, &id);
         Ok(Json(ExecResponse {
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -127,6 +137,7 @@ pub async fn exec_stream(
 ) -> Result<Response, ApiError> {
     let agent_req = agent_request(&req)?;
     let id2 = id.clone();
+    let s2 = s.clone();
     let (c, in_use) = s.blocking(move |s| client(&s, &id2)).await?;
     let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(64);
     tokio::task::spawn_blocking(move || {
@@ -144,7 +155,10 @@ pub async fn exec_stream(
             &mut |chunk| send(ExecEvent::Stderr { data: String::from_utf8_lossy(chunk).into_owned() }),
         );
         match result {
-            Ok(st) => send(exit_event(&st)),
+            Ok(st) => {
+                send(exit_event(&st));
+                learn_after_first_call(&s2, &id);
+            }
             Err(e) => match not_started(&e) {
                 Some((exit_code, stderr)) => {
                     send(ExecEvent::Stderr { data: stderr });
@@ -167,6 +181,7 @@ pub async fn eval(
     s.blocking(move |s| {
         let (c, _in_use) = client(&s, &id)?;
         let r = c.eval(&req.code).map_err(|e| agent_error(&id, e))?;
+        learn_after_first_call(&s, &id);
         let (result, error, exit_code) = match r.outcome {
             EvalOutcome::Value { value_repr } => (value_repr, None, 0),
             // The traceback ends with the exception line; without one, the exception alone.
