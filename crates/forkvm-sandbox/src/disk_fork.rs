@@ -225,6 +225,7 @@ pub fn start_disk_fork(
         created_at_unix_ms: now_unix_ms(),
         memory_limit_bytes: opts.memory_limit_bytes,
         cgroup: cgroup.clone(),
+        disks: Vec::new(),
     };
     let fail = |record: &SandboxRecord, step: &'static str, reason: String| {
         registry.clean_up(record);
@@ -280,6 +281,7 @@ pub fn start_disk_fork(
         labels: VmmLabels { sandbox_id: Some(id.clone()), template: Some(owner) },
         owned: Owned { run_dir: Some(run_dir), cgroup },
     };
+    record.disks = crate::registry::recorded_disks(&spec.devices);
     record.pid = match boot_detached(machine, spec) {
         Ok(pid) => pid,
         Err(e) => return Err(fail(&record, "starting the VMM", e.to_string())),

@@ -17,6 +17,7 @@ pub mod lifecycle;
 pub mod memory_playbook;
 pub mod parallel;
 pub mod registry;
+pub mod salvage;
 pub mod sandbox;
 pub mod source;
 pub mod spawn;

@@ -148,6 +148,16 @@ pub fn fork_running_as(
             created_at_unix_ms: now_unix_ms(),
             memory_limit_bytes: opts.memory_limit_bytes,
             cgroup: cgroup.clone(),
+            // The source's disks, in the child's own directory (where its VMM links the
+            // source's own layers: `inherited-*`).
+            disks: source
+                .disks
+                .iter()
+                .map(|d| crate::registry::RecordedDisk {
+                    dir: run_dir.join("disks").join(d.dir.file_name().unwrap_or_default()),
+                    ..d.clone()
+                })
+                .collect(),
         };
         children.push(ForkChild {
             socket: record.control_socket(),

@@ -60,6 +60,38 @@ pub struct SandboxRecord {
     /// Its memory cgroup (name under the forkvm cgroup root).
     #[serde(default)]
     pub cgroup: Option<String>,
+    /// Its layered disks as its VMM opened them (`salvage` finds their layers after a
+    /// crash from these).
+    #[serde(default)]
+    pub disks: Vec<RecordedDisk>,
+}
+
+/// A layered disk as a sandbox's VMM opened it: with the layers the VMM made in `dir`
+/// since, every layer of the disk, so that what the guest wrote after the last disk
+/// snapshot can be salvaged when the VMM dies (`salvage`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecordedDisk {
+    /// Its serial (the vault's disk id).
+    pub id: String,
+    /// The base image.
+    pub base: PathBuf,
+    /// The sealed layers it was opened on, oldest first (elsewhere than `dir`).
+    pub sealed: Vec<PathBuf>,
+    /// The VM's own directory for it: tops, sealed tops, merges, inherited links, caches.
+    pub dir: PathBuf,
+}
+
+/// The layered disks of `devices` (a VM about to start), as a record keeps them.
+pub fn recorded_disks(devices: &forkvm_vmm::devices::attach::DeviceConfig) -> Vec<RecordedDisk> {
+    devices
+        .blocks
+        .iter()
+        .filter_map(|b| {
+            let l = b.layers.as_ref()?;
+            Some(RecordedDisk { id: b.id.clone(), base: b.path.clone(), sealed: l.sealed.clone(), dir: l.dir.clone() })
+        })
+        .collect()
 }
 
 impl SandboxRecord {
@@ -104,6 +136,9 @@ fn valid_id(id: &str) -> bool {
 #[derive(Debug, Clone)]
 pub struct Registry {
     root: PathBuf,
+    /// The store whose vaults a dead sandbox's disks are salvaged into before its run
+    /// directory goes (`salvage`); none: no salvage.
+    salvage_into: Option<PathBuf>,
 }
 
 impl Registry {
@@ -124,12 +159,21 @@ impl Registry {
         }
     }
 
+    /// The registry at `root`, salvaging nothing (see [`Registry::salvaging_into`]).
     pub fn open(root: impl Into<PathBuf>) -> Registry {
-        Registry { root: root.into() }
+        Registry { root: root.into(), salvage_into: None }
     }
 
+    /// The default registry, salvaging into the default store.
     pub fn open_default() -> Registry {
-        Registry::open(Registry::default_root())
+        Registry::open(Registry::default_root()).salvaging_into(&forkvm_snapshot::Store::default_root())
+    }
+
+    /// Salvages a dead sandbox's disk writes into its vault in the store at
+    /// `store_root` before removing its run directory (`salvage`).
+    pub fn salvaging_into(mut self, store_root: &Path) -> Registry {
+        self.salvage_into = Some(store_root.to_path_buf());
+        self
     }
 
     pub fn root(&self) -> &Path {
@@ -191,7 +235,7 @@ impl Registry {
         match self.read(&self.sandboxes_dir().join(id)) {
             Some(r) if vmm_alive(r.pid) => Ok(r),
             Some(r) => {
-                self.clean_up(&r);
+                self.clean_up_dead(&r);
                 Err(RegistryError::NotFound(id.to_string()))
             }
             None => Err(RegistryError::NotFound(id.to_string())),
@@ -229,8 +273,9 @@ impl Registry {
             match self.read(&e.path()) {
                 Some(r) if vmm_alive(r.pid) => live.push(r.cgroup.unwrap_or_default()),
                 Some(r) => {
-                    self.clean_up(&r);
-                    removed.push(id);
+                    if self.clean_up_dead(&r) {
+                        removed.push(id);
+                    }
                 }
                 None => {
                     let old = e.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
@@ -274,6 +319,34 @@ impl Registry {
     }
 
     /// Removes a dead sandbox's run directory and cgroup.
+    /// Cleans up after sandbox `r`, whose VMM died without being stopped: salvages its
+    /// disks first when this registry knows the store (`salvage`). A run directory whose
+    /// salvage failed is kept (with `salvage-failed` saying why) and retried later; one
+    /// another process is salvaging is left to it. Returns whether it is gone.
+    fn clean_up_dead(&self, r: &SandboxRecord) -> bool {
+        let Some(store) = &self.salvage_into else {
+            self.clean_up(r);
+            return true;
+        };
+        if r.disks.iter().any(|d| d.dir.is_dir()) {
+            if crate::salvage::failed_recently(&r.run_dir) || !crate::salvage::claim(&r.run_dir) {
+                return false;
+            }
+            match crate::salvage::salvage(&forkvm_snapshot::Store::open(store), r) {
+                Ok(Some(info)) => tracing::info!(sandbox = %r.id, seq = info.seq, written_bytes = info.written_bytes,
+                    "salvaged the disk writes of a sandbox whose VMM died"),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(sandbox = %r.id, error = %e, "salvaging a dead sandbox's disks failed; its run directory is kept");
+                    crate::salvage::mark_failed(&r.run_dir, &e);
+                    return false;
+                }
+            }
+        }
+        self.clean_up(r);
+        true
+    }
+
     pub fn clean_up(&self, r: &SandboxRecord) {
         let _ = std::fs::remove_dir_all(&r.run_dir);
         if let (Some(name), Ok(root)) = (&r.cgroup, CgroupRoot::detect()) {
@@ -299,6 +372,7 @@ mod tests {
             created_at_unix_ms: now_unix_ms(),
             memory_limit_bytes: None,
             cgroup: None,
+            disks: Vec::new(),
         }
     }
 

@@ -241,6 +241,7 @@ pub fn start_vmms(
             created_at_unix_ms: now_unix_ms(),
             memory_limit_bytes: opts.memory_limit_bytes,
             cgroup: cgroup.clone(),
+            disks: Vec::new(),
         };
         let spec = ChildSpec {
             socket: Some(record.control_socket()),
@@ -251,6 +252,7 @@ pub fn start_vmms(
             labels: VmmLabels { sandbox_id: Some(id.clone()), template: record.template.clone() },
             owned: Owned { run_dir: Some(run_dir), cgroup },
         };
+        record.disks = crate::registry::recorded_disks(&spec.devices);
         match zygote.spawn(spec) {
             Ok(pid) => record.pid = pid,
             Err(e) => {

@@ -387,3 +387,30 @@ fn layers_the_vault_holds_are_merged_and_everything_still_reads_them() {
     let grandchild = env.fork("--tag", "child-branch", 1).remove(0);
     assert_eq!(env.sh(&grandchild, "cat /root/log"), "round0\nround1\n");
 }
+
+#[test]
+fn a_sandbox_whose_vmm_dies_has_its_disk_writes_salvaged_into_its_vault() {
+    let env = Env::new();
+    env.ok(&["snapshot", "create", "--image", "tiny", "--tag", "t"]);
+    let id = env.fork("--tag", "t", 1).remove(0);
+    // One disk snapshot, then more writes that only the run directory holds.
+    env.sh(&id, "echo before > /root/salvage && sync");
+    let first = env.json(&["disk-snapshot", &id, "--json"])["seq"].as_u64().unwrap();
+    env.sh(&id, "echo after >> /root/salvage && sync");
+    let ps = env.json(&["ps", "--json"]);
+    let pid = ps.as_array().unwrap().iter().find(|s| s["id"] == id.as_str()).unwrap()["pid"].as_i64().unwrap();
+    // The VMM dies without being asked to.
+    // SAFETY: signals a process by pid; no memory is involved.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // The next look at the registry finds it dead: salvage, then clean-up.
+    let ps = env.json(&["ps", "--json"]);
+    assert!(ps.as_array().unwrap().iter().all(|s| s["id"] != id.as_str()), "{ps}");
+    assert!(!env.run.join("sandboxes").join(&id).exists(), "the run directory was removed after the salvage");
+    let seqs = env.seqs(&id);
+    assert!(seqs.last().is_some_and(|&s| s > first), "no salvage snapshot after {first}: {seqs:?}");
+    let image = env.export(&id, *seqs.last().unwrap());
+    assert_eq!(read_in_image(&image, "/upper/root/salvage").unwrap(), b"before\nafter\n");
+}

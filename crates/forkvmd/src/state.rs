@@ -66,6 +66,8 @@ impl AppState {
         spawner: Option<Spawner>,
         branch_cap: usize,
     ) -> AppState {
+        // A sandbox whose VMM died has its disk writes salvaged into its vault.
+        let registry = registry.salvaging_into(store.root());
         AppState(Arc::new(Inner {
             registry,
             store,

@@ -268,6 +268,7 @@ async fn conflicts_are_409_with_the_current_state() {
         created_at_unix_ms: 0,
         memory_limit_bytes: None,
         cgroup: None,
+        disks: Vec::new(),
     };
     e.state.registry.write(&record).unwrap();
     let row = SandboxRow {
@@ -369,6 +370,7 @@ async fn a_stopped_sandbox_is_404_quoting_its_console() {
         created_at_unix_ms: 0,
         memory_limit_bytes: None,
         cgroup: None,
+        disks: Vec::new(),
     };
     e.state.registry.write(&record).unwrap();
     std::fs::write(record.console(), "booting\nKernel panic - not syncing: Attempted to kill init!\n").unwrap();

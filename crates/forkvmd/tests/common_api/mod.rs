@@ -83,6 +83,7 @@ pub fn fake_running(e: &Env, id: &str, source_tag: Option<&str>, forked_from: Op
         created_at_unix_ms: 0,
         memory_limit_bytes: None,
         cgroup: None,
+        disks: Vec::new(),
     };
     e.state.registry.write(&record).unwrap();
 }
