@@ -172,6 +172,10 @@ impl VcpuRunner {
         match req {
             VcpuRequest::Pause => {
                 *paused = true;
+                // Tells a guest using kvm-clock that this vCPU was stopped on purpose, so
+                // a lockup watchdog (if its kernel has one) does not fire after a long
+                // pause. Fails harmlessly when the guest never enabled kvm-clock.
+                let _ = self.fd.kvmclock_ctrl();
                 let _ = self.events.send(VcpuEvent::Paused(self.index));
             }
             VcpuRequest::Resume => {
