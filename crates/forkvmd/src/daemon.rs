@@ -84,7 +84,10 @@ pub fn run(cfg: DaemonConfig) -> Result<(), DaemonError> {
     if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         return Err(DaemonError::Locked(cfg.state_dir.clone()));
     }
-    let spawner = Spawner::start(cfg.registry.clone(), cfg.store.clone()).map_err(DaemonError::Spawner)?;
+    // The spawner finds dead sandboxes too (a restore checks the id is free): it salvages
+    // like the daemon (`AppState` sets the same).
+    let registry = cfg.registry.clone().salvaging_into(cfg.store.root());
+    let spawner = Spawner::start(registry, cfg.store.clone()).map_err(DaemonError::Spawner)?;
     let db = Db::open(&cfg.state_dir.join("state.db"))?;
     let audit_path = cfg.state_dir.join("audit.log");
     let audit = AuditLog::open(&audit_path).map_err(|source| DaemonError::Audit { path: audit_path, source })?;

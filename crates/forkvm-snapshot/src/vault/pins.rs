@@ -104,25 +104,8 @@ impl Vault {
     }
 
     /// Every pin, as `(seq, holder)`, sorted. Names that are not pins are ignored.
-    pub fn pins(&self) -> Result<Vec<(u64, String)>, VaultError> {
-        let dir = self.root.join(PINS_DIR);
-        let entries = match fs::read_dir(&dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(io_err("listing pins", &dir)(e)),
-        };
-        let mut out = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(io_err("listing pins", &dir))?;
-            let name = entry.file_name();
-            let Some((seq, holder)) = name.to_str().and_then(|n| n.split_once('.')) else { continue };
-            if seq.len() != 16 || !seq.bytes().all(|c| c.is_ascii_digit()) || validate_name("", holder).is_err() {
-                continue;
-            }
-            out.extend(seq.parse::<u64>().ok().map(|s| (s, holder.to_string())));
-        }
-        out.sort();
-        Ok(out)
+    pub fn pins(&self) -> Result<Vec<Pin>, VaultError> {
+        Ok(list_pins(&self.root)?.into_iter().map(|(seq, holder, _)| (seq, holder)).collect())
     }
 
     /// The sequence numbers of live pins, and the pins dropped: those whose anchor is
@@ -144,6 +127,19 @@ impl Vault {
 /// The holders of the live pins in the vault at `vault_root` (stale ones, see the module
 /// doc, left out), read without the key: who still reads this vault's snapshots.
 pub fn live_holders(vault_root: &Path) -> Result<Vec<String>, VaultError> {
+    let mut out: Vec<String> = list_pins(vault_root)?
+        .into_iter()
+        .filter(|(_, _, path)| !pin_is_stale(path))
+        .map(|(_, holder, _)| holder)
+        .collect();
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// Every pin file in the vault at `vault_root` as `(seq, holder, path)`, sorted; names
+/// that are not pins are ignored. Needs no key.
+fn list_pins(vault_root: &Path) -> Result<Vec<(u64, String, PathBuf)>, VaultError> {
     let dir = vault_root.join(PINS_DIR);
     let entries = match fs::read_dir(&dir) {
         Ok(e) => e,
@@ -154,13 +150,13 @@ pub fn live_holders(vault_root: &Path) -> Result<Vec<String>, VaultError> {
     for entry in entries {
         let entry = entry.map_err(io_err("listing pins", &dir))?;
         let name = entry.file_name();
-        let Some((_, holder)) = name.to_str().and_then(|n| n.split_once('.')) else { continue };
-        if validate_name("", holder).is_ok() && !pin_is_stale(&entry.path()) {
-            out.push(holder.to_string());
+        let Some((seq, holder)) = name.to_str().and_then(|n| n.split_once('.')) else { continue };
+        if seq.len() != 16 || !seq.bytes().all(|c| c.is_ascii_digit()) || validate_name("", holder).is_err() {
+            continue;
         }
+        out.extend(seq.parse::<u64>().ok().map(|s| (s, holder.to_string(), entry.path())));
     }
     out.sort();
-    out.dedup();
     Ok(out)
 }
 
