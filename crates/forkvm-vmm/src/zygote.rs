@@ -153,6 +153,9 @@ pub struct ChildSpec {
     pub owned: Owned,
 }
 
+/// Whether this VMM process's VM stopped because it was asked to (`Owned::release`).
+static STOP_REQUESTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// What a sandbox's VMM process owns: it joins the cgroup before it builds the VM (so
 /// the VM's memory is charged there) and removes the cgroup and the run directory when
 /// the VM stops — nothing of a sandbox outlives it.
@@ -177,9 +180,18 @@ impl Owned {
 
     /// Leaves and removes the cgroup, and removes the run directory — unless the VMM
     /// failed: then its console log (which says why) stays for whoever waits for the
-    /// sandbox, and registry sweeps remove it once they see the VMM is gone.
+    /// sandbox, and registry sweeps remove it once they see the VMM is gone. It also
+    /// stays when the VM stopped without being asked (the guest powered off) and its
+    /// disks were written: the registry salvages those writes into the sandbox's vault
+    /// before removing it.
     pub fn release(&self, group: Option<crate::host::cgroup::SandboxCgroup>, failed: bool) {
-        if let (Some(dir), false) = (&self.run_dir, failed) {
+        let unasked_with_writes = || {
+            !STOP_REQUESTED.load(std::sync::atomic::Ordering::SeqCst)
+                && self.run_dir.as_ref().is_some_and(|d| {
+                    std::fs::read_dir(d.join("disks")).is_ok_and(|mut entries| entries.next().is_some())
+                })
+        };
+        if let (Some(dir), false) = (&self.run_dir, failed || unasked_with_writes()) {
             let _ = std::fs::remove_dir_all(dir);
         }
         if let Some(g) = group {
@@ -308,6 +320,9 @@ pub(crate) fn serve_to_exit_code(
     fail: impl Fn(String, &mut Option<File>) -> i32,
 ) -> i32 {
     let outcome = serve_until_exit(vmm, socket);
+    if matches!(outcome, Ok(VcpuExitReason::Stopped)) {
+        STOP_REQUESTED.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
     if let (Ok(reason), Some(f)) = (&outcome, error_log.as_mut()) {
         let _ = writeln!(f, "[forkvm] VMM stopping: {reason:?}");
     }

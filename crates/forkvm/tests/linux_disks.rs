@@ -413,4 +413,19 @@ fn a_sandbox_whose_vmm_dies_has_its_disk_writes_salvaged_into_its_vault() {
     assert!(seqs.last().is_some_and(|&s| s > first), "no salvage snapshot after {first}: {seqs:?}");
     let image = env.export(&id, *seqs.last().unwrap());
     assert_eq!(read_in_image(&image, "/upper/root/salvage").unwrap(), b"before\nafter\n");
+
+    // A guest that stops itself (a reboot: this kernel has no ACPI, so `poweroff` only
+    // halts it): its VMM exits without being asked to and leaves its run directory for
+    // the same salvage.
+    let other = env.fork("--tag", "t", 1).remove(0);
+    env.sh(&other, "echo written > /root/poweroff && sync");
+    let _ = env.cmd(&["exec", &other, "--", "sh", "-c", "reboot -f"]);
+    let deadline = Instant::now() + std::time::Duration::from_secs(60);
+    while env.json(&["ps", "--json"]).as_array().unwrap().iter().any(|s| s["id"] == other.as_str()) {
+        assert!(Instant::now() < deadline, "the guest did not stop");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let seqs = env.seqs(&other);
+    let image = env.export(&other, *seqs.last().expect("a salvage snapshot"));
+    assert_eq!(read_in_image(&image, "/upper/root/poweroff").unwrap(), b"written\n");
 }
