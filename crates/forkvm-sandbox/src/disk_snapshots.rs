@@ -109,6 +109,13 @@ fn owner_path(store: &Store, id: &str) -> PathBuf {
     store.root().join("vault").join(format!("{id}.owner.json"))
 }
 
+impl VaultOwner {
+    /// The owner record of sandbox `record`'s vault.
+    pub fn of(record: &crate::registry::SandboxRecord) -> VaultOwner {
+        VaultOwner { template: record.template.clone(), source_tag: record.source_tag.clone() }
+    }
+}
+
 /// Records what sandbox `id`'s vault holds snapshots of (see [`VaultOwner`]).
 pub fn write_owner(store: &Store, id: &str, owner: &VaultOwner) -> std::io::Result<()> {
     let path = owner_path(store, id);
@@ -168,10 +175,9 @@ pub fn take(
         vault.stall_each_chunk(pause);
     }
     let vault_err = |source| DiskSnapshotError::Vault { id: id.to_string(), source };
-    write_owner(store, id, &VaultOwner { template: record.template.clone(), source_tag: record.source_tag.clone() })
-        .map_err(|e| {
-            vault_err(VaultError::Io { step: "recording the vault's owner", path: owner_path(store, id), source: e })
-        })?;
+    write_owner(store, id, &VaultOwner::of(&record)).map_err(|e| {
+        vault_err(VaultError::Io { step: "recording the vault's owner", path: owner_path(store, id), source: e })
+    })?;
     let writing = Instant::now();
     let info = if disks.is_empty() {
         latest_or_empty(&vault).map_err(vault_err)?

@@ -11,6 +11,7 @@
 pub mod archive;
 pub mod artifacts;
 pub mod chain_ops;
+pub mod delete;
 pub mod disk_fork;
 pub mod disk_snapshots;
 pub mod lifecycle;
@@ -26,6 +27,7 @@ pub mod template_snapshot;
 
 pub use artifacts::{Artifacts, ArtifactsError};
 pub use chain_ops::{branch_diff, snapshot_diff, ChainOpError, DiffStep, SnapshotDiffReport};
+pub use delete::{delete, DeleteError, Deleted};
 pub use lifecycle::{branch, branch_to_dir, fork_running, fork_running_as, kill, kill_record, LifecycleError};
 pub use registry::{Registry, RegistryError, SandboxRecord};
 pub use sandbox::{Sandbox, SandboxError};

@@ -58,10 +58,14 @@ pub fn arm_first_call(record: &SandboxRecord, path: &Path) -> std::io::Result<()
     std::fs::write(record.run_dir.join(FIRST_CALL_MARKER), path.as_os_str().as_bytes())
 }
 
-/// Whether the sandbox with run directory `run_dir` still waits for its first call's
-/// recording (a `stat`: cheap enough for every call).
-pub fn first_call_pending(run_dir: &Path) -> bool {
-    run_dir.join(FIRST_CALL_MARKER).exists()
+/// Sandbox `id`'s record if it still waits for its first call's recording: a `stat`
+/// first (cheap enough for every call), the record only then.
+pub fn pending_first_call(registry: &crate::registry::Registry, id: &str) -> Option<SandboxRecord> {
+    let dir = registry.run_dir(id)?;
+    if !dir.join(FIRST_CALL_MARKER).exists() {
+        return None;
+    }
+    registry.get(id).ok()
 }
 
 /// After a call to sandbox `record`: if it is the first one and its spawn's playbook

@@ -50,8 +50,7 @@ pub fn salvage(store: &Store, record: &SandboxRecord) -> Result<Option<SnapshotI
         return Ok(None);
     }
     let vault = open_vault(store, &record.id).map_err(|e| e.to_string())?;
-    let owner = VaultOwner { template: record.template.clone(), source_tag: record.source_tag.clone() };
-    write_owner(store, &record.id, &owner).map_err(|e| format!("recording the vault's owner: {e}"))?;
+    write_owner(store, &record.id, &VaultOwner::of(record)).map_err(|e| format!("recording the vault's owner: {e}"))?;
     let info = vault.snapshot(&inputs).map_err(|e| e.to_string())?;
     Ok((!info.unchanged).then_some(info))
 }

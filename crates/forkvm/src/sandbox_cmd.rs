@@ -119,21 +119,11 @@ pub fn kill(a: KillArgs, remote: &RemoteArgs) -> Result<i32> {
     }
     let store = Store::open_default();
     for id in ids {
-        match forkvm_sandbox::kill(&registry, &id) {
-            // Not running but archived: kill deletes the archive (the only destructive verb).
-            Err(forkvm_sandbox::LifecycleError::Registry(forkvm_sandbox::RegistryError::NotFound(_)))
-                if forkvm_sandbox::archive::has_archive(&store, &id) =>
-            {
-                forkvm_sandbox::archive::format::remove_all(&store, &id)
-                    .map_err(|e| anyhow::anyhow!("removing the archive of {id}: {e}"))?;
-            }
-            // Deleted before: only its disk snapshots are left to purge.
-            Err(forkvm_sandbox::LifecycleError::Registry(forkvm_sandbox::RegistryError::NotFound(_)))
-                if a.purge && forkvm_sandbox::disk_snapshots::vault_dir(&store, &id).exists() => {}
-            other => other?,
-        }
-        if a.purge {
-            forkvm_sandbox::disk_snapshots::purge(&store, &id)?;
+        if forkvm_sandbox::delete(&registry, &store, &id, a.purge)? == forkvm_sandbox::Deleted::Nothing {
+            bail!(
+                "sandbox {id:?} not found: not running, not archived{}",
+                if a.purge { ", no disk snapshots" } else { "" }
+            );
         }
     }
     Ok(0)
@@ -141,8 +131,7 @@ pub fn kill(a: KillArgs, remote: &RemoteArgs) -> Result<i32> {
 
 /// The memory playbook's recording after a spawn's first call (`memory_playbook`).
 fn learn_after_first_call(registry: &Registry, id: &str) {
-    let pending = registry.run_dir(id).is_some_and(|d| forkvm_sandbox::memory_playbook::first_call_pending(&d));
-    if let (true, Ok(r)) = (pending, registry.get(id)) {
+    if let Some(r) = forkvm_sandbox::memory_playbook::pending_first_call(registry, id) {
         forkvm_sandbox::memory_playbook::learn_after_first_call(&r);
     }
 }

@@ -93,8 +93,7 @@ pub(super) fn seal_capture(
         step: "opening the vault",
         reason: e.to_string(),
     })?;
-    let owner = VaultOwner { template: record.template.clone(), source_tag: record.source_tag.clone() };
-    write_owner(store, id, &owner).map_err(io("recording the vault's owner"))?;
+    write_owner(store, id, &VaultOwner::of(record)).map_err(io("recording the vault's owner"))?;
     let info = vault.snapshot(&inputs).map_err(vault_err(id, "writing memory and disks to the vault"))?;
     // Pinned while the archive exists (its final directory: a pin outlives a crash).
     let anchor = super::format::archives_dir(store).join(id);

@@ -24,7 +24,7 @@ pub const RESTORE_IMAGE_DIR: &str = "archived-image";
 const MAX_STATE_BYTES: u64 = 1 << 30;
 
 /// Rebuilds archive `dir` (described by `m`) of sandbox `id` under `run_dir` and returns
-/// the source to start its VMM from. Returns the decrypted memory's size in bytes too.
+/// the source to start its VMM from.
 pub(super) fn unseal(
     store: &Store,
     id: &str,

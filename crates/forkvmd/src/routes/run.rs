@@ -92,8 +92,7 @@ pub async fn ping(State(s): State<AppState>, Param(id): Param) -> Result<Json<se
 /// Teaches the sandbox's spawn's memory playbook what its first call touched, off the
 /// reply's path (`memory_playbook::learn_after_first_call`; a no-op after the first).
 fn learn_after_first_call(s: &AppState, id: &str) {
-    let pending = s.registry.run_dir(id).is_some_and(|d| forkvm_sandbox::memory_playbook::first_call_pending(&d));
-    if let (true, Ok(r)) = (pending, s.registry.get(id)) {
+    if let Some(r) = forkvm_sandbox::memory_playbook::pending_first_call(&s.registry, id) {
         std::thread::spawn(move || forkvm_sandbox::memory_playbook::learn_after_first_call(&r));
     }
 }

@@ -118,28 +118,20 @@ pub async fn delete(
     let sandbox_lock = s.disk.sandbox_lock(&id);
     let _held = sandbox_lock.lock().await;
     s.blocking(move |s| {
-        let vault = forkvm_sandbox::disk_snapshots::vault_dir(&s.store, &id);
-        match s.registry.get(&id) {
-            Ok(r) => forkvm_sandbox::kill_record(&s.registry, &r)?,
-            Err(RegistryError::NotFound(_)) => {
-                let known = s.sandbox_row(&id).is_some_and(|r| r.state == "archived");
-                let archived = forkvm_sandbox::archive::has_archive(&s.store, &id);
-                let purgeable = args.purge && vault.exists();
-                if !(known || archived || purgeable) {
-                    return Err(ApiError::not_found(format!("sandbox {id:?} not found")));
-                }
-                forkvm_sandbox::archive::format::remove_all(&s.store, &id)
-                    .map_err(|e| ApiError::internal(format!("removing the archive of {id}: {e}")))?;
+        let found = forkvm_sandbox::delete(&s.registry, &s.store, &id, args.purge).map_err(|e| match e {
+            forkvm_sandbox::DeleteError::Lifecycle(e) => e.into(),
+            forkvm_sandbox::DeleteError::Purge(e) if e.code() == "conflict" => {
+                let _ = s.db().delete_sandboxes(std::slice::from_ref(&id));
+                ApiError::conflict(e.to_string(), "in_use")
             }
-            Err(e) => return Err(e.into()),
+            e => ApiError::internal(e.to_string()),
+        })?;
+        // A row the database still holds as archived is deleted even without an archive.
+        let known = s.sandbox_row(&id).is_some_and(|r| r.state == "archived");
+        if found == forkvm_sandbox::Deleted::Nothing && !known {
+            return Err(ApiError::not_found(format!("sandbox {id:?} not found")));
         }
         let _ = s.db().delete_sandboxes(std::slice::from_ref(&id));
-        if args.purge {
-            forkvm_sandbox::disk_snapshots::purge(&s.store, &id).map_err(|e| match e.code() {
-                "conflict" => ApiError::conflict(e.to_string(), "in_use"),
-                _ => ApiError::internal(e.to_string()),
-            })?;
-        }
         tracing::info!(sandbox_id = %id, purge = args.purge, "deleted");
         Ok(StatusCode::NO_CONTENT)
     })
