@@ -87,7 +87,7 @@ pub fn run(cfg: DaemonConfig) -> Result<(), DaemonError> {
     // The spawner finds dead sandboxes too (a restore checks the id is free): it salvages
     // like the daemon (`AppState` sets the same).
     let registry = cfg.registry.clone().salvaging_into(cfg.store.root());
-    let spawner = Spawner::start(registry, cfg.store.clone()).map_err(DaemonError::Spawner)?;
+    let spawner = Spawner::start(registry, cfg.store.clone(), &[lock.as_raw_fd()]).map_err(DaemonError::Spawner)?;
     let db = Db::open(&cfg.state_dir.join("state.db"))?;
     let audit_path = cfg.state_dir.join("audit.log");
     let audit = AuditLog::open(&audit_path).map_err(|source| DaemonError::Audit { path: audit_path, source })?;

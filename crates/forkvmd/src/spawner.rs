@@ -18,7 +18,7 @@ use forkvm_sandbox::{Registry, SandboxRecord, SpawnOptions, SpawnSource, Started
 use forkvm_snapshot::Store;
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Write};
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -85,17 +85,25 @@ pub struct Spawner {
 
 impl Spawner {
     /// Forks the spawner. Call this while the process is single-threaded: before the
-    /// async runtime or any other thread starts.
-    pub fn start(registry: Registry, store: Store) -> std::io::Result<Spawner> {
+    /// async runtime or any other thread starts. `close` are descriptors of the daemon's
+    /// the spawner must not hold: the state directory's lock, which a spawner still
+    /// dying after a `kill -9` of the daemon would otherwise hold against its restart.
+    pub fn start(registry: Registry, store: Store, close: &[RawFd]) -> std::io::Result<Spawner> {
+        let close = close.to_vec();
         let (ours, theirs) = UnixStream::pair()?;
         // SAFETY: getpid has no preconditions.
         let parent = unsafe { libc::getpid() };
         let (ours_fd, theirs_fd) = (ours.as_raw_fd(), theirs.as_raw_fd());
         let pid = forkvm_vmm::zygote::fork_and_run(false, move || {
             // SAFETY: in the child, both descriptors are open copies that nothing else
-            // owns: ours is closed, theirs becomes the stream.
+            // owns: ours is closed, theirs becomes the stream. The `close` descriptors'
+            // owners (the daemon's `File`s) are never dropped here: the child exits
+            // from `serve` without unwinding to them.
             let theirs = unsafe {
                 libc::close(ours_fd);
+                for fd in close {
+                    libc::close(fd);
+                }
                 UnixStream::from_raw_fd(theirs_fd)
             };
             serve(parent, theirs, &registry, &store)
