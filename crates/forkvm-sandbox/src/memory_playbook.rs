@@ -41,13 +41,22 @@ pub fn replay_enabled() -> bool {
 
 /// Makes `zygote` replay the playbook at `path`, if there is one; returns its pages.
 /// An unreadable playbook is ignored (a spawn never fails for want of a prefetch).
-pub fn replay(zygote: &mut Zygote, path: &Path) -> u64 {
+/// Under a memory limit, a playbook larger than a quarter of it is not replayed: the
+/// pages a child maps ahead are charged to its cgroup, and must never be what pushes a
+/// small sandbox over its limit.
+pub fn replay(zygote: &mut Zygote, path: &Path, memory_limit_bytes: Option<u64>) -> u64 {
     let Ok(book) = Playbook::load(path) else { return 0 };
     let prefetch = MemoryPrefetch::from_playbook(&book);
     let pages = prefetch.pages();
+    if memory_limit_bytes.is_some_and(|limit| pages.saturating_mul(PAGE_BYTES) > limit / 4) {
+        return 0;
+    }
     zygote.prefetch_memory(prefetch);
     pages
 }
+
+/// Bytes of a guest page, the unit of a memory playbook.
+const PAGE_BYTES: u64 = 4096;
 
 /// In a run directory: the playbook the sandbox's first call still has to teach.
 const FIRST_CALL_MARKER: &str = "memory-playbook.first-call";

@@ -220,7 +220,9 @@ pub fn start_vmms(
     let image = source.memory.clone().unwrap_or_else(|| source.dir.join(forkvm_snapshot::MEMORY_IMG));
     let memory_playbook = crate::memory_playbook::playbook_path(&image);
     let memory_prefetch_pages = match &memory_playbook {
-        Some(p) if crate::memory_playbook::replay_enabled() => crate::memory_playbook::replay(&mut zygote, p),
+        Some(p) if crate::memory_playbook::replay_enabled() => {
+            crate::memory_playbook::replay(&mut zygote, p, opts.memory_limit_bytes)
+        }
         _ => 0,
     };
     let cgroups = opts.memory_limit_bytes.map(|_| CgroupRoot::detect()).transpose()?;
