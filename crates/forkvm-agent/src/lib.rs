@@ -19,5 +19,6 @@ pub mod init;
 pub mod interp;
 pub mod reaper;
 pub mod server;
+pub mod vector_check;
 pub mod vsock;
 pub mod xstate;

@@ -48,8 +48,32 @@ fn main() {
     if std::env::args().nth(1).as_deref() == Some("--vector-state") {
         let (cpu, kernel) = (xstate::cpu_xfeatures(), xstate::kernel_xfeatures());
         let unsaved = xstate::unsaved(cpu, kernel);
-        println!("cpu={cpu:#x} kernel={} unsaved={unsaved:#x}", kernel.map_or("unknown".into(), |k| format!("{k:#x}")));
+        let leaf1 = std::arch::x86_64::__cpuid(1);
+        let leaf7 = std::arch::x86_64::__cpuid_count(7, 0);
+        println!(
+            "cpu={cpu:#x} kernel={} unsaved={unsaved:#x} glibc_unsaved={:#x} osxsave={} ospke={}",
+            kernel.map_or("unknown".into(), |k| format!("{k:#x}")),
+            unsaved & xstate::GLIBC_XFEATURES,
+            leaf1.ecx >> 27 & 1,
+            leaf7.ecx >> 4 & 1
+        );
         return;
+    }
+    // `forkvm-agent vector-check [--processes N] [--switches N]` and
+    // `forkvm-agent vector-hold RESULT`: see vector_check.rs. They run with glibc on SSE,
+    // so a kernel that loses vector state corrupts only the registers they test (their
+    // own code uses no others) and they live to report it.
+    let subcommand = std::env::args().nth(1);
+    if matches!(subcommand.as_deref(), Some("vector-check" | "vector-hold")) {
+        if let Some(e) = xstate::keep_glibc_on_sse() {
+            eprintln!("forkvm-agent: re-executing with glibc kept to SSE failed: {e}");
+            std::process::exit(2);
+        }
+    }
+    match subcommand.as_deref() {
+        Some("vector-check") => std::process::exit(vector_check_cmd(std::env::args().skip(2))),
+        Some("vector-hold") => std::process::exit(vector_hold_cmd(std::env::args().skip(2))),
+        _ => {}
     }
     // First, while single-threaded: may re-execute the agent (see xstate.rs).
     let vector_state = xstate::avoid_unsaved_vector_state();
@@ -60,6 +84,51 @@ fn main() {
             init::shutdown(true);
         }
         std::process::exit(1);
+    }
+}
+
+/// Limits that keep a mistyped count from running for hours in an emulated guest.
+const MAX_PROCESSES: u32 = 64;
+const MAX_SWITCHES: u32 = 1_000_000;
+
+fn vector_check_cmd(mut args: impl Iterator<Item = String>) -> i32 {
+    let (mut processes, mut switches) = (3u32, 2000u32);
+    while let Some(flag) = args.next() {
+        let value = args.next().and_then(|v| v.parse::<u32>().ok());
+        match (flag.as_str(), value) {
+            ("--processes", Some(v)) if (1..=MAX_PROCESSES).contains(&v) => processes = v,
+            ("--switches", Some(v)) if (1..=MAX_SWITCHES).contains(&v) => switches = v,
+            _ => {
+                eprintln!(
+                    "usage: forkvm-agent vector-check [--processes 1..={MAX_PROCESSES}] [--switches 1..={MAX_SWITCHES}]"
+                );
+                return 2;
+            }
+        }
+    }
+    match forkvm_agent::vector_check::run(processes, switches) {
+        Ok(report) => {
+            println!("{}", serde_json::to_string(&report).unwrap_or_default());
+            i32::from(!report.failures().is_empty())
+        }
+        Err(e) => {
+            eprintln!("forkvm-agent vector-check: {e}");
+            2
+        }
+    }
+}
+
+fn vector_hold_cmd(mut args: impl Iterator<Item = String>) -> i32 {
+    let (Some(result), None) = (args.next(), args.next()) else {
+        eprintln!("usage: forkvm-agent vector-hold RESULT-FILE (holds registers until SIGUSR1)");
+        return 2;
+    };
+    match forkvm_agent::vector_check::hold(std::path::Path::new(&result)) {
+        Ok(ok) => i32::from(!ok),
+        Err(e) => {
+            eprintln!("forkvm-agent vector-hold: {e}");
+            2
+        }
     }
 }
 

@@ -30,6 +30,13 @@
 //! `is_x86_feature_detected!`) still runs unprotected in guest programs; the agent's own
 //! Rust code is compiled for baseline x86-64 (SSE2) and touches AVX only in the `memchr`
 //! crate's error-position helpers.
+//!
+//! Since the `pvm-xsave` CPU template the guest kernel saves x87, SSE, AVX and AVX-512
+//! (the VMM completes XSAVE/XRSTOR for it), so none of this triggers there: the only
+//! state user code can still enable without the kernel saving it is PKRU and AMX (on PVM
+//! the host's XCR0 stays loaded while guest user code runs), which glibc never uses, so
+//! only [`GLIBC_XFEATURES`] count. The workaround remains for guests booted under the
+//! legacy `pvm-compat` template.
 
 use std::ffi::{OsStr, OsString};
 use std::io;
@@ -45,6 +52,10 @@ pub const KERNEL_XFEATURES_ENV: &str = "FORKVM_AGENT_KERNEL_XFEATURES";
 
 /// x87 and SSE: what FXSAVE saves, and all a CPU without OSXSAVE offers.
 pub const XFEATURES_FXSAVE: u64 = 0b11;
+
+/// The xfeatures glibc's string and memory functions use: AVX (ymm) and AVX-512
+/// (opmask, ZMM_Hi256, Hi16_ZMM).
+pub const GLIBC_XFEATURES: u64 = 0xe4;
 
 /// `arch_prctl` code: the xfeatures the kernel supports (saves) for user space (5.16+).
 const ARCH_GET_XCOMP_SUPP: libc::c_int = 0x1021;
@@ -115,7 +126,7 @@ pub fn tunables_with_sse_only(existing: Option<&OsStr>) -> Option<OsString> {
 /// environment) with [`GLIBC_SSE_ONLY`] in `GLIBC_TUNABLES`; glibc reads it at startup,
 /// before it binds memcpy & co. Returns only when no re-exec was needed, or it failed.
 pub fn avoid_unsaved_vector_state() -> VectorState {
-    let unsaved = unsaved(cpu_xfeatures(), kernel_xfeatures());
+    let unsaved = unsaved(cpu_xfeatures(), kernel_xfeatures()) & GLIBC_XFEATURES;
     if unsaved == 0 {
         return VectorState::Saved;
     }
@@ -124,6 +135,16 @@ pub fn avoid_unsaved_vector_state() -> VectorState {
     };
     let error = reexec_with("GLIBC_TUNABLES", &tunables);
     VectorState::Exposed { unsaved, error }
+}
+
+/// Keeps this process's glibc on its SSE code whatever the kernel saves: re-executes the
+/// program (same pid, argv and environment) with [`GLIBC_SSE_ONLY`] in `GLIBC_TUNABLES`
+/// unless it is there already. For the vector-state check, which must be able to report
+/// a kernel that loses vector state instead of being corrupted by it. Returns only when
+/// no re-exec was needed, or it failed.
+pub fn keep_glibc_on_sse() -> Option<io::Error> {
+    let tunables = tunables_with_sse_only(std::env::var_os("GLIBC_TUNABLES").as_deref())?;
+    Some(reexec_with("GLIBC_TUNABLES", &tunables))
 }
 
 /// Re-executes the running program with `key=value` added to its environment; returns
@@ -158,6 +179,10 @@ mod tests {
         assert_eq!(unsaved(XFEATURES_FXSAVE, Some(XFEATURES_FXSAVE)), 0);
         // A kernel too old to answer is trusted.
         assert_eq!(unsaved(0xe7, None), 0);
+        // PVM guest under pvm-xsave: the host's XCR0 (with PKRU and AMX) against a kernel
+        // that saves x87..AVX-512: nothing glibc uses is unsaved.
+        assert_eq!(unsaved(0x602e7, Some(0xe7)), 0x60200);
+        assert_eq!(unsaved(0x602e7, Some(0xe7)) & GLIBC_XFEATURES, 0);
     }
 
     #[test]

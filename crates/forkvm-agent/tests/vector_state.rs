@@ -7,7 +7,7 @@ mod common;
 use std::process::Command;
 
 use common::TestAgent;
-use forkvm_agent::xstate::{self, GLIBC_SSE_ONLY, KERNEL_XFEATURES_ENV, XFEATURES_FXSAVE};
+use forkvm_agent::xstate::{self, GLIBC_SSE_ONLY, KERNEL_XFEATURES_ENV};
 use forkvm_proto::ExecRequest;
 
 /// The agent's own environment (it is the test's child, re-executed in place).
@@ -26,7 +26,7 @@ fn tunables_seen_by_a_child(agent: &TestAgent) -> String {
 fn on_a_kernel_that_saves_only_sse_the_agent_reexecs_with_glibc_kept_to_sse() {
     // As in a PVM guest: the kernel saves x87 and SSE only.
     let agent = TestAgent::start_with_env(&[], &[(KERNEL_XFEATURES_ENV, "3"), ("GLIBC_TUNABLES", "")]);
-    let cpu_has_more = xstate::cpu_xfeatures() & !XFEATURES_FXSAVE != 0;
+    let cpu_has_more = xstate::cpu_xfeatures() & xstate::GLIBC_XFEATURES != 0;
     let expected = if cpu_has_more { GLIBC_SSE_ONLY } else { "" };
     assert_eq!(tunables_seen_by_a_child(&agent), expected);
     // The agent process itself (same pid) runs with it, not only its children.
@@ -39,7 +39,7 @@ fn on_a_kernel_that_saves_only_sse_the_agent_reexecs_with_glibc_kept_to_sse() {
 fn other_tunables_are_kept() {
     let agent =
         TestAgent::start_with_env(&[], &[(KERNEL_XFEATURES_ENV, "3"), ("GLIBC_TUNABLES", "glibc.malloc.check=0")]);
-    let expected = if xstate::cpu_xfeatures() & !XFEATURES_FXSAVE != 0 {
+    let expected = if xstate::cpu_xfeatures() & xstate::GLIBC_XFEATURES != 0 {
         format!("glibc.malloc.check=0:{GLIBC_SSE_ONLY}")
     } else {
         "glibc.malloc.check=0".into()

@@ -39,7 +39,6 @@ use forkvm_vmm::cold_boot::{boot_detached, Machine};
 use forkvm_vmm::control::Request;
 use forkvm_vmm::devices::virtio::blk::LazySource;
 use forkvm_vmm::host::cgroup::CgroupRoot;
-use forkvm_vmm::host::HostKind;
 use forkvm_vmm::vmm::disks::LazyDisk;
 use forkvm_vmm::vmm::VmmLabels;
 use forkvm_vmm::zygote::{ChildSpec, Owned};
@@ -269,7 +268,7 @@ pub fn start_disk_fork(
         mem_size: MEM_MIB << 20,
         vcpu_count: 1,
         irqchip: IRQCHIP,
-        cpu_template: CpuTemplate::for_host(HostKind::detect()),
+        cpu_template: CpuTemplate::for_this_host(),
         payload: Payload::Linux { kernel: artifacts.kernel.clone(), initrd: None, cmdline: cmdline(&artifacts) },
     };
     let spec = ChildSpec {

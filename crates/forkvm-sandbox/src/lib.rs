@@ -24,6 +24,7 @@ pub mod source;
 pub mod spawn;
 pub mod tags;
 pub mod template_snapshot;
+pub mod vector_guard;
 
 pub use artifacts::{Artifacts, ArtifactsError};
 pub use chain_ops::{branch_diff, snapshot_diff, ChainOpError, DiffStep, SnapshotDiffReport};

@@ -2,9 +2,13 @@
 //! a content hash of what it was built from.
 //!
 //! Key = BLAKE3 of the kernel key, the image key, the boot configuration (memory,
-//! command line, irqchip, CPU template) and the vmstate format version; directory
-//! `<cache>/snapshots/<template>-<key>/`. Any input change makes a new key, so a stale
-//! snapshot is never restored, and the cache is safe to delete.
+//! command line, irqchip, CPU template and its kernel arguments) and the vmstate format
+//! version; directory `<cache>/snapshots/<template>-<key>/`. Any input change makes a new
+//! key, so a stale snapshot is never restored, and the cache is safe to delete.
+//!
+//! Before a template is snapshotted its guest must pass the vector-state guard
+//! ([`crate::vector_guard`]): a guest whose kernel lets processes corrupt each other's
+//! vector registers is refused, with the register class named.
 
 use crate::artifacts::Artifacts;
 use crate::source::{DATA_DISK_ID, ROOT_DISK_ID};
@@ -13,7 +17,7 @@ use forkvm_vmm::arch::x86_64::cpuid::CpuTemplate;
 use forkvm_vmm::devices::attach::{BlockConfig, DeviceConfig, LayeredConfig, VsockConfig};
 use forkvm_vmm::devices::serial::ConsoleOut;
 use forkvm_vmm::devices::virtio::blk::LazySource;
-use forkvm_vmm::host::{open_kvm, HostKind, KvmUnavailable};
+use forkvm_vmm::host::{open_kvm, KvmUnavailable};
 use forkvm_vmm::vstate::irqchip::IrqchipMode;
 use forkvm_vmm::PreparedSnapshot;
 use forkvm_vmm::{BootConfig, Payload};
@@ -47,6 +51,19 @@ pub enum TemplateSnapshotError {
     Warmup { code: String, detail: String },
     #[error("snapshotting the template VM: {0}")]
     Snapshot(forkvm_vmm::VmmError),
+    #[error("template refused by the vector-state guard (CPU template {cpu}): {source}")]
+    VectorState { cpu: CpuTemplate, source: crate::vector_guard::VectorGuardError },
+}
+
+/// Whether the vector-state guard may refuse the template.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VectorGuard {
+    /// Refuse the snapshot when the check fails (every product path).
+    Required,
+    /// Run the check, record its report, snapshot anyway: only for benchmarks that
+    /// measure the legacy `pvm-compat` profile against its replacement. Such snapshots
+    /// get their own key, so a guarded lookup never finds them.
+    ReportOnly,
 }
 
 /// A ready template snapshot and how to restore it.
@@ -127,8 +144,15 @@ pub(crate) fn cmdline(a: &Artifacts) -> String {
     c
 }
 
-fn snapshot_key(a: &Artifacts, template: CpuTemplate) -> String {
-    let config = format!("mem={MEM_MIB} irqchip={IRQCHIP} cpu={template} cmdline={}", cmdline(a));
+fn snapshot_key(a: &Artifacts, template: CpuTemplate, guard: VectorGuard) -> String {
+    let mut config = format!(
+        "mem={MEM_MIB} irqchip={IRQCHIP} cpu={template} cpu-cmdline={} cmdline={}",
+        template.linux_cmdline(),
+        cmdline(a)
+    );
+    if guard == VectorGuard::ReportOnly {
+        config.push_str(" unguarded");
+    }
     let mut h = blake3::Hasher::new();
     for part in [
         a.kernel_key.as_str(),
@@ -173,6 +197,15 @@ pub fn boot_to_agent(
     artifacts: &Artifacts,
     work: &Path,
 ) -> Result<(forkvm_vmm::Vmm, AgentClient<std::os::unix::net::UnixStream>, PathBuf), TemplateSnapshotError> {
+    boot_to_agent_with(artifacts, work, CpuTemplate::for_this_host())
+}
+
+/// [`boot_to_agent`] under a given CPU template.
+pub fn boot_to_agent_with(
+    artifacts: &Artifacts,
+    work: &Path,
+    cpu: CpuTemplate,
+) -> Result<(forkvm_vmm::Vmm, AgentClient<std::os::unix::net::UnixStream>, PathBuf), TemplateSnapshotError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| TemplateSnapshotError::Io { path, source }
@@ -188,7 +221,7 @@ pub fn boot_to_agent(
             mem_size: MEM_MIB << 20,
             vcpu_count: 1,
             irqchip: IRQCHIP,
-            cpu_template: CpuTemplate::for_host(HostKind::detect()),
+            cpu_template: cpu,
             payload: Payload::Linux { kernel: artifacts.kernel.clone(), initrd: None, cmdline: cmdline(artifacts) },
             console: ConsoleOut::new(Some(log), None),
             devices: boot_devices(artifacts, &uds, &work.join("disks"), Vec::new(), None),
@@ -208,8 +241,16 @@ pub fn boot_to_agent(
 
 /// The template snapshot for `artifacts`, booting and snapshotting it if missing.
 pub fn ensure_template_snapshot(artifacts: Artifacts) -> Result<TemplateSnapshot, TemplateSnapshotError> {
-    let cpu = CpuTemplate::for_host(HostKind::detect());
-    let key = snapshot_key(&artifacts, cpu);
+    ensure_template_snapshot_with(artifacts, CpuTemplate::for_this_host(), VectorGuard::Required)
+}
+
+/// [`ensure_template_snapshot`] under a given CPU template and guard policy.
+pub fn ensure_template_snapshot_with(
+    artifacts: Artifacts,
+    cpu: CpuTemplate,
+    guard: VectorGuard,
+) -> Result<TemplateSnapshot, TemplateSnapshotError> {
+    let key = snapshot_key(&artifacts, cpu, guard);
     let dir = artifacts.cache.join("snapshots").join(format!("{}-{key}", artifacts.image.name));
     if forkvm_snapshot::SnapshotDir::open(&dir).is_ok() {
         return Ok(TemplateSnapshot::new(dir, key, artifacts, None));
@@ -226,7 +267,20 @@ pub fn ensure_template_snapshot(artifacts: Artifacts) -> Result<TemplateSnapshot
     }
     let work = artifacts.cache.join("snapshots").join(format!(".boot-{}-{}", artifacts.image.name, std::process::id()));
     let started = Instant::now();
-    let (mut vmm, client, _console) = boot_to_agent(&artifacts, &work)?;
+    let (mut vmm, client, _console) = boot_to_agent_with(&artifacts, &work, cpu)?;
+    // Before the warm-up, so the snapshot's last guest activity is the warm-up's.
+    let vector_state = crate::vector_guard::run(&client, crate::vector_guard::PROCESSES, crate::vector_guard::SWITCHES);
+    match (vector_state, guard) {
+        (Ok(report), _) if report.failures().is_empty() => {}
+        (Ok(report), VectorGuard::ReportOnly) => {
+            tracing::warn!(cpu = %cpu, failures = %report.describe_failures(), "vector-state check failed (report only)")
+        }
+        (Ok(report), VectorGuard::Required) => {
+            let source = crate::vector_guard::VectorGuardError::Corrupted(Box::new(report));
+            return Err(TemplateSnapshotError::VectorState { cpu, source });
+        }
+        (Err(source), _) => return Err(TemplateSnapshotError::VectorState { cpu, source }),
+    }
     if let Some(code) = &artifacts.image.warmup_eval {
         let warm = |detail: String| TemplateSnapshotError::Warmup { code: code.clone(), detail };
         let r = client.eval(code).map_err(|e| warm(e.to_string()))?;

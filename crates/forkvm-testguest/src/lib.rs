@@ -47,11 +47,22 @@ pub enum TestGuest {
     /// Rewrites one word per page of `[args[0], args[0]+args[1])` forever, publishing
     /// its pass count at [`DIRTY_GEN_ADDR`] (for branch benchmarks).
     Dirty,
+    /// XSAVE state through ring 0: `xsetbv`, `xrstor` of known xmm0/ymm0 values, `xsave`;
+    /// ring 3 checks them and prints `xsave ok` (see `guests/xsave.S`). With `args[0]`
+    /// set, an `xsave` into unmapped memory raises #PF: `!F 000000000000000e <rip>`.
+    Xsave,
 }
 
 impl TestGuest {
-    pub const ALL: [TestGuest; 6] =
-        [TestGuest::Hello, TestGuest::Count, TestGuest::Echo, TestGuest::Monitor, TestGuest::Traps, TestGuest::Dirty];
+    pub const ALL: [TestGuest; 7] = [
+        TestGuest::Hello,
+        TestGuest::Count,
+        TestGuest::Echo,
+        TestGuest::Monitor,
+        TestGuest::Traps,
+        TestGuest::Dirty,
+        TestGuest::Xsave,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -61,6 +72,7 @@ impl TestGuest {
             TestGuest::Monitor => "monitor",
             TestGuest::Traps => "traps",
             TestGuest::Dirty => "dirty",
+            TestGuest::Xsave => "xsave",
         }
     }
 
@@ -73,6 +85,7 @@ impl TestGuest {
             TestGuest::Monitor => include_bytes!(concat!(env!("OUT_DIR"), "/monitor.bin")),
             TestGuest::Traps => include_bytes!(concat!(env!("OUT_DIR"), "/traps.bin")),
             TestGuest::Dirty => include_bytes!(concat!(env!("OUT_DIR"), "/dirty.bin")),
+            TestGuest::Xsave => include_bytes!(concat!(env!("OUT_DIR"), "/xsave.bin")),
         }
     }
 }

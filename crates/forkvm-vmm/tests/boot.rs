@@ -74,6 +74,36 @@ fn a_fault_in_the_guest_is_reported_not_hung() {
 }
 
 #[test]
+fn xsave_state_set_and_saved_in_ring_0_is_what_ring_3_finds_in_its_registers() {
+    // The xsave guest: xsetbv, xrstor of known xmm0/ymm0 values and xsave in ring 0
+    // (completed by the VMM on PVM hosts), checked natively in ring 3.
+    let (vmm, mut console) = boot_guest(TestGuest::Xsave, &[], 16, IrqchipMode::Split);
+    // (The console may carry the VMM's own notes first: find the guest's verdict.)
+    console.wait_for("xsave ", T);
+    assert_eq!(console.wait_for("\n", T), "ok\n");
+    assert_eq!(vmm.exit_latch().wait(Some(T)), Some(VcpuExitReason::GuestExit(0)));
+    if forkvm_vmm::host::HostKind::detect() == forkvm_vmm::host::HostKind::Pvm {
+        let fixups = vmm.status().emulation_fixups;
+        let count = |k: &str| fixups.iter().find(|(n, _)| n == k).map(|(_, c)| *c).unwrap_or(0);
+        // (Counts are per process: tests running beside this one add theirs.)
+        assert!(count("xrstor") >= 1 && count("xsave") >= 1, "completed by the VMM: {fixups:?}");
+    }
+}
+
+#[test]
+fn an_xsave_into_unmapped_memory_raises_a_page_fault_at_the_instruction() {
+    let image = TestGuest::Xsave.image();
+    // `xsave64 [rdi]` right after `mov rdi, 0x10000000000`.
+    let mov = [0x48, 0xbf, 0, 0, 0, 0, 0, 0x01, 0, 0];
+    let at = image.windows(mov.len()).position(|w| w == mov).expect("the faulting xsave in the image");
+    let rip = forkvm_testguest::IMAGE_BASE + (at + mov.len()) as u64;
+    let (vmm, mut console) = boot_guest(TestGuest::Xsave, &[1], 16, IrqchipMode::Split);
+    console.wait_for("!F ", T);
+    assert_eq!(console.wait_for("\n", T), format!("000000000000000e {rip:016x}\n"));
+    assert_eq!(vmm.exit_latch().wait(Some(T)), Some(VcpuExitReason::GuestExit(forkvm_testguest::EXIT_CODE_FAULT)));
+}
+
+#[test]
 fn ring_0_instructions_the_emulator_cannot_run_are_completed() {
     // `fwait; int3; ret` in the traps guest's ring-0 hook.
     let image = TestGuest::Traps.image();

@@ -44,6 +44,20 @@ fn round(v: f64) -> f64 {
     (v * 100.0).round() / 100.0
 }
 
+/// `n` round trips of `exec true` in `sb`, in milliseconds.
+pub(crate) fn exec_true_rtts(sb: &Sandbox, n: usize) -> Result<Vec<f64>> {
+    let mut rtts = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let out = sb.client.exec_collect(&ExecRequest::argv(["true"]), b"")?;
+        rtts.push(t.elapsed().as_secs_f64() * 1e3);
+        if out.status.code != Some(0) {
+            bail!("`true` exited with {:?}", out.status);
+        }
+    }
+    Ok(rtts)
+}
+
 pub fn run(a: BenchBootArgs) -> Result<i32> {
     if a.runs == 0 || a.rtts == 0 {
         bail!("--runs and --rtts must be at least 1");
@@ -73,15 +87,7 @@ pub fn run(a: BenchBootArgs) -> Result<i32> {
         }
     }
     let sb = Sandbox::start(&template)?;
-    let mut exec = Vec::new();
-    for _ in 0..a.rtts {
-        let t = Instant::now();
-        let out = sb.client.exec_collect(&ExecRequest::argv(["true"]), b"")?;
-        exec.push(t.elapsed().as_secs_f64() * 1e3);
-        if out.status.code != Some(0) {
-            bail!("`true` exited with {:?}", out.status);
-        }
-    }
+    let mut exec = exec_true_rtts(&sb, a.rtts)?;
     let mut eval = Vec::new();
     if has_python {
         for _ in 0..a.rtts {

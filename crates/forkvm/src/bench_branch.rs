@@ -15,7 +15,7 @@ use clap::Args;
 use forkvm_testguest::{TestGuest, DIRTY_GEN_ADDR, IMAGE_BASE};
 use forkvm_vmm::arch::x86_64::cpuid::CpuTemplate;
 use forkvm_vmm::devices::serial::ConsoleOut;
-use forkvm_vmm::host::{open_kvm, HostKind};
+use forkvm_vmm::host::open_kvm;
 use forkvm_vmm::vmm::{BranchMode, BranchRequest};
 use forkvm_vmm::vstate::irqchip::IrqchipMode;
 use forkvm_vmm::{BootConfig, Payload, Vmm};
@@ -76,7 +76,7 @@ fn boot_dirty(mem_mib: u64) -> Result<Vmm> {
             mem_size: mem,
             vcpu_count: 1,
             irqchip: IrqchipMode::Split,
-            cpu_template: CpuTemplate::for_host(HostKind::detect()),
+            cpu_template: CpuTemplate::for_this_host(),
             payload: Payload::Flat {
                 name: "dirty".into(),
                 image: TestGuest::Dirty.image().to_vec(),

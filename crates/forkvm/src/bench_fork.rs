@@ -65,7 +65,7 @@ fn monitor_config(mem_mib: u64, irqchip: IrqchipMode, console: ConsoleOut) -> Bo
         mem_size,
         vcpu_count: 1,
         irqchip,
-        cpu_template: CpuTemplate::for_host(HostKind::detect()),
+        cpu_template: CpuTemplate::for_this_host(),
         payload: Payload::Flat {
             name: TestGuest::Monitor.name().into(),
             image: TestGuest::Monitor.image().to_vec(),

@@ -14,6 +14,11 @@ pub struct DoctorArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// Also restore a `tiny` sandbox (its template is built and booted first if missing:
+    /// minutes) and check in it that the guest kernel preserves every vector register
+    /// class user code can use.
+    #[arg(long)]
+    pub guest: bool,
 }
 
 fn check(name: &str, ok: bool, detail: impl Into<String>) -> Value {
@@ -53,7 +58,7 @@ fn emulation_probe(kvm: &kvm_ioctls::Kvm, checks: &mut Vec<Value>) -> bool {
         mem_size: 4 << 20,
         vcpu_count: 1,
         irqchip: IrqchipMode::Split,
-        cpu_template: forkvm_vmm::arch::x86_64::cpuid::CpuTemplate::for_host(HostKind::detect()),
+        cpu_template: forkvm_vmm::arch::x86_64::cpuid::CpuTemplate::for_this_host(),
         payload: Payload::Flat {
             name: "traps".into(),
             image: TestGuest::Traps.image().to_vec(),
@@ -158,14 +163,52 @@ fn facility_checks(checks: &mut Vec<Value>) {
     checks.push(check("image-tools", missing.is_empty(), detail));
 }
 
+/// Restores a `tiny` sandbox and runs the vector-state check in it (see
+/// `forkvm_sandbox::vector_guard`).
+fn guest_vector_check(checks: &mut Vec<Value>) -> bool {
+    let result = (|| -> Result<forkvm_proto::vector_check::VectorCheckReport> {
+        let artifacts = forkvm_sandbox::Artifacts::ensure("tiny", &mut |_| {})?;
+        let template = forkvm_sandbox::ensure_template_snapshot(artifacts)?;
+        let sandbox = forkvm_sandbox::Sandbox::start(&template)?;
+        Ok(forkvm_sandbox::vector_guard::run(&sandbox.client, 3, 300)?)
+    })();
+    let (ok, detail) = match result {
+        Ok(r) => {
+            let failures = r.describe_failures();
+            let verdict =
+                if failures.is_empty() { "every class held".to_string() } else { format!("WRONG: {failures}") };
+            let classes: Vec<&str> = r.classes.iter().map(|c| c.class.as_str()).collect();
+            let detail = format!(
+                "{} processes x {} switches in a tiny sandbox, level {} (CPUID advertises {}), XCR0 {}, kernel saves {}; {}: {verdict}",
+                r.processes,
+                r.switches,
+                r.level,
+                r.advertised,
+                r.xcr0,
+                r.kernel_xfeatures.as_deref().unwrap_or("?"),
+                classes.join(", ")
+            );
+            (failures.is_empty(), detail)
+        }
+        Err(e) => (false, format!("{e:#}")),
+    };
+    checks.push(check("vector-state", ok, detail));
+    ok
+}
+
 pub fn run(a: DoctorArgs) -> Result<i32> {
     let kind = HostKind::detect();
     let mut checks = Vec::new();
-    let ok = kvm_checks(&mut checks);
+    let mut ok = kvm_checks(&mut checks);
     facility_checks(&mut checks);
+    if a.guest && ok {
+        ok &= guest_vector_check(&mut checks);
+    } else {
+        checks.push(check("vector-state", true, "not run: `forkvm doctor --guest` checks it in a tiny sandbox"));
+    }
     let host_note = match kind {
         HostKind::Hardware => "hardware virtualization (VMX/SVM): guests run natively; CPU template `host`",
-        HostKind::Pvm => "PVM (kvm_pvm, no VMX/SVM): guest user code runs natively, guest kernel code through KVM's emulator (~1000x slower); CPU template `pvm-compat`, and the VMM completes the instructions the emulator cannot run (counted in each VMM's `status`)",
+        HostKind::Pvm => "PVM (kvm_pvm, no VMX/SVM): guest user code runs natively, guest kernel code through KVM's emulator (~1000x slower); CPU template `pvm-xsave`, and the VMM completes the instructions the emulator cannot run (counted in each VMM's `status`)",
     };
     if a.json {
         println!(

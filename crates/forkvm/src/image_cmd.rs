@@ -104,7 +104,7 @@ fn kernel(a: KernelArgs) -> Result<i32> {
     };
     let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
     let host = HostKind::detect();
-    let cmdline = format!("{} {}", base_cmdline(), CpuTemplate::for_host(host).linux_cmdline()).trim().to_string();
+    let cmdline = format!("{} {}", base_cmdline(), CpuTemplate::for_this_host().linux_cmdline()).trim().to_string();
     if a.json {
         let out = json!({
             "path": path,

@@ -12,6 +12,7 @@ mod bench_fork;
 mod bench_lazy;
 mod bench_memory;
 mod bench_spawn;
+mod bench_vector;
 mod chain_cmd;
 mod daemon_cmd;
 mod disk_cmd;
@@ -126,6 +127,9 @@ enum BenchCommand {
     MemoryPrefetch(bench_memory::BenchMemoryArgs),
     /// Encrypted archive and unarchive, against a plaintext branch and a restore from it.
     Archive(bench_archive::BenchArchiveArgs),
+    /// Saving the guest's vector state: CPU template against CPU template (restore,
+    /// exec, context switch, numpy), and whether processes keep their registers.
+    VectorState(bench_vector::BenchVectorArgs),
 }
 
 /// The error and its causes, skipping a cause whose text the message already contains
@@ -155,6 +159,7 @@ fn main() {
         Command::Ctl(a) => vm_cmd::ctl(a),
         Command::Fork(a) => fork_cmd::run(a, remote),
         Command::Bench(BenchCommand::Fork(a)) => bench_fork::run(a),
+        Command::Bench(BenchCommand::VectorState(a)) => bench_vector::run(a),
         Command::Bench(BenchCommand::Boot(a)) => bench_boot::run(a),
         Command::Bench(BenchCommand::Branch(a)) => bench_branch::run(a),
         Command::Bench(BenchCommand::Spawn(a)) => bench_spawn::run(a),

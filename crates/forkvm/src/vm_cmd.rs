@@ -8,7 +8,7 @@ use forkvm_vmm::arch::x86_64::cpuid::CpuTemplate;
 use forkvm_vmm::control::{serve_until_exit, ControlClient, Request};
 use forkvm_vmm::devices::attach::{BlockConfig, DeviceConfig, VsockConfig};
 use forkvm_vmm::devices::serial::ConsoleOut;
-use forkvm_vmm::host::{open_kvm, HostKind};
+use forkvm_vmm::host::open_kvm;
 use forkvm_vmm::vstate::irqchip::IrqchipMode;
 use forkvm_vmm::vstate::vcpu::VcpuExitReason;
 use forkvm_vmm::{BootConfig, Payload, Vmm};
@@ -91,7 +91,7 @@ pub struct BootArgs {
     /// kernel (KVM's PIC/IOAPIC/PIT) or split (LAPIC in KVM, IOAPIC in the VMM).
     #[arg(long, default_value = "split")]
     pub irqchip: IrqchipMode,
-    /// host or pvm-compat; default: chosen by host kind.
+    /// host, pvm-xsave or pvm-compat (legacy, noxsave); default: chosen by host kind.
     #[arg(long)]
     pub cpu_template: Option<CpuTemplate>,
     #[command(flatten)]
@@ -188,7 +188,7 @@ pub fn boot(a: BootArgs) -> Result<i32> {
         mem_size: a.mem_mib << 20,
         vcpu_count: a.vcpus,
         irqchip: a.irqchip,
-        cpu_template: a.cpu_template.unwrap_or_else(|| CpuTemplate::for_host(HostKind::detect())),
+        cpu_template: a.cpu_template.unwrap_or_else(CpuTemplate::for_this_host),
         payload,
         console: open_console(&a.console)?,
         devices: a.console.devices.config()?,

@@ -4,7 +4,7 @@
 //! keyboard controller (the VMM sees the reset command and stops the VM), and a panic
 //! turns into a reboot after one second instead of a hang. The VMM appends the rest:
 //! its virtio devices (`virtio_mmio.device=...`) and the CPU profile's arguments — on PVM
-//! hosts the `noxsave ... clearcpuid=...` list of PLATFORM.md, kept in one place:
+//! hosts the `clearcpuid=...` list of the `pvm-xsave` CPU template, kept in one place:
 //! `forkvm_vmm::arch::x86_64::cpuid::CpuTemplate::linux_cmdline`.
 
 /// Arguments every forkvm guest kernel gets, whatever the host.

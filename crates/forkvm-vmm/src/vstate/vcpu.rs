@@ -152,7 +152,7 @@ impl VcpuRunner {
             let rip = self.fd.get_regs().map(|r| r.rip).unwrap_or(0);
             return Err(VcpuExitReason::Failed(format!("KVM internal error (suberror {suberror}) at rip {rip:#x}")));
         }
-        match emulation::complete(&self.fd, &self.mem, self.payload_events) {
+        match emulation::complete(&self.fd, &self.mem, &self.cpuid, self.payload_events) {
             Ok(fixup) => {
                 if self.fixups_seen & (1 << fixup as u8) == 0 {
                     self.fixups_seen |= 1 << fixup as u8;

@@ -5,7 +5,7 @@
 use forkvm_testguest::{TestGuest, IMAGE_BASE};
 use forkvm_vmm::arch::x86_64::cpuid::CpuTemplate;
 use forkvm_vmm::devices::serial::ConsoleOut;
-use forkvm_vmm::host::{open_kvm, HostKind};
+use forkvm_vmm::host::open_kvm;
 use forkvm_vmm::vstate::irqchip::IrqchipMode;
 use forkvm_vmm::{boot, BootConfig, Payload, Vmm};
 use std::io::Read;
@@ -65,7 +65,7 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 }
 
 pub fn template() -> CpuTemplate {
-    CpuTemplate::for_host(HostKind::detect())
+    CpuTemplate::for_this_host()
 }
 
 pub fn boot_guest(guest: TestGuest, args: &[u64], mem_mib: u64, irqchip: IrqchipMode) -> (Vmm, Console) {

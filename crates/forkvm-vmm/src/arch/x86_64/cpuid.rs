@@ -1,10 +1,23 @@
 //! CPUID for guests: KVM's supported set filtered through a named CPU template.
 //!
-//! A template says which features a guest may see. `host` passes KVM's supported set
-//! through; `pvm-compat` hides the features whose instructions KVM's instruction
-//! emulator cannot execute on PVM hosts (PLATFORM.md), where guest ring-0 code runs
-//! through that emulator. The template is recorded in the snapshot so that a restored
-//! guest sees exactly the CPUID it booted with.
+//! A template says which features a guest may see and which extended (XSAVE) state it
+//! may enable. The code path is the same for every template; only the profile differs:
+//!
+//! | template | host | hidden | XCR0 the guest may set |
+//! | --- | --- | --- | --- |
+//! | `host` | hardware KVM | nothing | what KVM supports and the VMM saves (x87, SSE, AVX, AVX-512, PKRU; no AMX) |
+//! | `pvm-xsave` | PVM (default) | features KVM's emulator cannot run for the guest kernel | x87, SSE, AVX, AVX-512 (the VMM completes XSAVE/XRSTOR) |
+//! | `pvm-compat` | PVM (snapshots made before `pvm-xsave`) | the same, plus XSAVE and every AVX feature | none (`noxsave`) |
+//!
+//! Why `pvm-compat` is no longer used for new guests: on PVM hosts guest user code runs
+//! natively, sees the host's CPUID and — while the guest kernel has not enabled XSAVE —
+//! the host's XCR0, so it uses AVX/AVX-512 registers that a `noxsave` kernel never saves
+//! on a context switch: processes corrupt each other's vector registers. Under
+//! `pvm-xsave` the kernel enables XSAVE with XCR0 limited to what it saves, KVM loads
+//! that XCR0 while the guest runs, and user code sees it through XGETBV (docs/vector-state.md).
+//!
+//! The template is recorded in the snapshot so that a restored guest sees exactly the
+//! CPUID it booted with.
 
 use kvm_bindings::{kvm_cpuid_entry2, CpuId, KVM_MAX_CPUID_ENTRIES};
 use kvm_ioctls::Kvm;
@@ -16,11 +29,24 @@ use std::str::FromStr;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum CpuTemplate {
-    /// KVM's supported CPUID, unfiltered.
+    /// KVM's supported CPUID, with XSAVE state limited to what the VMM saves.
     Host,
-    /// Hides features the PVM instruction emulator cannot run (SSE3+, AVX, XSAVE, ...).
+    /// PVM, before XSAVE completion: hides XSAVE and AVX (`noxsave`). Kept so snapshots
+    /// made with it restore with the CPUID they booted with; not chosen for new guests.
     PvmCompat,
+    /// PVM: hides what KVM's emulator cannot run for the guest kernel; XSAVE with AVX and
+    /// AVX-512, completed by the VMM.
+    PvmXsave,
 }
+
+/// Overrides the CPU template chosen by host kind (`host`, `pvm-xsave`, `pvm-compat`).
+pub const TEMPLATE_ENV: &str = "FORKVM_CPU_TEMPLATE";
+
+/// XSAVE state components the VMM can hold (in the 4 KiB `kvm_xsave` it snapshots):
+/// x87, SSE, AVX, AVX-512 opmask, ZMM_Hi256, Hi16_ZMM and PKRU. Not AMX tile data.
+pub const SAVED_XFEATURES: u64 = 0x2e7;
+/// What the PVM profile lets the guest enable: no PKRU (protection keys are hidden).
+pub const PVM_XFEATURES: u64 = 0xe7;
 
 #[derive(Clone, Copy)]
 enum Reg {
@@ -29,14 +55,13 @@ enum Reg {
     Edx,
 }
 
-/// (leaf, subleaf, register, bit) cleared by `pvm-compat`.
+/// (leaf, subleaf, register, bit) that every PVM profile clears: instructions KVM's
+/// emulator cannot run for the guest kernel.
 const PVM_HIDDEN: &[(u32, u32, Reg, u8)] = &[
-    // Leaf 1 ECX: sse3 pclmul ssse3 fma cx16 pcid sse4.1 sse4.2 movbe popcnt aes xsave
-    // osxsave avx f16c rdrand.
+    // Leaf 1 ECX: sse3 pclmul ssse3 cx16 pcid sse4.1 sse4.2 movbe popcnt aes rdrand.
     (1, 0, Reg::Ecx, 0),
     (1, 0, Reg::Ecx, 1),
     (1, 0, Reg::Ecx, 9),
-    (1, 0, Reg::Ecx, 12),
     (1, 0, Reg::Ecx, 13),
     (1, 0, Reg::Ecx, 17),
     (1, 0, Reg::Ecx, 19),
@@ -44,29 +69,16 @@ const PVM_HIDDEN: &[(u32, u32, Reg, u8)] = &[
     (1, 0, Reg::Ecx, 22),
     (1, 0, Reg::Ecx, 23),
     (1, 0, Reg::Ecx, 25),
-    (1, 0, Reg::Ecx, 26),
-    (1, 0, Reg::Ecx, 27),
-    (1, 0, Reg::Ecx, 28),
-    (1, 0, Reg::Ecx, 29),
     (1, 0, Reg::Ecx, 30),
-    // Leaf 7.0 EBX: fsgsbase bmi1 avx2 bmi2 invpcid avx512f/dq rdseed adx smap avx512* sha.
+    // Leaf 7.0 EBX: fsgsbase bmi1 bmi2 invpcid rdseed adx smap sha.
     (7, 0, Reg::Ebx, 0),
     (7, 0, Reg::Ebx, 3),
-    (7, 0, Reg::Ebx, 5),
     (7, 0, Reg::Ebx, 8),
     (7, 0, Reg::Ebx, 10),
-    (7, 0, Reg::Ebx, 16),
-    (7, 0, Reg::Ebx, 17),
     (7, 0, Reg::Ebx, 18),
     (7, 0, Reg::Ebx, 19),
     (7, 0, Reg::Ebx, 20),
-    (7, 0, Reg::Ebx, 21),
-    (7, 0, Reg::Ebx, 26),
-    (7, 0, Reg::Ebx, 27),
-    (7, 0, Reg::Ebx, 28),
     (7, 0, Reg::Ebx, 29),
-    (7, 0, Reg::Ebx, 30),
-    (7, 0, Reg::Ebx, 31),
     // Leaf 7.0 ECX: pku ospke rdpid.
     (7, 0, Reg::Ecx, 3),
     (7, 0, Reg::Ecx, 4),
@@ -76,43 +88,111 @@ const PVM_HIDDEN: &[(u32, u32, Reg, u8)] = &[
     (0x8000_0001, 0, Reg::Edx, 27),
 ];
 
+/// What `pvm-compat` clears on top: XSAVE and the features whose state lives in it.
+const PVM_COMPAT_VECTOR_HIDDEN: &[(u32, u32, Reg, u8)] = &[
+    // Leaf 1 ECX: fma xsave osxsave avx f16c.
+    (1, 0, Reg::Ecx, 12),
+    (1, 0, Reg::Ecx, 26),
+    (1, 0, Reg::Ecx, 27),
+    (1, 0, Reg::Ecx, 28),
+    (1, 0, Reg::Ecx, 29),
+    // Leaf 7.0 EBX: avx2 avx512f/dq/ifma/pf/er/cd/bw/vl.
+    (7, 0, Reg::Ebx, 5),
+    (7, 0, Reg::Ebx, 16),
+    (7, 0, Reg::Ebx, 17),
+    (7, 0, Reg::Ebx, 21),
+    (7, 0, Reg::Ebx, 26),
+    (7, 0, Reg::Ebx, 27),
+    (7, 0, Reg::Ebx, 28),
+    (7, 0, Reg::Ebx, 30),
+    (7, 0, Reg::Ebx, 31),
+];
+
+/// One template's rules.
+struct Profile {
+    hidden: &'static [&'static [(u32, u32, Reg, u8)]],
+    /// XCR0 bits the guest may set (CPUID 0xD.0 EDX:EAX); 0 hides XSAVE altogether.
+    xfeatures: u64,
+    /// Whether XSAVEOPT, XSAVEC, XGETBV1 and XSAVES (CPUID 0xD.1) stay visible: only
+    /// where the CPU runs them for the guest kernel, not where the VMM completes XSAVE.
+    xsave_variants: bool,
+    /// Kernel command-line arguments a Linux guest needs.
+    cmdline: &'static str,
+}
+
+/// `clearcpuid` (kernel feature numbers) of the features KVM's emulator cannot run:
+/// popcnt, smap, fsgsbase, rdrand, rdseed, rdpid, pcid, invpcid, pku, aes, pclmul,
+/// sse3-4.2, movbe, bmi, abm, sha, rdtscp, cx16, vaes, vpclmulqdq, clzero, and the XSAVE
+/// variants the VMM does not complete (xsaveopt, xsavec, xgetbv1, xsaves, xfd).
+const PVM_XSAVE_CMDLINE: &str = "nofsgsbase nowatchdog tsc=unstable clearcpuid=151,308,288,158,306,534,145,298,515,153,129,147,148,137,128,150,291,296,197,317,59,141,521,522,320,321,322,323,324,416";
+
+const HOST: Profile = Profile { hidden: &[], xfeatures: SAVED_XFEATURES, xsave_variants: true, cmdline: "" };
+const PVM_COMPAT: Profile = Profile {
+    hidden: &[PVM_HIDDEN, PVM_COMPAT_VECTOR_HIDDEN],
+    xfeatures: 0,
+    xsave_variants: false,
+    cmdline: "noxsave nofsgsbase nowatchdog tsc=unstable clearcpuid=151,308,288,158,306,534,145,298,515,154,156,293,153,129,147,148,137,128,150,291,296,197,317,59,141,140,157,304,521,522,320,321,323,416",
+};
+const PVM_XSAVE: Profile =
+    Profile { hidden: &[PVM_HIDDEN], xfeatures: PVM_XFEATURES, xsave_variants: false, cmdline: PVM_XSAVE_CMDLINE };
+
 impl CpuTemplate {
-    /// The template for this host: `pvm-compat` on a PVM host, `host` elsewhere.
+    /// The template for this host: `pvm-xsave` on a PVM host, `host` elsewhere.
     pub fn for_host(kind: crate::host::HostKind) -> CpuTemplate {
         match kind {
-            crate::host::HostKind::Pvm => CpuTemplate::PvmCompat,
+            crate::host::HostKind::Pvm => CpuTemplate::PvmXsave,
             crate::host::HostKind::Hardware => CpuTemplate::Host,
         }
     }
+
+    /// The template for the host this process runs on, unless `FORKVM_CPU_TEMPLATE`
+    /// names another (an unknown name is ignored with a warning, never guessed at).
+    pub fn for_this_host() -> CpuTemplate {
+        if let Ok(name) = std::env::var(TEMPLATE_ENV) {
+            match name.parse() {
+                Ok(t) => return t,
+                Err(e) => tracing::warn!(error = %e, "{TEMPLATE_ENV} ignored"),
+            }
+        }
+        CpuTemplate::for_host(crate::host::HostKind::detect())
+    }
+
+    pub const ALL: [CpuTemplate; 3] = [CpuTemplate::Host, CpuTemplate::PvmCompat, CpuTemplate::PvmXsave];
 
     pub fn name(self) -> &'static str {
         match self {
             CpuTemplate::Host => "host",
             CpuTemplate::PvmCompat => "pvm-compat",
+            CpuTemplate::PvmXsave => "pvm-xsave",
+        }
+    }
+
+    fn profile(self) -> &'static Profile {
+        match self {
+            CpuTemplate::Host => &HOST,
+            CpuTemplate::PvmCompat => &PVM_COMPAT,
+            CpuTemplate::PvmXsave => &PVM_XSAVE,
         }
     }
 
     /// Kernel command-line arguments a Linux guest needs under this template. On PVM
     /// hosts the guest sees some host features even when CPUID hides them, and KVM's
     /// emulator cannot run their instructions, so the kernel is told to leave them alone
-    /// (`clearcpuid` by bit number: popcnt, smap, fsgsbase, rdrand, rdseed, rdpid, pcid,
-    /// invpcid, pku, xsave*, avx*, aes, pclmul, sse3-4.2, movbe, bmi, abm, sha, rdtscp,
-    /// cx16, fma, f16c); `tsc=unstable` makes it use kvm-clock, which a restore can set.
+    /// (`clearcpuid` by feature number); `tsc=unstable` makes it use kvm-clock, which a
+    /// restore can set.
     pub fn linux_cmdline(self) -> &'static str {
-        match self {
-            CpuTemplate::Host => "",
-            CpuTemplate::PvmCompat => {
-                "noxsave nofsgsbase nowatchdog tsc=unstable clearcpuid=151,308,288,158,306,534,145,298,515,154,156,293,153,129,147,148,137,128,150,291,296,197,317,59,141,140,157,304,521,522,320,321,323,416"
-            }
-        }
+        self.profile().cmdline
+    }
+
+    /// The XCR0 bits a guest may enable under this template (0: no XSAVE).
+    pub fn xfeatures(self) -> u64 {
+        self.profile().xfeatures
     }
 
     /// Applies the template to `entries` in place.
     pub fn apply(self, entries: &mut [kvm_cpuid_entry2]) {
-        if self == CpuTemplate::Host {
-            return;
-        }
-        for &(leaf, subleaf, reg, bit) in PVM_HIDDEN {
+        let profile = self.profile();
+        for &(leaf, subleaf, reg, bit) in profile.hidden.iter().flat_map(|l| l.iter()) {
             for e in entries.iter_mut().filter(|e| e.function == leaf && e.index == subleaf) {
                 let r = match reg {
                     Reg::Ebx => &mut e.ebx,
@@ -122,9 +202,53 @@ impl CpuTemplate {
                 *r &= !(1u32 << bit);
             }
         }
-        // Without XSAVE the XSAVE state leaf must not advertise anything either.
-        for e in entries.iter_mut().filter(|e| e.function == 0xd) {
-            (e.eax, e.ebx, e.ecx, e.edx) = (0, 0, 0, 0);
+        limit_xsave_leaf(entries, profile);
+    }
+}
+
+/// CPUID leaf 0xD under `profile`: XCR0 limited to its xfeatures (and to what KVM
+/// supports), the maximum area size recomputed for that set, the XSAVE variants hidden
+/// unless the profile keeps them, and no supervisor (XSS) state.
+fn limit_xsave_leaf(entries: &mut [kvm_cpuid_entry2], profile: &Profile) {
+    let supported = entries
+        .iter()
+        .find(|e| e.function == 0xd && e.index == 0)
+        .map_or(0, |e| u64::from(e.eax) | u64::from(e.edx) << 32);
+    let allowed = supported & profile.xfeatures;
+    if allowed & 0b11 != 0b11 {
+        // No XSAVE: the leaf must not advertise anything, nor leaf 1 XSAVE/OSXSAVE.
+        for e in entries.iter_mut() {
+            match e.function {
+                0xd => (e.eax, e.ebx, e.ecx, e.edx) = (0, 0, 0, 0),
+                1 => e.ecx &= !(1 << 26 | 1 << 27),
+                _ => {}
+            }
+        }
+        return;
+    }
+    let max_size = entries
+        .iter()
+        .filter(|e| e.function == 0xd && e.index >= 2 && e.index < 64 && allowed & (1u64 << e.index) != 0)
+        .map(|e| e.ebx + e.eax)
+        .fold(576, u32::max);
+    for e in entries.iter_mut().filter(|e| e.function == 0xd) {
+        match e.index {
+            0 => {
+                e.eax = allowed as u32;
+                e.edx = (allowed >> 32) as u32;
+                e.ebx = 576; // for XCR0 = x87|SSE; KVM updates it as XCR0 changes
+                e.ecx = max_size;
+            }
+            1 => {
+                if !profile.xsave_variants {
+                    e.eax = 0;
+                }
+                // No supervisor state: IA32_XSS stays 0 (the VMM does not save it).
+                (e.ebx, e.ecx, e.edx) = (0, 0, 0);
+                e.eax &= !(1 << 3 | 1 << 4); // XSAVES and XFD: supervisor and AMX state
+            }
+            i if i < 64 && allowed & (1u64 << i) != 0 => {}
+            _ => (e.eax, e.ebx, e.ecx, e.edx) = (0, 0, 0, 0),
         }
     }
 }
@@ -141,7 +265,8 @@ impl FromStr for CpuTemplate {
         match s {
             "host" => Ok(CpuTemplate::Host),
             "pvm-compat" => Ok(CpuTemplate::PvmCompat),
-            _ => Err(format!("unknown CPU template {s:?}; known: host, pvm-compat")),
+            "pvm-xsave" => Ok(CpuTemplate::PvmXsave),
+            _ => Err(format!("unknown CPU template {s:?}; known: host, pvm-xsave, pvm-compat")),
         }
     }
 }
@@ -195,11 +320,69 @@ mod tests {
         assert_eq!(e[3].edx & (1 << 27), 0, "rdtscp");
     }
 
+    /// Leaf 0xD as KVM reports it on an AVX-512 + AMX CPU (offset, size per component).
+    fn xsave_leaf() -> Vec<kvm_cpuid_entry2> {
+        let mut v = vec![
+            kvm_cpuid_entry2 {
+                function: 0xd,
+                index: 0,
+                eax: 0x602e7,
+                ebx: 576,
+                ecx: 11008,
+                edx: 0,
+                ..Default::default()
+            },
+            kvm_cpuid_entry2 { function: 0xd, index: 1, eax: 0x1f, ebx: 0, ecx: 0x1900, edx: 0, ..Default::default() },
+        ];
+        for (index, size, offset) in [(2, 256, 576), (5, 64, 1088), (6, 512, 1152), (7, 1024, 1664), (9, 8, 2688)] {
+            v.push(kvm_cpuid_entry2 { function: 0xd, index, eax: size, ebx: offset, ..Default::default() });
+        }
+        v.push(kvm_cpuid_entry2 { function: 0xd, index: 18, eax: 8192, ebx: 2816, ..Default::default() });
+        v
+    }
+
+    fn leaf(e: &[kvm_cpuid_entry2], function: u32, index: u32) -> kvm_cpuid_entry2 {
+        *e.iter().find(|x| x.function == function && x.index == index).unwrap()
+    }
+
     #[test]
-    fn host_template_changes_nothing() {
+    fn host_template_keeps_features_and_limits_xsave_to_what_the_vmm_saves() {
+        let mut e = vec![entry(1, 0), entry(7, 0)];
+        e.extend(xsave_leaf());
+        CpuTemplate::Host.apply(&mut e);
+        assert_eq!(e[0].ecx, !0, "leaf 1 untouched");
+        assert_eq!(e[1].ebx, !0, "leaf 7 untouched");
+        let d0 = leaf(&e, 0xd, 0);
+        assert_eq!((d0.eax, d0.edx), (0x2e7, 0), "no AMX: kvm_xsave cannot hold it");
+        assert_eq!(d0.ecx, 2696, "max size recomputed: PKRU ends at 2696");
+        assert_eq!(leaf(&e, 0xd, 1).eax, 0x7, "xsaveopt/xsavec/xgetbv1 kept, xsaves/xfd not");
+        assert_eq!(leaf(&e, 0xd, 18).eax, 0, "AMX tile data hidden");
+    }
+
+    #[test]
+    fn pvm_xsave_offers_avx512_state_through_plain_xsave_only() {
+        let mut e = vec![entry(1, 0), entry(7, 0)];
+        e.extend(xsave_leaf());
+        CpuTemplate::PvmXsave.apply(&mut e);
+        assert_ne!(e[0].ecx & (1 << 26), 0, "xsave");
+        assert_ne!(e[0].ecx & (1 << 28), 0, "avx");
+        assert_eq!(e[0].ecx & (1 << 23), 0, "popcnt still hidden");
+        assert_ne!(e[1].ebx & (1 << 16), 0, "avx512f");
+        assert_eq!(e[1].ebx & 1, 0, "fsgsbase still hidden");
+        let d0 = leaf(&e, 0xd, 0);
+        assert_eq!((d0.eax, d0.edx, d0.ecx), (0xe7, 0, 2688));
+        assert_eq!(leaf(&e, 0xd, 1).eax, 0, "the VMM completes XSAVE/XRSTOR only");
+        assert_eq!(leaf(&e, 0xd, 9).eax, 0, "no PKRU");
+        assert_eq!(leaf(&e, 0xd, 7).ebx, 1664, "Hi16_ZMM keeps its offset");
+        assert!(!CpuTemplate::PvmXsave.linux_cmdline().contains("noxsave"));
+        assert!(CpuTemplate::PvmCompat.linux_cmdline().contains("noxsave"));
+    }
+
+    #[test]
+    fn without_a_usable_xsave_leaf_xsave_is_hidden() {
         let mut e = vec![entry(1, 0)];
         CpuTemplate::Host.apply(&mut e);
-        assert_eq!(e[0].ecx, !0);
+        assert_eq!(e[0].ecx & (1 << 26 | 1 << 27), 0);
     }
 
     #[test]
@@ -214,7 +397,7 @@ mod tests {
 
     #[test]
     fn template_names_parse() {
-        for t in [CpuTemplate::Host, CpuTemplate::PvmCompat] {
+        for t in CpuTemplate::ALL {
             assert_eq!(t.name().parse::<CpuTemplate>().unwrap(), t);
         }
         assert!("x".parse::<CpuTemplate>().is_err());
