@@ -41,11 +41,7 @@
 use std::ffi::{OsStr, OsString};
 use std::io;
 
-/// The `GLIBC_TUNABLES` entry that keeps glibc's string and memory functions on SSE.
-/// Clearing AVX2 alone is not enough: glibc's memmove keys on the derived
-/// `AVX_Fast_Unaligned_Load` preference, which the hwcaps mask does not clear.
-pub const GLIBC_SSE_ONLY: &str = "glibc.cpu.hwcaps=-AVX,-AVX2,-AVX512F,-AVX512VL,-AVX512BW,-AVX512DQ,\
--AVX512CD,-FMA,-FMA4,-AVX_Fast_Unaligned_Load,Prefer_No_AVX512";
+pub use forkvm_proto::vector_check::GLIBC_SSE_ONLY;
 
 /// Tests only: pretend the kernel saves just these xfeatures (hex), instead of asking it.
 pub const KERNEL_XFEATURES_ENV: &str = "FORKVM_AGENT_KERNEL_XFEATURES";

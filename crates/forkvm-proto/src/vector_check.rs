@@ -4,6 +4,14 @@
 
 use serde::{Deserialize, Serialize};
 
+/// The `GLIBC_TUNABLES` entry that keeps glibc's string and memory functions on SSE.
+/// Clearing AVX2 alone is not enough: glibc's memmove keys on the derived
+/// `AVX_Fast_Unaligned_Load` preference, which the hwcaps mask does not clear.
+/// The vector-state check starts with it, so a kernel that loses vector state corrupts
+/// only the registers the check tests, and the check lives to report it.
+pub const GLIBC_SSE_ONLY: &str = "glibc.cpu.hwcaps=-AVX,-AVX2,-AVX512F,-AVX512VL,-AVX512BW,-AVX512DQ,\
+-AVX512CD,-FMA,-FMA4,-AVX_Fast_Unaligned_Load,Prefer_No_AVX512";
+
 /// One register class and what the check saw.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -8,7 +8,7 @@
 //! FXSAVE state let numpy in two processes compute wrong numbers, with no error at all
 //! (docs/vector-state.md).
 
-use forkvm_proto::vector_check::VectorCheckReport;
+use forkvm_proto::vector_check::{VectorCheckReport, GLIBC_SSE_ONLY};
 use forkvm_proto::{AgentClient, ExecRequest};
 use std::io::{Read, Write};
 
@@ -66,6 +66,9 @@ pub fn run<S: Read + Write>(
         switches.to_string(),
     ]);
     req.timeout_ms = Some(TIMEOUT_MS);
+    // glibc on SSE from the first instruction: the check must not be corrupted by what
+    // it looks for (it re-executes itself so otherwise, after its start-up).
+    req.env = vec![("GLIBC_TUNABLES".into(), GLIBC_SSE_ONLY.into())];
     let out = client.exec_collect(&req, b"").map_err(|e| VectorGuardError::Run(e.to_string()))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let line = stdout.lines().rev().find(|l| l.starts_with('{'));
@@ -81,9 +84,11 @@ pub fn run<S: Read + Write>(
 
 /// The numpy workload that first showed the bug: `procs` processes forked from a warm
 /// interpreter each recompute one 192x192 matmul and its sum for `seconds`, comparing
-/// every result with their own first one. They start together, once all are forked. Python code for `eval`; its value is the JSON
+/// every result with their own first one. They start together, once all are forked and
+/// warm, and each runs at least [`NUMPY_MIN_ITERATIONS`]. Python code for `eval`; its value is the JSON
 /// of a [`NumpyProbe`].
 pub fn numpy_probe_code(procs: u32, seconds: u32) -> String {
+    let min_iterations = NUMPY_MIN_ITERATIONS;
     format!(
         r#"
 import os, time, json
@@ -100,12 +105,16 @@ def _forkvm_numpy_probe(seconds, procs):
         if pid == 0:
             os.close(r)
             os.close(go_w)
-            os.read(go_r, 1)  # every worker starts once all exist (a fork takes seconds here)
             ref = a @ b
             ref_sum = np.sum(ref)
+            for _ in range(3):  # fault in this copy's pages before the clock starts
+                np.sum(a @ b)
+            os.read(go_r, 1)  # every worker starts once all exist (a fork takes seconds here)
             n = bad = 0
-            end = time.monotonic() + seconds
-            while time.monotonic() < end:
+            start = time.monotonic()
+            end, limit = start + seconds, start + 10 * seconds
+            # At least `min_iterations` each, however slow a busy host makes the guest.
+            while (time.monotonic() < end or n < {min_iterations}) and time.monotonic() < limit:
                 c = a @ b
                 s = np.sum(c)
                 n += 1
@@ -134,6 +143,9 @@ _forkvm_numpy_probe({seconds}, {procs})
 "#
     )
 }
+
+/// Iterations every numpy probe process runs, even past its time (up to ten times it).
+pub const NUMPY_MIN_ITERATIONS: u64 = 100;
 
 /// What [`numpy_probe_code`] measured.
 #[derive(Debug, Clone, serde::Deserialize)]
