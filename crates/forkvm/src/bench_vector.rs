@@ -14,7 +14,8 @@
 //! * with Python templates, `numpy`: one process's matmul+sum iterations per second over
 //!   `--seconds`, and three processes' wrong results in the same time.
 //!
-//! The `pvm-compat` snapshot is made with the guard in report-only mode (it exists only to
+//! `--rounds` rounds alternate the templates (the machine's speed drifts); medians over
+//! rounds, wrong results summed. The `pvm-compat` snapshot is made with the guard in report-only mode (it exists only to
 //! be measured against) and under its own cache key.
 
 use crate::bench_fork::{machine, median};
@@ -49,6 +50,9 @@ pub struct BenchVectorArgs {
     /// Seconds of each numpy measurement.
     #[arg(long, default_value_t = 10)]
     pub seconds: u32,
+    /// Rounds; each measures every template once, in turn.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
 }
 
 fn round(v: f64) -> f64 {
@@ -62,34 +66,30 @@ fn xsave_completions(sb: &Sandbox) -> u64 {
     })
 }
 
-fn measure(template: &TemplateSnapshot, a: &BenchVectorArgs, has_python: bool) -> Result<Value> {
-    let mut ready = Vec::new();
+/// One round of measurements of one template.
+struct Round {
+    ready_ms: Vec<f64>,
+    exec_ms: Vec<f64>,
+    completions_per_exec: f64,
+    report: forkvm_proto::vector_check::VectorCheckReport,
+    check_ms: f64,
+    /// (one process's iterations per second, three processes' iterations, their wrong results)
+    numpy: Option<(f64, u64, u64)>,
+}
+
+fn measure(template: &TemplateSnapshot, a: &BenchVectorArgs, has_python: bool) -> Result<Round> {
+    let mut ready_ms = Vec::new();
     for _ in 0..a.runs {
-        ready.push(Sandbox::start(template)?.ready_ms);
+        ready_ms.push(Sandbox::start(template)?.ready_ms);
     }
     let sb = Sandbox::start(template)?;
     let before = xsave_completions(&sb);
-    let mut exec = crate::bench_boot::exec_true_rtts(&sb, a.rtts)?;
-    let per_exec = (xsave_completions(&sb) - before) as f64 / a.rtts as f64;
+    let exec_ms = crate::bench_boot::exec_true_rtts(&sb, a.rtts)?;
+    let completions_per_exec = (xsave_completions(&sb) - before) as f64 / a.rtts as f64;
     let t = Instant::now();
     let report = vector_guard::run(&sb.client, 3, a.switches).context("the vector check")?;
     let check_ms = t.elapsed().as_secs_f64() * 1e3;
-    let mut out = json!({
-        "restore_to_ready_ms": round(median(&mut ready)),
-        "exec_rtt_ms": round(median(&mut exec)),
-        "xsave_xrstor_completions_per_exec": round(per_exec),
-        "vector_check": {
-            "level": report.level,
-            "advertised": report.advertised,
-            "xcr0": report.xcr0,
-            "kernel_xfeatures": report.kernel_xfeatures,
-            "classes": report.classes,
-            "failures": report.describe_failures(),
-            "wall_ms": round(check_ms),
-            "switches": 3 * a.switches,
-            "ms_per_switch": round(check_ms / f64::from(3 * a.switches) * 1000.0) / 1000.0,
-        },
-    });
+    let mut numpy = None;
     if has_python {
         let run = |procs| -> Result<NumpyProbe> {
             let r = sb.client.eval(&numpy_probe_code(procs, a.seconds))?;
@@ -102,20 +102,63 @@ fn measure(template: &TemplateSnapshot, a: &BenchVectorArgs, has_python: bool) -
         };
         let one = run(1)?;
         let three = run(3)?;
+        numpy = Some((one.iterations as f64 / f64::from(a.seconds), three.iterations, one.wrong + three.wrong));
+    }
+    Ok(Round { ready_ms, exec_ms, completions_per_exec, report, check_ms, numpy })
+}
+
+/// Medians over rounds (and over every sample for restore and exec), wrong results summed.
+fn summarize(rounds: &[Round], a: &BenchVectorArgs) -> Value {
+    let all = |f: &dyn Fn(&Round) -> Vec<f64>| median(&mut rounds.iter().flat_map(f).collect::<Vec<_>>());
+    let ready = all(&|r| r.ready_ms.clone());
+    let exec = all(&|r| r.exec_ms.clone());
+    let per_exec = all(&|r| vec![r.completions_per_exec]);
+    let switches = f64::from(3 * a.switches);
+    let per_switch: Vec<f64> = rounds.iter().map(|r| r.check_ms / switches).collect();
+    let last = &rounds[rounds.len() - 1].report;
+    let wrong: Vec<Value> = last
+        .classes
+        .iter()
+        .map(|c| {
+            let wrong: u64 = rounds
+                .iter()
+                .flat_map(|r| r.report.classes.iter().filter(|x| x.class == c.class))
+                .map(|x| x.wrong)
+                .sum();
+            json!({"class": c.class, "checked": c.checked * rounds.len() as u64, "wrong": wrong})
+        })
+        .collect();
+    let mut out = json!({
+        "restore_to_ready_ms": round(ready),
+        "exec_rtt_ms": round(exec),
+        "xsave_xrstor_completions_per_exec": round(per_exec),
+        "vector_check": {
+            "level": last.level,
+            "advertised": last.advertised,
+            "xcr0": last.xcr0,
+            "kernel_xfeatures": last.kernel_xfeatures,
+            "classes": wrong,
+            "ms_per_switch": round(median(&mut per_switch.clone()) * 1000.0) / 1000.0,
+            "ms_per_switch_rounds": per_switch.iter().map(|v| round(v * 1000.0) / 1000.0).collect::<Vec<_>>(),
+        },
+    });
+    let numpy: Vec<(f64, u64, u64)> = rounds.iter().filter_map(|r| r.numpy).collect();
+    if !numpy.is_empty() {
+        let rates: Vec<f64> = numpy.iter().map(|n| n.0).collect();
         out["numpy"] = json!({
-            "one_process_iterations_per_s": round(one.iterations as f64 / f64::from(a.seconds)),
-            "one_process_wrong": one.wrong,
-            "three_processes_iterations": three.iterations,
-            "three_processes_wrong": three.wrong,
+            "one_process_iterations_per_s": round(median(&mut rates.clone())),
+            "one_process_iterations_per_s_rounds": rates.iter().map(|v| round(*v)).collect::<Vec<_>>(),
+            "three_processes_iterations_rounds": numpy.iter().map(|n| n.1).collect::<Vec<_>>(),
+            "wrong": numpy.iter().map(|n| n.2).sum::<u64>(),
             "seconds": a.seconds,
         });
     }
-    Ok(out)
+    out
 }
 
 pub fn run(a: BenchVectorArgs) -> Result<i32> {
-    if a.runs == 0 || a.rtts == 0 || a.switches == 0 || a.seconds == 0 {
-        bail!("--runs, --rtts, --switches and --seconds must be at least 1");
+    if a.runs == 0 || a.rtts == 0 || a.switches == 0 || a.seconds == 0 || a.rounds == 0 {
+        bail!("--runs, --rtts, --switches, --seconds and --rounds must be at least 1");
     }
     let cpus = if a.cpu.is_empty() {
         match HostKind::detect() {
@@ -130,12 +173,22 @@ pub fn run(a: BenchVectorArgs) -> Result<i32> {
     view.finish();
     let artifacts = artifacts?;
     let has_python = artifacts.image.python.is_some();
-    let mut results = serde_json::Map::new();
+    let mut templates = Vec::new();
     for cpu in &cpus {
         let guard = if *cpu == CpuTemplate::PvmCompat { VectorGuard::ReportOnly } else { VectorGuard::Required };
         let template = ensure_template_snapshot_with(artifacts.clone(), *cpu, guard)
             .with_context(|| format!("the {cpu} template snapshot"))?;
-        let mut m = measure(&template, &a, has_python).with_context(|| format!("measuring {cpu}"))?;
+        templates.push((*cpu, template, Vec::new()));
+    }
+    // Rounds alternate the templates, so a noisy machine's drift hits both alike.
+    for _ in 0..a.rounds {
+        for (cpu, template, rounds) in templates.iter_mut() {
+            rounds.push(measure(template, &a, has_python).with_context(|| format!("measuring {cpu}"))?);
+        }
+    }
+    let mut results = serde_json::Map::new();
+    for (cpu, template, rounds) in &templates {
+        let mut m = summarize(rounds, &a);
         m["template_boot_s"] = json!(template.boot_seconds.map(round));
         results.insert(cpu.name().to_string(), m);
     }
