@@ -159,6 +159,7 @@ pub fn boot(kvm: &Kvm, config: BootConfig) -> Result<Vmm, BuildError> {
             mem: mem.clone(),
             payload_events: vm.payload_events,
             fixups_seen: 0,
+            xsave_layout: Default::default(),
         });
     }
     devices.arm_interrupts();
@@ -391,6 +392,7 @@ pub(crate) fn restore_state(
             mem: mem.clone(),
             payload_events: vm.payload_events,
             fixups_seen: 0,
+            xsave_layout: Default::default(),
         });
     }
     timer.mark("vcpus");

@@ -120,6 +120,9 @@ pub struct VcpuRunner {
     pub payload_events: bool,
     /// Emulation fix-up kinds already reported on the console (bit per `Fixup`).
     pub fixups_seen: u8,
+    /// The XSAVE area layout from `cpuid`, made on the first XSAVE/XRSTOR completion
+    /// (never on hardware KVM, and not on the restore path).
+    pub xsave_layout: std::cell::OnceCell<emulation::xsave::Layout>,
 }
 
 impl VcpuRunner {
@@ -152,7 +155,8 @@ impl VcpuRunner {
             let rip = self.fd.get_regs().map(|r| r.rip).unwrap_or(0);
             return Err(VcpuExitReason::Failed(format!("KVM internal error (suberror {suberror}) at rip {rip:#x}")));
         }
-        match emulation::complete(&self.fd, &self.mem, &self.cpuid, self.payload_events) {
+        let layout = self.xsave_layout.get_or_init(|| emulation::xsave::Layout::from_cpuid(&self.cpuid));
+        match emulation::complete(&self.fd, &self.mem, layout, self.payload_events) {
             Ok(fixup) => {
                 if self.fixups_seen & (1 << fixup as u8) == 0 {
                     self.fixups_seen |= 1 << fixup as u8;

@@ -32,7 +32,7 @@ pub mod page_walk;
 pub mod xsave;
 
 use decode::{Instruction, Op};
-use kvm_bindings::{kvm_cpuid_entry2, kvm_regs, kvm_xsave};
+use kvm_bindings::{kvm_regs, kvm_xsave};
 use kvm_ioctls::VcpuFd;
 use page_walk::{Paging, WalkError};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -112,11 +112,12 @@ enum Outcome {
 }
 
 /// Completes the instruction that stopped the emulator; returns what it was (the caller
-/// reports first occurrences). `cpuid` is the vCPU's CPUID (the XSAVE layout).
+/// reports first occurrences). `layout` is the vCPU's XSAVE area layout (from its CPUID,
+/// [`xsave::Layout::from_cpuid`], made once per vCPU by the caller).
 pub fn complete(
     vcpu: &VcpuFd,
     mem: &GuestMemoryMmap,
-    cpuid: &[kvm_cpuid_entry2],
+    layout: &xsave::Layout,
     payload_events: bool,
 ) -> Result<Fixup, EmulationError> {
     let regs = vcpu.get_regs().map_err(EmulationError::Regs)?;
@@ -139,7 +140,7 @@ pub fn complete(
             Outcome::Completed(r)
         }
         Op::Xgetbv | Op::Xsetbv => xcr_access(vcpu, insn.op, regs).map_err(|(step, e)| fail(step)(e))?,
-        Op::Xsave | Op::Xrstor => xsave_access(vcpu, mem, cpuid, &insn, regs)?,
+        Op::Xsave | Op::Xrstor => xsave_access(vcpu, mem, layout, &insn, regs)?,
     };
     match outcome {
         Outcome::Completed(mut r) => {
@@ -248,7 +249,7 @@ fn gprs(r: &kvm_regs) -> [u64; 16] {
 fn xsave_access(
     vcpu: &VcpuFd,
     mem: &GuestMemoryMmap,
-    cpuid: &[kvm_cpuid_entry2],
+    layout: &xsave::Layout,
     insn: &Instruction,
     regs: kvm_regs,
 ) -> Result<Outcome, EmulationError> {
@@ -261,7 +262,6 @@ fn xsave_access(
     }
     let xcr0 = xcr0(vcpu).map_err(|(s, e)| step(s)(e))?;
     let rfbm = xcr0 & ((regs.rdx << 32) | (regs.rax & 0xffff_ffff));
-    let layout = xsave::Layout::from_cpuid(cpuid);
     let unsupported = layout.unsupported(rfbm);
     if unsupported != 0 {
         let what = format!("xfeatures {unsupported:#x} are enabled but the VMM cannot hold their state");
@@ -291,7 +291,7 @@ fn xsave_access(
     if insn.op == Op::Xsave {
         let header = &image[xsave::HEADER_OFFSET..xsave::HEADER_OFFSET + xsave::HEADER_LEN];
         let mut out = image.clone();
-        for (at, bytes) in xsave::save(&layout, &cpu_bytes, rfbm & !dropped_xfeatures(), header) {
+        for (at, bytes) in xsave::save(layout, &cpu_bytes, rfbm & !dropped_xfeatures(), header) {
             out[at..at + bytes.len()].copy_from_slice(&bytes);
         }
         if let Err(e) = page_walk::write(mem, paging, area, &out) {
@@ -299,7 +299,7 @@ fn xsave_access(
         }
         return Ok(Outcome::Completed(regs));
     }
-    let restored = match xsave::restore(&layout, &cpu_bytes, rfbm, xcr0, &mut |at, n| image[at..at + n].to_vec()) {
+    let restored = match xsave::restore(layout, &cpu_bytes, rfbm, xcr0, &mut |at, n| image[at..at + n].to_vec()) {
         Ok(b) => b,
         Err(xsave::Fault::GeneralProtection(_)) => return Ok(Outcome::Raised(Exception::GP)),
     };
