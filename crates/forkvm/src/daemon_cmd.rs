@@ -11,7 +11,7 @@ use forkvm_snapshot::Store;
 use forkvmd::auth::Token;
 use forkvmd::disk::DiskSnapshotConfig;
 use forkvmd::lifecycle::LifecycleConfig;
-use forkvmd::serve::TcpConfig;
+use forkvmd::serve::{ConnLimits, TcpConfig};
 use forkvmd::DaemonConfig;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -21,7 +21,7 @@ pub struct DaemonArgs {
     /// Unix socket to listen on [default: $FORKVM_RUN/forkvmd.sock].
     #[arg(long, env = "FORKVMD_SOCKET")]
     socket: Option<PathBuf>,
-    /// Also listen on TCP (e.g. 127.0.0.1:8889); needs --token-file unless loopback.
+    /// Also listen on TCP (e.g. 127.0.0.1:8889); needs --token-file, loopback too.
     #[arg(long, env = "FORKVMD_BIND")]
     bind: Option<SocketAddr>,
     /// File holding the bearer token for TCP (at least 16 bytes; placeholders refused).
@@ -33,6 +33,24 @@ pub struct DaemonArgs {
     /// PEM private key for TLS on TCP (with --tls-cert).
     #[arg(long, env = "FORKVMD_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// A Host name clients use for the TCP listener besides IP addresses and localhost
+    /// (repeatable); other names are refused (DNS rebinding).
+    #[arg(long = "allow-host", value_name = "NAME")]
+    allow_hosts: Vec<String>,
+    /// An origin (scheme://host[:port]) whose browser requests are allowed (repeatable);
+    /// every other request carrying Origin is refused (CSRF).
+    #[arg(long = "allow-origin", value_name = "ORIGIN")]
+    allow_origins: Vec<String>,
+    /// A group (name or gid) whose members may use the Unix socket besides this user;
+    /// the socket is then 0660 and owned by that group.
+    #[arg(long, env = "FORKVMD_SOCKET_GROUP")]
+    socket_group: Option<String>,
+    /// A client must send a request's whole header within this (30s, 10, ...).
+    #[arg(long, default_value = "10s", value_parser = interval, env = "FORKVMD_HEADER_TIMEOUT")]
+    header_timeout: Interval,
+    /// Most connections open at once over all listeners; more are closed at accept.
+    #[arg(long, default_value_t = 1024, env = "FORKVMD_MAX_CONNECTIONS")]
+    max_connections: usize,
     /// Database, audit log and lock [default: $FORKVM_STORE/forkvmd].
     #[arg(long, env = "FORKVMD_STATE_DIR")]
     state_dir: Option<PathBuf>,
@@ -75,14 +93,32 @@ pub fn run(a: DaemonArgs) -> Result<i32> {
     let store = Store::open_default();
     let token = a.token_file.as_deref().map(Token::from_file).transpose().context("--token-file")?;
     let tcp = match a.bind {
-        Some(addr) => Some(TcpConfig { addr, token, tls: a.tls_cert.zip(a.tls_key) }),
+        Some(addr) => {
+            if token.is_none() {
+                bail!("--bind {addr} needs --token-file: every TCP listener, loopback too, takes a bearer token");
+            }
+            Some(TcpConfig { addr, token, tls: a.tls_cert.zip(a.tls_key), allowed_hosts: a.allow_hosts })
+        }
         None => {
-            if token.is_some() || a.tls_cert.is_some() {
-                bail!("--token-file and --tls-cert/--tls-key apply to TCP: give --bind too");
+            if token.is_some() || a.tls_cert.is_some() || !a.allow_hosts.is_empty() {
+                bail!("--token-file, --tls-cert/--tls-key and --allow-host apply to TCP: give --bind too");
             }
             None
         }
     };
+    for o in &a.allow_origins {
+        if !(o.starts_with("http://") || o.starts_with("https://"))
+            || o.ends_with('/')
+            || o.contains(char::is_whitespace)
+        {
+            bail!("--allow-origin {o:?}: give an origin as scheme://host[:port], e.g. https://app.example.com");
+        }
+    }
+    let socket_group = a.socket_group.as_deref().map(group_id).transpose()?;
+    let Some(header_timeout) = a.header_timeout.0 else { bail!("--header-timeout must be more than 0") };
+    if a.max_connections == 0 {
+        bail!("--max-connections must be at least 1");
+    }
     let cfg = DaemonConfig {
         socket: a.socket.unwrap_or_else(|| DaemonConfig::default_socket(&registry)),
         state_dir: a.state_dir.unwrap_or_else(|| DaemonConfig::default_state_dir(&store)),
@@ -99,7 +135,25 @@ pub fn run(a: DaemonArgs) -> Result<i32> {
             },
         },
         lifecycle: LifecycleConfig { idle_pause: a.idle_pause.0, default_ttl: a.default_ttl.0 },
+        limits: ConnLimits { header_timeout, max_connections: a.max_connections, ..ConnLimits::default() },
+        allowed_origins: a.allow_origins,
+        socket_group,
     };
     forkvmd::run(cfg)?;
     Ok(0)
+}
+
+/// A group name (from /etc/group) or a numeric gid.
+fn group_id(name: &str) -> Result<u32> {
+    if let Ok(gid) = name.parse::<u32>() {
+        return Ok(gid);
+    }
+    let groups = std::fs::read_to_string("/etc/group").context("--socket-group: reading /etc/group")?;
+    groups
+        .lines()
+        .find_map(|l| {
+            let mut f = l.split(':');
+            (f.next() == Some(name)).then(|| f.nth(1).and_then(|g| g.parse().ok())).flatten()
+        })
+        .with_context(|| format!("--socket-group {name:?}: no such group in /etc/group"))
 }

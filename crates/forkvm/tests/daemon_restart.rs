@@ -271,7 +271,12 @@ fn listener_rules_are_enforced_at_start() {
     let out = env.command(&["daemon", "--bind", "0.0.0.0:0"]).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("without a token"), "{err}");
+    assert!(err.contains("needs --token-file"), "{err}");
+    // Loopback too: any local process, and any web page, can reach it.
+    let out = env.command(&["daemon", "--bind", "127.0.0.1:0"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("needs --token-file") && err.contains("loopback too"), "{err}");
     let token = env.run.parent().unwrap().join("token");
     std::fs::write(&token, "REPLACE_ME_with_a_real_token\n").unwrap();
     let out =

@@ -33,16 +33,51 @@ struct Entry<'a> {
     ua: Option<&'a str>,
 }
 
+/// Most refusal lines written per [`REFUSAL_WINDOW`]; the rest are counted and the
+/// count is written with the next line that gets through.
+pub const REFUSALS_PER_WINDOW: u32 = 20;
+pub const REFUSAL_WINDOW: std::time::Duration = std::time::Duration::from_secs(1);
+
 #[derive(Debug, Clone)]
 pub struct AuditLog {
     path: PathBuf,
     file: Arc<Mutex<File>>,
+    refusals: Arc<Mutex<RefusalBudget>>,
+}
+
+/// The rate limit of refusal lines.
+#[derive(Debug)]
+struct RefusalBudget {
+    window_start: Instant,
+    written: u32,
+    suppressed: u64,
+}
+
+impl RefusalBudget {
+    /// Whether a line may be written now, and how many were suppressed before it.
+    fn take(&mut self, now: Instant) -> Option<u64> {
+        if now.duration_since(self.window_start) >= REFUSAL_WINDOW {
+            self.window_start = now;
+            self.written = 0;
+        }
+        if self.written >= REFUSALS_PER_WINDOW {
+            self.suppressed += 1;
+            return None;
+        }
+        self.written += 1;
+        Some(std::mem::take(&mut self.suppressed))
+    }
 }
 
 impl AuditLog {
     pub fn open(path: &Path) -> std::io::Result<AuditLog> {
         let file = OpenOptions::new().create(true).append(true).open(path)?;
-        Ok(AuditLog { path: path.to_path_buf(), file: Arc::new(Mutex::new(file)) })
+        let budget = RefusalBudget { window_start: Instant::now(), written: 0, suppressed: 0 };
+        Ok(AuditLog {
+            path: path.to_path_buf(),
+            file: Arc::new(Mutex::new(file)),
+            refusals: Arc::new(Mutex::new(budget)),
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -66,6 +101,25 @@ impl AuditLog {
         }
         if let (Some(out), serde_json::Value::Object(more)) = (line.as_object_mut(), details) {
             out.extend(more);
+        }
+        self.append(&line);
+    }
+
+    /// A line for a request the gate refused, unless more than [`REFUSALS_PER_WINDOW`]
+    /// were written in this window (then it is only counted, in `suppressed` of the
+    /// next line written).
+    pub fn refused(&self, peer: &str, method: &str, path: &str, status: u16, reason: &str) {
+        let Some(suppressed) = self.refusals.lock().unwrap_or_else(|p| p.into_inner()).take(Instant::now()) else {
+            return;
+        };
+        // A refused request's path is attacker-chosen: bound what the log keeps of it.
+        let path: String = path.chars().take(256).collect();
+        let mut line = serde_json::json!({
+            "ts": rfc3339_now(), "peer": peer, "method": method, "path": path, "status": status,
+            "refused": reason,
+        });
+        if suppressed > 0 {
+            line["suppressed"] = suppressed.into();
         }
         self.append(&line);
     }
@@ -152,6 +206,25 @@ mod tests {
         assert_eq!(civil_from_days(20_788), (2026, 12, 1));
         assert_eq!(civil_from_days(11_016), (2000, 2, 29));
         assert!(rfc3339_now().ends_with('Z'));
+    }
+
+    #[test]
+    fn refusals_are_rate_limited() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = AuditLog::open(&dir.path().join("audit.log")).unwrap();
+        for _ in 0..1000 {
+            log.refused("1.2.3.4:5", "GET", "/v1/sandboxes", 401, "missing bearer token");
+        }
+        let lines = std::fs::read_to_string(log.path()).unwrap().lines().count();
+        assert!(lines <= 2 * REFUSALS_PER_WINDOW as usize, "{lines} lines for 1000 refusals in a burst");
+        let mut budget = RefusalBudget { window_start: Instant::now(), written: 0, suppressed: 0 };
+        let t0 = budget.window_start;
+        for _ in 0..REFUSALS_PER_WINDOW {
+            assert_eq!(budget.take(t0), Some(0));
+        }
+        assert_eq!(budget.take(t0), None);
+        assert_eq!(budget.take(t0), None);
+        assert_eq!(budget.take(t0 + REFUSAL_WINDOW), Some(2));
     }
 
     #[test]

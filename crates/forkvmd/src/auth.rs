@@ -1,12 +1,8 @@
-//! Bearer-token authentication for the TCP listener (the Unix socket is guarded by its
-//! file mode instead). The token is read once at start and checked before anything
-//! else; comparison takes the same time whatever the guess (`subtle`), and a guess of a
+//! The bearer token of TCP listeners (the Unix socket is guarded by its file mode and
+//! peer check instead; `gate` checks the token). The token is read once at start;
+//! comparison takes the same time whatever the guess (`subtle`), and a guess of a
 //! different length is compared against a padded copy so its length leaks nothing either.
 
-use crate::error::ApiError;
-use axum::extract::{Request, State};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use std::path::Path;
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
@@ -73,21 +69,6 @@ impl Token {
         padded[..n].copy_from_slice(&presented[..n]);
         let same_len = subtle::Choice::from((presented.len() == want.len()) as u8);
         (padded.ct_eq(want) & same_len).into()
-    }
-}
-
-/// Middleware: every route but `/healthz` needs `Authorization: Bearer <token>`.
-pub async fn require_token(State(token): State<Token>, req: Request, next: Next) -> Response {
-    if forkvm_api::routes::is_public(req.uri().path()) {
-        return next.run(req).await;
-    }
-    let presented = req.headers().get(axum::http::header::AUTHORIZATION).map(|v| v.as_bytes().to_vec());
-    match presented {
-        None => ApiError::unauthorized("missing bearer token").into_response(),
-        Some(v) => match v.strip_prefix(b"Bearer ") {
-            Some(t) if token.matches(t) => next.run(req).await,
-            _ => ApiError::unauthorized("invalid bearer token").into_response(),
-        },
     }
 }
 

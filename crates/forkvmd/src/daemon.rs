@@ -5,9 +5,10 @@
 use crate::audit::AuditLog;
 use crate::db::Db;
 use crate::disk::DiskSnapshotConfig;
+use crate::gate::Gate;
 use crate::lifecycle::LifecycleConfig;
 use crate::reconcile::reconcile;
-use crate::serve::{bind_unix, tls_acceptor, wrap, ServeError, TcpConfig};
+use crate::serve::{bind_unix, tls_acceptor, wrap, ConnLimits, ServeError, TcpConfig, TcpServe, UnixPeers, UnixServe};
 use crate::spawner::Spawner;
 use crate::state::AppState;
 use forkvm_sandbox::Registry;
@@ -29,6 +30,12 @@ pub struct DaemonConfig {
     pub disk_snapshots: DiskSnapshotConfig,
     /// Idle pause and the default TTL.
     pub lifecycle: LifecycleConfig,
+    /// Header timeout, TLS handshake deadline, connection cap.
+    pub limits: ConnLimits,
+    /// Origins whose browser requests are allowed (none by default).
+    pub allowed_origins: Vec<String>,
+    /// A group whose members may use the Unix socket besides the daemon's user.
+    pub socket_group: Option<u32>,
 }
 
 impl DaemonConfig {
@@ -68,12 +75,9 @@ pub fn run(cfg: DaemonConfig) -> Result<(), DaemonError> {
     if cfg.branch_concurrency == 0 {
         return Err(DaemonError::ZeroConcurrency);
     }
-    let tls = match &cfg.tcp {
-        Some(t) => {
-            t.check()?;
-            t.tls.as_ref().map(|(c, k)| tls_acceptor(c, k)).transpose()?
-        }
-        None => None,
+    let (tls, tcp_token) = match &cfg.tcp {
+        Some(t) => (t.tls.as_ref().map(|(c, k)| tls_acceptor(c, k)).transpose()?, Some(t.token()?)),
+        None => (None, None),
     };
     let dir_err = |source| DaemonError::StateDir { path: cfg.state_dir.clone(), source };
     std::fs::create_dir_all(&cfg.state_dir).map_err(dir_err)?;
@@ -104,7 +108,7 @@ pub fn run(cfg: DaemonConfig) -> Result<(), DaemonError> {
             tokio::spawn(crate::routes::branch::watch_writing(state.clone(), op, tag));
         }
         let app = crate::app(state.clone());
-        let unix = bind_unix(&cfg.socket)?;
+        let unix = bind_unix(&cfg.socket, cfg.socket_group)?;
         println!("forkvmd listening on unix:{}", cfg.socket.display());
         let tcp = match &cfg.tcp {
             Some(t) => {
@@ -113,7 +117,9 @@ pub fn run(cfg: DaemonConfig) -> Result<(), DaemonError> {
                     .map_err(|source| ServeError::Listen { what: t.addr.to_string(), source })?;
                 let scheme = if tls.is_some() { "https" } else { "http" };
                 println!("forkvmd listening on {scheme}://{}", l.local_addr().unwrap_or(t.addr));
-                Some((l, wrap(app.clone(), t.token.clone(), Some(audit.clone())), tls))
+                let token = tcp_token.clone().ok_or(ServeError::Unauthenticated(t.addr))?;
+                let gate = Gate::tcp(token, &cfg.allowed_origins, &t.allowed_hosts, Some(audit.clone()));
+                Some(TcpServe { listener: l, app: wrap(app.clone(), gate, Some(audit.clone())), tls })
             }
             None => None,
         };
@@ -129,7 +135,12 @@ pub fn run(cfg: DaemonConfig) -> Result<(), DaemonError> {
         }
         tracing::info!(idle_pause = ?cfg.lifecycle.idle_pause, default_ttl = ?cfg.lifecycle.default_ttl, "lifecycle");
         tokio::spawn(crate::lifecycle::schedule(state.clone(), Some(audit.clone())));
-        crate::serve::run(Some((unix, wrap(app, None, Some(audit)))), tcp, crate::serve::stop_signal()).await;
+        let unix = UnixServe {
+            listener: unix,
+            app: wrap(app, Gate::unix(&cfg.allowed_origins, Some(audit.clone())), Some(audit.clone())),
+            peers: UnixPeers::this_user(cfg.socket_group),
+        };
+        crate::serve::run(Some(unix), tcp, cfg.limits, Some(audit), crate::serve::stop_signal()).await;
         let _ = std::fs::remove_file(&cfg.socket);
         Ok::<(), DaemonError>(())
     })?;

@@ -16,6 +16,7 @@ pub mod db;
 pub mod disk;
 pub mod error;
 pub mod extract;
+pub mod gate;
 pub mod lifecycle;
 pub mod metrics;
 pub mod reconcile;

@@ -1,12 +1,15 @@
-//! Listeners and connections: a Unix socket (default, no token: its file mode guards
-//! it), and optionally TCP with a bearer token, optionally TLS. Each connection is served
-//! by hyper with the request's peer attached for the audit log. SIGTERM or SIGINT stops
+//! Listeners and connections: a Unix socket (default, no token: its file mode and a
+//! peer-credential check guard it), and optionally TCP, always with a bearer token,
+//! optionally TLS. Each connection is served by hyper with the request's peer attached
+//! for the audit log, under [`ConnLimits`]: a header timeout, a TLS handshake deadline
+//! and a cap on open connections; a failing `accept()` backs off instead of spinning. SIGTERM or SIGINT stops
 //! accepting and drains open requests (at most [`DRAIN`]); sandboxes keep running.
 
 use crate::audit::{AuditLog, Peer};
 use crate::auth::Token;
+use crate::gate::Gate;
 use axum::Router;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::{GracefulConnection, GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use std::net::SocketAddr;
@@ -14,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::ServiceExt;
 
 /// How long open requests may finish after a stop signal.
@@ -25,7 +29,7 @@ pub enum ServeError {
     InUse(PathBuf),
     #[error("listening on {what}: {source}")]
     Listen { what: String, source: std::io::Error },
-    #[error("refusing to listen on {0} without a token: a non-loopback address needs --token-file")]
+    #[error("refusing to listen on {0} without a token: every TCP listener, loopback too, needs --token-file")]
     Unauthenticated(SocketAddr),
     #[error("TLS: {0}")]
     Tls(String),
@@ -38,20 +42,21 @@ pub struct TcpConfig {
     pub token: Option<Token>,
     /// PEM certificate chain and private key.
     pub tls: Option<(PathBuf, PathBuf)>,
+    /// Host names allowed in `Host` besides IP literals and `localhost`.
+    pub allowed_hosts: Vec<String>,
 }
 
 impl TcpConfig {
-    /// Refuses a non-loopback bind without a token.
-    pub fn check(&self) -> Result<(), ServeError> {
-        if self.token.is_none() && !self.addr.ip().is_loopback() {
-            return Err(ServeError::Unauthenticated(self.addr));
-        }
-        Ok(())
+    /// The token every TCP listener needs (loopback too: any local process, and any
+    /// web page through the user's browser, can reach loopback).
+    pub fn token(&self) -> Result<Token, ServeError> {
+        self.token.clone().ok_or(ServeError::Unauthenticated(self.addr))
     }
 }
 
-/// Binds the Unix socket, replacing a stale socket file but never a live listener.
-pub fn bind_unix(path: &Path) -> Result<UnixListener, ServeError> {
+/// Binds the Unix socket, replacing a stale socket file but never a live listener; mode
+/// 0600, or 0660 and owned by `group` when one is given.
+pub fn bind_unix(path: &Path, group: Option<u32>) -> Result<UnixListener, ServeError> {
     if path.exists() {
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
             return Err(ServeError::InUse(path.to_path_buf()));
@@ -64,7 +69,11 @@ pub fn bind_unix(path: &Path) -> Result<UnixListener, ServeError> {
     let listen = |source| ServeError::Listen { what: path.display().to_string(), source };
     let l = UnixListener::bind(path).map_err(listen)?;
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(listen)?;
+    let mode = if group.is_some() { 0o660 } else { 0o600 };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(listen)?;
+    if let Some(g) = group {
+        std::os::unix::fs::chown(path, None, Some(g)).map_err(listen)?;
+    }
     Ok(l)
 }
 
@@ -89,21 +98,90 @@ pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }
 
-/// The router a listener serves: the app, behind the token check (TCP), behind the
-/// audit log (so refused requests are logged too).
-pub fn wrap(app: Router, token: Option<Token>, audit: Option<AuditLog>) -> Router {
+/// The router a listener serves: the app behind the audit log, behind the gate
+/// (browser, Host and token checks; see [`crate::gate`]), so only requests that pass the
+/// gate get a full audit line.
+pub fn wrap(app: Router, gate: Gate, audit: Option<AuditLog>) -> Router {
     let mut r = app;
-    if let Some(t) = token {
-        r = r.layer(axum::middleware::from_fn_with_state(t, crate::auth::require_token));
-    }
     if let Some(a) = audit {
         r = r.layer(axum::middleware::from_fn_with_state(a, crate::audit::record));
     }
-    r
+    r.layer(axum::middleware::from_fn_with_state(gate, crate::gate::check))
+}
+
+/// Limits on connections, the same for every listener.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnLimits {
+    /// A client must send a request's whole header within this (slowloris).
+    pub header_timeout: Duration,
+    /// A TLS handshake must finish within this.
+    pub handshake_timeout: Duration,
+    /// Most connections open at once, over all listeners; more are closed at accept.
+    pub max_connections: usize,
+}
+
+impl Default for ConnLimits {
+    fn default() -> ConnLimits {
+        ConnLimits {
+            header_timeout: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(10),
+            max_connections: 1024,
+        }
+    }
+}
+
+/// Who may connect to the Unix socket: its owner (the daemon's user), root, and members
+/// of `group` when one is configured (the socket is then 0660 and that group's).
+#[derive(Debug, Clone, Copy)]
+pub struct UnixPeers {
+    pub owner: u32,
+    pub group: Option<u32>,
+}
+
+impl UnixPeers {
+    /// The daemon's own user, and `group`.
+    pub fn this_user(group: Option<u32>) -> UnixPeers {
+        // SAFETY: geteuid cannot fail.
+        UnixPeers { owner: unsafe { libc::geteuid() }, group }
+    }
+
+    fn allows(&self, s: &tokio::net::UnixStream) -> Result<(), String> {
+        let cred = s.peer_cred().map_err(|e| format!("reading the peer's credentials: {e}"))?;
+        if cred.uid() == self.owner || cred.uid() == 0 {
+            return Ok(());
+        }
+        if let Some(g) = self.group {
+            if cred.gid() == g || peer_groups(s).contains(&g) {
+                return Ok(());
+            }
+        }
+        Err(format!("uid {} is neither the daemon's user nor in its socket group", cred.uid()))
+    }
+}
+
+/// The peer's supplementary groups (`SO_PEERGROUPS`); empty if they cannot be read.
+fn peer_groups(s: &tokio::net::UnixStream) -> Vec<u32> {
+    use std::os::fd::AsRawFd;
+    let mut groups = vec![0u32; 256];
+    let mut len = (groups.len() * 4) as libc::socklen_t;
+    // SAFETY: the buffer holds `len` bytes and outlives the call.
+    let rc = unsafe {
+        libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERGROUPS, groups.as_mut_ptr().cast(), &mut len)
+    };
+    if rc != 0 {
+        return Vec::new();
+    }
+    groups.truncate(len as usize / 4);
+    groups
 }
 
 /// One HTTP/1.1 connection over `io`, serving `app` with `peer` attached to each request.
-fn http_connection<S>(io: S, app: Router, peer: String) -> impl GracefulConnection<Error = hyper::Error> + Send
+fn http_connection<S>(
+    io: S,
+    app: Router,
+    peer: String,
+    limits: ConnLimits,
+) -> impl GracefulConnection<Error = hyper::Error> + Send
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -111,14 +189,22 @@ where
         req.extensions_mut().insert(Peer(peer.clone()));
         req
     });
-    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(io), TowerToHyperService::new(svc))
+    hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .serve_connection(TokioIo::new(io), TowerToHyperService::new(svc))
 }
 
-fn spawn_connection(conn: impl GracefulConnection<Error = hyper::Error> + Send + 'static, watcher: Watcher) {
+fn spawn_connection(
+    conn: impl GracefulConnection<Error = hyper::Error> + Send + 'static,
+    watcher: Watcher,
+    permit: OwnedSemaphorePermit,
+) {
     tokio::spawn(async move {
         if let Err(e) = watcher.watch(conn).await {
             tracing::debug!(%e, "connection ended with an error");
         }
+        drop(permit);
     });
 }
 
@@ -129,37 +215,104 @@ fn unix_peer(s: &tokio::net::UnixStream) -> String {
     }
 }
 
-/// Serves until `stop` resolves, then drains.
+/// The Unix listener: socket, router and who may connect.
+#[allow(missing_debug_implementations)]
+pub struct UnixServe {
+    pub listener: UnixListener,
+    pub app: Router,
+    pub peers: UnixPeers,
+}
+
+/// The TCP listener: socket, router and TLS.
+#[allow(missing_debug_implementations)]
+pub struct TcpServe {
+    pub listener: TcpListener,
+    pub app: Router,
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
+/// Sleeps after a failed `accept()` (EMFILE, ENFILE, ENOBUFS...), doubling up to a
+/// second, so a full descriptor table does not spin the accept loop.
+#[derive(Debug, Default)]
+struct AcceptBackoff(Option<Duration>);
+
+impl AcceptBackoff {
+    async fn failed(&mut self, what: &str, e: &std::io::Error) {
+        let wait = self.0.map_or(Duration::from_millis(10), |d| (d * 2).min(Duration::from_secs(1)));
+        self.0 = Some(wait);
+        tracing::warn!(%e, ?wait, "{what}: accept failed; backing off");
+        tokio::time::sleep(wait).await;
+    }
+    fn succeeded(&mut self) {
+        self.0 = None;
+    }
+}
+
+/// A permit for one more connection, or `None` (logged) at the cap.
+fn connection_permit(slots: &Arc<Semaphore>, peer: &str, audit: Option<&AuditLog>) -> Option<OwnedSemaphorePermit> {
+    let permit = slots.clone().try_acquire_owned().ok();
+    if permit.is_none() {
+        if let Some(a) = audit {
+            a.refused(peer, "-", "-", 503, "connection limit reached; connection closed");
+        }
+    }
+    permit
+}
+
+/// Serves until `stop` resolves, then drains. `audit` receives refused connections.
 pub async fn run(
-    unix: Option<(UnixListener, Router)>,
-    tcp: Option<(TcpListener, Router, Option<tokio_rustls::TlsAcceptor>)>,
+    unix: Option<UnixServe>,
+    tcp: Option<TcpServe>,
+    limits: ConnLimits,
+    audit: Option<AuditLog>,
     stop: impl std::future::Future<Output = ()>,
 ) {
     let graceful = GracefulShutdown::new();
+    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let (mut unix_backoff, mut tcp_backoff) = (AcceptBackoff::default(), AcceptBackoff::default());
     tokio::pin!(stop);
     loop {
         tokio::select! {
             _ = &mut stop => break,
-            Some(accepted) = async { match &unix { Some((l, _)) => Some(l.accept().await), None => None } } => {
-                if let (Ok((stream, _)), Some((_, app))) = (accepted, &unix) {
-                    let peer = unix_peer(&stream);
-                    spawn_connection(http_connection(stream, app.clone(), peer), graceful.watcher());
+            Some(accepted) = async { match &unix { Some(u) => Some(u.listener.accept().await), None => None } } => {
+                let Some(u) = &unix else { continue };
+                let stream = match accepted {
+                    Ok((stream, _)) => { unix_backoff.succeeded(); stream }
+                    Err(e) => { unix_backoff.failed("unix socket", &e).await; continue }
+                };
+                let peer = unix_peer(&stream);
+                if let Err(why) = u.peers.allows(&stream) {
+                    if let Some(a) = &audit {
+                        a.refused(&peer, "-", "-", 403, &why);
+                    }
+                    continue;
                 }
+                let Some(permit) = connection_permit(&slots, &peer, audit.as_ref()) else { continue };
+                spawn_connection(http_connection(stream, u.app.clone(), peer, limits), graceful.watcher(), permit);
             }
-            Some(accepted) = async { match &tcp { Some((l, _, _)) => Some(l.accept().await), None => None } } => {
-                if let (Ok((stream, addr)), Some((_, app, tls))) = (accepted, &tcp) {
-                    let (app, watcher) = (app.clone(), graceful.watcher());
-                    match tls.clone() {
-                        None => spawn_connection(http_connection(stream, app, addr.to_string()), watcher),
-                        // The handshake runs in the connection's own task, not the accept loop.
-                        Some(acceptor) => {
-                            tokio::spawn(async move {
-                                match acceptor.accept(stream).await {
-                                    Ok(tls) => spawn_connection(http_connection(tls, app, format!("tls:{addr}")), watcher),
-                                    Err(e) => tracing::debug!(%addr, %e, "TLS handshake failed"),
+            Some(accepted) = async { match &tcp { Some(t) => Some(t.listener.accept().await), None => None } } => {
+                let Some(t) = &tcp else { continue };
+                let (stream, addr) = match accepted {
+                    Ok(a) => { tcp_backoff.succeeded(); a }
+                    Err(e) => { tcp_backoff.failed("tcp", &e).await; continue }
+                };
+                let Some(permit) = connection_permit(&slots, &addr.to_string(), audit.as_ref()) else { continue };
+                let (app, watcher) = (t.app.clone(), graceful.watcher());
+                match t.tls.clone() {
+                    None => spawn_connection(http_connection(stream, app, addr.to_string(), limits), watcher, permit),
+                    // The handshake runs in the connection's own task, not the accept loop,
+                    // and must finish within the handshake timeout.
+                    Some(acceptor) => {
+                        tokio::spawn(async move {
+                            match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(stream)).await {
+                                Ok(Ok(tls)) => {
+                                    let conn = http_connection(tls, app, format!("tls:{addr}"), limits);
+                                    spawn_connection(conn, watcher, permit);
                                 }
-                            });
-                        }
+                                Ok(Err(e)) => tracing::debug!(%addr, %e, "TLS handshake failed"),
+                                Err(_) => tracing::debug!(%addr, "TLS handshake timed out"),
+                            }
+                        });
                     }
                 }
             }

@@ -59,15 +59,25 @@ async fn every_route_but_healthz_needs_the_token() {
         assert_eq!(error_of(&wbody).error, "invalid bearer token");
         assert_eq!(short, StatusCode::UNAUTHORIZED);
     }
-    // Refused requests are audited too.
+    // Refused requests are audited too, at a bounded rate (the first ones of a burst).
     let log = std::fs::read_to_string(&e.audit).unwrap();
-    assert!(log.lines().count() >= ROUTES.len() * 3);
     let lines: Vec<serde_json::Value> = log.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    let line = lines.iter().find(|l| l["path"] == "/v1/sandboxes/nope/exec").unwrap();
+    let first = ROUTES.iter().find(|r| r.name != RouteName::Health).unwrap();
+    let line = lines.iter().find(|l| l["refused"].is_string()).expect("a refusal line");
+    assert_eq!(line["path"], uri(first.path, "nope", first.name));
     assert_eq!(line["status"], 401);
-    assert_eq!(line["sandbox"], "nope");
-    assert_eq!(line["method"], "POST");
+    assert_eq!(line["refused"], "missing bearer token");
+    assert_eq!(line["method"], first.method);
     assert!(line["ts"].as_str().unwrap().ends_with('Z'));
+    let refused = lines.iter().filter(|l| l["refused"].is_string()).count();
+    assert!(refused < ROUTES.len() * 3, "{refused} refusal lines: the rate limit did not hold");
+    // Requests that pass the gate get the full line.
+    let (status, _) = call(&e.app, "POST", "/v1/sandboxes/nope/exec", Some(TOKEN), r#"{"args":["true"]}"#).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let log = std::fs::read_to_string(&e.audit).unwrap();
+    let line: serde_json::Value = serde_json::from_str(log.lines().last().unwrap()).unwrap();
+    assert_eq!((line["path"].as_str(), line["status"].as_u64()), (Some("/v1/sandboxes/nope/exec"), Some(404)));
+    assert_eq!(line["sandbox"], "nope");
     assert!(line["latency_us"].is_u64());
 }
 

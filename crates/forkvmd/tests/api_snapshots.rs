@@ -27,6 +27,7 @@ async fn call_bytes(
         .method(method)
         .uri(uri)
         .header("authorization", format!("Bearer {TOKEN}"))
+        .header("host", "127.0.0.1:8889")
         .body(Body::from(body))
         .unwrap();
     let resp = app.clone().oneshot(req).await.unwrap();

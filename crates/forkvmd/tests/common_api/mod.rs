@@ -14,6 +14,7 @@ use forkvm_snapshot::Store;
 use forkvmd::audit::AuditLog;
 use forkvmd::auth::Token;
 use forkvmd::db::Db;
+use forkvmd::gate::Gate;
 use forkvmd::AppState;
 use tower::ServiceExt;
 
@@ -35,11 +36,9 @@ pub fn env() -> Env {
     let cache = AssembledCache::new(&dir.path().join("cache"));
     let state = AppState::with_cache(registry, store, cache, db, None, 4);
     let audit = dir.path().join("audit.log");
-    let app = forkvmd::serve::wrap(
-        forkvmd::app(state.clone()),
-        Some(Token::new(TOKEN).unwrap()),
-        Some(AuditLog::open(&audit).unwrap()),
-    );
+    let log = AuditLog::open(&audit).unwrap();
+    let gate = Gate::tcp(Token::new(TOKEN).unwrap(), &[], &[], Some(log.clone()));
+    let app = forkvmd::serve::wrap(forkvmd::app(state.clone()), gate, Some(log));
     Env { dir, state, audit, app }
 }
 
@@ -50,9 +49,31 @@ pub async fn call(
     token: Option<&str>,
     body: &str,
 ) -> (StatusCode, String) {
-    let mut b = Request::builder().method(method).uri(uri);
+    // What a client of the TCP listener sends: a Host naming it, JSON typed as JSON.
+    let mut b = Request::builder().method(method).uri(uri).header("host", "127.0.0.1:8889");
+    if !body.is_empty() && body != "bytes" {
+        b = b.header("content-type", "application/json");
+    }
     if let Some(t) = token {
         b = b.header("authorization", format!("Bearer {t}"));
+    }
+    let resp = app.clone().oneshot(b.body(Body::from(body.to_string())).unwrap()).await.unwrap();
+    let status = resp.status();
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+    (status, String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// A request with exactly these headers (no defaults added).
+pub async fn call_with(
+    app: &axum::Router,
+    method: &str,
+    uri: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (StatusCode, String) {
+    let mut b = Request::builder().method(method).uri(uri);
+    for (k, v) in headers {
+        b = b.header(*k, *v);
     }
     let resp = app.clone().oneshot(b.body(Body::from(body.to_string())).unwrap()).await.unwrap();
     let status = resp.status();

@@ -1,0 +1,187 @@
+//! The gate every request passes before the API sees it, outermost first:
+//!
+//! 1. **Browser requests are refused** (403): a page in the user's browser can reach a
+//!    loopback listener (CSRF), so a request carrying `Origin` or a cross-site
+//!    `Sec-Fetch-Site` is refused unless its origin is configured (`--allow-origin`).
+//! 2. **On TCP, `Host` must name this daemon** (403): an IP literal, `localhost`, or a
+//!    configured name (`--allow-host`). A rebound DNS name is refused (DNS rebinding).
+//! 3. **On TCP, the bearer token** (401), compared in constant time ([`Token::matches`]).
+//!
+//! Refusals are logged to the audit log at a bounded rate ([`AuditLog::refused`]), so a
+//! flood of bad requests cannot grow the log faster than that; only requests that pass
+//! the gate get the full audit line.
+
+use crate::audit::{AuditLog, Peer};
+use crate::auth::Token;
+use crate::error::ApiError;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
+
+/// What a listener's gate checks.
+#[derive(Debug, Clone, Default)]
+pub struct Gate {
+    /// The bearer token every non-public path needs (TCP listeners).
+    pub token: Option<Token>,
+    /// Check `Host` (TCP listeners; a Unix socket has no DNS name to rebind).
+    pub check_host: bool,
+    /// Origins whose browser requests are allowed (exact `scheme://host[:port]`).
+    pub allowed_origins: Arc<[String]>,
+    /// Host names allowed besides IP literals and `localhost`.
+    pub allowed_hosts: Arc<[String]>,
+    /// Where refusals are logged (rate-limited).
+    pub audit: Option<AuditLog>,
+}
+
+impl Gate {
+    /// The gate of a TCP listener: token, Host and Origin checks.
+    pub fn tcp(token: Token, allowed_origins: &[String], allowed_hosts: &[String], audit: Option<AuditLog>) -> Gate {
+        Gate {
+            token: Some(token),
+            check_host: true,
+            allowed_origins: allowed_origins.into(),
+            allowed_hosts: allowed_hosts.into(),
+            audit,
+        }
+    }
+
+    /// The gate of the Unix socket: its file mode and peer check stand in for a token;
+    /// browser requests are still refused.
+    pub fn unix(allowed_origins: &[String], audit: Option<AuditLog>) -> Gate {
+        Gate { allowed_origins: allowed_origins.into(), audit, ..Gate::default() }
+    }
+
+    /// Why `headers` are refused, if they are.
+    fn refusal(&self, headers: &HeaderMap, path: &str) -> Option<ApiError> {
+        if let Some(why) = self.browser_refusal(headers) {
+            return Some(ApiError::new(StatusCode::FORBIDDEN, "forbidden", why));
+        }
+        if self.check_host {
+            if let Some(why) = self.host_refusal(headers) {
+                return Some(ApiError::new(StatusCode::FORBIDDEN, "forbidden", why));
+            }
+        }
+        let token = self.token.as_ref()?;
+        if forkvm_api::routes::is_public(path) {
+            return None;
+        }
+        match headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()) {
+            None => Some(ApiError::unauthorized("missing bearer token")),
+            Some(v) => match v.strip_prefix(b"Bearer ") {
+                Some(t) if token.matches(t) => None,
+                _ => Some(ApiError::unauthorized("invalid bearer token")),
+            },
+        }
+    }
+
+    fn browser_refusal(&self, headers: &HeaderMap) -> Option<String> {
+        let origin = headers.get(header::ORIGIN).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+        let fetch_site = headers.get("sec-fetch-site").map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+        let from_browser = origin.is_some() || fetch_site.as_deref().is_some_and(|s| s != "none");
+        if !from_browser {
+            return None;
+        }
+        match origin {
+            Some(o) if self.allowed_origins.contains(&o) => None,
+            Some(o) => Some(format!(
+                "browser requests are refused (Origin: {o}); start the daemon with --allow-origin {o} to allow this origin"
+            )),
+            None => Some("browser requests are refused (Sec-Fetch-Site without Origin)".into()),
+        }
+    }
+
+    fn host_refusal(&self, headers: &HeaderMap) -> Option<String> {
+        let Some(raw) = headers.get(header::HOST) else {
+            return Some("the Host header is missing".into());
+        };
+        let host = String::from_utf8_lossy(raw.as_bytes()).into_owned();
+        if host_is_allowed(&host, &self.allowed_hosts) {
+            None
+        } else {
+            Some(format!(
+                "Host {host:?} is not this daemon: use an IP address or localhost, or start the daemon with --allow-host NAME"
+            ))
+        }
+    }
+}
+
+/// Whether a `Host` header value (`name[:port]`, `[v6]:port`) is an IP literal,
+/// `localhost`, or one of `allowed` (case-insensitive).
+pub fn host_is_allowed(host: &str, allowed: &[String]) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => match rest.split_once(']') {
+            Some((v6, after)) if after.is_empty() || after.starts_with(':') => {
+                return v6.parse::<std::net::Ipv6Addr>().is_ok();
+            }
+            _ => return false,
+        },
+        None => host.rsplit_once(':').map_or(host, |(n, port)| if port.parse::<u16>().is_ok() { n } else { host }),
+    };
+    name.parse::<std::net::Ipv4Addr>().is_ok()
+        || name.eq_ignore_ascii_case("localhost")
+        || allowed.iter().any(|a| a.eq_ignore_ascii_case(name))
+}
+
+/// Middleware: refuses what the gate refuses (logged at a bounded rate), passes the rest.
+pub async fn check(State(gate): State<Gate>, req: Request, next: Next) -> Response {
+    let Some(err) = gate.refusal(req.headers(), req.uri().path()) else {
+        return next.run(req).await;
+    };
+    if let Some(audit) = &gate.audit {
+        let peer = req.extensions().get::<Peer>().map(|p| p.0.as_str()).unwrap_or("in-process");
+        audit.refused(peer, req.method().as_str(), req.uri().path(), err.status.as_u16(), &err.message);
+    }
+    err.into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, v.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn hosts() {
+        let allowed = vec!["forkvm.internal".to_string()];
+        for ok in ["127.0.0.1:8889", "127.0.0.1", "[::1]:80", "localhost:1", "LOCALHOST", "forkvm.internal:9"] {
+            assert!(host_is_allowed(ok, &allowed), "{ok}");
+        }
+        for bad in ["evil.example:8889", "evil.example", "[::1", "[zz]:1", "127.0.0.1.evil:1", ""] {
+            assert!(!host_is_allowed(bad, &allowed), "{bad}");
+        }
+    }
+
+    #[test]
+    fn browser_requests_are_refused_unless_allowed() {
+        let gate = Gate::unix(&["https://ok.example".to_string()], None);
+        let refused = gate.refusal(&headers(&[("origin", "https://evil.example")]), "/v1/sandboxes").unwrap();
+        assert_eq!(refused.status, StatusCode::FORBIDDEN);
+        assert!(refused.message.contains("--allow-origin https://evil.example"), "{}", refused.message);
+        assert!(gate.refusal(&headers(&[("sec-fetch-site", "cross-site")]), "/").is_some());
+        assert!(gate.refusal(&headers(&[("origin", "null")]), "/").is_some());
+        assert!(gate.refusal(&headers(&[("origin", "https://ok.example")]), "/").is_none());
+        assert!(gate.refusal(&headers(&[("sec-fetch-site", "none")]), "/").is_none());
+        assert!(gate.refusal(&HeaderMap::new(), "/v1/sandboxes").is_none());
+    }
+
+    #[test]
+    fn tcp_needs_host_and_token() {
+        let gate = Gate::tcp(Token::new("0123456789abcdef").unwrap(), &[], &[], None);
+        let code = |pairs: &[(&'static str, &str)], path| gate.refusal(&headers(pairs), path).map(|e| e.status);
+        assert_eq!(code(&[("host", "127.0.0.1:1")], "/v1/sandboxes"), Some(StatusCode::UNAUTHORIZED));
+        assert_eq!(code(&[("host", "127.0.0.1:1")], "/healthz"), None);
+        let good = [("host", "127.0.0.1:1"), ("authorization", "Bearer 0123456789abcdef")];
+        assert_eq!(code(&good, "/v1/sandboxes"), None);
+        let rebound = [("host", "evil.example:1"), ("authorization", "Bearer 0123456789abcdef")];
+        assert_eq!(code(&rebound, "/v1/sandboxes"), Some(StatusCode::FORBIDDEN));
+        assert_eq!(code(&[("authorization", "Bearer 0123456789abcdef")], "/v1/x"), Some(StatusCode::FORBIDDEN));
+    }
+}
