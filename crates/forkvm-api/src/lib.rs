@@ -332,7 +332,17 @@ pub struct ExecRequest {
     /// Bytes (UTF-8) given to the process's standard input.
     #[serde(default)]
     pub stdin: Option<String>,
+    /// Most bytes of each of stdout and stderr returned ([`DEFAULT_MAX_OUTPUT_BYTES`]
+    /// when absent, at most [`MAX_OUTPUT_BYTES`]); the rest is counted, not kept, and
+    /// the response says `truncated`.
+    #[serde(default)]
+    pub max_output_bytes: Option<u64>,
 }
+
+/// What an exec returns of each stream unless the request says otherwise.
+pub const DEFAULT_MAX_OUTPUT_BYTES: u64 = 4 << 20;
+/// The largest `max_output_bytes` accepted.
+pub const MAX_OUTPUT_BYTES: u64 = 16 << 20;
 
 fn thirty() -> u64 {
     30
@@ -341,7 +351,15 @@ fn thirty() -> u64 {
 /// The same defaults as a JSON body with only the command (`timeout_secs: 30`).
 impl Default for ExecRequest {
     fn default() -> Self {
-        ExecRequest { args: Vec::new(), cmd: None, timeout_secs: 30, env: Default::default(), cwd: None, stdin: None }
+        ExecRequest {
+            args: Vec::new(),
+            cmd: None,
+            timeout_secs: 30,
+            env: Default::default(),
+            cwd: None,
+            stdin: None,
+            max_output_bytes: None,
+        }
     }
 }
 
@@ -359,6 +377,15 @@ pub struct ExecResponse {
     pub timed_out: bool,
     #[serde(default)]
     pub duration_ms: u64,
+    /// forkvm: stdout or stderr was longer than `max_output_bytes` and is cut there.
+    #[serde(default)]
+    pub truncated: bool,
+    /// forkvm: how many bytes the process wrote to stdout (all of them, kept or not).
+    #[serde(default)]
+    pub stdout_bytes: u64,
+    /// forkvm: how many bytes the process wrote to stderr.
+    #[serde(default)]
+    pub stderr_bytes: u64,
 }
 
 /// One line of `POST /v1/sandboxes/{id}/exec/stream` (NDJSON): output chunks as they

@@ -2,13 +2,12 @@
 //! kernel, the static agent binary and a template's root filesystem image.
 
 use forkvm_image::kernel::{ensure_kernel, BuildEvent, KernelError};
-use forkvm_image::rootfs::{ensure_image, ensure_scratch_disk, BuiltImage, RootfsError};
+use forkvm_image::rootfs::{ensure_image, ensure_scratch_disk, BuiltImage, Catalog, CatalogError, RootfsError};
 use std::path::{Path, PathBuf};
 
 /// Environment variable naming the static `forkvm-agent` binary to put in images.
 pub const AGENT_BIN_ENV: &str = "FORKVM_AGENT_BIN";
-/// Environment variable naming the directory of image templates.
-pub const TEMPLATES_ENV: &str = "FORKVM_TEMPLATES";
+pub use forkvm_image::rootfs::catalog::TEMPLATES_ENV;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ArtifactsError {
@@ -16,12 +15,18 @@ pub enum ArtifactsError {
     Kernel(#[from] KernelError),
     #[error("image: {0}")]
     Image(#[from] RootfsError),
-    #[error("no template {name:?} in {dir} (templates there: {known})")]
-    UnknownTemplate { name: String, dir: PathBuf, known: String },
+    #[error(transparent)]
+    Template(Box<CatalogError>),
     #[error(
         "no static forkvm-agent binary: set {AGENT_BIN_ENV} or run crates/forkvm-agent/build-static.sh (looked at {0})"
     )]
     NoAgent(PathBuf),
+}
+
+impl From<CatalogError> for ArtifactsError {
+    fn from(e: CatalogError) -> ArtifactsError {
+        ArtifactsError::Template(Box::new(e))
+    }
 }
 
 /// Everything a template's sandboxes boot from.
@@ -39,11 +44,6 @@ fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The directory of image templates (`templates/` in the repository by default).
-pub fn templates_dir() -> PathBuf {
-    std::env::var_os(TEMPLATES_ENV).map(PathBuf::from).unwrap_or_else(|| repo_root().join("templates"))
-}
-
 /// The static agent binary: `$FORKVM_AGENT_BIN`, else the one `build-static.sh` builds.
 pub fn agent_binary() -> Result<PathBuf, ArtifactsError> {
     let path = std::env::var_os(AGENT_BIN_ENV).map(PathBuf::from).unwrap_or_else(|| {
@@ -58,51 +58,17 @@ pub fn agent_binary() -> Result<PathBuf, ArtifactsError> {
     }
 }
 
-fn template_path(name: &str) -> Result<PathBuf, ArtifactsError> {
-    let dir = templates_dir();
-    let as_path = Path::new(name);
-    if as_path.extension().is_some_and(|e| e == "toml") && as_path.is_file() {
-        return Ok(as_path.to_path_buf());
-    }
-    let path = dir.join(format!("{name}.toml"));
-    if name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') && path.is_file() {
-        return Ok(path);
-    }
-    let known = std::fs::read_dir(&dir)
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .filter_map(|e| e.path().file_stem().map(|s| s.to_string_lossy().into_owned()))
-                .collect::<Vec<_>>()
-                .join(", ")
-        })
-        .unwrap_or_default();
-    Err(ArtifactsError::UnknownTemplate { name: name.into(), dir, known })
-}
-
 impl Artifacts {
-    /// Kernel and image for template `name` (a name in the templates directory, or a
-    /// path to a `.toml`), built if missing; `progress` sees kernel build events.
+    /// Kernel and image for the template called `name` in the configured catalog
+    /// (never a path), built if missing; `progress` sees kernel build events.
     pub fn ensure(name: &str, progress: &mut dyn FnMut(BuildEvent)) -> Result<Artifacts, ArtifactsError> {
-        let template = template_path(name)?;
+        let template = Catalog::configured().get(name)?;
         let cache = forkvm_image::kernel::cache_dir();
         let kernel = ensure_kernel(progress)?;
         let kernel_key =
             kernel.parent().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let image = ensure_image(&template, &agent_binary()?, &cache)?;
+        let image = ensure_image(&template.template, &template.text, &agent_binary()?, &cache)?;
         let scratch = ensure_scratch_disk(&cache)?;
         Ok(Artifacts { kernel, kernel_key, image, scratch, cache })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn unknown_templates_list_the_known_ones() {
-        let e = template_path("no-such-template").unwrap_err().to_string();
-        assert!(e.contains("tiny") && e.contains("python"), "{e}");
-        assert!(template_path("../etc/passwd").is_err());
-        assert!(template_path("tiny").is_ok());
     }
 }

@@ -10,7 +10,6 @@ use forkvm_proto::{AgentClient, IdentityRequest};
 use forkvm_vmm::devices::serial::ConsoleOut;
 use forkvm_vmm::host::{open_kvm, KvmUnavailable};
 use forkvm_vmm::Vmm;
-use std::fs::OpenOptions;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -98,10 +97,7 @@ impl Sandbox {
         let run_dir = base.join("forkvm").join(&id);
         std::fs::create_dir_all(&run_dir).map_err(|source| SandboxError::RunDir { path: run_dir.clone(), source })?;
         let console_path = run_dir.join("console.log");
-        let log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&console_path)
+        let log = forkvm_vmm::devices::console_log::ConsoleLog::open(&console_path)
             .map_err(|source| SandboxError::RunDir { path: console_path.clone(), source })?;
         let uds = run_dir.join("vsock.sock");
         let kvm = open_kvm()?;

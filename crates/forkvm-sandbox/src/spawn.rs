@@ -84,9 +84,11 @@ pub struct SpawnTimings {
     pub memory_prefetch_pages: u64,
 }
 
-/// The last lines of a console log, for error messages.
+/// The last lines of a console log, for error messages (its last 16 KiB only: a
+/// guest decides how much it prints).
 pub fn console_tail(record: &SandboxRecord) -> String {
-    let text = std::fs::read_to_string(record.console()).unwrap_or_default();
+    let tail = forkvm_vmm::devices::console_log::read_tail(&record.console(), 16 << 10);
+    let text = String::from_utf8_lossy(&tail);
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).rev().take(5).collect();
     lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
 }

@@ -21,7 +21,6 @@ use forkvm_vmm::host::{open_kvm, KvmUnavailable};
 use forkvm_vmm::vstate::irqchip::IrqchipMode;
 use forkvm_vmm::PreparedSnapshot;
 use forkvm_vmm::{BootConfig, Payload};
-use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -212,7 +211,7 @@ pub fn boot_to_agent_with(
     };
     std::fs::create_dir_all(work).map_err(io(work))?;
     let console_path = work.join("console.log");
-    let log = OpenOptions::new().create(true).append(true).open(&console_path).map_err(io(&console_path))?;
+    let log = forkvm_vmm::devices::console_log::ConsoleLog::open(&console_path).map_err(io(&console_path))?;
     let uds = work.join("vsock.sock");
     let kvm = open_kvm()?;
     let vmm = forkvm_vmm::boot(

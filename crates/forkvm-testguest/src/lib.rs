@@ -51,10 +51,13 @@ pub enum TestGuest {
     /// ring 3 checks them and prints `xsave ok` (see `guests/xsave.S`). With `args[0]`
     /// set, an `xsave` into unmapped memory raises #PF: `!F 000000000000000e <rip>`.
     Xsave,
+    /// Prints `args[0]` bytes to COM1 with `rep outsb` (4 KiB per VM exit), then
+    /// `flood done` and exits 0 (a guest that prints without end).
+    Flood,
 }
 
 impl TestGuest {
-    pub const ALL: [TestGuest; 7] = [
+    pub const ALL: [TestGuest; 8] = [
         TestGuest::Hello,
         TestGuest::Count,
         TestGuest::Echo,
@@ -62,6 +65,7 @@ impl TestGuest {
         TestGuest::Traps,
         TestGuest::Dirty,
         TestGuest::Xsave,
+        TestGuest::Flood,
     ];
 
     pub fn name(self) -> &'static str {
@@ -73,6 +77,7 @@ impl TestGuest {
             TestGuest::Traps => "traps",
             TestGuest::Dirty => "dirty",
             TestGuest::Xsave => "xsave",
+            TestGuest::Flood => "flood",
         }
     }
 
@@ -86,6 +91,7 @@ impl TestGuest {
             TestGuest::Traps => include_bytes!(concat!(env!("OUT_DIR"), "/traps.bin")),
             TestGuest::Dirty => include_bytes!(concat!(env!("OUT_DIR"), "/dirty.bin")),
             TestGuest::Xsave => include_bytes!(concat!(env!("OUT_DIR"), "/xsave.bin")),
+            TestGuest::Flood => include_bytes!(concat!(env!("OUT_DIR"), "/flood.bin")),
         }
     }
 }

@@ -31,12 +31,12 @@ pub struct Machine {
 pub fn boot_detached(machine: Machine, spec: ChildSpec) -> Result<libc::pid_t, ZygoteError> {
     let log = open_console_log(spec.console_log.as_deref())?;
     fork_and_run(true, move || {
-        detach_stdio(log.as_ref());
-        let mut error_log = log.as_ref().and_then(|f| f.try_clone().ok());
+        detach_stdio(log.as_ref().map(crate::devices::console_log::ConsoleLog::file));
+        let mut error_log = log.as_ref().and_then(|f| f.file().try_clone().ok());
         // The VMM outlives its caller: it keeps none of the caller's files or sockets.
         use std::os::fd::AsRawFd;
         let mut keep = vec![0, 1, 2];
-        keep.extend(log.as_ref().map(|f| f.as_raw_fd()));
+        keep.extend(log.as_ref().map(|f| f.file().as_raw_fd()));
         keep.extend(error_log.as_ref().map(|f| f.as_raw_fd()));
         close_fds_except(&keep);
         let fail = |msg: String, error_log: &mut Option<std::fs::File>| {
@@ -63,7 +63,7 @@ pub fn boot_detached(machine: Machine, spec: ChildSpec) -> Result<libc::pid_t, Z
 fn run(
     machine: Machine,
     spec: &ChildSpec,
-    log: Option<std::fs::File>,
+    log: Option<crate::devices::console_log::ConsoleLog>,
     error_log: &mut Option<std::fs::File>,
     fail: impl Fn(String, &mut Option<std::fs::File>) -> i32,
 ) -> i32 {

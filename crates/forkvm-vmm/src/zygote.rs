@@ -15,6 +15,7 @@
 use crate::builder::{prepare_with_memory, restore, BuildError, PreparedSnapshot};
 use crate::control::serve_until_exit;
 use crate::devices::attach::DeviceConfig;
+use crate::devices::console_log::ConsoleLog;
 use crate::devices::serial::ConsoleOut;
 use crate::host::{open_kvm, KvmUnavailable};
 use crate::vstate::memory_playbook::MemoryPrefetch;
@@ -25,16 +26,11 @@ use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
-/// Opens a child's console log for appending (created if missing), before the fork.
-pub(crate) fn open_console_log(path: Option<&Path>) -> Result<Option<File>, ZygoteError> {
-    path.map(|p| {
-        OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(p)
-            .map_err(|source| ZygoteError::ConsoleLog { path: p.to_path_buf(), source })
-    })
-    .transpose()
+/// Opens a child's console log for appending (created if missing, bounded: see
+/// `devices::console_log`), before the fork.
+pub(crate) fn open_console_log(path: Option<&Path>) -> Result<Option<ConsoleLog>, ZygoteError> {
+    path.map(|p| ConsoleLog::open(p).map_err(|source| ZygoteError::ConsoleLog { path: p.to_path_buf(), source }))
+        .transpose()
 }
 
 /// Exit status of a child that could not restore its VM.
@@ -242,18 +238,18 @@ impl Zygote {
         fork_and_run(detach, || self.child_main(spec, log)).map_err(ZygoteError::Fork)
     }
 
-    fn child_main(&self, mut spec: ChildSpec, log: Option<File>) -> i32 {
+    fn child_main(&self, mut spec: ChildSpec, log: Option<ConsoleLog>) -> i32 {
         if spec.detach {
-            detach_stdio(log.as_ref());
+            detach_stdio(log.as_ref().map(ConsoleLog::file));
         }
-        let mut error_log = log.as_ref().and_then(|f| f.try_clone().ok());
+        let mut error_log = log.as_ref().and_then(|f| f.file().try_clone().ok());
         let input = spec.console_stream.as_ref().and_then(|s| s.try_clone().ok());
         if spec.detach {
             // A detached VMM outlives its caller: it must not keep the caller's files,
             // sockets or locks open (a daemon's state lock, its spawner's socket).
             use std::os::fd::AsRawFd;
             let mut keep = vec![0, 1, 2, self.kvm.as_raw_fd(), self.snapshot.memory.as_raw_fd()];
-            keep.extend(log.as_ref().map(|f| f.as_raw_fd()));
+            keep.extend(log.as_ref().map(|f| f.file().as_raw_fd()));
             keep.extend(error_log.as_ref().map(|f| f.as_raw_fd()));
             keep.extend(input.as_ref().map(|f| f.as_raw_fd()));
             keep.extend(spec.console_stream.as_ref().map(|f| f.as_raw_fd()));

@@ -148,6 +148,19 @@ fn facility_checks(checks: &mut Vec<Value>) {
     let cached =
         format!("{} image(s), {} template snapshot(s) under {}", count("images"), count("snapshots"), cache.display());
     checks.push(check("image-cache", true, cached));
+    let catalog = forkvm_image::rootfs::Catalog::configured();
+    let templates: Vec<String> =
+        catalog.entries().into_iter().map(|(name, origin)| format!("{name} ({origin})")).collect();
+    checks.push(check(
+        "templates",
+        true,
+        format!(
+            "{}; the template directory is {} (${}, a <name>.toml there adds or replaces one)",
+            templates.join(", "),
+            catalog.dir().display(),
+            forkvm_image::rootfs::catalog::TEMPLATES_ENV
+        ),
+    ));
     let tools = [
         ("busybox-static", "/bin/busybox"),
         ("debootstrap", "/usr/sbin/debootstrap"),

@@ -30,14 +30,15 @@ pub enum ImageCommand {
     Kernel(KernelArgs),
     /// Build a template's root filesystem image (and the kernel, if missing) and print it.
     ///
-    /// TEMPLATE is a name in templates/ (tiny, python) or a path to a .toml. Needs the
+    /// TEMPLATE is a template name: built in (tiny, python) or a <name>.toml in the
+    /// template directory (`forkvm doctor` shows it); never a path. Needs the
     /// static agent (crates/forkvm-agent/build-static.sh), busybox-static or debootstrap.
     Build(BuildArgs),
 }
 
 #[derive(Args, Debug)]
 pub struct BuildArgs {
-    /// Template name or path.
+    /// Template name (`forkvm doctor` lists them).
     pub template: String,
     /// Also boot it once into its template snapshot (what `forkvm run` restores).
     #[arg(long)]

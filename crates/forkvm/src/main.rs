@@ -149,6 +149,11 @@ fn error_chain(e: &anyhow::Error) -> String {
 }
 
 fn main() {
+    // Everything forkvm writes (memory images, disks, chunks, the daemon's database and
+    // audit log, sockets) is its user's alone; image builds set the modes a guest
+    // expects explicitly (`forkvm_image::rootfs::build`).
+    // SAFETY: umask cannot fail and touches no memory.
+    unsafe { libc::umask(0o077) };
     let filter = tracing_subscriber::EnvFilter::try_from_env("FORKVM_LOG").unwrap_or_else(|_| "warn".into());
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     let cli = Cli::parse();

@@ -14,7 +14,7 @@ use std::io::Write;
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// Template name (in templates/) or path to a template .toml.
+    /// Template name: built in (tiny, python) or from the template directory.
     #[arg(long, default_value = "tiny")]
     pub image: String,
     /// Run the command through `sh -c` (one string) instead of as an argv.

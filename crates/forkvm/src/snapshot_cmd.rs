@@ -21,7 +21,7 @@ pub struct SnapshotArgs {
 pub enum SnapshotCommand {
     /// Boot a template (once, cached), warm it up, and publish its snapshot as a tag.
     Create {
-        /// Template name (templates/<name>.toml).
+        /// Template name: built in (tiny, python) or from the template directory.
         #[arg(long)]
         image: String,
         /// The new tag.

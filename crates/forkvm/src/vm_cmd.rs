@@ -7,12 +7,13 @@ use forkvm_testguest::{TestGuest, IMAGE_BASE};
 use forkvm_vmm::arch::x86_64::cpuid::CpuTemplate;
 use forkvm_vmm::control::{serve_until_exit, ControlClient, Request};
 use forkvm_vmm::devices::attach::{BlockConfig, DeviceConfig, VsockConfig};
+use forkvm_vmm::devices::console_log::ConsoleLog;
 use forkvm_vmm::devices::serial::ConsoleOut;
 use forkvm_vmm::host::open_kvm;
 use forkvm_vmm::vstate::irqchip::IrqchipMode;
 use forkvm_vmm::vstate::vcpu::VcpuExitReason;
 use forkvm_vmm::{BootConfig, Payload, Vmm};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 
 #[derive(Args, Debug)]
@@ -130,16 +131,12 @@ pub fn parse_u64(s: &str) -> Result<u64, String> {
 
 fn open_console(args: &ConsoleArgs) -> Result<ConsoleOut> {
     let log = match &args.console {
-        Some(path) => OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .with_context(|| format!("opening the console log {}", path.display()))?,
+        Some(path) => ConsoleLog::open(path).with_context(|| format!("opening the console log {}", path.display()))?,
         None => {
             // Standard output, as a File the console can write unbuffered.
             let fd = std::io::stdout().lock();
             let dup = std::os::fd::AsFd::as_fd(&fd).try_clone_to_owned().context("duplicating stdout")?;
-            File::from(dup)
+            ConsoleLog::unbounded(File::from(dup))
         }
     };
     Ok(ConsoleOut::new(Some(log), None))

@@ -246,6 +246,12 @@ fn kill_9_during_spawn_and_branch_then_restart_is_consistent() {
     let info = json(&d.socket, "GET", &format!("/v1/sandboxes/{a}"), "", 200);
     assert!(info["branch_count"].as_u64().unwrap() >= 1, "{info}");
 
+    // Everything the daemon, spawner and VMMs wrote is theirs alone: memory images,
+    // disks, records, sockets, the database and audit log.
+    for root in [&env.store, &env.run] {
+        assert_private(root);
+    }
+
     // 4. Graceful stop: the socket goes, the sandboxes stay.
     let mut d = d;
     // SAFETY: signals the daemon by pid.
@@ -263,6 +269,29 @@ fn kill_9_during_spawn_and_branch_then_restart_is_consistent() {
         json(&d.socket, "DELETE", &format!("/v1/sandboxes/{id}"), "", 204);
     }
     assert!(env.run_dirs().is_empty());
+}
+
+/// No file or directory under `root` is readable or writable by group or others. Files
+/// with more than one link are hard links into the image cache, shared read-only by
+/// every sandbox, and are skipped.
+fn assert_private(root: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let mut stack = vec![root.to_path_buf()];
+    let mut checked = 0;
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap().flatten() {
+            let Ok(meta) = std::fs::symlink_metadata(e.path()) else { continue };
+            if meta.file_type().is_symlink() || (meta.is_file() && meta.nlink() > 1) {
+                continue;
+            }
+            if meta.is_dir() {
+                stack.push(e.path());
+            }
+            assert_eq!(meta.mode() & 0o077, 0, "{} is mode {:o}", e.path().display(), meta.mode() & 0o7777);
+            checked += 1;
+        }
+    }
+    assert!(checked > 10, "only {checked} files under {}", root.display());
 }
 
 #[test]

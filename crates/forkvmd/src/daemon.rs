@@ -81,6 +81,7 @@ pub fn run(cfg: DaemonConfig) -> Result<(), DaemonError> {
     };
     let dir_err = |source| DaemonError::StateDir { path: cfg.state_dir.clone(), source };
     std::fs::create_dir_all(&cfg.state_dir).map_err(dir_err)?;
+    private_dirs(&cfg).map_err(dir_err)?;
     let lock_path = cfg.state_dir.join("forkvmd.lock");
     let lock =
         std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path).map_err(dir_err)?;
@@ -145,6 +146,30 @@ pub fn run(cfg: DaemonConfig) -> Result<(), DaemonError> {
         Ok::<(), DaemonError>(())
     })?;
     drop(lock);
+    Ok(())
+}
+
+/// The state directory, the store and the run root are the daemon's user's alone (0700);
+/// the database, audit log and lock files in the state directory 0600 (files created
+/// before this daemon set its umask may be wider). A shared directory (sticky, like
+/// `/tmp`) or one another user owns is left as it is.
+fn private_dirs(cfg: &DaemonConfig) -> std::io::Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let mode = |p: &std::path::Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m));
+    // SAFETY: geteuid cannot fail.
+    let me = unsafe { libc::geteuid() };
+    for dir in [cfg.state_dir.as_path(), cfg.store.root(), cfg.registry.root()] {
+        std::fs::create_dir_all(dir)?;
+        let meta = std::fs::metadata(dir)?;
+        if meta.uid() == me && meta.mode() & 0o1000 == 0 {
+            mode(dir, 0o700)?;
+        }
+    }
+    for entry in std::fs::read_dir(&cfg.state_dir)?.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_file()) {
+            mode(&entry.path(), 0o600)?;
+        }
+    }
     Ok(())
 }
 

@@ -179,3 +179,40 @@ async fn the_unix_socket_refuses_other_users() {
     let closed = ["closed", "ConnectionResetError", "BrokenPipeError"].iter().any(|w| nobody.contains(w));
     assert!(closed && !nobody.contains("HTTP/") && !nobody.contains("PermissionError"), "uid 65534 got: {nobody}");
 }
+
+#[tokio::test]
+async fn a_host_path_template_is_refused_naming_the_templates_and_nothing_is_written() {
+    let e = env();
+    let host_file = e.dir.path().join("evil.toml");
+    let evil = "name = \"evil\"\nbase = \"busybox\"\n[files]\n\"/etc/pwned\" = \"x\"\n";
+    std::fs::write(&host_file, evil).unwrap();
+    let before = tree_listing(e.dir.path());
+    for template in [host_file.to_str().unwrap(), "../evil", "evil", "/etc/passwd"] {
+        let body = serde_json::json!({ "tag": "t1", "template": template }).to_string();
+        let (status, text) = call(&e.app, "POST", "/v1/snapshots", Some(TOKEN), &body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{template}: {text}");
+        let err = error_of(&text).error;
+        assert!(err.contains("python, tiny"), "{template}: the message names no templates: {err}");
+    }
+    // Nothing was written: no snapshot, no image build, no cache (only the audit lines).
+    let after: Vec<String> = tree_listing(e.dir.path()).into_iter().filter(|p| !p.ends_with("audit.log")).collect();
+    let before: Vec<String> = before.into_iter().filter(|p| !p.ends_with("audit.log")).collect();
+    assert_eq!(after, before);
+}
+
+/// Every path under `dir`, sorted.
+fn tree_listing(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = entry.path();
+            if p.is_dir() {
+                stack.push(p.clone());
+            }
+            out.push(p.display().to_string());
+        }
+    }
+    out.sort();
+    out
+}

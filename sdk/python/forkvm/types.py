@@ -494,7 +494,9 @@ class ArchiveReport(_Record):
 @dataclass
 class ExecResult(_Record):
     """What a command did. ``exit_code`` is the process's code, else 128 + signal,
-    else 124 on timeout; ``signal`` and ``timed_out`` say which."""
+    else 124 on timeout; ``signal`` and ``timed_out`` say which. ``truncated``: stdout
+    or stderr was longer than the call's ``max_output_bytes`` and is cut there;
+    ``stdout_bytes``/``stderr_bytes`` count everything the process wrote."""
 
     stdout: str
     stderr: str
@@ -502,6 +504,9 @@ class ExecResult(_Record):
     signal: Optional[int] = None
     timed_out: bool = False
     duration_ms: int = 0
+    truncated: bool = False
+    stdout_bytes: int = 0
+    stderr_bytes: int = 0
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -519,6 +524,9 @@ class ExecResult(_Record):
             signal=f.opt_int("signal"),
             timed_out=f.bool_or("timed_out", False),
             duration_ms=f.int_or("duration_ms", 0),
+            truncated=f.bool_or("truncated", False),
+            stdout_bytes=f.int_or("stdout_bytes", 0),
+            stderr_bytes=f.int_or("stderr_bytes", 0),
             raw=_raw(data),
         )
 

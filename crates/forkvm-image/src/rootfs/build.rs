@@ -60,11 +60,16 @@ pub fn image_key(template_text: &str, agent: &[u8]) -> String {
     h.finalize().to_hex()[..32].to_string()
 }
 
-/// The image for `template_path`, built into `<cache>/images/` if it is not there yet.
-pub fn ensure_image(template_path: &Path, agent_bin: &Path, cache: &Path) -> Result<BuiltImage, RootfsError> {
-    let (template, text) = Template::load(template_path)?;
+/// The image for `template` (whose source is `text`), built into `<cache>/images/` if
+/// it is not there yet.
+pub fn ensure_image(
+    template: &Template,
+    text: &str,
+    agent_bin: &Path,
+    cache: &Path,
+) -> Result<BuiltImage, RootfsError> {
     let agent = std::fs::read(agent_bin).map_err(|source| RootfsError::Agent { path: agent_bin.into(), source })?;
-    let key = image_key(&text, &agent);
+    let key = image_key(text, &agent);
     let dir = cache.join("images").join(format!("{}-{key}", template.name));
     let meta_path = dir.join("image.json");
     let built = || {
@@ -97,11 +102,13 @@ pub fn ensure_image(template_path: &Path, agent_bin: &Path, cache: &Path) -> Res
     };
     let staging = work.join("root");
     std::fs::create_dir_all(&staging).map_err(stage_err("creating the staging directory"))?;
+    // The guest's `/`: its mode is the staging directory's, whatever our umask.
+    set_mode(&staging, 0o755).map_err(stage_err("chmod the staging directory"))?;
     match &template.base {
         Base::Busybox => stage_busybox(&staging)?,
-        Base::Debian(suite) => stage_debian(&staging, suite, &template, &work)?,
+        Base::Debian(suite) => stage_debian(&staging, suite, template, &work)?,
     }
-    stage_common(&staging, &agent, &template)?;
+    stage_common(&staging, &agent, template)?;
     let image = work.join("rootfs.ext4");
     let size = make_ext4(&staging, &image, &work)?;
     std::fs::remove_dir_all(&staging).map_err(stage_err("removing the staging tree"))?;
@@ -121,7 +128,37 @@ pub fn ensure_image(template_path: &Path, agent_bin: &Path, cache: &Path) -> Res
     Ok(img)
 }
 
+/// Sets `path`'s permission bits. The builder's own writes set their modes explicitly:
+/// forkvm runs with umask 077 (its files are its user's alone), but what goes into an
+/// image must have the modes a guest expects.
+fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
+
+/// Creates `rel` and its missing parents in `tree`, each 0755 (never following a link out).
+fn create_dirs_0755(tree: &cap_std::fs::Dir, rel: &Path) -> std::io::Result<()> {
+    let mut at = PathBuf::new();
+    for part in rel.components() {
+        at.push(part);
+        if !tree.exists(&at) {
+            tree.create_dir(&at)?;
+            tree.set_permissions(&at, cap_std::fs::Permissions::from_std(std::fs::Permissions::from_mode(0o755)))?;
+        }
+    }
+    Ok(())
+}
+
+/// Runs a build step's command with umask 022, so what it creates in the image gets the
+/// modes it would anywhere else (forkvm itself runs with umask 077).
 pub(crate) fn run(step: &str, cmd: &mut Command, log: &Path) -> Result<(), RootfsError> {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: umask is async-signal-safe and touches no memory.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::umask(0o022);
+            Ok(())
+        });
+    }
     let out = cmd.output().map_err(|source| RootfsError::Spawn { step: step.into(), source })?;
     let mut text = out.stdout;
     text.extend_from_slice(&out.stderr);
@@ -145,23 +182,28 @@ fn stage_busybox(root: &Path) -> Result<(), RootfsError> {
         let (dir, step) = (root.to_path_buf(), step.to_string());
         move |source| RootfsError::Stage { dir, step, source }
     };
+    let tree =
+        cap_std::fs::Dir::open_ambient_dir(root, cap_std::ambient_authority()).map_err(err("opening the tree"))?;
     for d in DIRS {
-        std::fs::create_dir_all(root.join(d)).map_err(err("creating directories"))?;
+        create_dirs_0755(&tree, Path::new(d)).map_err(err("creating directories"))?;
     }
     std::fs::copy(BUSYBOX, root.join("bin/busybox")).map_err(err("copying busybox"))?;
+    set_mode(&root.join("bin/busybox"), 0o755).map_err(err("chmod busybox"))?;
     let list = Command::new(BUSYBOX).arg("--list-full").output().map_err(err("listing busybox applets"))?;
     for applet in String::from_utf8_lossy(&list.stdout).lines().filter(|l| !l.is_empty() && !l.contains("..")) {
         let link = root.join(applet);
         if link.exists() || applet == "bin/busybox" {
             continue;
         }
-        if let Some(parent) = link.parent() {
-            std::fs::create_dir_all(parent).map_err(err("creating applet directories"))?;
+        if let Some(parent) = Path::new(applet).parent() {
+            create_dirs_0755(&tree, parent).map_err(err("creating applet directories"))?;
         }
         symlink("/bin/busybox", &link).map_err(err("linking busybox applets"))?;
     }
-    std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").map_err(err("writing /etc/passwd"))?;
-    std::fs::write(root.join("etc/group"), "root:x:0:\n").map_err(err("writing /etc/group"))?;
+    for (path, text) in [("etc/passwd", "root:x:0:0:root:/root:/bin/sh\n"), ("etc/group", "root:x:0:\n")] {
+        std::fs::write(root.join(path), text).map_err(err("writing /etc/passwd and /etc/group"))?;
+        set_mode(&root.join(path), 0o644).map_err(err("chmod /etc/passwd and /etc/group"))?;
+    }
     Ok(())
 }
 
@@ -189,8 +231,10 @@ fn stage_debian(root: &Path, suite: &str, t: &Template, work: &Path) -> Result<(
     // Package caches are dead weight in a read-only image.
     let _ = std::fs::remove_dir_all(root.join("var/cache/apt/archives"));
     let _ = std::fs::remove_dir_all(root.join("var/lib/apt/lists"));
-    for d in DIRS {
-        let _ = std::fs::create_dir_all(root.join(d));
+    if let Ok(tree) = cap_std::fs::Dir::open_ambient_dir(root, cap_std::ambient_authority()) {
+        for d in DIRS {
+            let _ = create_dirs_0755(&tree, Path::new(d));
+        }
     }
     Ok(())
 }
@@ -213,24 +257,37 @@ fn debian_mirror() -> String {
         .unwrap_or_else(|| "http://deb.debian.org/debian".to_string())
 }
 
+/// Writes the agent, the hostname and the template's files into the staged tree. Every
+/// write resolves its path inside `root` (cap-std): a symbolic link in the tree that
+/// points out of it (a package's absolute link, say) is refused, never followed onto
+/// the host.
 fn stage_common(root: &Path, agent: &[u8], t: &Template) -> Result<(), RootfsError> {
     let err = |step: String| {
         let dir = root.to_path_buf();
         move |source| RootfsError::Stage { dir, step, source }
     };
-    let agent_path = root.join("sbin/forkvm-agent");
-    std::fs::write(&agent_path, agent).map_err(err("installing the agent".into()))?;
-    std::fs::set_permissions(&agent_path, std::fs::Permissions::from_mode(0o755))
-        .map_err(err("chmod the agent".into()))?;
-    // Debug info is most of a release binary and useless in the guest.
+    let tree = cap_std::fs::Dir::open_ambient_dir(root, cap_std::ambient_authority())
+        .map_err(err("opening the staged tree".into()))?;
+    tree.write("sbin/forkvm-agent", agent).map_err(err("installing the agent".into()))?;
+    tree.set_permissions(
+        "sbin/forkvm-agent",
+        cap_std::fs::Permissions::from_std(std::fs::Permissions::from_mode(0o755)),
+    )
+    .map_err(err("chmod the agent".into()))?;
+    // Debug info is most of a release binary and useless in the guest; strip works on a
+    // path, so it gets the one cap-std resolved (the agent file itself, not a link).
+    let agent_path = root.join(tree.canonicalize("sbin/forkvm-agent").map_err(err("finding the agent".into()))?);
     let _ = Command::new("strip").arg("--strip-debug").arg(&agent_path).status();
-    std::fs::write(root.join("etc/hostname"), "forkvm\n").map_err(err("writing /etc/hostname".into()))?;
+    let file_mode = || cap_std::fs::Permissions::from_std(std::fs::Permissions::from_mode(0o644));
+    tree.write("etc/hostname", "forkvm\n").map_err(err("writing /etc/hostname".into()))?;
+    tree.set_permissions("etc/hostname", file_mode()).map_err(err("chmod /etc/hostname".into()))?;
     for (path, content) in &t.files {
-        let target = root.join(path.trim_start_matches('/'));
-        if let Some(parent) = target.parent() {
-            std::fs::create_dir_all(parent).map_err(err(format!("creating the parent of {path}")))?;
+        let rel = path.trim_start_matches('/');
+        if let Some(parent) = Path::new(rel).parent().filter(|p| !p.as_os_str().is_empty()) {
+            create_dirs_0755(&tree, parent).map_err(err(format!("creating the parent of {path}")))?;
         }
-        std::fs::write(&target, content).map_err(err(format!("writing {path}")))?;
+        tree.write(rel, content).map_err(err(format!("writing {path}")))?;
+        tree.set_permissions(rel, file_mode()).map_err(err(format!("chmod {path}")))?;
     }
     Ok(())
 }
@@ -281,9 +338,37 @@ mod tests {
     #[test]
     fn a_missing_agent_is_explained() {
         let dir = tempfile::tempdir().unwrap();
-        let t = dir.path().join("t.toml");
-        std::fs::write(&t, "name = \"t\"\nbase = \"busybox\"\n").unwrap();
-        let e = ensure_image(&t, Path::new("/nonexistent/agent"), dir.path()).unwrap_err().to_string();
+        let text = "name = \"t\"\nbase = \"busybox\"\n";
+        let t = Template::parse(text).unwrap();
+        let e = ensure_image(&t, text, Path::new("/nonexistent/agent"), dir.path()).unwrap_err().to_string();
         assert!(e.contains("build-static.sh"), "{e}");
+    }
+
+    #[test]
+    fn template_files_never_follow_a_link_out_of_the_tree() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, host) = (dir.path().join("root"), dir.path().join("host"));
+        for d in ["sbin", "etc", "usr/lib"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        std::fs::create_dir_all(&host).unwrap();
+        // What a package could leave in a staged tree: absolute links out of it, and a
+        // relative one that climbs out.
+        symlink(host.join("motd"), root.join("etc/motd")).unwrap();
+        symlink(&host, root.join("etc/conf.d")).unwrap();
+        symlink("../../../host", root.join("usr/lib/up")).unwrap();
+        // A relative link that stays inside is followed.
+        symlink("../usr/lib", root.join("etc/lib")).unwrap();
+        let text = |files: &str| format!("name = \"t\"\nbase = \"busybox\"\n[files]\n{files}\n");
+        for files in ["\"/etc/motd\" = \"pwned\"", "\"/etc/conf.d/x\" = \"pwned\"", "\"/usr/lib/up/x\" = \"pwned\""] {
+            let t = Template::parse(&text(files)).unwrap();
+            let e = stage_common(&root, b"agent", &t).unwrap_err().to_string();
+            assert!(e.contains("staging the image"), "{files}: {e}");
+            assert_eq!(std::fs::read_dir(&host).unwrap().count(), 0, "{files} wrote onto the host");
+        }
+        let t = Template::parse(&text("\"/etc/lib/ok\" = \"fine\"")).unwrap();
+        stage_common(&root, b"agent", &t).unwrap();
+        assert_eq!(std::fs::read_to_string(root.join("usr/lib/ok")).unwrap(), "fine");
+        assert_eq!(std::fs::read(root.join("sbin/forkvm-agent")).unwrap(), b"agent");
     }
 }

@@ -7,9 +7,11 @@
 //! change to them builds a new image and old ones can be deleted at will.
 
 pub mod build;
+pub mod catalog;
 pub mod scratch;
 pub mod template;
 
 pub use build::{ensure_image, image_key, BuiltImage, RootfsError};
+pub use catalog::{Catalog, CatalogError, CatalogTemplate};
 pub use scratch::{ensure_scratch_disk, scratch_key, SCRATCH_DISK_BYTES, SCRATCH_LABEL};
 pub use template::{Base, Template, TemplateError};

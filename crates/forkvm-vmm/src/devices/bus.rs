@@ -10,6 +10,7 @@ use super::serial::{SerialDevice, SerialDeviceState, COM1_BASE, COM1_LEN};
 use super::virtio::mmio::MmioTransportState;
 use crate::arch::x86_64::layout::{IOAPIC_SIZE, IOAPIC_START, VIRTIO_MMIO_SIZE, VIRTIO_MMIO_START};
 use serde::{Deserialize, Serialize};
+use std::io::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -118,7 +119,16 @@ impl Devices {
 
     pub fn pio_write(&self, port: u16, data: &[u8]) -> BusAction {
         if (COM1_BASE..COM1_BASE + COM1_LEN).contains(&port) && data.len() == 1 {
-            lock(&self.serial).write((port - COM1_BASE) as u8, data[0]);
+            let mut serial = lock(&self.serial);
+            serial.write((port - COM1_BASE) as u8, data[0]);
+            let _ = serial.console_mut().flush();
+        } else if port == COM1_BASE && data.len() > 1 {
+            // `rep outsb` to the transmit register: each byte in turn, one log write.
+            let mut serial = lock(&self.serial);
+            for b in data {
+                serial.write(0, *b);
+            }
+            let _ = serial.console_mut().flush();
         } else if port == TEST_EXIT_PORT && !data.is_empty() {
             return BusAction::GuestExit(data[0]);
         } else if port == I8042_COMMAND_PORT && data.first() == Some(&I8042_RESET_CPU) {
@@ -166,7 +176,9 @@ impl Devices {
     /// Writes a VMM note on the console (not the guest's output), as `[forkvm] ...`.
     pub fn console_note(&self, note: &str) {
         use std::io::Write;
-        let _ = writeln!(lock(&self.serial).console_mut(), "\n[forkvm] {note}");
+        let mut serial = lock(&self.serial);
+        let _ = writeln!(serial.console_mut(), "\n[forkvm] {note}");
+        let _ = serial.console_mut().flush();
     }
 
     /// Queues serial input, waiting for FIFO room as the guest drains it (up to `timeout`).

@@ -6,6 +6,7 @@
 
 pub mod attach;
 pub mod bus;
+pub mod console_log;
 pub mod ioapic;
 pub mod irq;
 pub mod serial;

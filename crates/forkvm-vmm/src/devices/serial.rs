@@ -4,9 +4,9 @@
 //! reads, e.g. the fork benchmark waiting for a child's answer). Input is queued into the
 //! UART's receive FIFO, which raises the COM1 interrupt when the guest enabled it.
 
+use super::console_log::ConsoleLog;
 use super::irq::IrqLine;
 use serde::{Deserialize, Serialize};
-use std::fs::File;
 use std::io::Write;
 use std::os::unix::net::UnixStream;
 use vm_superio::serial::{NoEvents, SerialState};
@@ -18,41 +18,72 @@ pub const COM1_LEN: u16 = 8;
 /// COM1's ISA interrupt line.
 pub const COM1_IRQ: u32 = 4;
 
-/// Where the guest's serial output goes.
+/// Where the guest's serial output goes. Log output is gathered over one port write
+/// (the UART takes a byte at a time; a `rep outsb` brings many) and written when the
+/// bus flushes after it, so a flood costs one write per exit, not per byte.
 #[derive(Debug, Default)]
 pub struct ConsoleOut {
-    pub log: Option<File>,
+    pub log: Option<ConsoleLog>,
     pub stream: Option<UnixStream>,
+    pending: Vec<u8>,
     failed: bool,
 }
 
-impl ConsoleOut {
-    pub fn new(log: Option<File>, stream: Option<UnixStream>) -> ConsoleOut {
-        ConsoleOut { log, stream, failed: false }
-    }
-}
+/// Log bytes gathered before a write even without a flush.
+const PENDING_MAX: usize = 64 << 10;
 
-impl Write for ConsoleOut {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+impl ConsoleOut {
+    pub fn new(log: Option<ConsoleLog>, stream: Option<UnixStream>) -> ConsoleOut {
+        ConsoleOut { log, stream, pending: Vec::new(), failed: false }
+    }
+
+    fn note_failure(&mut self, result: std::io::Result<()>) {
         // A console that cannot be written must not stop the guest: note it once.
-        let mut result = Ok(());
-        if let Some(log) = self.log.as_mut() {
-            result = result.and(log.write_all(buf));
-        }
-        if let Some(stream) = self.stream.as_mut() {
-            result = result.and(stream.write_all(buf));
-        }
         if let Err(e) = result {
             if !self.failed {
                 tracing::warn!(error = %e, "console output failed; further failures are not logged");
                 self.failed = true;
             }
         }
+    }
+
+    fn write_pending(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let result = match self.log.as_mut() {
+            Some(log) => log.append(&self.pending),
+            None => Ok(()),
+        };
+        self.pending.clear();
+        self.note_failure(result);
+    }
+}
+
+impl Write for ConsoleOut {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.log.is_some() {
+            self.pending.extend_from_slice(buf);
+            if self.pending.len() >= PENDING_MAX {
+                self.write_pending();
+            }
+        }
+        if let Some(stream) = self.stream.as_mut() {
+            let result = stream.write_all(buf);
+            self.note_failure(result);
+        }
         Ok(buf.len())
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
+        self.write_pending();
         Ok(())
+    }
+}
+
+impl Drop for ConsoleOut {
+    fn drop(&mut self) {
+        self.write_pending();
     }
 }
 

@@ -9,12 +9,12 @@
 
 use super::{GuestInfo, Vmm, VmmError, VmmLabels};
 use crate::builder::restore_state;
+use crate::devices::console_log::ConsoleLog;
 use crate::devices::serial::ConsoleOut;
 use crate::host::open_kvm;
 use crate::phase_timer::PhaseTimer;
 use crate::zygote::{close_fds, detach_stdio, fork_and_run, Owned, EXIT_RESTORE_FAILED};
 use serde::{Deserialize, Serialize};
-use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -133,9 +133,9 @@ impl Vmm {
         // Nothing the source process has open belongs to this child: its KVM VM, device
         // backends' sockets and files, control connections. Keep only stdio.
         close_fds(3, u32::MAX);
-        let log = child.console_log.as_ref().and_then(|p| OpenOptions::new().create(true).append(true).open(p).ok());
-        detach_stdio(log.as_ref());
-        let mut error_log = log.as_ref().and_then(|f| f.try_clone().ok());
+        let log = child.console_log.as_deref().and_then(|p| ConsoleLog::open(p).ok());
+        detach_stdio(log.as_ref().map(ConsoleLog::file));
+        let mut error_log = log.as_ref().and_then(|f| f.file().try_clone().ok());
         let fail = |msg: String, error_log: &mut Option<std::fs::File>| {
             if let Some(f) = error_log.as_mut() {
                 let _ = writeln!(f, "\n[forkvm] {msg}");
@@ -160,7 +160,7 @@ impl Vmm {
         &self,
         state: &crate::persist::VmState,
         child: &ForkChild,
-        log: Option<std::fs::File>,
+        log: Option<ConsoleLog>,
         error_log: &mut Option<std::fs::File>,
         fail: impl Fn(String, &mut Option<std::fs::File>) -> i32,
     ) -> i32 {

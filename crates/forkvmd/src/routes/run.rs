@@ -103,22 +103,65 @@ pub async fn exec(
     JsonBody(req): JsonBody<ExecRequest>,
 ) -> Result<Json<ExecResponse>, ApiError> {
     let agent_req = agent_request(&req)?;
+    let cap = output_cap(&req)?;
     s.blocking(move |s| {
         let (c, _in_use) = client(&s, &id)?;
-        let out = c
-            .exec_collect(&agent_req, req.stdin.as_deref().unwrap_or("").as_bytes())
+        let (mut stdout, mut stderr) = (BoundedOutput::new(cap), BoundedOutput::new(cap));
+        let stdin = req.stdin.as_deref().unwrap_or("").as_bytes();
+        let mut src = stdin;
+        let src: Option<&mut dyn std::io::Read> = if stdin.is_empty() { None } else { Some(&mut src) };
+        let status = c
+            .exec(&agent_req, src, &mut |b| stdout.push(b), &mut |b| stderr.push(b))
             .map_err(|e| agent_error(&id, e))?;
         learn_after_first_call(&s, &id);
         Ok(Json(ExecResponse {
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-            exit_code: exit_code(&out.status),
-            signal: out.status.signal,
-            timed_out: out.status.timed_out,
-            duration_ms: out.status.duration_ms,
+            truncated: stdout.truncated() || stderr.truncated(),
+            stdout_bytes: stdout.seen,
+            stderr_bytes: stderr.seen,
+            stdout: String::from_utf8_lossy(&stdout.kept).into_owned(),
+            stderr: String::from_utf8_lossy(&stderr.kept).into_owned(),
+            exit_code: exit_code(&status),
+            signal: status.signal,
+            timed_out: status.timed_out,
+            duration_ms: status.duration_ms,
         }))
     })
     .await
+}
+
+/// The per-stream output cap of a collected exec.
+fn output_cap(req: &ExecRequest) -> Result<usize, ApiError> {
+    match req.max_output_bytes {
+        None => Ok(forkvm_api::DEFAULT_MAX_OUTPUT_BYTES as usize),
+        Some(n) if (1..=forkvm_api::MAX_OUTPUT_BYTES).contains(&n) => Ok(n as usize),
+        Some(n) => Err(ApiError::bad_request(format!(
+            "max_output_bytes must be between 1 and {}, got {n}",
+            forkvm_api::MAX_OUTPUT_BYTES
+        ))),
+    }
+}
+
+/// One output stream of a collected exec: the first `cap` bytes kept, every byte
+/// counted. A guest can print without end; the daemon holds at most `cap`.
+#[derive(Debug)]
+struct BoundedOutput {
+    kept: Vec<u8>,
+    seen: u64,
+    cap: usize,
+}
+
+impl BoundedOutput {
+    fn new(cap: usize) -> BoundedOutput {
+        BoundedOutput { kept: Vec::new(), seen: 0, cap }
+    }
+    fn push(&mut self, chunk: &[u8]) {
+        self.seen += chunk.len() as u64;
+        let room = self.cap.saturating_sub(self.kept.len());
+        self.kept.extend_from_slice(&chunk[..chunk.len().min(room)]);
+    }
+    fn truncated(&self) -> bool {
+        self.seen > self.kept.len() as u64
+    }
 }
 
 fn ndjson_line(e: &ExecEvent) -> bytes::Bytes {
@@ -191,4 +234,17 @@ pub async fn eval(
         Ok(Json(EvalResponse { result, error, exit_code, stdout: r.stdout, stderr: r.stderr }))
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn output_is_kept_up_to_the_cap_and_counted_beyond() {
+        let mut out = super::BoundedOutput::new(5);
+        out.push(b"abc");
+        assert!(!out.truncated());
+        out.push(b"defgh");
+        out.push(&[b'x'; 1 << 20]);
+        assert_eq!((out.kept.as_slice(), out.seen, out.truncated()), (&b"abcde"[..], 8 + (1 << 20), true));
+    }
 }

@@ -72,7 +72,7 @@ pub async fn create(
             tracing::info!(template = %req.template, ?event, "building template artefacts");
         })
         .map_err(|e| match e {
-            forkvm_sandbox::ArtifactsError::UnknownTemplate { .. } => ApiError::bad_request(e.to_string()),
+            forkvm_sandbox::ArtifactsError::Template(_) => ApiError::bad_request(e.to_string()),
             other => ApiError::internal(other.to_string()),
         })?;
         let template =
