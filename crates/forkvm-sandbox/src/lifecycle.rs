@@ -201,18 +201,21 @@ pub fn kill(registry: &Registry, id: &str) -> Result<(), LifecycleError> {
 pub fn kill_record(registry: &Registry, r: &SandboxRecord) -> Result<(), LifecycleError> {
     const GRACE: Duration = Duration::from_secs(10);
     let archive = crate::archive::linked_archive(&r.run_dir);
+    // Taken before anything else: the process checked now is the one signalled later.
+    // A pid that now names another process (the VMM died, the pid was reused) is dead.
+    let pidfd = crate::registry::vmm_pidfd(r);
+    let alive = || pidfd.is_some() && vmm_alive(r.pid);
     if let Ok(mut c) = ControlClient::connect(&r.control_socket()) {
         let _ = c.call(&Request::Shutdown {});
     }
     let deadline = Instant::now() + GRACE;
-    while vmm_alive(r.pid) && Instant::now() < deadline {
+    while alive() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(2));
     }
-    if vmm_alive(r.pid) {
-        // SAFETY: signals a process by pid; no memory is involved.
-        unsafe { libc::kill(r.pid, libc::SIGKILL) };
+    if let (true, Some(fd)) = (alive(), &pidfd) {
+        let _ = crate::registry::pidfd_signal(fd, libc::SIGKILL);
         let deadline = Instant::now() + Duration::from_secs(5);
-        while vmm_alive(r.pid) {
+        while alive() {
             if Instant::now() > deadline {
                 return Err(LifecycleError::Unkillable { id: r.id.clone(), pid: r.pid, waited: GRACE });
             }

@@ -125,8 +125,66 @@ pub fn vmm_alive(pid: i32) -> bool {
     }
 }
 
+/// A pidfd for sandbox `r`'s VMM, if a process with its pid runs and is that VMM: it
+/// started no later than [`PID_START_SLACK`] after the record was made. A pid the kernel
+/// gave to a new process after the VMM died is not signalled: signals go through the
+/// pidfd, which stays bound to the process checked here.
+pub fn vmm_pidfd(r: &SandboxRecord) -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    if r.pid <= 0 {
+        return None;
+    }
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, r.pid, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: the descriptor was just returned to us and is owned by nobody else.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) };
+    let started = process_start_unix_ms(r.pid)?;
+    (started <= r.created_at_unix_ms.saturating_add(PID_START_SLACK.as_millis() as u64)).then_some(fd)
+}
+
+/// How long after its record a sandbox's VMM may have started (records are written
+/// after their VMM is forked, within a spawn).
+pub const PID_START_SLACK: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Sends `signal` through `pidfd`.
+pub fn pidfd_signal(pidfd: &std::os::fd::OwnedFd, signal: i32) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: pidfd_send_signal with no siginfo; the descriptor is valid for the call.
+    let rc = unsafe {
+        libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), signal, std::ptr::null::<libc::siginfo_t>(), 0)
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// When process `pid` started, in Unix milliseconds (`/proc/<pid>/stat` field 22 and
+/// the boot time).
+fn process_start_unix_ms(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    let ticks: u64 = rest.split_whitespace().nth(19)?.parse().ok()?;
+    let btime: u64 = std::fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("btime ").and_then(|v| v.trim().parse().ok()))?;
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Some(btime * 1000 + ticks * 1000 / hz)
+}
+
 pub fn now_unix_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// Whether `path` is `dir` or below it, with no `..` (lexically).
+fn is_inside(path: &Path, dir: &Path) -> bool {
+    path.starts_with(dir) && !path.components().any(|c| matches!(c, std::path::Component::ParentDir))
 }
 
 fn valid_id(id: &str) -> bool {
@@ -211,9 +269,23 @@ impl Registry {
             .map_err(|source| RegistryError::Io { path, source })
     }
 
+    /// The record in run directory `dir`. Paths are re-derived, never trusted from the
+    /// JSON: its run directory is `dir` itself, its id `dir`'s name, and a recorded disk
+    /// directory outside `dir` makes the record unreadable (it would be removed or
+    /// salvaged from).
     fn read(&self, dir: &Path) -> Option<SandboxRecord> {
         let text = std::fs::read(dir.join(RECORD_JSON)).ok()?;
-        serde_json::from_slice(&text).ok()
+        let mut r: SandboxRecord = serde_json::from_slice(&text).ok()?;
+        if dir.file_name().and_then(|n| n.to_str()) != Some(r.id.as_str()) {
+            tracing::warn!(dir = %dir.display(), id = %r.id, "a sandbox record names another id; ignored");
+            return None;
+        }
+        r.run_dir = dir.to_path_buf();
+        if let Some(d) = r.disks.iter().find(|d| !is_inside(&d.dir, dir)) {
+            tracing::warn!(dir = %dir.display(), disk = %d.dir.display(), "a sandbox record's disk is outside its run directory; ignored");
+            return None;
+        }
+        Some(r)
     }
 
     /// Sandbox `id`'s record and whether its VMM is alive, without cleaning up a dead one
@@ -374,6 +446,47 @@ mod tests {
             cgroup: None,
             disks: Vec::new(),
         }
+    }
+
+    #[test]
+    fn paths_in_a_record_are_re_derived_not_trusted() {
+        let tmp = tempfile::tempdir().unwrap();
+        let reg = Registry::open(tmp.path().join("run"));
+        let victim = tmp.path().join("victim");
+        std::fs::create_dir(&victim).unwrap();
+        std::fs::write(victim.join("keep"), "x").unwrap();
+        // A record whose JSON names another directory: the run directory is where it is.
+        let mut r = record(&reg, "sb1", std::process::id() as i32);
+        let real = r.run_dir.clone();
+        r.run_dir = victim.clone();
+        std::fs::write(real.join(RECORD_JSON), serde_json::to_vec(&r).unwrap()).unwrap();
+        let read = reg.get("sb1").unwrap();
+        assert_eq!(read.run_dir, real);
+        reg.clean_up(&read);
+        assert!(victim.join("keep").exists() && !real.exists());
+        // A disk directory outside the run directory, or another id: the record is ignored.
+        let mut r = record(&reg, "sb2", std::process::id() as i32);
+        r.disks.push(RecordedDisk { id: "d".into(), base: "/b".into(), sealed: Vec::new(), dir: victim.clone() });
+        std::fs::write(r.run_dir.join(RECORD_JSON), serde_json::to_vec(&r).unwrap()).unwrap();
+        assert!(matches!(reg.get("sb2"), Err(RegistryError::NotFound(_))));
+        let mut r = record(&reg, "sb3", std::process::id() as i32);
+        r.id = "sb2".into();
+        std::fs::write(reg.sandboxes_dir().join("sb3").join(RECORD_JSON), serde_json::to_vec(&r).unwrap()).unwrap();
+        assert!(matches!(reg.get("sb3"), Err(RegistryError::NotFound(_))));
+        assert!(victim.join("keep").exists());
+    }
+
+    #[test]
+    fn a_reused_pid_is_not_the_vmm() {
+        let tmp = tempfile::tempdir().unwrap();
+        let reg = Registry::open(tmp.path());
+        let mut r = record(&reg, "sb", std::process::id() as i32);
+        assert!(vmm_pidfd(&r).is_some(), "this process started before its record");
+        // A record made long before this process started: its pid now names another process.
+        r.created_at_unix_ms = process_start_unix_ms(r.pid).unwrap() - 3_600_000;
+        assert!(vmm_pidfd(&r).is_none());
+        r.pid = i32::MAX;
+        assert!(vmm_pidfd(&r).is_none());
     }
 
     #[test]

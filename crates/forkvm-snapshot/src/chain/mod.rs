@@ -93,6 +93,8 @@ impl ChainError {
             | ChainError::ParentUnusable { .. }
             | ChainError::DiskLayer { .. }
             | ChainError::HasDependents { .. } => "conflict",
+            ChainError::Pack(crate::pack_archive::PackError::NoSpace { .. }) => "disk_full",
+            ChainError::Pack(crate::pack_archive::PackError::Io { .. }) => "internal",
             ChainError::TooDeep { .. } | ChainError::BadPack { .. } | ChainError::Pack(_) => "bad_request",
             _ => "internal",
         }

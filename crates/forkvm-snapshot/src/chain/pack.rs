@@ -263,7 +263,7 @@ pub fn unpack(store: &Store, pack_path: &Path) -> Result<UnpackReport, ChainErro
     let bad = |reason: String| ChainError::BadPack { path: pack_path.to_path_buf(), reason };
     let pack_bytes = std::fs::metadata(pack_path).map_err(ChainError::io("opening the pack", pack_path))?.len();
     let staging = Staging(new_staging_dir(store, "unpack")?);
-    let manifest = extract_pack(pack_path, &staging.0, &accept_name, &PackLimits::default())?;
+    let manifest = extract_pack(pack_path, &staging.0, &accept_name, &PackLimits::configured())?;
     let logical: u64 = manifest.entries.iter().map(|e| e.size).sum();
     decode_sparse_entries(&staging.0, &manifest)?;
     let meta: PackMeta =

@@ -22,7 +22,7 @@ mod reader;
 mod sparse;
 mod writer;
 
-pub use reader::extract_pack;
+pub use reader::{check_pack, extract_pack};
 pub use sparse::{decode_sparse, SparseExtents, MAX_SPARSE_EXTENTS, MAX_SPARSE_SIZE, SPARSE_MAGIC, SPARSE_VERSION};
 pub use writer::PackWriter;
 
@@ -121,6 +121,9 @@ pub enum PackError {
     /// The archive contains an entry the manifest does not list.
     #[error("pack entry {0:?} is in the archive but not listed in the manifest")]
     Unlisted(String),
+    /// Extracting would allocate `needed` bytes where only `free` are available (after a reserve).
+    #[error("pack: extracting it needs {needed} bytes but only {free} are free (keeping 5% of the filesystem in reserve); nothing was written")]
+    NoSpace { needed: u64, free: u64 },
     /// A sparse entry (see [`SparseExtents`]) is malformed.
     #[error("pack entry {name:?}: malformed sparse entry: {reason}")]
     Sparse { name: String, reason: String },
@@ -137,6 +140,22 @@ pub struct PackLimits {
     pub max_total_bytes: u64,
     /// Largest manifest, in bytes. [`PackWriter::finish`] refuses to write a bigger one than the default.
     pub max_manifest_bytes: u64,
+}
+
+/// Environment variable capping the total size of a pack's entries (bytes) accepted by unpack.
+pub const UNPACK_MAX_BYTES_ENV: &str = "FORKVM_UNPACK_MAX_BYTES";
+
+impl PackLimits {
+    /// The defaults, with `max_total_bytes` (and so `max_entry_bytes`) lowered to
+    /// `$FORKVM_UNPACK_MAX_BYTES` when that is set.
+    pub fn configured() -> PackLimits {
+        let mut l = PackLimits::default();
+        if let Some(cap) = std::env::var(UNPACK_MAX_BYTES_ENV).ok().and_then(|v| v.trim().parse::<u64>().ok()) {
+            l.max_total_bytes = cap;
+            l.max_entry_bytes = l.max_entry_bytes.min(cap);
+        }
+        l
+    }
 }
 
 impl Default for PackLimits {

@@ -30,13 +30,18 @@ const ZSTD_CHECKSUM_FLAG: u8 = 0x04;
 /// is returned. `accept_name` decides which entry names may appear (the caller's grammar; it is not consulted
 /// for [`PACK_MANIFEST`], which must appear exactly once, as the last entry).
 ///
-/// Returns the manifest only if everything checks out: safe names, regular files only, limits respected,
-/// no duplicates, a complete zstd frame (checksum verified) and tar stream (end marker present, nothing but
-/// zero padding after it), a well-formed manifest of format [`PACK_FORMAT`] version [`PACK_VERSION`], and
-/// every entry present in both archive and manifest, in the same order, with the listed size and BLAKE3.
+/// **Nothing is written before the whole pack is checked.** A first pass reads the pack through and writes
+/// nothing: safe names, regular files only, limits respected, no duplicates, a complete zstd frame (checksum
+/// verified) and tar stream (end marker present, nothing but zero padding after it), a well-formed manifest
+/// of format [`PACK_FORMAT`] version [`PACK_VERSION`], and every entry present in both archive and manifest,
+/// in the same order, with the listed size and BLAKE3. It also counts the bytes extraction would allocate
+/// (the non-zero blocks), which must fit in the free space of `staging`'s filesystem, less a reserve of
+/// 1/20 of it. Only then does the second pass extract, checking all of it again (the pack file is not
+/// trusted to stay the same between the passes).
 ///
-/// On any error `staging` may hold partial content: **the caller must delete `staging`**. Nothing outside
-/// `staging` is created or modified. `staging` must not be modified by anyone else during extraction.
+/// On any error `staging` may hold partial content (only if the pack changed between the passes): **the
+/// caller must delete `staging`**. Nothing outside `staging` is created or modified. `staging` must not be
+/// modified by anyone else during extraction.
 pub fn extract_pack(
     pack: &Path,
     staging: &Path,
@@ -44,6 +49,54 @@ pub fn extract_pack(
     limits: &PackLimits,
 ) -> Result<PackManifest, PackError> {
     check_staging(staging)?;
+    let (_, allocated) = read_pack(pack, staging, false, accept_name, limits)?;
+    check_free_space(staging, allocated)?;
+    read_pack(pack, staging, true, accept_name, limits).map(|(manifest, _)| manifest)
+}
+
+/// Checks the pack only (the first pass of [`extract_pack`]): returns its manifest and the bytes an
+/// extraction would allocate. Writes nothing.
+pub fn check_pack(
+    pack: &Path,
+    accept_name: &dyn Fn(&str) -> bool,
+    limits: &PackLimits,
+) -> Result<(PackManifest, u64), PackError> {
+    read_pack(pack, Path::new("/nonexistent-staging"), false, accept_name, limits)
+}
+
+/// Refuses an extraction of `allocated` bytes that would not leave a twentieth of the filesystem free.
+pub(super) fn check_free_space(staging: &Path, allocated: u64) -> Result<(), PackError> {
+    let (free, total) = free_space(staging).map_err(io_err("find the free space of", staging))?;
+    let reserve = total / 20;
+    if allocated.saturating_add(reserve) > free {
+        return Err(PackError::NoSpace { needed: allocated, free: free.saturating_sub(reserve) });
+    }
+    Ok(())
+}
+
+/// Bytes available to this user, and the size, of the filesystem holding `path`.
+fn free_space(path: &Path) -> io::Result<(u64, u64)> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
+    // SAFETY: statvfs is plain old data; all zeroes is a valid value.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: statvfs writes into the struct it is given; `c` outlives the call.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let unit = st.f_frsize as u64;
+    Ok((st.f_bavail as u64 * unit, st.f_blocks as u64 * unit))
+}
+
+/// One pass over the pack: checks everything, and writes the entries into `staging` when `write` is set.
+/// Returns the manifest and the bytes of non-zero 4 KiB blocks (what extraction allocates).
+fn read_pack(
+    pack: &Path,
+    staging: &Path,
+    write: bool,
+    accept_name: &dyn Fn(&str) -> bool,
+    limits: &PackLimits,
+) -> Result<(PackManifest, u64), PackError> {
     let mut file = File::open(pack).map_err(io_err("open", pack))?;
     check_zstd_header(&mut file, pack)?;
     let progress = Rc::new(Progress::default());
@@ -54,6 +107,7 @@ pub fn extract_pack(
     let mut ex = Extraction {
         pack,
         staging,
+        write,
         accept_name,
         limits,
         progress: Rc::clone(&progress),
@@ -62,6 +116,7 @@ pub fn extract_pack(
         dirs: HashSet::new(),
         manifest: None,
         total: 0,
+        allocated: 0,
         buf: vec![0; CHUNK],
     };
 
@@ -86,12 +141,15 @@ pub fn extract_pack(
         return Err(PackError::Corrupt("unexpected data after the zstd frame".into()));
     }
     let dirs: Vec<PathBuf> = ex.dirs.iter().map(|d| staging.join(d)).collect();
+    let allocated = ex.allocated;
     let manifest = ex.verify()?;
-    // Make the new directory entries durable too (file contents were synced as they were written).
-    for dir in dirs.iter().map(PathBuf::as_path).chain([staging]) {
-        File::open(dir).and_then(|d| d.sync_all()).map_err(io_err("sync directory", dir))?;
+    if write {
+        // Make the new directory entries durable too (file contents were synced as they were written).
+        for dir in dirs.iter().map(PathBuf::as_path).chain([staging]) {
+            File::open(dir).and_then(|d| d.sync_all()).map_err(io_err("sync directory", dir))?;
+        }
     }
-    Ok(manifest)
+    Ok((manifest, allocated))
 }
 
 /// Refuses a staging path that is not an existing, empty, real directory.
@@ -175,6 +233,8 @@ struct Staged {
 struct Extraction<'a> {
     pack: &'a Path,
     staging: &'a Path,
+    /// Write the entries into `staging` (the second pass); else only check them.
+    write: bool,
     accept_name: &'a dyn Fn(&str) -> bool,
     limits: &'a PackLimits,
     progress: Rc<Progress>,
@@ -183,6 +243,8 @@ struct Extraction<'a> {
     dirs: HashSet<String>,
     manifest: Option<Vec<u8>>,
     total: u64,
+    /// Bytes of non-zero [`HOLE_BLOCK`]s so far: what extraction allocates.
+    allocated: u64,
     buf: Vec<u8>,
 }
 
@@ -269,24 +331,32 @@ impl Extraction<'_> {
                 return Err(PackError::UnsafeName { name: name.into(), reason });
             }
             if !self.dirs.contains(dir) {
-                let path = self.staging.join(dir);
-                DirBuilder::new().mode(0o755).create(&path).map_err(io_err("create directory", &path))?;
+                if self.write {
+                    let path = self.staging.join(dir);
+                    DirBuilder::new().mode(0o755).create(&path).map_err(io_err("create directory", &path))?;
+                }
                 self.dirs.insert(dir.to_string());
             }
         }
         Ok(())
     }
 
-    /// Copies one entry's data into a new file, leaving all-zero blocks as holes; returns its BLAKE3 hex.
+    /// Copies one entry's data into a new file, leaving all-zero blocks as holes (only counts the blocks
+    /// it would write when not writing); returns its BLAKE3 hex.
     fn write_file(&mut self, name: &str, size: u64, data: &mut impl Read) -> Result<String, PackError> {
         let path = self.staging.join(name);
-        let file = OpenOptions::new().write(true).create_new(true).mode(0o644).open(&path).map_err(|source| {
-            if source.kind() == io::ErrorKind::AlreadyExists {
-                PackError::Duplicate(name.into())
-            } else {
-                PackError::Io { step: "create entry file", path: path.clone(), source }
-            }
-        })?;
+        let file = if self.write {
+            let file = OpenOptions::new().write(true).create_new(true).mode(0o644).open(&path).map_err(|source| {
+                if source.kind() == io::ErrorKind::AlreadyExists {
+                    PackError::Duplicate(name.into())
+                } else {
+                    PackError::Io { step: "create entry file", path: path.clone(), source }
+                }
+            })?;
+            Some(file)
+        } else {
+            None
+        };
         let mut buf = std::mem::take(&mut self.buf);
         let mut hasher = blake3::Hasher::new();
         let mut offset = 0u64;
@@ -296,15 +366,20 @@ impl Extraction<'_> {
                 break;
             }
             hasher.update(&buf[..n]);
-            write_sparse_chunk(&file, &buf[..n], offset).map_err(io_err("write entry file", &path))?;
+            self.allocated += buf[..n].chunks(HOLE_BLOCK).filter(|b| !is_zero(b)).count() as u64 * HOLE_BLOCK as u64;
+            if let Some(file) = &file {
+                write_sparse_chunk(file, &buf[..n], offset).map_err(io_err("write entry file", &path))?;
+            }
             offset += n as u64;
         }
         self.buf = buf;
         if offset != size {
             return Err(PackError::Truncated(format!("entry {name:?} ends after {offset} of {size} bytes")));
         }
-        file.set_len(size).map_err(io_err("set length of entry file", &path))?;
-        file.sync_all().map_err(io_err("sync entry file", &path))?;
+        if let Some(file) = file {
+            file.set_len(size).map_err(io_err("set length of entry file", &path))?;
+            file.sync_all().map_err(io_err("sync entry file", &path))?;
+        }
         Ok(hasher.finalize().to_hex().to_string())
     }
 
@@ -372,10 +447,12 @@ impl Extraction<'_> {
                 let (expected, actual) = (entry.blake3.clone(), staged.blake3.clone());
                 return Err(PackError::HashMismatch { name, expected, actual });
             }
-            let path = self.staging.join(&entry.name);
-            let meta = fs::symlink_metadata(&path).map_err(io_err("stat staged entry", &path))?;
-            if !meta.is_file() || meta.len() != entry.size {
-                return Err(PackError::SizeMismatch { name, expected: entry.size, actual: meta.len() });
+            if self.write {
+                let path = self.staging.join(&entry.name);
+                let meta = fs::symlink_metadata(&path).map_err(io_err("stat staged entry", &path))?;
+                if !meta.is_file() || meta.len() != entry.size {
+                    return Err(PackError::SizeMismatch { name, expected: entry.size, actual: meta.len() });
+                }
             }
         }
         if let Some(unlisted) = self.staged.iter().find(|s| !listed.contains(s.name.as_str())) {

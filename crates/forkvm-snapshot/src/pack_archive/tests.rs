@@ -197,6 +197,9 @@ fn refuse_with(
     assert!(expect(&err), "wrong error: {err:?} ({err})");
     assert_eq!(outside_staging(root.path()), ["pack.tar.zst", "staging"], "something written outside staging");
     assert!(!Path::new("/etc/x").exists());
+    // The whole pack is checked before anything is written: a refused pack wrote nothing.
+    let written: Vec<_> = fs::read_dir(&staging).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(written.is_empty(), "a refused pack wrote {written:?} into staging");
     err
 }
 

@@ -326,3 +326,30 @@ fn error_messages_name_the_entry() {
     let e = check_name("é".repeat(200).as_bytes()).unwrap_err();
     assert!(e.to_string().len() < 700, "{e}");
 }
+
+#[test]
+fn a_manifest_that_lies_is_refused_before_any_byte_is_written() {
+    // The first entries are fine; the manifest lies about the last one's content.
+    let mut tar = RawTar::default();
+    tar.file("a", &[1u8; 100_000]).file("dir/b", &[2u8; 5000]);
+    let mut entries: Vec<PackEntry> = tar.listed.iter().map(|(n, d)| entry_for(n, d)).collect();
+    entries[1].blake3 = blake3::hash(b"something else").to_hex().to_string();
+    tar.manifest_of(entries).end();
+    refuse(&tar, |e| matches!(e, PackError::HashMismatch { name, .. } if name == "dir/b"));
+    // ... and about a size.
+    let mut tar = RawTar::default();
+    tar.file("a", &[1u8; 100_000]).file("b", b"x");
+    let mut entries: Vec<PackEntry> = tar.listed.iter().map(|(n, d)| entry_for(n, d)).collect();
+    entries[1].size = 1 << 40;
+    tar.manifest_of(entries).end();
+    refuse(&tar, |e| matches!(e, PackError::SizeMismatch { name, .. } if name == "b"));
+}
+
+#[test]
+fn a_pack_larger_than_the_free_space_is_refused_before_any_byte_is_written() {
+    let root = tempfile::tempdir().unwrap();
+    let err = super::super::reader::check_free_space(root.path(), u64::MAX / 2).unwrap_err();
+    assert!(matches!(err, PackError::NoSpace { .. }), "{err:?}");
+    assert!(err.to_string().contains("nothing was written"), "{err}");
+    super::super::reader::check_free_space(root.path(), 4096).unwrap();
+}
