@@ -156,6 +156,9 @@ pub struct UnpackResponse {
     pub pack_bytes: u64,
     /// Time spent checking and importing (not receiving).
     pub ms: f64,
+    /// forkvm: the public key (hex) that signed the pack, if it was signed.
+    #[serde(default)]
+    pub signed_by: Option<String>,
 }
 
 /// `POST /v1/sandboxes`.

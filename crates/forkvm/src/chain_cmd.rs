@@ -71,6 +71,10 @@ pub struct PackArgs {
     /// The pack to write (`.tar.zst`); refused if it exists.
     #[arg(long)]
     pub out: PathBuf,
+    /// Sign the pack with this secret key (`forkvm pack-keygen`). Through a daemon, the
+    /// daemon signs with its own `--pack-signing-key` instead.
+    #[arg(long, value_name = "KEY")]
+    pub sign: Option<PathBuf>,
     #[arg(long)]
     pub json: bool,
 }
@@ -79,8 +83,25 @@ pub struct PackArgs {
 pub struct UnpackArgs {
     /// The pack to import.
     pub pack: PathBuf,
+    /// Accept only packs signed by this public key (`KEY.pub`; repeatable). Through a
+    /// daemon, the daemon's `--trust-pack-key` decides instead.
+    #[arg(long, value_name = "PUBLIC_KEY")]
+    pub trust: Vec<PathBuf>,
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct PackKeygenArgs {
+    /// Where to write the secret key (refused if it exists); the public key goes to
+    /// PATH.pub.
+    pub path: PathBuf,
+}
+
+pub fn pack_keygen(a: PackKeygenArgs) -> Result<i32> {
+    let public = forkvm_snapshot::pack_archive::signature::generate_key(&a.path)?;
+    println!("secret key {} (keep it private), public key {}", a.path.display(), public.display());
+    Ok(0)
 }
 
 fn print<T: Serialize>(json: bool, report: &T, line: impl FnOnce() -> String) -> Result<i32> {
@@ -216,7 +237,8 @@ pub fn pack(a: PackArgs, remote: &RemoteArgs) -> Result<i32> {
     if let Some(code) = crate::remote_cmd::pack(&a, remote)? {
         return Ok(code);
     }
-    let r = chain::pack(&Store::open_default(), &assembled_cache(), &a.tag, &a.out)?;
+    let key = a.sign.as_deref().map(forkvm_snapshot::pack_archive::signature::read_secret_key).transpose()?;
+    let r = chain::pack_signed(&Store::open_default(), &assembled_cache(), &a.tag, &a.out, key.as_ref())?;
     print(a.json, &r, || {
         format!(
             "{}: {} ({} links, {} chunks, {} disks; {} packed into {}) in {:.0} ms",
@@ -236,7 +258,8 @@ pub fn unpack(a: UnpackArgs, remote: &RemoteArgs) -> Result<i32> {
     if let Some(code) = crate::remote_cmd::unpack(&a, remote)? {
         return Ok(code);
     }
-    let r = chain::unpack(&Store::open_default(), &a.pack)?;
+    let trust = forkvm_snapshot::pack_archive::PackTrust::from_files(&a.trust)?;
+    let r = chain::unpack_trusted(&Store::open_default(), &a.pack, &trust)?;
     print(a.json, &r, || {
         let mut line = format!(
             "{}: imported {}",
@@ -245,6 +268,9 @@ pub fn unpack(a: UnpackArgs, remote: &RemoteArgs) -> Result<i32> {
         );
         if !r.reused.is_empty() {
             line.push_str(&format!("; reused {}", r.reused.join(", ")));
+        }
+        if let Some(key) = &r.signed_by {
+            line.push_str(&format!("; signed by {key}"));
         }
         format!("{line} in {:.0} ms", r.ms)
     })

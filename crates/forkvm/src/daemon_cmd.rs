@@ -51,6 +51,13 @@ pub struct DaemonArgs {
     /// Most connections open at once over all listeners; more are closed at accept.
     #[arg(long, default_value_t = 1024, env = "FORKVMD_MAX_CONNECTIONS")]
     max_connections: usize,
+    /// Accept uploaded packs only if signed by this public key (`forkvm pack-keygen`;
+    /// repeatable). Without it, unsigned packs are accepted.
+    #[arg(long = "trust-pack-key", value_name = "PUBLIC_KEY")]
+    trust_pack_keys: Vec<PathBuf>,
+    /// Sign the packs this daemon writes (`GET /v1/snapshots/{tag}/pack`) with this key.
+    #[arg(long, value_name = "KEY", env = "FORKVMD_PACK_SIGNING_KEY")]
+    pack_signing_key: Option<PathBuf>,
     /// Database, audit log and lock [default: $FORKVM_STORE/forkvmd].
     #[arg(long, env = "FORKVMD_STATE_DIR")]
     state_dir: Option<PathBuf>,
@@ -138,6 +145,16 @@ pub fn run(a: DaemonArgs) -> Result<i32> {
         limits: ConnLimits { header_timeout, max_connections: a.max_connections, ..ConnLimits::default() },
         allowed_origins: a.allow_origins,
         socket_group,
+        packs: forkvmd::state::PackPolicy {
+            trust: forkvm_snapshot::pack_archive::PackTrust::from_files(&a.trust_pack_keys)
+                .context("--trust-pack-key")?,
+            key: a
+                .pack_signing_key
+                .as_deref()
+                .map(forkvm_snapshot::pack_archive::signature::read_secret_key)
+                .transpose()
+                .context("--pack-signing-key")?,
+        },
     };
     forkvmd::run(cfg)?;
     Ok(0)

@@ -79,10 +79,14 @@ enum Command {
     /// Flatten a chain head into a new snapshot without a parent.
     #[command(name = "snapshot-compact")]
     SnapshotCompact(chain_cmd::CompactArgs),
-    /// Write a snapshot's whole chain to one hash-checked .tar.zst.
+    /// Write a snapshot's whole chain to one hash-checked .tar.zst (signed with --sign).
     Pack(chain_cmd::PackArgs),
-    /// Import a pack into the store (every entry checked before anything is imported).
+    /// Import a pack into the store (every entry checked before anything is written;
+    /// with --trust, only packs signed by those keys).
     Unpack(chain_cmd::UnpackArgs),
+    /// Make an ed25519 key pair for signing packs: PATH (secret, 0600) and PATH.pub.
+    #[command(name = "pack-keygen")]
+    PackKeygen(chain_cmd::PackKeygenArgs),
     /// Run forkvmd, the REST controller (Unix socket; optionally TCP with a token, TLS).
     Daemon(daemon_cmd::DaemonArgs),
     /// Take an encrypted, incremental snapshot of a sandbox's disks now.
@@ -191,6 +195,7 @@ fn main() {
         Command::SnapshotCompact(a) => chain_cmd::compact(a, remote),
         Command::Pack(a) => chain_cmd::pack(a, remote),
         Command::Unpack(a) => chain_cmd::unpack(a, remote),
+        Command::PackKeygen(a) => chain_cmd::pack_keygen(a),
         Command::DiskSnapshot(a) => disk_cmd::snapshot(a, remote),
         Command::DiskSnapshots(a) => disk_cmd::list(a, remote),
         Command::DiskExport(a) => disk_cmd::export(a, remote),

@@ -36,6 +36,8 @@ pub struct DaemonConfig {
     pub allowed_origins: Vec<String>,
     /// A group whose members may use the Unix socket besides the daemon's user.
     pub socket_group: Option<u32>,
+    /// Pack signing (downloads) and trust (uploads).
+    pub packs: crate::state::PackPolicy,
 }
 
 impl DaemonConfig {
@@ -71,7 +73,7 @@ pub enum DaemonError {
 
 /// Runs the daemon until a stop signal. Call it from a single-threaded process (the
 /// spawner is forked before any thread starts).
-pub fn run(cfg: DaemonConfig) -> Result<(), DaemonError> {
+pub fn run(mut cfg: DaemonConfig) -> Result<(), DaemonError> {
     if cfg.branch_concurrency == 0 {
         return Err(DaemonError::ZeroConcurrency);
     }
@@ -99,6 +101,7 @@ pub fn run(cfg: DaemonConfig) -> Result<(), DaemonError> {
     let state = AppState::new(cfg.registry.clone(), cfg.store.clone(), db, Some(spawner), cfg.branch_concurrency);
     state.disk.set_retention(cfg.disk_snapshots.retention);
     state.lifecycle.set_config(cfg.lifecycle);
+    state.set_pack_policy(std::mem::take(&mut cfg.packs));
     let (reconciled, watch) = reconcile(&state);
     tracing::info!(?reconciled, "reconciled state with running sandboxes and the store");
     println!("forkvmd reconciled {}", serde_json::to_string(&reconciled).unwrap_or_default());

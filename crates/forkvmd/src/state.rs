@@ -39,6 +39,16 @@ pub struct Inner {
     pub disk: DiskSnapshots,
     /// Idle pause, TTL, activity ([`crate::lifecycle`]).
     pub lifecycle: Lifecycle,
+    /// Which pack signers an upload must be signed by, and the key downloads are signed
+    /// with ([`AppState::set_pack_policy`]).
+    pub packs: Mutex<Arc<PackPolicy>>,
+}
+
+/// The daemon's pack signing and trust (`--pack-signing-key`, `--trust-pack-key`).
+#[derive(Debug, Clone, Default)]
+pub struct PackPolicy {
+    pub trust: forkvm_snapshot::pack_archive::PackTrust,
+    pub key: Option<ed25519_dalek::SigningKey>,
 }
 
 #[derive(Debug, Clone)]
@@ -80,7 +90,16 @@ impl AppState {
             branch_tags: Mutex::new(HashSet::new()),
             disk: DiskSnapshots::default(),
             lifecycle: Lifecycle::default(),
+            packs: Mutex::new(Arc::new(PackPolicy::default())),
         }))
+    }
+
+    pub fn set_pack_policy(&self, policy: PackPolicy) {
+        *self.packs.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(policy);
+    }
+
+    pub fn pack_policy(&self) -> Arc<PackPolicy> {
+        self.packs.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     pub fn db(&self) -> MutexGuard<'_, Db> {

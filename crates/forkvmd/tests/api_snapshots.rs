@@ -294,6 +294,41 @@ async fn pack_and_unpack_round_trip_and_a_damaged_pack_imports_nothing() {
 }
 
 #[tokio::test]
+async fn a_daemon_that_trusts_keys_refuses_other_packs_before_writing_anything() {
+    use forkvm_snapshot::pack_archive::signature::{generate_key, read_secret_key};
+    use forkvm_snapshot::pack_archive::PackTrust;
+    use forkvmd::state::PackPolicy;
+    let e = env();
+    build_chain(&e);
+    let keys = e.dir.path().join("keys");
+    std::fs::create_dir(&keys).unwrap();
+    let public = generate_key(&keys.join("signer")).unwrap();
+    let (_, _, unsigned) = call_bytes(&e.app, "GET", "/v1/snapshots/head/pack", Vec::new()).await;
+    e.state.set_pack_policy(PackPolicy {
+        key: Some(read_secret_key(&keys.join("signer")).unwrap()),
+        ..Default::default()
+    });
+    let (status, _, signed) = call_bytes(&e.app, "GET", "/v1/snapshots/head/pack", Vec::new()).await;
+    assert_eq!(status, StatusCode::OK);
+
+    let strict = env();
+    strict.state.store.ensure().unwrap();
+    let trust = PackTrust::from_files(std::slice::from_ref(&public)).unwrap();
+    strict.state.set_pack_policy(PackPolicy { trust, key: None });
+    let before = store_files(&strict.state.store);
+    let (status, _, body) = call_bytes(&strict.app, "POST", "/v1/snapshots/unpack", unsigned).await;
+    let text = String::from_utf8_lossy(&body);
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+    assert!(error_of(&text).error.contains("not signed"), "{text}");
+    assert_eq!(store_files(&strict.state.store), before, "a refused pack changed the store");
+    let (status, _, body) = call_bytes(&strict.app, "POST", "/v1/snapshots/unpack", signed).await;
+    assert_eq!(status, StatusCode::CREATED, "{}", String::from_utf8_lossy(&body));
+    let r: forkvm_api::UnpackResponse = serde_json::from_slice(&body).unwrap();
+    let key = std::fs::read_to_string(&public).unwrap();
+    assert!(key.trim().ends_with(r.signed_by.as_deref().unwrap()), "{r:?}");
+}
+
+#[tokio::test]
 async fn a_snapshot_tagged_unpack_is_still_a_snapshot() {
     let e = env();
     e.state.store.ensure().unwrap();

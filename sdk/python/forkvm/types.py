@@ -270,6 +270,8 @@ class UnpackResult(_Record):
     logical_bytes: int
     pack_bytes: int
     ms: float
+    #: The ed25519 public key (hex) that signed the pack, if it was signed.
+    signed_by: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -284,6 +286,7 @@ class UnpackResult(_Record):
             logical_bytes=f.req_int("logical_bytes"),
             pack_bytes=f.req_int("pack_bytes"),
             ms=f.req_float("ms"),
+            signed_by=f.opt_str("signed_by"),
             raw=_raw(data),
         )
 

@@ -39,7 +39,7 @@ use crate::store::{Store, StoreError};
 pub use assemble::{AssembleStats, AssembledCache};
 pub use convert::{compact, ingest, write_diff, ConvertReport};
 pub use lineage::{collect_garbage, dependents, info, remove, ChainInfo, RemoveMode, RemoveReport};
-pub use pack::{pack, unpack, PackReport, UnpackReport};
+pub use pack::{pack, pack_signed, unpack, unpack_trusted, PackReport, UnpackReport};
 
 /// Longest chain accepted (links above the base). Deeper chains should be compacted.
 pub const MAX_CHAIN_DEPTH: usize = 64;

@@ -28,7 +28,9 @@ use crate::chunk_store::{ChunkId, ChunkStore};
 use crate::dir::{SnapshotWriter, DISK_DIR, MEMORY_MAP, SNAPSHOT_JSON, VMSTATE_BIN};
 use crate::layered_disk::{Layer, BITMAP_FILE, DATA_FILE};
 use crate::metadata::{read_meta, MemoryFormat, SnapshotMeta, SnapshotStatus};
-use crate::pack_archive::{decode_sparse, extract_pack, PackLimits, PackManifest, PackWriter, SparseExtents};
+use crate::pack_archive::{
+    decode_sparse, extract_pack_trusted, PackLimits, PackManifest, PackTrust, PackWriter, SparseExtents,
+};
 use crate::page_map::PageMap;
 use crate::store::{Store, StoreError};
 use crate::tag::validate_tag;
@@ -98,6 +100,9 @@ pub struct UnpackReport {
     pub logical_bytes: u64,
     pub pack_bytes: u64,
     pub ms: f64,
+    /// The public key (hex) that signed the pack, if it was signed.
+    #[serde(default)]
+    pub signed_by: Option<String>,
 }
 
 fn chunk_entry(id: &ChunkId) -> String {
@@ -111,6 +116,17 @@ fn link_entry(tag: &str, name: &str) -> String {
 /// Writes `tag`'s whole chain to `out` (refused if `out` exists). A whole-image
 /// snapshot is moved into the chunk store first.
 pub fn pack(store: &Store, cache: &AssembledCache, tag: &str, out: &Path) -> Result<PackReport, ChainError> {
+    pack_signed(store, cache, tag, out, None)
+}
+
+/// [`pack`], signing the pack's manifest with `key` when given (`pack_archive::signature`).
+pub fn pack_signed(
+    store: &Store,
+    cache: &AssembledCache,
+    tag: &str,
+    out: &Path,
+    key: Option<&ed25519_dalek::SigningKey>,
+) -> Result<PackReport, ChainError> {
     let started = Instant::now();
     let mut chain = resolve(store, tag)?;
     if chain.head().meta.memory_format == MemoryFormat::Image {
@@ -194,7 +210,7 @@ pub fn pack(store: &Store, cache: &AssembledCache, tag: &str, out: &Path) -> Res
     let meta = PackMeta { head: tag.into(), links };
     let meta =
         serde_json::to_value(&meta).map_err(|e| ChainError::BadPack { path: out.into(), reason: e.to_string() })?;
-    let (pack_bytes, _) = w.finish(meta)?;
+    let (pack_bytes, _) = w.finish_signed(meta, key)?;
     Ok(PackReport {
         path: out.into(),
         links: chain.tags(),
@@ -259,11 +275,18 @@ impl Drop for Staging {
 /// Imports the chain in `pack_path` into `store`. Everything is checked before the
 /// store is touched; links already present with the same content are reused.
 pub fn unpack(store: &Store, pack_path: &Path) -> Result<UnpackReport, ChainError> {
+    unpack_trusted(store, pack_path, &PackTrust::any())
+}
+
+/// [`unpack`], refusing (before writing anything) a pack whose signature `trust` does
+/// not accept.
+pub fn unpack_trusted(store: &Store, pack_path: &Path, trust: &PackTrust) -> Result<UnpackReport, ChainError> {
     let started = Instant::now();
     let bad = |reason: String| ChainError::BadPack { path: pack_path.to_path_buf(), reason };
     let pack_bytes = std::fs::metadata(pack_path).map_err(ChainError::io("opening the pack", pack_path))?.len();
     let staging = Staging(new_staging_dir(store, "unpack")?);
-    let manifest = extract_pack(pack_path, &staging.0, &accept_name, &PackLimits::configured())?;
+    let manifest = extract_pack_trusted(pack_path, &staging.0, &accept_name, &PackLimits::configured(), trust)?;
+    let signed_by = manifest.signature.as_ref().map(|s| s.key.clone());
     let logical: u64 = manifest.entries.iter().map(|e| e.size).sum();
     decode_sparse_entries(&staging.0, &manifest)?;
     let meta: PackMeta =
@@ -358,6 +381,7 @@ pub fn unpack(store: &Store, pack_path: &Path) -> Result<UnpackReport, ChainErro
         logical_bytes: logical,
         pack_bytes,
         ms: started.elapsed().as_secs_f64() * 1e3,
+        signed_by,
     })
 }
 

@@ -4,6 +4,7 @@ use super::*;
 use crate::chunk_store::ChunkStore;
 use crate::dir::{MEMORY_IMG, SNAPSHOT_JSON};
 use crate::metadata::{minimal_meta, read_meta, replace_meta, write_meta, DevicesMeta, DiskMeta, SnapshotStatus};
+use crate::pack_archive::PackTrust;
 use std::fs;
 use std::os::unix::fs::FileExt;
 
@@ -333,6 +334,39 @@ fn pack_unpack_round_trips_into_an_empty_store() {
     assert!(again.imported.is_empty());
     assert!(ChainError::from(StoreError::Exists { tag: "x".into(), store: PathBuf::new() }).code() == "conflict");
     assert!(fs::read_dir(staging_root(&other)).unwrap().next().is_none(), "no staging left behind");
+}
+
+#[test]
+fn signed_packs_are_trusted_by_their_key_only_and_refusals_write_nothing() {
+    use crate::pack_archive::signature::{generate_key, read_secret_key};
+    let env = env_with_chain(1, 41);
+    let (ours, theirs) = (env.scratch.join("ours.key"), env.scratch.join("theirs.key"));
+    let ours_pub = generate_key(&ours).unwrap();
+    let theirs_pub = generate_key(&theirs).unwrap();
+    let signed = env.scratch.join("signed.tar.zst");
+    pack_signed(&env.store, &env.cache, "l1", &signed, Some(&read_secret_key(&ours).unwrap())).unwrap();
+    let unsigned = env.scratch.join("unsigned.tar.zst");
+    pack(&env.store, &env.cache, "l1", &unsigned).unwrap();
+    let trust_ours = PackTrust::from_files(std::slice::from_ref(&ours_pub)).unwrap();
+    let trust_theirs = PackTrust::from_files(&[theirs_pub]).unwrap();
+
+    let other = env_empty_store(&env, "other");
+    let before = files_under(other.root());
+    for (pack_path, trust, why) in
+        [(&unsigned, &trust_ours, "not signed"), (&signed, &trust_theirs, "not a trusted key")]
+    {
+        let err = unpack_trusted(&other, pack_path, trust).unwrap_err();
+        assert_eq!(err.code(), "bad_request", "{err}");
+        assert!(err.to_string().contains(why), "{err}");
+        assert_eq!(files_under(other.root()), before, "a refused pack wrote into the store");
+    }
+    let u = unpack_trusted(&other, &signed, &trust_ours).unwrap();
+    assert_eq!(u.imported, ["base", "l1"]);
+    let key = std::fs::read_to_string(&ours_pub).unwrap();
+    assert!(key.trim().ends_with(u.signed_by.as_deref().unwrap()), "{u:?}");
+    // Without a trusted key, unsigned packs still unpack (and say so).
+    let third = env_empty_store(&env, "third");
+    assert_eq!(unpack(&third, &unsigned).unwrap().signed_by, None);
 }
 
 #[test]

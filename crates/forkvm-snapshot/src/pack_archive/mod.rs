@@ -19,10 +19,12 @@
 //! only returns once every staged file matches the manifest's size and BLAKE3 hash.
 
 mod reader;
+pub mod signature;
 mod sparse;
 mod writer;
 
-pub use reader::{check_pack, extract_pack};
+pub use reader::{check_pack, extract_pack, extract_pack_trusted};
+pub use signature::{PackSignature, PackTrust};
 pub use sparse::{decode_sparse, SparseExtents, MAX_SPARSE_EXTENTS, MAX_SPARSE_SIZE, SPARSE_MAGIC, SPARSE_VERSION};
 pub use writer::PackWriter;
 
@@ -62,6 +64,9 @@ pub struct PackManifest {
     pub entries: Vec<PackEntry>,
     /// The caller's description of the pack contents; opaque to this module.
     pub meta: serde_json::Value,
+    /// The signer's key and signature over everything above ([`signature`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<PackSignature>,
 }
 
 /// One entry listed in a [`PackManifest`].
@@ -124,6 +129,9 @@ pub enum PackError {
     /// Extracting would allocate `needed` bytes where only `free` are available (after a reserve).
     #[error("pack: extracting it needs {needed} bytes but only {free} are free (keeping 5% of the filesystem in reserve); nothing was written")]
     NoSpace { needed: u64, free: u64 },
+    /// The pack's signature is missing, invalid or not by a trusted key.
+    #[error("pack signature: {0}; nothing was written")]
+    Signature(String),
     /// A sparse entry (see [`SparseExtents`]) is malformed.
     #[error("pack entry {name:?}: malformed sparse entry: {reason}")]
     Sparse { name: String, reason: String },

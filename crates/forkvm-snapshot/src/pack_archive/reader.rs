@@ -8,6 +8,7 @@ use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
+use super::signature::PackTrust;
 use super::{
     check_name, io_err, padding, shown, PackError, PackLimits, PackManifest, BLOCK, CHUNK, PACK_FORMAT, PACK_MANIFEST,
     PACK_VERSION,
@@ -48,10 +49,27 @@ pub fn extract_pack(
     accept_name: &dyn Fn(&str) -> bool,
     limits: &PackLimits,
 ) -> Result<PackManifest, PackError> {
+    extract_pack_trusted(pack, staging, accept_name, limits, &PackTrust::any())
+}
+
+/// [`extract_pack`], also checking the pack's signature against `trust` in the first
+/// pass (so an unsigned or untrusted pack writes nothing).
+pub fn extract_pack_trusted(
+    pack: &Path,
+    staging: &Path,
+    accept_name: &dyn Fn(&str) -> bool,
+    limits: &PackLimits,
+    trust: &PackTrust,
+) -> Result<PackManifest, PackError> {
     check_staging(staging)?;
-    let (_, allocated) = read_pack(pack, staging, false, accept_name, limits)?;
+    let (checked, allocated) = read_pack(pack, staging, false, accept_name, limits)?;
+    trust.check(&checked)?;
     check_free_space(staging, allocated)?;
-    read_pack(pack, staging, true, accept_name, limits).map(|(manifest, _)| manifest)
+    let (manifest, _) = read_pack(pack, staging, true, accept_name, limits)?;
+    if manifest != checked {
+        return Err(PackError::Corrupt("the pack changed between its check and its extraction".into()));
+    }
+    Ok(manifest)
 }
 
 /// Checks the pack only (the first pass of [`extract_pack`]): returns its manifest and the bytes an

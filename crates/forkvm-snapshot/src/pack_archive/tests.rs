@@ -148,6 +148,7 @@ impl RawTar {
             version: PACK_VERSION,
             entries,
             meta: serde_json::json!({"test": true}),
+            signature: None,
         };
         let json = serde_json::to_vec(&manifest).unwrap();
         self.member(PACK_MANIFEST.as_bytes(), b'0', &json)

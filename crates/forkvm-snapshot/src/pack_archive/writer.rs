@@ -160,9 +160,26 @@ impl PackWriter {
     /// Appends [`PACK_MANIFEST`] (with `meta`) as the last entry, finishes the tar and zstd streams, fsyncs,
     /// and renames `<out>.partial` to `out` (refusing with [`PackError::Exists`] if `out` appeared meanwhile).
     /// Returns the pack's size in bytes and the manifest written.
-    pub fn finish(mut self, meta: serde_json::Value) -> Result<(u64, PackManifest), PackError> {
-        let manifest =
-            PackManifest { format: PACK_FORMAT.into(), version: PACK_VERSION, entries: self.entries.clone(), meta };
+    pub fn finish(self, meta: serde_json::Value) -> Result<(u64, PackManifest), PackError> {
+        self.finish_signed(meta, None)
+    }
+
+    /// [`PackWriter::finish`], signing the manifest with `key` when given (see [`super::signature`]).
+    pub fn finish_signed(
+        mut self,
+        meta: serde_json::Value,
+        key: Option<&ed25519_dalek::SigningKey>,
+    ) -> Result<(u64, PackManifest), PackError> {
+        let mut manifest = PackManifest {
+            format: PACK_FORMAT.into(),
+            version: PACK_VERSION,
+            entries: self.entries.clone(),
+            meta,
+            signature: None,
+        };
+        if let Some(key) = key {
+            super::signature::sign(&mut manifest, key);
+        }
         let json = serde_json::to_vec_pretty(&manifest)
             .map_err(|e| PackError::Manifest(format!("cannot serialise the manifest: {e}")))?;
         let limit = PackLimits::default().max_manifest_bytes;

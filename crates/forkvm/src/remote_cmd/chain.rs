@@ -91,6 +91,9 @@ pub fn compact(a: &CompactArgs, remote: &RemoteArgs) -> Result<Option<i32>> {
 
 pub fn pack(a: &PackArgs, remote: &RemoteArgs) -> Result<Option<i32>> {
     let Some(client) = remote.client()? else { return Ok(None) };
+    if a.sign.is_some() {
+        bail!("--sign signs a local pack; through a daemon, the daemon signs with its --pack-signing-key");
+    }
     if a.out.exists() {
         bail!("{} exists: choose another --out", a.out.display());
     }
@@ -112,6 +115,9 @@ pub fn pack(a: &PackArgs, remote: &RemoteArgs) -> Result<Option<i32>> {
 
 pub fn unpack(a: &UnpackArgs, remote: &RemoteArgs) -> Result<Option<i32>> {
     let Some(client) = remote.client()? else { return Ok(None) };
+    if !a.trust.is_empty() {
+        bail!("--trust applies to a local unpack; through a daemon, the daemon's --trust-pack-key decides");
+    }
     let r = client.unpack_snapshot_file(&a.pack)?;
     print(a.json, &r, || format!("{}: imported {}; reused {}", r.head, r.imported.join(", "), r.reused.join(", ")))
 }

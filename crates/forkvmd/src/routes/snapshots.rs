@@ -213,7 +213,8 @@ pub async fn pack(State(s): State<AppState>, Param(tag): Param) -> Result<Respon
             entry(&s, &t)?;
             let staged = Staged(chain::new_staging_dir(&s.store, "pack")?);
             let out = staged.0.join(format!("{t}.tar.zst"));
-            let report = chain::pack(&s.store, &s.cache, &t, &out)?;
+            let policy = s.pack_policy();
+            let report = chain::pack_signed(&s.store, &s.cache, &t, &out, policy.key.as_ref())?;
             tracing::info!(tag = %t, links = ?report.links, bytes = report.pack_bytes, "packed a chain");
             // The open file outlives its name: nothing is left behind however the download ends.
             let file = std::fs::File::open(&out).map_err(|e| io_error("opening the written pack", &out, e))?;
@@ -274,7 +275,7 @@ pub async fn unpack(State(s): State<AppState>, body: Body) -> Result<(StatusCode
     let path = staged.0.join("upload.tar.zst");
     receive(body, &path).await?;
     s.blocking(move |s| {
-        let r = chain::unpack(&s.store, &path)?;
+        let r = chain::unpack_trusted(&s.store, &path, &s.pack_policy().trust)?;
         drop(staged);
         for t in &r.imported {
             record_new(&s, t)?;
@@ -291,6 +292,7 @@ pub async fn unpack(State(s): State<AppState>, body: Body) -> Result<(StatusCode
                 logical_bytes: r.logical_bytes,
                 pack_bytes: r.pack_bytes,
                 ms: r.ms,
+                signed_by: r.signed_by,
             }),
         ))
     })
