@@ -125,6 +125,32 @@ pub fn vmm_alive(pid: i32) -> bool {
     }
 }
 
+/// Whether sandbox `r`'s VMM runs: its pid is alive and is that VMM, not a process
+/// that got the pid after the VMM died (see [`vmm_pidfd`]).
+pub fn record_alive(r: &SandboxRecord) -> bool {
+    vmm_alive(r.pid) && process_start_unix_ms(r.pid).is_some_and(|t| started_in_time(r, t))
+}
+
+/// Whether a process with `r`'s pid that started at `started_unix_ms` is `r`'s VMM: it
+/// started when the VMM did (recorded in `vmm.start` when the record was written, to the
+/// clock tick), or, for a record without that file, no later than [`PID_START_SLACK`]
+/// after the record was made.
+fn started_in_time(r: &SandboxRecord, started_unix_ms: u64) -> bool {
+    let recorded = std::fs::read_to_string(r.run_dir.join(VMM_START)).ok().and_then(|text| {
+        let mut f = text.split_whitespace();
+        let pid: i32 = f.next()?.parse().ok()?;
+        let t: u64 = f.next()?.parse().ok()?;
+        (pid == r.pid).then_some(t)
+    });
+    match recorded {
+        Some(t) => started_unix_ms.abs_diff(t) <= 20,
+        None => started_unix_ms <= r.created_at_unix_ms.saturating_add(PID_START_SLACK.as_millis() as u64),
+    }
+}
+
+/// The file beside a record holding its VMM's pid and start time.
+const VMM_START: &str = "vmm.start";
+
 /// A pidfd for sandbox `r`'s VMM, if a process with its pid runs and is that VMM: it
 /// started no later than [`PID_START_SLACK`] after the record was made. A pid the kernel
 /// gave to a new process after the VMM died is not signalled: signals go through the
@@ -142,7 +168,7 @@ pub fn vmm_pidfd(r: &SandboxRecord) -> Option<std::os::fd::OwnedFd> {
     // SAFETY: the descriptor was just returned to us and is owned by nobody else.
     let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) };
     let started = process_start_unix_ms(r.pid)?;
-    (started <= r.created_at_unix_ms.saturating_add(PID_START_SLACK.as_millis() as u64)).then_some(fd)
+    started_in_time(r, started).then_some(fd)
 }
 
 /// How long after its record a sandbox's VMM may have started (records are written
@@ -264,6 +290,11 @@ impl Registry {
         let tmp = record.run_dir.join(".sandbox.json.tmp");
         let json =
             serde_json::to_vec_pretty(record).map_err(|source| RegistryError::Record { path: path.clone(), source })?;
+        // The VMM's start time, beside the record: what tells the VMM from a process that
+        // later got its pid (`record_alive`).
+        if let Some(t) = process_start_unix_ms(record.pid) {
+            let _ = std::fs::write(record.run_dir.join(VMM_START), format!("{} {t}\n", record.pid));
+        }
         std::fs::write(&tmp, json)
             .and_then(|_| std::fs::rename(&tmp, &path))
             .map_err(|source| RegistryError::Io { path, source })
@@ -295,7 +326,7 @@ impl Registry {
             return Err(RegistryError::BadId(id.to_string()));
         }
         let r = self.read(&self.sandboxes_dir().join(id)).ok_or_else(|| RegistryError::NotFound(id.to_string()))?;
-        let alive = vmm_alive(r.pid);
+        let alive = record_alive(&r);
         Ok((r, alive))
     }
 
@@ -305,7 +336,7 @@ impl Registry {
             return Err(RegistryError::BadId(id.to_string()));
         }
         match self.read(&self.sandboxes_dir().join(id)) {
-            Some(r) if vmm_alive(r.pid) => Ok(r),
+            Some(r) if record_alive(&r) => Ok(r),
             Some(r) => {
                 self.clean_up_dead(&r);
                 Err(RegistryError::NotFound(id.to_string()))
@@ -328,7 +359,7 @@ impl Registry {
             .flatten()
             .flatten()
             .filter_map(|e| self.read(&e.path()))
-            .filter(|r| vmm_alive(r.pid))
+            .filter(record_alive)
             .collect();
         out.sort_by(|a, b| (a.created_at_unix_ms, &a.id).cmp(&(b.created_at_unix_ms, &b.id)));
         out
@@ -343,7 +374,7 @@ impl Registry {
         for e in std::fs::read_dir(self.sandboxes_dir()).into_iter().flatten().flatten() {
             let id = e.file_name().to_string_lossy().into_owned();
             match self.read(&e.path()) {
-                Some(r) if vmm_alive(r.pid) => live.push(r.cgroup.unwrap_or_default()),
+                Some(r) if record_alive(&r) => live.push(r.cgroup.unwrap_or_default()),
                 Some(r) => {
                     if self.clean_up_dead(&r) {
                         removed.push(id);
@@ -483,8 +514,24 @@ mod tests {
         let mut r = record(&reg, "sb", std::process::id() as i32);
         assert!(vmm_pidfd(&r).is_some(), "this process started before its record");
         // A record made long before this process started: its pid now names another process.
+        reg.write(&r).unwrap();
+        assert!(record_alive(&r) && reg.get("sb").is_ok());
+        // The VMM's start time written with the record decides, not when the record was
+        // made (a restored sandbox keeps its first creation time).
         r.created_at_unix_ms = process_start_unix_ms(r.pid).unwrap() - 3_600_000;
+        reg.write(&r).unwrap();
+        assert!(record_alive(&r) && vmm_pidfd(&r).is_some());
+        // The pid now names a process that started at another time: not the VMM.
+        std::fs::write(r.run_dir.join(VMM_START), format!("{} 1000\n", r.pid)).unwrap();
         assert!(vmm_pidfd(&r).is_none());
+        assert!(!record_alive(&r));
+        assert!(reg.get("sb").is_err(), "a record whose pid was reused is not alive");
+        // Without the file: no later than the slack after the record was made.
+        let mut old = record(&reg, "old", std::process::id() as i32);
+        old.created_at_unix_ms = process_start_unix_ms(old.pid).unwrap() - 3_600_000;
+        assert!(!record_alive(&old));
+        old.created_at_unix_ms = now_unix_ms();
+        assert!(record_alive(&old));
         r.pid = i32::MAX;
         assert!(vmm_pidfd(&r).is_none());
     }
