@@ -96,7 +96,9 @@ pub fn hex_decode(s: &str) -> Result<Vec<u8>, String> {
     (0..s.len())
         .step_by(2)
         .map(|i| {
+            // `from_str_radix` alone would also take a sign ("+f").
             s.get(i..i + 2)
+                .filter(|pair| pair.bytes().all(|b| b.is_ascii_hexdigit()))
                 .and_then(|pair| u8::from_str_radix(pair, 16).ok())
                 .ok_or_else(|| format!("hex input is not hex at offset {i}"))
         })
@@ -124,5 +126,6 @@ mod tests {
         assert_eq!(hex_decode(&hex_encode(&bytes)).unwrap(), bytes);
         assert!(hex_decode("abc").unwrap_err().contains("odd"));
         assert!(hex_decode("zz").unwrap_err().contains("offset 0"));
+        assert!(hex_decode("+f").unwrap_err().contains("offset 0"), "a sign is not a hex digit");
     }
 }
