@@ -23,7 +23,7 @@ pub mod signature;
 mod sparse;
 mod writer;
 
-pub use reader::{check_pack, extract_pack, extract_pack_trusted};
+pub use reader::{extract_pack, extract_pack_trusted};
 pub use signature::{PackSignature, PackTrust};
 pub use sparse::{decode_sparse, SparseExtents, MAX_SPARSE_EXTENTS, MAX_SPARSE_SIZE, SPARSE_MAGIC, SPARSE_VERSION};
 pub use writer::PackWriter;

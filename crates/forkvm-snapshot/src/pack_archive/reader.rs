@@ -72,16 +72,6 @@ pub fn extract_pack_trusted(
     Ok(manifest)
 }
 
-/// Checks the pack only (the first pass of [`extract_pack`]): returns its manifest and the bytes an
-/// extraction would allocate. Writes nothing.
-pub fn check_pack(
-    pack: &Path,
-    accept_name: &dyn Fn(&str) -> bool,
-    limits: &PackLimits,
-) -> Result<(PackManifest, u64), PackError> {
-    read_pack(pack, Path::new("/nonexistent-staging"), false, accept_name, limits)
-}
-
 /// Refuses an extraction of `allocated` bytes that would not leave a twentieth of the filesystem free.
 pub(super) fn check_free_space(staging: &Path, allocated: u64) -> Result<(), PackError> {
     let (free, total) = free_space(staging).map_err(io_err("find the free space of", staging))?;
