@@ -18,9 +18,11 @@ pub enum ArtifactsError {
     #[error(transparent)]
     Template(Box<CatalogError>),
     #[error(
-        "no static forkvm-agent binary: set {AGENT_BIN_ENV} or run crates/forkvm-agent/build-static.sh (looked at {0})"
+        "no static forkvm-agent binary: set {AGENT_BIN_ENV}, install it as <prefix>/lib/forkvm/forkvm-agent beside \
+         <prefix>/bin/forkvm, or run crates/forkvm-agent/build-static.sh (looked at {})",
+        .0.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
     )]
-    NoAgent(PathBuf),
+    NoAgent(Vec<PathBuf>),
 }
 
 impl From<CatalogError> for ArtifactsError {
@@ -44,18 +46,24 @@ fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The static agent binary: `$FORKVM_AGENT_BIN`, else the one `build-static.sh` builds.
-pub fn agent_binary() -> Result<PathBuf, ArtifactsError> {
-    let path = std::env::var_os(AGENT_BIN_ENV).map(PathBuf::from).unwrap_or_else(|| {
-        let target =
-            std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| repo_root().join("target"));
-        target.join("x86_64-unknown-linux-gnu/release/forkvm-agent")
-    });
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(ArtifactsError::NoAgent(path))
+/// Where the static agent binary may be, in order: `$FORKVM_AGENT_BIN` (only that, if
+/// set); an installed `<prefix>/lib/forkvm/forkvm-agent` beside `<prefix>/bin/forkvm`;
+/// the one `build-static.sh` builds in the source tree this binary was built from.
+pub fn agent_candidates() -> Vec<PathBuf> {
+    if let Some(path) = std::env::var_os(AGENT_BIN_ENV) {
+        return vec![PathBuf::from(path)];
     }
+    let installed = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent()?.parent().map(|prefix| prefix.join("lib/forkvm/forkvm-agent")));
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| repo_root().join("target"));
+    installed.into_iter().chain([target.join("x86_64-unknown-linux-gnu/release/forkvm-agent")]).collect()
+}
+
+/// The static agent binary: the first of [`agent_candidates`] that exists.
+pub fn agent_binary() -> Result<PathBuf, ArtifactsError> {
+    let candidates = agent_candidates();
+    candidates.iter().find(|p| p.is_file()).cloned().ok_or(ArtifactsError::NoAgent(candidates))
 }
 
 impl Artifacts {

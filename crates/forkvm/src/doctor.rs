@@ -148,6 +148,11 @@ fn facility_checks(checks: &mut Vec<Value>) {
     let cached =
         format!("{} image(s), {} template snapshot(s) under {}", count("images"), count("snapshots"), cache.display());
     checks.push(check("image-cache", true, cached));
+    let agent = match forkvm_sandbox::artifacts::agent_binary() {
+        Ok(path) => (true, format!("the guest agent put into new images is {}", path.display())),
+        Err(e) => (false, format!("{e}; cached images still run")),
+    };
+    checks.push(check("agent", agent.0, agent.1));
     let catalog = forkvm_image::rootfs::Catalog::configured();
     let templates: Vec<String> =
         catalog.entries().into_iter().map(|(name, origin)| format!("{name} ({origin})")).collect();
@@ -163,7 +168,7 @@ fn facility_checks(checks: &mut Vec<Value>) {
     ));
     let tools = [
         ("busybox-static", "/bin/busybox"),
-        ("debootstrap", "/usr/sbin/debootstrap"),
+        ("mmdebstrap", "/usr/bin/mmdebstrap"),
         ("e2fsprogs", "/usr/sbin/mkfs.ext4"),
         ("linux-source-6.1", "/usr/src/linux-source-6.1.tar.xz"),
     ];

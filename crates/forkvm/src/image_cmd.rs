@@ -32,7 +32,7 @@ pub enum ImageCommand {
     ///
     /// TEMPLATE is a template name: built in (tiny, python) or a <name>.toml in the
     /// template directory (`forkvm doctor` shows it); never a path. Needs the
-    /// static agent (crates/forkvm-agent/build-static.sh), busybox-static or debootstrap.
+    /// static agent (crates/forkvm-agent/build-static.sh), busybox-static or mmdebstrap.
     Build(BuildArgs),
 }
 

@@ -324,10 +324,18 @@ class Controller:
         env: Optional[Mapping[str, str]] = None,
         cwd: Optional[str] = None,
         stdin: Optional[str] = None,
+        max_output_bytes: Optional[int] = None,
     ) -> ExecResult:
         """``POST /v1/sandboxes/{id}/exec``: runs ``args`` (argv) or ``cmd`` (via
-        ``/bin/sh -c``) and waits for it. A timeout is ``timed_out=True``, exit 124."""
+        ``/bin/sh -c``) and waits for it. A timeout is ``timed_out=True``, exit 124.
+        ``max_output_bytes`` caps what is kept of each stream (the daemon's default is
+        4 MiB, at most 16 MiB); past it the result says ``truncated`` and still counts
+        the bytes in ``stdout_bytes``/``stderr_bytes``."""
         body = self._exec_body(args, cmd, timeout_secs, env, cwd, stdin)
+        if max_output_bytes is not None:
+            if isinstance(max_output_bytes, bool) or not isinstance(max_output_bytes, int) or max_output_bytes < 0:
+                raise ValueError("max_output_bytes is a byte count (a non-negative int)")
+            body["max_output_bytes"] = max_output_bytes
         resp = self._request("POST", _sb(sandbox_id, "exec"), json=body, timeout=self._exec_timeout(timeout_secs))
         return ExecResult.from_json(self._json(resp))
 

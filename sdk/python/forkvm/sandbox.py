@@ -44,10 +44,13 @@ class Commands:
         stdin: Optional[str] = None,
         on_stdout: Optional[OutputCallback] = None,
         on_stderr: Optional[OutputCallback] = None,
+        max_output_bytes: Optional[int] = None,
     ) -> ExecResult:
         """Runs ``cmd`` and waits: a string goes through ``/bin/sh -c``, a list is argv.
 
-        With ``on_stdout``/``on_stderr`` the output is streamed to them as it comes.
+        With ``on_stdout``/``on_stderr`` the output is streamed to them as it comes
+        (all of it). Without, each stream is kept up to ``max_output_bytes`` (the
+        daemon's default 4 MiB); past it the result says ``truncated``.
         A non-zero exit is not an exception: check ``exit_code`` (``timed_out`` for
         a timeout, which is exit code 124).
         """
@@ -59,10 +62,14 @@ class Commands:
             argv = list(cmd)
         c, sid = self._sb.controller, self._sb.id
         if on_stdout is not None or on_stderr is not None:
+            if max_output_bytes is not None:
+                raise ValueError("max_output_bytes caps collected output; a streamed run is not collected")
             return c.exec_stream(
                 sid, argv, timeout, cmd=shell, env=env, cwd=cwd, stdin=stdin, on_stdout=on_stdout, on_stderr=on_stderr
             )
-        return c.exec_command(sid, argv, timeout, cmd=shell, env=env, cwd=cwd, stdin=stdin)
+        return c.exec_command(
+            sid, argv, timeout, cmd=shell, env=env, cwd=cwd, stdin=stdin, max_output_bytes=max_output_bytes
+        )
 
 
 class Files:

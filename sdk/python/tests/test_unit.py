@@ -321,6 +321,14 @@ def test_exec_body_shapes(server: TcpServer, client: Controller) -> None:
         client.exec_command("s", ["a"], cmd="b")
     with pytest.raises(ValueError):
         client.exec_command("s")
+    cut = {**out, "stdout": "ab", "truncated": True, "stdout_bytes": 10, "stderr_bytes": 0}
+    server.routes[("POST", "/v1/sandboxes/s/exec")] = _json_reply(200, cut)
+    r = client.exec_command("s", ["yes"], 5, max_output_bytes=2)
+    assert json.loads(server.requests[-1][3]) == {"args": ["yes"], "timeout_secs": 5, "max_output_bytes": 2}
+    assert (r.stdout, r.truncated, r.stdout_bytes) == ("ab", True, 10)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="max_output_bytes"):
+            client.exec_command("s", ["yes"], max_output_bytes=bad)  # type: ignore[arg-type]
 
 
 def test_sandbox_api_over_fake_server(server: TcpServer, client: Controller) -> None:

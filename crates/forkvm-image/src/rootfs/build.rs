@@ -1,10 +1,11 @@
 //! Building a template's root filesystem: stage a directory, then `mkfs.ext4 -d` it.
 //!
-//! busybox bases copy busybox-static and link its applets; Debian bases run
-//! `debootstrap` (minbase) with the template's packages, then pip. Both get the static
-//! `forkvm-agent` as `/sbin/forkvm-agent` and the empty mount points the agent uses
-//! (`/overlay`, `/newroot`). The image is written under a temporary name and renamed
-//! into place, so a crash never leaves a half image under a valid key.
+//! busybox bases copy busybox-static and link its applets (no package manager runs);
+//! Debian bases run mmdebstrap and pip as root of a user namespace, never host root
+//! (`debian.rs`, `userns.rs`). Both get the static `forkvm-agent` as
+//! `/sbin/forkvm-agent` and the empty mount points the agent uses (`/overlay`,
+//! `/newroot`). The image is written under a temporary name and renamed into place, so a
+//! crash never leaves a half image under a valid key.
 
 use super::template::{Base, Template, TemplateError};
 use serde::{Deserialize, Serialize};
@@ -12,10 +13,15 @@ use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Bump when the builder changes what it puts into an image.
-const BUILDER_VERSION: &str = "rootfs-1";
+/// Bump when the builder changes what it puts into an image of that base.
+fn builder_version(base: &Base) -> &'static str {
+    match base {
+        Base::Busybox => "rootfs-1",
+        Base::Debian(_) => "rootfs-2-mmdebstrap-userns",
+    }
+}
 /// Directories every image has (mount points of the agent and the kernel).
-const DIRS: &[&str] = &[
+pub(crate) const DIRS: &[&str] = &[
     "bin", "sbin", "etc", "proc", "sys", "dev", "tmp", "run", "root", "usr/bin", "usr/sbin", "var", "overlay",
     "newroot",
 ];
@@ -36,6 +42,18 @@ pub enum RootfsError {
     Spawn { step: String, source: std::io::Error },
     #[error("writing image metadata {path}: {source}")]
     Metadata { path: PathBuf, source: std::io::Error },
+    #[error("{step}: image builds with a package manager need root, to run it as root of a user namespace mapped onto unprivileged ids")]
+    NotRoot { step: String },
+    #[error("{step}: setting up the build's user namespace: {source}")]
+    UserNamespace { step: String, source: std::io::Error },
+}
+
+/// Who our own writes into a staged tree belong to on the host (the build's id range
+/// when the tree is made in a user namespace); `None` keeps the writer's ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Owner {
+    pub uid: u32,
+    pub gid: u32,
 }
 
 /// A built image.
@@ -50,10 +68,11 @@ pub struct BuiltImage {
     pub warmup_eval: Option<String>,
 }
 
-/// Content hash of everything an image is built from.
-pub fn image_key(template_text: &str, agent: &[u8]) -> String {
+/// Content hash of everything an image is built from: the builder for `base`, the
+/// template's text and the agent.
+pub fn image_key(base: &Base, template_text: &str, agent: &[u8]) -> String {
     let mut h = blake3::Hasher::new();
-    for part in [BUILDER_VERSION.as_bytes(), template_text.as_bytes(), agent] {
+    for part in [builder_version(base).as_bytes(), template_text.as_bytes(), agent] {
         h.update(&(part.len() as u64).to_le_bytes());
         h.update(part);
     }
@@ -69,7 +88,7 @@ pub fn ensure_image(
     cache: &Path,
 ) -> Result<BuiltImage, RootfsError> {
     let agent = std::fs::read(agent_bin).map_err(|source| RootfsError::Agent { path: agent_bin.into(), source })?;
-    let key = image_key(text, &agent);
+    let key = image_key(&template.base, text, &agent);
     let dir = cache.join("images").join(format!("{}-{key}", template.name));
     let meta_path = dir.join("image.json");
     let built = || {
@@ -100,18 +119,11 @@ pub fn ensure_image(
         let step = step.to_string();
         move |source| RootfsError::Stage { dir, step, source }
     };
-    let staging = work.join("root");
-    std::fs::create_dir_all(&staging).map_err(stage_err("creating the staging directory"))?;
-    // The guest's `/`: its mode is the staging directory's, whatever our umask.
-    set_mode(&staging, 0o755).map_err(stage_err("chmod the staging directory"))?;
-    match &template.base {
-        Base::Busybox => stage_busybox(&staging)?,
-        Base::Debian(suite) => stage_debian(&staging, suite, template, &work)?,
-    }
-    stage_common(&staging, &agent, template)?;
-    let image = work.join("rootfs.ext4");
-    let size = make_ext4(&staging, &image, &work)?;
-    std::fs::remove_dir_all(&staging).map_err(stage_err("removing the staging tree"))?;
+    std::fs::create_dir_all(&work).map_err(stage_err("creating the work directory"))?;
+    let size = match &template.base {
+        Base::Busybox => build_busybox_image(&agent, template, &work)?,
+        Base::Debian(suite) => super::debian::build_debian_image(suite, template, &agent, &work)?.1,
+    };
     let img = BuiltImage {
         name: template.name.clone(),
         key: key.clone(),
@@ -135,17 +147,42 @@ fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
 }
 
-/// Creates `rel` and its missing parents in `tree`, each 0755 (never following a link out).
-fn create_dirs_0755(tree: &cap_std::fs::Dir, rel: &Path) -> std::io::Result<()> {
+/// Creates `rel` and its missing parents in `tree`, each 0755 and owned by `owner`
+/// (never following a link out).
+pub(crate) fn create_dirs_owned(tree: &cap_std::fs::Dir, rel: &Path, owner: Option<Owner>) -> std::io::Result<()> {
     let mut at = PathBuf::new();
     for part in rel.components() {
         at.push(part);
         if !tree.exists(&at) {
             tree.create_dir(&at)?;
             tree.set_permissions(&at, cap_std::fs::Permissions::from_std(std::fs::Permissions::from_mode(0o755)))?;
+            if let Some(o) = owner {
+                chown_fd(&tree.open_dir(&at)?.into_std_file(), o)?;
+            }
         }
     }
     Ok(())
+}
+
+/// Gives the file `rel` in `tree` to `owner`, if one is set.
+fn chown_file(tree: &cap_std::fs::Dir, rel: &str, owner: Option<Owner>) -> std::io::Result<()> {
+    match owner {
+        Some(o) => chown_fd(&tree.open(rel)?.into_std(), o),
+        None => Ok(()),
+    }
+}
+
+/// `fchownat(fd, "", AT_EMPTY_PATH)`: works on the `O_PATH` descriptors cap-std opens
+/// directories with, where `fchown` does not.
+fn chown_fd(file: &std::fs::File, o: Owner) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid fd and a NUL-terminated empty path.
+    let ret = unsafe { libc::fchownat(file.as_raw_fd(), c"".as_ptr(), o.uid, o.gid, libc::AT_EMPTY_PATH) };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// Runs a build step's command with umask 022, so what it creates in the image gets the
@@ -169,6 +206,26 @@ pub(crate) fn run(step: &str, cmd: &mut Command, log: &Path) -> Result<(), Rootf
     Ok(())
 }
 
+/// A busybox image: staged and made into ext4 by forkvm itself (no package manager
+/// runs), into `<work>/rootfs.ext4`; returns its size.
+fn build_busybox_image(agent: &[u8], t: &Template, work: &Path) -> Result<u64, RootfsError> {
+    let staging = work.join("root");
+    let stage_err = |step: &str| {
+        let (dir, step) = (work.to_path_buf(), step.to_string());
+        move |source| RootfsError::Stage { dir, step, source }
+    };
+    std::fs::create_dir_all(&staging).map_err(stage_err("creating the staging directory"))?;
+    // The guest's `/`: its mode is the staging directory's, whatever our umask.
+    set_mode(&staging, 0o755).map_err(stage_err("chmod the staging directory"))?;
+    require_mkfs()?;
+    stage_busybox(&staging)?;
+    stage_common(&staging, agent, t, None)?;
+    let size_mib = (tree_size(&staging) * 5 / 4) / (1 << 20) + 16;
+    run("mkfs.ext4", &mut mkfs_command(&staging, &work.join("rootfs.ext4"), size_mib), &work.join("mkfs.log"))?;
+    std::fs::remove_dir_all(&staging).map_err(stage_err("removing the staging tree"))?;
+    Ok(size_mib << 20)
+}
+
 fn stage_busybox(root: &Path) -> Result<(), RootfsError> {
     const BUSYBOX: &str = "/bin/busybox";
     let is_static = Command::new("file")
@@ -185,7 +242,7 @@ fn stage_busybox(root: &Path) -> Result<(), RootfsError> {
     let tree =
         cap_std::fs::Dir::open_ambient_dir(root, cap_std::ambient_authority()).map_err(err("opening the tree"))?;
     for d in DIRS {
-        create_dirs_0755(&tree, Path::new(d)).map_err(err("creating directories"))?;
+        create_dirs_owned(&tree, Path::new(d), None).map_err(err("creating directories"))?;
     }
     std::fs::copy(BUSYBOX, root.join("bin/busybox")).map_err(err("copying busybox"))?;
     set_mode(&root.join("bin/busybox"), 0o755).map_err(err("chmod busybox"))?;
@@ -196,7 +253,7 @@ fn stage_busybox(root: &Path) -> Result<(), RootfsError> {
             continue;
         }
         if let Some(parent) = Path::new(applet).parent() {
-            create_dirs_0755(&tree, parent).map_err(err("creating applet directories"))?;
+            create_dirs_owned(&tree, parent, None).map_err(err("creating applet directories"))?;
         }
         symlink("/bin/busybox", &link).map_err(err("linking busybox applets"))?;
     }
@@ -207,61 +264,11 @@ fn stage_busybox(root: &Path) -> Result<(), RootfsError> {
     Ok(())
 }
 
-fn stage_debian(root: &Path, suite: &str, t: &Template, work: &Path) -> Result<(), RootfsError> {
-    if !Path::new("/usr/sbin/debootstrap").exists() {
-        return Err(RootfsError::MissingTool {
-            what: "debootstrap",
-            path: "/usr/sbin/debootstrap",
-            package: "debootstrap",
-        });
-    }
-    let mut cmd = Command::new("/usr/sbin/debootstrap");
-    cmd.args(["--variant=minbase", "--merged-usr"]);
-    if !t.packages.is_empty() {
-        cmd.arg(format!("--include={}", t.packages.join(",")));
-    }
-    cmd.arg(suite).arg(root).arg(debian_mirror());
-    run("debootstrap", &mut cmd, &work.join("debootstrap.log"))?;
-    if !t.pip.is_empty() {
-        let python = t.python.as_deref().unwrap_or("/usr/bin/python3");
-        let mut pip = Command::new("chroot");
-        pip.arg(root).args([python, "-m", "pip", "install", "--break-system-packages", "--no-cache-dir"]).args(&t.pip);
-        run("pip install", &mut pip, &work.join("pip.log"))?;
-    }
-    // Package caches are dead weight in a read-only image.
-    let _ = std::fs::remove_dir_all(root.join("var/cache/apt/archives"));
-    let _ = std::fs::remove_dir_all(root.join("var/lib/apt/lists"));
-    if let Ok(tree) = cap_std::fs::Dir::open_ambient_dir(root, cap_std::ambient_authority()) {
-        for d in DIRS {
-            let _ = create_dirs_0755(&tree, Path::new(d));
-        }
-    }
-    Ok(())
-}
-
-/// The Debian mirror apt uses on this host (deb822 or one-line sources), else deb.debian.org.
-fn debian_mirror() -> String {
-    let mut text = std::fs::read_to_string("/etc/apt/sources.list.d/debian.sources").unwrap_or_default();
-    text.push_str(&std::fs::read_to_string("/etc/apt/sources.list").unwrap_or_default());
-    text.lines()
-        .find_map(|l| {
-            let l = l.trim();
-            l.strip_prefix("URIs:")
-                .map(|u| u.split_whitespace().next().unwrap_or("").to_string())
-                .or_else(|| {
-                    l.strip_prefix("deb ")
-                        .and_then(|r| r.split_whitespace().find(|w| w.starts_with("http")).map(String::from))
-                })
-                .filter(|u| u.starts_with("http") && !u.contains("security"))
-        })
-        .unwrap_or_else(|| "http://deb.debian.org/debian".to_string())
-}
-
 /// Writes the agent, the hostname and the template's files into the staged tree. Every
 /// write resolves its path inside `root` (cap-std): a symbolic link in the tree that
 /// points out of it (a package's absolute link, say) is refused, never followed onto
-/// the host.
-fn stage_common(root: &Path, agent: &[u8], t: &Template) -> Result<(), RootfsError> {
+/// the host. Each file and directory it makes is `owner`'s.
+pub(crate) fn stage_common(root: &Path, agent: &[u8], t: &Template, owner: Option<Owner>) -> Result<(), RootfsError> {
     let err = |step: String| {
         let dir = root.to_path_buf();
         move |source| RootfsError::Stage { dir, step, source }
@@ -278,21 +285,25 @@ fn stage_common(root: &Path, agent: &[u8], t: &Template) -> Result<(), RootfsErr
     // path, so it gets the one cap-std resolved (the agent file itself, not a link).
     let agent_path = root.join(tree.canonicalize("sbin/forkvm-agent").map_err(err("finding the agent".into()))?);
     let _ = Command::new("strip").arg("--strip-debug").arg(&agent_path).status();
+    // strip writes a new file, so the owner is set after it.
+    chown_file(&tree, "sbin/forkvm-agent", owner).map_err(err("chown the agent".into()))?;
     let file_mode = || cap_std::fs::Permissions::from_std(std::fs::Permissions::from_mode(0o644));
     tree.write("etc/hostname", "forkvm\n").map_err(err("writing /etc/hostname".into()))?;
     tree.set_permissions("etc/hostname", file_mode()).map_err(err("chmod /etc/hostname".into()))?;
+    chown_file(&tree, "etc/hostname", owner).map_err(err("chown /etc/hostname".into()))?;
     for (path, content) in &t.files {
         let rel = path.trim_start_matches('/');
         if let Some(parent) = Path::new(rel).parent().filter(|p| !p.as_os_str().is_empty()) {
-            create_dirs_0755(&tree, parent).map_err(err(format!("creating the parent of {path}")))?;
+            create_dirs_owned(&tree, parent, owner).map_err(err(format!("creating the parent of {path}")))?;
         }
         tree.write(rel, content).map_err(err(format!("writing {path}")))?;
         tree.set_permissions(rel, file_mode()).map_err(err(format!("chmod {path}")))?;
+        chown_file(&tree, rel, owner).map_err(err(format!("chown {path}")))?;
     }
     Ok(())
 }
 
-fn tree_size(dir: &Path) -> u64 {
+pub(crate) fn tree_size(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
         .map(|entries| {
             entries
@@ -307,19 +318,22 @@ fn tree_size(dir: &Path) -> u64 {
         .unwrap_or(0)
 }
 
-/// `mkfs.ext4 -d`: an ext4 image holding `staging`, sized with room for metadata.
-fn make_ext4(staging: &Path, image: &Path, work: &Path) -> Result<u64, RootfsError> {
+/// `mkfs.ext4 -d`: an ext4 image of `size_mib` at `image` holding the tree `staging`,
+/// owners as `mkfs` sees them.
+pub(crate) fn require_mkfs() -> Result<(), RootfsError> {
     if !Path::new("/usr/sbin/mkfs.ext4").exists() && !Path::new("/sbin/mkfs.ext4").exists() {
         return Err(RootfsError::MissingTool { what: "mkfs.ext4", path: "/usr/sbin/mkfs.ext4", package: "e2fsprogs" });
     }
-    let size_mib = (tree_size(staging) * 5 / 4) / (1 << 20) + 16;
+    Ok(())
+}
+
+pub(crate) fn mkfs_command(staging: &Path, image: &Path, size_mib: u64) -> Command {
     let mut cmd = Command::new("mkfs.ext4");
     cmd.args(["-q", "-F", "-L", "forkvm-root", "-O", "^has_journal", "-E", "root_owner=0:0", "-d"])
         .arg(staging)
         .arg(image)
         .arg(format!("{size_mib}M"));
-    run("mkfs.ext4", &mut cmd, &work.join("mkfs.log"))?;
-    Ok(size_mib << 20)
+    cmd
 }
 
 #[cfg(test)]
@@ -328,11 +342,13 @@ mod tests {
 
     #[test]
     fn the_key_depends_on_template_and_agent() {
-        let k = image_key("name = \"a\"", b"agent");
+        let b = Base::Busybox;
+        let k = image_key(&b, "name = \"a\"", b"agent");
         assert_eq!(k.len(), 32);
-        assert_eq!(k, image_key("name = \"a\"", b"agent"));
-        assert_ne!(k, image_key("name = \"b\"", b"agent"));
-        assert_ne!(k, image_key("name = \"a\"", b"agent2"));
+        assert_eq!(k, image_key(&b, "name = \"a\"", b"agent"));
+        assert_ne!(k, image_key(&b, "name = \"b\"", b"agent"));
+        assert_ne!(k, image_key(&b, "name = \"a\"", b"agent2"));
+        assert_ne!(k, image_key(&Base::Debian("bookworm".into()), "name = \"a\"", b"agent"));
     }
 
     #[test]
@@ -362,12 +378,12 @@ mod tests {
         let text = |files: &str| format!("name = \"t\"\nbase = \"busybox\"\n[files]\n{files}\n");
         for files in ["\"/etc/motd\" = \"pwned\"", "\"/etc/conf.d/x\" = \"pwned\"", "\"/usr/lib/up/x\" = \"pwned\""] {
             let t = Template::parse(&text(files)).unwrap();
-            let e = stage_common(&root, b"agent", &t).unwrap_err().to_string();
+            let e = stage_common(&root, b"agent", &t, None).unwrap_err().to_string();
             assert!(e.contains("staging the image"), "{files}: {e}");
             assert_eq!(std::fs::read_dir(&host).unwrap().count(), 0, "{files} wrote onto the host");
         }
         let t = Template::parse(&text("\"/etc/lib/ok\" = \"fine\"")).unwrap();
-        stage_common(&root, b"agent", &t).unwrap();
+        stage_common(&root, b"agent", &t, None).unwrap();
         assert_eq!(std::fs::read_to_string(root.join("usr/lib/ok")).unwrap(), "fine");
         assert_eq!(std::fs::read(root.join("sbin/forkvm-agent")).unwrap(), b"agent");
     }

@@ -8,8 +8,10 @@
 
 pub mod build;
 pub mod catalog;
+mod debian;
 pub mod scratch;
 pub mod template;
+pub mod userns;
 
 pub use build::{ensure_image, image_key, BuiltImage, RootfsError};
 pub use catalog::{Catalog, CatalogError, CatalogTemplate};

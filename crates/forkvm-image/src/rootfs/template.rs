@@ -37,7 +37,7 @@ pub struct Template {
 pub enum Base {
     /// busybox-static's applets.
     Busybox,
-    /// A Debian suite, installed with debootstrap.
+    /// A Debian suite, installed with mmdebstrap in a user namespace (`debian.rs`).
     Debian(String),
 }
 
@@ -93,11 +93,48 @@ impl Template {
                 return invalid(format!("file path {path:?} must be absolute and must not contain '..'"));
             }
         }
+        // These reach apt, pip and a build hook's command line: plain names only.
+        if let Some(p) = t.packages.iter().find(|p| !is_debian_package(p)) {
+            return invalid(format!("package {p:?} is not a Debian package name (a-z, 0-9, '+', '-', '.')"));
+        }
+        if let Some(p) = t.pip.iter().find(|p| !is_pip_requirement(p)) {
+            return invalid(format!(
+                "pip requirement {p:?}: use a name with an optional version (letters, digits and ._-[],<>=!~ only)"
+            ));
+        }
+        if let Some(py) = t.python.as_deref().filter(|py| !is_plain_absolute_path(py)) {
+            return invalid(format!("python {py:?} must be an absolute path of letters, digits and ._-/"));
+        }
         if t.warmup_eval.is_some() && t.python.is_none() {
             return invalid("warmup_eval needs python = \"/path/to/python3\"".into());
         }
         Ok(t)
     }
+}
+
+/// Debian policy §5.6.1: lower-case letters, digits, `+`, `-`, `.`; two or more
+/// characters, starting with a letter or digit.
+fn is_debian_package(p: &str) -> bool {
+    p.len() >= 2
+        && p.len() <= 128
+        && p.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && p.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "+-.".contains(c))
+}
+
+/// A PEP 508 name with optional extras and version specifiers; no URLs, paths, spaces,
+/// quotes or options.
+fn is_pip_requirement(p: &str) -> bool {
+    !p.is_empty()
+        && p.len() <= 200
+        && p.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && p.chars().all(|c| c.is_ascii_alphanumeric() || "._-[],<>=!~".contains(c))
+}
+
+fn is_plain_absolute_path(p: &str) -> bool {
+    p.starts_with('/')
+        && p.len() <= 256
+        && !p.split('/').any(|c| c == "..")
+        && p.chars().all(|c| c.is_ascii_alphanumeric() || "._-/".contains(c))
 }
 
 #[cfg(test)]
@@ -119,5 +156,15 @@ mod tests {
         assert!(e("name = \"x\"\nbase = \"busybox\"\n[files]\n\"../etc\" = \"\"").contains("absolute"));
         assert!(e("name = \"x y\"\nbase = \"busybox\"").contains("letters"));
         assert!(e("name = \"x\"\nbase = \"busybox\"\nsurprise = 1").contains("unknown field"));
+        let debian = |line: &str| e(&format!("name = \"x\"\nbase = \"debian:bookworm\"\n{line}"));
+        assert!(debian("packages = [\"vim; rm -rf /\"]").contains("not a Debian package name"));
+        assert!(debian("packages = [\"-oDpkg::Pre-Invoke=x\"]").contains("not a Debian package name"));
+        assert!(debian("pip = [\"numpy' && curl x\"]").contains("pip requirement"));
+        assert!(debian("pip = [\"--index-url=http://x\"]").contains("pip requirement"));
+        assert!(debian("pip = [\"git+https://x/y\"]").contains("pip requirement"));
+        assert!(debian("python = \"/usr/bin/python3 -c x\"").contains("absolute path"));
+        let ok = "name = \"x\"\nbase = \"debian:bookworm\"\npackages = [\"python3-pip\", \"g++\"]\n\
+                  pip = [\"numpy>=1.26,<2\", \"requests[socks]==2.31.0\"]\npython = \"/usr/bin/python3.11\"";
+        Template::parse(ok).unwrap();
     }
 }
