@@ -15,8 +15,8 @@
 
 use forkvm_proto::vector_check::VectorCheckReport;
 use forkvm_proto::{
-    read_frame, AgentClient, ExecRequest, FrameKind, IdentityRequest, MkdirRequest, ProtocolError, Response,
-    WriteFileRequest,
+    read_frame, AgentClient, ExecRequest, FrameKind, IdentityRequest, IdleLimit, MkdirRequest, ProtocolError,
+    Response, WriteFileRequest,
 };
 use libfuzzer_sys::fuzz_target;
 use std::io::{self, Cursor, Read, Write};
@@ -30,6 +30,13 @@ struct Peer {
 impl Read for Peer {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         self.replies.read(buf)
+    }
+}
+
+/// In memory, nothing ever waits.
+impl IdleLimit for Peer {
+    fn set_idle_limit(&self, _: std::time::Duration) -> io::Result<()> {
+        Ok(())
     }
 }
 

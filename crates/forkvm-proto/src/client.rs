@@ -6,6 +6,7 @@ use std::fmt;
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use crate::frame::{read_frame, write_frame, write_json, FrameError, FrameKind, DATA_CHUNK};
 use crate::msg::{
@@ -44,6 +45,72 @@ pub enum ClientError {
     /// The agent replied with a frame or response that does not fit the conversation.
     #[error("unexpected reply to {step}: {got}")]
     Unexpected { step: &'static str, got: String },
+    /// The agent sent nothing for the call's idle limit (a hung, paused or reset guest).
+    #[error("{step}: the agent sent nothing for {} s (its idle limit); the guest may be hung or paused", limit.as_secs())]
+    Silent { step: &'static str, limit: Duration },
+}
+
+impl ClientError {
+    /// True when the agent went silent past the call's idle limit.
+    pub fn is_silent(&self) -> bool {
+        matches!(self, ClientError::Silent { .. })
+    }
+}
+
+/// How long a call may wait for the agent without a byte moving, by kind of call. These
+/// are idle limits, not total ones: a long file transfer or a chatty process is never
+/// cut while bytes flow. They are generous because a guest's kernel runs emulated on
+/// some hosts (PLATFORM.md) and a busy host shares two cores among many guests.
+pub mod idle_limit {
+    use std::time::Duration;
+    /// Ping, files, identity, shutdown: requests the agent answers without running
+    /// the caller's code.
+    pub const CALL: Duration = Duration::from_secs(300);
+    /// Added to an exec's own timeout (after which the agent kills the process).
+    pub const EXEC_GRACE: Duration = Duration::from_secs(120);
+    /// An exec with no timeout of its own: a day, the longest the API accepts.
+    pub const EXEC_UNTIMED: Duration = Duration::from_secs(86_400);
+    /// Eval runs the caller's code in the warm interpreter, which has no timeout of its
+    /// own yet: an hour of silence ends the call.
+    pub const EVAL: Duration = Duration::from_secs(3600);
+
+    /// An exec's idle limit: its own timeout plus [`EXEC_GRACE`], else a day plus it.
+    pub fn exec(timeout_ms: Option<u64>) -> Duration {
+        timeout_ms.map_or(EXEC_UNTIMED, Duration::from_millis).saturating_add(EXEC_GRACE)
+    }
+}
+
+/// A stream whose reads and writes can be made to give up after a time without progress.
+pub trait IdleLimit {
+    /// Every read and write on the stream fails after `limit` without progress.
+    fn set_idle_limit(&self, limit: Duration) -> io::Result<()>;
+}
+
+impl IdleLimit for UnixStream {
+    fn set_idle_limit(&self, limit: Duration) -> io::Result<()> {
+        self.set_read_timeout(Some(limit))?;
+        self.set_write_timeout(Some(limit))
+    }
+}
+
+fn timed_out(e: &io::Error) -> bool {
+    matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
+}
+
+/// A frame error on a stream with `limit`: a timeout is [`ClientError::Silent`].
+fn frame_failed(step: &'static str, limit: Duration, send: bool) -> impl Fn(FrameError) -> ClientError {
+    move |source| {
+        let silent = match &source {
+            FrameError::ReadHeader(e) | FrameError::ReadPayload(e) => timed_out(e),
+            FrameError::Write { source, .. } => timed_out(source),
+            _ => false,
+        };
+        match (silent, send) {
+            (true, _) => ClientError::Silent { step, limit },
+            (false, true) => ClientError::Send { step, source },
+            (false, false) => ClientError::Receive { step, source },
+        }
+    }
 }
 
 /// Collected result of [`AgentClient::exec_collect`].
@@ -59,9 +126,12 @@ pub struct ExecOutput {
 
 type Connector<S> = Box<dyn Fn() -> Result<S, ClientError> + Send + Sync>;
 
-/// A client for one agent. Every method opens its own stream.
+/// A client for one agent. Every method opens its own stream, with an idle limit for
+/// its kind of call ([`idle_limit`]).
 pub struct AgentClient<S: Read + Write> {
     connect: Connector<S>,
+    /// A lower idle limit for every call (probes).
+    cap: Option<Duration>,
 }
 
 impl<S: Read + Write> fmt::Debug for AgentClient<S> {
@@ -79,9 +149,9 @@ impl AgentClient<UnixStream> {
 
     /// [`AgentClient::vsock_uds`] whose requests fail when the agent is silent for
     /// `limit` (see [`crate::vsock::connect_vsock_uds_within`]); for probes.
-    pub fn vsock_uds_within(path: impl Into<PathBuf>, port: u32, limit: std::time::Duration) -> Self {
+    pub fn vsock_uds_within(path: impl Into<PathBuf>, port: u32, limit: Duration) -> Self {
         let path = path.into();
-        Self::new(move || Ok(crate::vsock::connect_vsock_uds_within(&path, port, Some(limit))?))
+        Self::new(move || Ok(crate::vsock::connect_vsock_uds_within(&path, port, Some(limit))?)).with_idle_cap(limit)
     }
 
     /// Connects straight to an agent listening on a Unix socket (`--listen-unix`).
@@ -91,27 +161,36 @@ impl AgentClient<UnixStream> {
     }
 }
 
-impl<S: Read + Write> AgentClient<S> {
+impl<S: Read + Write + IdleLimit> AgentClient<S> {
     /// A client that calls `connect` for every request.
     pub fn new(connect: impl Fn() -> Result<S, ClientError> + Send + Sync + 'static) -> Self {
-        Self { connect: Box::new(connect) }
+        Self { connect: Box::new(connect), cap: None }
     }
 
-    fn start(&self, step: &'static str, req: &Request) -> Result<S, ClientError> {
+    /// The same client with every call's idle limit at most `cap`.
+    pub fn with_idle_cap(mut self, cap: Duration) -> Self {
+        self.cap = Some(cap);
+        self
+    }
+
+    /// Opens a stream for `req`, limited to `limit` of silence (or the client's cap).
+    fn start(&self, step: &'static str, req: &Request, limit: Duration) -> Result<(S, Duration), ClientError> {
+        let limit = self.cap.map_or(limit, |cap| cap.min(limit));
         let mut stream = (self.connect)()?;
-        write_json(&mut stream, FrameKind::Request, req).map_err(|source| ClientError::Send { step, source })?;
-        Ok(stream)
+        stream.set_idle_limit(limit).map_err(ClientError::Connect)?;
+        write_json(&mut stream, FrameKind::Request, req).map_err(frame_failed(step, limit, true))?;
+        Ok((stream, limit))
     }
 
     /// Sends one request with no trailing frames and returns its response.
-    fn call(&self, step: &'static str, req: &Request) -> Result<Response, ClientError> {
-        let mut stream = self.start(step, req)?;
-        final_response(&mut stream, step)
+    fn call(&self, step: &'static str, req: &Request, limit: Duration) -> Result<Response, ClientError> {
+        let (mut stream, limit) = self.start(step, req, limit)?;
+        final_response(&mut stream, step, limit)
     }
 
     /// Liveness, versions, uptime, sandbox id and identity generation.
     pub fn ping(&self) -> Result<Pong, ClientError> {
-        match self.call("ping", &Request::Ping)? {
+        match self.call("ping", &Request::Ping, idle_limit::CALL)? {
             Response::Pong(p) => Ok(p),
             other => Err(unexpected("ping", &other)),
         }
@@ -129,12 +208,13 @@ impl<S: Read + Write> AgentClient<S> {
         let step = "exec";
         let mut req = req.clone();
         req.stdin = stdin.is_some();
-        let mut stream = self.start(step, &Request::Exec(req))?;
+        let limit = idle_limit::exec(req.timeout_ms);
+        let (mut stream, limit) = self.start(step, &Request::Exec(req), limit)?;
         if let Some(src) = stdin {
-            send_stream(&mut stream, src, FrameKind::Stdin, step)?;
+            send_stream(&mut stream, src, FrameKind::Stdin, step, limit)?;
         }
         loop {
-            let frame = read_frame(&mut stream).map_err(|source| ClientError::Receive { step, source })?;
+            let frame = read_frame(&mut stream).map_err(frame_failed(step, limit, false))?;
             match frame.kind {
                 FrameKind::Stdout => on_stdout(&frame.payload),
                 FrameKind::Stderr => on_stderr(&frame.payload),
@@ -160,10 +240,10 @@ impl<S: Read + Write> AgentClient<S> {
     /// Streams a guest file into `sink`; returns the byte count.
     pub fn read_file(&self, path: &str, sink: &mut dyn Write) -> Result<u64, ClientError> {
         let step = "read_file";
-        let mut stream = self.start(step, &Request::ReadFile { path: path.into() })?;
+        let (mut stream, limit) = self.start(step, &Request::ReadFile { path: path.into() }, idle_limit::CALL)?;
         let mut total = 0u64;
         loop {
-            let frame = read_frame(&mut stream).map_err(|source| ClientError::Receive { step, source })?;
+            let frame = read_frame(&mut stream).map_err(frame_failed(step, limit, false))?;
             if frame.kind == FrameKind::Data {
                 sink.write_all(&frame.payload).map_err(|source| ClientError::WriteSink { step, source })?;
                 total += frame.payload.len() as u64;
@@ -186,9 +266,9 @@ impl<S: Read + Write> AgentClient<S> {
     /// Streams `src` into a guest file (atomically replaced); returns the byte count.
     pub fn write_file(&self, req: &WriteFileRequest, src: &mut dyn Read) -> Result<u64, ClientError> {
         let step = "write_file";
-        let mut stream = self.start(step, &Request::WriteFile(req.clone()))?;
-        send_stream(&mut stream, src, FrameKind::Data, step)?;
-        match final_response(&mut stream, step)? {
+        let (mut stream, limit) = self.start(step, &Request::WriteFile(req.clone()), idle_limit::CALL)?;
+        send_stream(&mut stream, src, FrameKind::Data, step, limit)?;
+        match final_response(&mut stream, step, limit)? {
             Response::Written { bytes } => Ok(bytes),
             other => Err(unexpected(step, &other)),
         }
@@ -196,7 +276,7 @@ impl<S: Read + Write> AgentClient<S> {
 
     /// Lists a guest directory.
     pub fn list(&self, path: &str) -> Result<Vec<FileInfo>, ClientError> {
-        match self.call("list", &Request::List { path: path.into() })? {
+        match self.call("list", &Request::List { path: path.into() }, idle_limit::CALL)? {
             Response::Entries { entries } => Ok(entries),
             other => Err(unexpected("list", &other)),
         }
@@ -204,7 +284,7 @@ impl<S: Read + Write> AgentClient<S> {
 
     /// Describes one guest path.
     pub fn stat(&self, path: &str) -> Result<FileInfo, ClientError> {
-        match self.call("stat", &Request::Stat { path: path.into() })? {
+        match self.call("stat", &Request::Stat { path: path.into() }, idle_limit::CALL)? {
             Response::Stat(info) => Ok(info),
             other => Err(unexpected("stat", &other)),
         }
@@ -221,7 +301,7 @@ impl<S: Read + Write> AgentClient<S> {
     }
 
     fn expect_done(&self, step: &'static str, req: &Request) -> Result<(), ClientError> {
-        match self.call(step, req)? {
+        match self.call(step, req, idle_limit::CALL)? {
             Response::Done => Ok(()),
             other => Err(unexpected(step, &other)),
         }
@@ -229,7 +309,7 @@ impl<S: Read + Write> AgentClient<S> {
 
     /// Runs `code` in the warm interpreter.
     pub fn eval(&self, code: &str) -> Result<EvalResponse, ClientError> {
-        match self.call("eval", &Request::Eval { code: code.into() })? {
+        match self.call("eval", &Request::Eval { code: code.into() }, idle_limit::EVAL)? {
             Response::Eval(r) => Ok(r),
             other => Err(unexpected("eval", &other)),
         }
@@ -237,7 +317,7 @@ impl<S: Read + Write> AgentClient<S> {
 
     /// Applies a fresh identity (send first after a restore).
     pub fn identity(&self, req: &IdentityRequest) -> Result<IdentityApplied, ClientError> {
-        match self.call("identity", &Request::Identity(req.clone()))? {
+        match self.call("identity", &Request::Identity(req.clone()), idle_limit::CALL)? {
             Response::Identity(r) => Ok(r),
             other => Err(unexpected("identity", &other)),
         }
@@ -245,7 +325,7 @@ impl<S: Read + Write> AgentClient<S> {
 
     /// Asks the guest to sync and reset (or the agent to exit, when not PID 1).
     pub fn shutdown(&self) -> Result<(), ClientError> {
-        match self.call("shutdown", &Request::Shutdown)? {
+        match self.call("shutdown", &Request::Shutdown, idle_limit::CALL)? {
             Response::ShuttingDown => Ok(()),
             other => Err(unexpected("shutdown", &other)),
         }
@@ -258,6 +338,7 @@ fn send_stream<S: Write>(
     src: &mut dyn Read,
     kind: FrameKind,
     step: &'static str,
+    limit: Duration,
 ) -> Result<(), ClientError> {
     let mut buf = vec![0u8; DATA_CHUNK];
     loop {
@@ -267,14 +348,14 @@ fn send_stream<S: Write>(
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(source) => return Err(ClientError::ReadSource { step, source }),
         };
-        write_frame(stream, kind, &buf[..n]).map_err(|source| ClientError::Send { step, source })?;
+        write_frame(stream, kind, &buf[..n]).map_err(frame_failed(step, limit, true))?;
     }
-    write_frame(stream, FrameKind::End, &[]).map_err(|source| ClientError::Send { step, source })
+    write_frame(stream, FrameKind::End, &[]).map_err(frame_failed(step, limit, true))
 }
 
 /// Reads the one frame that ends a conversation and decodes it.
-fn final_response<S: Read>(stream: &mut S, step: &'static str) -> Result<Response, ClientError> {
-    let frame = read_frame(stream).map_err(|source| ClientError::Receive { step, source })?;
+fn final_response<S: Read>(stream: &mut S, step: &'static str, limit: Duration) -> Result<Response, ClientError> {
+    let frame = read_frame(stream).map_err(frame_failed(step, limit, false))?;
     decode_final(&frame, step)
 }
 
@@ -297,4 +378,45 @@ fn decode_final(frame: &crate::Frame, step: &'static str) -> Result<Response, Cl
 
 fn unexpected(step: &'static str, got: &Response) -> ClientError {
     ClientError::Unexpected { step, got: format!("{got:?}") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixListener;
+
+    /// An agent that takes the connection and the request, then says nothing: every kind
+    /// of call ends with `Silent` at the client's cap instead of waiting forever.
+    #[test]
+    fn a_silent_agent_ends_each_call_at_its_idle_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let held = std::thread::spawn(move || {
+            let mut open = Vec::new();
+            for stream in listener.incoming().take(3) {
+                open.push(stream.unwrap());
+            }
+            std::thread::sleep(Duration::from_secs(2));
+        });
+        let cap = Duration::from_millis(200);
+        let client = AgentClient::unix(&path).with_idle_cap(cap);
+        let started = std::time::Instant::now();
+        let e = client.ping().unwrap_err();
+        assert!(matches!(e, ClientError::Silent { step: "ping", limit } if limit == cap), "{e:?}");
+        assert!(e.to_string().contains("sent nothing"), "{e}");
+        let e = client.exec_collect(&ExecRequest::argv(["true"]), b"").unwrap_err();
+        assert!(e.is_silent(), "{e:?}");
+        let e = client.eval("1").unwrap_err();
+        assert!(e.is_silent(), "{e:?}");
+        assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+        held.join().unwrap();
+    }
+
+    #[test]
+    fn exec_waits_its_own_timeout_plus_grace() {
+        assert_eq!(idle_limit::exec(Some(5_000)), Duration::from_secs(125));
+        assert_eq!(idle_limit::exec(None), Duration::from_secs(86_400 + 120));
+        assert!(idle_limit::exec(Some(u64::MAX)) > idle_limit::EXEC_UNTIMED, "no overflow");
+    }
 }

@@ -66,7 +66,7 @@ mod msg;
 pub mod vector_check;
 mod vsock;
 
-pub use client::{AgentClient, ClientError, ExecOutput};
+pub use client::{idle_limit, AgentClient, ClientError, ExecOutput, IdleLimit};
 pub use frame::{
     read_frame, write_frame, write_json, Frame, FrameError, FrameKind, DATA_CHUNK, HEADER_LEN, MAGIC, MAX_PAYLOAD,
     PROTOCOL_VERSION,

@@ -38,7 +38,7 @@ pub enum VectorGuardError {
 }
 
 /// Runs the check in the guest behind `client`; `Ok` only when every class held.
-pub fn check<S: Read + Write>(
+pub fn check<S: Read + Write + forkvm_proto::IdleLimit>(
     client: &AgentClient<S>,
     processes: u32,
     switches: u32,
@@ -52,7 +52,7 @@ pub fn check<S: Read + Write>(
 }
 
 /// Runs the check and returns its report, pass or fail.
-pub fn run<S: Read + Write>(
+pub fn run<S: Read + Write + forkvm_proto::IdleLimit>(
     client: &AgentClient<S>,
     processes: u32,
     switches: u32,
