@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod paths;
 pub mod routes;
 
 /// Version of this API, reported by `GET /version`.

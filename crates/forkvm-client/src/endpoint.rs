@@ -9,7 +9,7 @@ use std::str::FromStr;
 /// The environment variable naming the daemon's endpoint.
 pub const DAEMON_ENV: &str = "FORKVM_DAEMON";
 /// The daemon's socket file name inside the run root.
-pub const SOCKET_NAME: &str = "forkvmd.sock";
+pub use forkvm_api::paths::SOCKET_NAME;
 
 /// A daemon address.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -78,7 +78,7 @@ impl Endpoint {
     }
 
     pub fn default_socket_path() -> PathBuf {
-        forkvm_sandbox::Registry::default_root().join(SOCKET_NAME)
+        forkvm_api::paths::default_socket()
     }
 
     /// The default socket, if a daemon accepts connections on it now.
@@ -234,6 +234,6 @@ mod tests {
     #[test]
     fn default_socket_is_in_the_run_root() {
         let Endpoint::Unix(path) = Endpoint::default_socket() else { panic!("not a unix socket") };
-        assert_eq!(path, forkvm_sandbox::Registry::default_root().join("forkvmd.sock"));
+        assert_eq!(path, forkvm_api::paths::default_run_root().join("forkvmd.sock"));
     }
 }

@@ -233,21 +233,10 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// `$FORKVM_RUN`, `$XDG_RUNTIME_DIR/forkvm`, `/run/forkvm` (root) or `/tmp/forkvm-<uid>`.
+    /// `$FORKVM_RUN`, `$XDG_RUNTIME_DIR/forkvm`, `/run/forkvm` (root) or `/tmp/forkvm-<uid>`
+    /// ([`forkvm_api::paths::default_run_root`]: the daemon's socket is there too).
     pub fn default_root() -> PathBuf {
-        if let Some(v) = std::env::var_os("FORKVM_RUN").filter(|v| !v.is_empty()) {
-            return PathBuf::from(v);
-        }
-        if let Some(v) = std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
-            return PathBuf::from(v).join("forkvm");
-        }
-        // SAFETY: getuid has no preconditions.
-        let uid = unsafe { libc::getuid() };
-        if uid == 0 {
-            PathBuf::from("/run/forkvm")
-        } else {
-            std::env::temp_dir().join(format!("forkvm-{uid}"))
-        }
+        forkvm_api::paths::default_run_root()
     }
 
     /// The registry at `root`, salvaging nothing (see [`Registry::salvaging_into`]).
@@ -338,18 +327,12 @@ impl Registry {
         Ok((r, alive))
     }
 
-    /// The live sandbox `id`.
+    /// The live sandbox `id`. A pure read: a dead one is not found, and what it left is
+    /// for [`Registry::sweep`].
     pub fn get(&self, id: &str) -> Result<SandboxRecord, RegistryError> {
-        if !valid_id(id) {
-            return Err(RegistryError::BadId(id.to_string()));
-        }
-        match self.read(&self.sandboxes_dir().join(id)) {
-            Some(r) if record_alive(&r) => Ok(r),
-            Some(r) => {
-                self.clean_up_dead(&r);
-                Err(RegistryError::NotFound(id.to_string()))
-            }
-            None => Err(RegistryError::NotFound(id.to_string())),
+        match self.lookup(id)? {
+            (r, true) => Ok(r),
+            (_, false) => Err(RegistryError::NotFound(id.to_string())),
         }
     }
 
@@ -359,9 +342,9 @@ impl Registry {
         self.list().into_iter().filter(|r| r.source_tag.as_deref() == Some(tag)).map(|r| r.id).collect()
     }
 
-    /// Every live sandbox, oldest first (sweeps dead ones first).
+    /// Every live sandbox, oldest first. A pure read: dead ones are left for
+    /// [`Registry::sweep`].
     pub fn list(&self) -> Vec<SandboxRecord> {
-        self.sweep();
         let mut out: Vec<SandboxRecord> = std::fs::read_dir(self.sandboxes_dir())
             .into_iter()
             .flatten()
@@ -373,9 +356,12 @@ impl Registry {
         out
     }
 
-    /// Removes what dead sandboxes left: run directories whose VMM is gone (those without
-    /// a record yet are left alone for a minute: their spawner may still be writing it),
-    /// and forkvm cgroups of sandboxes that are not running. Returns the ids removed.
+    /// The clean-up pass, the only one that removes anything (reads never do): salvages
+    /// the disk writes of sandboxes whose VMM died (when this registry knows the store),
+    /// then removes their run directories (those without a record yet are left alone for
+    /// a minute: their spawner may still be writing it), and forkvm cgroups of sandboxes
+    /// that are not running. The daemon runs it on a timer, the CLI as `forkvm sweep`.
+    /// Returns the ids removed.
     pub fn sweep(&self) -> Vec<String> {
         let mut removed = Vec::new();
         let mut live = Vec::new();
@@ -429,7 +415,6 @@ impl Registry {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    /// Removes a dead sandbox's run directory and cgroup.
     /// Cleans up after sandbox `r`, whose VMM died without being stopped: salvages its
     /// disks first when this registry knows the store (`salvage`). A run directory whose
     /// salvage failed is kept (with `salvage-failed` saying why) and retried later; one
@@ -545,7 +530,7 @@ mod tests {
     }
 
     #[test]
-    fn live_sandboxes_are_listed_and_dead_ones_swept() {
+    fn reads_are_pure_and_the_sweep_removes_dead_sandboxes() {
         let tmp = tempfile::tempdir().unwrap();
         let reg = Registry::open(tmp.path());
         let me = record(&reg, "alive", std::process::id() as i32);
@@ -557,7 +542,11 @@ mod tests {
         reg.write(&dead).unwrap();
         assert_eq!(reg.get("alive").unwrap(), me);
         assert!(matches!(reg.get("dead"), Err(RegistryError::NotFound(_))));
-        assert!(!dead.run_dir.exists(), "a dead sandbox's run directory is removed");
+        assert_eq!(reg.list(), vec![me.clone()]);
+        assert_eq!(reg.spawned_from("t"), Vec::<String>::new());
+        assert!(dead.run_dir.exists(), "reads leave a dead sandbox's run directory to the sweep");
+        assert_eq!(reg.sweep(), vec!["dead".to_string()]);
+        assert!(!dead.run_dir.exists(), "the sweep removes a dead sandbox's run directory");
         assert_eq!(reg.list(), vec![me]);
         assert_eq!(reg.get("../x").unwrap_err().code(), "bad_request");
         assert_eq!(reg.get("nope").unwrap_err().code(), "not_found");

@@ -56,6 +56,10 @@ enum Command {
     Ps(sandbox_cmd::PsArgs),
     /// Stop sandboxes (nothing of them remains: process, sockets, cgroup, files).
     Kill(sandbox_cmd::KillArgs),
+    /// Clean up after sandboxes whose VMM stopped (salvage their disk writes, then remove
+    /// their run directories and cgroups) and after snapshot writers that died. Reads
+    /// (`ps`, the API's GETs) never do this; the daemon sweeps every 5 s by itself.
+    Sweep(sandbox_cmd::SweepArgs),
     /// Run a command in a running sandbox.
     Exec(sandbox_cmd::ExecArgs),
     /// Evaluate Python in a running sandbox's warm interpreter.
@@ -183,6 +187,7 @@ fn main() {
         Command::Snapshot(a) => snapshot_cmd::run(a, remote),
         Command::Ps(a) => sandbox_cmd::ps(a, remote),
         Command::Kill(a) => sandbox_cmd::kill(a, remote),
+        Command::Sweep(a) => sandbox_cmd::sweep(a),
         Command::Exec(a) => sandbox_cmd::exec(a, remote),
         Command::Eval(a) => sandbox_cmd::eval(a, remote),
         Command::Branch(a) => sandbox_cmd::branch(a, remote),

@@ -15,7 +15,7 @@ pub use chain::{compact, pack, rmi, snapshot_diff, snapshot_info, unpack};
 pub use disk::{disk_snapshot, disk_snapshots};
 pub use fork::fork;
 pub use lifecycle::{archive, archives, disk_fork, set_ttl, unarchive};
-pub use sandbox::{branch, eval, exec, kill, ps};
+pub use sandbox::{branch, eval, exec, kill, print_sandboxes, ps};
 pub use snapshot::snapshot;
 
 use anyhow::{bail, Context, Result};

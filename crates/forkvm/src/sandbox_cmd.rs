@@ -91,20 +91,18 @@ pub fn ps(a: PsArgs, remote: &RemoteArgs) -> Result<i32> {
     if let Some(code) = crate::remote_cmd::ps(&a, remote)? {
         return Ok(code);
     }
-    let list = Registry::open_default().list();
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&list)?);
-    } else {
-        for r in &list {
-            println!(
-                "{}  pid {:>7}  {:<10} {}",
-                r.id,
-                r.pid,
-                r.template.as_deref().unwrap_or("-"),
-                r.source_tag.as_deref().map(|t| format!("from tag {t}")).unwrap_or_default()
-            );
-        }
-    }
+    // The daemon's shape (`GET /v1/sandboxes`): running sandboxes, then archived ones.
+    let (registry, store) = (Registry::open_default(), Store::open_default());
+    let mut list: Vec<forkvm_client::api::SandboxInfo> =
+        registry.list().iter().map(forkvm_sandbox::info::running_info).collect();
+    list.extend(
+        forkvm_sandbox::archive::list(&registry, &store)
+            .iter()
+            .filter_map(|id| forkvm_sandbox::archive::archived_record(&store, id))
+            .map(|r| forkvm_sandbox::info::archived_info(&r)),
+    );
+    list.sort_by(|a, b| (a.created_at_unix, &a.id).cmp(&(b.created_at_unix, &b.id)));
+    crate::remote_cmd::print_sandboxes(&list, a.json)?;
     Ok(0)
 }
 
@@ -113,6 +111,10 @@ pub fn kill(a: KillArgs, remote: &RemoteArgs) -> Result<i32> {
         return Ok(code);
     }
     let registry = Registry::open_default();
+    if a.all {
+        // Everything goes, so what dead sandboxes left goes too (salvaged first).
+        registry.sweep();
+    }
     let ids: Vec<String> = if a.all { registry.list().into_iter().map(|r| r.id).collect() } else { a.ids };
     if ids.is_empty() && !a.all {
         bail!("name the sandboxes to kill, or --all");
@@ -124,6 +126,30 @@ pub fn kill(a: KillArgs, remote: &RemoteArgs) -> Result<i32> {
                 "sandbox {id:?} not found: not running, not archived{}",
                 if a.purge { ", no disk snapshots" } else { "" }
             );
+        }
+    }
+    Ok(0)
+}
+
+#[derive(clap::Args, Debug)]
+pub struct SweepArgs {
+    /// Print one JSON object: `{"sandboxes": [ids removed], "snapshots": [names removed]}`.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The explicit clean-up pass ([`Registry::sweep`], [`Store::sweep`]).
+pub fn sweep(a: SweepArgs) -> Result<i32> {
+    let sandboxes = Registry::open_default().sweep();
+    let snapshots = Store::open_default().sweep();
+    if a.json {
+        println!("{}", serde_json::json!({ "sandboxes": sandboxes, "snapshots": snapshots }));
+    } else {
+        for id in &sandboxes {
+            println!("removed sandbox {id} (its VMM had stopped)");
+        }
+        for name in &snapshots {
+            println!("removed snapshot leftover {name}");
         }
     }
     Ok(0)

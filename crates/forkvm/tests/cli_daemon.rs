@@ -102,6 +102,20 @@ fn cli_verbs_through_the_daemon_over_unix_and_tls() {
     let sandboxes = ids(&env.ok(&["ps", "--json"]));
     assert_eq!(sandboxes.len(), 2);
     let a = &sandboxes[0];
+    // `ps --json` prints the same shape with and without the daemon: the API's list.
+    let through: serde_json::Value = serde_json::from_str(&env.ok(&["ps", "--json"])).unwrap();
+    let out = env.command(&["ps", "--json"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let local: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (through, local) = (through.as_array().unwrap(), local.as_array().unwrap());
+    assert_eq!(through.len(), local.len(), "daemon {through:?}\nlocal {local:?}");
+    for (d, l) in through.iter().zip(local) {
+        let keys = |v: &serde_json::Value| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+        assert_eq!(keys(d), keys(l), "the same fields");
+        for field in ["id", "pid", "snapshot_tag", "template", "state", "guest_addr", "created_at_unix"] {
+            assert_eq!(d[field], l[field], "{field}: daemon {d}\nlocal {l}");
+        }
+    }
 
     let out = env.cli(&["exec", a, "--", "sh", "-c", "echo out; echo err >&2; exit 5"], &[]);
     assert_eq!(out.status.code(), Some(5), "{}", String::from_utf8_lossy(&out.stderr));

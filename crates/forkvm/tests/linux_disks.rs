@@ -303,8 +303,14 @@ fn archive_then_unarchive_keeps_files_and_running_processes() {
     for round in 0..2 {
         let r = env.json(&["archive", &id, "--json"]);
         assert!(r["disk_snapshot_seq"].as_u64().is_some(), "{r}");
+        // ps lists it archived (as the daemon's does): no process, no address.
         let ps = env.json(&["ps", "--json"]);
-        assert!(ps.as_array().unwrap().iter().all(|s| s["id"] != id.as_str()), "round {round}: still running: {ps}");
+        let listed: Vec<_> = ps.as_array().unwrap().iter().filter(|s| s["id"] == id.as_str()).collect();
+        assert_eq!(listed.len(), 1, "round {round}: {ps}");
+        assert_eq!(
+            (&listed[0]["state"], &listed[0]["pid"]),
+            (&serde_json::json!("archived"), &serde_json::Value::Null)
+        );
         assert_eq!(env.json(&["archives", "--json"]), serde_json::json!([id]));
         let out = env.cmd(&["exec", &id, "--", "true"]);
         assert!(!out.status.success(), "an archived sandbox has no process to exec in");
@@ -409,9 +415,14 @@ fn a_sandbox_whose_vmm_dies_has_its_disk_writes_salvaged_into_its_vault() {
     while std::path::Path::new(&format!("/proc/{pid}")).exists() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    // The next look at the registry finds it dead: salvage, then clean-up.
+    // Reads show it gone and change nothing: the run directory (and the writes in it)
+    // stays for the sweep, which salvages, then cleans up.
     let ps = env.json(&["ps", "--json"]);
     assert!(ps.as_array().unwrap().iter().all(|s| s["id"] != id.as_str()), "{ps}");
+    assert!(env.run.join("sandboxes").join(&id).exists(), "a read removed the run directory");
+    assert_eq!(env.seqs(&id).last(), Some(&first), "a read salvaged");
+    let swept = env.json(&["sweep", "--json"]);
+    assert_eq!(swept["sandboxes"], serde_json::json!([id]), "{swept}");
     assert!(!env.run.join("sandboxes").join(&id).exists(), "the run directory was removed after the salvage");
     let seqs = env.seqs(&id);
     assert!(seqs.last().is_some_and(|&s| s > first), "no salvage snapshot after {first}: {seqs:?}");
@@ -429,6 +440,7 @@ fn a_sandbox_whose_vmm_dies_has_its_disk_writes_salvaged_into_its_vault() {
         assert!(Instant::now() < deadline, "the guest did not stop");
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
+    env.ok(&["sweep"]);
     let seqs = env.seqs(&other);
     let image = env.export(&other, *seqs.last().expect("a salvage snapshot"));
     assert_eq!(read_in_image(&image, "/upper/root/poweroff").unwrap(), b"written\n");

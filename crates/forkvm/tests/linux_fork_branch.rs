@@ -285,6 +285,10 @@ fn a_memory_limit_holds_per_sandbox_and_teardown_leaves_nothing() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(env.sandboxes(), [b.to_string()], "ps lists exactly the surviving sandbox");
+    // Listing is a read; the sweep is the pass that removes what a left.
+    assert!(cgroup_dir(&format!("sb-{a}")).is_some(), "ps removed the dead sandbox's cgroup");
+    let swept = env.json(&["sweep", "--json"]);
+    assert_eq!(swept["sandboxes"], serde_json::json!([a]), "{swept}");
     assert!(cgroup_dir(&format!("sb-{a}")).is_none(), "the dead sandbox's cgroup was not swept");
     assert_eq!(env.ok(&["exec", b, "--", "echo", "fine"]), "fine\n");
 

@@ -1,6 +1,7 @@
 //! Starting the daemon: check the configuration, take the state directory's lock, fork
 //! the spawner while still single-threaded, open the database and audit log, reconcile,
-//! then start the runtime, the disk snapshot schedule, and serve until SIGTERM/SIGINT.
+//! then start the runtime, the disk snapshot schedule, the lifecycle tick and the sweep
+//! of stopped sandboxes (`sweeper.rs`), and serve until SIGTERM/SIGINT.
 
 use crate::audit::AuditLog;
 use crate::db::Db;
@@ -43,7 +44,7 @@ pub struct DaemonConfig {
 impl DaemonConfig {
     /// The default socket: `<run root>/forkvmd.sock`.
     pub fn default_socket(registry: &Registry) -> PathBuf {
-        registry.root().join("forkvmd.sock")
+        registry.root().join(forkvm_api::paths::SOCKET_NAME)
     }
     /// The default state directory: `<store root>/forkvmd`.
     pub fn default_state_dir(store: &Store) -> PathBuf {
@@ -139,6 +140,7 @@ pub fn run(mut cfg: DaemonConfig) -> Result<(), DaemonError> {
         }
         tracing::info!(idle_pause = ?cfg.lifecycle.idle_pause, default_ttl = ?cfg.lifecycle.default_ttl, "lifecycle");
         tokio::spawn(crate::lifecycle::schedule(state.clone(), Some(audit.clone())));
+        tokio::spawn(crate::sweeper::schedule(state.clone()));
         let unix = UnixServe {
             listener: unix,
             app: wrap(app, Gate::unix(&cfg.allowed_origins, Some(audit.clone())), Some(audit.clone())),

@@ -5,8 +5,22 @@
 //! branch from a finished one. Every write is one statement or one transaction, so a
 //! `kill -9` at any point leaves a consistent file.
 
+use forkvm_sandbox::SandboxState;
 use rusqlite::{params, Connection, OptionalExtension};
 use std::path::Path;
+
+/// The state in column `i` of a sandbox row; a name no [`SandboxState`] has is an
+/// error naming it (the CHECK should make that impossible).
+fn state_column(r: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<SandboxState> {
+    let name: String = r.get(i)?;
+    SandboxState::parse(&name).ok_or_else(|| {
+        rusqlite::Error::FromSqlConversionFailure(
+            i,
+            rusqlite::types::Type::Text,
+            format!("unknown sandbox state {name:?}").into(),
+        )
+    })
+}
 
 /// 2: sandboxes may be `paused` or `archived` (or `restoring`), with a reason, a TTL,
 /// the last activity in ms and when they were archived. A version 1 file is migrated in
@@ -69,7 +83,7 @@ pub enum DbError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SandboxRow {
     pub id: String,
-    pub state: String,
+    pub state: SandboxState,
     pub op: Option<String>,
     pub pid: Option<i32>,
     pub template: Option<String>,
@@ -189,7 +203,7 @@ impl Db {
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
                 params![
                     r.id,
-                    r.state,
+                    r.state.as_str(),
                     r.op,
                     r.pid,
                     r.template,
@@ -240,7 +254,7 @@ impl Db {
         let rows = st.query_map([], |r| {
             Ok(SandboxRow {
                 id: r.get(0)?,
-                state: r.get(1)?,
+                state: state_column(r, 1)?,
                 op: r.get(2)?,
                 pid: r.get(3)?,
                 template: r.get(4)?,
@@ -272,12 +286,12 @@ impl Db {
 
     /// Sets sandbox `id`'s state and reason (`None` clears it); `archived_at_unix_ms` is
     /// set for `archived` and cleared otherwise.
-    pub fn set_state(&self, id: &str, state: &str, reason: Option<&str>, now_ms: u64) -> Result<(), DbError> {
-        let archived_at = (state == "archived").then_some(now_ms as i64);
+    pub fn set_state(&self, id: &str, state: SandboxState, reason: Option<&str>, now_ms: u64) -> Result<(), DbError> {
+        let archived_at = (state == SandboxState::Archived).then_some(now_ms as i64);
         self.conn.execute(
             "UPDATE sandboxes SET state = ?2, reason = ?3, archived_at_unix_ms = ?4,
                pid = CASE WHEN ?2 = 'archived' THEN NULL ELSE pid END WHERE id = ?1",
-            params![id, state, reason, archived_at],
+            params![id, state.as_str(), reason, archived_at],
         )?;
         Ok(())
     }
@@ -401,7 +415,7 @@ mod tests {
     fn row(id: &str) -> SandboxRow {
         SandboxRow {
             id: id.into(),
-            state: "starting".into(),
+            state: SandboxState::Starting,
             op: Some("op1".into()),
             pid: None,
             template: Some("python".into()),
@@ -474,7 +488,7 @@ mod tests {
             (s[0].state.as_str(), s[0].pid, s[0].branch_count, s[0].last_active_unix),
             ("running", Some(42), 1, 99)
         );
-        assert_eq!(s[1].state, "starting");
+        assert_eq!(s[1].state, SandboxState::Starting);
         let snaps = db.snapshots().unwrap();
         assert_eq!(
             (snaps[0].status.as_str(), snaps[0].mode.as_deref(), snaps[0].pause_ms),
@@ -489,6 +503,15 @@ mod tests {
         assert!(db.snapshots().unwrap().is_empty());
         let mode: String = db.conn.query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
         assert_eq!(mode, "wal");
+    }
+
+    /// The CHECK of the sandboxes table lists exactly the states `SandboxState` has.
+    #[test]
+    fn the_state_check_is_the_enum() {
+        let names: Vec<String> = SandboxState::ALL.iter().map(|s| format!("'{s}'")).collect();
+        let check = format!("CHECK (state IN ({}))", names.join(", "));
+        assert!(SCHEMA.contains(&check), "{check} not in the schema");
+        assert!(MIGRATE_1_TO_2.contains(&check), "{check} not in the migration");
     }
 
     #[test]
@@ -523,7 +546,7 @@ mod tests {
         let rows = db.sandboxes().unwrap();
         assert_eq!((rows[0].id.as_str(), rows[0].pid, rows[0].branch_count), ("old1", Some(7), 2));
         assert_eq!((rows[0].last_activity_unix_ms, rows[0].reason.as_deref()), (6000, None));
-        db.set_state("old1", "archived", Some("ttl"), 123).unwrap();
+        db.set_state("old1", SandboxState::Archived, Some("ttl"), 123).unwrap();
         db.set_ttl("old1", Some(2), Some(8000)).unwrap();
         drop(db);
         let db = Db::open(&path).unwrap();

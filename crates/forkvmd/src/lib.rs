@@ -24,6 +24,7 @@ pub mod routes;
 pub mod serve;
 pub mod spawner;
 pub mod state;
+pub mod sweeper;
 pub mod views;
 
 pub use daemon::{run, DaemonConfig, DaemonError};

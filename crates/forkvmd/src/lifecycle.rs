@@ -25,7 +25,7 @@ use crate::routes::sandboxes::running;
 use crate::state::{new_row, now_unix, AppState, Origin};
 use forkvm_sandbox::archive::{self, ArchiveError};
 use forkvm_sandbox::registry::now_unix_ms;
-use forkvm_sandbox::SandboxRecord;
+use forkvm_sandbox::{SandboxRecord, SandboxState};
 use forkvm_vmm::control::{ControlClient, Request};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -132,9 +132,9 @@ pub fn use_sandbox(s: &AppState, id: &str) -> Result<(SandboxRecord, InUse), Api
     let entry = s.lifecycle.entry(id);
     let mut a = lock(&entry);
     let now = now_unix_ms();
-    if s.sandbox_row(id).is_some_and(|row| row.state == "paused") {
+    if s.sandbox_row(id).is_some_and(|row| row.state == SandboxState::Paused) {
         vmm_call(&r, &Request::Resume {})?;
-        let _ = s.db().set_state(id, "running", None, now);
+        let _ = s.db().set_state(id, SandboxState::Running, None, now);
         s.metrics.inc("forkvm_auto_resumes_total", &[]);
         tracing::info!(sandbox_id = %id, "resumed a sandbox paused when idle");
     }
@@ -158,12 +158,12 @@ pub fn pause_if_idle(s: &AppState, row: &SandboxRow, idle: Duration) -> Result<b
         return Ok(false);
     }
     // Read again under the activity lock: an archive or a resume may have happened.
-    if s.sandbox_row(&row.id).is_none_or(|r| r.state != "running") {
+    if s.sandbox_row(&row.id).is_none_or(|r| r.state != SandboxState::Running) {
         return Ok(false);
     }
     let Ok((r, true)) = s.registry.lookup(&row.id) else { return Ok(false) };
     vmm_call(&r, &Request::Pause {})?;
-    let _ = s.db().set_state(&row.id, "paused", Some("idle"), now);
+    let _ = s.db().set_state(&row.id, SandboxState::Paused, Some("idle"), now);
     s.metrics.inc("forkvm_auto_pauses_total", &[]);
     tracing::info!(sandbox_id = %row.id, idle_ms = now - a.last_ms, "paused an idle sandbox");
     Ok(true)
@@ -174,7 +174,7 @@ impl From<ArchiveError> for ApiError {
         match e {
             ArchiveError::Lifecycle(l) => l.into(),
             ArchiveError::Spawn(sp) => sp.into(),
-            ArchiveError::Running(_) => ApiError::conflict(e.to_string(), "running"),
+            ArchiveError::Running(_) => ApiError::conflict(e.to_string(), SandboxState::Running.as_str()),
             other => ApiError::from_code(other.code(), other.to_string()),
         }
     }
@@ -183,8 +183,11 @@ impl From<ArchiveError> for ApiError {
 /// A 409 when sandbox `id` is archived (the daemon's record says so), for calls that
 /// need it running.
 pub fn archived_conflict(s: &AppState, id: &str) -> Option<ApiError> {
-    s.sandbox_row(id).filter(|r| r.state == "archived").map(|_| {
-        ApiError::conflict(format!("sandbox {id:?} is archived: restore it first (POST .../restore)"), "archived")
+    s.sandbox_row(id).filter(|r| r.state == SandboxState::Archived).map(|_| {
+        ApiError::conflict(
+            format!("sandbox {id:?} is archived: restore it first (POST .../restore)"),
+            SandboxState::Archived.as_str(),
+        )
     })
 }
 
@@ -203,13 +206,19 @@ pub async fn archive_sandbox(
             let (record, in_use) = use_sandbox(&s, &id)?;
             if s.sandbox_row(&id).is_none() {
                 // Started without the daemon (and not adopted yet): recorded now.
-                let row = new_row(&id, "running", "adopted", &Origin::of(&record), record.created_at_unix_ms / 1000);
+                let row = new_row(
+                    &id,
+                    SandboxState::Running,
+                    "adopted",
+                    &Origin::of(&record),
+                    record.created_at_unix_ms / 1000,
+                );
                 let _ = s.db().insert_sandboxes(&[row]);
             }
             let report = archive::archive(&s.registry, &s.store, &id)?;
             drop(in_use);
             s.db()
-                .set_state(&id, "archived", Some(reason), now_unix_ms())
+                .set_state(&id, SandboxState::Archived, Some(reason), now_unix_ms())
                 .map_err(|e| ApiError::internal(e.to_string()))?;
             s.lifecycle.forget(&id);
             Ok(forkvm_api::ArchiveReport {
@@ -247,11 +256,13 @@ pub async fn restore_sandbox(
             let row = s.sandbox_row(&id);
             match s.registry.lookup(&id) {
                 Ok((_, true)) => {
-                    let state = row.map(|r| r.state).unwrap_or_else(|| "running".into());
-                    let state = if state == "restoring" { "starting".to_string() } else { state };
+                    let state = match row.map_or(SandboxState::Running, |r| r.state) {
+                        SandboxState::Restoring => SandboxState::Starting,
+                        state => state,
+                    };
                     return Err(ApiError::conflict(
                         format!("sandbox {id:?} is {state}: only an archived one can be restored"),
-                        state,
+                        state.as_str(),
                     ));
                 }
                 Ok((r, false)) => s.registry.clean_up(&r),
@@ -264,21 +275,22 @@ pub async fn restore_sandbox(
             let spawner = s.spawner.clone().ok_or_else(|| ApiError::internal("this daemon has no spawner process"))?;
             let reason = row.as_ref().and_then(|r| r.reason.clone());
             match &row {
-                Some(_) => s.db().set_state(&id, "restoring", None, now_unix_ms()),
+                Some(_) => s.db().set_state(&id, SandboxState::Restoring, None, now_unix_ms()),
                 None => {
                     let a = archive::archived_record(&s.store, &id);
                     let origin = a.as_ref().map(Origin::of).unwrap_or_default();
                     let created = a.map(|r| r.created_at_unix_ms / 1000).unwrap_or_else(now_unix);
-                    s.db().insert_sandboxes(&[new_row(&id, "restoring", "restore", &origin, created)])
+                    s.db().insert_sandboxes(&[new_row(&id, SandboxState::Restoring, "restore", &origin, created)])
                 }
             }
             .map_err(|e| ApiError::internal(e.to_string()))?;
             let back_to_archived = |e: ApiError| {
-                let _ = s.db().set_state(&id, "archived", reason.as_deref(), now_unix_ms());
+                let _ = s.db().set_state(&id, SandboxState::Archived, reason.as_deref(), now_unix_ms());
                 e
             };
-            let pending =
-                spawner.start_restore(&id).map_err(|r| back_to_archived(crate::spawner::refused(r, "running")))?;
+            let pending = spawner
+                .start_restore(&id)
+                .map_err(|r| back_to_archived(crate::spawner::refused(r, SandboxState::Running.as_str())))?;
             let sandbox = archive::finish_restore(&s.registry, &s.store, pending, started)
                 .map_err(|e| back_to_archived(e.into()))?;
             let now = now_unix_ms();
@@ -319,7 +331,7 @@ pub async fn tick(s: &AppState, audit: Option<&AuditLog>) {
     };
     let now = now_unix_ms();
     let cfg = s.lifecycle.config();
-    for row in rows.iter().filter(|r| r.state == "running" || r.state == "paused") {
+    for row in rows.iter().filter(|r| r.state.is_live()) {
         if row.expires_at_unix_ms.is_some_and(|t| t <= now) {
             let retry_at = lock(&s.lifecycle.ttl_failed).get(&row.id).copied();
             if retry_at.is_some_and(|t| Instant::now() < t) {
@@ -341,7 +353,7 @@ pub async fn tick(s: &AppState, audit: Option<&AuditLog>) {
             continue;
         }
         let Some(idle) = cfg.idle_pause else { continue };
-        if row.state != "running" {
+        if row.state != SandboxState::Running {
             continue;
         }
         let r = row.clone();

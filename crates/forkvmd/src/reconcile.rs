@@ -14,7 +14,7 @@
 use crate::db::SandboxRow;
 use crate::state::{new_row, AppState, Origin};
 use crate::views::{snapshot_info, snapshot_row};
-use forkvm_sandbox::archive;
+use forkvm_sandbox::{archive, SandboxState};
 use forkvm_snapshot::SnapshotStatus;
 use forkvm_vmm::control::{ControlClient, Request};
 use serde::Serialize;
@@ -53,32 +53,32 @@ pub fn reconcile(s: &AppState) -> (Reconciled, Vec<(String, String)>) {
     let now = forkvm_sandbox::registry::now_unix_ms();
     for row in &rows {
         let record = s.registry.get(&row.id).ok();
-        match (row.state.as_str(), record) {
-            ("archived", None) if has_archive(&row.id) => out.archived.push(row.id.clone()),
+        match (row.state, record) {
+            (SandboxState::Archived, None) if has_archive(&row.id) => out.archived.push(row.id.clone()),
             // Restored without the daemon (`forkvm unarchive`): running again.
-            ("archived", Some(r)) => {
+            (SandboxState::Archived, Some(r)) => {
                 let _ = s.db().mark_restored(&row.id, r.pid, now);
                 out.reattached.push(row.id.clone());
             }
-            ("restoring", Some(r)) if archive::linked_archive(&r.run_dir).is_some() => {
+            (SandboxState::Restoring, Some(r)) if archive::linked_archive(&r.run_dir).is_some() => {
                 let _ = s.db().mark_restored(&row.id, r.pid, now);
                 out.restores_settled.push(row.id.clone());
             }
-            ("restoring", rec) if has_archive(&row.id) => {
+            (SandboxState::Restoring, rec) if has_archive(&row.id) => {
                 // Not yet linked to its archive, so stopping it leaves the archive.
                 if let Some(r) = rec {
                     let _ = forkvm_sandbox::kill_record(&s.registry, &r);
                 }
-                let _ = s.db().set_state(&row.id, "archived", row.reason.as_deref(), now);
+                let _ = s.db().set_state(&row.id, SandboxState::Archived, row.reason.as_deref(), now);
                 out.restores_settled.push(row.id.clone());
             }
             // Its VMM stopped after the archive was written (a daemon killed mid-archive,
             // or a restored sandbox that crashed): archived, as the archive says.
-            ("running" | "paused", None) if has_archive(&row.id) => {
-                let _ = s.db().set_state(&row.id, "archived", Some("recovered"), now);
+            (state, None) if state.is_live() && has_archive(&row.id) => {
+                let _ = s.db().set_state(&row.id, SandboxState::Archived, Some("recovered"), now);
                 out.archived.push(row.id.clone());
             }
-            ("starting", rec) => {
+            (SandboxState::Starting, rec) => {
                 match rec {
                     Some(r) => {
                         let _ = forkvm_sandbox::kill_record(&s.registry, &r);
@@ -111,7 +111,7 @@ pub fn reconcile(s: &AppState) -> (Reconciled, Vec<(String, String)>) {
         .list()
         .into_iter()
         .filter(|r| !known.contains(&r.id.as_str()))
-        .map(|r| new_row(&r.id, "running", "adopted", &Origin::of(&r), r.created_at_unix_ms / 1000))
+        .map(|r| new_row(&r.id, SandboxState::Running, "adopted", &Origin::of(&r), r.created_at_unix_ms / 1000))
         .collect();
     out.adopted = adopted.iter().map(|r| r.id.clone()).collect();
     let _ = s.db().insert_sandboxes(&adopted);
@@ -123,9 +123,9 @@ pub fn reconcile(s: &AppState) -> (Reconciled, Vec<(String, String)>) {
         let a = archive::archived_record(&s.store, &id);
         let origin = a.as_ref().map(Origin::of).unwrap_or_default();
         let created = a.map(|r| r.created_at_unix_ms / 1000).unwrap_or(0);
-        let row = new_row(&id, "archived", "adopted", &origin, created);
+        let row = new_row(&id, SandboxState::Archived, "adopted", &origin, created);
         if s.db().insert_sandboxes(&[row]).is_ok() {
-            let _ = s.db().set_state(&id, "archived", Some("api"), now);
+            let _ = s.db().set_state(&id, SandboxState::Archived, Some("api"), now);
             out.archived.push(id);
         }
     }

@@ -8,7 +8,7 @@ use crate::error::ApiError;
 use crate::lifecycle::Lifecycle;
 use crate::metrics::{Gauges, Metrics};
 use crate::spawner::Spawner;
-use forkvm_sandbox::{Registry, SandboxRecord};
+use forkvm_sandbox::{Registry, SandboxRecord, SandboxState};
 use forkvm_snapshot::chain::AssembledCache;
 use forkvm_snapshot::Store;
 use std::collections::HashSet;
@@ -194,10 +194,10 @@ impl Origin {
 }
 
 /// A new database row: sandbox `id` in `state`, made by call `op`, last active now.
-pub fn new_row(id: &str, state: &str, op: &str, origin: &Origin, created_at_unix: u64) -> SandboxRow {
+pub fn new_row(id: &str, state: SandboxState, op: &str, origin: &Origin, created_at_unix: u64) -> SandboxRow {
     SandboxRow {
         id: id.to_string(),
-        state: state.to_string(),
+        state,
         op: Some(op.to_string()),
         pid: None,
         template: origin.template.clone(),

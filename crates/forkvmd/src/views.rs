@@ -8,7 +8,7 @@
 use crate::db::{SandboxRow, SnapshotRow};
 use crate::disk::DiskSnapshots;
 use forkvm_api::{SandboxInfo, SnapshotInfo, SnapshotInfoDetail};
-use forkvm_sandbox::{SandboxRecord, SpawnSource};
+use forkvm_sandbox::{SandboxRecord, SandboxState, SpawnSource};
 use forkvm_snapshot::chain::{self, ChainError, ChainInfo};
 use forkvm_snapshot::{MemoryFormat, SnapshotStatus, Store, StoreEntry, StoreError, MEMORY_IMG, VMSTATE_BIN};
 use std::os::unix::fs::MetadataExt;
@@ -118,28 +118,19 @@ pub fn snapshot_detail(store: &Store, e: &StoreEntry) -> Result<SnapshotInfoDeta
 
 /// A running sandbox.
 pub fn sandbox_info(r: &SandboxRecord, row: Option<&SandboxRow>, disk: &DiskSnapshots) -> SandboxInfo {
-    let created = r.created_at_unix_ms / 1000;
+    let base = forkvm_sandbox::info::running_info(r);
+    let paused = row.is_some_and(|x| x.state == SandboxState::Paused);
     SandboxInfo {
-        id: r.id.clone(),
-        snapshot_tag: r.source_tag.clone(),
-        netns: None,
-        guest_addr: format!("unix:{}", r.vsock().display()),
-        created_at_unix: created,
-        pid: Some(r.pid),
-        memory_limit_mib: r.memory_limit_bytes.map(|b| b >> 20),
         has_branched: row.is_some_and(|x| x.branch_count > 0),
-        last_branch_memory_path: None,
         branch_count: row.map(|x| x.branch_count).unwrap_or(0),
-        state: row.filter(|x| x.state == "paused").map_or("running", |_| "paused").into(),
-        template: r.template.clone(),
-        forked_from: r.forked_from.clone(),
-        last_active_unix: row.map(|x| x.last_active_unix).unwrap_or(created),
+        state: if paused { SandboxState::Paused.as_str().into() } else { base.state.clone() },
+        last_active_unix: row.map(|x| x.last_active_unix).unwrap_or(base.last_active_unix),
         last_disk_snapshot: disk.last(&r.id),
         reason: row.and_then(|x| x.reason.clone()),
-        last_activity_unix_ms: row.map(|x| x.last_activity_unix_ms).unwrap_or(r.created_at_unix_ms),
+        last_activity_unix_ms: row.map(|x| x.last_activity_unix_ms).unwrap_or(base.last_activity_unix_ms),
         ttl_seconds: row.and_then(|x| x.ttl_seconds),
         expires_at_unix_ms: row.and_then(|x| x.expires_at_unix_ms),
-        archived_at_unix_ms: None,
+        ..base
     }
 }
 
@@ -156,7 +147,7 @@ pub fn archived_info(row: &SandboxRow, disk: &DiskSnapshots) -> SandboxInfo {
         has_branched: row.branch_count > 0,
         last_branch_memory_path: None,
         branch_count: row.branch_count,
-        state: "archived".into(),
+        state: SandboxState::Archived.as_str().into(),
         template: row.template.clone(),
         forked_from: row.forked_from.clone(),
         last_active_unix: row.last_active_unix,

@@ -283,7 +283,7 @@ async fn conflicts_are_409_with_the_current_state() {
     e.state.registry.write(&record).unwrap();
     let row = SandboxRow {
         id: "s1".into(),
-        state: "starting".into(),
+        state: forkvm_sandbox::SandboxState::Starting,
         op: Some("spawn-x".into()),
         pid: None,
         template: None,
@@ -387,5 +387,11 @@ async fn a_stopped_sandbox_is_404_quoting_its_console() {
     let (status, text) = call(&e.app, "POST", "/v1/sandboxes/gone1/exec", Some(TOKEN), r#"{"args":["true"]}"#).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{text}");
     assert!(error_of(&text).error.contains("Attempted to kill init"), "{text}");
-    assert!(!run_dir.exists(), "the dead sandbox's run directory is cleaned up after it was quoted");
+    // The call cleans nothing up, so the next one can say why too; the sweep does.
+    let (status, text) = call(&e.app, "GET", "/v1/sandboxes/gone1", Some(TOKEN), "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{text}");
+    assert!(error_of(&text).error.contains("Attempted to kill init"), "{text}");
+    assert!(run_dir.exists());
+    assert_eq!(forkvmd::sweeper::sweep_once(&e.state).run_dirs, ["gone1"]);
+    assert!(!run_dir.exists(), "the sweep cleans up the dead sandbox's run directory");
 }

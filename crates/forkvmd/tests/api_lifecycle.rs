@@ -270,7 +270,7 @@ fn row_of(e: &Env, id: &str) -> SandboxRow {
 fn running_row(id: &str, last_activity_unix_ms: u64) -> SandboxRow {
     SandboxRow {
         id: id.into(),
-        state: "running".into(),
+        state: forkvm_sandbox::SandboxState::Running,
         op: Some("spawn-x".into()),
         pid: Some(std::process::id() as i32),
         template: Some("python".into()),
@@ -297,11 +297,11 @@ async fn archived_sandboxes_are_listed_refuse_calls_and_only_delete_removes_them
     std::fs::create_dir_all(&archive).unwrap();
     std::fs::write(archive.join("archive.json"), "{}").unwrap();
     let mut row = running_row("arch1", 5_000);
-    row.state = "archived".into();
+    row.state = forkvm_sandbox::SandboxState::Archived;
     row.reason = Some("ttl".into());
     row.pid = None;
     e.state.db().insert_sandboxes(&[row]).unwrap();
-    e.state.db().set_state("arch1", "archived", Some("ttl"), 7_000).unwrap();
+    e.state.db().set_state("arch1", forkvm_sandbox::SandboxState::Archived, Some("ttl"), 7_000).unwrap();
 
     let info: forkvm_api::SandboxInfo = get_json(&e, "/v1/sandboxes/arch1").await;
     assert_eq!((info.state.as_str(), info.reason.as_deref(), info.pid), ("archived", Some("ttl"), None));
@@ -328,7 +328,7 @@ async fn archived_sandboxes_are_listed_refuse_calls_and_only_delete_removes_them
     assert_eq!(error_of(&text).state.as_deref(), Some("running"));
     let (status, text) = call(&e.app, "POST", "/v1/sandboxes/arch1/restore", Some(TOKEN), "{}").await;
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{text}");
-    assert_eq!(row_of(&e, "arch1").state, "archived");
+    assert_eq!(row_of(&e, "arch1").state.as_str(), "archived");
     assert!(archive.exists());
     // Delete is the only destructive call: it removes the archive and the record.
     let (status, text) = call(&e.app, "DELETE", "/v1/sandboxes/arch1", Some(TOKEN), "").await;
@@ -363,7 +363,7 @@ async fn ttls_are_set_shown_and_cleared() {
     e.state.db().set_ttl("ttl1", Some(1), Some(1)).unwrap();
     let audit = AuditLog::open(&e.dir.path().join("lifecycle-audit.log")).unwrap();
     forkvmd::lifecycle::tick(&e.state, Some(&audit)).await;
-    assert_eq!(row_of(&e, "ttl1").state, "running");
+    assert_eq!(row_of(&e, "ttl1").state.as_str(), "running");
     assert!(e.state.registry.get("ttl1").is_ok(), "the sandbox is still there");
     let log = std::fs::read_to_string(e.dir.path().join("lifecycle-audit.log")).unwrap();
     let line: serde_json::Value = serde_json::from_str(log.lines().next().expect("an audit line")).unwrap();
@@ -451,4 +451,75 @@ async fn delete_with_purge_destroys_the_key_then_the_vault_unless_something_stil
     assert_eq!(status, StatusCode::NOT_FOUND, "nothing left");
     let (status, _) = call(&e.app, "DELETE", "/v1/sandboxes/gone1?purge=yes", Some(TOKEN), "").await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+// --- reads are pure; the sweep is the one pass that cleans up ------------------------------
+
+/// Every file under `root` but the audit log (each request appends a line to it): path,
+/// size and modification time.
+fn tree(root: &std::path::Path) -> Vec<(std::path::PathBuf, u64, std::time::SystemTime)> {
+    let mut out = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let m = std::fs::symlink_metadata(e.path()).unwrap();
+            if m.is_dir() {
+                dirs.push(e.path());
+            }
+            if e.file_name() != "audit.log" {
+                out.push((e.path(), m.len(), m.modified().unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[tokio::test]
+async fn reads_of_a_dead_sandbox_change_nothing_on_disk_and_the_sweep_cleans_up() {
+    let e = env();
+    // A sandbox whose VMM died: its record names a process that has exited, its run
+    // directory holds a console log, and the daemon's row still says running.
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead_pid = child.id() as i32;
+    child.wait().unwrap();
+    fake_running(&e, "dead1", Some("py"), None);
+    let mut record = e.state.registry.lookup("dead1").unwrap().0;
+    record.pid = dead_pid;
+    e.state.registry.write(&record).unwrap();
+    std::fs::write(record.console(), "kernel panic: the reason it stopped\n").unwrap();
+    e.state.db().insert_sandboxes(&[SandboxRow { pid: Some(dead_pid), ..running_row("dead1", 1) }]).unwrap();
+    // A live one beside it.
+    fake_running(&e, "live1", Some("py"), None);
+    e.state.db().insert_sandboxes(&[running_row("live1", 1)]).unwrap();
+
+    let before = tree(e.dir.path());
+    let listed: serde_json::Value = get_json(&e, "/v1/sandboxes").await;
+    let ids: Vec<&str> = listed.as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["live1"], "{listed}");
+    let (status, text) = call(&e.app, "GET", "/v1/sandboxes/dead1", Some(TOKEN), "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{text}");
+    assert!(text.contains("has stopped") && text.contains("the reason it stopped"), "{text}");
+    for uri in ["/metrics", "/v1/sandboxes/dead1", "/v1/sandboxes", "/v1/sandboxes/live1"] {
+        let (status, _) = call(&e.app, "GET", uri, Some(TOKEN), "").await;
+        assert!(status == StatusCode::OK || status == StatusCode::NOT_FOUND, "{uri}: {status}");
+    }
+    assert_eq!(tree(e.dir.path()), before, "a read changed the disk");
+    assert_eq!(row_of(&e, "dead1").state.as_str(), "running", "a read changed the database");
+
+    // The explicit pass removes the dead one's run directory and row, and nothing else.
+    let swept = forkvmd::sweeper::sweep_once(&e.state);
+    assert_eq!(swept.run_dirs, ["dead1"]);
+    assert_eq!(swept.rows, ["dead1"]);
+    assert!(!record.run_dir.exists());
+    assert!(e.state.db().sandboxes().unwrap().iter().all(|r| r.id != "dead1"));
+    assert_eq!(row_of(&e, "live1").state.as_str(), "running");
+    assert!(e.state.registry.get("live1").is_ok());
+    let (status, text) = call(&e.app, "GET", "/v1/sandboxes/dead1", Some(TOKEN), "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{text}");
+    assert_eq!(
+        forkvmd::sweeper::sweep_once(&e.state),
+        forkvmd::sweeper::Swept::default(),
+        "a second pass has nothing to do"
+    );
 }

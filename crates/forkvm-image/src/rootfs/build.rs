@@ -17,7 +17,7 @@ use std::process::Command;
 fn builder_version(base: &Base) -> &'static str {
     match base {
         Base::Busybox => "rootfs-1",
-        Base::Debian(_) => "rootfs-2-mmdebstrap-userns",
+        Base::Debian(_) => "rootfs-3-mmdebstrap-userns",
     }
 }
 /// Directories every image has (mount points of the agent and the kernel).

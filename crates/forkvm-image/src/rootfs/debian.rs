@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const MMDEBSTRAP: &str = "/usr/bin/mmdebstrap";
+const MERGED_USR_HOOKS: &str = "/usr/share/mmdebstrap/hooks/merged-usr";
 
 /// Builds the ext4 image of a Debian `suite` template into `<work>/rootfs.ext4`, with
 /// the agent in it; returns its size. Logs are left in `work`.
@@ -74,6 +75,11 @@ pub(crate) fn build_debian_image(
 fn mmdebstrap_command(suite: &str, t: &Template, mirror: &str) -> Command {
     let mut cmd = Command::new(MMDEBSTRAP);
     cmd.args(["--mode=unshare", "--variant=minbase", "--format=directory"]);
+    // A merged /usr made by mmdebstrap's own hook, not by the `usrmerge` package (which
+    // would pull perl into the image: 60 MB a python image does not need).
+    if Path::new(MERGED_USR_HOOKS).is_dir() {
+        cmd.arg(format!("--hook-dir={MERGED_USR_HOOKS}"));
+    }
     if !t.packages.is_empty() {
         cmd.arg(format!("--include={}", t.packages.join(",")));
     }

@@ -10,21 +10,28 @@ use std::time::Instant;
 
 pub fn ps(a: &PsArgs, remote: &RemoteArgs) -> Result<Option<i32>> {
     let Some(client) = remote.client()? else { return Ok(None) };
-    let list = client.list_sandboxes()?;
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&list)?);
-    } else {
-        for s in &list {
-            println!(
-                "{}  pid {:>7}  {:<10} {}",
-                s.id,
-                s.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
-                s.template.as_deref().unwrap_or("-"),
-                s.snapshot_tag.as_deref().map(|t| format!("from tag {t}")).unwrap_or_default()
-            );
-        }
-    }
+    print_sandboxes(&client.list_sandboxes()?, a.json)?;
     Ok(Some(0))
+}
+
+/// `ps`'s output, the same with and without a daemon: the API's `SandboxInfo` list as
+/// JSON, or one line each.
+pub fn print_sandboxes(list: &[forkvm_client::api::SandboxInfo], json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(list)?);
+        return Ok(());
+    }
+    for s in list {
+        println!(
+            "{}  {:<8} pid {:>7}  {:<10} {}",
+            s.id,
+            s.state,
+            s.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+            s.template.as_deref().unwrap_or("-"),
+            s.snapshot_tag.as_deref().map(|t| format!("from tag {t}")).unwrap_or_default()
+        );
+    }
+    Ok(())
 }
 
 pub fn kill(a: &KillArgs, remote: &RemoteArgs) -> Result<Option<i32>> {

@@ -20,7 +20,7 @@ use forkvm_api::{
     SetTtlRequest, MAX_SANDBOXES_PER_CALL,
 };
 use forkvm_sandbox::sandbox::new_sandbox_id;
-use forkvm_sandbox::{RegistryError, SandboxRecord, SpawnOptions, SpawnSource, SpawnedSandbox};
+use forkvm_sandbox::{RegistryError, SandboxRecord, SandboxState, SpawnOptions, SpawnSource, SpawnedSandbox};
 use forkvm_snapshot::validate_tag;
 use std::time::Instant;
 
@@ -46,9 +46,8 @@ fn op_id(kind: &str) -> String {
 
 pub async fn list(State(s): State<AppState>) -> Result<Json<Vec<SandboxInfo>>, ApiError> {
     s.blocking(|s| {
-        s.registry.sweep();
         let rows = s.db().sandboxes().unwrap_or_default();
-        let shown = |x: &SandboxRow| x.state == "running" || x.state == "paused";
+        let shown = |x: &SandboxRow| x.state.is_live();
         let mut out: Vec<SandboxInfo> = s
             .registry
             .list()
@@ -56,7 +55,7 @@ pub async fn list(State(s): State<AppState>) -> Result<Json<Vec<SandboxInfo>>, A
             .filter(|r| rows.iter().find(|x| x.id == r.id).is_none_or(shown))
             .map(|r| sandbox_info(r, rows.iter().find(|x| x.id == r.id), &s.disk))
             .collect();
-        out.extend(rows.iter().filter(|x| x.state == "archived").map(|x| archived_info(x, &s.disk)));
+        out.extend(rows.iter().filter(|x| x.state == SandboxState::Archived).map(|x| archived_info(x, &s.disk)));
         out.sort_by(|a, b| (a.created_at_unix, &a.id).cmp(&(b.created_at_unix, &b.id)));
         Ok(Json(out))
     })
@@ -75,21 +74,20 @@ pub fn running(s: &AppState, id: &str) -> Result<SandboxRecord, ApiError> {
         Err(e) => return Err(e.into()),
     };
     if !alive {
-        // Say why before the run directory goes: a crashed guest leaves its console.
+        // A read changes nothing: the run directory (with the console that says why it
+        // stopped, and disk writes to salvage) stays until the daemon's sweep.
         let console = forkvm_sandbox::spawn::console_tail(&r);
-        s.registry.clean_up(&r);
-        let _ = s.db().delete_sandboxes(&[id.to_string()]);
         return Err(ApiError::not_found(format!("sandbox {id:?} has stopped; its console ended with: {console}")));
     }
-    if s.sandbox_row(id).is_some_and(|row| row.state == "starting" || row.state == "restoring") {
-        return Err(ApiError::conflict(format!("sandbox {id:?} is still starting"), "starting"));
+    if s.sandbox_row(id).is_some_and(|row| row.state.is_starting()) {
+        return Err(ApiError::conflict(format!("sandbox {id:?} is still starting"), SandboxState::Starting.as_str()));
     }
     Ok(r)
 }
 
 pub async fn get(State(s): State<AppState>, Param(id): Param) -> Result<Json<SandboxInfo>, ApiError> {
     s.blocking(move |s| {
-        if let Some(row) = s.sandbox_row(&id).filter(|r| r.state == "archived") {
+        if let Some(row) = s.sandbox_row(&id).filter(|r| r.state == SandboxState::Archived) {
             return Ok(Json(archived_info(&row, &s.disk)));
         }
         let r = running(&s, &id)?;
@@ -127,7 +125,7 @@ pub async fn delete(
             e => ApiError::internal(e.to_string()),
         })?;
         // A row the database still holds as archived is deleted even without an archive.
-        let known = s.sandbox_row(&id).is_some_and(|r| r.state == "archived");
+        let known = s.sandbox_row(&id).is_some_and(|r| r.state == SandboxState::Archived);
         if found == forkvm_sandbox::Deleted::Nothing && !known {
             return Err(ApiError::not_found(format!("sandbox {id:?} not found")));
         }
@@ -194,7 +192,7 @@ pub async fn create(
             forked_from: None,
             memory_limit_bytes: limit,
         };
-        let rows: Vec<_> = ids.iter().map(|id| new_row(id, "starting", &op, &origin, now_unix())).collect();
+        let rows: Vec<_> = ids.iter().map(|id| new_row(id, SandboxState::Starting, &op, &origin, now_unix())).collect();
         s.db().insert_sandboxes(&rows).map_err(|e| ApiError::internal(e.to_string()))?;
         let order = SpawnOrder { tag: req.snapshot_tag.clone(), ids: ids.clone(), memory_limit_bytes: limit };
         let made = spawner.start_vmms(&order).map_err(|r| ApiError::from_code(&r.code, r.message)).and_then(|vmms| {
@@ -222,7 +220,8 @@ pub async fn fork(
         let op = op_id("fork");
         let ids: Vec<String> = (0..req.n).map(|_| new_sandbox_id()).collect();
         let origin = Origin { forked_from: Some(id.clone()), memory_limit_bytes: limit, ..Origin::of(&source) };
-        let rows: Vec<_> = ids.iter().map(|cid| new_row(cid, "starting", &op, &origin, now_unix())).collect();
+        let rows: Vec<_> =
+            ids.iter().map(|cid| new_row(cid, SandboxState::Starting, &op, &origin, now_unix())).collect();
         s.db().insert_sandboxes(&rows).map_err(|e| ApiError::internal(e.to_string()))?;
         let opts = SpawnOptions { memory_limit_bytes: limit };
         let made = forkvm_sandbox::fork_running_as(&s.registry, &id, &ids, &opts)
@@ -259,7 +258,7 @@ pub async fn set_ttl(
     s.blocking(move |s| {
         let r = running(&s, &id)?;
         if s.sandbox_row(&id).is_none() {
-            let row = new_row(&id, "running", "adopted", &Origin::of(&r), r.created_at_unix_ms / 1000);
+            let row = new_row(&id, SandboxState::Running, "adopted", &Origin::of(&r), r.created_at_unix_ms / 1000);
             let _ = s.db().insert_sandboxes(&[row]);
         }
         let expires = ttl.map(|t| forkvm_sandbox::registry::now_unix_ms() + t * 1000);
@@ -291,7 +290,7 @@ pub async fn disk_fork(
         let spawner = s.spawner.clone().ok_or_else(|| ApiError::internal("this daemon has no spawner process"))?;
         let new_id = new_sandbox_id();
         let origin = Origin { forked_from: Some(id.clone()), memory_limit_bytes: limit, ..Origin::default() };
-        let row = new_row(&new_id, "starting", &op_id("disk-fork"), &origin, now_unix());
+        let row = new_row(&new_id, SandboxState::Starting, &op_id("disk-fork"), &origin, now_unix());
         s.db().insert_sandboxes(&[row]).map_err(|e| ApiError::internal(e.to_string()))?;
         let made = spawner
             .start_disk_fork(&id, req.seq, &new_id, limit, restore_mode(req.restore))
