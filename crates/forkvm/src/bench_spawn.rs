@@ -1,5 +1,8 @@
-//! `forkvm bench spawn -n 100 --tag T`: N Linux sandboxes from a tagged snapshot, each
-//! until it answered an eval, against cold boots of the same template in the same run.
+//! `forkvm bench spawn -n 100`: the README's main job. Builds what it needs (kernel,
+//! image, a warm `python` parent snapshot; all cached by content hash), forks N Linux
+//! sandboxes from it, each until it answered an eval, runs one command in each, and
+//! compares with cold boots of the same template in the same run. `--tag T` spawns from
+//! an existing tag instead. A progress bar shows on a terminal.
 //!
 //! * `host_spawn_ms`: wall time of the zygote's loop forking the N VMM processes (the
 //!   children that already run compete with it for the CPUs); `host_spawn_cpu_ms_per_child`
@@ -11,6 +14,8 @@
 //! * `all_identified_ms`: until every sandbox's agent answered and took its identity.
 //! * `all_ready_ms`: until every sandbox also answered one eval (`--eval`, default `1+1`)
 //!   — the number the issue asks for.
+//! * `all_commands_ms`: then `--cmd` in every sandbox (exec, 16 at a time), until the last
+//!   exited 0 with the same output as the first.
 //! * `pss_kib_per_child`, `private_kib_per_child`: medians over the VMM processes.
 //! * `cold_boot_ms`: cold boots of the template (kernel boot → agent → warm-up → first
 //!   eval), `--cold` of them (each takes 35–100 s on PVM hosts, so the default is 1), and
@@ -23,7 +28,9 @@ use forkvm_sandbox::template_snapshot::boot_to_agent;
 use forkvm_sandbox::{spawn, Artifacts, Registry, SpawnOptions, SpawnSource};
 use forkvm_snapshot::Store;
 use forkvm_vmm::control::{ControlClient, Request};
+use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
+use std::io::IsTerminal;
 use std::time::Instant;
 
 #[derive(Args, Debug)]
@@ -31,9 +38,16 @@ pub struct BenchSpawnArgs {
     /// Sandboxes to spawn.
     #[arg(short = 'n', long, default_value_t = 100)]
     pub count: usize,
-    /// Tag to spawn from (`forkvm snapshot create --image python --tag T`).
+    /// Tag to spawn from; without one, the warm parent of `--template` (made and kept in
+    /// the store as `bench-<template>-<key>` the first time).
     #[arg(long)]
-    pub tag: String,
+    pub tag: Option<String>,
+    /// Template of the warm parent when no `--tag` is given.
+    #[arg(long, default_value = "python")]
+    pub template: String,
+    /// Shell command run in every sandbox once all are ready ('' for none).
+    #[arg(long, default_value = "python3 -c 'import numpy; print(int(numpy.arange(1000).sum()))'")]
+    pub cmd: String,
     /// Python code every sandbox evaluates to count as ready.
     #[arg(long, default_value = "1+1")]
     pub eval: String,
@@ -49,13 +63,88 @@ fn r1(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
 }
 
+/// The tag to spawn from: `--tag`, else the warm parent of `--template`, published
+/// under a name holding its content key (so a changed template makes a new one).
+fn source_tag(a: &BenchSpawnArgs, store: &Store) -> Result<String> {
+    if let Some(tag) = &a.tag {
+        return Ok(tag.clone());
+    }
+    let template = crate::snapshot_cmd::template_snapshot(&a.template)?;
+    let tag = format!("bench-{}-{}", a.template, &template.key[..template.key.len().min(12)]);
+    if store.lookup(&tag).is_err() {
+        forkvm_sandbox::publish_template(store, &template, &tag)
+            .with_context(|| format!("publishing the warm parent as tag {tag}"))?;
+    }
+    Ok(tag)
+}
+
+/// A bar on stderr counting sandboxes through a step, if stderr is a terminal.
+fn step_bar(n: usize, what: &str) -> Option<ProgressBar> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = ProgressBar::new(n as u64);
+    let style = ProgressStyle::with_template(&format!("{what:<9} [{{bar:40}}] {{pos}}/{{len}} {{elapsed_precise}}"))
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
+    bar.set_style(style);
+    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    Some(bar)
+}
+
+/// Runs `cmd` in every sandbox, 16 at a time; every one must exit 0 with the first's
+/// output. Returns the time the last one finished and that output.
+fn run_everywhere(sandboxes: &[forkvm_sandbox::SpawnedSandbox], cmd: &str) -> Result<(f64, String)> {
+    let bar = step_bar(sandboxes.len(), "command");
+    let started = Instant::now();
+    let req = forkvm_proto::ExecRequest { timeout_ms: Some(600_000), ..forkvm_proto::ExecRequest::shell(cmd) };
+    let outputs = forkvm_sandbox::parallel::map(sandboxes, 16, |sb| {
+        let out = sb.client.exec_collect(&req, b"");
+        if let Some(b) = &bar {
+            b.inc(1);
+        }
+        match out {
+            Ok(o) if o.status.code == Some(0) => Ok(String::from_utf8_lossy(&o.stdout).into_owned()),
+            Ok(o) => Err(format!("{}: {:?}: {}", sb.record.id, o.status, String::from_utf8_lossy(&o.stderr))),
+            Err(e) => Err(format!("{}: {e}", sb.record.id)),
+        }
+    });
+    let elapsed = started.elapsed().as_secs_f64() * 1e3;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let mut first: Option<String> = None;
+    let mut failures = Vec::new();
+    for out in outputs {
+        match out.unwrap_or_else(|| Err("a command worker panicked".into())) {
+            Ok(text) if first.as_ref().is_none_or(|f| *f == text) => first = Some(text),
+            Ok(text) => failures.push(format!("output {text:?} differs from {:?}", first.clone().unwrap_or_default())),
+            Err(e) => failures.push(e),
+        }
+    }
+    if !failures.is_empty() {
+        bail!("{} sandboxes failed `{cmd}`: {}", failures.len(), failures.join("; "));
+    }
+    Ok((elapsed, first.unwrap_or_default()))
+}
+
 /// Evaluates `code` in every sandbox, 16 at a time; returns the time every one answered.
 fn eval_all(sandboxes: &[forkvm_sandbox::SpawnedSandbox], code: &str, started: Instant) -> Result<f64> {
-    let answers = forkvm_sandbox::parallel::map(sandboxes, 16, |sb| match sb.client.eval(code) {
-        Ok(r) if matches!(r.outcome, forkvm_proto::EvalOutcome::Value { .. }) => None,
-        Ok(r) => Some(format!("{}: {:?}", sb.record.id, r.outcome)),
-        Err(e) => Some(format!("{}: {e}", sb.record.id)),
+    let bar = step_bar(sandboxes.len(), "ready");
+    let answers = forkvm_sandbox::parallel::map(sandboxes, 16, |sb| {
+        let answer = sb.client.eval(code);
+        if let Some(b) = &bar {
+            b.inc(1);
+        }
+        match answer {
+            Ok(r) if matches!(r.outcome, forkvm_proto::EvalOutcome::Value { .. }) => None,
+            Ok(r) => Some(format!("{}: {:?}", sb.record.id, r.outcome)),
+            Err(e) => Some(format!("{}: {e}", sb.record.id)),
+        }
     });
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
     let failures: Vec<String> =
         answers.into_iter().filter_map(|a| a.unwrap_or_else(|| Some("an eval worker panicked".into()))).collect();
     if !failures.is_empty() {
@@ -66,14 +155,23 @@ fn eval_all(sandboxes: &[forkvm_sandbox::SpawnedSandbox], code: &str, started: I
 
 pub fn run(a: BenchSpawnArgs) -> Result<i32> {
     let store = Store::open_default();
-    let source = SpawnSource::from_tag(&store, &a.tag)?;
+    let tag = source_tag(&a, &store)?;
+    let source = SpawnSource::from_tag(&store, &tag)?;
     let template = source.template().map(String::from);
     // A private registry: the bench's sandboxes never mix with the user's.
     let run_root = std::env::temp_dir().join(format!("forkvm-bench-spawn-{}", std::process::id()));
     let registry = Registry::open(&run_root);
+    let quiet = a.json || !std::io::stderr().is_terminal();
+    if !quiet {
+        eprintln!("spawning {} sandboxes from {tag}", a.count);
+    }
     let started = Instant::now();
     let (sandboxes, timings) = spawn(&registry, &source, a.count, &SpawnOptions::default())?;
     let all_ready_ms = eval_all(&sandboxes, &a.eval, started);
+    let commands = match (&all_ready_ms, a.cmd.trim().is_empty()) {
+        (Ok(_), false) => Some(run_everywhere(&sandboxes, &a.cmd)),
+        _ => None,
+    };
     let mut pss = Vec::new();
     let mut private = Vec::new();
     for sb in &sandboxes {
@@ -109,11 +207,13 @@ pub fn run(a: BenchSpawnArgs) -> Result<i32> {
     }
     let _ = std::fs::remove_dir_all(&run_root);
     let all_ready_ms = all_ready_ms?;
+    let commands = commands.transpose()?;
 
     let mut cold = Vec::new();
     if a.cold > 0 {
-        let Some(name) = &template else { bail!("tag {} does not name its template; use --cold 0", a.tag) };
+        let Some(name) = &template else { bail!("tag {tag} does not name its template; use --cold 0") };
         let artifacts = Artifacts::ensure(name, &mut |_| {})?;
+        let bar = step_bar(a.cold, "cold boot");
         for i in 0..a.cold {
             let work = std::env::temp_dir().join(format!("forkvm-bench-spawn-cold-{}-{i}", std::process::id()));
             let t = Instant::now();
@@ -125,15 +225,21 @@ pub fn run(a: BenchSpawnArgs) -> Result<i32> {
             cold.push(t.elapsed().as_secs_f64() * 1e3);
             vmm.stop();
             let _ = std::fs::remove_dir_all(&work);
+            if let Some(b) = &bar {
+                b.inc(1);
+            }
+        }
+        if let Some(b) = bar {
+            b.finish_and_clear();
         }
     }
     let cold_ms = if cold.is_empty() { None } else { Some(median(&mut cold.clone())) };
     let n = a.count as f64;
     let report = json!({
         "bench": "spawn",
-        "command": format!("forkvm bench spawn -n {} --tag {} --cold {} --json", a.count, a.tag, a.cold),
+        "command": format!("forkvm bench spawn -n {} --tag {tag} --cold {} --json", a.count, a.cold),
         "machine": machine(),
-        "tag": a.tag,
+        "tag": tag,
         "template": template,
         "n": a.count,
         "prepare_ms": r1(timings.prepare_ms),
@@ -149,6 +255,9 @@ pub fn run(a: BenchSpawnArgs) -> Result<i32> {
         "first_ready_ms": r1(first_ready_ms),
         "all_identified_ms": r1(timings.all_ready_ms),
         "all_ready_ms": r1(all_ready_ms),
+        "cmd": (!a.cmd.trim().is_empty()).then_some(&a.cmd),
+        "all_commands_ms": commands.as_ref().map(|(ms, _)| r1(*ms)),
+        "command_output": commands.as_ref().map(|(_, out)| out.trim_end()),
         "pss_kib_per_child": median(&mut pss),
         "private_kib_per_child": median(&mut private),
         "cold_boots": cold.len(),
@@ -158,14 +267,24 @@ pub fn run(a: BenchSpawnArgs) -> Result<i32> {
         "speedup_first_sandbox": cold_ms.map(|c| r1(c / first_ready_ms)),
     });
     if !a.json {
+        let f = |k: &str| report[k].as_f64().unwrap_or(f64::NAN);
+        eprintln!("{} sandboxes from {tag} ({}):", a.count, template.as_deref().unwrap_or("?"));
         eprintln!(
-            "{} sandboxes of {}: host spawn {:.1} ms, all ready {:.0} ms, {:.0} KiB private each",
-            a.count,
-            a.tag,
-            timings.host_spawn_ms,
-            all_ready_ms,
-            report["private_kib_per_child"].as_f64().unwrap_or(0.0)
+            "  host side   fork loop {:.1} ms ({:.2} ms CPU a child), restore {:.2} ms CPU a child, {:.0} KiB private a child",
+            timings.host_spawn_ms, f("host_spawn_cpu_ms_per_child"), f("host_restore_cpu_ms_per_child"), f("private_kib_per_child")
         );
+        eprintln!(
+            "  guest side  first ready {:.0} ms, all ready {:.0} ms{}",
+            first_ready_ms,
+            all_ready_ms,
+            commands.as_ref().map(|(ms, _)| format!(", `{}` in all {:.0} ms", a.cmd, ms)).unwrap_or_default()
+        );
+        if let Some(c) = cold_ms {
+            eprintln!(
+                "  cold boot   {:.0} ms each: a fork is {:.0}x faster to its first answer, {:.0}x per sandbox over all {}",
+                c, c / first_ready_ms, c / (all_ready_ms / n), a.count
+            );
+        }
     }
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(0)
