@@ -1,6 +1,6 @@
 //! `forkvm bench spawn -n 100`: the README's main job. Builds what it needs (kernel,
 //! image, a warm `python` parent snapshot; all cached by content hash), forks N Linux
-//! sandboxes from it, each until it answered an eval, runs one command in each, and
+//! sandboxes from it, each until it answered a numpy eval (optionally a shell command), and
 //! compares with cold boots of the same template in the same run. `--tag T` spawns from
 //! an existing tag instead. A progress bar shows on a terminal.
 //!
@@ -12,10 +12,10 @@
 //!   wall time (`host_restore_phases_us` per step; includes waiting for a CPU while the
 //!   other sandboxes run) and the restoring thread's CPU time (`host_restore_cpu_ms_per_child`).
 //! * `all_identified_ms`: until every sandbox's agent answered and took its identity.
-//! * `all_ready_ms`: until every sandbox also answered one eval (`--eval`, default `1+1`)
-//!   — the number the issue asks for.
-//! * `all_commands_ms`: then `--cmd` in every sandbox (exec, 16 at a time), until the last
-//!   exited 0 with the same output as the first.
+//! * `all_ready_ms`: until every sandbox also answered one eval in its warm interpreter
+//!   (`--eval`, by default a numpy sum; every answer checked equal).
+//! * `all_commands_ms`: with `--cmd`, then that shell command in every sandbox (exec, 16
+//!   at a time), until the last exited 0 with the same output as the first.
 //! * `pss_kib_per_child`, `private_kib_per_child`: medians over the VMM processes.
 //! * `cold_boot_ms`: cold boots of the template (kernel boot → agent → warm-up → first
 //!   eval), `--cold` of them (each takes 35–100 s on PVM hosts, so the default is 1), and
@@ -45,11 +45,13 @@ pub struct BenchSpawnArgs {
     /// Template of the warm parent when no `--tag` is given.
     #[arg(long, default_value = "python")]
     pub template: String,
-    /// Shell command run in every sandbox once all are ready ('' for none).
-    #[arg(long, default_value = "python3 -c 'import numpy; print(int(numpy.arange(1000).sum()))'")]
+    /// A shell command to run in every sandbox once all are ready (a new process in each:
+    /// on hosts that emulate the guest kernel, seconds each).
+    #[arg(long, default_value = "")]
     pub cmd: String,
-    /// Python code every sandbox evaluates to count as ready.
-    #[arg(long, default_value = "1+1")]
+    /// Python code every sandbox evaluates in its warm interpreter (numpy already imported)
+    /// to count as ready; every answer must be the same.
+    #[arg(long, default_value = "int(numpy.arange(1000).sum())")]
     pub eval: String,
     /// Cold boots of the tag's template to compare with.
     #[arg(long, default_value_t = 1)]
@@ -113,23 +115,16 @@ fn run_everywhere(sandboxes: &[forkvm_sandbox::SpawnedSandbox], cmd: &str) -> Re
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    let mut first: Option<String> = None;
-    let mut failures = Vec::new();
-    for out in outputs {
-        match out.unwrap_or_else(|| Err("a command worker panicked".into())) {
-            Ok(text) if first.as_ref().is_none_or(|f| *f == text) => first = Some(text),
-            Ok(text) => failures.push(format!("output {text:?} differs from {:?}", first.clone().unwrap_or_default())),
-            Err(e) => failures.push(e),
-        }
-    }
+    let (first, failures) = same_answers(outputs, "a command worker panicked");
     if !failures.is_empty() {
         bail!("{} sandboxes failed `{cmd}`: {}", failures.len(), failures.join("; "));
     }
-    Ok((elapsed, first.unwrap_or_default()))
+    Ok((elapsed, first))
 }
 
-/// Evaluates `code` in every sandbox, 16 at a time; returns the time every one answered.
-fn eval_all(sandboxes: &[forkvm_sandbox::SpawnedSandbox], code: &str, started: Instant) -> Result<f64> {
+/// Evaluates `code` in every sandbox, 16 at a time; every one must answer the first's
+/// value. Returns the time every one answered and that value.
+fn eval_all(sandboxes: &[forkvm_sandbox::SpawnedSandbox], code: &str, started: Instant) -> Result<(f64, String)> {
     let bar = step_bar(sandboxes.len(), "ready");
     let answers = forkvm_sandbox::parallel::map(sandboxes, 16, |sb| {
         let answer = sb.client.eval(code);
@@ -137,20 +132,36 @@ fn eval_all(sandboxes: &[forkvm_sandbox::SpawnedSandbox], code: &str, started: I
             b.inc(1);
         }
         match answer {
-            Ok(r) if matches!(r.outcome, forkvm_proto::EvalOutcome::Value { .. }) => None,
-            Ok(r) => Some(format!("{}: {:?}", sb.record.id, r.outcome)),
-            Err(e) => Some(format!("{}: {e}", sb.record.id)),
+            Ok(r) => match r.outcome {
+                forkvm_proto::EvalOutcome::Value { value_repr } => Ok(value_repr.unwrap_or_default()),
+                other => Err(format!("{}: {other:?}", sb.record.id)),
+            },
+            Err(e) => Err(format!("{}: {e}", sb.record.id)),
         }
     });
+    let elapsed = started.elapsed().as_secs_f64() * 1e3;
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    let failures: Vec<String> =
-        answers.into_iter().filter_map(|a| a.unwrap_or_else(|| Some("an eval worker panicked".into()))).collect();
+    let (first, failures) = same_answers(answers, "an eval worker panicked");
     if !failures.is_empty() {
-        bail!("{} sandboxes failed the eval: {}", failures.len(), failures.join("; "));
+        bail!("{} sandboxes failed the eval `{code}`: {}", failures.len(), failures.join("; "));
     }
-    Ok(started.elapsed().as_secs_f64() * 1e3)
+    Ok((elapsed, first))
+}
+
+/// The first answer, and every failure or answer that differs from it.
+fn same_answers(answers: Vec<Option<Result<String, String>>>, lost: &str) -> (String, Vec<String>) {
+    let mut first: Option<String> = None;
+    let mut failures = Vec::new();
+    for answer in answers {
+        match answer.unwrap_or_else(|| Err(lost.to_string())) {
+            Ok(text) if first.as_ref().is_none_or(|f| *f == text) => first = Some(text),
+            Ok(text) => failures.push(format!("answer {text:?} differs from {:?}", first.clone().unwrap_or_default())),
+            Err(e) => failures.push(e),
+        }
+    }
+    (first.unwrap_or_default(), failures)
 }
 
 pub fn run(a: BenchSpawnArgs) -> Result<i32> {
@@ -167,8 +178,8 @@ pub fn run(a: BenchSpawnArgs) -> Result<i32> {
     }
     let started = Instant::now();
     let (sandboxes, timings) = spawn(&registry, &source, a.count, &SpawnOptions::default())?;
-    let all_ready_ms = eval_all(&sandboxes, &a.eval, started);
-    let commands = match (&all_ready_ms, a.cmd.trim().is_empty()) {
+    let ready = eval_all(&sandboxes, &a.eval, started);
+    let commands = match (&ready, a.cmd.trim().is_empty()) {
         (Ok(_), false) => Some(run_everywhere(&sandboxes, &a.cmd)),
         _ => None,
     };
@@ -206,7 +217,7 @@ pub fn run(a: BenchSpawnArgs) -> Result<i32> {
         let _ = forkvm_sandbox::lifecycle::kill_record(&registry, &sb.record);
     }
     let _ = std::fs::remove_dir_all(&run_root);
-    let all_ready_ms = all_ready_ms?;
+    let (all_ready_ms, eval_value) = ready?;
     let commands = commands.transpose()?;
 
     let mut cold = Vec::new();
@@ -255,6 +266,8 @@ pub fn run(a: BenchSpawnArgs) -> Result<i32> {
         "first_ready_ms": r1(first_ready_ms),
         "all_identified_ms": r1(timings.all_ready_ms),
         "all_ready_ms": r1(all_ready_ms),
+        "eval": a.eval,
+        "eval_value": eval_value,
         "cmd": (!a.cmd.trim().is_empty()).then_some(&a.cmd),
         "all_commands_ms": commands.as_ref().map(|(ms, _)| r1(*ms)),
         "command_output": commands.as_ref().map(|(_, out)| out.trim_end()),
@@ -274,8 +287,10 @@ pub fn run(a: BenchSpawnArgs) -> Result<i32> {
             timings.host_spawn_ms, f("host_spawn_cpu_ms_per_child"), f("host_restore_cpu_ms_per_child"), f("private_kib_per_child")
         );
         eprintln!(
-            "  guest side  first ready {:.0} ms, all ready {:.0} ms{}",
+            "  guest side  first ready {:.0} ms, all answered `{}` = {} in {:.0} ms{}",
             first_ready_ms,
+            a.eval,
+            eval_value,
             all_ready_ms,
             commands.as_ref().map(|(ms, _)| format!(", `{}` in all {:.0} ms", a.cmd, ms)).unwrap_or_default()
         );
