@@ -197,6 +197,12 @@ pub(crate) fn run(step: &str, cmd: &mut Command, log: &Path) -> Result<(), Rootf
         });
     }
     let out = cmd.output().map_err(|source| RootfsError::Spawn { step: step.into(), source })?;
+    log_outcome(step, out, log)
+}
+
+/// Writes a finished step's output (stdout, then stderr) to `log`; a failure names the
+/// step and the log.
+pub(crate) fn log_outcome(step: &str, out: std::process::Output, log: &Path) -> Result<(), RootfsError> {
     let mut text = out.stdout;
     text.extend_from_slice(&out.stderr);
     let _ = std::fs::write(log, &text);

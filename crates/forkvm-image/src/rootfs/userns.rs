@@ -125,14 +125,7 @@ pub fn run_confined(
     if let Err(e) = mapped {
         return Err(RootfsError::UserNamespace { step: step.into(), source: e });
     }
-    let out = out.map_err(spawn_err)?;
-    let mut text = out.stdout;
-    text.extend_from_slice(&out.stderr);
-    let _ = std::fs::write(log, &text);
-    if !out.status.success() {
-        return Err(RootfsError::Command { step: step.into(), status: out.status.to_string(), log: log.into() });
-    }
-    Ok(())
+    super::build::log_outcome(step, out.map_err(spawn_err)?, log)
 }
 
 fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
