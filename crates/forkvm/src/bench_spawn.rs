@@ -97,25 +97,14 @@ fn step_bar(n: usize, what: &str) -> Option<ProgressBar> {
 /// Runs `cmd` in every sandbox, 16 at a time; every one must exit 0 with the first's
 /// output. Returns the time the last one finished and that output.
 fn run_everywhere(sandboxes: &[forkvm_sandbox::SpawnedSandbox], cmd: &str) -> Result<(f64, String)> {
-    let bar = step_bar(sandboxes.len(), "command");
     let started = Instant::now();
     let req = forkvm_proto::ExecRequest { timeout_ms: Some(600_000), ..forkvm_proto::ExecRequest::shell(cmd) };
-    let outputs = forkvm_sandbox::parallel::map(sandboxes, 16, |sb| {
-        let out = sb.client.exec_collect(&req, b"");
-        if let Some(b) = &bar {
-            b.inc(1);
-        }
-        match out {
-            Ok(o) if o.status.code == Some(0) => Ok(String::from_utf8_lossy(&o.stdout).into_owned()),
-            Ok(o) => Err(format!("{}: {:?}: {}", sb.record.id, o.status, String::from_utf8_lossy(&o.stderr))),
-            Err(e) => Err(format!("{}: {e}", sb.record.id)),
-        }
+    let (first, failures) = same_from_all(sandboxes, "command", |sb| match sb.client.exec_collect(&req, b"") {
+        Ok(o) if o.status.code == Some(0) => Ok(String::from_utf8_lossy(&o.stdout).into_owned()),
+        Ok(o) => Err(format!("{}: {:?}: {}", sb.record.id, o.status, String::from_utf8_lossy(&o.stderr))),
+        Err(e) => Err(format!("{}: {e}", sb.record.id)),
     });
     let elapsed = started.elapsed().as_secs_f64() * 1e3;
-    if let Some(b) = bar {
-        b.finish_and_clear();
-    }
-    let (first, failures) = same_answers(outputs, "a command worker panicked");
     if !failures.is_empty() {
         bail!("{} sandboxes failed `{cmd}`: {}", failures.len(), failures.join("; "));
     }
@@ -125,37 +114,43 @@ fn run_everywhere(sandboxes: &[forkvm_sandbox::SpawnedSandbox], cmd: &str) -> Re
 /// Evaluates `code` in every sandbox, 16 at a time; every one must answer the first's
 /// value. Returns the time every one answered and that value.
 fn eval_all(sandboxes: &[forkvm_sandbox::SpawnedSandbox], code: &str, started: Instant) -> Result<(f64, String)> {
-    let bar = step_bar(sandboxes.len(), "ready");
-    let answers = forkvm_sandbox::parallel::map(sandboxes, 16, |sb| {
-        let answer = sb.client.eval(code);
-        if let Some(b) = &bar {
-            b.inc(1);
-        }
-        match answer {
-            Ok(r) => match r.outcome {
-                forkvm_proto::EvalOutcome::Value { value_repr } => Ok(value_repr.unwrap_or_default()),
-                other => Err(format!("{}: {other:?}", sb.record.id)),
-            },
-            Err(e) => Err(format!("{}: {e}", sb.record.id)),
-        }
+    let (first, failures) = same_from_all(sandboxes, "ready", |sb| match sb.client.eval(code) {
+        Ok(r) => match r.outcome {
+            forkvm_proto::EvalOutcome::Value { value_repr } => Ok(value_repr.unwrap_or_default()),
+            other => Err(format!("{}: {other:?}", sb.record.id)),
+        },
+        Err(e) => Err(format!("{}: {e}", sb.record.id)),
     });
     let elapsed = started.elapsed().as_secs_f64() * 1e3;
-    if let Some(b) = bar {
-        b.finish_and_clear();
-    }
-    let (first, failures) = same_answers(answers, "an eval worker panicked");
     if !failures.is_empty() {
         bail!("{} sandboxes failed the eval `{code}`: {}", failures.len(), failures.join("; "));
     }
     Ok((elapsed, first))
 }
 
-/// The first answer, and every failure or answer that differs from it.
-fn same_answers(answers: Vec<Option<Result<String, String>>>, lost: &str) -> (String, Vec<String>) {
+/// Asks every sandbox (16 at a time, a bar named `what` counting the answers on a
+/// terminal) and checks they all answered the same: the first answer, and every failure
+/// or answer that differs from it.
+fn same_from_all(
+    sandboxes: &[forkvm_sandbox::SpawnedSandbox],
+    what: &str,
+    ask: impl Fn(&forkvm_sandbox::SpawnedSandbox) -> Result<String, String> + Sync,
+) -> (String, Vec<String>) {
+    let bar = step_bar(sandboxes.len(), what);
+    let answers = forkvm_sandbox::parallel::map(sandboxes, 16, |sb| {
+        let answer = ask(sb);
+        if let Some(b) = &bar {
+            b.inc(1);
+        }
+        answer
+    });
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
     let mut first: Option<String> = None;
     let mut failures = Vec::new();
     for answer in answers {
-        match answer.unwrap_or_else(|| Err(lost.to_string())) {
+        match answer.unwrap_or_else(|| Err(format!("a {what} worker panicked"))) {
             Ok(text) if first.as_ref().is_none_or(|f| *f == text) => first = Some(text),
             Ok(text) => failures.push(format!("answer {text:?} differs from {:?}", first.clone().unwrap_or_default())),
             Err(e) => failures.push(e),
