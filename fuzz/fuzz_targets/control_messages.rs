@@ -17,6 +17,7 @@
 
 use forkvm_snapshot::validate_tag;
 use forkvm_vmm::control::protocol::{hex_decode, hex_encode, MAX_REQUEST_BYTES};
+use forkvm_api::ErrorCode;
 use forkvm_vmm::control::{Request, Response};
 use libfuzzer_sys::fuzz_target;
 use std::io::{BufRead, BufReader, Read};
@@ -28,10 +29,10 @@ fn answer(req: &Request) -> Response {
                 assert_eq!(hex_encode(&bytes), hex.to_ascii_lowercase(), "hex round trip");
                 Response::ok(serde_json::Value::Null)
             }
-            Err(e) => Response::err(e),
+            Err(e) => Response::err(e.to_string(), ErrorCode::BadRequest),
         },
         Request::Branch(b) => match b.tag.as_deref().map(validate_tag) {
-            Some(Err(e)) => Response::err_code(e.to_string(), "bad_request"),
+            Some(Err(e)) => Response::err(e.to_string(), ErrorCode::BadRequest),
             _ => Response::ok(serde_json::json!({ "tag": b.tag })),
         },
         _ => Response::ok(serde_json::Value::Null),
@@ -58,7 +59,7 @@ fuzz_target!(|data: &[u8]| {
         }
         client_side(&line);
         if line.len() > MAX_REQUEST_BYTES {
-            replies.push(Response::err(format!("bad request: longer than {MAX_REQUEST_BYTES} bytes")));
+            replies.push(Response::err(format!("bad request: longer than {MAX_REQUEST_BYTES} bytes"), ErrorCode::BadRequest));
             break;
         }
         let mut shutdown = false;
@@ -70,7 +71,7 @@ fuzz_target!(|data: &[u8]| {
                 assert_eq!(back, req, "request round trip");
                 answer(&req)
             }
-            Err(e) => Response::err(format!("bad request: {e}")),
+            Err(e) => Response::err(format!("bad request: {e}"), ErrorCode::BadRequest),
         };
         replies.push(response);
         if shutdown {

@@ -5,8 +5,11 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod error_code;
 pub mod paths;
 pub mod routes;
+
+pub use error_code::ErrorCode;
 
 /// Version of this API, reported by `GET /version`.
 pub const API_VERSION: &str = "v1";
@@ -14,15 +17,19 @@ pub const API_VERSION: &str = "v1";
 pub const MAX_SANDBOXES_PER_CALL: u32 = 1000;
 
 /// Every error body: `{"error": "..."}` as forkd, plus a machine-readable `code`
-/// (`bad_request`, `unauthorized`, `not_found`, `conflict`, `busy`, `disk_full`,
-/// `internal`) and, for conflicts, the object's current `state`.
+/// ([`ErrorCode`]; a body without one, as forkd sends, reads as `Unknown`) and, for
+/// conflicts, the object's current `state`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorBody {
     pub error: String,
-    #[serde(default)]
-    pub code: String,
+    #[serde(default = "unknown_code")]
+    pub code: ErrorCode,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<String>,
+}
+
+fn unknown_code() -> ErrorCode {
+    ErrorCode::Unknown
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -52,7 +52,7 @@ fn error_bodies_become_api_errors() {
     match &e {
         ClientError::Api { status, code, message, state } => {
             assert_eq!(*status, 409);
-            assert_eq!(code, "conflict");
+            assert_eq!(*code, crate::ErrorCode::Conflict);
             assert_eq!(message, "snapshot t is being written");
             assert_eq!(state.as_deref(), Some("writing"));
         }

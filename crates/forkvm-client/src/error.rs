@@ -3,6 +3,7 @@
 //! "the daemon is not running" from "the daemon said no" without parsing text.
 
 use crate::endpoint::EndpointError;
+pub use forkvm_api::ErrorCode;
 use std::path::PathBuf;
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -58,7 +59,7 @@ pub enum ClientError {
     },
     /// The daemon answered with an error status; `message` is its `error` text.
     #[error("{message}")]
-    Api { status: u16, code: String, message: String, state: Option<String> },
+    Api { status: u16, code: ErrorCode, message: String, state: Option<String> },
     /// An `exec/stream` reply ended with an `error` line instead of `exit`.
     #[error("{message}")]
     Stream { message: String },
@@ -87,9 +88,9 @@ impl ClientError {
     }
 
     /// The daemon's machine-readable code (`not_found`, `conflict`, ...).
-    pub fn code(&self) -> Option<&str> {
+    pub fn code(&self) -> Option<ErrorCode> {
         match self {
-            ClientError::Api { code, .. } => Some(code),
+            ClientError::Api { code, .. } => Some(*code),
             _ => None,
         }
     }
@@ -122,7 +123,8 @@ pub(crate) fn api_error(status: u16, reason: &str, body: &[u8]) -> ClientError {
     match serde_json::from_slice::<forkvm_api::ErrorBody>(body) {
         Ok(b) => ClientError::Api {
             status,
-            code: if b.code.is_empty() { default_code(status).to_string() } else { b.code },
+            // forkd sends no code; a newer daemon may send one this build does not know.
+            code: if b.code == ErrorCode::Unknown { ErrorCode::from_http_status(status) } else { b.code },
             message: b.error,
             state: b.state,
         },
@@ -134,21 +136,8 @@ pub(crate) fn api_error(status: u16, reason: &str, body: &[u8]) -> ClientError {
             } else {
                 format!("the daemon answered HTTP {status} {reason}: {text}")
             };
-            ClientError::Api { status, code: default_code(status).to_string(), message, state: None }
+            ClientError::Api { status, code: ErrorCode::from_http_status(status), message, state: None }
         }
-    }
-}
-
-/// The API's code for a status, for bodies that carry none.
-fn default_code(status: u16) -> &'static str {
-    match status {
-        400 => "bad_request",
-        401 => "unauthorized",
-        404 => "not_found",
-        409 => "conflict",
-        503 => "busy",
-        507 => "disk_full",
-        _ => "internal",
     }
 }
 
@@ -161,18 +150,18 @@ mod tests {
         let e = api_error(409, "Conflict", br#"{"error":"snapshot t is writing","code":"conflict","state":"writing"}"#);
         let ClientError::Api { status, code, message, state } = &e else { panic!("{e:?}") };
         assert_eq!(
-            (*status, code.as_str(), message.as_str(), state.as_deref()),
-            (409, "conflict", "snapshot t is writing", Some("writing"))
+            (*status, *code, message.as_str(), state.as_deref()),
+            (409, ErrorCode::Conflict, "snapshot t is writing", Some("writing"))
         );
         assert_eq!(e.to_string(), "snapshot t is writing");
-        assert_eq!(e.code(), Some("conflict"));
+        assert_eq!(e.code(), Some(ErrorCode::Conflict));
     }
 
     #[test]
     fn a_forkd_body_without_code_gets_one_from_the_status() {
         let e = api_error(404, "Not Found", br#"{"error":"no sandbox x"}"#);
         assert!(e.is_not_found());
-        assert_eq!(e.code(), Some("not_found"));
+        assert_eq!(e.code(), Some(ErrorCode::NotFound));
         assert_eq!(e.to_string(), "no sandbox x");
     }
 
@@ -180,7 +169,7 @@ mod tests {
     fn a_non_json_body_keeps_status_and_excerpt() {
         let e = api_error(502, "Bad Gateway", b"<html>upstream down</html>");
         assert_eq!(e.to_string(), "the daemon answered HTTP 502 Bad Gateway: <html>upstream down</html>");
-        assert_eq!(e.code(), Some("internal"));
+        assert_eq!(e.code(), Some(ErrorCode::Internal));
         let e = api_error(500, "Internal Server Error", b"");
         assert_eq!(e.to_string(), "the daemon answered HTTP 500 Internal Server Error");
     }

@@ -40,7 +40,7 @@ mod test_server;
 
 pub use client::{token_from_env, Client, ClientOptions};
 pub use endpoint::{Endpoint, EndpointError, DAEMON_ENV, SOCKET_NAME};
-pub use error::ClientError;
+pub use error::{ClientError, ErrorCode};
 pub use files::WriteFileOptions;
 pub use forkvm_api as api;
 pub use sandboxes::ExecExit;

@@ -44,16 +44,16 @@ pub enum ChainOpError {
 
 impl ChainOpError {
     /// The API code: `not_found`, `conflict`, `bad_request` or `internal`.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> forkvm_api::ErrorCode {
         match self {
             ChainOpError::Chain(e) => e.code(),
             ChainOpError::Source(e) => e.code(),
             ChainOpError::Spawn(e) => e.code(),
             ChainOpError::Lifecycle(e) => e.code(),
             ChainOpError::StepFailed { .. } | ChainOpError::NoParent { .. } | ChainOpError::ParentMismatch { .. } => {
-                "bad_request"
+                forkvm_api::ErrorCode::BadRequest
             }
-            _ => "internal",
+            _ => forkvm_api::ErrorCode::Internal,
         }
     }
 }

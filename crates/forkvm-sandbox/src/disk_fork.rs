@@ -26,7 +26,7 @@
 
 use crate::artifacts::{Artifacts, ArtifactsError};
 use crate::disk_snapshots::{base_key, keys_dir, open_vault, read_owner, vault_dir, DiskSnapshotError};
-use crate::lifecycle::{call_as, LifecycleError};
+use crate::lifecycle::{call, LifecycleError};
 use crate::registry::{now_unix_ms, Registry, SandboxRecord};
 use crate::sandbox::new_sandbox_id;
 use crate::source::DATA_DISK_ID;
@@ -36,7 +36,6 @@ use forkvm_snapshot::vault::KeyStore;
 use forkvm_snapshot::Store;
 use forkvm_vmm::arch::x86_64::cpuid::CpuTemplate;
 use forkvm_vmm::cold_boot::{boot_detached, Machine};
-use forkvm_vmm::control::Request;
 use forkvm_vmm::devices::virtio::blk::LazySource;
 use forkvm_vmm::host::cgroup::CgroupRoot;
 use forkvm_vmm::vmm::disks::LazyDisk;
@@ -71,14 +70,14 @@ pub enum DiskForkError {
 
 impl DiskForkError {
     /// The API code: `not_found`, `conflict`, `bad_request`, `internal`.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> forkvm_api::ErrorCode {
         match self {
             DiskForkError::Snapshot(e) => e.code(),
             DiskForkError::Spawn(e) => e.code(),
-            DiskForkError::NoSnapshot(_) | DiskForkError::NoSuchSnapshot { .. } => "not_found",
-            DiskForkError::NoDataDisk { .. } | DiskForkError::UnknownTemplate(_) => "bad_request",
-            DiskForkError::BaseMismatch { .. } => "conflict",
-            _ => "internal",
+            DiskForkError::NoSnapshot(_) | DiskForkError::NoSuchSnapshot { .. } => forkvm_api::ErrorCode::NotFound,
+            DiskForkError::NoDataDisk { .. } | DiskForkError::UnknownTemplate(_) => forkvm_api::ErrorCode::BadRequest,
+            DiskForkError::BaseMismatch { .. } => forkvm_api::ErrorCode::Conflict,
+            _ => forkvm_api::ErrorCode::Internal,
         }
     }
 }
@@ -157,7 +156,7 @@ pub fn end_restore_recording(record: &SandboxRecord) -> Result<Vec<LazyDisk>, Li
 /// A running sandbox's lazy disks' counters; `finish_recording` as in
 /// [`end_restore_recording`].
 pub fn lazy_disks(record: &SandboxRecord, finish_recording: bool) -> Result<Vec<LazyDisk>, LifecycleError> {
-    call_as(record, &Request::LazyDisks { finish_recording })
+    call(record, |c| c.lazy_disks(finish_recording))
 }
 
 /// Where the playbook of `template`'s disk `disk_id` lives in `store`.
@@ -258,7 +257,7 @@ pub fn start_disk_fork(
                 prefetch: restore == DiskRestore::LazyPlaybook,
             };
             if let Err(e) = lazy.open() {
-                return Err(fail(&record, "opening the disk snapshot lazily", e));
+                return Err(fail(&record, "opening the disk snapshot lazily", e.to_string()));
             }
             (Vec::new(), Some(lazy))
         }

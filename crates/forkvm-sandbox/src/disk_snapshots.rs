@@ -19,7 +19,6 @@ use crate::lifecycle::{call, LifecycleError};
 use crate::registry::Registry;
 use forkvm_snapshot::vault::{DiskInput, KeyStore, RetentionPolicy, SnapshotInfo, Vault, VaultError};
 use forkvm_snapshot::Store;
-use forkvm_vmm::control::Request;
 use forkvm_vmm::vmm::disks::DiskSeal;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -35,8 +34,6 @@ pub enum DiskSnapshotError {
     Lifecycle(#[from] LifecycleError),
     #[error("sandbox {0} has no layered disk to snapshot")]
     NoLayeredDisk(String),
-    #[error("sandbox {id}: the VMM's seal answer is malformed: {detail}")]
-    BadAnswer { id: String, detail: String },
     #[error("sandbox {id}: identifying the base image {path} of disk {disk}: {source}")]
     Base { id: String, disk: String, path: PathBuf, source: std::io::Error },
     #[error("sandbox {id}: {source}")]
@@ -47,13 +44,17 @@ pub enum DiskSnapshotError {
 
 impl DiskSnapshotError {
     /// The API code: `not_found`, `bad_request`, `conflict`, `internal`, ...
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> forkvm_api::ErrorCode {
         match self {
             DiskSnapshotError::Lifecycle(e) => e.code(),
-            DiskSnapshotError::NoLayeredDisk(_) => "bad_request",
-            DiskSnapshotError::InUse { .. } => "conflict",
-            DiskSnapshotError::Vault { source, .. } if source.code() == "not_found" => "not_found",
-            _ => "internal",
+            DiskSnapshotError::NoLayeredDisk(_) => forkvm_api::ErrorCode::BadRequest,
+            DiskSnapshotError::InUse { .. } => forkvm_api::ErrorCode::Conflict,
+            DiskSnapshotError::Vault { source, .. }
+                if source.kind() == forkvm_snapshot::vault::VaultErrorKind::NotFound =>
+            {
+                forkvm_api::ErrorCode::NotFound
+            }
+            _ => forkvm_api::ErrorCode::Internal,
         }
     }
 }
@@ -149,10 +150,8 @@ pub fn take(
 ) -> Result<DiskSnapshotReport, DiskSnapshotError> {
     let record = registry.get(id).map_err(LifecycleError::from)?;
     let sealing = Instant::now();
-    let answer = call(&record, &Request::SealDisks {})?;
+    let seals: Vec<DiskSeal> = call(&record, |c| c.seal_disks())?;
     let seal_ms = sealing.elapsed().as_secs_f64() * 1e3;
-    let seals: Vec<DiskSeal> = serde_json::from_value(answer)
-        .map_err(|e| DiskSnapshotError::BadAnswer { id: id.to_string(), detail: e.to_string() })?;
     if seals.is_empty() {
         return Err(DiskSnapshotError::NoLayeredDisk(id.to_string()));
     }
@@ -213,10 +212,9 @@ fn compact_threshold() -> usize {
 /// Has the VMM merge its own layers that snapshot `info` now holds (`vmm::compact`);
 /// returns how many were merged. Best effort: a failure is logged, the snapshot stands.
 fn compact(record: &crate::registry::SandboxRecord, info: &SnapshotInfo) -> usize {
-    use forkvm_vmm::vmm::compact::{CoveredLayer, DiskCompaction};
+    use forkvm_vmm::vmm::compact::CoveredLayer;
     let covered = info.disks.iter().map(|d| CoveredLayer { disk: d.id.clone(), layer: d.layer_id.clone() }).collect();
-    let req = Request::CompactDisks { covered, min_layers: compact_threshold() };
-    match crate::lifecycle::call_as::<Vec<DiskCompaction>>(record, &req) {
+    match call(record, |c| c.compact_disks(covered, compact_threshold())) {
         Ok(done) => done.iter().map(|c| c.merged_layers).sum(),
         Err(e) => {
             tracing::warn!(sandbox = %record.id, error = %e, "compacting the disk layers failed");

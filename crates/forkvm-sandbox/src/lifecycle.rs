@@ -9,9 +9,10 @@ use crate::registry::{now_unix_ms, vmm_alive, Registry, RegistryError, SandboxRe
 use crate::sandbox::new_sandbox_id;
 use crate::spawn::{finish, make_cgroup, SpawnError, SpawnOptions, SpawnedSandbox};
 use crate::template_snapshot::AGENT_PORT;
+use forkvm_api::ErrorCode;
 use forkvm_proto::AgentClient;
 use forkvm_snapshot::Store;
-use forkvm_vmm::control::{ControlClient, ControlClientError, Request};
+use forkvm_vmm::control::{ControlClient, ControlClientError};
 use forkvm_vmm::host::cgroup::CgroupRoot;
 use forkvm_vmm::vmm::{BranchMode, BranchReport, BranchRequest, ForkChild, ForkReport, VmmLabels};
 use std::os::unix::net::UnixStream;
@@ -25,8 +26,8 @@ pub enum LifecycleError {
     Store(#[from] forkvm_snapshot::StoreError),
     #[error("sandbox {id}: {source}")]
     Control { id: String, source: ControlClientError },
-    #[error("sandbox {id}: the VMM answered something unexpected: {detail}")]
-    BadAnswer { id: String, detail: String },
+    #[error("sandbox {id}: removing its archive {}: {source}", dir.display())]
+    RemoveArchive { id: String, dir: std::path::PathBuf, source: std::io::Error },
     #[error(transparent)]
     Spawn(#[from] SpawnError),
     #[error("sandbox {id} (pid {pid}) did not stop within {waited:?} of shutdown and SIGKILL")]
@@ -35,18 +36,26 @@ pub enum LifecycleError {
 
 impl LifecycleError {
     /// The API code: `not_found`, `conflict`, `bad_request`, `disk_full`, `internal`.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> ErrorCode {
         match self {
             LifecycleError::Registry(e) => e.code(),
             LifecycleError::Store(e) => e.code(),
+            // The VMM's refusals keep their class; anything else it says is internal.
             LifecycleError::Control { source, .. } => match ControlClient::code(source) {
-                Some("conflict") => "conflict",
-                Some("bad_request") => "bad_request",
-                Some("disk_full") => "disk_full",
-                _ => "internal",
+                Some(c @ (ErrorCode::Conflict | ErrorCode::BadRequest | ErrorCode::DiskFull)) => c,
+                _ => ErrorCode::Internal,
             },
             LifecycleError::Spawn(e) => e.code(),
-            _ => "internal",
+            _ => ErrorCode::Internal,
+        }
+    }
+
+    /// For a conflict: the state the API reports, `writing` for a snapshot still being
+    /// written, else `exists`.
+    pub fn conflict_state(&self) -> &'static str {
+        match self {
+            LifecycleError::Store(forkvm_snapshot::StoreError::Writing { .. }) => "writing",
+            _ => "exists",
         }
     }
 }
@@ -61,15 +70,12 @@ fn control(r: &SandboxRecord) -> Result<ControlClient, LifecycleError> {
     ControlClient::connect(&r.control_socket()).map_err(|source| LifecycleError::Control { id: r.id.clone(), source })
 }
 
-/// One request to sandbox `r`'s VMM.
-pub(crate) fn call(r: &SandboxRecord, req: &Request) -> Result<serde_json::Value, LifecycleError> {
-    control(r)?.call(req).map_err(|source| LifecycleError::Control { id: r.id.clone(), source })
-}
-
-/// [`call`], with the answer parsed as `T`.
-pub(crate) fn call_as<T: serde::de::DeserializeOwned>(r: &SandboxRecord, req: &Request) -> Result<T, LifecycleError> {
-    serde_json::from_value(call(r, req)?)
-        .map_err(|e| LifecycleError::BadAnswer { id: r.id.clone(), detail: e.to_string() })
+/// One request to sandbox `r`'s VMM, made by `f` on its typed control client.
+pub(crate) fn call<T>(
+    r: &SandboxRecord,
+    f: impl FnOnce(&mut ControlClient) -> Result<T, ControlClientError>,
+) -> Result<T, LifecycleError> {
+    f(&mut control(r)?).map_err(|source| LifecycleError::Control { id: r.id.clone(), source })
 }
 
 /// Snapshots running sandbox `id` under `tag` (default `branch-<id>-<seq>`) in `store`.
@@ -96,14 +102,9 @@ pub fn branch_to_dir(
 ) -> Result<BranchReport, LifecycleError> {
     let r = registry.get(id)?;
     // The VMM checks the tag (rule, collision) before it pauses anything.
-    let req = Request::Branch(BranchRequest {
-        store: dir.to_path_buf(),
-        tag: tag.map(String::from),
-        mode,
-        wait,
-        disks: Default::default(),
-    });
-    call_as(&r, &req)
+    let req =
+        BranchRequest { store: dir.to_path_buf(), tag: tag.map(String::from), mode, wait, disks: Default::default() };
+    call(&r, |c| c.branch(req))
 }
 
 /// Forks running sandbox `id` into `n` new sandboxes, without a disk round trip; each is
@@ -170,7 +171,7 @@ pub fn fork_running_as(
         });
         records.push(record);
     }
-    let report: ForkReport = match call_as(&source, &Request::Fork { children }) {
+    let report: ForkReport = match call(&source, |c| c.fork(children)) {
         Ok(r) => r,
         Err(e) => {
             for r in &records {
@@ -206,7 +207,7 @@ pub fn kill_record(registry: &Registry, r: &SandboxRecord) -> Result<(), Lifecyc
     let pidfd = crate::registry::vmm_pidfd(r);
     let alive = || pidfd.is_some() && vmm_alive(r.pid);
     if let Ok(mut c) = ControlClient::connect(&r.control_socket()) {
-        let _ = c.call(&Request::Shutdown {});
+        let _ = c.shutdown();
     }
     let deadline = Instant::now() + GRACE;
     while alive() && Instant::now() < deadline {
@@ -225,9 +226,10 @@ pub fn kill_record(registry: &Registry, r: &SandboxRecord) -> Result<(), Lifecyc
     // The VMM removes both when it stops cleanly; after SIGKILL it could not.
     registry.clean_up(r);
     if let Some(dir) = archive {
-        crate::archive::format::remove_linked(&dir).map_err(|e| LifecycleError::BadAnswer {
+        crate::archive::format::remove_linked(&dir).map_err(|source| LifecycleError::RemoveArchive {
             id: r.id.clone(),
-            detail: format!("removing its archive {}: {e}", dir.display()),
+            dir: dir.clone(),
+            source,
         })?;
     }
     Ok(())

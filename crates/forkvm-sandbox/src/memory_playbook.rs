@@ -13,10 +13,9 @@
 //! touches are in the playbook too. The second recording is armed by a marker in the
 //! sandbox's run directory ([`arm_first_call`]) that the first call claims.
 
-use crate::lifecycle::{call_as, LifecycleError};
+use crate::lifecycle::{call, LifecycleError};
 use crate::registry::SandboxRecord;
 use forkvm_snapshot::vault::Playbook;
-use forkvm_vmm::control::Request;
 use forkvm_vmm::vstate::memory_playbook::{MemoryPrefetch, MemoryRecording};
 use forkvm_vmm::zygote::Zygote;
 use std::os::unix::fs::MetadataExt;
@@ -97,5 +96,5 @@ pub fn learn_after_first_call(record: &SandboxRecord) {
 
 /// Merges what sandbox `record` touched since its restore into the playbook at `path`.
 pub fn record(record: &SandboxRecord, path: &Path) -> Result<MemoryRecording, LifecycleError> {
-    call_as(record, &Request::RecordMemoryPlaybook { path: path.to_path_buf() })
+    call(record, |c| c.record_memory_playbook(path))
 }

@@ -28,11 +28,11 @@ pub enum RegistryError {
 }
 
 impl RegistryError {
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> forkvm_api::ErrorCode {
         match self {
-            RegistryError::NotFound(_) => "not_found",
-            RegistryError::BadId(_) => "bad_request",
-            _ => "internal",
+            RegistryError::NotFound(_) => forkvm_api::ErrorCode::NotFound,
+            RegistryError::BadId(_) => forkvm_api::ErrorCode::BadRequest,
+            _ => forkvm_api::ErrorCode::Internal,
         }
     }
 }
@@ -405,7 +405,7 @@ impl Registry {
         }
         let socket = dir.join("control.sock");
         if let Ok(mut c) = forkvm_vmm::control::ControlClient::connect(&socket) {
-            let _ = c.call(&forkvm_vmm::control::Request::Shutdown {});
+            let _ = c.shutdown();
             // A VMM that stops cleanly removes its run directory itself.
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
             while dir.exists() && std::time::Instant::now() < deadline {
@@ -434,7 +434,7 @@ impl Registry {
                 Ok(None) => {}
                 Err(e) => {
                     tracing::warn!(sandbox = %r.id, error = %e, "salvaging a dead sandbox's disks failed; its run directory is kept");
-                    crate::salvage::mark_failed(&r.run_dir, &e);
+                    crate::salvage::mark_failed(&r.run_dir, &e.to_string());
                     return false;
                 }
             }
@@ -548,8 +548,8 @@ mod tests {
         assert_eq!(reg.sweep(), vec!["dead".to_string()]);
         assert!(!dead.run_dir.exists(), "the sweep removes a dead sandbox's run directory");
         assert_eq!(reg.list(), vec![me]);
-        assert_eq!(reg.get("../x").unwrap_err().code(), "bad_request");
-        assert_eq!(reg.get("nope").unwrap_err().code(), "not_found");
+        assert_eq!(reg.get("../x").unwrap_err().code(), forkvm_api::ErrorCode::BadRequest);
+        assert_eq!(reg.get("nope").unwrap_err().code(), forkvm_api::ErrorCode::NotFound);
     }
 
     #[test]

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 /// Takes the disk snapshot of dead sandbox `record` that holds everything its disks
 /// have. `Ok(None)` when there is nothing to salvage (no layered disk was written, or
 /// the last disk snapshot already has it all).
-pub fn salvage(store: &Store, record: &SandboxRecord) -> Result<Option<SnapshotInfo>, String> {
+pub fn salvage(store: &Store, record: &SandboxRecord) -> Result<Option<SnapshotInfo>, SalvageError> {
     let mut inputs = Vec::new();
     for d in &record.disks {
         if !d.dir.is_dir() {
@@ -41,18 +41,37 @@ pub fn salvage(store: &Store, record: &SandboxRecord) -> Result<Option<SnapshotI
                     "not salvaging a disk still restored lazily: part of it was never local");
                 continue;
             }
-            Err(Unsalvageable::Other(e)) => return Err(format!("disk {}: {e}", d.id)),
+            Err(Unsalvageable::Other(reason)) => return Err(SalvageError::Layers { disk: d.id.clone(), reason }),
         };
-        let base_key = base_key(&d.base).map_err(|e| format!("disk {}: identifying its base: {e}", d.id))?;
+        let base_key = base_key(&d.base).map_err(|source| SalvageError::Base {
+            disk: d.id.clone(),
+            path: d.base.clone(),
+            source,
+        })?;
         inputs.push(DiskInput { id: d.id.clone(), base_key, layers });
     }
     if inputs.is_empty() {
         return Ok(None);
     }
-    let vault = open_vault(store, &record.id).map_err(|e| e.to_string())?;
-    write_owner(store, &record.id, &VaultOwner::of(record)).map_err(|e| format!("recording the vault's owner: {e}"))?;
-    let info = vault.snapshot(&inputs).map_err(|e| e.to_string())?;
+    let vault = open_vault(store, &record.id).map_err(Box::new)?;
+    write_owner(store, &record.id, &VaultOwner::of(record)).map_err(SalvageError::Owner)?;
+    let info = vault.snapshot(&inputs)?;
     Ok((!info.unchanged).then_some(info))
+}
+
+/// Why a dead sandbox's disk writes could not be salvaged (named by the step).
+#[derive(Debug, thiserror::Error)]
+pub enum SalvageError {
+    #[error("disk {disk}: {reason}")]
+    Layers { disk: String, reason: String },
+    #[error("disk {disk}: identifying its base {}: {source}", path.display())]
+    Base { disk: String, path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Vault(#[from] Box<crate::disk_snapshots::DiskSnapshotError>),
+    #[error("recording the vault's owner: {0}")]
+    Owner(#[source] std::io::Error),
+    #[error("snapshotting the disks: {0}")]
+    Snapshot(#[from] forkvm_snapshot::vault::VaultError),
 }
 
 /// Why a disk's layers cannot be put together.

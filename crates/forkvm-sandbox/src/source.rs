@@ -27,11 +27,11 @@ pub enum SourceError {
 }
 
 impl SourceError {
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> forkvm_api::ErrorCode {
         match self {
             SourceError::Store(e) => e.code(),
             SourceError::Chain(e) => e.code(),
-            _ => "bad_request",
+            _ => forkvm_api::ErrorCode::BadRequest,
         }
     }
 }

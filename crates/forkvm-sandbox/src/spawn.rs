@@ -43,11 +43,11 @@ pub enum SpawnError {
 }
 
 impl SpawnError {
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> forkvm_api::ErrorCode {
         match self {
-            SpawnError::Count(_) => "bad_request",
+            SpawnError::Count(_) => forkvm_api::ErrorCode::BadRequest,
             SpawnError::Registry(e) => e.code(),
-            _ => "internal",
+            _ => forkvm_api::ErrorCode::Internal,
         }
     }
 }

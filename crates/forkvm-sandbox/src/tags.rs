@@ -27,11 +27,13 @@ pub enum PublishError {
 }
 
 impl PublishError {
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> forkvm_api::ErrorCode {
         match self {
             PublishError::Store(e) => e.code(),
-            PublishError::Dir { source: forkvm_snapshot::DirError::AlreadyExists(_), .. } => "conflict",
-            _ => "internal",
+            PublishError::Dir { source: forkvm_snapshot::DirError::AlreadyExists(_), .. } => {
+                forkvm_api::ErrorCode::Conflict
+            }
+            _ => forkvm_api::ErrorCode::Internal,
         }
     }
 }

@@ -156,11 +156,19 @@ pub struct NumpyProbe {
     pub per_process: Vec<[u64; 2]>,
 }
 
+/// The numpy probe answered something that is not its result.
+#[derive(Debug, thiserror::Error)]
+#[error("unreadable numpy probe result {repr:?}: {source}")]
+pub struct UnreadableProbe {
+    pub repr: String,
+    pub source: serde_json::Error,
+}
+
 impl NumpyProbe {
     /// Parses the probe's `eval` value (the `repr` of its JSON string).
-    pub fn parse(value_repr: &str) -> Result<NumpyProbe, String> {
+    pub fn parse(value_repr: &str) -> Result<NumpyProbe, UnreadableProbe> {
         let json = value_repr.trim().trim_matches('\'');
-        serde_json::from_str(json).map_err(|e| format!("unreadable numpy probe result {value_repr:?}: {e}"))
+        serde_json::from_str(json).map_err(|source| UnreadableProbe { repr: value_repr.to_string(), source })
     }
 }
 

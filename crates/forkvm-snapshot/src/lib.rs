@@ -25,6 +25,7 @@ pub mod container;
 pub mod dir;
 mod flock;
 pub mod layered_disk;
+pub mod malformed;
 pub mod memory_image;
 pub mod metadata;
 pub mod pack_archive;

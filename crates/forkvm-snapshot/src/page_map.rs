@@ -171,7 +171,7 @@ impl PageMap {
 
     /// Decodes and fully validates untrusted `memory.map` bytes.
     pub fn decode(bytes: &[u8]) -> Result<PageMap, PageMapError> {
-        decode_inner(bytes).map_err(|reason| PageMapError::Format { reason })
+        decode_inner(bytes).map_err(|m| PageMapError::Format { reason: m.0 })
     }
 
     /// Writes the encoded map to `path` (created or truncated) and fsyncs it.
@@ -193,7 +193,7 @@ impl PageMap {
             let reason = format!("file is over the {MAX_MAP_FILE}-byte cap");
             return Err(PageMapError::FileFormat { path: path.to_path_buf(), reason });
         }
-        decode_inner(&bytes).map_err(|reason| PageMapError::FileFormat { path: path.to_path_buf(), reason })
+        decode_inner(&bytes).map_err(|m| PageMapError::FileFormat { path: path.to_path_buf(), reason: m.0 })
     }
 
     /// Every chunk the map references, in extent order (repeats included).
@@ -226,30 +226,32 @@ fn le_u64(b: &[u8], at: usize) -> u64 {
 }
 
 /// [`PageMap::decode`], with the failed check as a plain message.
-fn decode_inner(b: &[u8]) -> Result<PageMap, String> {
+fn decode_inner(b: &[u8]) -> Result<PageMap, crate::malformed::Malformed> {
     if b.len() < HEADER_LEN + TRAILER_LEN {
-        return Err(format!("truncated: {} bytes, header and trailer need {}", b.len(), HEADER_LEN + TRAILER_LEN));
+        return Err(
+            format!("truncated: {} bytes, header and trailer need {}", b.len(), HEADER_LEN + TRAILER_LEN).into()
+        );
     }
     if b[..8] != MAGIC {
         return Err("bad magic: not a memory.map file".into());
     }
     let version = le_u32(b, 8);
     if version != VERSION {
-        return Err(format!("unsupported version {version} (this build reads {VERSION})"));
+        return Err(format!("unsupported version {version} (this build reads {VERSION})").into());
     }
     let page = le_u32(b, 12);
     if u64::from(page) != PAGE {
-        return Err(format!("page size {page}, expected {PAGE}"));
+        return Err(format!("page size {page}, expected {PAGE}").into());
     }
     let mem_size = le_u64(b, 16);
     if !mem_size.is_multiple_of(PAGE) || mem_size > MAX_MEM_SIZE {
-        return Err(format!("mem_size {mem_size} is not a multiple of {PAGE} or is over 1 TiB"));
+        return Err(format!("mem_size {mem_size} is not a multiple of {PAGE} or is over 1 TiB").into());
     }
     let count = le_u64(b, 24);
     let body = b.len() - HEADER_LEN - TRAILER_LEN;
     // Compare without multiplying the untrusted count.
     if !body.is_multiple_of(EXTENT_LEN) || count != (body / EXTENT_LEN) as u64 {
-        return Err(format!("extent count {count} does not match the {}-byte length", b.len()));
+        return Err(format!("extent count {count} does not match the {}-byte length", b.len()).into());
     }
     let (content, trailer) = b.split_at(b.len() - TRAILER_LEN);
     if blake3::hash(content).as_bytes()[..] != *trailer {
@@ -260,15 +262,15 @@ fn decode_inner(b: &[u8]) -> Result<PageMap, String> {
         let first_page = le_u64(rec, 0);
         let pages = le_u32(rec, 8);
         if rec[13..16] != [0, 0, 0] {
-            return Err(format!("extent {i}: non-zero padding"));
+            return Err(format!("extent {i}: non-zero padding").into());
         }
         let mut id = [0u8; 32];
         id.copy_from_slice(&rec[16..48]);
         let content = match rec[12] {
             KIND_ZERO if id == [0u8; 32] => ExtentContent::Zero,
-            KIND_ZERO => return Err(format!("extent {i}: zero extent with a non-zero chunk id")),
+            KIND_ZERO => return Err(format!("extent {i}: zero extent with a non-zero chunk id").into()),
             KIND_CHUNK => ExtentContent::Chunk(ChunkId(id)),
-            kind => return Err(format!("extent {i}: unknown kind {kind}")),
+            kind => return Err(format!("extent {i}: unknown kind {kind}").into()),
         };
         extents.push(Extent { first_page, pages, content });
     }
@@ -278,22 +280,22 @@ fn decode_inner(b: &[u8]) -> Result<PageMap, String> {
 }
 
 /// Checks that extents are well formed, in bounds, sorted and non-overlapping.
-fn check_extents(map: &PageMap) -> Result<(), String> {
+fn check_extents(map: &PageMap) -> Result<(), crate::malformed::Malformed> {
     let total_pages = map.mem_size / PAGE;
     let per = u64::from(PAGES_PER_CHUNK);
     let mut next_free = 0u64;
     for (i, e) in map.extents.iter().enumerate() {
         if e.pages == 0 || e.pages > PAGES_PER_CHUNK {
-            return Err(format!("extent {i}: {} pages, must be 1..={PAGES_PER_CHUNK}", e.pages));
+            return Err(format!("extent {i}: {} pages, must be 1..={PAGES_PER_CHUNK}", e.pages).into());
         }
         let end = e.first_page.checked_add(u64::from(e.pages)).filter(|&end| end <= total_pages).ok_or_else(|| {
             format!("extent {i}: pages {}+{} out of bounds ({total_pages} pages)", e.first_page, e.pages)
         })?;
         if e.first_page / per != (end - 1) / per {
-            return Err(format!("extent {i}: pages {}+{} cross a 64 KiB window", e.first_page, e.pages));
+            return Err(format!("extent {i}: pages {}+{} cross a 64 KiB window", e.first_page, e.pages).into());
         }
         if e.first_page < next_free {
-            return Err(format!("extent {i}: page {} unsorted or overlapping the previous extent", e.first_page));
+            return Err(format!("extent {i}: page {} unsorted or overlapping the previous extent", e.first_page).into());
         }
         next_free = end;
     }
@@ -524,7 +526,7 @@ pub struct ApplyStats {
 /// Pages outside the extents are left as they are: apply a flat map onto an all-zero (sparse) file, and each diff onto
 /// the result of applying its parent. Adjacent Zero extents are punched with one call.
 pub fn apply_page_map(map: &PageMap, store: &ChunkStore, target: &File) -> Result<ApplyStats, PageMapError> {
-    check_extents(map).map_err(|reason| PageMapError::Format { reason })?;
+    check_extents(map).map_err(|m| PageMapError::Format { reason: m.0 })?;
     check_len(target, "target image", map.mem_size)?;
     let mut stats = ApplyStats::default();
     let mut zeroer = Zeroer { punch_supported: true, zeros: Vec::new() };

@@ -35,12 +35,14 @@ pub enum StoreError {
 
 impl StoreError {
     /// `not_found`, `conflict`, `bad_request` or `internal`.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> forkvm_api::ErrorCode {
         match self {
-            StoreError::NotFound { .. } => "not_found",
-            StoreError::Writing { .. } | StoreError::Exists { .. } | StoreError::Abandoned { .. } => "conflict",
-            StoreError::BadTag(_) => "bad_request",
-            _ => "internal",
+            StoreError::NotFound { .. } => forkvm_api::ErrorCode::NotFound,
+            StoreError::Writing { .. } | StoreError::Exists { .. } | StoreError::Abandoned { .. } => {
+                forkvm_api::ErrorCode::Conflict
+            }
+            StoreError::BadTag(_) => forkvm_api::ErrorCode::BadRequest,
+            _ => forkvm_api::ErrorCode::Internal,
         }
     }
 }
@@ -229,10 +231,10 @@ mod tests {
         put(&store, "busy", SnapshotStatus::Writing, Some(std::process::id()));
         assert_eq!(store.lookup("ready").unwrap().meta.tag, "ready");
         let busy = store.lookup("busy").unwrap_err();
-        assert!(matches!(busy, StoreError::Writing { .. }) && busy.code() == "conflict", "{busy}");
-        assert_eq!(store.lookup("nope").unwrap_err().code(), "not_found");
-        assert_eq!(store.lookup("../etc").unwrap_err().code(), "bad_request");
-        assert_eq!(store.check_free("ready").unwrap_err().code(), "conflict");
+        assert!(matches!(busy, StoreError::Writing { .. }) && busy.code() == forkvm_api::ErrorCode::Conflict, "{busy}");
+        assert_eq!(store.lookup("nope").unwrap_err().code(), forkvm_api::ErrorCode::NotFound);
+        assert_eq!(store.lookup("../etc").unwrap_err().code(), forkvm_api::ErrorCode::BadRequest);
+        assert_eq!(store.check_free("ready").unwrap_err().code(), forkvm_api::ErrorCode::Conflict);
         assert!(store.check_free("free").is_ok());
         let tags: Vec<_> = store.list().into_iter().map(|e| e.tag).collect();
         assert_eq!(tags, ["busy", "ready"]);
@@ -252,7 +254,7 @@ mod tests {
         assert_eq!(store.sweep(), ["dead-writer"]);
         assert!(store.lookup("ready").is_ok());
         assert!(matches!(store.lookup("live-writer"), Err(StoreError::Writing { .. })));
-        assert_eq!(store.lookup("dead-writer").unwrap_err().code(), "not_found");
+        assert_eq!(store.lookup("dead-writer").unwrap_err().code(), forkvm_api::ErrorCode::NotFound);
     }
 
     #[test]
@@ -261,6 +263,6 @@ mod tests {
         let store = Store::open(tmp.path());
         put(&store, "a", SnapshotStatus::Ready, None);
         store.remove("a").unwrap();
-        assert_eq!(store.remove("a").unwrap_err().code(), "not_found");
+        assert_eq!(store.remove("a").unwrap_err().code(), forkvm_api::ErrorCode::NotFound);
     }
 }

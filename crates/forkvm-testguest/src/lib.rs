@@ -103,14 +103,24 @@ impl fmt::Display for TestGuest {
 }
 
 impl FromStr for TestGuest {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        TestGuest::ALL.into_iter().find(|g| g.name() == s).ok_or_else(|| {
-            let names: Vec<_> = TestGuest::ALL.iter().map(|g| g.name()).collect();
-            format!("unknown test guest {s:?}; known: {}", names.join(", "))
-        })
+    type Err = UnknownTestGuest;
+    fn from_str(s: &str) -> Result<Self, UnknownTestGuest> {
+        TestGuest::ALL.into_iter().find(|g| g.name() == s).ok_or_else(|| UnknownTestGuest(s.to_string()))
     }
 }
+
+/// A name no [`TestGuest`] has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownTestGuest(pub String);
+
+impl fmt::Display for UnknownTestGuest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<_> = TestGuest::ALL.iter().map(|g| g.name()).collect();
+        write!(f, "unknown test guest {:?}; known: {}", self.0, names.join(", "))
+    }
+}
+
+impl std::error::Error for UnknownTestGuest {}
 
 /// The hash the `count` guest prints after `n` steps (see `guests/count.S`).
 pub fn count_hash(n: u64) -> u64 {
@@ -166,7 +176,7 @@ mod tests {
         for g in TestGuest::ALL {
             assert_eq!(g.name().parse::<TestGuest>().unwrap(), g);
         }
-        assert!("nope".parse::<TestGuest>().unwrap_err().contains("known: hello"));
+        assert!("nope".parse::<TestGuest>().unwrap_err().to_string().contains("known: hello"));
     }
 
     #[test]

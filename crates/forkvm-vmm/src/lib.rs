@@ -13,6 +13,7 @@ pub mod devices;
 pub mod host;
 pub mod persist;
 pub mod phase_timer;
+pub mod unknown_name;
 pub mod vmm;
 pub mod vstate;
 pub mod zygote;

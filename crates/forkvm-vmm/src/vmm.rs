@@ -73,7 +73,7 @@ pub enum VmmError {
     #[error("snapshot: measuring memory.img: {0}")]
     MeasureImage(std::io::Error),
     #[error("{0}")]
-    Input(String),
+    Input(#[from] crate::devices::bus::SerialInputError),
     #[error("injected fault at {0:?}")]
     Injected(FaultPoint),
     #[error("snapshot: {0}")]

@@ -165,12 +165,14 @@ pub struct Owned {
 
 impl Owned {
     /// Joins the cgroup, if any. Errors name the step.
-    pub fn enter(&self) -> Result<Option<crate::host::cgroup::SandboxCgroup>, String> {
+    pub fn enter(&self) -> Result<Option<crate::host::cgroup::SandboxCgroup>, crate::host::cgroup::CgroupError> {
+        use crate::host::cgroup::{CgroupError, CgroupRoot};
         let Some(name) = &self.cgroup else { return Ok(None) };
-        let root = crate::host::cgroup::CgroupRoot::detect().map_err(|e| e.to_string())?;
-        let group =
-            root.open(name).ok_or_else(|| format!("cgroup {name} does not exist under {}", root.dir().display()))?;
-        group.join(0).map_err(|e| e.to_string())?;
+        let root = CgroupRoot::detect()?;
+        let group = root
+            .open(name)
+            .ok_or_else(|| CgroupError::Missing { name: name.clone(), root: root.dir().to_path_buf() })?;
+        group.join(0)?;
         Ok(Some(group))
     }
 

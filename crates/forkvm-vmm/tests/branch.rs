@@ -169,12 +169,12 @@ fn tag_collision_is_a_conflict_with_no_side_effect() {
     std::fs::write(store.path().join("taken/keep"), b"mine").unwrap();
     for mode in [BranchMode::Full, BranchMode::Live] {
         let err = vmm.branch(&request(store.path(), Some("taken"), mode)).unwrap_err();
-        assert!(matches!(err, BranchError::Conflict { .. }) && err.code() == "conflict", "{err}");
+        assert!(matches!(err, BranchError::Conflict { .. }) && err.code() == forkvm_api::ErrorCode::Conflict, "{err}");
     }
     assert_eq!(listing(store.path()), ["taken"]);
     assert_eq!(std::fs::read(store.path().join("taken/keep")).unwrap(), b"mine");
     let bad = vmm.branch(&request(store.path(), Some("../escape"), BranchMode::Full)).unwrap_err();
-    assert_eq!(bad.code(), "bad_request");
+    assert_eq!(bad.code(), forkvm_api::ErrorCode::BadRequest);
     assert_answers(&vmm, &mut console);
 }
 
@@ -186,7 +186,7 @@ fn pause_failure_leaves_the_source_running_unchanged() {
     for mode in [BranchMode::Full, BranchMode::Live] {
         vmm.arm_fault(FaultPoint::Pause);
         let err = vmm.branch(&request(store.path(), Some("p"), mode)).unwrap_err();
-        assert!(matches!(err, BranchError::Pause(_)) && err.code() == "internal", "{err}");
+        assert!(matches!(err, BranchError::Pause(_)) && err.code() == forkvm_api::ErrorCode::Internal, "{err}");
         assert!(err.to_string().contains("keeps running"), "{err}");
         assert_eq!(vmm.state(), RunState::Running);
         let before = counter(&vmm);
@@ -224,7 +224,7 @@ fn injected_disk_full_is_reported_as_disk_full() {
     for mode in [BranchMode::Full, BranchMode::Live] {
         vmm.arm_fault(FaultPoint::DiskFull);
         let err = vmm.branch(&request(store.path(), Some("d"), mode)).unwrap_err();
-        assert_eq!(err.code(), "disk_full", "{mode:?}: {err}");
+        assert_eq!(err.code(), forkvm_api::ErrorCode::DiskFull, "{mode:?}: {err}");
         assert!(listing(store.path()).is_empty());
         assert_answers(&vmm, &mut console);
     }
@@ -257,7 +257,7 @@ fn real_disk_full_removes_partial_files_and_resumes_the_source() {
     let (mut vmm, mut console) = monitor_guest(32);
     for mode in [BranchMode::Full, BranchMode::Live] {
         let err = vmm.branch(&request(tmpfs.0.path(), Some("big"), mode)).unwrap_err();
-        assert_eq!(err.code(), "disk_full", "{mode:?}: {err}");
+        assert_eq!(err.code(), forkvm_api::ErrorCode::DiskFull, "{mode:?}: {err}");
         assert!(listing(tmpfs.0.path()).is_empty(), "{mode:?}: left {:?}", listing(tmpfs.0.path()));
         assert_answers(&vmm, &mut console);
     }

@@ -16,9 +16,10 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use forkvm_testguest::{monitor, TestGuest, IMAGE_BASE};
 use forkvm_vmm::arch::x86_64::cpuid::CpuTemplate;
-use forkvm_vmm::control::{serve_until_exit, ControlClient, Request};
+use forkvm_vmm::control::{serve_until_exit, ControlClient};
 use forkvm_vmm::devices::serial::ConsoleOut;
 use forkvm_vmm::host::{open_kvm, HostKind};
+use forkvm_vmm::vmm::SnapshotReport;
 use forkvm_vmm::vstate::irqchip::IrqchipMode;
 use forkvm_vmm::zygote::{fork_and_run, ChildSpec, Zygote};
 use forkvm_vmm::{BootConfig, Payload};
@@ -173,7 +174,7 @@ pub fn median(values: &mut [f64]) -> f64 {
 }
 
 /// Boots the parent, waits for its warm-up, snapshots it; returns (warm ms, snapshot report).
-fn make_parent_snapshot(dir: &Path, mem_mib: u64, irqchip: IrqchipMode) -> Result<(f64, serde_json::Value, PathBuf)> {
+fn make_parent_snapshot(dir: &Path, mem_mib: u64, irqchip: IrqchipMode) -> Result<(f64, SnapshotReport, PathBuf)> {
     let (mut ours, theirs) = UnixStream::pair()?;
     let socket = dir.join("parent.sock");
     let t = Instant::now();
@@ -182,8 +183,8 @@ fn make_parent_snapshot(dir: &Path, mem_mib: u64, irqchip: IrqchipMode) -> Resul
     let warm_ms = t.elapsed().as_secs_f64() * 1e3;
     let snap_dir = dir.join("parent-snapshot");
     let mut client = ControlClient::connect(&socket)?;
-    let report = client.call(&Request::Snapshot { dir: snap_dir.clone() }).context("snapshotting the parent")?;
-    let _ = client.call(&Request::Shutdown {});
+    let report = client.snapshot(&snap_dir).context("snapshotting the parent")?;
+    let _ = client.shutdown();
     let mut status = 0;
     // SAFETY: reaping our own child.
     unsafe { libc::waitpid(pid, &mut status, 0) };
@@ -228,9 +229,7 @@ fn fork_run(snap: &Path, dir: &Path, n: usize) -> Result<ForkRun> {
         let first_ms = times.iter().cloned().fold(f64::MAX, f64::min);
         times.clear();
         let mem = pids.iter().map(|&p| mem_usage(p)).collect::<Result<Vec<_>>>()?;
-        let status = ControlClient::connect(&dir.join("child-0.sock"))?.call(&Request::Status {})?;
-        let phases: Vec<(String, f64)> =
-            serde_json::from_value(status["restore_phases_us"].clone()).unwrap_or_default();
+        let phases = ControlClient::connect(&dir.join("child-0.sock"))?.status()?.restore_phases_us;
         Ok(ForkRun { ready_ms, first_ms, spawn_ms, prepare_ms, mem, phases })
     })();
     kill_all(&pids);

@@ -27,7 +27,7 @@ use clap::Args;
 use forkvm_sandbox::template_snapshot::boot_to_agent;
 use forkvm_sandbox::{spawn, Artifacts, Registry, SpawnOptions, SpawnSource};
 use forkvm_snapshot::Store;
-use forkvm_vmm::control::{ControlClient, Request};
+use forkvm_vmm::control::ControlClient;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use std::io::IsTerminal;
@@ -192,15 +192,12 @@ pub fn run(a: BenchSpawnArgs) -> Result<i32> {
     let mut phase_us: Vec<(String, Vec<f64>)> = Vec::new();
     for sb in &sandboxes {
         let Ok(mut ctl) = ControlClient::connect(&sb.record.control_socket()) else { continue };
-        let Ok(status) = ctl.call(&Request::Status {}) else { continue };
-        let Ok(phases) = serde_json::from_value::<Vec<(String, f64)>>(status["restore_phases_us"].clone()) else {
-            continue;
-        };
-        restore_us.push(phases.iter().map(|(_, us)| us).sum());
-        if let Some(cpu) = status["restore_cpu_us"].as_f64() {
+        let Ok(status) = ctl.status() else { continue };
+        restore_us.push(status.restore_phases_us.iter().map(|(_, us)| us).sum());
+        if let Some(cpu) = status.restore_cpu_us {
             restore_cpu_us.push(cpu);
         }
-        for (name, us) in phases {
+        for (name, us) in status.restore_phases_us {
             match phase_us.iter_mut().find(|(n, _)| *n == name) {
                 Some((_, v)) => v.push(us),
                 None => phase_us.push((name, vec![us])),

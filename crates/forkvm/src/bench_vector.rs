@@ -95,7 +95,7 @@ fn measure(template: &TemplateSnapshot, a: &BenchVectorArgs, has_python: bool) -
             let r = sb.client.eval(&numpy_probe_code(procs, a.seconds))?;
             match r.outcome {
                 forkvm_proto::EvalOutcome::Value { value_repr } => {
-                    NumpyProbe::parse(value_repr.as_deref().unwrap_or("")).map_err(anyhow::Error::msg)
+                    NumpyProbe::parse(value_repr.as_deref().unwrap_or("")).map_err(anyhow::Error::from)
                 }
                 other => bail!("the numpy probe failed: {other:?}"),
             }

@@ -91,7 +91,7 @@ pub struct DaemonArgs {
 #[derive(Debug, Clone, Copy)]
 struct Interval(Option<std::time::Duration>);
 
-fn interval(text: &str) -> Result<Interval, String> {
+fn interval(text: &str) -> Result<Interval, forkvmd::disk::BadInterval> {
     forkvmd::disk::parse_interval(text).map(Interval)
 }
 

@@ -9,7 +9,8 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use forkvm_sandbox::{spawn, Registry, SpawnOptions, SpawnSource, SpawnTimings};
 use forkvm_snapshot::Store;
-use forkvm_vmm::control::{ControlClient, Request};
+use forkvm_vmm::control::ControlClient;
+use forkvm_vmm::vmm::RunState;
 use forkvm_vmm::zygote::{ChildSpec, Zygote};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -148,11 +149,11 @@ fn wait_serving(c: &Child) -> Result<()> {
             bail!("it exited with status {status:#x}");
         }
         if let Ok(mut client) = ControlClient::connect(&c.socket) {
-            let s = client.call(&Request::Status {})?;
-            if s["state"] == "running" {
+            let s = client.status()?;
+            if s.state == RunState::Running {
                 return Ok(());
             }
-            bail!("it is {}", s["state"]);
+            bail!("it is {:?}", s.state);
         }
         if Instant::now() > deadline {
             bail!("no control socket after 30 s");

@@ -40,7 +40,7 @@ fn fault_injection_is_refused_without_the_environment_switch() {
     let tmp = tempfile::tempdir().unwrap();
     let (mut vmm, mut ctl) = start_vmm(tmp.path(), false);
     let err = ctl.call(&Request::InjectFault { point: FaultPoint::Pause }).unwrap_err();
-    assert_eq!(ControlClient::code(&err), Some("forbidden"), "{err}");
+    assert_eq!(ControlClient::code(&err), Some(forkvm_client::ErrorCode::Forbidden), "{err}");
     vmm.kill().unwrap();
     vmm.wait().unwrap();
 }
@@ -70,7 +70,7 @@ fn a_crash_while_writing_leaves_no_ready_snapshot() {
     std::thread::sleep(Duration::from_secs(4));
     assert!(matches!(store.lookup("doomed"), Err(StoreError::Abandoned { .. })));
     assert_eq!(store.sweep(), ["doomed"]);
-    assert_eq!(store.lookup("doomed").unwrap_err().code(), "not_found");
+    assert_eq!(store.lookup("doomed").unwrap_err().code(), forkvm_client::ErrorCode::NotFound);
     assert_eq!(std::fs::read_dir(&snapshots).unwrap().count(), 0);
 }
 

@@ -43,11 +43,11 @@ impl Default for DiskSnapshotConfig {
 
 /// Parses `--disk-snapshot-interval`: an integer with an optional unit (`ms`, `s`, `m`,
 /// `h`; none means seconds). `0` disables the schedule (`None`).
-pub fn parse_interval(text: &str) -> Result<Option<Duration>, String> {
+pub fn parse_interval(text: &str) -> Result<Option<Duration>, BadInterval> {
     let t = text.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, unit) = t.split_at(split);
-    let bad = || format!("{text:?} is not an interval: use e.g. 60, 30s, 5m, 1h, or 0 to disable");
+    let bad = || BadInterval::NotAnInterval(text.to_string());
     let n: u64 = digits.parse().map_err(|_| bad())?;
     let d = match unit.trim() {
         "ms" => Duration::from_millis(n),
@@ -60,9 +60,18 @@ pub fn parse_interval(text: &str) -> Result<Option<Duration>, String> {
         return Ok(None);
     }
     if d < MIN_INTERVAL {
-        return Err(format!("{text:?} is too short: the interval is at least {MIN_INTERVAL:?} (or 0 to disable)"));
+        return Err(BadInterval::TooShort(text.to_string()));
     }
     Ok(Some(d))
+}
+
+/// A `--disk-snapshot-interval` that is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadInterval {
+    #[error("{0:?} is not an interval: use e.g. 60, 30s, 5m, 1h, or 0 to disable")]
+    NotAnInterval(String),
+    #[error("{0:?} is too short: the interval is at least {MIN_INTERVAL:?} (or 0 to disable)")]
+    TooShort(String),
 }
 
 /// What asked for a snapshot (the metrics' `trigger` label).
@@ -182,7 +191,7 @@ pub async fn take(
 /// Errors a scheduled round passes over quietly: the sandbox has no layered disk, or it
 /// stopped between the listing and the snapshot.
 fn skippable(e: &DiskSnapshotError) -> bool {
-    matches!(e, DiskSnapshotError::NoLayeredDisk(_)) || e.code() == "not_found"
+    matches!(e, DiskSnapshotError::NoLayeredDisk(_)) || e.code() == forkvm_api::ErrorCode::NotFound
 }
 
 /// The API's view of a vault snapshot.
@@ -286,9 +295,9 @@ mod tests {
         assert_eq!(parse_interval("5m"), Ok(Some(Duration::from_secs(300))));
         assert_eq!(parse_interval("2h"), Ok(Some(Duration::from_secs(7200))));
         for bad in ["", "s", "-1", "1.5", "ten", "10x", "1 2", "99999999999999999999"] {
-            let e = parse_interval(bad).unwrap_err();
+            let e = parse_interval(bad).unwrap_err().to_string();
             assert!(e.contains("not an interval"), "{bad:?}: {e}");
         }
-        assert!(parse_interval("500ms").unwrap_err().contains("at least"));
+        assert!(parse_interval("500ms").unwrap_err().to_string().contains("at least"));
     }
 }

@@ -6,60 +6,56 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use forkvm_api::ErrorBody;
+use forkvm_api::{ErrorBody, ErrorCode};
 
 #[derive(Debug, Clone)]
 pub struct ApiError {
-    pub status: StatusCode,
-    pub code: &'static str,
+    pub code: ErrorCode,
     pub message: String,
     pub state: Option<String>,
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError { status, code, message: message.into(), state: None }
+    /// An error of class `code` (its HTTP status is the code's). A conflict without a
+    /// state reports `conflict`.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> ApiError {
+        let state = (code == ErrorCode::Conflict).then(|| "conflict".to_string());
+        ApiError { code, message: message.into(), state }
     }
     pub fn bad_request(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
+        ApiError::new(ErrorCode::BadRequest, message)
     }
     pub fn not_found(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
+        ApiError::new(ErrorCode::NotFound, message)
     }
     pub fn conflict(message: impl Into<String>, state: impl Into<String>) -> ApiError {
-        ApiError { state: Some(state.into()), ..ApiError::new(StatusCode::CONFLICT, "conflict", message) }
+        ApiError { state: Some(state.into()), ..ApiError::new(ErrorCode::Conflict, message) }
     }
     pub fn unauthorized(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+        ApiError::new(ErrorCode::Unauthorized, message)
     }
     pub fn busy(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "busy", message)
+        ApiError::new(ErrorCode::Busy, message)
     }
     pub fn internal(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+        ApiError::new(ErrorCode::Internal, message)
     }
 
-    /// From a library error's code (`not_found`, `conflict`, `bad_request`, `disk_full`,
-    /// anything else is internal) and message.
-    pub fn from_code(code: &str, message: impl Into<String>) -> ApiError {
-        let message = message.into();
-        match code {
-            "not_found" => ApiError::not_found(message),
-            "bad_request" => ApiError::bad_request(message),
-            "conflict" => ApiError::conflict(message, "conflict"),
-            "disk_full" => ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "disk_full", message),
-            _ => ApiError::internal(message),
-        }
+    /// The HTTP status it is answered with.
+    pub fn status(&self) -> StatusCode {
+        StatusCode::from_u16(self.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
     }
 
     pub fn body(&self) -> ErrorBody {
-        ErrorBody { error: self.message.clone(), code: self.code.to_string(), state: self.state.clone() }
+        // A code from a newer peer (through a VMM or the spawner) is answered as internal.
+        let code = if self.code == ErrorCode::Unknown { ErrorCode::Internal } else { self.code };
+        ErrorBody { error: self.message.clone(), code, state: self.state.clone() }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        (self.status(), Json(self.body())).into_response()
     }
 }
 
@@ -74,7 +70,7 @@ impl From<forkvm_snapshot::StoreError> for ApiError {
             StoreError::Invalid { .. } => return ApiError::conflict(e.to_string(), "not_bootable"),
             _ => None,
         };
-        let mut out = ApiError::from_code(e.code(), e.to_string());
+        let mut out = ApiError::new(e.code(), e.to_string());
         if let Some(s) = state {
             out.state = Some(s.to_string());
         }
@@ -102,7 +98,7 @@ impl From<forkvm_snapshot::chain::ChainError> for ApiError {
             ChainError::Store(s) => s.into(),
             // The host failed to read or write a pack file: not the pack's fault.
             ChainError::Pack(PackError::Io { source, .. }) if source.raw_os_error() == Some(libc::ENOSPC) => {
-                ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "disk_full", format!("no space left: {source}"))
+                ApiError::new(ErrorCode::DiskFull, format!("no space left: {source}"))
             }
             ChainError::Pack(p @ PackError::Io { .. }) => ApiError::internal(p.to_string()),
             other => {
@@ -111,7 +107,7 @@ impl From<forkvm_snapshot::chain::ChainError> for ApiError {
                 // used, whatever failed to read it: a 409 that says so.
                 match other.state() {
                     Some(state) => ApiError::conflict(message, state),
-                    None => ApiError::from_code(other.code(), message),
+                    None => ApiError::new(other.code(), message),
                 }
             }
         }
@@ -126,28 +122,28 @@ impl From<forkvm_sandbox::ChainOpError> for ApiError {
             ChainOpError::Source(s) => s.into(),
             ChainOpError::Spawn(s) => s.into(),
             ChainOpError::Lifecycle(l) => l.into(),
-            other => ApiError::from_code(other.code(), other.to_string()),
+            other => ApiError::new(other.code(), other.to_string()),
         }
     }
 }
 
 impl From<forkvm_sandbox::RegistryError> for ApiError {
     fn from(e: forkvm_sandbox::RegistryError) -> ApiError {
-        ApiError::from_code(e.code(), e.to_string())
+        ApiError::new(e.code(), e.to_string())
     }
 }
 
 impl From<forkvm_sandbox::SpawnError> for ApiError {
     fn from(e: forkvm_sandbox::SpawnError) -> ApiError {
-        ApiError::from_code(e.code(), e.to_string())
+        ApiError::new(e.code(), e.to_string())
     }
 }
 
 impl From<forkvm_sandbox::LifecycleError> for ApiError {
     fn from(e: forkvm_sandbox::LifecycleError) -> ApiError {
-        let mut out = ApiError::from_code(e.code(), e.to_string());
-        if out.code == "conflict" {
-            out.state = Some(if e.to_string().contains("writing") { "writing" } else { "exists" }.to_string());
+        let mut out = ApiError::new(e.code(), e.to_string());
+        if out.code == ErrorCode::Conflict {
+            out.state = Some(e.conflict_state().to_string());
         }
         out
     }
@@ -158,7 +154,7 @@ impl From<forkvm_sandbox::disk_snapshots::DiskSnapshotError> for ApiError {
         use forkvm_sandbox::disk_snapshots::DiskSnapshotError;
         match e {
             DiskSnapshotError::Lifecycle(l) => l.into(),
-            other => ApiError::from_code(other.code(), other.to_string()),
+            other => ApiError::new(other.code(), other.to_string()),
         }
     }
 }

@@ -31,8 +31,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
         let text: &[u8] = if bytes.iter().all(|b| b.is_ascii_whitespace()) { b"{}" } else { &bytes };
         if !is_json && text != b"{}" {
             return Err(ApiError::new(
-                axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported_media_type",
+                forkvm_api::ErrorCode::UnsupportedMediaType,
                 "a JSON body needs the header Content-Type: application/json",
             ));
         }

@@ -15,7 +15,7 @@ use crate::audit::{AuditLog, Peer};
 use crate::auth::Token;
 use crate::error::ApiError;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
@@ -56,11 +56,11 @@ impl Gate {
     /// Why `headers` are refused, if they are.
     fn refusal(&self, headers: &HeaderMap, path: &str) -> Option<ApiError> {
         if let Some(why) = self.browser_refusal(headers) {
-            return Some(ApiError::new(StatusCode::FORBIDDEN, "forbidden", why));
+            return Some(ApiError::new(forkvm_api::ErrorCode::Forbidden, why));
         }
         if self.check_host {
             if let Some(why) = self.host_refusal(headers) {
-                return Some(ApiError::new(StatusCode::FORBIDDEN, "forbidden", why));
+                return Some(ApiError::new(forkvm_api::ErrorCode::Forbidden, why));
             }
         }
         let token = self.token.as_ref()?;
@@ -131,7 +131,7 @@ pub async fn check(State(gate): State<Gate>, req: Request, next: Next) -> Respon
     };
     if let Some(audit) = &gate.audit {
         let peer = req.extensions().get::<Peer>().map(|p| p.0.as_str()).unwrap_or("in-process");
-        audit.refused(peer, req.method().as_str(), req.uri().path(), err.status.as_u16(), &err.message);
+        audit.refused(peer, req.method().as_str(), req.uri().path(), err.status().as_u16(), &err.message);
     }
     err.into_response()
 }
@@ -139,6 +139,7 @@ pub async fn check(State(gate): State<Gate>, req: Request, next: Next) -> Respon
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::StatusCode;
 
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -163,7 +164,7 @@ mod tests {
     fn browser_requests_are_refused_unless_allowed() {
         let gate = Gate::unix(&["https://ok.example".to_string()], None);
         let refused = gate.refusal(&headers(&[("origin", "https://evil.example")]), "/v1/sandboxes").unwrap();
-        assert_eq!(refused.status, StatusCode::FORBIDDEN);
+        assert_eq!(refused.status(), StatusCode::FORBIDDEN);
         assert!(refused.message.contains("--allow-origin https://evil.example"), "{}", refused.message);
         assert!(gate.refusal(&headers(&[("sec-fetch-site", "cross-site")]), "/").is_some());
         assert!(gate.refusal(&headers(&[("origin", "null")]), "/").is_some());
@@ -175,7 +176,7 @@ mod tests {
     #[test]
     fn tcp_needs_host_and_token() {
         let gate = Gate::tcp(Token::new("0123456789abcdef").unwrap(), &[], &[], None);
-        let code = |pairs: &[(&'static str, &str)], path| gate.refusal(&headers(pairs), path).map(|e| e.status);
+        let code = |pairs: &[(&'static str, &str)], path| gate.refusal(&headers(pairs), path).map(|e| e.status());
         assert_eq!(code(&[("host", "127.0.0.1:1")], "/v1/sandboxes"), Some(StatusCode::UNAUTHORIZED));
         assert_eq!(code(&[("host", "127.0.0.1:1")], "/healthz"), None);
         let good = [("host", "127.0.0.1:1"), ("authorization", "Bearer 0123456789abcdef")];

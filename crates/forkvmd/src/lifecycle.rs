@@ -26,7 +26,7 @@ use crate::state::{new_row, now_unix, AppState, Origin};
 use forkvm_sandbox::archive::{self, ArchiveError};
 use forkvm_sandbox::registry::now_unix_ms;
 use forkvm_sandbox::{SandboxRecord, SandboxState};
-use forkvm_vmm::control::{ControlClient, Request};
+use forkvm_vmm::control::ControlClient;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -118,9 +118,10 @@ impl Drop for InUse {
     }
 }
 
-fn vmm_call(r: &SandboxRecord, req: &Request) -> Result<(), ApiError> {
+/// Pauses (`pause`) or resumes sandbox `r`'s vCPUs.
+fn set_paused(r: &SandboxRecord, pause: bool) -> Result<(), ApiError> {
     ControlClient::connect(&r.control_socket())
-        .and_then(|mut c| c.call(req))
+        .and_then(|mut c| if pause { c.pause() } else { c.resume() })
         .map(|_| ())
         .map_err(|e| ApiError::internal(format!("sandbox {}: {e}", r.id)))
 }
@@ -133,7 +134,7 @@ pub fn use_sandbox(s: &AppState, id: &str) -> Result<(SandboxRecord, InUse), Api
     let mut a = lock(&entry);
     let now = now_unix_ms();
     if s.sandbox_row(id).is_some_and(|row| row.state == SandboxState::Paused) {
-        vmm_call(&r, &Request::Resume {})?;
+        set_paused(&r, false)?;
         let _ = s.db().set_state(id, SandboxState::Running, None, now);
         s.metrics.inc("forkvm_auto_resumes_total", &[]);
         tracing::info!(sandbox_id = %id, "resumed a sandbox paused when idle");
@@ -162,7 +163,7 @@ pub fn pause_if_idle(s: &AppState, row: &SandboxRow, idle: Duration) -> Result<b
         return Ok(false);
     }
     let Ok((r, true)) = s.registry.lookup(&row.id) else { return Ok(false) };
-    vmm_call(&r, &Request::Pause {})?;
+    set_paused(&r, true)?;
     let _ = s.db().set_state(&row.id, SandboxState::Paused, Some("idle"), now);
     s.metrics.inc("forkvm_auto_pauses_total", &[]);
     tracing::info!(sandbox_id = %row.id, idle_ms = now - a.last_ms, "paused an idle sandbox");
@@ -175,7 +176,7 @@ impl From<ArchiveError> for ApiError {
             ArchiveError::Lifecycle(l) => l.into(),
             ArchiveError::Spawn(sp) => sp.into(),
             ArchiveError::Running(_) => ApiError::conflict(e.to_string(), SandboxState::Running.as_str()),
-            other => ApiError::from_code(other.code(), other.to_string()),
+            other => ApiError::new(other.code(), other.to_string()),
         }
     }
 }
@@ -233,7 +234,7 @@ pub async fn archive_sandbox(
         .await;
     let outcome = match &out {
         Ok(_) => "ok",
-        Err(e) => e.code,
+        Err(e) => e.code.as_str(),
     };
     s.metrics.inc("forkvm_archives_total", &[("reason", reason), ("outcome", outcome)]);
     out
@@ -304,7 +305,7 @@ pub async fn restore_sandbox(
         .await;
     let outcome = match &out {
         Ok(_) => "ok",
-        Err(e) => e.code,
+        Err(e) => e.code.as_str(),
     };
     s.metrics.inc("forkvm_restores_total", &[("outcome", outcome)]);
     out

@@ -16,7 +16,7 @@ use crate::state::{new_row, AppState, Origin};
 use crate::views::{snapshot_info, snapshot_row};
 use forkvm_sandbox::{archive, SandboxState};
 use forkvm_snapshot::SnapshotStatus;
-use forkvm_vmm::control::{ControlClient, Request};
+use forkvm_vmm::control::ControlClient;
 use serde::Serialize;
 
 /// What reconciliation did, logged at start and returned for tests.
@@ -94,7 +94,7 @@ pub fn reconcile(s: &AppState) -> (Reconciled, Vec<(String, String)>) {
                 drop_ids.push(row.id.clone());
             }
             (_, Some(r)) => {
-                let answers = ControlClient::connect(&r.control_socket()).and_then(|mut c| c.call(&Request::Status {}));
+                let answers = ControlClient::connect(&r.control_socket()).and_then(|mut c| c.status());
                 match answers {
                     Ok(_) => out.reattached.push(row.id.clone()),
                     Err(e) => {

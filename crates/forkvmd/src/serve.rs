@@ -145,8 +145,8 @@ impl UnixPeers {
         UnixPeers { owner: unsafe { libc::geteuid() }, group }
     }
 
-    fn allows(&self, s: &tokio::net::UnixStream) -> Result<(), String> {
-        let cred = s.peer_cred().map_err(|e| format!("reading the peer's credentials: {e}"))?;
+    fn allows(&self, s: &tokio::net::UnixStream) -> Result<(), PeerRefused> {
+        let cred = s.peer_cred().map_err(PeerRefused::Credentials)?;
         if cred.uid() == self.owner || cred.uid() == 0 {
             return Ok(());
         }
@@ -155,8 +155,17 @@ impl UnixPeers {
                 return Ok(());
             }
         }
-        Err(format!("uid {} is neither the daemon's user nor in its socket group", cred.uid()))
+        Err(PeerRefused::Stranger { uid: cred.uid() })
     }
+}
+
+/// Why a Unix-socket peer is refused.
+#[derive(Debug, thiserror::Error)]
+enum PeerRefused {
+    #[error("reading the peer's credentials: {0}")]
+    Credentials(#[source] std::io::Error),
+    #[error("uid {uid} is neither the daemon's user nor in its socket group")]
+    Stranger { uid: u32 },
 }
 
 /// The peer's supplementary groups (`SO_PEERGROUPS`); empty if they cannot be read.
@@ -283,7 +292,7 @@ pub async fn run(
                 let peer = unix_peer(&stream);
                 if let Err(why) = u.peers.allows(&stream) {
                     if let Some(a) = &audit {
-                        a.refused(&peer, "-", "-", 403, &why);
+                        a.refused(&peer, "-", "-", 403, &why.to_string());
                     }
                     continue;
                 }

@@ -12,7 +12,13 @@
 //! The helper dies with the daemon (`PR_SET_PDEATHSIG`), never mid-way through anything
 //! the restarted daemon could not clean up: its VMMs are recorded as `starting` in the
 //! state database before it is asked to create them. It reaps the VMMs it forked.
+//!
+//! Orders and answers are typed ([`Order`], [`Answer`], errors as
+//! [`forkvm_api::ErrorCode`]) but carry no protocol version: the spawner is a fork of
+//! the daemon itself, so both ends are always the same build. (The VMM control socket
+//! is versioned because a VMM outlives the daemon that started it.)
 
+use forkvm_api::ErrorCode;
 use forkvm_sandbox::archive::PendingRestore;
 use forkvm_sandbox::{Registry, SandboxRecord, SpawnOptions, SpawnSource, StartedVmms};
 use forkvm_snapshot::Store;
@@ -35,8 +41,14 @@ pub struct SpawnOrder {
 #[derive(Debug, Clone, Serialize, Deserialize, thiserror::Error)]
 #[error("{message}")]
 pub struct SpawnRefused {
-    pub code: String,
+    pub code: ErrorCode,
     pub message: String,
+}
+
+impl SpawnRefused {
+    fn internal(message: String) -> SpawnRefused {
+        SpawnRefused { code: ErrorCode::Internal, message }
+    }
 }
 
 /// What the spawner is asked: every kind of VMM start (each forks).
@@ -69,8 +81,8 @@ enum Answer {
 
 /// The API error for a refusal (`conflict_state`: the state a conflict reports).
 pub fn refused(r: SpawnRefused, conflict_state: &str) -> crate::error::ApiError {
-    let mut e = crate::error::ApiError::from_code(&r.code, r.message);
-    if e.code == "conflict" {
+    let mut e = crate::error::ApiError::new(r.code, r.message);
+    if e.code == ErrorCode::Conflict {
         e.state = Some(conflict_state.to_string());
     }
     e
@@ -146,13 +158,12 @@ impl Spawner {
     }
 
     fn unexpected(&self, a: &Answer) -> SpawnRefused {
-        SpawnRefused { code: "internal".into(), message: format!("the spawner (pid {}) answered {a:?}", self.pid) }
+        SpawnRefused::internal(format!("the spawner (pid {}) answered {a:?}", self.pid))
     }
 
     fn ask(&self, order: &Order) -> Result<Answer, SpawnRefused> {
-        let lost = |what: &str, e: &dyn std::fmt::Display| SpawnRefused {
-            code: "internal".into(),
-            message: format!("the spawner process (pid {}): {what}: {e}", self.pid),
+        let lost = |what: &str, e: &dyn std::fmt::Display| {
+            SpawnRefused::internal(format!("the spawner process (pid {}): {what}: {e}", self.pid))
         };
         let mut line = serde_json::to_string(order).map_err(|e| lost("encoding the order", &e))?;
         line.push('\n');
@@ -194,7 +205,7 @@ fn serve(parent: libc::pid_t, stream: UnixStream, registry: &Registry, store: &S
         }
         let answer = match serde_json::from_str::<Order>(&line) {
             Ok(order) => execute(&order, registry, store),
-            Err(e) => Answer::Refused(SpawnRefused { code: "internal".into(), message: format!("bad order: {e}") }),
+            Err(e) => Answer::Refused(SpawnRefused::internal(format!("bad order: {e}"))),
         };
         line.clear();
         let Ok(mut out) = serde_json::to_string(&answer) else { return 1 };
@@ -206,7 +217,7 @@ fn serve(parent: libc::pid_t, stream: UnixStream, registry: &Registry, store: &S
 }
 
 fn execute(order: &Order, registry: &Registry, store: &Store) -> Answer {
-    let refused = |code: &str, message: String| Answer::Refused(SpawnRefused { code: code.into(), message });
+    let refused = |code: ErrorCode, message: String| Answer::Refused(SpawnRefused { code, message });
     let order = match order {
         Order::Spawn(o) => o,
         Order::Restore { id } => {

@@ -90,7 +90,7 @@ async fn unknown_sandbox_or_tag_is_404_on_every_route_that_names_one() {
         let (status, body) = call(&e.app, r.method, &u, Some(TOKEN), good_body(r.name)).await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{} {u}: {body}", r.method);
         let err = error_of(&body);
-        assert_eq!(err.code, "not_found");
+        assert_eq!(err.code.as_str(), "not_found");
         assert!(err.error.contains("nope"), "{body}");
         checked += 1;
     }
@@ -171,7 +171,7 @@ async fn malformed_json_and_unknown_fields_are_400_with_a_message() {
     ] {
         let (status, text) = call(&e.app, "POST", uri, Some(TOKEN), body).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "POST {uri} {body}: {text}");
-        assert_eq!(error_of(&text).code, "bad_request");
+        assert_eq!(error_of(&text).code.as_str(), "bad_request");
     }
     // Unknown query parameters, relative guest paths.
     for (method, uri) in [
@@ -323,7 +323,7 @@ async fn unknown_routes_and_methods_answer_json() {
     assert!(error_of(&text).error.contains("/v1/workspaces"));
     let (status, text) = call(&e.app, "PATCH", "/v1/sandboxes", Some(TOKEN), "").await;
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
-    assert_eq!(error_of(&text).code, "method_not_allowed");
+    assert_eq!(error_of(&text).code.as_str(), "method_not_allowed");
     let (status, text) = call(&e.app, "GET", "/version", Some(TOKEN), "").await;
     assert_eq!(status, StatusCode::OK);
     assert!(text.contains("\"api\":\"v1\""));
@@ -350,6 +350,20 @@ fn openapi_document_matches_the_router() {
     documented.sort();
     served.sort();
     assert_eq!(documented, served, "docs/openapi.json and forkvm_api::routes::ROUTES differ");
+}
+
+#[test]
+fn openapi_error_codes_are_the_error_code_enum() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/openapi.json");
+    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let documented: Vec<&str> = doc["components"]["schemas"]["ErrorBody"]["properties"]["code"]["enum"]
+        .as_array()
+        .expect("ErrorBody.code enum")
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let sent: Vec<&str> = forkvm_api::ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
+    assert_eq!(documented, sent, "docs/openapi.json's ErrorBody.code and forkvm_api::ErrorCode differ");
 }
 
 fn snake(camel: &str) -> String {

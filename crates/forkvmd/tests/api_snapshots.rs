@@ -273,7 +273,7 @@ async fn pack_and_unpack_round_trip_and_a_damaged_pack_imports_nothing() {
         let (status, _, body) = call_bytes(&fresh.app, "POST", "/v1/snapshots/unpack", bad).await;
         let text = String::from_utf8_lossy(&body);
         assert_eq!(status, StatusCode::BAD_REQUEST, "{what}: {text}");
-        assert_eq!(error_of(&text).code, "bad_request");
+        assert_eq!(error_of(&text).code.as_str(), "bad_request");
         assert_eq!(store_files(&fresh.state.store), before, "{what}: the store is unchanged");
         assert!(row_tags(&fresh).is_empty());
     }

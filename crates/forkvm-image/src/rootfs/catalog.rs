@@ -63,8 +63,8 @@ pub enum CatalogError {
 
 impl CatalogError {
     /// The API's error code: every catalog error is the caller's (400).
-    pub fn code(&self) -> &'static str {
-        "bad_request"
+    pub fn code(&self) -> forkvm_api::ErrorCode {
+        forkvm_api::ErrorCode::BadRequest
     }
 }
 

@@ -104,31 +104,39 @@ fn is_complete(dir: &Path) -> bool {
         || (dir.join(forkvm_snapshot::SNAPSHOT_JSON).is_file() && dir.join(forkvm_snapshot::MEMORY_IMG).is_file())
 }
 
+/// An `archive.json` that cannot be used: the file and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {reason}", path.display())]
+pub struct BadManifest {
+    pub path: PathBuf,
+    pub reason: String,
+}
+
 /// Reads and checks `dir/archive.json`; `Ok(None)` for a format-0 (plaintext) archive.
-pub fn read_manifest(dir: &Path, id: &str) -> Result<Option<ArchiveManifest>, String> {
+pub fn read_manifest(dir: &Path, id: &str) -> Result<Option<ArchiveManifest>, BadManifest> {
     let path = dir.join(ARCHIVE_JSON);
+    let bad = |reason: String| BadManifest { path: path.clone(), reason };
     let bytes = match std::fs::metadata(&path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
+        Err(e) => return Err(bad(e.to_string())),
         Ok(m) if m.len() > MAX_MANIFEST_BYTES => {
-            return Err(format!("{}: {} bytes, over the {MAX_MANIFEST_BYTES}-byte cap", path.display(), m.len()))
+            return Err(bad(format!("{} bytes, over the {MAX_MANIFEST_BYTES}-byte cap", m.len())))
         }
-        Ok(_) => std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?,
+        Ok(_) => std::fs::read(&path).map_err(|e| bad(e.to_string()))?,
     };
     let m: ArchiveManifest =
-        serde_json::from_slice(&bytes).map_err(|e| format!("{}: not an archive description: {e}", path.display()))?;
+        serde_json::from_slice(&bytes).map_err(|e| bad(format!("not an archive description: {e}")))?;
     if m.format != ARCHIVE_FORMAT {
-        return Err(format!(
-            "{}: archive format {} (this forkvm reads format {ARCHIVE_FORMAT}); use the forkvm that wrote it",
-            path.display(),
+        return Err(bad(format!(
+            "archive format {} (this forkvm reads format {ARCHIVE_FORMAT}); use the forkvm that wrote it",
             m.format
-        ));
+        )));
     }
     if m.sandbox_id != id {
-        return Err(format!("{}: the archive of sandbox {:?}, not {id:?}", path.display(), m.sandbox_id));
+        return Err(bad(format!("the archive of sandbox {:?}, not {id:?}", m.sandbox_id)));
     }
     if m.disks.iter().any(|d| d.id == MEMORY_DISK_ID || d.layers.iter().any(|l| !forkvm_snapshot::is_layer_name(l))) {
-        return Err(format!("{}: a disk entry names the memory or an invalid layer id", path.display()));
+        return Err(bad("a disk entry names the memory or an invalid layer id".into()));
     }
     Ok(Some(m))
 }
@@ -197,7 +205,7 @@ mod tests {
         assert_eq!(read_manifest(dir, "sb-1"), Ok(None), "no archive.json: format 0");
         write_manifest(dir, &manifest()).unwrap();
         assert_eq!(read_manifest(dir, "sb-1").unwrap(), Some(manifest()));
-        assert!(read_manifest(dir, "sb-2").unwrap_err().contains("not \"sb-2\""));
+        assert!(read_manifest(dir, "sb-2").unwrap_err().reason.contains("not \"sb-2\""));
         for (bad, says) in [
             (ArchiveManifest { format: 2, ..manifest() }, "archive format 2"),
             (
@@ -209,11 +217,11 @@ mod tests {
             ),
         ] {
             write_manifest(dir, &bad).unwrap();
-            let err = read_manifest(dir, "sb-1").unwrap_err();
+            let err = read_manifest(dir, "sb-1").unwrap_err().to_string();
             assert!(err.contains(says), "{err}");
         }
         std::fs::write(dir.join(ARCHIVE_JSON), br#"{"format":1,"surprise":true}"#).unwrap();
-        assert!(read_manifest(dir, "sb-1").unwrap_err().contains("not an archive description"));
+        assert!(read_manifest(dir, "sb-1").unwrap_err().reason.contains("not an archive description"));
     }
 
     #[test]

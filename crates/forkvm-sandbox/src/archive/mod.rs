@@ -26,8 +26,7 @@ use crate::registry::{Registry, RegistryError, SandboxRecord};
 use crate::source::{SourceError, SpawnSource};
 use crate::spawn::{finish, start_vmms, SpawnError, SpawnOptions, SpawnedSandbox, StartedVmms};
 use forkvm_snapshot::{Store, StoreError};
-use forkvm_vmm::control::Request;
-use forkvm_vmm::vmm::{BranchMode, BranchReport, BranchRequest, DiskCapture};
+use forkvm_vmm::vmm::{BranchMode, BranchRequest, DiskCapture};
 use format::ARCHIVED_RECORD;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -62,15 +61,15 @@ pub enum ArchiveError {
 
 impl ArchiveError {
     /// The API code: `not_found`, `conflict`, `bad_request`, `internal`.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> forkvm_api::ErrorCode {
         match self {
             ArchiveError::Lifecycle(e) => e.code(),
             ArchiveError::Spawn(e) => e.code(),
             ArchiveError::Source(e) => e.code(),
             ArchiveError::Store(e) => e.code(),
-            ArchiveError::NotArchived(_) => "not_found",
-            ArchiveError::Running(_) => "conflict",
-            ArchiveError::Io { .. } | ArchiveError::Step { .. } => "internal",
+            ArchiveError::NotArchived(_) => forkvm_api::ErrorCode::NotFound,
+            ArchiveError::Running(_) => forkvm_api::ErrorCode::Conflict,
+            ArchiveError::Io { .. } | ArchiveError::Step { .. } => forkvm_api::ErrorCode::Internal,
         }
     }
 }
@@ -101,9 +100,9 @@ pub fn archive(registry: &Registry, store: &Store, id: &str) -> Result<ArchiveRe
     let partial = format::partial_dir(store, id);
     format::remove(store, id, &partial).map_err(io(id, "removing an earlier, unfinished archive"))?;
     // Paused first, so nothing the guest does after the capture is lost with the process.
-    lifecycle::call(&record, &Request::Pause {})?;
+    lifecycle::call(&record, |c| c.pause())?;
     let resume = |e: ArchiveError| {
-        let _ = lifecycle::call(&record, &Request::Resume {});
+        let _ = lifecycle::call(&record, |c| c.resume());
         e
     };
     let writing = Instant::now();
@@ -111,14 +110,14 @@ pub fn archive(registry: &Registry, store: &Store, id: &str) -> Result<ArchiveRe
     // sealing moves it into the store encrypted.
     let staging = record.run_dir.join(CAPTURE_DIR);
     let _ = std::fs::remove_dir_all(&staging);
-    let req = Request::Branch(BranchRequest {
+    let req = BranchRequest {
         store: staging.clone(),
         tag: Some(CAPTURE_TAG.into()),
         mode: BranchMode::Full,
         wait: true,
         disks: DiskCapture::Reference,
-    });
-    let captured = lifecycle::call_as::<BranchReport>(&record, &req).map_err(|e| resume(e.into()))?;
+    };
+    let captured = lifecycle::call(&record, |c| c.branch(req)).map_err(|e| resume(e.into()))?;
     let sealed = seal::seal_capture(store, &record, &captured.dir, &partial);
     let _ = std::fs::remove_dir_all(&staging);
     let sealed = match sealed {
@@ -190,10 +189,10 @@ pub fn start_restore(registry: &Registry, store: &Store, id: &str) -> Result<Pen
         Err(e) => return Err(LifecycleError::from(e).into()),
     }
     let dir = format::find(store, id).ok_or_else(|| ArchiveError::NotArchived(id.to_string()))?;
-    let manifest = format::read_manifest(&dir, id).map_err(|reason| ArchiveError::Step {
+    let manifest = format::read_manifest(&dir, id).map_err(|e| ArchiveError::Step {
         id: id.into(),
         step: "reading archive.json",
-        reason,
+        reason: e.to_string(),
     })?;
     let archived = archived_record(store, id);
     let opts = SpawnOptions { memory_limit_bytes: archived.as_ref().and_then(|r| r.memory_limit_bytes) };

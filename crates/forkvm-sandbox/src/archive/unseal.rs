@@ -86,7 +86,7 @@ pub(super) fn unseal(
             prefetch: false,
         };
         // Opened once here so that a bad snapshot fails this call, not the VMM.
-        lazy.open().map_err(step("opening the disk snapshot lazily"))?;
+        lazy.open().map_err(|e| step("opening the disk snapshot lazily")(e.to_string()))?;
         source.vault_lowers.push(VaultLower { index: d.index, source: lazy, replaces: d.layers.clone() });
     }
     Ok(source)

@@ -85,18 +85,20 @@ pub enum ChainError {
 
 impl ChainError {
     /// `not_found`, `conflict`, `bad_request` or `internal` (the API's status classes).
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> forkvm_api::ErrorCode {
         match self {
             ChainError::Store(e) => e.code(),
             ChainError::ParentMissing { .. }
             | ChainError::ParentChanged { .. }
             | ChainError::ParentUnusable { .. }
             | ChainError::DiskLayer { .. }
-            | ChainError::HasDependents { .. } => "conflict",
-            ChainError::Pack(crate::pack_archive::PackError::NoSpace { .. }) => "disk_full",
-            ChainError::Pack(crate::pack_archive::PackError::Io { .. }) => "internal",
-            ChainError::TooDeep { .. } | ChainError::BadPack { .. } | ChainError::Pack(_) => "bad_request",
-            _ => "internal",
+            | ChainError::HasDependents { .. } => forkvm_api::ErrorCode::Conflict,
+            ChainError::Pack(crate::pack_archive::PackError::NoSpace { .. }) => forkvm_api::ErrorCode::DiskFull,
+            ChainError::Pack(crate::pack_archive::PackError::Io { .. }) => forkvm_api::ErrorCode::Internal,
+            ChainError::TooDeep { .. } | ChainError::BadPack { .. } | ChainError::Pack(_) => {
+                forkvm_api::ErrorCode::BadRequest
+            }
+            _ => forkvm_api::ErrorCode::Internal,
         }
     }
 

@@ -301,7 +301,7 @@ pub fn unpack_trusted(store: &Store, pack_path: &Path, trust: &PackTrust) -> Res
     let mut metas: Vec<SnapshotMeta> = Vec::new();
     let mut needed: BTreeSet<ChunkId> = BTreeSet::new();
     for (i, link) in meta.links.iter().enumerate() {
-        let m = check_link(&staging.0, link, i.checked_sub(1).map(|p| &meta.links[p])).map_err(&bad)?;
+        let m = check_link(&staging.0, link, i.checked_sub(1).map(|p| &meta.links[p])).map_err(|m| bad(m.0))?;
         let map_path = staging.0.join("snapshots").join(&link.tag).join(MEMORY_MAP);
         let map = PageMap::read_file(&map_path).map_err(|e| bad(format!("{}: memory.map: {e}", link.tag)))?;
         if map.mem_size != m.mem_size_bytes || metas.first().is_some_and(|b| b.mem_size_bytes != m.mem_size_bytes) {
@@ -387,30 +387,34 @@ pub fn unpack_trusted(store: &Store, pack_path: &Path, trust: &PackTrust) -> Res
 
 /// Checks one staged link against the pack's description and its parent link, puts its
 /// disks in place (hard links within the staging directory) and returns its metadata.
-fn check_link(staging: &Path, link: &PackLink, parent: Option<&PackLink>) -> Result<SnapshotMeta, String> {
+fn check_link(
+    staging: &Path,
+    link: &PackLink,
+    parent: Option<&PackLink>,
+) -> Result<SnapshotMeta, crate::malformed::Malformed> {
     let tag = &link.tag;
     validate_tag(tag).map_err(|e| format!("link tag: {e}"))?;
     let dir = staging.join("snapshots").join(tag);
     let m = read_meta(&dir.join(SNAPSHOT_JSON)).map_err(|e| format!("{tag}: {e}"))?;
     if m.tag != *tag {
-        return Err(format!("{tag}: its snapshot.json names {:?}", m.tag));
+        return Err(format!("{tag}: its snapshot.json names {:?}", m.tag).into());
     }
     if m.status != SnapshotStatus::Ready || m.memory_format != MemoryFormat::Chunked {
-        return Err(format!("{tag}: not a ready chunked snapshot"));
+        return Err(format!("{tag}: not a ready chunked snapshot").into());
     }
     check_disk_names(&m).map_err(|e| e.to_string())?;
     match (parent, &m.parent_tag, &m.parent_hash) {
         (None, None, None) => {}
         (Some(p), Some(pt), Some(ph)) if *pt == p.tag && *ph == p.content_hash => {}
-        _ => return Err(format!("{tag}: its parent edge does not match the pack's chain order")),
+        _ => return Err(format!("{tag}: its parent edge does not match the pack's chain order").into()),
     }
     let disks = m.devices.iter().flat_map(|d| d.disks.iter());
     for d in disks {
         let Some(pd) = link.disks.iter().find(|x| x.file == d.file) else {
-            return Err(format!("{tag}: disk {:?} is not in the pack", d.file));
+            return Err(format!("{tag}: disk {:?} is not in the pack", d.file).into());
         };
         if !accept_name(&pd.entry) || !pd.entry.starts_with("disks/") {
-            return Err(format!("{tag}: disk entry {:?} is not a disk", pd.entry));
+            return Err(format!("{tag}: disk entry {:?} is not a disk", pd.entry).into());
         }
         let from = staging.join(&pd.entry);
         let disk_dir = dir.join(DISK_DIR);
@@ -419,11 +423,11 @@ fn check_link(staging: &Path, link: &PackLink, parent: Option<&PackLink>) -> Res
         let listed: Vec<&String> = d.layers.iter().flatten().collect();
         let packed: Vec<&String> = pd.layers.iter().map(|l| &l.name).collect();
         if listed != packed {
-            return Err(format!("{tag}: disk {:?}: the pack's layers differ from its snapshot.json's", d.file));
+            return Err(format!("{tag}: disk {:?}: the pack's layers differ from its snapshot.json's", d.file).into());
         }
         for l in &pd.layers {
             if !is_layer_entry(&l.entry) {
-                return Err(format!("{tag}: layer entry {:?} is not a layer", l.entry));
+                return Err(format!("{tag}: layer entry {:?} is not a layer", l.entry).into());
             }
             let to = d.layer_dir(&disk_dir, &l.name);
             std::fs::create_dir_all(&to).map_err(|e| format!("{tag}: staging layer {}: {e}", l.name))?;
@@ -435,7 +439,7 @@ fn check_link(staging: &Path, link: &PackLink, parent: Option<&PackLink>) -> Res
     }
     let actual = content_hash(&dir, &m).map_err(|e| e.to_string())?;
     if Some(&actual) != m.content_hash.as_ref() || actual != link.content_hash {
-        return Err(format!("{tag}: content hash {actual} does not match the recorded {}", link.content_hash));
+        return Err(format!("{tag}: content hash {actual} does not match the recorded {}", link.content_hash).into());
     }
     check_layers(&dir, &m).map_err(|e| e.to_string())?;
     Ok(m)

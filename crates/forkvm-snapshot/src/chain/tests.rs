@@ -206,7 +206,7 @@ fn compact_equals_the_head_and_shares_its_chunks() {
     assert_eq!(resolve(&env.store, "flat").unwrap().depth(), 0);
     assert_eq!(assembled_fresh(&env, "flat"), mems[3]);
     assert!(compact(&env.store, &env.cache, "l3", "l3").is_err());
-    assert_eq!(compact(&env.store, &env.cache, "l3", "flat").unwrap_err().code(), "conflict");
+    assert_eq!(compact(&env.store, &env.cache, "l3", "flat").unwrap_err().code(), forkvm_api::ErrorCode::Conflict);
 }
 
 #[test]
@@ -227,7 +227,7 @@ fn info_reports_lineage_and_sizes() {
     let base = info(&env.store, "base").unwrap();
     assert_eq!(base.chain_depth, 0);
     assert!(head.chain_physical_bytes > base.physical_bytes);
-    assert_eq!(info(&env.store, "nope").unwrap_err().code(), "not_found");
+    assert_eq!(info(&env.store, "nope").unwrap_err().code(), forkvm_api::ErrorCode::NotFound);
 }
 
 #[test]
@@ -332,7 +332,10 @@ fn pack_unpack_round_trips_into_an_empty_store() {
     let again = unpack(&other, &out).unwrap();
     assert_eq!(again.reused, ["base", "l1", "l2", "l3"]);
     assert!(again.imported.is_empty());
-    assert!(ChainError::from(StoreError::Exists { tag: "x".into(), store: PathBuf::new() }).code() == "conflict");
+    assert!(
+        ChainError::from(StoreError::Exists { tag: "x".into(), store: PathBuf::new() }).code()
+            == forkvm_api::ErrorCode::Conflict
+    );
     assert!(fs::read_dir(staging_root(&other)).unwrap().next().is_none(), "no staging left behind");
 }
 
@@ -356,7 +359,7 @@ fn signed_packs_are_trusted_by_their_key_only_and_refusals_write_nothing() {
         [(&unsigned, &trust_ours, "not signed"), (&signed, &trust_theirs, "not a trusted key")]
     {
         let err = unpack_trusted(&other, pack_path, trust).unwrap_err();
-        assert_eq!(err.code(), "bad_request", "{err}");
+        assert_eq!(err.code(), forkvm_api::ErrorCode::BadRequest, "{err}");
         assert!(err.to_string().contains(why), "{err}");
         assert_eq!(files_under(other.root()), before, "a refused pack wrote into the store");
     }
@@ -389,7 +392,7 @@ fn unpack_reuses_an_existing_base_and_refuses_a_different_one() {
     write_image_snapshot(&other.tag_dir("base").unwrap(), "base", &mem, &disk(&env));
     let before = files_under(other.root());
     let err = unpack(&other, &out).unwrap_err();
-    assert_eq!(err.code(), "conflict", "{err}");
+    assert_eq!(err.code(), forkvm_api::ErrorCode::Conflict, "{err}");
     assert_eq!(files_under(other.root()), before);
 }
 

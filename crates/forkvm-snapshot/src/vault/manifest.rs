@@ -115,47 +115,49 @@ pub(crate) fn decode(bytes: &[u8], seq: u64, key: &[u8; 32], path: &Path) -> Res
     let json = crypto::open(key, &bytes[8..8 + NONCE_LEN], &aad(seq), &bytes[8 + NONCE_LEN..])
         .ok_or_else(|| bad(format!("fails authentication as snapshot {seq} (tampered, renamed or wrong key)")))?;
     let m: Manifest = serde_json::from_slice(&json).map_err(|e| bad(format!("invalid manifest JSON: {e}")))?;
-    validate(&m, seq).map_err(bad)?;
+    validate(&m, seq).map_err(|m| bad(m.0))?;
     Ok(m)
 }
 
 /// Checks every field a checksum (here: an AEAD tag) cannot vouch for.
-pub(crate) fn validate(m: &Manifest, seq: u64) -> Result<(), String> {
+pub(crate) fn validate(m: &Manifest, seq: u64) -> Result<(), crate::malformed::Malformed> {
     if m.seq != seq {
-        return Err(format!("says seq {}, its file name says {seq}", m.seq));
+        return Err(format!("says seq {}, its file name says {seq}", m.seq).into());
     }
     let mut ids = HashSet::new();
     for d in &m.disks {
         validate_name("disk id", &d.id).map_err(|e| e.to_string())?;
         if !ids.insert(d.id.as_str()) {
-            return Err(format!("disk {} listed twice", d.id));
+            return Err(format!("disk {} listed twice", d.id).into());
         }
         if d.base_key.len() > MAX_BASE_KEY_LEN {
-            return Err(format!("disk {}: base key longer than {MAX_BASE_KEY_LEN} bytes", d.id));
+            return Err(format!("disk {}: base key longer than {MAX_BASE_KEY_LEN} bytes", d.id).into());
         }
         if d.size > MAX_DISK_BYTES {
-            return Err(format!("disk {}: size {} over the {MAX_DISK_BYTES}-byte cap", d.id, d.size));
+            return Err(format!("disk {}: size {} over the {MAX_DISK_BYTES}-byte cap", d.id, d.size).into());
         }
         let valid_layer = d.layer_id == "base"
             || (d.layer_id.len() == 32 && d.layer_id.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')));
         if !valid_layer {
-            return Err(format!("disk {}: layer id {:?} is not 32 hex digits or \"base\"", d.id, d.layer_id));
+            return Err(format!("disk {}: layer id {:?} is not 32 hex digits or \"base\"", d.id, d.layer_id).into());
         }
         let blocks = blocks_for(d.size);
         let mut next_free = 0u64;
         for &(first, count, ref chunk) in &d.extents {
             let end = first.checked_add(count).ok_or_else(|| format!("disk {}: extent overflows", d.id))?;
             if count == 0 || count > WINDOW_BLOCKS {
-                return Err(format!("disk {}: extent at block {first} has {count} blocks (1..={WINDOW_BLOCKS})", d.id));
+                return Err(
+                    format!("disk {}: extent at block {first} has {count} blocks (1..={WINDOW_BLOCKS})", d.id).into()
+                );
             }
             if end > blocks {
-                return Err(format!("disk {}: extent {first}+{count} past the disk's {blocks} blocks", d.id));
+                return Err(format!("disk {}: extent {first}+{count} past the disk's {blocks} blocks", d.id).into());
             }
             if first / WINDOW_BLOCKS != (end - 1) / WINDOW_BLOCKS {
-                return Err(format!("disk {}: extent {first}+{count} crosses a 64 KiB window", d.id));
+                return Err(format!("disk {}: extent {first}+{count} crosses a 64 KiB window", d.id).into());
             }
             if first < next_free {
-                return Err(format!("disk {}: extent at block {first} unsorted or overlapping", d.id));
+                return Err(format!("disk {}: extent at block {first} unsorted or overlapping", d.id).into());
             }
             ChunkId::from_hex(chunk).map_err(|e| format!("disk {}: {e}", d.id))?;
             next_free = end;

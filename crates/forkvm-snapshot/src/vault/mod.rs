@@ -161,18 +161,29 @@ pub enum VaultError {
     Fault(&'static str),
 }
 
+/// What kind of failure a [`VaultError`] is (tests and callers tell them apart by this,
+/// not by text).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VaultErrorKind {
+    Io,
+    Key,
+    Corrupt,
+    NotFound,
+    Invalid,
+    Layer,
+    Fault,
+}
+
 impl VaultError {
-    /// A short stable code for APIs: `io`, `key`, `corrupt`, `not_found`, `invalid`,
-    /// `layer` or `fault`.
-    pub fn code(&self) -> &'static str {
+    pub fn kind(&self) -> VaultErrorKind {
         match self {
-            VaultError::Io { .. } => "io",
-            VaultError::Key { .. } => "key",
-            VaultError::Corrupt { .. } => "corrupt",
-            VaultError::NotFound { .. } => "not_found",
-            VaultError::Invalid { .. } => "invalid",
-            VaultError::Layer { .. } => "layer",
-            VaultError::Fault(_) => "fault",
+            VaultError::Io { .. } => VaultErrorKind::Io,
+            VaultError::Key { .. } => VaultErrorKind::Key,
+            VaultError::Corrupt { .. } => VaultErrorKind::Corrupt,
+            VaultError::NotFound { .. } => VaultErrorKind::NotFound,
+            VaultError::Invalid { .. } => VaultErrorKind::Invalid,
+            VaultError::Layer { .. } => VaultErrorKind::Layer,
+            VaultError::Fault(_) => VaultErrorKind::Fault,
         }
     }
 }

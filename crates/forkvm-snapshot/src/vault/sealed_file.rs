@@ -53,6 +53,7 @@ impl Vault {
 mod tests {
     use super::*;
     use crate::vault::SandboxKey;
+    use crate::vault::VaultErrorKind;
 
     #[test]
     fn a_sealed_file_reads_back_only_with_its_key_and_label() {
@@ -66,15 +67,15 @@ mod tests {
         assert!(!raw.windows(20).any(|w| w == &secret[..20]), "plaintext on disk");
         assert_eq!(vault.read_sealed_file(&path, "archive 1 vmstate.bin", 1 << 20).unwrap(), secret);
 
-        let err = |r: Result<Vec<u8>, VaultError>| r.unwrap_err().code();
-        assert_eq!(err(vault.read_sealed_file(&path, "archive 2 vmstate.bin", 1 << 20)), "corrupt");
-        assert_eq!(err(vault.read_sealed_file(&path, "archive 1 vmstate.bin", 16)), "corrupt");
+        let err = |r: Result<Vec<u8>, VaultError>| r.unwrap_err().kind();
+        assert_eq!(err(vault.read_sealed_file(&path, "archive 2 vmstate.bin", 1 << 20)), VaultErrorKind::Corrupt);
+        assert_eq!(err(vault.read_sealed_file(&path, "archive 1 vmstate.bin", 16)), VaultErrorKind::Corrupt);
         let other = Vault::open(&tmp.path().join("w"), SandboxKey::from_bytes([8; 32])).unwrap();
-        assert_eq!(err(other.read_sealed_file(&path, "archive 1 vmstate.bin", 1 << 20)), "corrupt");
+        assert_eq!(err(other.read_sealed_file(&path, "archive 1 vmstate.bin", 1 << 20)), VaultErrorKind::Corrupt);
         let mut flipped = raw.clone();
         *flipped.last_mut().unwrap() ^= 1;
         std::fs::write(&path, &flipped).unwrap();
-        assert_eq!(err(vault.read_sealed_file(&path, "archive 1 vmstate.bin", 1 << 20)), "corrupt");
-        assert_eq!(err(vault.read_sealed_file(&tmp.path().join("none"), "x", 1 << 20)), "io");
+        assert_eq!(err(vault.read_sealed_file(&path, "archive 1 vmstate.bin", 1 << 20)), VaultErrorKind::Corrupt);
+        assert_eq!(err(vault.read_sealed_file(&tmp.path().join("none"), "x", 1 << 20)), VaultErrorKind::Io);
     }
 }

@@ -165,9 +165,9 @@ fn round_trip_every_snapshot_restores_byte_exact() {
         assert!(fx.export(*seq, "root", &base0) == *m0, "raw export of snapshot {seq}");
     }
     let err = fx.vault.restore_layer(9, "root", &fx.path("nope")).unwrap_err();
-    assert_eq!(err.code(), "not_found");
+    assert_eq!(err.kind(), VaultErrorKind::NotFound);
     let err = fx.vault.restore_layer(1, "swap", &fx.path("nope")).unwrap_err();
-    assert_eq!(err.code(), "not_found");
+    assert_eq!(err.kind(), VaultErrorKind::NotFound);
 }
 
 #[test]
@@ -276,7 +276,7 @@ fn interrupted_snapshot_keeps_the_previous_one() {
         disk.write(0, &rng.bytes(SIZE));
         disk.seal();
         let err = fx.vault.snapshot_inner(&[disk.input("root")], 0, Some(fault)).unwrap_err();
-        assert_eq!(err.code(), "fault", "{fault:?}");
+        assert_eq!(err.kind(), VaultErrorKind::Fault, "{fault:?}");
         assert!(!temp_files(fx.vault.root()).is_empty() || fault == FaultPoint::BeforeManifest, "{fault:?}");
         assert_eq!(fx.vault.latest().unwrap(), Some(1), "{fault:?}");
         assert_eq!(fx.vault.list().unwrap().len(), 1, "{fault:?}: temps are not snapshots");
@@ -331,11 +331,11 @@ fn tampered_chunk_is_refused_naming_it() {
     let name = chunk.file_name().unwrap().to_str().unwrap().to_string();
     flip_byte(&chunk, 100);
     let err = fx.restore(2, "root", &disk.base).unwrap_err();
-    assert_eq!(err.code(), "corrupt");
+    assert_eq!(err.kind(), VaultErrorKind::Corrupt);
     assert!(err.to_string().contains(&name), "{err}");
     assert!(!fx.path(&format!("restore{}", fx.restores)).exists(), "no half-restored layer under the real name");
     let out = fx.path("raw");
-    assert_eq!(fx.vault.export_raw(2, "root", &disk.base, &out).unwrap_err().code(), "corrupt");
+    assert_eq!(fx.vault.export_raw(2, "root", &disk.base, &out).unwrap_err().kind(), VaultErrorKind::Corrupt);
     assert!(!out.exists());
 }
 
@@ -345,7 +345,7 @@ fn swapped_chunk_files_are_refused() {
     let chunks = chunk_files(&fx.vault);
     fs::rename(&chunks[0], &chunks[1]).unwrap();
     let err = fx.restore(2, "root", &disk.base).unwrap_err();
-    assert_eq!(err.code(), "corrupt", "{err}");
+    assert_eq!(err.kind(), VaultErrorKind::Corrupt, "{err}");
     assert!(err.to_string().contains("authentication") || err.to_string().contains("missing"), "{err}");
 }
 
@@ -356,17 +356,17 @@ fn tampered_or_renamed_manifest_is_an_error() {
     let m2 = fx.vault.manifest_path(2);
     // Passing snapshot 1 off as snapshot 3 fails: the seq is in the AAD.
     fs::copy(&m1, fx.vault.manifest_path(3)).unwrap();
-    assert_eq!(fx.vault.list().unwrap_err().code(), "corrupt");
+    assert_eq!(fx.vault.list().unwrap_err().kind(), VaultErrorKind::Corrupt);
     fs::remove_file(fx.vault.manifest_path(3)).unwrap();
     assert_eq!(fx.vault.list().unwrap().len(), 2);
     flip_byte(&m2, 50);
     let err = fx.vault.list().unwrap_err();
-    assert_eq!(err.code(), "corrupt");
+    assert_eq!(err.kind(), VaultErrorKind::Corrupt);
     assert!(err.to_string().contains(&m2.display().to_string()), "{err}");
-    assert_eq!(fx.vault.restore_layer(2, "root", &fx.path("r")).unwrap_err().code(), "corrupt");
+    assert_eq!(fx.vault.restore_layer(2, "root", &fx.path("r")).unwrap_err().kind(), VaultErrorKind::Corrupt);
     // Retention refuses to collect anything while a manifest is unreadable.
     let policy = RetentionPolicy { keep_last: 1, keep_hourly: 0, keep_daily: 0 };
-    assert_eq!(fx.vault.retain(&policy).unwrap_err().code(), "corrupt");
+    assert_eq!(fx.vault.retain(&policy).unwrap_err().kind(), VaultErrorKind::Corrupt);
     assert!(m1.exists());
 }
 
@@ -375,18 +375,18 @@ fn wrong_keys_are_key_errors() {
     let (fx, _disk) = two_snapshots();
     // Another sandbox key on this vault.
     let other = fx.keys.sandbox_key("sb-2").unwrap();
-    assert_eq!(Vault::open(fx.vault.root(), other).unwrap_err().code(), "key");
+    assert_eq!(Vault::open(fx.vault.root(), other).unwrap_err().kind(), VaultErrorKind::Key);
     // Another host key cannot unwrap the sandbox key.
     let host = fx.keys.dir().join("host.key");
     fs::write(&host, [7u8; 32]).unwrap();
     let keys = KeyStore::open(fx.keys.dir()).unwrap();
     let err = keys.sandbox_key("sb-1").unwrap_err();
-    assert_eq!(err.code(), "key");
+    assert_eq!(err.kind(), VaultErrorKind::Key);
     assert!(err.to_string().contains("sb-1.key"), "{err}");
     // A tampered wrapped key too.
     let wrapped = fx.keys.dir().join("sandboxes/sb-2.key");
     flip_byte(&wrapped, 40);
-    assert_eq!(fx.keys.sandbox_key("sb-2").unwrap_err().code(), "key");
+    assert_eq!(fx.keys.sandbox_key("sb-2").unwrap_err().kind(), VaultErrorKind::Key);
 }
 
 #[test]
@@ -433,7 +433,7 @@ fn retention_keeps_the_policy_set_and_collects_the_rest() {
     for seq in [6u64, 8, 9, 10] {
         assert!(fx.restore(seq, "root", &disk.base.clone()).unwrap() == models[seq as usize - 1], "seq {seq}");
     }
-    assert_eq!(fx.vault.restore_layer(1, "root", &fx.path("gone")).unwrap_err().code(), "not_found");
+    assert_eq!(fx.vault.restore_layer(1, "root", &fx.path("gone")).unwrap_err().kind(), VaultErrorKind::NotFound);
     // keep_last = 0 still keeps the newest.
     let report = fx.vault.retain(&RetentionPolicy { keep_last: 0, keep_hourly: 0, keep_daily: 0 }).unwrap();
     assert_eq!(report.kept, vec![10]);
@@ -469,14 +469,14 @@ fn destroy_removes_the_vault() {
 fn snapshot_inputs_are_checked() {
     let (fx, disk) = two_snapshots();
     let mut twice = vec![disk.input("root"), disk.input("root")];
-    assert_eq!(fx.vault.snapshot(&twice).unwrap_err().code(), "invalid");
+    assert_eq!(fx.vault.snapshot(&twice).unwrap_err().kind(), VaultErrorKind::Invalid);
     twice[1].id = "../x".to_string();
-    assert_eq!(fx.vault.snapshot(&twice).unwrap_err().code(), "invalid");
+    assert_eq!(fx.vault.snapshot(&twice).unwrap_err().kind(), VaultErrorKind::Invalid);
     let mut reversed = disk.input("root");
     reversed.layers.reverse();
-    assert_eq!(fx.vault.snapshot(&[reversed]).unwrap_err().code(), "invalid");
+    assert_eq!(fx.vault.snapshot(&[reversed]).unwrap_err().kind(), VaultErrorKind::Invalid);
     let empty = DiskInput { id: "root".into(), base_key: "b".into(), layers: vec![] };
-    assert_eq!(fx.vault.snapshot(&[empty]).unwrap_err().code(), "invalid");
+    assert_eq!(fx.vault.snapshot(&[empty]).unwrap_err().kind(), VaultErrorKind::Invalid);
 }
 
 #[test]
@@ -549,7 +549,7 @@ fn key_store_files_are_private_and_checked() {
     assert_eq!(KeyStore::open(&dir).unwrap().sandbox_key("sb.1_x-y").unwrap().bytes(), key.bytes());
 
     for bad in ["", ".hidden", "a/b", "x y", &"a".repeat(65)] {
-        assert_eq!(keys.sandbox_key(bad).unwrap_err().code(), "invalid", "{bad:?}");
+        assert_eq!(keys.sandbox_key(bad).unwrap_err().kind(), VaultErrorKind::Invalid, "{bad:?}");
     }
     // Crypto-shredding: the key is gone; a new one is different. Missing is Ok.
     keys.remove_sandbox_key("sb.1_x-y").unwrap();
@@ -558,12 +558,12 @@ fn key_store_files_are_private_and_checked() {
 
     let host = dir.join("host.key");
     fs::set_permissions(&host, fs::Permissions::from_mode(0o640)).unwrap();
-    assert_eq!(KeyStore::open(&dir).unwrap_err().code(), "key");
+    assert_eq!(KeyStore::open(&dir).unwrap_err().kind(), VaultErrorKind::Key);
     fs::set_permissions(&host, fs::Permissions::from_mode(0o600)).unwrap();
     fs::write(&host, [1u8; 31]).unwrap();
     let err = KeyStore::open(&dir).unwrap_err();
-    assert_eq!(err.code(), "key");
+    assert_eq!(err.kind(), VaultErrorKind::Key);
     assert!(err.to_string().contains("31 bytes"), "{err}");
     fs::write(&host, [1u8; 33]).unwrap();
-    assert_eq!(KeyStore::open(&dir).unwrap_err().code(), "key");
+    assert_eq!(KeyStore::open(&dir).unwrap_err().kind(), VaultErrorKind::Key);
 }

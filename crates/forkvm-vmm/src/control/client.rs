@@ -1,6 +1,14 @@
-//! A blocking client for a VMM's control socket.
+//! A blocking client for a VMM's control socket: one typed method per request, each
+//! returning the type the VMM answers with, and refusals with their [`ErrorCode`].
 
-use super::protocol::{hex_encode, Request, Response};
+use super::protocol::{hex_encode, Request, Response, CONTROL_PROTOCOL_VERSION};
+use crate::vmm::compact::{CoveredLayer, DiskCompaction};
+use crate::vmm::disks::{DiskSeal, LazyDisk};
+use crate::vmm::fault::FaultPoint;
+use crate::vmm::{BranchReport, BranchRequest, ForkChild, ForkReport, SnapshotReport, VmmLabels, VmmStatus};
+use crate::vstate::memory_playbook::MemoryRecording;
+use forkvm_api::ErrorCode;
+use serde::de::DeserializeOwned;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -14,8 +22,10 @@ pub enum ControlClientError {
     Io(std::io::Error),
     #[error("the VMM sent a response that is not valid: {0}")]
     BadResponse(String),
+    #[error("the VMM speaks control protocol version {found}; this forkvm knows up to {CONTROL_PROTOCOL_VERSION} (stop that sandbox with this forkvm's `kill`, or use the newer forkvm)")]
+    Version { found: u32 },
     #[error("the VMM refused: {error}")]
-    Refused { error: String, code: Option<String> },
+    Refused { error: String, code: ErrorCode },
 }
 
 #[derive(Debug)]
@@ -33,11 +43,18 @@ impl ControlClient {
         Ok(ControlClient { reader: BufReader::new(stream), writer })
     }
 
-    /// Sends one request; returns its result, or the VMM's error as `Refused`.
+    /// Sends one request; returns its result as JSON (for printing it: code uses the
+    /// typed methods), or the VMM's error as `Refused`.
     pub fn call(&mut self, req: &Request) -> Result<serde_json::Value, ControlClientError> {
         let mut line = serde_json::to_string(req).map_err(|e| ControlClientError::BadResponse(e.to_string()))?;
         line.push('\n');
         self.call_raw(&line)
+    }
+
+    /// [`ControlClient::call`], with the answer read as `T`.
+    fn call_as<T: DeserializeOwned>(&mut self, req: &Request) -> Result<T, ControlClientError> {
+        let value = self.call(req)?;
+        serde_json::from_value(value).map_err(|e| ControlClientError::BadResponse(format!("answer to {req:?}: {e}")))
     }
 
     /// Sends a raw request line (tests use this to send malformed input).
@@ -50,18 +67,85 @@ impl ControlClient {
         }
         let resp: Response =
             serde_json::from_str(&resp).map_err(|e| ControlClientError::BadResponse(format!("{e}: {resp:?}")))?;
+        if resp.v > CONTROL_PROTOCOL_VERSION {
+            return Err(ControlClientError::Version { found: resp.v });
+        }
         match (resp.ok, resp.result, resp.error) {
             (true, result, _) => Ok(result.unwrap_or(serde_json::Value::Null)),
-            (false, _, error) => Err(ControlClientError::Refused { error: error.unwrap_or_default(), code: resp.code }),
+            (false, _, error) => Err(ControlClientError::Refused {
+                error: error.unwrap_or_default(),
+                code: resp.code.unwrap_or(ErrorCode::Internal),
+            }),
         }
     }
 
     /// The error code of a refusal (`conflict`, `disk_full`, ...), if any.
-    pub fn code(err: &ControlClientError) -> Option<&str> {
+    pub fn code(err: &ControlClientError) -> Option<ErrorCode> {
         match err {
-            ControlClientError::Refused { code, .. } => code.as_deref(),
+            ControlClientError::Refused { code, .. } => Some(*code),
             _ => None,
         }
+    }
+
+    pub fn status(&mut self) -> Result<VmmStatus, ControlClientError> {
+        self.call_as(&Request::Status {})
+    }
+
+    /// Pauses the vCPUs (idempotent); answers the status after.
+    pub fn pause(&mut self) -> Result<VmmStatus, ControlClientError> {
+        self.call_as(&Request::Pause {})
+    }
+
+    /// Resumes the vCPUs (idempotent); answers the status after.
+    pub fn resume(&mut self) -> Result<VmmStatus, ControlClientError> {
+        self.call_as(&Request::Resume {})
+    }
+
+    /// Snapshots the VM into `dir`, which must not exist.
+    pub fn snapshot(&mut self, dir: &Path) -> Result<SnapshotReport, ControlClientError> {
+        self.call_as(&Request::Snapshot { dir: dir.to_path_buf() })
+    }
+
+    pub fn branch(&mut self, req: BranchRequest) -> Result<BranchReport, ControlClientError> {
+        self.call_as(&Request::Branch(req))
+    }
+
+    pub fn fork(&mut self, children: Vec<ForkChild>) -> Result<ForkReport, ControlClientError> {
+        self.call_as(&Request::Fork { children })
+    }
+
+    /// Sets the labels recorded in the VM's snapshots; answers the status after.
+    pub fn label(&mut self, labels: VmmLabels) -> Result<VmmStatus, ControlClientError> {
+        self.call_as(&Request::Label(labels))
+    }
+
+    pub fn seal_disks(&mut self) -> Result<Vec<DiskSeal>, ControlClientError> {
+        self.call_as(&Request::SealDisks {})
+    }
+
+    pub fn lazy_disks(&mut self, finish_recording: bool) -> Result<Vec<LazyDisk>, ControlClientError> {
+        self.call_as(&Request::LazyDisks { finish_recording })
+    }
+
+    pub fn record_memory_playbook(&mut self, path: &Path) -> Result<MemoryRecording, ControlClientError> {
+        self.call_as(&Request::RecordMemoryPlaybook { path: path.to_path_buf() })
+    }
+
+    pub fn compact_disks(
+        &mut self,
+        covered: Vec<CoveredLayer>,
+        min_layers: usize,
+    ) -> Result<Vec<DiskCompaction>, ControlClientError> {
+        self.call_as(&Request::CompactDisks { covered, min_layers })
+    }
+
+    pub fn inject_fault(&mut self, point: FaultPoint) -> Result<(), ControlClientError> {
+        self.call(&Request::InjectFault { point }).map(|_| ())
+    }
+
+    /// Asks the VMM to stop; it answers before it exits.
+    pub fn shutdown(&mut self) -> Result<(), ControlClientError> {
+        self.call(&Request::Shutdown {}).map(|_| ())
     }
 
     pub fn send_input(&mut self, bytes: &[u8]) -> Result<(), ControlClientError> {

@@ -3,6 +3,7 @@
 
 use crate::vmm::fault::FaultPoint;
 use crate::vmm::{BranchRequest, ForkChild, VmmLabels};
+use forkvm_api::ErrorCode;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -60,38 +61,66 @@ pub enum Request {
     },
 }
 
+/// Version of this protocol, sent in every response. A VMM outlives the daemon and the
+/// CLI that started it, so an upgraded forkvm may talk to a VMM of an older build: it
+/// reads answers of any version up to its own (version 1 VMMs sent none), and refuses
+/// a newer one by name rather than misreading it.
+///
+/// - 1: `code` is free text.
+/// - 2: `v` is sent; `code` is a [`forkvm_api::ErrorCode`].
+pub const CONTROL_PROTOCOL_VERSION: u32 = 2;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Response {
+    /// The answering VMM's [`CONTROL_PROTOCOL_VERSION`] (absent: 1).
+    #[serde(default = "version_1")]
+    pub v: u32,
     pub ok: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
-    /// What kind of failure: `conflict`, `bad_request`, `disk_full`, `forbidden`,
-    /// `internal` (absent: a plain error).
+    /// What kind of failure (absent: internal).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub code: Option<String>,
+    pub code: Option<ErrorCode>,
+}
+
+fn version_1() -> u32 {
+    1
 }
 
 impl Response {
     pub fn ok(result: serde_json::Value) -> Response {
-        Response { ok: true, result: Some(result), error: None, code: None }
+        Response { v: CONTROL_PROTOCOL_VERSION, ok: true, result: Some(result), error: None, code: None }
     }
-    pub fn err(error: impl Into<String>) -> Response {
-        Response { ok: false, result: None, error: Some(error.into()), code: None }
+    /// A successful answer of a typed result.
+    pub fn ok_as<T: Serialize>(result: &T) -> Response {
+        match serde_json::to_value(result) {
+            Ok(v) => Response::ok(v),
+            Err(e) => Response::err(format!("encoding the answer: {e}"), ErrorCode::Internal),
+        }
     }
-    pub fn err_code(error: impl Into<String>, code: &str) -> Response {
-        Response { ok: false, result: None, error: Some(error.into()), code: Some(code.to_string()) }
+    pub fn err(error: impl Into<String>, code: ErrorCode) -> Response {
+        Response { v: CONTROL_PROTOCOL_VERSION, ok: false, result: None, error: Some(error.into()), code: Some(code) }
     }
+}
+
+/// Hex input that is not hex.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HexError {
+    #[error("hex input has odd length {0}")]
+    OddLength(usize),
+    #[error("hex input is not hex at offset {0}")]
+    NotHex(usize),
 }
 
 pub fn hex_encode(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-pub fn hex_decode(s: &str) -> Result<Vec<u8>, String> {
+pub fn hex_decode(s: &str) -> Result<Vec<u8>, HexError> {
     if !s.len().is_multiple_of(2) {
-        return Err(format!("hex input has odd length {}", s.len()));
+        return Err(HexError::OddLength(s.len()));
     }
     (0..s.len())
         .step_by(2)
@@ -100,7 +129,7 @@ pub fn hex_decode(s: &str) -> Result<Vec<u8>, String> {
             s.get(i..i + 2)
                 .filter(|pair| pair.bytes().all(|b| b.is_ascii_hexdigit()))
                 .and_then(|pair| u8::from_str_radix(pair, 16).ok())
-                .ok_or_else(|| format!("hex input is not hex at offset {i}"))
+                .ok_or(HexError::NotHex(i))
         })
         .collect()
 }
@@ -121,11 +150,21 @@ mod tests {
     }
 
     #[test]
+    fn answers_of_version_1_vmms_still_read() {
+        let old: Response = serde_json::from_str(r#"{"ok":false,"error":"x","code":"conflict"}"#).unwrap();
+        assert_eq!((old.v, old.code), (1, Some(ErrorCode::Conflict)));
+        let old: Response = serde_json::from_str(r#"{"ok":false,"error":"x","code":"forbidden"}"#).unwrap();
+        assert_eq!(old.code, Some(ErrorCode::Forbidden));
+        let now = serde_json::to_string(&Response::ok_as(&7)).unwrap();
+        assert_eq!(now, format!(r#"{{"v":{CONTROL_PROTOCOL_VERSION},"ok":true,"result":7}}"#));
+    }
+
+    #[test]
     fn hex_round_trips_and_rejects_garbage() {
         let bytes = vec![0, 1, 0xab, 0xff];
         assert_eq!(hex_decode(&hex_encode(&bytes)).unwrap(), bytes);
-        assert!(hex_decode("abc").unwrap_err().contains("odd"));
-        assert!(hex_decode("zz").unwrap_err().contains("offset 0"));
-        assert!(hex_decode("+f").unwrap_err().contains("offset 0"), "a sign is not a hex digit");
+        assert_eq!(hex_decode("abc").unwrap_err(), HexError::OddLength(3));
+        assert_eq!(hex_decode("zz").unwrap_err(), HexError::NotHex(0));
+        assert_eq!(hex_decode("+f").unwrap_err(), HexError::NotHex(0), "a sign is not a hex digit");
     }
 }

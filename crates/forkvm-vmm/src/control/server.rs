@@ -9,6 +9,7 @@ use super::protocol::{hex_decode, Request, Response, MAX_REQUEST_BYTES};
 use crate::vmm::fault::{FaultPlan, FAULT_INJECTION_ENV};
 use crate::vmm::{ExitLatch, Vmm};
 use crate::vstate::vcpu::VcpuExitReason;
+use forkvm_api::ErrorCode;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -115,7 +116,7 @@ fn serve_connection(conn: UnixStream, vmm: Arc<Mutex<Vmm>>, latch: Arc<ExitLatch
         }
         let response = if line.len() > MAX_REQUEST_BYTES {
             // Not a line we can resynchronize on: answer and hang up.
-            let r = Response::err(format!("bad request: longer than {MAX_REQUEST_BYTES} bytes"));
+            let r = Response::err(format!("bad request: longer than {MAX_REQUEST_BYTES} bytes"), ErrorCode::BadRequest);
             let _ = writeln!(writer, "{}", serde_json::to_string(&r).unwrap_or_default());
             return;
         } else {
@@ -124,7 +125,7 @@ fn serve_connection(conn: UnixStream, vmm: Arc<Mutex<Vmm>>, latch: Arc<ExitLatch
                     shutdown = matches!(req, Request::Shutdown {});
                     handle(req, &vmm)
                 }
-                Err(e) => Response::err(format!("bad request: {e}")),
+                Err(e) => Response::err(format!("bad request: {e}"), ErrorCode::BadRequest),
             }
         };
         let text = serde_json::to_string(&response).unwrap_or_else(|e| format!(r#"{{"ok":false,"error":"{e}"}}"#));
@@ -167,33 +168,27 @@ fn peer_pid(s: &UnixStream) -> i32 {
 }
 
 fn handle(req: Request, vmm: &Mutex<Vmm>) -> Response {
+    // Anything the VMM fails at is internal unless its error says otherwise.
+    fn answer<T: serde::Serialize, E: std::fmt::Display>(r: Result<T, E>) -> Response {
+        match r {
+            Ok(v) => Response::ok_as(&v),
+            Err(e) => Response::err(e.to_string(), ErrorCode::Internal),
+        }
+    }
     // Compaction copies data: it takes the VMM's lock only to plan and to swap.
     if let Request::CompactDisks { covered, min_layers } = &req {
-        return match crate::vmm::compact::compact_disks(vmm, covered, *min_layers) {
-            Ok(done) => serde_json::to_value(done).map_or_else(|e| Response::err(e.to_string()), Response::ok),
-            Err(e) => Response::err(e.to_string()),
-        };
+        return answer(crate::vmm::compact::compact_disks(vmm, covered, *min_layers));
     }
     let mut vmm = vmm.lock().unwrap_or_else(|p| p.into_inner());
-    let json = |v: Result<serde_json::Value, String>| match v {
-        Ok(v) => Response::ok(v),
-        Err(e) => Response::err(e),
-    };
-    let status = |vmm: &Vmm| serde_json::to_value(vmm.status()).map_err(|e| e.to_string());
     match req {
-        Request::Status {} => json(status(&vmm)),
-        Request::Pause {} => json(vmm.pause().map_err(|e| e.to_string()).and_then(|_| status(&vmm))),
-        Request::Resume {} => json(vmm.resume().map_err(|e| e.to_string()).and_then(|_| status(&vmm))),
-        Request::Snapshot { dir } => json(
-            vmm.snapshot(&dir)
-                .map_err(|e| e.to_string())
-                .and_then(|r| serde_json::to_value(r).map_err(|e| e.to_string())),
-        ),
-        Request::SendInput { hex } => json(
-            hex_decode(&hex)
-                .and_then(|bytes| vmm.send_serial_input(&bytes).map_err(|e| e.to_string()))
-                .map(|_| serde_json::Value::Null),
-        ),
+        Request::Status {} => Response::ok_as(&vmm.status()),
+        Request::Pause {} => answer(vmm.pause().map(|_| vmm.status())),
+        Request::Resume {} => answer(vmm.resume().map(|_| vmm.status())),
+        Request::Snapshot { dir } => answer(vmm.snapshot(&dir)),
+        Request::SendInput { hex } => match hex_decode(&hex) {
+            Ok(bytes) => answer(vmm.send_serial_input(&bytes)),
+            Err(e) => Response::err(e.to_string(), ErrorCode::BadRequest),
+        },
         Request::Branch(req) => {
             let started = vmm.start_branch(&req);
             // A waited live branch is written without holding the VMM: other requests
@@ -204,31 +199,17 @@ fn handle(req: Request, vmm: &Mutex<Vmm>) -> Response {
                 None => Ok(report),
             });
             match done {
-                Ok(r) => json(serde_json::to_value(r).map_err(|e| e.to_string())),
-                Err(e) => Response::err_code(e.to_string(), e.code()),
+                Ok(r) => Response::ok_as(&r),
+                Err(e) => Response::err(e.to_string(), e.code()),
             }
         }
-        Request::Fork { children } => match vmm.fork_running(&children) {
-            Ok(r) => json(serde_json::to_value(r).map_err(|e| e.to_string())),
-            Err(e) => Response::err(e.to_string()),
-        },
-        Request::SealDisks {} => json(
-            vmm.seal_disks()
-                .map_err(|e| e.to_string())
-                .and_then(|seals| serde_json::to_value(seals).map_err(|e| e.to_string())),
-        ),
-        Request::LazyDisks { finish_recording } => json(
-            vmm.lazy_disks(finish_recording)
-                .map_err(|e| e.to_string())
-                .and_then(|disks| serde_json::to_value(disks).map_err(|e| e.to_string())),
-        ),
-        Request::RecordMemoryPlaybook { path } => json(
-            crate::vstate::memory_playbook::record(vmm.memory(), &path)
-                .and_then(|r| serde_json::to_value(r).map_err(|e| e.to_string())),
-        ),
+        Request::Fork { children } => answer(vmm.fork_running(&children)),
+        Request::SealDisks {} => answer(vmm.seal_disks()),
+        Request::LazyDisks { finish_recording } => answer(vmm.lazy_disks(finish_recording)),
+        Request::RecordMemoryPlaybook { path } => answer(crate::vstate::memory_playbook::record(vmm.memory(), &path)),
         Request::Label(labels) => {
             vmm.set_labels(labels);
-            json(status(&vmm))
+            Response::ok_as(&vmm.status())
         }
         Request::CompactDisks { .. } => unreachable!("handled before the VMM's lock is taken"),
         Request::InjectFault { point } => {
@@ -236,7 +217,10 @@ fn handle(req: Request, vmm: &Mutex<Vmm>) -> Response {
                 vmm.arm_fault(point);
                 Response::ok(serde_json::Value::Null)
             } else {
-                Response::err_code(format!("fault injection is disabled (set {FAULT_INJECTION_ENV}=1)"), "forbidden")
+                Response::err(
+                    format!("fault injection is disabled (set {FAULT_INJECTION_ENV}=1)"),
+                    ErrorCode::Forbidden,
+                )
             }
         }
         // The caller sets the exit latch once this answer is on its way.

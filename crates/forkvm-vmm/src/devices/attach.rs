@@ -9,7 +9,7 @@
 //! can point each child at its own.
 
 use super::irq::{IrqLine, IrqRoute};
-use super::virtio::blk::{Block, LazySource};
+use super::virtio::blk::{Block, BlockError, LazySource};
 use super::virtio::mmio::{MmioError, MmioTransport, MmioTransportState};
 use super::virtio::rng::Rng;
 use super::virtio::vsock::Vsock;
@@ -69,15 +69,14 @@ impl BlockConfig {
     /// Opens the device: a raw image, or a layered disk with a fresh top at
     /// [`LayeredConfig::free_top`] (made with its directory on the first write: a
     /// restore that never writes its disk creates nothing).
-    pub fn open(&self) -> Result<Block, String> {
+    pub fn open(&self) -> Result<Block, BlockError> {
         let Some(l) = &self.layers else {
-            return Block::new(&self.path, self.read_only, &self.id).map_err(|e| e.to_string());
+            return Block::new(&self.path, self.read_only, &self.id);
         };
         match &l.lazy {
             Some(lazy) => Block::layered_lazy(&self.path, lazy, &l.sealed, &l.free_top(), &self.id),
             None => Block::layered(&self.path, &l.sealed, &l.free_top(), &self.id),
         }
-        .map_err(|e| e.to_string())
     }
 }
 
@@ -194,7 +193,7 @@ fn create(p: &Planned) -> Result<Box<dyn VirtioDevice>, AttachError> {
             Box::new(Vsock::new(c.guest_cid, c.uds_path.clone()).map_err(|e| err("vsock", e.to_string()))?)
         }
         Planned::Rng => Box::new(Rng::new()),
-        Planned::Block(c) => Box::new(c.open().map_err(|e| err("block", e))?),
+        Planned::Block(c) => Box::new(c.open().map_err(|e| err("block", e.to_string()))?),
     })
 }
 
@@ -207,8 +206,8 @@ fn restore_device(p: &Planned, s: &VirtioDeviceState) -> Result<Box<dyn VirtioDe
         (Planned::Rng, VirtioDeviceState::Rng(s)) => Box::new(Rng::restore(s).map_err(|e| err("rng", e.to_string()))?),
         (Planned::Block(c), VirtioDeviceState::Block(s)) => {
             let replaces = c.layers.as_ref().map_or(&[][..], |l| &l.replaces[..]);
-            let block = c.open().and_then(|b| b.with_state_replacing(s, replaces).map_err(|e| e.to_string()));
-            Box::new(block.map_err(|e| err("block", e))?)
+            let block = c.open().and_then(|b| b.with_state_replacing(s, replaces));
+            Box::new(block.map_err(|e| err("block", e.to_string()))?)
         }
         _ => unreachable!("kinds were matched before"),
     })

@@ -182,18 +182,27 @@ impl Devices {
     }
 
     /// Queues serial input, waiting for FIFO room as the guest drains it (up to `timeout`).
-    pub fn send_serial_input(&self, mut input: &[u8], timeout: std::time::Duration) -> Result<(), String> {
+    pub fn send_serial_input(&self, mut input: &[u8], timeout: std::time::Duration) -> Result<(), SerialInputError> {
         let deadline = std::time::Instant::now() + timeout;
         while !input.is_empty() {
-            let n = lock(&self.serial).enqueue(input).map_err(|e| e.to_string())?;
+            let n = lock(&self.serial).enqueue(input)?;
             input = &input[n..];
             if n == 0 {
                 if std::time::Instant::now() > deadline {
-                    return Err(format!("serial input: guest did not read its FIFO; {} bytes not sent", input.len()));
+                    return Err(SerialInputError::Stalled { unsent: input.len() });
                 }
                 std::thread::sleep(std::time::Duration::from_micros(200));
             }
         }
         Ok(())
     }
+}
+
+/// Why serial input was not all queued.
+#[derive(Debug, thiserror::Error)]
+pub enum SerialInputError {
+    #[error("serial input: {0}")]
+    Fifo(#[from] crate::devices::serial::SerialError),
+    #[error("serial input: the guest did not read its FIFO; {unsent} bytes not sent")]
+    Stalled { unsent: usize },
 }

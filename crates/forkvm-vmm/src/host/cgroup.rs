@@ -66,6 +66,8 @@ pub enum CgroupError {
     ParseControl { path: PathBuf, content: String },
     #[error("remove cgroup directory {path}: {source}")]
     Remove { path: PathBuf, source: io::Error },
+    #[error("sandbox cgroup {name} does not exist under {}", root.display())]
+    Missing { name: String, root: PathBuf },
 }
 
 /// The forkvm parent group, `<mount>/<own cgroup path>/forkvm` (created on first use).

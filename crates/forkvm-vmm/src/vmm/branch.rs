@@ -40,12 +40,12 @@ pub enum BranchMode {
 }
 
 impl std::str::FromStr for BranchMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<BranchMode, String> {
+    type Err = crate::unknown_name::UnknownName;
+    fn from_str(s: &str) -> Result<BranchMode, Self::Err> {
         match s {
             "full" => Ok(BranchMode::Full),
             "live" => Ok(BranchMode::Live),
-            other => Err(format!("unknown branch mode {other:?} (expected full or live)")),
+            other => Err(crate::unknown_name::UnknownName::new("branch mode", other, "full, live")),
         }
     }
 }
@@ -129,12 +129,12 @@ pub enum BranchError {
 
 impl BranchError {
     /// `conflict`, `bad_request`, `disk_full` or `internal`.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> forkvm_api::ErrorCode {
         match self {
-            BranchError::Conflict { .. } | BranchError::NotRunning(_) => "conflict",
-            BranchError::BadTag(_) => "bad_request",
-            BranchError::Snapshot { disk_full: true, .. } => "disk_full",
-            _ => "internal",
+            BranchError::Conflict { .. } | BranchError::NotRunning(_) => forkvm_api::ErrorCode::Conflict,
+            BranchError::BadTag(_) => forkvm_api::ErrorCode::BadRequest,
+            BranchError::Snapshot { disk_full: true, .. } => forkvm_api::ErrorCode::DiskFull,
+            _ => forkvm_api::ErrorCode::Internal,
         }
     }
 }

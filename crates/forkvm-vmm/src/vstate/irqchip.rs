@@ -71,12 +71,12 @@ impl fmt::Display for IrqchipMode {
 }
 
 impl FromStr for IrqchipMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = crate::unknown_name::UnknownName;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "kernel" => Ok(IrqchipMode::Kernel),
             "split" => Ok(IrqchipMode::Split),
-            _ => Err(format!("unknown irqchip mode {s:?}; known: kernel, split")),
+            _ => Err(crate::unknown_name::UnknownName::new("irqchip mode", s, "kernel, split")),
         }
     }
 }

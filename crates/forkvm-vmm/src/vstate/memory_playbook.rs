@@ -165,13 +165,22 @@ pub struct MemoryRecording {
     pub path: PathBuf,
 }
 
+/// Why [`record`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("reading /proc/self/pagemap: {0}")]
+    Pagemap(#[source] std::io::Error),
+    #[error("saving the memory playbook: {0}")]
+    Save(#[source] forkvm_snapshot::vault::lazy::PlaybookError),
+}
+
 /// Merges the pages `mem` has touched into the playbook at `path` (made if missing or
 /// unreadable, or of another image size) and saves it.
-pub fn record(mem: &GuestMemoryMmap, path: &Path) -> Result<MemoryRecording, String> {
-    let pages = touched_pages(mem).map_err(|e| format!("reading /proc/self/pagemap: {e}"))?;
+pub fn record(mem: &GuestMemoryMmap, path: &Path) -> Result<MemoryRecording, RecordError> {
+    let pages = touched_pages(mem).map_err(RecordError::Pagemap)?;
     let size = total_size(mem);
     let rec = Recording { touches: pages.iter().map(|&block| Touch { block, at_micros: 0 }).collect() };
-    let book = Playbook::merge_into_file(path, size, &rec, &memory_rule()).map_err(|e| e.to_string())?;
+    let book = Playbook::merge_into_file(path, size, &rec, &memory_rule()).map_err(RecordError::Save)?;
     Ok(MemoryRecording {
         touched_pages: pages.len() as u64,
         playbook_pages: book.len() as u64,

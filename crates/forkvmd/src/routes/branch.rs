@@ -166,7 +166,7 @@ pub async fn branch(
                 Ok(r) => r,
                 Err(e) => {
                     let _ = s.db().delete_branch(&op);
-                    s.metrics.inc("forkvm_branches_total", &[("mode", mode.name()), ("outcome", e.code)]);
+                    s.metrics.inc("forkvm_branches_total", &[("mode", mode.name()), ("outcome", e.code.as_str())]);
                     return Err(e);
                 }
             };

@@ -124,7 +124,7 @@ pub async fn read(
 
 /// Reads the request body from a bounded channel (fed by the async side).
 struct ChannelReader {
-    rx: mpsc::Receiver<Result<bytes::Bytes, String>>,
+    rx: mpsc::Receiver<Result<bytes::Bytes, axum::Error>>,
     pending: bytes::Bytes,
 }
 
@@ -133,7 +133,7 @@ impl Read for ChannelReader {
         while self.pending.is_empty() {
             match self.rx.blocking_recv() {
                 Some(Ok(b)) => self.pending = b,
-                Some(Err(e)) => return Err(std::io::Error::other(e)),
+                Some(Err(e)) => return Err(std::io::Error::other(format!("reading the upload: {e}"))),
                 None => return Ok(0),
             }
         }
@@ -158,7 +158,7 @@ pub async fn write(
     let feeder = tokio::spawn(async move {
         let mut stream = body.into_data_stream();
         while let Some(chunk) = stream.next().await {
-            let item = chunk.map_err(|e| format!("reading the upload: {e}"));
+            let item = chunk;
             let stop = item.is_err();
             if tx.send(item).await.is_err() || stop {
                 break;

@@ -68,11 +68,7 @@ async fn no_route(method: Method, uri: Uri) -> ApiError {
 }
 
 async fn wrong_method(method: Method, uri: Uri) -> ApiError {
-    ApiError::new(
-        axum::http::StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
-        format!("{method} is not allowed on {}", uri.path()),
-    )
+    ApiError::new(forkvm_api::ErrorCode::MethodNotAllowed, format!("{method} is not allowed on {}", uri.path()))
 }
 
 /// Counts requests and their latency per route template (not per concrete path, so

@@ -118,7 +118,7 @@ pub async fn delete(
     s.blocking(move |s| {
         let found = forkvm_sandbox::delete(&s.registry, &s.store, &id, args.purge).map_err(|e| match e {
             forkvm_sandbox::DeleteError::Lifecycle(e) => e.into(),
-            forkvm_sandbox::DeleteError::Purge(e) if e.code() == "conflict" => {
+            forkvm_sandbox::DeleteError::Purge(e) if e.code() == forkvm_api::ErrorCode::Conflict => {
                 let _ = s.db().delete_sandboxes(std::slice::from_ref(&id));
                 ApiError::conflict(e.to_string(), "in_use")
             }
@@ -160,7 +160,7 @@ fn settle(
         }
         Err(e) => {
             let _ = s.db().delete_sandboxes(ids);
-            s.metrics.inc("forkvm_spawns_total", &[("kind", kind), ("outcome", e.code)]);
+            s.metrics.inc("forkvm_spawns_total", &[("kind", kind), ("outcome", e.code.as_str())]);
             Err(e)
         }
     }
@@ -195,7 +195,7 @@ pub async fn create(
         let rows: Vec<_> = ids.iter().map(|id| new_row(id, SandboxState::Starting, &op, &origin, now_unix())).collect();
         s.db().insert_sandboxes(&rows).map_err(|e| ApiError::internal(e.to_string()))?;
         let order = SpawnOrder { tag: req.snapshot_tag.clone(), ids: ids.clone(), memory_limit_bytes: limit };
-        let made = spawner.start_vmms(&order).map_err(|r| ApiError::from_code(&r.code, r.message)).and_then(|vmms| {
+        let made = spawner.start_vmms(&order).map_err(|r| ApiError::new(r.code, r.message)).and_then(|vmms| {
             let ready = forkvm_sandbox::finish(&s.registry, vmms.records, started).map_err(ApiError::from)?;
             forkvm_sandbox::spawn::learn_memory(vmms.memory_playbook.as_deref(), &ready);
             Ok(ready)

@@ -78,7 +78,7 @@ pub async fn create(
         let template =
             forkvm_sandbox::ensure_template_snapshot(artifacts).map_err(|e| ApiError::internal(e.to_string()))?;
         forkvm_sandbox::publish_template(&s.store, &template, &req.tag)
-            .map_err(|e| ApiError::from_code(e.code(), e.to_string()))?;
+            .map_err(|e| ApiError::new(e.code(), e.to_string()))?;
         Ok((StatusCode::CREATED, Json(record_new(&s, &req.tag)?)))
     })
     .await
@@ -197,7 +197,7 @@ impl Drop for Staged {
 fn io_error(step: &str, path: &Path, e: std::io::Error) -> ApiError {
     let message = format!("{step} ({}): {e}", path.display());
     if e.raw_os_error() == Some(libc::ENOSPC) {
-        ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "disk_full", message)
+        ApiError::new(forkvm_api::ErrorCode::DiskFull, message)
     } else {
         ApiError::internal(message)
     }

@@ -227,7 +227,7 @@ impl Playbook {
 
     /// Parses and validates file bytes.
     pub fn decode(bytes: &[u8]) -> Result<Playbook, PlaybookError> {
-        decode(bytes).map_err(|reason| PlaybookError::Invalid { path: PathBuf::new(), reason })
+        decode(bytes).map_err(|m| PlaybookError::Invalid { path: PathBuf::new(), reason: m.0 })
     }
 
     /// Writes the playbook to `path` atomically (temp file, fsync, rename, directory fsync).
@@ -288,7 +288,7 @@ impl Playbook {
                 reason: format!("larger than the {cap}-byte cap"),
             });
         }
-        decode(&bytes).map_err(|reason| PlaybookError::Invalid { path: path.to_path_buf(), reason })
+        decode(&bytes).map_err(|m| PlaybookError::Invalid { path: path.to_path_buf(), reason: m.0 })
     }
 }
 
@@ -300,37 +300,37 @@ fn le_u64(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
-fn decode(bytes: &[u8]) -> Result<Playbook, String> {
+fn decode(bytes: &[u8]) -> Result<Playbook, crate::malformed::Malformed> {
     if bytes.len() < HEADER_LEN + CRC_LEN {
-        return Err(format!("{} bytes, shorter than a header and checksum", bytes.len()));
+        return Err(format!("{} bytes, shorter than a header and checksum", bytes.len()).into());
     }
     if bytes[..8] != PLAYBOOK_MAGIC {
-        return Err(format!("not a playbook (magic {:02x?})", &bytes[..8]));
+        return Err(format!("not a playbook (magic {:02x?})", &bytes[..8]).into());
     }
     let version = le_u32(bytes, 8);
     if version != PLAYBOOK_VERSION {
-        return Err(format!("format version {version}; this build reads version {PLAYBOOK_VERSION}"));
+        return Err(format!("format version {version}; this build reads version {PLAYBOOK_VERSION}").into());
     }
     let count = le_u64(bytes, 32);
     if count > MAX_PLAYBOOK_ENTRIES as u64 {
-        return Err(format!("{count} entries, more than the cap of {MAX_PLAYBOOK_ENTRIES}"));
+        return Err(format!("{count} entries, more than the cap of {MAX_PLAYBOOK_ENTRIES}").into());
     }
     let expected = HEADER_LEN + ENTRY_LEN * count as usize + CRC_LEN;
     if bytes.len() != expected {
-        return Err(format!("{} bytes, its header implies {expected}: truncated or trailing data", bytes.len()));
+        return Err(format!("{} bytes, its header implies {expected}: truncated or trailing data", bytes.len()).into());
     }
     let body = bytes.len() - CRC_LEN;
     let (stored, computed) = (le_u32(bytes, body), crc32fast::hash(&bytes[..body]));
     if stored != computed {
-        return Err(format!("checksum {stored:#010x} stored, {computed:#010x} computed"));
+        return Err(format!("checksum {stored:#010x} stored, {computed:#010x} computed").into());
     }
     let flags = le_u32(bytes, 12);
     if flags != 0 {
-        return Err(format!("unknown flags {flags:#x}"));
+        return Err(format!("unknown flags {flags:#x}").into());
     }
     let disk_size = le_u64(bytes, 16);
     if disk_size > MAX_DISK_BYTES {
-        return Err(format!("disk size {disk_size} over the {MAX_DISK_BYTES}-byte cap"));
+        return Err(format!("disk size {disk_size} over the {MAX_DISK_BYTES}-byte cap").into());
     }
     let blocks = blocks_for(disk_size);
     let runs = le_u64(bytes, 24);
@@ -339,13 +339,13 @@ fn decode(bytes: &[u8]) -> Result<Playbook, String> {
     for raw in bytes[HEADER_LEN..body].chunks_exact(ENTRY_LEN) {
         let e = PlaybookEntry { block: le_u64(raw, 0), mean_micros: le_u32(raw, 8), history: le_u32(raw, 12) };
         if e.block >= blocks {
-            return Err(format!("entry block {} past the disk's {blocks} blocks", e.block));
+            return Err(format!("entry block {} past the disk's {blocks} blocks", e.block).into());
         }
         if e.history == 0 {
-            return Err(format!("entry block {} has an empty history", e.block));
+            return Err(format!("entry block {} has an empty history", e.block).into());
         }
         if !seen.insert(e.block) {
-            return Err(format!("entry block {} listed twice", e.block));
+            return Err(format!("entry block {} listed twice", e.block).into());
         }
         entries.push(e);
     }

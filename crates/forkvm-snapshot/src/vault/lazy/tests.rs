@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::layered_disk::{inspect, LayerStack, DATA_FILE};
-use crate::vault::{DiskInput, KeyStore, RetentionPolicy};
+use crate::vault::{DiskInput, KeyStore, RetentionPolicy, VaultErrorKind};
 use std::fs;
 use std::path::PathBuf;
 
@@ -250,7 +250,7 @@ fn a_kill_between_data_and_bitmap_leaves_nothing_claimed_and_reopens_byte_exact(
     drop(stack);
     let foreign = inspect(&cache).unwrap();
     let err = VaultLayer::open(Arc::clone(&env.vault), 1, "data", &cache).unwrap_err();
-    assert!(err.code() == "invalid" && err.to_string().contains("lazy cache"), "{err}");
+    assert!(err.kind() == VaultErrorKind::Invalid && err.to_string().contains("lazy cache"), "{err}");
     let hole = (0..map.size / BLOCK_SIZE).find(|&b| !map.extents.iter().any(|e| e.0 <= b && b < e.0 + e.1)).unwrap();
     let mut bits = Bitmap::new(crate::layered_disk::blocks_for(map.size));
     bits.set_range(hole, hole + 1);
@@ -280,7 +280,7 @@ fn a_corrupt_chunk_fails_the_read_clearly_and_marks_nothing() {
     let offset = first as usize * BS;
     let mut buf = vec![0u8; count as usize * BS];
     let err = layer.read_at(&mut buf, offset as u64).unwrap_err();
-    assert_eq!(err.code(), "corrupt");
+    assert_eq!(err.kind(), VaultErrorKind::Corrupt);
     assert!(err.to_string().contains("fails authentication") && err.to_string().contains(&hex), "{err}");
     assert!(!layer.is_filled(first) && layer.stats().filled_extents == 0 && layer.stats().fetch_errors == 1);
     layer.persist().unwrap();
@@ -292,7 +292,7 @@ fn a_corrupt_chunk_fails_the_read_clearly_and_marks_nothing() {
     match &err {
         LayerError::LowerRead { layer: id, source, .. } => {
             assert_eq!(*id, layer.id());
-            assert_eq!(source.downcast_ref::<VaultError>().map(VaultError::code), Some("corrupt"));
+            assert_eq!(source.downcast_ref::<VaultError>().map(VaultError::kind), Some(VaultErrorKind::Corrupt));
         }
         other => panic!("expected LowerRead, got {other}"),
     }
@@ -391,7 +391,7 @@ fn retention_keeps_a_pinned_snapshot_until_the_cache_is_discarded() {
     assert!(!cache.exists() && env.vault.pins().unwrap().is_empty());
     assert_eq!(env.vault.retain(&keep_last_one).unwrap().removed, vec![1]);
     let err = VaultLayer::open(Arc::clone(&env.vault), 1, "data", &cache).unwrap_err();
-    assert_eq!(err.code(), "not_found");
+    assert_eq!(err.kind(), VaultErrorKind::NotFound);
     assert!(!cache.exists());
 }
 

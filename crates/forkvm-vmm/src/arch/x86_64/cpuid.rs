@@ -260,13 +260,13 @@ impl fmt::Display for CpuTemplate {
 }
 
 impl FromStr for CpuTemplate {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = crate::unknown_name::UnknownName;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "host" => Ok(CpuTemplate::Host),
             "pvm-compat" => Ok(CpuTemplate::PvmCompat),
             "pvm-xsave" => Ok(CpuTemplate::PvmXsave),
-            _ => Err(format!("unknown CPU template {s:?}; known: host, pvm-xsave, pvm-compat")),
+            _ => Err(crate::unknown_name::UnknownName::new("CPU template", s, "host, pvm-xsave, pvm-compat")),
         }
     }
 }

@@ -48,7 +48,7 @@ pub trait VirtioDevice: Send + std::fmt::Debug {
     /// Writes the device-specific configuration space (most devices ignore writes).
     fn write_config(&mut self, offset: u64, data: &[u8]);
     /// Starts the device with its queues (index = queue number), set up by the driver.
-    fn activate(&mut self, ctx: ActivateContext, queues: Vec<virtio_queue::Queue>) -> Result<(), String>;
+    fn activate(&mut self, ctx: ActivateContext, queues: Vec<virtio_queue::Queue>) -> Result<(), ActivateError>;
     /// The driver notified queue `index` (a write to QueueNotify).
     fn queue_notify(&mut self, index: u16);
     /// The driver reset the device (status 0): stop using the queues.
@@ -94,4 +94,17 @@ impl VirtioDeviceState {
             VirtioDeviceState::Vsock(_) => TYPE_VSOCK,
         }
     }
+}
+
+/// Why a device could not start with the queues the driver set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ActivateError {
+    #[error("{device} needs {want} queues, got {got}")]
+    QueueCount { device: &'static str, want: usize, got: usize },
+    #[error("queue {0} is not ready or not inside guest memory")]
+    QueueNotReady(usize),
+    #[error("queue {index}: {source}")]
+    Queue { index: usize, source: virtio_queue::Error },
+    #[error("starting the {device} backend: {source}")]
+    Backend { device: &'static str, source: Box<dyn std::error::Error + Send + Sync> },
 }

@@ -15,7 +15,7 @@ mod queue_regs;
 mod tests;
 
 use super::ratelimit::LogLimiter;
-use super::{ActivateContext, Interrupt, VirtioDevice};
+use super::{ActivateContext, ActivateError, Interrupt, VirtioDevice};
 use queue_regs::{set_high, set_low, Ring};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -75,7 +75,7 @@ pub enum MmioError {
     #[error("saved interrupt status {0:#x} has unknown bits")]
     InvalidInterruptStatus(u32),
     #[error("activating the restored device: {0}")]
-    ActivateDevice(String),
+    ActivateDevice(#[source] ActivateError),
 }
 
 /// Delivers a device's used-buffer notification: sets the interrupt-status bit the
@@ -335,28 +335,28 @@ impl MmioTransport {
         true
     }
 
-    fn activate(&mut self) -> Result<(), String> {
+    fn activate(&mut self) -> Result<(), ActivateError> {
         let queues = self.device_queues()?;
         self.activate_with(queues)
     }
 
     /// Copies of the configured queues for the device; all must be ready and lie in
     /// guest memory.
-    fn device_queues(&self) -> Result<Vec<Queue>, String> {
+    fn device_queues(&self) -> Result<Vec<Queue>, ActivateError> {
         let event_idx = self.driver_features & F_EVENT_IDX != 0;
         let mut out = Vec::with_capacity(self.queues.len());
         for (index, q) in self.queues.iter().enumerate() {
             if !q.ready() || !q.is_valid(&self.mem) {
-                return Err(format!("queue {index} is not ready or not inside guest memory"));
+                return Err(ActivateError::QueueNotReady(index));
             }
-            let mut copy = Queue::try_from(q.state()).map_err(|e| format!("queue {index}: {e}"))?;
+            let mut copy = Queue::try_from(q.state()).map_err(|source| ActivateError::Queue { index, source })?;
             copy.set_event_idx(event_idx);
             out.push(copy);
         }
         Ok(out)
     }
 
-    fn activate_with(&mut self, queues: Vec<Queue>) -> Result<(), String> {
+    fn activate_with(&mut self, queues: Vec<Queue>) -> Result<(), ActivateError> {
         let notify_used = Arc::new(UsedRingNotifier {
             interrupt_status: self.interrupt_status.clone(),
             line: self.interrupt.clone(),

@@ -10,7 +10,7 @@
 
 pub mod device;
 
-pub use device::{ActivateContext, Interrupt, VirtioDevice, VirtioDeviceState};
+pub use device::{ActivateContext, ActivateError, Interrupt, VirtioDevice, VirtioDeviceState};
 pub mod blk;
 pub mod mmio;
 pub mod ratelimit;

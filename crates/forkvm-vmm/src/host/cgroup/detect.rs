@@ -77,22 +77,33 @@ fn own_path<'a>(self_cgroup: &'a str, controller: Option<&str>) -> Option<&'a st
     })
 }
 
+/// Why a mount does not hold this process's own cgroup.
+#[derive(Debug, thiserror::Error)]
+enum NotOwn {
+    #[error("no matching line in /proc/self/cgroup")]
+    NoLine,
+    #[error("own cgroup {own} is outside the mounted subtree {root}")]
+    Outside { own: String, root: String },
+    #[error("own cgroup directory {} does not exist", .0.display())]
+    NoDir(PathBuf),
+}
+
 /// `<fs_prefix>/<mount point>/<own path relative to the mount's root>`, which must exist.
-fn own_dir(mount: &Mount, own: Option<&str>, fs_prefix: &Path) -> Result<PathBuf, String> {
-    let own = own.ok_or("no matching line in /proc/self/cgroup")?;
+fn own_dir(mount: &Mount, own: Option<&str>, fs_prefix: &Path) -> Result<PathBuf, NotOwn> {
+    let own = own.ok_or(NotOwn::NoLine)?;
     let rel = if mount.root == "/" {
         Some(own)
     } else {
         own.strip_prefix(mount.root.as_str()).filter(|rest| rest.is_empty() || rest.starts_with('/'))
     };
-    let rel = rel.ok_or_else(|| format!("own cgroup {own} is outside the mounted subtree {}", mount.root))?;
+    let rel = rel.ok_or_else(|| NotOwn::Outside { own: own.to_string(), root: mount.root.clone() })?;
     let mut dir = fs_prefix.join(mount.point.trim_start_matches('/'));
     let rel = rel.trim_start_matches('/');
     if !rel.is_empty() {
         dir.push(rel); // pushing "" would add a trailing slash
     }
     if !dir.is_dir() {
-        return Err(format!("own cgroup directory {} does not exist", dir.display()));
+        return Err(NotOwn::NoDir(dir));
     }
     Ok(dir)
 }

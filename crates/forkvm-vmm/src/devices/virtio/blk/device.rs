@@ -11,7 +11,7 @@ use super::request::{self, total_len, Command, Segment};
 use super::{BlockError, BLOCK_ID_BYTES, BLOCK_QUEUE_SIZE, F_FLUSH, F_RO, SECTOR_SIZE, S_IOERR, S_OK, S_UNSUPP};
 use crate::devices::virtio::device::{TYPE_BLOCK, VIRTIO_F_VERSION_1};
 use crate::devices::virtio::ratelimit::LogLimiter;
-use crate::devices::virtio::{ActivateContext, Interrupt, VirtioDevice, VirtioDeviceState};
+use crate::devices::virtio::{ActivateContext, ActivateError, Interrupt, VirtioDevice, VirtioDeviceState};
 use forkvm_snapshot::{LayerId, LayerStack, SealedLayer};
 use std::fs::{File, OpenOptions};
 use std::io::{Seek, SeekFrom};
@@ -370,9 +370,12 @@ impl VirtioDevice for Block {
         // `writeback` is the only writable field and needs CONFIG_WCE, not offered.
     }
 
-    fn activate(&mut self, ctx: ActivateContext, queues: Vec<Queue>) -> Result<(), String> {
-        let [queue]: [Queue; 1] =
-            queues.try_into().map_err(|q: Vec<Queue>| format!("virtio-blk needs 1 queue, got {}", q.len()))?;
+    fn activate(&mut self, ctx: ActivateContext, queues: Vec<Queue>) -> Result<(), ActivateError> {
+        let [queue]: [Queue; 1] = queues.try_into().map_err(|q: Vec<Queue>| ActivateError::QueueCount {
+            device: "virtio-blk",
+            want: 1,
+            got: q.len(),
+        })?;
         self.active = Some(Active { mem: ctx.mem, notify_used: ctx.notify_used, queue });
         Ok(())
     }

@@ -80,15 +80,27 @@ impl PartialEq for LazySource {
 
 impl Eq for LazySource {}
 
+/// Why a lazy disk source could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum LazyOpenError {
+    #[error("opening vault {}: {source}", path.display())]
+    Vault { path: PathBuf, source: forkvm_snapshot::vault::VaultError },
+    #[error("opening disk {disk} of vault snapshot {seq} lazily: {source}")]
+    Disk { disk: String, seq: u64, source: forkvm_snapshot::vault::VaultError },
+}
+
 impl LazySource {
     /// Opens the snapshot's disk as a lazy layer (pins the snapshot, creates or resumes
     /// the cache). What the spawner calls to check the source before starting a VMM,
     /// and what the VMM calls to build the disk.
-    pub fn open(&self) -> Result<VaultLayer, String> {
+    pub fn open(&self) -> Result<VaultLayer, LazyOpenError> {
         let vault = Vault::open(&self.vault, self.key.clone())
-            .map_err(|e| format!("opening vault {}: {e}", self.vault.display()))?;
-        VaultLayer::open(Arc::new(vault), self.seq, &self.disk_id, &self.cache)
-            .map_err(|e| format!("opening disk {} of vault snapshot {} lazily: {e}", self.disk_id, self.seq))
+            .map_err(|source| LazyOpenError::Vault { path: self.vault.clone(), source })?;
+        VaultLayer::open(Arc::new(vault), self.seq, &self.disk_id, &self.cache).map_err(|source| LazyOpenError::Disk {
+            disk: self.disk_id.clone(),
+            seq: self.seq,
+            source,
+        })
     }
 
     /// The playbook to replay, if prefetching and one was saved before (an unreadable
@@ -155,7 +167,7 @@ pub struct LazyReport {
 impl LazyDisk {
     /// Opens `source` and starts replaying its playbook.
     pub(super) fn start(source: &LazySource) -> Result<LazyDisk, BlockError> {
-        let layer = Arc::new(source.open().map_err(BlockError::Lazy)?);
+        let layer = Arc::new(source.open().map_err(BlockError::LazyOpen)?);
         layer.restart_recording();
         let replay = source.replay();
         let replayed_entries = replay.as_ref().map_or(0, Playbook::len);

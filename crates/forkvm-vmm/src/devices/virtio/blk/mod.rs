@@ -78,6 +78,8 @@ pub enum BlockError {
     Layers(forkvm_snapshot::LayerError),
     #[error("lazy disk: {0}")]
     Lazy(String),
+    #[error(transparent)]
+    LazyOpen(#[from] lazy::LazyOpenError),
     #[error("disk {id}: the snapshot has layers {saved}, the restore was given {given}")]
     RestoreLayers { id: String, saved: String, given: String },
 }

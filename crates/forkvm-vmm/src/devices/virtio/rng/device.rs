@@ -8,7 +8,7 @@ use super::persist::RngState;
 use super::{RngError, MAX_BYTES_PER_REQUEST, RNG_QUEUE_SIZE};
 use crate::devices::virtio::device::{TYPE_RNG, VIRTIO_F_VERSION_1};
 use crate::devices::virtio::ratelimit::LogLimiter;
-use crate::devices::virtio::{ActivateContext, Interrupt, VirtioDevice, VirtioDeviceState};
+use crate::devices::virtio::{ActivateContext, ActivateError, Interrupt, VirtioDevice, VirtioDeviceState};
 use std::sync::Arc;
 use virtio_queue::{Queue, QueueState, QueueT};
 use vm_memory::{Address, Bytes, GuestMemoryMmap};
@@ -152,9 +152,12 @@ impl VirtioDevice for Rng {
 
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
 
-    fn activate(&mut self, ctx: ActivateContext, queues: Vec<Queue>) -> Result<(), String> {
-        let [queue]: [Queue; 1] =
-            queues.try_into().map_err(|q: Vec<Queue>| format!("virtio-rng needs 1 queue, got {}", q.len()))?;
+    fn activate(&mut self, ctx: ActivateContext, queues: Vec<Queue>) -> Result<(), ActivateError> {
+        let [queue]: [Queue; 1] = queues.try_into().map_err(|q: Vec<Queue>| ActivateError::QueueCount {
+            device: "virtio-rng",
+            want: 1,
+            got: q.len(),
+        })?;
         self.active = Some(Active { mem: ctx.mem, notify_used: ctx.notify_used, queue });
         Ok(())
     }

@@ -14,7 +14,7 @@ use super::metrics::VsockMetrics;
 use super::muxer::Muxer;
 use super::{VsockError, NUM_QUEUES, QUEUE_SIZE};
 use crate::devices::virtio::device::{TYPE_VSOCK, VIRTIO_F_VERSION_1};
-use crate::devices::virtio::{ActivateContext, VirtioDevice, VirtioDeviceState};
+use crate::devices::virtio::{ActivateContext, ActivateError, VirtioDevice, VirtioDeviceState};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
@@ -145,9 +145,10 @@ impl VirtioDevice for Vsock {
 
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
 
-    fn activate(&mut self, ctx: ActivateContext, queues: Vec<virtio_queue::Queue>) -> Result<(), String> {
-        let [rx, tx, event]: [virtio_queue::Queue; NUM_QUEUES] =
-            queues.try_into().map_err(|q: Vec<_>| format!("vsock needs {NUM_QUEUES} queues, got {}", q.len()))?;
+    fn activate(&mut self, ctx: ActivateContext, queues: Vec<virtio_queue::Queue>) -> Result<(), ActivateError> {
+        let [rx, tx, event]: [virtio_queue::Queue; NUM_QUEUES] = queues.try_into().map_err(|q: Vec<_>| {
+            ActivateError::QueueCount { device: "virtio-vsock", want: NUM_QUEUES, got: q.len() }
+        })?;
         {
             let mut shared = lock(&self.shared);
             shared.active = Some(ActiveQueues { mem: ctx.mem, rx, tx, event, irq: ctx.notify_used });
@@ -157,7 +158,8 @@ impl VirtioDevice for Vsock {
             }
         }
         if self.backend.is_none() {
-            let backend = Backend::spawn(self.shared.clone(), self.kick.clone()).map_err(|e| e.to_string())?;
+            let backend = Backend::spawn(self.shared.clone(), self.kick.clone())
+                .map_err(|e| ActivateError::Backend { device: "virtio-vsock", source: Box::new(e) })?;
             self.backend = Some(backend);
         }
         self.kick_backend();
