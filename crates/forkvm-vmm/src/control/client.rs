@@ -91,14 +91,15 @@ impl ControlClient {
         self.call_as(&Request::Status {})
     }
 
-    /// Pauses the vCPUs (idempotent); answers the status after.
-    pub fn pause(&mut self) -> Result<VmmStatus, ControlClientError> {
-        self.call_as(&Request::Pause {})
+    /// Pauses the vCPUs (idempotent). The VMM answers its status after, which this
+    /// does not read: call [`ControlClient::status`] for it.
+    pub fn pause(&mut self) -> Result<(), ControlClientError> {
+        self.call(&Request::Pause {}).map(|_| ())
     }
 
-    /// Resumes the vCPUs (idempotent); answers the status after.
-    pub fn resume(&mut self) -> Result<VmmStatus, ControlClientError> {
-        self.call_as(&Request::Resume {})
+    /// Resumes the vCPUs (idempotent); as [`ControlClient::pause`].
+    pub fn resume(&mut self) -> Result<(), ControlClientError> {
+        self.call(&Request::Resume {}).map(|_| ())
     }
 
     /// Snapshots the VM into `dir`, which must not exist.
