@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 /// What kind of failure an error is, as its `code` in every error body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
     /// The request cannot be done as asked (a bad id, field, tag or value).

@@ -19,7 +19,7 @@ pub const MAX_SANDBOXES_PER_CALL: u32 = 1000;
 /// Every error body: `{"error": "..."}` as forkd, plus a machine-readable `code`
 /// ([`ErrorCode`]; a body without one, as forkd sends, reads as `Unknown`) and, for
 /// conflicts, the object's current `state`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ErrorBody {
     pub error: String,
     #[serde(default = "unknown_code")]
@@ -32,12 +32,12 @@ fn unknown_code() -> ErrorCode {
     ErrorCode::Unknown
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Health {
     pub ok: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct VersionInfo {
     pub version: String,
     pub api: String,
@@ -45,7 +45,7 @@ pub struct VersionInfo {
 
 /// `POST /v1/snapshots`. forkd boots a kernel and rootfs given by path; forkvm builds
 /// from a named template (`tiny`, `python`), booted once and cached by content hash.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSnapshotRequest {
     pub tag: String,
@@ -53,7 +53,7 @@ pub struct CreateSnapshotRequest {
 }
 
 /// A snapshot in the store.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SnapshotInfo {
     pub tag: String,
     pub dir: String,
@@ -87,7 +87,7 @@ pub struct SnapshotInfo {
 /// `GET /v1/snapshots/{tag}/info`: forkd's fields (sizes, lineage) plus forkvm's
 /// chain detail. Fields forkvm added default when absent, so an older daemon's answer
 /// still parses.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SnapshotInfoDetail {
     pub tag: String,
     pub dir: String,
@@ -140,7 +140,7 @@ pub struct SnapshotInfoDetail {
 
 /// forkd: `POST /v1/snapshots/{tag}/compact`: the flat equivalent of `tag`'s chain,
 /// written as the new snapshot `to` (no parent; `branched_from` is `compact:<tag>`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CompactSnapshotRequest {
     pub to: String,
@@ -148,7 +148,7 @@ pub struct CompactSnapshotRequest {
 
 /// forkvm: the reply to `POST /v1/snapshots/unpack`: which links of the packed chain
 /// were written into the store and which were already there with the same content.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct UnpackResponse {
     /// The chain's head (the tag that was packed).
     pub head: String,
@@ -170,7 +170,7 @@ pub struct UnpackResponse {
 }
 
 /// `POST /v1/sandboxes`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSandboxRequest {
     pub snapshot_tag: String,
@@ -217,7 +217,7 @@ impl CreateSandboxRequest {
 }
 
 /// forkvm: `POST /v1/sandboxes/{id}/fork`: N copies of a running sandbox, no disk.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ForkSandboxRequest {
     #[serde(default = "one")]
@@ -230,7 +230,7 @@ pub struct ForkSandboxRequest {
 }
 
 /// A running sandbox.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SandboxInfo {
     pub id: String,
     /// The tag it was spawned from (for a fork of a running sandbox, its source's).
@@ -278,7 +278,7 @@ pub struct SandboxInfo {
 /// legacy booleans `live` and `diff` select a mode when it is absent (both, or one
 /// contradicting `mode`, is a 400). `parent_tag` is for diff branches: the tag the
 /// sandbox must have been spawned from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BranchSandboxRequest {
     #[serde(default)]
@@ -327,7 +327,7 @@ impl Default for BranchSandboxRequest {
 /// `POST /v1/sandboxes/{id}/exec` and `/exec/stream`. forkd takes `args`; forkvm also
 /// takes `cmd` (run by `/bin/sh -c`), `env`, `cwd` and `stdin`. Exactly one of `args`
 /// and `cmd`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecRequest {
     #[serde(default)]
@@ -377,7 +377,7 @@ impl Default for ExecRequest {
 /// `exit_code` is the process's code, else 128 + signal, else 124 on timeout (as
 /// `timeout(1)`); forkvm adds `signal`, `timed_out` and `duration_ms` so a timeout is
 /// never mistaken for a failure of the program.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ExecResponse {
     pub stdout: String,
     pub stderr: String,
@@ -401,7 +401,7 @@ pub struct ExecResponse {
 
 /// One line of `POST /v1/sandboxes/{id}/exec/stream` (NDJSON): output chunks as they
 /// come, then one `exit` (or one `error`) line.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ExecEvent {
     Stdout { data: String },
@@ -410,14 +410,14 @@ pub enum ExecEvent {
     Error { error: String },
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EvalRequest {
     pub code: String,
 }
 
 /// forkd's shape (`result`, `error`, `exit_code`: 0 or 1) plus what the code printed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct EvalResponse {
     /// `repr()` of the last expression, if the code ended in one.
     pub result: Option<String>,
@@ -431,7 +431,7 @@ pub struct EvalResponse {
 }
 
 /// forkvm: one entry of `GET /v1/sandboxes/{id}/files/list?path=`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct FileEntry {
     pub name: String,
     /// `file`, `dir`, `symlink` or `other`.
@@ -443,7 +443,7 @@ pub struct FileEntry {
 }
 
 /// forkvm: the reply to a file upload.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct FileWritten {
     pub path: String,
     pub bytes: u64,
@@ -451,7 +451,7 @@ pub struct FileWritten {
 
 /// forkvm: `POST /v1/sandboxes/{id}/disk-snapshots`: take a disk snapshot now. Omitted
 /// retention fields take the daemon's (`--disk-retention-keep-*`); an empty body is `{}`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DiskSnapshotRequest {
     /// Keep the newest this many (0 counts as 1; the newest is always kept).
@@ -466,7 +466,7 @@ pub struct DiskSnapshotRequest {
 }
 
 /// forkvm: what one disk snapshot did (`POST /v1/sandboxes/{id}/disk-snapshots`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct DiskSnapshotReport {
     pub sandbox_id: String,
     /// The snapshot's sequence number (the newest existing one when `unchanged`; 0 when
@@ -489,7 +489,7 @@ pub struct DiskSnapshotReport {
 }
 
 /// forkvm: one disk of a disk snapshot.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct DiskSnapshotDisk {
     /// The disk's serial (e.g. `data`).
     pub id: String,
@@ -506,7 +506,7 @@ pub struct DiskSnapshotDisk {
 }
 
 /// forkvm: one entry of `GET /v1/sandboxes/{id}/disk-snapshots` (oldest first).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct DiskSnapshotInfo {
     pub seq: u64,
     pub created_unix_ms: u64,
@@ -517,7 +517,7 @@ pub struct DiskSnapshotInfo {
 
 /// forkvm: the daemon's last disk snapshot attempt of a sandbox (scheduled or asked
 /// for), in [`SandboxInfo::last_disk_snapshot`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct LastDiskSnapshot {
     /// The newest snapshot the attempt left (`None` if it failed and none was ever taken
     /// by this daemon).
@@ -529,7 +529,7 @@ pub struct LastDiskSnapshot {
 }
 
 /// forkvm: what `POST /v1/sandboxes/{id}/archive` did.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ArchiveReport {
     pub sandbox_id: String,
     /// The archive: `<store>/archives/<id>`.
@@ -545,7 +545,7 @@ pub struct ArchiveReport {
 }
 
 /// forkvm: `POST /v1/sandboxes/{id}/restore`: an archived sandbox runs again, same id.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RestoreRequest {
     /// As [`CreateSandboxRequest::ttl_seconds`], counted from the restore.
@@ -555,7 +555,7 @@ pub struct RestoreRequest {
 
 /// forkvm: `POST /v1/sandboxes/{id}/disk-fork`: a new sandbox cold-booted on a disk
 /// snapshot of `{id}` (which may be running, archived or gone).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DiskForkRequest {
     /// The disk snapshot (default: the newest).
@@ -572,7 +572,7 @@ pub struct DiskForkRequest {
 }
 
 /// forkvm: how a disk-only fork restores its disk from the snapshot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DiskRestoreMode {
     /// Decrypt the whole snapshot before the VM starts.
@@ -585,7 +585,7 @@ pub enum DiskRestoreMode {
 
 /// forkvm: `POST /v1/sandboxes/{id}/ttl`: archive the sandbox `ttl_seconds` from now
 /// (`0`: never).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SetTtlRequest {
     pub ttl_seconds: u64,

@@ -7,4 +7,5 @@
 
 pub mod cache_lock;
 pub mod kernel;
+pub mod progress;
 pub mod rootfs;

@@ -26,7 +26,6 @@
 
 use std::cell::RefCell;
 use std::collections::HashSet;
-use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
@@ -56,71 +55,11 @@ thread_local! {
     static DECOMPRESSOR: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
 }
 
-/// The name of a chunk: the BLAKE3 hash of its uncompressed bytes.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ChunkId(pub [u8; 32]);
-
-impl ChunkId {
-    /// The id of a chunk holding `data`.
-    pub fn of(data: &[u8]) -> ChunkId {
-        ChunkId(*blake3::hash(data).as_bytes())
-    }
-
-    /// 64 lowercase hex characters.
-    pub fn to_hex(&self) -> String {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        let mut s = String::with_capacity(64);
-        for b in self.0 {
-            s.push(HEX[usize::from(b >> 4)] as char);
-            s.push(HEX[usize::from(b & 0xf)] as char);
-        }
-        s
-    }
-
-    /// Parses exactly 64 lowercase hex characters; anything else is [`ChunkError::BadId`].
-    pub fn from_hex(s: &str) -> Result<ChunkId, ChunkError> {
-        let bad = || ChunkError::BadId(s.chars().take(80).collect());
-        let bytes = s.as_bytes();
-        if bytes.len() != 64 {
-            return Err(bad());
-        }
-        let mut id = [0u8; 32];
-        for (i, pair) in bytes.chunks_exact(2).enumerate() {
-            let hi = hex_digit(pair[0]).ok_or_else(bad)?;
-            let lo = hex_digit(pair[1]).ok_or_else(bad)?;
-            id[i] = (hi << 4) | lo;
-        }
-        Ok(ChunkId(id))
-    }
-}
-
-/// The value of a lowercase hex digit.
-fn hex_digit(c: u8) -> Option<u8> {
-    match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        _ => None,
-    }
-}
-
-impl fmt::Display for ChunkId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.to_hex())
-    }
-}
-
-impl fmt::Debug for ChunkId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ChunkId({}…)", &self.to_hex()[..16])
-    }
-}
+pub use forkvm_disk::chunk_id::{BadChunkId, ChunkId};
 
 /// Why a chunk store operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ChunkError {
-    /// A chunk id was not 64 lowercase hex characters.
-    #[error("chunk store: bad chunk id {0:?}: expected 64 lowercase hex characters")]
-    BadId(String),
     /// [`ChunkStore::put`] was given more than [`MAX_CHUNK_BYTES`].
     #[error("chunk store: refusing to store a {len}-byte chunk (at most {MAX_CHUNK_BYTES} bytes)")]
     TooLarge {
@@ -347,7 +286,7 @@ impl ChunkStore {
     fn lock(&self, op: libc::c_int) -> Result<ChunkLock, ChunkError> {
         fs::create_dir_all(&self.dir).map_err(io_err("create chunks directory", &self.dir))?;
         let path = self.dir.join(LOCK_FILE);
-        let file = crate::flock::lock_file(&path, op).map_err(io_err("lock chunk lock file", &path))?;
+        let file = forkvm_disk::flock::lock_file(&path, op).map_err(io_err("lock chunk lock file", &path))?;
         Ok(ChunkLock { _file: file })
     }
 
@@ -453,7 +392,9 @@ impl ChunkStore {
         for entry in entries {
             let entry = entry.map_err(io_err("list chunks directory", &self.dir))?;
             let name = entry.file_name();
-            let is_fanout = name.to_str().is_some_and(|n| n.len() == 2 && n.bytes().all(|c| hex_digit(c).is_some()));
+            let is_fanout = name
+                .to_str()
+                .is_some_and(|n| n.len() == 2 && n.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')));
             if is_fanout && entry.file_type().is_ok_and(|t| t.is_dir()) {
                 dirs.push(entry.path());
             }

@@ -41,7 +41,7 @@ fn hex_round_trip_and_rejections() {
     assert!(format!("{id:?}").starts_with(&format!("ChunkId({}", &hex[..16])));
     for bad in [hex.to_uppercase(), hex[..63].to_string(), format!("{hex}0"), format!("{}g", &hex[..63]), String::new()]
     {
-        assert!(matches!(ChunkId::from_hex(&bad), Err(ChunkError::BadId(_))), "{bad:?}");
+        assert!(matches!(ChunkId::from_hex(&bad), Err(crate::chunk_store::BadChunkId(_))), "{bad:?}");
     }
     // Multi-byte characters must not be sliced or accepted.
     let weird = format!("{}é", &hex[..62]);

@@ -23,18 +23,12 @@ pub mod chain;
 pub mod chunk_store;
 pub mod container;
 pub mod dir;
-mod flock;
-pub mod layered_disk;
-pub mod malformed;
 pub mod memory_image;
 pub mod metadata;
 pub mod pack_archive;
 pub mod page_map;
 pub mod store;
 pub mod tag;
-#[cfg(test)]
-mod test_rng;
-pub mod vault;
 
 pub use chunk_store::{ChunkError, ChunkId, ChunkLock, ChunkStore, GcReport, PutOutcome, MAX_CHUNK_BYTES};
 pub use container::{
@@ -45,7 +39,10 @@ pub use dir::{
     sync_snapshot_dir, DirError, SnapshotDir, SnapshotWriter, DISK_DIR, MEMORY_IMG, MEMORY_MAP, SNAPSHOT_JSON,
     VMSTATE_BIN,
 };
-pub use layered_disk::{Layer, LayerError, LayerId, LayerInfo, LayerStack, SealedLayer, StackStats};
+pub use forkvm_disk::layered_disk::{Layer, LayerError, LayerId, LayerInfo, LayerStack, SealedLayer, StackStats};
+/// The disk half, below this crate: `forkvm_snapshot::vault` and `::layered_disk` name
+/// `forkvm-disk`'s modules.
+pub use forkvm_disk::{layered_disk, malformed, vault};
 pub use memory_image::{
     allocated_bytes, create_image, open_image, write_sparse, MemoryImageError, SparseStats, PAGE_SIZE,
 };

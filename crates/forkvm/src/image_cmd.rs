@@ -3,16 +3,14 @@
 //! and prints its path. Progress goes to stderr: a progress bar on a terminal, a few plain
 //! lines otherwise.
 
-use std::io::IsTerminal;
 use std::path::Path;
-use std::time::Duration;
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
 use forkvm_image::kernel::{base_cmdline, ensure_kernel_at, BuildEvent, BuildPlan};
+use forkvm_image::progress::{fmt_duration, ProgressView};
 use forkvm_vmm::arch::x86_64::cpuid::CpuTemplate;
 use forkvm_vmm::host::HostKind;
-use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
 #[derive(Args, Debug)]
@@ -128,88 +126,6 @@ fn kernel(a: KernelArgs) -> Result<i32> {
     Ok(0)
 }
 
-/// Renders [`BuildEvent`]s on stderr.
-pub(crate) struct ProgressView {
-    /// Set when stderr is a terminal and compiling has started.
-    bar: Option<ProgressBar>,
-    terminal: bool,
-    /// Last 10 % step printed in plain mode.
-    last_step: u64,
-}
-
-impl ProgressView {
-    pub(crate) fn new() -> Self {
-        ProgressView { bar: None, terminal: std::io::stderr().is_terminal(), last_step: u64::MAX }
-    }
-
-    pub(crate) fn show(&mut self, e: &BuildEvent) {
-        match e {
-            BuildEvent::Cached { .. } => {}
-            BuildEvent::Waiting { lock } => self.line(&format!("waiting for another build ({})", lock.display())),
-            BuildEvent::Extracting { tarball } => self.line(&format!("extracting {}", tarball.display())),
-            BuildEvent::Patching { name, index, count } => self.line(&format!("patch {index}/{count}: {name}")),
-            BuildEvent::Configuring => self.line("configuring (tinyconfig + forkvm.config)"),
-            BuildEvent::Compiling { done, estimated_total, elapsed } => {
-                if self.terminal {
-                    let bar = self.bar.get_or_insert_with(|| new_bar(*estimated_total));
-                    if *done > bar.length().unwrap_or(0) {
-                        bar.set_length(*done);
-                    }
-                    bar.set_position(*done);
-                } else {
-                    let step = done * 10 / estimated_total.max(&1);
-                    if step != self.last_step {
-                        self.last_step = step;
-                        eprintln!(
-                            "compiling: {done}/~{estimated_total} files, {}",
-                            fmt_duration(elapsed.as_secs_f64())
-                        );
-                    }
-                }
-            }
-            BuildEvent::Linking { elapsed } => {
-                if let Some(bar) = self.bar.take() {
-                    bar.finish_and_clear();
-                }
-                self.line(&format!("linking vmlinux ({} so far)", fmt_duration(elapsed.as_secs_f64())));
-            }
-            BuildEvent::Done { .. } => {}
-        }
-    }
-
-    fn line(&self, text: &str) {
-        match &self.bar {
-            Some(bar) => bar.println(text),
-            None => eprintln!("{text}"),
-        }
-    }
-
-    pub(crate) fn finish(&mut self) {
-        if let Some(bar) = self.bar.take() {
-            bar.finish_and_clear();
-        }
-    }
-}
-
-fn new_bar(len: u64) -> ProgressBar {
-    let bar = ProgressBar::new(len);
-    let style = ProgressStyle::with_template("compiling [{bar:40}] {pos}/~{len} files, {elapsed_precise}")
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> ");
-    bar.set_style(style);
-    bar.enable_steady_tick(Duration::from_millis(500));
-    bar
-}
-
-fn fmt_duration(seconds: f64) -> String {
-    let s = seconds.round() as u64;
-    if s >= 60 {
-        format!("{}m {:02}s", s / 60, s % 60)
-    } else {
-        format!("{seconds:.1} s")
-    }
-}
-
 fn print_log_tail(log: &Path, lines: usize) {
     let Ok(text) = std::fs::read_to_string(log) else { return };
     let all: Vec<&str> = text.lines().collect();
@@ -240,11 +156,5 @@ mod tests {
         let c = Cli::try_parse_from(["x", "build", "tiny", "--snapshot"]).unwrap();
         assert!(matches!(c.image, ImageCommand::Build(BuildArgs { snapshot: true, .. })));
         assert!(Cli::try_parse_from(["x", "rootfs"]).is_err());
-    }
-
-    #[test]
-    fn durations_read_well() {
-        assert_eq!(fmt_duration(12.34), "12.3 s");
-        assert_eq!(fmt_duration(492.0), "8m 12s");
     }
 }

@@ -1,25 +1,12 @@
 //! `forkvm`: the command-line interface. Thin: parses, calls the library, prints.
 
 mod archive_cmd;
-mod bench_api;
-mod bench_archive;
-mod bench_boot;
-mod bench_branch;
-mod bench_chain;
-mod bench_disk;
-mod bench_disk_fork;
-mod bench_fork;
-mod bench_lazy;
-mod bench_memory;
-mod bench_spawn;
-mod bench_vector;
 mod chain_cmd;
 mod daemon_cmd;
 mod disk_cmd;
 mod doctor;
 mod fork_cmd;
 mod image_cmd;
-mod procstat;
 mod remote_cmd;
 mod run_cmd;
 mod sandbox_cmd;
@@ -49,7 +36,7 @@ enum Command {
     Fork(fork_cmd::ForkArgs),
     /// Benchmarks; each prints one JSON object.
     #[command(subcommand)]
-    Bench(BenchCommand),
+    Bench(forkvm_bench::BenchCommand),
     /// Tagged snapshots: create from a template, list, delete, sweep.
     Snapshot(snapshot_cmd::SnapshotArgs),
     /// Running sandboxes.
@@ -111,35 +98,6 @@ enum Command {
     Ttl(archive_cmd::TtlArgs),
 }
 
-#[derive(Subcommand, Debug)]
-enum BenchCommand {
-    /// Fork N children from a snapshot of a warmed test guest, against N cold boots.
-    Fork(bench_fork::BenchForkArgs),
-    /// Linux sandbox readiness (cold boot, restore) and agent round trips.
-    Boot(bench_boot::BenchBootArgs),
-    /// BRANCH pause windows, full vs live, while the guest dirties memory.
-    Branch(bench_branch::BenchBranchArgs),
-    /// N Linux sandboxes from a tag until each answered an eval, against cold boots.
-    Spawn(bench_spawn::BenchSpawnArgs),
-    /// The REST API's overhead: spawn of N, exec and eval round trips, REST vs library.
-    Api(bench_api::BenchApiArgs),
-    /// Diff-snapshot chains: spawn cost per depth, bytes on disk, pack/unpack throughput.
-    Chain(bench_chain::BenchChainArgs),
-    /// Continuous disk snapshots: steady-state cost against the guest's write rate.
-    DiskSnapshot(bench_disk::BenchDiskArgs),
-    /// Lazy restore from a disk snapshot: eager vs lazy vs lazy + prefetch playbook (host side).
-    LazyRestore(bench_lazy::BenchLazyArgs),
-    /// Disk-only fork, restore → first exec: eager vs lazy vs lazy + playbook (guest side).
-    DiskFork(bench_disk_fork::BenchDiskForkArgs),
-    /// Spawn → ready → first exec without and with the memory playbook, warm and cold cache.
-    MemoryPrefetch(bench_memory::BenchMemoryArgs),
-    /// Encrypted archive and unarchive, against a plaintext branch and a restore from it.
-    Archive(bench_archive::BenchArchiveArgs),
-    /// Saving the guest's vector state: CPU template against CPU template (restore,
-    /// exec, context switch, numpy), and whether processes keep their registers.
-    VectorState(bench_vector::BenchVectorArgs),
-}
-
 /// The error and its causes, skipping a cause whose text the message already contains
 /// (library errors often print their source inline).
 fn error_chain(e: &anyhow::Error) -> String {
@@ -171,18 +129,7 @@ fn main() {
         Command::Restore(a) => vm_cmd::restore(a),
         Command::Ctl(a) => vm_cmd::ctl(a),
         Command::Fork(a) => fork_cmd::run(a, remote),
-        Command::Bench(BenchCommand::Fork(a)) => bench_fork::run(a),
-        Command::Bench(BenchCommand::VectorState(a)) => bench_vector::run(a),
-        Command::Bench(BenchCommand::Boot(a)) => bench_boot::run(a),
-        Command::Bench(BenchCommand::Branch(a)) => bench_branch::run(a),
-        Command::Bench(BenchCommand::Spawn(a)) => bench_spawn::run(a),
-        Command::Bench(BenchCommand::Api(a)) => bench_api::run(a),
-        Command::Bench(BenchCommand::Chain(a)) => bench_chain::run(a),
-        Command::Bench(BenchCommand::DiskSnapshot(a)) => bench_disk::run(a),
-        Command::Bench(BenchCommand::LazyRestore(a)) => bench_lazy::run(a),
-        Command::Bench(BenchCommand::DiskFork(a)) => bench_disk_fork::run(a),
-        Command::Bench(BenchCommand::MemoryPrefetch(a)) => bench_memory::run(a),
-        Command::Bench(BenchCommand::Archive(a)) => bench_archive::run(a),
+        Command::Bench(a) => forkvm_bench::run(a),
         Command::Run(a) => run_cmd::run(a),
         Command::Snapshot(a) => snapshot_cmd::run(a, remote),
         Command::Ps(a) => sandbox_cmd::ps(a, remote),

@@ -5,9 +5,9 @@
 //! once into a template snapshot; every run after that restores the snapshot (copy-on-
 //! write) and re-identifies the sandbox before the command runs.
 
-use crate::image_cmd::ProgressView;
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use forkvm_image::progress::ProgressView;
 use forkvm_proto::ExecRequest;
 use forkvm_sandbox::{ensure_template_snapshot, Artifacts, Sandbox};
 use std::io::Write;

@@ -52,7 +52,7 @@ pub enum SnapshotCommand {
 
 /// Template `image`'s snapshot, building the kernel, image and snapshot if missing.
 pub fn template_snapshot(image: &str) -> Result<TemplateSnapshot> {
-    let mut view = crate::image_cmd::ProgressView::new();
+    let mut view = forkvm_image::progress::ProgressView::new();
     let artifacts = forkvm_sandbox::Artifacts::ensure(image, &mut |e| view.show(&e));
     view.finish();
     forkvm_sandbox::ensure_template_snapshot(artifacts?).context("preparing the template snapshot")

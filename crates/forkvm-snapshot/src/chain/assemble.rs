@@ -71,7 +71,7 @@ impl AssembledCache {
         // then finds the image.
         let lock_path = dir.join(".lock");
         let lock = File::create(&lock_path).map_err(ChainError::io("opening the assembly lock", &lock_path))?;
-        crate::flock::flock(&lock, libc::LOCK_EX).map_err(ChainError::io("locking the assembly", &lock_path))?;
+        forkvm_disk::flock::flock(&lock, libc::LOCK_EX).map_err(ChainError::io("locking the assembly", &lock_path))?;
         if image.is_file() {
             return Ok((image, None));
         }

@@ -23,7 +23,6 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
 use super::{io_err, PackError, CHUNK};
@@ -70,20 +69,8 @@ impl SparseExtents {
     /// filesystem that cannot tell makes the whole file one extent.
     pub fn of_file(file: &File, size: u64) -> io::Result<SparseExtents> {
         let mut out = SparseExtents::new(size);
-        let mut pos = 0u64;
-        while pos < size {
-            let data = match seek(file, pos, libc::SEEK_DATA) {
-                Ok(d) => d,
-                Err(e) if e.raw_os_error() == Some(libc::ENXIO) => break,
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => pos,
-                Err(e) => return Err(e),
-            };
-            if data >= size {
-                break;
-            }
-            let hole = seek(file, data, libc::SEEK_HOLE).map_or(size, |h| h.clamp(data + 1, size));
-            out.push(data, hole - data);
-            pos = hole;
+        for (offset, len) in forkvm_disk::data_extents::data_extents(file, size)? {
+            out.push(offset, len);
         }
         Ok(out)
     }
@@ -283,14 +270,6 @@ fn copy_range(
         done += n as u64;
     }
     Ok(())
-}
-
-/// `lseek(fd, pos, whence)`.
-fn seek(file: &File, pos: u64, whence: libc::c_int) -> io::Result<u64> {
-    let pos = libc::off_t::try_from(pos).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    // SAFETY: lseek only moves the offset of the descriptor, which `file` keeps open.
-    let off = unsafe { libc::lseek(file.as_raw_fd(), pos, whence) };
-    u64::try_from(off).map_err(|_| io::Error::last_os_error())
 }
 
 #[cfg(test)]

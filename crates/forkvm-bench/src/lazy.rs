@@ -14,7 +14,7 @@
 //! Not yet measured: the guest side (the VMM does not yet restore lazily; a disk-only
 //! fork decrypts eagerly), and memory pages.
 
-use crate::bench_fork::{machine, median};
+use crate::util::{machine, median};
 use anyhow::Result;
 use clap::Args;
 use forkvm_snapshot::vault::lazy::bench_first_reads;
@@ -58,7 +58,7 @@ fn ms(d: std::time::Duration) -> f64 {
 }
 
 pub fn run(a: BenchLazyArgs) -> Result<i32> {
-    let report = crate::bench_disk::in_scratch_dir(a.dir.as_deref(), "lazy", |root| measure(&a, root))?;
+    let report = crate::util::in_scratch_dir(a.dir.as_deref(), "lazy", |root| measure(&a, root))?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

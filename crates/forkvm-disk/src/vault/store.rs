@@ -9,7 +9,7 @@ use super::crypto::{self, SubKeys, NONCE_LEN};
 use super::fsutil::{self, create_dir, create_no_clobber, is_temp_name};
 use super::manifest::{self, DiskMap, Manifest, MAX_BASE_KEY_LEN, MAX_MANIFEST_BYTES, WINDOW_BLOCKS};
 use super::{io_err, validate_name, FaultPoint, SandboxKey, VaultError};
-use crate::chunk_store::ChunkId;
+use crate::chunk_id::ChunkId;
 use crate::layered_disk::{blocks_for, Layer, LayerId, BLOCK_SIZE, DATA_FILE};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fs::{self, File};

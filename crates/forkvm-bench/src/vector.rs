@@ -18,10 +18,10 @@
 //! rounds, wrong results summed. The `pvm-compat` snapshot is made with the guard in report-only mode (it exists only to
 //! be measured against) and under its own cache key.
 
-use crate::bench_fork::{machine, median};
-use crate::image_cmd::ProgressView;
+use crate::util::{machine, median};
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use forkvm_image::progress::ProgressView;
 use forkvm_sandbox::template_snapshot::{ensure_template_snapshot_with, VectorGuard};
 use forkvm_sandbox::vector_guard::{self, numpy_probe_code, NumpyProbe};
 use forkvm_sandbox::{Artifacts, Sandbox, TemplateSnapshot};
@@ -84,7 +84,7 @@ fn measure(template: &TemplateSnapshot, a: &BenchVectorArgs, has_python: bool) -
     }
     let sb = Sandbox::start(template)?;
     let before = xsave_completions(&sb);
-    let exec_ms = crate::bench_boot::exec_true_rtts(&sb, a.rtts)?;
+    let exec_ms = crate::util::exec_true_rtts(&sb, a.rtts)?;
     let completions_per_exec = (xsave_completions(&sb) - before) as f64 / a.rtts as f64;
     let t = Instant::now();
     let report = vector_guard::run(&sb.client, 3, a.switches).context("the vector check")?;

@@ -17,7 +17,7 @@
 //! bytes on disk of the chain's links against the same states kept as whole images, and
 //! `pack`/`unpack` throughput of the whole chain (unpacked into an empty store).
 
-use crate::bench_fork::{machine, median, r2};
+use crate::util::{machine, median, r2};
 use anyhow::{Context, Result};
 use clap::Args;
 use forkvm_sandbox::source::assembled_cache;
@@ -96,7 +96,7 @@ fn run_in(a: &BenchChainArgs, work: &std::path::Path) -> Result<i32> {
     let store = Store::open(work.join("store"));
     let registry = Registry::open(work.join("run"));
     let cache = assembled_cache();
-    let template = crate::snapshot_cmd::template_snapshot(&a.image)?;
+    let template = crate::util::template_snapshot(&a.image)?;
     forkvm_sandbox::publish_template(&store, &template, "base")?;
     let chunks = ChunkStore::open(store.root());
 

@@ -22,8 +22,8 @@
 //! PVM hosts (about a minute here) and dwarfs the restore; the host restore time and
 //! the fetch counts are what carry over to hardware-virtualised hosts.
 
-use crate::bench_disk::{in_scratch_dir, Rng};
-use crate::bench_fork::{machine, median, r2};
+use crate::util::{in_scratch_dir, Rng};
+use crate::util::{machine, median, r2};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use forkvm_proto::ExecRequest;

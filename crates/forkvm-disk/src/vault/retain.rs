@@ -14,7 +14,7 @@ use super::fsutil;
 use super::manifest::DiskMap;
 use super::store::SNAPSHOTS_DIR;
 use super::{io_err, Vault, VaultError};
-use crate::chunk_store::ChunkId;
+use crate::chunk_id::ChunkId;
 use std::collections::{BTreeSet, HashSet};
 use std::fs;
 use std::io;

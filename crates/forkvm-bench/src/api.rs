@@ -14,7 +14,7 @@
 //! The library spawn forks this process, so it must be single-threaded then: the bench
 //! checks that, and runs the library phase first in each round.
 
-use crate::bench_fork::{machine, median, r2};
+use crate::util::{machine, median, r2};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use forkvm_client::api::{CreateSandboxRequest, ExecRequest};

@@ -15,8 +15,8 @@
 //! interval is snapshotted: the merge's cost, and what that snapshot uploads (one
 //! interval's data when the vault's lineage survives the merge).
 
-use crate::bench_fork::{machine, median, r2};
-use anyhow::{Context, Result};
+use crate::util::{in_scratch_dir, machine, median, r2, Rng};
+use anyhow::Result;
 use clap::Args;
 use forkvm_snapshot::vault::{DiskInput, RetentionPolicy, SandboxKey, Vault};
 use forkvm_snapshot::LayerStack;
@@ -41,39 +41,6 @@ pub struct BenchDiskArgs {
     /// Print JSON only.
     #[arg(long)]
     pub json: bool,
-}
-
-/// xorshift64*: incompressible bytes without a dependency.
-pub(crate) struct Rng(pub(crate) u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    pub(crate) fn fill(&mut self, buf: &mut [u8]) {
-        for c in buf.chunks_mut(8) {
-            let v = self.next().to_le_bytes();
-            c.copy_from_slice(&v[..c.len()]);
-        }
-    }
-}
-
-/// Runs `measure` in a fresh directory `<dir or temp>/forkvm-bench-<name>-<pid>`, removed
-/// afterwards whatever happened.
-pub fn in_scratch_dir<T>(
-    dir: Option<&std::path::Path>,
-    name: &str,
-    measure: impl FnOnce(&std::path::Path) -> Result<T>,
-) -> Result<T> {
-    let root = dir.map_or_else(std::env::temp_dir, std::path::Path::to_path_buf);
-    let root = root.join(format!("forkvm-bench-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
-    let result = measure(&root);
-    let _ = std::fs::remove_dir_all(&root);
-    result
 }
 
 pub fn run(a: BenchDiskArgs) -> Result<i32> {
@@ -116,7 +83,7 @@ fn measure(a: &BenchDiskArgs, root: &std::path::Path) -> Result<serde_json::Valu
             let requests = (mib << 20) / buf.len() as u64;
             for _ in 0..requests {
                 rng.fill(&mut buf);
-                let offset = (rng.next() % (size / 4096 - 16)) * 4096;
+                let offset = (rng.next_u64() % (size / 4096 - 16)) * 4096;
                 stack.write_at(&buf, offset)?;
             }
             stack.flush()?;
@@ -143,7 +110,7 @@ fn measure(a: &BenchDiskArgs, root: &std::path::Path) -> Result<serde_json::Valu
         let compact_ms = t.elapsed().as_secs_f64() * 1e3;
         for _ in 0..(mib << 20) / buf.len() as u64 {
             rng.fill(&mut buf);
-            let offset = (rng.next() % (size / 4096 - 16)) * 4096;
+            let offset = (rng.next_u64() % (size / 4096 - 16)) * 4096;
             stack.write_at(&buf, offset)?;
         }
         stack.flush()?;

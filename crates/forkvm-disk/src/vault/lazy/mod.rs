@@ -69,7 +69,7 @@ pub use playbook::{
 pub use prefetch::{PrefetchReport, Prefetcher};
 
 use super::{Vault, VaultError};
-use crate::chunk_store::ChunkId;
+use crate::chunk_id::ChunkId;
 use crate::layered_disk::{Bitmap, LayerError, LayerId, LazyLower, BLOCK_SIZE};
 use std::fs::File;
 use std::os::fd::AsRawFd;

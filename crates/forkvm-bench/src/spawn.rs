@@ -21,7 +21,7 @@
 //!   eval), `--cold` of them (each takes 35–100 s on PVM hosts, so the default is 1), and
 //!   the speedup per sandbox: cold boot / (all_ready / N).
 
-use crate::bench_fork::{machine, median};
+use crate::util::{machine, median};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use forkvm_sandbox::template_snapshot::boot_to_agent;
@@ -71,7 +71,7 @@ fn source_tag(a: &BenchSpawnArgs, store: &Store) -> Result<String> {
     if let Some(tag) = &a.tag {
         return Ok(tag.clone());
     }
-    let template = crate::snapshot_cmd::template_snapshot(&a.template)?;
+    let template = crate::util::template_snapshot(&a.template)?;
     let tag = format!("bench-{}-{}", a.template, &template.key[..template.key.len().min(12)]);
     if store.lookup(&tag).is_err() {
         forkvm_sandbox::publish_template(store, &template, &tag)

@@ -14,8 +14,8 @@
 //! Host-side costs (capture, encryption, decryption) are real here; the guest-side
 //! times (ready, first exec) are inflated by the emulated guest kernel on PVM hosts.
 
-use crate::bench_disk::in_scratch_dir;
-use crate::bench_fork::{machine, median};
+use crate::util::in_scratch_dir;
+use crate::util::{machine, median};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use forkvm_proto::ExecRequest;

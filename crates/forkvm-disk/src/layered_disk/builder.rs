@@ -104,10 +104,10 @@ impl SealedLayerBuilder {
         let data_path = builder.partial.join(DATA_FILE);
         fs::rename(image, &data_path).map_err(err("moving the image in"))?;
         builder.data = File::open(&data_path).map_err(err("opening the image"))?;
-        let extents = crate::pack_archive::SparseExtents::of_file(&builder.data, size)
-            .map_err(err("finding the image's data extents"))?;
+        let extents =
+            crate::data_extents::data_extents(&builder.data, size).map_err(err("finding the image's data extents"))?;
         let mut buf = vec![0u8; 1 << 20];
-        for &(offset, len) in extents.extents() {
+        for &(offset, len) in &extents {
             let (mut at, end) = (offset / BLOCK_SIZE * BLOCK_SIZE, offset + len);
             while at < end {
                 let n = ((end - at) as usize).min(buf.len());

@@ -9,7 +9,7 @@
 //! returned (live with `wait: false`: as soon as the source runs again), and the time
 //! until the snapshot was complete.
 
-use crate::bench_fork::machine;
+use crate::util::machine;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use forkvm_testguest::{TestGuest, DIRTY_GEN_ADDR, IMAGE_BASE};

@@ -12,8 +12,8 @@
 //! measured, teaches the playbook. The real spawn path (zygote, VMM processes, agent)
 //! runs in a scratch run directory.
 
-use crate::bench_disk::in_scratch_dir;
-use crate::bench_fork::{machine, median};
+use crate::util::in_scratch_dir;
+use crate::util::{machine, median};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use forkvm_proto::ExecRequest;

@@ -7,7 +7,7 @@ use std::os::fd::AsRawFd;
 
 /// Opens (creating, never truncating) the lock file at `path` and applies `op` to it
 /// with [`flock`]. The lock lasts as long as the returned file.
-pub(crate) fn lock_file(path: &std::path::Path, op: libc::c_int) -> io::Result<File> {
+pub fn lock_file(path: &std::path::Path, op: libc::c_int) -> io::Result<File> {
     let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
     flock(&file, op)?;
     Ok(file)
@@ -15,7 +15,7 @@ pub(crate) fn lock_file(path: &std::path::Path, op: libc::c_int) -> io::Result<F
 
 /// Applies `op` (`LOCK_SH`, `LOCK_EX`, optionally `| LOCK_NB`) to `file`, retrying when
 /// a signal interrupts the wait. The lock lasts as long as the descriptor.
-pub(crate) fn flock(file: &File, op: libc::c_int) -> io::Result<()> {
+pub fn flock(file: &File, op: libc::c_int) -> io::Result<()> {
     loop {
         // SAFETY: flock only operates on the descriptor, which `file` keeps open.
         if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {

@@ -8,7 +8,7 @@
 use super::crypto::{self, SubKeys, NONCE_LEN, TAG_LEN};
 use super::fsutil::{self, is_temp_name};
 use super::{io_err, VaultError};
-use crate::chunk_store::ChunkId;
+use crate::chunk_id::ChunkId;
 use std::collections::HashSet;
 use std::fs::{self, OpenOptions};
 use std::io;

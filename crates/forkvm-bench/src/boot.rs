@@ -11,11 +11,10 @@
 //! On PVM hosts everything the guest kernel does is emulated: cold boot, vsock handling
 //! and fork+exec in the guest dominate; the host-side restore is the real cost elsewhere.
 
-use crate::bench_fork::{machine, median};
-use crate::image_cmd::ProgressView;
+use crate::util::{exec_true_rtts, machine, median};
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use forkvm_proto::ExecRequest;
+use forkvm_image::progress::ProgressView;
 use forkvm_sandbox::template_snapshot::boot_to_agent;
 use forkvm_sandbox::{ensure_template_snapshot, Artifacts, Sandbox};
 use serde_json::json;
@@ -42,20 +41,6 @@ pub struct BenchBootArgs {
 
 fn round(v: f64) -> f64 {
     (v * 100.0).round() / 100.0
-}
-
-/// `n` round trips of `exec true` in `sb`, in milliseconds.
-pub(crate) fn exec_true_rtts(sb: &Sandbox, n: usize) -> Result<Vec<f64>> {
-    let mut rtts = Vec::with_capacity(n);
-    for _ in 0..n {
-        let t = Instant::now();
-        let out = sb.client.exec_collect(&ExecRequest::argv(["true"]), b"")?;
-        rtts.push(t.elapsed().as_secs_f64() * 1e3);
-        if out.status.code != Some(0) {
-            bail!("`true` exited with {:?}", out.status);
-        }
-    }
-    Ok(rtts)
 }
 
 pub fn run(a: BenchBootArgs) -> Result<i32> {

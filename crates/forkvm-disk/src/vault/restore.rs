@@ -8,7 +8,7 @@
 use super::fsutil;
 use super::manifest::DiskMap;
 use super::{io_err, Vault, VaultError};
-use crate::chunk_store::ChunkId;
+use crate::chunk_id::ChunkId;
 use crate::layered_disk::{LayerId, SealedLayerBuilder, BLOCK_SIZE};
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};

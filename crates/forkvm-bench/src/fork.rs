@@ -12,13 +12,14 @@
 //! interrupt and halt paths, a few instructions per request).
 
 use crate::procstat::{mem_usage, MemUsage};
+use crate::util::{machine, median};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use forkvm_testguest::{monitor, TestGuest, IMAGE_BASE};
 use forkvm_vmm::arch::x86_64::cpuid::CpuTemplate;
 use forkvm_vmm::control::{serve_until_exit, ControlClient};
 use forkvm_vmm::devices::serial::ConsoleOut;
-use forkvm_vmm::host::{open_kvm, HostKind};
+use forkvm_vmm::host::open_kvm;
 use forkvm_vmm::vmm::SnapshotReport;
 use forkvm_vmm::vstate::irqchip::IrqchipMode;
 use forkvm_vmm::zygote::{fork_and_run, ChildSpec, Zygote};
@@ -152,24 +153,6 @@ fn kill_all(pids: &[i32]) {
         let mut status = 0;
         // SAFETY: as above.
         unsafe { libc::waitpid(pid, &mut status, 0) };
-    }
-}
-
-/// `x` rounded to two decimals, for reports.
-pub fn r2(x: f64) -> f64 {
-    (x * 100.0).round() / 100.0
-}
-
-pub fn median(values: &mut [f64]) -> f64 {
-    if values.is_empty() {
-        return 0.0;
-    }
-    values.sort_by(|a, b| a.total_cmp(b));
-    let m = values.len() / 2;
-    if values.len() % 2 == 1 {
-        values[m]
-    } else {
-        (values[m - 1] + values[m]) / 2.0
     }
 }
 
@@ -407,29 +390,4 @@ fn tempdir() -> Result<PathBuf> {
     let d = std::env::temp_dir().join(format!("forkvm-bench-{}", std::process::id()));
     std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
     Ok(d)
-}
-
-pub fn machine() -> serde_json::Value {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo
-        .lines()
-        .find(|l| l.starts_with("model name"))
-        .and_then(|l| l.split(':').nth(1))
-        .unwrap_or("")
-        .trim()
-        .to_string();
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let mem_kib: u64 = meminfo
-        .lines()
-        .find(|l| l.starts_with("MemTotal"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    json!({
-        "cpu": model,
-        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
-        "mem_gib": mem_kib / (1 << 20),
-        "kvm": HostKind::detect().name(),
-        "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
-    })
 }

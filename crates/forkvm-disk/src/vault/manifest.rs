@@ -20,7 +20,7 @@
 
 use super::crypto::{self, NONCE_LEN, TAG_LEN};
 use super::{validate_name, VaultError};
-use crate::chunk_store::ChunkId;
+use crate::chunk_id::ChunkId;
 use crate::layered_disk::{blocks_for, BLOCK_SIZE, MAX_DISK_BYTES};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;

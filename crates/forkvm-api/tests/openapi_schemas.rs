@@ -1,0 +1,123 @@
+//! `docs/openapi.json` against the Rust wire types: each component's schema is
+//! generated from its type (schemars, following the serde attributes) and must have the
+//! same fields, and the same required ones: a request as the daemon reads it (a field
+//! with a default is optional), a response as the daemon writes it (a field it always
+//! writes is required). The Python SDK's types are checked against the same document
+//! (`sdk/python/tests/test_contract.py`), so no hand-kept copy of a shape can drift.
+
+use schemars::generate::SchemaSettings;
+use schemars::JsonSchema;
+use serde_json::Value;
+use std::collections::BTreeSet;
+
+fn openapi() -> Value {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/openapi.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// Type `T`'s schema as the daemon reads it (requests) or writes it (responses).
+fn generated<T: JsonSchema>(request: bool) -> Value {
+    let settings = if request {
+        SchemaSettings::draft2020_12().for_deserialize()
+    } else {
+        SchemaSettings::draft2020_12().for_serialize()
+    };
+    serde_json::to_value(settings.into_generator().into_root_schema_for::<T>()).unwrap()
+}
+
+fn names(v: &Value, key: &str) -> BTreeSet<String> {
+    match &v[key] {
+        Value::Object(m) => m.keys().cloned().collect(),
+        Value::Array(a) => a.iter().filter_map(|x| x.as_str().map(String::from)).collect(),
+        _ => BTreeSet::new(),
+    }
+}
+
+/// The differences between documented component `name` and generated schema `rust`.
+fn compare(name: &str, documented: &Value, rust: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    let (doc_props, rust_props) = (names(documented, "properties"), names(rust, "properties"));
+    if doc_props != rust_props {
+        out.push(format!(
+            "{name}: fields only documented {:?}, only in Rust {:?}",
+            doc_props.difference(&rust_props).collect::<Vec<_>>(),
+            rust_props.difference(&doc_props).collect::<Vec<_>>()
+        ));
+    }
+    let (doc_req, rust_req) = (names(documented, "required"), names(rust, "required"));
+    if doc_req != rust_req {
+        out.push(format!(
+            "{name}: required only in the document {:?}, only in Rust {:?}",
+            doc_req.difference(&rust_req).collect::<Vec<_>>(),
+            rust_req.difference(&doc_req).collect::<Vec<_>>()
+        ));
+    }
+    out
+}
+
+macro_rules! components {
+    ($($t:ident),* $(,)?) => {
+        vec![$((stringify!($t), generated::<forkvm_api::$t>(stringify!($t).ends_with("Request")))),*]
+    };
+}
+
+#[test]
+fn every_component_has_the_fields_of_its_rust_type() {
+    let doc = openapi();
+    let schemas = doc["components"]["schemas"].as_object().expect("components.schemas");
+    let rust = components![
+        ErrorBody,
+        Health,
+        VersionInfo,
+        CreateSnapshotRequest,
+        SnapshotInfo,
+        SnapshotInfoDetail,
+        CompactSnapshotRequest,
+        UnpackResponse,
+        CreateSandboxRequest,
+        ForkSandboxRequest,
+        SandboxInfo,
+        BranchSandboxRequest,
+        ExecRequest,
+        ExecResponse,
+        EvalRequest,
+        EvalResponse,
+        FileEntry,
+        FileWritten,
+        DiskSnapshotRequest,
+        DiskSnapshotReport,
+        DiskSnapshotDisk,
+        DiskSnapshotInfo,
+        LastDiskSnapshot,
+        ArchiveReport,
+        RestoreRequest,
+        DiskForkRequest,
+        SetTtlRequest,
+    ];
+    let mut problems = Vec::new();
+    let mut checked: BTreeSet<&str> = BTreeSet::new();
+    for (name, schema) in &rust {
+        match schemas.get(*name) {
+            Some(documented) => problems.extend(compare(name, documented, schema)),
+            None => problems.push(format!("{name}: no component in docs/openapi.json")),
+        }
+        checked.insert(name);
+    }
+    // The exec stream's lines: one component per variant of the tagged enum.
+    let events = generated::<forkvm_api::ExecEvent>(false);
+    for variant in events["oneOf"].as_array().expect("ExecEvent is a oneOf") {
+        let tag = variant["properties"]["type"]["const"].as_str().expect("a type tag").to_string();
+        let name = format!("ExecEvent{}{}", tag[..1].to_uppercase(), &tag[1..]);
+        match schemas.get(&name) {
+            Some(documented) => problems.extend(compare(&name, documented, variant)),
+            None => problems.push(format!("{name}: no component in docs/openapi.json")),
+        }
+        checked.insert(Box::leak(name.into_boxed_str()));
+    }
+    // Shapes that are not forkvm-api's: the agent's own reply, passed through.
+    let elsewhere = ["ExecEvent", "Pong"];
+    let unchecked: Vec<&String> =
+        schemas.keys().filter(|k| !checked.contains(k.as_str()) && !elsewhere.contains(&k.as_str())).collect();
+    assert!(unchecked.is_empty(), "components with no Rust type checked against them: {unchecked:?}");
+    assert!(problems.is_empty(), "docs/openapi.json and the Rust wire types differ:\n{}", problems.join("\n"));
+}

@@ -1,0 +1,68 @@
+//! forkvm's benchmarks, one module per capability, each printing one JSON object of what
+//! it measured (medians of several runs, ratios measured in one run, the machine).
+//! `forkvm bench <name>` runs them: the CLI holds only the dispatch, this crate the
+//! measuring, and `util` what they share (medians, the machine, scratch directories).
+
+use clap::Subcommand;
+
+mod api;
+mod archive;
+mod boot;
+mod branch;
+mod chain;
+mod disk;
+mod disk_fork;
+mod fork;
+mod lazy;
+mod memory;
+pub mod procstat;
+mod spawn;
+pub mod util;
+mod vector;
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Fork N children from a snapshot of a warmed test guest, against N cold boots.
+    Fork(fork::BenchForkArgs),
+    /// Linux sandbox readiness (cold boot, restore) and agent round trips.
+    Boot(boot::BenchBootArgs),
+    /// BRANCH pause windows, full vs live, while the guest dirties memory.
+    Branch(branch::BenchBranchArgs),
+    /// N Linux sandboxes from a tag until each answered an eval, against cold boots.
+    Spawn(spawn::BenchSpawnArgs),
+    /// The REST API's overhead: spawn of N, exec and eval round trips, REST vs library.
+    Api(api::BenchApiArgs),
+    /// Diff-snapshot chains: spawn cost per depth, bytes on disk, pack/unpack throughput.
+    Chain(chain::BenchChainArgs),
+    /// Continuous disk snapshots: steady-state cost against the guest's write rate.
+    DiskSnapshot(disk::BenchDiskArgs),
+    /// Lazy restore from a disk snapshot: eager vs lazy vs lazy + prefetch playbook (host side).
+    LazyRestore(lazy::BenchLazyArgs),
+    /// Disk-only fork, restore → first exec: eager vs lazy vs lazy + playbook (guest side).
+    DiskFork(disk_fork::BenchDiskForkArgs),
+    /// Spawn → ready → first exec without and with the memory playbook, warm and cold cache.
+    MemoryPrefetch(memory::BenchMemoryArgs),
+    /// Encrypted archive and unarchive, against a plaintext branch and a restore from it.
+    Archive(archive::BenchArchiveArgs),
+    /// Saving the guest's vector state: CPU template against CPU template (restore,
+    /// exec, context switch, numpy), and whether processes keep their registers.
+    VectorState(vector::BenchVectorArgs),
+}
+
+/// Runs benchmark `cmd`; returns the process's exit code.
+pub fn run(cmd: BenchCommand) -> anyhow::Result<i32> {
+    match cmd {
+        BenchCommand::Fork(a) => fork::run(a),
+        BenchCommand::VectorState(a) => vector::run(a),
+        BenchCommand::Boot(a) => boot::run(a),
+        BenchCommand::Branch(a) => branch::run(a),
+        BenchCommand::Spawn(a) => spawn::run(a),
+        BenchCommand::Api(a) => api::run(a),
+        BenchCommand::Chain(a) => chain::run(a),
+        BenchCommand::DiskSnapshot(a) => disk::run(a),
+        BenchCommand::LazyRestore(a) => lazy::run(a),
+        BenchCommand::DiskFork(a) => disk_fork::run(a),
+        BenchCommand::MemoryPrefetch(a) => memory::run(a),
+        BenchCommand::Archive(a) => archive::run(a),
+    }
+}

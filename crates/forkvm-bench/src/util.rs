@@ -1,0 +1,110 @@
+//! What the benchmarks share: medians and rounding, the machine a report ran on,
+//! scratch directories that are removed whatever happens, incompressible bytes, agent
+//! round trips, and template snapshots built with progress on stderr.
+
+use anyhow::{bail, Context, Result};
+use forkvm_proto::ExecRequest;
+use forkvm_sandbox::{Sandbox, TemplateSnapshot};
+use forkvm_vmm::host::HostKind;
+use serde_json::json;
+use std::time::Instant;
+
+/// `x` rounded to two decimals, for reports.
+pub fn r2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+pub fn median(values: &mut [f64]) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    values.sort_by(|a, b| a.total_cmp(b));
+    let m = values.len() / 2;
+    if values.len() % 2 == 1 {
+        values[m]
+    } else {
+        (values[m - 1] + values[m]) / 2.0
+    }
+}
+
+/// The machine a report ran on: CPU model and count, memory, KVM flavour, kernel.
+pub fn machine() -> serde_json::Value {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let mem_kib: u64 = meminfo
+        .lines()
+        .find(|l| l.starts_with("MemTotal"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    json!({
+        "cpu": model,
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "mem_gib": mem_kib / (1 << 20),
+        "kvm": HostKind::detect().name(),
+        "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+    })
+}
+
+/// xorshift64*: incompressible bytes without a dependency.
+#[derive(Debug)]
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    pub fn fill(&mut self, buf: &mut [u8]) {
+        for c in buf.chunks_mut(8) {
+            let v = self.next_u64().to_le_bytes();
+            c.copy_from_slice(&v[..c.len()]);
+        }
+    }
+}
+
+/// Runs `measure` in a fresh directory `<dir or temp>/forkvm-bench-<name>-<pid>`, removed
+/// afterwards whatever happened.
+pub fn in_scratch_dir<T>(
+    dir: Option<&std::path::Path>,
+    name: &str,
+    measure: impl FnOnce(&std::path::Path) -> Result<T>,
+) -> Result<T> {
+    let root = dir.map_or_else(std::env::temp_dir, std::path::Path::to_path_buf);
+    let root = root.join(format!("forkvm-bench-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
+    let result = measure(&root);
+    let _ = std::fs::remove_dir_all(&root);
+    result
+}
+
+/// `n` round trips of `exec true` in `sb`, in milliseconds.
+pub fn exec_true_rtts(sb: &Sandbox, n: usize) -> Result<Vec<f64>> {
+    let mut rtts = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let out = sb.client.exec_collect(&ExecRequest::argv(["true"]), b"")?;
+        rtts.push(t.elapsed().as_secs_f64() * 1e3);
+        if out.status.code != Some(0) {
+            bail!("`true` exited with {:?}", out.status);
+        }
+    }
+    Ok(rtts)
+}
+
+/// The template snapshot of image `image`, building what it needs with progress on stderr.
+pub fn template_snapshot(image: &str) -> Result<TemplateSnapshot> {
+    let mut view = forkvm_image::progress::ProgressView::new();
+    let artifacts = forkvm_sandbox::Artifacts::ensure(image, &mut |e| view.show(&e));
+    view.finish();
+    forkvm_sandbox::ensure_template_snapshot(artifacts?).context("preparing the template snapshot")
+}
