@@ -1,19 +1,26 @@
-//! The registry of running sandboxes: one run directory per sandbox under
-//! `<run root>/sandboxes/<id>/`, holding its control socket, vsock socket, console log
-//! and `sandbox.json` (who it is, its VMM pid, where it came from).
+//! The registry of sandboxes: one record per sandbox (who it is, its VMM pid, where it
+//! came from, its disks) in `<run root>/registry.db`, the one SQLite file every forkvm
+//! process on the host opens (`records`), and one run directory per sandbox under
+//! `<run root>/sandboxes/<id>/` holding only runtime files: its control socket, vsock
+//! socket, console log, `vmm.start` and its disks' writable layers.
 //!
-//! The sandbox's VMM process owns its run directory and removes it when it stops, so a
-//! listing is the set of live sandboxes. A VMM killed with `kill -9` cannot clean up:
-//! [`Registry::sweep`] (run by every listing) removes run directories whose process is
-//! gone, and forkvm cgroups no live sandbox uses. The run root is `$FORKVM_RUN`, else
+//! The sandbox's VMM process owns its run directory and removes it when it stops;
+//! whether a sandbox lives is its VMM's pid (and start time), never the record alone.
+//! Reads ([`Registry::get`], [`Registry::list`]) change nothing. A VMM killed with
+//! `kill -9` cannot clean up: [`Registry::sweep`], an explicit pass (the daemon's
+//! timer, `forkvm sweep`), salvages its disks, removes its run directory and record,
+//! and forkvm cgroups no live sandbox uses. The run root is `$FORKVM_RUN`, else
 //! `$XDG_RUNTIME_DIR/forkvm`, else `/run/forkvm` for root, else `/tmp/forkvm-<uid>`.
 
+mod records;
+
 use forkvm_vmm::host::cgroup::CgroupRoot;
+use records::Records;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-/// File name of a sandbox's record in its run directory.
-pub const RECORD_JSON: &str = "sandbox.json";
+pub use records::REGISTRY_DB;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
@@ -23,8 +30,12 @@ pub enum RegistryError {
     BadId(String),
     #[error("sandbox registry {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
-    #[error("sandbox record {path}: {source}")]
+    #[error("sandbox record in {path}: {source}")]
     Record { path: PathBuf, source: serde_json::Error },
+    #[error("sandbox registry {path}: {source}")]
+    Db { path: PathBuf, source: rusqlite::Error },
+    #[error("sandbox registry {path} has layout version {found}; this forkvm knows 1 (stop every sandbox, then remove the file)")]
+    Version { path: PathBuf, found: i64 },
 }
 
 impl RegistryError {
@@ -220,6 +231,15 @@ fn is_inside(path: &Path, dir: &Path) -> bool {
     path.starts_with(dir) && !path.components().any(|c| matches!(c, std::path::Component::ParentDir))
 }
 
+/// `r`, if every disk directory it records lies inside its run directory.
+fn checked(r: SandboxRecord) -> Option<SandboxRecord> {
+    if let Some(d) = r.disks.iter().find(|d| !is_inside(&d.dir, &r.run_dir)) {
+        tracing::warn!(id = %r.id, disk = %d.dir.display(), "a sandbox record's disk is outside its run directory; ignored");
+        return None;
+    }
+    Some(r)
+}
+
 fn valid_id(id: &str) -> bool {
     !id.is_empty() && id.len() <= 64 && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
 }
@@ -230,6 +250,7 @@ pub struct Registry {
     /// The store whose vaults a dead sandbox's disks are salvaged into before its run
     /// directory goes (`salvage`); none: no salvage.
     salvage_into: Option<PathBuf>,
+    records: Arc<Records>,
 }
 
 impl Registry {
@@ -241,7 +262,8 @@ impl Registry {
 
     /// The registry at `root`, salvaging nothing (see [`Registry::salvaging_into`]).
     pub fn open(root: impl Into<PathBuf>) -> Registry {
-        Registry { root: root.into(), salvage_into: None }
+        let root = root.into();
+        Registry { records: Arc::new(Records::at(&root)), root, salvage_into: None }
     }
 
     /// The default registry, salvaging into the default store.
@@ -280,40 +302,39 @@ impl Registry {
         Ok(dir)
     }
 
-    /// Writes `record` into its run directory (atomically).
+    /// Writes `record` (one row, replacing any earlier one), and beside it in its run
+    /// directory when it was written (`vmm.start`).
     pub fn write(&self, record: &SandboxRecord) -> Result<(), RegistryError> {
-        let path = record.run_dir.join(RECORD_JSON);
-        let tmp = record.run_dir.join(".sandbox.json.tmp");
-        let json =
-            serde_json::to_vec_pretty(record).map_err(|source| RegistryError::Record { path: path.clone(), source })?;
-        // When the record was written, beside it, with the pid: a process that got the
-        // pid later (after the VMM died) started after this (`record_alive`). The wall
-        // clock only: reading the new VMM's /proc entry here cost a spawn 0.7 ms a child.
-        if record.pid > 0 {
-            let _ = std::fs::write(record.run_dir.join(VMM_START), format!("{} {}\n", record.pid, now_unix_ms()));
+        if !valid_id(&record.id) {
+            return Err(RegistryError::BadId(record.id.clone()));
         }
-        std::fs::write(&tmp, json)
-            .and_then(|_| std::fs::rename(&tmp, &path))
-            .map_err(|source| RegistryError::Io { path, source })
+        // When the record was written, with the pid: a process that got the pid later
+        // (after the VMM died) started after this (`record_alive`). The wall clock
+        // only: reading the new VMM's /proc entry here cost a spawn 0.7 ms a child.
+        if record.pid > 0 {
+            let dir = self.sandboxes_dir().join(&record.id);
+            let _ = std::fs::write(dir.join(VMM_START), format!("{} {}\n", record.pid, now_unix_ms()));
+        }
+        self.records.put(record)
     }
 
-    /// The record in run directory `dir`. Paths are re-derived, never trusted from the
-    /// JSON: its run directory is `dir` itself, its id `dir`'s name, and a recorded disk
-    /// directory outside `dir` makes the record unreadable (it would be removed or
+    /// The record of sandbox `id` (a valid id), if it has one and its run directory is
+    /// there. The run directory is derived from the id, never stored; a recorded disk
+    /// directory outside it makes the record unreadable (it would be removed or
     /// salvaged from).
-    fn read(&self, dir: &Path) -> Option<SandboxRecord> {
-        let text = std::fs::read(dir.join(RECORD_JSON)).ok()?;
-        let mut r: SandboxRecord = serde_json::from_slice(&text).ok()?;
-        if dir.file_name().and_then(|n| n.to_str()) != Some(r.id.as_str()) {
-            tracing::warn!(dir = %dir.display(), id = %r.id, "a sandbox record names another id; ignored");
+    fn read(&self, id: &str) -> Option<SandboxRecord> {
+        let dir = self.sandboxes_dir().join(id);
+        if !dir.is_dir() {
             return None;
         }
-        r.run_dir = dir.to_path_buf();
-        if let Some(d) = r.disks.iter().find(|d| !is_inside(&d.dir, dir)) {
-            tracing::warn!(dir = %dir.display(), disk = %d.dir.display(), "a sandbox record's disk is outside its run directory; ignored");
-            return None;
-        }
-        Some(r)
+        let r = match self.records.get(id, &dir) {
+            Ok(r) => r?,
+            Err(e) => {
+                tracing::warn!(id, error = %e, "reading a sandbox record failed");
+                return None;
+            }
+        };
+        checked(r)
     }
 
     /// Sandbox `id`'s record and whether its VMM is alive, without cleaning up a dead one
@@ -322,7 +343,7 @@ impl Registry {
         if !valid_id(id) {
             return Err(RegistryError::BadId(id.to_string()));
         }
-        let r = self.read(&self.sandboxes_dir().join(id)).ok_or_else(|| RegistryError::NotFound(id.to_string()))?;
+        let r = self.read(id).ok_or_else(|| RegistryError::NotFound(id.to_string()))?;
         let alive = record_alive(&r);
         Ok((r, alive))
     }
@@ -345,15 +366,16 @@ impl Registry {
     /// Every live sandbox, oldest first. A pure read: dead ones are left for
     /// [`Registry::sweep`].
     pub fn list(&self) -> Vec<SandboxRecord> {
-        let mut out: Vec<SandboxRecord> = std::fs::read_dir(self.sandboxes_dir())
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| self.read(&e.path()))
-            .filter(record_alive)
-            .collect();
-        out.sort_by(|a, b| (a.created_at_unix_ms, &a.id).cmp(&(b.created_at_unix_ms, &b.id)));
-        out
+        self.records().into_iter().filter_map(checked).filter(record_alive).collect()
+    }
+
+    /// Every record, oldest first (none when the registry cannot be read: logged).
+    fn records(&self) -> Vec<SandboxRecord> {
+        let dir = self.sandboxes_dir();
+        self.records.all(|id| dir.join(id)).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "reading the sandbox registry failed");
+            Vec::new()
+        })
     }
 
     /// The clean-up pass, the only one that removes anything (reads never do): salvages
@@ -365,23 +387,42 @@ impl Registry {
     pub fn sweep(&self) -> Vec<String> {
         let mut removed = Vec::new();
         let mut live = Vec::new();
-        for e in std::fs::read_dir(self.sandboxes_dir()).into_iter().flatten().flatten() {
-            let id = e.file_name().to_string_lossy().into_owned();
-            match self.read(&e.path()) {
-                Some(r) if record_alive(&r) => live.push(r.cgroup.unwrap_or_default()),
+        let mut recorded = std::collections::HashSet::new();
+        for r in self.records() {
+            recorded.insert(r.id.clone());
+            if record_alive(&r) {
+                live.push(r.cgroup.clone().unwrap_or_default());
+                continue;
+            }
+            match checked(r.clone()) {
+                // Its VMM stopped and removed its run directory: only the record is left.
+                Some(r) if !r.run_dir.is_dir() => {
+                    self.forget(&r);
+                    removed.push(r.id);
+                }
                 Some(r) => {
                     if self.clean_up_dead(&r) {
-                        removed.push(id);
+                        removed.push(r.id);
                     }
                 }
+                // A record whose disks lie outside its run directory: never salvaged from.
                 None => {
-                    let old = e.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
-                    if old.is_some_and(|age| age.as_secs() > 60) && std::fs::remove_dir_all(e.path()).is_ok() {
-                        removed.push(id);
-                    } else {
-                        live.push(format!("sb-{id}"));
-                    }
+                    self.clean_up(&r);
+                    removed.push(r.id);
                 }
+            }
+        }
+        for e in std::fs::read_dir(self.sandboxes_dir()).into_iter().flatten().flatten() {
+            let id = e.file_name().to_string_lossy().into_owned();
+            if recorded.contains(&id) {
+                continue;
+            }
+            // No record yet: its spawner may still be writing it; left alone for a minute.
+            let old = e.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
+            if old.is_some_and(|age| age.as_secs() > 60) && std::fs::remove_dir_all(e.path()).is_ok() {
+                removed.push(id);
+            } else {
+                live.push(format!("sb-{id}"));
             }
         }
         if let Ok(root) = CgroupRoot::detect() {
@@ -400,7 +441,7 @@ impl Registry {
             return;
         }
         let dir = self.sandboxes_dir().join(id);
-        if self.read(&dir).is_some() {
+        if self.records.get(id, &dir).ok().flatten().is_some() {
             return;
         }
         let socket = dir.join("control.sock");
@@ -443,12 +484,21 @@ impl Registry {
         true
     }
 
+    /// Removes what sandbox `r` left: its run directory, its cgroup and its record.
     pub fn clean_up(&self, r: &SandboxRecord) {
         let _ = std::fs::remove_dir_all(&r.run_dir);
+        self.forget(r);
+    }
+
+    /// Removes sandbox `r`'s cgroup and record (its run directory is gone).
+    fn forget(&self, r: &SandboxRecord) {
         if let (Some(name), Ok(root)) = (&r.cgroup, CgroupRoot::detect()) {
             if let Some(g) = root.open(name) {
                 let _ = g.remove();
             }
+        }
+        if let Err(e) = self.records.delete(&r.id) {
+            tracing::warn!(id = %r.id, error = %e, "removing a sandbox record failed");
         }
     }
 }
@@ -479,24 +529,24 @@ mod tests {
         let victim = tmp.path().join("victim");
         std::fs::create_dir(&victim).unwrap();
         std::fs::write(victim.join("keep"), "x").unwrap();
-        // A record whose JSON names another directory: the run directory is where it is.
+        // A record written naming another directory: its run directory is where its id says.
         let mut r = record(&reg, "sb1", std::process::id() as i32);
         let real = r.run_dir.clone();
         r.run_dir = victim.clone();
-        std::fs::write(real.join(RECORD_JSON), serde_json::to_vec(&r).unwrap()).unwrap();
+        reg.write(&r).unwrap();
+        assert!(!victim.join(VMM_START).exists() && real.join(VMM_START).exists());
         let read = reg.get("sb1").unwrap();
         assert_eq!(read.run_dir, real);
         reg.clean_up(&read);
         assert!(victim.join("keep").exists() && !real.exists());
-        // A disk directory outside the run directory, or another id: the record is ignored.
+        assert!(matches!(reg.lookup("sb1"), Err(RegistryError::NotFound(_))), "cleaning up forgets the record");
+        // A disk directory outside the run directory: the record is ignored, and the
+        // sweep removes it without touching that directory.
         let mut r = record(&reg, "sb2", std::process::id() as i32);
         r.disks.push(RecordedDisk { id: "d".into(), base: "/b".into(), sealed: Vec::new(), dir: victim.clone() });
-        std::fs::write(r.run_dir.join(RECORD_JSON), serde_json::to_vec(&r).unwrap()).unwrap();
+        reg.write(&r).unwrap();
         assert!(matches!(reg.get("sb2"), Err(RegistryError::NotFound(_))));
-        let mut r = record(&reg, "sb3", std::process::id() as i32);
-        r.id = "sb2".into();
-        std::fs::write(reg.sandboxes_dir().join("sb3").join(RECORD_JSON), serde_json::to_vec(&r).unwrap()).unwrap();
-        assert!(matches!(reg.get("sb3"), Err(RegistryError::NotFound(_))));
+        assert_eq!(reg.list(), Vec::new());
         assert!(victim.join("keep").exists());
     }
 
