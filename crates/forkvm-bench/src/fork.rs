@@ -221,13 +221,7 @@ fn fork_run(snap: &Path, dir: &Path, n: usize) -> Result<ForkRun> {
 
 /// How many cold guests of `mem_mib` fit in memory at once (each touches all of it).
 fn cold_concurrency(n: usize, mem_mib: u64) -> usize {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let avail_kib: u64 = meminfo
-        .lines()
-        .find(|l| l.starts_with("MemAvailable"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    let avail_kib = crate::util::meminfo_kib("MemAvailable");
     let fit = (avail_kib * 7 / 10 / (mem_mib * 1024)) as usize;
     fit.clamp(1, n)
 }

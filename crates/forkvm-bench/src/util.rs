@@ -37,13 +37,7 @@ pub fn machine() -> serde_json::Value {
         .unwrap_or("")
         .trim()
         .to_string();
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let mem_kib: u64 = meminfo
-        .lines()
-        .find(|l| l.starts_with("MemTotal"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    let mem_kib = meminfo_kib("MemTotal");
     json!({
         "cpu": model,
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
@@ -51,6 +45,17 @@ pub fn machine() -> serde_json::Value {
         "kvm": HostKind::detect().name(),
         "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
     })
+}
+
+/// Field `name` of `/proc/meminfo`, in KiB (0 when it cannot be read).
+pub fn meminfo_kib(name: &str) -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    meminfo
+        .lines()
+        .find(|l| l.split(':').next() == Some(name))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// xorshift64*: incompressible bytes without a dependency.
