@@ -106,7 +106,8 @@ pub fn exec_true_rtts(sb: &Sandbox, n: usize) -> Result<Vec<f64>> {
     Ok(rtts)
 }
 
-/// The template snapshot of image `image`, building what it needs with progress on stderr.
+/// Template `image`'s snapshot, building the kernel, image and snapshot if missing, with
+/// progress on stderr (the CLI's `snapshot create` and `fork --image` use it too).
 pub fn template_snapshot(image: &str) -> Result<TemplateSnapshot> {
     let mut view = forkvm_image::progress::ProgressView::new();
     let artifacts = forkvm_sandbox::Artifacts::ensure(image, &mut |e| view.show(&e));

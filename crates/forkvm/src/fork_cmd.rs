@@ -180,7 +180,7 @@ fn run_linux(a: &ForkArgs, from: LinuxSource) -> Result<i32> {
             (s, format!("tag {tag}"), Some(t), None)
         }
         LinuxSource::Image(image) => {
-            let template = crate::snapshot_cmd::template_snapshot(image)?;
+            let template = forkvm_bench::util::template_snapshot(image)?;
             let source = SpawnSource::from_template(&template)?;
             let (s, t) = spawn(&registry, &source, a.count, &opts)?;
             (s, format!("template {image}"), Some(t), None)

@@ -4,9 +4,8 @@
 //! boot, agent ready, warm-up, snapshot — and publishes it as tag X.
 
 use crate::remote_cmd::RemoteArgs;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{Args, Subcommand};
-use forkvm_sandbox::template_snapshot::TemplateSnapshot;
 use forkvm_snapshot::chain::{self, RemoveMode};
 use forkvm_snapshot::Store;
 use std::time::Instant;
@@ -50,14 +49,6 @@ pub enum SnapshotCommand {
     Sweep,
 }
 
-/// Template `image`'s snapshot, building the kernel, image and snapshot if missing.
-pub fn template_snapshot(image: &str) -> Result<TemplateSnapshot> {
-    let mut view = forkvm_image::progress::ProgressView::new();
-    let artifacts = forkvm_sandbox::Artifacts::ensure(image, &mut |e| view.show(&e));
-    view.finish();
-    forkvm_sandbox::ensure_template_snapshot(artifacts?).context("preparing the template snapshot")
-}
-
 pub fn run(a: SnapshotArgs, remote: &RemoteArgs) -> Result<i32> {
     if let Some(code) = crate::remote_cmd::snapshot(&a, remote)? {
         return Ok(code);
@@ -68,7 +59,7 @@ pub fn run(a: SnapshotArgs, remote: &RemoteArgs) -> Result<i32> {
             // Refuse a bad or taken tag before a (possibly minutes-long) template boot.
             store.check_free(&tag)?;
             let started = Instant::now();
-            let template = template_snapshot(&image)?;
+            let template = forkvm_bench::util::template_snapshot(&image)?;
             let snap = forkvm_sandbox::publish_template(&store, &template, &tag)?;
             let report = serde_json::json!({
                 "tag": tag, "dir": snap.path, "template": image, "template_key": template.key,

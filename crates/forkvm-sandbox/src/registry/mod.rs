@@ -233,11 +233,18 @@ fn is_inside(path: &Path, dir: &Path) -> bool {
 
 /// `r`, if every disk directory it records lies inside its run directory.
 fn checked(r: SandboxRecord) -> Option<SandboxRecord> {
-    if let Some(d) = r.disks.iter().find(|d| !is_inside(&d.dir, &r.run_dir)) {
-        tracing::warn!(id = %r.id, disk = %d.dir.display(), "a sandbox record's disk is outside its run directory; ignored");
-        return None;
+    disks_inside(&r).then_some(r)
+}
+
+/// Whether every disk directory `r` records lies inside its run directory (logged if not).
+fn disks_inside(r: &SandboxRecord) -> bool {
+    match r.disks.iter().find(|d| !is_inside(&d.dir, &r.run_dir)) {
+        Some(d) => {
+            tracing::warn!(id = %r.id, disk = %d.dir.display(), "a sandbox record's disk is outside its run directory; ignored");
+            false
+        }
+        None => true,
     }
-    Some(r)
 }
 
 fn valid_id(id: &str) -> bool {
@@ -394,22 +401,19 @@ impl Registry {
                 live.push(r.cgroup.clone().unwrap_or_default());
                 continue;
             }
-            match checked(r.clone()) {
+            let gone = if !disks_inside(&r) {
+                // Disks outside its run directory: never salvaged from.
+                self.clean_up(&r);
+                true
+            } else if !r.run_dir.is_dir() {
                 // Its VMM stopped and removed its run directory: only the record is left.
-                Some(r) if !r.run_dir.is_dir() => {
-                    self.forget(&r);
-                    removed.push(r.id);
-                }
-                Some(r) => {
-                    if self.clean_up_dead(&r) {
-                        removed.push(r.id);
-                    }
-                }
-                // A record whose disks lie outside its run directory: never salvaged from.
-                None => {
-                    self.clean_up(&r);
-                    removed.push(r.id);
-                }
+                self.forget(&r);
+                true
+            } else {
+                self.clean_up_dead(&r)
+            };
+            if gone {
+                removed.push(r.id);
             }
         }
         for e in std::fs::read_dir(self.sandboxes_dir()).into_iter().flatten().flatten() {

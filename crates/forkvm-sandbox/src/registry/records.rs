@@ -106,35 +106,37 @@ impl Records {
         let disks = serde_json::to_string(&r.disks)
             .map_err(|source| RegistryError::Record { path: self.path.clone(), source })?;
         self.with(|c| {
-            c.execute(
+            // Cached: a spawn writes one record per child through this statement.
+            c.prepare_cached(
                 "INSERT OR REPLACE INTO sandboxes (id, pid, template, source_tag, forked_from, created_at_unix_ms,
                    memory_limit_bytes, cgroup, disks) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                params![
-                    r.id,
-                    r.pid,
-                    r.template,
-                    r.source_tag,
-                    r.forked_from,
-                    r.created_at_unix_ms as i64,
-                    r.memory_limit_bytes.map(|b| b as i64),
-                    r.cgroup,
-                    disks
-                ],
-            )
+            )?
+            .execute(params![
+                r.id,
+                r.pid,
+                r.template,
+                r.source_tag,
+                r.forked_from,
+                r.created_at_unix_ms as i64,
+                r.memory_limit_bytes.map(|b| b as i64),
+                r.cgroup,
+                disks
+            ])
             .map(|_| ())
         })
     }
 
     /// Sandbox `id`'s record, with its run directory `run_dir`.
     pub(super) fn get(&self, id: &str, run_dir: &Path) -> Result<Option<SandboxRecord>, RegistryError> {
-        let row = self.with(|c| c.query_row(&format!("{SELECT} WHERE id = ?1"), [id], row_of).optional())?;
+        let row =
+            self.with(|c| c.prepare_cached(&format!("{SELECT} WHERE id = ?1"))?.query_row([id], row_of).optional())?;
         row.map(|r| r.into_record(run_dir, &self.path)).transpose()
     }
 
     /// Every record, oldest first, each with its run directory from `run_dir`.
     pub(super) fn all(&self, run_dir: impl Fn(&str) -> PathBuf) -> Result<Vec<SandboxRecord>, RegistryError> {
         let rows = self.with(|c| {
-            let mut st = c.prepare(&format!("{SELECT} ORDER BY created_at_unix_ms, id"))?;
+            let mut st = c.prepare_cached(&format!("{SELECT} ORDER BY created_at_unix_ms, id"))?;
             let rows = st.query_map([], row_of)?.collect::<rusqlite::Result<Vec<_>>>();
             rows
         })?;
@@ -148,7 +150,7 @@ impl Records {
 
     /// Removes sandbox `id`'s row (nothing if there is none).
     pub(super) fn delete(&self, id: &str) -> Result<(), RegistryError> {
-        self.with(|c| c.execute("DELETE FROM sandboxes WHERE id = ?1", [id]).map(|_| ()))
+        self.with(|c| c.prepare_cached("DELETE FROM sandboxes WHERE id = ?1")?.execute([id]).map(|_| ()))
     }
 }
 
