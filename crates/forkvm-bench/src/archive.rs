@@ -132,7 +132,7 @@ fn measure_round(registry: &Registry, store: &Store, id: &str, want: &[u8], roun
     forkvm_sandbox::kill_record(registry, &plain[0].record)?;
     std::fs::remove_dir_all(store.snapshots_dir().join(&tag)).context("removing the baseline tag")?;
 
-    let report = archive::archive(registry, store, id)?;
+    let report = archive::archive(registry, store, id, forkvm_sandbox::StateReason::Api)?;
     (r.archive_ms, r.archive_write_ms) = (report.total_ms, report.write_ms);
     r.archive_dir_bytes = dir_bytes(&report.dir) as f64;
 

@@ -8,6 +8,7 @@
 use crate::disk_snapshots::{purge, vault_dir, DiskSnapshotError};
 use crate::lifecycle::{kill_record, LifecycleError};
 use crate::registry::{Registry, RegistryError};
+use crate::state::SandboxState;
 use forkvm_snapshot::Store;
 
 /// What there was to delete.
@@ -46,6 +47,12 @@ pub fn delete(registry: &Registry, store: &Store, id: &str, purge_snapshots: boo
         Err(RegistryError::NotFound(_)) if crate::archive::has_archive(store, id) => {
             crate::archive::format::remove_all(store, id)
                 .map_err(|source| DeleteError::Archive { id: id.to_string(), source })?;
+            registry.remove(id).map_err(LifecycleError::from)?;
+            Deleted::Archived
+        }
+        // Recorded archived, its archive already gone.
+        Err(RegistryError::NotFound(_)) if registry.row(id).is_some_and(|r| r.state == SandboxState::Archived) => {
+            registry.remove(id).map_err(LifecycleError::from)?;
             Deleted::Archived
         }
         Err(RegistryError::NotFound(_)) if purge_snapshots && had_snapshots => Deleted::SnapshotsOnly,

@@ -225,6 +225,10 @@ pub fn start_disk_fork(
         cgroup: cgroup.clone(),
         disks: Vec::new(),
     };
+    if let Err(e) = registry.begin(&[&record], None) {
+        let _ = std::fs::remove_dir_all(&run_dir);
+        return Err(SpawnError::from(e).into());
+    }
     let fail = |record: &SandboxRecord, step: &'static str, reason: String| {
         registry.clean_up(record);
         DiskForkError::Step { id: source.to_string(), step, reason }

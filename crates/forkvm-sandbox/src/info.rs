@@ -1,73 +1,119 @@
-//! The API's view of a sandbox ([`forkvm_api::SandboxInfo`]) from what the registry and
-//! the store hold, so that the CLI prints the daemon's shapes without a daemon. The
-//! daemon starts from these and adds what only it keeps (idle pause, TTLs, branch counts,
-//! activity, disk snapshot outcomes).
+//! The API's view of a sandbox ([`forkvm_api::SandboxInfo`]) from its registry row, so
+//! that the CLI and the daemon print the same shape from the same data. The daemon adds
+//! only what a running daemon alone knows (the outcome of its last disk snapshot).
 
-use crate::registry::SandboxRecord;
+use crate::registry::{Registry, SandboxRecord, SandboxRow};
 use crate::state::SandboxState;
 use forkvm_api::SandboxInfo;
+use std::collections::HashSet;
 
-/// A running sandbox, as its record says.
-pub fn running_info(r: &SandboxRecord) -> SandboxInfo {
-    let created = r.created_at_unix_ms / 1000;
+/// Sandbox `row` as the API shows it.
+pub fn sandbox_info(row: &SandboxRow) -> SandboxInfo {
+    let r = &row.record;
+    let has_vmm = row.state != SandboxState::Archived && r.pid > 0;
     SandboxInfo {
         id: r.id.clone(),
         snapshot_tag: r.source_tag.clone(),
         netns: None,
-        guest_addr: format!("unix:{}", r.vsock().display()),
-        created_at_unix: created,
-        pid: Some(r.pid),
+        guest_addr: if has_vmm { format!("unix:{}", r.vsock().display()) } else { String::new() },
+        created_at_unix: r.created_at_unix_ms / 1000,
+        pid: has_vmm.then_some(r.pid),
         memory_limit_mib: r.memory_limit_bytes.map(|b| b >> 20),
-        has_branched: false,
+        has_branched: row.branch_count > 0,
         last_branch_memory_path: None,
-        branch_count: 0,
-        state: SandboxState::Running.as_str().into(),
+        branch_count: row.branch_count,
+        state: row.state.as_str().into(),
         template: r.template.clone(),
         forked_from: r.forked_from.clone(),
-        last_active_unix: created,
+        last_active_unix: row.last_activity_unix_ms / 1000,
         last_disk_snapshot: None,
-        reason: None,
-        last_activity_unix_ms: r.created_at_unix_ms,
-        ttl_seconds: None,
-        expires_at_unix_ms: None,
-        archived_at_unix_ms: None,
+        reason: row.reason.map(|r| r.as_str().to_string()),
+        last_activity_unix_ms: row.last_activity_unix_ms,
+        ttl_seconds: row.ttl_seconds,
+        expires_at_unix_ms: row.expires_at_unix_ms,
+        archived_at_unix_ms: row.archived_at_unix_ms,
     }
 }
 
-/// An archived sandbox, from the record its archive keeps: no process, no address.
-pub fn archived_info(r: &SandboxRecord) -> SandboxInfo {
-    SandboxInfo {
-        guest_addr: String::new(),
-        pid: None,
-        state: SandboxState::Archived.as_str().into(),
-        ..running_info(r)
+/// The rows `GET /v1/sandboxes` and `forkvm ps` list, oldest first: running and paused
+/// sandboxes whose VMM lives, and archived ones (not those still starting). An archive
+/// in the store without a row (made on an earlier boot: the registry lives in the run
+/// root) is listed from the record it keeps, as recovery will record it.
+pub fn listed(registry: &Registry) -> Vec<SandboxRow> {
+    let live: HashSet<String> = registry.list().into_iter().map(|r| r.id).collect();
+    let mut rows: Vec<SandboxRow> = registry
+        .rows()
+        .into_iter()
+        .filter(|r| r.state == SandboxState::Archived || (r.state.is_live() && live.contains(r.id())))
+        .collect();
+    if let Some(root) = registry.store_root() {
+        let store = forkvm_snapshot::Store::open(root);
+        let known: HashSet<String> = registry.rows().into_iter().map(|r| r.record.id).collect();
+        for id in crate::archive::list(registry, &store).into_iter().filter(|id| !known.contains(id)) {
+            let Some(record) = crate::archive::archived_record(&store, &id).filter(|r| r.id == id) else { continue };
+            rows.push(SandboxRow {
+                last_activity_unix_ms: record.created_at_unix_ms,
+                record: SandboxRecord { pid: 0, ..record },
+                state: SandboxState::Archived,
+                op: None,
+                reason: None,
+                owner: None,
+                ttl_seconds: None,
+                expires_at_unix_ms: None,
+                archived_at_unix_ms: None,
+                branch_count: 0,
+                last_branch_tag: None,
+            });
+        }
     }
+    rows.sort_by(|a, b| (a.record.created_at_unix_ms, a.id()).cmp(&(b.record.created_at_unix_ms, b.id())));
+    rows
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn row(state: SandboxState) -> SandboxRow {
+        SandboxRow {
+            record: SandboxRecord {
+                id: "sb1".into(),
+                pid: 42,
+                run_dir: "/run/forkvm/sandboxes/sb1".into(),
+                template: Some("python".into()),
+                source_tag: Some("py".into()),
+                forked_from: Some("sb0".into()),
+                created_at_unix_ms: 5_500,
+                memory_limit_bytes: Some(256 << 20),
+                cgroup: None,
+                disks: Vec::new(),
+            },
+            state,
+            op: None,
+            reason: None,
+            owner: None,
+            last_activity_unix_ms: 7_250,
+            ttl_seconds: Some(60),
+            expires_at_unix_ms: Some(67_250),
+            archived_at_unix_ms: None,
+            branch_count: 2,
+            last_branch_tag: Some("t".into()),
+        }
+    }
+
     #[test]
-    fn records_map_onto_the_api_view() {
-        let r = SandboxRecord {
-            id: "sb1".into(),
-            pid: 42,
-            run_dir: "/run/forkvm/sandboxes/sb1".into(),
-            template: Some("python".into()),
-            source_tag: Some("py".into()),
-            forked_from: Some("sb0".into()),
-            created_at_unix_ms: 5_500,
-            memory_limit_bytes: Some(256 << 20),
-            cgroup: None,
-            disks: Vec::new(),
-        };
-        let i = running_info(&r);
+    fn rows_map_onto_the_api_view() {
+        let i = sandbox_info(&row(SandboxState::Running));
         assert_eq!((i.id.as_str(), i.pid, i.state.as_str()), ("sb1", Some(42), "running"));
         assert_eq!((i.snapshot_tag.as_deref(), i.forked_from.as_deref()), (Some("py"), Some("sb0")));
-        assert_eq!((i.created_at_unix, i.memory_limit_mib, i.last_activity_unix_ms), (5, Some(256), 5_500));
+        assert_eq!((i.created_at_unix, i.memory_limit_mib, i.last_activity_unix_ms), (5, Some(256), 7_250));
+        assert_eq!((i.last_active_unix, i.branch_count, i.has_branched), (7, 2, true));
+        assert_eq!((i.ttl_seconds, i.expires_at_unix_ms), (Some(60), Some(67_250)));
         assert_eq!(i.guest_addr, "unix:/run/forkvm/sandboxes/sb1/vsock.sock");
-        let a = archived_info(&r);
+        let p = sandbox_info(&SandboxRow { reason: Some(crate::StateReason::Idle), ..row(SandboxState::Paused) });
+        assert_eq!((p.state.as_str(), p.reason.as_deref(), p.pid), ("paused", Some("idle"), Some(42)));
+        let a = sandbox_info(&SandboxRow { archived_at_unix_ms: Some(9_000), ..row(SandboxState::Archived) });
         assert_eq!((a.pid, a.state.as_str(), a.guest_addr.as_str()), (None, "archived", ""));
+        assert_eq!(a.archived_at_unix_ms, Some(9_000));
     }
 }

@@ -36,6 +36,6 @@ pub use registry::{Registry, RegistryError, SandboxRecord};
 pub use sandbox::{Sandbox, SandboxError};
 pub use source::{SourceError, SpawnSource};
 pub use spawn::{finish, spawn, start_vmms, SpawnError, SpawnOptions, SpawnTimings, SpawnedSandbox, StartedVmms};
-pub use state::SandboxState;
+pub use state::{SandboxState, StateReason};
 pub use tags::{publish_template, PublishError};
 pub use template_snapshot::{ensure_template_snapshot, TemplateSnapshot, TemplateSnapshotError};

@@ -8,6 +8,7 @@
 use crate::registry::{now_unix_ms, vmm_alive, Registry, RegistryError, SandboxRecord};
 use crate::sandbox::new_sandbox_id;
 use crate::spawn::{finish, make_cgroup, SpawnError, SpawnOptions, SpawnedSandbox};
+use crate::state::SandboxState;
 use crate::template_snapshot::AGENT_PORT;
 use forkvm_api::ErrorCode;
 use forkvm_proto::AgentClient;
@@ -30,6 +31,8 @@ pub enum LifecycleError {
     RemoveArchive { id: String, dir: std::path::PathBuf, source: std::io::Error },
     #[error(transparent)]
     Spawn(#[from] SpawnError),
+    #[error("sandbox {id} is {state}: it takes calls once it runs")]
+    NotReady { id: String, state: SandboxState },
     #[error("sandbox {id} (pid {pid}) did not stop within {waited:?} of shutdown and SIGKILL")]
     Unkillable { id: String, pid: i32, waited: Duration },
 }
@@ -46,6 +49,7 @@ impl LifecycleError {
                 _ => ErrorCode::Internal,
             },
             LifecycleError::Spawn(e) => e.code(),
+            LifecycleError::NotReady { .. } => ErrorCode::Conflict,
             _ => ErrorCode::Internal,
         }
     }
@@ -55,14 +59,27 @@ impl LifecycleError {
     pub fn conflict_state(&self) -> &'static str {
         match self {
             LifecycleError::Store(forkvm_snapshot::StoreError::Writing { .. }) => "writing",
+            LifecycleError::NotReady { state, .. } => state.as_str(),
             _ => "exists",
         }
     }
 }
 
-/// A client for the agent of sandbox `id`.
+/// A client for the agent of running sandbox `id`. Its state is checked first: one the
+/// daemon paused for idleness is resumed (as the daemon does before its own calls), one
+/// still starting or being restored is refused naming its state; the call is noted as
+/// activity.
 pub fn agent(registry: &Registry, id: &str) -> Result<AgentClient<UnixStream>, LifecycleError> {
     let r = registry.get(id)?;
+    match registry.row(id).map(|row| row.state) {
+        Some(SandboxState::Paused) => {
+            call(&r, |c| c.resume())?;
+            registry.transition(id, &[SandboxState::Paused], SandboxState::Running, None)?;
+        }
+        Some(state) if state.is_starting() => return Err(LifecycleError::NotReady { id: id.to_string(), state }),
+        _ => {}
+    }
+    let _ = registry.touch(id, now_unix_ms());
     Ok(AgentClient::vsock_uds(r.vsock(), AGENT_PORT))
 }
 
@@ -171,6 +188,7 @@ pub fn fork_running_as(
         });
         records.push(record);
     }
+    registry.begin(&records.iter().collect::<Vec<_>>(), None)?;
     let report: ForkReport = match call(&source, |c| c.fork(children)) {
         Ok(r) => r,
         Err(e) => {
@@ -183,8 +201,15 @@ pub fn fork_running_as(
     let mut pending = Vec::new();
     for (mut record, pid) in records.into_iter().zip(report.pids) {
         record.pid = pid;
-        let _ = registry.write(&record);
+        registry.note_started(&record);
         pending.push(record);
+    }
+    // One transaction for all children; without it they could not be found: stopped.
+    if let Err(e) = registry.write_all(&pending.iter().collect::<Vec<_>>()) {
+        for r in &pending {
+            let _ = kill_record(registry, r);
+        }
+        return Err(e.into());
     }
     let sandboxes = finish(registry, pending, started)?;
     Ok((sandboxes, report.pause_ms))
@@ -206,10 +231,34 @@ pub fn kill_record(registry: &Registry, r: &SandboxRecord) -> Result<(), Lifecyc
     // A pid that now names another process (the VMM died, the pid was reused) is dead.
     let pidfd = crate::registry::vmm_pidfd(r);
     let alive = || pidfd.is_some() && vmm_alive(r.pid);
-    if let Ok(mut c) = ControlClient::connect(&r.control_socket()) {
-        let _ = c.shutdown();
+    let archive_error = |dir: &std::path::Path, source| LifecycleError::RemoveArchive {
+        id: r.id.clone(),
+        dir: dir.to_path_buf(),
+        source,
+    };
+    if let Some(dir) = &archive {
+        // Uncommitted before the VMM stops: a crash from here on leaves a sandbox that
+        // runs, or one that stopped, never its archive listed as if it were archived.
+        crate::archive::format::uncommit(dir).map_err(|e| archive_error(dir, e))?;
     }
-    let deadline = Instant::now() + GRACE;
+    // Asked when something serves its control socket (whatever the answer: a VMM may
+    // stop before it replies).
+    let asked = ControlClient::connect(&r.control_socket())
+        .map(|mut c| {
+            let _ = c.shutdown();
+        })
+        .is_ok();
+    if asked && r.pid <= 0 {
+        // Known only by its socket (its starter died before recording the pid): a VMM
+        // that stops cleanly removes its run directory itself.
+        let deadline = Instant::now() + GRACE;
+        while r.run_dir.exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    // A VMM that was asked gets time to stop cleanly; one that could not be asked is
+    // killed at once.
+    let deadline = Instant::now() + if asked { GRACE } else { Duration::ZERO };
     while alive() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(2));
     }
@@ -225,12 +274,8 @@ pub fn kill_record(registry: &Registry, r: &SandboxRecord) -> Result<(), Lifecyc
     }
     // The VMM removes both when it stops cleanly; after SIGKILL it could not.
     registry.clean_up(r);
-    if let Some(dir) = archive {
-        crate::archive::format::remove_linked(&dir).map_err(|source| LifecycleError::RemoveArchive {
-            id: r.id.clone(),
-            dir: dir.clone(),
-            source,
-        })?;
+    if let Some(dir) = &archive {
+        crate::archive::format::remove_linked(dir).map_err(|e| archive_error(dir, e))?;
     }
     Ok(())
 }

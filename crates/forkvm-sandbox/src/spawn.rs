@@ -6,9 +6,10 @@
 //! The caller must be single-threaded when it calls [`spawn`] (the zygote forks). The
 //! sandboxes outlive the caller until they are killed ([`crate::lifecycle::kill`]).
 
-use crate::registry::{now_unix_ms, Registry, RegistryError, SandboxRecord};
+use crate::registry::{Registry, RegistryError, SandboxRecord};
 use crate::sandbox::{apply_identity, new_sandbox_id};
 use crate::source::SpawnSource;
+use crate::state::SandboxState;
 use crate::template_snapshot::{wait_for_agent, AGENT_PORT};
 use forkvm_proto::AgentClient;
 use forkvm_vmm::host::cgroup::{CgroupError, CgroupRoot};
@@ -176,6 +177,12 @@ pub fn finish_within(
             }
         }
     }
+    if failure.is_none() {
+        let ids: Vec<&str> = out.iter().map(|s: &SpawnedSandbox| s.record.id.as_str()).collect();
+        if let Err(e) = registry.mark_ready(&ids) {
+            failure = Some(e.into());
+        }
+    }
     if let Some(e) = failure {
         for r in &pending {
             let _ = crate::lifecycle::kill_record(registry, r);
@@ -231,22 +238,23 @@ pub fn start_vmms(
     let prepare_ms = started.elapsed().as_secs_f64() * 1e3;
     let forking = Instant::now();
     let forking_cpu = thread_cpu_time();
-    let mut records: Vec<SandboxRecord> = Vec::new();
-    for id in ids {
-        let run_dir = registry.create_run_dir(id)?;
-        let cgroup = make_cgroup(&cgroups, id, opts.memory_limit_bytes)?;
-        let mut record = SandboxRecord {
-            id: id.clone(),
-            pid: 0,
-            run_dir: run_dir.clone(),
-            template: source.template().map(String::from),
-            source_tag: source.tag.clone(),
-            forked_from: None,
-            created_at_unix_ms: now_unix_ms(),
-            memory_limit_bytes: opts.memory_limit_bytes,
-            cgroup: cgroup.clone(),
-            disks: Vec::new(),
-        };
+    let origin = crate::registry::Origin {
+        template: source.template().map(String::from),
+        source_tag: source.tag.clone(),
+        forked_from: None,
+        memory_limit_bytes: opts.memory_limit_bytes,
+    };
+    let mut records: Vec<SandboxRecord> =
+        ids.iter().map(|id| registry.new_record(id, origin.clone())).collect::<Result<_, _>>()?;
+    // Rows first (one transaction): a crash from here on leaves `starting` rows whose
+    // owner is gone, which the sweep settles.
+    registry.begin(&records.iter().collect::<Vec<_>>(), None)?;
+    let mut started_vmms = 0;
+    let forked = records.iter_mut().try_for_each(|record| -> Result<(), SpawnError> {
+        let id = record.id.clone();
+        let run_dir = registry.create_run_dir(&id)?;
+        let cgroup = make_cgroup(&cgroups, &id, opts.memory_limit_bytes)?;
+        record.cgroup.clone_from(&cgroup);
         let spec = ChildSpec {
             socket: Some(record.control_socket()),
             console_log: Some(record.console()),
@@ -257,19 +265,24 @@ pub fn start_vmms(
             owned: Owned { run_dir: Some(run_dir), cgroup },
         };
         record.disks = crate::registry::recorded_disks(&spec.devices);
-        match zygote.spawn(spec) {
-            Ok(pid) => record.pid = pid,
-            Err(e) => {
-                registry.clean_up(&record);
-                for r in &records {
-                    let _ = crate::lifecycle::kill_record(registry, r);
-                }
-                return Err(e.into());
+        record.pid = zygote.spawn(spec)?;
+        registry.note_started(record);
+        started_vmms += 1;
+        Ok(())
+    });
+    // One transaction for every child.
+    let written = forked.and_then(|()| Ok(registry.write_all(&records.iter().collect::<Vec<_>>())?));
+    if let Err(e) = written {
+        // All or nothing: the VMMs started so far are stopped, every row goes.
+        for (i, r) in records.iter().enumerate() {
+            if i < started_vmms {
+                let _ = crate::lifecycle::kill_record(registry, r);
+            } else {
+                registry.clean_up(r);
             }
+            let _ = registry.remove_if(&r.id, &[SandboxState::Starting]);
         }
-        // The record is best effort here: a VMM that already stopped removed its directory.
-        let _ = registry.write(&record);
-        records.push(record);
+        return Err(e);
     }
     Ok(StartedVmms {
         records,

@@ -1,7 +1,8 @@
-//! A sandbox's lifecycle state: the one definition of the states the daemon records
-//! and the API shows, with the questions the code asks of them. The database stores
-//! [`SandboxState::as_str`] and refuses anything else (its CHECK lists exactly
-//! [`SandboxState::ALL`], a test keeps the two equal).
+//! A sandbox's lifecycle state: the one definition of the states the registry records
+//! and the API shows, with the questions the code asks of them, and of the reasons a
+//! sandbox is in its state. The registry stores [`SandboxState::as_str`] and refuses
+//! anything else (its CHECK lists exactly [`SandboxState::ALL`], a test keeps the two
+//! equal).
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -57,6 +58,44 @@ impl SandboxState {
     }
 }
 
+/// Why a sandbox is paused or archived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StateReason {
+    /// Paused: no call used it for the daemon's `--idle-pause`.
+    Idle,
+    /// Archived by a call (`POST .../archive`, `forkvm archive`).
+    Api,
+    /// Archived because its TTL ran out.
+    Ttl,
+    /// Archived again after its VMM died or its restore was interrupted.
+    Recovered,
+}
+
+impl StateReason {
+    pub const ALL: [StateReason; 4] = [StateReason::Idle, StateReason::Api, StateReason::Ttl, StateReason::Recovered];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StateReason::Idle => "idle",
+            StateReason::Api => "api",
+            StateReason::Ttl => "ttl",
+            StateReason::Recovered => "recovered",
+        }
+    }
+
+    /// The reason named `s`, if it is one.
+    pub fn parse(s: &str) -> Option<StateReason> {
+        StateReason::ALL.into_iter().find(|r| r.as_str() == s)
+    }
+}
+
+impl fmt::Display for StateReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl fmt::Display for SandboxState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -80,5 +119,10 @@ mod tests {
         assert_eq!(live, [SandboxState::Running, SandboxState::Paused]);
         let starting: Vec<_> = SandboxState::ALL.into_iter().filter(|s| s.is_starting()).collect();
         assert_eq!(starting, [SandboxState::Starting, SandboxState::Restoring]);
+        for r in StateReason::ALL {
+            assert_eq!(StateReason::parse(r.as_str()), Some(r));
+            assert_eq!(serde_json::to_string(&r).unwrap(), format!("\"{r}\""));
+        }
+        assert_eq!(StateReason::parse("Idle"), None);
     }
 }

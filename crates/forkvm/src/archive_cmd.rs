@@ -49,7 +49,8 @@ pub fn archive(a: ArchiveArgs, remote: &RemoteArgs) -> Result<i32> {
     if let Some(code) = crate::remote_cmd::archive(&a, remote)? {
         return Ok(code);
     }
-    let r = archive::archive(&Registry::open_default(), &Store::open_default(), &a.id)?;
+    let r =
+        archive::archive(&Registry::open_default(), &Store::open_default(), &a.id, forkvm_sandbox::StateReason::Api)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {

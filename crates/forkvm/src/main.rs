@@ -44,7 +44,8 @@ enum Command {
     /// Stop sandboxes (nothing of them remains: process, sockets, cgroup, files).
     Kill(sandbox_cmd::KillArgs),
     /// Clean up after sandboxes whose VMM stopped (salvage their disk writes, then remove
-    /// their run directories and cgroups) and after snapshot writers that died. Reads
+    /// their run directories and cgroups), undo starts whose starter was killed, record
+    /// archives that have no record, and remove what dead snapshot writers left. Reads
     /// (`ps`, the API's GETs) never do this; the daemon sweeps every 5 s by itself.
     Sweep(sandbox_cmd::SweepArgs),
     /// Run a command in a running sandbox.

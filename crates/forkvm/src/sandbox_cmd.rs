@@ -91,17 +91,11 @@ pub fn ps(a: PsArgs, remote: &RemoteArgs) -> Result<i32> {
     if let Some(code) = crate::remote_cmd::ps(&a, remote)? {
         return Ok(code);
     }
-    // The daemon's shape (`GET /v1/sandboxes`): running sandboxes, then archived ones.
-    let (registry, store) = (Registry::open_default(), Store::open_default());
-    let mut list: Vec<forkvm_client::api::SandboxInfo> =
-        registry.list().iter().map(forkvm_sandbox::info::running_info).collect();
-    list.extend(
-        forkvm_sandbox::archive::list(&registry, &store)
-            .iter()
-            .filter_map(|id| forkvm_sandbox::archive::archived_record(&store, id))
-            .map(|r| forkvm_sandbox::info::archived_info(&r)),
-    );
-    list.sort_by(|a, b| (a.created_at_unix, &a.id).cmp(&(b.created_at_unix, &b.id)));
+    // The daemon's shape and rows (`GET /v1/sandboxes`).
+    let list: Vec<forkvm_client::api::SandboxInfo> = forkvm_sandbox::info::listed(&Registry::open_default())
+        .iter()
+        .map(forkvm_sandbox::info::sandbox_info)
+        .collect();
     crate::remote_cmd::print_sandboxes(&list, a.json)?;
     Ok(0)
 }
@@ -138,15 +132,31 @@ pub struct SweepArgs {
     pub json: bool,
 }
 
-/// The explicit clean-up pass ([`Registry::sweep`], [`Store::sweep`]).
+/// The explicit clean-up pass ([`Registry::recover`]: the sweep, then archives without
+/// a row recorded; [`Store::sweep`]).
 pub fn sweep(a: SweepArgs) -> Result<i32> {
-    let sandboxes = Registry::open_default().sweep();
+    let recovered = Registry::open_default().recover();
+    let swept = &recovered.swept;
     let snapshots = Store::open_default().sweep();
+    let mut sandboxes: Vec<&String> =
+        [&swept.stopped, &swept.interrupted, &swept.archived, &swept.orphans].into_iter().flatten().collect();
+    sandboxes.sort();
     if a.json {
-        println!("{}", serde_json::json!({ "sandboxes": sandboxes, "snapshots": snapshots }));
+        println!("{}", serde_json::json!({ "sandboxes": sandboxes, "snapshots": snapshots, "detail": recovered }));
     } else {
-        for id in &sandboxes {
-            println!("removed sandbox {id} (its VMM had stopped)");
+        let lines = [
+            (&swept.stopped, "removed sandbox {} (its VMM had stopped)"),
+            (&swept.interrupted, "removed sandbox {} (its start was interrupted)"),
+            (&swept.archived, "sandbox {} is archived again (its VMM had stopped)"),
+            (&swept.restored, "sandbox {} runs (its restore had finished)"),
+            (&swept.orphans, "removed run directory {} (it never had a record)"),
+            (&swept.uncommitted_archives, "removed the archive of {} (its removal was interrupted)"),
+            (&recovered.adopted_archives, "recorded sandbox {} as archived (its archive had no record)"),
+        ];
+        for (ids, text) in lines {
+            for id in ids {
+                println!("{}", text.replace("{}", id));
+            }
         }
         for name in &snapshots {
             println!("removed snapshot leftover {name}");

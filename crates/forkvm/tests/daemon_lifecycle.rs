@@ -57,6 +57,12 @@ fn idle_sandboxes_pause_and_resume_and_ttls_archive_without_deleting() {
     // Idle for a second: paused, reason idle. An exec resumes it before it runs.
     let paused = env.wait_for(&a, "paused", 20);
     assert_eq!(paused["reason"], "idle", "{paused}");
+    // The CLI without the daemon reads the same registry row: paused, for idleness.
+    let out = env.command(&["ps", "--json"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let local: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let here = local.as_array().unwrap().iter().find(|s| s["id"] == a.as_str()).cloned().unwrap_or_default();
+    assert_eq!((here["state"].as_str(), here["reason"].as_str()), (Some("paused"), Some("idle")), "{local}");
     // The same command both times (an external program costs ~0.5 s more in the
     // emulated guest than a shell builtin: comparing two commands misleads).
     let started = Instant::now();

@@ -1,11 +1,14 @@
-//! The daemon's state in SQLite (WAL): sandboxes it started (and those it adopted),
-//! snapshots with what only the daemon knows (branch mode, pause window), and branches
-//! in flight. The run directories and the snapshot store stay the truth about what
-//! exists; this database is what lets a restarted daemon tell an interrupted spawn or
-//! branch from a finished one. Every write is one statement or one transaction, so a
-//! `kill -9` at any point leaves a consistent file.
+//! The daemon's own state in SQLite (WAL): snapshots with what only the daemon knows
+//! (branch mode, pause window) and branches in flight. Sandboxes are not here: they are
+//! rows of the one registry every forkvm process shares (`forkvm_sandbox::registry`);
+//! a file from an older forkvmd still has its `sandboxes` table, which the daemon merges
+//! into the registry once ([`Db::legacy_sandboxes`], [`Db::drop_legacy_sandboxes`]).
+//! The snapshot store stays the truth about what exists; this database is what lets a
+//! restarted daemon tell an interrupted branch from a finished one. Every write is one
+//! statement or one transaction, so a `kill -9` at any point leaves a consistent file.
 
-use forkvm_sandbox::SandboxState;
+use forkvm_sandbox::registry::{Origin, SandboxRow as RegistryRow};
+use forkvm_sandbox::{Registry, SandboxState};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::path::Path;
 
@@ -22,32 +25,13 @@ fn state_column(r: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<SandboxStat
     })
 }
 
-/// 2: sandboxes may be `paused` or `archived` (or `restoring`), with a reason, a TTL,
-/// the last activity in ms and when they were archived. A version 1 file is migrated in
-/// one transaction when opened; an older forkvmd refuses a version 2 file.
-const SCHEMA_VERSION: i64 = 2;
+/// 3: no `sandboxes` table (they moved to the registry). Version 2 files keep theirs
+/// until it is merged; a version 1 file is first brought to version 2 in one
+/// transaction. An older forkvmd refuses a version 3 file.
+const SCHEMA_VERSION: i64 = 3;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS sandboxes (
-  id TEXT PRIMARY KEY,
-  state TEXT NOT NULL CHECK (state IN ('starting', 'running', 'paused', 'archived', 'restoring')),
-  op TEXT,
-  pid INTEGER,
-  template TEXT,
-  snapshot_tag TEXT,
-  forked_from TEXT,
-  memory_limit_mib INTEGER,
-  created_at_unix INTEGER NOT NULL,
-  last_active_unix INTEGER NOT NULL,
-  branch_count INTEGER NOT NULL DEFAULT 0,
-  last_branch_tag TEXT,
-  reason TEXT,
-  ttl_seconds INTEGER,
-  expires_at_unix_ms INTEGER,
-  last_activity_unix_ms INTEGER NOT NULL DEFAULT 0,
-  archived_at_unix_ms INTEGER
-);
 CREATE TABLE IF NOT EXISTS snapshots (
   tag TEXT PRIMARY KEY,
   status TEXT NOT NULL,
@@ -79,9 +63,9 @@ pub enum DbError {
     Sql(#[from] rusqlite::Error),
 }
 
-/// A sandbox row.
+/// A sandbox row of a version 2 file.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SandboxRow {
+pub struct LegacySandboxRow {
     pub id: String,
     pub state: SandboxState,
     pub op: Option<String>,
@@ -100,6 +84,36 @@ pub struct SandboxRow {
     pub expires_at_unix_ms: Option<u64>,
     pub last_activity_unix_ms: u64,
     pub archived_at_unix_ms: Option<u64>,
+}
+
+impl LegacySandboxRow {
+    /// The registry's row for this one (units: bytes and ms); `None` for an id the
+    /// registry refuses.
+    fn into_registry_row(self, registry: &Registry) -> Option<RegistryRow> {
+        let origin = Origin {
+            template: self.template,
+            source_tag: self.snapshot_tag,
+            forked_from: self.forked_from,
+            memory_limit_bytes: self.memory_limit_mib.map(|m| m << 20),
+        };
+        let mut record = registry.new_record(&self.id, origin).ok()?;
+        record.created_at_unix_ms = self.created_at_unix * 1000;
+        record.pid = self.pid.unwrap_or(0);
+        Some(RegistryRow {
+            record,
+            state: self.state,
+            op: self.op,
+            // A reason this forkvm does not know is dropped, not the row.
+            reason: self.reason.as_deref().and_then(forkvm_sandbox::StateReason::parse),
+            owner: None,
+            last_activity_unix_ms: self.last_activity_unix_ms.max(self.last_active_unix * 1000),
+            ttl_seconds: self.ttl_seconds,
+            expires_at_unix_ms: self.expires_at_unix_ms,
+            archived_at_unix_ms: self.archived_at_unix_ms,
+            branch_count: self.branch_count,
+            last_branch_tag: self.last_branch_tag,
+        })
+    }
 }
 
 /// Version 1 to 2: the `sandboxes` table is rebuilt with the wider state check and the
@@ -181,7 +195,7 @@ impl Db {
                 )
                 .map_err(err)?;
             }
-            Some(SCHEMA_VERSION) => {}
+            Some(SCHEMA_VERSION) | Some(2) => {}
             Some(1) => {
                 let tx = conn.unchecked_transaction().map_err(err)?;
                 tx.execute_batch(MIGRATE_1_TO_2).map_err(err)?;
@@ -192,67 +206,23 @@ impl Db {
         Ok(Db { conn })
     }
 
-    /// Inserts sandbox rows (`starting` ones are recorded before any process exists).
-    pub fn insert_sandboxes(&mut self, rows: &[SandboxRow]) -> Result<(), DbError> {
-        let tx = self.conn.transaction()?;
-        for r in rows {
-            tx.execute(
-                "INSERT INTO sandboxes (id, state, op, pid, template, snapshot_tag, forked_from, memory_limit_mib,
-                   created_at_unix, last_active_unix, branch_count, last_branch_tag, reason, ttl_seconds,
-                   expires_at_unix_ms, last_activity_unix_ms, archived_at_unix_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
-                params![
-                    r.id,
-                    r.state.as_str(),
-                    r.op,
-                    r.pid,
-                    r.template,
-                    r.snapshot_tag,
-                    r.forked_from,
-                    r.memory_limit_mib.map(|v| v as i64),
-                    r.created_at_unix as i64,
-                    r.last_active_unix as i64,
-                    r.branch_count,
-                    r.last_branch_tag,
-                    r.reason,
-                    r.ttl_seconds.map(|v| v as i64),
-                    r.expires_at_unix_ms.map(|v| v as i64),
-                    r.last_activity_unix_ms as i64,
-                    r.archived_at_unix_ms.map(|v| v as i64)
-                ],
-            )?;
+    /// The sandbox rows of a version 2 file (none in a version 3 one), as registry rows.
+    pub fn legacy_sandboxes(&self, registry: &Registry) -> Result<Vec<RegistryRow>, DbError> {
+        let has_table: bool = self.conn.query_row(
+            "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'sandboxes'",
+            [],
+            |r| r.get(0),
+        )?;
+        if !has_table {
+            return Ok(Vec::new());
         }
-        tx.commit()?;
-        Ok(())
-    }
-
-    /// Marks sandboxes running with their VMM pids.
-    pub fn mark_running(&mut self, pids: &[(String, i32)]) -> Result<(), DbError> {
-        let tx = self.conn.transaction()?;
-        for (id, pid) in pids {
-            tx.execute("UPDATE sandboxes SET state = 'running', pid = ?2 WHERE id = ?1", params![id, pid])?;
-        }
-        tx.commit()?;
-        Ok(())
-    }
-
-    pub fn delete_sandboxes(&mut self, ids: &[String]) -> Result<(), DbError> {
-        let tx = self.conn.transaction()?;
-        for id in ids {
-            tx.execute("DELETE FROM sandboxes WHERE id = ?1", [id])?;
-        }
-        tx.commit()?;
-        Ok(())
-    }
-
-    pub fn sandboxes(&self) -> Result<Vec<SandboxRow>, DbError> {
         let mut st = self.conn.prepare(
             "SELECT id, state, op, pid, template, snapshot_tag, forked_from, memory_limit_mib, created_at_unix,
                     last_active_unix, branch_count, last_branch_tag, reason, ttl_seconds, expires_at_unix_ms,
                     last_activity_unix_ms, archived_at_unix_ms FROM sandboxes ORDER BY created_at_unix, id",
         )?;
         let rows = st.query_map([], |r| {
-            Ok(SandboxRow {
+            Ok(LegacySandboxRow {
                 id: r.get(0)?,
                 state: state_column(r, 1)?,
                 op: r.get(2)?,
@@ -272,54 +242,16 @@ impl Db {
                 archived_at_unix_ms: r.get::<_, Option<i64>>(16)?.map(|v| v as u64),
             })
         })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        let rows: Vec<LegacySandboxRow> = rows.collect::<Result<_, _>>()?;
+        Ok(rows.into_iter().filter_map(|r| r.into_registry_row(registry)).collect())
     }
 
-    /// Notes an API call that used sandbox `id` at `now_ms`.
-    pub fn touch(&self, id: &str, now_ms: u64) -> Result<(), DbError> {
-        self.conn.execute(
-            "UPDATE sandboxes SET last_active_unix = ?2, last_activity_unix_ms = ?3 WHERE id = ?1",
-            params![id, (now_ms / 1000) as i64, now_ms as i64],
-        )?;
-        Ok(())
-    }
-
-    /// Sets sandbox `id`'s state and reason (`None` clears it); `archived_at_unix_ms` is
-    /// set for `archived` and cleared otherwise.
-    pub fn set_state(&self, id: &str, state: SandboxState, reason: Option<&str>, now_ms: u64) -> Result<(), DbError> {
-        let archived_at = (state == SandboxState::Archived).then_some(now_ms as i64);
-        self.conn.execute(
-            "UPDATE sandboxes SET state = ?2, reason = ?3, archived_at_unix_ms = ?4,
-               pid = CASE WHEN ?2 = 'archived' THEN NULL ELSE pid END WHERE id = ?1",
-            params![id, state.as_str(), reason, archived_at],
-        )?;
-        Ok(())
-    }
-
-    /// Sets sandbox `id`'s TTL (`None`: none) and when it runs out.
-    pub fn set_ttl(&self, id: &str, ttl_seconds: Option<u64>, expires_at_unix_ms: Option<u64>) -> Result<(), DbError> {
-        self.conn.execute(
-            "UPDATE sandboxes SET ttl_seconds = ?2, expires_at_unix_ms = ?3 WHERE id = ?1",
-            params![id, ttl_seconds.map(|v| v as i64), expires_at_unix_ms.map(|v| v as i64)],
-        )?;
-        Ok(())
-    }
-
-    /// Marks sandbox `id` running again (a restore) with its VMM pid.
-    pub fn mark_restored(&self, id: &str, pid: i32, now_ms: u64) -> Result<(), DbError> {
-        self.conn.execute(
-            "UPDATE sandboxes SET state = 'running', reason = NULL, archived_at_unix_ms = NULL, pid = ?2,
-               last_active_unix = ?3, last_activity_unix_ms = ?4 WHERE id = ?1",
-            params![id, pid, (now_ms / 1000) as i64, now_ms as i64],
-        )?;
-        Ok(())
-    }
-
-    pub fn record_branch_of(&self, id: &str, tag: &str) -> Result<(), DbError> {
-        self.conn.execute(
-            "UPDATE sandboxes SET branch_count = branch_count + 1, last_branch_tag = ?2 WHERE id = ?1",
-            params![id, tag],
-        )?;
+    /// Drops the `sandboxes` table of a version 2 file once its rows are merged into the
+    /// registry, making it version 3 (one transaction).
+    pub fn drop_legacy_sandboxes(&mut self) -> Result<(), DbError> {
+        let tx = self.conn.transaction()?;
+        tx.execute_batch("DROP TABLE IF EXISTS sandboxes; UPDATE meta SET value = '3' WHERE key = 'schema';")?;
+        tx.commit()?;
         Ok(())
     }
 
@@ -412,38 +344,12 @@ impl Db {
 mod tests {
     use super::*;
 
-    fn row(id: &str) -> SandboxRow {
-        SandboxRow {
-            id: id.into(),
-            state: SandboxState::Starting,
-            op: Some("op1".into()),
-            pid: None,
-            template: Some("python".into()),
-            snapshot_tag: Some("py".into()),
-            forked_from: None,
-            memory_limit_mib: Some(256),
-            created_at_unix: 10,
-            last_active_unix: 10,
-            branch_count: 0,
-            last_branch_tag: None,
-            reason: None,
-            ttl_seconds: None,
-            expires_at_unix_ms: None,
-            last_activity_unix_ms: 10_000,
-            archived_at_unix_ms: None,
-        }
-    }
-
     #[test]
-    fn sandboxes_snapshots_branches_round_trip_and_survive_reopen() {
+    fn snapshots_and_branches_round_trip_and_survive_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state.db");
         {
-            let mut db = Db::open(&path).unwrap();
-            db.insert_sandboxes(&[row("a"), row("b")]).unwrap();
-            db.mark_running(&[("a".into(), 42)]).unwrap();
-            db.record_branch_of("a", "t1").unwrap();
-            db.touch("a", 99_000).unwrap();
+            let db = Db::open(&path).unwrap();
             db.upsert_snapshot(&SnapshotRow {
                 tag: "t1".into(),
                 status: "writing".into(),
@@ -479,16 +385,8 @@ mod tests {
             })
             .unwrap();
             db.set_branch_tag("b1", "t2").unwrap();
-            assert!(db.insert_sandboxes(&[row("a")]).is_err(), "duplicate id refused");
         }
-        let mut db = Db::open(&path).unwrap();
-        let s = db.sandboxes().unwrap();
-        assert_eq!(s.len(), 2);
-        assert_eq!(
-            (s[0].state.as_str(), s[0].pid, s[0].branch_count, s[0].last_active_unix),
-            ("running", Some(42), 1, 99)
-        );
-        assert_eq!(s[1].state, SandboxState::Starting);
+        let db = Db::open(&path).unwrap();
         let snaps = db.snapshots().unwrap();
         assert_eq!(
             (snaps[0].status.as_str(), snaps[0].mode.as_deref(), snaps[0].pause_ms),
@@ -496,21 +394,21 @@ mod tests {
         );
         assert_eq!(db.branches().unwrap()[0].tag.as_deref(), Some("t2"));
         db.delete_branch("b1").unwrap();
-        db.delete_sandboxes(&["b".into()]).unwrap();
         db.delete_snapshot("t1").unwrap();
         assert!(db.branches().unwrap().is_empty());
-        assert_eq!(db.sandboxes().unwrap().len(), 1);
         assert!(db.snapshots().unwrap().is_empty());
         let mode: String = db.conn.query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
         assert_eq!(mode, "wal");
+        let tables: i64 =
+            db.conn.query_row("SELECT count(*) FROM sqlite_master WHERE name = 'sandboxes'", [], |r| r.get(0)).unwrap();
+        assert_eq!(tables, 0, "a new file has no sandboxes table: they are the registry's");
     }
 
-    /// The CHECK of the sandboxes table lists exactly the states `SandboxState` has.
+    /// The CHECK of the version 2 table lists exactly the states `SandboxState` has.
     #[test]
-    fn the_state_check_is_the_enum() {
+    fn the_legacy_state_check_is_the_enum() {
         let names: Vec<String> = SandboxState::ALL.iter().map(|s| format!("'{s}'")).collect();
         let check = format!("CHECK (state IN ({}))", names.join(", "));
-        assert!(SCHEMA.contains(&check), "{check} not in the schema");
         assert!(MIGRATE_1_TO_2.contains(&check), "{check} not in the migration");
     }
 
@@ -525,8 +423,10 @@ mod tests {
         assert!(matches!(Db::open(&path), Err(DbError::Version { found: 99, .. })));
     }
 
+    /// An older daemon's file: version 1 is brought to 2, its rows become registry rows
+    /// (units converted, lifecycle kept), and the table goes once merged.
     #[test]
-    fn a_version_1_file_is_migrated_and_keeps_its_rows() {
+    fn a_version_1_file_merges_into_the_registry() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state.db");
         let c = Connection::open(&path).unwrap();
@@ -538,29 +438,26 @@ mod tests {
                template TEXT, snapshot_tag TEXT, forked_from TEXT, memory_limit_mib INTEGER,
                created_at_unix INTEGER NOT NULL, last_active_unix INTEGER NOT NULL,
                branch_count INTEGER NOT NULL DEFAULT 0, last_branch_tag TEXT);
-             INSERT INTO sandboxes VALUES ('old1', 'running', 'spawn-1', 7, 'python', 'py', NULL, NULL, 5, 6, 2, 't');",
+             INSERT INTO sandboxes VALUES ('old1', 'running', 'spawn-1', 7, 'python', 'py', NULL, 256, 5, 6, 2, 't');",
         )
         .unwrap();
         drop(c);
-        let db = Db::open(&path).unwrap();
-        let rows = db.sandboxes().unwrap();
-        assert_eq!((rows[0].id.as_str(), rows[0].pid, rows[0].branch_count), ("old1", Some(7), 2));
-        assert_eq!((rows[0].last_activity_unix_ms, rows[0].reason.as_deref()), (6000, None));
-        db.set_state("old1", SandboxState::Archived, Some("ttl"), 123).unwrap();
-        db.set_ttl("old1", Some(2), Some(8000)).unwrap();
+        let registry = Registry::open(dir.path().join("run"));
+        let mut db = Db::open(&path).unwrap();
+        let rows = db.legacy_sandboxes(&registry).unwrap();
+        assert_eq!(rows.len(), 1);
+        let r = &rows[0];
+        assert_eq!((r.id(), r.record.pid, r.state, r.branch_count), ("old1", 7, SandboxState::Running, 2));
+        assert_eq!((r.record.memory_limit_bytes, r.record.created_at_unix_ms), (Some(256 << 20), 5000));
+        assert_eq!((r.last_activity_unix_ms, r.record.source_tag.as_deref()), (6000, Some("py")));
+        for r in &rows {
+            registry.import(r).unwrap();
+        }
+        db.drop_legacy_sandboxes().unwrap();
         drop(db);
         let db = Db::open(&path).unwrap();
-        let r = &db.sandboxes().unwrap()[0];
-        assert_eq!(
-            (r.state.as_str(), r.reason.as_deref(), r.archived_at_unix_ms, r.pid),
-            ("archived", Some("ttl"), Some(123), None)
-        );
-        assert_eq!((r.ttl_seconds, r.expires_at_unix_ms), (Some(2), Some(8000)));
-        db.mark_restored("old1", 9, 200_000).unwrap();
-        let r = &db.sandboxes().unwrap()[0];
-        assert_eq!(
-            (r.state.as_str(), r.reason.as_deref(), r.archived_at_unix_ms, r.pid),
-            ("running", None, None, Some(9))
-        );
+        assert!(db.legacy_sandboxes(&registry).unwrap().is_empty());
+        let merged = registry.row("old1").unwrap();
+        assert_eq!((merged.branch_count, merged.last_branch_tag.as_deref()), (2, Some("t")));
     }
 }

@@ -14,18 +14,21 @@
 //!   deleted), reason `ttl`, and the event is audit-logged. A failed attempt is retried
 //!   after [`TTL_RETRY`].
 //! - **Archive / restore** are serialized with disk snapshots (the sandbox's async
-//!   lock). The daemon records `archived` in its database, so a restarted daemon still
+//!   lock). The registry row says `archived`, so a restarted daemon (and the CLI) still
 //!   lists the sandbox; a restore starts the VMM in the spawner (it forks) and waits for
 //!   the guest here. Only `DELETE /v1/sandboxes/{id}` removes an archive.
+//!
+//! Every state change is a compare-and-set on the registry row
+//! ([`forkvm_sandbox::Registry::transition`]): a pause that finds the sandbox archived
+//! meanwhile changes nothing.
 
 use crate::audit::AuditLog;
-use crate::db::SandboxRow;
 use crate::error::ApiError;
 use crate::routes::sandboxes::running;
-use crate::state::{new_row, now_unix, AppState, Origin};
+use crate::state::AppState;
 use forkvm_sandbox::archive::{self, ArchiveError};
-use forkvm_sandbox::registry::now_unix_ms;
-use forkvm_sandbox::{SandboxRecord, SandboxState};
+use forkvm_sandbox::registry::{now_unix_ms, SandboxRow};
+use forkvm_sandbox::{SandboxRecord, SandboxState, StateReason};
 use forkvm_vmm::control::ControlClient;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -135,38 +138,42 @@ pub fn use_sandbox(s: &AppState, id: &str) -> Result<(SandboxRecord, InUse), Api
     let now = now_unix_ms();
     if s.sandbox_row(id).is_some_and(|row| row.state == SandboxState::Paused) {
         set_paused(&r, false)?;
-        let _ = s.db().set_state(id, SandboxState::Running, None, now);
+        s.registry.transition(id, &[SandboxState::Paused], SandboxState::Running, None)?;
         s.metrics.inc("forkvm_auto_resumes_total", &[]);
         tracing::info!(sandbox_id = %id, "resumed a sandbox paused when idle");
     }
     a.in_flight += 1;
     a.last_ms = now;
     drop(a);
-    let _ = s.db().touch(id, now);
+    let _ = s.registry.touch(id, now);
     Ok((r, InUse { entry }))
 }
 
 /// Pauses sandbox `row` if it is running, unused and idle for `idle` (blocking).
 /// Returns whether it paused it.
 pub fn pause_if_idle(s: &AppState, row: &SandboxRow, idle: Duration) -> Result<bool, ApiError> {
-    let entry = s.lifecycle.entry(&row.id);
+    let id = row.id();
+    let entry = s.lifecycle.entry(id);
     let mut a = lock(&entry);
-    if a.last_ms == 0 {
-        a.last_ms = row.last_activity_unix_ms.max(row.created_at_unix * 1000);
-    }
+    // The row's activity counts too: the CLI notes its own calls there.
+    a.last_ms = a.last_ms.max(row.last_activity_unix_ms).max(row.record.created_at_unix_ms);
     let now = now_unix_ms();
     if a.in_flight > 0 || now.saturating_sub(a.last_ms) < idle.as_millis() as u64 {
         return Ok(false);
     }
     // Read again under the activity lock: an archive or a resume may have happened.
-    if s.sandbox_row(&row.id).is_none_or(|r| r.state != SandboxState::Running) {
+    if s.sandbox_row(id).is_none_or(|r| r.state != SandboxState::Running) {
         return Ok(false);
     }
-    let Ok((r, true)) = s.registry.lookup(&row.id) else { return Ok(false) };
+    let Ok((r, true)) = s.registry.lookup(id) else { return Ok(false) };
     set_paused(&r, true)?;
-    let _ = s.db().set_state(&row.id, SandboxState::Paused, Some("idle"), now);
+    if !s.registry.transition(id, &[SandboxState::Running], SandboxState::Paused, Some(StateReason::Idle))? {
+        // Moved meanwhile (a call outside this daemon): as it was.
+        set_paused(&r, false)?;
+        return Ok(false);
+    }
     s.metrics.inc("forkvm_auto_pauses_total", &[]);
-    tracing::info!(sandbox_id = %row.id, idle_ms = now - a.last_ms, "paused an idle sandbox");
+    tracing::info!(sandbox_id = %id, idle_ms = now - a.last_ms, "paused an idle sandbox");
     Ok(true)
 }
 
@@ -197,30 +204,16 @@ pub fn archived_conflict(s: &AppState, id: &str) -> Option<ApiError> {
 pub async fn archive_sandbox(
     s: &AppState,
     id: &str,
-    reason: &'static str,
+    reason: StateReason,
 ) -> Result<forkvm_api::ArchiveReport, ApiError> {
     let sandbox_lock = s.disk.sandbox_lock(id);
     let _held = sandbox_lock.lock().await;
     let id = id.to_string();
     let out = s
         .blocking(move |s| {
-            let (record, in_use) = use_sandbox(&s, &id)?;
-            if s.sandbox_row(&id).is_none() {
-                // Started without the daemon (and not adopted yet): recorded now.
-                let row = new_row(
-                    &id,
-                    SandboxState::Running,
-                    "adopted",
-                    &Origin::of(&record),
-                    record.created_at_unix_ms / 1000,
-                );
-                let _ = s.db().insert_sandboxes(&[row]);
-            }
-            let report = archive::archive(&s.registry, &s.store, &id)?;
+            let (_record, in_use) = use_sandbox(&s, &id)?;
+            let report = archive::archive(&s.registry, &s.store, &id, reason)?;
             drop(in_use);
-            s.db()
-                .set_state(&id, SandboxState::Archived, Some(reason), now_unix_ms())
-                .map_err(|e| ApiError::internal(e.to_string()))?;
             s.lifecycle.forget(&id);
             Ok(forkvm_api::ArchiveReport {
                 sandbox_id: report.sandbox_id,
@@ -236,7 +229,7 @@ pub async fn archive_sandbox(
         Ok(_) => "ok",
         Err(e) => e.code.as_str(),
     };
-    s.metrics.inc("forkvm_archives_total", &[("reason", reason), ("outcome", outcome)]);
+    s.metrics.inc("forkvm_archives_total", &[("reason", reason.as_str()), ("outcome", outcome)]);
     out
 }
 
@@ -274,33 +267,17 @@ pub async fn restore_sandbox(
                 return Err(ApiError::not_found(format!("sandbox {id:?} not found, and it has no archive")));
             }
             let spawner = s.spawner.clone().ok_or_else(|| ApiError::internal("this daemon has no spawner process"))?;
-            let reason = row.as_ref().and_then(|r| r.reason.clone());
-            match &row {
-                Some(_) => s.db().set_state(&id, SandboxState::Restoring, None, now_unix_ms()),
-                None => {
-                    let a = archive::archived_record(&s.store, &id);
-                    let origin = a.as_ref().map(Origin::of).unwrap_or_default();
-                    let created = a.map(|r| r.created_at_unix_ms / 1000).unwrap_or_else(now_unix);
-                    s.db().insert_sandboxes(&[new_row(&id, SandboxState::Restoring, "restore", &origin, created)])
-                }
-            }
-            .map_err(|e| ApiError::internal(e.to_string()))?;
-            let back_to_archived = |e: ApiError| {
-                let _ = s.db().set_state(&id, SandboxState::Archived, reason.as_deref(), now_unix_ms());
-                e
-            };
-            let pending = spawner
-                .start_restore(&id)
-                .map_err(|r| back_to_archived(crate::spawner::refused(r, SandboxState::Running.as_str())))?;
-            let sandbox = archive::finish_restore(&s.registry, &s.store, pending, started)
-                .map_err(|e| back_to_archived(e.into()))?;
+            // The spawner moves the row to `restoring`, `finish_restore` to `running`; a
+            // failure at either step puts it back to `archived`.
+            let pending =
+                spawner.start_restore(&id).map_err(|r| crate::spawner::refused(r, SandboxState::Running.as_str()))?;
+            let sandbox = archive::finish_restore(&s.registry, &s.store, pending, started)?;
             let now = now_unix_ms();
-            let db = s.db();
-            db.mark_restored(&id, sandbox.record.pid, now).map_err(|e| ApiError::internal(e.to_string()))?;
-            let _ = db.set_ttl(&id, ttl, ttl.map(|t| now + t * 1000));
-            drop(db);
-            let row = s.sandbox_row(&id);
-            Ok(crate::views::sandbox_info(&sandbox.record, row.as_ref(), &s.disk))
+            s.registry.set_ttl(&id, ttl, ttl.map(|t| now + t * 1000))?;
+            let row = s
+                .sandbox_row(&sandbox.record.id)
+                .ok_or_else(|| ApiError::internal(format!("sandbox {id:?} restored but has no registry row")))?;
+            Ok(crate::views::sandbox_info(&row, &s.disk))
         })
         .await;
     let outcome = match &out {
@@ -316,14 +293,14 @@ pub fn apply_ttl(s: &AppState, ids: &[String], ttl: Option<u64>) {
     if let Some(t) = ttl {
         let expires = now_unix_ms() + t * 1000;
         for id in ids {
-            let _ = s.db().set_ttl(id, Some(t), Some(expires));
+            let _ = s.registry.set_ttl(id, Some(t), Some(expires));
         }
     }
 }
 
 /// One tick: archive the sandboxes whose TTL ran out, pause the idle ones.
 pub async fn tick(s: &AppState, audit: Option<&AuditLog>) {
-    let rows = match s.blocking(|s| s.db().sandboxes().map_err(|e| ApiError::internal(e.to_string()))).await {
+    let rows = match s.blocking(|s| Ok(s.registry.rows())).await {
         Ok(rows) => rows,
         Err(e) => {
             tracing::warn!(error = %e.message, "reading sandboxes for the lifecycle tick");
@@ -334,22 +311,22 @@ pub async fn tick(s: &AppState, audit: Option<&AuditLog>) {
     let cfg = s.lifecycle.config();
     for row in rows.iter().filter(|r| r.state.is_live()) {
         if row.expires_at_unix_ms.is_some_and(|t| t <= now) {
-            let retry_at = lock(&s.lifecycle.ttl_failed).get(&row.id).copied();
+            let retry_at = lock(&s.lifecycle.ttl_failed).get(row.id()).copied();
             if retry_at.is_some_and(|t| Instant::now() < t) {
                 continue;
             }
-            let outcome = archive_sandbox(s, &row.id, "ttl").await;
+            let outcome = archive_sandbox(s, row.id(), StateReason::Ttl).await;
             let details = match &outcome {
-                Ok(r) => serde_json::json!({ "outcome": "archived", "reason": "ttl", "dir": r.dir }),
+                Ok(r) => serde_json::json!({ "outcome": "archived", "reason": StateReason::Ttl, "dir": r.dir }),
                 Err(e) => {
-                    tracing::warn!(sandbox_id = %row.id, error = %e.message, "archiving a sandbox whose TTL ran out");
-                    lock(&s.lifecycle.ttl_failed).insert(row.id.clone(), Instant::now() + TTL_RETRY);
-                    serde_json::json!({ "outcome": "failed", "reason": "ttl", "error": e.message })
+                    tracing::warn!(sandbox_id = %row.id(), error = %e.message, "archiving a sandbox whose TTL ran out");
+                    lock(&s.lifecycle.ttl_failed).insert(row.id().to_string(), Instant::now() + TTL_RETRY);
+                    serde_json::json!({ "outcome": "failed", "reason": StateReason::Ttl, "error": e.message })
                 }
             };
             s.metrics.inc("forkvm_ttl_archives_total", &[("outcome", if outcome.is_ok() { "ok" } else { "failed" })]);
             if let Some(a) = audit {
-                a.event("archive", Some(&row.id), details);
+                a.event("archive", Some(row.id()), details);
             }
             continue;
         }
@@ -361,11 +338,15 @@ pub async fn tick(s: &AppState, audit: Option<&AuditLog>) {
         match s.blocking(move |s| pause_if_idle(&s, &r, idle)).await {
             Ok(true) => {
                 if let Some(a) = audit {
-                    a.event("pause", Some(&row.id), serde_json::json!({ "outcome": "paused", "reason": "idle" }));
+                    a.event(
+                        "pause",
+                        Some(row.id()),
+                        serde_json::json!({ "outcome": "paused", "reason": StateReason::Idle }),
+                    );
                 }
             }
             Ok(false) => {}
-            Err(e) => tracing::warn!(sandbox_id = %row.id, error = %e.message, "pausing an idle sandbox"),
+            Err(e) => tracing::warn!(sandbox_id = %row.id(), error = %e.message, "pausing an idle sandbox"),
         }
     }
 }

@@ -2,13 +2,14 @@
 //! chain images, the state database, the spawner, metrics, the branch concurrency
 //! limit, and the disk snapshots' locks.
 
-use crate::db::{Db, SandboxRow, SnapshotRow};
+use crate::db::{Db, SnapshotRow};
 use crate::disk::DiskSnapshots;
 use crate::error::ApiError;
 use crate::lifecycle::Lifecycle;
 use crate::metrics::{Gauges, Metrics};
 use crate::spawner::Spawner;
-use forkvm_sandbox::{Registry, SandboxRecord, SandboxState};
+use forkvm_sandbox::registry::{Origin, SandboxRow};
+use forkvm_sandbox::{Registry, SandboxRecord};
 use forkvm_snapshot::chain::AssembledCache;
 use forkvm_snapshot::Store;
 use std::collections::HashSet;
@@ -126,9 +127,21 @@ impl AppState {
         }
     }
 
-    /// The database row of sandbox `id`, if the daemon knows it.
+    /// Sandbox `id`'s registry row, if it has one.
     pub fn sandbox_row(&self, id: &str) -> Option<SandboxRow> {
-        self.db().sandboxes().ok()?.into_iter().find(|r| r.id == id)
+        self.registry.row(id)
+    }
+
+    /// Records new sandboxes `ids` as `starting` for call `op`, before any process
+    /// exists (one transaction): the daemon owns them until they run, so if it dies
+    /// meanwhile the next start (or sweep) finds them abandoned.
+    pub fn begin_sandboxes(&self, ids: &[String], op: &str, origin: &Origin) -> Result<(), ApiError> {
+        let records = ids
+            .iter()
+            .map(|id| self.registry.new_record(id, origin.clone()))
+            .collect::<Result<Vec<SandboxRecord>, _>>()?;
+        self.registry.begin(&records.iter().collect::<Vec<_>>(), Some(op))?;
+        Ok(())
     }
 
     pub fn snapshot_rows(&self) -> Vec<SnapshotRow> {
@@ -145,7 +158,7 @@ impl AppState {
 
     /// Notes an API call on sandbox `id`.
     pub fn touch(&self, id: &str) {
-        let _ = self.db().touch(id, forkvm_sandbox::registry::now_unix_ms());
+        let _ = self.registry.touch(id, forkvm_sandbox::registry::now_unix_ms());
     }
 }
 
@@ -170,48 +183,4 @@ impl Drop for TagClaim {
 
 pub fn now_unix() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-}
-
-/// Where a sandbox came from, as its database row records it.
-#[derive(Debug, Clone, Default)]
-pub struct Origin {
-    pub template: Option<String>,
-    pub snapshot_tag: Option<String>,
-    pub forked_from: Option<String>,
-    pub memory_limit_bytes: Option<u64>,
-}
-
-impl Origin {
-    /// The origin a running sandbox's record names.
-    pub fn of(r: &SandboxRecord) -> Origin {
-        Origin {
-            template: r.template.clone(),
-            snapshot_tag: r.source_tag.clone(),
-            forked_from: r.forked_from.clone(),
-            memory_limit_bytes: r.memory_limit_bytes,
-        }
-    }
-}
-
-/// A new database row: sandbox `id` in `state`, made by call `op`, last active now.
-pub fn new_row(id: &str, state: SandboxState, op: &str, origin: &Origin, created_at_unix: u64) -> SandboxRow {
-    SandboxRow {
-        id: id.to_string(),
-        state,
-        op: Some(op.to_string()),
-        pid: None,
-        template: origin.template.clone(),
-        snapshot_tag: origin.snapshot_tag.clone(),
-        forked_from: origin.forked_from.clone(),
-        memory_limit_mib: origin.memory_limit_bytes.map(|b| b >> 20),
-        created_at_unix,
-        last_active_unix: now_unix(),
-        branch_count: 0,
-        last_branch_tag: None,
-        reason: None,
-        ttl_seconds: None,
-        expires_at_unix_ms: None,
-        last_activity_unix_ms: forkvm_sandbox::registry::now_unix_ms(),
-        archived_at_unix_ms: None,
-    }
 }

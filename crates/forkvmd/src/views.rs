@@ -1,14 +1,15 @@
 //! The API's views of snapshots and sandboxes, built from what is on disk (snapshot
-//! store, run directories) and what only the daemon recorded (database rows).
+//! store), the registry's rows, and what only the daemon recorded (its database).
 //!
 //! A snapshot's memory is either a whole `memory.img` or, in a chain, a `memory.map`
 //! over the store's shared chunks; sizes and lineage come from the chain library
 //! (`forkvm_snapshot::chain`), which is what the CLI reports too, so the two agree.
 
-use crate::db::{SandboxRow, SnapshotRow};
+use crate::db::SnapshotRow;
 use crate::disk::DiskSnapshots;
 use forkvm_api::{SandboxInfo, SnapshotInfo, SnapshotInfoDetail};
-use forkvm_sandbox::{SandboxRecord, SandboxState, SpawnSource};
+use forkvm_sandbox::registry::SandboxRow;
+use forkvm_sandbox::SpawnSource;
 use forkvm_snapshot::chain::{self, ChainError, ChainInfo};
 use forkvm_snapshot::{MemoryFormat, SnapshotStatus, Store, StoreEntry, StoreError, MEMORY_IMG, VMSTATE_BIN};
 use std::os::unix::fs::MetadataExt;
@@ -116,46 +117,8 @@ pub fn snapshot_detail(store: &Store, e: &StoreEntry) -> Result<SnapshotInfoDeta
     })
 }
 
-/// A running sandbox.
-pub fn sandbox_info(r: &SandboxRecord, row: Option<&SandboxRow>, disk: &DiskSnapshots) -> SandboxInfo {
-    let base = forkvm_sandbox::info::running_info(r);
-    let paused = row.is_some_and(|x| x.state == SandboxState::Paused);
-    SandboxInfo {
-        has_branched: row.is_some_and(|x| x.branch_count > 0),
-        branch_count: row.map(|x| x.branch_count).unwrap_or(0),
-        state: if paused { SandboxState::Paused.as_str().into() } else { base.state.clone() },
-        last_active_unix: row.map(|x| x.last_active_unix).unwrap_or(base.last_active_unix),
-        last_disk_snapshot: disk.last(&r.id),
-        reason: row.and_then(|x| x.reason.clone()),
-        last_activity_unix_ms: row.map(|x| x.last_activity_unix_ms).unwrap_or(base.last_activity_unix_ms),
-        ttl_seconds: row.and_then(|x| x.ttl_seconds),
-        expires_at_unix_ms: row.and_then(|x| x.expires_at_unix_ms),
-        ..base
-    }
-}
-
-/// An archived sandbox: no process, only the daemon's row (and the archive on disk).
-pub fn archived_info(row: &SandboxRow, disk: &DiskSnapshots) -> SandboxInfo {
-    SandboxInfo {
-        id: row.id.clone(),
-        snapshot_tag: row.snapshot_tag.clone(),
-        netns: None,
-        guest_addr: String::new(),
-        created_at_unix: row.created_at_unix,
-        pid: None,
-        memory_limit_mib: row.memory_limit_mib,
-        has_branched: row.branch_count > 0,
-        last_branch_memory_path: None,
-        branch_count: row.branch_count,
-        state: SandboxState::Archived.as_str().into(),
-        template: row.template.clone(),
-        forked_from: row.forked_from.clone(),
-        last_active_unix: row.last_active_unix,
-        last_disk_snapshot: disk.last(&row.id),
-        reason: row.reason.clone(),
-        last_activity_unix_ms: row.last_activity_unix_ms,
-        ttl_seconds: row.ttl_seconds,
-        expires_at_unix_ms: row.expires_at_unix_ms,
-        archived_at_unix_ms: row.archived_at_unix_ms,
-    }
+/// A sandbox as its registry row says ([`forkvm_sandbox::info::sandbox_info`], the
+/// CLI's view too), with the outcome of the daemon's last disk snapshot of it.
+pub fn sandbox_info(row: &SandboxRow, disk: &DiskSnapshots) -> SandboxInfo {
+    SandboxInfo { last_disk_snapshot: disk.last(row.id()), ..forkvm_sandbox::info::sandbox_info(row) }
 }

@@ -12,7 +12,6 @@ use common_api::{call, env, error_of, TOKEN};
 use forkvm_api::routes::{RouteName, ROUTES};
 use forkvm_sandbox::SandboxRecord;
 use forkvm_snapshot::Store;
-use forkvmd::db::SandboxRow;
 
 /// A concrete URI for a route, naming `subject` as its sandbox or tag, with the query a
 /// files route needs.
@@ -267,40 +266,7 @@ async fn conflicts_are_409_with_the_current_state() {
     assert_eq!((broken.status.as_str(), broken.bootable), ("failed", false));
     assert!(broken.warning.is_some());
     // A sandbox still starting (its spawn has not finished): its calls are conflicts.
-    let run_dir = e.state.registry.create_run_dir("s1").unwrap();
-    let record = SandboxRecord {
-        id: "s1".into(),
-        pid: std::process::id() as i32,
-        run_dir,
-        template: None,
-        source_tag: Some("py".into()),
-        forked_from: None,
-        created_at_unix_ms: 0,
-        memory_limit_bytes: None,
-        cgroup: None,
-        disks: Vec::new(),
-    };
-    e.state.registry.write(&record).unwrap();
-    let row = SandboxRow {
-        id: "s1".into(),
-        state: forkvm_sandbox::SandboxState::Starting,
-        op: Some("spawn-x".into()),
-        pid: None,
-        template: None,
-        snapshot_tag: Some("py".into()),
-        forked_from: None,
-        memory_limit_mib: None,
-        created_at_unix: 0,
-        last_active_unix: 0,
-        branch_count: 0,
-        last_branch_tag: None,
-        reason: None,
-        ttl_seconds: None,
-        expires_at_unix_ms: None,
-        last_activity_unix_ms: 0,
-        archived_at_unix_ms: None,
-    };
-    e.state.db().insert_sandboxes(&[row]).unwrap();
+    common_api::fake_started(&e, "s1", Some("py"), None);
     for (method, uri, body) in [
         ("GET", "/v1/sandboxes/s1", ""),
         ("POST", "/v1/sandboxes/s1/exec", r#"{"args":["true"]}"#),
@@ -397,6 +363,7 @@ async fn a_stopped_sandbox_is_404_quoting_its_console() {
         disks: Vec::new(),
     };
     e.state.registry.write(&record).unwrap();
+    e.state.registry.mark_ready(&["gone1"]).unwrap();
     std::fs::write(record.console(), "booting\nKernel panic - not syncing: Attempted to kill init!\n").unwrap();
     let (status, text) = call(&e.app, "POST", "/v1/sandboxes/gone1/exec", Some(TOKEN), r#"{"args":["true"]}"#).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{text}");
@@ -406,6 +373,6 @@ async fn a_stopped_sandbox_is_404_quoting_its_console() {
     assert_eq!(status, StatusCode::NOT_FOUND, "{text}");
     assert!(error_of(&text).error.contains("Attempted to kill init"), "{text}");
     assert!(run_dir.exists());
-    assert_eq!(forkvmd::sweeper::sweep_once(&e.state).run_dirs, ["gone1"]);
+    assert_eq!(forkvmd::sweeper::sweep_once(&e.state).stopped, ["gone1"]);
     assert!(!run_dir.exists(), "the sweep cleans up the dead sandbox's run directory");
 }

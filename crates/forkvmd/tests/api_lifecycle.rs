@@ -8,8 +8,9 @@ mod common_api;
 
 use axum::http::StatusCode;
 use common_api::{call, env, error_of, fake_running, get_json, Env, TOKEN};
+use forkvm_sandbox::registry::SandboxRow;
+use forkvm_sandbox::{SandboxState, StateReason};
 use forkvmd::audit::AuditLog;
-use forkvmd::db::SandboxRow;
 
 // --- disk snapshots ---------------------------------------------------------------------
 
@@ -264,48 +265,35 @@ fn fake_control(e: &Env, id: &str) -> std::sync::Arc<std::sync::Mutex<Vec<String
 }
 
 fn row_of(e: &Env, id: &str) -> SandboxRow {
-    e.state.db().sandboxes().unwrap().into_iter().find(|r| r.id == id).expect("a row")
+    e.state.registry.row(id).expect("a row")
 }
 
-fn running_row(id: &str, last_activity_unix_ms: u64) -> SandboxRow {
-    SandboxRow {
-        id: id.into(),
-        state: forkvm_sandbox::SandboxState::Running,
-        op: Some("spawn-x".into()),
-        pid: Some(std::process::id() as i32),
-        template: Some("python".into()),
-        snapshot_tag: Some("py".into()),
-        forked_from: None,
-        memory_limit_mib: None,
-        created_at_unix: 1,
-        last_active_unix: last_activity_unix_ms / 1000,
-        branch_count: 0,
-        last_branch_tag: None,
-        reason: None,
-        ttl_seconds: None,
-        expires_at_unix_ms: None,
-        last_activity_unix_ms,
-        archived_at_unix_ms: None,
-    }
+/// Notes sandbox `id`'s last activity at `last_activity_unix_ms`.
+fn active_at(e: &Env, id: &str, last_activity_unix_ms: u64) {
+    e.state.registry.touch(id, last_activity_unix_ms).unwrap();
 }
 
 #[tokio::test]
 async fn archived_sandboxes_are_listed_refuse_calls_and_only_delete_removes_them() {
     let e = env();
-    // An archived sandbox: the daemon's row and its archive on disk.
+    // An archived sandbox: its registry row and its archive on disk.
     let archive = e.state.store.root().join("archives/arch1");
     std::fs::create_dir_all(&archive).unwrap();
     std::fs::write(archive.join("archive.json"), "{}").unwrap();
-    let mut row = running_row("arch1", 5_000);
-    row.state = forkvm_sandbox::SandboxState::Archived;
-    row.reason = Some("ttl".into());
-    row.pid = None;
-    e.state.db().insert_sandboxes(&[row]).unwrap();
-    e.state.db().set_state("arch1", forkvm_sandbox::SandboxState::Archived, Some("ttl"), 7_000).unwrap();
+    let before = forkvm_sandbox::registry::now_unix_ms();
+    let record = e.state.registry.new_record("arch1", Default::default()).unwrap();
+    e.state.registry.begin_in(&[&record], None, SandboxState::Archived).unwrap();
+    assert!(e
+        .state
+        .registry
+        .transition("arch1", &[SandboxState::Archived], SandboxState::Archived, Some(StateReason::Ttl))
+        .unwrap());
+    active_at(&e, "arch1", 5_000);
 
     let info: forkvm_api::SandboxInfo = get_json(&e, "/v1/sandboxes/arch1").await;
     assert_eq!((info.state.as_str(), info.reason.as_deref(), info.pid), ("archived", Some("ttl"), None));
-    assert_eq!((info.archived_at_unix_ms, info.last_activity_unix_ms), (Some(7_000), 5_000));
+    assert!(info.archived_at_unix_ms.is_some_and(|t| t >= before), "{info:?}");
+    assert_eq!(info.last_activity_unix_ms, 5_000);
     let list: Vec<forkvm_api::SandboxInfo> = get_json(&e, "/v1/sandboxes").await;
     assert_eq!(list.iter().map(|s| (s.id.as_str(), s.state.as_str())).collect::<Vec<_>>(), [("arch1", "archived")]);
     // Calls that need it running, and archiving it again: 409 archived.
@@ -347,7 +335,7 @@ async fn archived_sandboxes_are_listed_refuse_calls_and_only_delete_removes_them
 async fn ttls_are_set_shown_and_cleared() {
     let e = env();
     fake_control(&e, "ttl1");
-    e.state.db().insert_sandboxes(&[running_row("ttl1", 1_000)]).unwrap();
+    active_at(&e, "ttl1", 1_000);
     let before = forkvm_sandbox::registry::now_unix_ms();
     let (status, text) = call(&e.app, "POST", "/v1/sandboxes/ttl1/ttl", Some(TOKEN), r#"{"ttl_seconds":60}"#).await;
     assert_eq!(status, StatusCode::OK, "{text}");
@@ -360,7 +348,7 @@ async fn ttls_are_set_shown_and_cleared() {
     assert_eq!((info.ttl_seconds, info.expires_at_unix_ms), (None, None));
     // A TTL that ran out archives the sandbox; when the archive fails (this fake VMM
     // cannot be archived), nothing is deleted and the failure is audited and counted.
-    e.state.db().set_ttl("ttl1", Some(1), Some(1)).unwrap();
+    e.state.registry.set_ttl("ttl1", Some(1), Some(1)).unwrap();
     let audit = AuditLog::open(&e.dir.path().join("lifecycle-audit.log")).unwrap();
     forkvmd::lifecycle::tick(&e.state, Some(&audit)).await;
     assert_eq!(row_of(&e, "ttl1").state.as_str(), "running");
@@ -386,7 +374,8 @@ async fn idle_sandboxes_are_paused_and_the_next_call_resumes_them() {
     let vmm = fake_control(&e, "idle1");
     let busy = fake_control(&e, "busy1");
     let now = forkvm_sandbox::registry::now_unix_ms();
-    e.state.db().insert_sandboxes(&[running_row("idle1", now - 5_000), running_row("busy1", now)]).unwrap();
+    active_at(&e, "idle1", now - 5_000);
+    active_at(&e, "busy1", now);
     forkvmd::lifecycle::tick(&e.state, None).await;
     assert_eq!(*vmm.lock().unwrap(), ["pause"]);
     assert!(busy.lock().unwrap().is_empty(), "a sandbox used just now is not paused");
@@ -478,8 +467,8 @@ fn tree(root: &std::path::Path) -> Vec<(std::path::PathBuf, u64, std::time::Syst
 #[tokio::test]
 async fn reads_of_a_dead_sandbox_change_nothing_on_disk_and_the_sweep_cleans_up() {
     let e = env();
-    // A sandbox whose VMM died: its record names a process that has exited, its run
-    // directory holds a console log, and the daemon's row still says running.
+    // A sandbox whose VMM died: its row names a process that has exited and still says
+    // running, and its run directory holds a console log.
     let mut child = std::process::Command::new("true").spawn().unwrap();
     let dead_pid = child.id() as i32;
     child.wait().unwrap();
@@ -488,10 +477,9 @@ async fn reads_of_a_dead_sandbox_change_nothing_on_disk_and_the_sweep_cleans_up(
     record.pid = dead_pid;
     e.state.registry.write(&record).unwrap();
     std::fs::write(record.console(), "kernel panic: the reason it stopped\n").unwrap();
-    e.state.db().insert_sandboxes(&[SandboxRow { pid: Some(dead_pid), ..running_row("dead1", 1) }]).unwrap();
     // A live one beside it.
     fake_running(&e, "live1", Some("py"), None);
-    e.state.db().insert_sandboxes(&[running_row("live1", 1)]).unwrap();
+    let rows_before = e.state.registry.rows();
 
     let before = tree(e.dir.path());
     let listed: serde_json::Value = get_json(&e, "/v1/sandboxes").await;
@@ -505,21 +493,21 @@ async fn reads_of_a_dead_sandbox_change_nothing_on_disk_and_the_sweep_cleans_up(
         assert!(status == StatusCode::OK || status == StatusCode::NOT_FOUND, "{uri}: {status}");
     }
     assert_eq!(tree(e.dir.path()), before, "a read changed the disk");
-    assert_eq!(row_of(&e, "dead1").state.as_str(), "running", "a read changed the database");
+    assert_eq!(e.state.registry.rows(), rows_before, "a read changed the registry");
+    assert_eq!(row_of(&e, "dead1").state, SandboxState::Running);
 
     // The explicit pass removes the dead one's run directory and row, and nothing else.
     let swept = forkvmd::sweeper::sweep_once(&e.state);
-    assert_eq!(swept.run_dirs, ["dead1"]);
-    assert_eq!(swept.rows, ["dead1"]);
+    assert_eq!(swept.stopped, ["dead1"]);
     assert!(!record.run_dir.exists());
-    assert!(e.state.db().sandboxes().unwrap().iter().all(|r| r.id != "dead1"));
+    assert!(e.state.registry.row("dead1").is_none());
     assert_eq!(row_of(&e, "live1").state.as_str(), "running");
     assert!(e.state.registry.get("live1").is_ok());
     let (status, text) = call(&e.app, "GET", "/v1/sandboxes/dead1", Some(TOKEN), "").await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{text}");
     assert_eq!(
         forkvmd::sweeper::sweep_once(&e.state),
-        forkvmd::sweeper::Swept::default(),
+        forkvm_sandbox::registry::Swept::default(),
         "a second pass has nothing to do"
     );
 }

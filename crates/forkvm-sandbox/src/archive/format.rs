@@ -99,7 +99,7 @@ pub fn find(store: &Store, id: &str) -> Option<PathBuf> {
 }
 
 /// Whether `dir` holds a complete archive of either format.
-fn is_complete(dir: &Path) -> bool {
+pub fn is_complete(dir: &Path) -> bool {
     dir.join(ARCHIVE_JSON).is_file()
         || (dir.join(forkvm_snapshot::SNAPSHOT_JSON).is_file() && dir.join(forkvm_snapshot::MEMORY_IMG).is_file())
 }
@@ -154,7 +154,11 @@ pub fn write_manifest(dir: &Path, m: &ArchiveManifest) -> std::io::Result<()> {
 /// Removes the archive directory `dir` of sandbox `id` in `store` and lets go of its
 /// vault snapshot's pin. Ok if it does not exist.
 pub fn remove(store: &Store, id: &str, dir: &Path) -> std::io::Result<()> {
-    let seq = read_manifest(dir, id).ok().flatten().map(|m| m.vault_seq);
+    let set_aside = || {
+        let bytes = std::fs::read(dir.join(REMOVING_JSON)).ok()?;
+        serde_json::from_slice::<ArchiveManifest>(&bytes).ok().filter(|m| m.sandbox_id == id)
+    };
+    let seq = read_manifest(dir, id).ok().flatten().or_else(set_aside).map(|m| m.vault_seq);
     match std::fs::remove_dir_all(dir) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
         _ => {}
@@ -173,6 +177,38 @@ pub fn remove_linked(dir: &Path) -> std::io::Result<()> {
         return Err(std::io::Error::other(format!("{} is not an archive directory", dir.display())));
     };
     remove(&Store::open(root), id, dir)
+}
+
+/// `archive.json` of an archive being removed: kept (for its vault pin) but no longer
+/// the commit record.
+const REMOVING_JSON: &str = "archive.json.removing";
+
+/// Makes archive `dir` incomplete, so that nothing lists, adopts or restores it any
+/// more, before the rest is removed: its `archive.json` is set aside (its vault pin is
+/// still found from it), a format-0 archive's `snapshot.json` removed. Ok if they are
+/// gone already.
+pub fn uncommit(dir: &Path) -> std::io::Result<()> {
+    let not_found = |r: std::io::Result<()>| match r {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        r => r,
+    };
+    not_found(std::fs::rename(dir.join(ARCHIVE_JSON), dir.join(REMOVING_JSON)))?;
+    not_found(std::fs::remove_file(dir.join(forkvm_snapshot::SNAPSHOT_JSON)))?;
+    not_found(std::fs::File::open(dir).and_then(|d| d.sync_all()))
+}
+
+/// Removes the archives in `store` whose removal was interrupted after [`uncommit`]
+/// (their `archive.json` set aside); returns their sandbox ids.
+pub fn remove_uncommitted(store: &Store) -> Vec<String> {
+    let mut removed = Vec::new();
+    for e in std::fs::read_dir(archives_dir(store)).into_iter().flatten().flatten() {
+        let dir = e.path();
+        let Some(id) = e.file_name().to_str().map(String::from) else { continue };
+        if !dir.join(ARCHIVE_JSON).exists() && dir.join(REMOVING_JSON).exists() && remove(store, &id, &dir).is_ok() {
+            removed.push(id);
+        }
+    }
+    removed
 }
 
 /// Removes every archive of `id` (complete, partial, or the old one being replaced).

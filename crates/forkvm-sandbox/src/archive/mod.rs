@@ -22,9 +22,10 @@ pub use format::{archives_dir, ArchiveManifest, ArchivedDisk};
 pub use unseal::RESTORE_IMAGE_DIR;
 
 use crate::lifecycle::{self, LifecycleError};
-use crate::registry::{Registry, RegistryError, SandboxRecord};
+use crate::registry::{Origin, Registry, RegistryError, SandboxRecord};
 use crate::source::{SourceError, SpawnSource};
 use crate::spawn::{finish, start_vmms, SpawnError, SpawnOptions, SpawnedSandbox, StartedVmms};
+use crate::state::{SandboxState, StateReason};
 use forkvm_snapshot::{Store, StoreError};
 use forkvm_vmm::vmm::{BranchMode, BranchRequest, DiskCapture};
 use format::ARCHIVED_RECORD;
@@ -53,6 +54,8 @@ pub enum ArchiveError {
     NotArchived(String),
     #[error("sandbox {0} is running: restore needs it archived")]
     Running(String),
+    #[error("sandbox {id} is {state}: another call is restoring or starting it")]
+    Busy { id: String, state: SandboxState },
     #[error("archive of sandbox {id}: {step}: {source}")]
     Io { id: String, step: String, source: std::io::Error },
     #[error("archive of sandbox {id}: {step}: {reason}")]
@@ -68,7 +71,7 @@ impl ArchiveError {
             ArchiveError::Source(e) => e.code(),
             ArchiveError::Store(e) => e.code(),
             ArchiveError::NotArchived(_) => forkvm_api::ErrorCode::NotFound,
-            ArchiveError::Running(_) => forkvm_api::ErrorCode::Conflict,
+            ArchiveError::Running(_) | ArchiveError::Busy { .. } => forkvm_api::ErrorCode::Conflict,
             ArchiveError::Io { .. } | ArchiveError::Step { .. } => forkvm_api::ErrorCode::Internal,
         }
     }
@@ -91,10 +94,19 @@ fn io(id: &str, step: impl Into<String>) -> impl FnOnce(std::io::Error) -> Archi
     move |source| ArchiveError::Io { id: id.to_string(), step, source }
 }
 
-/// Archives running sandbox `id` (see the module doc).
-pub fn archive(registry: &Registry, store: &Store, id: &str) -> Result<ArchiveReport, ArchiveError> {
+/// Archives running sandbox `id` (see the module doc); its row says `archived` for
+/// `reason`.
+pub fn archive(
+    registry: &Registry,
+    store: &Store,
+    id: &str,
+    reason: StateReason,
+) -> Result<ArchiveReport, ArchiveError> {
     let started = Instant::now();
     let record = registry.get(id).map_err(LifecycleError::from)?;
+    if let Some(row) = registry.row(id).filter(|r| !r.state.is_live()) {
+        return Err(ArchiveError::Busy { id: id.to_string(), state: row.state });
+    }
     let archives = archives_dir(store);
     std::fs::create_dir_all(&archives).map_err(io(id, format!("creating {}", archives.display())))?;
     let partial = format::partial_dir(store, id);
@@ -141,6 +153,10 @@ pub fn archive(registry: &Registry, store: &Store, id: &str) -> Result<ArchiveRe
         _ => {}
     }
     std::fs::rename(&partial, &final_dir).map_err(|e| resume(io(id, "moving the new archive into place")(e)))?;
+    // The archive is complete: the row says so before the VMM stops (a crash in between
+    // leaves an archived sandbox whose VMM the sweep stops).
+    let live = [SandboxState::Running, SandboxState::Paused];
+    registry.transition(id, &live, SandboxState::Archived, Some(reason)).map_err(LifecycleError::from)?;
     lifecycle::kill_record(registry, &record)?;
     format::remove(store, id, &old).map_err(io(id, "removing the previous archive"))?;
     Ok(ArchiveReport {
@@ -166,6 +182,9 @@ pub struct PendingRestore {
     pub vmms: StartedVmms,
     /// The record the sandbox had when it was archived.
     pub archived: Option<SandboxRecord>,
+    /// Why it was archived: its row says so again if the restore fails.
+    #[serde(default)]
+    pub reason: Option<StateReason>,
 }
 
 /// The record archived sandbox `id` had when it was archived, if its archive has one.
@@ -195,21 +214,68 @@ pub fn start_restore(registry: &Registry, store: &Store, id: &str) -> Result<Pen
         reason: e.to_string(),
     })?;
     let archived = archived_record(store, id);
+    let reason = claim_restore(registry, id, archived.as_ref())?;
+    let started = start_restore_vmm(registry, store, id, &dir, manifest, archived);
+    match started {
+        Ok(vmms) => Ok(PendingRestore { reason, ..vmms }),
+        Err(e) => {
+            let back = reason.or(Some(StateReason::Api));
+            let _ = registry.transition(id, &[SandboxState::Restoring], SandboxState::Archived, back);
+            Err(e)
+        }
+    }
+}
+
+/// Moves archived sandbox `id`'s row to `restoring`, owned by this process (a row is
+/// made from its archived record if it has none: archived on an earlier boot). Refused
+/// when another call restores it. Returns why it was archived.
+fn claim_restore(
+    registry: &Registry,
+    id: &str,
+    archived: Option<&SandboxRecord>,
+) -> Result<Option<StateReason>, ArchiveError> {
+    let reason = registry.row(id).and_then(|r| r.reason);
+    if registry.row(id).is_none() {
+        let record = match archived.filter(|r| r.id == id) {
+            Some(r) => r.clone(),
+            None => registry.new_record(id, Origin::default()).map_err(LifecycleError::from)?,
+        };
+        registry.begin_in(&[&record], None, SandboxState::Archived).map_err(LifecycleError::from)?;
+    }
+    let claimed = registry
+        .transition(id, &[SandboxState::Archived], SandboxState::Restoring, None)
+        .map_err(LifecycleError::from)?;
+    if !claimed {
+        let state = registry.row(id).map_or(SandboxState::Running, |r| r.state);
+        return Err(ArchiveError::Busy { id: id.to_string(), state });
+    }
+    Ok(reason)
+}
+
+/// Starts restoring sandbox `id`'s VMM from its archive in `dir` (its row is `restoring`).
+fn start_restore_vmm(
+    registry: &Registry,
+    store: &Store,
+    id: &str,
+    dir: &Path,
+    manifest: Option<ArchiveManifest>,
+    archived: Option<SandboxRecord>,
+) -> Result<PendingRestore, ArchiveError> {
     let opts = SpawnOptions { memory_limit_bytes: archived.as_ref().and_then(|r| r.memory_limit_bytes) };
     let Some(manifest) = manifest else {
         // Format 0: a plaintext snapshot directory, restored as it is.
-        let source = SpawnSource::from_dir(&dir)?;
+        let source = SpawnSource::from_dir(dir)?;
         let vmms = start_vmms(registry, &source, &[id.to_string()], &opts)?;
-        return Ok(PendingRestore { vmms, archived });
+        return Ok(PendingRestore { vmms, archived, reason: None });
     };
     let run_dir = registry.create_run_dir(id).map_err(LifecycleError::from)?;
-    let started = unseal::unseal(store, id, &dir, &manifest, &run_dir)
+    let started = unseal::unseal(store, id, dir, &manifest, &run_dir)
         .and_then(|source| start_vmms(registry, &source, &[id.to_string()], &opts).map_err(ArchiveError::from));
     match started {
         Ok(mut vmms) => {
             // The rebuilt image is this restore's alone: no playbook to learn for it.
             vmms.memory_playbook = None;
-            Ok(PendingRestore { vmms, archived })
+            Ok(PendingRestore { vmms, archived, reason: None })
         }
         Err(e) => {
             let _ = std::fs::remove_dir_all(&run_dir);
@@ -226,7 +292,23 @@ pub fn finish_restore(
     pending: PendingRestore,
     started: Instant,
 ) -> Result<SpawnedSandbox, ArchiveError> {
-    let PendingRestore { vmms, archived } = pending;
+    let PendingRestore { vmms, archived, reason } = pending;
+    let id = vmms.records.first().map(|r| r.id.clone()).unwrap_or_default();
+    let finished = finish_restore_vmm(registry, store, vmms, archived, started);
+    if finished.is_err() {
+        let back = reason.or(Some(StateReason::Api));
+        let _ = registry.transition(&id, &[SandboxState::Restoring], SandboxState::Archived, back);
+    }
+    finished
+}
+
+fn finish_restore_vmm(
+    registry: &Registry,
+    store: &Store,
+    vmms: StartedVmms,
+    archived: Option<SandboxRecord>,
+    started: Instant,
+) -> Result<SpawnedSandbox, ArchiveError> {
     // Linked only once it runs: `kill` of a half-started restore must not take the
     // archive with it.
     let ready = finish(registry, vmms.records, started)?;
@@ -243,6 +325,7 @@ pub fn finish_restore(
     }
     std::os::unix::fs::symlink(&dir, record.run_dir.join(ARCHIVE_LINK)).map_err(io(&id, "linking the archive"))?;
     registry.write(record).map_err(LifecycleError::from)?;
+    registry.transition(&id, &[SandboxState::Restoring], SandboxState::Running, None).map_err(LifecycleError::from)?;
     Ok(sandbox)
 }
 

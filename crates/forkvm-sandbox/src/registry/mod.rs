@@ -13,7 +13,11 @@
 //! `$XDG_RUNTIME_DIR/forkvm`, else `/run/forkvm` for root, else `/tmp/forkvm-<uid>`.
 
 mod records;
+mod recover;
+mod row;
+mod sweep;
 
+use crate::state::{SandboxState, StateReason};
 use forkvm_vmm::host::cgroup::CgroupRoot;
 use records::Records;
 use serde::{Deserialize, Serialize};
@@ -21,6 +25,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use records::REGISTRY_DB;
+pub use recover::Recovered;
+pub use row::{Owner, SandboxRow};
+pub use sweep::Swept;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
@@ -34,8 +41,12 @@ pub enum RegistryError {
     Record { path: PathBuf, source: serde_json::Error },
     #[error("sandbox registry {path}: {source}")]
     Db { path: PathBuf, source: rusqlite::Error },
-    #[error("sandbox registry {path} has layout version {found}; this forkvm knows 1 (stop every sandbox, then remove the file)")]
+    #[error("sandbox registry {path} has layout version {found}; this forkvm knows 1 and 2 (stop every sandbox, then remove the file)")]
     Version { path: PathBuf, found: i64 },
+    #[error("sandbox registry {path} holds a sandbox state or reason {state:?} this forkvm does not know")]
+    BadState { path: PathBuf, state: String },
+    #[error("sandbox {id:?} is {state} now: another call moved it while it started")]
+    Moved { id: String, state: SandboxState },
 }
 
 impl RegistryError {
@@ -43,6 +54,7 @@ impl RegistryError {
         match self {
             RegistryError::NotFound(_) => forkvm_api::ErrorCode::NotFound,
             RegistryError::BadId(_) => forkvm_api::ErrorCode::BadRequest,
+            RegistryError::Moved { .. } => forkvm_api::ErrorCode::Conflict,
             _ => forkvm_api::ErrorCode::Internal,
         }
     }
@@ -160,6 +172,12 @@ fn started_in_time(r: &SandboxRecord, started_unix_ms: u64) -> bool {
     }
 }
 
+/// The pid `vmm.start` in `run_dir` names, if any (a VMM started but not yet in its row).
+fn noted_pid(run_dir: &Path) -> Option<i32> {
+    let text = std::fs::read_to_string(run_dir.join(VMM_START)).ok()?;
+    text.split_whitespace().next()?.parse().ok().filter(|p: &i32| *p > 0)
+}
+
 /// The file beside a record holding its VMM's pid and when the record was written.
 const VMM_START: &str = "vmm.start";
 
@@ -231,11 +249,6 @@ fn is_inside(path: &Path, dir: &Path) -> bool {
     path.starts_with(dir) && !path.components().any(|c| matches!(c, std::path::Component::ParentDir))
 }
 
-/// `r`, if every disk directory it records lies inside its run directory.
-fn checked(r: SandboxRecord) -> Option<SandboxRecord> {
-    disks_inside(&r).then_some(r)
-}
-
 /// Whether every disk directory `r` records lies inside its run directory (logged if not).
 fn disks_inside(r: &SandboxRecord) -> bool {
     match r.disks.iter().find(|d| !is_inside(&d.dir, &r.run_dir)) {
@@ -255,10 +268,15 @@ fn valid_id(id: &str) -> bool {
 pub struct Registry {
     root: PathBuf,
     /// The store whose vaults a dead sandbox's disks are salvaged into before its run
-    /// directory goes (`salvage`); none: no salvage.
-    salvage_into: Option<PathBuf>,
+    /// directory goes (`salvage`), and whose archives say whether an archived sandbox
+    /// still has one; none: no salvage, archives assumed kept.
+    store: Option<PathBuf>,
     records: Arc<Records>,
 }
+
+/// Every state but `archived`: the rows a stopped VMM takes with it.
+const WITH_A_VMM: [SandboxState; 4] =
+    [SandboxState::Starting, SandboxState::Running, SandboxState::Paused, SandboxState::Restoring];
 
 impl Registry {
     /// `$FORKVM_RUN`, `$XDG_RUNTIME_DIR/forkvm`, `/run/forkvm` (root) or `/tmp/forkvm-<uid>`
@@ -270,7 +288,7 @@ impl Registry {
     /// The registry at `root`, salvaging nothing (see [`Registry::salvaging_into`]).
     pub fn open(root: impl Into<PathBuf>) -> Registry {
         let root = root.into();
-        Registry { records: Arc::new(Records::at(&root)), root, salvage_into: None }
+        Registry { records: Arc::new(Records::at(&root)), root, store: None }
     }
 
     /// The default registry, salvaging into the default store.
@@ -279,14 +297,25 @@ impl Registry {
     }
 
     /// Salvages a dead sandbox's disk writes into its vault in the store at
-    /// `store_root` before removing its run directory (`salvage`).
+    /// `store_root` before removing its run directory (`salvage`), and checks archives
+    /// there.
     pub fn salvaging_into(mut self, store_root: &Path) -> Registry {
-        self.salvage_into = Some(store_root.to_path_buf());
+        self.store = Some(store_root.to_path_buf());
         self
     }
 
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// The store this registry salvages into and checks archives in, if it knows one.
+    pub fn store_root(&self) -> Option<&Path> {
+        self.store.as_deref()
+    }
+
+    /// The registry database file.
+    pub fn db_path(&self) -> &Path {
+        self.records.path()
     }
 
     fn sandboxes_dir(&self) -> PathBuf {
@@ -299,57 +328,218 @@ impl Registry {
         valid_id(id).then(|| self.sandboxes_dir().join(id))
     }
 
+    fn checked_id(id: &str) -> Result<(), RegistryError> {
+        if valid_id(id) {
+            Ok(())
+        } else {
+            Err(RegistryError::BadId(id.to_string()))
+        }
+    }
+
     /// Creates the run directory of a new sandbox.
     pub fn create_run_dir(&self, id: &str) -> Result<PathBuf, RegistryError> {
-        if !valid_id(id) {
-            return Err(RegistryError::BadId(id.to_string()));
-        }
+        Registry::checked_id(id)?;
         let dir = self.sandboxes_dir().join(id);
         std::fs::create_dir_all(&dir).map_err(|source| RegistryError::Io { path: dir.clone(), source })?;
         Ok(dir)
     }
 
-    /// Writes `record` (one row, replacing any earlier one), and beside it in its run
-    /// directory when it was written (`vmm.start`).
-    pub fn write(&self, record: &SandboxRecord) -> Result<(), RegistryError> {
-        if !valid_id(&record.id) {
-            return Err(RegistryError::BadId(record.id.clone()));
-        }
-        // When the record was written, with the pid: a process that got the pid later
-        // (after the VMM died) started after this (`record_alive`). The wall clock
-        // only: reading the new VMM's /proc entry here cost a spawn 0.7 ms a child.
-        if record.pid > 0 {
-            let dir = self.sandboxes_dir().join(&record.id);
-            let _ = std::fs::write(dir.join(VMM_START), format!("{} {}\n", record.pid, now_unix_ms()));
-        }
-        self.records.put(record)
+    /// A record for new sandbox `id`: no VMM yet, its run directory where its id says.
+    pub fn new_record(&self, id: &str, origin: Origin) -> Result<SandboxRecord, RegistryError> {
+        Registry::checked_id(id)?;
+        Ok(SandboxRecord {
+            id: id.to_string(),
+            pid: 0,
+            run_dir: self.sandboxes_dir().join(id),
+            template: origin.template,
+            source_tag: origin.source_tag,
+            forked_from: origin.forked_from,
+            created_at_unix_ms: now_unix_ms(),
+            memory_limit_bytes: origin.memory_limit_bytes,
+            cgroup: None,
+            disks: Vec::new(),
+        })
     }
 
-    /// The record of sandbox `id` (a valid id), if it has one and its run directory is
-    /// there. The run directory is derived from the id, never stored; a recorded disk
-    /// directory outside it makes the record unreadable (it would be removed or
-    /// salvaged from).
+    /// Records sandboxes about to start, `starting` and owned by this process, before
+    /// any of their processes exists (one transaction): a crash from here on leaves rows
+    /// that [`Registry::sweep`] finds abandoned. Ids that have a row keep it.
+    pub fn begin(&self, records: &[&SandboxRecord], op: Option<&str>) -> Result<(), RegistryError> {
+        self.begin_in(records, op, SandboxState::Starting)
+    }
+
+    /// [`Registry::begin`] in another state (`restoring`, or `archived` for an archive
+    /// found without a row).
+    pub fn begin_in(
+        &self,
+        records: &[&SandboxRecord],
+        op: Option<&str>,
+        state: SandboxState,
+    ) -> Result<(), RegistryError> {
+        if let Some(r) = records.iter().find(|r| !valid_id(&r.id)) {
+            return Err(RegistryError::BadId(r.id.clone()));
+        }
+        self.records.begin(records, records::NewRow { state, op, now_ms: now_unix_ms() })
+    }
+
+    /// Notes in `record`'s run directory that its VMM was just started, with its pid
+    /// and the time (`vmm.start`): written right after the fork, before the row has the
+    /// pid, so that a start interrupted before [`Registry::write_all`] still names its
+    /// VMM, and so that a process that gets the pid after the VMM died is told apart
+    /// (it started later: `record_alive`). The wall clock only: reading the new VMM's
+    /// /proc entry here cost a spawn 0.7 ms a child.
+    pub fn note_started(&self, record: &SandboxRecord) {
+        if record.pid > 0 && valid_id(&record.id) {
+            let file = self.sandboxes_dir().join(&record.id).join(VMM_START);
+            let _ = std::fs::write(file, format!("{} {}\n", record.pid, now_unix_ms()));
+        }
+    }
+
+    /// Writes what `record` says about its VMM (one row: pid, cgroup, disks, origin)
+    /// and notes it started ([`Registry::note_started`]). A row keeps its state and
+    /// lifecycle; a sandbox without one is recorded `starting`.
+    pub fn write(&self, record: &SandboxRecord) -> Result<(), RegistryError> {
+        self.note_started(record);
+        self.write_all(&[record])
+    }
+
+    /// What `records` say about their VMMs, in one transaction (a spawn's children, each
+    /// noted with [`Registry::note_started`] as it was forked).
+    pub fn write_all(&self, records: &[&SandboxRecord]) -> Result<(), RegistryError> {
+        if let Some(r) = records.iter().find(|r| !valid_id(&r.id)) {
+            return Err(RegistryError::BadId(r.id.clone()));
+        }
+        self.records.put(records, now_unix_ms())
+    }
+
+    /// Moves sandbox `id` from one of `from` to `to` with `reason` (compare-and-set, one
+    /// statement). Returns whether it moved: `false` when it is in another state or has
+    /// no row.
+    pub fn transition(
+        &self,
+        id: &str,
+        from: &[SandboxState],
+        to: SandboxState,
+        reason: Option<StateReason>,
+    ) -> Result<bool, RegistryError> {
+        Registry::checked_id(id)?;
+        Ok(!self.records.transition(&[id], from, to, reason, now_unix_ms())?.is_empty())
+    }
+
+    /// Marks sandboxes whose agents answered as running (from `starting`, one
+    /// transaction). A sandbox being restored stays `restoring` until its archive is
+    /// linked. Fails naming a sandbox whose row is gone or was moved meanwhile.
+    pub fn mark_ready(&self, ids: &[&str]) -> Result<(), RegistryError> {
+        let moved =
+            self.records.transition(ids, &[SandboxState::Starting], SandboxState::Running, None, now_unix_ms())?;
+        for id in ids.iter().filter(|id| !moved.iter().any(|m| m == *id)) {
+            match self.row(id) {
+                Some(r) if r.state == SandboxState::Restoring || r.state == SandboxState::Running => {}
+                Some(r) => return Err(RegistryError::Moved { id: id.to_string(), state: r.state }),
+                None => return Err(RegistryError::NotFound(id.to_string())),
+            }
+        }
+        Ok(())
+    }
+
+    /// Merges `row` from elsewhere (an older forkvmd's own table): inserted whole, or its
+    /// lifecycle set on the row the sandbox has.
+    pub fn import(&self, row: &SandboxRow) -> Result<(), RegistryError> {
+        Registry::checked_id(row.id())?;
+        self.records.import(row)
+    }
+
+    /// Notes a call that used sandbox `id` at `now_ms`.
+    pub fn touch(&self, id: &str, now_ms: u64) -> Result<(), RegistryError> {
+        self.records.update(
+            "UPDATE sandboxes SET last_activity_unix_ms = ?2 WHERE id = ?1",
+            id,
+            &[&(now_ms as i64)],
+        )?;
+        Ok(())
+    }
+
+    /// Sets sandbox `id`'s TTL (`None`: none) and when it runs out.
+    pub fn set_ttl(
+        &self,
+        id: &str,
+        ttl_seconds: Option<u64>,
+        expires_at_unix_ms: Option<u64>,
+    ) -> Result<bool, RegistryError> {
+        self.records.update(
+            "UPDATE sandboxes SET ttl_seconds = ?2, expires_at_unix_ms = ?3 WHERE id = ?1",
+            id,
+            &[&ttl_seconds.map(|v| v as i64), &expires_at_unix_ms.map(|v| v as i64)],
+        )
+    }
+
+    /// Counts a branch of sandbox `id` that made snapshot `tag`.
+    pub fn record_branch(&self, id: &str, tag: &str) -> Result<(), RegistryError> {
+        self.records.update(
+            "UPDATE sandboxes SET branch_count = branch_count + 1, last_branch_tag = ?2 WHERE id = ?1",
+            id,
+            &[&tag],
+        )?;
+        Ok(())
+    }
+
+    /// Removes sandbox `id`'s row whatever its state (deleting an archived sandbox);
+    /// whether it had one.
+    pub fn remove(&self, id: &str) -> Result<bool, RegistryError> {
+        Registry::checked_id(id)?;
+        self.records.delete(id, None)
+    }
+
+    /// Removes sandbox `id`'s row if it is in one of `states` (a start that failed before
+    /// any VMM ran); whether it did.
+    pub fn remove_if(&self, id: &str, states: &[SandboxState]) -> Result<bool, RegistryError> {
+        Registry::checked_id(id)?;
+        self.records.delete(id, Some(states))
+    }
+
+    /// Sandbox `id`'s row, whatever its state (a pure read; `None` for an invalid id or
+    /// an unreadable registry, logged).
+    pub fn row(&self, id: &str) -> Option<SandboxRow> {
+        let dir = self.run_dir(id)?;
+        match self.records.get(id, &dir) {
+            Ok(r) => r.filter(|r| disks_inside(&r.record)),
+            Err(e) => {
+                tracing::warn!(id, error = %e, "reading a sandbox record failed");
+                None
+            }
+        }
+    }
+
+    /// Every row, oldest first, whatever its state (a pure read).
+    pub fn rows(&self) -> Vec<SandboxRow> {
+        self.all_rows().into_iter().filter(|r| disks_inside(&r.record)).collect()
+    }
+
+    /// Every row, including those whose disks lie outside their run directory (which
+    /// only the sweep looks at, to remove them).
+    fn all_rows(&self) -> Vec<SandboxRow> {
+        let dir = self.sandboxes_dir();
+        self.records.all(|id| dir.join(id)).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "reading the sandbox registry failed");
+            Vec::new()
+        })
+    }
+
+    /// The record of sandbox `id` (a valid id) with a VMM, if its run directory is there.
+    /// The run directory is derived from the id, never stored; a recorded disk directory
+    /// outside it makes the record unreadable (it would be removed or salvaged from).
     fn read(&self, id: &str) -> Option<SandboxRecord> {
         let dir = self.sandboxes_dir().join(id);
         if !dir.is_dir() {
             return None;
         }
-        let r = match self.records.get(id, &dir) {
-            Ok(r) => r?,
-            Err(e) => {
-                tracing::warn!(id, error = %e, "reading a sandbox record failed");
-                return None;
-            }
-        };
-        checked(r)
+        self.row(id).map(|r| r.record).filter(|r| r.pid > 0)
     }
 
     /// Sandbox `id`'s record and whether its VMM is alive, without cleaning up a dead one
     /// (so its console log can still be read).
     pub fn lookup(&self, id: &str) -> Result<(SandboxRecord, bool), RegistryError> {
-        if !valid_id(id) {
-            return Err(RegistryError::BadId(id.to_string()));
-        }
+        Registry::checked_id(id)?;
         let r = self.read(id).ok_or_else(|| RegistryError::NotFound(id.to_string()))?;
         let alive = record_alive(&r);
         Ok((r, alive))
@@ -370,139 +560,53 @@ impl Registry {
         self.list().into_iter().filter(|r| r.source_tag.as_deref() == Some(tag)).map(|r| r.id).collect()
     }
 
-    /// Every live sandbox, oldest first. A pure read: dead ones are left for
-    /// [`Registry::sweep`].
+    /// Every sandbox whose VMM lives, oldest first (a pure read: dead ones are left for
+    /// [`Registry::sweep`]).
     pub fn list(&self) -> Vec<SandboxRecord> {
-        self.records().into_iter().filter_map(checked).filter(record_alive).collect()
+        self.rows()
+            .into_iter()
+            .map(|r| r.record)
+            .filter(|r| r.pid > 0 && r.run_dir.is_dir() && record_alive(r))
+            .collect()
     }
 
-    /// Every record, oldest first (none when the registry cannot be read: logged).
-    fn records(&self) -> Vec<SandboxRecord> {
-        let dir = self.sandboxes_dir();
-        self.records.all(|id| dir.join(id)).unwrap_or_else(|e| {
-            tracing::warn!(error = %e, "reading the sandbox registry failed");
-            Vec::new()
-        })
-    }
-
-    /// The clean-up pass, the only one that removes anything (reads never do): salvages
-    /// the disk writes of sandboxes whose VMM died (when this registry knows the store),
-    /// then removes their run directories (those without a record yet are left alone for
-    /// a minute: their spawner may still be writing it), and forkvm cgroups of sandboxes
-    /// that are not running. The daemon runs it on a timer, the CLI as `forkvm sweep`.
-    /// Returns the ids removed.
-    pub fn sweep(&self) -> Vec<String> {
-        let mut removed = Vec::new();
-        let mut live = Vec::new();
-        let mut recorded = std::collections::HashSet::new();
-        for r in self.records() {
-            recorded.insert(r.id.clone());
-            if record_alive(&r) {
-                live.push(r.cgroup.clone().unwrap_or_default());
-                continue;
-            }
-            let gone = if !disks_inside(&r) {
-                // Disks outside its run directory: never salvaged from.
-                self.clean_up(&r);
-                true
-            } else if !r.run_dir.is_dir() {
-                // Its VMM stopped and removed its run directory: only the record is left.
-                self.forget(&r);
-                true
-            } else {
-                self.clean_up_dead(&r)
-            };
-            if gone {
-                removed.push(r.id);
-            }
-        }
-        for e in std::fs::read_dir(self.sandboxes_dir()).into_iter().flatten().flatten() {
-            let id = e.file_name().to_string_lossy().into_owned();
-            if recorded.contains(&id) {
-                continue;
-            }
-            // No record yet: its spawner may still be writing it; left alone for a minute.
-            let old = e.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
-            if old.is_some_and(|age| age.as_secs() > 60) && std::fs::remove_dir_all(e.path()).is_ok() {
-                removed.push(id);
-            } else {
-                live.push(format!("sb-{id}"));
-            }
-        }
-        if let Ok(root) = CgroupRoot::detect() {
-            root.sweep(&|name| live.iter().any(|l| l == name));
-        }
-        removed.sort();
-        removed
-    }
-
-    /// Abandons sandbox `id` whose spawner died before writing its record (a daemon
-    /// restarting after a kill mid-spawn): asks a VMM that may already serve its control
-    /// socket to stop, then removes the run directory. Does nothing to a sandbox with a
-    /// record (use `lifecycle::kill_record`) or an invalid id.
-    pub fn abandon_unrecorded(&self, id: &str) {
-        if !valid_id(id) {
-            return;
-        }
-        let dir = self.sandboxes_dir().join(id);
-        if self.records.get(id, &dir).ok().flatten().is_some() {
-            return;
-        }
-        let socket = dir.join("control.sock");
-        if let Ok(mut c) = forkvm_vmm::control::ControlClient::connect(&socket) {
-            let _ = c.shutdown();
-            // A VMM that stops cleanly removes its run directory itself.
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-            while dir.exists() && std::time::Instant::now() < deadline {
-                std::thread::sleep(std::time::Duration::from_millis(5));
-            }
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    /// Cleans up after sandbox `r`, whose VMM died without being stopped: salvages its
-    /// disks first when this registry knows the store (`salvage`). A run directory whose
-    /// salvage failed is kept (with `salvage-failed` saying why) and retried later; one
-    /// another process is salvaging is left to it. Returns whether it is gone.
-    fn clean_up_dead(&self, r: &SandboxRecord) -> bool {
-        let Some(store) = &self.salvage_into else {
-            self.clean_up(r);
-            return true;
-        };
-        if r.disks.iter().any(|d| d.dir.is_dir()) {
-            if crate::salvage::failed_recently(&r.run_dir) || !crate::salvage::claim(&r.run_dir) {
-                return false;
-            }
-            match crate::salvage::salvage(&forkvm_snapshot::Store::open(store), r) {
-                Ok(Some(info)) => tracing::info!(sandbox = %r.id, seq = info.seq, written_bytes = info.written_bytes,
-                    "salvaged the disk writes of a sandbox whose VMM died"),
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::warn!(sandbox = %r.id, error = %e, "salvaging a dead sandbox's disks failed; its run directory is kept");
-                    crate::salvage::mark_failed(&r.run_dir, &e.to_string());
-                    return false;
-                }
-            }
-        }
-        self.clean_up(r);
-        true
-    }
-
-    /// Removes what sandbox `r` left: its run directory, its cgroup and its record.
+    /// Removes what sandbox `r` left: its run directory, its cgroup and its row (an
+    /// archived sandbox keeps its row: only its VMM is gone).
     pub fn clean_up(&self, r: &SandboxRecord) {
         let _ = std::fs::remove_dir_all(&r.run_dir);
         self.forget(r);
     }
 
-    /// Removes sandbox `r`'s cgroup and record (its run directory is gone).
+    /// Removes sandbox `r`'s cgroup and row (unless archived); its run directory is gone.
     fn forget(&self, r: &SandboxRecord) {
         if let (Some(name), Ok(root)) = (&r.cgroup, CgroupRoot::detect()) {
             if let Some(g) = root.open(name) {
                 let _ = g.remove();
             }
         }
-        if let Err(e) = self.records.delete(&r.id) {
+        if let Err(e) = self.records.delete(&r.id, Some(&WITH_A_VMM)) {
             tracing::warn!(id = %r.id, error = %e, "removing a sandbox record failed");
+        }
+    }
+}
+
+/// Where a new sandbox comes from, as its row keeps it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Origin {
+    pub template: Option<String>,
+    pub source_tag: Option<String>,
+    pub forked_from: Option<String>,
+    pub memory_limit_bytes: Option<u64>,
+}
+
+impl Origin {
+    /// The origin sandbox `r` has.
+    pub fn of(r: &SandboxRecord) -> Origin {
+        Origin {
+            template: r.template.clone(),
+            source_tag: r.source_tag.clone(),
+            forked_from: r.forked_from.clone(),
+            memory_limit_bytes: r.memory_limit_bytes,
         }
     }
 }
@@ -526,6 +630,12 @@ mod tests {
         }
     }
 
+    /// Records `r` as a started sandbox whose agent answered.
+    fn register(reg: &Registry, r: &SandboxRecord) {
+        reg.write(r).unwrap();
+        reg.mark_ready(&[r.id.as_str()]).unwrap();
+    }
+
     #[test]
     fn paths_in_a_record_are_re_derived_not_trusted() {
         let tmp = tempfile::tempdir().unwrap();
@@ -537,7 +647,7 @@ mod tests {
         let mut r = record(&reg, "sb1", std::process::id() as i32);
         let real = r.run_dir.clone();
         r.run_dir = victim.clone();
-        reg.write(&r).unwrap();
+        register(&reg, &r);
         assert!(!victim.join(VMM_START).exists() && real.join(VMM_START).exists());
         let read = reg.get("sb1").unwrap();
         assert_eq!(read.run_dir, real);
@@ -548,7 +658,7 @@ mod tests {
         // sweep removes it without touching that directory.
         let mut r = record(&reg, "sb2", std::process::id() as i32);
         r.disks.push(RecordedDisk { id: "d".into(), base: "/b".into(), sealed: Vec::new(), dir: victim.clone() });
-        reg.write(&r).unwrap();
+        register(&reg, &r);
         assert!(matches!(reg.get("sb2"), Err(RegistryError::NotFound(_))));
         assert_eq!(reg.list(), Vec::new());
         assert!(victim.join("keep").exists());
@@ -561,12 +671,12 @@ mod tests {
         let mut r = record(&reg, "sb", std::process::id() as i32);
         assert!(vmm_pidfd(&r).is_some(), "this process started before its record");
         // A record made long before this process started: its pid now names another process.
-        reg.write(&r).unwrap();
+        register(&reg, &r);
         assert!(record_alive(&r) && reg.get("sb").is_ok());
         // When the record was last written decides, not when it was made (a restored
         // sandbox keeps its first creation time).
         r.created_at_unix_ms = process_start_unix_ms(r.pid).unwrap() - 3_600_000;
-        reg.write(&r).unwrap();
+        register(&reg, &r);
         assert!(record_alive(&r) && vmm_pidfd(&r).is_some());
         // The pid now names a process that started at another time: not the VMM.
         std::fs::write(r.run_dir.join(VMM_START), format!("{} 1000\n", r.pid)).unwrap();
@@ -588,18 +698,18 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let reg = Registry::open(tmp.path());
         let me = record(&reg, "alive", std::process::id() as i32);
-        reg.write(&me).unwrap();
+        register(&reg, &me);
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let dead_pid = child.id() as i32;
         child.wait().unwrap();
         let dead = record(&reg, "dead", dead_pid);
-        reg.write(&dead).unwrap();
+        register(&reg, &dead);
         assert_eq!(reg.get("alive").unwrap(), me);
         assert!(matches!(reg.get("dead"), Err(RegistryError::NotFound(_))));
         assert_eq!(reg.list(), vec![me.clone()]);
         assert_eq!(reg.spawned_from("t"), Vec::<String>::new());
         assert!(dead.run_dir.exists(), "reads leave a dead sandbox's run directory to the sweep");
-        assert_eq!(reg.sweep(), vec!["dead".to_string()]);
+        assert_eq!(reg.sweep().stopped, vec!["dead".to_string()]);
         assert!(!dead.run_dir.exists(), "the sweep removes a dead sandbox's run directory");
         assert_eq!(reg.list(), vec![me]);
         assert_eq!(reg.get("../x").unwrap_err().code(), forkvm_api::ErrorCode::BadRequest);

@@ -1,14 +1,19 @@
 //! Where sandbox records are kept: one SQLite file, `<run root>/registry.db` (WAL, a
 //! busy timeout), that every forkvm process on the host opens — the CLI, the daemon,
-//! its spawner. A record is one row, written in one statement, so a `kill -9` at any
-//! point leaves either the old row or the new one, never half of either.
+//! its spawner. A sandbox is one row: who it is, where it came from, its VMM while it
+//! has one, and its lifecycle (state, reason, TTL, activity, branches). Every change is
+//! one statement or one transaction, so a `kill -9` at any point leaves either the old
+//! row or the new one, never half of either; a state change is a compare-and-set
+//! ([`Records::transition`]).
 //!
 //! SQLite connections must not cross `fork()`: a child that used or closed its
 //! parent's connection could corrupt the file. The spawner and every VMM are forks,
 //! so a connection here belongs to the process that opened it; in any other process
 //! it is never used, and is leaked rather than closed ([`ProcessConnection`]).
 
+use super::row::{Owner, SandboxRow};
 use super::{RecordedDisk, RegistryError, SandboxRecord};
+use crate::state::{SandboxState, StateReason};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -16,22 +21,68 @@ use std::sync::Mutex;
 /// File name of the registry database in the run root.
 pub const REGISTRY_DB: &str = "registry.db";
 
-/// Version of the table layout below; a file of another version is refused by name.
-const SCHEMA_VERSION: i64 = 1;
+/// Version of the table layout below; version 1 (records without a lifecycle) is
+/// migrated when opened, a newer one is refused by name.
+const SCHEMA_VERSION: i64 = 2;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS sandboxes (
   id TEXT PRIMARY KEY,
-  pid INTEGER NOT NULL,
+  state TEXT NOT NULL CHECK (state IN ('starting', 'running', 'paused', 'archived', 'restoring')),
+  op TEXT,
+  reason TEXT,
+  owner_pid INTEGER,
+  owner_started_unix_ms INTEGER,
+  pid INTEGER,
   template TEXT,
   source_tag TEXT,
   forked_from TEXT,
   created_at_unix_ms INTEGER NOT NULL,
   memory_limit_bytes INTEGER,
   cgroup TEXT,
-  disks TEXT NOT NULL DEFAULT '[]'
+  disks TEXT NOT NULL DEFAULT '[]',
+  last_activity_unix_ms INTEGER NOT NULL,
+  ttl_seconds INTEGER,
+  expires_at_unix_ms INTEGER,
+  archived_at_unix_ms INTEGER,
+  branch_count INTEGER NOT NULL DEFAULT 0,
+  last_branch_tag TEXT
 );
+";
+
+/// Version 1 to 2: each record becomes a `running` row (version 1 kept only sandboxes
+/// whose VMM had started), in one transaction.
+const MIGRATE_1_TO_2: &str = "
+ALTER TABLE sandboxes RENAME TO sandboxes_v1;
+CREATE TABLE sandboxes (
+  id TEXT PRIMARY KEY,
+  state TEXT NOT NULL CHECK (state IN ('starting', 'running', 'paused', 'archived', 'restoring')),
+  op TEXT,
+  reason TEXT,
+  owner_pid INTEGER,
+  owner_started_unix_ms INTEGER,
+  pid INTEGER,
+  template TEXT,
+  source_tag TEXT,
+  forked_from TEXT,
+  created_at_unix_ms INTEGER NOT NULL,
+  memory_limit_bytes INTEGER,
+  cgroup TEXT,
+  disks TEXT NOT NULL DEFAULT '[]',
+  last_activity_unix_ms INTEGER NOT NULL,
+  ttl_seconds INTEGER,
+  expires_at_unix_ms INTEGER,
+  archived_at_unix_ms INTEGER,
+  branch_count INTEGER NOT NULL DEFAULT 0,
+  last_branch_tag TEXT
+);
+INSERT INTO sandboxes (id, state, pid, template, source_tag, forked_from, created_at_unix_ms, memory_limit_bytes,
+  cgroup, disks, last_activity_unix_ms)
+  SELECT id, 'running', pid, template, source_tag, forked_from, created_at_unix_ms, memory_limit_bytes, cgroup, disks,
+    created_at_unix_ms FROM sandboxes_v1;
+DROP TABLE sandboxes_v1;
+UPDATE meta SET value = '2' WHERE key = 'schema';
 ";
 
 /// A connection owned by the process that opened it (see the module doc).
@@ -56,9 +107,20 @@ pub(super) struct Records {
     conn: Mutex<Option<ProcessConnection>>,
 }
 
+/// The lifecycle columns a new row starts with.
+pub(super) struct NewRow<'a> {
+    pub state: SandboxState,
+    pub op: Option<&'a str>,
+    pub now_ms: u64,
+}
+
 impl Records {
     pub(super) fn at(root: &Path) -> Records {
         Records { path: root.join(REGISTRY_DB), conn: Mutex::new(None) }
+    }
+
+    pub(super) fn path(&self) -> &Path {
+        &self.path
     }
 
     fn err(&self, source: rusqlite::Error) -> RegistryError {
@@ -66,14 +128,14 @@ impl Records {
     }
 
     /// Runs `f` on this process's connection, opening it (and the file) if needed.
-    fn with<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, RegistryError> {
+    fn with<T>(&self, f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>) -> Result<T, RegistryError> {
         let mut slot = self.conn.lock().unwrap_or_else(|p| p.into_inner());
         let me = std::process::id();
         if slot.as_ref().is_none_or(|c| c.pid != me) {
             // A parent's connection is dropped here, which leaks it (`Drop` above).
             *slot = Some(ProcessConnection { pid: me, conn: Some(self.open()?) });
         }
-        let conn = slot.as_ref().and_then(|c| c.conn.as_ref()).expect("opened above");
+        let conn = slot.as_mut().and_then(|c| c.conn.as_mut()).expect("opened above");
         f(conn).map_err(|e| self.err(e))
     }
 
@@ -86,14 +148,31 @@ impl Records {
             conn.busy_timeout(std::time::Duration::from_secs(5))?;
             conn.pragma_update(None, "journal_mode", "WAL")?;
             conn.pragma_update(None, "synchronous", "NORMAL")?;
-            conn.execute_batch(SCHEMA)?;
-            conn.execute(
-                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema', ?1)",
-                [SCHEMA_VERSION.to_string()],
-            )?;
-            conn.query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| r.get::<_, String>(0))
+            let found: Option<i64> = conn
+                .query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| r.get::<_, String>(0))
                 .optional()
-                .map(|v| v.and_then(|v| v.parse().ok()))
+                .or_else(|e| match e {
+                    // A new file: no meta table yet.
+                    rusqlite::Error::SqliteFailure(_, Some(ref m)) if m.contains("no such table") => Ok(None),
+                    e => Err(e),
+                })?
+                .and_then(|v| v.parse().ok());
+            match found {
+                None => {
+                    conn.execute_batch(SCHEMA)?;
+                    conn.execute(
+                        "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema', ?1)",
+                        [SCHEMA_VERSION.to_string()],
+                    )?;
+                    conn.query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| r.get::<_, String>(0))
+                        .map(|v| v.parse().ok())
+                }
+                Some(1) => {
+                    conn.execute_batch(&format!("BEGIN IMMEDIATE; {MIGRATE_1_TO_2} COMMIT;"))?;
+                    Ok(Some(SCHEMA_VERSION))
+                }
+                found => Ok(found),
+            }
         };
         match setup().map_err(|e| self.err(e))? {
             Some(SCHEMA_VERSION) => Ok(conn),
@@ -101,40 +180,193 @@ impl Records {
         }
     }
 
-    /// Inserts or replaces `r`'s row.
-    pub(super) fn put(&self, r: &SandboxRecord) -> Result<(), RegistryError> {
+    /// Inserts a row for each of `records` in `new.state`, owned by this process, in one
+    /// transaction; an id that already has a row keeps it as it is (the daemon records
+    /// its sandboxes before its spawner does).
+    pub(super) fn begin(&self, records: &[&SandboxRecord], new: NewRow<'_>) -> Result<(), RegistryError> {
+        let owner = Owner::this_process();
+        self.with(|c| {
+            let tx = c.transaction()?;
+            {
+                let mut st = tx.prepare_cached(
+                    "INSERT OR IGNORE INTO sandboxes (id, state, op, owner_pid, owner_started_unix_ms, template,
+                       source_tag, forked_from, created_at_unix_ms, memory_limit_bytes, last_activity_unix_ms)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                )?;
+                for r in records {
+                    st.execute(params![
+                        r.id,
+                        new.state.as_str(),
+                        new.op,
+                        owner.as_ref().map(|o| o.pid),
+                        owner.as_ref().map(|o| o.started_unix_ms as i64),
+                        r.template,
+                        r.source_tag,
+                        r.forked_from,
+                        r.created_at_unix_ms as i64,
+                        r.memory_limit_bytes.map(|b| b as i64),
+                        new.now_ms as i64,
+                    ])?;
+                }
+            }
+            tx.commit()
+        })
+    }
+
+    /// Writes what `records` say about their VMMs (pid, cgroup, disks, origin) in one
+    /// transaction. A row that exists keeps its state, lifecycle and creation time; one
+    /// that does not is inserted `starting`, owned by this process.
+    pub(super) fn put(&self, records: &[&SandboxRecord], now_ms: u64) -> Result<(), RegistryError> {
+        let disks = records
+            .iter()
+            .map(|r| serde_json::to_string(&r.disks))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|source| RegistryError::Record { path: self.path.clone(), source })?;
+        let owner = Owner::this_process();
+        self.with(|c| {
+            let tx = c.transaction()?;
+            {
+                let mut st = tx.prepare_cached(
+                    "INSERT INTO sandboxes (id, state, owner_pid, owner_started_unix_ms, pid, template, source_tag,
+                       forked_from, created_at_unix_ms, memory_limit_bytes, cgroup, disks, last_activity_unix_ms)
+                     VALUES (?1, ?13, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+                     ON CONFLICT (id) DO UPDATE SET pid = excluded.pid, template = excluded.template,
+                       source_tag = excluded.source_tag, forked_from = excluded.forked_from,
+                       memory_limit_bytes = excluded.memory_limit_bytes, cgroup = excluded.cgroup,
+                       disks = excluded.disks",
+                )?;
+                for (r, disks) in records.iter().zip(&disks) {
+                    st.execute(params![
+                        r.id,
+                        owner.as_ref().map(|o| o.pid),
+                        owner.as_ref().map(|o| o.started_unix_ms as i64),
+                        (r.pid > 0).then_some(r.pid),
+                        r.template,
+                        r.source_tag,
+                        r.forked_from,
+                        r.created_at_unix_ms as i64,
+                        r.memory_limit_bytes.map(|b| b as i64),
+                        r.cgroup,
+                        disks,
+                        now_ms as i64,
+                        SandboxState::Starting.as_str(),
+                    ])?;
+                }
+            }
+            tx.commit()
+        })
+    }
+
+    /// Inserts `row` whole, or, when its sandbox has a row, sets the lifecycle columns
+    /// from it and keeps the VMM's (an older daemon's own table, merged once).
+    pub(super) fn import(&self, row: &SandboxRow) -> Result<(), RegistryError> {
+        let r = &row.record;
         let disks = serde_json::to_string(&r.disks)
             .map_err(|source| RegistryError::Record { path: self.path.clone(), source })?;
         self.with(|c| {
-            // Cached: a spawn writes one record per child through this statement.
             c.prepare_cached(
-                "INSERT OR REPLACE INTO sandboxes (id, pid, template, source_tag, forked_from, created_at_unix_ms,
-                   memory_limit_bytes, cgroup, disks) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                "INSERT INTO sandboxes (id, state, op, reason, pid, template, source_tag, forked_from,
+                   created_at_unix_ms, memory_limit_bytes, cgroup, disks, last_activity_unix_ms, ttl_seconds,
+                   expires_at_unix_ms, archived_at_unix_ms, branch_count, last_branch_tag)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)
+                 ON CONFLICT (id) DO UPDATE SET state = excluded.state, op = excluded.op, reason = excluded.reason,
+                   last_activity_unix_ms = excluded.last_activity_unix_ms, ttl_seconds = excluded.ttl_seconds,
+                   expires_at_unix_ms = excluded.expires_at_unix_ms, archived_at_unix_ms = excluded.archived_at_unix_ms,
+                   branch_count = excluded.branch_count, last_branch_tag = excluded.last_branch_tag",
             )?
             .execute(params![
                 r.id,
-                r.pid,
+                row.state.as_str(),
+                row.op,
+                row.reason.map(StateReason::as_str),
+                (r.pid > 0).then_some(r.pid),
                 r.template,
                 r.source_tag,
                 r.forked_from,
                 r.created_at_unix_ms as i64,
                 r.memory_limit_bytes.map(|b| b as i64),
                 r.cgroup,
-                disks
+                disks,
+                row.last_activity_unix_ms as i64,
+                row.ttl_seconds.map(|v| v as i64),
+                row.expires_at_unix_ms.map(|v| v as i64),
+                row.archived_at_unix_ms.map(|v| v as i64),
+                row.branch_count,
+                row.last_branch_tag,
             ])
             .map(|_| ())
         })
     }
 
-    /// Sandbox `id`'s record, with its run directory `run_dir`.
-    pub(super) fn get(&self, id: &str, run_dir: &Path) -> Result<Option<SandboxRecord>, RegistryError> {
-        let row =
-            self.with(|c| c.prepare_cached(&format!("{SELECT} WHERE id = ?1"))?.query_row([id], row_of).optional())?;
-        row.map(|r| r.into_record(run_dir, &self.path)).transpose()
+    /// Moves each of `ids` whose row is in one of `from` to `to` with `reason`, in one
+    /// transaction; returns the ids that moved. Entering `archived` stamps the time and
+    /// drops the VMM columns; entering a starting state makes this process the owner
+    /// (whoever finds it still starting after this process died cleans up).
+    pub(super) fn transition(
+        &self,
+        ids: &[&str],
+        from: &[SandboxState],
+        to: SandboxState,
+        reason: Option<StateReason>,
+        now_ms: u64,
+    ) -> Result<Vec<String>, RegistryError> {
+        let reason = reason.map(StateReason::as_str);
+        let from_list: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
+        let from_json = serde_json::to_string(&from_list).expect("strings serialize");
+        let owner = to.is_starting().then(Owner::this_process).flatten();
+        let archived = to == SandboxState::Archived;
+        self.with(|c| {
+            let tx = c.transaction()?;
+            let mut moved = Vec::new();
+            {
+                let mut st = tx.prepare_cached(
+                    "UPDATE sandboxes SET state = ?2, reason = ?3,
+                       owner_pid = ?4, owner_started_unix_ms = ?5,
+                       archived_at_unix_ms = CASE WHEN ?6 THEN ?7 ELSE NULL END,
+                       pid = CASE WHEN ?6 THEN NULL ELSE pid END,
+                       cgroup = CASE WHEN ?6 THEN NULL ELSE cgroup END,
+                       disks = CASE WHEN ?6 THEN '[]' ELSE disks END,
+                       last_activity_unix_ms = CASE WHEN ?9 THEN ?7 ELSE last_activity_unix_ms END
+                     WHERE id = ?1 AND state IN (SELECT value FROM json_each(?8))",
+                )?;
+                for id in ids {
+                    let n = st.execute(params![
+                        id,
+                        to.as_str(),
+                        reason,
+                        owner.as_ref().map(|o| o.pid),
+                        owner.as_ref().map(|o| o.started_unix_ms as i64),
+                        archived,
+                        now_ms as i64,
+                        from_json,
+                        to == SandboxState::Running,
+                    ])?;
+                    if n == 1 {
+                        moved.push(id.to_string());
+                    }
+                }
+            }
+            tx.commit()?;
+            Ok(moved)
+        })
     }
 
-    /// Every record, oldest first, each with its run directory from `run_dir`.
-    pub(super) fn all(&self, run_dir: impl Fn(&str) -> PathBuf) -> Result<Vec<SandboxRecord>, RegistryError> {
+    /// Runs `sql` with `id` as `?1` and `args` after it; whether a row changed.
+    pub(super) fn update(&self, sql: &str, id: &str, args: &[&dyn rusqlite::ToSql]) -> Result<bool, RegistryError> {
+        let mut all: Vec<&dyn rusqlite::ToSql> = vec![&id];
+        all.extend_from_slice(args);
+        self.with(|c| c.prepare_cached(sql)?.execute(all.as_slice()).map(|n| n > 0))
+    }
+
+    /// Sandbox `id`'s row, with its run directory `run_dir`.
+    pub(super) fn get(&self, id: &str, run_dir: &Path) -> Result<Option<SandboxRow>, RegistryError> {
+        let row =
+            self.with(|c| c.prepare_cached(&format!("{SELECT} WHERE id = ?1"))?.query_row([id], row_of).optional())?;
+        row.map(|r| r.into_row(run_dir, &self.path)).transpose()
+    }
+
+    /// Every row, oldest first, each with its run directory from `run_dir`.
+    pub(super) fn all(&self, run_dir: impl Fn(&str) -> PathBuf) -> Result<Vec<SandboxRow>, RegistryError> {
         let rows = self.with(|c| {
             let mut st = c.prepare_cached(&format!("{SELECT} ORDER BY created_at_unix_ms, id"))?;
             let rows = st.query_map([], row_of)?.collect::<rusqlite::Result<Vec<_>>>();
@@ -143,24 +375,41 @@ impl Records {
         rows.into_iter()
             .map(|r| {
                 let dir = run_dir(&r.id);
-                r.into_record(&dir, &self.path)
+                r.into_row(&dir, &self.path)
             })
             .collect()
     }
 
-    /// Removes sandbox `id`'s row (nothing if there is none).
-    pub(super) fn delete(&self, id: &str) -> Result<(), RegistryError> {
-        self.with(|c| c.prepare_cached("DELETE FROM sandboxes WHERE id = ?1")?.execute([id]).map(|_| ()))
+    /// Removes sandbox `id`'s row if it is in one of `states` (all: `None`); whether it did.
+    pub(super) fn delete(&self, id: &str, states: Option<&[SandboxState]>) -> Result<bool, RegistryError> {
+        match states {
+            None => self.update("DELETE FROM sandboxes WHERE id = ?1", id, &[]),
+            Some(states) => {
+                let list: Vec<&str> = states.iter().map(|s| s.as_str()).collect();
+                let json = serde_json::to_string(&list).expect("strings serialize");
+                self.update(
+                    "DELETE FROM sandboxes WHERE id = ?1 AND state IN (SELECT value FROM json_each(?2))",
+                    id,
+                    &[&json],
+                )
+            }
+        }
     }
 }
 
-const SELECT: &str = "SELECT id, pid, template, source_tag, forked_from, created_at_unix_ms, memory_limit_bytes,
-  cgroup, disks FROM sandboxes";
+const SELECT: &str = "SELECT id, state, op, reason, owner_pid, owner_started_unix_ms, pid, template, source_tag,
+  forked_from, created_at_unix_ms, memory_limit_bytes, cgroup, disks, last_activity_unix_ms, ttl_seconds,
+  expires_at_unix_ms, archived_at_unix_ms, branch_count, last_branch_tag FROM sandboxes";
 
-/// A row as read, before its disks are decoded.
+/// A row as read, before its state and disks are decoded.
 struct Row {
     id: String,
-    pid: i32,
+    state: String,
+    op: Option<String>,
+    reason: Option<String>,
+    owner_pid: Option<i32>,
+    owner_started_unix_ms: Option<i64>,
+    pid: Option<i32>,
     template: Option<String>,
     source_tag: Option<String>,
     forked_from: Option<String>,
@@ -168,37 +417,123 @@ struct Row {
     memory_limit_bytes: Option<i64>,
     cgroup: Option<String>,
     disks: String,
+    last_activity_unix_ms: i64,
+    ttl_seconds: Option<i64>,
+    expires_at_unix_ms: Option<i64>,
+    archived_at_unix_ms: Option<i64>,
+    branch_count: i64,
+    last_branch_tag: Option<String>,
 }
 
 fn row_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
     Ok(Row {
         id: r.get(0)?,
-        pid: r.get(1)?,
-        template: r.get(2)?,
-        source_tag: r.get(3)?,
-        forked_from: r.get(4)?,
-        created_at_unix_ms: r.get(5)?,
-        memory_limit_bytes: r.get(6)?,
-        cgroup: r.get(7)?,
-        disks: r.get(8)?,
+        state: r.get(1)?,
+        op: r.get(2)?,
+        reason: r.get(3)?,
+        owner_pid: r.get(4)?,
+        owner_started_unix_ms: r.get(5)?,
+        pid: r.get(6)?,
+        template: r.get(7)?,
+        source_tag: r.get(8)?,
+        forked_from: r.get(9)?,
+        created_at_unix_ms: r.get(10)?,
+        memory_limit_bytes: r.get(11)?,
+        cgroup: r.get(12)?,
+        disks: r.get(13)?,
+        last_activity_unix_ms: r.get(14)?,
+        ttl_seconds: r.get(15)?,
+        expires_at_unix_ms: r.get(16)?,
+        archived_at_unix_ms: r.get(17)?,
+        branch_count: r.get(18)?,
+        last_branch_tag: r.get(19)?,
     })
 }
 
+/// A stored integer that is a count or a time: negative ones (never written) read as 0.
+fn unsigned(v: i64) -> u64 {
+    v.max(0) as u64
+}
+
 impl Row {
-    fn into_record(self, run_dir: &Path, db: &Path) -> Result<SandboxRecord, RegistryError> {
+    fn into_row(self, run_dir: &Path, db: &Path) -> Result<SandboxRow, RegistryError> {
         let disks: Vec<RecordedDisk> = serde_json::from_str(&self.disks)
             .map_err(|source| RegistryError::Record { path: db.to_path_buf(), source })?;
-        Ok(SandboxRecord {
-            id: self.id,
-            pid: self.pid,
-            run_dir: run_dir.to_path_buf(),
-            template: self.template,
-            source_tag: self.source_tag,
-            forked_from: self.forked_from,
-            created_at_unix_ms: self.created_at_unix_ms.max(0) as u64,
-            memory_limit_bytes: self.memory_limit_bytes.map(|b| b.max(0) as u64),
-            cgroup: self.cgroup,
-            disks,
+        let state = SandboxState::parse(&self.state)
+            .ok_or_else(|| RegistryError::BadState { path: db.to_path_buf(), state: self.state.clone() })?;
+        let reason = match self.reason.as_deref().map(|r| (r, StateReason::parse(r))) {
+            None => None,
+            Some((_, Some(r))) => Some(r),
+            Some((r, None)) => return Err(RegistryError::BadState { path: db.to_path_buf(), state: r.to_string() }),
+        };
+        Ok(SandboxRow {
+            record: SandboxRecord {
+                id: self.id,
+                pid: self.pid.unwrap_or(0),
+                run_dir: run_dir.to_path_buf(),
+                template: self.template,
+                source_tag: self.source_tag,
+                forked_from: self.forked_from,
+                created_at_unix_ms: unsigned(self.created_at_unix_ms),
+                memory_limit_bytes: self.memory_limit_bytes.map(unsigned),
+                cgroup: self.cgroup,
+                disks,
+            },
+            state,
+            op: self.op,
+            reason,
+            owner: match (self.owner_pid, self.owner_started_unix_ms) {
+                (Some(pid), Some(t)) => Some(Owner { pid, started_unix_ms: unsigned(t) }),
+                _ => None,
+            },
+            last_activity_unix_ms: unsigned(self.last_activity_unix_ms),
+            ttl_seconds: self.ttl_seconds.map(unsigned),
+            expires_at_unix_ms: self.expires_at_unix_ms.map(unsigned),
+            archived_at_unix_ms: self.archived_at_unix_ms.map(unsigned),
+            branch_count: u32::try_from(unsigned(self.branch_count)).unwrap_or(u32::MAX),
+            last_branch_tag: self.last_branch_tag,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The CHECK lists exactly the states `SandboxState` has, in the schema and the migration.
+    #[test]
+    fn the_state_check_is_the_enum() {
+        let names: Vec<String> = SandboxState::ALL.iter().map(|s| format!("'{s}'")).collect();
+        let check = format!("CHECK (state IN ({}))", names.join(", "));
+        assert!(SCHEMA.contains(&check), "{check} not in the schema");
+        assert!(MIGRATE_1_TO_2.contains(&check), "{check} not in the migration");
+    }
+
+    #[test]
+    fn a_version_1_file_is_migrated_and_a_newer_one_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Connection::open(dir.path().join(REGISTRY_DB)).unwrap();
+        c.execute_batch(
+            "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+             INSERT INTO meta VALUES ('schema', '1');
+             CREATE TABLE sandboxes (id TEXT PRIMARY KEY, pid INTEGER NOT NULL, template TEXT, source_tag TEXT,
+               forked_from TEXT, created_at_unix_ms INTEGER NOT NULL, memory_limit_bytes INTEGER, cgroup TEXT,
+               disks TEXT NOT NULL DEFAULT '[]');
+             INSERT INTO sandboxes VALUES ('old1', 7, 'python', 'py', NULL, 5000, 1048576, 'sb-old1', '[]');",
+        )
+        .unwrap();
+        drop(c);
+        let records = Records::at(dir.path());
+        let rows = records.all(|id| dir.path().join(id)).unwrap();
+        assert_eq!(rows.len(), 1);
+        let r = &rows[0];
+        assert_eq!((r.record.id.as_str(), r.record.pid, r.state), ("old1", 7, SandboxState::Running));
+        assert_eq!((r.record.memory_limit_bytes, r.last_activity_unix_ms), (Some(1 << 20), 5000));
+        drop(records);
+        let c = Connection::open(dir.path().join(REGISTRY_DB)).unwrap();
+        c.execute("UPDATE meta SET value = '99' WHERE key = 'schema'", []).unwrap();
+        drop(c);
+        let err = Records::at(dir.path()).all(|id| dir.path().join(id)).unwrap_err();
+        assert!(matches!(err, RegistryError::Version { found: 99, .. }), "{err}");
     }
 }

@@ -39,7 +39,11 @@ pub fn unarchive(a: &UnarchiveArgs, remote: &RemoteArgs) -> Result<Option<i32>> 
 
 pub fn archives(a: &ArchivesArgs, remote: &RemoteArgs) -> Result<Option<i32>> {
     let Some(client) = remote.client()? else { return Ok(None) };
-    let archived: Vec<_> = client.list_sandboxes()?.into_iter().filter(|s| s.state == "archived").collect();
+    let archived: Vec<_> = client
+        .list_sandboxes()?
+        .into_iter()
+        .filter(|s| s.state == forkvm_sandbox::SandboxState::Archived.as_str())
+        .collect();
     if a.json {
         println!("{}", serde_json::to_string_pretty(&archived.iter().map(|s| &s.id).collect::<Vec<_>>())?);
     } else {

@@ -1,17 +1,17 @@
 //! `/v1/sandboxes`: spawn from a snapshot, list, get, kill, and fork a running one.
 //!
-//! A spawn or fork records its sandboxes as `starting` before any process exists, and
-//! as `running` once every one answered and took its identity: a daemon killed in
-//! between finds the `starting` rows on restart and removes those sandboxes (a spawn
-//! gives all of its sandboxes or none).
+//! A spawn or fork records its sandboxes in the registry as `starting`, owned by the
+//! daemon, before any process exists, and as `running` once every one answered and
+//! took its identity: a daemon killed in between leaves `starting` rows whose owner is
+//! gone, and the next start (or sweep) removes those sandboxes (a spawn gives all of its
+//! sandboxes or none).
 
-use crate::db::SandboxRow;
 use crate::error::ApiError;
 use crate::extract::{JsonBody, Param, QueryArgs};
 use crate::lifecycle::{apply_ttl, archived_conflict, use_sandbox};
 use crate::spawner::SpawnOrder;
-use crate::state::{new_row, now_unix, AppState, Origin};
-use crate::views::{archived_info, sandbox_info};
+use crate::state::AppState;
+use crate::views::sandbox_info;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
@@ -19,6 +19,7 @@ use forkvm_api::{
     ArchiveReport, CreateSandboxRequest, DiskForkRequest, ForkSandboxRequest, RestoreRequest, SandboxInfo,
     SetTtlRequest, MAX_SANDBOXES_PER_CALL,
 };
+use forkvm_sandbox::registry::Origin;
 use forkvm_sandbox::sandbox::new_sandbox_id;
 use forkvm_sandbox::{RegistryError, SandboxRecord, SandboxState, SpawnOptions, SpawnSource, SpawnedSandbox};
 use forkvm_snapshot::validate_tag;
@@ -46,18 +47,8 @@ fn op_id(kind: &str) -> String {
 
 pub async fn list(State(s): State<AppState>) -> Result<Json<Vec<SandboxInfo>>, ApiError> {
     s.blocking(|s| {
-        let rows = s.db().sandboxes().unwrap_or_default();
-        let shown = |x: &SandboxRow| x.state.is_live();
-        let mut out: Vec<SandboxInfo> = s
-            .registry
-            .list()
-            .iter()
-            .filter(|r| rows.iter().find(|x| x.id == r.id).is_none_or(shown))
-            .map(|r| sandbox_info(r, rows.iter().find(|x| x.id == r.id), &s.disk))
-            .collect();
-        out.extend(rows.iter().filter(|x| x.state == SandboxState::Archived).map(|x| archived_info(x, &s.disk)));
-        out.sort_by(|a, b| (a.created_at_unix, &a.id).cmp(&(b.created_at_unix, &b.id)));
-        Ok(Json(out))
+        let rows = forkvm_sandbox::info::listed(&s.registry);
+        Ok(Json(rows.iter().map(|r| sandbox_info(r, &s.disk)).collect()))
     })
     .await
 }
@@ -88,10 +79,11 @@ pub fn running(s: &AppState, id: &str) -> Result<SandboxRecord, ApiError> {
 pub async fn get(State(s): State<AppState>, Param(id): Param) -> Result<Json<SandboxInfo>, ApiError> {
     s.blocking(move |s| {
         if let Some(row) = s.sandbox_row(&id).filter(|r| r.state == SandboxState::Archived) {
-            return Ok(Json(archived_info(&row, &s.disk)));
+            return Ok(Json(sandbox_info(&row, &s.disk)));
         }
-        let r = running(&s, &id)?;
-        Ok(Json(sandbox_info(&r, s.sandbox_row(&id).as_ref(), &s.disk)))
+        running(&s, &id)?;
+        let row = s.sandbox_row(&id).ok_or_else(|| ApiError::not_found(format!("sandbox {id:?} not found")))?;
+        Ok(Json(sandbox_info(&row, &s.disk)))
     })
     .await
 }
@@ -119,24 +111,21 @@ pub async fn delete(
         let found = forkvm_sandbox::delete(&s.registry, &s.store, &id, args.purge).map_err(|e| match e {
             forkvm_sandbox::DeleteError::Lifecycle(e) => e.into(),
             forkvm_sandbox::DeleteError::Purge(e) if e.code() == forkvm_api::ErrorCode::Conflict => {
-                let _ = s.db().delete_sandboxes(std::slice::from_ref(&id));
                 ApiError::conflict(e.to_string(), "in_use")
             }
             e => ApiError::internal(e.to_string()),
         })?;
-        // A row the database still holds as archived is deleted even without an archive.
-        let known = s.sandbox_row(&id).is_some_and(|r| r.state == SandboxState::Archived);
-        if found == forkvm_sandbox::Deleted::Nothing && !known {
+        if found == forkvm_sandbox::Deleted::Nothing {
             return Err(ApiError::not_found(format!("sandbox {id:?} not found")));
         }
-        let _ = s.db().delete_sandboxes(std::slice::from_ref(&id));
         tracing::info!(sandbox_id = %id, purge = args.purge, "deleted");
         Ok(StatusCode::NO_CONTENT)
     })
     .await
 }
 
-/// Records the sandboxes of a finished spawn or fork as running; their views.
+/// The views of a finished spawn or fork (its rows are `running` already), or, when it
+/// failed, the rows of sandboxes that never ran removed.
 fn settle(
     s: &AppState,
     kind: &str,
@@ -148,18 +137,24 @@ fn settle(
     let seconds = started.elapsed().as_secs_f64();
     match made {
         Ok(sandboxes) => {
-            let pids: Vec<(String, i32)> = sandboxes.iter().map(|x| (x.record.id.clone(), x.record.pid)).collect();
-            s.db().mark_running(&pids).map_err(|e| ApiError::internal(e.to_string()))?;
             apply_ttl(s, ids, ttl);
             s.metrics.inc("forkvm_spawns_total", &[("kind", kind), ("outcome", "ok")]);
             s.metrics.add("forkvm_sandboxes_spawned_total", &[("kind", kind)], sandboxes.len() as u64);
             s.metrics.observe("forkvm_spawn_duration_seconds", &[("kind", kind)], seconds);
-            let rows = s.db().sandboxes().unwrap_or_default();
-            let view = |x: &SpawnedSandbox| sandbox_info(&x.record, rows.iter().find(|r| r.id == x.record.id), &s.disk);
-            Ok(sandboxes.iter().map(view).collect())
+            sandboxes
+                .iter()
+                .map(|x| {
+                    let row = s.sandbox_row(&x.record.id).ok_or_else(|| {
+                        ApiError::internal(format!("sandbox {:?} started but has no registry row", x.record.id))
+                    })?;
+                    Ok(sandbox_info(&row, &s.disk))
+                })
+                .collect()
         }
         Err(e) => {
-            let _ = s.db().delete_sandboxes(ids);
+            for id in ids {
+                let _ = s.registry.remove_if(id, &[SandboxState::Starting]);
+            }
             s.metrics.inc("forkvm_spawns_total", &[("kind", kind), ("outcome", e.code.as_str())]);
             Err(e)
         }
@@ -188,12 +183,11 @@ pub async fn create(
         let ids: Vec<String> = (0..req.n).map(|_| new_sandbox_id()).collect();
         let origin = Origin {
             template: source.template().map(String::from),
-            snapshot_tag: Some(req.snapshot_tag.clone()),
+            source_tag: Some(req.snapshot_tag.clone()),
             forked_from: None,
             memory_limit_bytes: limit,
         };
-        let rows: Vec<_> = ids.iter().map(|id| new_row(id, SandboxState::Starting, &op, &origin, now_unix())).collect();
-        s.db().insert_sandboxes(&rows).map_err(|e| ApiError::internal(e.to_string()))?;
+        s.begin_sandboxes(&ids, &op, &origin)?;
         let order = SpawnOrder { tag: req.snapshot_tag.clone(), ids: ids.clone(), memory_limit_bytes: limit };
         let made = spawner.start_vmms(&order).map_err(|r| ApiError::new(r.code, r.message)).and_then(|vmms| {
             let ready = forkvm_sandbox::finish(&s.registry, vmms.records, started).map_err(ApiError::from)?;
@@ -220,9 +214,7 @@ pub async fn fork(
         let op = op_id("fork");
         let ids: Vec<String> = (0..req.n).map(|_| new_sandbox_id()).collect();
         let origin = Origin { forked_from: Some(id.clone()), memory_limit_bytes: limit, ..Origin::of(&source) };
-        let rows: Vec<_> =
-            ids.iter().map(|cid| new_row(cid, SandboxState::Starting, &op, &origin, now_unix())).collect();
-        s.db().insert_sandboxes(&rows).map_err(|e| ApiError::internal(e.to_string()))?;
+        s.begin_sandboxes(&ids, &op, &origin)?;
         let opts = SpawnOptions { memory_limit_bytes: limit };
         let made = forkvm_sandbox::fork_running_as(&s.registry, &id, &ids, &opts)
             .map(|(sandboxes, _pause_ms)| sandboxes)
@@ -236,7 +228,7 @@ pub async fn fork(
 /// `POST /v1/sandboxes/{id}/archive`: the sandbox leaves memory for
 /// `<store>/archives/<id>/` (its VMM stops); listed as `archived` until restored or deleted.
 pub async fn archive(State(s): State<AppState>, Param(id): Param) -> Result<Json<ArchiveReport>, ApiError> {
-    crate::lifecycle::archive_sandbox(&s, &id, "api").await.map(Json)
+    crate::lifecycle::archive_sandbox(&s, &id, forkvm_sandbox::StateReason::Api).await.map(Json)
 }
 
 /// `POST /v1/sandboxes/{id}/restore`: an archived sandbox runs again, same id.
@@ -256,14 +248,11 @@ pub async fn set_ttl(
 ) -> Result<Json<SandboxInfo>, ApiError> {
     let ttl = s.lifecycle.ttl_for(Some(req.ttl_seconds))?;
     s.blocking(move |s| {
-        let r = running(&s, &id)?;
-        if s.sandbox_row(&id).is_none() {
-            let row = new_row(&id, SandboxState::Running, "adopted", &Origin::of(&r), r.created_at_unix_ms / 1000);
-            let _ = s.db().insert_sandboxes(&[row]);
-        }
+        running(&s, &id)?;
         let expires = ttl.map(|t| forkvm_sandbox::registry::now_unix_ms() + t * 1000);
-        s.db().set_ttl(&id, ttl, expires).map_err(|e| ApiError::internal(e.to_string()))?;
-        Ok(Json(sandbox_info(&r, s.sandbox_row(&id).as_ref(), &s.disk)))
+        s.registry.set_ttl(&id, ttl, expires)?;
+        let row = s.sandbox_row(&id).ok_or_else(|| ApiError::not_found(format!("sandbox {id:?} not found")))?;
+        Ok(Json(sandbox_info(&row, &s.disk)))
     })
     .await
 }
@@ -290,8 +279,7 @@ pub async fn disk_fork(
         let spawner = s.spawner.clone().ok_or_else(|| ApiError::internal("this daemon has no spawner process"))?;
         let new_id = new_sandbox_id();
         let origin = Origin { forked_from: Some(id.clone()), memory_limit_bytes: limit, ..Origin::default() };
-        let row = new_row(&new_id, SandboxState::Starting, &op_id("disk-fork"), &origin, now_unix());
-        s.db().insert_sandboxes(&[row]).map_err(|e| ApiError::internal(e.to_string()))?;
+        s.begin_sandboxes(std::slice::from_ref(&new_id), &op_id("disk-fork"), &origin)?;
         let made = spawner
             .start_disk_fork(&id, req.seq, &new_id, limit, restore_mode(req.restore))
             .map_err(|r| crate::spawner::refused(r, "conflict"))

@@ -91,8 +91,15 @@ pub async fn get_json<T: serde::de::DeserializeOwned>(e: &Env, uri: &str) -> T {
     serde_json::from_str(&text).unwrap_or_else(|err| panic!("GET {uri} ({err}): {text}"))
 }
 
-/// Registers a sandbox record for `id` whose VMM is this process (so it counts as alive).
+/// Registers a running sandbox `id` whose VMM is this process (so it counts as alive).
 pub fn fake_running(e: &Env, id: &str, source_tag: Option<&str>, forked_from: Option<&str>) {
+    fake_started(e, id, source_tag, forked_from);
+    e.state.registry.mark_ready(&[id]).unwrap();
+}
+
+/// Registers sandbox `id` whose VMM is this process, still `starting` (owned by this
+/// process, so nobody thinks its start abandoned).
+pub fn fake_started(e: &Env, id: &str, source_tag: Option<&str>, forked_from: Option<&str>) {
     let run_dir = e.state.registry.create_run_dir(id).unwrap();
     let record = SandboxRecord {
         id: id.into(),
