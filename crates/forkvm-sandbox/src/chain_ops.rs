@@ -217,5 +217,6 @@ pub fn branch_diff(
     // image, moving it into the chunk store does not change that.
     chain::ingest(store, &cache, &parent)?;
     let (diff, pause_ms, _, _) = diff_branch(registry, store, id, &parent, tag)?;
+    let _ = registry.record_branch(id, tag);
     Ok((diff, pause_ms))
 }

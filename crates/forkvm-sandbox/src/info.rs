@@ -35,6 +35,19 @@ pub fn sandbox_info(row: &SandboxRow) -> SandboxInfo {
     }
 }
 
+/// An agent's eval reply as the API returns it (`POST /v1/sandboxes/{id}/eval`, `forkvm
+/// eval --json`): the value's `repr()`, or the traceback (the exception line alone when
+/// there is none) with exit code 1.
+pub fn eval_response(r: forkvm_proto::EvalResponse) -> forkvm_api::EvalResponse {
+    let (result, error, exit_code) = match r.outcome {
+        forkvm_proto::EvalOutcome::Value { value_repr } => (value_repr, None, 0),
+        forkvm_proto::EvalOutcome::Exception { exception, traceback } => {
+            (None, Some(if traceback.trim().is_empty() { exception } else { traceback }), 1)
+        }
+    };
+    forkvm_api::EvalResponse { result, error, exit_code, stdout: r.stdout, stderr: r.stderr }
+}
+
 /// The rows `GET /v1/sandboxes` and `forkvm ps` list, oldest first: running and paused
 /// sandboxes whose VMM lives, and archived ones (not those still starting). An archive
 /// in the store without a row (made on an earlier boot: the registry lives in the run

@@ -21,6 +21,7 @@ pub mod parallel;
 pub mod registry;
 pub mod salvage;
 pub mod sandbox;
+pub mod snapshot_view;
 pub mod source;
 pub mod spawn;
 pub mod state;

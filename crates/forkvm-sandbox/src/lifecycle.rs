@@ -105,7 +105,10 @@ pub fn branch(
     wait: bool,
 ) -> Result<BranchReport, LifecycleError> {
     let snapshots = store.ensure()?;
-    branch_to_dir(registry, &snapshots, id, tag, mode, wait)
+    let report = branch_to_dir(registry, &snapshots, id, tag, mode, wait)?;
+    // Counted in its row (best effort: the snapshot stands either way).
+    let _ = registry.record_branch(id, &report.tag);
+    Ok(report)
 }
 
 /// [`branch`] into `<dir>/<tag>` instead of the store (a staging place for a diff).

@@ -3,6 +3,7 @@
 //! `ttl ID SECONDS` (daemon only). With `--daemon` they go through forkvmd
 //! (`remote_cmd::lifecycle`), which records archived sandboxes and lists them.
 
+use crate::backend;
 use crate::remote_cmd::RemoteArgs;
 use anyhow::Result;
 use clap::Args;
@@ -46,31 +47,23 @@ pub struct ArchivesArgs {
 }
 
 pub fn archive(a: ArchiveArgs, remote: &RemoteArgs) -> Result<i32> {
-    if let Some(code) = crate::remote_cmd::archive(&a, remote)? {
-        return Ok(code);
-    }
-    let r =
-        archive::archive(&Registry::open_default(), &Store::open_default(), &a.id, forkvm_sandbox::StateReason::Api)?;
+    let r = backend::open(remote)?.archive(&a.id)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
-        println!("{}: archived to {} in {:.0} ms", r.sandbox_id, r.dir.display(), r.total_ms);
+        println!("{}: archived to {} in {:.0} ms", r.sandbox_id, r.dir, r.total_ms);
     }
     Ok(0)
 }
 
 pub fn unarchive(a: UnarchiveArgs, remote: &RemoteArgs) -> Result<i32> {
-    if let Some(code) = crate::remote_cmd::unarchive(&a, remote)? {
-        return Ok(code);
-    }
-    if a.ttl.is_some() {
-        anyhow::bail!("--ttl needs the daemon (--daemon or FORKVM_DAEMON): TTLs are kept by forkvmd");
-    }
-    let s = archive::restore(&Registry::open_default(), &Store::open_default(), &a.id)?;
+    let started = std::time::Instant::now();
+    let s = backend::open(remote)?.restore(&a.id, a.ttl)?;
+    let ready_ms = started.elapsed().as_secs_f64() * 1e3;
     if a.json {
-        println!("{}", serde_json::json!({ "sandbox_id": s.record.id, "pid": s.record.pid, "ready_ms": s.ready_ms }));
+        println!("{}", serde_json::to_string_pretty(&s)?);
     } else {
-        println!("{}: running again (ready in {:.0} ms)", s.record.id, s.ready_ms);
+        println!("{}: running again (ready in {ready_ms:.0} ms)", s.id);
     }
     Ok(0)
 }

@@ -1,6 +1,7 @@
 //! `forkvm`: the command-line interface. Thin: parses, calls the library, prints.
 
 mod archive_cmd;
+mod backend;
 mod chain_cmd;
 mod daemon_cmd;
 mod disk_cmd;

@@ -1,8 +1,10 @@
 //! `--daemon ENDPOINT`: the verbs that can go through forkvmd instead of acting on this
 //! host's registry and store directly. This file holds the global option, turning it
-//! into a client, and the spinner; the verbs are in `remote_cmd/` (one file per group)
-//! and are called from a one-line dispatch at the top of each local verb, which goes
-//! on locally when no daemon was asked for (or `auto` found none).
+//! into a client, and the spinner. The sandbox verbs (`ps`, `kill`, `eval`, `branch`,
+//! `archive`, `unarchive`) run on a [`crate::backend::Backend`], which answers with the
+//! API's types either way; the others are still in `remote_cmd/` (one file per group),
+//! called from a one-line dispatch at the top of each local verb, which goes on locally
+//! when no daemon was asked for (or `auto` found none).
 
 mod chain;
 mod disk;
@@ -14,8 +16,8 @@ mod snapshot;
 pub use chain::{compact, pack, rmi, snapshot_diff, snapshot_info, unpack};
 pub use disk::{disk_snapshot, disk_snapshots};
 pub use fork::fork;
-pub use lifecycle::{archive, archives, disk_fork, set_ttl, unarchive};
-pub use sandbox::{branch, eval, exec, kill, print_sandboxes, ps};
+pub use lifecycle::{archives, disk_fork, set_ttl};
+pub use sandbox::exec;
 pub use snapshot::snapshot;
 
 use anyhow::{bail, Context, Result};
@@ -42,7 +44,7 @@ pub struct RemoteArgs {
 
 impl RemoteArgs {
     /// A client for the daemon, if one was asked for (and for `auto`, found).
-    fn client(&self) -> Result<Option<Client>> {
+    pub(crate) fn client(&self) -> Result<Option<Client>> {
         let Some(spec) = self.daemon.as_deref() else { return Ok(None) };
         let Some(endpoint) = Endpoint::resolve(spec)? else { return Ok(None) };
         let what = endpoint.to_string();
@@ -66,10 +68,10 @@ impl RemoteArgs {
 }
 
 /// A spinner on stderr while a call runs, if stderr is a terminal; cleared when dropped.
-struct Spinner(Option<ProgressBar>);
+pub(crate) struct Spinner(Option<ProgressBar>);
 
 impl Spinner {
-    fn start(message: String) -> Spinner {
+    pub(crate) fn start(message: String) -> Spinner {
         if !std::io::stderr().is_terminal() {
             return Spinner(None);
         }

@@ -1,14 +1,16 @@
 //! Verbs on running sandboxes (found in the registry by id): `ps`, `kill`, `exec`,
 //! `eval`, `branch`.
 
+use crate::backend;
 use crate::remote_cmd::RemoteArgs;
 use anyhow::{bail, Result};
 use clap::Args;
+use forkvm_client::api::{BranchSandboxRequest, SandboxInfo};
 use forkvm_sandbox::lifecycle::agent;
-use forkvm_sandbox::Registry;
+use forkvm_sandbox::{Registry, SandboxState};
 use forkvm_snapshot::Store;
-use forkvm_vmm::vmm::BranchMode;
 use std::io::Write;
+use std::time::Instant;
 
 #[derive(Args, Debug)]
 pub struct PsArgs {
@@ -88,38 +90,47 @@ pub struct BranchArgs {
 }
 
 pub fn ps(a: PsArgs, remote: &RemoteArgs) -> Result<i32> {
-    if let Some(code) = crate::remote_cmd::ps(&a, remote)? {
-        return Ok(code);
-    }
-    // The daemon's shape and rows (`GET /v1/sandboxes`).
-    let list: Vec<forkvm_client::api::SandboxInfo> = forkvm_sandbox::info::listed(&Registry::open_default())
-        .iter()
-        .map(forkvm_sandbox::info::sandbox_info)
-        .collect();
-    crate::remote_cmd::print_sandboxes(&list, a.json)?;
+    print_sandboxes(&backend::open(remote)?.list()?, a.json)?;
     Ok(0)
 }
 
+/// `ps`'s output: the API's `SandboxInfo` list as JSON, or one line each.
+pub fn print_sandboxes(list: &[SandboxInfo], json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(list)?);
+        return Ok(());
+    }
+    for s in list {
+        println!(
+            "{}  {:<8} pid {:>7}  {:<10} {}",
+            s.id,
+            s.state,
+            s.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+            s.template.as_deref().unwrap_or("-"),
+            s.snapshot_tag.as_deref().map(|t| format!("from tag {t}")).unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
 pub fn kill(a: KillArgs, remote: &RemoteArgs) -> Result<i32> {
-    if let Some(code) = crate::remote_cmd::kill(&a, remote)? {
-        return Ok(code);
-    }
-    let registry = Registry::open_default();
-    if a.all {
-        // Everything goes, so what dead sandboxes left goes too (salvaged first).
-        registry.sweep();
-    }
-    let ids: Vec<String> = if a.all { registry.list().into_iter().map(|r| r.id).collect() } else { a.ids };
-    if ids.is_empty() && !a.all {
+    let backend = backend::open(remote)?;
+    if a.ids.is_empty() && !a.all {
         bail!("name the sandboxes to kill, or --all");
     }
-    let store = Store::open_default();
+    let ids: Vec<String> = if a.all {
+        backend.sweep();
+        let live = |s: &SandboxInfo| s.state != SandboxState::Archived.as_str();
+        backend.list()?.into_iter().filter(live).map(|s| s.id).collect()
+    } else {
+        a.ids
+    };
     for id in ids {
-        if forkvm_sandbox::delete(&registry, &store, &id, a.purge)? == forkvm_sandbox::Deleted::Nothing {
-            bail!(
-                "sandbox {id:?} not found: not running, not archived{}",
-                if a.purge { ", no disk snapshots" } else { "" }
-            );
+        match backend.delete(&id, a.purge) {
+            Ok(()) => {}
+            // With --all, one that stopped since the listing is already what we wanted.
+            Err(e) if a.all && backend::not_found(&e) => {}
+            Err(e) => return Err(e),
         }
     }
     Ok(0)
@@ -127,7 +138,8 @@ pub fn kill(a: KillArgs, remote: &RemoteArgs) -> Result<i32> {
 
 #[derive(clap::Args, Debug)]
 pub struct SweepArgs {
-    /// Print one JSON object: `{"sandboxes": [ids removed], "snapshots": [names removed]}`.
+    /// Print one JSON object: `{"sandboxes": [ids acted on], "snapshots": [names removed],
+    /// "detail": what recovery did, by kind}`.
     #[arg(long)]
     pub json: bool,
 }
@@ -186,91 +198,52 @@ pub fn exec(a: ExecArgs, remote: &RemoteArgs) -> Result<i32> {
 }
 
 pub fn eval(a: EvalArgs, remote: &RemoteArgs) -> Result<i32> {
-    if let Some(code) = crate::remote_cmd::eval(&a, remote)? {
-        return Ok(code);
-    }
-    let registry = Registry::open_default();
-    let client = agent(&registry, &a.id)?;
-    let r = client.eval(&a.code)?;
-    learn_after_first_call(&registry, &a.id);
+    let r = backend::open(remote)?.eval(&a.id, &a.code)?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&r.outcome)?);
-    }
-    match r.outcome {
-        forkvm_proto::EvalOutcome::Value { value_repr } => {
-            if !a.json {
-                println!("{}", value_repr.unwrap_or_default());
-            }
-            Ok(0)
-        }
-        forkvm_proto::EvalOutcome::Exception { traceback, .. } => {
-            if !a.json {
-                eprint!("{traceback}");
-            }
-            Ok(1)
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        // What the code printed, then its value or traceback.
+        print!("{}", r.stdout);
+        eprint!("{}", r.stderr);
+        match &r.error {
+            None => println!("{}", r.result.as_deref().unwrap_or_default()),
+            Some(traceback) => eprint!("{traceback}"),
         }
     }
+    Ok(if r.error.is_some() { 1 } else { r.exit_code })
 }
 
 pub fn branch(a: BranchArgs, remote: &RemoteArgs) -> Result<i32> {
-    if let Some(code) = crate::remote_cmd::branch(&a, remote)? {
-        return Ok(code);
-    }
-    let mode = match a.mode {
-        BranchModeArg::Diff => return branch_diff(&a),
-        BranchModeArg::Full => BranchMode::Full,
-        BranchModeArg::Live => BranchMode::Live,
-    };
-    if a.parent_tag.is_some() {
-        bail!("--parent-tag applies to --mode diff");
-    }
-    let report = forkvm_sandbox::branch(
-        &Registry::open_default(),
-        &Store::open_default(),
-        &a.id,
-        a.tag.as_deref(),
-        mode,
-        !a.no_wait,
-    )?;
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        let status = serde_json::to_value(report.status)?;
-        println!(
-            "{} ({}, {}): paused {:.1} ms, returned in {:.1} ms",
-            report.tag,
-            status.as_str().unwrap_or(""),
-            report.dir.display(),
-            report.pause_ms,
-            report.return_ms
-        );
-    }
-    Ok(0)
-}
-
-/// `branch --mode diff`: a chain link over the tag the sandbox was spawned from.
-fn branch_diff(a: &BranchArgs) -> Result<i32> {
-    if a.no_wait {
+    if a.no_wait && a.mode != BranchModeArg::Live {
         bail!("--no-wait applies to --mode live only");
     }
-    let store = Store::open_default();
-    let tag = match &a.tag {
-        Some(t) => t.clone(),
-        None => (1..).map(|n| format!("branch-{}-{n}", a.id)).find(|t| store.check_free(t).is_ok()).unwrap_or_default(),
+    if a.parent_tag.is_some() && a.mode != BranchModeArg::Diff {
+        bail!("--parent-tag applies to --mode diff");
+    }
+    let req = BranchSandboxRequest {
+        tag: a.tag.clone(),
+        mode: Some(a.mode.name().to_string()),
+        wait: !a.no_wait,
+        parent_tag: a.parent_tag.clone(),
+        ..Default::default()
     };
-    let (diff, pause_ms) =
-        forkvm_sandbox::branch_diff(&Registry::open_default(), &store, &a.id, &tag, a.parent_tag.as_deref())?;
+    let started = Instant::now();
+    let snap = backend::open(remote)?.branch(&a.id, &req)?;
+    let return_ms = started.elapsed().as_secs_f64() * 1e3;
     if a.json {
-        let mut v = serde_json::to_value(&diff)?;
-        v["mode"] = "diff".into();
-        v["pause_ms"] = pause_ms.into();
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        println!("{}", serde_json::to_string_pretty(&snap)?);
     } else {
         println!(
-            "{tag} (diff over {}, {} pages): paused {pause_ms:.1} ms",
-            diff.parent_tag.as_deref().unwrap_or("-"),
-            diff.pages
+            "{} ({}, {}, {}): paused {}, returned in {return_ms:.1} ms",
+            snap.tag,
+            snap.mode.as_deref().unwrap_or("-"),
+            snap.status,
+            snap.dir,
+            snap.pause_ms.map(|p| format!("{p:.1} ms")).unwrap_or_else(|| "-".into()),
         );
+    }
+    if let Some(w) = &snap.warning {
+        eprintln!("forkvm: warning: {w}");
     }
     Ok(0)
 }

@@ -118,6 +118,27 @@ fn cli_verbs_through_the_daemon_over_unix_and_tls() {
         assert_eq!(&d, l, "daemon and local views differ");
     }
 
+    // So do `eval --json` and `branch --json` (the API's `EvalResponse`, `SnapshotInfo`).
+    let local_json = |args: &[&str]| -> serde_json::Value {
+        let out = env.command(args).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let code = "print('seen'); 6 * 7";
+    let through: serde_json::Value = serde_json::from_str(&env.ok(&["eval", a, code, "--json"])).unwrap();
+    assert_eq!(through, local_json(&["eval", a, code, "--json"]), "eval --json differs");
+    assert_eq!((through["result"].as_str(), through["stdout"].as_str()), (Some("42"), Some("seen\n")), "{through}");
+    let through: serde_json::Value =
+        serde_json::from_str(&env.ok(&["branch", a, "--tag", "both-d", "--json"])).unwrap();
+    let local = local_json(&["branch", a, "--tag", "both-l", "--json"]);
+    let keys = |v: &serde_json::Value| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+    assert_eq!(keys(&through), keys(&local), "branch --json: daemon {through}\nlocal {local}");
+    for field in ["mode", "status", "bootable", "branched_from", "template", "memory_logical_bytes"] {
+        assert_eq!(through[field], local[field], "{field}: daemon {through}\nlocal {local}");
+    }
+    env.ok(&["rmi", "both-d"]);
+    env.ok(&["rmi", "both-l"]);
+
     let out = env.cli(&["exec", a, "--", "sh", "-c", "echo out; echo err >&2; exit 5"], &[]);
     assert_eq!(out.status.code(), Some(5), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "out\n");

@@ -215,14 +215,7 @@ pub async fn archive_sandbox(
             let report = archive::archive(&s.registry, &s.store, &id, reason)?;
             drop(in_use);
             s.lifecycle.forget(&id);
-            Ok(forkvm_api::ArchiveReport {
-                sandbox_id: report.sandbox_id,
-                dir: report.dir.display().to_string(),
-                disk_snapshot_seq: report.disk_snapshot_seq,
-                write_ms: report.write_ms,
-                total_ms: report.total_ms,
-                reason: reason.to_string(),
-            })
+            Ok(report.to_api())
         })
         .await;
     let outcome = match &out {

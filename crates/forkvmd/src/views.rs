@@ -9,61 +9,15 @@ use crate::db::SnapshotRow;
 use crate::disk::DiskSnapshots;
 use forkvm_api::{SandboxInfo, SnapshotInfo, SnapshotInfoDetail};
 use forkvm_sandbox::registry::SandboxRow;
-use forkvm_sandbox::SpawnSource;
+use forkvm_sandbox::snapshot_view::{bootability, format_name};
 use forkvm_snapshot::chain::{self, ChainError, ChainInfo};
-use forkvm_snapshot::{MemoryFormat, SnapshotStatus, Store, StoreEntry, StoreError, MEMORY_IMG, VMSTATE_BIN};
-use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use forkvm_snapshot::{SnapshotStatus, Store, StoreEntry, VMSTATE_BIN};
 
-fn physical_bytes(path: &Path) -> u64 {
-    std::fs::metadata(path).map(|m| m.blocks() * 512).unwrap_or(0)
-}
-
-/// Whether `tag` can be spawned from, as the list and the detail both report it:
-/// (`status`, `bootable`, why not).
-fn bootability(store: &Store, tag: &str) -> (String, bool, Option<String>) {
-    match SpawnSource::check_tag(store, tag) {
-        Ok(_) => ("ready".to_string(), true, None),
-        Err(forkvm_sandbox::SourceError::Store(StoreError::Writing { .. }))
-        | Err(forkvm_sandbox::SourceError::Chain(ChainError::Store(StoreError::Writing { .. }))) => {
-            ("writing".to_string(), false, None)
-        }
-        Err(err) => ("failed".to_string(), false, Some(err.to_string())),
-    }
-}
-
-fn format_name(f: MemoryFormat) -> &'static str {
-    match f {
-        MemoryFormat::Image => "image",
-        MemoryFormat::Chunked => "chunked",
-    }
-}
-
-/// A snapshot as `GET /v1/snapshots` shows it: status and bootability re-checked on disk.
-/// The memory's size on disk is cheap here (no chunk is looked at): a whole image's
-/// allocated blocks, or what a chunked snapshot added to the chunk store when it was
-/// made; `GET /v1/snapshots/{tag}/info` counts every chunk it references.
+/// A snapshot as `GET /v1/snapshots` shows it ([`forkvm_sandbox::snapshot_view`], the
+/// CLI's view too), with the branch mode and pause window the daemon recorded for it.
 pub fn snapshot_info(store: &Store, e: &StoreEntry, row: Option<&SnapshotRow>) -> SnapshotInfo {
-    let dir = store.snapshots_dir().join(&e.tag);
-    let (status, bootable, warning) = bootability(store, &e.tag);
-    let memory_physical_bytes = match e.meta.memory_format {
-        MemoryFormat::Image => physical_bytes(&dir.join(MEMORY_IMG)),
-        MemoryFormat::Chunked => e.meta.memory_bytes_allocated,
-    };
-    SnapshotInfo {
-        tag: e.tag.clone(),
-        dir: dir.display().to_string(),
-        created_at_unix: e.meta.created_at_unix_ms / 1000,
-        branched_from: e.meta.branched_from.clone(),
-        pause_ms: row.and_then(|r| r.pause_ms),
-        status,
-        bootable,
-        warning,
-        template: e.meta.template.clone(),
-        mode: row.and_then(|r| r.mode.clone()),
-        memory_logical_bytes: e.meta.mem_size_bytes,
-        memory_physical_bytes,
-    }
+    let mode = row.and_then(|r| r.mode.as_deref());
+    forkvm_sandbox::snapshot_view::snapshot_info(store, e, mode, row.and_then(|r| r.pause_ms))
 }
 
 /// The row the daemon keeps for a snapshot it saw.

@@ -87,6 +87,21 @@ pub struct ArchiveReport {
     /// Capturing and sealing the archive (the sandbox was paused throughout).
     pub write_ms: f64,
     pub total_ms: f64,
+    pub reason: StateReason,
+}
+
+impl ArchiveReport {
+    /// As the API reports it (`POST /v1/sandboxes/{id}/archive`, `forkvm archive --json`).
+    pub fn to_api(&self) -> forkvm_api::ArchiveReport {
+        forkvm_api::ArchiveReport {
+            sandbox_id: self.sandbox_id.clone(),
+            dir: self.dir.display().to_string(),
+            disk_snapshot_seq: self.disk_snapshot_seq,
+            write_ms: self.write_ms,
+            total_ms: self.total_ms,
+            reason: self.reason.as_str().to_string(),
+        }
+    }
 }
 
 fn io(id: &str, step: impl Into<String>) -> impl FnOnce(std::io::Error) -> ArchiveError + '_ {
@@ -165,6 +180,7 @@ pub fn archive(
         disk_snapshot_seq: Some(sealed.vault_seq),
         write_ms,
         total_ms: started.elapsed().as_secs_f64() * 1e3,
+        reason,
     })
 }
 

@@ -1,41 +1,11 @@
-//! Lifecycle verbs through the daemon: `archive ID`, `unarchive ID`, `archives`,
-//! `disk-fork ID` and `ttl ID SECONDS` (daemon only: TTLs are the daemon's).
+//! Lifecycle verbs through the daemon: `archives`, `disk-fork ID` and `ttl ID SECONDS`
+//! (daemon only: TTLs are the daemon's). `archive` and `unarchive` run on a backend.
 
 use super::{RemoteArgs, Spinner};
-use crate::archive_cmd::{ArchiveArgs, ArchivesArgs, TtlArgs, UnarchiveArgs};
+use crate::archive_cmd::{ArchivesArgs, TtlArgs};
 use crate::disk_cmd::DiskForkArgs;
 use anyhow::Result;
-use forkvm_client::api::{DiskForkRequest, DiskRestoreMode, RestoreRequest};
-
-pub fn archive(a: &ArchiveArgs, remote: &RemoteArgs) -> Result<Option<i32>> {
-    let Some(client) = remote.client()? else { return Ok(None) };
-    let r = {
-        let _spinner = Spinner::start(format!("archiving {}", a.id));
-        client.archive(&a.id)?
-    };
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
-    } else {
-        println!("{}: archived to {} in {:.0} ms", r.sandbox_id, r.dir, r.total_ms);
-    }
-    Ok(Some(0))
-}
-
-pub fn unarchive(a: &UnarchiveArgs, remote: &RemoteArgs) -> Result<Option<i32>> {
-    let Some(client) = remote.client()? else { return Ok(None) };
-    let started = std::time::Instant::now();
-    let s = {
-        let _spinner = Spinner::start(format!("restoring {}", a.id));
-        client.restore(&a.id, &RestoreRequest { ttl_seconds: a.ttl })?
-    };
-    let ready_ms = started.elapsed().as_secs_f64() * 1e3;
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&s)?);
-    } else {
-        println!("{}: running again (ready in {ready_ms:.0} ms)", s.id);
-    }
-    Ok(Some(0))
-}
+use forkvm_client::api::{DiskForkRequest, DiskRestoreMode};
 
 pub fn archives(a: &ArchivesArgs, remote: &RemoteArgs) -> Result<Option<i32>> {
     let Some(client) = remote.client()? else { return Ok(None) };

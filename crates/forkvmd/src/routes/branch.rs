@@ -173,7 +173,6 @@ pub async fn branch(
             s.metrics.inc("forkvm_branches_total", &[("mode", mode.name()), ("outcome", "ok")]);
             s.metrics.observe("forkvm_branch_pause_seconds", &[("mode", mode.name())], pause_ms / 1e3);
             let _ = s.db().set_branch_tag(&op, &tag);
-            let _ = s.registry.record_branch(&id, &tag);
             let entry = s.store.list().into_iter().find(|e| e.tag == tag).ok_or_else(|| {
                 ApiError::internal(format!("branch {tag:?} reported success but is not in the store"))
             })?;

@@ -10,7 +10,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use forkvm_api::{EvalRequest, EvalResponse, ExecEvent, ExecRequest, ExecResponse};
-use forkvm_proto::{AgentClient, Command, EvalOutcome, ExitStatus};
+use forkvm_proto::{AgentClient, Command, ExitStatus};
 use forkvm_sandbox::template_snapshot::AGENT_PORT;
 use std::os::unix::net::UnixStream;
 
@@ -224,14 +224,7 @@ pub async fn eval(
         let (c, _in_use) = client(&s, &id)?;
         let r = c.eval(&req.code).map_err(|e| agent_error(&id, e))?;
         learn_after_first_call(&s, &id);
-        let (result, error, exit_code) = match r.outcome {
-            EvalOutcome::Value { value_repr } => (value_repr, None, 0),
-            // The traceback ends with the exception line; without one, the exception alone.
-            EvalOutcome::Exception { exception, traceback } => {
-                (None, Some(if traceback.trim().is_empty() { exception } else { traceback }), 1)
-            }
-        };
-        Ok(Json(EvalResponse { result, error, exit_code, stdout: r.stdout, stderr: r.stderr }))
+        Ok(Json(forkvm_sandbox::info::eval_response(r)))
     })
     .await
 }
