@@ -25,8 +25,11 @@ pub const REGISTRY_DB: &str = "registry.db";
 /// migrated when opened, a newer one is refused by name.
 const SCHEMA_VERSION: i64 = 2;
 
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+/// The `sandboxes` table of [`SCHEMA_VERSION`] (a macro, so that the schema and the
+/// migration share one literal).
+macro_rules! sandboxes_table {
+    () => {
+        "
 CREATE TABLE IF NOT EXISTS sandboxes (
   id TEXT PRIMARY KEY,
   state TEXT NOT NULL CHECK (state IN ('starting', 'running', 'paused', 'archived', 'restoring')),
@@ -49,41 +52,27 @@ CREATE TABLE IF NOT EXISTS sandboxes (
   branch_count INTEGER NOT NULL DEFAULT 0,
   last_branch_tag TEXT
 );
-";
+"
+    };
+}
+
+const SCHEMA: &str =
+    concat!("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);", sandboxes_table!());
 
 /// Version 1 to 2: each record becomes a `running` row (version 1 kept only sandboxes
 /// whose VMM had started), in one transaction.
-const MIGRATE_1_TO_2: &str = "
-ALTER TABLE sandboxes RENAME TO sandboxes_v1;
-CREATE TABLE sandboxes (
-  id TEXT PRIMARY KEY,
-  state TEXT NOT NULL CHECK (state IN ('starting', 'running', 'paused', 'archived', 'restoring')),
-  op TEXT,
-  reason TEXT,
-  owner_pid INTEGER,
-  owner_started_unix_ms INTEGER,
-  pid INTEGER,
-  template TEXT,
-  source_tag TEXT,
-  forked_from TEXT,
-  created_at_unix_ms INTEGER NOT NULL,
-  memory_limit_bytes INTEGER,
-  cgroup TEXT,
-  disks TEXT NOT NULL DEFAULT '[]',
-  last_activity_unix_ms INTEGER NOT NULL,
-  ttl_seconds INTEGER,
-  expires_at_unix_ms INTEGER,
-  archived_at_unix_ms INTEGER,
-  branch_count INTEGER NOT NULL DEFAULT 0,
-  last_branch_tag TEXT
-);
+const MIGRATE_1_TO_2: &str = concat!(
+    "ALTER TABLE sandboxes RENAME TO sandboxes_v1;",
+    sandboxes_table!(),
+    "
 INSERT INTO sandboxes (id, state, pid, template, source_tag, forked_from, created_at_unix_ms, memory_limit_bytes,
   cgroup, disks, last_activity_unix_ms)
   SELECT id, 'running', pid, template, source_tag, forked_from, created_at_unix_ms, memory_limit_bytes, cgroup, disks,
     created_at_unix_ms FROM sandboxes_v1;
 DROP TABLE sandboxes_v1;
 UPDATE meta SET value = '2' WHERE key = 'schema';
-";
+"
+);
 
 /// A connection owned by the process that opened it (see the module doc).
 #[derive(Debug)]
