@@ -9,11 +9,9 @@ use crate::arch::x86_64::cpuid::CpuTemplate;
 use crate::builder::{boot, BootConfig, Payload};
 use crate::devices::serial::ConsoleOut;
 use crate::host::open_kvm;
+use crate::host::process::{close_fds_except, detach_stdio, fork_and_run};
 use crate::vstate::irqchip::IrqchipMode;
-use crate::zygote::{
-    close_fds_except, detach_stdio, fork_and_run, open_console_log, serve_to_exit_code, ChildSpec, ZygoteError,
-    EXIT_RESTORE_FAILED,
-};
+use crate::zygote::{open_console_log, serve_to_exit_code, ChildSpec, ZygoteError, EXIT_RESTORE_FAILED};
 use std::io::Write;
 
 /// The machine a cold-booted VMM builds.

@@ -145,7 +145,7 @@ fn wait_serving(c: &Child) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         // A child that already exited will never answer.
-        if let Some(status) = forkvm_vmm::zygote::exit_status(c.pid) {
+        if let Some(status) = forkvm_vmm::host::process::exit_status(c.pid) {
             bail!("it exited with status {status:#x}");
         }
         if let Ok(mut client) = ControlClient::connect(&c.socket) {

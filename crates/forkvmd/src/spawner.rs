@@ -106,7 +106,7 @@ impl Spawner {
         // SAFETY: getpid has no preconditions.
         let parent = unsafe { libc::getpid() };
         let (ours_fd, theirs_fd) = (ours.as_raw_fd(), theirs.as_raw_fd());
-        let pid = forkvm_vmm::zygote::fork_and_run(false, move || {
+        let pid = forkvm_vmm::host::process::fork_and_run(false, move || {
             // SAFETY: in the child, both descriptors are open copies that nothing else
             // owns: ours is closed, theirs becomes the stream. The `close` descriptors'
             // owners (the daemon's `File`s) are never dropped here: the child exits

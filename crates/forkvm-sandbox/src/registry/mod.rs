@@ -138,7 +138,7 @@ pub fn vmm_alive(pid: i32) -> bool {
     if pid <= 0 {
         return false;
     }
-    if forkvm_vmm::zygote::exit_status(pid).is_some() {
+    if forkvm_vmm::host::process::exit_status(pid).is_some() {
         return false;
     }
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

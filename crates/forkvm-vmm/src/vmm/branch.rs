@@ -432,8 +432,8 @@ impl Vmm {
         if pid == 0 {
             // Keep stdio and the image; the source's sockets and KVM descriptors are not ours.
             let keep = image.as_raw_fd() as u32;
-            crate::zygote::close_fds(3, keep - 1);
-            crate::zygote::close_fds(keep + 1, u32::MAX);
+            crate::host::process::close_fds(3, keep - 1);
+            crate::host::process::close_fds(keep + 1, u32::MAX);
             // The writer uses idle CPU only: the source VM, running again, comes first.
             let param = libc::sched_param { sched_priority: 0 };
             // SAFETY: changes this (single-threaded) process's scheduling class; `param`
