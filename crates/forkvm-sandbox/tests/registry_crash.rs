@@ -53,6 +53,11 @@ fn start_vmm(marker: &str, run_dir: &Path) -> i32 {
 #[ignore = "a stand-in VMM process of the crash test; runs only when that test starts it"]
 fn stand_in_vmm() {
     let dir = PathBuf::from(std::env::var("FORKVM_STAND_IN_DIR").expect("run by the crash test"));
+    // Never outlives a crash test that failed before stopping it.
+    std::thread::spawn(|| {
+        std::thread::sleep(Duration::from_secs(600));
+        std::process::exit(0);
+    });
     let listener = std::os::unix::net::UnixListener::bind(dir.join("control.sock")).unwrap();
     let deadline = Instant::now() + Duration::from_secs(600);
     for conn in listener.incoming() {
@@ -140,6 +145,19 @@ fn crash_worker() {
     }
 }
 
+/// Kills the stand-in VMMs carrying its marker when dropped, so that a failed run leaves
+/// none behind.
+struct StopStandIns(String);
+
+impl Drop for StopStandIns {
+    fn drop(&mut self) {
+        for pid in processes_with(&self.0) {
+            // SAFETY: kill(2) on a stand-in VMM this test started.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
 /// Pids of live processes whose command line carries `marker`.
 fn processes_with(marker: &str) -> Vec<i32> {
     let mut out = Vec::new();
@@ -212,6 +230,7 @@ fn a_kill_9_at_every_transition_leaves_the_registry_consistent() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
     let marker = format!("3600.{}", std::process::id());
+    let _stop = StopStandIns(marker.clone());
     let reg = registry(root);
     let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(std::process::id());
     let mut next = move || {
