@@ -2,7 +2,7 @@
 //! that the CLI and the daemon print the same shape from the same data. The daemon adds
 //! only what a running daemon alone knows (the outcome of its last disk snapshot).
 
-use crate::registry::{Registry, SandboxRecord, SandboxRow};
+use crate::registry::{vmm_runs, Registry, SandboxRecord, SandboxRow};
 use crate::state::SandboxState;
 use forkvm_api::SandboxInfo;
 use std::collections::HashSet;
@@ -53,15 +53,15 @@ pub fn eval_response(r: forkvm_proto::EvalResponse) -> forkvm_api::EvalResponse 
 /// in the store without a row (made on an earlier boot: the registry lives in the run
 /// root) is listed from the record it keeps, as recovery will record it.
 pub fn listed(registry: &Registry) -> Vec<SandboxRow> {
-    let live: HashSet<String> = registry.list().into_iter().map(|r| r.id).collect();
-    let mut rows: Vec<SandboxRow> = registry
-        .rows()
+    // One read of the registry: what is listed, and which ids it knows.
+    let all = registry.rows();
+    let known: HashSet<String> = all.iter().map(|r| r.record.id.clone()).collect();
+    let mut rows: Vec<SandboxRow> = all
         .into_iter()
-        .filter(|r| r.state == SandboxState::Archived || (r.state.is_live() && live.contains(r.id())))
+        .filter(|r| r.state == SandboxState::Archived || (r.state.is_live() && vmm_runs(&r.record)))
         .collect();
     if let Some(root) = registry.store_root() {
         let store = forkvm_snapshot::Store::open(root);
-        let known: HashSet<String> = registry.rows().into_iter().map(|r| r.record.id).collect();
         for id in crate::archive::list(registry, &store).into_iter().filter(|id| !known.contains(id)) {
             let Some(record) = crate::archive::archived_record(&store, &id).filter(|r| r.id == id) else { continue };
             rows.push(SandboxRow {

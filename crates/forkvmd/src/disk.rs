@@ -233,8 +233,9 @@ pub fn report_view(r: &DiskSnapshotReport) -> forkvm_api::DiskSnapshotReport {
 
 /// The sandboxes a round snapshots: running ones the daemon is not still starting.
 fn running_ids(s: &AppState) -> Vec<String> {
-    let live: HashSet<String> = s.registry.list().into_iter().map(|r| r.id).collect();
-    s.registry.rows().into_iter().filter(|r| r.state.is_live() && live.contains(r.id())).map(|r| r.record.id).collect()
+    let runs =
+        |r: &forkvm_sandbox::registry::SandboxRow| r.state.is_live() && forkvm_sandbox::registry::vmm_runs(&r.record);
+    s.registry.rows().into_iter().filter(runs).map(|r| r.record.id).collect()
 }
 
 /// One round: a disk snapshot of every running sandbox, one at a time. Returns how many

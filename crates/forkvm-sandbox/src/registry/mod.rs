@@ -148,6 +148,11 @@ pub fn vmm_alive(pid: i32) -> bool {
     }
 }
 
+/// Whether record `r` names a VMM that runs in its run directory ([`Registry::list`]'s test).
+pub fn vmm_runs(r: &SandboxRecord) -> bool {
+    r.pid > 0 && r.run_dir.is_dir() && record_alive(r)
+}
+
 /// Whether sandbox `r`'s VMM runs: its pid is alive and is that VMM, not a process
 /// that got the pid after the VMM died (see [`vmm_pidfd`]).
 pub fn record_alive(r: &SandboxRecord) -> bool {
@@ -563,11 +568,7 @@ impl Registry {
     /// Every sandbox whose VMM lives, oldest first (a pure read: dead ones are left for
     /// [`Registry::sweep`]).
     pub fn list(&self) -> Vec<SandboxRecord> {
-        self.rows()
-            .into_iter()
-            .map(|r| r.record)
-            .filter(|r| r.pid > 0 && r.run_dir.is_dir() && record_alive(r))
-            .collect()
+        self.rows().into_iter().map(|r| r.record).filter(vmm_runs).collect()
     }
 
     /// Removes what sandbox `r` left: its run directory, its cgroup and its row (an
