@@ -137,9 +137,9 @@ fn measure_round(registry: &Registry, store: &Store, id: &str, want: &[u8], roun
     r.archive_dir_bytes = dir_bytes(&report.dir) as f64;
 
     let t = Instant::now();
-    let pending = archive::start_restore(registry, store, id)?;
+    let pending = forkvm_sandbox::start::restore::start_restore(registry, store, id)?;
     r.unarchive_host_ms = t.elapsed().as_secs_f64() * 1e3;
-    let restored = archive::finish_restore(registry, store, pending, t)?;
+    let restored = forkvm_sandbox::start::restore::finish_restore(registry, store, pending, t)?;
     r.unarchive_ready_ms = t.elapsed().as_secs_f64() * 1e3;
     let t = Instant::now();
     let got = restored.client.exec_collect(&ExecRequest::argv(["sh", "-c", "md5sum < /root/kept"]), b"")?;

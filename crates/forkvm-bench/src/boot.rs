@@ -15,7 +15,7 @@ use crate::util::{exec_true_rtts, machine, median};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use forkvm_image::progress::ProgressView;
-use forkvm_sandbox::template_snapshot::boot_to_agent;
+use forkvm_sandbox::start::in_process::boot_to_agent;
 use forkvm_sandbox::{ensure_template_snapshot, Artifacts, Sandbox};
 use serde_json::json;
 use std::time::Instant;

@@ -61,7 +61,7 @@ fn spawn_once(registry: &Registry, store: &Store, tag: &str) -> Result<Sample> {
     let (sandboxes, timings) = spawn(registry, &source, 1, &SpawnOptions::default())?;
     let ready = sandboxes[0].ready_ms;
     for sb in &sandboxes {
-        forkvm_sandbox::lifecycle::kill_record(registry, &sb.record)?;
+        forkvm_sandbox::verbs::kill_record(registry, &sb.record)?;
     }
     Ok(Sample { resolve, prepare: timings.prepare_ms, host_spawn: timings.host_spawn_ms, ready })
 }

@@ -28,7 +28,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use forkvm_proto::ExecRequest;
 use forkvm_sandbox::artifacts::Artifacts;
-use forkvm_sandbox::disk_fork::{fork_from_disk, lazy_disks, DiskRestore};
+use forkvm_sandbox::start::disk::{fork_from_disk, lazy_disks, DiskRestore};
 use forkvm_sandbox::disk_snapshots::{base_key, open_vault, write_owner, VaultOwner};
 use forkvm_sandbox::source::DATA_DISK_ID;
 use forkvm_sandbox::{Registry, SpawnOptions};
@@ -89,7 +89,7 @@ pub fn run(a: BenchDiskForkArgs) -> Result<i32> {
 fn measure(a: &BenchDiskForkArgs, artifacts: &Artifacts, root: &Path) -> Result<i32> {
     let store = Store::open(root.join("store"));
     let registry = Registry::open(root.join("run"));
-    let source = forkvm_sandbox::sandbox::new_sandbox_id();
+    let source = forkvm_sandbox::start::new_sandbox_id();
     let made = Instant::now();
     let fill = make_source(a, artifacts, &store, &source, root)?;
     let make_ms = made.elapsed().as_secs_f64() * 1e3;
@@ -114,7 +114,7 @@ fn measure(a: &BenchDiskForkArgs, artifacts: &Artifacts, root: &Path) -> Result<
         Ok(())
     })();
     for r in registry.list() {
-        let _ = forkvm_sandbox::lifecycle::kill_record(&registry, &r);
+        let _ = forkvm_sandbox::verbs::kill_record(&registry, &r);
     }
     result?;
     let per_mode = |restore: DiskRestore| {
@@ -204,7 +204,7 @@ fn one_fork(
         misses_in_execs: after.as_ref().zip(at_ready.as_ref()).map(|(b, a)| b.stats.misses - a.stats.misses),
         fetched_bytes: after.as_ref().map(|r| r.stats.fetched_bytes),
     };
-    forkvm_sandbox::lifecycle::kill_record(registry, &f.sandbox.record)?;
+    forkvm_sandbox::verbs::kill_record(registry, &f.sandbox.record)?;
     Ok(run)
 }
 

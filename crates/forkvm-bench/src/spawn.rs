@@ -24,7 +24,7 @@
 use crate::util::{machine, median};
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use forkvm_sandbox::template_snapshot::boot_to_agent;
+use forkvm_sandbox::start::in_process::boot_to_agent;
 use forkvm_sandbox::{spawn, Artifacts, Registry, SpawnOptions, SpawnSource};
 use forkvm_snapshot::Store;
 use forkvm_vmm::control::ControlClient;
@@ -206,7 +206,7 @@ pub fn run(a: BenchSpawnArgs) -> Result<i32> {
     }
     let first_ready_ms = sandboxes.iter().map(|s| s.ready_ms).fold(f64::INFINITY, f64::min);
     for sb in &sandboxes {
-        let _ = forkvm_sandbox::lifecycle::kill_record(&registry, &sb.record);
+        let _ = forkvm_sandbox::verbs::kill_record(&registry, &sb.record);
     }
     let _ = std::fs::remove_dir_all(&run_root);
     let (all_ready_ms, eval_value) = ready?;

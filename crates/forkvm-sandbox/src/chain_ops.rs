@@ -9,10 +9,11 @@
 //! assembled image. A whole-image parent is moved into the chunk store first (a diff's
 //! parent must have a content hash).
 
-use crate::lifecycle::{self, LifecycleError};
+use crate::verbs::{self, LifecycleError};
 use crate::registry::Registry;
 use crate::source::{assembled_cache, SourceError, SpawnSource};
-use crate::spawn::{spawn, SpawnError, SpawnOptions};
+use crate::start::snapshot::spawn;
+use crate::start::{SpawnError, SpawnOptions};
 use forkvm_proto::{ClientError, EvalOutcome, ExecRequest};
 use forkvm_snapshot::chain::{self, ChainError, ConvertReport};
 use forkvm_snapshot::{SnapshotDir, Store};
@@ -112,7 +113,7 @@ pub fn snapshot_diff(
         let (diff, pause_ms, branch_ms, diff_ms) = diff_branch(registry, store, &id, from, tag)?;
         Ok::<_, ChainOpError>((output, steps_ms, diff, pause_ms, branch_ms, diff_ms))
     })();
-    let killed = lifecycle::kill(registry, &id);
+    let killed = verbs::kill(registry, &id);
     let (output, steps_ms, diff, branch_pause_ms, branch_ms, diff_ms) = result?;
     killed?;
     Ok(SnapshotDiffReport {
@@ -185,7 +186,7 @@ fn diff_branch(
     let staging = chain::new_staging_dir(store, "diff")?;
     let result = (|| {
         let branched = Instant::now();
-        let report = lifecycle::branch_to_dir(registry, &staging, id, Some(tag), mode, true)?;
+        let report = verbs::branch_to_dir(registry, &staging, id, Some(tag), mode, true)?;
         let branch_ms = branched.elapsed().as_secs_f64() * 1e3;
         let staged = SnapshotDir::open(&report.dir).map_err(|e| ChainOpError::Staged(e.to_string()))?;
         let diffing = Instant::now();

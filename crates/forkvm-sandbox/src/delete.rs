@@ -6,7 +6,7 @@
 //! deleted before, of which only the vault is left.
 
 use crate::disk_snapshots::{purge, vault_dir, DiskSnapshotError};
-use crate::lifecycle::{kill_record, LifecycleError};
+use crate::verbs::{kill_record, LifecycleError};
 use crate::registry::{Registry, RegistryError};
 use crate::state::SandboxState;
 use forkvm_snapshot::Store;

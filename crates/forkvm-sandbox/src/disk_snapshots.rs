@@ -15,7 +15,7 @@
 //! The daemon takes one per sandbox every interval (`forkvm daemon
 //! --disk-snapshot-interval`); `forkvm disk-snapshot ID` takes one now.
 
-use crate::lifecycle::{call, LifecycleError};
+use crate::verbs::{call, LifecycleError};
 use crate::registry::Registry;
 use forkvm_snapshot::vault::{DiskInput, KeyStore, RetentionPolicy, SnapshotInfo, Vault, VaultError};
 use forkvm_snapshot::Store;

@@ -13,7 +13,7 @@
 //! touches are in the playbook too. The second recording is armed by a marker in the
 //! sandbox's run directory ([`arm_first_call`]) that the first call claims.
 
-use crate::lifecycle::{call, LifecycleError};
+use crate::verbs::{call, LifecycleError};
 use crate::registry::SandboxRecord;
 use forkvm_snapshot::vault::Playbook;
 use forkvm_vmm::vstate::memory_playbook::{MemoryPrefetch, MemoryRecording};

@@ -5,7 +5,8 @@
 //! directory), so each child's devices are the snapshot's, with the child's own vsock
 //! socket.
 
-use crate::template_snapshot::{TemplateSnapshot, GUEST_CID};
+use crate::guest::GUEST_CID;
+use crate::template_snapshot::TemplateSnapshot;
 use forkvm_snapshot::chain::{self, AssembleStats, AssembledCache, Chain, ChainError};
 use forkvm_snapshot::{DevicesMeta, DiskMeta, SnapshotMeta, Store, StoreError, DISK_DIR};
 use forkvm_vmm::devices::attach::{BlockConfig, DeviceConfig, LayeredConfig, VsockConfig};

@@ -11,28 +11,15 @@
 //! vector registers is refused, with the register class named.
 
 use crate::artifacts::Artifacts;
-use crate::source::{DATA_DISK_ID, ROOT_DISK_ID};
-use forkvm_proto::AgentClient;
+use crate::guest::{cmdline, IRQCHIP, MEM_MIB};
+use crate::start::in_process::boot_to_agent_with;
 use forkvm_vmm::arch::x86_64::cpuid::CpuTemplate;
-use forkvm_vmm::devices::attach::{BlockConfig, DeviceConfig, LayeredConfig, VsockConfig};
-use forkvm_vmm::devices::serial::ConsoleOut;
-use forkvm_vmm::devices::virtio::blk::LazySource;
-use forkvm_vmm::host::{open_kvm, KvmUnavailable};
-use forkvm_vmm::vstate::irqchip::IrqchipMode;
+use forkvm_vmm::devices::attach::DeviceConfig;
+use forkvm_vmm::host::KvmUnavailable;
 use forkvm_vmm::PreparedSnapshot;
-use forkvm_vmm::{BootConfig, Payload};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
-
-/// vsock port the agent listens on.
-pub const AGENT_PORT: u32 = 1024;
-/// The guest CID of every sandbox (each VM has its own vsock device, so they never meet).
-pub const GUEST_CID: u64 = 3;
-/// How long a cold boot may take to reach the agent (guest kernels are emulated on PVM).
-pub const BOOT_TIMEOUT: Duration = Duration::from_secs(600);
-pub(crate) const MEM_MIB: u64 = 256;
-pub(crate) const IRQCHIP: IrqchipMode = IrqchipMode::Kernel;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TemplateSnapshotError {
@@ -104,45 +91,6 @@ impl TemplateSnapshot {
     }
 }
 
-/// The devices a template boots with: the shared root image, read-only, and the
-/// sandbox's own data disk, layered over the blank base, `lazy` (a vault snapshot restored
-/// lazily) and `sealed` (tops in `disk_dir/disk1`).
-pub(crate) fn boot_devices(
-    a: &Artifacts,
-    vsock_uds: &Path,
-    disk_dir: &Path,
-    sealed: Vec<PathBuf>,
-    lazy: Option<LazySource>,
-) -> DeviceConfig {
-    DeviceConfig {
-        vsock: Some(VsockConfig { guest_cid: GUEST_CID, uds_path: vsock_uds.to_path_buf() }),
-        rng: true,
-        blocks: vec![
-            BlockConfig { path: a.image.rootfs.clone(), read_only: true, id: ROOT_DISK_ID.into(), layers: None },
-            BlockConfig {
-                path: a.scratch.clone(),
-                read_only: false,
-                id: DATA_DISK_ID.into(),
-                layers: Some(LayeredConfig {
-                    sealed,
-                    dir: disk_dir.join("disk1"),
-                    lazy: lazy.map(Box::new),
-                    replaces: Vec::new(),
-                }),
-            },
-        ],
-    }
-}
-
-pub(crate) fn cmdline(a: &Artifacts) -> String {
-    let mut c =
-        "console=ttyS0 reboot=k panic=1 quiet root=/dev/vda ro rootfstype=ext4 init=/sbin/forkvm-agent".to_string();
-    if let Some(python) = &a.image.python {
-        c.push_str(&format!(" FORKVM_AGENT_PYTHON={python}"));
-    }
-    c
-}
-
 fn snapshot_key(a: &Artifacts, template: CpuTemplate, guard: VectorGuard) -> String {
     let mut config = format!(
         "mem={MEM_MIB} irqchip={IRQCHIP} cpu={template} cpu-cmdline={} cmdline={}",
@@ -164,78 +112,6 @@ fn snapshot_key(a: &Artifacts, template: CpuTemplate, guard: VectorGuard) -> Str
         h.update(part.as_bytes());
     }
     h.finalize().to_hex()[..32].to_string()
-}
-
-/// How long one readiness ping may wait for the agent. Right after a restore the guest
-/// resets its vsock transport, and a connection made just before it processed the reset
-/// is dropped on the guest side without a word to the host: without a limit, that ping
-/// would wait forever. Generous, for guests whose kernel code is emulated and busy.
-pub const PING_LIMIT: Duration = Duration::from_secs(10);
-
-/// Waits until the agent behind the vsock socket `uds` answers a ping.
-pub fn wait_for_agent(uds: &Path, timeout: Duration, alive: &dyn Fn() -> Option<String>) -> Result<(), Option<String>> {
-    let probe = AgentClient::vsock_uds_within(uds, AGENT_PORT, PING_LIMIT);
-    let deadline = Instant::now() + timeout;
-    loop {
-        if probe.ping().is_ok() {
-            return Ok(());
-        }
-        if let Some(why) = alive() {
-            return Err(Some(why));
-        }
-        if Instant::now() > deadline {
-            return Err(None);
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-/// Cold-boots the template's VM in this process (console log and vsock socket in `work`)
-/// and waits until its agent answers; returns the VM, a client and the console log path.
-pub fn boot_to_agent(
-    artifacts: &Artifacts,
-    work: &Path,
-) -> Result<(forkvm_vmm::Vmm, AgentClient<std::os::unix::net::UnixStream>, PathBuf), TemplateSnapshotError> {
-    boot_to_agent_with(artifacts, work, CpuTemplate::for_this_host())
-}
-
-/// [`boot_to_agent`] under a given CPU template.
-pub fn boot_to_agent_with(
-    artifacts: &Artifacts,
-    work: &Path,
-    cpu: CpuTemplate,
-) -> Result<(forkvm_vmm::Vmm, AgentClient<std::os::unix::net::UnixStream>, PathBuf), TemplateSnapshotError> {
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| TemplateSnapshotError::Io { path, source }
-    };
-    std::fs::create_dir_all(work).map_err(io(work))?;
-    let console_path = work.join("console.log");
-    let log = forkvm_vmm::devices::console_log::ConsoleLog::open(&console_path).map_err(io(&console_path))?;
-    let uds = work.join("vsock.sock");
-    let kvm = open_kvm()?;
-    let vmm = forkvm_vmm::boot(
-        &kvm,
-        BootConfig {
-            mem_size: MEM_MIB << 20,
-            vcpu_count: 1,
-            irqchip: IRQCHIP,
-            cpu_template: cpu,
-            payload: Payload::Linux { kernel: artifacts.kernel.clone(), initrd: None, cmdline: cmdline(artifacts) },
-            console: ConsoleOut::new(Some(log), None),
-            devices: boot_devices(artifacts, &uds, &work.join("disks"), Vec::new(), None),
-            start_paused: false,
-        },
-    )
-    .map_err(TemplateSnapshotError::Boot)?;
-    let client = AgentClient::vsock_uds(&uds, AGENT_PORT);
-    let latch = vmm.exit_latch();
-    let alive = || latch.get().map(|r| format!("{r:?}"));
-    wait_for_agent(&uds, BOOT_TIMEOUT, &alive).map_err(|e| match e {
-        Some(why) => TemplateSnapshotError::Stopped(why, console_path.clone()),
-        None => TemplateSnapshotError::AgentTimeout(BOOT_TIMEOUT, console_path.clone()),
-    })?;
-    Ok((vmm, client, console_path))
 }
 
 /// The template snapshot for `artifacts`, booting and snapshotting it if missing.

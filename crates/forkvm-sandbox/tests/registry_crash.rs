@@ -13,7 +13,7 @@
 //! because what is tested is the registry (rows, owners, compare-and-set, sweep,
 //! recovery), at dozens of crash points a run. A stand-in serves a control socket in its
 //! run directory as a VMM does, stops when asked (removing its run directory), and is
-//! noted (`vmm.start`) right after it is forked, as `spawn::start_vmms` notes a VMM.
+//! noted (`vmm.start`) right after it is forked, as `start::snapshot::start_vmms` notes a VMM.
 //! Recovery runs 100 ms after the kill, as a restarted daemon would at the earliest,
 //! so a stand-in forked just before the kill serves its socket by then.
 //! `forkvm/tests/daemon_restart.rs` kills a real daemon mid-spawn and mid-branch with
@@ -93,7 +93,7 @@ fn crash_worker() {
     for round in 0.. {
         let ids: Vec<String> = (0..3).map(|i| format!("{tag}-{round}-{i}")).collect();
         let origin = Origin { template: Some("t".into()), ..Origin::default() };
-        // A spawn (`spawn::start_vmms`, `spawn::finish_within`).
+        // A spawn (`start::snapshot::start_vmms`, `ready::finish_within`).
         let mut records: Vec<SandboxRecord> =
             ids.iter().map(|id| reg.new_record(id, origin.clone()).unwrap()).collect();
         reg.begin(&records.iter().collect::<Vec<_>>(), None).unwrap();
@@ -123,9 +123,9 @@ fn crash_worker() {
         let live = [SandboxState::Running, SandboxState::Paused];
         assert!(reg.transition(&ids[1], &live, SandboxState::Archived, Some(StateReason::Api)).unwrap());
         step("archived");
-        forkvm_sandbox::lifecycle::kill_record(&reg, &records[1]).unwrap();
+        forkvm_sandbox::verbs::kill_record(&reg, &records[1]).unwrap();
         step("archived VMM stopped");
-        // A restore (`archive::start_restore`, `archive::finish_restore`).
+        // A restore (`start::restore::start_restore`, `finish_restore`).
         assert!(reg.transition(&ids[1], &[SandboxState::Archived], SandboxState::Restoring, None).unwrap());
         step("restore claimed");
         let mut restored = reg.new_record(&ids[1], origin.clone()).unwrap();
@@ -139,7 +139,7 @@ fn crash_worker() {
         step("restored");
         // Kills (`lifecycle::kill_record`; the restored one's archive goes with it).
         for r in [&records[0], &restored, &records[2]] {
-            forkvm_sandbox::lifecycle::kill_record(&reg, r).unwrap();
+            forkvm_sandbox::verbs::kill_record(&reg, r).unwrap();
         }
         step("killed");
     }
@@ -296,7 +296,7 @@ fn a_kill_9_at_every_transition_leaves_the_registry_consistent() {
     // Everything left stops cleanly.
     for row in reg.rows() {
         if row.state.is_live() {
-            forkvm_sandbox::lifecycle::kill_record(&reg, &row.record).unwrap();
+            forkvm_sandbox::verbs::kill_record(&reg, &row.record).unwrap();
         } else {
             reg.remove(row.id()).unwrap();
         }

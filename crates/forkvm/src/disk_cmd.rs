@@ -8,7 +8,7 @@
 use crate::remote_cmd::RemoteArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use forkvm_sandbox::disk_fork::DiskRestore;
+use forkvm_sandbox::start::disk::DiskRestore;
 use forkvm_sandbox::disk_snapshots::{self, DEFAULT_RETENTION};
 use forkvm_sandbox::Registry;
 use forkvm_snapshot::vault::{RetentionPolicy, SnapshotInfo};
@@ -190,7 +190,7 @@ pub fn fork(a: DiskForkArgs, remote: &RemoteArgs) -> Result<i32> {
         return Ok(code);
     }
     let opts = forkvm_sandbox::SpawnOptions { memory_limit_bytes: a.mem_limit_mib.map(|m| m << 20) };
-    let f = forkvm_sandbox::disk_fork::fork_from_disk(
+    let f = forkvm_sandbox::start::disk::fork_from_disk(
         &Registry::open_default(),
         &Store::open_default(),
         &a.id,

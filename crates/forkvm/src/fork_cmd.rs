@@ -230,7 +230,7 @@ fn run_linux(a: &ForkArgs, from: LinuxSource) -> Result<i32> {
             };
         }
         if a.rm {
-            forkvm_sandbox::lifecycle::kill_record(&registry, r)?;
+            forkvm_sandbox::verbs::kill_record(&registry, r)?;
         }
         rows.push(row);
     }

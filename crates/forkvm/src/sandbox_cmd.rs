@@ -6,7 +6,7 @@ use crate::remote_cmd::RemoteArgs;
 use anyhow::{bail, Result};
 use clap::Args;
 use forkvm_client::api::{BranchSandboxRequest, SandboxInfo};
-use forkvm_sandbox::lifecycle::agent;
+use forkvm_sandbox::verbs::agent;
 use forkvm_sandbox::{Registry, SandboxState};
 use forkvm_snapshot::Store;
 use std::io::Write;

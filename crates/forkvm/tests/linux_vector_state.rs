@@ -31,7 +31,7 @@ fn expected_level() -> &'static str {
 /// through the sandbox's agent socket).
 fn vector_check(env: &CliEnv, id: &str, processes: u32, switches: u32) -> VectorCheckReport {
     let uds = env.run.join("sandboxes").join(id).join("vsock.sock");
-    let client = AgentClient::vsock_uds(&uds, forkvm_sandbox::template_snapshot::AGENT_PORT);
+    let client = AgentClient::vsock_uds(&uds, forkvm_sandbox::guest::AGENT_PORT);
     vector_guard::run(&client, processes, switches).unwrap_or_else(|e| panic!("{e}"))
 }
 

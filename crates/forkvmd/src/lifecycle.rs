@@ -264,7 +264,7 @@ pub async fn restore_sandbox(
             // failure at either step puts it back to `archived`.
             let pending =
                 spawner.start_restore(&id).map_err(|r| crate::spawner::refused(r, SandboxState::Running.as_str()))?;
-            let sandbox = archive::finish_restore(&s.registry, &s.store, pending, started)?;
+            let sandbox = forkvm_sandbox::start::restore::finish_restore(&s.registry, &s.store, pending, started)?;
             let now = now_unix_ms();
             s.registry.set_ttl(&id, ttl, ttl.map(|t| now + t * 1000))?;
             let row = s

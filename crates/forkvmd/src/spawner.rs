@@ -19,7 +19,7 @@
 //! is versioned because a VMM outlives the daemon that started it.)
 
 use forkvm_api::ErrorCode;
-use forkvm_sandbox::archive::PendingRestore;
+use forkvm_sandbox::start::restore::PendingRestore;
 use forkvm_sandbox::{Registry, SandboxRecord, SpawnOptions, SpawnSource, StartedVmms};
 use forkvm_snapshot::Store;
 use serde::{Deserialize, Serialize};
@@ -55,19 +55,19 @@ impl SpawnRefused {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Order {
     Spawn(SpawnOrder),
-    /// Archived sandbox `id` from its archive ([`forkvm_sandbox::archive::start_restore`]).
+    /// Archived sandbox `id` from its archive ([`forkvm_sandbox::start::restore::start_restore`]).
     Restore {
         id: String,
     },
     /// New sandbox `id` cold-booted on a disk snapshot of `source`
-    /// ([`forkvm_sandbox::disk_fork::start_disk_fork`]).
+    /// ([`forkvm_sandbox::start::disk::start_disk_fork`]).
     DiskFork {
         source: String,
         seq: Option<u64>,
         id: String,
         memory_limit_bytes: Option<u64>,
         #[serde(default)]
-        restore: forkvm_sandbox::disk_fork::DiskRestore,
+        restore: forkvm_sandbox::start::disk::DiskRestore,
     },
 }
 
@@ -148,7 +148,7 @@ impl Spawner {
         seq: Option<u64>,
         id: &str,
         memory_limit_bytes: Option<u64>,
-        restore: forkvm_sandbox::disk_fork::DiskRestore,
+        restore: forkvm_sandbox::start::disk::DiskRestore,
     ) -> Result<SandboxRecord, SpawnRefused> {
         let order = Order::DiskFork { source: source.into(), seq, id: id.into(), memory_limit_bytes, restore };
         match self.ask(&order)? {
@@ -221,14 +221,14 @@ fn execute(order: &Order, registry: &Registry, store: &Store) -> Answer {
     let order = match order {
         Order::Spawn(o) => o,
         Order::Restore { id } => {
-            return match forkvm_sandbox::archive::start_restore(registry, store, id) {
+            return match forkvm_sandbox::start::restore::start_restore(registry, store, id) {
                 Ok(p) => Answer::Restoring(p),
                 Err(e) => refused(e.code(), e.to_string()),
             }
         }
         Order::DiskFork { source, seq, id, memory_limit_bytes, restore } => {
             let opts = SpawnOptions { memory_limit_bytes: *memory_limit_bytes };
-            return match forkvm_sandbox::disk_fork::start_disk_fork(registry, store, source, *seq, id, *restore, &opts)
+            return match forkvm_sandbox::start::disk::start_disk_fork(registry, store, source, *seq, id, *restore, &opts)
             {
                 Ok(r) => Answer::Booting(r.record),
                 Err(e) => refused(e.code(), e.to_string()),

@@ -25,7 +25,7 @@ const MAX_STATE_BYTES: u64 = 1 << 30;
 
 /// Rebuilds archive `dir` (described by `m`) of sandbox `id` under `run_dir` and returns
 /// the source to start its VMM from.
-pub(super) fn unseal(
+pub(crate) fn unseal(
     store: &Store,
     id: &str,
     dir: &Path,

@@ -105,7 +105,7 @@ impl Registry {
         match row.state {
             SandboxState::Starting | SandboxState::Restoring if !row.start_abandoned() => true,
             SandboxState::Starting => {
-                let _ = crate::lifecycle::kill_record(self, r);
+                let _ = crate::verbs::kill_record(self, r);
                 let _ = self.records.delete(&id, None);
                 out.interrupted.push(id);
                 false
@@ -115,7 +115,7 @@ impl Registry {
                 if r.run_dir.is_dir() {
                     // Not the archive's: the link goes before the VMM is stopped.
                     let _ = std::fs::remove_file(r.run_dir.join(crate::archive::ARCHIVE_LINK));
-                    let _ = crate::lifecycle::kill_record(self, r);
+                    let _ = crate::verbs::kill_record(self, r);
                 }
                 false
             }
@@ -159,10 +159,10 @@ impl Registry {
         if has_archive {
             let _ =
                 self.transition(&id, &[SandboxState::Restoring], SandboxState::Archived, Some(StateReason::Recovered));
-            let _ = crate::lifecycle::kill_record(self, r);
+            let _ = crate::verbs::kill_record(self, r);
             out.archived.push(id);
         } else {
-            let _ = crate::lifecycle::kill_record(self, r);
+            let _ = crate::verbs::kill_record(self, r);
             let _ = self.records.delete(&id, None);
             out.interrupted.push(id);
         }

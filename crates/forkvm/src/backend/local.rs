@@ -41,7 +41,7 @@ impl Backend for Local {
     }
 
     fn eval(&self, id: &str, code: &str) -> Result<EvalResponse> {
-        let client = forkvm_sandbox::lifecycle::agent(&self.registry, id)?;
+        let client = forkvm_sandbox::verbs::agent(&self.registry, id)?;
         let r = client.eval(code)?;
         if let Some(r) = forkvm_sandbox::memory_playbook::pending_first_call(&self.registry, id) {
             forkvm_sandbox::memory_playbook::learn_after_first_call(&r);
@@ -86,7 +86,7 @@ impl Backend for Local {
         if ttl_seconds.is_some() {
             bail!("--ttl needs the daemon (--daemon or FORKVM_DAEMON): TTLs are enforced by forkvmd");
         }
-        let s = forkvm_sandbox::archive::restore(&self.registry, &self.store, id)?;
+        let s = forkvm_sandbox::start::restore::restore(&self.registry, &self.store, id)?;
         let row =
             self.registry.row(&s.record.id).ok_or_else(|| anyhow!("sandbox {id:?} restored but has no record"))?;
         Ok(info::sandbox_info(&row))

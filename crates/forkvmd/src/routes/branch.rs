@@ -18,7 +18,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use forkvm_api::{BranchSandboxRequest, SnapshotInfo};
-use forkvm_sandbox::sandbox::new_sandbox_id;
+use forkvm_sandbox::start::new_sandbox_id;
 use forkvm_snapshot::{validate_tag, StoreError};
 use forkvm_vmm::vmm::BranchMode;
 use std::time::Duration;

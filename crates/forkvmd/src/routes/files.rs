@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use forkvm_api::{FileEntry, FileWritten};
 use forkvm_proto::{AgentClient, FileType, WriteFileRequest};
-use forkvm_sandbox::template_snapshot::AGENT_PORT;
+use forkvm_sandbox::guest::AGENT_PORT;
 use futures_util::StreamExt;
 use serde::Deserialize;
 use std::io::{Read, Write};

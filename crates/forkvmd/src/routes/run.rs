@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use forkvm_api::{EvalRequest, EvalResponse, ExecEvent, ExecRequest, ExecResponse};
 use forkvm_proto::{AgentClient, Command, ExitStatus};
-use forkvm_sandbox::template_snapshot::AGENT_PORT;
+use forkvm_sandbox::guest::AGENT_PORT;
 use std::os::unix::net::UnixStream;
 
 /// Longest exec timeout accepted (a day).

@@ -20,7 +20,7 @@ use forkvm_api::{
     SetTtlRequest, MAX_SANDBOXES_PER_CALL,
 };
 use forkvm_sandbox::registry::Origin;
-use forkvm_sandbox::sandbox::new_sandbox_id;
+use forkvm_sandbox::start::new_sandbox_id;
 use forkvm_sandbox::{RegistryError, SandboxRecord, SandboxState, SpawnOptions, SpawnSource, SpawnedSandbox};
 use forkvm_snapshot::validate_tag;
 use std::time::Instant;
@@ -67,7 +67,7 @@ pub fn running(s: &AppState, id: &str) -> Result<SandboxRecord, ApiError> {
     if !alive {
         // A read changes nothing: the run directory (with the console that says why it
         // stopped, and disk writes to salvage) stays until the daemon's sweep.
-        let console = forkvm_sandbox::spawn::console_tail(&r);
+        let console = forkvm_sandbox::ready::console_tail(&r);
         return Err(ApiError::not_found(format!("sandbox {id:?} has stopped; its console ended with: {console}")));
     }
     if s.sandbox_row(id).is_some_and(|row| row.state.is_starting()) {
@@ -191,7 +191,7 @@ pub async fn create(
         let order = SpawnOrder { tag: req.snapshot_tag.clone(), ids: ids.clone(), memory_limit_bytes: limit };
         let made = spawner.start_vmms(&order).map_err(|r| ApiError::new(r.code, r.message)).and_then(|vmms| {
             let ready = forkvm_sandbox::finish(&s.registry, vmms.records, started).map_err(ApiError::from)?;
-            forkvm_sandbox::spawn::learn_memory(vmms.memory_playbook.as_deref(), &ready);
+            forkvm_sandbox::ready::learn_memory(vmms.memory_playbook.as_deref(), &ready);
             Ok(ready)
         });
         let infos = settle(&s, "snapshot", started, made, &ids, ttl)?;
@@ -284,12 +284,12 @@ pub async fn disk_fork(
             .start_disk_fork(&id, req.seq, &new_id, limit, restore_mode(req.restore))
             .map_err(|r| crate::spawner::refused(r, "conflict"))
             .and_then(|record| {
-                let timeout = forkvm_sandbox::template_snapshot::BOOT_TIMEOUT;
-                let ready = forkvm_sandbox::spawn::finish_within(&s.registry, vec![record], started, timeout)
+                let timeout = forkvm_sandbox::guest::BOOT_TIMEOUT;
+                let ready = forkvm_sandbox::ready::finish_within(&s.registry, vec![record], started, timeout)
                     .map_err(ApiError::from)?;
                 // The playbook learns what this boot read (best effort: the fork stands).
                 for r in &ready {
-                    if let Err(e) = forkvm_sandbox::disk_fork::end_restore_recording(&r.record) {
+                    if let Err(e) = forkvm_sandbox::start::disk::end_restore_recording(&r.record) {
                         tracing::warn!(sandbox = %r.record.id, error = %e, "ending the restore's recording failed");
                     }
                 }
@@ -303,9 +303,9 @@ pub async fn disk_fork(
 }
 
 /// The library's restore mode for the API's (absent: lazy with the playbook).
-fn restore_mode(m: Option<forkvm_api::DiskRestoreMode>) -> forkvm_sandbox::disk_fork::DiskRestore {
+fn restore_mode(m: Option<forkvm_api::DiskRestoreMode>) -> forkvm_sandbox::start::disk::DiskRestore {
     use forkvm_api::DiskRestoreMode as Api;
-    use forkvm_sandbox::disk_fork::DiskRestore;
+    use forkvm_sandbox::start::disk::DiskRestore;
     match m {
         Some(Api::Eager) => DiskRestore::Eager,
         Some(Api::Lazy) => DiskRestore::Lazy,

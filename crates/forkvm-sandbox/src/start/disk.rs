@@ -26,22 +26,18 @@
 
 use crate::artifacts::{Artifacts, ArtifactsError};
 use crate::disk_snapshots::{base_key, keys_dir, open_vault, read_owner, vault_dir, DiskSnapshotError};
-use crate::lifecycle::{call, LifecycleError};
-use crate::registry::{now_unix_ms, Registry, SandboxRecord};
-use crate::sandbox::new_sandbox_id;
+use super::{ms_since, new_sandbox_id, Batch, SpawnError, SpawnOptions};
+use crate::guest::{boot_devices, machine, BOOT_TIMEOUT};
+use crate::ready::{finish_within, SpawnedSandbox};
+use crate::registry::{Origin, Registry, SandboxRecord};
 use crate::source::DATA_DISK_ID;
-use crate::spawn::{finish_within, make_cgroup, SpawnError, SpawnOptions, SpawnedSandbox};
-use crate::template_snapshot::{boot_devices, cmdline, BOOT_TIMEOUT, IRQCHIP, MEM_MIB};
+use crate::verbs::{call, LifecycleError};
 use forkvm_snapshot::vault::KeyStore;
 use forkvm_snapshot::Store;
 use forkvm_vmm::arch::x86_64::cpuid::CpuTemplate;
-use forkvm_vmm::cold_boot::{boot_detached, Machine};
+use forkvm_vmm::cold_boot::boot_detached;
 use forkvm_vmm::devices::virtio::blk::LazySource;
-use forkvm_vmm::host::cgroup::CgroupRoot;
 use forkvm_vmm::vmm::disks::LazyDisk;
-use forkvm_vmm::vmm::VmmLabels;
-use forkvm_vmm::zygote::{ChildSpec, Owned};
-use forkvm_vmm::Payload;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -166,7 +162,7 @@ pub fn playbook_path(store: &Store, template: &str, disk_id: &str) -> PathBuf {
 
 /// The first half of [`fork_from_disk`]: the new sandbox `id`'s disk is restored and its
 /// VMM started (cold boot under way, not yet answering); finish with
-/// [`crate::spawn::finish_within`] and [`BOOT_TIMEOUT`]. The caller must be
+/// [`crate::ready::finish_within`] and [`BOOT_TIMEOUT`]. The caller must be
 /// single-threaded; the daemon calls this in its spawner process.
 pub fn start_disk_fork(
     registry: &Registry,
@@ -210,47 +206,26 @@ pub fn start_disk_fork(
         });
     }
 
-    let run_dir = registry.create_run_dir(&id).map_err(SpawnError::from)?;
-    let cgroups = opts.memory_limit_bytes.map(|_| CgroupRoot::detect()).transpose().map_err(SpawnError::from)?;
-    let cgroup = make_cgroup(&cgroups, &id, opts.memory_limit_bytes).map_err(SpawnError::from)?;
-    let mut record = SandboxRecord {
-        id: id.clone(),
-        pid: 0,
-        run_dir: run_dir.clone(),
-        template: Some(owner.clone()),
-        source_tag: None,
-        forked_from: Some(source.to_string()),
-        created_at_unix_ms: now_unix_ms(),
-        memory_limit_bytes: opts.memory_limit_bytes,
-        cgroup: cgroup.clone(),
-        disks: Vec::new(),
-    };
-    if let Err(e) = registry.begin(&[&record], None) {
-        let _ = std::fs::remove_dir_all(&run_dir);
-        return Err(SpawnError::from(e).into());
-    }
-    let fail = |record: &SandboxRecord, step: &'static str, reason: String| {
-        registry.clean_up(record);
-        DiskForkError::Step { id: source.to_string(), step, reason }
-    };
+    let origin = Origin { template: Some(owner.clone()), forked_from: Some(source.to_string()), ..Origin::default() };
+    let mut batch = Batch::begin(registry, std::slice::from_ref(&id), origin, opts)?;
+    let step = |step: &'static str, reason: String| DiskForkError::Step { id: source.to_string(), step, reason };
     // The snapshot as the new sandbox's own lowest layer: decrypted now (eager), or a
     // cache that fills in as the guest reads (lazy; opened here once so that a bad
     // source fails this call, then again by the VMM, which keeps no inherited file).
-    let restored = record.disk_dir().join("disk1").join(format!("from-{source}-{}", snap.seq));
+    let disk_dir = batch.records()[0].disk_dir();
+    let restored = disk_dir.join("disk1").join(format!("from-{source}-{}", snap.seq));
     let restoring = Instant::now();
     let (sealed, lazy) = match restore {
         DiskRestore::Eager => {
-            if let Err(e) = vault.restore_layer(snap.seq, DATA_DISK_ID, &restored) {
-                return Err(fail(&record, "restoring the disk snapshot", e.to_string()));
-            }
+            vault
+                .restore_layer(snap.seq, DATA_DISK_ID, &restored)
+                .map_err(|e| step("restoring the disk snapshot", e.to_string()))?;
             (vec![restored], None)
         }
         DiskRestore::Lazy | DiskRestore::LazyPlaybook => {
-            let key = KeyStore::open(&keys_dir()).and_then(|k| k.sandbox_key(source));
-            let key = match key {
-                Ok(k) => k,
-                Err(e) => return Err(fail(&record, "unlocking the source's vault", e.to_string())),
-            };
+            let key = KeyStore::open(&keys_dir())
+                .and_then(|k| k.sandbox_key(source))
+                .map_err(|e| step("unlocking the source's vault", e.to_string()))?;
             let lazy = LazySource {
                 vault: vault_dir(store, source),
                 key,
@@ -260,34 +235,16 @@ pub fn start_disk_fork(
                 playbook: Some(playbook_path(store, &owner, DATA_DISK_ID)),
                 prefetch: restore == DiskRestore::LazyPlaybook,
             };
-            if let Err(e) = lazy.open() {
-                return Err(fail(&record, "opening the disk snapshot lazily", e.to_string()));
-            }
+            lazy.open().map_err(|e| step("opening the disk snapshot lazily", e.to_string()))?;
             (Vec::new(), Some(lazy))
         }
     };
-    let restore_ms = restoring.elapsed().as_secs_f64() * 1e3;
-    let machine = Machine {
-        mem_size: MEM_MIB << 20,
-        vcpu_count: 1,
-        irqchip: IRQCHIP,
-        cpu_template: CpuTemplate::for_this_host(),
-        payload: Payload::Linux { kernel: artifacts.kernel.clone(), initrd: None, cmdline: cmdline(&artifacts) },
-    };
-    let spec = ChildSpec {
-        socket: Some(record.control_socket()),
-        console_log: Some(record.console()),
-        console_stream: None,
-        detach: true,
-        devices: boot_devices(&artifacts, &record.vsock(), &record.disk_dir(), sealed, lazy),
-        labels: VmmLabels { sandbox_id: Some(id.clone()), template: Some(owner) },
-        owned: Owned { run_dir: Some(run_dir), cgroup },
-    };
-    record.disks = crate::registry::recorded_disks(&spec.devices);
-    record.pid = match boot_detached(machine, spec) {
-        Ok(pid) => pid,
-        Err(e) => return Err(fail(&record, "starting the VMM", e.to_string())),
-    };
-    let _ = registry.write(&record);
+    let restore_ms = ms_since(restoring);
+    let vsock = batch.records()[0].vsock();
+    let spec = batch.vmm_spec(0, boot_devices(&artifacts, &vsock, &disk_dir, sealed, lazy));
+    let pid = boot_detached(machine(&artifacts, CpuTemplate::for_this_host()), spec)
+        .map_err(|e| step("starting the VMM", e.to_string()))?;
+    batch.started(0, pid);
+    let record = batch.commit()?.remove(0);
     Ok(StartedDiskFork { record, restore, restore_ms })
 }

@@ -1,17 +1,25 @@
-//! One sandbox: a VM restored from a template snapshot in this process, re-identified,
-//! and an agent client to drive it.
+//! VMs inside this process, not registered: a [`Sandbox`] restored from a template
+//! snapshot (`forkvm run`'s one-shot sandbox, `forkvm doctor`, benchmarks) and a
+//! template's cold boot to a ready agent ([`boot_to_agent`]: the template snapshot,
+//! benchmarks' cold-boot baseline).
 //!
-//! The sandbox gets a fresh id, hostname, wall-clock time and host entropy before any
+//! A sandbox gets a fresh id, hostname, wall-clock time and host entropy before any
 //! user request (clones must never share RNG state or identity). Dropping it stops the
 //! VM and removes its run directory.
 
-use crate::template_snapshot::{TemplateSnapshot, AGENT_PORT};
-use forkvm_proto::{AgentClient, IdentityRequest};
+use super::new_sandbox_id;
+use crate::artifacts::Artifacts;
+use crate::guest::{boot_devices, machine, AGENT_PORT, BOOT_TIMEOUT};
+use crate::ready::{apply_identity, wait_for_agent};
+use crate::template_snapshot::{TemplateSnapshot, TemplateSnapshotError};
+use forkvm_proto::AgentClient;
+use forkvm_vmm::arch::x86_64::cpuid::CpuTemplate;
+use forkvm_vmm::BootConfig;
 use forkvm_vmm::devices::serial::ConsoleOut;
 use forkvm_vmm::host::{open_kvm, KvmUnavailable};
 use forkvm_vmm::Vmm;
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// How long a restored agent may take to answer its first request.
@@ -49,45 +57,6 @@ pub struct Sandbox {
     keep_run_dir: bool,
 }
 
-/// Up to `n` bytes from the host's getrandom (fewer only if it fails).
-fn host_random(n: usize) -> Vec<u8> {
-    let mut b = vec![0u8; n];
-    // SAFETY: getrandom writes at most `b.len()` bytes into `b`.
-    let got = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    b.truncate(got.max(0) as usize);
-    b
-}
-
-fn random_hex(bytes: usize) -> String {
-    let mut b = host_random(bytes);
-    if b.len() != bytes {
-        // Fall back to time and pid: ids must differ, not be secret.
-        let seed = format!("{:?}{}", Instant::now(), std::process::id());
-        b = blake3::hash(seed.as_bytes()).as_bytes()[..bytes].to_vec();
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-/// A fresh sandbox id (16 hex digits).
-pub fn new_sandbox_id() -> String {
-    random_hex(8)
-}
-
-/// Gives a restored guest its own identity: id, hostname `sb-<id>`, the host's wall
-/// clock, and fresh host entropy (credited, and the guest CRNG reseeded).
-pub fn apply_identity(client: &AgentClient<UnixStream>, id: &str) -> Result<(), forkvm_proto::ClientError> {
-    let now_ns =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
-    client
-        .identity(&IdentityRequest {
-            sandbox_id: id.to_string(),
-            hostname: format!("sb-{id}"),
-            wall_clock_unix_ns: now_ns,
-            entropy: host_random(64),
-        })
-        .map(|_| ())
-}
-
 impl Sandbox {
     /// Restores a sandbox from `template` and gives it its own identity.
     pub fn start(template: &TemplateSnapshot) -> Result<Sandbox, SandboxError> {
@@ -108,7 +77,7 @@ impl Sandbox {
         let client = AgentClient::vsock_uds(&uds, AGENT_PORT);
         let latch = vmm.exit_latch();
         let alive = || latch.get().map(|r| format!("{r:?}"));
-        crate::template_snapshot::wait_for_agent(&uds, RESTORE_TIMEOUT, &alive).map_err(|e| match e {
+        wait_for_agent(&uds, RESTORE_TIMEOUT, &alive).map_err(|e| match e {
             Some(why) => SandboxError::Stopped(why, console_path.clone()),
             None => SandboxError::AgentTimeout(RESTORE_TIMEOUT, console_path.clone()),
         })?;
@@ -137,3 +106,53 @@ impl Drop for Sandbox {
         }
     }
 }
+
+/// Cold-boots the template's VM in this process (console log and vsock socket in `work`)
+/// and waits until its agent answers; returns the VM, a client and the console log path.
+pub fn boot_to_agent(
+    artifacts: &Artifacts,
+    work: &Path,
+) -> Result<(forkvm_vmm::Vmm, AgentClient<std::os::unix::net::UnixStream>, PathBuf), TemplateSnapshotError> {
+    boot_to_agent_with(artifacts, work, CpuTemplate::for_this_host())
+}
+
+/// [`boot_to_agent`] under a given CPU template.
+pub fn boot_to_agent_with(
+    artifacts: &Artifacts,
+    work: &Path,
+    cpu: CpuTemplate,
+) -> Result<(forkvm_vmm::Vmm, AgentClient<std::os::unix::net::UnixStream>, PathBuf), TemplateSnapshotError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| TemplateSnapshotError::Io { path, source }
+    };
+    std::fs::create_dir_all(work).map_err(io(work))?;
+    let console_path = work.join("console.log");
+    let log = forkvm_vmm::devices::console_log::ConsoleLog::open(&console_path).map_err(io(&console_path))?;
+    let uds = work.join("vsock.sock");
+    let kvm = open_kvm()?;
+    let m = machine(artifacts, cpu);
+    let vmm = forkvm_vmm::boot(
+        &kvm,
+        BootConfig {
+            mem_size: m.mem_size,
+            vcpu_count: m.vcpu_count,
+            irqchip: m.irqchip,
+            cpu_template: m.cpu_template,
+            payload: m.payload,
+            console: ConsoleOut::new(Some(log), None),
+            devices: boot_devices(artifacts, &uds, &work.join("disks"), Vec::new(), None),
+            start_paused: false,
+        },
+    )
+    .map_err(TemplateSnapshotError::Boot)?;
+    let client = AgentClient::vsock_uds(&uds, AGENT_PORT);
+    let latch = vmm.exit_latch();
+    let alive = || latch.get().map(|r| format!("{r:?}"));
+    wait_for_agent(&uds, BOOT_TIMEOUT, &alive).map_err(|e| match e {
+        Some(why) => TemplateSnapshotError::Stopped(why, console_path.clone()),
+        None => TemplateSnapshotError::AgentTimeout(BOOT_TIMEOUT, console_path.clone()),
+    })?;
+    Ok((vmm, client, console_path))
+}
+

@@ -1,0 +1,197 @@
+//! The only code that starts a sandbox's VMM. There are five ways, one file each:
+//!
+//! - [`snapshot`]: N children of a snapshot, forked from one zygote that read it once
+//!   (`spawn`, and the restore of an archive);
+//! - [`running`]: N children of a running sandbox, forked by its own VMM, with no disk
+//!   round trip;
+//! - [`disk`]: a cold boot on a disk snapshot of another sandbox;
+//! - [`restore`]: an archived sandbox back under its own id (through [`snapshot`]);
+//! - [`in_process`]: a VM inside this process, not registered (`forkvm run`'s one-shot
+//!   sandbox, the template's cold boot, benchmarks).
+//!
+//! Every registered start goes through one [`Batch`]: the rows first (`starting`, owned by
+//! this process, one transaction), then each child's run directory and cgroup, then the
+//! VMMs, each built from the same [`Batch::vmm_spec`], then one transaction with their
+//! pids. Whatever fails on the way, the batch undoes all of it: a start gives every
+//! sandbox it was asked for, or none. [`crate::ready`] then makes them ready.
+
+pub mod disk;
+pub mod in_process;
+pub mod restore;
+pub mod running;
+pub mod snapshot;
+
+use crate::registry::{Origin, Registry, RegistryError, SandboxRecord};
+use crate::state::SandboxState;
+use forkvm_vmm::devices::attach::DeviceConfig;
+use forkvm_vmm::host::cgroup::{CgroupError, CgroupRoot};
+use forkvm_vmm::vmm::VmmLabels;
+use forkvm_vmm::zygote::{ChildSpec, Owned, ZygoteError};
+use std::time::Instant;
+
+/// Most sandboxes one call spawns.
+pub const MAX_SPAWN: usize = 4096;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    #[error("spawn: n must be between 1 and {MAX_SPAWN}, got {0}")]
+    Count(usize),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error(transparent)]
+    Zygote(#[from] ZygoteError),
+    #[error("memory limit: {0}")]
+    Cgroup(#[from] CgroupError),
+    #[error("sandbox {id} (pid {pid}) {}; its console said: {console}", if *exited { "stopped before its agent answered" } else { "did not answer in time" })]
+    NotReady { id: String, pid: i32, exited: bool, console: String },
+    #[error("sandbox {id}: applying its identity: {source}")]
+    Identity { id: String, source: forkvm_proto::ClientError },
+    #[error("a readiness worker thread panicked")]
+    Worker,
+}
+
+impl SpawnError {
+    pub fn code(&self) -> forkvm_api::ErrorCode {
+        match self {
+            SpawnError::Count(_) => forkvm_api::ErrorCode::BadRequest,
+            SpawnError::Registry(e) => e.code(),
+            _ => forkvm_api::ErrorCode::Internal,
+        }
+    }
+}
+
+/// How sandboxes are spawned.
+#[derive(Debug, Clone, Default)]
+pub struct SpawnOptions {
+    /// Memory limit of each sandbox's VMM process (cgroup v1 or v2).
+    pub memory_limit_bytes: Option<u64>,
+}
+
+/// Up to `n` bytes from the host's getrandom (fewer only if it fails).
+pub(crate) fn host_random(n: usize) -> Vec<u8> {
+    let mut b = vec![0u8; n];
+    // SAFETY: getrandom writes at most `b.len()` bytes into `b`.
+    let got = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    b.truncate(got.max(0) as usize);
+    b
+}
+
+fn random_hex(bytes: usize) -> String {
+    let mut b = host_random(bytes);
+    if b.len() != bytes {
+        // Fall back to time and pid: ids must differ, not be secret.
+        let seed = format!("{:?}{}", Instant::now(), std::process::id());
+        b = blake3::hash(seed.as_bytes()).as_bytes()[..bytes].to_vec();
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// A fresh sandbox id (16 hex digits).
+pub fn new_sandbox_id() -> String {
+    random_hex(8)
+}
+
+/// Sandboxes being started together: their rows, run directories and cgroups, and which
+/// of their VMMs run so far. Dropped before [`Batch::commit`], it stops those VMMs and
+/// removes everything else it made.
+pub(crate) struct Batch<'r> {
+    registry: &'r Registry,
+    records: Vec<SandboxRecord>,
+    /// `records[..started]` have a VMM.
+    started: usize,
+    committed: bool,
+}
+
+impl<'r> Batch<'r> {
+    /// Records `ids` as starting from `origin` (one transaction: a crash from here on
+    /// leaves rows the sweep finds abandoned), then makes each one's run directory and,
+    /// with a memory limit, its cgroup `sb-<id>`.
+    pub(crate) fn begin(
+        registry: &'r Registry,
+        ids: &[String],
+        origin: Origin,
+        opts: &SpawnOptions,
+    ) -> Result<Batch<'r>, SpawnError> {
+        if ids.is_empty() || ids.len() > MAX_SPAWN {
+            return Err(SpawnError::Count(ids.len()));
+        }
+        let origin = Origin { memory_limit_bytes: opts.memory_limit_bytes, ..origin };
+        let records: Vec<SandboxRecord> =
+            ids.iter().map(|id| registry.new_record(id, origin.clone())).collect::<Result<_, _>>()?;
+        registry.begin(&records.iter().collect::<Vec<_>>(), None)?;
+        let mut batch = Batch { registry, records, started: 0, committed: false };
+        let cgroups = opts.memory_limit_bytes.map(|_| CgroupRoot::detect()).transpose()?;
+        for r in &mut batch.records {
+            registry.create_run_dir(&r.id)?;
+            if let (Some(root), Some(bytes)) = (&cgroups, opts.memory_limit_bytes) {
+                let name = format!("sb-{}", r.id);
+                root.create(&name, bytes)?;
+                r.cgroup = Some(name);
+            }
+        }
+        Ok(batch)
+    }
+
+    pub(crate) fn records(&self) -> &[SandboxRecord] {
+        &self.records
+    }
+
+    pub(crate) fn records_mut(&mut self) -> &mut [SandboxRecord] {
+        &mut self.records
+    }
+
+    /// How child `i`'s VMM process is made: its control socket and console log in its run
+    /// directory, `devices`, its labels, and the run directory and cgroup it owns (removed
+    /// when it stops). Notes the disks it will have in its record.
+    pub(crate) fn vmm_spec(&mut self, i: usize, devices: DeviceConfig) -> ChildSpec {
+        let r = &mut self.records[i];
+        r.disks = crate::registry::recorded_disks(&devices);
+        ChildSpec {
+            socket: Some(r.control_socket()),
+            console_log: Some(r.console()),
+            console_stream: None,
+            detach: true,
+            devices,
+            labels: VmmLabels { sandbox_id: Some(r.id.clone()), template: r.template.clone() },
+            owned: Owned { run_dir: Some(r.run_dir.clone()), cgroup: r.cgroup.clone() },
+        }
+    }
+
+    /// Notes that child `i`'s VMM runs as `pid` (`vmm.start`, before the row has it).
+    /// Children start in order.
+    pub(crate) fn started(&mut self, i: usize, pid: i32) {
+        debug_assert_eq!(i, self.started, "children start in order");
+        self.records[i].pid = pid;
+        self.registry.note_started(&self.records[i]);
+        self.started = i + 1;
+    }
+
+    /// Writes every child's VMM into its row, in one transaction, and hands the records
+    /// out; without the rows the VMMs could not be found, so a failure stops them.
+    pub(crate) fn commit(mut self) -> Result<Vec<SandboxRecord>, SpawnError> {
+        self.registry.write_all(&self.records.iter().collect::<Vec<_>>())?;
+        self.committed = true;
+        Ok(std::mem::take(&mut self.records))
+    }
+}
+
+impl Drop for Batch<'_> {
+    fn drop(&mut self) {
+        if self.committed {
+            return;
+        }
+        for (i, r) in self.records.iter().enumerate() {
+            if i < self.started {
+                let _ = crate::verbs::kill_record(self.registry, r);
+            } else {
+                self.registry.clean_up(r);
+            }
+            let _ = self.registry.remove_if(&r.id, &[SandboxState::Starting]);
+        }
+    }
+}
+
+/// Milliseconds since `t`.
+pub(crate) fn ms_since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}

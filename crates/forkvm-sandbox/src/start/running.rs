@@ -1,0 +1,64 @@
+//! Children of a running sandbox: its own VMM forks them (no disk round trip; the source
+//! pauses for the fork only). Each child gets its own run directory and cgroup from the
+//! [`Batch`], the source's disks linked into its own directory, and is then made ready
+//! like any other start.
+
+use super::{new_sandbox_id, Batch, SpawnOptions};
+use crate::ready::{finish, SpawnedSandbox};
+use crate::registry::{Origin, RecordedDisk, Registry, SandboxRecord};
+use crate::verbs::{call, check_ready, LifecycleError};
+use forkvm_vmm::vmm::{ForkChild, ForkReport, VmmLabels};
+use std::time::Instant;
+
+/// Forks running sandbox `id` into `n` new sandboxes; each is registered and
+/// re-identified. Returns them and the source's pause window.
+pub fn fork_running(
+    registry: &Registry,
+    id: &str,
+    n: usize,
+    opts: &SpawnOptions,
+) -> Result<(Vec<SpawnedSandbox>, f64), LifecycleError> {
+    let ids: Vec<String> = (0..n).map(|_| new_sandbox_id()).collect();
+    fork_running_as(registry, id, &ids, opts)
+}
+
+/// [`fork_running`] with the children's ids chosen by the caller (the daemon records
+/// them before they exist, so a crash mid-fork can be cleaned up).
+pub fn fork_running_as(
+    registry: &Registry,
+    id: &str,
+    ids: &[String],
+    opts: &SpawnOptions,
+) -> Result<(Vec<SpawnedSandbox>, f64), LifecycleError> {
+    let source = check_ready(registry, id)?;
+    let started = Instant::now();
+    let origin = Origin { forked_from: Some(source.id.clone()), ..Origin::of(&source) };
+    let mut batch = Batch::begin(registry, ids, origin, opts)?;
+    let children: Vec<ForkChild> = batch.records_mut().iter_mut().map(|r| fork_child(&source, r)).collect();
+    let report: ForkReport = call(&source, |c| c.fork(children))?;
+    for (i, pid) in report.pids.iter().enumerate() {
+        batch.started(i, *pid);
+    }
+    let pending = batch.commit()?;
+    let sandboxes = finish(registry, pending, started)?;
+    Ok((sandboxes, report.pause_ms))
+}
+
+/// What the source's VMM needs to fork child `r`; notes in `r` the source's disks, in
+/// the child's own directory (where its VMM links the source's layers: `inherited-*`).
+fn fork_child(source: &SandboxRecord, r: &mut SandboxRecord) -> ForkChild {
+    r.disks = source
+        .disks
+        .iter()
+        .map(|d| RecordedDisk { dir: r.disk_dir().join(d.dir.file_name().unwrap_or_default()), ..d.clone() })
+        .collect();
+    ForkChild {
+        socket: r.control_socket(),
+        console_log: Some(r.console()),
+        vsock_uds: Some(r.vsock()),
+        labels: VmmLabels { sandbox_id: Some(r.id.clone()), template: source.template.clone() },
+        disk_dir: Some(r.disk_dir()),
+        run_dir: Some(r.run_dir.clone()),
+        cgroup: r.cgroup.clone(),
+    }
+}

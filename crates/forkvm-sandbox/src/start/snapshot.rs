@@ -1,0 +1,125 @@
+//! Sandboxes from a snapshot: one zygote reads the snapshot once (and replays the image's
+//! memory playbook into it) and `fork()`s a VMM process per sandbox; each is registered,
+//! waited for, and re-identified (new id, hostname, clock, entropy) before it is handed
+//! out.
+//!
+//! The caller must be single-threaded when it calls [`spawn`] or [`start_vmms`] (the
+//! zygote forks). The sandboxes outlive the caller until they are killed
+//! ([`crate::verbs::kill`]).
+
+use super::{ms_since, new_sandbox_id, Batch, SpawnError, SpawnOptions, MAX_SPAWN};
+use crate::ready::{finish, learn_memory, SpawnedSandbox};
+use crate::registry::{Origin, Registry, SandboxRecord};
+use crate::source::SpawnSource;
+use forkvm_vmm::phase_timer::thread_cpu_time;
+use forkvm_vmm::zygote::Zygote;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// What a spawn took, besides the sandboxes.
+#[derive(Debug, Clone, Default)]
+pub struct SpawnTimings {
+    /// Reading the snapshot once (the zygote).
+    pub prepare_ms: f64,
+    /// Forking every VMM process (wall time of the zygote's loop; sandboxes that already
+    /// run compete with it for the CPUs).
+    pub host_spawn_ms: f64,
+    /// CPU time of that loop in the zygote (the host-side work, `fork()` included).
+    pub host_spawn_cpu_ms: f64,
+    /// Until every sandbox answered and was re-identified.
+    pub all_ready_ms: f64,
+    /// Pages of the memory playbook replayed (0: none yet for this image).
+    pub memory_prefetch_pages: u64,
+}
+
+/// The VMMs of a spawn, started (processes forked, registered) but not yet answering.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct StartedVmms {
+    pub records: Vec<SandboxRecord>,
+    /// Reading the snapshot once (the zygote).
+    pub prepare_ms: f64,
+    /// Wall time of the fork loop.
+    pub host_spawn_ms: f64,
+    /// CPU time of the fork loop.
+    pub host_spawn_cpu_ms: f64,
+    /// The source image's memory playbook (`crate::memory_playbook`), replayed if it
+    /// existed; [`learn_memory`] records into it.
+    #[serde(default)]
+    pub memory_playbook: Option<PathBuf>,
+    /// Its pages replayed (0: none).
+    #[serde(default)]
+    pub memory_prefetch_pages: u64,
+}
+
+/// Starts one VMM per id from `source` (forked from this process as the zygote) and
+/// registers them; they are not yet answering. All or nothing ([`Batch`]). The caller
+/// must be single-threaded (the module doc); the daemon calls this in its spawner
+/// process.
+pub fn start_vmms(
+    registry: &Registry,
+    source: &SpawnSource,
+    ids: &[String],
+    opts: &SpawnOptions,
+) -> Result<StartedVmms, SpawnError> {
+    if ids.is_empty() || ids.len() > MAX_SPAWN {
+        return Err(SpawnError::Count(ids.len()));
+    }
+    let started = Instant::now();
+    let mut zygote = Zygote::with_memory(&source.dir, source.memory.as_deref())?;
+    let image = source.memory.clone().unwrap_or_else(|| source.dir.join(forkvm_snapshot::MEMORY_IMG));
+    let memory_playbook = crate::memory_playbook::playbook_path(&image);
+    let memory_prefetch_pages = match &memory_playbook {
+        Some(p) if crate::memory_playbook::replay_enabled() => {
+            crate::memory_playbook::replay(&mut zygote, p, opts.memory_limit_bytes)
+        }
+        _ => 0,
+    };
+    let prepare_ms = ms_since(started);
+    let forking = Instant::now();
+    let forking_cpu = thread_cpu_time();
+    let origin = Origin { template: source.template().map(String::from), source_tag: source.tag.clone(), ..Origin::default() };
+    let mut batch = Batch::begin(registry, ids, origin, opts)?;
+    for i in 0..ids.len() {
+        let r = &batch.records()[i];
+        let devices = source.devices(&r.vsock(), &r.disk_dir());
+        let spec = batch.vmm_spec(i, devices);
+        let pid = zygote.spawn(spec)?;
+        batch.started(i, pid);
+    }
+    let records = batch.commit()?;
+    Ok(StartedVmms {
+        records,
+        prepare_ms,
+        host_spawn_ms: ms_since(forking),
+        host_spawn_cpu_ms: (thread_cpu_time() - forking_cpu).as_secs_f64() * 1e3,
+        memory_playbook,
+        memory_prefetch_pages,
+    })
+}
+
+/// Spawns `n` sandboxes from `source` (see the module doc): [`start_vmms`], then
+/// [`finish`].
+pub fn spawn(
+    registry: &Registry,
+    source: &SpawnSource,
+    n: usize,
+    opts: &SpawnOptions,
+) -> Result<(Vec<SpawnedSandbox>, SpawnTimings), SpawnError> {
+    if n == 0 || n > MAX_SPAWN {
+        return Err(SpawnError::Count(n));
+    }
+    let started = Instant::now();
+    let ids: Vec<String> = (0..n).map(|_| new_sandbox_id()).collect();
+    let vmms = start_vmms(registry, source, &ids, opts)?;
+    let sandboxes = finish(registry, vmms.records, started)?;
+    let all_ready_ms = ms_since(started);
+    learn_memory(vmms.memory_playbook.as_deref(), &sandboxes);
+    let timings = SpawnTimings {
+        prepare_ms: vmms.prepare_ms,
+        host_spawn_ms: vmms.host_spawn_ms,
+        host_spawn_cpu_ms: vmms.host_spawn_cpu_ms,
+        all_ready_ms,
+        memory_prefetch_pages: vmms.memory_prefetch_pages,
+    };
+    Ok((sandboxes, timings))
+}
