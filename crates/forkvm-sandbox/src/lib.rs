@@ -13,6 +13,7 @@ pub mod artifacts;
 pub mod chain_ops;
 pub mod delete;
 pub mod disk_snapshots;
+pub mod exec_view;
 pub mod guest;
 pub mod info;
 pub mod memory_playbook;

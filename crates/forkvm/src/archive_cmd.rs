@@ -1,15 +1,14 @@
 //! `archive ID` (state to the store, process gone), `unarchive ID` (the same sandbox
 //! back, processes and files as they were), `archives` (what is archived), and
-//! `ttl ID SECONDS` (daemon only). With `--daemon` they go through forkvmd
-//! (`remote_cmd::lifecycle`), which records archived sandboxes and lists them.
+//! `ttl ID SECONDS` (daemon only). Each runs on a [`crate::backend::Backend`]: this
+//! host's registry and store, or forkvmd with `--daemon`; both print the same shapes.
 
 use crate::backend;
 use crate::remote_cmd::RemoteArgs;
 use anyhow::Result;
 use clap::Args;
-use forkvm_sandbox::archive;
-use forkvm_sandbox::Registry;
-use forkvm_snapshot::Store;
+use forkvm_client::api::SandboxInfo;
+use forkvm_sandbox::SandboxState;
 
 #[derive(Args, Debug)]
 pub struct ArchiveArgs {
@@ -68,26 +67,31 @@ pub fn unarchive(a: UnarchiveArgs, remote: &RemoteArgs) -> Result<i32> {
     Ok(0)
 }
 
+/// The archived sandboxes: their ids (JSON), or one line each with why it was archived.
 pub fn list(a: ArchivesArgs, remote: &RemoteArgs) -> Result<i32> {
-    if let Some(code) = crate::remote_cmd::archives(&a, remote)? {
-        return Ok(code);
-    }
-    let ids = archive::list(&Registry::open_default(), &Store::open_default());
+    let backend = backend::open(remote)?;
+    backend.sweep();
+    let archived: Vec<SandboxInfo> =
+        backend.list()?.into_iter().filter(|s| s.state == SandboxState::Archived.as_str()).collect();
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&ids)?);
+        println!("{}", serde_json::to_string_pretty(&archived.iter().map(|s| &s.id).collect::<Vec<_>>())?);
     } else {
-        for id in ids {
-            println!("{id}");
+        for s in archived {
+            println!("{}\t{}", s.id, s.reason.as_deref().unwrap_or("-"));
         }
     }
     Ok(0)
 }
 
 pub fn ttl(a: TtlArgs, remote: &RemoteArgs) -> Result<i32> {
-    match crate::remote_cmd::set_ttl(&a, remote)? {
-        Some(code) => Ok(code),
-        None => {
-            anyhow::bail!("ttl needs the daemon (--daemon or FORKVM_DAEMON): TTLs are kept and enforced by forkvmd")
+    let s = backend::open(remote)?.set_ttl(&a.id, a.seconds)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+    } else {
+        match s.expires_at_unix_ms {
+            Some(at) => println!("{}: archived at {} (Unix ms) unless the TTL changes", s.id, at),
+            None => println!("{}: no TTL", s.id),
         }
     }
+    Ok(0)
 }

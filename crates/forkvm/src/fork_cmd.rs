@@ -1,14 +1,18 @@
 //! `forkvm fork`: N sandboxes from one snapshot, left running (or removed with `--rm`).
 //! `--tag T` (the snapshot store), `--image T` (a template's cached snapshot) and
 //! `--from-sandbox ID` (a running sandbox, no disk round trip) give registered Linux
-//! sandboxes, each re-identified, optionally running `--exec CMD` or `--eval CODE`;
-//! `--snapshot DIR --run-dir D` forks any snapshot without devices (test guests).
+//! sandboxes, each re-identified, optionally running `--exec CMD` or `--eval CODE`, on a
+//! [`crate::backend::Backend`] (this host, or forkvmd with `--daemon`: the same report
+//! either way, `host` timings only from this host); `--snapshot DIR --run-dir D` forks
+//! any snapshot without devices (test guests), on this host.
 
+use crate::backend::{self, Backend, NewFrom, Output};
 use crate::remote_cmd::RemoteArgs;
+use crate::sandbox_cmd::EXEC_TIMEOUT_SECS;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use forkvm_sandbox::{spawn, Registry, SpawnOptions, SpawnSource, SpawnTimings};
-use forkvm_snapshot::Store;
+use forkvm_client::api::{ExecRequest, ExecResponse};
+use serde_json::json;
 use forkvm_vmm::control::ControlClient;
 use forkvm_vmm::vmm::RunState;
 use forkvm_vmm::zygote::{ChildSpec, Zygote};
@@ -73,17 +77,14 @@ struct ForkReport {
 const MAX_CHILDREN: usize = 4096;
 
 pub fn run(a: ForkArgs, remote: &RemoteArgs) -> Result<i32> {
-    if let Some(code) = crate::remote_cmd::fork(&a, remote)? {
-        return Ok(code);
-    }
     if a.count == 0 || a.count > MAX_CHILDREN {
         bail!("-n must be between 1 and {MAX_CHILDREN}, got {}", a.count);
     }
     let snapshot = match (&a.snapshot, &a.tag, &a.image, &a.from_sandbox) {
         (Some(s), None, None, None) => s.clone(),
-        (None, Some(tag), None, None) => return run_linux(&a, LinuxSource::Tag(tag)),
-        (None, None, Some(image), None) => return run_linux(&a, LinuxSource::Image(image)),
-        (None, None, None, Some(id)) => return run_linux(&a, LinuxSource::Sandbox(id)),
+        (None, Some(tag), None, None) => return run_linux(&a, remote, NewFrom::Tag(tag)),
+        (None, None, Some(image), None) => return run_linux(&a, remote, NewFrom::Image(image)),
+        (None, None, None, Some(id)) => return run_linux(&a, remote, NewFrom::Sandbox(id)),
         _ => bail!("say what to fork, once: --tag TAG, --from-sandbox ID, --image TEMPLATE or --snapshot DIR"),
     };
     let Some(run_dir) = &a.run_dir else { bail!("--snapshot needs --run-dir DIR for the children's sockets") };
@@ -162,85 +163,58 @@ fn wait_serving(c: &Child) -> Result<()> {
     }
 }
 
-/// Where Linux sandboxes come from.
-enum LinuxSource<'a> {
-    Tag(&'a str),
-    Image(&'a str),
-    Sandbox(&'a str),
-}
-
-/// `--tag`, `--image` or `--from-sandbox`: Linux sandboxes, registered and re-identified.
-fn run_linux(a: &ForkArgs, from: LinuxSource) -> Result<i32> {
-    let registry = Registry::open_default();
-    let opts = SpawnOptions { memory_limit_bytes: a.mem_limit_mib.map(|m| m << 20) };
-    let (sandboxes, what, timings, pause_ms) = match from {
-        LinuxSource::Tag(tag) => {
-            let source = SpawnSource::from_tag(&Store::open_default(), tag)?;
-            let (s, t) = spawn(&registry, &source, a.count, &opts)?;
-            (s, format!("tag {tag}"), Some(t), None)
-        }
-        LinuxSource::Image(image) => {
-            let template = forkvm_bench::util::template_snapshot(image)?;
-            let source = SpawnSource::from_template(&template)?;
-            let (s, t) = spawn(&registry, &source, a.count, &opts)?;
-            (s, format!("template {image}"), Some(t), None)
-        }
-        LinuxSource::Sandbox(id) => {
-            let started = Instant::now();
-            let (s, pause) = forkvm_sandbox::fork_running(&registry, id, a.count, &opts)?;
-            let t = SpawnTimings { all_ready_ms: started.elapsed().as_secs_f64() * 1e3, ..Default::default() };
-            (s, format!("running sandbox {id}"), Some(t), Some(pause))
-        }
+/// `--tag`, `--image` or `--from-sandbox`: Linux sandboxes, registered and re-identified,
+/// on the backend `remote` names; then `--exec`/`--eval` in each and `--rm`.
+fn run_linux(a: &ForkArgs, remote: &RemoteArgs, from: NewFrom<'_>) -> Result<i32> {
+    let backend = backend::open(remote)?;
+    let what = match from {
+        NewFrom::Tag(tag) => format!("tag {tag}"),
+        NewFrom::Image(image) => format!("template {image}"),
+        NewFrom::Sandbox(id) => format!("running sandbox {id}"),
     };
-    let timings = timings.unwrap_or_default();
+    let started = Instant::now();
+    let made = backend.start(from, a.count, a.mem_limit_mib)?;
+    let all_ready_ms = started.elapsed().as_secs_f64() * 1e3;
     let mut failed = false;
     let mut rows = Vec::new();
-    for (index, sb) in sandboxes.iter().enumerate() {
-        let r = &sb.record;
-        let mut row = serde_json::json!({
-            "index": index, "sandbox_id": r.id, "pid": r.pid, "hostname": format!("sb-{}", r.id),
-            "run_dir": r.run_dir, "ready_ms": round1(sb.ready_ms),
-        });
+    for (index, sb) in made.sandboxes.iter().enumerate() {
+        let mut row = serde_json::to_value(sb)?;
+        row["index"] = json!(index);
+        row["sandbox_id"] = json!(sb.id);
         if let Some(cmd) = &a.exec {
-            let out = sb.client.exec_collect(&forkvm_proto::ExecRequest::shell(cmd.clone()), b"");
-            row["exec"] = match out {
-                Ok(o) => {
-                    failed |= o.status.code != Some(0);
-                    serde_json::json!({
-                        "exit_code": o.status.code, "signal": o.status.signal, "timed_out": o.status.timed_out,
-                        "stdout": String::from_utf8_lossy(&o.stdout), "stderr": String::from_utf8_lossy(&o.stderr),
-                    })
+            row["exec"] = match exec_collected(backend.as_ref(), &sb.id, cmd) {
+                Ok(r) => {
+                    failed |= r.exit_code != 0;
+                    serde_json::to_value(&r)?
                 }
                 Err(e) => {
                     failed = true;
-                    serde_json::json!({ "error": e.to_string() })
+                    json!({ "error": format!("{e:#}") })
                 }
             };
         }
         if let Some(code) = &a.eval {
-            row["eval"] = match sb.client.eval(code) {
+            row["eval"] = match backend.eval(&sb.id, code) {
                 Ok(r) => {
-                    failed |= matches!(r.outcome, forkvm_proto::EvalOutcome::Exception { .. });
-                    serde_json::to_value(&r.outcome)?
+                    failed |= r.error.is_some();
+                    serde_json::to_value(&r)?
                 }
                 Err(e) => {
                     failed = true;
-                    serde_json::json!({ "error": e.to_string() })
+                    json!({ "error": format!("{e:#}") })
                 }
             };
         }
         if a.rm {
-            forkvm_sandbox::verbs::kill_record(&registry, r)?;
+            backend.delete(&sb.id, false)?;
         }
         rows.push(row);
     }
-    let report = serde_json::json!({
-        "from": what, "n": a.count, "prepare_ms": round1(timings.prepare_ms),
-        "host_spawn_ms": round1(timings.host_spawn_ms), "all_ready_ms": round1(timings.all_ready_ms),
-        "source_pause_ms": pause_ms.map(round1), "removed": a.rm, "sandboxes": rows,
-        "memory_prefetch_pages": timings.memory_prefetch_pages,
-    });
     if a.json {
+        let report = json!({
+            "from": what, "n": a.count, "daemon": backend.endpoint(), "all_ready_ms": round1(all_ready_ms),
+            "host": made.host, "removed": a.rm, "sandboxes": rows,
+        });
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         for r in &rows {
@@ -253,9 +227,31 @@ fn run_linux(a: &ForkArgs, from: LinuxSource) -> Result<i32> {
             }
             println!();
         }
-        println!("{} sandboxes from {what} ready in {:.0} ms", a.count, timings.all_ready_ms);
+        println!("{} sandboxes from {what} ready in {all_ready_ms:.0} ms", a.count);
     }
     Ok(if failed { 1 } else { 0 })
+}
+
+/// Shell command `cmd` in sandbox `id`, its output collected, as the API's collected
+/// exec answers.
+fn exec_collected(backend: &dyn Backend, id: &str, cmd: &str) -> Result<ExecResponse> {
+    let req = ExecRequest { cmd: Some(cmd.to_string()), timeout_secs: EXEC_TIMEOUT_SECS, ..ExecRequest::default() };
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    let exit = backend.exec(id, &req, &mut |stream, chunk| match stream {
+        Output::Stdout => stdout.extend_from_slice(chunk),
+        Output::Stderr => stderr.extend_from_slice(chunk),
+    })?;
+    Ok(ExecResponse {
+        truncated: false,
+        stdout_bytes: stdout.len() as u64,
+        stderr_bytes: stderr.len() as u64,
+        stdout: String::from_utf8_lossy(&stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&stderr).into_owned(),
+        exit_code: exit.exit_code,
+        signal: exit.signal,
+        timed_out: exit.timed_out,
+        duration_ms: exit.duration_ms,
+    })
 }
 
 fn round1(x: f64) -> f64 {

@@ -1,23 +1,21 @@
 //! `--daemon ENDPOINT`: the verbs that can go through forkvmd instead of acting on this
 //! host's registry and store directly. This file holds the global option, turning it
-//! into a client, and the spinner. The sandbox verbs (`ps`, `kill`, `eval`, `branch`,
-//! `archive`, `unarchive`) run on a [`crate::backend::Backend`], which answers with the
-//! API's types either way; the others are still in `remote_cmd/` (one file per group),
-//! called from a one-line dispatch at the top of each local verb, which goes on locally
-//! when no daemon was asked for (or `auto` found none).
+//! into a client, and the spinner. The sandbox verbs (`ps`, `kill`, `exec`, `eval`,
+//! `branch`, `fork`, `archive`, `unarchive`, `archives`, `ttl`) run on a
+//! [`crate::backend::Backend`], which answers with the API's types either way. The store
+//! verbs (snapshots, chains, disk snapshots, disk forks) are in `remote_cmd/` (one file
+//! per group), called from a one-line dispatch at the top of each local verb, which goes
+//! on locally when no daemon was asked for (or `auto` found none); they print the API's
+//! shapes either way.
 
 mod chain;
 mod disk;
-mod fork;
-mod lifecycle;
-mod sandbox;
+mod disk_fork;
 mod snapshot;
 
 pub use chain::{compact, pack, rmi, snapshot_diff, snapshot_info, unpack};
 pub use disk::{disk_snapshot, disk_snapshots};
-pub use fork::fork;
-pub use lifecycle::{archives, disk_fork, set_ttl};
-pub use sandbox::exec;
+pub use disk_fork::disk_fork;
 pub use snapshot::snapshot;
 
 use anyhow::{bail, Context, Result};
@@ -27,9 +25,6 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Duration;
-
-/// Timeout the daemon applies to `exec` (the API needs one; the local path has none).
-const EXEC_TIMEOUT_SECS: u64 = 24 * 3600;
 
 #[derive(Args, Debug, Clone, Default)]
 pub struct RemoteArgs {
@@ -83,12 +78,6 @@ impl Spinner {
         bar.enable_steady_tick(Duration::from_millis(100));
         Spinner(Some(bar))
     }
-
-    fn set_message(&self, message: String) {
-        if let Some(bar) = &self.0 {
-            bar.set_message(message);
-        }
-    }
 }
 
 impl Drop for Spinner {
@@ -97,8 +86,4 @@ impl Drop for Spinner {
             bar.finish_and_clear();
         }
     }
-}
-
-fn round1(x: f64) -> f64 {
-    (x * 10.0).round() / 10.0
 }

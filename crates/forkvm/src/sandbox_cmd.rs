@@ -1,12 +1,11 @@
 //! Verbs on running sandboxes (found in the registry by id): `ps`, `kill`, `exec`,
 //! `eval`, `branch`.
 
-use crate::backend;
+use crate::backend::{self, Output};
 use crate::remote_cmd::RemoteArgs;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
-use forkvm_client::api::{BranchSandboxRequest, SandboxInfo};
-use forkvm_sandbox::verbs::agent;
+use forkvm_client::api::{BranchSandboxRequest, ExecRequest, SandboxInfo};
 use forkvm_sandbox::{Registry, SandboxState};
 use forkvm_snapshot::Store;
 use std::io::Write;
@@ -177,24 +176,31 @@ pub fn sweep(a: SweepArgs) -> Result<i32> {
     Ok(0)
 }
 
-/// The memory playbook's recording after a spawn's first call (`memory_playbook`).
-fn learn_after_first_call(registry: &Registry, id: &str) {
-    if let Some(r) = forkvm_sandbox::memory_playbook::pending_first_call(registry, id) {
-        forkvm_sandbox::memory_playbook::learn_after_first_call(&r);
-    }
-}
+/// The daemon's API needs a timeout; a command run from the CLI gets the longest (a day).
+pub const EXEC_TIMEOUT_SECS: u64 = forkvm_sandbox::exec_view::MAX_TIMEOUT_SECS;
 
+/// Streams the command's output as it comes; exits with its code (124 on timeout,
+/// 128 + N for signal N, 127 for a program that is not there).
 pub fn exec(a: ExecArgs, remote: &RemoteArgs) -> Result<i32> {
-    if let Some(code) = crate::remote_cmd::exec(&a, remote)? {
-        return Ok(code);
+    let req = ExecRequest { args: a.command, timeout_secs: EXEC_TIMEOUT_SECS, ..ExecRequest::default() };
+    let (mut stdout, mut stderr) = (std::io::stdout().lock(), std::io::stderr().lock());
+    let mut write_error = None;
+    let exit = backend::open(remote)?.exec(&a.id, &req, &mut |stream, chunk| {
+        let written = match stream {
+            Output::Stdout => stdout.write_all(chunk).and_then(|()| stdout.flush()),
+            Output::Stderr => stderr.write_all(chunk).and_then(|()| stderr.flush()),
+        };
+        if let Err(e) = written {
+            write_error.get_or_insert(e);
+        }
+    })?;
+    if let Some(e) = write_error {
+        return Err(e).context("writing the command's output");
     }
-    let registry = Registry::open_default();
-    let client = agent(&registry, &a.id)?;
-    let out = client.exec_collect(&forkvm_proto::ExecRequest::argv(a.command), b"")?;
-    std::io::stdout().write_all(&out.stdout)?;
-    std::io::stderr().write_all(&out.stderr)?;
-    learn_after_first_call(&registry, &a.id);
-    Ok(out.status.code.unwrap_or(128 + out.status.signal.unwrap_or(0)))
+    if exit.timed_out {
+        eprintln!("forkvm: the command timed out after {EXEC_TIMEOUT_SECS} s");
+    }
+    Ok(exit.exit_code)
 }
 
 pub fn eval(a: EvalArgs, remote: &RemoteArgs) -> Result<i32> {

@@ -139,10 +139,38 @@ fn cli_verbs_through_the_daemon_over_unix_and_tls() {
     env.ok(&["rmi", "both-d"]);
     env.ok(&["rmi", "both-l"]);
 
-    let out = env.cli(&["exec", a, "--", "sh", "-c", "echo out; echo err >&2; exit 5"], &[]);
-    assert_eq!(out.status.code(), Some(5), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "out\n");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("err"));
+    // `exec` streams and exits with the command's code, both ways; a program that is not
+    // there ends with 127, as in a shell.
+    let command = ["exec", a, "--", "sh", "-c", "echo out; echo err >&2; exit 5"];
+    for out in [env.cli(&command, &[]), env.command(&command).output().unwrap()] {
+        assert_eq!(out.status.code(), Some(5), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "out\n");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("err"));
+    }
+    let missing = ["exec", a, "--", "/no/such/program"];
+    for out in [env.cli(&missing, &[]), env.command(&missing).output().unwrap()] {
+        assert_eq!(out.status.code(), Some(127), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    // `fork --json` reports the same shape both ways: the API's sandbox objects, each with
+    // its `exec` (the API's collected exec) and `eval` (`EvalResponse`); only this host
+    // knows its `host` timings.
+    let fork = ["fork", "--tag", "py", "-n", "1", "--exec", "hostname", "--eval", "6 * 7", "--rm", "--json"];
+    let through: serde_json::Value = serde_json::from_str(&env.ok(&fork)).unwrap();
+    let local = local_json(&fork);
+    assert_eq!(keys(&through), keys(&local), "fork --json: daemon {through}\nlocal {local}");
+    let (d, l) = (&through["sandboxes"][0], &local["sandboxes"][0]);
+    assert_eq!(keys(d), keys(l), "fork --json rows: daemon {d}\nlocal {l}");
+    for kid in [d, l] {
+        let id = kid["sandbox_id"].as_str().unwrap();
+        assert_eq!(kid["exec"]["stdout"].as_str(), Some(format!("sb-{id}\n").as_str()), "{kid}");
+        assert_eq!(kid["exec"]["exit_code"], 0, "{kid}");
+        assert_eq!(kid["eval"]["result"], "42", "{kid}");
+    }
+    assert_eq!(keys(&d["exec"]), keys(&l["exec"]));
+    assert_eq!(keys(&d["eval"]), keys(&l["eval"]));
+    assert!(through["host"].is_null() && local["host"]["host_spawn_ms"].is_number(), "{through}\n{local}");
+    assert_eq!(ids(&env.ok(&["ps", "--json"])).len(), 2, "fork --rm left sandboxes");
     assert_eq!(env.ok(&["eval", a, "x = 6 * 7\nx"]).trim(), "42");
     let out = env.cli(&["eval", a, "1/0"], &[]);
     assert!(!out.status.success());

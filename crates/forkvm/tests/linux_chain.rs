@@ -119,7 +119,7 @@ fn check_children(env: &Env, store: &Path, tag: &str, depth: usize) {
     for kid in kids {
         assert_eq!(kid["exec"]["stdout"].as_str().unwrap(), files, "files of a child of {tag} (depth {depth}): {kid}");
         assert_eq!(
-            kid["eval"]["value_repr"].as_str().unwrap(),
+            kid["eval"]["result"].as_str().unwrap(),
             vars,
             "memory of a child of {tag} (depth {depth}): {kid}"
         );
@@ -206,7 +206,7 @@ fn chain_children_see_their_heads_state_at_every_depth_and_after_pack_unpack() {
     let info = env.json(&["snapshot-info", "l1-b", "--json"]);
     assert_eq!(info["ancestors"], serde_json::json!(["base", "l1"]), "{info}");
     let kid = env.json(&["fork", "--tag", "l1-b", "-n", "1", "--eval", "(mid, x1)", "--rm", "--json"]);
-    assert_eq!(kid["sandboxes"][0]["eval"]["value_repr"], "('branched', 11)", "{kid}");
+    assert_eq!(kid["sandboxes"][0]["eval"]["result"], "('branched', 11)", "{kid}");
 
     // rmi: refused while dependents exist (naming them); --force orphans them.
     let err = env.fails_in(&env.store, &["rmi", "l2"]);

@@ -99,7 +99,7 @@ fn eval_values(report: &serde_json::Value) -> Vec<String> {
         .as_array()
         .unwrap()
         .iter()
-        .map(|s| s["eval"]["value_repr"].as_str().unwrap_or_else(|| panic!("no value: {s}")).to_string())
+        .map(|s| s["eval"]["result"].as_str().unwrap_or_else(|| panic!("no value: {s}")).to_string())
         .collect()
 }
 
@@ -123,11 +123,10 @@ fn a_warm_variable_reaches_every_child_and_changes_stay_private() {
 
     // Through a branch on disk, the same.
     env.ok(&["branch", &parent, "--tag", "py-shared", "--mode", "live"]);
-    let report = env.json(&["fork", "--tag", "py-shared", "-n", "2", "--eval", "shared['items'][-1]", "--json"]);
-    assert_eq!(eval_values(&report), ["4", "4"]);
+    let report = env.json(&["fork", "--tag", "py-shared", "-n", "2", "--json"]);
     // A new image has no memory playbook yet; that spawn taught it the pages its
     // children touched, and the next spawn faults them in ahead — same state.
-    assert_eq!(report["memory_prefetch_pages"], 0, "{report}");
+    assert_eq!(report["host"]["memory_prefetch_pages"], 0, "{report}");
     // One child of that spawn records again after its first call (the pages a first
     // request touches): its run directory holds the marker until then.
     let markers: Vec<std::path::PathBuf> = report["sandboxes"]
@@ -141,9 +140,11 @@ fn a_warm_variable_reaches_every_child_and_changes_stay_private() {
     let first = markers[0].parent().unwrap().file_name().unwrap().to_str().unwrap().to_string();
     assert_eq!(env.eval(&first, "len(shared['items'])"), "5");
     assert!(!markers[0].exists(), "the first call claimed the recording");
+    let kids: Vec<&str> = report["sandboxes"].as_array().unwrap().iter().map(|s| s["sandbox_id"].as_str().unwrap()).collect();
+    assert_eq!(kids.iter().map(|k| env.eval(k, "shared['items'][-1]")).collect::<Vec<_>>(), ["4", "4"]);
     let report = env.json(&["fork", "--tag", "py-shared", "-n", "2", "--eval", "shared['items'][-1]", "--json"]);
     assert_eq!(eval_values(&report), ["4", "4"]);
-    assert!(report["memory_prefetch_pages"].as_u64().unwrap() > 100, "{report}");
+    assert!(report["host"]["memory_prefetch_pages"].as_u64().unwrap() > 100, "{report}");
 
     env.ok(&["kill", "--all"]);
     assert!(env.sandboxes().is_empty());
@@ -163,7 +164,7 @@ fn clones_never_share_random_bytes_ids_or_hostnames() {
     let mut seen = std::collections::HashSet::new();
     for s in report["sandboxes"].as_array().unwrap() {
         let id = s["sandbox_id"].as_str().unwrap();
-        let value = s["eval"]["value_repr"].as_str().unwrap().trim_matches('\'');
+        let value = s["eval"]["result"].as_str().unwrap().trim_matches('\'');
         let parts: Vec<&str> = value.split('|').collect();
         assert_eq!(parts.len(), 4, "{value}");
         assert_eq!(parts[0], format!("sb-{id}"));
@@ -293,7 +294,7 @@ fn a_memory_limit_holds_per_sandbox_and_teardown_leaves_nothing() {
     assert_eq!(env.ok(&["exec", b, "--", "echo", "fine"]), "fine\n");
 
     // A clean kill removes process, sockets, run directory and cgroup.
-    let run_b = PathBuf::from(sbs[1]["run_dir"].as_str().unwrap());
+    let run_b = env.run.join("sandboxes").join(b);
     let group_b = cgroup_dir(&format!("sb-{b}")).unwrap();
     env.ok(&["kill", b]);
     wait_gone(&run_b);

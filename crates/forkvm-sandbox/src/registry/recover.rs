@@ -40,18 +40,20 @@ impl Registry {
                 }
             }
         }
-        if let Some(root) = &self.store {
-            let store = forkvm_snapshot::Store::open(root);
-            for id in crate::archive::list(self, &store) {
-                if self.row(&id).is_some() {
-                    continue;
-                }
-                if self.adopt_archive(&store, &id).is_ok() {
-                    out.adopted_archives.push(id);
-                }
-            }
-        }
+        out.adopted_archives = self.adopt_archives();
         out
+    }
+
+    /// Records every complete archive in the store that has no row as an archived
+    /// sandbox (archived on an earlier boot: the registry lives in the run root); returns
+    /// their ids.
+    pub fn adopt_archives(&self) -> Vec<String> {
+        let Some(root) = &self.store else { return Vec::new() };
+        let store = forkvm_snapshot::Store::open(root);
+        crate::archive::list(self, &store)
+            .into_iter()
+            .filter(|id| self.row(id).is_none() && self.adopt_archive(&store, id).is_ok())
+            .collect()
     }
 
     /// Records archive `id` found in `store` without a row as an archived sandbox

@@ -1,12 +1,13 @@
 //! The sandbox verbs through forkvmd's REST API.
 
-use super::Backend;
+use super::{Backend, NewFrom, Output, Started};
 use crate::remote_cmd::Spinner;
-use anyhow::Result;
+use anyhow::{bail, Result};
 use forkvm_client::api::{
-    ArchiveReport, BranchSandboxRequest, EvalResponse, RestoreRequest, SandboxInfo, SnapshotInfo,
+    ArchiveReport, BranchSandboxRequest, CreateSandboxRequest, EvalResponse, ExecEvent, ExecRequest,
+    ForkSandboxRequest, RestoreRequest, SandboxInfo, SnapshotInfo, MAX_SANDBOXES_PER_CALL,
 };
-use forkvm_client::Client;
+use forkvm_client::{Client, ExecExit};
 
 pub struct Daemon {
     client: Client,
@@ -44,5 +45,51 @@ impl Backend for Daemon {
     fn restore(&self, id: &str, ttl_seconds: Option<u64>) -> Result<SandboxInfo> {
         let _spinner = Spinner::start(format!("restoring {id}"));
         Ok(self.client.restore(id, &RestoreRequest { ttl_seconds })?)
+    }
+
+    fn set_ttl(&self, id: &str, seconds: u64) -> Result<SandboxInfo> {
+        Ok(self.client.set_ttl(id, seconds)?)
+    }
+
+    fn start(&self, from: NewFrom<'_>, n: usize, memory_limit_mib: Option<u64>) -> Result<Started> {
+        let count = u32::try_from(n).ok().filter(|n| (1..=MAX_SANDBOXES_PER_CALL).contains(n));
+        let Some(n) = count else { bail!("-n must be between 1 and {MAX_SANDBOXES_PER_CALL} through the daemon, got {n}") };
+        let sandboxes = match from {
+            NewFrom::Tag(tag) => {
+                let _spinner = Spinner::start(format!("{n} sandboxes from tag {tag}"));
+                self.client.spawn(&CreateSandboxRequest {
+                    snapshot_tag: tag.to_string(),
+                    n,
+                    memory_limit_mib,
+                    per_child_netns: false,
+                    prewarm: false,
+                    live_fork: false,
+                    hugepages: false,
+                    ttl_seconds: None,
+                })?
+            }
+            NewFrom::Sandbox(id) => {
+                let _spinner = Spinner::start(format!("{n} forks of {id}"));
+                self.client.fork(id, &ForkSandboxRequest { n, memory_limit_mib, ttl_seconds: None })?
+            }
+            NewFrom::Image(_) => bail!(
+                "fork --image has no daemon API: make a tag with `forkvm snapshot create --image T --tag X`, then \
+                 `forkvm fork --tag X`"
+            ),
+        };
+        Ok(Started { sandboxes, host: None })
+    }
+
+    fn exec(&self, id: &str, req: &ExecRequest, out: &mut dyn FnMut(Output, &[u8])) -> Result<ExecExit> {
+        // An `error` line ends the call as `ClientError::Stream`.
+        Ok(self.client.exec_stream(id, req, |event| match event {
+            ExecEvent::Stdout { data } => out(Output::Stdout, data.as_bytes()),
+            ExecEvent::Stderr { data } => out(Output::Stderr, data.as_bytes()),
+            _ => {}
+        })?)
+    }
+
+    fn endpoint(&self) -> Option<String> {
+        Some(self.client.endpoint().to_string())
     }
 }

@@ -2,11 +2,13 @@
 //! (`forkvm_sandbox::info`, `snapshot_view`: the views the daemon builds its answers
 //! from).
 
-use super::{Backend, NotFound};
-use anyhow::{anyhow, bail, Result};
-use forkvm_client::api::{ArchiveReport, BranchSandboxRequest, EvalResponse, SandboxInfo, SnapshotInfo};
+use super::{Backend, HostTimings, NewFrom, NotFound, Output, Started};
+use anyhow::{anyhow, bail, Context, Result};
+use forkvm_client::api::{ArchiveReport, BranchSandboxRequest, EvalResponse, ExecRequest, SandboxInfo, SnapshotInfo};
+use forkvm_client::ExecExit;
+use forkvm_sandbox::exec_view::{agent_request, exit_code, not_started};
 use forkvm_sandbox::snapshot_view::tag_info;
-use forkvm_sandbox::{info, Registry, StateReason};
+use forkvm_sandbox::{info, Registry, SpawnOptions, SpawnSource, SpawnedSandbox, StateReason};
 use forkvm_snapshot::Store;
 use forkvm_vmm::vmm::BranchMode;
 
@@ -19,6 +21,19 @@ impl Local {
     /// The default registry and store (`$FORKVM_RUN`, `$FORKVM_STORE`).
     pub fn open_default() -> Local {
         Local { registry: Registry::open_default(), store: Store::open_default() }
+    }
+
+    /// Sandbox `s` as the API shows it, from its row.
+    fn info(&self, s: &SpawnedSandbox) -> Result<SandboxInfo> {
+        let row = self.registry.row(&s.record.id).with_context(|| format!("sandbox {} started but has no row", s.record.id))?;
+        Ok(info::sandbox_info(&row))
+    }
+
+    /// The memory playbook's recording after a spawn's first call (`memory_playbook`).
+    fn learn_after_first_call(&self, id: &str) {
+        if let Some(r) = forkvm_sandbox::memory_playbook::pending_first_call(&self.registry, id) {
+            forkvm_sandbox::memory_playbook::learn_after_first_call(&r);
+        }
     }
 
     /// Snapshot `tag` as the API shows it, once a branch made it.
@@ -43,9 +58,7 @@ impl Backend for Local {
     fn eval(&self, id: &str, code: &str) -> Result<EvalResponse> {
         let client = forkvm_sandbox::verbs::agent(&self.registry, id)?;
         let r = client.eval(code)?;
-        if let Some(r) = forkvm_sandbox::memory_playbook::pending_first_call(&self.registry, id) {
-            forkvm_sandbox::memory_playbook::learn_after_first_call(&r);
-        }
+        self.learn_after_first_call(id);
         Ok(info::eval_response(r))
     }
 
@@ -92,8 +105,72 @@ impl Backend for Local {
         Ok(info::sandbox_info(&row))
     }
 
+    fn set_ttl(&self, _id: &str, _seconds: u64) -> Result<SandboxInfo> {
+        bail!("ttl needs the daemon (--daemon or FORKVM_DAEMON): TTLs are kept and enforced by forkvmd")
+    }
+
+    fn start(&self, from: NewFrom<'_>, n: usize, memory_limit_mib: Option<u64>) -> Result<Started> {
+        let opts = SpawnOptions { memory_limit_bytes: memory_limit_mib.map(|m| m << 20) };
+        let (sandboxes, timings, source_pause_ms) = match from {
+            NewFrom::Tag(tag) => {
+                let source = SpawnSource::from_tag(&self.store, tag)?;
+                let (s, t) = forkvm_sandbox::spawn(&self.registry, &source, n, &opts)?;
+                (s, t, None)
+            }
+            NewFrom::Image(image) => {
+                let template = forkvm_bench::util::template_snapshot(image)?;
+                let source = SpawnSource::from_template(&template)?;
+                let (s, t) = forkvm_sandbox::spawn(&self.registry, &source, n, &opts)?;
+                (s, t, None)
+            }
+            NewFrom::Sandbox(id) => {
+                let (s, pause) = forkvm_sandbox::fork_running(&self.registry, id, n, &opts)?;
+                (s, Default::default(), Some(pause))
+            }
+        };
+        let host = HostTimings {
+            prepare_ms: timings.prepare_ms,
+            host_spawn_ms: timings.host_spawn_ms,
+            memory_prefetch_pages: timings.memory_prefetch_pages,
+            source_pause_ms,
+        };
+        let sandboxes = sandboxes.iter().map(|s| self.info(s)).collect::<Result<_>>()?;
+        Ok(Started { sandboxes, host: Some(host) })
+    }
+
+    fn exec(&self, id: &str, req: &ExecRequest, out: &mut dyn FnMut(Output, &[u8])) -> Result<ExecExit> {
+        let agent_req = agent_request(req)?;
+        let client = forkvm_sandbox::verbs::agent(&self.registry, id)?;
+        let stdin = req.stdin.as_deref().unwrap_or("").as_bytes();
+        let mut src = stdin;
+        let src: Option<&mut dyn std::io::Read> = if stdin.is_empty() { None } else { Some(&mut src) };
+        // The agent calls one of the two at a time.
+        let out = std::cell::RefCell::new(out);
+        let ended = client.exec(
+            &agent_req,
+            src,
+            &mut |c| (out.borrow_mut())(Output::Stdout, c),
+            &mut |c| (out.borrow_mut())(Output::Stderr, c),
+        );
+        let out = out.into_inner();
+        let exit = match ended {
+            Ok(st) => ExecExit { exit_code: exit_code(&st), signal: st.signal, timed_out: st.timed_out, duration_ms: st.duration_ms },
+            Err(e) => match not_started(&e) {
+                Some((exit_code, why)) => {
+                    out(Output::Stderr, why.as_bytes());
+                    ExecExit { exit_code, signal: None, timed_out: false, duration_ms: 0 }
+                }
+                None => return Err(e).with_context(|| format!("exec in sandbox {id}")),
+            },
+        };
+        self.learn_after_first_call(id);
+        Ok(exit)
+    }
+
     fn sweep(&self) {
-        // What dead sandboxes left goes too (their disk writes salvaged first).
+        // What dead sandboxes left goes too (their disk writes salvaged first), and an
+        // archive from an earlier boot gets its row back.
         let _ = self.registry.sweep();
+        let _ = self.registry.adopt_archives();
     }
 }

@@ -11,9 +11,12 @@ pub use local::Local;
 
 use crate::remote_cmd::RemoteArgs;
 use anyhow::Result;
-use forkvm_client::api::{ArchiveReport, BranchSandboxRequest, EvalResponse, SandboxInfo, SnapshotInfo};
+use forkvm_client::api::{ArchiveReport, BranchSandboxRequest, EvalResponse, ExecRequest, SandboxInfo, SnapshotInfo};
+use forkvm_client::ExecExit;
+use serde::Serialize;
 
-/// The sandbox verbs both ways.
+/// The sandbox verbs both ways. The snapshot and disk verbs are store verbs; they stay
+/// in `remote_cmd/`, and print the API's shapes either way.
 pub trait Backend {
     /// What `GET /v1/sandboxes` lists: running, paused and archived sandboxes.
     fn list(&self) -> Result<Vec<SandboxInfo>>;
@@ -28,9 +31,59 @@ pub trait Backend {
     fn archive(&self, id: &str) -> Result<ArchiveReport>;
     /// Runs archived sandbox `id` again (`ttl_seconds`: only a daemon keeps TTLs).
     fn restore(&self, id: &str, ttl_seconds: Option<u64>) -> Result<SandboxInfo>;
+    /// Sets sandbox `id`'s TTL (0: none); only a daemon keeps TTLs.
+    fn set_ttl(&self, id: &str, seconds: u64) -> Result<SandboxInfo>;
+    /// Starts `n` new sandboxes from `from`, each ready and re-identified.
+    fn start(&self, from: NewFrom<'_>, n: usize, memory_limit_mib: Option<u64>) -> Result<Started>;
+    /// Runs `req` in sandbox `id`, handing its output to `out` as it comes; how it ended
+    /// (a program that could not be started ends with 127 or 126, as in a shell).
+    fn exec(&self, id: &str, req: &ExecRequest, out: &mut dyn FnMut(Output, &[u8])) -> Result<ExecExit>;
+    /// The daemon's endpoint; `None` for this host.
+    fn endpoint(&self) -> Option<String> {
+        None
+    }
     /// Cleans up after what crashed, before a verb on every sandbox (a daemon sweeps on
     /// its own).
     fn sweep(&self) {}
+}
+
+/// Where new sandboxes come from.
+#[derive(Debug, Clone, Copy)]
+pub enum NewFrom<'a> {
+    /// A tag in the snapshot store.
+    Tag(&'a str),
+    /// A template's cached snapshot (booted and warmed once; this host only).
+    Image(&'a str),
+    /// A running sandbox, forked without a disk round trip.
+    Sandbox(&'a str),
+}
+
+/// New sandboxes, and what starting them cost this host when it was this host that
+/// started them (a daemon reports no timings).
+#[derive(Debug)]
+pub struct Started {
+    pub sandboxes: Vec<SandboxInfo>,
+    pub host: Option<HostTimings>,
+}
+
+/// Host-side costs of a start (`forkvm_sandbox::SpawnTimings`).
+#[derive(Debug, Default, Serialize)]
+pub struct HostTimings {
+    /// Reading the snapshot once (the zygote).
+    pub prepare_ms: f64,
+    /// Forking every VMM.
+    pub host_spawn_ms: f64,
+    /// Pages of the memory playbook replayed.
+    pub memory_prefetch_pages: u64,
+    /// A fork of a running sandbox: how long its source was paused.
+    pub source_pause_ms: Option<f64>,
+}
+
+/// Which stream a chunk of an exec's output came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    Stdout,
+    Stderr,
 }
 
 /// The backend `remote` asks for: the daemon it names (or `auto` found), else this host.

@@ -10,12 +10,10 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use forkvm_api::{EvalRequest, EvalResponse, ExecEvent, ExecRequest, ExecResponse};
-use forkvm_proto::{AgentClient, Command, ExitStatus};
+use forkvm_proto::{AgentClient, ExitStatus};
+use forkvm_sandbox::exec_view::{self, exit_code, not_started};
 use forkvm_sandbox::guest::AGENT_PORT;
 use std::os::unix::net::UnixStream;
-
-/// Longest exec timeout accepted (a day).
-const MAX_TIMEOUT_SECS: u64 = 86_400;
 
 /// The agent of running sandbox `id` (resumed if the daemon paused it), and the guard
 /// that keeps it from being paused while the call runs.
@@ -26,49 +24,7 @@ fn client(s: &AppState, id: &str) -> Result<(AgentClient<UnixStream>, InUse), Ap
 
 /// The agent's exec request for an API exec request.
 fn agent_request(req: &ExecRequest) -> Result<forkvm_proto::ExecRequest, ApiError> {
-    let command = match (&req.cmd, req.args.is_empty()) {
-        (Some(_), false) => return Err(ApiError::bad_request("give either args or cmd, not both")),
-        (Some(c), true) if c.trim().is_empty() => return Err(ApiError::bad_request("cmd is empty")),
-        (Some(c), true) => Command::Shell(c.clone()),
-        (None, true) => return Err(ApiError::bad_request("args is empty (give args or cmd)")),
-        (None, false) if req.args[0].is_empty() => return Err(ApiError::bad_request("args[0] is empty")),
-        (None, false) => Command::Argv(req.args.clone()),
-    };
-    if req.timeout_secs == 0 || req.timeout_secs > MAX_TIMEOUT_SECS {
-        return Err(ApiError::bad_request(format!(
-            "timeout_secs must be between 1 and {MAX_TIMEOUT_SECS}, got {}",
-            req.timeout_secs
-        )));
-    }
-    Ok(forkvm_proto::ExecRequest {
-        command,
-        env: req.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-        cwd: req.cwd.clone(),
-        stdin: false,
-        timeout_ms: Some(req.timeout_secs * 1000),
-    })
-}
-
-/// forkd's `exit_code` for how a process ended: its code, else 128 + signal, else 124
-/// for a timeout (as `timeout(1)`).
-fn exit_code(st: &ExitStatus) -> i32 {
-    match (st.code, st.signal) {
-        _ if st.timed_out => 124,
-        (Some(c), _) => c,
-        (None, Some(sig)) => 128 + sig,
-        (None, None) => -1,
-    }
-}
-
-/// A program that could not be started (missing, not executable) ends like it would in a
-/// shell, 127 or 126 with the reason on stderr; only a missing sandbox is a 404.
-fn not_started(e: &forkvm_proto::ClientError) -> Option<(i32, String)> {
-    use forkvm_proto::{ClientError, ErrorKind};
-    match e {
-        ClientError::Agent(a) if a.kind == ErrorKind::NotFound => Some((127, format!("{}\n", a.message))),
-        ClientError::Agent(a) if a.kind == ErrorKind::PermissionDenied => Some((126, format!("{}\n", a.message))),
-        _ => None,
-    }
+    exec_view::agent_request(req).map_err(|e| ApiError::new(e.code(), e.to_string()))
 }
 
 fn exit_event(st: &ExitStatus) -> ExecEvent {
