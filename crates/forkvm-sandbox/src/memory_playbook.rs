@@ -57,20 +57,17 @@ pub fn replay(zygote: &mut Zygote, path: &Path, memory_limit_bytes: Option<u64>)
 /// Bytes of a guest page, the unit of a memory playbook.
 const PAGE_BYTES: u64 = 4096;
 
-/// In a run directory: the playbook the sandbox's first call still has to teach.
-const FIRST_CALL_MARKER: &str = "memory-playbook.first-call";
-
 /// Arms the recording after sandbox `record`'s first call (see the module doc).
 pub fn arm_first_call(record: &SandboxRecord, path: &Path) -> std::io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
-    std::fs::write(record.run_dir.join(FIRST_CALL_MARKER), path.as_os_str().as_bytes())
+    std::fs::write(record.dir().first_call_marker(), path.as_os_str().as_bytes())
 }
 
 /// Sandbox `id`'s record if it still waits for its first call's recording: a `stat`
 /// first (cheap enough for every call), the record only then.
 pub fn pending_first_call(registry: &crate::registry::Registry, id: &str) -> Option<SandboxRecord> {
     let dir = registry.run_dir(id)?;
-    if !dir.join(FIRST_CALL_MARKER).exists() {
+    if !crate::run_dir::RunDir::at(&dir).first_call_marker().exists() {
         return None;
     }
     registry.get(id).ok()
@@ -81,8 +78,8 @@ pub fn pending_first_call(registry: &crate::registry::Registry, id: &str) -> Opt
 /// (a rename); best effort (a failure is logged).
 pub fn learn_after_first_call(record: &SandboxRecord) {
     use std::os::unix::ffi::OsStrExt;
-    let marker = record.run_dir.join(FIRST_CALL_MARKER);
-    let claimed = record.run_dir.join(format!(".{FIRST_CALL_MARKER}.{}", std::process::id()));
+    let marker = record.dir().first_call_marker();
+    let claimed = record.dir().first_call_claim(std::process::id());
     if std::fs::rename(&marker, &claimed).is_err() {
         return;
     }

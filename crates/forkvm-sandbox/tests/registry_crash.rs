@@ -133,7 +133,7 @@ fn crash_worker() {
         restored.pid = start_vmm(&marker, &dir);
         reg.write(&restored).unwrap();
         step("restore started");
-        std::os::unix::fs::symlink(&a, restored.run_dir.join(forkvm_sandbox::archive::ARCHIVE_LINK)).unwrap();
+        std::os::unix::fs::symlink(&a, restored.dir().archive_link()).unwrap();
         step("restore linked");
         assert!(reg.transition(&ids[1], &[SandboxState::Restoring], SandboxState::Running, None).unwrap());
         step("restored");

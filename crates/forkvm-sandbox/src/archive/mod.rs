@@ -19,10 +19,10 @@ mod seal;
 pub(crate) mod unseal;
 
 pub use format::{archives_dir, ArchiveManifest, ArchivedDisk};
-pub use unseal::RESTORE_IMAGE_DIR;
 
 use crate::verbs::{self, LifecycleError};
 use crate::registry::{Registry, SandboxRecord};
+use crate::run_dir::RunDir;
 use crate::source::SourceError;
 use crate::start::SpawnError;
 use crate::state::{SandboxState, StateReason};
@@ -33,11 +33,7 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-/// In a restored sandbox's run directory: a link to its archive (which `kill` removes).
-pub const ARCHIVE_LINK: &str = "archive";
-/// In an archiving sandbox's run directory: where the capture is written.
-const CAPTURE_DIR: &str = "archiving";
-/// The capture's name in [`CAPTURE_DIR`].
+/// The capture's name in its run directory's `RunDir::archive_capture`.
 const CAPTURE_TAG: &str = "capture";
 
 #[derive(Debug, thiserror::Error)]
@@ -135,7 +131,7 @@ pub fn archive(
     let writing = Instant::now();
     // The capture goes to the sandbox's own run directory, its disks only referenced;
     // sealing moves it into the store encrypted.
-    let staging = record.run_dir.join(CAPTURE_DIR);
+    let staging = record.dir().archive_capture();
     let _ = std::fs::remove_dir_all(&staging);
     let req = BranchRequest {
         store: staging.clone(),
@@ -157,7 +153,7 @@ pub fn archive(
     let write_ms = writing.elapsed().as_secs_f64() * 1e3;
     // The new archive replaces the one this sandbox was restored from (if any) before
     // the VMM stops: there is always a complete archive or a running sandbox.
-    let _ = std::fs::remove_file(record.run_dir.join(ARCHIVE_LINK));
+    let _ = std::fs::remove_file(record.dir().archive_link());
     let final_dir = archives_dir(store).join(id);
     let old = archives_dir(store).join(format!("{id}.old"));
     format::remove(store, id, &old).map_err(|e| resume(io(id, "removing an old archive")(e)))?;
@@ -197,7 +193,7 @@ pub fn has_archive(store: &Store, id: &str) -> bool {
 
 /// The archive a restored sandbox's run directory links to, if any.
 pub fn linked_archive(run_dir: &Path) -> Option<PathBuf> {
-    std::fs::read_link(run_dir.join(ARCHIVE_LINK)).ok()
+    std::fs::read_link(RunDir::at(run_dir).archive_link()).ok()
 }
 
 /// Ids of the archived sandboxes in `store` that are not running.

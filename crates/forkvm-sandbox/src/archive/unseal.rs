@@ -11,6 +11,7 @@
 use super::format::{ArchiveManifest, MEMORY_DISK_ID, VMSTATE_SEALED};
 use super::seal::vmstate_label;
 use super::ArchiveError;
+use crate::run_dir::RunDir;
 use crate::disk_snapshots::{keys_dir, open_vault, vault_dir};
 use crate::source::{SpawnSource, VaultLower};
 use forkvm_snapshot::vault::KeyStore;
@@ -18,8 +19,6 @@ use forkvm_snapshot::{Store, DISK_DIR, MEMORY_IMG, SNAPSHOT_JSON, VMSTATE_BIN};
 use forkvm_vmm::devices::virtio::blk::LazySource;
 use std::path::Path;
 
-/// The rebuilt snapshot directory inside a restored sandbox's run directory.
-pub const RESTORE_IMAGE_DIR: &str = "archived-image";
 /// Largest sealed state read back.
 const MAX_STATE_BYTES: u64 = 1 << 30;
 
@@ -34,7 +33,7 @@ pub(crate) fn unseal(
 ) -> Result<SpawnSource, ArchiveError> {
     let io = |step: &'static str| move |source| ArchiveError::Io { id: id.to_string(), step: step.into(), source };
     let step = |step: &'static str| move |e: String| ArchiveError::Step { id: id.to_string(), step, reason: e };
-    let image = run_dir.join(RESTORE_IMAGE_DIR);
+    let image = RunDir::at(run_dir).restored_image();
     let _ = std::fs::remove_dir_all(&image);
     std::fs::create_dir_all(image.join(DISK_DIR)).map_err(io("creating the restore directory"))?;
 
@@ -81,7 +80,7 @@ pub(crate) fn unseal(
             key: key.clone(),
             seq: m.vault_seq,
             disk_id: d.id.clone(),
-            cache: run_dir.join("disks").join(format!("disk{}", d.index)).join(format!("from-archive-{}", m.vault_seq)),
+            cache: RunDir::at(run_dir).disks().join(format!("disk{}", d.index)).join(format!("from-archive-{}", m.vault_seq)),
             playbook: None,
             prefetch: false,
         };

@@ -17,6 +17,7 @@ mod recover;
 mod row;
 mod sweep;
 
+use crate::run_dir::RunDir;
 use crate::state::{SandboxState, StateReason};
 use forkvm_vmm::host::cgroup::CgroupRoot;
 use records::Records;
@@ -118,18 +119,22 @@ pub fn recorded_disks(devices: &forkvm_vmm::devices::attach::DeviceConfig) -> Ve
 }
 
 impl SandboxRecord {
+    /// Its run directory's layout.
+    pub fn dir(&self) -> RunDir<'_> {
+        RunDir::at(&self.run_dir)
+    }
     pub fn control_socket(&self) -> PathBuf {
-        self.run_dir.join("control.sock")
+        self.dir().control_socket()
     }
     pub fn vsock(&self) -> PathBuf {
-        self.run_dir.join("vsock.sock")
+        self.dir().vsock()
     }
     pub fn console(&self) -> PathBuf {
-        self.run_dir.join("console.log")
+        self.dir().console()
     }
     /// Where the sandbox's layered disks keep their writable layers (`disk<i>/`).
     pub fn disk_dir(&self) -> PathBuf {
-        self.run_dir.join("disks")
+        self.dir().disks()
     }
 }
 
@@ -165,7 +170,7 @@ pub fn record_alive(r: &SandboxRecord) -> bool {
 /// the clock's rounding; for a record without that file, no later than
 /// [`PID_START_SLACK`] after the record was made.
 fn started_in_time(r: &SandboxRecord, started_unix_ms: u64) -> bool {
-    let recorded = std::fs::read_to_string(r.run_dir.join(VMM_START)).ok().and_then(|text| {
+    let recorded = std::fs::read_to_string(r.dir().vmm_start()).ok().and_then(|text| {
         let mut f = text.split_whitespace();
         let pid: i32 = f.next()?.parse().ok()?;
         let t: u64 = f.next()?.parse().ok()?;
@@ -179,12 +184,9 @@ fn started_in_time(r: &SandboxRecord, started_unix_ms: u64) -> bool {
 
 /// The pid `vmm.start` in `run_dir` names, if any (a VMM started but not yet in its row).
 fn noted_pid(run_dir: &Path) -> Option<i32> {
-    let text = std::fs::read_to_string(run_dir.join(VMM_START)).ok()?;
+    let text = std::fs::read_to_string(RunDir::at(run_dir).vmm_start()).ok()?;
     text.split_whitespace().next()?.parse().ok().filter(|p: &i32| *p > 0)
 }
-
-/// The file beside a record holding its VMM's pid and when the record was written.
-const VMM_START: &str = "vmm.start";
 
 /// A pidfd for sandbox `r`'s VMM, if a process with its pid runs and is that VMM: it
 /// started no later than [`PID_START_SLACK`] after the record was made. A pid the kernel
@@ -395,7 +397,7 @@ impl Registry {
     /// /proc entry here cost a spawn 0.7 ms a child.
     pub fn note_started(&self, record: &SandboxRecord) {
         if record.pid > 0 && valid_id(&record.id) {
-            let file = self.sandboxes_dir().join(&record.id).join(VMM_START);
+            let file = RunDir::at(&self.sandboxes_dir().join(&record.id)).vmm_start();
             let _ = std::fs::write(file, format!("{} {}\n", record.pid, now_unix_ms()));
         }
     }
@@ -649,7 +651,7 @@ mod tests {
         let real = r.run_dir.clone();
         r.run_dir = victim.clone();
         register(&reg, &r);
-        assert!(!victim.join(VMM_START).exists() && real.join(VMM_START).exists());
+        assert!(!RunDir::at(&victim).vmm_start().exists() && RunDir::at(&real).vmm_start().exists());
         let read = reg.get("sb1").unwrap();
         assert_eq!(read.run_dir, real);
         reg.clean_up(&read);
@@ -680,7 +682,7 @@ mod tests {
         register(&reg, &r);
         assert!(record_alive(&r) && vmm_pidfd(&r).is_some());
         // The pid now names a process that started at another time: not the VMM.
-        std::fs::write(r.run_dir.join(VMM_START), format!("{} 1000\n", r.pid)).unwrap();
+        std::fs::write(r.dir().vmm_start(), format!("{} 1000\n", r.pid)).unwrap();
         assert!(vmm_pidfd(&r).is_none());
         assert!(!record_alive(&r));
         assert!(reg.get("sb").is_err(), "a record whose pid was reused is not alive");

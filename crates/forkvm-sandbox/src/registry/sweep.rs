@@ -114,7 +114,7 @@ impl Registry {
             SandboxState::Archived => {
                 if r.run_dir.is_dir() {
                     // Not the archive's: the link goes before the VMM is stopped.
-                    let _ = std::fs::remove_file(r.run_dir.join(crate::archive::ARCHIVE_LINK));
+                    let _ = std::fs::remove_file(r.dir().archive_link());
                     let _ = crate::verbs::kill_record(self, r);
                 }
                 false
@@ -153,7 +153,7 @@ impl Registry {
             return true;
         }
         // Unlinked first: stopping the VMM must not take the archive with it.
-        let _ = std::fs::remove_file(r.run_dir.join(crate::archive::ARCHIVE_LINK));
+        let _ = std::fs::remove_file(r.dir().archive_link());
         let has_archive =
             self.store.as_ref().is_none_or(|s| crate::archive::has_archive(&forkvm_snapshot::Store::open(s), &id));
         if has_archive {

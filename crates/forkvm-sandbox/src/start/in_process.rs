@@ -8,6 +8,7 @@
 //! VM and removes its run directory.
 
 use super::new_sandbox_id;
+use crate::run_dir::RunDir;
 use crate::artifacts::Artifacts;
 use crate::guest::{boot_devices, machine, AGENT_PORT, BOOT_TIMEOUT};
 use crate::ready::{apply_identity, wait_for_agent};
@@ -65,13 +66,14 @@ impl Sandbox {
         let base = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
         let run_dir = base.join("forkvm").join(&id);
         std::fs::create_dir_all(&run_dir).map_err(|source| SandboxError::RunDir { path: run_dir.clone(), source })?;
-        let console_path = run_dir.join("console.log");
+        let dir = RunDir::at(&run_dir);
+        let console_path = dir.console();
         let log = forkvm_vmm::devices::console_log::ConsoleLog::open(&console_path)
             .map_err(|source| SandboxError::RunDir { path: console_path.clone(), source })?;
-        let uds = run_dir.join("vsock.sock");
+        let uds = dir.vsock();
         let kvm = open_kvm()?;
         let prepared = template.prepared()?;
-        let devices = template.devices(&uds, &run_dir.join("disks"))?;
+        let devices = template.devices(&uds, &dir.disks())?;
         let vmm = forkvm_vmm::restore(&kvm, prepared, ConsoleOut::new(Some(log), None), &devices, false)
             .map_err(SandboxError::Restore)?;
         let client = AgentClient::vsock_uds(&uds, AGENT_PORT);
@@ -127,9 +129,10 @@ pub fn boot_to_agent_with(
         move |source| TemplateSnapshotError::Io { path, source }
     };
     std::fs::create_dir_all(work).map_err(io(work))?;
-    let console_path = work.join("console.log");
+    let dir = RunDir::at(work);
+    let console_path = dir.console();
     let log = forkvm_vmm::devices::console_log::ConsoleLog::open(&console_path).map_err(io(&console_path))?;
-    let uds = work.join("vsock.sock");
+    let uds = dir.vsock();
     let kvm = open_kvm()?;
     let m = machine(artifacts, cpu);
     let vmm = forkvm_vmm::boot(
@@ -141,7 +144,7 @@ pub fn boot_to_agent_with(
             cpu_template: m.cpu_template,
             payload: m.payload,
             console: ConsoleOut::new(Some(log), None),
-            devices: boot_devices(artifacts, &uds, &work.join("disks"), Vec::new(), None),
+            devices: boot_devices(artifacts, &uds, &dir.disks(), Vec::new(), None),
             start_paused: false,
         },
     )

@@ -9,7 +9,7 @@
 use super::snapshot::{start_vmms, StartedVmms};
 use super::SpawnOptions;
 use crate::archive::format::{self, ArchiveManifest};
-use crate::archive::{archived_record, io, unseal, ArchiveError, ARCHIVE_LINK};
+use crate::archive::{archived_record, io, unseal, ArchiveError};
 use crate::ready::{finish, learn_memory, SpawnedSandbox};
 use crate::registry::{Origin, Registry, RegistryError, SandboxRecord};
 use crate::source::SpawnSource;
@@ -164,7 +164,7 @@ fn finish_restore_vmm(
         record.forked_from.clone_from(&a.forked_from);
         record.created_at_unix_ms = a.created_at_unix_ms;
     }
-    std::os::unix::fs::symlink(&dir, record.run_dir.join(ARCHIVE_LINK)).map_err(io(&id, "linking the archive"))?;
+    std::os::unix::fs::symlink(&dir, record.dir().archive_link()).map_err(io(&id, "linking the archive"))?;
     registry.write(record).map_err(LifecycleError::from)?;
     registry.transition(&id, &[SandboxState::Restoring], SandboxState::Running, None).map_err(LifecycleError::from)?;
     Ok(sandbox)
