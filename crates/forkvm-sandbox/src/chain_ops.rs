@@ -9,11 +9,11 @@
 //! assembled image. A whole-image parent is moved into the chunk store first (a diff's
 //! parent must have a content hash).
 
-use crate::verbs::{self, LifecycleError};
 use crate::registry::Registry;
 use crate::source::{assembled_cache, SourceError, SpawnSource};
 use crate::start::snapshot::spawn;
 use crate::start::{SpawnError, SpawnOptions};
+use crate::verbs::{self, LifecycleError};
 use forkvm_proto::{ClientError, EvalOutcome, ExecRequest};
 use forkvm_snapshot::chain::{self, ChainError, ConvertReport};
 use forkvm_snapshot::{SnapshotDir, Store};

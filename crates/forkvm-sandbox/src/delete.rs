@@ -6,9 +6,9 @@
 //! deleted before, of which only the vault is left.
 
 use crate::disk_snapshots::{purge, vault_dir, DiskSnapshotError};
-use crate::verbs::{kill_record, LifecycleError};
 use crate::registry::{Registry, RegistryError};
 use crate::state::SandboxState;
+use crate::verbs::{kill_record, LifecycleError};
 use forkvm_snapshot::Store;
 
 /// What there was to delete.

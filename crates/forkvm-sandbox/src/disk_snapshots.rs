@@ -15,8 +15,8 @@
 //! The daemon takes one per sandbox every interval (`forkvm daemon
 //! --disk-snapshot-interval`); `forkvm disk-snapshot ID` takes one now.
 
-use crate::verbs::{call, LifecycleError};
 use crate::registry::Registry;
+use crate::verbs::{call, LifecycleError};
 use forkvm_snapshot::vault::{DiskInput, KeyStore, RetentionPolicy, SnapshotInfo, Vault, VaultError};
 use forkvm_snapshot::Store;
 use forkvm_vmm::vmm::disks::DiskSeal;

@@ -6,10 +6,10 @@
 use crate::artifacts::Artifacts;
 use crate::source::{DATA_DISK_ID, ROOT_DISK_ID};
 use forkvm_vmm::arch::x86_64::cpuid::CpuTemplate;
+use forkvm_vmm::cold_boot::Machine;
 use forkvm_vmm::devices::attach::{BlockConfig, DeviceConfig, LayeredConfig, VsockConfig};
 use forkvm_vmm::devices::virtio::blk::LazySource;
 use forkvm_vmm::vstate::irqchip::IrqchipMode;
-use forkvm_vmm::cold_boot::Machine;
 use forkvm_vmm::Payload;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -73,4 +73,3 @@ pub(crate) fn cmdline(a: &Artifacts) -> String {
     }
     c
 }
-

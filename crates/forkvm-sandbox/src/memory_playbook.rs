@@ -13,8 +13,8 @@
 //! touches are in the playbook too. The second recording is armed by a marker in the
 //! sandbox's run directory ([`arm_first_call`]) that the first call claims.
 
-use crate::verbs::{call, LifecycleError};
 use crate::registry::SandboxRecord;
+use crate::verbs::{call, LifecycleError};
 use forkvm_snapshot::vault::Playbook;
 use forkvm_vmm::vstate::memory_playbook::{MemoryPrefetch, MemoryRecording};
 use forkvm_vmm::zygote::Zygote;

@@ -8,8 +8,8 @@
 //! the batch is stopped.
 
 use crate::guest::AGENT_PORT;
-use crate::start::host_random;
 use crate::registry::{Registry, SandboxRecord};
+use crate::start::host_random;
 use crate::start::SpawnError;
 use forkvm_proto::{AgentClient, IdentityRequest};
 use std::os::unix::net::UnixStream;
@@ -170,4 +170,3 @@ pub fn learn_memory(playbook: Option<&Path>, ready: &[SpawnedSandbox]) {
         tracing::warn!(sandbox = %first.record.id, error = %e, "arming the memory playbook's first-call recording failed");
     }
 }
-

@@ -8,8 +8,8 @@
 use crate::remote_cmd::RemoteArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use forkvm_sandbox::start::disk::DiskRestore;
 use forkvm_sandbox::disk_snapshots::{self, DEFAULT_RETENTION};
+use forkvm_sandbox::start::disk::DiskRestore;
 use forkvm_sandbox::Registry;
 use forkvm_snapshot::vault::{RetentionPolicy, SnapshotInfo};
 use forkvm_snapshot::Store;

@@ -12,11 +12,11 @@ use crate::sandbox_cmd::EXEC_TIMEOUT_SECS;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use forkvm_client::api::{ExecRequest, ExecResponse};
-use serde_json::json;
 use forkvm_vmm::control::ControlClient;
 use forkvm_vmm::vmm::RunState;
 use forkvm_vmm::zygote::{ChildSpec, Zygote};
 use serde::Serialize;
+use serde_json::json;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 

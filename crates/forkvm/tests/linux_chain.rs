@@ -118,11 +118,7 @@ fn check_children(env: &Env, store: &Path, tag: &str, depth: usize) {
     assert_eq!(kids.len(), 2);
     for kid in kids {
         assert_eq!(kid["exec"]["stdout"].as_str().unwrap(), files, "files of a child of {tag} (depth {depth}): {kid}");
-        assert_eq!(
-            kid["eval"]["result"].as_str().unwrap(),
-            vars,
-            "memory of a child of {tag} (depth {depth}): {kid}"
-        );
+        assert_eq!(kid["eval"]["result"].as_str().unwrap(), vars, "memory of a child of {tag} (depth {depth}): {kid}");
     }
 }
 

@@ -140,7 +140,8 @@ fn a_warm_variable_reaches_every_child_and_changes_stay_private() {
     let first = markers[0].parent().unwrap().file_name().unwrap().to_str().unwrap().to_string();
     assert_eq!(env.eval(&first, "len(shared['items'])"), "5");
     assert!(!markers[0].exists(), "the first call claimed the recording");
-    let kids: Vec<&str> = report["sandboxes"].as_array().unwrap().iter().map(|s| s["sandbox_id"].as_str().unwrap()).collect();
+    let kids: Vec<&str> =
+        report["sandboxes"].as_array().unwrap().iter().map(|s| s["sandbox_id"].as_str().unwrap()).collect();
     assert_eq!(kids.iter().map(|k| env.eval(k, "shared['items'][-1]")).collect::<Vec<_>>(), ["4", "4"]);
     let report = env.json(&["fork", "--tag", "py-shared", "-n", "2", "--eval", "shared['items'][-1]", "--json"]);
     assert_eq!(eval_values(&report), ["4", "4"]);

@@ -228,8 +228,9 @@ fn execute(order: &Order, registry: &Registry, store: &Store) -> Answer {
         }
         Order::DiskFork { source, seq, id, memory_limit_bytes, restore } => {
             let opts = SpawnOptions { memory_limit_bytes: *memory_limit_bytes };
-            return match forkvm_sandbox::start::disk::start_disk_fork(registry, store, source, *seq, id, *restore, &opts)
-            {
+            return match forkvm_sandbox::start::disk::start_disk_fork(
+                registry, store, source, *seq, id, *restore, &opts,
+            ) {
                 Ok(r) => Answer::Booting(r.record),
                 Err(e) => refused(e.code(), e.to_string()),
             };

@@ -20,12 +20,12 @@ pub(crate) mod unseal;
 
 pub use format::{archives_dir, ArchiveManifest, ArchivedDisk};
 
-use crate::verbs::{self, LifecycleError};
 use crate::registry::{Registry, SandboxRecord};
 use crate::run_dir::RunDir;
 use crate::source::SourceError;
 use crate::start::SpawnError;
 use crate::state::{SandboxState, StateReason};
+use crate::verbs::{self, LifecycleError};
 use forkvm_snapshot::{Store, StoreError};
 use forkvm_vmm::vmm::{BranchMode, BranchRequest, DiskCapture};
 use format::ARCHIVED_RECORD;

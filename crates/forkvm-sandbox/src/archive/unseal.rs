@@ -11,8 +11,8 @@
 use super::format::{ArchiveManifest, MEMORY_DISK_ID, VMSTATE_SEALED};
 use super::seal::vmstate_label;
 use super::ArchiveError;
-use crate::run_dir::RunDir;
 use crate::disk_snapshots::{keys_dir, open_vault, vault_dir};
+use crate::run_dir::RunDir;
 use crate::source::{SpawnSource, VaultLower};
 use forkvm_snapshot::vault::KeyStore;
 use forkvm_snapshot::{Store, DISK_DIR, MEMORY_IMG, SNAPSHOT_JSON, VMSTATE_BIN};
@@ -80,7 +80,10 @@ pub(crate) fn unseal(
             key: key.clone(),
             seq: m.vault_seq,
             disk_id: d.id.clone(),
-            cache: RunDir::at(run_dir).disks().join(format!("disk{}", d.index)).join(format!("from-archive-{}", m.vault_seq)),
+            cache: RunDir::at(run_dir)
+                .disks()
+                .join(format!("disk{}", d.index))
+                .join(format!("from-archive-{}", m.vault_seq)),
             playbook: None,
             prefetch: false,
         };

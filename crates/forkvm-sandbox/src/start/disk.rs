@@ -24,9 +24,9 @@
 //! branch or fork. A cold boot runs the guest kernel's start-up, which is emulated on
 //! PVM hosts (about a minute here); on hardware-virtualised hosts it is about a second.
 
+use super::{ms_since, new_sandbox_id, Batch, SpawnError, SpawnOptions};
 use crate::artifacts::{Artifacts, ArtifactsError};
 use crate::disk_snapshots::{base_key, keys_dir, open_vault, read_owner, vault_dir, DiskSnapshotError};
-use super::{ms_since, new_sandbox_id, Batch, SpawnError, SpawnOptions};
 use crate::guest::{boot_devices, machine, BOOT_TIMEOUT};
 use crate::ready::{finish_within, SpawnedSandbox};
 use crate::registry::{Origin, Registry, SandboxRecord};

@@ -8,16 +8,16 @@
 //! VM and removes its run directory.
 
 use super::new_sandbox_id;
-use crate::run_dir::RunDir;
 use crate::artifacts::Artifacts;
 use crate::guest::{boot_devices, machine, AGENT_PORT, BOOT_TIMEOUT};
 use crate::ready::{apply_identity, wait_for_agent};
+use crate::run_dir::RunDir;
 use crate::template_snapshot::{TemplateSnapshot, TemplateSnapshotError};
 use forkvm_proto::AgentClient;
 use forkvm_vmm::arch::x86_64::cpuid::CpuTemplate;
-use forkvm_vmm::BootConfig;
 use forkvm_vmm::devices::serial::ConsoleOut;
 use forkvm_vmm::host::{open_kvm, KvmUnavailable};
+use forkvm_vmm::BootConfig;
 use forkvm_vmm::Vmm;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -158,4 +158,3 @@ pub fn boot_to_agent_with(
     })?;
     Ok((vmm, client, console_path))
 }
-

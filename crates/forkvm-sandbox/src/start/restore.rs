@@ -169,4 +169,3 @@ fn finish_restore_vmm(
     registry.transition(&id, &[SandboxState::Restoring], SandboxState::Running, None).map_err(LifecycleError::from)?;
     Ok(sandbox)
 }
-

@@ -53,7 +53,9 @@ impl Backend for Daemon {
 
     fn start(&self, from: NewFrom<'_>, n: usize, memory_limit_mib: Option<u64>) -> Result<Started> {
         let count = u32::try_from(n).ok().filter(|n| (1..=MAX_SANDBOXES_PER_CALL).contains(n));
-        let Some(n) = count else { bail!("-n must be between 1 and {MAX_SANDBOXES_PER_CALL} through the daemon, got {n}") };
+        let Some(n) = count else {
+            bail!("-n must be between 1 and {MAX_SANDBOXES_PER_CALL} through the daemon, got {n}")
+        };
         let sandboxes = match from {
             NewFrom::Tag(tag) => {
                 let _spinner = Spinner::start(format!("{n} sandboxes from tag {tag}"));

@@ -25,7 +25,10 @@ impl Local {
 
     /// Sandbox `s` as the API shows it, from its row.
     fn info(&self, s: &SpawnedSandbox) -> Result<SandboxInfo> {
-        let row = self.registry.row(&s.record.id).with_context(|| format!("sandbox {} started but has no row", s.record.id))?;
+        let row = self
+            .registry
+            .row(&s.record.id)
+            .with_context(|| format!("sandbox {} started but has no row", s.record.id))?;
         Ok(info::sandbox_info(&row))
     }
 
@@ -146,15 +149,17 @@ impl Backend for Local {
         let src: Option<&mut dyn std::io::Read> = if stdin.is_empty() { None } else { Some(&mut src) };
         // The agent calls one of the two at a time.
         let out = std::cell::RefCell::new(out);
-        let ended = client.exec(
-            &agent_req,
-            src,
-            &mut |c| (out.borrow_mut())(Output::Stdout, c),
-            &mut |c| (out.borrow_mut())(Output::Stderr, c),
-        );
+        let ended = client.exec(&agent_req, src, &mut |c| (out.borrow_mut())(Output::Stdout, c), &mut |c| {
+            (out.borrow_mut())(Output::Stderr, c)
+        });
         let out = out.into_inner();
         let exit = match ended {
-            Ok(st) => ExecExit { exit_code: exit_code(&st), signal: st.signal, timed_out: st.timed_out, duration_ms: st.duration_ms },
+            Ok(st) => ExecExit {
+                exit_code: exit_code(&st),
+                signal: st.signal,
+                timed_out: st.timed_out,
+                duration_ms: st.duration_ms,
+            },
             Err(e) => match not_started(&e) {
                 Some((exit_code, why)) => {
                     out(Output::Stderr, why.as_bytes());

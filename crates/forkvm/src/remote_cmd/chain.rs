@@ -35,7 +35,11 @@ pub fn snapshot_diff(a: &SnapshotDiffArgs, remote: &RemoteArgs) -> Result<Option
 
 fn run_and_branch(client: &Client, id: &str, a: &SnapshotDiffArgs) -> Result<forkvm_client::api::SnapshotInfo> {
     for cmd in &a.exec {
-        let req = ExecRequest { cmd: Some(cmd.clone()), timeout_secs: crate::sandbox_cmd::EXEC_TIMEOUT_SECS, ..Default::default() };
+        let req = ExecRequest {
+            cmd: Some(cmd.clone()),
+            timeout_secs: crate::sandbox_cmd::EXEC_TIMEOUT_SECS,
+            ..Default::default()
+        };
         let out = client.exec(id, &req)?;
         if out.exit_code != 0 {
             bail!(
