@@ -16,22 +16,35 @@ pub fn kvm() -> kvm_ioctls::Kvm {
     open_kvm().expect("these tests need /dev/kvm")
 }
 
-/// A console stream: the VMM writes the guest's serial output to one end, the test
-/// reads the other.
+/// A console stream: the VMM writes the guest's serial output to one end, a thread of
+/// the test drains the other as it comes. Drained at once, not when the test gets to
+/// it: the vCPU writes one byte per `outb`, each costs the socket a whole buffer, and a
+/// vCPU blocked on a full socket holds the UART, so a test thread queueing input (which
+/// takes the UART) while nothing reads would wait on it forever.
 pub struct Console {
-    stream: UnixStream,
+    chunks: std::sync::mpsc::Receiver<Vec<u8>>,
     pub seen: Vec<u8>,
 }
 
 impl Console {
     pub fn pair() -> (Console, ConsoleOut) {
-        let (a, b) = UnixStream::pair().unwrap();
-        a.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-        (Console { stream: a, seen: Vec::new() }, ConsoleOut::new(None, Some(b)))
+        let (mut a, b) = UnixStream::pair().unwrap();
+        let (tx, chunks) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            // Ends when the VMM's end closes (or the test dropped its console).
+            while let Ok(n @ 1..) = a.read(&mut buf) {
+                if tx.send(buf[..n].to_vec()).is_err() {
+                    break;
+                }
+            }
+        });
+        (Console { chunks, seen: Vec::new() }, ConsoleOut::new(None, Some(b)))
     }
 
-    /// Reads until the output contains `needle` (after `from`), or panics after `timeout`.
+    /// Reads until the output contains `needle`, or panics after `timeout`.
     pub fn wait_for(&mut self, needle: &str, timeout: Duration) -> String {
+        use std::sync::mpsc::RecvTimeoutError;
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(pos) = find(&self.seen, needle.as_bytes()) {
@@ -44,11 +57,12 @@ impl Console {
                 "timed out waiting for {needle:?}; console so far: {:?}",
                 String::from_utf8_lossy(&self.seen)
             );
-            let mut buf = [0u8; 4096];
-            match self.stream.read(&mut buf) {
-                Ok(0) => panic!("console closed; so far: {:?}", String::from_utf8_lossy(&self.seen)),
-                Ok(n) => self.seen.extend_from_slice(&buf[..n]),
-                Err(_) => {}
+            match self.chunks.recv_timeout(Duration::from_millis(50)) {
+                Ok(chunk) => self.seen.extend_from_slice(&chunk),
+                Err(RecvTimeoutError::Disconnected) => {
+                    panic!("console closed; so far: {:?}", String::from_utf8_lossy(&self.seen))
+                }
+                Err(RecvTimeoutError::Timeout) => {}
             }
         }
     }
