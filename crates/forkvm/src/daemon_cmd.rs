@@ -155,9 +155,26 @@ pub fn run(a: DaemonArgs) -> Result<i32> {
                 .transpose()
                 .context("--pack-signing-key")?,
         },
+        spawner_exe: std::env::current_exe().context("finding the forkvm binary to run the spawner")?,
     };
     forkvmd::run(cfg)?;
     Ok(0)
+}
+
+/// `forkvm __spawner`: the daemon's spawner process ([`forkvmd::spawner::main`]).
+#[derive(clap::Args, Debug)]
+pub struct SpawnerArgs {
+    /// The daemon's pid (the spawner stops when it is gone).
+    #[arg(long)]
+    parent: i32,
+    #[arg(long)]
+    run_root: std::path::PathBuf,
+    #[arg(long)]
+    store: std::path::PathBuf,
+}
+
+pub fn spawner(a: SpawnerArgs) -> Result<i32> {
+    Ok(forkvmd::spawner::main(a.parent, &a.run_root, &a.store))
 }
 
 /// A group name (from /etc/group) or a numeric gid.

@@ -98,6 +98,9 @@ enum Command {
     Archives(archive_cmd::ArchivesArgs),
     /// Set a sandbox's time to live (daemon only): archived, never deleted, when it ends.
     Ttl(archive_cmd::TtlArgs),
+    /// The daemon's spawner process: only forkvmd starts it.
+    #[command(name = "__spawner", hide = true)]
+    Spawner(daemon_cmd::SpawnerArgs),
 }
 
 /// The error and its causes, skipping a cause whose text the message already contains
@@ -158,6 +161,7 @@ fn main() {
         Command::Unarchive(a) => archive_cmd::unarchive(a, remote),
         Command::Archives(a) => archive_cmd::list(a, remote),
         Command::Ttl(a) => archive_cmd::ttl(a, remote),
+        Command::Spawner(a) => daemon_cmd::spawner(a),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -39,6 +39,8 @@ pub struct DaemonConfig {
     pub socket_group: Option<u32>,
     /// Pack signing (downloads) and trust (uploads).
     pub packs: crate::state::PackPolicy,
+    /// The `forkvm` binary, executed again as the spawner (`forkvm __spawner`).
+    pub spawner_exe: PathBuf,
 }
 
 impl DaemonConfig {
@@ -72,8 +74,7 @@ pub enum DaemonError {
     Runtime(std::io::Error),
 }
 
-/// Runs the daemon until a stop signal. Call it from a single-threaded process (the
-/// spawner is forked before any thread starts).
+/// Runs the daemon until a stop signal.
 pub fn run(mut cfg: DaemonConfig) -> Result<(), DaemonError> {
     if cfg.branch_concurrency == 0 {
         return Err(DaemonError::ZeroConcurrency);
@@ -92,10 +93,9 @@ pub fn run(mut cfg: DaemonConfig) -> Result<(), DaemonError> {
     if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         return Err(DaemonError::Locked(cfg.state_dir.clone()));
     }
-    // The spawner finds dead sandboxes too (a restore checks the id is free): it salvages
-    // like the daemon (`AppState` sets the same).
-    let registry = cfg.registry.clone().salvaging_into(cfg.store.root());
-    let spawner = Spawner::start(registry, cfg.store.clone(), &[lock.as_raw_fd()]).map_err(DaemonError::Spawner)?;
+    // A new process from our binary: it holds none of our memory (the token and keys
+    // loaded above) and inherits none of our descriptors (the lock among them).
+    let spawner = Spawner::start(&cfg.spawner_exe, &cfg.registry, &cfg.store).map_err(DaemonError::Spawner)?;
     let db = Db::open(&cfg.state_dir.join("state.db"))?;
     let audit_path = cfg.state_dir.join("audit.log");
     let audit = AuditLog::open(&audit_path).map_err(|source| DaemonError::Audit { path: audit_path, source })?;

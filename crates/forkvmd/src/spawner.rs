@@ -3,20 +3,24 @@
 //! Spawning forks the caller once per sandbox (the caller is the zygote: it reads the
 //! snapshot once and every child inherits it). A child of a multi-threaded process only
 //! gets the forking thread, with any lock another thread held stuck forever, so the
-//! tokio daemon must not be that caller. It forks this helper first thing, while it is
-//! still single-threaded, and sends it one JSON line per spawn over a socket pair; the
-//! helper starts the VMMs ([`forkvm_sandbox::start_vmms`]), answers with their records
-//! and goes back to waiting. Waiting for the guests and re-identifying them happens in
-//! the daemon, in parallel, since that needs no fork.
+//! tokio daemon must not be that caller. Nor may anything a VMM is forked from hold a
+//! secret: a guest that escapes into its VMM would find it there. So the daemon starts
+//! this helper by executing its own binary again (`forkvm __spawner`, [`main`]) with a
+//! socket pair's end as its only descriptor besides stdio and an environment without
+//! the daemon's configuration: a fresh address space that never saw the token, the TLS
+//! key or the pack signing key, whose only channel to the daemon is the socket. It gets
+//! one JSON line per spawn, starts the VMMs ([`forkvm_sandbox::start_vmms`]), answers
+//! with their records and goes back to waiting. Waiting for the guests and
+//! re-identifying them happens in the daemon, in parallel, since that needs no fork.
 //!
 //! The helper dies with the daemon (`PR_SET_PDEATHSIG`), never mid-way through anything
 //! the restarted daemon could not clean up: its VMMs are recorded as `starting` in the
-//! state database before it is asked to create them. It reaps the VMMs it forked.
+//! registry before it is asked to create them. It reaps the VMMs it forked.
 //!
 //! Orders and answers are typed ([`Order`], [`Answer`], errors as
-//! [`forkvm_api::ErrorCode`]) but carry no protocol version: the spawner is a fork of
-//! the daemon itself, so both ends are always the same build. (The VMM control socket
-//! is versioned because a VMM outlives the daemon that started it.)
+//! [`forkvm_api::ErrorCode`]) but carry no protocol version: the spawner is the daemon's
+//! own binary, executed by it, so both ends are always the same build. (The VMM control
+//! socket is versioned because a VMM outlives the daemon that started it.)
 
 use forkvm_api::ErrorCode;
 use forkvm_sandbox::start::restore::PendingRestore;
@@ -26,6 +30,7 @@ use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -95,33 +100,59 @@ pub struct Spawner {
     pid: libc::pid_t,
 }
 
+/// The hidden subcommand of the `forkvm` binary that runs [`main`].
+pub const SPAWNER_COMMAND: &str = "__spawner";
+/// The descriptor the spawner finds its socket on.
+const SPAWNER_FD: RawFd = 3;
+/// Environment variables the spawner does not get: the daemon's configuration (its
+/// token file, TLS files and pack signing key among it) and a client's token.
+fn withheld(var: &std::ffi::OsStr) -> bool {
+    let var = var.to_string_lossy();
+    var.starts_with("FORKVMD_") || var == "FORKVM_TOKEN"
+}
+
 impl Spawner {
-    /// Forks the spawner. Call this while the process is single-threaded: before the
-    /// async runtime or any other thread starts. `close` are descriptors of the daemon's
-    /// the spawner must not hold: the state directory's lock, which a spawner still
-    /// dying after a `kill -9` of the daemon would otherwise hold against its restart.
-    pub fn start(registry: Registry, store: Store, close: &[RawFd]) -> std::io::Result<Spawner> {
-        let close = close.to_vec();
+    /// Starts the spawner: `exe __spawner` (`exe` is the `forkvm` binary) with the
+    /// registry and store roots as arguments, its end of a socket pair as descriptor 3
+    /// and nothing else inherited (every descriptor of ours is close-on-exec), stdin
+    /// from /dev/null, our stdout and stderr for its logs.
+    pub fn start(exe: &Path, registry: &Registry, store: &Store) -> std::io::Result<Spawner> {
+        use std::os::unix::process::CommandExt;
         let (ours, theirs) = UnixStream::pair()?;
-        // SAFETY: getpid has no preconditions.
-        let parent = unsafe { libc::getpid() };
-        let (ours_fd, theirs_fd) = (ours.as_raw_fd(), theirs.as_raw_fd());
-        let pid = forkvm_vmm::host::process::fork_and_run(false, move || {
-            // SAFETY: in the child, both descriptors are open copies that nothing else
-            // owns: ours is closed, theirs becomes the stream. The `close` descriptors'
-            // owners (the daemon's `File`s) are never dropped here: the child exits
-            // from `serve` without unwinding to them.
-            let theirs = unsafe {
-                libc::close(ours_fd);
-                for fd in close {
-                    libc::close(fd);
+        let theirs_fd = theirs.as_raw_fd();
+        let mut command = std::process::Command::new(exe);
+        command
+            .arg(SPAWNER_COMMAND)
+            .arg("--parent")
+            .arg(std::process::id().to_string())
+            .arg("--run-root")
+            .arg(registry.root())
+            .arg("--store")
+            .arg(store.root())
+            .stdin(std::process::Stdio::null());
+        for (var, _) in std::env::vars_os().filter(|(v, _)| withheld(v)) {
+            command.env_remove(var);
+        }
+        // SAFETY: between fork and exec only async-signal-safe calls: dup2 (which also
+        // clears close-on-exec on the copy), fcntl and prctl.
+        unsafe {
+            command.pre_exec(move || {
+                // dup2 onto itself would keep close-on-exec: clear it instead.
+                let moved = if theirs_fd == SPAWNER_FD {
+                    libc::fcntl(SPAWNER_FD, libc::F_SETFD, 0)
+                } else {
+                    libc::dup2(theirs_fd, SPAWNER_FD)
+                };
+                if moved < 0 {
+                    return Err(std::io::Error::last_os_error());
                 }
-                UnixStream::from_raw_fd(theirs_fd)
-            };
-            serve(parent, theirs, &registry, &store)
-        })?;
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
+                Ok(())
+            });
+        }
+        let child = command.spawn()?;
         drop(theirs);
-        Ok(Spawner { stream: Mutex::new(BufReader::new(ours)), pid })
+        Ok(Spawner { stream: Mutex::new(BufReader::new(ours)), pid: child.id() as libc::pid_t })
     }
 
     /// Starts the VMMs of `order` (blocking; call from a blocking thread).
@@ -180,6 +211,24 @@ impl Spawner {
             other => Ok(other),
         }
     }
+}
+
+/// The spawner process (`forkvm __spawner --parent PID --run-root DIR --store DIR`,
+/// started by [`Spawner::start`]): serves orders on descriptor 3 until the daemon closes
+/// it or dies; returns the exit code.
+pub fn main(parent: libc::pid_t, run_root: &Path, store_root: &Path) -> i32 {
+    // SAFETY: fcntl on a descriptor number; F_GETFD reads its flags only.
+    if unsafe { libc::fcntl(SPAWNER_FD, libc::F_GETFD) } < 0 {
+        eprintln!("forkvm {SPAWNER_COMMAND}: descriptor {SPAWNER_FD} is not open: only forkvmd starts the spawner");
+        return 2;
+    }
+    // SAFETY: descriptor 3 is open (checked above) and owned by nothing else in this
+    // process: the daemon put its end of the socket pair there for us.
+    let stream = unsafe { UnixStream::from_raw_fd(SPAWNER_FD) };
+    // The spawner finds dead sandboxes too (a restore checks the id is free): it salvages
+    // like the daemon.
+    let registry = Registry::open(run_root).salvaging_into(store_root);
+    serve(parent, stream, &registry, &Store::open(store_root))
 }
 
 /// The spawner's loop; returns its exit code.

@@ -1,0 +1,189 @@
+//! Linux tier: nothing secret in a VMM. The daemon runs with a bearer token (from a file,
+//! and in its environment as a client would set it) and a TLS key; the spawner it
+//! executes and a sandbox's VMM forked from that spawner must hold neither, in memory,
+//! environment or descriptors, nor any descriptor of the daemon's (its TCP listener, its
+//! lock, database and audit log).
+
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+struct Env {
+    _tmp: tempfile::TempDir,
+    dir: PathBuf,
+    daemon: Option<Child>,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let _ = self.command(&["kill", "--all"]).output();
+        if let Some(mut d) = self.daemon.take() {
+            let _ = d.kill();
+            let _ = d.wait();
+        }
+    }
+}
+
+impl Env {
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_forkvm"));
+        c.arg("--daemon")
+            .arg(format!("unix:{}", self.dir.join("run/forkvmd.sock").display()))
+            .args(args)
+            .env("FORKVM_STORE", self.dir.join("store"))
+            .env("FORKVM_RUN", self.dir.join("run"))
+            .env_remove("FORKVM_DAEMON")
+            .env_remove("FORKVM_TOKEN");
+        c
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.command(args).output().unwrap();
+        assert!(out.status.success(), "forkvm {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    }
+}
+
+/// 32 random hex digits: a token that appears nowhere by chance.
+fn random_token() -> String {
+    let mut b = [0u8; 16];
+    std::fs::File::open("/dev/urandom").unwrap().read_exact(&mut b).unwrap();
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Pids of `pid`'s children (every thread's).
+fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        let text = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        out.extend(text.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+    }
+    out
+}
+
+fn cmdline(pid: u32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline")).map(|b| String::from_utf8_lossy(&b).replace('\0', " ")).unwrap_or_default()
+}
+
+/// Which of `needles` occur in a readable mapping of process `pid`. Mappings of the
+/// sandbox's memory image and anything larger than 64 MiB (guest memory) are skipped:
+/// they are the guest's, not the VMM's.
+fn found_in_memory(pid: u32, needles: &[(&str, &[u8])]) -> Vec<String> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let mut mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let mut found = Vec::new();
+    for line in maps.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let (range, perms, path) = (f[0], f[1], f.get(5).copied().unwrap_or(""));
+        let (start, end) = range.split_once('-').unwrap();
+        let (start, end) = (u64::from_str_radix(start, 16).unwrap(), u64::from_str_radix(end, 16).unwrap());
+        if !perms.starts_with('r') || end - start > 64 << 20 || path.contains("memory") || path.starts_with("[v") {
+            continue;
+        }
+        let mut buf = vec![0u8; (end - start) as usize];
+        if mem.seek(SeekFrom::Start(start)).is_err() || mem.read_exact(&mut buf).is_err() {
+            continue;
+        }
+        for (name, needle) in needles {
+            if memchr::memmem::find(&buf, needle).is_some() {
+                found.push(format!("{name} in {line}"));
+            }
+        }
+    }
+    found
+}
+
+/// Where process `pid`'s descriptors point.
+fn fds(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .map(|p| p.display().to_string())
+        .collect()
+}
+
+/// `socket:[inode]` of the TCP sockets listening on `port`.
+fn tcp_listeners(port: u16) -> Vec<String> {
+    let mut out = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        for line in std::fs::read_to_string(table).unwrap_or_default().lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let local_port = f[1].rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok());
+            if local_port == Some(port) && f[3] == "0A" {
+                out.push(format!("socket:[{}]", f[9]));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn neither_the_spawner_nor_a_vmm_holds_a_secret_or_a_descriptor_of_the_daemon() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let (cert_pem, key_pem, token_file) = (dir.join("cert.pem"), dir.join("key.pem"), dir.join("token"));
+    let key_text = cert.signing_key.serialize_pem();
+    std::fs::write(&cert_pem, cert.cert.pem()).unwrap();
+    std::fs::write(&key_pem, &key_text).unwrap();
+    let token = random_token();
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    let mut env = Env { _tmp: tmp, dir: dir.clone(), daemon: None };
+    let mut daemon = Command::new(env!("CARGO_BIN_EXE_forkvm"))
+        .args(["daemon", "--bind", "127.0.0.1:0", "--token-file"])
+        .arg(&token_file)
+        .arg("--tls-cert")
+        .arg(&cert_pem)
+        .arg("--tls-key")
+        .arg(&key_pem)
+        .env("FORKVM_STORE", dir.join("store"))
+        .env("FORKVM_RUN", dir.join("run"))
+        .env("FORKVM_TOKEN", &token)
+        .env_remove("FORKVM_DAEMON")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(daemon.stdout.take().unwrap());
+    let port: u16 = loop {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).unwrap() > 0, "the daemon exited");
+        if let Some(a) = line.trim().strip_prefix("forkvmd listening on https://") {
+            break a.rsplit(':').next().unwrap().parse().unwrap();
+        }
+    };
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    let daemon_pid = daemon.id();
+    env.daemon = Some(daemon);
+
+    env.ok(&["snapshot", "create", "--image", "tiny", "--tag", "t"]);
+    let made: serde_json::Value = serde_json::from_str(&env.ok(&["fork", "--tag", "t", "-n", "1", "--json"])).unwrap();
+    let vmm = made["sandboxes"][0]["pid"].as_u64().expect("the sandbox's VMM pid") as u32;
+    let spawners: Vec<u32> =
+        children(daemon_pid).into_iter().filter(|p| cmdline(*p).contains("__spawner")).collect();
+    assert_eq!(spawners.len(), 1, "the daemon's children: {:?}", children(daemon_pid));
+    let spawner = spawners[0];
+    assert!(cmdline(spawner).starts_with(env!("CARGO_BIN_EXE_forkvm")), "the spawner is our binary, executed");
+
+    // The daemon itself holds them (the scan can find them).
+    let key_body: Vec<&str> = key_text.lines().filter(|l| !l.starts_with("-----")).collect();
+    let key_line = key_body[key_body.len() / 2];
+    let needles: [(&str, &[u8]); 2] = [("the token", token.as_bytes()), ("the TLS key", key_line.as_bytes())];
+    assert!(!found_in_memory(daemon_pid, &needles[..1]).is_empty(), "the scan finds the daemon's token");
+
+    let daemon_files: Vec<String> = [token_file.clone(), key_pem.clone(), cert_pem.clone()]
+        .into_iter()
+        .chain(["forkvmd.lock", "state.db", "audit.log"].map(|f| dir.join("store/forkvmd").join(f)))
+        .map(|p| p.display().to_string())
+        .chain(tcp_listeners(port))
+        .collect();
+    assert!(!tcp_listeners(port).is_empty(), "the daemon's TCP listener is visible");
+    for (what, pid) in [("the spawner", spawner), ("the VMM", vmm)] {
+        assert_eq!(found_in_memory(pid, &needles), Vec::<String>::new(), "{what} (pid {pid}) holds a secret");
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+        let environ = String::from_utf8_lossy(&environ);
+        assert!(!environ.contains("FORKVM_TOKEN") && !environ.contains("FORKVMD_"), "{what}'s environment: {environ}");
+        let held: Vec<String> = fds(pid).into_iter().filter(|f| daemon_files.contains(f)).collect();
+        assert_eq!(held, Vec::<String>::new(), "{what} (pid {pid}) holds the daemon's descriptors: {:?}", fds(pid));
+    }
+}
