@@ -62,7 +62,9 @@ fn children(pid: u32) -> Vec<u32> {
 }
 
 fn cmdline(pid: u32) -> String {
-    std::fs::read(format!("/proc/{pid}/cmdline")).map(|b| String::from_utf8_lossy(&b).replace('\0', " ")).unwrap_or_default()
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+        .unwrap_or_default()
 }
 
 /// Which of `needles` occur in a readable mapping of process `pid`. Mappings of the
@@ -159,8 +161,7 @@ fn neither_the_spawner_nor_a_vmm_holds_a_secret_or_a_descriptor_of_the_daemon() 
     env.ok(&["snapshot", "create", "--image", "tiny", "--tag", "t"]);
     let made: serde_json::Value = serde_json::from_str(&env.ok(&["fork", "--tag", "t", "-n", "1", "--json"])).unwrap();
     let vmm = made["sandboxes"][0]["pid"].as_u64().expect("the sandbox's VMM pid") as u32;
-    let spawners: Vec<u32> =
-        children(daemon_pid).into_iter().filter(|p| cmdline(*p).contains("__spawner")).collect();
+    let spawners: Vec<u32> = children(daemon_pid).into_iter().filter(|p| cmdline(*p).contains("__spawner")).collect();
     assert_eq!(spawners.len(), 1, "the daemon's children: {:?}", children(daemon_pid));
     let spawner = spawners[0];
     assert!(cmdline(spawner).starts_with(env!("CARGO_BIN_EXE_forkvm")), "the spawner is our binary, executed");

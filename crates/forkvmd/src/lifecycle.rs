@@ -310,7 +310,9 @@ pub async fn tick(s: &AppState, audit: Option<&AuditLog>) {
             }
             let outcome = archive_sandbox(s, row.id(), StateReason::Ttl).await;
             let details = match &outcome {
-                Ok(r) => serde_json::json!({ "outcome": "archived", "reason": StateReason::Ttl, "dir": r.dir }),
+                Ok(r) => {
+                    serde_json::json!({ "outcome": SandboxState::Archived, "reason": StateReason::Ttl, "dir": r.dir })
+                }
                 Err(e) => {
                     tracing::warn!(sandbox_id = %row.id(), error = %e.message, "archiving a sandbox whose TTL ran out");
                     lock(&s.lifecycle.ttl_failed).insert(row.id().to_string(), Instant::now() + TTL_RETRY);
@@ -334,7 +336,7 @@ pub async fn tick(s: &AppState, audit: Option<&AuditLog>) {
                     a.event(
                         "pause",
                         Some(row.id()),
-                        serde_json::json!({ "outcome": "paused", "reason": StateReason::Idle }),
+                        serde_json::json!({ "outcome": SandboxState::Paused, "reason": StateReason::Idle }),
                     );
                 }
             }
