@@ -46,7 +46,7 @@ pub fn boot_detached(machine: Machine, spec: ChildSpec) -> Result<libc::pid_t, Z
         let group = match spec.owned.enter() {
             Ok(g) => g,
             Err(e) => {
-                let code = fail(format!("joining the sandbox cgroup: {e}"), &mut error_log);
+                let code = fail(format!("confining the VMM: {e}"), &mut error_log);
                 spec.owned.release(None, true);
                 return code;
             }

@@ -5,6 +5,7 @@
 //! the guest command line and the tests' expectations depend on which one we are on.
 
 pub mod cgroup;
+pub mod privileges;
 pub mod process;
 
 use std::path::Path;

@@ -83,17 +83,34 @@ pub struct Owned {
     pub cgroup: Option<String>,
 }
 
+/// Why a VMM process could not be confined ([`Owned::enter`]).
+#[derive(Debug, thiserror::Error)]
+pub enum EnterError {
+    #[error("joining the sandbox cgroup: {0}")]
+    Cgroup(#[from] crate::host::cgroup::CgroupError),
+    #[error(transparent)]
+    Privileges(#[from] crate::host::privileges::PrivilegeError),
+}
+
 impl Owned {
-    /// Joins the cgroup, if any. Errors name the step.
-    pub fn enter(&self) -> Result<Option<crate::host::cgroup::SandboxCgroup>, crate::host::cgroup::CgroupError> {
+    /// Confines the calling VMM process before it runs guest code: joins the cgroup, if
+    /// any, then drops every privilege ([`crate::host::privileges`]). Call it while the
+    /// process has one thread. Errors name the step.
+    pub fn enter(&self) -> Result<Option<crate::host::cgroup::SandboxCgroup>, EnterError> {
         use crate::host::cgroup::{CgroupError, CgroupRoot};
-        let Some(name) = &self.cgroup else { return Ok(None) };
-        let root = CgroupRoot::detect()?;
-        let group = root
-            .open(name)
-            .ok_or_else(|| CgroupError::Missing { name: name.clone(), root: root.dir().to_path_buf() })?;
-        group.join(0)?;
-        Ok(Some(group))
+        let group = match &self.cgroup {
+            None => None,
+            Some(name) => {
+                let root = CgroupRoot::detect()?;
+                let group = root
+                    .open(name)
+                    .ok_or_else(|| CgroupError::Missing { name: name.clone(), root: root.dir().to_path_buf() })?;
+                group.join(0)?;
+                Some(group)
+            }
+        };
+        crate::host::privileges::drop_privileges()?;
+        Ok(group)
     }
 
     /// Leaves and removes the cgroup, and removes the run directory — unless the VMM
@@ -192,7 +209,7 @@ impl Zygote {
         let group = match spec.owned.enter() {
             Ok(g) => g,
             Err(e) => {
-                let code = fail(format!("joining the sandbox cgroup: {e}"), &mut error_log);
+                let code = fail(format!("confining the VMM: {e}"), &mut error_log);
                 spec.owned.release(None, true);
                 return code;
             }

@@ -1,4 +1,4 @@
-//! Linux tier: nothing secret in a VMM. The daemon runs with a bearer token (from a file,
+//! Linux tier: nothing secret, and no privilege, in a VMM. The daemon runs with a bearer token (from a file,
 //! and in its environment as a client would set it) and a TLS key; the spawner it
 //! executes and a sandbox's VMM forked from that spawner must hold neither, in memory,
 //! environment or descriptors, nor any descriptor of the daemon's (its TCP listener, its
@@ -105,6 +105,32 @@ fn fds(pid: u32) -> Vec<String> {
         .collect()
 }
 
+/// `(thread, field, value)` for every thread of `pid` whose capability sets are not
+/// empty or that lacks `no_new_privs`.
+fn privileged_threads(pid: u32) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        let field = |name: &str| {
+            status.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim().to_string()).unwrap_or_default()
+        };
+        let tid = task.file_name().to_string_lossy().into_owned();
+        for (name, want) in [
+            ("CapEff:", "0000000000000000"),
+            ("CapPrm:", "0000000000000000"),
+            ("CapInh:", "0000000000000000"),
+            ("CapBnd:", "0000000000000000"),
+            ("CapAmb:", "0000000000000000"),
+            ("NoNewPrivs:", "1"),
+        ] {
+            if field(name) != want {
+                out.push((tid.clone(), name.to_string(), field(name)));
+            }
+        }
+    }
+    out
+}
+
 /// `socket:[inode]` of the TCP sockets listening on `port`.
 fn tcp_listeners(port: u16) -> Vec<String> {
     let mut out = Vec::new();
@@ -121,7 +147,7 @@ fn tcp_listeners(port: u16) -> Vec<String> {
 }
 
 #[test]
-fn neither_the_spawner_nor_a_vmm_holds_a_secret_or_a_descriptor_of_the_daemon() {
+fn no_vmm_holds_a_secret_a_descriptor_of_the_daemon_or_a_privilege() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().to_path_buf();
     let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
@@ -179,7 +205,16 @@ fn neither_the_spawner_nor_a_vmm_holds_a_secret_or_a_descriptor_of_the_daemon() 
         .chain(tcp_listeners(port))
         .collect();
     assert!(!tcp_listeners(port).is_empty(), "the daemon's TCP listener is visible");
-    for (what, pid) in [("the spawner", spawner), ("the VMM", vmm)] {
+    // A VMM has no capability and cannot gain one, on every thread; so has a child of
+    // a running sandbox, forked by its VMM.
+    let forked: serde_json::Value = serde_json::from_str(&env.ok(&["fork", "--from-sandbox", made["sandboxes"][0]["sandbox_id"].as_str().unwrap(), "-n", "1", "--json"])).unwrap();
+    let child = forked["sandboxes"][0]["pid"].as_u64().expect("the forked child's VMM pid") as u32;
+    for (what, pid) in [("the VMM", vmm), ("the forked VMM", child)] {
+        assert!(std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().count() > 1, "{what} runs its threads");
+        assert_eq!(privileged_threads(pid), Vec::new(), "{what} (pid {pid}) keeps a privilege");
+    }
+
+    for (what, pid) in [("the spawner", spawner), ("the VMM", vmm), ("the forked VMM", child)] {
         assert_eq!(found_in_memory(pid, &needles), Vec::<String>::new(), "{what} (pid {pid}) holds a secret");
         let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
         let environ = String::from_utf8_lossy(&environ);

@@ -147,7 +147,7 @@ impl Vmm {
         let group = match owned.enter() {
             Ok(g) => g,
             Err(e) => {
-                let code = fail(format!("joining the sandbox cgroup: {e}"), &mut error_log);
+                let code = fail(format!("confining the VMM: {e}"), &mut error_log);
                 owned.release(None, true);
                 return code;
             }

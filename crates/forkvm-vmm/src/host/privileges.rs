@@ -1,0 +1,79 @@
+//! A VMM gives up its privileges before it runs guest code: every capability (bounding,
+//! ambient, inheritable, effective and permitted sets) and, with `no_new_privs`, any way
+//! to gain one back through `execve`. A VMM started by a root daemon keeps uid 0 for now
+//! (its own uid and namespaces are the jail's next step, docs/security.md), but a uid 0
+//! without capabilities is only the owner of root's files: it cannot load modules, mount,
+//! trace other processes, bypass file permissions, change ids or raw-socket. What a VMM
+//! needs afterwards is all owner access: its memory image, run directory, cgroup files,
+//! the store's directories, and `/dev/kvm` (root's, mode 0660).
+//!
+//! Capabilities are per thread: this runs in the VMM process while it has one thread
+//! (right after the fork), so every thread it starts inherits the empty sets.
+
+use caps::{CapSet, Capability};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PrivilegeError {
+    #[error("dropping capabilities: {step}: {source}")]
+    Caps { step: &'static str, source: caps::errors::CapsError },
+    #[error("setting no_new_privs: {0}")]
+    NoNewPrivs(std::io::Error),
+    #[error("dropping capabilities: {0:?} are still effective or permitted")]
+    Left(Vec<Capability>),
+}
+
+/// Drops every capability of the calling thread and sets `no_new_privs` (see the module
+/// doc). The bounding set is emptied when the thread may (`CAP_SETPCAP`); a process that
+/// may not has no capability to give up there.
+pub fn drop_privileges() -> Result<(), PrivilegeError> {
+    let caps_err = |step| move |source| PrivilegeError::Caps { step, source };
+    if caps::has_cap(None, CapSet::Effective, Capability::CAP_SETPCAP).map_err(caps_err("reading CAP_SETPCAP"))? {
+        caps::clear(None, CapSet::Bounding).map_err(caps_err("emptying the bounding set"))?;
+    }
+    caps::clear(None, CapSet::Ambient).map_err(caps_err("clearing the ambient set"))?;
+    caps::clear(None, CapSet::Inheritable).map_err(caps_err("clearing the inheritable set"))?;
+    caps::clear(None, CapSet::Effective).map_err(caps_err("clearing the effective set"))?;
+    caps::clear(None, CapSet::Permitted).map_err(caps_err("clearing the permitted set"))?;
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(PrivilegeError::NoNewPrivs(std::io::Error::last_os_error()));
+    }
+    let mut left: Vec<Capability> = Vec::new();
+    for set in [CapSet::Effective, CapSet::Permitted] {
+        left.extend(caps::read(None, set).map_err(caps_err("reading the sets back"))?);
+    }
+    if !left.is_empty() {
+        return Err(PrivilegeError::Left(left));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// In a forked child (the test process keeps its own): after the drop, nothing is
+    /// effective or permitted, `no_new_privs` is set, and as root the bounding set is
+    /// empty.
+    #[test]
+    fn a_child_keeps_no_capability() {
+        // SAFETY: the child only makes syscalls and exits with `_exit`.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let ok = drop_privileges().is_ok()
+                && caps::read(None, CapSet::Effective).is_ok_and(|s| s.is_empty())
+                && caps::read(None, CapSet::Permitted).is_ok_and(|s| s.is_empty())
+                // SAFETY: prctl with integer arguments only.
+                && unsafe { libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) } == 1
+                // SAFETY: geteuid has no preconditions.
+                && (unsafe { libc::geteuid() } != 0 || caps::read(None, CapSet::Bounding).is_ok_and(|s| s.is_empty()));
+            // SAFETY: _exit ends the child without running the test harness's atexit.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "status {status:#x}");
+    }
+}
