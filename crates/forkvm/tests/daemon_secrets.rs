@@ -207,7 +207,15 @@ fn no_vmm_holds_a_secret_a_descriptor_of_the_daemon_or_a_privilege() {
     assert!(!tcp_listeners(port).is_empty(), "the daemon's TCP listener is visible");
     // A VMM has no capability and cannot gain one, on every thread; so has a child of
     // a running sandbox, forked by its VMM.
-    let forked: serde_json::Value = serde_json::from_str(&env.ok(&["fork", "--from-sandbox", made["sandboxes"][0]["sandbox_id"].as_str().unwrap(), "-n", "1", "--json"])).unwrap();
+    let forked: serde_json::Value = serde_json::from_str(&env.ok(&[
+        "fork",
+        "--from-sandbox",
+        made["sandboxes"][0]["sandbox_id"].as_str().unwrap(),
+        "-n",
+        "1",
+        "--json",
+    ]))
+    .unwrap();
     let child = forked["sandboxes"][0]["pid"].as_u64().expect("the forked child's VMM pid") as u32;
     for (what, pid) in [("the VMM", vmm), ("the forked VMM", child)] {
         assert!(std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().count() > 1, "{what} runs its threads");
