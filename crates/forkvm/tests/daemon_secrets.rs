@@ -220,6 +220,9 @@ fn no_vmm_holds_a_secret_a_descriptor_of_the_daemon_or_a_privilege() {
     for (what, pid) in [("the VMM", vmm), ("the forked VMM", child)] {
         assert!(std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().count() > 1, "{what} runs its threads");
         assert_eq!(privileged_threads(pid), Vec::new(), "{what} (pid {pid}) keeps a privilege");
+        let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+        let core = limits.lines().find(|l| l.starts_with("Max core file size")).unwrap();
+        assert_eq!(core.split_whitespace().skip(4).take(2).collect::<Vec<_>>(), ["0", "0"], "{what}: {core}");
     }
 
     for (what, pid) in [("the spawner", spawner), ("the VMM", vmm), ("the forked VMM", child)] {

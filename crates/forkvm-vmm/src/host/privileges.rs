@@ -7,6 +7,11 @@
 //! needs afterwards is all owner access: its memory image, run directory, cgroup files,
 //! the store's directories, and `/dev/kvm` (root's, mode 0660).
 //!
+//! It also stops being a source of guest memory for anyone but root: no core dump (a
+//! VMM's core would be the guest's memory, in the clear, wherever the host puts cores)
+//! and not dumpable, so another process of its uid cannot trace it or read
+//! `/proc/<pid>/mem`.
+//!
 //! Capabilities are per thread: this runs in the VMM process while it has one thread
 //! (right after the fork), so every thread it starts inherits the empty sets.
 
@@ -18,6 +23,8 @@ pub enum PrivilegeError {
     Caps { step: &'static str, source: caps::errors::CapsError },
     #[error("setting no_new_privs: {0}")]
     NoNewPrivs(std::io::Error),
+    #[error("turning core dumps off: {0}")]
+    NoCore(std::io::Error),
     #[error("dropping capabilities: {0:?} are still effective or permitted")]
     Left(Vec<Capability>),
 }
@@ -38,6 +45,13 @@ pub fn drop_privileges() -> Result<(), PrivilegeError> {
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
         return Err(PrivilegeError::NoNewPrivs(std::io::Error::last_os_error()));
     }
+    let no_core = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: setrlimit reads the struct; prctl takes integer arguments only.
+    if unsafe { libc::setrlimit(libc::RLIMIT_CORE, &no_core) } != 0
+        || unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0
+    {
+        return Err(PrivilegeError::NoCore(std::io::Error::last_os_error()));
+    }
     let mut left: Vec<Capability> = Vec::new();
     for set in [CapSet::Effective, CapSet::Permitted] {
         left.extend(caps::read(None, set).map_err(caps_err("reading the sets back"))?);
@@ -53,8 +67,8 @@ mod tests {
     use super::*;
 
     /// In a forked child (the test process keeps its own): after the drop, nothing is
-    /// effective or permitted, `no_new_privs` is set, and as root the bounding set is
-    /// empty.
+    /// effective or permitted, `no_new_privs` is set, the process is not dumpable, and as
+    /// root the bounding set is empty.
     #[test]
     fn a_child_keeps_no_capability() {
         // SAFETY: the child only makes syscalls and exits with `_exit`.
@@ -66,6 +80,8 @@ mod tests {
                 && caps::read(None, CapSet::Permitted).is_ok_and(|s| s.is_empty())
                 // SAFETY: prctl with integer arguments only.
                 && unsafe { libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) } == 1
+                // SAFETY: prctl with integer arguments only.
+                && unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) } == 0
                 // SAFETY: geteuid has no preconditions.
                 && (unsafe { libc::geteuid() } != 0 || caps::read(None, CapSet::Bounding).is_ok_and(|s| s.is_empty()));
             // SAFETY: _exit ends the child without running the test harness's atexit.
