@@ -46,10 +46,10 @@ pub fn drop_privileges() -> Result<(), PrivilegeError> {
         return Err(PrivilegeError::NoNewPrivs(std::io::Error::last_os_error()));
     }
     let no_core = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: setrlimit reads the struct; prctl takes integer arguments only.
-    if unsafe { libc::setrlimit(libc::RLIMIT_CORE, &no_core) } != 0
-        || unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0
-    {
+    // SAFETY: setrlimit only reads the struct, which lives across the call.
+    let limited = unsafe { libc::setrlimit(libc::RLIMIT_CORE, &no_core) } == 0;
+    // SAFETY: prctl with integer arguments only.
+    if !limited || unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
         return Err(PrivilegeError::NoCore(std::io::Error::last_os_error()));
     }
     let mut left: Vec<Capability> = Vec::new();
