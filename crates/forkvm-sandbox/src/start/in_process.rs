@@ -77,9 +77,7 @@ impl Sandbox {
         let vmm = forkvm_vmm::restore(&kvm, prepared, ConsoleOut::new(Some(log), None), &devices, false)
             .map_err(SandboxError::Restore)?;
         let client = AgentClient::vsock_uds(&uds, AGENT_PORT);
-        let latch = vmm.exit_latch();
-        let alive = || latch.get().map(|r| format!("{r:?}"));
-        wait_for_agent(&uds, RESTORE_TIMEOUT, &alive).map_err(|e| match e {
+        wait_in_process(&vmm, &uds, RESTORE_TIMEOUT).map_err(|e| match e {
             Some(why) => SandboxError::Stopped(why, console_path.clone()),
             None => SandboxError::AgentTimeout(RESTORE_TIMEOUT, console_path.clone()),
         })?;
@@ -150,11 +148,17 @@ pub fn boot_to_agent_with(
     )
     .map_err(TemplateSnapshotError::Boot)?;
     let client = AgentClient::vsock_uds(&uds, AGENT_PORT);
-    let latch = vmm.exit_latch();
-    let alive = || latch.get().map(|r| format!("{r:?}"));
-    wait_for_agent(&uds, BOOT_TIMEOUT, &alive).map_err(|e| match e {
+    wait_in_process(&vmm, &uds, BOOT_TIMEOUT).map_err(|e| match e {
         Some(why) => TemplateSnapshotError::Stopped(why, console_path.clone()),
         None => TemplateSnapshotError::AgentTimeout(BOOT_TIMEOUT, console_path.clone()),
     })?;
     Ok((vmm, client, console_path))
+}
+
+/// Waits for the agent of `vmm`, a VM of this process, behind vsock socket `uds`
+/// ([`wait_for_agent`]); `Err(Some(why))` when the VM stopped first.
+fn wait_in_process(vmm: &Vmm, uds: &Path, timeout: Duration) -> Result<(), Option<String>> {
+    let latch = vmm.exit_latch();
+    let alive = || latch.get().map(|r| format!("{r:?}"));
+    wait_for_agent(uds, timeout, &alive)
 }
