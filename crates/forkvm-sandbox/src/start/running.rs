@@ -30,7 +30,7 @@ pub fn fork_running_as(
     ids: &[String],
     opts: &SpawnOptions,
 ) -> Result<(Vec<SpawnedSandbox>, f64), LifecycleError> {
-    let source = check_ready(registry, id)?;
+    let (source, _) = check_ready(registry, id)?;
     let started = Instant::now();
     let origin = Origin { forked_from: Some(source.id.clone()), ..Origin::of(&source) };
     let mut batch = Batch::begin(registry, ids, origin, opts)?;

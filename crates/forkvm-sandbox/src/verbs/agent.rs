@@ -1,6 +1,6 @@
 //! A client for a sandbox's agent (exec, eval, files), after its state is checked.
 
-use super::{call, LifecycleError};
+use super::{call, check_ready, LifecycleError};
 use crate::guest::AGENT_PORT;
 use crate::registry::{now_unix_ms, Registry};
 use crate::state::SandboxState;
@@ -12,14 +12,10 @@ use std::os::unix::net::UnixStream;
 /// still starting or being restored is refused naming its state; the call is noted as
 /// activity.
 pub fn agent(registry: &Registry, id: &str) -> Result<AgentClient<UnixStream>, LifecycleError> {
-    let r = registry.get(id)?;
-    match registry.row(id).map(|row| row.state) {
-        Some(SandboxState::Paused) => {
-            call(&r, |c| c.resume())?;
-            registry.transition(id, &[SandboxState::Paused], SandboxState::Running, None)?;
-        }
-        Some(state) if state.is_starting() => return Err(LifecycleError::NotReady { id: id.to_string(), state }),
-        _ => {}
+    let (r, state) = check_ready(registry, id)?;
+    if state == Some(SandboxState::Paused) {
+        call(&r, |c| c.resume())?;
+        registry.transition(id, &[SandboxState::Paused], SandboxState::Running, None)?;
     }
     let _ = registry.touch(id, now_unix_ms());
     Ok(AgentClient::vsock_uds(r.vsock(), AGENT_PORT))

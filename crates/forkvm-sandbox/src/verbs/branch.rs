@@ -31,7 +31,7 @@ pub fn branch_to_dir(
     mode: BranchMode,
     wait: bool,
 ) -> Result<BranchReport, LifecycleError> {
-    let r = check_ready(registry, id)?;
+    let (r, _) = check_ready(registry, id)?;
     // The VMM checks the tag (rule, collision) before it pauses anything.
     let req =
         BranchRequest { store: dir.to_path_buf(), tag: tag.map(String::from), mode, wait, disks: Default::default() };

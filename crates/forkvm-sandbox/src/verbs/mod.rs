@@ -80,12 +80,16 @@ pub(crate) fn call<T>(
     f(&mut control(r)?).map_err(|source| LifecycleError::Control { id: r.id.clone(), source })
 }
 
-/// Sandbox `id`'s record, if it takes calls: refused naming its state while it is still
-/// starting or being restored.
-pub(crate) fn check_ready(registry: &Registry, id: &str) -> Result<SandboxRecord, LifecycleError> {
+/// Sandbox `id`'s record and state, if it takes calls: refused naming its state while
+/// it is still starting or being restored. A paused sandbox takes calls once resumed
+/// ([`agent`] does that).
+pub(crate) fn check_ready(
+    registry: &Registry,
+    id: &str,
+) -> Result<(SandboxRecord, Option<SandboxState>), LifecycleError> {
     let r = registry.get(id)?;
     match registry.row(id).map(|row| row.state) {
         Some(state) if state.is_starting() => Err(LifecycleError::NotReady { id: id.to_string(), state }),
-        _ => Ok(r),
+        state => Ok((r, state)),
     }
 }
