@@ -272,6 +272,34 @@ pub struct SandboxInfo {
     /// forkvm: when it was archived (Unix ms), for an archived sandbox.
     #[serde(default)]
     pub archived_at_unix_ms: Option<u64>,
+    /// forkvm: how its VMM process is confined, read from the kernel when asked
+    /// (`GET /v1/sandboxes/{id}` only; null in lists and for an archived sandbox).
+    #[serde(default)]
+    pub jail: Option<VmmJail>,
+}
+
+/// forkvm: a sandbox VMM's confinement as the kernel reports it (`/proc/<pid>`), in
+/// [`SandboxInfo::jail`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct VmmJail {
+    /// Effective uid and gid of the VMM process.
+    pub uid: u32,
+    pub gid: u32,
+    /// No capability in its effective, permitted or ambient set.
+    pub no_capabilities: bool,
+    /// `no_new_privs` is set: no `execve` can grant it anything.
+    pub no_new_privs: bool,
+    /// `filter` when every thread runs under its seccomp filter, `off` when none does,
+    /// `partial` otherwise.
+    pub seccomp: String,
+    /// Its threads, and how many run under a seccomp filter.
+    pub threads: u32,
+    pub seccomp_filtered_threads: u32,
+    /// Namespaces it does not share with the daemon (`mnt`, `pid`, `net`, `ipc`, `uts`,
+    /// `user`).
+    pub own_namespaces: Vec<String>,
+    /// Its root directory as the daemon sees it.
+    pub root: String,
 }
 
 /// `POST /v1/sandboxes/{id}/branch`. `mode` (`full`, `live` or `diff`) wins; forkd's

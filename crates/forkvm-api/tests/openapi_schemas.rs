@@ -89,6 +89,7 @@ fn every_component_has_the_fields_of_its_rust_type() {
         DiskSnapshotDisk,
         DiskSnapshotInfo,
         LastDiskSnapshot,
+        VmmJail,
         ArchiveReport,
         RestoreRequest,
         DiskForkRequest,

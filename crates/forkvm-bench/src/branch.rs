@@ -44,6 +44,11 @@ pub struct BenchBranchArgs {
     /// Print JSON only.
     #[arg(long)]
     pub json: bool,
+    /// Leave this process unfiltered. By default it puts itself under a VMM's seccomp
+    /// filters before it boots the guest, as a sandbox's VMM does, so the pause includes
+    /// what they cost.
+    #[arg(long)]
+    pub no_seccomp: bool,
 }
 
 /// The dirty range starts above the guest image, its arguments and page tables.
@@ -203,6 +208,10 @@ pub fn run(a: BenchBranchArgs) -> Result<i32> {
         }
     };
     std::fs::create_dir_all(&store).with_context(|| format!("creating {}", store.display()))?;
+    let machine = machine();
+    if !a.no_seccomp {
+        forkvm_vmm::host::seccomp::enforce().context("putting the bench under the VMM's seccomp filters")?;
+    }
     let mut results = Vec::new();
     for &mem in &a.mem_mib {
         for &mode in &a.mode {
@@ -234,13 +243,15 @@ pub fn run(a: BenchBranchArgs) -> Result<i32> {
     let report = json!({
         "bench": "branch",
         "command": format!(
-            "forkvm bench branch --mem-mib {} --mode {} --runs {} --gap-ms {} --json",
+            "forkvm bench branch --mem-mib {} --mode {} --runs {} --gap-ms {}{} --json",
             a.mem_mib.iter().map(|m| m.to_string()).collect::<Vec<_>>().join(","),
             a.mode.iter().map(|m| format!("{m:?}").to_lowercase()).collect::<Vec<_>>().join(","),
             a.runs,
-            a.gap_ms
+            a.gap_ms,
+            if a.no_seccomp { " --no-seccomp" } else { "" }
         ),
-        "machine": machine(),
+        "machine": machine,
+        "seccomp": !a.no_seccomp,
         "store": store,
         "store_fs": fs,
         "results": results,

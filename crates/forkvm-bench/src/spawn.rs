@@ -59,6 +59,9 @@ pub struct BenchSpawnArgs {
     /// Print JSON only.
     #[arg(long)]
     pub json: bool,
+    /// Start the VMMs without their seccomp filters (to measure what the filters cost).
+    #[arg(long)]
+    pub no_seccomp: bool,
 }
 
 fn r1(x: f64) -> f64 {
@@ -166,7 +169,10 @@ pub fn run(a: BenchSpawnArgs) -> Result<i32> {
     let template = source.template().map(String::from);
     // A private registry: the bench's sandboxes never mix with the user's.
     let run_root = std::env::temp_dir().join(format!("forkvm-bench-spawn-{}", std::process::id()));
-    let registry = Registry::open(&run_root);
+    let mut registry = Registry::open(&run_root);
+    if a.no_seccomp {
+        registry = registry.without_seccomp();
+    }
     let quiet = a.json || !std::io::stderr().is_terminal();
     if !quiet {
         eprintln!("spawning {} sandboxes from {tag}", a.count);
@@ -240,7 +246,13 @@ pub fn run(a: BenchSpawnArgs) -> Result<i32> {
     let n = a.count as f64;
     let report = json!({
         "bench": "spawn",
-        "command": format!("forkvm bench spawn -n {} --tag {tag} --cold {} --json", a.count, a.cold),
+        "command": format!(
+            "forkvm bench spawn -n {} --tag {tag} --cold {}{} --json",
+            a.count,
+            a.cold,
+            if a.no_seccomp { " --no-seccomp" } else { "" }
+        ),
+        "seccomp": !a.no_seccomp,
         "machine": machine(),
         "tag": tag,
         "template": template,

@@ -32,7 +32,29 @@ pub fn sandbox_info(row: &SandboxRow) -> SandboxInfo {
         ttl_seconds: row.ttl_seconds,
         expires_at_unix_ms: row.expires_at_unix_ms,
         archived_at_unix_ms: row.archived_at_unix_ms,
+        jail: None,
     }
+}
+
+/// How the VMM process `pid` is confined (`SandboxInfo::jail`); None when it is gone.
+pub fn vmm_jail(pid: i32) -> Option<forkvm_api::VmmJail> {
+    let c = forkvm_vmm::host::confinement::Confinement::of(pid)?;
+    let seccomp = match c.seccomp_filtered_threads {
+        0 => "off",
+        n if n == c.threads => "filter",
+        _ => "partial",
+    };
+    Some(forkvm_api::VmmJail {
+        uid: c.uid,
+        gid: c.gid,
+        no_capabilities: c.no_capabilities,
+        no_new_privs: c.no_new_privs,
+        seccomp: seccomp.into(),
+        threads: c.threads as u32,
+        seccomp_filtered_threads: c.seccomp_filtered_threads as u32,
+        own_namespaces: c.own_namespaces,
+        root: c.root,
+    })
 }
 
 /// An agent's eval reply as the API returns it (`POST /v1/sandboxes/{id}/eval`, `forkvm

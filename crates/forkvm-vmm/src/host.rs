@@ -5,8 +5,10 @@
 //! the guest command line and the tests' expectations depend on which one we are on.
 
 pub mod cgroup;
+pub mod confinement;
 pub mod privileges;
 pub mod process;
+pub mod seccomp;
 
 use std::path::Path;
 

@@ -220,6 +220,13 @@ impl Vmm {
         self.restore_cpu_us = Some(cpu_us);
     }
 
+    /// Counts the confinement of this VMM process (cgroup, privileges, seccomp: done
+    /// before the restore) as the restore's first phase, `confine`.
+    pub(crate) fn note_confinement(&mut self, wall_us: f64, cpu_us: f64) {
+        self.restore_phases_us.insert(0, ("confine".to_string(), wall_us));
+        self.restore_cpu_us = Some(self.restore_cpu_us.unwrap_or(0.0) + cpu_us);
+    }
+
     pub fn exit_latch(&self) -> Arc<ExitLatch> {
         self.exit.clone()
     }
@@ -407,6 +414,7 @@ impl Vmm {
         let devices = self.devices.clone();
         let latch = self.exit.clone();
         std::thread::Builder::new().name("serial-in".into()).stack_size(64 << 10).spawn(move || {
+            crate::host::seccomp::enter_thread(crate::host::seccomp::ThreadKind::Device);
             let mut buf = [0u8; 256];
             while let Ok(n) = stream.read(&mut buf) {
                 if n == 0 || latch.get().is_some() {

@@ -47,6 +47,8 @@ pub enum ZygoteError {
     ConsoleLog { path: PathBuf, source: std::io::Error },
     #[error("fork() of the zygote: {0}")]
     Fork(std::io::Error),
+    #[error(transparent)]
+    Seccomp(#[from] crate::host::seccomp::SeccompError),
 }
 
 /// One child to start.
@@ -81,6 +83,8 @@ pub struct Owned {
     pub run_dir: Option<PathBuf>,
     /// Memory cgroup (name under the forkvm cgroup root) the process runs in.
     pub cgroup: Option<String>,
+    /// Whether the process runs under its seccomp filters (`host::seccomp`).
+    pub seccomp: crate::host::seccomp::Seccomp,
 }
 
 /// Why a VMM process could not be confined ([`Owned::enter`]).
@@ -90,12 +94,15 @@ pub enum EnterError {
     Cgroup(#[from] crate::host::cgroup::CgroupError),
     #[error(transparent)]
     Privileges(#[from] crate::host::privileges::PrivilegeError),
+    #[error(transparent)]
+    Seccomp(#[from] crate::host::seccomp::SeccompError),
 }
 
 impl Owned {
     /// Confines the calling VMM process before it runs guest code: joins the cgroup, if
-    /// any, then drops every privilege ([`crate::host::privileges`]). Call it while the
-    /// process has one thread. Errors name the step.
+    /// any, drops every privilege ([`crate::host::privileges`]), then puts the process
+    /// under its seccomp filters ([`crate::host::seccomp`]) unless they are off. Call it
+    /// while the process has one thread. Errors name the step.
     pub fn enter(&self) -> Result<Option<crate::host::cgroup::SandboxCgroup>, EnterError> {
         use crate::host::cgroup::{CgroupError, CgroupRoot};
         let group = match &self.cgroup {
@@ -110,6 +117,9 @@ impl Owned {
             }
         };
         crate::host::privileges::drop_privileges()?;
+        if self.seccomp == crate::host::seccomp::Seccomp::Enforce {
+            crate::host::seccomp::enforce()?;
+        }
         Ok(group)
     }
 
@@ -155,6 +165,8 @@ impl Zygote {
     pub fn with_memory(snapshot_dir: &Path, memory: Option<&Path>) -> Result<Zygote, ZygoteError> {
         let kvm = open_kvm()?;
         let snapshot = prepare_with_memory(snapshot_dir, memory)?;
+        // Once here rather than in every child.
+        crate::host::seccomp::prepare()?;
         Ok(Zygote { kvm, snapshot, memory_prefetch: None })
     }
 
@@ -206,6 +218,7 @@ impl Zygote {
             }
             EXIT_RESTORE_FAILED
         };
+        let (started, cpu_before) = (std::time::Instant::now(), crate::phase_timer::thread_cpu_time());
         let group = match spec.owned.enter() {
             Ok(g) => g,
             Err(e) => {
@@ -214,7 +227,11 @@ impl Zygote {
                 return code;
             }
         };
-        let code = self.run_child(&spec, console, input, &mut error_log, fail);
+        let confine_us = (
+            started.elapsed().as_secs_f64() * 1e6,
+            (crate::phase_timer::thread_cpu_time().saturating_sub(cpu_before)).as_secs_f64() * 1e6,
+        );
+        let code = self.run_child(&spec, console, input, &mut error_log, confine_us, fail);
         spec.owned.release(group, code == EXIT_RESTORE_FAILED);
         code
     }
@@ -225,12 +242,14 @@ impl Zygote {
         console: ConsoleOut,
         input: Option<UnixStream>,
         error_log: &mut Option<File>,
+        confine_us: (f64, f64),
         fail: impl Fn(String, &mut Option<File>) -> i32,
     ) -> i32 {
         let mut vmm = match restore(&self.kvm, &self.snapshot, console, &spec.devices, false) {
             Ok(v) => v,
             Err(e) => return fail(format!("restore failed: {e}"), error_log),
         };
+        vmm.note_confinement(confine_us.0, confine_us.1);
         vmm.set_labels(spec.labels.clone());
         if let Some(p) = &self.memory_prefetch {
             // Best effort: without the thread the guest faults its pages in itself.

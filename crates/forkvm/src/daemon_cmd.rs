@@ -8,6 +8,7 @@ use forkvm_sandbox::disk_snapshots::DEFAULT_RETENTION;
 use forkvm_sandbox::Registry;
 use forkvm_snapshot::vault::RetentionPolicy;
 use forkvm_snapshot::Store;
+use forkvm_vmm::host::seccomp::Seccomp;
 use forkvmd::auth::Token;
 use forkvmd::disk::DiskSnapshotConfig;
 use forkvmd::lifecycle::LifecycleConfig;
@@ -85,6 +86,11 @@ pub struct DaemonArgs {
     /// set `ttl_seconds` (1h, 30m, ...). 0, the default, means no TTL.
     #[arg(long, default_value = "0", value_parser = interval, env = "FORKVMD_DEFAULT_TTL")]
     default_ttl: Interval,
+    /// Run VMMs without their seccomp filters. For debugging a VMM that a filter stops
+    /// (its console log names the call): a VMM without filters is one guest bug away from
+    /// every system call of the host.
+    #[arg(long)]
+    no_seccomp: bool,
 }
 
 /// A parsed interval flag (`None`: off).
@@ -96,7 +102,11 @@ fn interval(text: &str) -> Result<Interval, forkvmd::disk::BadInterval> {
 }
 
 pub fn run(a: DaemonArgs) -> Result<i32> {
-    let registry = Registry::open_default();
+    let mut registry = Registry::open_default();
+    if a.no_seccomp {
+        eprintln!("forkvm daemon: --no-seccomp: sandboxes' VMMs run without their seccomp filters");
+        registry = registry.without_seccomp();
+    }
     let store = Store::open_default();
     let token = a.token_file.as_deref().map(Token::from_file).transpose().context("--token-file")?;
     let tcp = match a.bind {
@@ -171,10 +181,14 @@ pub struct SpawnerArgs {
     run_root: std::path::PathBuf,
     #[arg(long)]
     store: std::path::PathBuf,
+    /// Start VMMs without their seccomp filters (the daemon's `--no-seccomp`).
+    #[arg(long)]
+    no_seccomp: bool,
 }
 
 pub fn spawner(a: SpawnerArgs) -> Result<i32> {
-    Ok(forkvmd::spawner::main(a.parent, &a.run_root, &a.store))
+    let seccomp = if a.no_seccomp { Seccomp::Off } else { Seccomp::Enforce };
+    Ok(forkvmd::spawner::main(a.parent, &a.run_root, &a.store, seccomp))
 }
 
 /// A group name (from /etc/group) or a numeric gid.

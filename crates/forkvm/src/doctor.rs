@@ -93,8 +93,33 @@ fn emulation_probe(kvm: &kvm_ioctls::Kvm, checks: &mut Vec<Value>) -> bool {
     ok
 }
 
+/// How a sandbox's VMM process is confined on this host, read back from a child that
+/// confines itself the same way (`host::confinement::probe`).
+fn jail_check(checks: &mut Vec<Value>) {
+    use forkvm_vmm::host::seccomp::Seccomp;
+    let (ok, detail) = match forkvm_vmm::host::confinement::probe(Seccomp::Enforce) {
+        Ok(c) => (
+            c.seccomp_on_every_thread() && c.no_new_privs && c.no_capabilities,
+            format!(
+                "a VMM runs with seccomp {} on {}/{} threads, {}, no_new_privs {}, uid {}, {} namespaces of its own, root {}",
+                if c.seccomp_on_every_thread() { "filters" } else { "OFF" },
+                c.seccomp_filtered_threads,
+                c.threads,
+                if c.no_capabilities { "no capabilities" } else { "CAPABILITIES LEFT" },
+                c.no_new_privs,
+                c.uid,
+                c.own_namespaces.len(),
+                c.root
+            ),
+        ),
+        Err(e) => (false, format!("confining a VMM process failed: {e}")),
+    };
+    checks.push(check("vmm-jail", ok, detail));
+}
+
 /// Informational checks: a missing one limits features but does not fail the doctor.
 fn facility_checks(checks: &mut Vec<Value>) {
+    jail_check(checks);
     let cgroup = if Path::new("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists() {
         (true, "cgroup v1 memory controller at /sys/fs/cgroup/memory: per-sandbox memory limits available".to_string())
     } else if std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")

@@ -106,8 +106,8 @@ fn fds(pid: u32) -> Vec<String> {
 }
 
 /// `(thread, field, value)` for every thread of `pid` whose capability sets are not
-/// empty or that lacks `no_new_privs`.
-fn privileged_threads(pid: u32) -> Vec<(String, String, String)> {
+/// empty, that lacks `no_new_privs` or that runs without a seccomp filter.
+fn unconfined_threads(pid: u32) -> Vec<(String, String, String)> {
     let mut out = Vec::new();
     for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
         let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
@@ -122,6 +122,7 @@ fn privileged_threads(pid: u32) -> Vec<(String, String, String)> {
             ("CapBnd:", "0000000000000000"),
             ("CapAmb:", "0000000000000000"),
             ("NoNewPrivs:", "1"),
+            ("Seccomp:", "2"),
         ] {
             if field(name) != want {
                 out.push((tid.clone(), name.to_string(), field(name)));
@@ -205,8 +206,8 @@ fn no_vmm_holds_a_secret_a_descriptor_of_the_daemon_or_a_privilege() {
         .chain(tcp_listeners(port))
         .collect();
     assert!(!tcp_listeners(port).is_empty(), "the daemon's TCP listener is visible");
-    // A VMM has no capability and cannot gain one, on every thread; so has a child of
-    // a running sandbox, forked by its VMM.
+    // A VMM has no capability and cannot gain one, and runs under its seccomp filter, on
+    // every thread; so does a child of a running sandbox, forked by its VMM.
     let forked: serde_json::Value = serde_json::from_str(&env.ok(&[
         "fork",
         "--from-sandbox",
@@ -219,11 +220,20 @@ fn no_vmm_holds_a_secret_a_descriptor_of_the_daemon_or_a_privilege() {
     let child = forked["sandboxes"][0]["pid"].as_u64().expect("the forked child's VMM pid") as u32;
     for (what, pid) in [("the VMM", vmm), ("the forked VMM", child)] {
         assert!(std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().count() > 1, "{what} runs its threads");
-        assert_eq!(privileged_threads(pid), Vec::new(), "{what} (pid {pid}) keeps a privilege");
+        assert_eq!(unconfined_threads(pid), Vec::new(), "{what} (pid {pid}) keeps a privilege or runs unfiltered");
         let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
         let core = limits.lines().find(|l| l.starts_with("Max core file size")).unwrap();
         assert_eq!(core.split_whitespace().skip(4).take(2).collect::<Vec<_>>(), ["0", "0"], "{what}: {core}");
     }
+
+    // The API shows it: the jail as the kernel reports it.
+    let client = forkvm_client::Client::new(forkvm_client::Endpoint::Unix(dir.join("run/forkvmd.sock")), None).unwrap();
+    let jail = client.get_sandbox(made["sandboxes"][0]["sandbox_id"].as_str().unwrap()).unwrap().jail.unwrap();
+    assert_eq!(jail.seccomp, "filter", "{jail:?}");
+    assert!(jail.no_capabilities && jail.no_new_privs && jail.threads > 1, "{jail:?}");
+    assert_eq!(jail.seccomp_filtered_threads, jail.threads, "{jail:?}");
+    let listed = client.list_sandboxes().unwrap();
+    assert!(listed.iter().all(|s| s.jail.is_none()), "lists leave the jail out: {listed:?}");
 
     for (what, pid) in [("the spawner", spawner), ("the VMM", vmm), ("the forked VMM", child)] {
         assert_eq!(found_in_memory(pid, &needles), Vec::<String>::new(), "{what} (pid {pid}) holds a secret");

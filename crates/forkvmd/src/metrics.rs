@@ -78,6 +78,11 @@ const HELP: &[(&str, &str, &str)] = &[
     ("forkvm_auto_resumes_total", "counter", "Sandboxes paused when idle that a call resumed."),
     ("forkvm_ttl_archives_total", "counter", "Archives made because a sandbox's TTL ran out, by outcome (ok, failed)."),
     ("forkvm_archives_total", "counter", "Archive attempts by reason (api, ttl) and outcome (ok or the error code)."),
+    (
+        "forkvm_vmm_seccomp_kills_total",
+        "counter",
+        "Sandboxes whose VMM a seccomp filter stopped (a denied system call; the console log names it).",
+    ),
     ("forkvm_restores_total", "counter", "Restores of archived sandboxes by outcome (ok or the error code)."),
 ];
 

@@ -26,6 +26,7 @@ use forkvm_api::ErrorCode;
 use forkvm_sandbox::start::restore::PendingRestore;
 use forkvm_sandbox::{Registry, SandboxRecord, SpawnOptions, SpawnSource, StartedVmms};
 use forkvm_snapshot::Store;
+use forkvm_vmm::host::seccomp::Seccomp;
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
@@ -130,6 +131,9 @@ impl Spawner {
             .arg("--store")
             .arg(store.root())
             .stdin(std::process::Stdio::null());
+        if registry.seccomp() == Seccomp::Off {
+            command.arg("--no-seccomp");
+        }
         for (var, _) in std::env::vars_os().filter(|(v, _)| withheld(v)) {
             command.env_remove(var);
         }
@@ -213,10 +217,11 @@ impl Spawner {
     }
 }
 
-/// The spawner process (`forkvm __spawner --parent PID --run-root DIR --store DIR`,
+/// The spawner process (`forkvm __spawner --parent PID --run-root DIR --store DIR
+/// [--no-seccomp]`,
 /// started by [`Spawner::start`]): serves orders on descriptor 3 until the daemon closes
 /// it or dies; returns the exit code.
-pub fn main(parent: libc::pid_t, run_root: &Path, store_root: &Path) -> i32 {
+pub fn main(parent: libc::pid_t, run_root: &Path, store_root: &Path, seccomp: Seccomp) -> i32 {
     // SAFETY: fcntl on a descriptor number; F_GETFD reads its flags only.
     if unsafe { libc::fcntl(SPAWNER_FD, libc::F_GETFD) } < 0 {
         eprintln!("forkvm {SPAWNER_COMMAND}: descriptor {SPAWNER_FD} is not open: only forkvmd starts the spawner");
@@ -227,7 +232,10 @@ pub fn main(parent: libc::pid_t, run_root: &Path, store_root: &Path) -> i32 {
     let stream = unsafe { UnixStream::from_raw_fd(SPAWNER_FD) };
     // The spawner finds dead sandboxes too (a restore checks the id is free): it salvages
     // like the daemon.
-    let registry = Registry::open(run_root).salvaging_into(store_root);
+    let mut registry = Registry::open(run_root).salvaging_into(store_root);
+    if seccomp == Seccomp::Off {
+        registry = registry.without_seccomp();
+    }
     serve(parent, stream, &registry, &Store::open(store_root))
 }
 

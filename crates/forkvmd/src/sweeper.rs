@@ -18,6 +18,10 @@ pub const PERIOD: Duration = Duration::from_secs(5);
 /// One pass (blocking: salvage reads and writes disks).
 pub fn sweep_once(s: &AppState) -> Swept {
     let swept = s.registry.sweep();
+    for id in &swept.seccomp_denied {
+        tracing::warn!(sandbox = %id, "a seccomp filter stopped the sandbox's VMM (its console log names the call)");
+    }
+    s.metrics.add("forkvm_vmm_seccomp_kills_total", &[], swept.seccomp_denied.len() as u64);
     if !swept.is_empty() {
         tracing::info!(?swept, "swept sandboxes whose VMM or starter had stopped");
     }

@@ -20,6 +20,7 @@ __all__ = [
     "UnpackResult",
     "SandboxInfo",
     "LastDiskSnapshot",
+    "VmmJail",
     "DiskSnapshotReport",
     "DiskSnapshotDisk",
     "DiskSnapshotInfo",
@@ -310,6 +311,42 @@ class LastDiskSnapshot(_Record):
 
 
 @dataclass
+class VmmJail(_Record):
+    """forkvm: how a sandbox's VMM process is confined, as the kernel reports it."""
+
+    uid: int
+    gid: int
+    #: No capability in its effective, permitted or ambient set.
+    no_capabilities: bool
+    no_new_privs: bool
+    #: ``filter`` (every thread), ``off`` (none) or ``partial``.
+    seccomp: str
+    threads: int
+    seccomp_filtered_threads: int
+    #: Namespaces it does not share with the daemon.
+    own_namespaces: List[str]
+    #: Its root directory as the daemon sees it.
+    root: str
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "VmmJail":
+        f = _Fields("VmmJail", data)
+        return cls(
+            uid=f.req_int("uid"),
+            gid=f.req_int("gid"),
+            no_capabilities=f.req_bool("no_capabilities"),
+            no_new_privs=f.req_bool("no_new_privs"),
+            seccomp=f.req_str("seccomp"),
+            threads=f.req_int("threads"),
+            seccomp_filtered_threads=f.req_int("seccomp_filtered_threads"),
+            own_namespaces=f.str_list("own_namespaces"),
+            root=f.req_str("root"),
+            raw=_raw(data),
+        )
+
+
+@dataclass
 class DiskSnapshotReport(_Record):
     """forkvm: ``POST /v1/sandboxes/{id}/disk-snapshots``: what one disk snapshot did."""
 
@@ -434,12 +471,15 @@ class SandboxInfo(_Record):
     expires_at_unix_ms: Optional[int] = None
     #: forkvm: when it was archived (Unix ms).
     archived_at_unix_ms: Optional[int] = None
+    #: forkvm: how its VMM is confined (``get_sandbox`` only; ``None`` in lists).
+    jail: Optional[VmmJail] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_json(cls, data: Any) -> "SandboxInfo":
         f = _Fields("SandboxInfo", data)
         last = f._get("last_disk_snapshot", (dict, type(None)), False, None)
+        jail = f._get("jail", (dict, type(None)), False, None)
         return cls(
             id=f.req_str("id"),
             guest_addr=f.req_str("guest_addr"),
@@ -461,6 +501,7 @@ class SandboxInfo(_Record):
             ttl_seconds=f.opt_int("ttl_seconds"),
             expires_at_unix_ms=f.opt_int("expires_at_unix_ms"),
             archived_at_unix_ms=f.opt_int("archived_at_unix_ms"),
+            jail=None if jail is None else VmmJail.from_json(jail),
             raw=_raw(data),
         )
 

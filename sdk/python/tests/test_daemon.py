@@ -286,6 +286,14 @@ def test_connect_attaches(sb: Sandbox, ctl: Controller) -> None:
     assert other.commands.run("echo attached").stdout == "attached\n"
 
 
+def test_get_sandbox_shows_the_vmm_jail(sb: Sandbox, ctl: Controller) -> None:
+    jail = ctl.get_sandbox(sb.id).jail
+    assert jail is not None
+    assert jail.seccomp == "filter" and jail.seccomp_filtered_threads == jail.threads > 1
+    assert jail.no_capabilities and jail.no_new_privs
+    assert all(s.jail is None for s in ctl.list_sandboxes())
+
+
 # --- disk snapshots -----------------------------------------------------------------------
 
 

@@ -20,6 +20,7 @@ mod sweep;
 use crate::run_dir::RunDir;
 use crate::state::{SandboxState, StateReason};
 use forkvm_vmm::host::cgroup::CgroupRoot;
+use forkvm_vmm::host::seccomp::Seccomp;
 use records::Records;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -279,6 +280,9 @@ pub struct Registry {
     /// still has one; none: no salvage, archives assumed kept.
     store: Option<PathBuf>,
     records: Arc<Records>,
+    /// Whether the VMMs this registry starts run under their seccomp filters (on unless
+    /// a debugging flag turned them off: [`Registry::without_seccomp`]).
+    seccomp: Seccomp,
 }
 
 /// Every state but `archived`: the rows a stopped VMM takes with it.
@@ -295,7 +299,7 @@ impl Registry {
     /// The registry at `root`, salvaging nothing (see [`Registry::salvaging_into`]).
     pub fn open(root: impl Into<PathBuf>) -> Registry {
         let root = root.into();
-        Registry { records: Arc::new(Records::at(&root)), root, store: None }
+        Registry { records: Arc::new(Records::at(&root)), root, store: None, seccomp: Seccomp::Enforce }
     }
 
     /// The default registry, salvaging into the default store.
@@ -309,6 +313,17 @@ impl Registry {
     pub fn salvaging_into(mut self, store_root: &Path) -> Registry {
         self.store = Some(store_root.to_path_buf());
         self
+    }
+
+    /// Starts VMMs without their seccomp filters (`--no-seccomp`, for debugging only).
+    pub fn without_seccomp(mut self) -> Registry {
+        self.seccomp = Seccomp::Off;
+        self
+    }
+
+    /// Whether the VMMs this registry starts run under their seccomp filters.
+    pub fn seccomp(&self) -> Seccomp {
+        self.seccomp
     }
 
     pub fn root(&self) -> &Path {

@@ -36,12 +36,21 @@ pub struct Swept {
     pub orphans: Vec<String>,
     /// Archives whose removal was interrupted (no longer committed), removed.
     pub uncommitted_archives: Vec<String>,
+    /// Of the stopped and archived sandboxes, those whose VMM a seccomp filter stopped
+    /// (its console log says which call: `host::seccomp`).
+    pub seccomp_denied: Vec<String>,
 }
 
 impl Swept {
     pub fn is_empty(&self) -> bool {
         *self == Swept::default()
     }
+}
+
+/// Whether the console log of `r`'s dead VMM ends with a seccomp filter stopping it.
+fn stopped_by_seccomp(r: &SandboxRecord) -> bool {
+    let tail = forkvm_vmm::devices::console_log::read_tail(&r.console(), 4 << 10);
+    String::from_utf8_lossy(&tail).contains(forkvm_vmm::host::seccomp::DENIED_MARKER)
 }
 
 impl Registry {
@@ -122,6 +131,9 @@ impl Registry {
             SandboxState::Running | SandboxState::Paused => {
                 if r.pid > 0 && record_alive(r) {
                     return true;
+                }
+                if stopped_by_seccomp(r) {
+                    out.seccomp_denied.push(id.clone());
                 }
                 let archived =
                     crate::archive::linked_archive(&r.run_dir).is_some_and(|a| crate::archive::format::is_complete(&a));

@@ -153,7 +153,11 @@ impl<'r> Batch<'r> {
             detach: true,
             devices,
             labels: VmmLabels { sandbox_id: Some(r.id.clone()), template: r.template.clone() },
-            owned: Owned { run_dir: Some(r.run_dir.clone()), cgroup: r.cgroup.clone() },
+            owned: Owned {
+                run_dir: Some(r.run_dir.clone()),
+                cgroup: r.cgroup.clone(),
+                seccomp: self.registry.seccomp(),
+            },
         }
     }
 

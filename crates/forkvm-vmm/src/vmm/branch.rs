@@ -430,6 +430,8 @@ impl Vmm {
             return Err(VmmError::Disk(format!("fork() of the live branch writer: {e}")));
         }
         if pid == 0 {
+            // Only writes and exit from here on (async-signal-safe: the program is built).
+            crate::host::seccomp::enter_thread(crate::host::seccomp::ThreadKind::Writer);
             // Keep stdio and the image; the source's sockets and KVM descriptors are not ours.
             let keep = image.as_raw_fd() as u32;
             crate::host::process::close_fds(3, keep - 1);

@@ -13,6 +13,7 @@ use crate::devices::console_log::ConsoleLog;
 use crate::devices::serial::ConsoleOut;
 use crate::host::open_kvm;
 use crate::host::process::{close_fds, detach_stdio, fork_and_run};
+use crate::host::seccomp::Seccomp;
 use crate::phase_timer::PhaseTimer;
 use crate::zygote::{Owned, EXIT_RESTORE_FAILED};
 use serde::{Deserialize, Serialize};
@@ -143,7 +144,9 @@ impl Vmm {
             }
             EXIT_RESTORE_FAILED
         };
-        let owned = Owned { run_dir: child.run_dir.clone(), cgroup: child.cgroup.clone() };
+        // The child inherits this process's seccomp filters, if any.
+        let seccomp = if crate::host::seccomp::enforced() { Seccomp::Enforce } else { Seccomp::Off };
+        let owned = Owned { run_dir: child.run_dir.clone(), cgroup: child.cgroup.clone(), seccomp };
         let group = match owned.enter() {
             Ok(g) => g,
             Err(e) => {

@@ -78,6 +78,7 @@ impl MemoryPrefetch {
     pub fn populate_in_background(&self, mem: &GuestMemoryMmap) -> std::io::Result<std::thread::JoinHandle<u64>> {
         let ranges = self.host_ranges(mem);
         std::thread::Builder::new().name("memory-prefetch".into()).spawn(move || {
+            crate::host::seccomp::enter_thread(crate::host::seccomp::ThreadKind::Device);
             // Behind everything else: a head start for the guest, never a competitor of
             // the zygote forking the next children or of a vCPU (nice 10; best effort).
             // SAFETY: gettid and setpriority on the calling thread pass no memory.

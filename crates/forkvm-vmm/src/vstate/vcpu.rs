@@ -139,6 +139,7 @@ impl VcpuRunner {
     }
 
     fn run(mut self, requests: Receiver<VcpuRequest>, mut paused: bool) {
+        crate::host::seccomp::enter_thread(crate::host::seccomp::ThreadKind::Vcpu);
         KVM_RUN.with(|c| c.set(self.fd.get_kvm_run() as *mut kvm_run));
         let reason = self.run_loop(&requests, &mut paused);
         KVM_RUN.with(|c| c.set(std::ptr::null_mut()));

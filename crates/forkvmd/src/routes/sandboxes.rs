@@ -81,9 +81,10 @@ pub async fn get(State(s): State<AppState>, Param(id): Param) -> Result<Json<San
         if let Some(row) = s.sandbox_row(&id).filter(|r| r.state == SandboxState::Archived) {
             return Ok(Json(sandbox_info(&row, &s.disk)));
         }
-        running(&s, &id)?;
+        let record = running(&s, &id)?;
         let row = s.sandbox_row(&id).ok_or_else(|| ApiError::not_found(format!("sandbox {id:?} not found")))?;
-        Ok(Json(sandbox_info(&row, &s.disk)))
+        let jail = forkvm_sandbox::info::vmm_jail(record.pid);
+        Ok(Json(SandboxInfo { jail, ..sandbox_info(&row, &s.disk) }))
     })
     .await
 }

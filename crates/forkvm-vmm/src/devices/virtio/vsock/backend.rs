@@ -291,6 +291,15 @@ impl Drop for Backend {
 }
 
 fn run(shared: &Mutex<Shared>, kick: &EventFd, stop: &AtomicBool) {
+    crate::host::seccomp::enter_thread(crate::host::seccomp::ThreadKind::Device);
+    // Host clients wait in the listener's backlog until the guest first activates the
+    // device (activation sets the queues, then kicks).
+    while !stop.load(Ordering::Acquire) && lock(shared).active.is_none() {
+        let mut fd = libc::pollfd { fd: kick.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd that outlives the call.
+        unsafe { libc::poll(&mut fd, 1, POLL_TIMEOUT_MS) };
+        let _ = kick.read();
+    }
     while !stop.load(Ordering::Acquire) {
         let (mut fds, tags) = lock(shared).poll_set(kick);
         // SAFETY: `fds` is a valid, exclusively borrowed array of `fds.len()` pollfd

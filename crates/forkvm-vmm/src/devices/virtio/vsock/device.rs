@@ -60,13 +60,18 @@ impl Vsock {
         let metrics = Arc::new(VsockMetrics::default());
         let muxer = Muxer::new(guest_cid, uds_path.clone(), metrics.clone());
         let shared = Arc::new(Mutex::new(Shared::new(listener, muxer, metrics.clone())));
+        let kick = Arc::new(kick);
+        // Started here, by whoever builds the VM, rather than at activation, which runs
+        // on a vCPU thread: a thread inherits its creator's seccomp filter, and a vCPU's
+        // allows no socket work. It waits for the first activation before it serves.
+        let backend = Backend::spawn(shared.clone(), kick.clone())?;
         Ok(Vsock {
             guest_cid,
             acked_features: 0,
             uds_path,
             shared,
-            kick: Arc::new(kick),
-            backend: None,
+            kick,
+            backend: Some(backend),
             metrics,
             restored: false,
         })

@@ -98,6 +98,8 @@ pub enum VsockError {
     BindListener { path: PathBuf, source: std::io::Error },
     #[error("creating the backend wake-up eventfd: {0}")]
     CreateEventFd(std::io::Error),
+    #[error(transparent)]
+    Backend(#[from] backend::BackendError),
     #[error("snapshot acked features {acked:#x} are not a subset of offered {offered:#x}")]
     RestoreFeatures { acked: u64, offered: u64 },
 }

@@ -1,0 +1,139 @@
+//! What happens when a filter denies a call: the `SIGSYS` handler says which kind of
+//! thread made which call, on stderr (a detached VMM's console log), and ends the whole
+//! VMM process. Everything here is async-signal-safe: no allocation, no lock, only
+//! `write` and `exit_group`, which every kind's filter allows.
+
+use super::ThreadKind;
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Exit status of a VMM process that a seccomp filter stopped.
+pub const EXIT_SECCOMP_DENIED: i32 = 71;
+
+/// The line a stopped VMM leaves in its console log starts with this (the daemon
+/// counts the lines it finds).
+pub const DENIED_MARKER: &str = "[forkvm] seccomp:";
+
+static HANDLER: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    /// The calling thread's kind (0: not yet narrowed). Const-initialized, so reading it
+    /// in a signal handler allocates nothing.
+    static KIND: Cell<u8> = const { Cell::new(0) };
+}
+
+pub(super) fn set_thread_kind(kind: ThreadKind) {
+    KIND.with(|k| k.set(kind as u8));
+}
+
+fn thread_kind_name() -> &'static str {
+    match KIND.with(|k| k.get()) {
+        1 => "control",
+        2 => "vcpu",
+        3 => "device",
+        4 => "writer",
+        _ => "unnamed",
+    }
+}
+
+pub(super) fn handler_installed() -> bool {
+    HANDLER.load(Ordering::Acquire)
+}
+
+pub(super) fn install_handler() -> std::io::Result<()> {
+    // SAFETY: a zeroed sigaction is valid; the handler is an `extern "C"` function with
+    // the SA_SIGINFO signature, and only async-signal-safe calls are made in it.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = on_sigsys as *const () as usize;
+        action.sa_flags = libc::SA_SIGINFO;
+        libc::sigemptyset(&mut action.sa_mask);
+        if libc::sigaction(libc::SIGSYS, &action, std::ptr::null_mut()) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    HANDLER.store(true, Ordering::Release);
+    Ok(())
+}
+
+/// Why the process stops.
+pub(super) enum Why {
+    /// A filter denied system call `nr`.
+    Denied(i64),
+    /// A thread's filter could not be installed.
+    Install,
+}
+
+/// Writes why to stderr and ends the process with [`EXIT_SECCOMP_DENIED`].
+pub(super) fn die(kind: ThreadKind, why: Why) -> ! {
+    set_thread_kind(kind);
+    report_and_exit(why)
+}
+
+fn report_and_exit(why: Why) -> ! {
+    let mut line = Line::default();
+    line.push(b"\n");
+    line.push(DENIED_MARKER.as_bytes());
+    line.push(b" a ");
+    line.push(thread_kind_name().as_bytes());
+    match why {
+        Why::Denied(nr) => {
+            line.push(b" thread made system call ");
+            line.push_number(nr);
+            line.push(b", which its filter denies");
+        }
+        Why::Install => line.push(b" thread could not install its filter"),
+    }
+    line.push(b"; the VMM stops\n");
+    // SAFETY: write(2) and _exit(2) are async-signal-safe; `line` outlives the call.
+    unsafe {
+        libc::write(2, line.buf.as_ptr().cast(), line.len);
+        libc::_exit(EXIT_SECCOMP_DENIED)
+    }
+}
+
+extern "C" fn on_sigsys(_signal: libc::c_int, info: *mut libc::siginfo_t, _context: *mut libc::c_void) {
+    // For SIGSYS the kernel fills `siginfo._sigsys` { void *call_addr; int syscall;
+    // unsigned arch; } after the 16-byte header: the call's number is the int at byte 24.
+    // SAFETY: the kernel passes a valid siginfo for an SA_SIGINFO handler.
+    let nr = unsafe { info.cast::<u8>().add(24).cast::<i32>().read_unaligned() };
+    report_and_exit(Why::Denied(i64::from(nr)))
+}
+
+/// A fixed buffer a line is built in without allocating.
+struct Line {
+    buf: [u8; 160],
+    len: usize,
+}
+
+impl Default for Line {
+    fn default() -> Line {
+        Line { buf: [0; 160], len: 0 }
+    }
+}
+
+impl Line {
+    fn push(&mut self, bytes: &[u8]) {
+        let n = bytes.len().min(self.buf.len() - self.len);
+        self.buf[self.len..self.len + n].copy_from_slice(&bytes[..n]);
+        self.len += n;
+    }
+
+    fn push_number(&mut self, n: i64) {
+        let mut digits = [0u8; 20];
+        let mut i = digits.len();
+        let mut v = n.unsigned_abs();
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (v % 10) as u8;
+            v /= 10;
+            if v == 0 {
+                break;
+            }
+        }
+        if n < 0 {
+            self.push(b"-");
+        }
+        self.push(&digits[i..]);
+    }
+}

@@ -1,0 +1,335 @@
+//! Each thread kind's allowed system calls, and the arguments some of them must have.
+//!
+//! Made from what the VMM's threads were seen to call across the test tiers (strace),
+//! grouped by purpose. A call missing here stops the VMM with a line in its console log
+//! naming the thread kind and the call's number; add it to the narrowest group that
+//! explains it.
+
+use super::kvm_ioctls::*;
+use super::ThreadKind;
+use libc::*;
+use seccompiler::{SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompRule};
+use std::collections::BTreeMap;
+
+type Rules = BTreeMap<i64, Vec<SeccompRule>>;
+
+/// The Rust runtime on any thread: memory, locks, signals, time, thread exit, and
+/// writing to stderr (a panic message, the SIGSYS report).
+const RUNTIME: &[c_long] = &[
+    SYS_brk,
+    SYS_munmap,
+    SYS_mremap,
+    SYS_madvise,
+    SYS_futex,
+    SYS_get_robust_list,
+    SYS_set_robust_list,
+    SYS_rseq,
+    SYS_rt_sigprocmask,
+    SYS_rt_sigreturn,
+    SYS_sigaltstack,
+    SYS_sched_getaffinity,
+    SYS_sched_yield,
+    SYS_clock_gettime,
+    SYS_clock_nanosleep,
+    SYS_nanosleep,
+    SYS_gettid,
+    SYS_getpid,
+    SYS_getrandom,
+    SYS_write,
+    SYS_close,
+    SYS_exit,
+    SYS_exit_group,
+    SYS_restart_syscall,
+];
+
+/// Files a VMM reads and writes: its disks and their layers, the snapshot it writes,
+/// its run directory.
+const FILES: &[c_long] = &[
+    SYS_openat,
+    SYS_read,
+    SYS_readv,
+    SYS_pread64,
+    SYS_preadv,
+    SYS_pwrite64,
+    SYS_pwritev,
+    SYS_writev,
+    SYS_lseek,
+    SYS_fsync,
+    SYS_fdatasync,
+    SYS_ftruncate,
+    SYS_fallocate,
+    SYS_fstat,
+    SYS_newfstatat,
+    SYS_statx,
+    SYS_statfs,
+    SYS_fstatfs,
+    SYS_fcntl,
+    SYS_flock,
+    SYS_getdents64,
+    SYS_mkdir,
+    SYS_mkdirat,
+    SYS_rename,
+    SYS_renameat,
+    SYS_renameat2,
+    SYS_linkat,
+    SYS_symlink,
+    SYS_symlinkat,
+    SYS_unlink,
+    SYS_unlinkat,
+    SYS_rmdir,
+    SYS_readlink,
+    SYS_readlinkat,
+    SYS_fchmod,
+    SYS_copy_file_range,
+];
+
+/// Unix-socket traffic on sockets the thread already has (vsock connections, the
+/// control socket, a console stream).
+const STREAMS: &[c_long] = &[
+    SYS_accept4,
+    SYS_recvfrom,
+    SYS_recvmsg,
+    SYS_sendto,
+    SYS_sendmsg,
+    SYS_shutdown,
+    SYS_getsockopt,
+    SYS_setsockopt,
+    SYS_getsockname,
+    SYS_getpeername,
+    SYS_poll,
+    SYS_ppoll,
+    SYS_epoll_create1,
+    SYS_epoll_ctl,
+    SYS_epoll_wait,
+    SYS_epoll_pwait,
+];
+
+/// Opening and serving Unix sockets (plus `socket`, limited to `AF_UNIX` below).
+const SOCKETS: &[c_long] = &[SYS_bind, SYS_listen, SYS_connect];
+
+/// Building a VM and running a VMM process: descriptors, eventfds, limits, the
+/// privilege drop a forked child repeats, session and scheduling, reaping children.
+const PROCESS: &[c_long] = &[
+    SYS_dup,
+    SYS_dup2,
+    SYS_dup3,
+    SYS_close_range,
+    SYS_pipe2,
+    SYS_eventfd2,
+    SYS_prlimit64,
+    SYS_getrlimit,
+    SYS_setsid,
+    SYS_capget,
+    SYS_capset,
+    SYS_prctl,
+    SYS_seccomp,
+    SYS_rt_sigaction,
+    SYS_sched_setscheduler,
+    SYS_setpriority,
+    SYS_wait4,
+    SYS_waitid,
+    SYS_getuid,
+    SYS_geteuid,
+    SYS_getgid,
+    SYS_getegid,
+    SYS_getppid,
+    SYS_uname,
+];
+
+/// ioctls on /dev/kvm and a VM, made while building one (control threads only).
+fn build_ioctls() -> Vec<u64> {
+    vec![
+        KVM_GET_API_VERSION(),
+        KVM_CREATE_VM(),
+        KVM_CHECK_EXTENSION(),
+        KVM_GET_VCPU_MMAP_SIZE(),
+        KVM_GET_SUPPORTED_CPUID(),
+        KVM_GET_MSR_INDEX_LIST(),
+        KVM_CREATE_VCPU(),
+        KVM_SET_USER_MEMORY_REGION(),
+        KVM_SET_TSS_ADDR(),
+        KVM_SET_IDENTITY_MAP_ADDR(),
+        KVM_CREATE_IRQCHIP(),
+        KVM_CREATE_PIT2(),
+        KVM_ENABLE_CAP(),
+        KVM_GET_IRQCHIP(),
+        KVM_SET_IRQCHIP(),
+        KVM_GET_CLOCK(),
+        KVM_SET_CLOCK(),
+        KVM_GET_PIT2(),
+        KVM_SET_PIT2(),
+        KVM_SET_CPUID2(),
+        KVM_GET_CPUID2(),
+        KVM_SET_REGS(),
+        KVM_SET_SREGS(),
+        KVM_SET_MSRS(),
+        KVM_SET_FPU(),
+        KVM_SET_LAPIC(),
+        KVM_SET_MP_STATE(),
+        KVM_SET_VCPU_EVENTS(),
+        KVM_SET_DEBUGREGS(),
+        KVM_SET_XSAVE(),
+        KVM_SET_XCRS(),
+    ]
+}
+
+/// ioctls a vCPU thread makes on its vCPU: run it, read and write its state (a save on
+/// pause, the emulator's fix-ups), translate addresses.
+fn vcpu_ioctls() -> Vec<u64> {
+    vec![
+        KVM_RUN(),
+        KVM_GET_REGS(),
+        KVM_SET_REGS(),
+        KVM_GET_SREGS(),
+        KVM_SET_SREGS(),
+        KVM_GET_MSRS(),
+        KVM_SET_MSRS(),
+        KVM_GET_FPU(),
+        KVM_SET_FPU(),
+        KVM_GET_LAPIC(),
+        KVM_GET_MP_STATE(),
+        KVM_GET_VCPU_EVENTS(),
+        KVM_SET_VCPU_EVENTS(),
+        KVM_GET_DEBUGREGS(),
+        KVM_GET_XSAVE(),
+        KVM_SET_XSAVE(),
+        KVM_GET_XCRS(),
+        KVM_TRANSLATE(),
+        KVM_KVMCLOCK_CTRL(),
+    ]
+}
+
+/// ioctls any thread that raises interrupts or sets a socket non-blocking makes.
+fn device_ioctls() -> Vec<u64> {
+    vec![KVM_IRQ_LINE(), KVM_SIGNAL_MSI(), FIONBIO, FIONREAD]
+}
+
+/// The live-branch writer process: positional writes of guest memory into its image,
+/// sync, idle scheduling, exit.
+const WRITER: &[c_long] = &[
+    SYS_pwrite64,
+    SYS_lseek,
+    SYS_fsync,
+    SYS_fdatasync,
+    SYS_close_range,
+    SYS_close,
+    SYS_sched_setscheduler,
+    SYS_clock_nanosleep,
+    SYS_nanosleep,
+    SYS_rt_sigreturn,
+    SYS_write,
+    SYS_exit,
+    SYS_exit_group,
+];
+
+fn cond(arg: u8, len: SeccompCmpArgLen, op: SeccompCmpOp, value: u64) -> SeccompCondition {
+    SeccompCondition::new(arg, len, op, value).expect("argument index below 6")
+}
+
+fn rule(conditions: Vec<SeccompCondition>) -> SeccompRule {
+    SeccompRule::new(conditions).expect("a rule with conditions")
+}
+
+fn allow(rules: &mut Rules, calls: &[c_long]) {
+    for &nr in calls {
+        rules.insert(nr, vec![]);
+    }
+}
+
+/// `ioctl` only with one of `requests` (the kernel reads the request as 32 bits).
+fn allow_ioctls(rules: &mut Rules, requests: Vec<u64>) {
+    let entry = rules.entry(SYS_ioctl).or_default();
+    for r in requests {
+        entry.push(rule(vec![cond(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, r)]));
+    }
+}
+
+/// `mmap` and `mprotect` only without `PROT_EXEC`: a VMM never makes code.
+fn allow_memory(rules: &mut Rules) {
+    let no_exec = || vec![rule(vec![cond(2, SeccompCmpArgLen::Dword, SeccompCmpOp::MaskedEq(PROT_EXEC as u64), 0)])];
+    rules.insert(SYS_mmap, no_exec());
+    rules.insert(SYS_mprotect, no_exec());
+}
+
+/// Threads (the flags glibc's `pthread_create` passes to `clone` once `clone3` answers
+/// ENOSYS) and plain forks (glibc's `fork`) — never a new namespace or a shared-memory
+/// process.
+fn allow_clone(rules: &mut Rules) {
+    const THREAD: u64 = (CLONE_VM
+        | CLONE_FS
+        | CLONE_FILES
+        | CLONE_SIGHAND
+        | CLONE_THREAD
+        | CLONE_SYSVSEM
+        | CLONE_SETTLS
+        | CLONE_PARENT_SETTID
+        | CLONE_CHILD_CLEARTID) as u64;
+    const FORK: u64 = (CLONE_CHILD_CLEARTID | CLONE_CHILD_SETTID | SIGCHLD) as u64;
+    let flags = |v| rule(vec![cond(0, SeccompCmpArgLen::Qword, SeccompCmpOp::Eq, v)]);
+    rules.insert(SYS_clone, vec![flags(THREAD), flags(FORK)]);
+    // Answered ENOSYS by the `no_clone3` filter; allowed here so that one decides.
+    rules.insert(SYS_clone3, vec![]);
+}
+
+/// `socket` only for Unix sockets.
+fn allow_unix_sockets(rules: &mut Rules) {
+    rules.insert(SYS_socket, vec![rule(vec![cond(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, AF_UNIX as u64)])]);
+    allow(rules, SOCKETS);
+}
+
+/// `tgkill` only with the vCPU kick signal or SIGABRT (a panic's abort).
+fn allow_signals(rules: &mut Rules) {
+    let sig = |s: c_int| rule(vec![cond(2, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, s as u64)]);
+    rules.insert(SYS_tgkill, vec![sig(crate::vstate::vcpu::kick_signal()), sig(SIGABRT)]);
+}
+
+/// What `kind` may call.
+pub(super) fn allowed(kind: ThreadKind) -> Rules {
+    let mut rules = Rules::new();
+    match kind {
+        ThreadKind::Control => {
+            allow(&mut rules, RUNTIME);
+            allow(&mut rules, FILES);
+            allow(&mut rules, STREAMS);
+            allow(&mut rules, PROCESS);
+            allow_memory(&mut rules);
+            allow_clone(&mut rules);
+            allow_unix_sockets(&mut rules);
+            allow_signals(&mut rules);
+            let mut ioctls = build_ioctls();
+            ioctls.extend(vcpu_ioctls());
+            ioctls.extend(device_ioctls());
+            ioctls.sort_unstable();
+            ioctls.dedup();
+            allow_ioctls(&mut rules, ioctls);
+        }
+        ThreadKind::Vcpu => {
+            allow(&mut rules, RUNTIME);
+            allow(&mut rules, FILES);
+            allow(&mut rules, STREAMS);
+            allow_memory(&mut rules);
+            allow_signals(&mut rules);
+            let mut ioctls = vcpu_ioctls();
+            ioctls.extend(device_ioctls());
+            allow_ioctls(&mut rules, ioctls);
+        }
+        ThreadKind::Device => {
+            allow(&mut rules, RUNTIME);
+            allow(&mut rules, STREAMS);
+            allow(&mut rules, &[SYS_read, SYS_readv, SYS_fcntl, SYS_setpriority]);
+            allow_memory(&mut rules);
+            allow_unix_sockets(&mut rules);
+            allow_signals(&mut rules);
+            allow_ioctls(&mut rules, device_ioctls());
+        }
+        ThreadKind::Writer => allow(&mut rules, WRITER),
+    }
+    rules
+}
+
+/// The filter that answers `clone3` with ENOSYS (and lets everything else through).
+pub(super) fn no_clone3() -> Rules {
+    let mut rules = Rules::new();
+    rules.insert(SYS_clone3, vec![]);
+    rules
+}
