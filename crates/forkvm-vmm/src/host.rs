@@ -8,6 +8,7 @@ pub mod cgroup;
 pub mod confinement;
 pub mod privileges;
 pub mod process;
+pub mod rlimits;
 pub mod seccomp;
 
 use std::path::Path;

@@ -96,11 +96,14 @@ pub enum EnterError {
     Privileges(#[from] crate::host::privileges::PrivilegeError),
     #[error(transparent)]
     Seccomp(#[from] crate::host::seccomp::SeccompError),
+    #[error(transparent)]
+    Rlimits(#[from] crate::host::rlimits::RlimitError),
 }
 
 impl Owned {
     /// Confines the calling VMM process before it runs guest code: joins the cgroup, if
-    /// any, drops every privilege ([`crate::host::privileges`]), then puts the process
+    /// any, drops every privilege ([`crate::host::privileges`]), sets its resource limits
+    /// ([`crate::host::rlimits`]), then puts the process
     /// under its seccomp filters ([`crate::host::seccomp`]) unless they are off. Call it
     /// while the process has one thread. Errors name the step.
     pub fn enter(&self) -> Result<Option<crate::host::cgroup::SandboxCgroup>, EnterError> {
@@ -117,6 +120,7 @@ impl Owned {
             }
         };
         crate::host::privileges::drop_privileges()?;
+        crate::host::rlimits::apply_vmm_rlimits()?;
         if self.seccomp == crate::host::seccomp::Seccomp::Enforce {
             crate::host::seccomp::enforce()?;
         }

@@ -120,16 +120,27 @@ fn jail_check(checks: &mut Vec<Value>) {
 /// Informational checks: a missing one limits features but does not fail the doctor.
 fn facility_checks(checks: &mut Vec<Value>) {
     jail_check(checks);
-    let cgroup = if Path::new("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists() {
-        (true, "cgroup v1 memory controller at /sys/fs/cgroup/memory: per-sandbox memory limits available".to_string())
-    } else if std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
-        .is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"))
-    {
-        (true, "cgroup v2 with the memory controller: per-sandbox memory limits available".to_string())
-    } else {
-        (false, "no cgroup memory controller found: sandboxes run without memory limits".to_string())
+    let cgroup = match forkvm_vmm::host::cgroup::CgroupRoot::detect() {
+        Ok(root) => {
+            let controllers: Vec<&str> = root.controllers().iter().map(|c| c.name()).collect();
+            let version = match root.version() {
+                forkvm_vmm::host::cgroup::CgroupVersion::V1 => "v1",
+                forkvm_vmm::host::cgroup::CgroupVersion::V2 => "v2",
+            };
+            (
+                true,
+                format!(
+                    "cgroup {version} with {} under {}: every sandbox gets its group (CPU {} millis, {} tasks by default; memory when asked)",
+                    controllers.join(", "),
+                    root.dir().display(),
+                    forkvm_sandbox::start::DEFAULT_CPU_MILLIS,
+                    forkvm_sandbox::start::DEFAULT_PIDS_MAX
+                ),
+            )
+        }
+        Err(e) => (false, format!("no usable cgroup: sandboxes run without memory, CPU or tasks limits ({e})")),
     };
-    checks.push(check("cgroup-memory", cgroup.0, cgroup.1));
+    checks.push(check("cgroups", cgroup.0, cgroup.1));
     let tun = Path::new("/dev/net/tun").exists();
     checks.push(check(
         "tun",

@@ -224,6 +224,14 @@ fn no_vmm_holds_a_secret_a_descriptor_of_the_daemon_or_a_privilege() {
         let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
         let core = limits.lines().find(|l| l.starts_with("Max core file size")).unwrap();
         assert_eq!(core.split_whitespace().skip(4).take(2).collect::<Vec<_>>(), ["0", "0"], "{what}: {core}");
+        let files = limits.lines().find(|l| l.starts_with("Max open files")).unwrap();
+        let mut ours = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit writes the struct it is given (the daemon inherits our limits).
+        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut ours) };
+        let want = forkvm_vmm::host::rlimits::VMM_MAX_FILES.min(ours.rlim_max).to_string();
+        assert_eq!(files.split_whitespace().skip(3).take(2).collect::<Vec<_>>(), [&want, &want], "{what}: {files}");
+        let locked = limits.lines().find(|l| l.starts_with("Max locked memory")).unwrap();
+        assert_eq!(locked.split_whitespace().skip(3).take(2).collect::<Vec<_>>(), ["0", "0"], "{what}: {locked}");
     }
 
     // The API shows it: the jail as the kernel reports it.
@@ -234,6 +242,37 @@ fn no_vmm_holds_a_secret_a_descriptor_of_the_daemon_or_a_privilege() {
     assert_eq!(jail.seccomp_filtered_threads, jail.threads, "{jail:?}");
     let listed = client.list_sandboxes().unwrap();
     assert!(listed.iter().all(|s| s.jail.is_none()), "lists leave the jail out: {listed:?}");
+
+    // Each VMM runs in a cgroup of its own, in every hierarchy, with the default CPU and
+    // tasks limits (the daemon is this test's child: same cgroups as ours).
+    let root = forkvm_vmm::host::cgroup::CgroupRoot::detect().expect("a cgroup on this host");
+    for (what, pid, sandbox) in [
+        ("the VMM", vmm, made["sandboxes"][0]["sandbox_id"].as_str().unwrap()),
+        ("the forked VMM", child, forked["sandboxes"][0]["sandbox_id"].as_str().unwrap()),
+    ] {
+        let name = format!("sb-{sandbox}");
+        let group = root.open(&name).unwrap_or_else(|| panic!("{what} has no cgroup {name}"));
+        let lines = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+        for controller in root.controllers() {
+            let line = lines
+                .lines()
+                .find(|l| match root.version() {
+                    forkvm_vmm::host::cgroup::CgroupVersion::V1 => {
+                        l.split(':').nth(1).is_some_and(|c| c.split(',').any(|c| c == controller.name()))
+                    }
+                    forkvm_vmm::host::cgroup::CgroupVersion::V2 => l.starts_with("0::"),
+                })
+                .unwrap_or_else(|| panic!("{what}: no {} line in {lines}", controller.name()));
+            assert!(line.ends_with(&format!("/forkvm/{name}")), "{what} in {line}, not in its group");
+        }
+        let limits = root.limits_of(&group);
+        if root.controllers().contains(&forkvm_vmm::host::cgroup::Controller::Cpu) {
+            assert_eq!(limits.cpu_millis, Some(forkvm_sandbox::start::DEFAULT_CPU_MILLIS), "{what}");
+        }
+        if root.controllers().contains(&forkvm_vmm::host::cgroup::Controller::Pids) {
+            assert_eq!(limits.pids_max, Some(forkvm_sandbox::start::DEFAULT_PIDS_MAX), "{what}");
+        }
+    }
 
     for (what, pid) in [("the spawner", spawner), ("the VMM", vmm), ("the forked VMM", child)] {
         assert_eq!(found_in_memory(pid, &needles), Vec::<String>::new(), "{what} (pid {pid}) holds a secret");

@@ -24,7 +24,7 @@ pub mod snapshot;
 use crate::registry::{Origin, Registry, RegistryError, SandboxRecord};
 use crate::state::SandboxState;
 use forkvm_vmm::devices::attach::DeviceConfig;
-use forkvm_vmm::host::cgroup::{CgroupError, CgroupRoot};
+use forkvm_vmm::host::cgroup::{CgroupError, CgroupRoot, Limits};
 use forkvm_vmm::vmm::VmmLabels;
 use forkvm_vmm::zygote::{ChildSpec, Owned, ZygoteError};
 use std::time::Instant;
@@ -67,6 +67,44 @@ pub struct SpawnOptions {
     pub memory_limit_bytes: Option<u64>,
 }
 
+/// The CPU a sandbox may use unless told otherwise, in thousandths of a CPU: its vCPU
+/// plus one CPU for the VMM's own threads (device backends, a restore's prefetch, the
+/// live-branch writer).
+pub const DEFAULT_CPU_MILLIS: u32 = 2000;
+
+/// Tasks a sandbox's VMM may have unless told otherwise: its threads, and room for a fork
+/// of the running sandbox into [`MAX_SPAWN`] children (each counts in its source's group
+/// until it has joined its own).
+pub const DEFAULT_PIDS_MAX: u32 = MAX_SPAWN as u32 + 256;
+
+impl SpawnOptions {
+    /// The cgroup limits of each sandbox: the caller's memory limit (none by default)
+    /// and the default CPU and tasks limits.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            memory_bytes: self.memory_limit_bytes,
+            cpu_millis: Some(DEFAULT_CPU_MILLIS),
+            pids_max: Some(DEFAULT_PIDS_MAX),
+        }
+    }
+}
+
+/// Whether making a cgroup failed for want of permission (forkvm run by a user).
+fn is_permission(e: &CgroupError) -> bool {
+    let io = match e {
+        CgroupError::CreateDir { source, .. } | CgroupError::SetLimit { source, .. } => source,
+        CgroupError::EnableController { source, .. } => source,
+        _ => return false,
+    };
+    matches!(io.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EROFS))
+}
+
+/// Says once per process that sandboxes start without cgroup limits, and why.
+fn warn_once_without_cgroups(e: &CgroupError) {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    WARNED.call_once(|| tracing::warn!(error = %e, "sandboxes start without cgroup limits (CPU, tasks)"));
+}
+
 /// Up to `n` bytes from the host's getrandom (fewer only if it fails).
 pub(crate) fn host_random(n: usize) -> Vec<u8> {
     let mut b = vec![0u8; n];
@@ -104,8 +142,8 @@ pub(crate) struct Batch<'r> {
 
 impl<'r> Batch<'r> {
     /// Records `ids` as starting from `origin` (one transaction: a crash from here on
-    /// leaves rows the sweep finds abandoned), then makes each one's run directory and,
-    /// with a memory limit, its cgroup `sb-<id>`.
+    /// leaves rows the sweep finds abandoned), then makes each one's run directory and its
+    /// cgroup `sb-<id>` with [`SpawnOptions::limits`].
     pub(crate) fn begin(
         registry: &'r Registry,
         ids: &[String],
@@ -120,13 +158,25 @@ impl<'r> Batch<'r> {
             ids.iter().map(|id| registry.new_record(id, origin.clone())).collect::<Result<_, _>>()?;
         registry.begin(&records.iter().collect::<Vec<_>>(), None)?;
         let mut batch = Batch { registry, records, started: 0, committed: false };
-        let cgroups = opts.memory_limit_bytes.map(|_| CgroupRoot::detect()).transpose()?;
+        let root = match CgroupRoot::detect() {
+            Ok(root) => Some(root),
+            Err(e) if opts.memory_limit_bytes.is_some() => return Err(e.into()),
+            Err(e) => {
+                warn_once_without_cgroups(&e);
+                None
+            }
+        };
+        let limits = opts.limits();
         for r in &mut batch.records {
             registry.create_run_dir(&r.id)?;
-            if let (Some(root), Some(bytes)) = (&cgroups, opts.memory_limit_bytes) {
-                let name = format!("sb-{}", r.id);
-                root.create(&name, bytes)?;
-                r.cgroup = Some(name);
+            let Some(root) = &root else { continue };
+            let name = format!("sb-{}", r.id);
+            match root.create(&name, &limits) {
+                Ok(_) => r.cgroup = Some(name),
+                // Only a limit the caller asked for must hold; the defaults are best
+                // effort where this process may not make cgroups (not root).
+                Err(e) if opts.memory_limit_bytes.is_some() || !is_permission(&e) => return Err(e.into()),
+                Err(e) => warn_once_without_cgroups(&e),
             }
         }
         Ok(batch)

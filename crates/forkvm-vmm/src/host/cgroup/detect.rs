@@ -52,6 +52,13 @@ pub(super) fn own_memory_cgroup(
     Err(CgroupError::NoMemoryController { checked: checked.join("; ") })
 }
 
+/// Our own directory in the v1 hierarchy of `controller` (`cpu`, `pids`), if that
+/// hierarchy is mounted and holds it.
+pub(super) fn own_v1_dir(mountinfo: &str, self_cgroup: &str, fs_prefix: &Path, controller: &str) -> Option<PathBuf> {
+    let mount = find_mount(mountinfo, |fstype, opts| fstype == "cgroup" && opts.split(',').any(|o| o == controller))?;
+    own_dir(&mount, own_path(self_cgroup, Some(controller)), fs_prefix).ok()
+}
+
 /// The first mount whose filesystem type and super options satisfy `want`.
 fn find_mount(mountinfo: &str, want: impl Fn(&str, &str) -> bool) -> Option<Mount> {
     mountinfo.lines().find_map(|line| {

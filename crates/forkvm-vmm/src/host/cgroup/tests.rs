@@ -39,6 +39,11 @@ fn fake_tree(files: &[(&str, &str)]) -> tempfile::TempDir {
     root
 }
 
+/// Limits with only a memory limit.
+fn mem(bytes: u64) -> Limits {
+    Limits { memory_bytes: Some(bytes), ..Limits::default() }
+}
+
 fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
 }
@@ -50,6 +55,14 @@ fn detects_v1_only() {
         HYBRID_MOUNTINFO.lines().filter(|l| !l.contains("cgroup2")).map(|l| l.to_owned() + "\n").collect();
     let root = CgroupRoot::detect_from(&mountinfo, HYBRID_CGROUP, tree.path()).unwrap();
     assert_eq!(root.version(), CgroupVersion::V1);
+    assert_eq!(root.dir(), tree.path().join("sys/fs/cgroup/memory/process_api/3b89/forkvm"));
+}
+
+#[test]
+fn a_process_in_a_sandbox_group_finds_the_same_forkvm_group() {
+    let tree = fake_tree(&[("sys/fs/cgroup/memory/process_api/3b89/forkvm/sb-1/tasks", "")]);
+    let inside = "9:name=systemd:/\n4:memory:/process_api/3b89/forkvm/sb-1\n1:cpu:/forkvm/sb-1\n0::/\n";
+    let root = CgroupRoot::detect_from(HYBRID_MOUNTINFO, inside, tree.path()).unwrap();
     assert_eq!(root.dir(), tree.path().join("sys/fs/cgroup/memory/process_api/3b89/forkvm"));
 }
 
@@ -115,14 +128,14 @@ fn v2_root(extra: &[(&str, &str)], delegates: &str) -> (tempfile::TempDir, Cgrou
 
 #[test]
 fn v2_create_enables_memory_and_writes_the_limit() {
-    let (_tree, root) = v2_root(&[], "memory pids\n");
-    let group = root.create("sb-1", 256 * MIB).unwrap();
+    let (_tree, root) = v2_root(&[], "memory\n");
+    let group = root.create("sb-1", &mem(256 * MIB)).unwrap();
     assert_eq!(read(&root.dir().join("cgroup.subtree_control")), "+memory");
     assert_eq!(read(&group.dir().join("memory.max")), "268435456");
     assert!(!group.dir().join("memory.swap.max").exists(), "no swap accounting in this tree");
     assert_eq!(group.name(), "sb-1");
     assert_eq!(group.memory_limit_bytes().unwrap(), 256 * MIB);
-    assert!(matches!(root.create("sb-1", MIB), Err(CgroupError::AlreadyExists(_))));
+    assert!(matches!(root.create("sb-1", &mem(MIB)), Err(CgroupError::AlreadyExists(_))));
     assert_eq!(root.open("sb-1").unwrap().dir(), group.dir());
     assert!(root.open("sb-2").is_none());
 
@@ -133,10 +146,59 @@ fn v2_create_enables_memory_and_writes_the_limit() {
 }
 
 #[test]
+fn v2_create_enables_every_delegated_controller_and_writes_each_limit() {
+    let (_tree, root) = v2_root(&[], "cpu memory pids\n");
+    assert_eq!(root.controllers(), [Controller::Memory, Controller::Cpu, Controller::Pids]);
+    let limits = Limits { memory_bytes: Some(64 * MIB), cpu_millis: Some(1500), pids_max: Some(300) };
+    let group = root.create("sb", &limits).unwrap();
+    assert_eq!(read(&root.dir().join("cgroup.subtree_control")), "+memory +cpu +pids");
+    assert_eq!(read(&group.dir().join("cpu.max")), "150000 100000");
+    assert_eq!(read(&group.dir().join("pids.max")), "300");
+    assert_eq!(root.limits_of(&group), limits);
+}
+
+#[test]
+fn v2_skips_limits_of_controllers_not_delegated() {
+    let (_tree, root) = v2_root(&[], "memory\n");
+    assert_eq!(root.controllers(), [Controller::Memory]);
+    let group = root.create("sb", &Limits { memory_bytes: None, cpu_millis: Some(1000), pids_max: Some(10) }).unwrap();
+    assert!(!group.dir().join("cpu.max").exists() && !group.dir().join("pids.max").exists());
+    assert!(!group.dir().join("memory.max").exists(), "no memory limit asked for");
+}
+
+/// A v1 tree like this host's: memory under a subtree, cpu and pids at their roots.
+#[test]
+fn v1_makes_the_group_in_every_hierarchy_with_each_limit() {
+    let mountinfo = format!("{HYBRID_MOUNTINFO}37 31 0:34 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids\n");
+    let tree = fake_tree(&[
+        ("sys/fs/cgroup/memory/process_api/3b89/x", ""),
+        ("sys/fs/cgroup/cpu/x", ""),
+        ("sys/fs/cgroup/pids/x", ""),
+    ]);
+    let own = "9:name=systemd:/\n8:pids:/\n4:memory:/process_api/3b89\n1:cpu:/\n0::/\n";
+    let root = CgroupRoot::detect_from(&mountinfo, own, tree.path()).unwrap();
+    assert_eq!(root.controllers(), [Controller::Memory, Controller::Cpu, Controller::Pids]);
+    let limits = Limits { memory_bytes: Some(64 * MIB), cpu_millis: Some(2000), pids_max: Some(4352) };
+    let group = root.create("sb-7", &limits).unwrap();
+    let at = |p: &str| tree.path().join(p);
+    assert_eq!(read(&at("sys/fs/cgroup/memory/process_api/3b89/forkvm/sb-7/memory.limit_in_bytes")), "67108864");
+    assert_eq!(read(&at("sys/fs/cgroup/cpu/forkvm/sb-7/cpu.cfs_quota_us")), "200000");
+    assert_eq!(read(&at("sys/fs/cgroup/cpu/forkvm/sb-7/cpu.cfs_period_us")), "100000");
+    assert_eq!(read(&at("sys/fs/cgroup/pids/forkvm/sb-7/pids.max")), "4352");
+    assert_eq!(root.limits_of(&group), limits);
+    assert_eq!(root.open("sb-7").unwrap().dir(), group.dir());
+    // A leftover in one hierarchy makes the name taken, and nothing else is made.
+    std::fs::create_dir_all(at("sys/fs/cgroup/pids/forkvm/sb-8")).unwrap();
+    assert!(matches!(root.create("sb-8", &limits), Err(CgroupError::AlreadyExists(_))));
+    assert!(!at("sys/fs/cgroup/memory/process_api/3b89/forkvm/sb-8").exists());
+    assert!(!at("sys/fs/cgroup/cpu/forkvm/sb-8").exists());
+}
+
+#[test]
 fn v2_create_turns_swap_off_where_swap_is_accounted() {
     let (_tree, root) =
         v2_root(&[("forkvm/cgroup.subtree_control", "memory\n"), ("forkvm/memory.swap.max", "max\n")], "memory\n");
-    let group = root.create("sb", 64 * MIB).unwrap();
+    let group = root.create("sb", &mem(64 * MIB)).unwrap();
     assert_eq!(read(&group.dir().join("memory.max")), "67108864");
     assert_eq!(read(&group.dir().join("memory.swap.max")), "0");
     assert_eq!(read(&root.dir().join("cgroup.subtree_control")), "memory\n", "already enabled: left alone");
@@ -145,7 +207,7 @@ fn v2_create_turns_swap_off_where_swap_is_accounted() {
 #[test]
 fn v2_parent_that_does_not_delegate_memory_is_a_clear_error() {
     let (_tree, root) = v2_root(&[], "pids\n");
-    let err = root.create("sb", 64 * MIB).unwrap_err();
+    let err = root.create("sb", &mem(64 * MIB)).unwrap_err();
     assert!(matches!(err, CgroupError::MemoryNotDelegated { .. }), "{err}");
     assert!(err.to_string().contains("does not delegate the memory controller"), "{err}");
     assert!(!root.dir().exists());
@@ -155,10 +217,10 @@ fn v2_parent_that_does_not_delegate_memory_is_a_clear_error() {
 fn names_are_validated() {
     let (_tree, root) = v2_root(&[], "memory\n");
     for bad in ["", "a/b", "..", "a b", "exiting", "é", &"x".repeat(65)] {
-        assert!(matches!(root.create(bad, MIB), Err(CgroupError::InvalidName(_))), "{bad:?} accepted");
+        assert!(matches!(root.create(bad, &mem(MIB)), Err(CgroupError::InvalidName(_))), "{bad:?} accepted");
     }
-    assert!(root.create(&"x".repeat(64), MIB).is_ok());
-    assert!(root.create("Ok_name-9", MIB).is_ok());
+    assert!(root.create(&"x".repeat(64), &mem(MIB)).is_ok());
+    assert!(root.create("Ok_name-9", &mem(MIB)).is_ok());
 }
 
 /// Kills and reaps the child if a test fails half-way.
@@ -189,7 +251,7 @@ fn cgroup_line(pid: &str, version: CgroupVersion) -> String {
 fn real_create_join_sweep_remove() {
     let root = real_root();
     let name = format!("t-join-{}", std::process::id());
-    let group = root.create(&name, 64 * MIB).unwrap();
+    let group = root.create(&name, &mem(64 * MIB)).unwrap();
     assert_eq!(group.memory_limit_bytes().unwrap(), 64 * MIB);
 
     let mut child = KillOnDrop(Command::new("sleep").arg("30").spawn().unwrap());
@@ -199,7 +261,7 @@ fn real_create_join_sweep_remove() {
 
     // Sweep removes the unwanted empty group, never the one with a live process.
     let empty = format!("t-sweep-{}", std::process::id());
-    root.create(&empty, 64 * MIB).unwrap();
+    root.create(&empty, &mem(64 * MIB)).unwrap();
     let removed = root.sweep(&|n| n != name && n != empty);
     assert_eq!(removed, vec![empty.clone()]);
     assert!(group.dir().is_dir() && root.open(&empty).is_none());
@@ -235,7 +297,7 @@ fn real_leave_and_remove() {
     // A child process plays the sandbox, so this test process never changes cgroup.
     let root = real_root();
     let name = format!("t-leave-{}", std::process::id());
-    let dir = root.create(&name, 256 * MIB).unwrap().dir().to_path_buf();
+    let dir = root.create(&name, &mem(256 * MIB)).unwrap().dir().to_path_buf();
     let out = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "host::cgroup::tests::leave_helper", "--ignored", "--nocapture", "--test-threads=1"])
         .env(HELPER_ENV, &name)
@@ -255,7 +317,7 @@ fn real_leave_and_remove() {
 #[test]
 fn real_memory_limit_oom_kills() {
     let root = real_root();
-    let group = root.create(&format!("t-oom-{}", std::process::id()), 32 * MIB).unwrap();
+    let group = root.create(&format!("t-oom-{}", std::process::id()), &mem(32 * MIB)).unwrap();
     // `tail` on /dev/zero buffers one endless line; `read` holds it until we have joined it.
     let mut child = KillOnDrop(
         Command::new("/bin/sh")
