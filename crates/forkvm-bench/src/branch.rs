@@ -209,6 +209,8 @@ pub fn run(a: BenchBranchArgs) -> Result<i32> {
     };
     std::fs::create_dir_all(&store).with_context(|| format!("creating {}", store.display()))?;
     let machine = machine();
+    // Before the filters: it runs `stat`, and a VMM may not start programs.
+    let fs = fs_type(&store);
     if !a.no_seccomp {
         forkvm_vmm::host::seccomp::enforce().context("putting the bench under the VMM's seccomp filters")?;
     }
@@ -236,7 +238,6 @@ pub fn run(a: BenchBranchArgs) -> Result<i32> {
             results.push(r);
         }
     }
-    let fs = fs_type(&store);
     if a.store.is_none() {
         let _ = std::fs::remove_dir_all(&store);
     }
