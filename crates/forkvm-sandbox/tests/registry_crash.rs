@@ -14,8 +14,8 @@
 //! recovery), at dozens of crash points a run. A stand-in serves a control socket in its
 //! run directory as a VMM does, stops when asked (removing its run directory), and is
 //! noted (`vmm.start`) right after it is forked, as `start::snapshot::start_vmms` notes a VMM.
-//! Recovery runs 100 ms after the kill, as a restarted daemon would at the earliest,
-//! so a stand-in forked just before the kill serves its socket by then.
+//! Recovery runs 100 ms after the kill, as a restarted daemon would at the earliest, and
+//! once every stand-in forked before the kill serves its socket.
 //! `forkvm/tests/daemon_restart.rs` kills a real daemon mid-spawn and mid-branch with
 //! real Linux VMMs.
 
@@ -171,6 +171,32 @@ fn processes_with(marker: &str) -> Vec<i32> {
     out
 }
 
+/// The run directory stand-in `pid` serves (from its environment).
+fn stand_in_dir(pid: i32) -> Option<PathBuf> {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    environ
+        .split(|b| *b == 0)
+        .find_map(|v| v.strip_prefix(b"FORKVM_STAND_IN_DIR="))
+        .map(|d| PathBuf::from(String::from_utf8_lossy(d).into_owned()))
+}
+
+/// Waits (up to 5 s) until every stand-in carrying `marker` serves its control socket or
+/// has gone: a restarted daemon recovers once the VMMs its starter forked are up. A fixed
+/// pause was not enough on a loaded host, where a fresh stand-in can take longer than
+/// 100 ms to bind its socket.
+fn wait_for_stand_ins(marker: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for pid in processes_with(marker) {
+        let Some(dir) = stand_in_dir(pid) else { continue };
+        while !dir.join("control.sock").exists()
+            && forkvm_sandbox::registry::vmm_alive(pid)
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
 /// What must hold after recovery (see the module doc); a message naming what does not.
 fn check_consistent(root: &Path, reg: &Registry, marker: &str) -> Result<(), String> {
     let rows = reg.rows();
@@ -198,7 +224,14 @@ fn check_consistent(root: &Path, reg: &Registry, marker: &str) -> Result<(), Str
         }
     }
     for pid in processes_with(marker) {
-        if !vmm_pids.contains(&pid) {
+        // One that was asked to stop removes its run directory, then exits: it gets a
+        // moment to be gone.
+        let exiting = stand_in_dir(pid).is_some_and(|d| !d.exists());
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while exiting && forkvm_sandbox::registry::vmm_alive(pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if !vmm_pids.contains(&pid) && forkvm_sandbox::registry::vmm_alive(pid) {
             return Err(format!("VMM {pid} runs without a row"));
         }
     }
@@ -283,6 +316,7 @@ fn a_kill_9_at_every_transition_leaves_the_registry_consistent() {
             }
         }
         std::thread::sleep(Duration::from_millis(100));
+        wait_for_stand_ins(&marker);
         let recovered = reg.recover();
         if let Err(e) = check_consistent(root, &reg, &marker) {
             panic!(
