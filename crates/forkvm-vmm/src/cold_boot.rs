@@ -43,7 +43,7 @@ pub fn boot_detached(machine: Machine, spec: ChildSpec) -> Result<libc::pid_t, Z
             }
             EXIT_RESTORE_FAILED
         };
-        let group = match spec.owned.enter(false) {
+        let group = match spec.owned.enter(None) {
             Ok(g) => g,
             Err(e) => {
                 let code = fail(format!("confining the VMM: {e}"), &mut error_log);

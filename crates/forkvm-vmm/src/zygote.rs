@@ -156,12 +156,21 @@ impl Owned {
     /// ([`crate::host::rlimits`]), then puts the process
     /// under its seccomp filters ([`crate::host::seccomp`]) unless they are off. Call it
     /// while the process has one thread. Errors name the step.
-    /// `in_group`: whoever forked the process already moved it into the cgroup.
-    pub fn enter(&self, in_group: bool) -> Result<Option<crate::host::cgroup::SandboxCgroup>, EnterError> {
-        let group = self.open_cgroup()?;
-        if let (Some(group), false) = (&group, in_group) {
-            group.join(0)?;
-        }
+    /// `joined`: the group whoever forked the process already moved it into.
+    pub fn enter(
+        &self,
+        joined: Option<crate::host::cgroup::SandboxCgroup>,
+    ) -> Result<Option<crate::host::cgroup::SandboxCgroup>, EnterError> {
+        let group = match joined {
+            Some(group) => Some(group),
+            None => {
+                let group = self.open_cgroup(None)?;
+                if let Some(g) = &group {
+                    g.join(0)?;
+                }
+                group
+            }
+        };
         crate::host::privileges::drop_privileges()?;
         crate::host::rlimits::apply_vmm_rlimits()?;
         if self.seccomp == crate::host::seccomp::Seccomp::Enforce {
@@ -170,11 +179,22 @@ impl Owned {
         Ok(group)
     }
 
-    /// The process's cgroup, if it has one (it must exist: the starter made it).
-    pub fn open_cgroup(&self) -> Result<Option<crate::host::cgroup::SandboxCgroup>, crate::host::cgroup::CgroupError> {
+    /// The process's cgroup, if it has one (it must exist: the starter made it), under
+    /// `root` (detected when not given).
+    pub fn open_cgroup(
+        &self,
+        root: Option<&crate::host::cgroup::CgroupRoot>,
+    ) -> Result<Option<crate::host::cgroup::SandboxCgroup>, crate::host::cgroup::CgroupError> {
         use crate::host::cgroup::{CgroupError, CgroupRoot};
         let Some(name) = &self.cgroup else { return Ok(None) };
-        let root = CgroupRoot::detect()?;
+        let detected;
+        let root = match root {
+            Some(r) => r,
+            None => {
+                detected = CgroupRoot::detect()?;
+                &detected
+            }
+        };
         root.open(name)
             .map(Some)
             .ok_or_else(|| CgroupError::Missing { name: name.clone(), root: root.dir().to_path_buf() })
@@ -210,6 +230,8 @@ pub struct Zygote {
     snapshot: PreparedSnapshot,
     /// Memory pages every child faults in ahead of its guest (a memory playbook).
     memory_prefetch: Option<MemoryPrefetch>,
+    /// The cgroup root children's groups are under, found for the first child that has one.
+    cgroup_root: std::cell::OnceCell<crate::host::cgroup::CgroupRoot>,
 }
 
 impl Zygote {
@@ -224,7 +246,7 @@ impl Zygote {
         let snapshot = prepare_with_memory(snapshot_dir, memory)?;
         // Once here rather than in every child.
         crate::host::seccomp::prepare()?;
-        Ok(Zygote { kvm, snapshot, memory_prefetch: None })
+        Ok(Zygote { kvm, snapshot, memory_prefetch: None, cgroup_root: Default::default() })
     }
 
     pub fn snapshot(&self) -> &PreparedSnapshot {
@@ -250,11 +272,20 @@ impl Zygote {
     pub fn spawn(&self, spec: ChildSpec) -> Result<libc::pid_t, ZygoteError> {
         let log = open_console_log(spec.console_log.as_deref())?;
         let detach = spec.detach;
-        let group = spec.owned.open_cgroup().map_err(ZygoteError::Cgroup)?;
+        let group = match &spec.owned.cgroup {
+            None => None,
+            Some(_) => {
+                if self.cgroup_root.get().is_none() {
+                    let root = crate::host::cgroup::CgroupRoot::detect().map_err(ZygoteError::Cgroup)?;
+                    let _ = self.cgroup_root.set(root);
+                }
+                spec.owned.open_cgroup(self.cgroup_root.get()).map_err(ZygoteError::Cgroup)?
+            }
+        };
         let gate = group.as_ref().map(|_| Gate::new()).transpose().map_err(ZygoteError::Gate)?;
         let pid = fork_and_run(detach, || {
-            let in_group = gate.as_ref().is_some_and(Gate::wait);
-            self.child_main(spec, log, in_group)
+            let joined = group.clone().filter(|_| gate.as_ref().is_some_and(Gate::wait));
+            self.child_main(spec, log, joined)
         })
         .map_err(ZygoteError::Fork)?;
         if let (Some(group), Some(gate)) = (group, gate) {
@@ -263,7 +294,12 @@ impl Zygote {
         Ok(pid)
     }
 
-    fn child_main(&self, mut spec: ChildSpec, log: Option<ConsoleLog>, in_group: bool) -> i32 {
+    fn child_main(
+        &self,
+        mut spec: ChildSpec,
+        log: Option<ConsoleLog>,
+        joined: Option<crate::host::cgroup::SandboxCgroup>,
+    ) -> i32 {
         if spec.detach {
             detach_stdio(log.as_ref().map(ConsoleLog::file));
         }
@@ -293,7 +329,7 @@ impl Zygote {
             EXIT_RESTORE_FAILED
         };
         let (started, cpu_before) = (std::time::Instant::now(), crate::phase_timer::thread_cpu_time());
-        let group = match spec.owned.enter(in_group) {
+        let group = match spec.owned.enter(joined) {
             Ok(g) => g,
             Err(e) => {
                 let code = fail(format!("confining the VMM: {e}"), &mut error_log);

@@ -358,7 +358,7 @@ impl CgroupRoot {
 
 /// One sandbox's group, `<root>/forkvm/<name>`: on v1 one directory per hierarchy, the
 /// memory one first.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct SandboxCgroup {
     version: CgroupVersion,
     /// (group directory, the `exiting` leaf beside it), per hierarchy.

@@ -82,7 +82,7 @@ pub fn probe(seccomp: super::seccomp::Seccomp) -> Result<Confinement, String> {
         // SAFETY: the child's copy of the read end, closed once.
         unsafe { libc::close(fds[0]) };
         let owned = crate::zygote::Owned { seccomp, ..Default::default() };
-        let report = match owned.enter(false) {
+        let report = match owned.enter(None) {
             Ok(_) => Confinement::of(std::process::id() as i32)
                 .ok_or_else(|| "reading /proc/self".to_string())
                 .and_then(|c| serde_json::to_string(&c).map_err(|e| e.to_string())),

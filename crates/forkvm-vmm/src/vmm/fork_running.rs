@@ -147,7 +147,7 @@ impl Vmm {
         // The child inherits this process's seccomp filters, if any.
         let seccomp = if crate::host::seccomp::enforced() { Seccomp::Enforce } else { Seccomp::Off };
         let owned = Owned { run_dir: child.run_dir.clone(), cgroup: child.cgroup.clone(), seccomp };
-        let group = match owned.enter(false) {
+        let group = match owned.enter(None) {
             Ok(g) => g,
             Err(e) => {
                 let code = fail(format!("confining the VMM: {e}"), &mut error_log);

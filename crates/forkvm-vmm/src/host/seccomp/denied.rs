@@ -27,13 +27,8 @@ pub(super) fn set_thread_kind(kind: ThreadKind) {
 }
 
 fn thread_kind_name() -> &'static str {
-    match KIND.with(|k| k.get()) {
-        1 => "control",
-        2 => "vcpu",
-        3 => "device",
-        4 => "writer",
-        _ => "unnamed",
-    }
+    let kind = KIND.with(|k| k.get());
+    ThreadKind::ALL.iter().find(|k| **k as u8 == kind).map_or("unnamed", |k| k.name())
 }
 
 pub(super) fn handler_installed() -> bool {

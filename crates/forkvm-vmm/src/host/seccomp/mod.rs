@@ -92,6 +92,12 @@ struct Programs {
     kinds: [BpfProgram; 4],
 }
 
+impl Programs {
+    fn of(&self, kind: ThreadKind) -> &BpfProgram {
+        &self.kinds[kind as usize - 1]
+    }
+}
+
 static PROGRAMS: OnceLock<Programs> = OnceLock::new();
 
 fn compile(
@@ -141,7 +147,7 @@ pub fn enforce() -> Result<(), SeccompError> {
     let programs = programs()?;
     denied::install_handler().map_err(SeccompError::Handler)?;
     apply("clone3", &programs.no_clone3)?;
-    apply(ThreadKind::Control.name(), &programs.kinds[0])?;
+    apply(ThreadKind::Control.name(), programs.of(ThreadKind::Control))?;
     denied::set_thread_kind(ThreadKind::Control);
     Ok(())
 }
@@ -165,7 +171,7 @@ pub fn enter_thread(kind: ThreadKind) {
     }
     let Some(programs) = PROGRAMS.get() else { return };
     // Async-signal-safe: the live-branch writer calls this right after fork().
-    let program = &programs.kinds[kind as usize - 1];
+    let program = programs.of(kind);
     let prog = libc::sock_fprog { len: program.len() as u16, filter: program.as_ptr() as *mut libc::sock_filter };
     // SAFETY: seccomp(2) with a pointer to a `sock_fprog` that lives across the call
     // (built from a program that stays in a static); no memory is allocated.
