@@ -62,6 +62,9 @@ pub struct BenchSpawnArgs {
     /// Start the VMMs without their seccomp filters (to measure what the filters cost).
     #[arg(long)]
     pub no_seccomp: bool,
+    /// Start the VMMs outside their jail (to measure what entering it costs).
+    #[arg(long)]
+    pub no_jail: bool,
 }
 
 fn r1(x: f64) -> f64 {
@@ -173,6 +176,9 @@ pub fn run(a: BenchSpawnArgs) -> Result<i32> {
     if a.no_seccomp {
         registry = registry.without_seccomp();
     }
+    if a.no_jail {
+        registry = registry.without_jail();
+    }
     let quiet = a.json || !std::io::stderr().is_terminal();
     if !quiet {
         eprintln!("spawning {} sandboxes from {tag}", a.count);
@@ -247,12 +253,14 @@ pub fn run(a: BenchSpawnArgs) -> Result<i32> {
     let report = json!({
         "bench": "spawn",
         "command": format!(
-            "forkvm bench spawn -n {} --tag {tag} --cold {}{} --json",
+            "forkvm bench spawn -n {} --tag {tag} --cold {}{}{} --json",
             a.count,
             a.cold,
-            if a.no_seccomp { " --no-seccomp" } else { "" }
+            if a.no_seccomp { " --no-seccomp" } else { "" },
+            if a.no_jail { " --no-jail" } else { "" }
         ),
         "seccomp": !a.no_seccomp,
+        "jail": !a.no_jail,
         "machine": machine(),
         "tag": tag,
         "template": template,

@@ -28,47 +28,54 @@ pub struct Machine {
 /// `spec.socket`; returns its pid. The caller must be single-threaded (it forks).
 pub fn boot_detached(machine: Machine, spec: ChildSpec) -> Result<libc::pid_t, ZygoteError> {
     let log = open_console_log(spec.console_log.as_deref())?;
-    fork_and_run(true, move || {
-        detach_stdio(log.as_ref().map(crate::devices::console_log::ConsoleLog::file));
-        let mut error_log = log.as_ref().and_then(|f| f.file().try_clone().ok());
-        // The VMM outlives its caller: it keeps none of the caller's files or sockets.
-        use std::os::fd::AsRawFd;
-        let mut keep = vec![0, 1, 2];
-        keep.extend(log.as_ref().map(|f| f.file().as_raw_fd()));
-        keep.extend(error_log.as_ref().map(|f| f.as_raw_fd()));
-        close_fds_except(&keep);
-        let fail = |msg: String, error_log: &mut Option<std::fs::File>| {
-            if let Some(f) = error_log.as_mut() {
-                let _ = writeln!(f, "\n[forkvm] {msg}");
-            }
-            EXIT_RESTORE_FAILED
-        };
-        let group = match spec.owned.enter(None) {
-            Ok(g) => g,
-            Err(e) => {
-                let code = fail(format!("confining the VMM: {e}"), &mut error_log);
-                spec.owned.release(None, true);
-                return code;
-            }
-        };
-        let code = run(machine, &spec, log, &mut error_log, fail);
-        spec.owned.release(group, code == EXIT_RESTORE_FAILED);
-        code
-    })
+    // Opened here: the child's jail may not show /dev/kvm.
+    let kvm = open_kvm()?;
+    let jail = spec.owned.jail.clone();
+    let fork = move || {
+        fork_and_run(true, move || {
+            detach_stdio(log.as_ref().map(crate::devices::console_log::ConsoleLog::file));
+            let mut error_log = log.as_ref().and_then(|f| f.file().try_clone().ok());
+            // The VMM outlives its caller: it keeps none of the caller's files or sockets.
+            use std::os::fd::AsRawFd;
+            let mut keep = vec![0, 1, 2, kvm.as_raw_fd()];
+            keep.extend(spec.owned.jail.iter().flat_map(|j| j.fds()));
+            keep.extend(log.as_ref().map(|f| f.file().as_raw_fd()));
+            keep.extend(error_log.as_ref().map(|f| f.as_raw_fd()));
+            close_fds_except(&keep);
+            let fail = |msg: String, error_log: &mut Option<std::fs::File>| {
+                if let Some(f) = error_log.as_mut() {
+                    let _ = writeln!(f, "\n[forkvm] {msg}");
+                }
+                EXIT_RESTORE_FAILED
+            };
+            let group = match spec.owned.enter(None) {
+                Ok(g) => g,
+                Err(e) => {
+                    let code = fail(format!("confining the VMM: {e}"), &mut error_log);
+                    spec.owned.release(None, true);
+                    return code;
+                }
+            };
+            let code = run(&kvm, machine, &spec, log, &mut error_log, fail);
+            spec.owned.release(group, code == EXIT_RESTORE_FAILED);
+            code
+        })
+    };
+    match jail {
+        Some(j) => j.forking_into(fork).map_err(ZygoteError::Jail)?,
+        None => fork(),
+    }
     .map_err(ZygoteError::Fork)
 }
 
 fn run(
+    kvm: &kvm_ioctls::Kvm,
     machine: Machine,
     spec: &ChildSpec,
     log: Option<crate::devices::console_log::ConsoleLog>,
     error_log: &mut Option<std::fs::File>,
     fail: impl Fn(String, &mut Option<std::fs::File>) -> i32,
 ) -> i32 {
-    let kvm = match open_kvm() {
-        Ok(k) => k,
-        Err(e) => return fail(e.to_string(), error_log),
-    };
     let config = BootConfig {
         mem_size: machine.mem_size,
         vcpu_count: machine.vcpu_count,
@@ -79,7 +86,7 @@ fn run(
         devices: spec.devices.clone(),
         start_paused: false,
     };
-    let mut vmm = match boot(&kvm, config) {
+    let mut vmm = match boot(kvm, config) {
         Ok(v) => v,
         Err(e) => return fail(format!("boot failed: {e}"), error_log),
     };

@@ -6,6 +6,7 @@
 
 pub mod cgroup;
 pub mod confinement;
+pub mod jail;
 pub mod privileges;
 pub mod process;
 pub mod rlimits;

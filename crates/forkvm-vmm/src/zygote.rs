@@ -53,6 +53,8 @@ pub enum ZygoteError {
     Cgroup(crate::host::cgroup::CgroupError),
     #[error("the pipe a child waits on for its cgroup: {0}")]
     Gate(std::io::Error),
+    #[error(transparent)]
+    Jail(crate::host::jail::JailError),
 }
 
 /// A pipe a forked child waits on until its parent has moved it into its cgroup.
@@ -135,6 +137,9 @@ pub struct Owned {
     pub cgroup: Option<String>,
     /// Whether the process runs under its seccomp filters (`host::seccomp`).
     pub seccomp: crate::host::seccomp::Seccomp,
+    /// The jail the process enters (`host::jail`); None: it stays where it was forked
+    /// (a fork of a running VMM is born in its parent's).
+    pub jail: Option<std::sync::Arc<crate::host::jail::JailNamespaces>>,
 }
 
 /// Why a VMM process could not be confined ([`Owned::enter`]).
@@ -148,11 +153,13 @@ pub enum EnterError {
     Seccomp(#[from] crate::host::seccomp::SeccompError),
     #[error(transparent)]
     Rlimits(#[from] crate::host::rlimits::RlimitError),
+    #[error(transparent)]
+    Jail(#[from] crate::host::jail::JailError),
 }
 
 impl Owned {
     /// Confines the calling VMM process before it runs guest code: joins the cgroup, if
-    /// any, drops every privilege ([`crate::host::privileges`]), sets its resource limits
+    /// any, enters its jail ([`crate::host::jail`]), if any, drops every privilege ([`crate::host::privileges`]), sets its resource limits
     /// ([`crate::host::rlimits`]), then puts the process
     /// under its seccomp filters ([`crate::host::seccomp`]) unless they are off. Call it
     /// while the process has one thread. Errors name the step.
@@ -171,6 +178,11 @@ impl Owned {
                 group
             }
         };
+        if let Some(jail) = &self.jail {
+            // What the VMM reads of /proc later, opened while it can.
+            crate::vstate::memory_playbook::open_pagemap_early();
+            jail.enter()?;
+        }
         crate::host::privileges::drop_privileges()?;
         crate::host::rlimits::apply_vmm_rlimits()?;
         if self.seccomp == crate::host::seccomp::Seccomp::Enforce {
@@ -187,13 +199,9 @@ impl Owned {
     ) -> Result<Option<crate::host::cgroup::SandboxCgroup>, crate::host::cgroup::CgroupError> {
         use crate::host::cgroup::{CgroupError, CgroupRoot};
         let Some(name) = &self.cgroup else { return Ok(None) };
-        let detected;
         let root = match root {
             Some(r) => r,
-            None => {
-                detected = CgroupRoot::detect()?;
-                &detected
-            }
+            None => CgroupRoot::detected()?,
         };
         root.open(name)
             .map(Some)
@@ -230,8 +238,6 @@ pub struct Zygote {
     snapshot: PreparedSnapshot,
     /// Memory pages every child faults in ahead of its guest (a memory playbook).
     memory_prefetch: Option<MemoryPrefetch>,
-    /// The cgroup root children's groups are under, found for the first child that has one.
-    cgroup_root: std::cell::OnceCell<crate::host::cgroup::CgroupRoot>,
 }
 
 impl Zygote {
@@ -246,7 +252,7 @@ impl Zygote {
         let snapshot = prepare_with_memory(snapshot_dir, memory)?;
         // Once here rather than in every child.
         crate::host::seccomp::prepare()?;
-        Ok(Zygote { kvm, snapshot, memory_prefetch: None, cgroup_root: Default::default() })
+        Ok(Zygote { kvm, snapshot, memory_prefetch: None })
     }
 
     pub fn snapshot(&self) -> &PreparedSnapshot {
@@ -274,19 +280,20 @@ impl Zygote {
         let detach = spec.detach;
         let group = match &spec.owned.cgroup {
             None => None,
-            Some(_) => {
-                if self.cgroup_root.get().is_none() {
-                    let root = crate::host::cgroup::CgroupRoot::detect().map_err(ZygoteError::Cgroup)?;
-                    let _ = self.cgroup_root.set(root);
-                }
-                spec.owned.open_cgroup(self.cgroup_root.get()).map_err(ZygoteError::Cgroup)?
-            }
+            Some(_) => spec.owned.open_cgroup(None).map_err(ZygoteError::Cgroup)?,
         };
         let gate = group.as_ref().map(|_| Gate::new()).transpose().map_err(ZygoteError::Gate)?;
-        let pid = fork_and_run(detach, || {
-            let joined = group.clone().filter(|_| gate.as_ref().is_some_and(Gate::wait));
-            self.child_main(spec, log, joined)
-        })
+        let jail = spec.owned.jail.clone();
+        let fork = || {
+            fork_and_run(detach, || {
+                let joined = group.clone().filter(|_| gate.as_ref().is_some_and(Gate::wait));
+                self.child_main(spec, log, joined)
+            })
+        };
+        let pid = match jail {
+            Some(j) => j.forking_into(fork).map_err(ZygoteError::Jail)?,
+            None => fork(),
+        }
         .map_err(ZygoteError::Fork)?;
         if let (Some(group), Some(gate)) = (group, gate) {
             gate.open_if(group.join(pid as u32).is_ok());
@@ -310,6 +317,7 @@ impl Zygote {
             // sockets or locks open (a daemon's state lock, its spawner's socket).
             use std::os::fd::AsRawFd;
             let mut keep = vec![0, 1, 2, self.kvm.as_raw_fd(), self.snapshot.memory.as_raw_fd()];
+            keep.extend(spec.owned.jail.iter().flat_map(|j| j.fds()));
             keep.extend(log.as_ref().map(|f| f.file().as_raw_fd()));
             keep.extend(error_log.as_ref().map(|f| f.as_raw_fd()));
             keep.extend(input.as_ref().map(|f| f.as_raw_fd()));

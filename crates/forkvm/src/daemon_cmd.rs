@@ -8,6 +8,7 @@ use forkvm_sandbox::disk_snapshots::DEFAULT_RETENTION;
 use forkvm_sandbox::Registry;
 use forkvm_snapshot::vault::RetentionPolicy;
 use forkvm_snapshot::Store;
+use forkvm_vmm::host::jail::Jail;
 use forkvm_vmm::host::seccomp::Seccomp;
 use forkvmd::auth::Token;
 use forkvmd::disk::DiskSnapshotConfig;
@@ -91,6 +92,10 @@ pub struct DaemonArgs {
     /// every system call of the host.
     #[arg(long)]
     no_seccomp: bool,
+    /// Run VMMs outside their jail (their own namespaces and a root holding only forkvm's
+    /// files). For debugging only: a VMM outside it sees the whole host filesystem.
+    #[arg(long)]
+    no_jail: bool,
 }
 
 /// A parsed interval flag (`None`: off).
@@ -106,6 +111,10 @@ pub fn run(a: DaemonArgs) -> Result<i32> {
     if a.no_seccomp {
         eprintln!("forkvm daemon: --no-seccomp: sandboxes' VMMs run without their seccomp filters");
         registry = registry.without_seccomp();
+    }
+    if a.no_jail {
+        eprintln!("forkvm daemon: --no-jail: sandboxes' VMMs run outside their jail");
+        registry = registry.without_jail();
     }
     let store = Store::open_default();
     let token = a.token_file.as_deref().map(Token::from_file).transpose().context("--token-file")?;
@@ -184,11 +193,15 @@ pub struct SpawnerArgs {
     /// Start VMMs without their seccomp filters (the daemon's `--no-seccomp`).
     #[arg(long)]
     no_seccomp: bool,
+    /// Start VMMs outside their jail (the daemon's `--no-jail`).
+    #[arg(long)]
+    no_jail: bool,
 }
 
 pub fn spawner(a: SpawnerArgs) -> Result<i32> {
     let seccomp = if a.no_seccomp { Seccomp::Off } else { Seccomp::Enforce };
-    Ok(forkvmd::spawner::main(a.parent, &a.run_root, &a.store, seccomp))
+    let jail = if a.no_jail { Jail::Off } else { Jail::Enforce };
+    Ok(forkvmd::spawner::main(a.parent, &a.run_root, &a.store, seccomp, jail))
 }
 
 /// A group name (from /etc/group) or a numeric gid.

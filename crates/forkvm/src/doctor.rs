@@ -97,18 +97,24 @@ fn emulation_probe(kvm: &kvm_ioctls::Kvm, checks: &mut Vec<Value>) -> bool {
 /// confines itself the same way (`host::confinement::probe`).
 fn jail_check(checks: &mut Vec<Value>) {
     use forkvm_vmm::host::seccomp::Seccomp;
-    let (ok, detail) = match forkvm_vmm::host::confinement::probe(Seccomp::Enforce) {
+    let registry = forkvm_sandbox::Registry::open_default();
+    let jail = forkvm_sandbox::start::jail::for_vmms(&registry, &Default::default());
+    let probed = match jail {
+        Ok(jail) => forkvm_vmm::host::confinement::probe(Seccomp::Enforce, jail),
+        Err(e) => Err(e.to_string()),
+    };
+    let (ok, detail) = match probed {
         Ok(c) => (
             c.seccomp_on_every_thread() && c.no_new_privs && c.no_capabilities,
             format!(
-                "a VMM runs with seccomp {} on {}/{} threads, {}, no_new_privs {}, uid {}, {} namespaces of its own, root {}",
+                "a VMM runs with seccomp {} on {}/{} threads, {}, no_new_privs {}, uid {}, namespaces of its own [{}], root {}",
                 if c.seccomp_on_every_thread() { "filters" } else { "OFF" },
                 c.seccomp_filtered_threads,
                 c.threads,
                 if c.no_capabilities { "no capabilities" } else { "CAPABILITIES LEFT" },
                 c.no_new_privs,
                 c.uid,
-                c.own_namespaces.len(),
+                c.own_namespaces.join(", "),
                 c.root
             ),
         ),

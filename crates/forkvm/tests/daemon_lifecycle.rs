@@ -82,11 +82,19 @@ fn idle_sandboxes_pause_and_resume_and_ttls_archive_without_deleting() {
     assert_eq!((archived["reason"].as_str(), archived["pid"].as_i64()), (Some("ttl"), None), "{archived}");
     assert!(env.dir.join(format!("store/archives/{b}/snapshot.json")).is_file());
     assert!(!env.dir.join(format!("run/sandboxes/{b}")).exists(), "its VMM stopped");
-    let audit = std::fs::read_to_string(env.dir.join("store/forkvmd/audit.log")).unwrap();
-    assert!(
-        audit.lines().any(|l| l.contains("\"event\":\"archive\"") && l.contains(&b) && l.contains("\"ttl\"")),
-        "{audit}"
-    );
+    // The tick logs the archive once it is done, a moment after the row says archived.
+    let logged = |audit: &str| {
+        audit.lines().any(|l| l.contains("\"event\":\"archive\"") && l.contains(&b) && l.contains("\"ttl\""))
+    };
+    let deadline = Instant::now() + std::time::Duration::from_secs(10);
+    let audit = loop {
+        let audit = std::fs::read_to_string(env.dir.join("store/forkvmd/audit.log")).unwrap();
+        if logged(&audit) || Instant::now() > deadline {
+            break audit;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(logged(&audit), "{audit}");
     let out = env.cli(&["exec", &b, "--", "true"]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("archived"));
 

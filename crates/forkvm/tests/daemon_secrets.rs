@@ -240,8 +240,44 @@ fn no_vmm_holds_a_secret_a_descriptor_of_the_daemon_or_a_privilege() {
     assert_eq!(jail.seccomp, "filter", "{jail:?}");
     assert!(jail.no_capabilities && jail.no_new_privs && jail.threads > 1, "{jail:?}");
     assert_eq!(jail.seccomp_filtered_threads, jail.threads, "{jail:?}");
+    let mut namespaces = jail.own_namespaces.clone();
+    namespaces.sort();
+    assert_eq!(namespaces, ["ipc", "mnt", "net", "pid", "uts"], "{jail:?}");
     let listed = client.list_sandboxes().unwrap();
     assert!(listed.iter().all(|s| s.jail.is_none()), "lists leave the jail out: {listed:?}");
+
+    // Its root is its jail: forkvm's own files at their paths, nothing else of the host.
+    // (`/proc/<pid>/root` resolves paths as the VMM does.)
+    for (what, pid) in [("the VMM", vmm), ("the forked VMM", child)] {
+        let inside = |p: &std::path::Path| std::path::PathBuf::from(format!("/proc/{pid}/root{}", p.display()));
+        let sandbox_dir = dir.join("run/sandboxes");
+        assert!(inside(&sandbox_dir).is_dir(), "{what} sees the run directories");
+        assert!(inside(&dir.join("store/snapshots")).is_dir(), "{what} sees the store");
+        for absent in [
+            token_file.as_path(),
+            key_pem.as_path(),
+            std::path::Path::new("/etc/passwd"),
+            &dir.join("run/forkvmd.sock"),
+            &dir.join("run/registry.db"),
+        ] {
+            assert!(!inside(absent).exists(), "{what} can name {}", absent.display());
+        }
+        // Hidden under an empty directory (read here with our privileges; the VMM, without
+        // any, cannot even list it: mode 0).
+        let state = inside(&dir.join("store/forkvmd"));
+        assert_eq!(std::fs::read_dir(&state).map(|d| d.count()).ok(), Some(0), "{what} sees the daemon's state");
+        assert!(!inside(&dir.join("store/forkvmd/state.db")).exists(), "{what} can name the daemon's database");
+        for ns in ["net", "pid", "mnt"] {
+            let of = |p: u32| std::fs::read_link(format!("/proc/{p}/ns/{ns}")).unwrap();
+            assert_ne!(of(pid), of(daemon_pid), "{what} shares the daemon's {ns} namespace");
+        }
+        // In its pid namespace it has another pid, and cannot see the daemon's processes.
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let nspid: Vec<&str> =
+            status.lines().find_map(|l| l.strip_prefix("NSpid:")).unwrap().split_whitespace().collect();
+        assert_eq!(nspid.len(), 2, "{what}: NSpid {nspid:?}");
+        assert_eq!(nspid[0], pid.to_string(), "{what}: the API gives its pid in ours");
+    }
 
     // Each VMM runs in a cgroup of its own, in every hierarchy, with the default CPU and
     // tasks limits (the daemon is this test's child: same cgroups as ours).

@@ -26,6 +26,7 @@ use forkvm_api::ErrorCode;
 use forkvm_sandbox::start::restore::PendingRestore;
 use forkvm_sandbox::{Registry, SandboxRecord, SpawnOptions, SpawnSource, StartedVmms};
 use forkvm_snapshot::Store;
+use forkvm_vmm::host::jail::Jail;
 use forkvm_vmm::host::seccomp::Seccomp;
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Write};
@@ -134,6 +135,9 @@ impl Spawner {
         if registry.seccomp() == Seccomp::Off {
             command.arg("--no-seccomp");
         }
+        if registry.jail() == Jail::Off {
+            command.arg("--no-jail");
+        }
         for (var, _) in std::env::vars_os().filter(|(v, _)| withheld(v)) {
             command.env_remove(var);
         }
@@ -218,10 +222,10 @@ impl Spawner {
 }
 
 /// The spawner process (`forkvm __spawner --parent PID --run-root DIR --store DIR
-/// [--no-seccomp]`,
+/// [--no-seccomp] [--no-jail]`,
 /// started by [`Spawner::start`]): serves orders on descriptor 3 until the daemon closes
 /// it or dies; returns the exit code.
-pub fn main(parent: libc::pid_t, run_root: &Path, store_root: &Path, seccomp: Seccomp) -> i32 {
+pub fn main(parent: libc::pid_t, run_root: &Path, store_root: &Path, seccomp: Seccomp, jail: Jail) -> i32 {
     // SAFETY: fcntl on a descriptor number; F_GETFD reads its flags only.
     if unsafe { libc::fcntl(SPAWNER_FD, libc::F_GETFD) } < 0 {
         eprintln!("forkvm {SPAWNER_COMMAND}: descriptor {SPAWNER_FD} is not open: only forkvmd starts the spawner");
@@ -235,6 +239,9 @@ pub fn main(parent: libc::pid_t, run_root: &Path, store_root: &Path, seccomp: Se
     let mut registry = Registry::open(run_root).salvaging_into(store_root);
     if seccomp == Seccomp::Off {
         registry = registry.without_seccomp();
+    }
+    if jail == Jail::Off {
+        registry = registry.without_jail();
     }
     serve(parent, stream, &registry, &Store::open(store_root))
 }

@@ -20,6 +20,7 @@ mod sweep;
 use crate::run_dir::RunDir;
 use crate::state::{SandboxState, StateReason};
 use forkvm_vmm::host::cgroup::CgroupRoot;
+use forkvm_vmm::host::jail::Jail;
 use forkvm_vmm::host::seccomp::Seccomp;
 use records::Records;
 use serde::{Deserialize, Serialize};
@@ -283,6 +284,9 @@ pub struct Registry {
     /// Whether the VMMs this registry starts run under their seccomp filters (on unless
     /// a debugging flag turned them off: [`Registry::without_seccomp`]).
     seccomp: Seccomp,
+    /// Whether the VMMs this registry starts enter their jail (on unless a debugging flag
+    /// turned it off: [`Registry::without_jail`]).
+    jail: Jail,
 }
 
 /// Every state but `archived`: the rows a stopped VMM takes with it.
@@ -299,7 +303,13 @@ impl Registry {
     /// The registry at `root`, salvaging nothing (see [`Registry::salvaging_into`]).
     pub fn open(root: impl Into<PathBuf>) -> Registry {
         let root = root.into();
-        Registry { records: Arc::new(Records::at(&root)), root, store: None, seccomp: Seccomp::Enforce }
+        Registry {
+            records: Arc::new(Records::at(&root)),
+            root,
+            store: None,
+            seccomp: Seccomp::Enforce,
+            jail: Jail::Enforce,
+        }
     }
 
     /// The default registry, salvaging into the default store.
@@ -324,6 +334,17 @@ impl Registry {
     /// Whether the VMMs this registry starts run under their seccomp filters.
     pub fn seccomp(&self) -> Seccomp {
         self.seccomp
+    }
+
+    /// Starts VMMs outside their jail (`--no-jail`, for debugging only).
+    pub fn without_jail(mut self) -> Registry {
+        self.jail = Jail::Off;
+        self
+    }
+
+    /// Whether the VMMs this registry starts enter their jail.
+    pub fn jail(&self) -> Jail {
+        self.jail
     }
 
     pub fn root(&self) -> &Path {

@@ -241,7 +241,7 @@ pub fn start_disk_fork(
     };
     let restore_ms = ms_since(restoring);
     let vsock = batch.records()[0].vsock();
-    let spec = batch.vmm_spec(0, boot_devices(&artifacts, &vsock, &disk_dir, sealed, lazy));
+    let spec = batch.vmm_spec(0, boot_devices(&artifacts, &vsock, &disk_dir, sealed, lazy))?;
     let pid = boot_detached(machine(&artifacts, CpuTemplate::for_this_host()), spec)
         .map_err(|e| step("starting the VMM", e.to_string()))?;
     batch.started(0, pid);

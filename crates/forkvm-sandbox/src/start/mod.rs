@@ -17,6 +17,7 @@
 
 pub mod disk;
 pub mod in_process;
+pub mod jail;
 pub mod restore;
 pub mod running;
 pub mod snapshot;
@@ -27,6 +28,7 @@ use forkvm_vmm::devices::attach::DeviceConfig;
 use forkvm_vmm::host::cgroup::{CgroupError, CgroupRoot, Limits};
 use forkvm_vmm::vmm::VmmLabels;
 use forkvm_vmm::zygote::{ChildSpec, Owned, ZygoteError};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Most sandboxes one call spawns.
@@ -48,6 +50,8 @@ pub enum SpawnError {
     Identity { id: String, source: forkvm_proto::ClientError },
     #[error("a readiness worker thread panicked")]
     Worker,
+    #[error(transparent)]
+    Jail(#[from] forkvm_vmm::host::jail::JailError),
 }
 
 impl SpawnError {
@@ -138,6 +142,9 @@ pub(crate) struct Batch<'r> {
     /// `records[..started]` have a VMM.
     started: usize,
     committed: bool,
+    /// The jail its VMMs enter, found for the first (the children of a batch differ only
+    /// in paths inside their run directories, which every jail shows).
+    jail: Option<Option<Arc<forkvm_vmm::host::jail::JailNamespaces>>>,
 }
 
 impl<'r> Batch<'r> {
@@ -157,7 +164,7 @@ impl<'r> Batch<'r> {
         let records: Vec<SandboxRecord> =
             ids.iter().map(|id| registry.new_record(id, origin.clone())).collect::<Result<_, _>>()?;
         registry.begin(&records.iter().collect::<Vec<_>>(), None)?;
-        let mut batch = Batch { registry, records, started: 0, committed: false };
+        let mut batch = Batch { registry, records, started: 0, committed: false, jail: None };
         let root = match CgroupRoot::detect() {
             Ok(root) => Some(root),
             Err(e) if opts.memory_limit_bytes.is_some() => return Err(e.into()),
@@ -193,10 +200,14 @@ impl<'r> Batch<'r> {
     /// How child `i`'s VMM process is made: its control socket and console log in its run
     /// directory, `devices`, its labels, and the run directory and cgroup it owns (removed
     /// when it stops). Notes the disks it will have in its record.
-    pub(crate) fn vmm_spec(&mut self, i: usize, devices: DeviceConfig) -> ChildSpec {
+    pub(crate) fn vmm_spec(&mut self, i: usize, devices: DeviceConfig) -> Result<ChildSpec, SpawnError> {
+        let jail = match &self.jail {
+            Some(j) => j.clone(),
+            None => self.jail.insert(jail::for_vmms(self.registry, &devices)?).clone(),
+        };
         let r = &mut self.records[i];
         r.disks = crate::registry::recorded_disks(&devices);
-        ChildSpec {
+        Ok(ChildSpec {
             socket: Some(r.control_socket()),
             console_log: Some(r.console()),
             console_stream: None,
@@ -207,8 +218,9 @@ impl<'r> Batch<'r> {
                 run_dir: Some(r.run_dir.clone()),
                 cgroup: r.cgroup.clone(),
                 seccomp: self.registry.seccomp(),
+                jail,
             },
-        }
+        })
     }
 
     /// Notes that child `i`'s VMM runs as `pid` (`vmm.start`, before the row has it).

@@ -36,8 +36,29 @@ pub fn fork_running_as(
     let mut batch = Batch::begin(registry, ids, origin, opts)?;
     let children: Vec<ForkChild> = batch.records_mut().iter_mut().map(|r| fork_child(&source, r)).collect();
     let report: ForkReport = call(&source, |c| c.fork(children))?;
-    for (i, pid) in report.pids.iter().enumerate() {
-        batch.started(i, *pid);
+    // The source numbers its children in its jail's pid namespace; we need ours.
+    let host_pids = forkvm_vmm::host::jail::host_pids_of_children(source.pid, &report.pids);
+    if let Some(lost) = host_pids.iter().position(Option::is_none) {
+        // The batch stops the children before `lost` as it unwinds; those after it are
+        // stopped here (just forked, still the source's children: their pids are theirs).
+        for (i, pid) in host_pids.iter().enumerate() {
+            match pid {
+                Some(pid) if i < lost => batch.started(i, *pid),
+                // SAFETY: kill with a pid and a signal number; no memory is passed.
+                Some(pid) => unsafe {
+                    libc::kill(*pid, libc::SIGKILL);
+                },
+                None => {}
+            }
+        }
+        return Err(LifecycleError::ForkedChildLost {
+            source_id: source.id.clone(),
+            index: lost,
+            ns_pid: report.pids[lost],
+        });
+    }
+    for (i, pid) in host_pids.into_iter().flatten().enumerate() {
+        batch.started(i, pid);
     }
     let pending = batch.commit()?;
     let sandboxes = finish(registry, pending, started)?;

@@ -83,7 +83,7 @@ pub fn start_vmms(
     for i in 0..ids.len() {
         let r = &batch.records()[i];
         let devices = source.devices(&r.vsock(), &r.disk_dir());
-        let spec = batch.vmm_spec(i, devices);
+        let spec = batch.vmm_spec(i, devices)?;
         let pid = zygote.spawn(spec)?;
         batch.started(i, pid);
     }

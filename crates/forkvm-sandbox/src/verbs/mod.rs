@@ -38,6 +38,8 @@ pub enum LifecycleError {
     NotReady { id: String, state: SandboxState },
     #[error("sandbox {id} (pid {pid}) did not stop within {waited:?} of shutdown and SIGKILL")]
     Unkillable { id: String, pid: i32, waited: Duration },
+    #[error("fork of sandbox {source_id}: its child {index} (pid {ns_pid} in its jail) is not its child any more: it stopped at once")]
+    ForkedChildLost { source_id: String, index: usize, ns_pid: i32 },
 }
 
 impl LifecycleError {

@@ -126,6 +126,27 @@ impl CgroupRoot {
         Self::detect_from(&read("/proc/self/mountinfo")?, &read("/proc/self/cgroup")?, Path::new("/"))
     }
 
+    /// [`CgroupRoot::detect`], once per process: a process that forks VMMs detects it
+    /// before the first fork and its children inherit the answer, which they could not
+    /// find themselves inside their jail (no `/proc` there).
+    pub fn detected() -> Result<&'static CgroupRoot, CgroupError> {
+        static DETECTED: std::sync::OnceLock<CgroupRoot> = std::sync::OnceLock::new();
+        if let Some(root) = DETECTED.get() {
+            return Ok(root);
+        }
+        let root = CgroupRoot::detect()?;
+        Ok(DETECTED.get_or_init(|| root))
+    }
+
+    /// The `forkvm` parent group's directory in every hierarchy it is in (what a VMM's
+    /// jail shows of the cgroup filesystem). Creates them if missing.
+    pub fn forkvm_dirs(&self) -> Result<Vec<PathBuf>, CgroupError> {
+        self.ensure_parent()?;
+        let mut dirs = vec![self.dir.clone()];
+        dirs.extend(self.v1_extra.iter().map(|(_, d)| d.clone()));
+        Ok(dirs)
+    }
+
     /// Detection on given mountinfo and `/proc/self/cgroup` texts; `fs_prefix` is put in front
     /// of mount points (tests pass a tempdir holding a fake tree).
     pub fn detect_from(mountinfo: &str, self_cgroup: &str, fs_prefix: &Path) -> Result<CgroupRoot, CgroupError> {

@@ -67,49 +67,58 @@ impl Confinement {
 }
 
 /// What a VMM process gets on this host: forks a child that confines itself as a VMM does
-/// (privileges dropped, seccomp filters on unless `seccomp` is off) and reads its own
-/// confinement back. `forkvm doctor` shows it. The caller should be single-threaded or
-/// not mind that the child copies only the calling thread.
-pub fn probe(seccomp: super::seccomp::Seccomp) -> Result<Confinement, String> {
+/// (in `jail`, if given; privileges dropped; seccomp filters on unless `seccomp` is off)
+/// and reads its confinement from here while it waits (inside a jail it has no `/proc`).
+/// `forkvm doctor` shows it. The caller should be single-threaded or not mind that the
+/// child copies only the calling thread.
+pub fn probe(
+    seccomp: super::seccomp::Seccomp,
+    jail: Option<std::sync::Arc<super::jail::JailNamespaces>>,
+) -> Result<Confinement, String> {
     use std::io::Read;
-    use std::os::fd::FromRawFd;
-    let mut fds = [0; 2];
-    // SAFETY: pipe writes two descriptors into the array.
-    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
-        return Err(format!("pipe: {}", std::io::Error::last_os_error()));
-    }
-    let pid = super::process::fork_and_run(false, || {
-        // SAFETY: the child's copy of the read end, closed once.
-        unsafe { libc::close(fds[0]) };
-        let owned = crate::zygote::Owned { seccomp, ..Default::default() };
-        let report = match owned.enter(None) {
-            Ok(_) => Confinement::of(std::process::id() as i32)
-                .ok_or_else(|| "reading /proc/self".to_string())
-                .and_then(|c| serde_json::to_string(&c).map_err(|e| e.to_string())),
-            Err(e) => Err(e.to_string()),
-        };
-        let text = match report {
-            Ok(json) => json,
-            Err(e) => format!("error: {e}"),
-        };
-        // SAFETY: writes a buffer that outlives the call to the pipe's write end.
-        unsafe { libc::write(fds[1], text.as_ptr().cast(), text.len()) };
-        0
-    });
-    // SAFETY: the parent's copy of the write end, closed once.
-    unsafe { libc::close(fds[1]) };
-    // SAFETY: fds[0] is open and owned by nothing else.
-    let mut pipe = unsafe { std::fs::File::from_raw_fd(fds[0]) };
+    use std::os::fd::AsRawFd;
+    let (mut report, report_w) = std::os::unix::net::UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
+    let owned = crate::zygote::Owned { seccomp, jail: jail.clone(), ..Default::default() };
+    let child_end = report_w.as_raw_fd();
+    let fork = || {
+        super::process::fork_and_run(false, || {
+            let mut keep = vec![0, 1, 2, child_end];
+            keep.extend(owned.jail.iter().flat_map(|j| j.fds()));
+            super::process::close_fds_except(&keep);
+            let text = match owned.enter(None) {
+                Ok(_) => "ok".to_string(),
+                Err(e) => format!("error: {e}"),
+            };
+            // SAFETY: a buffer that outlives the calls, on our end of the pair; then
+            // waits (until the parent closes its end) so it can be read from outside.
+            unsafe {
+                libc::write(child_end, text.as_ptr().cast(), text.len());
+                let mut b = 0u8;
+                libc::read(child_end, (&mut b as *mut u8).cast(), 1);
+            }
+            0
+        })
+    };
+    let pid = match &jail {
+        Some(j) => j.forking_into(fork).map_err(|e| e.to_string())?,
+        None => fork(),
+    };
+    drop(report_w);
     let pid = pid.map_err(|e| format!("fork: {e}"))?;
-    let mut text = String::new();
-    let read = pipe.read_to_string(&mut text);
+    // One message (the child's one small write), then it waits for us to look.
+    let mut buf = [0u8; 4096];
+    let read = report.read(&mut buf);
+    let text = String::from_utf8_lossy(&buf[..*read.as_ref().unwrap_or(&0)]).into_owned();
+    let confinement = Confinement::of(pid);
+    drop(report);
     let mut status = 0;
     // SAFETY: reaps the child forked above.
     unsafe { libc::waitpid(pid, &mut status, 0) };
     read.map_err(|e| format!("reading the probe's report: {e}"))?;
     match text.strip_prefix("error: ") {
         Some(e) => Err(e.to_string()),
-        None => serde_json::from_str(&text).map_err(|e| format!("the probe said {text:?}: {e}")),
+        None if text == "ok" => confinement.ok_or_else(|| format!("reading /proc/{pid}")),
+        None => Err(format!("the probe said {text:?}")),
     }
 }
 
@@ -143,9 +152,9 @@ mod tests {
 
     #[test]
     fn a_probe_child_confines_itself_as_a_vmm_does() {
-        let c = probe(crate::host::seccomp::Seccomp::Enforce).unwrap();
+        let c = probe(crate::host::seccomp::Seccomp::Enforce, None).unwrap();
         assert!(c.seccomp_on_every_thread() && c.no_new_privs && c.no_capabilities, "{c:?}");
-        let off = probe(crate::host::seccomp::Seccomp::Off).unwrap();
+        let off = probe(crate::host::seccomp::Seccomp::Off, None).unwrap();
         assert_eq!(off.seccomp_filtered_threads, 0, "{off:?}");
     }
 }

@@ -146,7 +146,7 @@ impl Vmm {
         };
         // The child inherits this process's seccomp filters, if any.
         let seccomp = if crate::host::seccomp::enforced() { Seccomp::Enforce } else { Seccomp::Off };
-        let owned = Owned { run_dir: child.run_dir.clone(), cgroup: child.cgroup.clone(), seccomp };
+        let owned = Owned { run_dir: child.run_dir.clone(), cgroup: child.cgroup.clone(), seccomp, jail: None };
         let group = match owned.enter(None) {
             Ok(g) => g,
             Err(e) => {

@@ -131,9 +131,37 @@ fn runs(pages: &[u64]) -> Vec<(u64, u64)> {
     out
 }
 
+/// This process's `/proc/self/pagemap`, opened before it entered its jail (which has no
+/// `/proc`), with the pid it belongs to.
+static PAGEMAP: std::sync::OnceLock<(u32, File)> = std::sync::OnceLock::new();
+
+/// Opens this process's pagemap for [`touched_pages`] while `/proc` can still be named
+/// (a VMM calls it just before it enters its jail). Best effort: without it, recording
+/// a playbook fails with a message that says why.
+pub fn open_pagemap_early() {
+    if let Ok(f) = File::open("/proc/self/pagemap") {
+        let _ = PAGEMAP.set((std::process::id(), f));
+    }
+}
+
+fn pagemap() -> std::io::Result<File> {
+    match PAGEMAP.get() {
+        Some((pid, f)) if *pid == std::process::id() => f.try_clone(),
+        _ => File::open("/proc/self/pagemap").map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!(
+                    "opening /proc/self/pagemap: {e} (a VMM forked from a running sandbox is born in its \
+                     parent's jail, which has no /proc, so it cannot record a memory playbook)"
+                ),
+            )
+        }),
+    }
+}
+
 /// Image pages of `mem` mapped in this process now (see the module doc), ascending.
 pub fn touched_pages(mem: &GuestMemoryMmap) -> std::io::Result<Vec<u64>> {
-    let pagemap = File::open("/proc/self/pagemap")?;
+    let pagemap = pagemap()?;
     let mut pages = Vec::new();
     let mut buf = vec![0u8; 8 * 4096];
     for (r, off) in mem.iter().zip(image_offsets(total_size(mem))) {
