@@ -16,7 +16,25 @@ pub fn host_pids_of_children(source: i32, ns_pids: &[i32]) -> Vec<Option<i32>> {
     if levels.len() < 2 {
         return ns_pids.iter().map(|p| Some(*p)).collect();
     }
+    // A child is listed under the thread that forked it; if that thread ends (a control
+    // connection's), its children move to another thread, and a scan that races the move
+    // can miss them: scan again, briefly.
     let mut inner_to_host = HashMap::new();
+    for _ in 0..SCANS {
+        scan_children(source, &mut inner_to_host);
+        if ns_pids.iter().all(|p| inner_to_host.contains_key(p)) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    ns_pids.iter().map(|p| inner_to_host.get(p).copied()).collect()
+}
+
+/// How many times the children are scanned for one that is missing (2 ms apart).
+const SCANS: usize = 50;
+
+/// Adds every child of every thread of `source` to `inner_to_host`.
+fn scan_children(source: i32, inner_to_host: &mut HashMap<i32, i32>) {
     let tasks = std::fs::read_dir(format!("/proc/{source}/task")).into_iter().flatten().flatten();
     for task in tasks {
         let Ok(children) = std::fs::read_to_string(task.path().join("children")) else { continue };
@@ -26,7 +44,6 @@ pub fn host_pids_of_children(source: i32, ns_pids: &[i32]) -> Vec<Option<i32>> {
             }
         }
     }
-    ns_pids.iter().map(|p| inner_to_host.get(p).copied()).collect()
 }
 
 /// Process `pid`'s pids from our namespace inward (`NSpid` of its status).
