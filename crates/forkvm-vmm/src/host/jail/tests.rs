@@ -62,7 +62,13 @@ fn a_child_in_the_jail_sees_only_its_binds() {
     std::fs::write(secret.join("token"), "t0ken").unwrap();
     std::fs::write(dir.path().join("visible"), "hello").unwrap();
     let layout = JailLayout::new().bind(dir.path(), true).bind(Path::new("/dev/null"), true).hide(&secret);
+    let (made, cpu) = (std::time::Instant::now(), crate::phase_timer::thread_cpu_time());
     let jail = JailNamespaces::shared(&layout).unwrap();
+    eprintln!(
+        "making the jail: {:?} wall, {:?} CPU of this thread (the helper's own CPU not included)",
+        made.elapsed(),
+        crate::phase_timer::thread_cpu_time().saturating_sub(cpu)
+    );
     let again = JailNamespaces::shared(&layout).unwrap();
     assert!(Arc::ptr_eq(&jail, &again), "one jail per layout and process");
     let our_net = std::fs::read_link("/proc/self/ns/net").unwrap();
