@@ -19,9 +19,10 @@
 //! with a helper process it forks once, keeps descriptors to them, and every VMM it forks
 //! is born in its pid namespace ([`JailNamespaces::forking_into`]) and enters the others
 //! ([`JailNamespaces::enter`]) right after the fork, while it still has the privilege to.
-//! The pid namespace's first process is a small init ([`init`]) that outlives the VMMs. The VMMs of one spawner share the set; what keeps one sandbox from
-//! another inside it is docs/security.md's business. A VMM forked from a running VMM (a
-//! fork of a running sandbox, a live-branch writer) is born inside its parent's jail.
+//! The pid namespace's first process is a small init ([`init`]) that outlives the VMMs.
+//! A VMM forked from a running VMM (a fork of a running sandbox, a live-branch writer) is
+//! born inside its parent's jail. The VMMs of one spawner share the jail: it separates
+//! them from the host, not yet from each other (docs/security.md says what is left).
 //!
 //! Nothing is left on the host: the mounts exist only in the private mount namespace, and
 //! the namespaces go with the last process or descriptor that holds them.
