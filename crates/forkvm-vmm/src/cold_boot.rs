@@ -38,7 +38,7 @@ pub fn boot_detached(machine: Machine, spec: ChildSpec) -> Result<libc::pid_t, Z
             // The VMM outlives its caller: it keeps none of the caller's files or sockets.
             use std::os::fd::AsRawFd;
             let mut keep = vec![0, 1, 2, kvm.as_raw_fd()];
-            keep.extend(spec.owned.jail.iter().flat_map(|j| j.fds()));
+            keep.extend(spec.owned.jail_fds());
             keep.extend(log.as_ref().map(|f| f.file().as_raw_fd()));
             keep.extend(error_log.as_ref().map(|f| f.as_raw_fd()));
             close_fds_except(&keep);
@@ -61,11 +61,7 @@ pub fn boot_detached(machine: Machine, spec: ChildSpec) -> Result<libc::pid_t, Z
             code
         })
     };
-    match jail {
-        Some(j) => j.forking_into(fork).map_err(ZygoteError::Jail)?,
-        None => fork(),
-    }
-    .map_err(ZygoteError::Fork)
+    crate::host::jail::fork_into(jail.as_deref(), fork).map_err(ZygoteError::Jail)?.map_err(ZygoteError::Fork)
 }
 
 fn run(

@@ -159,9 +159,9 @@ pub enum EnterError {
 
 impl Owned {
     /// Confines the calling VMM process before it runs guest code: joins the cgroup, if
-    /// any, enters its jail ([`crate::host::jail`]), if any, drops every privilege ([`crate::host::privileges`]), sets its resource limits
-    /// ([`crate::host::rlimits`]), then puts the process
-    /// under its seccomp filters ([`crate::host::seccomp`]) unless they are off. Call it
+    /// any, enters its jail ([`crate::host::jail`]), if any, drops every privilege
+    /// ([`crate::host::privileges`]), sets its resource limits ([`crate::host::rlimits`]),
+    /// then puts the process under its seccomp filters ([`crate::host::seccomp`]) unless they are off. Call it
     /// while the process has one thread. Errors name the step.
     /// `joined`: the group whoever forked the process already moved it into.
     pub fn enter(
@@ -189,6 +189,11 @@ impl Owned {
             crate::host::seccomp::enforce()?;
         }
         Ok(group)
+    }
+
+    /// Descriptors a forked VMM keeps until it has entered its jail (none without one).
+    pub fn jail_fds(&self) -> Vec<std::os::fd::RawFd> {
+        self.jail.iter().flat_map(|j| j.fds()).collect()
     }
 
     /// The process's cgroup, if it has one (it must exist: the starter made it), under
@@ -278,10 +283,7 @@ impl Zygote {
     pub fn spawn(&self, spec: ChildSpec) -> Result<libc::pid_t, ZygoteError> {
         let log = open_console_log(spec.console_log.as_deref())?;
         let detach = spec.detach;
-        let group = match &spec.owned.cgroup {
-            None => None,
-            Some(_) => spec.owned.open_cgroup(None).map_err(ZygoteError::Cgroup)?,
-        };
+        let group = spec.owned.open_cgroup(None).map_err(ZygoteError::Cgroup)?;
         let gate = group.as_ref().map(|_| Gate::new()).transpose().map_err(ZygoteError::Gate)?;
         let jail = spec.owned.jail.clone();
         let fork = || {
@@ -290,11 +292,9 @@ impl Zygote {
                 self.child_main(spec, log, joined)
             })
         };
-        let pid = match jail {
-            Some(j) => j.forking_into(fork).map_err(ZygoteError::Jail)?,
-            None => fork(),
-        }
-        .map_err(ZygoteError::Fork)?;
+        let pid = crate::host::jail::fork_into(jail.as_deref(), fork)
+            .map_err(ZygoteError::Jail)?
+            .map_err(ZygoteError::Fork)?;
         if let (Some(group), Some(gate)) = (group, gate) {
             gate.open_if(group.join(pid as u32).is_ok());
         }
@@ -317,7 +317,7 @@ impl Zygote {
             // sockets or locks open (a daemon's state lock, its spawner's socket).
             use std::os::fd::AsRawFd;
             let mut keep = vec![0, 1, 2, self.kvm.as_raw_fd(), self.snapshot.memory.as_raw_fd()];
-            keep.extend(spec.owned.jail.iter().flat_map(|j| j.fds()));
+            keep.extend(spec.owned.jail_fds());
             keep.extend(log.as_ref().map(|f| f.file().as_raw_fd()));
             keep.extend(error_log.as_ref().map(|f| f.as_raw_fd()));
             keep.extend(input.as_ref().map(|f| f.as_raw_fd()));

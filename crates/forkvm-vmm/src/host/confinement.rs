@@ -83,7 +83,7 @@ pub fn probe(
     let fork = || {
         super::process::fork_and_run(false, || {
             let mut keep = vec![0, 1, 2, child_end];
-            keep.extend(owned.jail.iter().flat_map(|j| j.fds()));
+            keep.extend(owned.jail_fds());
             super::process::close_fds_except(&keep);
             let text = match owned.enter(None) {
                 Ok(_) => "ok".to_string(),
@@ -99,10 +99,7 @@ pub fn probe(
             0
         })
     };
-    let pid = match &jail {
-        Some(j) => j.forking_into(fork).map_err(|e| e.to_string())?,
-        None => fork(),
-    };
+    let pid = super::jail::fork_into(jail.as_deref(), fork).map_err(|e| e.to_string())?;
     drop(report_w);
     let pid = pid.map_err(|e| format!("fork: {e}"))?;
     // One message (the child's one small write), then it waits for us to look.

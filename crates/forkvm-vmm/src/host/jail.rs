@@ -220,6 +220,15 @@ impl JailNamespaces {
     }
 }
 
+/// Runs `fork` (which forks once) so that its child is born in `jail`'s pid namespace, if
+/// there is a jail ([`JailNamespaces::forking_into`]).
+pub fn fork_into<T>(jail: Option<&JailNamespaces>, fork: impl FnOnce() -> T) -> Result<T, JailError> {
+    match jail {
+        Some(j) => j.forking_into(fork),
+        None => Ok(fork()),
+    }
+}
+
 mod helper;
 mod host_pids;
 mod init;
