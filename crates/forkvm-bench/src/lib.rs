@@ -16,6 +16,7 @@ mod fork;
 mod lazy;
 mod memory;
 pub mod procstat;
+mod seccomp;
 mod spawn;
 pub mod util;
 mod vector;
@@ -47,6 +48,9 @@ pub enum BenchCommand {
     /// Saving the guest's vector state: CPU template against CPU template (restore,
     /// exec, context switch, numpy), and whether processes keep their registers.
     VectorState(vector::BenchVectorArgs),
+    /// The VMM's seccomp filters: install cost per thread kind and per VMM, and an ioctl
+    /// through them, seccompiler's chain layout against the call-number tree.
+    Seccomp(seccomp::BenchSeccompArgs),
 }
 
 /// Runs benchmark `cmd`; returns the process's exit code.
@@ -54,6 +58,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<i32> {
     match cmd {
         BenchCommand::Fork(a) => fork::run(a),
         BenchCommand::VectorState(a) => vector::run(a),
+        BenchCommand::Seccomp(a) => seccomp::run(a),
         BenchCommand::Boot(a) => boot::run(a),
         BenchCommand::Branch(a) => branch::run(a),
         BenchCommand::Spawn(a) => spawn::run(a),

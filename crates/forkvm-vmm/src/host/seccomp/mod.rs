@@ -17,8 +17,12 @@
 //! - The live-branch writer, a forked copy of the VMM that only writes guest memory into
 //!   an image, adds [`ThreadKind::Writer`] right after the fork; its program is compiled
 //!   beforehand, so the fork path allocates nothing.
-//! - `clone3` answers `ENOSYS` (a filter of its own), so the C library falls back to
+//! - `clone3` answers `ENOSYS` (in the control filter), so the C library falls back to
 //!   `clone`, whose flags a filter can read: only a thread or a plain fork passes.
+//!
+//! Every program is laid out as a binary search on the call number ([`tree`]): the
+//! kernel's cost of installing a filter grows with the path a call walks through it and
+//! with its length, and a VMM installs four or five before it runs guest code.
 //!
 //! A call a filter denies raises `SIGSYS` (`SECCOMP_RET_TRAP`); [`denied`]'s handler
 //! writes the thread's kind and the call's number to stderr, which is a detached VMM's
@@ -30,10 +34,12 @@ mod kvm_ioctls;
 mod rules;
 #[cfg(test)]
 mod tests;
+mod tree;
 
 pub use denied::{DENIED_MARKER, EXIT_SECCOMP_DENIED};
+pub use seccompiler::BpfProgram;
 
-use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, TargetArch};
+use seccompiler::{SeccompAction, SeccompFilter, TargetArch};
 use std::sync::OnceLock;
 
 /// Whether a VMM process runs under its filters. Off only for debugging
@@ -79,7 +85,7 @@ impl ThreadKind {
 #[derive(Debug, thiserror::Error)]
 pub enum SeccompError {
     #[error("compiling the {kind} seccomp filter: {source}")]
-    Compile { kind: &'static str, source: seccompiler::BackendError },
+    Compile { kind: &'static str, source: tree::TreeError },
     #[error("installing the {kind} seccomp filter: {source}")]
     Install { kind: &'static str, source: seccompiler::Error },
     #[error("installing the SIGSYS handler: {0}")]
@@ -88,7 +94,6 @@ pub enum SeccompError {
 
 /// Every kind's compiled program, made once per VMM process (inherited by forks).
 struct Programs {
-    no_clone3: BpfProgram,
     kinds: [BpfProgram; 4],
 }
 
@@ -100,30 +105,60 @@ impl Programs {
 
 static PROGRAMS: OnceLock<Programs> = OnceLock::new();
 
+/// How a program is laid out: seccompiler's one chain of comparisons, or a binary search
+/// on the call number ahead of short chains ([`tree`]). VMMs run the tree; the chain is
+/// kept for `forkvm bench seccomp`, which measures what the tree saves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    Chain,
+    Tree,
+}
+
 fn compile(
     kind: &'static str,
-    filter: Result<SeccompFilter, seccompiler::BackendError>,
+    layout: Layout,
+    rules: rules::Rules,
+    mismatch: SeccompAction,
+    matched: SeccompAction,
 ) -> Result<BpfProgram, SeccompError> {
-    filter.and_then(BpfProgram::try_from).map_err(|source| SeccompError::Compile { kind, source })
+    let arch = TargetArch::x86_64;
+    let program = match layout {
+        Layout::Tree => tree::compile(rules, mismatch, matched, arch),
+        Layout::Chain => SeccompFilter::new(rules::into_seccompiler(rules), mismatch, matched, arch)
+            .and_then(BpfProgram::try_from)
+            .map_err(tree::TreeError::from),
+    };
+    program.map_err(|source| SeccompError::Compile { kind, source })
+}
+
+/// `kind`'s program in `layout`.
+pub fn program(kind: ThreadKind, layout: Layout) -> Result<BpfProgram, SeccompError> {
+    compile(kind.name(), layout, rules::allowed(kind), SeccompAction::Trap, SeccompAction::Allow)
+}
+
+/// The programs a VMM process installs on itself, in order, in `layout`: the control
+/// program; in the chain layout, which has a filter's two actions only, first a filter
+/// that answers `clone3` with ENOSYS.
+pub fn process_programs(layout: Layout) -> Result<Vec<BpfProgram>, SeccompError> {
+    let control = program(ThreadKind::Control, layout)?;
+    Ok(match layout {
+        Layout::Tree => vec![control],
+        Layout::Chain => {
+            let enosys = SeccompAction::Errno(libc::ENOSYS as u32);
+            vec![compile("clone3", layout, rules::no_clone3(), SeccompAction::Allow, enosys)?, control]
+        }
+    })
 }
 
 fn programs() -> Result<&'static Programs, SeccompError> {
     if let Some(p) = PROGRAMS.get() {
         return Ok(p);
     }
-    let arch = TargetArch::x86_64;
-    let no_clone3 = compile(
-        "clone3",
-        SeccompFilter::new(rules::no_clone3(), SeccompAction::Allow, SeccompAction::Errno(libc::ENOSYS as u32), arch),
-    )?;
     let mut kinds: [BpfProgram; 4] = Default::default();
     for kind in ThreadKind::ALL {
-        kinds[kind as usize - 1] = compile(
-            kind.name(),
-            SeccompFilter::new(rules::allowed(kind), SeccompAction::Trap, SeccompAction::Allow, arch),
-        )?;
+        kinds[kind as usize - 1] = program(kind, Layout::Tree)?;
     }
-    Ok(PROGRAMS.get_or_init(|| Programs { no_clone3, kinds }))
+    Ok(PROGRAMS.get_or_init(|| Programs { kinds }))
 }
 
 /// Compiles every kind's program now, in a process that forks VMMs (a zygote), so that
@@ -133,8 +168,7 @@ pub fn prepare() -> Result<(), SeccompError> {
 }
 
 /// Puts the calling process under its filters: compiles every kind's program, installs
-/// the SIGSYS handler, then the `clone3` and [`ThreadKind::Control`] filters on the
-/// calling thread. Call it while the process has one thread, after it dropped its
+/// the SIGSYS handler, then the [`ThreadKind::Control`] filter on the calling thread. Call it while the process has one thread, after it dropped its
 /// privileges and before it builds its VM; from then on [`enter_thread`] narrows each
 /// new thread.
 ///
@@ -146,7 +180,6 @@ pub fn enforce() -> Result<(), SeccompError> {
     }
     let programs = programs()?;
     denied::install_handler().map_err(SeccompError::Handler)?;
-    apply("clone3", &programs.no_clone3)?;
     apply(ThreadKind::Control.name(), programs.of(ThreadKind::Control))?;
     denied::set_thread_kind(ThreadKind::Control);
     Ok(())
@@ -154,6 +187,12 @@ pub fn enforce() -> Result<(), SeccompError> {
 
 fn apply(kind: &'static str, program: &BpfProgram) -> Result<(), SeccompError> {
     seccompiler::apply_filter(program).map_err(|source| SeccompError::Install { kind, source })
+}
+
+/// Sets `no_new_privs` and installs `program` on the calling thread: what a benchmark
+/// times. A VMM goes through [`enforce`] and [`enter_thread`] instead.
+pub fn install(kind: ThreadKind, program: &BpfProgram) -> Result<(), SeccompError> {
+    apply(kind.name(), program)
 }
 
 /// Whether this process runs under its filters ([`enforce`] succeeded here or in the

@@ -11,7 +11,44 @@ use libc::*;
 use seccompiler::{SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompRule};
 use std::collections::BTreeMap;
 
-type Rules = BTreeMap<i64, Vec<SeccompRule>>;
+/// What a thread may do with one system call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Call {
+    /// Any arguments.
+    Always,
+    /// Only with the low 32 bits of argument `arg` equal to one of `values` (the kernel
+    /// reads an `ioctl` request, a socket family or a signal as 32 bits). The order is the
+    /// order of the checks: the hottest first (`KVM_RUN`).
+    ArgIn { arg: u8, values: Vec<u32> },
+    /// Only when one of seccompiler's rules matches.
+    Rules(Vec<SeccompRule>),
+    /// Never: the call fails with this errno instead of stopping the process (`clone3`,
+    /// so that the C library falls back to `clone`, whose flags a filter can read).
+    Errno(u32),
+}
+
+impl Call {
+    /// The same permission in seccompiler's terms, which know only a filter's two
+    /// actions: an [`Call::Errno`] call is allowed there, and [`no_clone3`]'s filter,
+    /// stacked on it, answers it.
+    pub(super) fn into_seccompiler(self) -> Vec<SeccompRule> {
+        match self {
+            Call::Always | Call::Errno(_) => vec![],
+            Call::ArgIn { arg, values } => values
+                .into_iter()
+                .map(|v| rule(vec![cond(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, u64::from(v))]))
+                .collect(),
+            Call::Rules(rules) => rules,
+        }
+    }
+}
+
+pub(super) type Rules = BTreeMap<i64, Call>;
+
+/// `rules` in seccompiler's terms.
+pub(super) fn into_seccompiler(rules: Rules) -> BTreeMap<i64, Vec<SeccompRule>> {
+    rules.into_iter().map(|(nr, call)| (nr, call.into_seccompiler())).collect()
+}
 
 /// The Rust runtime on any thread: memory, locks, signals, time, thread exit, and
 /// writing to stderr (a panic message, the SIGSYS report).
@@ -232,21 +269,26 @@ fn rule(conditions: Vec<SeccompCondition>) -> SeccompRule {
 
 fn allow(rules: &mut Rules, calls: &[c_long]) {
     for &nr in calls {
-        rules.insert(nr, vec![]);
+        rules.insert(nr, Call::Always);
     }
 }
 
-/// `ioctl` only with one of `requests` (the kernel reads the request as 32 bits).
+/// `ioctl` only with one of `requests`, checked in this order.
 fn allow_ioctls(rules: &mut Rules, requests: Vec<u64>) {
-    let entry = rules.entry(SYS_ioctl).or_default();
+    let mut values: Vec<u32> = Vec::with_capacity(requests.len());
     for r in requests {
-        entry.push(rule(vec![cond(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, r)]));
+        let r = u32::try_from(r).expect("ioctl requests are 32 bits");
+        if !values.contains(&r) {
+            values.push(r);
+        }
     }
+    rules.insert(SYS_ioctl, Call::ArgIn { arg: 1, values });
 }
 
 /// `mmap` and `mprotect` only without `PROT_EXEC`: a VMM never makes code.
 fn allow_memory(rules: &mut Rules) {
-    let no_exec = || vec![rule(vec![cond(2, SeccompCmpArgLen::Dword, SeccompCmpOp::MaskedEq(PROT_EXEC as u64), 0)])];
+    let no_exec =
+        || Call::Rules(vec![rule(vec![cond(2, SeccompCmpArgLen::Dword, SeccompCmpOp::MaskedEq(PROT_EXEC as u64), 0)])]);
     rules.insert(SYS_mmap, no_exec());
     rules.insert(SYS_mprotect, no_exec());
 }
@@ -266,21 +308,20 @@ fn allow_clone(rules: &mut Rules) {
         | CLONE_CHILD_CLEARTID) as u64;
     const FORK: u64 = (CLONE_CHILD_CLEARTID | CLONE_CHILD_SETTID | SIGCHLD) as u64;
     let flags = |v| rule(vec![cond(0, SeccompCmpArgLen::Qword, SeccompCmpOp::Eq, v)]);
-    rules.insert(SYS_clone, vec![flags(THREAD), flags(FORK)]);
-    // Answered ENOSYS by the `no_clone3` filter; allowed here so that one decides.
-    rules.insert(SYS_clone3, vec![]);
+    rules.insert(SYS_clone, Call::Rules(vec![flags(THREAD), flags(FORK)]));
+    rules.insert(SYS_clone3, Call::Errno(ENOSYS as u32));
 }
 
 /// `socket` only for Unix sockets.
 fn allow_unix_sockets(rules: &mut Rules) {
-    rules.insert(SYS_socket, vec![rule(vec![cond(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, AF_UNIX as u64)])]);
+    rules.insert(SYS_socket, Call::ArgIn { arg: 0, values: vec![AF_UNIX as u32] });
     allow(rules, SOCKETS);
 }
 
 /// `tgkill` only with the vCPU kick signal or SIGABRT (a panic's abort).
 fn allow_signals(rules: &mut Rules) {
-    let sig = |s: c_int| rule(vec![cond(2, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, s as u64)]);
-    rules.insert(SYS_tgkill, vec![sig(crate::vstate::vcpu::kick_signal()), sig(SIGABRT)]);
+    let values = vec![crate::vstate::vcpu::kick_signal() as u32, SIGABRT as u32];
+    rules.insert(SYS_tgkill, Call::ArgIn { arg: 2, values });
 }
 
 /// What `kind` may call.
@@ -296,11 +337,10 @@ pub(super) fn allowed(kind: ThreadKind) -> Rules {
             allow_clone(&mut rules);
             allow_unix_sockets(&mut rules);
             allow_signals(&mut rules);
-            let mut ioctls = build_ioctls();
-            ioctls.extend(vcpu_ioctls());
+            // A vCPU thread's first: they are the calls made on every VM exit.
+            let mut ioctls = vcpu_ioctls();
             ioctls.extend(device_ioctls());
-            ioctls.sort_unstable();
-            ioctls.dedup();
+            ioctls.extend(build_ioctls());
             allow_ioctls(&mut rules, ioctls);
         }
         ThreadKind::Vcpu => {
@@ -327,9 +367,10 @@ pub(super) fn allowed(kind: ThreadKind) -> Rules {
     rules
 }
 
-/// The filter that answers `clone3` with ENOSYS (and lets everything else through).
+/// The filter that answers `clone3` with ENOSYS (and lets everything else through), for
+/// the one-chain layout only, which cannot say so in the control filter.
 pub(super) fn no_clone3() -> Rules {
     let mut rules = Rules::new();
-    rules.insert(SYS_clone3, vec![]);
+    rules.insert(SYS_clone3, Call::Always);
     rules
 }
