@@ -9,6 +9,10 @@
 #   'r' addr            -> "=<16 hex digits>\n"
 #   's' addr len        -> "=<hex>\n": sum of the u64 words in [addr, addr+len)
 #   'f' addr len seed   -> fills like at start,       "ok\n"
+#   'W' addr value      -> stores the low 32 bits,    "ok\n"  (device registers)
+#   'R' addr            -> "=<16 hex digits>\n": the 32-bit word at addr
+#   'n' addr value count-> stores the 32-bit value count times, "ok\n" (a
+#                          notification storm on a device register)
         .include "prelude.S"
 main:
         mov     rdi, [ARGS]
@@ -28,6 +32,12 @@ next:   call    getc
         je      do_sum
         cmp     al, 'f'
         je      do_fill
+        cmp     al, 'W'
+        je      do_write32
+        cmp     al, 'R'
+        je      do_read32
+        cmp     al, 'n'
+        je      do_repeat32
         lea     rsi, [rip + unknown]
         call    puts
         jmp     next
@@ -67,6 +77,28 @@ do_fill:
         mov     rdx, rax
         call    fill
         jmp     reply_ok
+do_write32:
+        call    read_u64
+        mov     rdi, rax
+        call    read_u64
+        mov     [rdi], eax
+        jmp     reply_ok
+do_read32:
+        call    read_u64
+        mov     eax, [rax]
+        jmp     reply_value
+do_repeat32:
+        call    read_u64
+        mov     rdi, rax
+        call    read_u64
+        mov     rdx, rax
+        call    read_u64
+        mov     rcx, rax
+1:      test    rcx, rcx
+        jz      reply_ok
+        mov     [rdi], edx
+        dec     rcx
+        jmp     1b
 reply_ok:
         lea     rsi, [rip + ok]
         call    puts

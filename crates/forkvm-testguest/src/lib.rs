@@ -39,7 +39,8 @@ pub enum TestGuest {
     /// Echoes COM1 input back.
     Echo,
     /// Fills `[args[0], args[0]+args[1])` with `args[2] ^ addr`, prints `ready`, then
-    /// serves peek/poke/sum/fill/ping commands on COM1 (see `guests/monitor.S`).
+    /// serves peek/poke/sum/fill/ping commands on COM1, and 32-bit device-register reads,
+    /// writes and write storms (see `guests/monitor.S`).
     Monitor,
     /// Runs `fwait` and `int3` in ring 0 (instructions PVM's emulator cannot run), so
     /// the CPU exception handler reports the #BP: `!F 0000000000000003 <rip>`.
@@ -143,6 +144,18 @@ pub mod monitor {
     }
     pub fn fill(addr: u64, len: u64, seed: u64) -> Vec<u8> {
         cmd(b'f', &[addr, len, seed])
+    }
+    /// A 32-bit store at `addr` (a device register).
+    pub fn write32(addr: u64, value: u32) -> Vec<u8> {
+        cmd(b'W', &[addr, u64::from(value)])
+    }
+    /// A 32-bit load from `addr`; the reply is `=<16 hex digits>`.
+    pub fn read32(addr: u64) -> Vec<u8> {
+        cmd(b'R', &[addr])
+    }
+    /// `count` 32-bit stores of `value` at `addr`, one after another (a storm).
+    pub fn repeat32(addr: u64, value: u32, count: u64) -> Vec<u8> {
+        cmd(b'n', &[addr, u64::from(value), count])
     }
     /// The value the fill pattern puts at `addr`.
     pub fn pattern_word(seed: u64, addr: u64) -> u64 {
