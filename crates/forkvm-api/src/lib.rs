@@ -50,6 +50,23 @@ pub struct VersionInfo {
 pub struct CreateSnapshotRequest {
     pub tag: String,
     pub template: String,
+    /// forkvm: the limits a sandbox spawned from this tag gets unless its spawn asks for
+    /// others (bounds as in [`CreateSandboxRequest`]); absent: forkvm's defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_limits: Option<DefaultLimits>,
+}
+
+/// forkvm: a tag's default limits for the sandboxes spawned from it; an absent field
+/// takes forkvm's default for that resource.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DefaultLimits {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit_mib: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_limit_millis: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids_limit: Option<u32>,
 }
 
 /// A snapshot in the store.
@@ -82,6 +99,9 @@ pub struct SnapshotInfo {
     /// for a chunked snapshot the compressed chunks it added to the store when it was made.
     #[serde(default)]
     pub memory_physical_bytes: u64,
+    /// forkvm: the limits a sandbox spawned from it gets unless its spawn asks for others.
+    #[serde(default)]
+    pub default_limits: Option<DefaultLimits>,
 }
 
 /// `GET /v1/snapshots/{tag}/info`: forkd's fields (sizes, lineage) plus forkvm's
@@ -178,6 +198,15 @@ pub struct CreateSandboxRequest {
     pub n: u32,
     #[serde(default)]
     pub memory_limit_mib: Option<u64>,
+    /// forkvm: CPU limit of each sandbox's VMM, in thousandths of a CPU (1000: one CPU's
+    /// worth of time per 100 ms period), 10 to 1024000; absent: the default, 2000 (a
+    /// fork of a running sandbox: its source's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_limit_millis: Option<u32>,
+    /// forkvm: tasks (threads and processes) each sandbox's VMM may have, 32 to 4194304;
+    /// absent: the default, 4352 (a fork of a running sandbox: its source's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids_limit: Option<u32>,
     /// forkd: a network namespace per child. Not supported (guests have no network).
     #[serde(default)]
     pub per_child_netns: bool,
@@ -207,6 +236,8 @@ impl CreateSandboxRequest {
             snapshot_tag: snapshot_tag.into(),
             n,
             memory_limit_mib: None,
+            cpu_limit_millis: None,
+            pids_limit: None,
             per_child_netns: false,
             prewarm: false,
             live_fork: false,
@@ -224,6 +255,15 @@ pub struct ForkSandboxRequest {
     pub n: u32,
     #[serde(default)]
     pub memory_limit_mib: Option<u64>,
+    /// forkvm: CPU limit of each sandbox's VMM, in thousandths of a CPU (1000: one CPU's
+    /// worth of time per 100 ms period), 10 to 1024000; absent: the default, 2000 (a
+    /// fork of a running sandbox: its source's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_limit_millis: Option<u32>,
+    /// forkvm: tasks (threads and processes) each sandbox's VMM may have, 32 to 4194304;
+    /// absent: the default, 4352 (a fork of a running sandbox: its source's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids_limit: Option<u32>,
     /// As [`CreateSandboxRequest::ttl_seconds`].
     #[serde(default)]
     pub ttl_seconds: Option<u64>,
@@ -241,6 +281,13 @@ pub struct SandboxInfo {
     pub created_at_unix: u64,
     pub pid: Option<i32>,
     pub memory_limit_mib: Option<u64>,
+    /// forkvm: the CPU limit its cgroup holds, thousandths of a CPU; none without a
+    /// cgroup (archived, or forkvm may not make cgroups on this host).
+    #[serde(default)]
+    pub cpu_limit_millis: Option<u32>,
+    /// forkvm: the tasks limit its cgroup holds; none without a cgroup.
+    #[serde(default)]
+    pub pids_limit: Option<u32>,
     pub has_branched: bool,
     pub last_branch_memory_path: Option<String>,
     pub branch_count: u32,
@@ -591,6 +638,15 @@ pub struct DiskForkRequest {
     pub seq: Option<u64>,
     #[serde(default)]
     pub memory_limit_mib: Option<u64>,
+    /// forkvm: CPU limit of each sandbox's VMM, in thousandths of a CPU (1000: one CPU's
+    /// worth of time per 100 ms period), 10 to 1024000; absent: the default, 2000 (a
+    /// fork of a running sandbox: its source's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_limit_millis: Option<u32>,
+    /// forkvm: tasks (threads and processes) each sandbox's VMM may have, 32 to 4194304;
+    /// absent: the default, 4352 (a fork of a running sandbox: its source's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids_limit: Option<u32>,
     /// As [`CreateSandboxRequest::ttl_seconds`].
     #[serde(default)]
     pub ttl_seconds: Option<u64>,

@@ -70,6 +70,7 @@ fn every_component_has_the_fields_of_its_rust_type() {
         Health,
         VersionInfo,
         CreateSnapshotRequest,
+        DefaultLimits,
         SnapshotInfo,
         SnapshotInfoDetail,
         CompactSnapshotRequest,

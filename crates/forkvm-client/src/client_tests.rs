@@ -123,6 +123,8 @@ fn request_bodies_are_the_api_types() {
         snapshot_tag: "base".into(),
         n: 2,
         memory_limit_mib: Some(256),
+        cpu_limit_millis: Some(500),
+        pids_limit: None,
         per_child_netns: false,
         prewarm: false,
         live_fork: false,
@@ -135,6 +137,8 @@ fn request_bodies_are_the_api_types() {
     assert_eq!(sent.json()["snapshot_tag"], "base");
     assert_eq!(sent.json()["n"], 2);
     assert_eq!(sent.json()["memory_limit_mib"], 256);
+    assert_eq!(sent.json()["cpu_limit_millis"], 500);
+    assert!(sent.json().get("pids_limit").is_none(), "an unset new limit is left out of the body");
     assert_eq!(sent.json()["ttl_seconds"], 60);
     let snap = client
         .branch(

@@ -19,6 +19,8 @@ pub fn sandbox_info(row: &SandboxRow) -> SandboxInfo {
         created_at_unix: r.created_at_unix_ms / 1000,
         pid: has_vmm.then_some(r.pid),
         memory_limit_mib: r.memory_limit_bytes.map(|b| b >> 20),
+        cpu_limit_millis: r.cgroup.as_ref().and(crate::SpawnOptions::of_record(r).limits().cpu_millis),
+        pids_limit: r.cgroup.as_ref().and(crate::SpawnOptions::of_record(r).limits().pids_max),
         has_branched: row.branch_count > 0,
         last_branch_memory_path: None,
         branch_count: row.branch_count,
@@ -120,7 +122,9 @@ mod tests {
                 forked_from: Some("sb0".into()),
                 created_at_unix_ms: 5_500,
                 memory_limit_bytes: Some(256 << 20),
-                cgroup: None,
+                cpu_millis: Some(500),
+                pids_max: None,
+                cgroup: Some("sb-sb1".into()),
                 disks: Vec::new(),
             },
             state,
@@ -143,6 +147,16 @@ mod tests {
         assert_eq!((i.snapshot_tag.as_deref(), i.forked_from.as_deref()), (Some("py"), Some("sb0")));
         assert_eq!((i.created_at_unix, i.memory_limit_mib, i.last_activity_unix_ms), (5, Some(256), 7_250));
         assert_eq!((i.last_active_unix, i.branch_count, i.has_branched), (7, 2, true));
+        // The limits its cgroup holds: the CPU asked for, the default tasks limit.
+        assert_eq!((i.cpu_limit_millis, i.pids_limit), (Some(500), Some(crate::start::DEFAULT_PIDS_MAX)));
+        let without_group = SandboxRow {
+            record: SandboxRecord { cgroup: None, ..row(SandboxState::Running).record },
+            ..row(SandboxState::Running)
+        };
+        assert_eq!(
+            (sandbox_info(&without_group).cpu_limit_millis, sandbox_info(&without_group).pids_limit),
+            (None, None)
+        );
         assert_eq!((i.ttl_seconds, i.expires_at_unix_ms), (Some(60), Some(67_250)));
         assert_eq!(i.guest_addr, "unix:/run/forkvm/sandboxes/sb1/vsock.sock");
         let p = sandbox_info(&SandboxRow { reason: Some(crate::StateReason::Idle), ..row(SandboxState::Paused) });

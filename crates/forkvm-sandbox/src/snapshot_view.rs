@@ -62,6 +62,11 @@ pub fn snapshot_info(store: &Store, e: &StoreEntry, mode: Option<&str>, pause_ms
         mode: mode.map(String::from),
         memory_logical_bytes: e.meta.mem_size_bytes,
         memory_physical_bytes,
+        default_limits: e.meta.default_limits.map(|d| forkvm_api::DefaultLimits {
+            memory_limit_mib: d.memory_limit_bytes.map(|b| b >> 20),
+            cpu_limit_millis: d.cpu_millis,
+            pids_limit: d.pids_max,
+        }),
     }
 }
 

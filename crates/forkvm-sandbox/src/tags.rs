@@ -24,12 +24,15 @@ pub enum PublishError {
     Dir { tag: String, source: forkvm_snapshot::DirError },
     #[error("publishing tag {tag}: {source}")]
     Meta { tag: String, source: forkvm_snapshot::MetadataError },
+    #[error("the tag's default limits: {0}")]
+    Limit(#[from] crate::start::LimitError),
 }
 
 impl PublishError {
     pub fn code(&self) -> forkvm_api::ErrorCode {
         match self {
             PublishError::Store(e) => e.code(),
+            PublishError::Limit(_) => forkvm_api::ErrorCode::BadRequest,
             PublishError::Dir { source: forkvm_snapshot::DirError::AlreadyExists(_), .. } => {
                 forkvm_api::ErrorCode::Conflict
             }
@@ -38,8 +41,16 @@ impl PublishError {
     }
 }
 
-/// Publishes `template`'s snapshot as `tag` in `store`; a taken tag is a conflict.
-pub fn publish_template(store: &Store, template: &TemplateSnapshot, tag: &str) -> Result<SnapshotDir, PublishError> {
+/// Publishes `template`'s snapshot as `tag` in `store`, with `defaults` as the limits a
+/// sandbox spawned from the tag gets unless its spawn asks otherwise; a taken tag is a
+/// conflict, and limits out of bounds are refused before anything is written.
+pub fn publish_template(
+    store: &Store,
+    template: &TemplateSnapshot,
+    tag: &str,
+    defaults: &crate::SpawnOptions,
+) -> Result<SnapshotDir, PublishError> {
+    defaults.validate()?;
     let final_dir = store.check_free(tag)?;
     store.ensure()?;
     let src = SnapshotDir::open(&template.dir)
@@ -58,6 +69,7 @@ pub fn publish_template(store: &Store, template: &TemplateSnapshot, tag: &str) -
     meta.template = Some(template.artifacts.image.name.clone());
     meta.guest.content_hash = Some(template.key.clone());
     meta.writer_pid = None;
+    meta.default_limits = defaults.as_snapshot_defaults();
     forkvm_snapshot::write_meta(&writer.path(SNAPSHOT_JSON), &meta)
         .map_err(|source| PublishError::Meta { tag: tag.to_string(), source })?;
     let path = writer.commit().map_err(dir_err)?;

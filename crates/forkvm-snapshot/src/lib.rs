@@ -47,8 +47,8 @@ pub use memory_image::{
     allocated_bytes, create_image, open_image, write_sparse, MemoryImageError, SparseStats, PAGE_SIZE,
 };
 pub use metadata::{
-    is_layer_name, read_meta, replace_meta, write_meta, write_meta_unsynced, DevicesMeta, DiskMeta, GuestIdentity,
-    MemoryFormat, MetadataError, SnapshotMeta, SnapshotStatus, METADATA_FORMAT_VERSION,
+    is_layer_name, read_meta, replace_meta, write_meta, write_meta_unsynced, DefaultLimits, DevicesMeta, DiskMeta,
+    GuestIdentity, MemoryFormat, MetadataError, SnapshotMeta, SnapshotStatus, METADATA_FORMAT_VERSION,
 };
 pub use pack_archive::{
     extract_pack, PackEntry, PackError, PackLimits, PackManifest, PackWriter, PACK_FORMAT, PACK_MANIFEST, PACK_VERSION,

@@ -94,6 +94,24 @@ pub struct SnapshotMeta {
     /// names and what assembled images are cached under. See `chain::content_hash`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content_hash: Option<String>,
+    /// The cgroup limits a sandbox spawned from this snapshot gets unless its spawn asks
+    /// for others (a template tag's defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_limits: Option<DefaultLimits>,
+}
+
+/// A snapshot's default limits for the sandboxes spawned from it; `None`: forkvm's own
+/// default for that resource.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct DefaultLimits {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit_bytes: Option<u64>,
+    /// Thousandths of a CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_millis: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids_max: Option<u32>,
 }
 
 /// How a snapshot's guest memory is stored.
@@ -319,6 +337,7 @@ pub(crate) fn minimal_meta(tag: &str, status: SnapshotStatus) -> SnapshotMeta {
         template: None,
         memory_format: MemoryFormat::Image,
         content_hash: None,
+        default_limits: None,
     }
 }
 
@@ -346,6 +365,7 @@ mod tests {
             template: None,
             memory_format: MemoryFormat::Chunked,
             content_hash: Some("ab".repeat(32)),
+            default_limits: Some(DefaultLimits { memory_limit_bytes: None, cpu_millis: Some(500), pids_max: Some(64) }),
         }
     }
 

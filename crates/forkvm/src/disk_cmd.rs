@@ -48,9 +48,8 @@ pub struct DiskForkArgs {
     /// The snapshot's sequence number [default: the newest].
     #[arg(long)]
     pub seq: Option<u64>,
-    /// Memory limit of the new sandbox, MiB (a cgroup for its VMM).
-    #[arg(long)]
-    pub mem_limit_mib: Option<u64>,
+    #[command(flatten)]
+    pub limits: crate::limit_args::LimitArgs,
     /// How the disk is restored: `lazy-playbook` (fetch on first read, replay the
     /// template's playbook), `lazy` (fetch on first read) or `eager` (decrypt it all first).
     #[arg(long, value_enum, default_value = "lazy-playbook")]
@@ -189,7 +188,7 @@ pub fn fork(a: DiskForkArgs, remote: &RemoteArgs) -> Result<i32> {
     if let Some(code) = crate::remote_cmd::disk_fork(&a, remote)? {
         return Ok(code);
     }
-    let opts = forkvm_sandbox::SpawnOptions { memory_limit_bytes: a.mem_limit_mib.map(|m| m << 20) };
+    let opts = a.limits.spawn_options();
     let f = forkvm_sandbox::start::disk::fork_from_disk(
         &Registry::open_default(),
         &Store::open_default(),

@@ -43,9 +43,8 @@ pub struct ForkArgs {
     /// Kill the sandboxes after --exec/--eval (default: leave them running).
     #[arg(long, conflicts_with = "snapshot")]
     pub rm: bool,
-    /// Memory limit per sandbox, MiB (a cgroup per sandbox VMM).
-    #[arg(long, conflicts_with = "snapshot")]
-    pub mem_limit_mib: Option<u64>,
+    #[command(flatten)]
+    pub limits: crate::limit_args::LimitArgs,
     /// Number of children.
     #[arg(short = 'n', long, default_value_t = 1)]
     pub count: usize,
@@ -87,6 +86,9 @@ pub fn run(a: ForkArgs, remote: &RemoteArgs) -> Result<i32> {
         (None, None, None, Some(id)) => return run_linux(&a, remote, NewFrom::Sandbox(id)),
         _ => bail!("say what to fork, once: --tag TAG, --from-sandbox ID, --image TEMPLATE or --snapshot DIR"),
     };
+    if a.limits.spawn_options().asks() {
+        bail!("--snapshot forks unregistered test guests without cgroups: the limit flags need --tag, --image or --from-sandbox");
+    }
     let Some(run_dir) = &a.run_dir else { bail!("--snapshot needs --run-dir DIR for the children's sockets") };
     let run_dir = run_dir.clone();
     std::fs::create_dir_all(&run_dir).with_context(|| format!("creating the run directory {}", run_dir.display()))?;
@@ -173,7 +175,7 @@ fn run_linux(a: &ForkArgs, remote: &RemoteArgs, from: NewFrom<'_>) -> Result<i32
         NewFrom::Sandbox(id) => format!("running sandbox {id}"),
     };
     let started = Instant::now();
-    let made = backend.start(from, a.count, a.mem_limit_mib)?;
+    let made = backend.start(from, a.count, &a.limits)?;
     let all_ready_ms = started.elapsed().as_secs_f64() * 1e3;
     let mut failed = false;
     let mut rows = Vec::new();

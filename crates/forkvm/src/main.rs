@@ -8,6 +8,7 @@ mod disk_cmd;
 mod doctor;
 mod fork_cmd;
 mod image_cmd;
+mod limit_args;
 mod remote_cmd;
 mod run_cmd;
 mod sandbox_cmd;

@@ -26,6 +26,10 @@ pub enum SnapshotCommand {
         /// The new tag.
         #[arg(long)]
         tag: String,
+        /// The tag's default limits for the sandboxes spawned from it (a spawn may ask
+        /// for others).
+        #[command(flatten)]
+        limits: crate::limit_args::LimitArgs,
         #[arg(long)]
         json: bool,
     },
@@ -55,17 +59,21 @@ pub fn run(a: SnapshotArgs, remote: &RemoteArgs) -> Result<i32> {
     }
     let store = Store::open_default();
     match a.command {
-        SnapshotCommand::Create { image, tag, json } => {
-            // Refuse a bad or taken tag before a (possibly minutes-long) template boot.
+        SnapshotCommand::Create { image, tag, limits, json } => {
+            // Refuse a bad or taken tag, or bad limits, before a (possibly minutes-long)
+            // template boot.
             store.check_free(&tag)?;
+            let defaults = limits.spawn_options();
+            defaults.validate()?;
             let started = Instant::now();
             let template = forkvm_bench::util::template_snapshot(&image)?;
-            let snap = forkvm_sandbox::publish_template(&store, &template, &tag)?;
+            let snap = forkvm_sandbox::publish_template(&store, &template, &tag, &defaults)?;
             let report = serde_json::json!({
                 "tag": tag, "dir": snap.path, "template": image, "template_key": template.key,
                 "booted": template.boot_seconds.is_some(), "boot_seconds": template.boot_seconds,
                 "mem_size_bytes": snap.meta.mem_size_bytes,
                 "memory_bytes_allocated": snap.meta.memory_bytes_allocated,
+                "default_limits": snap.meta.default_limits,
                 "total_ms": (started.elapsed().as_secs_f64() * 1e4).round() / 10.0,
             });
             if json {

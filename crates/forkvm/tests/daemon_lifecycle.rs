@@ -3,6 +3,8 @@
 //! transparently; a TTL of 2 s archives a sandbox (never deletes it): it is listed as
 //! `archived` (reason `ttl`), also after a daemon restart, and a restore brings it back
 //! with its files; a manual archive and restore does the same; delete removes the archive.
+//! CPU and tasks limits asked per spawn hold in the cgroup, and a fork of a running
+//! sandbox and a restore keep them.
 
 use std::time::{Duration, Instant};
 
@@ -126,4 +128,100 @@ fn idle_sandboxes_pause_and_resume_and_ttls_archive_without_deleting() {
     env.ok(&["kill", &a]);
     assert!(!env.dir.join(format!("store/archives/{a}")).exists());
     assert!(env.sandbox(&a).is_null());
+}
+
+/// The limits a sandbox's cgroup holds, from the cgroup files; `None` where the host has
+/// no such controller.
+fn group_limits(id: &str) -> (Option<u32>, Option<u32>) {
+    use forkvm_vmm::host::cgroup::{CgroupRoot, Controller};
+    let root = CgroupRoot::detect().expect("a cgroup on this host");
+    let group = root.open(&format!("sb-{id}")).unwrap_or_else(|| panic!("{id} has no cgroup"));
+    let limits = root.limits_of(&group);
+    let has = |c| root.controllers().contains(&c);
+    (limits.cpu_millis.filter(|_| has(Controller::Cpu)), limits.pids_max.filter(|_| has(Controller::Pids)))
+}
+
+/// Checks sandbox `id`'s CPU and tasks limits in its listing and, where the host has the
+/// controller, in its cgroup.
+fn assert_limits(env: &Env, id: &str, cpu: u32, pids: u32) {
+    let s = env.sandbox(id);
+    assert_eq!(
+        (s["cpu_limit_millis"].as_u64(), s["pids_limit"].as_u64()),
+        (Some(cpu.into()), Some(pids.into())),
+        "{s}"
+    );
+    let (group_cpu, group_pids) = group_limits(id);
+    assert!(group_cpu.is_none_or(|c| c == cpu), "{id}: cgroup CPU {group_cpu:?}, asked {cpu}");
+    assert!(group_pids.is_none_or(|p| p == pids), "{id}: cgroup tasks {group_pids:?}, asked {pids}");
+}
+
+#[test]
+fn limits_asked_per_spawn_hold_and_forks_and_restores_keep_them() {
+    let mut env = Env::new();
+    env.start_daemon(&["--disk-snapshot-interval", "0"]);
+    env.ok(&["snapshot", "create", "--image", "tiny", "--tag", "t"]);
+    // Out of bounds: refused by name, nothing started.
+    for (flag, value, said) in [
+        ("--cpu-limit-millis", "5", "CPU limit 5"),
+        ("--pids-limit", "8", "tasks limit 8"),
+        ("--pids-limit", "x", "invalid"),
+    ] {
+        let out = env.cli(&["fork", "--tag", "t", "-n", "1", flag, value]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(said), "{flag} {value}: {err}");
+    }
+    assert_eq!(env.json(&["ps", "--json"]), serde_json::json!([]), "a refused spawn left a sandbox");
+
+    let made =
+        env.json(&["fork", "--tag", "t", "-n", "1", "--cpu-limit-millis", "500", "--pids-limit", "200", "--json"]);
+    let a = made["sandboxes"][0]["sandbox_id"].as_str().unwrap().to_string();
+    assert_limits(&env, &a, 500, 200);
+    // Without flags, the defaults.
+    let plain = env.json(&["fork", "--tag", "t", "-n", "1", "--json"]);
+    let p = plain["sandboxes"][0]["sandbox_id"].as_str().unwrap().to_string();
+    assert_limits(&env, &p, forkvm_sandbox::start::DEFAULT_CPU_MILLIS, forkvm_sandbox::start::DEFAULT_PIDS_MAX);
+
+    // A fork of the running sandbox keeps its CPU limit and takes the tasks limit asked.
+    let forked = env.json(&["fork", "--from-sandbox", &a, "-n", "1", "--pids-limit", "300", "--json"]);
+    let c = forked["sandboxes"][0]["sandbox_id"].as_str().unwrap().to_string();
+    assert_limits(&env, &c, 500, 300);
+
+    // Archived, it has no cgroup and shows none; restored, it has its limits again.
+    env.ok(&["archive", &a]);
+    let archived = env.sandbox(&a);
+    assert_eq!(
+        (archived["state"].as_str(), archived["cpu_limit_millis"].as_u64()),
+        (Some("archived"), None),
+        "{archived}"
+    );
+    env.ok(&["unarchive", &a]);
+    assert_limits(&env, &a, 500, 200);
+
+    // A tag's defaults: a spawn from it takes them, but for what it asks. Bad defaults
+    // make no tag.
+    let out = env.cli(&["snapshot", "create", "--image", "tiny", "--tag", "bad", "--cpu-limit-millis", "5"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("CPU limit 5"), "{out:?}");
+    let listed = env.json(&["snapshot", "ls", "--json"]);
+    assert!(!listed.as_array().unwrap().iter().any(|t| t["tag"] == "bad"), "a refused tag was made: {listed}");
+    let made = env.json(&[
+        "snapshot",
+        "create",
+        "--image",
+        "tiny",
+        "--tag",
+        "small",
+        "--cpu-limit-millis",
+        "700",
+        "--pids-limit",
+        "100",
+        "--json",
+    ]);
+    assert_eq!(made["default_limits"], serde_json::json!({"cpu_limit_millis": 700, "pids_limit": 100}), "{made}");
+    let listed = env.json(&["snapshot", "ls", "--json"]);
+    let small = listed.as_array().unwrap().iter().find(|t| t["tag"] == "small").unwrap();
+    assert_eq!(small["default_limits"], made["default_limits"], "{listed}");
+    let from_tag = env.json(&["fork", "--tag", "small", "-n", "1", "--json"]);
+    assert_limits(&env, from_tag["sandboxes"][0]["sandbox_id"].as_str().unwrap(), 700, 100);
+    let asked = env.json(&["fork", "--tag", "small", "-n", "1", "--pids-limit", "64", "--json"]);
+    assert_limits(&env, asked["sandboxes"][0]["sandbox_id"].as_str().unwrap(), 700, 64);
 }

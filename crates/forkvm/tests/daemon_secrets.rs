@@ -280,27 +280,51 @@ fn no_vmm_holds_a_secret_a_descriptor_of_the_daemon_or_a_privilege() {
     }
 
     // Each VMM runs in a cgroup of its own, in every hierarchy, with the default CPU and
-    // tasks limits (the daemon is this test's child: same cgroups as ours).
+    // tasks limits, beside the daemon's and the spawner's own groups (the daemon is this
+    // test's child: it started in our cgroups).
     let root = forkvm_vmm::host::cgroup::CgroupRoot::detect().expect("a cgroup on this host");
-    for (what, pid, sandbox) in [
+    let group_path = |pid: u32, controller: forkvm_vmm::host::cgroup::Controller| -> String {
+        let lines = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+        let line = lines
+            .lines()
+            .find(|l| match root.version() {
+                forkvm_vmm::host::cgroup::CgroupVersion::V1 => {
+                    l.split(':').nth(1).is_some_and(|c| c.split(',').any(|c| c == controller.name()))
+                }
+                forkvm_vmm::host::cgroup::CgroupVersion::V2 => l.starts_with("0::"),
+            })
+            .unwrap_or_else(|| panic!("pid {pid}: no {} line in {lines}", controller.name()));
+        line.splitn(3, ':').nth(2).unwrap().to_string()
+    };
+    for controller in root.controllers() {
+        let daemon_group = group_path(daemon_pid, controller);
+        let forkvm = daemon_group.strip_suffix("/daemon").unwrap_or_else(|| panic!("the daemon is in {daemon_group}"));
+        assert!(forkvm.ends_with("/forkvm"), "the daemon's group {daemon_group} is not under forkvm/");
+        assert_eq!(group_path(spawner, controller), format!("{forkvm}/spawner"), "the spawner's {}", controller.name());
+        for (what, pid, sandbox) in [
+            ("the VMM", vmm, made["sandboxes"][0]["sandbox_id"].as_str().unwrap()),
+            ("the forked VMM", child, forked["sandboxes"][0]["sandbox_id"].as_str().unwrap()),
+        ] {
+            assert_eq!(group_path(pid, controller), format!("{forkvm}/sb-{sandbox}"), "{what}'s {}", controller.name());
+        }
+    }
+    if root.version() == forkvm_vmm::host::cgroup::CgroupVersion::V1
+        && root.controllers().contains(&forkvm_vmm::host::cgroup::Controller::Cpu)
+    {
+        // The cpu hierarchy's forkvm directory is the one whose groups have cpu.shares.
+        let dirs = root.forkvm_dirs().unwrap();
+        let cpu =
+            dirs.iter().find(|d| d.join("daemon/cpu.shares").exists()).expect("forkvm/daemon in the cpu hierarchy");
+        let shares =
+            |service: &str| std::fs::read_to_string(cpu.join(service).join("cpu.shares")).unwrap().trim().to_string();
+        assert_eq!((shares("daemon"), shares("spawner")), ("8192".to_string(), "4096".to_string()));
+    }
+    for (what, _pid, sandbox) in [
         ("the VMM", vmm, made["sandboxes"][0]["sandbox_id"].as_str().unwrap()),
         ("the forked VMM", child, forked["sandboxes"][0]["sandbox_id"].as_str().unwrap()),
     ] {
         let name = format!("sb-{sandbox}");
         let group = root.open(&name).unwrap_or_else(|| panic!("{what} has no cgroup {name}"));
-        let lines = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
-        for controller in root.controllers() {
-            let line = lines
-                .lines()
-                .find(|l| match root.version() {
-                    forkvm_vmm::host::cgroup::CgroupVersion::V1 => {
-                        l.split(':').nth(1).is_some_and(|c| c.split(',').any(|c| c == controller.name()))
-                    }
-                    forkvm_vmm::host::cgroup::CgroupVersion::V2 => l.starts_with("0::"),
-                })
-                .unwrap_or_else(|| panic!("{what}: no {} line in {lines}", controller.name()));
-            assert!(line.ends_with(&format!("/forkvm/{name}")), "{what} in {line}, not in its group");
-        }
         let limits = root.limits_of(&group);
         if root.controllers().contains(&forkvm_vmm::host::cgroup::Controller::Cpu) {
             assert_eq!(limits.cpu_millis, Some(forkvm_sandbox::start::DEFAULT_CPU_MILLIS), "{what}");

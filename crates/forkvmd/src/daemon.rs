@@ -93,6 +93,7 @@ pub fn run(mut cfg: DaemonConfig) -> Result<(), DaemonError> {
     if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         return Err(DaemonError::Locked(cfg.state_dir.clone()));
     }
+    crate::own_cgroup::join(forkvm_vmm::host::cgroup::Service::Daemon);
     // A new process from our binary: it holds none of our memory (the token and keys
     // loaded above) and inherits none of our descriptors (the lock among them).
     let spawner = Spawner::start(&cfg.spawner_exe, &cfg.registry, &cfg.store).map_err(DaemonError::Spawner)?;

@@ -95,6 +95,7 @@ impl LegacySandboxRow {
             source_tag: self.snapshot_tag,
             forked_from: self.forked_from,
             memory_limit_bytes: self.memory_limit_mib.map(|m| m << 20),
+            ..Origin::default()
         };
         let mut record = registry.new_record(&self.id, origin).ok()?;
         record.created_at_unix_ms = self.created_at_unix * 1000;

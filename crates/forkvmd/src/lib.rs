@@ -19,6 +19,7 @@ pub mod extract;
 pub mod gate;
 pub mod lifecycle;
 pub mod metrics;
+mod own_cgroup;
 pub mod reconcile;
 pub mod routes;
 pub mod serve;

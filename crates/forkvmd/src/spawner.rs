@@ -41,7 +41,7 @@ use std::time::Duration;
 pub struct SpawnOrder {
     pub tag: String,
     pub ids: Vec<String>,
-    pub memory_limit_bytes: Option<u64>,
+    pub limits: SpawnOptions,
 }
 
 /// Why the spawner could not start them: the library error's code and message.
@@ -72,7 +72,7 @@ pub enum Order {
         source: String,
         seq: Option<u64>,
         id: String,
-        memory_limit_bytes: Option<u64>,
+        limits: SpawnOptions,
         #[serde(default)]
         restore: forkvm_sandbox::start::disk::DiskRestore,
     },
@@ -186,10 +186,10 @@ impl Spawner {
         source: &str,
         seq: Option<u64>,
         id: &str,
-        memory_limit_bytes: Option<u64>,
+        limits: SpawnOptions,
         restore: forkvm_sandbox::start::disk::DiskRestore,
     ) -> Result<SandboxRecord, SpawnRefused> {
-        let order = Order::DiskFork { source: source.into(), seq, id: id.into(), memory_limit_bytes, restore };
+        let order = Order::DiskFork { source: source.into(), seq, id: id.into(), limits, restore };
         match self.ask(&order)? {
             Answer::Booting(r) => Ok(r),
             other => Err(self.unexpected(&other)),
@@ -234,6 +234,7 @@ pub fn main(parent: libc::pid_t, run_root: &Path, store_root: &Path, seccomp: Se
     // SAFETY: descriptor 3 is open (checked above) and owned by nothing else in this
     // process: the daemon put its end of the socket pair there for us.
     let stream = unsafe { UnixStream::from_raw_fd(SPAWNER_FD) };
+    crate::own_cgroup::join(forkvm_vmm::host::cgroup::Service::Spawner);
     // The spawner finds dead sandboxes too (a restore checks the id is free): it salvages
     // like the daemon.
     let mut registry = Registry::open(run_root).salvaging_into(store_root);
@@ -290,10 +291,9 @@ fn execute(order: &Order, registry: &Registry, store: &Store) -> Answer {
                 Err(e) => refused(e.code(), e.to_string()),
             }
         }
-        Order::DiskFork { source, seq, id, memory_limit_bytes, restore } => {
-            let opts = SpawnOptions { memory_limit_bytes: *memory_limit_bytes };
+        Order::DiskFork { source, seq, id, limits, restore } => {
             return match forkvm_sandbox::start::disk::start_disk_fork(
-                registry, store, source, *seq, id, *restore, &opts,
+                registry, store, source, *seq, id, *restore, limits,
             ) {
                 Ok(r) => Answer::Booting(r.record),
                 Err(e) => refused(e.code(), e.to_string()),
@@ -304,8 +304,7 @@ fn execute(order: &Order, registry: &Registry, store: &Store) -> Answer {
         Ok(s) => s,
         Err(e) => return refused(e.code(), e.to_string()),
     };
-    let opts = SpawnOptions { memory_limit_bytes: order.memory_limit_bytes };
-    match forkvm_sandbox::start_vmms(registry, &source, &order.ids, &opts) {
+    match forkvm_sandbox::start_vmms(registry, &source, &order.ids, &order.limits) {
         Ok(started) => Answer::Started(started),
         Err(e) => refused(e.code(), e.to_string()),
     }

@@ -359,6 +359,8 @@ async fn a_stopped_sandbox_is_404_quoting_its_console() {
         forked_from: None,
         created_at_unix_ms: 0,
         memory_limit_bytes: None,
+        cpu_millis: None,
+        pids_max: None,
         cgroup: None,
         disks: Vec::new(),
     };

@@ -187,10 +187,26 @@ class Controller:
         """``GET /v1/snapshots``."""
         return parse_list(SnapshotInfo, self._json(self._request("GET", "/v1/snapshots")), "snapshots")
 
-    def create_snapshot(self, tag: str, template: str, *, timeout: Optional[float] = None) -> SnapshotInfo:
+    def create_snapshot(
+        self,
+        tag: str,
+        template: str,
+        *,
+        timeout: Optional[float] = None,
+        memory_limit_mib: Optional[int] = None,
+        cpu_limit_millis: Optional[int] = None,
+        pids_limit: Optional[int] = None,
+    ) -> SnapshotInfo:
         """``POST /v1/snapshots``: a snapshot of ``template`` (``tiny``, ``python``) as
-        ``tag``. The first build of a template can take minutes; it is cached after."""
-        body = {"tag": tag, "template": template}
+        ``tag``. The first build of a template can take minutes; it is cached after.
+        The limits given become the tag's defaults for the sandboxes spawned from it."""
+        body: Dict[str, Any] = {"tag": tag, "template": template}
+        limits: Dict[str, Any] = {}
+        if memory_limit_mib is not None:
+            limits["memory_limit_mib"] = memory_limit_mib
+        _put_limits(limits, cpu_limit_millis, pids_limit)
+        if limits:
+            body["default_limits"] = limits
         return SnapshotInfo.from_json(self._json(self._request("POST", "/v1/snapshots", json=body, timeout=timeout)))
 
     def delete_snapshot(self, tag: str, cascade: bool = False, force: bool = False) -> None:
@@ -279,11 +295,14 @@ class Controller:
         *,
         per_child_netns: bool = False,
         ttl_seconds: Optional[int] = None,
+        cpu_limit_millis: Optional[int] = None,
+        pids_limit: Optional[int] = None,
     ) -> List[SandboxInfo]:
         """``POST /v1/sandboxes``: ``n`` sandboxes from a snapshot, all ready, or none.
 
         ``per_child_netns`` is forkd's option; forkvm guests have no network, so the
-        daemon refuses it when true.
+        daemon refuses it when true. ``cpu_limit_millis`` (thousandths of a CPU) and
+        ``pids_limit`` (tasks) override the daemon's defaults for each sandbox's cgroup.
         """
         if isinstance(memory_limit_mib, bool):
             raise TypeError("memory_limit_mib is a number of MiB (forkd's 3rd argument per_child_netns is keyword-only here)")
@@ -294,6 +313,7 @@ class Controller:
             body["per_child_netns"] = True
         if ttl_seconds is not None:
             body["ttl_seconds"] = ttl_seconds
+        _put_limits(body, cpu_limit_millis, pids_limit)
         return parse_list(SandboxInfo, self._json(self._request("POST", "/v1/sandboxes", json=body)), "sandboxes")
 
     def get_sandbox(self, sandbox_id: str) -> SandboxInfo:
@@ -407,13 +427,17 @@ class Controller:
         memory_limit_mib: Optional[int] = None,
         *,
         ttl_seconds: Optional[int] = None,
+        cpu_limit_millis: Optional[int] = None,
+        pids_limit: Optional[int] = None,
     ) -> List[SandboxInfo]:
-        """``POST /v1/sandboxes/{id}/fork``: ``n`` running copies, no disk."""
+        """``POST /v1/sandboxes/{id}/fork``: ``n`` running copies, no disk. The copies
+        keep the source's limits but for those given here."""
         body: Dict[str, Any] = {"n": n}
         if memory_limit_mib is not None:
             body["memory_limit_mib"] = memory_limit_mib
         if ttl_seconds is not None:
             body["ttl_seconds"] = ttl_seconds
+        _put_limits(body, cpu_limit_millis, pids_limit)
         return parse_list(SandboxInfo, self._json(self._request("POST", _sb(sandbox_id, "fork"), json=body)), "sandboxes")
 
     # --- lifecycle -------------------------------------------------------
@@ -453,6 +477,8 @@ class Controller:
         ttl_seconds: Optional[int] = None,
         restore: Optional[str] = None,
         timeout: Optional[float] = 900.0,
+        cpu_limit_millis: Optional[int] = None,
+        pids_limit: Optional[int] = None,
     ) -> SandboxInfo:
         """``POST /v1/sandboxes/{id}/disk-fork``: a new sandbox cold-booted on disk
         snapshot ``seq`` (default: the newest) of ``sandbox_id`` (running, archived or
@@ -463,6 +489,7 @@ class Controller:
         for name, value in values:
             if value is not None:
                 body[name] = value
+        _put_limits(body, cpu_limit_millis, pids_limit)
         resp = self._request("POST", _sb(sandbox_id, "disk-fork"), json=body, timeout=timeout)
         return SandboxInfo.from_json(self._json(resp))
 
@@ -531,3 +558,14 @@ class Controller:
         """``GET /v1/sandboxes/{id}/files/list?path=``: a directory's entries."""
         resp = self._request("GET", _sb(sandbox_id, "files", "list"), params={"path": path})
         return parse_list(FileEntry, self._json(resp), "files")
+
+
+def _put_limits(body: Dict[str, Any], cpu_limit_millis: Optional[int], pids_limit: Optional[int]) -> None:
+    """Adds the CPU and tasks limits that were given to a request body (the daemon
+    checks their bounds and answers 400 naming a bad one)."""
+    for name, value in (("cpu_limit_millis", cpu_limit_millis), ("pids_limit", pids_limit)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} is a whole number, got {value!r}")
+        body[name] = value

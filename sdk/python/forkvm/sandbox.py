@@ -123,9 +123,13 @@ class Sandbox:
         *,
         controller: Optional[Controller] = None,
         memory_limit_mib: Optional[int] = None,
+        cpu_limit_millis: Optional[int] = None,
+        pids_limit: Optional[int] = None,
         **controller_kwargs: Any,
     ) -> "Sandbox":
-        """Spawns one sandbox from the snapshot tagged ``template_or_tag``.
+        """Spawns one sandbox from the snapshot tagged ``template_or_tag``, with the
+        daemon's default CPU and tasks limits unless given (``cpu_limit_millis``:
+        thousandths of a CPU).
 
         Without ``controller``, a Controller is made from ``controller_kwargs``
         (``base_url``, ``token``, ``timeout``) and owned by the sandbox.
@@ -133,7 +137,13 @@ class Sandbox:
         own = controller is None
         c = Controller(**controller_kwargs) if controller is None else controller
         try:
-            infos = c.spawn_sandboxes(template_or_tag, n=1, memory_limit_mib=memory_limit_mib)
+            infos = c.spawn_sandboxes(
+                template_or_tag,
+                n=1,
+                memory_limit_mib=memory_limit_mib,
+                cpu_limit_millis=cpu_limit_millis,
+                pids_limit=pids_limit,
+            )
         except BaseException:
             if own:
                 c.close()
@@ -221,13 +231,23 @@ class Sandbox:
         """This sandbox's disk snapshots, oldest first."""
         return self._controller.list_disk_snapshots(self.id)
 
-    def fork(self, n: int = 1, memory_limit_mib: Optional[int] = None) -> List["Sandbox"]:
-        """``n`` running copies of this sandbox (memory, interpreter state and all).
+    def fork(
+        self,
+        n: int = 1,
+        memory_limit_mib: Optional[int] = None,
+        *,
+        cpu_limit_millis: Optional[int] = None,
+        pids_limit: Optional[int] = None,
+    ) -> List["Sandbox"]:
+        """``n`` running copies of this sandbox (memory, interpreter state and all),
+        with its limits but for those given.
 
         The copies share this sandbox's Controller if it was given by the caller;
         otherwise each gets its own, so killing one never closes another's.
         """
-        infos = self._controller.fork_sandbox(self.id, n=n, memory_limit_mib=memory_limit_mib)
+        infos = self._controller.fork_sandbox(
+            self.id, n=n, memory_limit_mib=memory_limit_mib, cpu_limit_millis=cpu_limit_millis, pids_limit=pids_limit
+        )
         out: List[Sandbox] = []
         for info in infos:
             if self._owns_controller:

@@ -164,11 +164,16 @@ class SnapshotInfo(_Record):
     mode: Optional[str] = None
     memory_logical_bytes: int = 0
     memory_physical_bytes: int = 0
+    #: forkvm: the limits a sandbox spawned from it gets unless its spawn asks for
+    #: others (``memory_limit_mib``, ``cpu_limit_millis``, ``pids_limit``); ``None``:
+    #: forkvm's defaults.
+    default_limits: Optional[Dict[str, int]] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_json(cls, data: Any) -> "SnapshotInfo":
         f = _Fields("SnapshotInfo", data)
+        limits = f._get("default_limits", (dict, type(None)), False, None)
         return cls(
             tag=f.req_str("tag"),
             dir=f.req_str("dir"),
@@ -182,6 +187,9 @@ class SnapshotInfo(_Record):
             mode=f.opt_str("mode"),
             memory_logical_bytes=f.int_or("memory_logical_bytes", 0),
             memory_physical_bytes=f.int_or("memory_physical_bytes", 0),
+            default_limits=None
+            if limits is None
+            else {str(k): v for k, v in limits.items() if isinstance(v, int) and not isinstance(v, bool)},
             raw=_raw(data),
         )
 
@@ -456,6 +464,10 @@ class SandboxInfo(_Record):
     netns: Optional[str] = None
     pid: Optional[int] = None
     memory_limit_mib: Optional[int] = None
+    #: forkvm: the CPU limit (thousandths of a CPU) and tasks limit its cgroup holds;
+    #: ``None`` without a cgroup.
+    cpu_limit_millis: Optional[int] = None
+    pids_limit: Optional[int] = None
     last_branch_memory_path: Optional[str] = None
     template: Optional[str] = None
     #: The running sandbox it was forked from, if any.
@@ -492,6 +504,8 @@ class SandboxInfo(_Record):
             netns=f.opt_str("netns"),
             pid=f.opt_int("pid"),
             memory_limit_mib=f.opt_int("memory_limit_mib"),
+            cpu_limit_millis=f.opt_int("cpu_limit_millis"),
+            pids_limit=f.opt_int("pids_limit"),
             last_branch_memory_path=f.opt_str("last_branch_memory_path"),
             template=f.opt_str("template"),
             forked_from=f.opt_str("forked_from"),

@@ -370,6 +370,37 @@ def test_sandbox_api_over_fake_server(server: TcpServer, client: Controller) -> 
 # --- types --------------------------------------------------------------------
 
 
+def test_limits_go_in_the_body_only_when_given(server: TcpServer, client: Controller) -> None:
+    info = dict(SANDBOX, cpu_limit_millis=500, pids_limit=4352)
+    server.routes[("POST", "/v1/sandboxes")] = lambda h: (201, {}, json.dumps([info]).encode())
+    server.routes[("POST", "/v1/sandboxes/abc/fork")] = lambda h: (201, {}, json.dumps([info]).encode())
+    [made] = client.spawn_sandboxes("py", cpu_limit_millis=500)
+    assert json.loads(server.requests[-1][3]) == {"snapshot_tag": "py", "n": 1, "cpu_limit_millis": 500}
+    assert (made.cpu_limit_millis, made.pids_limit) == (500, 4352)
+    client.fork_sandbox("abc", n=2, pids_limit=64)
+    assert json.loads(server.requests[-1][3]) == {"n": 2, "pids_limit": 64}
+    client.fork_sandbox("abc")
+    assert json.loads(server.requests[-1][3]) == {"n": 1}
+    with pytest.raises(TypeError):
+        client.spawn_sandboxes("py", cpu_limit_millis=True)
+    with pytest.raises(TypeError):
+        client.fork_sandbox("abc", pids_limit="64")  # type: ignore[arg-type]
+    # An older daemon's answer, without the fields, reads as no limits known.
+    assert SandboxInfo.from_json(SANDBOX).cpu_limit_millis is None
+    snap = {"tag": "t", "dir": "/s/t", "created_at_unix": 1, "status": "ready", "bootable": True}
+    server.routes[("POST", "/v1/snapshots")] = lambda h: (
+        201,
+        {},
+        json.dumps(dict(snap, default_limits={"cpu_limit_millis": 700})).encode(),
+    )
+    made_tag = client.create_snapshot("t", "tiny", cpu_limit_millis=700)
+    assert json.loads(server.requests[-1][3]) == {"tag": "t", "template": "tiny", "default_limits": {"cpu_limit_millis": 700}}
+    assert made_tag.default_limits == {"cpu_limit_millis": 700}
+    client.create_snapshot("t", "tiny")
+    assert json.loads(server.requests[-1][3]) == {"tag": "t", "template": "tiny"}
+    assert SnapshotInfo.from_json(snap).default_limits is None
+
+
 def test_types_tolerate_extra_and_require_required() -> None:
     snap = {"tag": "t", "dir": "/d", "created_at_unix": 5, "status": "ready", "bootable": True, "future": [1]}
     s = SnapshotInfo.from_json(snap)

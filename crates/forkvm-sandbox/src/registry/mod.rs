@@ -83,6 +83,12 @@ pub struct SandboxRecord {
     pub created_at_unix_ms: u64,
     #[serde(default)]
     pub memory_limit_bytes: Option<u64>,
+    /// The CPU limit asked for, thousandths of a CPU (none: the default).
+    #[serde(default)]
+    pub cpu_millis: Option<u32>,
+    /// The tasks limit asked for (none: the default).
+    #[serde(default)]
+    pub pids_max: Option<u32>,
     /// Its memory cgroup (name under the forkvm cgroup root).
     #[serde(default)]
     pub cgroup: Option<String>,
@@ -399,6 +405,8 @@ impl Registry {
             forked_from: origin.forked_from,
             created_at_unix_ms: now_unix_ms(),
             memory_limit_bytes: origin.memory_limit_bytes,
+            cpu_millis: origin.cpu_millis,
+            pids_max: origin.pids_max,
             cgroup: None,
             disks: Vec::new(),
         })
@@ -636,6 +644,8 @@ pub struct Origin {
     pub source_tag: Option<String>,
     pub forked_from: Option<String>,
     pub memory_limit_bytes: Option<u64>,
+    pub cpu_millis: Option<u32>,
+    pub pids_max: Option<u32>,
 }
 
 impl Origin {
@@ -646,6 +656,8 @@ impl Origin {
             source_tag: r.source_tag.clone(),
             forked_from: r.forked_from.clone(),
             memory_limit_bytes: r.memory_limit_bytes,
+            cpu_millis: r.cpu_millis,
+            pids_max: r.pids_max,
         }
     }
 }
@@ -664,6 +676,8 @@ mod tests {
             forked_from: None,
             created_at_unix_ms: now_unix_ms(),
             memory_limit_bytes: None,
+            cpu_millis: None,
+            pids_max: None,
             cgroup: None,
             disks: Vec::new(),
         }

@@ -21,9 +21,10 @@ use std::sync::Mutex;
 /// File name of the registry database in the run root.
 pub const REGISTRY_DB: &str = "registry.db";
 
-/// Version of the table layout below; version 1 (records without a lifecycle) is
-/// migrated when opened, a newer one is refused by name.
-const SCHEMA_VERSION: i64 = 2;
+/// Version of the table layout below; versions 1 (records without a lifecycle) and 2
+/// (without CPU and tasks limits) are migrated when opened, a newer one is refused by
+/// name.
+const SCHEMA_VERSION: i64 = 3;
 
 /// The `sandboxes` table of [`SCHEMA_VERSION`] (a macro, so that the schema and the
 /// migration share one literal).
@@ -50,7 +51,9 @@ CREATE TABLE IF NOT EXISTS sandboxes (
   expires_at_unix_ms INTEGER,
   archived_at_unix_ms INTEGER,
   branch_count INTEGER NOT NULL DEFAULT 0,
-  last_branch_tag TEXT
+  last_branch_tag TEXT,
+  cpu_millis INTEGER,
+  pids_max INTEGER
 );
 "
     };
@@ -59,9 +62,9 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 const SCHEMA: &str =
     concat!("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);", sandboxes_table!());
 
-/// Version 1 to 2: each record becomes a `running` row (version 1 kept only sandboxes
-/// whose VMM had started), in one transaction.
-const MIGRATE_1_TO_2: &str = concat!(
+/// Version 1 to the current one: each record becomes a `running` row (version 1 kept only
+/// sandboxes whose VMM had started), in one transaction.
+const MIGRATE_1: &str = concat!(
     "ALTER TABLE sandboxes RENAME TO sandboxes_v1;",
     sandboxes_table!(),
     "
@@ -70,9 +73,16 @@ INSERT INTO sandboxes (id, state, pid, template, source_tag, forked_from, create
   SELECT id, 'running', pid, template, source_tag, forked_from, created_at_unix_ms, memory_limit_bytes, cgroup, disks,
     created_at_unix_ms FROM sandboxes_v1;
 DROP TABLE sandboxes_v1;
-UPDATE meta SET value = '2' WHERE key = 'schema';
+UPDATE meta SET value = '3' WHERE key = 'schema';
 "
 );
+
+/// Version 2 to 3: the CPU and tasks limits a sandbox asked for (none: the defaults).
+const MIGRATE_2_TO_3: &str = "
+ALTER TABLE sandboxes ADD COLUMN cpu_millis INTEGER;
+ALTER TABLE sandboxes ADD COLUMN pids_max INTEGER;
+UPDATE meta SET value = '3' WHERE key = 'schema';
+";
 
 /// A connection owned by the process that opened it (see the module doc).
 #[derive(Debug)]
@@ -157,7 +167,18 @@ impl Records {
                         .map(|v| v.parse().ok())
                 }
                 Some(1) => {
-                    conn.execute_batch(&format!("BEGIN IMMEDIATE; {MIGRATE_1_TO_2} COMMIT;"))?;
+                    conn.execute_batch(&format!("BEGIN IMMEDIATE; {MIGRATE_1} COMMIT;"))?;
+                    Ok(Some(SCHEMA_VERSION))
+                }
+                Some(2) => {
+                    // Another process may have migrated between the read and the lock.
+                    conn.execute_batch("BEGIN IMMEDIATE;")?;
+                    let now: Option<String> =
+                        conn.query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| r.get(0)).optional()?;
+                    if now.as_deref() == Some("2") {
+                        conn.execute_batch(MIGRATE_2_TO_3)?;
+                    }
+                    conn.execute_batch("COMMIT;")?;
                     Ok(Some(SCHEMA_VERSION))
                 }
                 found => Ok(found),
@@ -179,8 +200,9 @@ impl Records {
             {
                 let mut st = tx.prepare_cached(
                     "INSERT OR IGNORE INTO sandboxes (id, state, op, owner_pid, owner_started_unix_ms, template,
-                       source_tag, forked_from, created_at_unix_ms, memory_limit_bytes, last_activity_unix_ms)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                       source_tag, forked_from, created_at_unix_ms, memory_limit_bytes, last_activity_unix_ms,
+                       cpu_millis, pids_max)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
                 )?;
                 for r in records {
                     st.execute(params![
@@ -195,6 +217,8 @@ impl Records {
                         r.created_at_unix_ms as i64,
                         r.memory_limit_bytes.map(|b| b as i64),
                         new.now_ms as i64,
+                        r.cpu_millis,
+                        r.pids_max,
                     ])?;
                 }
             }
@@ -217,12 +241,13 @@ impl Records {
             {
                 let mut st = tx.prepare_cached(
                     "INSERT INTO sandboxes (id, state, owner_pid, owner_started_unix_ms, pid, template, source_tag,
-                       forked_from, created_at_unix_ms, memory_limit_bytes, cgroup, disks, last_activity_unix_ms)
-                     VALUES (?1, ?13, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+                       forked_from, created_at_unix_ms, memory_limit_bytes, cgroup, disks, last_activity_unix_ms,
+                       cpu_millis, pids_max)
+                     VALUES (?1, ?13, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?14, ?15)
                      ON CONFLICT (id) DO UPDATE SET pid = excluded.pid, template = excluded.template,
                        source_tag = excluded.source_tag, forked_from = excluded.forked_from,
                        memory_limit_bytes = excluded.memory_limit_bytes, cgroup = excluded.cgroup,
-                       disks = excluded.disks",
+                       disks = excluded.disks, cpu_millis = excluded.cpu_millis, pids_max = excluded.pids_max",
                 )?;
                 for (r, disks) in records.iter().zip(&disks) {
                     st.execute(params![
@@ -239,6 +264,8 @@ impl Records {
                         disks,
                         now_ms as i64,
                         SandboxState::Starting.as_str(),
+                        r.cpu_millis,
+                        r.pids_max,
                     ])?;
                 }
             }
@@ -256,8 +283,8 @@ impl Records {
             c.prepare_cached(
                 "INSERT INTO sandboxes (id, state, op, reason, pid, template, source_tag, forked_from,
                    created_at_unix_ms, memory_limit_bytes, cgroup, disks, last_activity_unix_ms, ttl_seconds,
-                   expires_at_unix_ms, archived_at_unix_ms, branch_count, last_branch_tag)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)
+                   expires_at_unix_ms, archived_at_unix_ms, branch_count, last_branch_tag, cpu_millis, pids_max)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)
                  ON CONFLICT (id) DO UPDATE SET state = excluded.state, op = excluded.op, reason = excluded.reason,
                    last_activity_unix_ms = excluded.last_activity_unix_ms, ttl_seconds = excluded.ttl_seconds,
                    expires_at_unix_ms = excluded.expires_at_unix_ms, archived_at_unix_ms = excluded.archived_at_unix_ms,
@@ -282,6 +309,8 @@ impl Records {
                 row.archived_at_unix_ms.map(|v| v as i64),
                 row.branch_count,
                 row.last_branch_tag,
+                r.cpu_millis,
+                r.pids_max,
             ])
             .map(|_| ())
         })
@@ -388,7 +417,7 @@ impl Records {
 
 const SELECT: &str = "SELECT id, state, op, reason, owner_pid, owner_started_unix_ms, pid, template, source_tag,
   forked_from, created_at_unix_ms, memory_limit_bytes, cgroup, disks, last_activity_unix_ms, ttl_seconds,
-  expires_at_unix_ms, archived_at_unix_ms, branch_count, last_branch_tag FROM sandboxes";
+  expires_at_unix_ms, archived_at_unix_ms, branch_count, last_branch_tag, cpu_millis, pids_max FROM sandboxes";
 
 /// A row as read, before its state and disks are decoded.
 struct Row {
@@ -412,6 +441,8 @@ struct Row {
     archived_at_unix_ms: Option<i64>,
     branch_count: i64,
     last_branch_tag: Option<String>,
+    cpu_millis: Option<i64>,
+    pids_max: Option<i64>,
 }
 
 fn row_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
@@ -436,12 +467,19 @@ fn row_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
         archived_at_unix_ms: r.get(17)?,
         branch_count: r.get(18)?,
         last_branch_tag: r.get(19)?,
+        cpu_millis: r.get(20)?,
+        pids_max: r.get(21)?,
     })
 }
 
 /// A stored integer that is a count or a time: negative ones (never written) read as 0.
 fn unsigned(v: i64) -> u64 {
     v.max(0) as u64
+}
+
+/// A stored 32-bit limit (only written from a `u32`).
+fn limit32(v: i64) -> u32 {
+    v.clamp(0, i64::from(u32::MAX)) as u32
 }
 
 impl Row {
@@ -465,6 +503,8 @@ impl Row {
                 forked_from: self.forked_from,
                 created_at_unix_ms: unsigned(self.created_at_unix_ms),
                 memory_limit_bytes: self.memory_limit_bytes.map(unsigned),
+                cpu_millis: self.cpu_millis.map(limit32),
+                pids_max: self.pids_max.map(limit32),
                 cgroup: self.cgroup,
                 disks,
             },
@@ -495,7 +535,7 @@ mod tests {
         let names: Vec<String> = SandboxState::ALL.iter().map(|s| format!("'{s}'")).collect();
         let check = format!("CHECK (state IN ({}))", names.join(", "));
         assert!(SCHEMA.contains(&check), "{check} not in the schema");
-        assert!(MIGRATE_1_TO_2.contains(&check), "{check} not in the migration");
+        assert!(MIGRATE_1.contains(&check), "{check} not in the migration");
     }
 
     #[test]
@@ -524,5 +564,44 @@ mod tests {
         drop(c);
         let err = Records::at(dir.path()).all(|id| dir.path().join(id)).unwrap_err();
         assert!(matches!(err, RegistryError::Version { found: 99, .. }), "{err}");
+    }
+
+    #[test]
+    fn a_version_2_file_gains_the_cpu_and_tasks_limits() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Connection::open(dir.path().join(REGISTRY_DB)).unwrap();
+        c.execute_batch(
+            "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+             INSERT INTO meta VALUES ('schema', '2');
+             CREATE TABLE sandboxes (id TEXT PRIMARY KEY, state TEXT NOT NULL, op TEXT, reason TEXT,
+               owner_pid INTEGER, owner_started_unix_ms INTEGER, pid INTEGER, template TEXT, source_tag TEXT,
+               forked_from TEXT, created_at_unix_ms INTEGER NOT NULL, memory_limit_bytes INTEGER, cgroup TEXT,
+               disks TEXT NOT NULL DEFAULT '[]', last_activity_unix_ms INTEGER NOT NULL, ttl_seconds INTEGER,
+               expires_at_unix_ms INTEGER, archived_at_unix_ms INTEGER, branch_count INTEGER NOT NULL DEFAULT 0,
+               last_branch_tag TEXT);
+             INSERT INTO sandboxes (id, state, pid, created_at_unix_ms, memory_limit_bytes, last_activity_unix_ms)
+               VALUES ('old2', 'running', 7, 5000, 1048576, 6000);",
+        )
+        .unwrap();
+        drop(c);
+        let records = Records::at(dir.path());
+        let rows = records.all(|id| dir.path().join(id)).unwrap();
+        let r = &rows[0].record;
+        assert_eq!(
+            (r.id.as_str(), r.memory_limit_bytes, r.cpu_millis, r.pids_max),
+            ("old2", Some(1 << 20), None, None)
+        );
+        // The new columns are written and read back.
+        let mut again = r.clone();
+        again.id = "new3".into();
+        again.cpu_millis = Some(500);
+        again.pids_max = Some(64);
+        records.put(&[&again], 7000).unwrap();
+        let rows = records.all(|id| dir.path().join(id)).unwrap();
+        let back = rows.iter().find(|row| row.record.id == "new3").unwrap();
+        assert_eq!((back.record.cpu_millis, back.record.pids_max), (Some(500), Some(64)));
+        // A second open finds version 3 and migrates nothing.
+        drop(records);
+        assert_eq!(Records::at(dir.path()).all(|id| dir.path().join(id)).unwrap().len(), 2);
     }
 }

@@ -58,12 +58,15 @@ impl Registry {
     pub fn sweep(&self) -> Swept {
         let mut out = Swept::default();
         let mut live: Vec<String> = Vec::new();
+        let mut known: Vec<String> = Vec::new();
         let mut rows = std::collections::HashSet::new();
         for row in self.all_rows() {
             rows.insert(row.record.id.clone());
+            let group = row.record.cgroup.clone().unwrap_or_else(|| format!("sb-{}", row.record.id));
             if self.sweep_row(&row, &mut out) {
-                live.push(row.record.cgroup.clone().unwrap_or_else(|| format!("sb-{}", row.record.id)));
+                live.push(group.clone());
             }
+            known.push(group);
         }
         for e in std::fs::read_dir(self.sandboxes_dir()).into_iter().flatten().flatten() {
             let id = e.file_name().to_string_lossy().into_owned();
@@ -79,7 +82,12 @@ impl Registry {
             }
         }
         if let Ok(root) = CgroupRoot::detect() {
-            root.sweep(&|name| live.iter().any(|l| l == name));
+            // Groups are shared by every run root on the host: one no row here names may
+            // be another's, made a moment ago for a VMM that has not joined it yet. Such a
+            // group goes only once it is a minute old and still empty.
+            let others_recent =
+                |name: &str| !known.iter().any(|k| k == name) && root.age_of(name).is_none_or(|age| age.as_secs() < 60);
+            root.sweep(&|name| live.iter().any(|l| l == name) || others_recent(name));
         }
         if let Some(store) = &self.store {
             out.uncommitted_archives = crate::archive::format::remove_uncommitted(&forkvm_snapshot::Store::open(store));

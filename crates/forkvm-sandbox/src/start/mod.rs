@@ -18,6 +18,7 @@
 pub mod disk;
 pub mod in_process;
 pub mod jail;
+pub mod limits;
 pub mod restore;
 pub mod running;
 pub mod snapshot;
@@ -25,11 +26,13 @@ pub mod snapshot;
 use crate::registry::{Origin, Registry, RegistryError, SandboxRecord};
 use crate::state::SandboxState;
 use forkvm_vmm::devices::attach::DeviceConfig;
-use forkvm_vmm::host::cgroup::{CgroupError, CgroupRoot, Limits};
+use forkvm_vmm::host::cgroup::{CgroupError, CgroupRoot};
 use forkvm_vmm::vmm::VmmLabels;
 use forkvm_vmm::zygote::{ChildSpec, Owned, ZygoteError};
 use std::sync::Arc;
 use std::time::Instant;
+
+pub use limits::{LimitError, SpawnOptions, DEFAULT_CPU_MILLIS, DEFAULT_PIDS_MAX};
 
 /// Most sandboxes one call spawns.
 pub const MAX_SPAWN: usize = 4096;
@@ -42,7 +45,7 @@ pub enum SpawnError {
     Registry(#[from] RegistryError),
     #[error(transparent)]
     Zygote(#[from] ZygoteError),
-    #[error("memory limit: {0}")]
+    #[error("cgroup limits: {0}")]
     Cgroup(#[from] CgroupError),
     #[error("sandbox {id} (pid {pid}) {}; its console said: {console}", if *exited { "stopped before its agent answered" } else { "did not answer in time" })]
     NotReady { id: String, pid: i32, exited: bool, console: String },
@@ -52,43 +55,16 @@ pub enum SpawnError {
     Worker,
     #[error(transparent)]
     Jail(#[from] forkvm_vmm::host::jail::JailError),
+    #[error(transparent)]
+    Limit(#[from] LimitError),
 }
 
 impl SpawnError {
     pub fn code(&self) -> forkvm_api::ErrorCode {
         match self {
-            SpawnError::Count(_) => forkvm_api::ErrorCode::BadRequest,
+            SpawnError::Count(_) | SpawnError::Limit(_) => forkvm_api::ErrorCode::BadRequest,
             SpawnError::Registry(e) => e.code(),
             _ => forkvm_api::ErrorCode::Internal,
-        }
-    }
-}
-
-/// How sandboxes are spawned.
-#[derive(Debug, Clone, Default)]
-pub struct SpawnOptions {
-    /// Memory limit of each sandbox's VMM process (cgroup v1 or v2).
-    pub memory_limit_bytes: Option<u64>,
-}
-
-/// The CPU a sandbox may use unless told otherwise, in thousandths of a CPU: its vCPU
-/// plus one CPU for the VMM's own threads (device backends, a restore's prefetch, the
-/// live-branch writer).
-pub const DEFAULT_CPU_MILLIS: u32 = 2000;
-
-/// Tasks a sandbox's VMM may have unless told otherwise: its threads, and room for a fork
-/// of the running sandbox into [`MAX_SPAWN`] children (each counts in its source's group
-/// until it has joined its own).
-pub const DEFAULT_PIDS_MAX: u32 = MAX_SPAWN as u32 + 256;
-
-impl SpawnOptions {
-    /// The cgroup limits of each sandbox: the caller's memory limit (none by default)
-    /// and the default CPU and tasks limits.
-    pub fn limits(&self) -> Limits {
-        Limits {
-            memory_bytes: self.memory_limit_bytes,
-            cpu_millis: Some(DEFAULT_CPU_MILLIS),
-            pids_max: Some(DEFAULT_PIDS_MAX),
         }
     }
 }
@@ -160,20 +136,28 @@ impl<'r> Batch<'r> {
         if ids.is_empty() || ids.len() > MAX_SPAWN {
             return Err(SpawnError::Count(ids.len()));
         }
-        let origin = Origin { memory_limit_bytes: opts.memory_limit_bytes, ..origin };
+        opts.validate()?;
+        // The record keeps what was asked (a fork or restore asks the same), not the
+        // defaults, which a start without cgroups does not have.
+        let origin = Origin {
+            memory_limit_bytes: opts.memory_limit_bytes,
+            cpu_millis: opts.cpu_millis,
+            pids_max: opts.pids_max,
+            ..origin
+        };
+        let limits = opts.limits();
         let records: Vec<SandboxRecord> =
             ids.iter().map(|id| registry.new_record(id, origin.clone())).collect::<Result<_, _>>()?;
         registry.begin(&records.iter().collect::<Vec<_>>(), None)?;
         let mut batch = Batch { registry, records, started: 0, committed: false, jail: None };
         let root = match CgroupRoot::detect() {
             Ok(root) => Some(root),
-            Err(e) if opts.memory_limit_bytes.is_some() => return Err(e.into()),
+            Err(e) if opts.asks() => return Err(e.into()),
             Err(e) => {
                 warn_once_without_cgroups(&e);
                 None
             }
         };
-        let limits = opts.limits();
         for r in &mut batch.records {
             registry.create_run_dir(&r.id)?;
             let Some(root) = &root else { continue };
@@ -182,7 +166,7 @@ impl<'r> Batch<'r> {
                 Ok(_) => r.cgroup = Some(name),
                 // Only a limit the caller asked for must hold; the defaults are best
                 // effort where this process may not make cgroups (not root).
-                Err(e) if opts.memory_limit_bytes.is_some() || !is_permission(&e) => return Err(e.into()),
+                Err(e) if opts.asks() || !is_permission(&e) => return Err(e.into()),
                 Err(e) => warn_once_without_cgroups(&e),
             }
         }

@@ -102,7 +102,7 @@ fn start_restore_vmm(
     manifest: Option<ArchiveManifest>,
     archived: Option<SandboxRecord>,
 ) -> Result<PendingRestore, ArchiveError> {
-    let opts = SpawnOptions { memory_limit_bytes: archived.as_ref().and_then(|r| r.memory_limit_bytes) };
+    let opts = archived.as_ref().map(SpawnOptions::of_record).unwrap_or_default();
     let Some(manifest) = manifest else {
         // Format 0: a plaintext snapshot directory, restored as it is.
         let source = SpawnSource::from_dir(dir)?;

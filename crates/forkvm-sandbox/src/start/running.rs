@@ -33,7 +33,9 @@ pub fn fork_running_as(
     let (source, _) = check_ready(registry, id)?;
     let started = Instant::now();
     let origin = Origin { forked_from: Some(source.id.clone()), ..Origin::of(&source) };
-    let mut batch = Batch::begin(registry, ids, origin, opts)?;
+    // The children keep their source's limits, but for those asked anew.
+    let opts = SpawnOptions::of_record(&source).overridden_by(*opts);
+    let mut batch = Batch::begin(registry, ids, origin, &opts)?;
     let children: Vec<ForkChild> = batch.records_mut().iter_mut().map(|r| fork_child(&source, r)).collect();
     let report: ForkReport = call(&source, |c| c.fork(children))?;
     // The source numbers its children in its jail's pid namespace; we need ours.

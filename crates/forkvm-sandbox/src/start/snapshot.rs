@@ -64,6 +64,8 @@ pub fn start_vmms(
     if ids.is_empty() || ids.len() > MAX_SPAWN {
         return Err(SpawnError::Count(ids.len()));
     }
+    // The snapshot's defaults (a template tag's), but for what the spawn asks.
+    let opts = &SpawnOptions::of_snapshot(&source.meta).overridden_by(*opts);
     let started = Instant::now();
     let mut zygote = Zygote::with_memory(&source.dir, source.memory.as_deref())?;
     let image = source.memory.clone().unwrap_or_else(|| source.dir.join(forkvm_snapshot::MEMORY_IMG));

@@ -17,10 +17,16 @@
 //! 2. a supervisor that saw the process die calls [`SandboxCgroup::remove`];
 //! 3. after a crash of everything (kill -9), [`CgroupRoot::sweep`] removes every empty group
 //!    that is no longer wanted.
+//!
+//! forkvm's own processes, the daemon and its spawner, have groups beside the sandboxes'
+//! ([`service`]), which no sandbox can be named after and no sweep removes.
 
 mod detect;
+mod service;
 #[cfg(test)]
 mod tests;
+
+pub use service::Service;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -80,7 +86,7 @@ pub enum CgroupError {
     ReadProc { path: PathBuf, source: io::Error },
     #[error("no usable memory cgroup on this host (checked: {checked})")]
     NoMemoryController { checked: String },
-    #[error("invalid sandbox cgroup name {0:?}: use 1 to 64 of [A-Za-z0-9_-], and not \"exiting\"")]
+    #[error("invalid sandbox cgroup name {0:?}: use 1 to 64 of [A-Za-z0-9_-], and not \"exiting\", \"daemon\" or \"spawner\"")]
     InvalidName(String),
     #[error("sandbox cgroup {0} already exists")]
     AlreadyExists(PathBuf),
@@ -261,6 +267,11 @@ impl CgroupRoot {
         }
         removed.sort();
         removed
+    }
+
+    /// How long ago group `name` was made (its directory's time), if it exists.
+    pub fn age_of(&self, name: &str) -> Option<Duration> {
+        std::fs::metadata(self.dir.join(name)).and_then(|m| m.modified()).ok()?.elapsed().ok()
     }
 
     fn group(&self, name: &str) -> SandboxCgroup {
@@ -478,7 +489,8 @@ fn forkvm_dir(own: PathBuf) -> PathBuf {
 fn validate_name(name: &str) -> Result<(), CgroupError> {
     let ok = (1..=64).contains(&name.len())
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-        && name != EXITING;
+        && name != EXITING
+        && Service::ALL.iter().all(|s| s.name() != name);
     if ok {
         Ok(())
     } else {

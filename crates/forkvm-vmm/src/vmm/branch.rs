@@ -341,6 +341,7 @@ impl Vmm {
             template: self.labels.template.clone(),
             memory_format: forkvm_snapshot::MemoryFormat::Image,
             content_hash: None,
+            default_limits: None,
         }
     }
 

@@ -51,7 +51,7 @@ impl Backend for Daemon {
         Ok(self.client.set_ttl(id, seconds)?)
     }
 
-    fn start(&self, from: NewFrom<'_>, n: usize, memory_limit_mib: Option<u64>) -> Result<Started> {
+    fn start(&self, from: NewFrom<'_>, n: usize, limits: &crate::limit_args::LimitArgs) -> Result<Started> {
         let count = u32::try_from(n).ok().filter(|n| (1..=MAX_SANDBOXES_PER_CALL).contains(n));
         let Some(n) = count else {
             bail!("-n must be between 1 and {MAX_SANDBOXES_PER_CALL} through the daemon, got {n}")
@@ -62,7 +62,9 @@ impl Backend for Daemon {
                 self.client.spawn(&CreateSandboxRequest {
                     snapshot_tag: tag.to_string(),
                     n,
-                    memory_limit_mib,
+                    memory_limit_mib: limits.mem_limit_mib,
+                    cpu_limit_millis: limits.cpu_limit_millis,
+                    pids_limit: limits.pids_limit,
                     per_child_netns: false,
                     prewarm: false,
                     live_fork: false,
@@ -72,7 +74,16 @@ impl Backend for Daemon {
             }
             NewFrom::Sandbox(id) => {
                 let _spinner = Spinner::start(format!("{n} forks of {id}"));
-                self.client.fork(id, &ForkSandboxRequest { n, memory_limit_mib, ttl_seconds: None })?
+                self.client.fork(
+                    id,
+                    &ForkSandboxRequest {
+                        n,
+                        memory_limit_mib: limits.mem_limit_mib,
+                        cpu_limit_millis: limits.cpu_limit_millis,
+                        pids_limit: limits.pids_limit,
+                        ttl_seconds: None,
+                    },
+                )?
             }
             NewFrom::Image(_) => bail!(
                 "fork --image has no daemon API: make a tag with `forkvm snapshot create --image T --tag X`, then \

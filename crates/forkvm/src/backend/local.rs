@@ -8,7 +8,7 @@ use forkvm_client::api::{ArchiveReport, BranchSandboxRequest, EvalResponse, Exec
 use forkvm_client::ExecExit;
 use forkvm_sandbox::exec_view::{agent_request, exit_code, not_started};
 use forkvm_sandbox::snapshot_view::tag_info;
-use forkvm_sandbox::{info, Registry, SpawnOptions, SpawnSource, SpawnedSandbox, StateReason};
+use forkvm_sandbox::{info, Registry, SpawnSource, SpawnedSandbox, StateReason};
 use forkvm_snapshot::Store;
 use forkvm_vmm::vmm::BranchMode;
 
@@ -112,8 +112,8 @@ impl Backend for Local {
         bail!("ttl needs the daemon (--daemon or FORKVM_DAEMON): TTLs are kept and enforced by forkvmd")
     }
 
-    fn start(&self, from: NewFrom<'_>, n: usize, memory_limit_mib: Option<u64>) -> Result<Started> {
-        let opts = SpawnOptions { memory_limit_bytes: memory_limit_mib.map(|m| m << 20) };
+    fn start(&self, from: NewFrom<'_>, n: usize, limits: &crate::limit_args::LimitArgs) -> Result<Started> {
+        let opts = limits.spawn_options();
         let (sandboxes, timings, source_pause_ms) = match from {
             NewFrom::Tag(tag) => {
                 let source = SpawnSource::from_tag(&self.store, tag)?;

@@ -34,7 +34,7 @@ pub trait Backend {
     /// Sets sandbox `id`'s TTL (0: none); only a daemon keeps TTLs.
     fn set_ttl(&self, id: &str, seconds: u64) -> Result<SandboxInfo>;
     /// Starts `n` new sandboxes from `from`, each ready and re-identified.
-    fn start(&self, from: NewFrom<'_>, n: usize, memory_limit_mib: Option<u64>) -> Result<Started>;
+    fn start(&self, from: NewFrom<'_>, n: usize, limits: &crate::limit_args::LimitArgs) -> Result<Started>;
     /// Runs `req` in sandbox `id`, handing its output to `out` as it comes; how it ended
     /// (a program that could not be started ends with 127 or 126, as in a shell).
     fn exec(&self, id: &str, req: &ExecRequest, out: &mut dyn FnMut(Output, &[u8])) -> Result<ExecExit>;

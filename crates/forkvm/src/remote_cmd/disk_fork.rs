@@ -13,8 +13,14 @@ pub fn disk_fork(a: &DiskForkArgs, remote: &RemoteArgs) -> Result<Option<i32>> {
         crate::disk_cmd::RestoreArg::Lazy => DiskRestoreMode::Lazy,
         crate::disk_cmd::RestoreArg::LazyPlaybook => DiskRestoreMode::LazyPlaybook,
     };
-    let req =
-        DiskForkRequest { seq: a.seq, memory_limit_mib: a.mem_limit_mib, ttl_seconds: None, restore: Some(restore) };
+    let req = DiskForkRequest {
+        seq: a.seq,
+        memory_limit_mib: a.limits.mem_limit_mib,
+        cpu_limit_millis: a.limits.cpu_limit_millis,
+        pids_limit: a.limits.pids_limit,
+        ttl_seconds: None,
+        restore: Some(restore),
+    };
     let s = {
         let _spinner = Spinner::start(format!("booting a new sandbox on {}'s disk", a.id));
         client.disk_fork(&a.id, &req)?

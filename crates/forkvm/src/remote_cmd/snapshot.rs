@@ -12,9 +12,15 @@ pub fn snapshot(a: &SnapshotArgs, remote: &RemoteArgs) -> Result<Option<i32>> {
     }
     let Some(client) = remote.client()? else { return Ok(None) };
     match &a.command {
-        SnapshotCommand::Create { image, tag, json } => {
+        SnapshotCommand::Create { image, tag, limits, json } => {
             let spinner = Spinner::start(format!("snapshot {tag} from template {image} (a first build takes minutes)"));
-            let snap = client.create_snapshot(&CreateSnapshotRequest { tag: tag.clone(), template: image.clone() })?;
+            let default_limits = limits.spawn_options().asks().then_some(forkvm_client::api::DefaultLimits {
+                memory_limit_mib: limits.mem_limit_mib,
+                cpu_limit_millis: limits.cpu_limit_millis,
+                pids_limit: limits.pids_limit,
+            });
+            let req = CreateSnapshotRequest { tag: tag.clone(), template: image.clone(), default_limits };
+            let snap = client.create_snapshot(&req)?;
             drop(spinner);
             if *json {
                 println!("{}", serde_json::to_string_pretty(&snap)?);

@@ -32,11 +32,31 @@ fn check_count(n: u32) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn limit_bytes(mib: Option<u64>) -> Result<Option<u64>, ApiError> {
-    match mib {
-        Some(0) => Err(ApiError::bad_request("memory_limit_mib must be at least 1")),
-        Some(m) if m > (1 << 30) => Err(ApiError::bad_request(format!("memory_limit_mib {m} is not a sane limit"))),
-        other => Ok(other.map(|m| m << 20)),
+/// The limits a request asks for, checked (a bad one is named in a 400).
+pub(crate) fn asked_limits(
+    memory_limit_mib: Option<u64>,
+    cpu_limit_millis: Option<u32>,
+    pids_limit: Option<u32>,
+) -> Result<SpawnOptions, ApiError> {
+    let memory_limit_bytes = match memory_limit_mib {
+        Some(0) => return Err(ApiError::bad_request("memory_limit_mib must be at least 1")),
+        Some(m) if m > (1 << 30) => {
+            return Err(ApiError::bad_request(format!("memory_limit_mib {m} is not a sane limit")))
+        }
+        other => other.map(|m| m << 20),
+    };
+    let opts = SpawnOptions { memory_limit_bytes, cpu_millis: cpu_limit_millis, pids_max: pids_limit };
+    opts.validate().map_err(|e| ApiError::bad_request(e.to_string()))?;
+    Ok(opts)
+}
+
+/// What `opts` puts in a new sandbox's row.
+fn with_limits(origin: Origin, opts: &SpawnOptions) -> Origin {
+    Origin {
+        memory_limit_bytes: opts.memory_limit_bytes,
+        cpu_millis: opts.cpu_millis,
+        pids_max: opts.pids_max,
+        ..origin
     }
 }
 
@@ -167,7 +187,7 @@ pub async fn create(
     JsonBody(req): JsonBody<CreateSandboxRequest>,
 ) -> Result<(StatusCode, Json<Vec<SandboxInfo>>), ApiError> {
     check_count(req.n)?;
-    let limit = limit_bytes(req.memory_limit_mib)?;
+    let limits = asked_limits(req.memory_limit_mib, req.cpu_limit_millis, req.pids_limit)?;
     if req.per_child_netns {
         return Err(ApiError::bad_request("per_child_netns is not supported: forkvm guests have no network device"));
     }
@@ -185,11 +205,10 @@ pub async fn create(
         let origin = Origin {
             template: source.template().map(String::from),
             source_tag: Some(req.snapshot_tag.clone()),
-            forked_from: None,
-            memory_limit_bytes: limit,
+            ..Origin::default()
         };
-        s.begin_sandboxes(&ids, &op, &origin)?;
-        let order = SpawnOrder { tag: req.snapshot_tag.clone(), ids: ids.clone(), memory_limit_bytes: limit };
+        s.begin_sandboxes(&ids, &op, &with_limits(origin, &limits))?;
+        let order = SpawnOrder { tag: req.snapshot_tag.clone(), ids: ids.clone(), limits };
         let made = spawner.start_vmms(&order).map_err(|r| ApiError::new(r.code, r.message)).and_then(|vmms| {
             let ready = forkvm_sandbox::finish(&s.registry, vmms.records, started).map_err(ApiError::from)?;
             forkvm_sandbox::ready::learn_memory(vmms.memory_playbook.as_deref(), &ready);
@@ -207,16 +226,17 @@ pub async fn fork(
     JsonBody(req): JsonBody<ForkSandboxRequest>,
 ) -> Result<(StatusCode, Json<Vec<SandboxInfo>>), ApiError> {
     check_count(req.n)?;
-    let limit = limit_bytes(req.memory_limit_mib)?;
+    let asked = asked_limits(req.memory_limit_mib, req.cpu_limit_millis, req.pids_limit)?;
     let ttl = s.lifecycle.ttl_for(req.ttl_seconds)?;
     s.blocking(move |s| {
         let started = Instant::now();
         let (source, _in_use) = use_sandbox(&s, &id)?;
         let op = op_id("fork");
         let ids: Vec<String> = (0..req.n).map(|_| new_sandbox_id()).collect();
-        let origin = Origin { forked_from: Some(id.clone()), memory_limit_bytes: limit, ..Origin::of(&source) };
-        s.begin_sandboxes(&ids, &op, &origin)?;
-        let opts = SpawnOptions { memory_limit_bytes: limit };
+        // The children keep their source's limits, but for those asked anew.
+        let opts = SpawnOptions::of_record(&source).overridden_by(asked);
+        let origin = Origin { forked_from: Some(id.clone()), ..Origin::of(&source) };
+        s.begin_sandboxes(&ids, &op, &with_limits(origin, &opts))?;
         let made = forkvm_sandbox::fork_running_as(&s.registry, &id, &ids, &opts)
             .map(|(sandboxes, _pause_ms)| sandboxes)
             .map_err(ApiError::from);
@@ -266,7 +286,7 @@ pub async fn disk_fork(
     Param(id): Param,
     JsonBody(req): JsonBody<DiskForkRequest>,
 ) -> Result<(StatusCode, Json<SandboxInfo>), ApiError> {
-    let limit = limit_bytes(req.memory_limit_mib)?;
+    let limits = asked_limits(req.memory_limit_mib, req.cpu_limit_millis, req.pids_limit)?;
     let ttl = s.lifecycle.ttl_for(req.ttl_seconds)?;
     s.blocking(move |s| {
         let started = Instant::now();
@@ -279,10 +299,10 @@ pub async fn disk_fork(
         }
         let spawner = s.spawner.clone().ok_or_else(|| ApiError::internal("this daemon has no spawner process"))?;
         let new_id = new_sandbox_id();
-        let origin = Origin { forked_from: Some(id.clone()), memory_limit_bytes: limit, ..Origin::default() };
-        s.begin_sandboxes(std::slice::from_ref(&new_id), &op_id("disk-fork"), &origin)?;
+        let origin = Origin { forked_from: Some(id.clone()), ..Origin::default() };
+        s.begin_sandboxes(std::slice::from_ref(&new_id), &op_id("disk-fork"), &with_limits(origin, &limits))?;
         let made = spawner
-            .start_disk_fork(&id, req.seq, &new_id, limit, restore_mode(req.restore))
+            .start_disk_fork(&id, req.seq, &new_id, limits, restore_mode(req.restore))
             .map_err(|r| crate::spawner::refused(r, "conflict"))
             .and_then(|record| {
                 let timeout = forkvm_sandbox::guest::BOOT_TIMEOUT;

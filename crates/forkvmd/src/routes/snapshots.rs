@@ -66,6 +66,8 @@ pub async fn create(
     JsonBody(req): JsonBody<CreateSnapshotRequest>,
 ) -> Result<(StatusCode, Json<SnapshotInfo>), ApiError> {
     validate_tag(&req.tag)?;
+    let d = req.default_limits.unwrap_or_default();
+    let defaults = super::sandboxes::asked_limits(d.memory_limit_mib, d.cpu_limit_millis, d.pids_limit)?;
     s.blocking(move |s| {
         s.store.check_free(&req.tag)?;
         let artifacts = forkvm_sandbox::Artifacts::ensure(&req.template, &mut |event| {
@@ -77,7 +79,7 @@ pub async fn create(
         })?;
         let template =
             forkvm_sandbox::ensure_template_snapshot(artifacts).map_err(|e| ApiError::internal(e.to_string()))?;
-        forkvm_sandbox::publish_template(&s.store, &template, &req.tag)
+        forkvm_sandbox::publish_template(&s.store, &template, &req.tag, &defaults)
             .map_err(|e| ApiError::new(e.code(), e.to_string()))?;
         Ok((StatusCode::CREATED, Json(record_new(&s, &req.tag)?)))
     })

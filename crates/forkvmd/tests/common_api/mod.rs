@@ -110,6 +110,8 @@ pub fn fake_started(e: &Env, id: &str, source_tag: Option<&str>, forked_from: Op
         forked_from: forked_from.map(String::from),
         created_at_unix_ms: 0,
         memory_limit_bytes: None,
+        cpu_millis: None,
+        pids_max: None,
         cgroup: None,
         disks: Vec::new(),
     };

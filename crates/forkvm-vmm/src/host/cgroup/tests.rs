@@ -349,3 +349,43 @@ fn real_memory_limit_oom_kills() {
     assert!(events > 0, "the limit was never hit");
     group.remove().unwrap();
 }
+
+#[test]
+fn v2_services_get_their_own_group_and_weight_and_find_the_same_root() {
+    let (tree, root) = v2_root(&[], "cpu memory pids");
+    let dir = root.join_service(Service::Daemon).unwrap();
+    assert_eq!(dir, root.dir().join("daemon"));
+    assert_eq!(read(&dir.join("cgroup.procs")), "0");
+    assert_eq!(read(&dir.join("cpu.weight")), "800");
+    // From inside its group (whose cgroup.controllers the kernel would fill), the
+    // daemon finds the forkvm group it is in.
+    std::fs::write(dir.join("cgroup.controllers"), "cpu memory pids").unwrap();
+    let inside = CgroupRoot::detect_from(V2_MOUNTINFO, "0::/forkvmd.service/forkvm/daemon\n", tree.path());
+    assert_eq!(inside.unwrap().dir(), root.dir());
+}
+
+#[test]
+fn v1_services_join_every_hierarchy_with_cpu_shares() {
+    let tree = fake_tree(&[("sys/fs/cgroup/memory/process_api/3b89/tasks", ""), ("sys/fs/cgroup/cpu/tasks", "")]);
+    let root = CgroupRoot::detect_from(HYBRID_MOUNTINFO, HYBRID_CGROUP, tree.path()).unwrap();
+    let dir = root.join_service(Service::Spawner).unwrap();
+    assert_eq!(dir, tree.path().join("sys/fs/cgroup/memory/process_api/3b89/forkvm/spawner"));
+    assert_eq!(read(&dir.join("cgroup.procs")), "0");
+    let cpu = tree.path().join("sys/fs/cgroup/cpu/forkvm/spawner");
+    assert_eq!((read(&cpu.join("cgroup.procs")).as_str(), read(&cpu.join("cpu.shares")).as_str()), ("0", "4096"));
+    let inside = "4:memory:/process_api/3b89/forkvm/spawner\n1:cpu:/forkvm/spawner\n";
+    assert_eq!(CgroupRoot::detect_from(HYBRID_MOUNTINFO, inside, tree.path()).unwrap().dir(), root.dir());
+}
+
+#[test]
+fn service_names_are_no_sandbox_names_and_sweeps_keep_their_groups() {
+    for name in ["daemon", "spawner"] {
+        assert!(matches!(validate_name(name), Err(CgroupError::InvalidName(_))), "{name}");
+    }
+    let (_tree, root) = v2_root(&[], "memory");
+    let dir = root.join_service(Service::Daemon).unwrap();
+    // The fake group's cgroup.procs says "0"; empty it as if the daemon had gone.
+    std::fs::write(dir.join("cgroup.procs"), "").unwrap();
+    assert_eq!(root.sweep(&|_| false), Vec::<String>::new());
+    assert!(dir.is_dir());
+}
