@@ -138,6 +138,7 @@ fn one_config(store: &Path, mem_mib: u64, mode: BranchMode, runs: usize, gap: Du
                 mode,
                 wait,
                 disks: Default::default(),
+                default_limits: None,
             })
             .with_context(|| format!("branch {i} of {mem_mib} MiB ({mode:?})"))?;
         if mode == BranchMode::Live {

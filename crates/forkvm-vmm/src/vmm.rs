@@ -385,8 +385,13 @@ impl Vmm {
         forkvm_snapshot::validate_tag(&tag)?;
         let was_running = self.state == RunState::Running;
         self.pause()?;
-        let result =
-            self.write_full(dir, &tag, None, branch::DiskCapture::Link, &mut crate::phase_timer::PhaseTimer::new());
+        let result = self.write_full(
+            dir,
+            &tag,
+            &branch::Lineage::default(),
+            branch::DiskCapture::Link,
+            &mut crate::phase_timer::PhaseTimer::new(),
+        );
         let paused_for = started.elapsed();
         if was_running {
             self.resume()?;

@@ -19,7 +19,14 @@ use vm_memory::{Bytes, GuestAddress};
 const STEPS: u64 = 600_000_000;
 
 fn request(store: &Path, tag: Option<&str>, mode: BranchMode) -> BranchRequest {
-    BranchRequest { store: store.to_path_buf(), tag: tag.map(Into::into), mode, wait: true, disks: Default::default() }
+    BranchRequest {
+        store: store.to_path_buf(),
+        tag: tag.map(Into::into),
+        mode,
+        wait: true,
+        disks: Default::default(),
+        default_limits: None,
+    }
 }
 
 fn counter(vmm: &Vmm) -> u64 {

@@ -58,6 +58,7 @@ fn a_crash_while_writing_leaves_no_ready_snapshot() {
         mode: BranchMode::Live,
         wait: false,
         disks: Default::default(),
+        default_limits: None,
     };
     let report = ctl.call(&Request::Branch(req)).unwrap();
     assert_eq!(report["status"], "writing");
@@ -89,6 +90,7 @@ fn a_waited_live_branch_does_not_block_other_requests() {
             mode: BranchMode::Live,
             wait: true,
             disks: Default::default(),
+            default_limits: None,
         };
         let started = Instant::now();
         let report = ctl.call(&Request::Branch(req)).unwrap();

@@ -3,8 +3,8 @@
 //! transparently; a TTL of 2 s archives a sandbox (never deletes it): it is listed as
 //! `archived` (reason `ttl`), also after a daemon restart, and a restore brings it back
 //! with its files; a manual archive and restore does the same; delete removes the archive.
-//! CPU and tasks limits asked per spawn hold in the cgroup, and a fork of a running
-//! sandbox and a restore keep them.
+//! CPU and tasks limits asked per spawn hold in the cgroup; a fork of a running sandbox,
+//! a restore and a branch keep them, and a template's tag can set defaults.
 
 use std::time::{Duration, Instant};
 
@@ -173,9 +173,9 @@ fn limits_asked_per_spawn_hold_and_forks_and_restores_keep_them() {
     assert_eq!(env.json(&["ps", "--json"]), serde_json::json!([]), "a refused spawn left a sandbox");
 
     let made =
-        env.json(&["fork", "--tag", "t", "-n", "1", "--cpu-limit-millis", "500", "--pids-limit", "200", "--json"]);
+        env.json(&["fork", "--tag", "t", "-n", "1", "--cpu-limit-millis", "1500", "--pids-limit", "200", "--json"]);
     let a = made["sandboxes"][0]["sandbox_id"].as_str().unwrap().to_string();
-    assert_limits(&env, &a, 500, 200);
+    assert_limits(&env, &a, 1500, 200);
     // Without flags, the defaults.
     let plain = env.json(&["fork", "--tag", "t", "-n", "1", "--json"]);
     let p = plain["sandboxes"][0]["sandbox_id"].as_str().unwrap().to_string();
@@ -184,7 +184,14 @@ fn limits_asked_per_spawn_hold_and_forks_and_restores_keep_them() {
     // A fork of the running sandbox keeps its CPU limit and takes the tasks limit asked.
     let forked = env.json(&["fork", "--from-sandbox", &a, "-n", "1", "--pids-limit", "300", "--json"]);
     let c = forked["sandboxes"][0]["sandbox_id"].as_str().unwrap().to_string();
-    assert_limits(&env, &c, 500, 300);
+    assert_limits(&env, &c, 1500, 300);
+
+    // A branch of it keeps them as its tag's defaults (a full branch writes the same
+    // snapshot.json), and so do the sandboxes spawned from it.
+    let b = env.json(&["branch", &a, "--mode", "live", "--tag", "a-live", "--json"]);
+    assert_eq!(b["default_limits"], serde_json::json!({"cpu_limit_millis": 1500, "pids_limit": 200}), "{b}");
+    let from_branch = env.json(&["fork", "--tag", "a-live", "-n", "1", "--json"]);
+    assert_limits(&env, from_branch["sandboxes"][0]["sandbox_id"].as_str().unwrap(), 1500, 200);
 
     // Archived, it has no cgroup and shows none; restored, it has its limits again.
     env.ok(&["archive", &a]);
@@ -195,7 +202,7 @@ fn limits_asked_per_spawn_hold_and_forks_and_restores_keep_them() {
         "{archived}"
     );
     env.ok(&["unarchive", &a]);
-    assert_limits(&env, &a, 500, 200);
+    assert_limits(&env, &a, 1500, 200);
 
     // A tag's defaults: a spawn from it takes them, but for what it asks. Bad defaults
     // make no tag.

@@ -139,6 +139,7 @@ pub fn archive(
         mode: BranchMode::Full,
         wait: true,
         disks: DiskCapture::Reference,
+        default_limits: None,
     };
     let captured = verbs::call(&record, |c| c.branch(req)).map_err(|e| resume(e.into()))?;
     let sealed = seal::seal_capture(store, &record, &captured.dir, &partial);

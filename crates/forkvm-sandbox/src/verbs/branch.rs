@@ -33,7 +33,14 @@ pub fn branch_to_dir(
 ) -> Result<BranchReport, LifecycleError> {
     let (r, _) = check_ready(registry, id)?;
     // The VMM checks the tag (rule, collision) before it pauses anything.
-    let req =
-        BranchRequest { store: dir.to_path_buf(), tag: tag.map(String::from), mode, wait, disks: Default::default() };
+    // The branch keeps the limits the sandbox was started with, as its defaults.
+    let req = BranchRequest {
+        store: dir.to_path_buf(),
+        tag: tag.map(String::from),
+        mode,
+        wait,
+        disks: Default::default(),
+        default_limits: crate::SpawnOptions::of_record(&r).as_snapshot_defaults(),
+    };
     call(&r, |c| c.branch(req))
 }

@@ -68,6 +68,18 @@ pub struct BranchRequest {
     /// How the snapshot holds the VM's disk files.
     #[serde(default)]
     pub disks: DiskCapture,
+    /// The limits sandboxes spawned from the branch get unless they ask for others: the
+    /// source sandbox's (written in its `snapshot.json`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_limits: Option<forkvm_snapshot::DefaultLimits>,
+}
+
+/// Where a snapshot comes from, as its `snapshot.json` says.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Lineage {
+    /// The sandbox it was branched from.
+    pub branched_from: Option<String>,
+    pub default_limits: Option<forkvm_snapshot::DefaultLimits>,
 }
 
 /// How a branch puts the VM's disk files (images, bases, sealed layers) in its `disk/`.
@@ -249,13 +261,14 @@ impl Vmm {
         self.pause().map_err(BranchError::Pause)?;
         phases.mark("pause");
         let branched_from = self.labels.sandbox_id.clone();
+        let lineage = Lineage { branched_from: branched_from.clone(), default_limits: req.default_limits };
         let written = match req.mode {
             BranchMode::Full => {
-                let full = self.write_full(&dir, &tag, branched_from.clone(), req.disks, &mut phases);
+                let full = self.write_full(&dir, &tag, &lineage, req.disks, &mut phases);
                 full.map(|(a, m)| (Some(a), m, None))
             }
             BranchMode::Live => {
-                let live = self.start_live(&dir, &tag, branched_from.clone(), req.disks, &mut phases);
+                let live = self.start_live(&dir, &tag, &lineage, req.disks, &mut phases);
                 live.map(|(m, w)| (None, m, Some(w)))
             }
         };
@@ -316,7 +329,7 @@ impl Vmm {
         status: SnapshotStatus,
         allocated: u64,
         disks: Vec<DiskMeta>,
-        branched_from: Option<String>,
+        lineage: &Lineage,
     ) -> SnapshotMeta {
         SnapshotMeta {
             format_version: forkvm_snapshot::METADATA_FORMAT_VERSION,
@@ -329,7 +342,7 @@ impl Vmm {
             guest: GuestIdentity { kind: self.guest.kind.clone(), name: self.guest.name.clone(), content_hash: None },
             parent_tag: None,
             parent_hash: None,
-            branched_from,
+            branched_from: lineage.branched_from.clone(),
             volumes: Vec::new(),
             memory_bytes_allocated: allocated,
             writer_pid: (status == SnapshotStatus::Writing).then(std::process::id),
@@ -341,7 +354,7 @@ impl Vmm {
             template: self.labels.template.clone(),
             memory_format: forkvm_snapshot::MemoryFormat::Image,
             content_hash: None,
-            default_limits: None,
+            default_limits: lineage.default_limits,
         }
     }
 
@@ -351,7 +364,7 @@ impl Vmm {
         &mut self,
         dir: &Path,
         tag: &str,
-        branched_from: Option<String>,
+        lineage: &Lineage,
         capture: DiskCapture,
         phases: &mut PhaseTimer,
     ) -> Result<(u64, u64), VmmError> {
@@ -378,7 +391,7 @@ impl Vmm {
         }
         phases.mark("write_memory");
         let allocated = forkvm_snapshot::allocated_bytes(&image).map_err(VmmError::MeasureImage)?;
-        let meta = self.snapshot_meta(tag, &state, SnapshotStatus::Ready, allocated, disks, branched_from);
+        let meta = self.snapshot_meta(tag, &state, SnapshotStatus::Ready, allocated, disks, lineage);
         forkvm_snapshot::write_meta(&writer.path(SNAPSHOT_JSON), &meta)?;
         writer.commit()?;
         phases.mark("commit");
@@ -391,7 +404,7 @@ impl Vmm {
         &mut self,
         dir: &Path,
         tag: &str,
-        branched_from: Option<String>,
+        lineage: &Lineage,
         req_disks: DiskCapture,
         phases: &mut PhaseTimer,
     ) -> Result<(u64, (LiveWrite, LiveOutcome)), VmmError> {
@@ -408,7 +421,7 @@ impl Vmm {
         let disks = self.capture_disks(writer.staging(), &seals, true, req_disks)?;
         let mem_size = state.mem_size;
         let image = forkvm_snapshot::create_image(&writer.path(MEMORY_IMG), mem_size)?;
-        let meta = self.snapshot_meta(tag, &state, SnapshotStatus::Writing, 0, disks, branched_from);
+        let meta = self.snapshot_meta(tag, &state, SnapshotStatus::Writing, 0, disks, lineage);
         forkvm_snapshot::write_meta_unsynced(&writer.path(SNAPSHOT_JSON), &meta)?;
         let final_dir = writer.publish_unsynced()?;
         // Everything the writer needs is computed before fork(): the child only reads
