@@ -11,6 +11,8 @@ use std::collections::HashSet;
 pub fn sandbox_info(row: &SandboxRow) -> SandboxInfo {
     let r = &row.record;
     let has_vmm = row.state != SandboxState::Archived && r.pid > 0;
+    // What its group holds: what was asked, the defaults for the rest.
+    let group_limits = r.cgroup.as_ref().map(|_| crate::SpawnOptions::of_record(r).limits());
     SandboxInfo {
         id: r.id.clone(),
         snapshot_tag: r.source_tag.clone(),
@@ -19,8 +21,8 @@ pub fn sandbox_info(row: &SandboxRow) -> SandboxInfo {
         created_at_unix: r.created_at_unix_ms / 1000,
         pid: has_vmm.then_some(r.pid),
         memory_limit_mib: r.memory_limit_bytes.map(|b| b >> 20),
-        cpu_limit_millis: r.cgroup.as_ref().and(crate::SpawnOptions::of_record(r).limits().cpu_millis),
-        pids_limit: r.cgroup.as_ref().and(crate::SpawnOptions::of_record(r).limits().pids_max),
+        cpu_limit_millis: group_limits.and_then(|l| l.cpu_millis),
+        pids_limit: group_limits.and_then(|l| l.pids_max),
         has_branched: row.branch_count > 0,
         last_branch_memory_path: None,
         branch_count: row.branch_count,
