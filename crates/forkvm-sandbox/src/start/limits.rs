@@ -78,6 +78,23 @@ impl SpawnOptions {
         })
     }
 
+    /// The limits children of running sandbox `source` get when `asked` these: its own,
+    /// but for those asked anew (the one rule for a fork, the daemon's row and the
+    /// library's start alike).
+    pub fn for_fork_of(source: &SandboxRecord, asked: SpawnOptions) -> SpawnOptions {
+        SpawnOptions::of_record(source).overridden_by(asked)
+    }
+
+    /// `origin` with these limits, as a new sandbox's row keeps them.
+    pub fn recorded_in(&self, origin: crate::registry::Origin) -> crate::registry::Origin {
+        crate::registry::Origin {
+            memory_limit_bytes: self.memory_limit_bytes,
+            cpu_millis: self.cpu_millis,
+            pids_max: self.pids_max,
+            ..origin
+        }
+    }
+
     /// These options with every limit `asked` sets taking the place of this one's.
     pub fn overridden_by(self, asked: SpawnOptions) -> SpawnOptions {
         SpawnOptions {

@@ -139,12 +139,7 @@ impl<'r> Batch<'r> {
         opts.validate()?;
         // The record keeps what was asked (a fork or restore asks the same), not the
         // defaults, which a start without cgroups does not have.
-        let origin = Origin {
-            memory_limit_bytes: opts.memory_limit_bytes,
-            cpu_millis: opts.cpu_millis,
-            pids_max: opts.pids_max,
-            ..origin
-        };
+        let origin = opts.recorded_in(origin);
         let limits = opts.limits();
         let records: Vec<SandboxRecord> =
             ids.iter().map(|id| registry.new_record(id, origin.clone())).collect::<Result<_, _>>()?;

@@ -34,7 +34,7 @@ pub fn fork_running_as(
     let started = Instant::now();
     let origin = Origin { forked_from: Some(source.id.clone()), ..Origin::of(&source) };
     // The children keep their source's limits, but for those asked anew.
-    let opts = SpawnOptions::of_record(&source).overridden_by(*opts);
+    let opts = SpawnOptions::for_fork_of(&source, *opts);
     let mut batch = Batch::begin(registry, ids, origin, &opts)?;
     let children: Vec<ForkChild> = batch.records_mut().iter_mut().map(|r| fork_child(&source, r)).collect();
     let report: ForkReport = call(&source, |c| c.fork(children))?;

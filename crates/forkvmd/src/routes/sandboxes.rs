@@ -50,16 +50,6 @@ pub(crate) fn asked_limits(
     Ok(opts)
 }
 
-/// What `opts` puts in a new sandbox's row.
-fn with_limits(origin: Origin, opts: &SpawnOptions) -> Origin {
-    Origin {
-        memory_limit_bytes: opts.memory_limit_bytes,
-        cpu_millis: opts.cpu_millis,
-        pids_max: opts.pids_max,
-        ..origin
-    }
-}
-
 /// A new operation id (names the call in the database).
 fn op_id(kind: &str) -> String {
     format!("{kind}-{}", new_sandbox_id())
@@ -207,7 +197,7 @@ pub async fn create(
             source_tag: Some(req.snapshot_tag.clone()),
             ..Origin::default()
         };
-        s.begin_sandboxes(&ids, &op, &with_limits(origin, &limits))?;
+        s.begin_sandboxes(&ids, &op, &limits.recorded_in(origin))?;
         let order = SpawnOrder { tag: req.snapshot_tag.clone(), ids: ids.clone(), limits };
         let made = spawner.start_vmms(&order).map_err(|r| ApiError::new(r.code, r.message)).and_then(|vmms| {
             let ready = forkvm_sandbox::finish(&s.registry, vmms.records, started).map_err(ApiError::from)?;
@@ -234,9 +224,9 @@ pub async fn fork(
         let op = op_id("fork");
         let ids: Vec<String> = (0..req.n).map(|_| new_sandbox_id()).collect();
         // The children keep their source's limits, but for those asked anew.
-        let opts = SpawnOptions::of_record(&source).overridden_by(asked);
+        let opts = SpawnOptions::for_fork_of(&source, asked);
         let origin = Origin { forked_from: Some(id.clone()), ..Origin::of(&source) };
-        s.begin_sandboxes(&ids, &op, &with_limits(origin, &opts))?;
+        s.begin_sandboxes(&ids, &op, &opts.recorded_in(origin))?;
         let made = forkvm_sandbox::fork_running_as(&s.registry, &id, &ids, &opts)
             .map(|(sandboxes, _pause_ms)| sandboxes)
             .map_err(ApiError::from);
@@ -300,7 +290,7 @@ pub async fn disk_fork(
         let spawner = s.spawner.clone().ok_or_else(|| ApiError::internal("this daemon has no spawner process"))?;
         let new_id = new_sandbox_id();
         let origin = Origin { forked_from: Some(id.clone()), ..Origin::default() };
-        s.begin_sandboxes(std::slice::from_ref(&new_id), &op_id("disk-fork"), &with_limits(origin, &limits))?;
+        s.begin_sandboxes(std::slice::from_ref(&new_id), &op_id("disk-fork"), &limits.recorded_in(origin))?;
         let made = spawner
             .start_disk_fork(&id, req.seq, &new_id, limits, restore_mode(req.restore))
             .map_err(|r| crate::spawner::refused(r, "conflict"))
