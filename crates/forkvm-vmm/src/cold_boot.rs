@@ -2,16 +2,16 @@
 //! rather than from memory (a disk-only fork) runs in.
 //!
 //! Like a zygote child ([`crate::zygote`]), the process is forked from the caller,
-//! detaches, joins its cgroup, builds its VM — here by booting the kernel — and serves
+//! detaches, is moved into its cgroup, builds its VM — here by booting the kernel — and serves
 //! its control socket until the VM stops; it owns and removes its run directory.
 
 use crate::arch::x86_64::cpuid::CpuTemplate;
 use crate::builder::{boot, BootConfig, Payload};
 use crate::devices::serial::ConsoleOut;
 use crate::host::open_kvm;
-use crate::host::process::{close_fds_except, detach_stdio, fork_and_run};
+use crate::host::process::{close_fds_except, detach_stdio};
 use crate::vstate::irqchip::IrqchipMode;
-use crate::zygote::{open_console_log, serve_to_exit_code, ChildSpec, ZygoteError, EXIT_RESTORE_FAILED};
+use crate::zygote::{fork_vmm, open_console_log, serve_to_exit_code, ChildSpec, ZygoteError, EXIT_RESTORE_FAILED};
 use std::io::Write;
 
 /// The machine a cold-booted VMM builds.
@@ -30,38 +30,32 @@ pub fn boot_detached(machine: Machine, spec: ChildSpec) -> Result<libc::pid_t, Z
     let log = open_console_log(spec.console_log.as_deref())?;
     // Opened here: the child's jail may not show /dev/kvm.
     let kvm = open_kvm()?;
-    let jail = spec.owned.jail.clone();
-    let fork = move || {
-        fork_and_run(true, move || {
-            detach_stdio(log.as_ref().map(crate::devices::console_log::ConsoleLog::file));
-            let mut error_log = log.as_ref().and_then(|f| f.file().try_clone().ok());
-            // The VMM outlives its caller: it keeps none of the caller's files or sockets.
-            use std::os::fd::AsRawFd;
-            let mut keep = vec![0, 1, 2, kvm.as_raw_fd()];
-            keep.extend(spec.owned.jail_fds());
-            keep.extend(log.as_ref().map(|f| f.file().as_raw_fd()));
-            keep.extend(error_log.as_ref().map(|f| f.as_raw_fd()));
-            close_fds_except(&keep);
-            let fail = |msg: String, error_log: &mut Option<std::fs::File>| {
-                if let Some(f) = error_log.as_mut() {
-                    let _ = writeln!(f, "\n[forkvm] {msg}");
-                }
-                EXIT_RESTORE_FAILED
-            };
-            let group = match spec.owned.enter(None) {
-                Ok(g) => g,
-                Err(e) => {
-                    let code = fail(format!("confining the VMM: {e}"), &mut error_log);
-                    spec.owned.release(None, true);
-                    return code;
-                }
-            };
-            let code = run(&kvm, machine, &spec, log, &mut error_log, fail);
-            spec.owned.release(group, code == EXIT_RESTORE_FAILED);
-            code
-        })
-    };
-    crate::host::jail::fork_into(jail.as_deref(), fork).map_err(ZygoteError::Jail)?.map_err(ZygoteError::Fork)
+    let owned = spec.owned.clone();
+    fork_vmm(&owned, true, move || {
+        detach_stdio(log.as_ref().map(crate::devices::console_log::ConsoleLog::file));
+        let mut error_log = log.as_ref().and_then(|f| f.file().try_clone().ok());
+        // The VMM outlives its caller: it keeps none of the caller's files or sockets.
+        use std::os::fd::AsRawFd;
+        let mut keep = vec![0, 1, 2, kvm.as_raw_fd()];
+        keep.extend(spec.owned.jail_fds());
+        keep.extend(log.as_ref().map(|f| f.file().as_raw_fd()));
+        keep.extend(error_log.as_ref().map(|f| f.as_raw_fd()));
+        close_fds_except(&keep);
+        let fail = |msg: String, error_log: &mut Option<std::fs::File>| {
+            if let Some(f) = error_log.as_mut() {
+                let _ = writeln!(f, "\n[forkvm] {msg}");
+            }
+            EXIT_RESTORE_FAILED
+        };
+        if let Err(e) = spec.owned.enter() {
+            let code = fail(format!("confining the VMM: {e}"), &mut error_log);
+            spec.owned.release(true);
+            return code;
+        }
+        let code = run(&kvm, machine, &spec, log, &mut error_log, fail);
+        spec.owned.release(code == EXIT_RESTORE_FAILED);
+        code
+    })
 }
 
 fn run(

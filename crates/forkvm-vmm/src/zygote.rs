@@ -17,7 +17,7 @@ use crate::control::serve_until_exit;
 use crate::devices::attach::DeviceConfig;
 use crate::devices::console_log::ConsoleLog;
 use crate::devices::serial::ConsoleOut;
-use crate::host::process::{close_fds_except, detach_stdio, fork_and_run};
+use crate::host::process::{close_fds_except, detach_stdio};
 use crate::host::{open_kvm, KvmUnavailable};
 use crate::vstate::memory_playbook::MemoryPrefetch;
 use crate::vstate::vcpu::VcpuExitReason;
@@ -26,6 +26,12 @@ use std::fs::File;
 use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+
+mod owned;
+
+pub(crate) use owned::fork_vmm;
+use owned::STOP_REQUESTED;
+pub use owned::{EnterError, Owned};
 
 /// Opens a child's console log for appending (created if missing, bounded: see
 /// `devices::console_log`), before the fork.
@@ -57,52 +63,6 @@ pub enum ZygoteError {
     Jail(crate::host::jail::JailError),
 }
 
-/// A pipe a forked child waits on until its parent has moved it into its cgroup.
-struct Gate {
-    read: std::os::fd::OwnedFd,
-    write: std::os::fd::OwnedFd,
-}
-
-impl Gate {
-    fn new() -> std::io::Result<Gate> {
-        use std::os::fd::FromRawFd;
-        let mut fds = [0; 2];
-        // SAFETY: pipe2 writes two descriptors into the array.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: both descriptors were just made and are owned by nothing else.
-        Ok(unsafe {
-            Gate { read: std::os::fd::OwnedFd::from_raw_fd(fds[0]), write: std::os::fd::OwnedFd::from_raw_fd(fds[1]) }
-        })
-    }
-
-    /// In the child: whether the parent moved it (a byte) or not (end of file).
-    fn wait(&self) -> bool {
-        use std::os::fd::AsRawFd;
-        // SAFETY: the child's copy of the write end, closed once here (its OwnedFd in
-        // this copy of the process is never dropped: the child leaves through _exit).
-        unsafe { libc::close(self.write.as_raw_fd()) };
-        let mut byte = 0u8;
-        loop {
-            // SAFETY: reads at most one byte into a local.
-            let n = unsafe { libc::read(self.read.as_raw_fd(), (&mut byte as *mut u8).cast(), 1) };
-            if n >= 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-                return n == 1;
-            }
-        }
-    }
-
-    /// In the parent: lets the child go, saying whether it was moved.
-    fn open_if(self, moved: bool) {
-        use std::os::fd::AsRawFd;
-        if moved {
-            // SAFETY: writes one byte from a local to the pipe.
-            unsafe { libc::write(self.write.as_raw_fd(), b"1".as_ptr().cast(), 1) };
-        }
-    }
-}
-
 /// One child to start.
 #[derive(Debug, Default)]
 pub struct ChildSpec {
@@ -121,120 +81,6 @@ pub struct ChildSpec {
     pub labels: crate::vmm::VmmLabels,
     /// What the child owns and removes when its VM stops.
     pub owned: Owned,
-}
-
-/// Whether this VMM process's VM stopped because it was asked to (`Owned::release`).
-static STOP_REQUESTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// What a sandbox's VMM process owns: it joins the cgroup before it builds the VM (so
-/// the VM's memory is charged there) and removes the cgroup and the run directory when
-/// the VM stops — nothing of a sandbox outlives it.
-#[derive(Debug, Default)]
-pub struct Owned {
-    /// Run directory (control and vsock sockets, console log), removed at exit.
-    pub run_dir: Option<PathBuf>,
-    /// Memory cgroup (name under the forkvm cgroup root) the process runs in.
-    pub cgroup: Option<String>,
-    /// Whether the process runs under its seccomp filters (`host::seccomp`).
-    pub seccomp: crate::host::seccomp::Seccomp,
-    /// The jail the process enters (`host::jail`); None: it stays where it was forked
-    /// (a fork of a running VMM is born in its parent's).
-    pub jail: Option<std::sync::Arc<crate::host::jail::JailNamespaces>>,
-}
-
-/// Why a VMM process could not be confined ([`Owned::enter`]).
-#[derive(Debug, thiserror::Error)]
-pub enum EnterError {
-    #[error("joining the sandbox cgroup: {0}")]
-    Cgroup(#[from] crate::host::cgroup::CgroupError),
-    #[error(transparent)]
-    Privileges(#[from] crate::host::privileges::PrivilegeError),
-    #[error(transparent)]
-    Seccomp(#[from] crate::host::seccomp::SeccompError),
-    #[error(transparent)]
-    Rlimits(#[from] crate::host::rlimits::RlimitError),
-    #[error(transparent)]
-    Jail(#[from] crate::host::jail::JailError),
-}
-
-impl Owned {
-    /// Confines the calling VMM process before it runs guest code: joins the cgroup, if
-    /// any, enters its jail ([`crate::host::jail`]), if any, drops every privilege
-    /// ([`crate::host::privileges`]), sets its resource limits ([`crate::host::rlimits`]),
-    /// then puts the process under its seccomp filters ([`crate::host::seccomp`]) unless they are off. Call it
-    /// while the process has one thread. Errors name the step.
-    /// `joined`: the group whoever forked the process already moved it into.
-    pub fn enter(
-        &self,
-        joined: Option<crate::host::cgroup::SandboxCgroup>,
-    ) -> Result<Option<crate::host::cgroup::SandboxCgroup>, EnterError> {
-        let group = match joined {
-            Some(group) => Some(group),
-            None => {
-                let group = self.open_cgroup(None)?;
-                if let Some(g) = &group {
-                    g.join(0)?;
-                }
-                group
-            }
-        };
-        if let Some(jail) = &self.jail {
-            // What the VMM reads of /proc later, opened while it can.
-            crate::vstate::memory_playbook::open_pagemap_early();
-            jail.enter()?;
-        }
-        crate::host::privileges::drop_privileges()?;
-        crate::host::rlimits::apply_vmm_rlimits()?;
-        if self.seccomp == crate::host::seccomp::Seccomp::Enforce {
-            crate::host::seccomp::enforce()?;
-        }
-        Ok(group)
-    }
-
-    /// Descriptors a forked VMM keeps until it has entered its jail (none without one).
-    pub fn jail_fds(&self) -> Vec<std::os::fd::RawFd> {
-        self.jail.iter().flat_map(|j| j.fds()).collect()
-    }
-
-    /// The process's cgroup, if it has one (it must exist: the starter made it), under
-    /// `root` (detected when not given).
-    pub fn open_cgroup(
-        &self,
-        root: Option<&crate::host::cgroup::CgroupRoot>,
-    ) -> Result<Option<crate::host::cgroup::SandboxCgroup>, crate::host::cgroup::CgroupError> {
-        use crate::host::cgroup::{CgroupError, CgroupRoot};
-        let Some(name) = &self.cgroup else { return Ok(None) };
-        let root = match root {
-            Some(r) => r,
-            None => CgroupRoot::detected()?,
-        };
-        root.open(name)
-            .map(Some)
-            .ok_or_else(|| CgroupError::Missing { name: name.clone(), root: root.dir().to_path_buf() })
-    }
-
-    /// Leaves and removes the cgroup, and removes the run directory — unless the VMM
-    /// failed: then its console log (which says why) stays for whoever waits for the
-    /// sandbox, and registry sweeps remove it once they see the VMM is gone. It also
-    /// stays when the VM stopped without being asked (the guest powered off) and its
-    /// disks were written: the registry salvages those writes into the sandbox's vault
-    /// before removing it.
-    pub fn release(&self, group: Option<crate::host::cgroup::SandboxCgroup>, failed: bool) {
-        let unasked_with_writes = || {
-            !STOP_REQUESTED.load(std::sync::atomic::Ordering::SeqCst)
-                && self.run_dir.as_ref().is_some_and(|d| {
-                    std::fs::read_dir(d.join("disks")).is_ok_and(|mut entries| entries.next().is_some())
-                })
-        };
-        if let (Some(dir), false) = (&self.run_dir, failed || unasked_with_writes()) {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-        if let Some(g) = group {
-            if let Err(e) = g.leave_and_remove() {
-                eprintln!("forkvm child {}: {e}", std::process::id());
-            }
-        }
-    }
 }
 
 #[derive(Debug)]
@@ -272,41 +118,16 @@ impl Zygote {
         self.memory_prefetch = Some(prefetch).filter(|p| !p.is_empty());
     }
 
-    /// Forks one child VMM; returns its pid. The child never returns from this call.
-    ///
-    /// The child's cgroup is joined from here, one child after another, and the child
-    /// waits for that before it builds anything (so its memory is charged there). Moves
-    /// into cgroups are cheap made in a row by one process (~0.1 ms for the three v1
-    /// hierarchies here) and slow made by a hundred fresh children at once, each its own
-    /// (~120 ms each in `bench spawn -n 100`: they contend for the cgroup locks and wait
-    /// out RCU grace periods). If the move fails here the child makes it itself.
+    /// Forks one child VMM ([`fork_vmm`]: moved into its cgroup before it goes on);
+    /// returns its pid. The child never returns from this call.
     pub fn spawn(&self, spec: ChildSpec) -> Result<libc::pid_t, ZygoteError> {
         let log = open_console_log(spec.console_log.as_deref())?;
         let detach = spec.detach;
-        let group = spec.owned.open_cgroup(None).map_err(ZygoteError::Cgroup)?;
-        let gate = group.as_ref().map(|_| Gate::new()).transpose().map_err(ZygoteError::Gate)?;
-        let jail = spec.owned.jail.clone();
-        let fork = || {
-            fork_and_run(detach, || {
-                let joined = group.clone().filter(|_| gate.as_ref().is_some_and(Gate::wait));
-                self.child_main(spec, log, joined)
-            })
-        };
-        let pid = crate::host::jail::fork_into(jail.as_deref(), fork)
-            .map_err(ZygoteError::Jail)?
-            .map_err(ZygoteError::Fork)?;
-        if let (Some(group), Some(gate)) = (group, gate) {
-            gate.open_if(group.join(pid as u32).is_ok());
-        }
-        Ok(pid)
+        let owned = spec.owned.clone();
+        fork_vmm(&owned, detach, || self.child_main(spec, log))
     }
 
-    fn child_main(
-        &self,
-        mut spec: ChildSpec,
-        log: Option<ConsoleLog>,
-        joined: Option<crate::host::cgroup::SandboxCgroup>,
-    ) -> i32 {
+    fn child_main(&self, mut spec: ChildSpec, log: Option<ConsoleLog>) -> i32 {
         if spec.detach {
             detach_stdio(log.as_ref().map(ConsoleLog::file));
         }
@@ -337,20 +158,17 @@ impl Zygote {
             EXIT_RESTORE_FAILED
         };
         let (started, cpu_before) = (std::time::Instant::now(), crate::phase_timer::thread_cpu_time());
-        let group = match spec.owned.enter(joined) {
-            Ok(g) => g,
-            Err(e) => {
-                let code = fail(format!("confining the VMM: {e}"), &mut error_log);
-                spec.owned.release(None, true);
-                return code;
-            }
-        };
+        if let Err(e) = spec.owned.enter() {
+            let code = fail(format!("confining the VMM: {e}"), &mut error_log);
+            spec.owned.release(true);
+            return code;
+        }
         let confine_us = (
             started.elapsed().as_secs_f64() * 1e6,
             (crate::phase_timer::thread_cpu_time().saturating_sub(cpu_before)).as_secs_f64() * 1e6,
         );
         let code = self.run_child(&spec, console, input, &mut error_log, confine_us, fail);
-        spec.owned.release(group, code == EXIT_RESTORE_FAILED);
+        spec.owned.release(code == EXIT_RESTORE_FAILED);
         code
     }
 

@@ -262,6 +262,12 @@ fn no_vmm_holds_a_secret_a_descriptor_of_the_daemon_or_a_privilege() {
         ] {
             assert!(!inside(absent).exists(), "{what} can name {}", absent.display());
         }
+        // No cgroup file either: its starter moved it into its group, and it cannot move
+        // itself out or raise its limits.
+        let cgroup_root = forkvm_vmm::host::cgroup::CgroupRoot::detect().expect("a cgroup on this host");
+        for group_dir in cgroup_root.forkvm_dirs().unwrap() {
+            assert!(!inside(&group_dir).exists(), "{what} can name {}", group_dir.display());
+        }
         // Hidden under an empty directory (read here with our privileges; the VMM, without
         // any, cannot even list it: mode 0).
         let state = inside(&dir.join("store/forkvmd"));

@@ -3,10 +3,11 @@
 //!
 //! The VMM gets forkvm's own files at their usual paths — the sandboxes' run directories
 //! (not the registry or the daemon's socket beside them), the snapshot store (not the
-//! daemon's state directory inside it), the artefact cache, forkvm's cgroup directories,
-//! `/dev/kvm` and `/dev/null` — plus, for a start from files elsewhere (a CLI given a
-//! disk image by path), the directories of its devices. The keys directory is hidden
-//! if it lies inside one of them. Everything else of the host is absent.
+//! daemon's state directory inside it), the artefact cache, `/dev/kvm` and `/dev/null`
+//! — plus, for a start from files elsewhere (a CLI given a disk image by path), the
+//! directories of its devices. The keys directory is hidden if it lies inside one of
+//! them. Everything else of the host is absent, cgroup files included: a VMM is moved
+//! into its group by its starter and never writes one.
 
 use crate::registry::Registry;
 use forkvm_vmm::devices::attach::DeviceConfig;
@@ -29,11 +30,6 @@ pub fn layout(registry: &Registry, devices: &DeviceConfig) -> JailLayout {
         .bind(&cache, true)
         .bind(Path::new(&kvm), true)
         .bind(Path::new("/dev/null"), true);
-    if let Ok(cgroups) = forkvm_vmm::host::cgroup::CgroupRoot::detected().and_then(|r| r.forkvm_dirs()) {
-        for dir in cgroups {
-            l = l.bind(&dir, true);
-        }
-    }
     for b in &devices.blocks {
         let mut paths = vec![b.path.clone()];
         if let Some(layers) = &b.layers {

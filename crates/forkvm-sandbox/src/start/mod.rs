@@ -211,6 +211,18 @@ impl<'r> Batch<'r> {
         self.started = i + 1;
     }
 
+    /// Moves child `i`'s VMM (started) into its cgroup, if it has one: for VMMs forked
+    /// by another VMM, which may not write cgroup files.
+    pub(crate) fn move_into_group(&self, i: usize) -> Result<(), SpawnError> {
+        let r = &self.records[i];
+        let Some(name) = &r.cgroup else { return Ok(()) };
+        let root = CgroupRoot::detected()?;
+        let group = root
+            .open(name)
+            .ok_or_else(|| CgroupError::Missing { name: name.clone(), root: root.dir().to_path_buf() })?;
+        Ok(group.join(r.pid as u32)?)
+    }
+
     /// Writes every child's VMM into its row, in one transaction, and hands the records
     /// out; without the rows the VMMs could not be found, so a failure stops them.
     pub(crate) fn commit(mut self) -> Result<Vec<SandboxRecord>, SpawnError> {

@@ -1,7 +1,9 @@
 //! Children of a running sandbox: its own VMM forks them (no disk round trip; the source
 //! pauses for the fork only). Each child gets its own run directory and cgroup from the
 //! [`Batch`], the source's disks linked into its own directory, and is then made ready
-//! like any other start.
+//! like any other start. The children are born in their source's cgroup and moved into
+//! their own from here, once the source reported their pids: until then (the few
+//! milliseconds of the call) what they allocate is charged to their source.
 
 use super::{new_sandbox_id, Batch, SpawnOptions};
 use crate::ready::{finish, SpawnedSandbox};
@@ -62,6 +64,10 @@ pub fn fork_running_as(
     for (i, pid) in host_pids.into_iter().flatten().enumerate() {
         batch.started(i, pid);
     }
+    // Born in the source's group; a VMM writes no cgroup file, so each is moved from here.
+    for i in 0..batch.records().len() {
+        batch.move_into_group(i)?;
+    }
     let pending = batch.commit()?;
     let sandboxes = finish(registry, pending, started)?;
     Ok((sandboxes, report.pause_ms))
@@ -82,6 +88,5 @@ fn fork_child(source: &SandboxRecord, r: &mut SandboxRecord) -> ForkChild {
         labels: VmmLabels { sandbox_id: Some(r.id.clone()), template: source.template.clone() },
         disk_dir: Some(r.disk_dir()),
         run_dir: Some(r.run_dir.clone()),
-        cgroup: r.cgroup.clone(),
     }
 }

@@ -10,12 +10,12 @@
 //! controllers the parent delegates. A limit for a controller the host lacks is skipped
 //! ([`CgroupRoot::controllers`] says which there are; `forkvm doctor` shows it).
 //!
-//! A cgroup directory can only be removed (rmdir) once no process is in it, so teardown has
-//! three paths:
-//! 1. the sandbox process, at its end, calls [`SandboxCgroup::leave_and_remove`]: it moves
-//!    itself to the shared leaf `forkvm/exiting` and removes its group;
-//! 2. a supervisor that saw the process die calls [`SandboxCgroup::remove`];
-//! 3. after a crash of everything (kill -9), [`CgroupRoot::sweep`] removes every empty group
+//! A sandbox process never writes a cgroup file: its starter moves it in
+//! ([`SandboxCgroup::join`] with its pid) before it builds its VM, and a cgroup directory
+//! can only be removed (rmdir) once no process is in it, so teardown has two paths:
+//! 1. a supervisor that saw the process end (`kill`, the registry's sweep) calls
+//!    [`SandboxCgroup::remove`];
+//! 2. after a crash of everything (kill -9), [`CgroupRoot::sweep`] removes every empty group
 //!    that is no longer wanted.
 //!
 //! forkvm's own processes, the daemon and its spawner, have groups beside the sandboxes'
@@ -32,8 +32,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// The shared leaf that exiting sandbox processes move to (in v2 a process cannot stay in
-/// the inner `forkvm` group). Not a valid sandbox name.
+/// The shared leaf that exiting sandbox processes of earlier versions moved to, kept by
+/// the sweep. Not a valid sandbox name.
 const EXITING: &str = "exiting";
 /// How long rmdir is retried while the group is still busy with leaving threads/processes.
 const RMDIR_RETRY_FOR: Duration = Duration::from_millis(100);
@@ -100,8 +100,6 @@ pub enum CgroupError {
     EnableController { controllers: String, path: PathBuf, source: io::Error },
     #[error("move pid {pid} into cgroup (write {path}): {source}")]
     Join { pid: u32, path: PathBuf, source: io::Error },
-    #[error("move the exiting process to the exiting leaf (write {path}): {source}")]
-    MoveToExiting { path: PathBuf, source: io::Error },
     #[error("read cgroup file {path}: {source}")]
     ReadControl { path: PathBuf, source: io::Error },
     #[error("parse cgroup file {path}: unexpected content {content:?}")]
@@ -144,8 +142,8 @@ impl CgroupRoot {
         Ok(DETECTED.get_or_init(|| root))
     }
 
-    /// The `forkvm` parent group's directory in every hierarchy it is in (what a VMM's
-    /// jail shows of the cgroup filesystem). Creates them if missing.
+    /// The `forkvm` parent group's directory in every hierarchy it is in, the memory one
+    /// first. Creates them if missing.
     pub fn forkvm_dirs(&self) -> Result<Vec<PathBuf>, CgroupError> {
         self.ensure_parent()?;
         let mut dirs = vec![self.dir.clone()];
@@ -210,7 +208,7 @@ impl CgroupRoot {
                 let _ = std::fs::remove_dir(d);
             }
         };
-        for (dir, _) in &group.dirs {
+        for dir in &group.dirs {
             match std::fs::create_dir(dir) {
                 Ok(()) => made.push(dir),
                 Err(e) => {
@@ -275,10 +273,8 @@ impl CgroupRoot {
     }
 
     fn group(&self, name: &str) -> SandboxCgroup {
-        let dirs = std::iter::once(&self.dir)
-            .chain(self.v1_extra.iter().map(|(_, d)| d))
-            .map(|d| (d.join(name), d.join(EXITING)))
-            .collect();
+        let dirs =
+            std::iter::once(&self.dir).chain(self.v1_extra.iter().map(|(_, d)| d)).map(|d| d.join(name)).collect();
         SandboxCgroup { version: self.version, dirs }
     }
 
@@ -322,7 +318,7 @@ impl CgroupRoot {
             }
             (CgroupVersion::V1, c) => {
                 let i = self.v1_extra.iter().position(|(x, _)| *x == c)?;
-                group.dirs.get(i + 1).map(|(d, _)| d.as_path())
+                group.dirs.get(i + 1).map(|d| d.as_path())
             }
         }
     }
@@ -393,14 +389,14 @@ impl CgroupRoot {
 #[derive(Debug, Clone)]
 pub struct SandboxCgroup {
     version: CgroupVersion,
-    /// (group directory, the `exiting` leaf beside it), per hierarchy.
-    dirs: Vec<(PathBuf, PathBuf)>,
+    /// The group's directory in each hierarchy, the memory one first.
+    dirs: Vec<PathBuf>,
 }
 
 impl SandboxCgroup {
     /// The group's directory in the memory (v1) or unified (v2) hierarchy.
     pub fn dir(&self) -> &Path {
-        &self.dirs[0].0
+        &self.dirs[0]
     }
 
     pub fn name(&self) -> &str {
@@ -410,7 +406,7 @@ impl SandboxCgroup {
     /// Moves process `pid` (0 = the caller), all its threads, into the group, in every
     /// hierarchy.
     pub fn join(&self, pid: u32) -> Result<(), CgroupError> {
-        for (dir, _) in &self.dirs {
+        for dir in &self.dirs {
             let path = dir.join("cgroup.procs");
             std::fs::write(&path, pid.to_string()).map_err(|source| CgroupError::Join { pid, path, source })?;
         }
@@ -442,23 +438,11 @@ impl SandboxCgroup {
             .collect()
     }
 
-    /// For the process inside the group, at its end: moves the caller to the shared leaf
-    /// `forkvm/exiting` (of every hierarchy), then removes the group (retrying briefly
-    /// while it is still busy).
-    pub fn leave_and_remove(self) -> Result<(), CgroupError> {
-        for (_, exiting) in &self.dirs {
-            create_dir_if_missing(exiting)?;
-            let path = exiting.join("cgroup.procs");
-            std::fs::write(&path, "0").map_err(|source| CgroupError::MoveToExiting { path, source })?;
-        }
-        self.remove()
-    }
-
     /// For a supervisor after the group's process died: removes the group (retrying briefly
     /// while the kernel finishes with the dead process).
     pub fn remove(self) -> Result<(), CgroupError> {
         let mut first_error = None;
-        for (dir, _) in &self.dirs {
+        for dir in &self.dirs {
             if let Err(e) = remove_dir_retrying(dir) {
                 first_error.get_or_insert(e);
             }

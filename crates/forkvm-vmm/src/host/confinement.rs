@@ -85,7 +85,7 @@ pub fn probe(
             let mut keep = vec![0, 1, 2, child_end];
             keep.extend(owned.jail_fds());
             super::process::close_fds_except(&keep);
-            let text = match owned.enter(None) {
+            let text = match owned.enter() {
                 Ok(_) => "ok".to_string(),
                 Err(e) => format!("error: {e}"),
             };

@@ -4,8 +4,9 @@
 //! (its own uid and namespaces are the jail's next step, docs/security.md), but a uid 0
 //! without capabilities is only the owner of root's files: it cannot load modules, mount,
 //! trace other processes, bypass file permissions, change ids or raw-socket. What a VMM
-//! needs afterwards is all owner access: its memory image, run directory, cgroup files,
-//! the store's directories, and `/dev/kvm` (root's, mode 0660).
+//! needs afterwards is all owner access: its memory image, run directory, the store's
+//! directories, and `/dev/kvm` (root's, mode 0660). It writes no cgroup file: its starter
+//! moved it into its group (`zygote::owned`).
 //!
 //! It also stops being a source of guest memory for anyone but root: no core dump (a
 //! VMM's core would be the guest's memory, in the clear, wherever the host puts cores)

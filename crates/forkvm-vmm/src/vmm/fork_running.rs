@@ -39,9 +39,6 @@ pub struct ForkChild {
     /// Run directory the child removes when it stops.
     #[serde(default)]
     pub run_dir: Option<PathBuf>,
-    /// Memory cgroup (created by the caller) the child joins before building its VM.
-    #[serde(default)]
-    pub cgroup: Option<String>,
     /// Where the child keeps its layered disks' writable tops (`disk<i>/` inside);
     /// required when the VM has a layered disk.
     #[serde(default)]
@@ -146,17 +143,16 @@ impl Vmm {
         };
         // The child inherits this process's seccomp filters, if any.
         let seccomp = if crate::host::seccomp::enforced() { Seccomp::Enforce } else { Seccomp::Off };
-        let owned = Owned { run_dir: child.run_dir.clone(), cgroup: child.cgroup.clone(), seccomp, jail: None };
-        let group = match owned.enter(None) {
-            Ok(g) => g,
-            Err(e) => {
-                let code = fail(format!("confining the VMM: {e}"), &mut error_log);
-                owned.release(None, true);
-                return code;
-            }
-        };
+        // Its cgroup is the caller's to move it into (it knows the child's pid from the
+        // report): a VMM writes no cgroup file (`zygote::owned`).
+        let owned = Owned { run_dir: child.run_dir.clone(), cgroup: None, seccomp, jail: None };
+        if let Err(e) = owned.enter() {
+            let code = fail(format!("confining the VMM: {e}"), &mut error_log);
+            owned.release(true);
+            return code;
+        }
         let code = self.serve_child(state, child, log, &mut error_log, fail);
-        owned.release(group, code == EXIT_RESTORE_FAILED);
+        owned.release(code == EXIT_RESTORE_FAILED);
         code
     }
 

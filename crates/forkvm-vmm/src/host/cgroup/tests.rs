@@ -273,47 +273,6 @@ fn real_create_join_sweep_remove() {
     assert!(!dir.exists());
 }
 
-const HELPER_ENV: &str = "FORKVM_CGROUP_LEAVE_HELPER";
-
-/// Run in a child process by `real_leave_and_remove`: joins the group, charges memory to it,
-/// leaves and removes it, and prints its cgroup afterwards.
-#[test]
-#[ignore = "helper run in a child process by real_leave_and_remove; does nothing on its own"]
-fn leave_helper() {
-    let Ok(name) = std::env::var(HELPER_ENV) else { return };
-    let root = real_root();
-    let group = root.open(&name).expect("the parent test created the group");
-    group.join(0).unwrap();
-    let ballast = std::hint::black_box(vec![1u8; 8 << 20]);
-    let usage = group.memory_usage_bytes().unwrap();
-    assert!(usage >= 8 * MIB, "8 MiB touched after joining, usage {usage}");
-    drop(ballast);
-    group.leave_and_remove().unwrap();
-    println!("HELPER-CGROUP {}", cgroup_line("self", root.version()));
-}
-
-#[test]
-fn real_leave_and_remove() {
-    // A child process plays the sandbox, so this test process never changes cgroup.
-    let root = real_root();
-    let name = format!("t-leave-{}", std::process::id());
-    let dir = root.create(&name, &mem(256 * MIB)).unwrap().dir().to_path_buf();
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "host::cgroup::tests::leave_helper", "--ignored", "--nocapture", "--test-threads=1"])
-        .env(HELPER_ENV, &name)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "helper failed: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    let line = stdout
-        .split("HELPER-CGROUP ")
-        .nth(1)
-        .and_then(|rest| rest.lines().next())
-        .unwrap_or_else(|| panic!("helper did not run: {stdout}"));
-    assert!(line.ends_with("/forkvm/exiting"), "helper ended in {line}");
-    assert!(!dir.exists(), "group left behind");
-}
-
 #[test]
 fn real_memory_limit_oom_kills() {
     let root = real_root();
