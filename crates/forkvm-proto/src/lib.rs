@@ -63,6 +63,7 @@ mod bytes_hex;
 mod client;
 mod frame;
 mod msg;
+pub mod trusted_peer;
 pub mod vector_check;
 mod vsock;
 

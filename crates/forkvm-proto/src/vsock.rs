@@ -43,7 +43,8 @@ pub fn connect_vsock_uds_within(
     limit: Option<std::time::Duration>,
 ) -> Result<UnixStream, VsockConnectError> {
     let path = path.as_ref();
-    let mut stream = UnixStream::connect(path)
+    // As a forkvm client: a jailed VMM serves no one else (`crate::trusted_peer`).
+    let mut stream = crate::trusted_peer::connect(path)
         .map_err(|source| VsockConnectError::Connect { path: path.display().to_string(), source })?;
     if limit.is_some() {
         let set = |r: io::Result<()>| r.map_err(|source| VsockConnectError::SendConnect { port, source });

@@ -7,6 +7,7 @@
 pub mod cgroup;
 pub mod confinement;
 pub mod jail;
+pub mod peer_guard;
 pub mod privileges;
 pub mod process;
 pub mod rlimits;

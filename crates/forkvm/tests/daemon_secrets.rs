@@ -70,6 +70,64 @@ fn cmdline(pid: u32) -> String {
 /// Which of `needles` occur in a readable mapping of process `pid`. Mappings of the
 /// sandbox's memory image and anything larger than 64 MiB (guest memory) are skipped:
 /// they are the guest's, not the VMM's.
+/// Whether a connection to a VMM's control socket is answered (a status request).
+fn control_answers(stream: std::os::unix::net::UnixStream) -> bool {
+    forkvm_vmm::control::ControlClient::over(stream).and_then(|mut c| c.status()).is_ok()
+}
+
+/// Whether a connection to a VMM's vsock listener is served: anything but end of file
+/// (the guest's agent answers `OK`, or the VMM refuses a port with a line).
+fn vsock_answers(mut stream: std::os::unix::net::UnixStream) -> bool {
+    use std::io::Write;
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    let _ = stream.write_all(b"CONNECT 1024\n");
+    let mut b = [0u8; 1];
+    matches!(stream.read(&mut b), Ok(1))
+}
+
+/// Sandboxes `ids` (run directories under `sandboxes`) serve forkvm's clients only: a
+/// client here is answered; a plain connection from here (root, but not connecting as a
+/// client) is dropped; and so is one from a process in the jail of VMM `jailed_pid`
+/// without privileges — a neighbour VMM taken over by its guest — which cannot connect as
+/// a client.
+fn only_clients_are_served(sandboxes: &std::path::Path, jailed_pid: u32, ids: [&str; 2]) {
+    use std::os::unix::net::UnixStream;
+    let control = |id: &str| sandboxes.join(id).join("control.sock");
+    let vsock = |id: &str| sandboxes.join(id).join("vsock.sock");
+    for id in ids {
+        assert!(control_answers(forkvm_proto::trusted_peer::connect(control(id)).unwrap()), "{id}: a client");
+        assert!(vsock_answers(forkvm_proto::trusted_peer::connect(vsock(id)).unwrap()), "{id}: a client's vsock");
+        assert!(!control_answers(UnixStream::connect(control(id)).unwrap()), "{id}: a plain connection was served");
+        assert!(!vsock_answers(UnixStream::connect(vsock(id)).unwrap()), "{id}: a plain vsock connection was served");
+    }
+    let mnt = std::fs::File::open(format!("/proc/{jailed_pid}/ns/mnt")).unwrap();
+    let (control, vsock) = (control(ids[1]), vsock(ids[1]));
+    // SAFETY: the child makes system calls, connects and leaves with `_exit`.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        use std::os::fd::AsRawFd;
+        // SAFETY: setns on a namespace descriptor we hold.
+        let entered = unsafe { libc::setns(mnt.as_raw_fd(), libc::CLONE_NEWNS) } == 0;
+        let code = if !entered || forkvm_vmm::host::privileges::drop_privileges().is_err() {
+            3
+        } else if forkvm_proto::trusted_peer::connect(&control).is_ok_and(control_answers) {
+            1
+        } else if forkvm_proto::trusted_peer::connect(&vsock).is_ok_and(vsock_answers) {
+            2
+        } else {
+            0
+        };
+        // SAFETY: leaves the forked copy without running the test's destructors.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    let code = libc::WEXITSTATUS(status);
+    assert_eq!(code, 0, "from the jail without privileges: 1 control answered, 2 vsock answered, 3 could not enter");
+}
+
 fn found_in_memory(pid: u32, needles: &[(&str, &[u8])]) -> Vec<String> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
     let mut mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
@@ -233,6 +291,11 @@ fn no_vmm_holds_a_secret_a_descriptor_of_the_daemon_or_a_privilege() {
         let locked = limits.lines().find(|l| l.starts_with("Max locked memory")).unwrap();
         assert_eq!(locked.split_whitespace().skip(3).take(2).collect::<Vec<_>>(), ["0", "0"], "{what}: {locked}");
     }
+
+    // Each serves forkvm's clients only: not a neighbour VMM that can name its sockets.
+    let ids =
+        [made["sandboxes"][0]["sandbox_id"].as_str().unwrap(), forked["sandboxes"][0]["sandbox_id"].as_str().unwrap()];
+    only_clients_are_served(&dir.join("run/sandboxes"), vmm, ids);
 
     // The API shows it: the jail as the kernel reports it.
     let client = forkvm_client::Client::new(forkvm_client::Endpoint::Unix(dir.join("run/forkvmd.sock")), None).unwrap();

@@ -36,8 +36,14 @@ pub struct ControlClient {
 
 impl ControlClient {
     pub fn connect(path: &Path) -> Result<ControlClient, ControlClientError> {
-        let stream =
-            UnixStream::connect(path).map_err(|source| ControlClientError::Connect { path: path.into(), source })?;
+        // As a forkvm client: a jailed VMM serves no one else (`host::peer_guard`).
+        let stream = forkvm_proto::trusted_peer::connect(path)
+            .map_err(|source| ControlClientError::Connect { path: path.into(), source })?;
+        ControlClient::over(stream)
+    }
+
+    /// A client on a connected stream.
+    pub fn over(stream: UnixStream) -> Result<ControlClient, ControlClientError> {
         stream.set_read_timeout(Some(Duration::from_secs(120))).map_err(ControlClientError::Io)?;
         let writer = stream.try_clone().map_err(ControlClientError::Io)?;
         Ok(ControlClient { reader: BufReader::new(stream), writer })

@@ -90,6 +90,9 @@ pub fn serve_until_exit(vmm: Vmm, socket: Option<&Path>) -> Result<VcpuExitReaso
 fn accept_loop(listener: UnixListener, vmm: Arc<Mutex<Vmm>>, latch: Arc<ExitLatch>) {
     for conn in listener.incoming() {
         let Ok(conn) = conn else { continue };
+        if !crate::host::peer_guard::admits(&conn, "control") {
+            continue;
+        }
         let (vmm, latch) = (vmm.clone(), latch.clone());
         let spawned = std::thread::Builder::new()
             .name("control-conn".into())

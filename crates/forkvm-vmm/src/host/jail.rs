@@ -195,6 +195,8 @@ impl JailNamespaces {
                 return Err(JailError::Enter { ns, source: std::io::Error::last_os_error() });
             }
         }
+        // Its neighbours can name its sockets: serve forkvm's clients only.
+        super::peer_guard::arm();
         for fd in self.fds() {
             // SAFETY: this process's copies of the descriptors, not used again: the caller
             // never drops its copy of `self` (it leaves by `_exit`).

@@ -110,6 +110,10 @@ impl Shared {
         loop {
             match self.listener.accept() {
                 Ok((stream, _)) => {
+                    if !crate::host::peer_guard::admits(&stream, "vsock") {
+                        self.metrics.host_clients_rejected.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
                     if self.pending.len() >= MAX_PENDING_CLIENTS || stream.set_nonblocking(true).is_err() {
                         self.metrics.host_clients_rejected.fetch_add(1, Ordering::Relaxed);
                         continue;
