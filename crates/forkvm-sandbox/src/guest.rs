@@ -62,6 +62,7 @@ pub(crate) fn boot_devices(
                 }),
             },
         ],
+        rate_limits: Default::default(),
     }
 }
 

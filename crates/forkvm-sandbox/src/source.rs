@@ -198,6 +198,7 @@ impl SpawnSource {
                     }),
                 })
                 .collect(),
+            rate_limits: Default::default(),
         }
     }
 

@@ -50,6 +50,8 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
+    #[error("starting the device timer thread: {0}")]
+    DeviceTimer(std::io::Error),
     #[error("guest memory: {0}")]
     Memory(#[from] MemoryError),
     #[error(transparent)]
@@ -162,7 +164,7 @@ pub fn boot(kvm: &Kvm, config: BootConfig) -> Result<Vmm, BuildError> {
             xsave_layout: Default::default(),
         });
     }
-    devices.arm_interrupts();
+    devices.arm_interrupts().map_err(BuildError::DeviceTimer)?;
     let parts = VmParts {
         vm,
         memory: mem,
@@ -400,7 +402,7 @@ pub(crate) fn restore_state(
         k.restore(&vm.fd)?;
     }
     vm.restore_clock(&state.clock)?;
-    devices.arm_interrupts();
+    devices.arm_interrupts().map_err(BuildError::DeviceTimer)?;
     timer.mark("irqchip_clock");
     let parts = VmParts {
         vm,

@@ -15,180 +15,22 @@
 
 mod common;
 
-use common::{boot_guest, Console, T};
-use forkvm_testguest::{monitor, TestGuest, IMAGE_BASE};
-use forkvm_vmm::arch::x86_64::layout::{VIRTIO_MMIO_SIZE, VIRTIO_MMIO_START};
+use common::driver::*;
+use common::{boot_guest, T};
+use forkvm_testguest::{monitor, TestGuest};
 use forkvm_vmm::devices::attach::{BlockConfig, DeviceConfig, VsockConfig};
 use forkvm_vmm::vstate::irqchip::IrqchipMode;
-use forkvm_vmm::{boot, BootConfig, Payload, Vmm};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vm_memory::{Bytes, GuestAddress};
 
-// virtio-mmio registers (version 2).
-const MAGIC: u64 = 0x000;
-const DEVICE_ID: u64 = 0x008;
-const DRIVER_FEATURES: u64 = 0x020;
-const DRIVER_FEATURES_SEL: u64 = 0x024;
-const QUEUE_SEL: u64 = 0x030;
-const QUEUE_NUM_MAX: u64 = 0x034;
-const QUEUE_NUM: u64 = 0x038;
-const QUEUE_READY: u64 = 0x044;
-const QUEUE_NOTIFY: u64 = 0x050;
-const STATUS: u64 = 0x070;
-const QUEUE_DESC: u64 = 0x080;
-const QUEUE_AVAIL: u64 = 0x090;
-const QUEUE_USED: u64 = 0x0a0;
-
-const S_ACK: u32 = 1;
-const S_DRIVER: u32 = 2;
-const S_DRIVER_OK: u32 = 4;
-const S_FEATURES_OK: u32 = 8;
-const S_NEEDS_RESET: u32 = 64;
-
-const F_NEXT: u16 = 1;
-const F_WRITE: u16 = 2;
-const F_INDIRECT: u16 = 4;
-
-const BLOCK: u32 = 2;
-const RNG: u32 = 4;
-const VSOCK: u32 = 19;
-
-/// Entries per queue the test sets up.
-const QSIZE: u16 = 8;
-/// Guest memory, and where the test's rings and buffers live in it.
-const MEM_MIB: u64 = 16;
+/// Where the test's rings and buffers live in guest memory.
 const AREA: u64 = 8 << 20;
 /// The disk: 64 KiB.
 const DISK_BYTES: usize = 64 << 10;
 /// Notifications in the storm.
 const STORM: u64 = 30_000;
-
-struct Guest {
-    vmm: Vmm,
-    console: Console,
-}
-
-impl Guest {
-    fn ask(&mut self, cmd: Vec<u8>) -> String {
-        self.vmm.send_serial_input(&cmd).expect("the VMM takes serial input");
-        self.console.line(T)
-    }
-
-    fn w32(&mut self, addr: u64, value: u32) {
-        assert_eq!(self.ask(monitor::write32(addr, value)), "ok", "write {value:#x} at {addr:#x}");
-    }
-
-    fn r32(&mut self, addr: u64) -> u32 {
-        let line = self.ask(monitor::read32(addr));
-        let hex = line.strip_prefix('=').unwrap_or_else(|| panic!("read {addr:#x}: {line:?}"));
-        u64::from_str_radix(hex, 16).unwrap() as u32
-    }
-
-    fn ping(&mut self) -> Duration {
-        let t = Instant::now();
-        assert_eq!(self.ask(monitor::ping()), "pong");
-        t.elapsed()
-    }
-
-    /// The VMM still runs and its guest still answers.
-    fn alive(&mut self, what: &str) {
-        let exited = self.vmm.exit_latch().wait(Some(Duration::ZERO));
-        assert_eq!(exited, None, "the VMM stopped after {what}");
-        self.ping();
-    }
-
-    fn put<T: vm_memory::ByteValued>(&self, addr: u64, value: T) {
-        self.vmm.memory().write_obj(value, GuestAddress(addr)).unwrap();
-    }
-
-    fn get<T: vm_memory::ByteValued>(&self, addr: u64) -> T {
-        self.vmm.memory().read_obj(GuestAddress(addr)).unwrap()
-    }
-}
-
-/// One queue's rings in guest memory.
-#[derive(Clone, Copy)]
-struct Rings {
-    desc: u64,
-    avail: u64,
-    used: u64,
-    /// Buffers for requests.
-    data: u64,
-}
-
-impl Rings {
-    fn at(area: u64) -> Rings {
-        Rings { desc: area, avail: area + 0x1000, used: area + 0x2000, data: area + 0x4000 }
-    }
-
-    fn desc(&self, g: &Guest, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
-        let d = self.desc + 16 * u64::from(i);
-        g.put(d, addr);
-        g.put(d + 8, len);
-        g.put(d + 12, flags);
-        g.put(d + 14, next);
-    }
-
-    /// Puts `head` in the avail ring and moves its index on by one.
-    fn offer(&self, g: &Guest, head: u16) {
-        let idx: u16 = g.get(self.avail + 2);
-        g.put(self.avail + 4 + 2 * u64::from(idx % QSIZE), head);
-        g.put(self.avail + 2, idx.wrapping_add(1));
-    }
-
-    fn used_idx(&self, g: &Guest) -> u16 {
-        g.get(self.used + 2)
-    }
-}
-
-/// A device's register window.
-fn window(slot: usize) -> u64 {
-    VIRTIO_MMIO_START + slot as u64 * VIRTIO_MMIO_SIZE
-}
-
-/// Resets device `base`, negotiates VERSION_1 only and sets up queues `0..queues` (each
-/// in its own 64 KiB at `area`); returns their rings.
-fn set_up(g: &mut Guest, base: u64, queues: u32, area: u64) -> Vec<Rings> {
-    g.w32(base + STATUS, 0);
-    g.w32(base + STATUS, S_ACK | S_DRIVER);
-    g.w32(base + DRIVER_FEATURES_SEL, 1);
-    g.w32(base + DRIVER_FEATURES, 1); // VIRTIO_F_VERSION_1 (bit 32)
-    g.w32(base + DRIVER_FEATURES_SEL, 0);
-    g.w32(base + DRIVER_FEATURES, 0);
-    g.w32(base + STATUS, S_ACK | S_DRIVER | S_FEATURES_OK);
-    assert_ne!(g.r32(base + STATUS) & S_FEATURES_OK, 0, "device {base:#x} refused VERSION_1");
-    let mut rings = Vec::new();
-    for q in 0..queues {
-        let r = Rings::at(area + u64::from(q) * 0x1_0000);
-        // Clean rings: nothing offered, nothing used.
-        g.vmm.memory().write_slice(&[0u8; 0x4000], GuestAddress(r.desc)).unwrap();
-        g.w32(base + QUEUE_SEL, q);
-        assert!(g.r32(base + QUEUE_NUM_MAX) >= u32::from(QSIZE));
-        g.w32(base + QUEUE_NUM, u32::from(QSIZE));
-        for (reg, addr) in [(QUEUE_DESC, r.desc), (QUEUE_AVAIL, r.avail), (QUEUE_USED, r.used)] {
-            g.w32(base + reg, addr as u32);
-            g.w32(base + reg + 4, (addr >> 32) as u32);
-        }
-        g.w32(base + QUEUE_READY, 1);
-        rings.push(r);
-    }
-    g.w32(base + STATUS, S_ACK | S_DRIVER | S_FEATURES_OK | S_DRIVER_OK);
-    rings
-}
-
-/// Waits (bounded) for the used index of `r` to reach `want`.
-fn wait_used(g: &Guest, r: &Rings, want: u16) -> bool {
-    let deadline = Instant::now() + T;
-    while Instant::now() < deadline {
-        if r.used_idx(g) == want {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    false
-}
 
 /// The garbage every queue is given, one case at a time: (name, what to write).
 type Case = (&'static str, fn(&Guest, &Rings));
@@ -268,34 +110,12 @@ fn vsock_packet(g: &Guest, r: &Rings, len: u32, op: u16) {
 }
 
 fn boot_with_devices(dir: &std::path::Path) -> Guest {
-    let (console, out) = Console::pair();
-    let devices = DeviceConfig {
+    boot_with(DeviceConfig {
         vsock: Some(VsockConfig { guest_cid: 3, uds_path: dir.join("vsock.sock") }),
         rng: true,
         blocks: vec![BlockConfig { path: dir.join("disk.img"), read_only: false, id: "hostile".into(), layers: None }],
-    };
-    let vmm = boot(
-        &common::kvm(),
-        BootConfig {
-            mem_size: MEM_MIB << 20,
-            vcpu_count: 1,
-            irqchip: IrqchipMode::Split,
-            cpu_template: common::template(),
-            payload: Payload::Flat {
-                name: "monitor".into(),
-                image: TestGuest::Monitor.image().to_vec(),
-                image_base: IMAGE_BASE,
-                args: vec![0, 0, 0],
-            },
-            console: out,
-            devices,
-            start_paused: false,
-        },
-    )
-    .expect("boot the monitor guest with devices");
-    let mut g = Guest { vmm, console };
-    g.console.wait_for("ready\n", T);
-    g
+        rate_limits: Default::default(),
+    })
 }
 
 /// What the device made of a case: it asked for a reset, answered (used an entry), or

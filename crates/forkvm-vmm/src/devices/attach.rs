@@ -12,6 +12,7 @@ use super::irq::{IrqLine, IrqRoute};
 use super::virtio::blk::{Block, BlockError, LazySource};
 use super::virtio::mmio::{MmioError, MmioTransport, MmioTransportState};
 use super::virtio::rng::Rng;
+use super::virtio::throttle::RateLimit;
 use super::virtio::vsock::Vsock;
 use super::virtio::{Interrupt, VirtioDevice, VirtioDeviceState};
 use crate::arch::x86_64::layout::{VIRTIO_MMIO_SIZE, VIRTIO_MMIO_START};
@@ -94,6 +95,16 @@ pub struct DeviceConfig {
     pub vsock: Option<VsockConfig>,
     pub rng: bool,
     pub blocks: Vec<BlockConfig>,
+    /// Caps on what the devices do for the guest per second (none by default).
+    pub rate_limits: RateLimits,
+}
+
+/// A VM's device rate limits (`virtio::throttle`): each disk's, and the rng's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RateLimits {
+    /// Per disk: every block device gets a bucket of this size of its own.
+    pub disk: RateLimit,
+    pub rng: RateLimit,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -186,28 +197,34 @@ impl SlotWiring<'_> {
     }
 }
 
-fn create(p: &Planned) -> Result<Box<dyn VirtioDevice>, AttachError> {
+fn create(p: &Planned, limits: &RateLimits) -> Result<Box<dyn VirtioDevice>, AttachError> {
     let err = |kind, reason: String| AttachError::Create { kind, reason };
     Ok(match p {
         Planned::Vsock(c) => {
             Box::new(Vsock::new(c.guest_cid, c.uds_path.clone()).map_err(|e| err("vsock", e.to_string()))?)
         }
-        Planned::Rng => Box::new(Rng::new()),
-        Planned::Block(c) => Box::new(c.open().map_err(|e| err("block", e.to_string()))?),
+        Planned::Rng => Box::new(Rng::new().with_rate_limit(limits.rng)),
+        Planned::Block(c) => Box::new(c.open().map_err(|e| err("block", e.to_string()))?.with_rate_limit(limits.disk)),
     })
 }
 
-fn restore_device(p: &Planned, s: &VirtioDeviceState) -> Result<Box<dyn VirtioDevice>, AttachError> {
+fn restore_device(
+    p: &Planned,
+    s: &VirtioDeviceState,
+    limits: &RateLimits,
+) -> Result<Box<dyn VirtioDevice>, AttachError> {
     let err = |kind, reason: String| AttachError::Create { kind, reason };
     Ok(match (p, s) {
         (Planned::Vsock(c), VirtioDeviceState::Vsock(s)) => {
             Box::new(Vsock::restore(s, c.uds_path.clone()).map_err(|e| err("vsock", e.to_string()))?)
         }
-        (Planned::Rng, VirtioDeviceState::Rng(s)) => Box::new(Rng::restore(s).map_err(|e| err("rng", e.to_string()))?),
+        (Planned::Rng, VirtioDeviceState::Rng(s)) => {
+            Box::new(Rng::restore(s).map_err(|e| err("rng", e.to_string()))?.with_rate_limit(limits.rng))
+        }
         (Planned::Block(c), VirtioDeviceState::Block(s)) => {
             let replaces = c.layers.as_ref().map_or(&[][..], |l| &l.replaces[..]);
             let block = c.open().and_then(|b| b.with_state_replacing(s, replaces));
-            Box::new(block.map_err(|e| err("block", e.to_string()))?)
+            Box::new(block.map_err(|e| err("block", e.to_string()))?.with_rate_limit(limits.disk))
         }
         _ => unreachable!("kinds were matched before"),
     })
@@ -224,7 +241,7 @@ pub fn build_slots(config: &DeviceConfig, w: &SlotWiring<'_>) -> Result<Vec<Virt
         .enumerate()
         .map(|(i, p)| {
             let irq = FIRST_VIRTIO_IRQ + i as u32;
-            let transport = MmioTransport::new(create(p)?, w.mem.clone(), w.interrupt(irq));
+            let transport = MmioTransport::new(create(p, &config.rate_limits)?, w.mem.clone(), w.interrupt(irq));
             Ok(VirtioSlot { base: slot_base(i), irq, kind: p.kind(), transport: Mutex::new(transport) })
         })
         .collect()
@@ -248,7 +265,7 @@ pub fn restore_slots(
         .enumerate()
         .map(|(i, (p, s))| {
             let irq = FIRST_VIRTIO_IRQ + i as u32;
-            let device = restore_device(p, &s.device)?;
+            let device = restore_device(p, &s.device, &config.rate_limits)?;
             let transport = MmioTransport::restore(s, device, w.mem.clone(), w.interrupt(irq))
                 .map_err(|source| AttachError::RestoreTransport { slot: i, kind: p.kind(), source })?;
             Ok(VirtioSlot { base: slot_base(i), irq, kind: p.kind(), transport: Mutex::new(transport) })
@@ -266,6 +283,7 @@ mod tests {
             vsock: Some(VsockConfig { guest_cid: 3, uds_path: "/tmp/v.sock".into() }),
             rng: true,
             blocks: vec![BlockConfig { path: "/tmp/disk".into(), read_only: true, id: "root".into(), layers: None }],
+            rate_limits: Default::default(),
         };
         assert_eq!(
             c.cmdline(),

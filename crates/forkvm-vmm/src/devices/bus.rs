@@ -9,6 +9,7 @@ use super::ioapic::{Ioapic, IoapicState};
 use super::serial::{SerialDevice, SerialDeviceState, COM1_BASE, COM1_LEN};
 use super::virtio::mmio::MmioTransportState;
 use crate::arch::x86_64::layout::{IOAPIC_SIZE, IOAPIC_START, VIRTIO_MMIO_SIZE, VIRTIO_MMIO_START};
+use crate::devices::deferred::{Deferral, DeferredWork};
 use serde::{Deserialize, Serialize};
 use std::io::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -47,6 +48,8 @@ pub struct Devices {
     pub virtio: Vec<VirtioSlot>,
     irqs_armed: Arc<AtomicBool>,
     unclaimed: AtomicU64,
+    /// The passes devices ask for later (`devices::deferred`), when one may.
+    deferred: Option<Arc<DeferredWork>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -61,7 +64,26 @@ impl Devices {
         virtio: Vec<VirtioSlot>,
         irqs_armed: Arc<AtomicBool>,
     ) -> Devices {
-        Devices { serial: Arc::new(Mutex::new(serial)), ioapic, virtio, irqs_armed, unclaimed: AtomicU64::new(0) }
+        let wanting: Vec<usize> = virtio
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| lock(&s.transport).device().wants_deferral())
+            .map(|(i, _)| i)
+            .collect();
+        let deferred = (!wanting.is_empty()).then(|| Arc::new(DeferredWork::default()));
+        if let Some(work) = &deferred {
+            for &i in &wanting {
+                lock(&virtio[i].transport).device_mut().set_deferral(Deferral::new(work.clone(), i));
+            }
+        }
+        Devices {
+            serial: Arc::new(Mutex::new(serial)),
+            ioapic,
+            virtio,
+            irqs_armed,
+            unclaimed: AtomicU64::new(0),
+            deferred,
+        }
     }
 
     /// Holds device backends while the vCPUs are paused (nothing may touch guest memory
@@ -79,14 +101,37 @@ impl Devices {
 
     /// Releases every device's host resources (the VM is stopping for good).
     pub fn shutdown(&self) {
+        if let Some(work) = &self.deferred {
+            work.stop();
+        }
         for slot in &self.virtio {
             lock(&slot.transport).device_mut().shutdown();
         }
     }
 
-    /// Lets device interrupts through; called once the VM is complete.
-    pub fn arm_interrupts(&self) {
+    /// Lets device interrupts through; called once the VM is complete. Starts the
+    /// device timer if a device may ask for passes, with one pass for each right away
+    /// (a restored queue may hold requests the guest will not notify again).
+    pub fn arm_interrupts(self: &Arc<Self>) -> std::io::Result<()> {
         self.irqs_armed.store(true, Ordering::Release);
+        let Some(work) = &self.deferred else { return Ok(()) };
+        let devices = Arc::downgrade(self);
+        crate::devices::deferred::spawn(work.clone(), move |slot| match devices.upgrade() {
+            Some(d) => {
+                if let Some(s) = d.virtio.get(slot) {
+                    lock(&s.transport).device_mut().run_deferred();
+                }
+                true
+            }
+            None => false,
+        })?;
+        let now = std::time::Instant::now();
+        for i in 0..self.virtio.len() {
+            if lock(&self.virtio[i].transport).device().wants_deferral() {
+                Deferral::new(work.clone(), i).at(now);
+            }
+        }
+        Ok(())
     }
 
     pub fn save(&self) -> DevicesState {

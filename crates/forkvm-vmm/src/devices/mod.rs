@@ -7,6 +7,7 @@
 pub mod attach;
 pub mod bus;
 pub mod console_log;
+pub mod deferred;
 pub mod ioapic;
 pub mod irq;
 pub mod serial;

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod driver;
+
 use forkvm_testguest::{TestGuest, IMAGE_BASE};
 use forkvm_vmm::arch::x86_64::cpuid::CpuTemplate;
 use forkvm_vmm::devices::serial::ConsoleOut;

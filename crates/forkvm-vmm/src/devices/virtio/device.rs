@@ -68,6 +68,17 @@ pub trait VirtioDevice: Send + std::fmt::Debug {
     /// The VM is stopping for good: release host resources now (threads, sockets, files),
     /// since a VMM process may end without running destructors.
     fn shutdown(&mut self) {}
+    /// Whether the device may ask for passes of deferred work
+    /// ([`crate::devices::deferred`]): it has a rate limit, or its restored queues still
+    /// hold requests the guest will not notify again.
+    fn wants_deferral(&self) -> bool {
+        false
+    }
+    /// Where the device asks for passes of deferred work (given when it wants them).
+    fn set_deferral(&mut self, _deferral: crate::devices::deferred::Deferral) {}
+    /// One pass of deferred work, on the device timer thread under the transport's lock:
+    /// serve the queues as a notification would (unless paused: then once resumed).
+    fn run_deferred(&mut self) {}
     /// The block device behind this trait object, for operations only disks have
     /// (sealing a layered disk's top).
     fn as_block_mut(&mut self) -> Option<&mut super::blk::Block> {

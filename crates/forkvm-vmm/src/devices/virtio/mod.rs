@@ -17,4 +17,5 @@ pub mod ratelimit;
 pub mod rng;
 #[cfg(test)]
 mod test_utils;
+pub mod throttle;
 pub mod vsock;

@@ -2,7 +2,9 @@
 //! layered disk (base image + sealed layers + writable top, DESIGN §5).
 //!
 //! Requests run synchronously on the vCPU thread that wrote QueueNotify, with positional
-//! I/O (`pread`/`pwrite`) so no file offset is shared. Data moves through a bounded
+//! I/O (`pread`/`pwrite`) so no file offset is shared. A rate limit (`virtio::throttle`)
+//! leaves a request it holds back in the queue, and the device timer thread serves it
+//! later (`devices::deferred`). Data moves through a bounded
 //! bounce buffer, so a guest cannot make the VMM allocate more than [`IO_CHUNK`] per
 //! step whatever lengths its descriptors claim.
 
@@ -11,6 +13,7 @@ use super::request::{self, total_len, Command, Segment};
 use super::{BlockError, BLOCK_ID_BYTES, BLOCK_QUEUE_SIZE, F_FLUSH, F_RO, SECTOR_SIZE, S_IOERR, S_OK, S_UNSUPP};
 use crate::devices::virtio::device::{TYPE_BLOCK, VIRTIO_F_VERSION_1};
 use crate::devices::virtio::ratelimit::LogLimiter;
+use crate::devices::virtio::throttle::{RateLimit, Throttle};
 use crate::devices::virtio::{ActivateContext, ActivateError, Interrupt, VirtioDevice, VirtioDeviceState};
 use forkvm_snapshot::{LayerId, LayerStack, SealedLayer};
 use std::fs::{File, OpenOptions};
@@ -18,7 +21,7 @@ use std::io::{Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use virtio_queue::{Queue, QueueState, QueueT};
+use virtio_queue::{Queue, QueueOwnedT, QueueState, QueueT};
 use vm_memory::{Address, Bytes, GuestMemoryMmap};
 
 /// Largest piece of data moved between the image and guest memory at once.
@@ -62,6 +65,7 @@ pub struct Block {
     log_limit: LogLimiter,
     /// The lazily restored lowest layer, until it is settled (`lazy.rs`).
     pub(super) lazy: Option<super::lazy::LazyDisk>,
+    throttle: Throttle,
 }
 
 impl Block {
@@ -130,7 +134,23 @@ impl Block {
             metrics: Arc::default(),
             log_limit: LogLimiter::default(),
             lazy: None,
+            throttle: Throttle::default(),
         }
+    }
+
+    /// The same device with its requests capped by `limit`.
+    pub fn with_rate_limit(mut self, limit: RateLimit) -> Block {
+        self.throttle = Throttle::new(limit);
+        self
+    }
+
+    /// Whether the driver posted requests this device has not taken yet.
+    fn has_pending(&self) -> bool {
+        self.active.as_ref().is_some_and(|a| {
+            a.queue
+                .avail_idx(&a.mem, std::sync::atomic::Ordering::Acquire)
+                .is_ok_and(|idx| idx.0 != a.queue.next_avail())
+        })
     }
 
     /// A layered disk's sealed layers, oldest first (directory and id); `None` for a raw image.
@@ -181,8 +201,21 @@ impl Block {
         let mut used_any = false;
         while let Some(chain) = active.queue.pop_descriptor_chain(mem) {
             let head = chain.head_index();
+            let parsed = request::parse(mem, chain);
+            let bytes = match &parsed {
+                Ok(request::Request { command: Ok(Command::In { data, .. } | Command::Out { data, .. }), .. }) => {
+                    total_len(data)
+                }
+                _ => 0,
+            };
+            if !self.throttle.admit(bytes) {
+                // Left in the queue for the pass the throttle asked for.
+                active.queue.go_to_previous_position();
+                add(&self.metrics.throttled, 1);
+                break;
+            }
             add(&self.metrics.requests, 1);
-            let used_len = match request::parse(mem, chain) {
+            let used_len = match parsed {
                 Ok(req) => {
                     let (status, written) = match req.command {
                         Ok(cmd) => self.disk.execute(mem, &cmd, &self.metrics),
@@ -401,6 +434,28 @@ impl VirtioDevice for Block {
 
     fn save(&self) -> VirtioDeviceState {
         VirtioDeviceState::Block(self.state())
+    }
+
+    fn pause(&mut self) {
+        self.throttle.pause();
+    }
+
+    fn resume(&mut self) {
+        self.throttle.resume();
+    }
+
+    fn wants_deferral(&self) -> bool {
+        self.throttle.is_limited() || self.has_pending()
+    }
+
+    fn set_deferral(&mut self, deferral: crate::devices::deferred::Deferral) {
+        self.throttle.set_deferral(deferral);
+    }
+
+    fn run_deferred(&mut self) {
+        if self.throttle.may_run() && self.active.is_some() {
+            self.queue_notify(0);
+        }
     }
 
     /// An orderly stop makes a layered disk's writes durable (the guest may not have

@@ -1,16 +1,19 @@
 //! The virtio-rng device: fills each buffer the driver posts with host entropy.
 //!
 //! Requests are served synchronously on the vCPU thread that wrote QueueNotify; each is
-//! at most [`MAX_BYTES_PER_REQUEST`] bytes, so this stays cheap.
+//! at most [`MAX_BYTES_PER_REQUEST`] bytes, so this stays cheap. A rate limit
+//! (`virtio::throttle`) leaves a request it holds back in the queue, and the device timer
+//! thread serves it later (`devices::deferred`).
 
 use super::metrics::{add, RngMetrics};
 use super::persist::RngState;
 use super::{RngError, MAX_BYTES_PER_REQUEST, RNG_QUEUE_SIZE};
 use crate::devices::virtio::device::{TYPE_RNG, VIRTIO_F_VERSION_1};
 use crate::devices::virtio::ratelimit::LogLimiter;
+use crate::devices::virtio::throttle::{RateLimit, Throttle};
 use crate::devices::virtio::{ActivateContext, ActivateError, Interrupt, VirtioDevice, VirtioDeviceState};
 use std::sync::Arc;
-use virtio_queue::{Queue, QueueState, QueueT};
+use virtio_queue::{Queue, QueueOwnedT, QueueState, QueueT};
 use vm_memory::{Address, Bytes, GuestMemoryMmap};
 
 /// Bytes drawn from getrandom per call.
@@ -30,6 +33,7 @@ pub struct Rng {
     active: Option<Active>,
     metrics: Arc<RngMetrics>,
     log_limit: LogLimiter,
+    throttle: Throttle,
 }
 
 impl Default for Rng {
@@ -40,7 +44,28 @@ impl Default for Rng {
 
 impl Rng {
     pub fn new() -> Rng {
-        Rng { acked_features: 0, active: None, metrics: Arc::default(), log_limit: LogLimiter::default() }
+        Rng {
+            acked_features: 0,
+            active: None,
+            metrics: Arc::default(),
+            log_limit: LogLimiter::default(),
+            throttle: Throttle::default(),
+        }
+    }
+
+    /// The same device with its requests capped by `limit`.
+    pub fn with_rate_limit(mut self, limit: RateLimit) -> Rng {
+        self.throttle = Throttle::new(limit);
+        self
+    }
+
+    /// Whether the driver posted requests this device has not taken yet.
+    fn has_pending(&self) -> bool {
+        self.active.as_ref().is_some_and(|a| {
+            a.queue
+                .avail_idx(&a.mem, std::sync::atomic::Ordering::Acquire)
+                .is_ok_and(|idx| idx.0 != a.queue.next_avail())
+        })
     }
 
     /// The device's counters, shared with whoever reports them.
@@ -54,6 +79,13 @@ impl Rng {
         let mut used_any = false;
         while let Some(chain) = active.queue.pop_descriptor_chain(&active.mem) {
             let head = chain.head_index();
+            let asked: usize = chain.clone().filter(|d| d.is_write_only()).map(|d| d.len() as usize).sum();
+            if !self.throttle.admit(asked.min(MAX_BYTES_PER_REQUEST) as u64) {
+                // Left in the queue for the pass the throttle asked for.
+                active.queue.go_to_previous_position();
+                add(&self.metrics.throttled, 1);
+                break;
+            }
             let mut written = 0usize;
             let mut failure = None;
             for desc in chain.filter(|d| d.is_write_only()) {
@@ -185,5 +217,27 @@ impl VirtioDevice for Rng {
 
     fn save(&self) -> VirtioDeviceState {
         VirtioDeviceState::Rng(RngState { acked_features: self.acked_features })
+    }
+
+    fn pause(&mut self) {
+        self.throttle.pause();
+    }
+
+    fn resume(&mut self) {
+        self.throttle.resume();
+    }
+
+    fn wants_deferral(&self) -> bool {
+        self.throttle.is_limited() || self.has_pending()
+    }
+
+    fn set_deferral(&mut self, deferral: crate::devices::deferred::Deferral) {
+        self.throttle.set_deferral(deferral);
+    }
+
+    fn run_deferred(&mut self) {
+        if self.throttle.may_run() && self.active.is_some() {
+            self.queue_notify(0);
+        }
     }
 }
