@@ -56,6 +56,24 @@ pub struct CreateSnapshotRequest {
     pub default_limits: Option<DefaultLimits>,
 }
 
+/// forkvm: caps on what a sandbox's virtio devices do for its guest per second, each a
+/// token bucket holding one second's worth (a request larger than that passes once the
+/// bucket is full and is paid off before the next). Requests over a cap wait in their
+/// queue while the guest runs on. An absent field: no cap.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct IoLimits {
+    /// Bytes read and written per second, per disk; 65536 or more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_bytes_per_sec: Option<u64>,
+    /// Disk requests per second, per disk; 10 or more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_ops_per_sec: Option<u64>,
+    /// Random bytes the entropy device (virtio-rng) hands out per second; 64 or more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rng_bytes_per_sec: Option<u64>,
+}
+
 /// forkvm: a tag's default limits for the sandboxes spawned from it; an absent field
 /// takes forkvm's default for that resource.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -67,6 +85,10 @@ pub struct DefaultLimits {
     pub cpu_limit_millis: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pids_limit: Option<u32>,
+    /// forkvm: caps on each sandbox's disk and entropy I/O (token buckets in its VMM);
+    /// absent: none (a fork of a running sandbox: its source's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io_limits: Option<IoLimits>,
 }
 
 /// A snapshot in the store.
@@ -207,6 +229,10 @@ pub struct CreateSandboxRequest {
     /// absent: the default, 4352 (a fork of a running sandbox: its source's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pids_limit: Option<u32>,
+    /// forkvm: caps on each sandbox's disk and entropy I/O (token buckets in its VMM);
+    /// absent: none (a fork of a running sandbox: its source's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io_limits: Option<IoLimits>,
     /// forkd: a network namespace per child. Not supported (guests have no network).
     #[serde(default)]
     pub per_child_netns: bool,
@@ -238,6 +264,7 @@ impl CreateSandboxRequest {
             memory_limit_mib: None,
             cpu_limit_millis: None,
             pids_limit: None,
+            io_limits: None,
             per_child_netns: false,
             prewarm: false,
             live_fork: false,
@@ -264,6 +291,10 @@ pub struct ForkSandboxRequest {
     /// absent: the default, 4352 (a fork of a running sandbox: its source's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pids_limit: Option<u32>,
+    /// forkvm: caps on each sandbox's disk and entropy I/O (token buckets in its VMM);
+    /// absent: none (a fork of a running sandbox: its source's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io_limits: Option<IoLimits>,
     /// As [`CreateSandboxRequest::ttl_seconds`].
     #[serde(default)]
     pub ttl_seconds: Option<u64>,
@@ -288,6 +319,9 @@ pub struct SandboxInfo {
     /// forkvm: the tasks limit its cgroup holds; none without a cgroup.
     #[serde(default)]
     pub pids_limit: Option<u32>,
+    /// forkvm: the caps on its disk and entropy I/O it was started with; none: no cap.
+    #[serde(default)]
+    pub io_limits: Option<IoLimits>,
     pub has_branched: bool,
     pub last_branch_memory_path: Option<String>,
     pub branch_count: u32,
@@ -647,6 +681,10 @@ pub struct DiskForkRequest {
     /// absent: the default, 4352 (a fork of a running sandbox: its source's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pids_limit: Option<u32>,
+    /// forkvm: caps on each sandbox's disk and entropy I/O (token buckets in its VMM);
+    /// absent: none (a fork of a running sandbox: its source's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io_limits: Option<IoLimits>,
     /// As [`CreateSandboxRequest::ttl_seconds`].
     #[serde(default)]
     pub ttl_seconds: Option<u64>,

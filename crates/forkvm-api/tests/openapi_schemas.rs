@@ -71,6 +71,7 @@ fn every_component_has_the_fields_of_its_rust_type() {
         VersionInfo,
         CreateSnapshotRequest,
         DefaultLimits,
+        IoLimits,
         SnapshotInfo,
         SnapshotInfoDetail,
         CompactSnapshotRequest,

@@ -125,6 +125,7 @@ fn request_bodies_are_the_api_types() {
         memory_limit_mib: Some(256),
         cpu_limit_millis: Some(500),
         pids_limit: None,
+        io_limits: None,
         per_child_netns: false,
         prewarm: false,
         live_fork: false,

@@ -66,6 +66,7 @@ pub fn snapshot_info(store: &Store, e: &StoreEntry, mode: Option<&str>, pause_ms
             memory_limit_mib: d.memory_limit_bytes.map(|b| b >> 20),
             cpu_limit_millis: d.cpu_millis,
             pids_limit: d.pids_max,
+            io_limits: d.io,
         }),
     }
 }

@@ -112,6 +112,8 @@ pub struct DefaultLimits {
     pub cpu_millis: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pids_max: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io: Option<forkvm_api::IoLimits>,
 }
 
 /// How a snapshot's guest memory is stored.
@@ -365,7 +367,12 @@ mod tests {
             template: None,
             memory_format: MemoryFormat::Chunked,
             content_hash: Some("ab".repeat(32)),
-            default_limits: Some(DefaultLimits { memory_limit_bytes: None, cpu_millis: Some(500), pids_max: Some(64) }),
+            default_limits: Some(DefaultLimits {
+                memory_limit_bytes: None,
+                cpu_millis: Some(500),
+                pids_max: Some(64),
+                io: Some(forkvm_api::IoLimits { disk_ops_per_sec: Some(100), ..Default::default() }),
+            }),
         }
     }
 

@@ -115,6 +115,10 @@ pub struct VmmStatus {
     /// Tags of live branches still being written.
     #[serde(default)]
     pub branches_writing: Vec<String>,
+    /// Per rate-limited device (its kind, in slot order): how many times its cap held a
+    /// request back.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub throttled: Vec<(String, u64)>,
 }
 
 /// A VM the builder has finished, before its vCPU threads run.
@@ -262,6 +266,7 @@ impl Vmm {
             restore_cpu_us: self.restore_cpu_us,
             labels: self.labels.clone(),
             branches_writing: self.live_writes.iter().filter(|w| !w.is_finished()).map(|w| w.tag.clone()).collect(),
+            throttled: self.devices.throttled(),
         }
     }
 

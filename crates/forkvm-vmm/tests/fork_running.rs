@@ -33,6 +33,7 @@ fn children(dir: &Path, n: usize) -> Vec<ForkChild> {
             vsock_uds: None,
             labels: VmmLabels { sandbox_id: Some(format!("child{i}")), template: None },
             run_dir: None,
+            rate_limits: None,
             disk_dir: Some(dir.join(format!("c{i}.disks"))),
         })
         .collect()

@@ -1,5 +1,6 @@
-//! The cgroup limits a verb that starts sandboxes takes (`fork`, `disk-fork`), the same
-//! way on this host and through a daemon.
+//! The limits a verb that starts sandboxes takes (`fork`, `disk-fork`, and a tag's
+//! defaults for `snapshot create`): cgroup limits and I/O caps, the same way on this host
+//! and through a daemon.
 
 use forkvm_sandbox::SpawnOptions;
 
@@ -16,6 +17,16 @@ pub struct LimitArgs {
     /// sandbox: its source's].
     #[arg(long)]
     pub pids_limit: Option<u32>,
+    /// Disk bandwidth cap per disk, bytes per second (at least 65536) [default: none; a
+    /// fork of a running sandbox: its source's].
+    #[arg(long)]
+    pub disk_bytes_per_sec: Option<u64>,
+    /// Disk requests per second per disk (at least 10) [default: none].
+    #[arg(long)]
+    pub disk_ops_per_sec: Option<u64>,
+    /// Random bytes per second from the entropy device (at least 64) [default: none].
+    #[arg(long)]
+    pub rng_bytes_per_sec: Option<u64>,
 }
 
 impl LimitArgs {
@@ -25,6 +36,21 @@ impl LimitArgs {
             memory_limit_bytes: self.mem_limit_mib.map(|m| m.saturating_mul(1 << 20)),
             cpu_millis: self.cpu_limit_millis,
             pids_max: self.pids_limit,
+            io: self.io(),
         }
+    }
+
+    /// The I/O caps asked for.
+    pub fn io(&self) -> forkvm_client::api::IoLimits {
+        forkvm_client::api::IoLimits {
+            disk_bytes_per_sec: self.disk_bytes_per_sec,
+            disk_ops_per_sec: self.disk_ops_per_sec,
+            rng_bytes_per_sec: self.rng_bytes_per_sec,
+        }
+    }
+
+    /// The I/O caps asked for, as a request carries them (none when none is asked).
+    pub fn io_limits(&self) -> Option<forkvm_client::api::IoLimits> {
+        forkvm_sandbox::start::limits::io_asked(&self.io()).then(|| self.io())
     }
 }

@@ -141,6 +141,13 @@ fn group_limits(id: &str) -> (Option<u32>, Option<u32>) {
     (limits.cpu_millis.filter(|_| has(Controller::Cpu)), limits.pids_max.filter(|_| has(Controller::Pids)))
 }
 
+/// What sandbox `id`'s VMM says its rate-limited devices held back: (kind, requests).
+fn throttled(env: &Env, id: &str) -> Vec<(String, u64)> {
+    let socket = env.dir.join("run/sandboxes").join(id).join("control.sock");
+    let mut control = forkvm_vmm::control::ControlClient::connect(&socket).expect("the VMM's control socket");
+    control.status().expect("the VMM's status").throttled
+}
+
 /// Checks sandbox `id`'s CPU and tasks limits in its listing and, where the host has the
 /// controller, in its cgroup.
 fn assert_limits(env: &Env, id: &str, cpu: u32, pids: u32) {
@@ -165,6 +172,8 @@ fn limits_asked_per_spawn_hold_and_forks_and_restores_keep_them() {
         ("--cpu-limit-millis", "5", "CPU limit 5"),
         ("--pids-limit", "8", "tasks limit 8"),
         ("--pids-limit", "x", "invalid"),
+        ("--disk-bytes-per-sec", "1000", "disk_bytes_per_sec 1000"),
+        ("--rng-bytes-per-sec", "1", "rng_bytes_per_sec 1"),
     ] {
         let out = env.cli(&["fork", "--tag", "t", "-n", "1", flag, value]);
         let err = String::from_utf8_lossy(&out.stderr);
@@ -172,24 +181,69 @@ fn limits_asked_per_spawn_hold_and_forks_and_restores_keep_them() {
     }
     assert_eq!(env.json(&["ps", "--json"]), serde_json::json!([]), "a refused spawn left a sandbox");
 
-    let made =
-        env.json(&["fork", "--tag", "t", "-n", "1", "--cpu-limit-millis", "1500", "--pids-limit", "200", "--json"]);
+    let made = env.json(&[
+        "fork",
+        "--tag",
+        "t",
+        "-n",
+        "1",
+        "--cpu-limit-millis",
+        "1500",
+        "--pids-limit",
+        "200",
+        "--disk-ops-per-sec",
+        "50",
+        "--rng-bytes-per-sec",
+        "512",
+        "--json",
+    ]);
     let a = made["sandboxes"][0]["sandbox_id"].as_str().unwrap().to_string();
     assert_limits(&env, &a, 1500, 200);
+    let a_io = serde_json::json!({"disk_ops_per_sec": 50, "rng_bytes_per_sec": 512});
+    assert_eq!(env.sandbox(&a)["io_limits"], a_io);
+    // Its VMM holds them: reading 1 KiB of entropy at 512 bytes a second takes the
+    // guest at least a second, and its rng device counts the requests it held back.
+    let t = std::time::Instant::now();
+    env.ok(&["exec", &a, "--", "sh", "-c", "head -c 1024 /dev/hwrng > /dev/null"]);
+    let read_for = t.elapsed();
+    let held = throttled(&env, &a);
+    println!("io caps: 1 KiB from /dev/hwrng at 512 B/s took {read_for:?}; held back {held:?}");
+    assert!(held.iter().any(|(kind, n)| kind == "rng" && *n > 0), "the rng cap held nothing back: {held:?}");
+    assert!(read_for >= std::time::Duration::from_secs(1), "1 KiB at 512 B/s in {read_for:?}");
     // Without flags, the defaults.
     let plain = env.json(&["fork", "--tag", "t", "-n", "1", "--json"]);
     let p = plain["sandboxes"][0]["sandbox_id"].as_str().unwrap().to_string();
     assert_limits(&env, &p, forkvm_sandbox::start::DEFAULT_CPU_MILLIS, forkvm_sandbox::start::DEFAULT_PIDS_MAX);
+    assert!(env.sandbox(&p)["io_limits"].is_null());
+    assert_eq!(throttled(&env, &p), Vec::new(), "an uncapped sandbox's devices have no cap");
 
     // A fork of the running sandbox keeps its CPU limit and takes the tasks limit asked.
-    let forked = env.json(&["fork", "--from-sandbox", &a, "-n", "1", "--pids-limit", "300", "--json"]);
+    let forked = env.json(&[
+        "fork",
+        "--from-sandbox",
+        &a,
+        "-n",
+        "1",
+        "--pids-limit",
+        "300",
+        "--disk-ops-per-sec",
+        "20",
+        "--json",
+    ]);
     let c = forked["sandboxes"][0]["sandbox_id"].as_str().unwrap().to_string();
     assert_limits(&env, &c, 1500, 300);
+    assert_eq!(env.sandbox(&c)["io_limits"], serde_json::json!({"disk_ops_per_sec": 20, "rng_bytes_per_sec": 512}));
+    let held = throttled(&env, &c);
+    assert_eq!(held.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(), ["rng", "block", "block"], "{held:?}");
 
     // A branch of it keeps them as its tag's defaults (a full branch writes the same
     // snapshot.json), and so do the sandboxes spawned from it.
     let b = env.json(&["branch", &a, "--mode", "live", "--tag", "a-live", "--json"]);
-    assert_eq!(b["default_limits"], serde_json::json!({"cpu_limit_millis": 1500, "pids_limit": 200}), "{b}");
+    assert_eq!(
+        b["default_limits"],
+        serde_json::json!({"cpu_limit_millis": 1500, "pids_limit": 200, "io_limits": a_io}),
+        "{b}"
+    );
     let from_branch = env.json(&["fork", "--tag", "a-live", "-n", "1", "--json"]);
     assert_limits(&env, from_branch["sandboxes"][0]["sandbox_id"].as_str().unwrap(), 1500, 200);
 
@@ -203,6 +257,7 @@ fn limits_asked_per_spawn_hold_and_forks_and_restores_keep_them() {
     );
     env.ok(&["unarchive", &a]);
     assert_limits(&env, &a, 1500, 200);
+    assert_eq!(env.sandbox(&a)["io_limits"], a_io, "the caps come back with the sandbox");
 
     // A tag's defaults: a spawn from it takes them, but for what it asks. Bad defaults
     // make no tag.

@@ -361,6 +361,7 @@ async fn a_stopped_sandbox_is_404_quoting_its_console() {
         memory_limit_bytes: None,
         cpu_millis: None,
         pids_max: None,
+        io_limits: Default::default(),
         cgroup: None,
         disks: Vec::new(),
     };

@@ -196,6 +196,7 @@ class Controller:
         memory_limit_mib: Optional[int] = None,
         cpu_limit_millis: Optional[int] = None,
         pids_limit: Optional[int] = None,
+        io_limits: Optional[Dict[str, int]] = None,
     ) -> SnapshotInfo:
         """``POST /v1/snapshots``: a snapshot of ``template`` (``tiny``, ``python``) as
         ``tag``. The first build of a template can take minutes; it is cached after.
@@ -204,7 +205,7 @@ class Controller:
         limits: Dict[str, Any] = {}
         if memory_limit_mib is not None:
             limits["memory_limit_mib"] = memory_limit_mib
-        _put_limits(limits, cpu_limit_millis, pids_limit)
+        _put_limits(limits, cpu_limit_millis, pids_limit, io_limits)
         if limits:
             body["default_limits"] = limits
         return SnapshotInfo.from_json(self._json(self._request("POST", "/v1/snapshots", json=body, timeout=timeout)))
@@ -297,12 +298,16 @@ class Controller:
         ttl_seconds: Optional[int] = None,
         cpu_limit_millis: Optional[int] = None,
         pids_limit: Optional[int] = None,
+        io_limits: Optional[Dict[str, int]] = None,
     ) -> List[SandboxInfo]:
         """``POST /v1/sandboxes``: ``n`` sandboxes from a snapshot, all ready, or none.
 
         ``per_child_netns`` is forkd's option; forkvm guests have no network, so the
         daemon refuses it when true. ``cpu_limit_millis`` (thousandths of a CPU) and
         ``pids_limit`` (tasks) override the daemon's defaults for each sandbox's cgroup.
+        ``io_limits`` caps each sandbox's disk and entropy I/O
+        (``{"disk_bytes_per_sec": ..., "disk_ops_per_sec": ..., "rng_bytes_per_sec": ...}``,
+        any subset).
         """
         if isinstance(memory_limit_mib, bool):
             raise TypeError("memory_limit_mib is a number of MiB (forkd's 3rd argument per_child_netns is keyword-only here)")
@@ -313,7 +318,7 @@ class Controller:
             body["per_child_netns"] = True
         if ttl_seconds is not None:
             body["ttl_seconds"] = ttl_seconds
-        _put_limits(body, cpu_limit_millis, pids_limit)
+        _put_limits(body, cpu_limit_millis, pids_limit, io_limits)
         return parse_list(SandboxInfo, self._json(self._request("POST", "/v1/sandboxes", json=body)), "sandboxes")
 
     def get_sandbox(self, sandbox_id: str) -> SandboxInfo:
@@ -429,6 +434,7 @@ class Controller:
         ttl_seconds: Optional[int] = None,
         cpu_limit_millis: Optional[int] = None,
         pids_limit: Optional[int] = None,
+        io_limits: Optional[Dict[str, int]] = None,
     ) -> List[SandboxInfo]:
         """``POST /v1/sandboxes/{id}/fork``: ``n`` running copies, no disk. The copies
         keep the source's limits but for those given here."""
@@ -437,7 +443,7 @@ class Controller:
             body["memory_limit_mib"] = memory_limit_mib
         if ttl_seconds is not None:
             body["ttl_seconds"] = ttl_seconds
-        _put_limits(body, cpu_limit_millis, pids_limit)
+        _put_limits(body, cpu_limit_millis, pids_limit, io_limits)
         return parse_list(SandboxInfo, self._json(self._request("POST", _sb(sandbox_id, "fork"), json=body)), "sandboxes")
 
     # --- lifecycle -------------------------------------------------------
@@ -479,6 +485,7 @@ class Controller:
         timeout: Optional[float] = 900.0,
         cpu_limit_millis: Optional[int] = None,
         pids_limit: Optional[int] = None,
+        io_limits: Optional[Dict[str, int]] = None,
     ) -> SandboxInfo:
         """``POST /v1/sandboxes/{id}/disk-fork``: a new sandbox cold-booted on disk
         snapshot ``seq`` (default: the newest) of ``sandbox_id`` (running, archived or
@@ -489,7 +496,7 @@ class Controller:
         for name, value in values:
             if value is not None:
                 body[name] = value
-        _put_limits(body, cpu_limit_millis, pids_limit)
+        _put_limits(body, cpu_limit_millis, pids_limit, io_limits)
         resp = self._request("POST", _sb(sandbox_id, "disk-fork"), json=body, timeout=timeout)
         return SandboxInfo.from_json(self._json(resp))
 
@@ -560,12 +567,33 @@ class Controller:
         return parse_list(FileEntry, self._json(resp), "files")
 
 
-def _put_limits(body: Dict[str, Any], cpu_limit_millis: Optional[int], pids_limit: Optional[int]) -> None:
-    """Adds the CPU and tasks limits that were given to a request body (the daemon
-    checks their bounds and answers 400 naming a bad one)."""
+#: The I/O caps a request's ``io_limits`` may hold.
+IO_LIMITS = ("disk_bytes_per_sec", "disk_ops_per_sec", "rng_bytes_per_sec")
+
+
+def _put_limits(
+    body: Dict[str, Any],
+    cpu_limit_millis: Optional[int],
+    pids_limit: Optional[int],
+    io_limits: Optional[Dict[str, int]] = None,
+) -> None:
+    """Adds the CPU and tasks limits and the I/O caps that were given to a request body
+    (the daemon checks their bounds and answers 400 naming a bad one)."""
     for name, value in (("cpu_limit_millis", cpu_limit_millis), ("pids_limit", pids_limit)):
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{name} is a whole number, got {value!r}")
         body[name] = value
+    if io_limits is None:
+        return
+    if not isinstance(io_limits, dict):
+        raise TypeError(f"io_limits is a dict of {', '.join(IO_LIMITS)}, got {io_limits!r}")
+    unknown = sorted(set(io_limits) - set(IO_LIMITS))
+    if unknown:
+        raise ValueError(f"io_limits: unknown caps {unknown} (known: {', '.join(IO_LIMITS)})")
+    for name, value in io_limits.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"io_limits[{name!r}] is a whole number, got {value!r}")
+    if io_limits:
+        body["io_limits"] = dict(io_limits)

@@ -9,7 +9,7 @@ kill) and turning a raised exception in ``eval`` into :class:`EvalError`.
 
 from __future__ import annotations
 
-from typing import Any, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from .controller import Controller
 from .errors import EvalError, NotFound
@@ -125,11 +125,12 @@ class Sandbox:
         memory_limit_mib: Optional[int] = None,
         cpu_limit_millis: Optional[int] = None,
         pids_limit: Optional[int] = None,
+        io_limits: Optional[Dict[str, int]] = None,
         **controller_kwargs: Any,
     ) -> "Sandbox":
         """Spawns one sandbox from the snapshot tagged ``template_or_tag``, with the
         daemon's default CPU and tasks limits unless given (``cpu_limit_millis``:
-        thousandths of a CPU).
+        thousandths of a CPU), and with I/O caps when ``io_limits`` gives them.
 
         Without ``controller``, a Controller is made from ``controller_kwargs``
         (``base_url``, ``token``, ``timeout``) and owned by the sandbox.
@@ -143,6 +144,7 @@ class Sandbox:
                 memory_limit_mib=memory_limit_mib,
                 cpu_limit_millis=cpu_limit_millis,
                 pids_limit=pids_limit,
+                io_limits=io_limits,
             )
         except BaseException:
             if own:
@@ -238,6 +240,7 @@ class Sandbox:
         *,
         cpu_limit_millis: Optional[int] = None,
         pids_limit: Optional[int] = None,
+        io_limits: Optional[Dict[str, int]] = None,
     ) -> List["Sandbox"]:
         """``n`` running copies of this sandbox (memory, interpreter state and all),
         with its limits but for those given.
@@ -246,7 +249,12 @@ class Sandbox:
         otherwise each gets its own, so killing one never closes another's.
         """
         infos = self._controller.fork_sandbox(
-            self.id, n=n, memory_limit_mib=memory_limit_mib, cpu_limit_millis=cpu_limit_millis, pids_limit=pids_limit
+            self.id,
+            n=n,
+            memory_limit_mib=memory_limit_mib,
+            cpu_limit_millis=cpu_limit_millis,
+            pids_limit=pids_limit,
+            io_limits=io_limits,
         )
         out: List[Sandbox] = []
         for info in infos:

@@ -165,9 +165,9 @@ class SnapshotInfo(_Record):
     memory_logical_bytes: int = 0
     memory_physical_bytes: int = 0
     #: forkvm: the limits a sandbox spawned from it gets unless its spawn asks for
-    #: others (``memory_limit_mib``, ``cpu_limit_millis``, ``pids_limit``); ``None``:
-    #: forkvm's defaults.
-    default_limits: Optional[Dict[str, int]] = None
+    #: others (``memory_limit_mib``, ``cpu_limit_millis``, ``pids_limit``, ``io_limits``);
+    #: ``None``: forkvm's defaults.
+    default_limits: Optional[Dict[str, Any]] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -468,6 +468,9 @@ class SandboxInfo(_Record):
     #: ``None`` without a cgroup.
     cpu_limit_millis: Optional[int] = None
     pids_limit: Optional[int] = None
+    #: forkvm: the caps on its disk and entropy I/O (``disk_bytes_per_sec``,
+    #: ``disk_ops_per_sec``, ``rng_bytes_per_sec``); ``None``: no cap.
+    io_limits: Optional[Dict[str, int]] = None
     last_branch_memory_path: Optional[str] = None
     template: Optional[str] = None
     #: The running sandbox it was forked from, if any.
@@ -506,6 +509,7 @@ class SandboxInfo(_Record):
             memory_limit_mib=f.opt_int("memory_limit_mib"),
             cpu_limit_millis=f.opt_int("cpu_limit_millis"),
             pids_limit=f.opt_int("pids_limit"),
+            io_limits=f._get("io_limits", (dict, type(None)), False, None),
             last_branch_memory_path=f.opt_str("last_branch_memory_path"),
             template=f.opt_str("template"),
             forked_from=f.opt_str("forked_from"),

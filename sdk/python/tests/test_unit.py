@@ -401,6 +401,25 @@ def test_limits_go_in_the_body_only_when_given(server: TcpServer, client: Contro
     assert SnapshotInfo.from_json(snap).default_limits is None
 
 
+def test_io_limits_are_checked_here_and_sent_as_given(server: TcpServer, client: Controller) -> None:
+    caps = {"disk_bytes_per_sec": 1 << 20, "rng_bytes_per_sec": 4096}
+    info = dict(SANDBOX, io_limits=caps)
+    server.routes[("POST", "/v1/sandboxes")] = lambda h: (201, {}, json.dumps([info]).encode())
+    server.routes[("POST", "/v1/sandboxes/abc/fork")] = lambda h: (201, {}, json.dumps([info]).encode())
+    [made] = client.spawn_sandboxes("py", io_limits=caps)
+    assert json.loads(server.requests[-1][3]) == {"snapshot_tag": "py", "n": 1, "io_limits": caps}
+    assert made.io_limits == caps
+    client.fork_sandbox("abc", io_limits={"disk_ops_per_sec": 50})
+    assert json.loads(server.requests[-1][3]) == {"n": 1, "io_limits": {"disk_ops_per_sec": 50}}
+    sent = len(server.requests)
+    with pytest.raises(ValueError, match="disk_iops"):
+        client.spawn_sandboxes("py", io_limits={"disk_iops": 5})
+    with pytest.raises(TypeError):
+        client.spawn_sandboxes("py", io_limits={"disk_ops_per_sec": "50"})  # type: ignore[dict-item]
+    assert len(server.requests) == sent, "a bad cap was sent"
+    assert SandboxInfo.from_json(SANDBOX).io_limits is None
+
+
 def test_types_tolerate_extra_and_require_required() -> None:
     snap = {"tag": "t", "dir": "/d", "created_at_unix": 5, "status": "ready", "bootable": True, "future": [1]}
     s = SnapshotInfo.from_json(snap)

@@ -89,6 +89,8 @@ pub struct SandboxRecord {
     /// The tasks limit asked for (none: the default).
     #[serde(default)]
     pub pids_max: Option<u32>,
+    /// Caps on its disk and entropy I/O (none: no cap).
+    pub io_limits: forkvm_api::IoLimits,
     /// Its memory cgroup (name under the forkvm cgroup root).
     #[serde(default)]
     pub cgroup: Option<String>,
@@ -407,6 +409,7 @@ impl Registry {
             memory_limit_bytes: origin.memory_limit_bytes,
             cpu_millis: origin.cpu_millis,
             pids_max: origin.pids_max,
+            io_limits: origin.io_limits,
             cgroup: None,
             disks: Vec::new(),
         })
@@ -646,6 +649,7 @@ pub struct Origin {
     pub memory_limit_bytes: Option<u64>,
     pub cpu_millis: Option<u32>,
     pub pids_max: Option<u32>,
+    pub io_limits: forkvm_api::IoLimits,
 }
 
 impl Origin {
@@ -658,6 +662,7 @@ impl Origin {
             memory_limit_bytes: r.memory_limit_bytes,
             cpu_millis: r.cpu_millis,
             pids_max: r.pids_max,
+            io_limits: r.io_limits,
         }
     }
 }
@@ -678,6 +683,7 @@ mod tests {
             memory_limit_bytes: None,
             cpu_millis: None,
             pids_max: None,
+            io_limits: Default::default(),
             cgroup: None,
             disks: Vec::new(),
         }

@@ -21,10 +21,10 @@ use std::sync::Mutex;
 /// File name of the registry database in the run root.
 pub const REGISTRY_DB: &str = "registry.db";
 
-/// Version of the table layout below; versions 1 (records without a lifecycle) and 2
-/// (without CPU and tasks limits) are migrated when opened, a newer one is refused by
-/// name.
-const SCHEMA_VERSION: i64 = 3;
+/// Version of the table layout below; versions 1 (records without a lifecycle), 2
+/// (without CPU and tasks limits) and 3 (without I/O caps) are migrated when opened, a
+/// newer one is refused by name.
+const SCHEMA_VERSION: i64 = 4;
 
 /// The `sandboxes` table of [`SCHEMA_VERSION`] (a macro, so that the schema and the
 /// migration share one literal).
@@ -53,7 +53,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
   branch_count INTEGER NOT NULL DEFAULT 0,
   last_branch_tag TEXT,
   cpu_millis INTEGER,
-  pids_max INTEGER
+  pids_max INTEGER,
+  io_limits TEXT
 );
 "
     };
@@ -73,7 +74,7 @@ INSERT INTO sandboxes (id, state, pid, template, source_tag, forked_from, create
   SELECT id, 'running', pid, template, source_tag, forked_from, created_at_unix_ms, memory_limit_bytes, cgroup, disks,
     created_at_unix_ms FROM sandboxes_v1;
 DROP TABLE sandboxes_v1;
-UPDATE meta SET value = '3' WHERE key = 'schema';
+UPDATE meta SET value = '4' WHERE key = 'schema';
 "
 );
 
@@ -82,6 +83,12 @@ const MIGRATE_2_TO_3: &str = "
 ALTER TABLE sandboxes ADD COLUMN cpu_millis INTEGER;
 ALTER TABLE sandboxes ADD COLUMN pids_max INTEGER;
 UPDATE meta SET value = '3' WHERE key = 'schema';
+";
+
+/// Version 3 to 4: the I/O caps a sandbox asked for (JSON `IoLimits`; none: no cap).
+const MIGRATE_3_TO_4: &str = "
+ALTER TABLE sandboxes ADD COLUMN io_limits TEXT;
+UPDATE meta SET value = '4' WHERE key = 'schema';
 ";
 
 /// A connection owned by the process that opened it (see the module doc).
@@ -170,13 +177,16 @@ impl Records {
                     conn.execute_batch(&format!("BEGIN IMMEDIATE; {MIGRATE_1} COMMIT;"))?;
                     Ok(Some(SCHEMA_VERSION))
                 }
-                Some(2) => {
+                Some(2) | Some(3) => {
                     // Another process may have migrated between the read and the lock.
                     conn.execute_batch("BEGIN IMMEDIATE;")?;
                     let now: Option<String> =
                         conn.query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| r.get(0)).optional()?;
                     if now.as_deref() == Some("2") {
                         conn.execute_batch(MIGRATE_2_TO_3)?;
+                    }
+                    if matches!(now.as_deref(), Some("2") | Some("3")) {
+                        conn.execute_batch(MIGRATE_3_TO_4)?;
                     }
                     conn.execute_batch("COMMIT;")?;
                     Ok(Some(SCHEMA_VERSION))
@@ -201,8 +211,8 @@ impl Records {
                 let mut st = tx.prepare_cached(
                     "INSERT OR IGNORE INTO sandboxes (id, state, op, owner_pid, owner_started_unix_ms, template,
                        source_tag, forked_from, created_at_unix_ms, memory_limit_bytes, last_activity_unix_ms,
-                       cpu_millis, pids_max)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                       cpu_millis, pids_max, io_limits)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
                 )?;
                 for r in records {
                     st.execute(params![
@@ -219,6 +229,7 @@ impl Records {
                         new.now_ms as i64,
                         r.cpu_millis,
                         r.pids_max,
+                        io_column(&r.io_limits),
                     ])?;
                 }
             }
@@ -242,12 +253,13 @@ impl Records {
                 let mut st = tx.prepare_cached(
                     "INSERT INTO sandboxes (id, state, owner_pid, owner_started_unix_ms, pid, template, source_tag,
                        forked_from, created_at_unix_ms, memory_limit_bytes, cgroup, disks, last_activity_unix_ms,
-                       cpu_millis, pids_max)
-                     VALUES (?1, ?13, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?14, ?15)
+                       cpu_millis, pids_max, io_limits)
+                     VALUES (?1, ?13, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?14, ?15, ?16)
                      ON CONFLICT (id) DO UPDATE SET pid = excluded.pid, template = excluded.template,
                        source_tag = excluded.source_tag, forked_from = excluded.forked_from,
                        memory_limit_bytes = excluded.memory_limit_bytes, cgroup = excluded.cgroup,
-                       disks = excluded.disks, cpu_millis = excluded.cpu_millis, pids_max = excluded.pids_max",
+                       disks = excluded.disks, cpu_millis = excluded.cpu_millis, pids_max = excluded.pids_max,
+                       io_limits = excluded.io_limits",
                 )?;
                 for (r, disks) in records.iter().zip(&disks) {
                     st.execute(params![
@@ -266,6 +278,7 @@ impl Records {
                         SandboxState::Starting.as_str(),
                         r.cpu_millis,
                         r.pids_max,
+                        io_column(&r.io_limits),
                     ])?;
                 }
             }
@@ -283,8 +296,10 @@ impl Records {
             c.prepare_cached(
                 "INSERT INTO sandboxes (id, state, op, reason, pid, template, source_tag, forked_from,
                    created_at_unix_ms, memory_limit_bytes, cgroup, disks, last_activity_unix_ms, ttl_seconds,
-                   expires_at_unix_ms, archived_at_unix_ms, branch_count, last_branch_tag, cpu_millis, pids_max)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)
+                   expires_at_unix_ms, archived_at_unix_ms, branch_count, last_branch_tag, cpu_millis, pids_max,
+                   io_limits)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20,
+                   ?21)
                  ON CONFLICT (id) DO UPDATE SET state = excluded.state, op = excluded.op, reason = excluded.reason,
                    last_activity_unix_ms = excluded.last_activity_unix_ms, ttl_seconds = excluded.ttl_seconds,
                    expires_at_unix_ms = excluded.expires_at_unix_ms, archived_at_unix_ms = excluded.archived_at_unix_ms,
@@ -311,6 +326,7 @@ impl Records {
                 row.last_branch_tag,
                 r.cpu_millis,
                 r.pids_max,
+                io_column(&r.io_limits),
             ])
             .map(|_| ())
         })
@@ -417,7 +433,8 @@ impl Records {
 
 const SELECT: &str = "SELECT id, state, op, reason, owner_pid, owner_started_unix_ms, pid, template, source_tag,
   forked_from, created_at_unix_ms, memory_limit_bytes, cgroup, disks, last_activity_unix_ms, ttl_seconds,
-  expires_at_unix_ms, archived_at_unix_ms, branch_count, last_branch_tag, cpu_millis, pids_max FROM sandboxes";
+  expires_at_unix_ms, archived_at_unix_ms, branch_count, last_branch_tag, cpu_millis, pids_max, io_limits
+  FROM sandboxes";
 
 /// A row as read, before its state and disks are decoded.
 struct Row {
@@ -443,6 +460,7 @@ struct Row {
     last_branch_tag: Option<String>,
     cpu_millis: Option<i64>,
     pids_max: Option<i64>,
+    io_limits: Option<String>,
 }
 
 fn row_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
@@ -469,7 +487,13 @@ fn row_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
         last_branch_tag: r.get(19)?,
         cpu_millis: r.get(20)?,
         pids_max: r.get(21)?,
+        io_limits: r.get(22)?,
     })
+}
+
+/// The `io_limits` column for caps `io`: none when nothing is capped.
+fn io_column(io: &forkvm_api::IoLimits) -> Option<String> {
+    (*io != forkvm_api::IoLimits::default()).then(|| serde_json::to_string(io).unwrap_or_default())
 }
 
 /// A stored integer that is a count or a time: negative ones (never written) read as 0.
@@ -486,6 +510,12 @@ impl Row {
     fn into_row(self, run_dir: &Path, db: &Path) -> Result<SandboxRow, RegistryError> {
         let disks: Vec<RecordedDisk> = serde_json::from_str(&self.disks)
             .map_err(|source| RegistryError::Record { path: db.to_path_buf(), source })?;
+        let io_limits = match &self.io_limits {
+            None => forkvm_api::IoLimits::default(),
+            Some(json) => {
+                serde_json::from_str(json).map_err(|source| RegistryError::Record { path: db.to_path_buf(), source })?
+            }
+        };
         let state = SandboxState::parse(&self.state)
             .ok_or_else(|| RegistryError::BadState { path: db.to_path_buf(), state: self.state.clone() })?;
         let reason = match self.reason.as_deref().map(|r| (r, StateReason::parse(r))) {
@@ -505,6 +535,7 @@ impl Row {
                 memory_limit_bytes: self.memory_limit_bytes.map(unsigned),
                 cpu_millis: self.cpu_millis.map(limit32),
                 pids_max: self.pids_max.map(limit32),
+                io_limits,
                 cgroup: self.cgroup,
                 disks,
             },
@@ -567,7 +598,7 @@ mod tests {
     }
 
     #[test]
-    fn a_version_2_file_gains_the_cpu_and_tasks_limits() {
+    fn a_version_2_file_gains_the_cpu_and_tasks_limits_and_the_io_caps() {
         let dir = tempfile::tempdir().unwrap();
         let c = Connection::open(dir.path().join(REGISTRY_DB)).unwrap();
         c.execute_batch(
@@ -588,19 +619,21 @@ mod tests {
         let rows = records.all(|id| dir.path().join(id)).unwrap();
         let r = &rows[0].record;
         assert_eq!(
-            (r.id.as_str(), r.memory_limit_bytes, r.cpu_millis, r.pids_max),
-            ("old2", Some(1 << 20), None, None)
+            (r.id.as_str(), r.memory_limit_bytes, r.cpu_millis, r.pids_max, r.io_limits),
+            ("old2", Some(1 << 20), None, None, forkvm_api::IoLimits::default())
         );
         // The new columns are written and read back.
         let mut again = r.clone();
         again.id = "new3".into();
         again.cpu_millis = Some(500);
         again.pids_max = Some(64);
+        again.io_limits = forkvm_api::IoLimits { disk_bytes_per_sec: Some(1 << 20), ..Default::default() };
         records.put(&[&again], 7000).unwrap();
         let rows = records.all(|id| dir.path().join(id)).unwrap();
         let back = rows.iter().find(|row| row.record.id == "new3").unwrap();
         assert_eq!((back.record.cpu_millis, back.record.pids_max), (Some(500), Some(64)));
-        // A second open finds version 3 and migrates nothing.
+        assert_eq!(back.record.io_limits, again.io_limits);
+        // A second open finds version 4 and migrates nothing.
         drop(records);
         assert_eq!(Records::at(dir.path()).all(|id| dir.path().join(id)).unwrap().len(), 2);
     }

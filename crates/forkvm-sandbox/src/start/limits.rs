@@ -1,11 +1,15 @@
 //! What a start asks of its sandboxes' cgroups: a memory limit (none unless asked), and a
-//! CPU and a tasks limit (defaults unless asked). A template's tag may carry defaults of
+//! CPU and a tasks limit (defaults unless asked); and of their VMMs' devices: caps on disk
+//! and entropy I/O (none unless asked; `forkvm_vmm::devices::virtio::throttle`). A template's tag may carry defaults of
 //! its own (`snapshot.json`'s `default_limits`), which a spawn from it takes unless it
 //! asks for others. A sandbox's record keeps what was asked,
 //! so that a fork of it and its restore from an archive ask the same; its cgroup, which
 //! outlives a daemon restart, holds the limits themselves.
 
 use crate::registry::SandboxRecord;
+use forkvm_api::IoLimits;
+use forkvm_vmm::devices::attach::RateLimits;
+use forkvm_vmm::devices::virtio::throttle::RateLimit;
 use forkvm_vmm::host::cgroup::Limits;
 
 /// The CPU a sandbox may use unless told otherwise, in thousandths of a CPU: its vCPU
@@ -30,6 +34,15 @@ pub const MAX_PIDS_MAX: u32 = 4_194_304;
 pub const MIN_MEMORY_BYTES: u64 = 1 << 20;
 /// Most memory limit accepted (1 PiB): anything larger is a mistake, not a limit.
 pub const MAX_MEMORY_BYTES: u64 = 1 << 50;
+/// Least disk bandwidth cap: a guest's largest requests (~1 MiB) must finish well within
+/// its block layer's 30 s timeout.
+pub const MIN_DISK_BYTES_PER_SEC: u64 = 64 << 10;
+/// Fewest disk requests per second a cap may allow.
+pub const MIN_DISK_OPS_PER_SEC: u64 = 10;
+/// Least entropy cap: a guest's kernel asks for 64 bytes at a time.
+pub const MIN_RNG_BYTES_PER_SEC: u64 = 64;
+/// Most any I/O cap may allow (a cap above it is a mistake, not a cap).
+pub const MAX_IO_RATE: u64 = 1 << 40;
 
 /// How sandboxes are spawned: the limits asked for; `None` takes the default.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -41,6 +54,8 @@ pub struct SpawnOptions {
     pub cpu_millis: Option<u32>,
     /// Tasks (processes and threads); [`DEFAULT_PIDS_MAX`] by default.
     pub pids_max: Option<u32>,
+    /// Caps on disk and entropy I/O; none by default.
+    pub io: IoLimits,
 }
 
 /// A limit outside what forkvm accepts, named with the field a caller set.
@@ -54,19 +69,31 @@ pub enum LimitError {
         "tasks limit {0} is outside {MIN_PIDS_MAX}..={MAX_PIDS_MAX} (a VMM needs {MIN_PIDS_MAX} for its own threads)"
     )]
     Pids(u32),
+    #[error("{what} {value} is outside {min}..={MAX_IO_RATE}")]
+    Io { what: &'static str, value: u64, min: u64 },
 }
 
 impl SpawnOptions {
     /// The limits sandbox `r` was started with: a fork of it and its restore keep them.
     /// A record from before CPU and tasks limits were kept asked for the defaults.
     pub fn of_record(r: &SandboxRecord) -> SpawnOptions {
-        SpawnOptions { memory_limit_bytes: r.memory_limit_bytes, cpu_millis: r.cpu_millis, pids_max: r.pids_max }
+        SpawnOptions {
+            memory_limit_bytes: r.memory_limit_bytes,
+            cpu_millis: r.cpu_millis,
+            pids_max: r.pids_max,
+            io: r.io_limits,
+        }
     }
 
     /// A snapshot's default limits for the sandboxes spawned from it.
     pub fn of_snapshot(meta: &forkvm_snapshot::SnapshotMeta) -> SpawnOptions {
         let d = meta.default_limits.unwrap_or_default();
-        SpawnOptions { memory_limit_bytes: d.memory_limit_bytes, cpu_millis: d.cpu_millis, pids_max: d.pids_max }
+        SpawnOptions {
+            memory_limit_bytes: d.memory_limit_bytes,
+            cpu_millis: d.cpu_millis,
+            pids_max: d.pids_max,
+            io: d.io.unwrap_or_default(),
+        }
     }
 
     /// These limits as a snapshot's defaults (none when nothing is set).
@@ -75,6 +102,7 @@ impl SpawnOptions {
             memory_limit_bytes: self.memory_limit_bytes,
             cpu_millis: self.cpu_millis,
             pids_max: self.pids_max,
+            io: io_asked(&self.io).then_some(self.io),
         })
     }
 
@@ -91,6 +119,7 @@ impl SpawnOptions {
             memory_limit_bytes: self.memory_limit_bytes,
             cpu_millis: self.cpu_millis,
             pids_max: self.pids_max,
+            io_limits: self.io,
             ..origin
         }
     }
@@ -101,6 +130,11 @@ impl SpawnOptions {
             memory_limit_bytes: asked.memory_limit_bytes.or(self.memory_limit_bytes),
             cpu_millis: asked.cpu_millis.or(self.cpu_millis),
             pids_max: asked.pids_max.or(self.pids_max),
+            io: IoLimits {
+                disk_bytes_per_sec: asked.io.disk_bytes_per_sec.or(self.io.disk_bytes_per_sec),
+                disk_ops_per_sec: asked.io.disk_ops_per_sec.or(self.io.disk_ops_per_sec),
+                rng_bytes_per_sec: asked.io.rng_bytes_per_sec.or(self.io.rng_bytes_per_sec),
+            },
         }
     }
 
@@ -115,13 +149,30 @@ impl SpawnOptions {
         if let Some(p) = self.pids_max.filter(|p| !(MIN_PIDS_MAX..=MAX_PIDS_MAX).contains(p)) {
             return Err(LimitError::Pids(p));
         }
+        for (what, value, min) in [
+            ("disk_bytes_per_sec", self.io.disk_bytes_per_sec, MIN_DISK_BYTES_PER_SEC),
+            ("disk_ops_per_sec", self.io.disk_ops_per_sec, MIN_DISK_OPS_PER_SEC),
+            ("rng_bytes_per_sec", self.io.rng_bytes_per_sec, MIN_RNG_BYTES_PER_SEC),
+        ] {
+            if let Some(value) = value.filter(|v| !(min..=MAX_IO_RATE).contains(v)) {
+                return Err(LimitError::Io { what, value, min });
+            }
+        }
         Ok(())
     }
 
     /// Whether a limit was asked for, so that it must hold: a start without cgroups
     /// (forkvm run as a user) fails then, instead of going on with the defaults unset.
     pub fn asks(&self) -> bool {
-        self.memory_limit_bytes.is_some() || self.cpu_millis.is_some() || self.pids_max.is_some()
+        self.memory_limit_bytes.is_some() || self.cpu_millis.is_some() || self.pids_max.is_some() || io_asked(&self.io)
+    }
+
+    /// The caps the sandboxes' devices get (none where none was asked).
+    pub fn rate_limits(&self) -> RateLimits {
+        RateLimits {
+            disk: RateLimit { bytes_per_sec: self.io.disk_bytes_per_sec, ops_per_sec: self.io.disk_ops_per_sec },
+            rng: RateLimit { bytes_per_sec: self.io.rng_bytes_per_sec, ops_per_sec: None },
+        }
     }
 
     /// The cgroup limits of each sandbox: what was asked, the defaults for the rest.
@@ -132,6 +183,11 @@ impl SpawnOptions {
             pids_max: Some(self.pids_max.unwrap_or(DEFAULT_PIDS_MAX)),
         }
     }
+}
+
+/// Whether `io` caps anything.
+pub fn io_asked(io: &IoLimits) -> bool {
+    *io != IoLimits::default()
 }
 
 #[cfg(test)]
@@ -148,11 +204,25 @@ mod tests {
 
     #[test]
     fn a_fork_keeps_its_sources_limits_unless_asked_otherwise() {
-        let source = SpawnOptions { memory_limit_bytes: Some(256 << 20), cpu_millis: Some(500), pids_max: Some(100) };
-        let asked = SpawnOptions { cpu_millis: Some(1500), ..SpawnOptions::default() };
+        let source = SpawnOptions {
+            memory_limit_bytes: Some(256 << 20),
+            cpu_millis: Some(500),
+            pids_max: Some(100),
+            io: IoLimits { disk_ops_per_sec: Some(100), rng_bytes_per_sec: Some(4096), ..IoLimits::default() },
+        };
+        let asked = SpawnOptions {
+            cpu_millis: Some(1500),
+            io: IoLimits { disk_ops_per_sec: Some(50), ..IoLimits::default() },
+            ..SpawnOptions::default()
+        };
         assert_eq!(
             source.overridden_by(asked),
-            SpawnOptions { memory_limit_bytes: Some(256 << 20), cpu_millis: Some(1500), pids_max: Some(100) }
+            SpawnOptions {
+                memory_limit_bytes: Some(256 << 20),
+                cpu_millis: Some(1500),
+                pids_max: Some(100),
+                io: IoLimits { disk_ops_per_sec: Some(50), rng_bytes_per_sec: Some(4096), ..IoLimits::default() },
+            }
         );
     }
 
@@ -163,6 +233,20 @@ mod tests {
             (SpawnOptions { cpu_millis: Some(5), ..SpawnOptions::default() }, "CPU limit 5"),
             (SpawnOptions { cpu_millis: Some(MAX_CPU_MILLIS + 1), ..SpawnOptions::default() }, "CPU limit"),
             (SpawnOptions { pids_max: Some(8), ..SpawnOptions::default() }, "tasks limit 8"),
+            (
+                SpawnOptions {
+                    io: IoLimits { disk_bytes_per_sec: Some(1000), ..IoLimits::default() },
+                    ..SpawnOptions::default()
+                },
+                "disk_bytes_per_sec 1000",
+            ),
+            (
+                SpawnOptions {
+                    io: IoLimits { rng_bytes_per_sec: Some(1), ..IoLimits::default() },
+                    ..SpawnOptions::default()
+                },
+                "rng_bytes_per_sec 1",
+            ),
         ];
         for (opts, said) in bad {
             let e = opts.validate().unwrap_err().to_string();
@@ -172,7 +256,13 @@ mod tests {
             memory_limit_bytes: Some(64 << 20),
             cpu_millis: Some(MIN_CPU_MILLIS),
             pids_max: Some(MIN_PIDS_MAX),
+            io: IoLimits {
+                disk_bytes_per_sec: Some(MIN_DISK_BYTES_PER_SEC),
+                disk_ops_per_sec: Some(MIN_DISK_OPS_PER_SEC),
+                rng_bytes_per_sec: Some(MIN_RNG_BYTES_PER_SEC),
+            },
         };
         assert_eq!(ok.validate(), Ok(()));
+        assert!(ok.asks() && ok.rate_limits().disk.is_limited() && ok.rate_limits().rng.is_limited());
     }
 }

@@ -121,6 +121,8 @@ pub(crate) struct Batch<'r> {
     /// The jail its VMMs enter, found for the first (the children of a batch differ only
     /// in paths inside their run directories, which every jail shows).
     jail: Option<Option<Arc<forkvm_vmm::host::jail::JailNamespaces>>>,
+    /// The caps its VMMs' devices get.
+    rate_limits: forkvm_vmm::devices::attach::RateLimits,
 }
 
 impl<'r> Batch<'r> {
@@ -144,7 +146,8 @@ impl<'r> Batch<'r> {
         let records: Vec<SandboxRecord> =
             ids.iter().map(|id| registry.new_record(id, origin.clone())).collect::<Result<_, _>>()?;
         registry.begin(&records.iter().collect::<Vec<_>>(), None)?;
-        let mut batch = Batch { registry, records, started: 0, committed: false, jail: None };
+        let rate_limits = opts.rate_limits();
+        let mut batch = Batch { registry, records, started: 0, committed: false, jail: None, rate_limits };
         let root = match CgroupRoot::detect() {
             Ok(root) => Some(root),
             Err(e) if opts.asks() => return Err(e.into()),
@@ -176,10 +179,16 @@ impl<'r> Batch<'r> {
         &mut self.records
     }
 
+    /// The caps the batch's VMMs' devices get.
+    pub(crate) fn rate_limits(&self) -> forkvm_vmm::devices::attach::RateLimits {
+        self.rate_limits
+    }
+
     /// How child `i`'s VMM process is made: its control socket and console log in its run
-    /// directory, `devices`, its labels, and the run directory and cgroup it owns (removed
+    /// directory, `devices` (with the batch's I/O caps), its labels, and the run directory and cgroup it owns (removed
     /// when it stops). Notes the disks it will have in its record.
-    pub(crate) fn vmm_spec(&mut self, i: usize, devices: DeviceConfig) -> Result<ChildSpec, SpawnError> {
+    pub(crate) fn vmm_spec(&mut self, i: usize, mut devices: DeviceConfig) -> Result<ChildSpec, SpawnError> {
+        devices.rate_limits = self.rate_limits;
         let jail = match &self.jail {
             Some(j) => j.clone(),
             None => self.jail.insert(jail::for_vmms(self.registry, &devices)?).clone(),

@@ -38,7 +38,9 @@ pub fn fork_running_as(
     // The children keep their source's limits, but for those asked anew.
     let opts = SpawnOptions::for_fork_of(&source, *opts);
     let mut batch = Batch::begin(registry, ids, origin, &opts)?;
-    let children: Vec<ForkChild> = batch.records_mut().iter_mut().map(|r| fork_child(&source, r)).collect();
+    let rate_limits = batch.rate_limits();
+    let children: Vec<ForkChild> =
+        batch.records_mut().iter_mut().map(|r| fork_child(&source, r, rate_limits)).collect();
     let report: ForkReport = call(&source, |c| c.fork(children))?;
     // The source numbers its children in its jail's pid namespace; we need ours.
     let host_pids = forkvm_vmm::host::jail::host_pids_of_children(source.pid, &report.pids);
@@ -75,7 +77,11 @@ pub fn fork_running_as(
 
 /// What the source's VMM needs to fork child `r`; notes in `r` the source's disks, in
 /// the child's own directory (where its VMM links the source's layers: `inherited-*`).
-fn fork_child(source: &SandboxRecord, r: &mut SandboxRecord) -> ForkChild {
+fn fork_child(
+    source: &SandboxRecord,
+    r: &mut SandboxRecord,
+    rate_limits: forkvm_vmm::devices::attach::RateLimits,
+) -> ForkChild {
     r.disks = source
         .disks
         .iter()
@@ -88,5 +94,6 @@ fn fork_child(source: &SandboxRecord, r: &mut SandboxRecord) -> ForkChild {
         labels: VmmLabels { sandbox_id: Some(r.id.clone()), template: source.template.clone() },
         disk_dir: Some(r.disk_dir()),
         run_dir: Some(r.run_dir.clone()),
+        rate_limits: Some(rate_limits),
     }
 }

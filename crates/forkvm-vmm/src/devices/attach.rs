@@ -100,7 +100,7 @@ pub struct DeviceConfig {
 }
 
 /// A VM's device rate limits (`virtio::throttle`): each disk's, and the rng's.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RateLimits {
     /// Per disk: every block device gets a bucket of this size of its own.
     pub disk: RateLimit,

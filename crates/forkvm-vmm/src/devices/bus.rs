@@ -99,6 +99,14 @@ impl Devices {
         }
     }
 
+    /// Each rate-limited device's kind and how many times its cap held a request back.
+    pub fn throttled(&self) -> Vec<(String, u64)> {
+        self.virtio
+            .iter()
+            .filter_map(|s| lock(&s.transport).device().throttled().map(|n| (s.kind.to_string(), n)))
+            .collect()
+    }
+
     /// Releases every device's host resources (the VM is stopping for good).
     pub fn shutdown(&self) {
         if let Some(work) = &self.deferred {

@@ -39,6 +39,9 @@ pub struct ForkChild {
     /// Run directory the child removes when it stops.
     #[serde(default)]
     pub run_dir: Option<PathBuf>,
+    /// The caps of the child's devices (absent: its source's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limits: Option<crate::devices::attach::RateLimits>,
     /// Where the child keeps its layered disks' writable tops (`disk<i>/` inside);
     /// required when the VM has a layered disk.
     #[serde(default)]
@@ -169,6 +172,9 @@ impl Vmm {
             Err(e) => return fail(e.to_string(), error_log),
         };
         let mut devices = self.device_config.clone();
+        if let Some(limits) = child.rate_limits {
+            devices.rate_limits = limits;
+        }
         if let (Some(v), Some(uds)) = (devices.vsock.as_mut(), &child.vsock_uds) {
             v.uds_path = uds.clone();
         }

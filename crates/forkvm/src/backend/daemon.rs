@@ -65,6 +65,7 @@ impl Backend for Daemon {
                     memory_limit_mib: limits.mem_limit_mib,
                     cpu_limit_millis: limits.cpu_limit_millis,
                     pids_limit: limits.pids_limit,
+                    io_limits: limits.io_limits(),
                     per_child_netns: false,
                     prewarm: false,
                     live_fork: false,
@@ -81,6 +82,7 @@ impl Backend for Daemon {
                         memory_limit_mib: limits.mem_limit_mib,
                         cpu_limit_millis: limits.cpu_limit_millis,
                         pids_limit: limits.pids_limit,
+                        io_limits: limits.io_limits(),
                         ttl_seconds: None,
                     },
                 )?

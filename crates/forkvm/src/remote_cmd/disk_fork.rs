@@ -18,6 +18,7 @@ pub fn disk_fork(a: &DiskForkArgs, remote: &RemoteArgs) -> Result<Option<i32>> {
         memory_limit_mib: a.limits.mem_limit_mib,
         cpu_limit_millis: a.limits.cpu_limit_millis,
         pids_limit: a.limits.pids_limit,
+        io_limits: a.limits.io_limits(),
         ttl_seconds: None,
         restore: Some(restore),
     };

@@ -18,6 +18,7 @@ pub fn snapshot(a: &SnapshotArgs, remote: &RemoteArgs) -> Result<Option<i32>> {
                 memory_limit_mib: limits.mem_limit_mib,
                 cpu_limit_millis: limits.cpu_limit_millis,
                 pids_limit: limits.pids_limit,
+                io_limits: limits.io_limits(),
             });
             let req = CreateSnapshotRequest { tag: tag.clone(), template: image.clone(), default_limits };
             let snap = client.create_snapshot(&req)?;

@@ -37,6 +37,7 @@ pub(crate) fn asked_limits(
     memory_limit_mib: Option<u64>,
     cpu_limit_millis: Option<u32>,
     pids_limit: Option<u32>,
+    io_limits: Option<forkvm_api::IoLimits>,
 ) -> Result<SpawnOptions, ApiError> {
     let memory_limit_bytes = match memory_limit_mib {
         Some(0) => return Err(ApiError::bad_request("memory_limit_mib must be at least 1")),
@@ -45,7 +46,12 @@ pub(crate) fn asked_limits(
         }
         other => other.map(|m| m << 20),
     };
-    let opts = SpawnOptions { memory_limit_bytes, cpu_millis: cpu_limit_millis, pids_max: pids_limit };
+    let opts = SpawnOptions {
+        memory_limit_bytes,
+        cpu_millis: cpu_limit_millis,
+        pids_max: pids_limit,
+        io: io_limits.unwrap_or_default(),
+    };
     opts.validate().map_err(|e| ApiError::bad_request(e.to_string()))?;
     Ok(opts)
 }
@@ -177,7 +183,7 @@ pub async fn create(
     JsonBody(req): JsonBody<CreateSandboxRequest>,
 ) -> Result<(StatusCode, Json<Vec<SandboxInfo>>), ApiError> {
     check_count(req.n)?;
-    let limits = asked_limits(req.memory_limit_mib, req.cpu_limit_millis, req.pids_limit)?;
+    let limits = asked_limits(req.memory_limit_mib, req.cpu_limit_millis, req.pids_limit, req.io_limits)?;
     if req.per_child_netns {
         return Err(ApiError::bad_request("per_child_netns is not supported: forkvm guests have no network device"));
     }
@@ -216,7 +222,7 @@ pub async fn fork(
     JsonBody(req): JsonBody<ForkSandboxRequest>,
 ) -> Result<(StatusCode, Json<Vec<SandboxInfo>>), ApiError> {
     check_count(req.n)?;
-    let asked = asked_limits(req.memory_limit_mib, req.cpu_limit_millis, req.pids_limit)?;
+    let asked = asked_limits(req.memory_limit_mib, req.cpu_limit_millis, req.pids_limit, req.io_limits)?;
     let ttl = s.lifecycle.ttl_for(req.ttl_seconds)?;
     s.blocking(move |s| {
         let started = Instant::now();
@@ -276,7 +282,7 @@ pub async fn disk_fork(
     Param(id): Param,
     JsonBody(req): JsonBody<DiskForkRequest>,
 ) -> Result<(StatusCode, Json<SandboxInfo>), ApiError> {
-    let limits = asked_limits(req.memory_limit_mib, req.cpu_limit_millis, req.pids_limit)?;
+    let limits = asked_limits(req.memory_limit_mib, req.cpu_limit_millis, req.pids_limit, req.io_limits)?;
     let ttl = s.lifecycle.ttl_for(req.ttl_seconds)?;
     s.blocking(move |s| {
         let started = Instant::now();

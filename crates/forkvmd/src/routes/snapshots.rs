@@ -67,7 +67,7 @@ pub async fn create(
 ) -> Result<(StatusCode, Json<SnapshotInfo>), ApiError> {
     validate_tag(&req.tag)?;
     let d = req.default_limits.unwrap_or_default();
-    let defaults = super::sandboxes::asked_limits(d.memory_limit_mib, d.cpu_limit_millis, d.pids_limit)?;
+    let defaults = super::sandboxes::asked_limits(d.memory_limit_mib, d.cpu_limit_millis, d.pids_limit, d.io_limits)?;
     s.blocking(move |s| {
         s.store.check_free(&req.tag)?;
         let artifacts = forkvm_sandbox::Artifacts::ensure(&req.template, &mut |event| {

@@ -112,6 +112,7 @@ pub fn fake_started(e: &Env, id: &str, source_tag: Option<&str>, forked_from: Op
         memory_limit_bytes: None,
         cpu_millis: None,
         pids_max: None,
+        io_limits: Default::default(),
         cgroup: None,
         disks: Vec::new(),
     };

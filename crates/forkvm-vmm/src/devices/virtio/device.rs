@@ -79,6 +79,10 @@ pub trait VirtioDevice: Send + std::fmt::Debug {
     /// One pass of deferred work, on the device timer thread under the transport's lock:
     /// serve the queues as a notification would (unless paused: then once resumed).
     fn run_deferred(&mut self) {}
+    /// How many times the device's rate limit held a request back; `None`: it has none.
+    fn throttled(&self) -> Option<u64> {
+        None
+    }
     /// The block device behind this trait object, for operations only disks have
     /// (sealing a layered disk's top).
     fn as_block_mut(&mut self) -> Option<&mut super::blk::Block> {

@@ -452,6 +452,10 @@ impl VirtioDevice for Block {
         self.throttle.set_deferral(deferral);
     }
 
+    fn throttled(&self) -> Option<u64> {
+        self.throttle.is_limited().then(|| self.metrics.throttled.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
     fn run_deferred(&mut self) {
         if self.throttle.may_run() && self.active.is_some() {
             self.queue_notify(0);
