@@ -59,29 +59,58 @@ pub trait VirtioDevice: Send + std::fmt::Debug {
     fn queue_states(&self) -> Vec<virtio_queue::QueueState>;
     /// The device's own state (not the queues: the transport saves those).
     fn save(&self) -> VirtioDeviceState;
-    /// Stop touching guest memory and queues until [`resume`](Self::resume): the VM is
-    /// paused (e.g. for a snapshot). Devices that only work on the vCPU thread's
-    /// notifications need nothing; devices with a backend thread must hold it.
-    fn pause(&mut self) {}
-    /// Undo [`pause`](Self::pause).
-    fn resume(&mut self) {}
     /// The VM is stopping for good: release host resources now (threads, sockets, files),
     /// since a VMM process may end without running destructors.
     fn shutdown(&mut self) {}
+    /// Stop touching guest memory and queues until [`resume`](Self::resume): the VM is
+    /// paused (e.g. for a snapshot). Devices that only work on the vCPU thread's
+    /// notifications need nothing but to hold their deferred passes (a rate limit's);
+    /// devices with a backend thread must hold it.
+    fn pause(&mut self) {
+        if let Some(t) = self.throttle_mut() {
+            t.pause();
+        }
+    }
+    /// Undo [`pause`](Self::pause).
+    fn resume(&mut self) {
+        if let Some(t) = self.throttle_mut() {
+            t.resume();
+        }
+    }
+    /// The device's rate limit, for devices that take one (block, rng: single-queue
+    /// devices served on notification, whose deferred pass is a notification of queue 0).
+    fn throttle(&self) -> Option<&super::throttle::Throttle> {
+        None
+    }
+    fn throttle_mut(&mut self) -> Option<&mut super::throttle::Throttle> {
+        None
+    }
+    /// Whether the driver posted requests the device has not taken yet.
+    fn has_pending(&self) -> bool {
+        false
+    }
     /// Whether the device may ask for passes of deferred work
     /// ([`crate::devices::deferred`]): it has a rate limit, or its restored queues still
     /// hold requests the guest will not notify again.
     fn wants_deferral(&self) -> bool {
-        false
+        self.throttle().is_some_and(super::throttle::Throttle::is_limited) || self.has_pending()
     }
     /// Where the device asks for passes of deferred work (given when it wants them).
-    fn set_deferral(&mut self, _deferral: crate::devices::deferred::Deferral) {}
+    fn set_deferral(&mut self, deferral: crate::devices::deferred::Deferral) {
+        if let Some(t) = self.throttle_mut() {
+            t.set_deferral(deferral);
+        }
+    }
     /// One pass of deferred work, on the device timer thread under the transport's lock:
-    /// serve the queues as a notification would (unless paused: then once resumed).
-    fn run_deferred(&mut self) {}
+    /// serve the queue as a notification would (unless paused: then once resumed).
+    fn run_deferred(&mut self) {
+        if self.throttle_mut().is_some_and(|t| t.may_run()) && self.has_pending() {
+            self.queue_notify(0);
+        }
+    }
     /// How many times the device's rate limit held a request back; `None`: it has none.
     fn throttled(&self) -> Option<u64> {
-        None
+        self.throttle().filter(|t| t.is_limited()).map(super::throttle::Throttle::held)
     }
     /// The block device behind this trait object, for operations only disks have
     /// (sealing a layered disk's top).

@@ -13,6 +13,13 @@
 use crate::devices::deferred::Deferral;
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
+use virtio_queue::{Queue, QueueT};
+use vm_memory::GuestMemoryMmap;
+
+/// Whether the driver posted requests on `queue` that its device has not taken yet.
+pub fn queue_has_pending(queue: &Queue, mem: &GuestMemoryMmap) -> bool {
+    queue.avail_idx(mem, std::sync::atomic::Ordering::Acquire).is_ok_and(|idx| idx.0 != queue.next_avail())
+}
 
 /// The caps of one device; `None`: no cap on that measure.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -112,6 +119,8 @@ pub struct Throttle {
     paused: bool,
     /// A pass is owed: one was due while the VM was paused, or before a deferral was set.
     owed: bool,
+    /// Requests held back so far.
+    held: u64,
 }
 
 impl Throttle {
@@ -123,6 +132,11 @@ impl Throttle {
         self.limiter.is_some()
     }
 
+    /// How many requests it held back so far.
+    pub fn held(&self) -> u64 {
+        self.held
+    }
+
     /// Whether a request of `bytes` may be served now; if not, a pass is asked for when
     /// it may (the caller leaves the request in its queue).
     pub fn admit(&mut self, bytes: u64) -> bool {
@@ -130,6 +144,7 @@ impl Throttle {
         match l.admit(bytes, Instant::now()) {
             Ok(()) => true,
             Err(wait) => {
+                self.held += 1;
                 self.ask(Instant::now() + wait);
                 false
             }

@@ -13,7 +13,7 @@ use super::request::{self, total_len, Command, Segment};
 use super::{BlockError, BLOCK_ID_BYTES, BLOCK_QUEUE_SIZE, F_FLUSH, F_RO, SECTOR_SIZE, S_IOERR, S_OK, S_UNSUPP};
 use crate::devices::virtio::device::{TYPE_BLOCK, VIRTIO_F_VERSION_1};
 use crate::devices::virtio::ratelimit::LogLimiter;
-use crate::devices::virtio::throttle::{RateLimit, Throttle};
+use crate::devices::virtio::throttle::{queue_has_pending, RateLimit, Throttle};
 use crate::devices::virtio::{ActivateContext, ActivateError, Interrupt, VirtioDevice, VirtioDeviceState};
 use forkvm_snapshot::{LayerId, LayerStack, SealedLayer};
 use std::fs::{File, OpenOptions};
@@ -144,15 +144,6 @@ impl Block {
         self
     }
 
-    /// Whether the driver posted requests this device has not taken yet.
-    fn has_pending(&self) -> bool {
-        self.active.as_ref().is_some_and(|a| {
-            a.queue
-                .avail_idx(&a.mem, std::sync::atomic::Ordering::Acquire)
-                .is_ok_and(|idx| idx.0 != a.queue.next_avail())
-        })
-    }
-
     /// A layered disk's sealed layers, oldest first (directory and id); `None` for a raw image.
     pub fn sealed_layers(&self) -> Option<Vec<(PathBuf, LayerId)>> {
         match &self.disk.backend {
@@ -211,7 +202,6 @@ impl Block {
             if !self.throttle.admit(bytes) {
                 // Left in the queue for the pass the throttle asked for.
                 active.queue.go_to_previous_position();
-                add(&self.metrics.throttled, 1);
                 break;
             }
             add(&self.metrics.requests, 1);
@@ -436,30 +426,16 @@ impl VirtioDevice for Block {
         VirtioDeviceState::Block(self.state())
     }
 
-    fn pause(&mut self) {
-        self.throttle.pause();
+    fn throttle(&self) -> Option<&Throttle> {
+        Some(&self.throttle)
     }
 
-    fn resume(&mut self) {
-        self.throttle.resume();
+    fn throttle_mut(&mut self) -> Option<&mut Throttle> {
+        Some(&mut self.throttle)
     }
 
-    fn wants_deferral(&self) -> bool {
-        self.throttle.is_limited() || self.has_pending()
-    }
-
-    fn set_deferral(&mut self, deferral: crate::devices::deferred::Deferral) {
-        self.throttle.set_deferral(deferral);
-    }
-
-    fn throttled(&self) -> Option<u64> {
-        self.throttle.is_limited().then(|| self.metrics.throttled.load(std::sync::atomic::Ordering::Relaxed))
-    }
-
-    fn run_deferred(&mut self) {
-        if self.throttle.may_run() && self.active.is_some() {
-            self.queue_notify(0);
-        }
+    fn has_pending(&self) -> bool {
+        self.active.as_ref().is_some_and(|a| queue_has_pending(&a.queue, &a.mem))
     }
 
     /// An orderly stop makes a layered disk's writes durable (the guest may not have

@@ -17,8 +17,6 @@ pub struct BlockMetrics {
     pub errors: AtomicU64,
     /// Requests answered UNSUPP.
     pub unsupported: AtomicU64,
-    /// Times the rate limit held a request back (it is served later).
-    pub throttled: AtomicU64,
 }
 
 /// A point-in-time copy of [`BlockMetrics`].
@@ -30,8 +28,6 @@ pub struct BlockMetricsSnapshot {
     pub flushes: u64,
     pub errors: u64,
     pub unsupported: u64,
-    #[serde(default)]
-    pub throttled: u64,
 }
 
 impl BlockMetrics {
@@ -44,7 +40,6 @@ impl BlockMetrics {
             flushes: get(&self.flushes),
             errors: get(&self.errors),
             unsupported: get(&self.unsupported),
-            throttled: get(&self.throttled),
         }
     }
 }

@@ -10,7 +10,7 @@ use super::persist::RngState;
 use super::{RngError, MAX_BYTES_PER_REQUEST, RNG_QUEUE_SIZE};
 use crate::devices::virtio::device::{TYPE_RNG, VIRTIO_F_VERSION_1};
 use crate::devices::virtio::ratelimit::LogLimiter;
-use crate::devices::virtio::throttle::{RateLimit, Throttle};
+use crate::devices::virtio::throttle::{queue_has_pending, RateLimit, Throttle};
 use crate::devices::virtio::{ActivateContext, ActivateError, Interrupt, VirtioDevice, VirtioDeviceState};
 use std::sync::Arc;
 use virtio_queue::{Queue, QueueOwnedT, QueueState, QueueT};
@@ -59,15 +59,6 @@ impl Rng {
         self
     }
 
-    /// Whether the driver posted requests this device has not taken yet.
-    fn has_pending(&self) -> bool {
-        self.active.as_ref().is_some_and(|a| {
-            a.queue
-                .avail_idx(&a.mem, std::sync::atomic::Ordering::Acquire)
-                .is_ok_and(|idx| idx.0 != a.queue.next_avail())
-        })
-    }
-
     /// The device's counters, shared with whoever reports them.
     pub fn metrics(&self) -> Arc<RngMetrics> {
         self.metrics.clone()
@@ -83,7 +74,6 @@ impl Rng {
             if !self.throttle.admit(asked.min(MAX_BYTES_PER_REQUEST) as u64) {
                 // Left in the queue for the pass the throttle asked for.
                 active.queue.go_to_previous_position();
-                add(&self.metrics.throttled, 1);
                 break;
             }
             let mut written = 0usize;
@@ -219,29 +209,15 @@ impl VirtioDevice for Rng {
         VirtioDeviceState::Rng(RngState { acked_features: self.acked_features })
     }
 
-    fn pause(&mut self) {
-        self.throttle.pause();
+    fn throttle(&self) -> Option<&Throttle> {
+        Some(&self.throttle)
     }
 
-    fn resume(&mut self) {
-        self.throttle.resume();
+    fn throttle_mut(&mut self) -> Option<&mut Throttle> {
+        Some(&mut self.throttle)
     }
 
-    fn wants_deferral(&self) -> bool {
-        self.throttle.is_limited() || self.has_pending()
-    }
-
-    fn set_deferral(&mut self, deferral: crate::devices::deferred::Deferral) {
-        self.throttle.set_deferral(deferral);
-    }
-
-    fn throttled(&self) -> Option<u64> {
-        self.throttle.is_limited().then(|| self.metrics.throttled.load(std::sync::atomic::Ordering::Relaxed))
-    }
-
-    fn run_deferred(&mut self) {
-        if self.throttle.may_run() && self.active.is_some() {
-            self.queue_notify(0);
-        }
+    fn has_pending(&self) -> bool {
+        self.active.as_ref().is_some_and(|a| queue_has_pending(&a.queue, &a.mem))
     }
 }

@@ -14,8 +14,6 @@ pub struct RngMetrics {
     pub bytes: AtomicU64,
     /// Requests that failed (getrandom or guest-memory errors).
     pub errors: AtomicU64,
-    /// Times the rate limit held a request back (it is served later).
-    pub throttled: AtomicU64,
 }
 
 /// A point-in-time copy of [`RngMetrics`].
@@ -24,8 +22,6 @@ pub struct RngMetricsSnapshot {
     pub requests: u64,
     pub bytes: u64,
     pub errors: u64,
-    #[serde(default)]
-    pub throttled: u64,
 }
 
 impl RngMetrics {
@@ -34,7 +30,6 @@ impl RngMetrics {
             requests: self.requests.load(Ordering::Relaxed),
             bytes: self.bytes.load(Ordering::Relaxed),
             errors: self.errors.load(Ordering::Relaxed),
-            throttled: self.throttled.load(Ordering::Relaxed),
         }
     }
 }
