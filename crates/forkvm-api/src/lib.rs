@@ -74,6 +74,13 @@ pub struct IoLimits {
     pub rng_bytes_per_sec: Option<u64>,
 }
 
+impl IoLimits {
+    /// These caps, unless they cap nothing (how requests, rows and listings carry them).
+    pub fn asked(self) -> Option<IoLimits> {
+        (self != IoLimits::default()).then_some(self)
+    }
+}
+
 /// forkvm: a tag's default limits for the sandboxes spawned from it; an absent field
 /// takes forkvm's default for that resource.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]

@@ -23,7 +23,7 @@ pub fn sandbox_info(row: &SandboxRow) -> SandboxInfo {
         memory_limit_mib: r.memory_limit_bytes.map(|b| b >> 20),
         cpu_limit_millis: group_limits.and_then(|l| l.cpu_millis),
         pids_limit: group_limits.and_then(|l| l.pids_max),
-        io_limits: crate::start::limits::io_asked(&r.io_limits).then_some(r.io_limits),
+        io_limits: r.io_limits.asked(),
         has_branched: row.branch_count > 0,
         last_branch_memory_path: None,
         branch_count: row.branch_count,

@@ -51,6 +51,6 @@ impl LimitArgs {
 
     /// The I/O caps asked for, as a request carries them (none when none is asked).
     pub fn io_limits(&self) -> Option<forkvm_client::api::IoLimits> {
-        forkvm_sandbox::start::limits::io_asked(&self.io()).then(|| self.io())
+        self.io().asked()
     }
 }

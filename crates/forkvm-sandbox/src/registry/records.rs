@@ -493,7 +493,7 @@ fn row_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
 
 /// The `io_limits` column for caps `io`: none when nothing is capped.
 fn io_column(io: &forkvm_api::IoLimits) -> Option<String> {
-    (*io != forkvm_api::IoLimits::default()).then(|| serde_json::to_string(io).unwrap_or_default())
+    io.asked().map(|io| serde_json::to_string(&io).unwrap_or_default())
 }
 
 /// A stored integer that is a count or a time: negative ones (never written) read as 0.

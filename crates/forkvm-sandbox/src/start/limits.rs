@@ -102,7 +102,7 @@ impl SpawnOptions {
             memory_limit_bytes: self.memory_limit_bytes,
             cpu_millis: self.cpu_millis,
             pids_max: self.pids_max,
-            io: io_asked(&self.io).then_some(self.io),
+            io: self.io.asked(),
         })
     }
 
@@ -164,7 +164,10 @@ impl SpawnOptions {
     /// Whether a limit was asked for, so that it must hold: a start without cgroups
     /// (forkvm run as a user) fails then, instead of going on with the defaults unset.
     pub fn asks(&self) -> bool {
-        self.memory_limit_bytes.is_some() || self.cpu_millis.is_some() || self.pids_max.is_some() || io_asked(&self.io)
+        self.memory_limit_bytes.is_some()
+            || self.cpu_millis.is_some()
+            || self.pids_max.is_some()
+            || self.io.asked().is_some()
     }
 
     /// The caps the sandboxes' devices get (none where none was asked).
@@ -183,11 +186,6 @@ impl SpawnOptions {
             pids_max: Some(self.pids_max.unwrap_or(DEFAULT_PIDS_MAX)),
         }
     }
-}
-
-/// Whether `io` caps anything.
-pub fn io_asked(io: &IoLimits) -> bool {
-    *io != IoLimits::default()
 }
 
 #[cfg(test)]

@@ -225,10 +225,7 @@ impl<'r> Batch<'r> {
     pub(crate) fn move_into_group(&self, i: usize) -> Result<(), SpawnError> {
         let r = &self.records[i];
         let Some(name) = &r.cgroup else { return Ok(()) };
-        let root = CgroupRoot::detected()?;
-        let group = root
-            .open(name)
-            .ok_or_else(|| CgroupError::Missing { name: name.clone(), root: root.dir().to_path_buf() })?;
+        let group = CgroupRoot::detected()?.open_made(name)?;
         Ok(group.join(r.pid as u32)?)
     }
 

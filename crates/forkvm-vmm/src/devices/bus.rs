@@ -64,16 +64,12 @@ impl Devices {
         virtio: Vec<VirtioSlot>,
         irqs_armed: Arc<AtomicBool>,
     ) -> Devices {
-        let wanting: Vec<usize> = virtio
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| lock(&s.transport).device().wants_deferral())
-            .map(|(i, _)| i)
-            .collect();
-        let deferred = (!wanting.is_empty()).then(|| Arc::new(DeferredWork::default()));
-        if let Some(work) = &deferred {
-            for &i in &wanting {
-                lock(&virtio[i].transport).device_mut().set_deferral(Deferral::new(work.clone(), i));
+        let mut deferred: Option<Arc<DeferredWork>> = None;
+        for (i, slot) in virtio.iter().enumerate() {
+            let mut t = lock(&slot.transport);
+            if t.device().wants_deferral() {
+                let work = deferred.get_or_insert_with(Arc::default);
+                t.device_mut().set_deferral(Deferral::new(work.clone(), i));
             }
         }
         Devices {
@@ -118,8 +114,9 @@ impl Devices {
     }
 
     /// Lets device interrupts through; called once the VM is complete. Starts the
-    /// device timer if a device may ask for passes, with one pass for each right away
-    /// (a restored queue may hold requests the guest will not notify again).
+    /// device timer if a device may ask for passes (each asked for one at once when it
+    /// got its deferral: a restored queue may hold requests the guest will not notify
+    /// again, and their interrupts must come after this).
     pub fn arm_interrupts(self: &Arc<Self>) -> std::io::Result<()> {
         self.irqs_armed.store(true, Ordering::Release);
         let Some(work) = &self.deferred else { return Ok(()) };
@@ -133,12 +130,6 @@ impl Devices {
             }
             None => false,
         })?;
-        let now = std::time::Instant::now();
-        for i in 0..self.virtio.len() {
-            if lock(&self.virtio[i].transport).device().wants_deferral() {
-                Deferral::new(work.clone(), i).at(now);
-            }
-        }
         Ok(())
     }
 

@@ -235,6 +235,11 @@ impl CgroupRoot {
         group.dir().is_dir().then_some(group)
     }
 
+    /// Group `name`, which a starter made and must still exist (an error names it).
+    pub fn open_made(&self, name: &str) -> Result<SandboxCgroup, CgroupError> {
+        self.open(name).ok_or_else(|| CgroupError::Missing { name: name.to_string(), root: self.dir.clone() })
+    }
+
     /// Removes every group under `forkvm/` (but the `exiting` leaf) that has no live process
     /// and for whose name `keep` returns false; returns the names removed, sorted. For
     /// cleaning up after a kill -9 of sandboxes or of the daemon.

@@ -70,21 +70,10 @@ impl Owned {
         self.jail.iter().flat_map(|j| j.fds()).collect()
     }
 
-    /// The process's cgroup, if it has one (it must exist: the starter made it), under
-    /// `root` (detected when not given).
-    pub fn open_cgroup(
-        &self,
-        root: Option<&crate::host::cgroup::CgroupRoot>,
-    ) -> Result<Option<crate::host::cgroup::SandboxCgroup>, crate::host::cgroup::CgroupError> {
-        use crate::host::cgroup::{CgroupError, CgroupRoot};
+    /// The process's cgroup, if it has one (it must exist: the starter made it).
+    pub fn open_cgroup(&self) -> Result<Option<crate::host::cgroup::SandboxCgroup>, crate::host::cgroup::CgroupError> {
         let Some(name) = &self.cgroup else { return Ok(None) };
-        let root = match root {
-            Some(r) => r,
-            None => CgroupRoot::detected()?,
-        };
-        root.open(name)
-            .map(Some)
-            .ok_or_else(|| CgroupError::Missing { name: name.clone(), root: root.dir().to_path_buf() })
+        crate::host::cgroup::CgroupRoot::detected()?.open_made(name).map(Some)
     }
 
     /// Removes the run directory — unless the VMM failed: then its console log (which
@@ -115,7 +104,7 @@ impl Owned {
 /// each its own (~120 ms each in `bench spawn -n 100`: they contend for the cgroup locks
 /// and wait out RCU grace periods).
 pub(crate) fn fork_vmm(owned: &Owned, detach: bool, child: impl FnOnce() -> i32) -> Result<libc::pid_t, ZygoteError> {
-    let group = owned.open_cgroup(None).map_err(ZygoteError::Cgroup)?;
+    let group = owned.open_cgroup().map_err(ZygoteError::Cgroup)?;
     let gate = group.as_ref().map(|_| Gate::new()).transpose().map_err(ZygoteError::Gate)?;
     let fork = || {
         fork_and_run(detach, || {

@@ -158,12 +158,12 @@ impl Throttle {
         }
     }
 
-    /// Where passes are asked for from now on (one owed so far is asked for at once).
+    /// Where passes are asked for from now on, starting with one at once: for one owed
+    /// so far, or for requests a restored queue still holds.
     pub fn set_deferral(&mut self, deferral: Deferral) {
         self.deferral = Some(deferral);
-        if std::mem::take(&mut self.owed) {
-            self.ask(Instant::now());
-        }
+        self.owed = false;
+        self.ask(Instant::now());
     }
 
     /// Whether a deferred pass may run now: not while the VM is paused (the pass is
