@@ -23,6 +23,7 @@ pub mod chain;
 pub mod chunk_store;
 pub mod container;
 pub mod dir;
+pub mod disk_references;
 pub mod memory_image;
 pub mod metadata;
 pub mod pack_archive;
@@ -39,6 +40,7 @@ pub use dir::{
     sync_snapshot_dir, DirError, SnapshotDir, SnapshotWriter, DISK_DIR, MEMORY_IMG, MEMORY_MAP, SNAPSHOT_JSON,
     VMSTATE_BIN,
 };
+pub use disk_references::{DiskReferences, ReferencesError, DISK_REFERENCES};
 pub use forkvm_disk::layered_disk::{Layer, LayerError, LayerId, LayerInfo, LayerStack, SealedLayer, StackStats};
 /// The disk half, below this crate: `forkvm_snapshot::vault` and `::layered_disk` name
 /// `forkvm-disk`'s modules.

@@ -15,6 +15,7 @@
 //! restored from it again.
 
 pub mod format;
+mod references;
 mod seal;
 pub(crate) mod unseal;
 

@@ -12,12 +12,13 @@ use super::format::{
     ArchiveManifest, ArchivedDisk, ARCHIVED_RECORD, ARCHIVE_FORMAT, ARCHIVE_PIN, MEMORY_BASE_KEY, MEMORY_DISK_ID,
     VMSTATE_SEALED,
 };
+use super::references::{Kind, Roots};
 use super::ArchiveError;
 use crate::disk_snapshots::{base_key, open_vault, write_owner, VaultOwner};
 use crate::registry::SandboxRecord;
 use forkvm_snapshot::layered_disk::SealedLayerBuilder;
 use forkvm_snapshot::vault::{DiskInput, Vault};
-use forkvm_snapshot::{LayerId, Store, DISK_DIR, MEMORY_IMG, SNAPSHOT_JSON, VMSTATE_BIN};
+use forkvm_snapshot::{DiskReferences, LayerId, Store, DISK_DIR, MEMORY_IMG, SNAPSHOT_JSON, VMSTATE_BIN};
 use std::path::{Path, PathBuf};
 
 /// The label binding an archive's sealed state to its vault snapshot.
@@ -42,21 +43,32 @@ pub(super) fn seal_capture(
     let meta = forkvm_snapshot::read_meta(&capture.join(SNAPSHOT_JSON))
         .map_err(|e| io("reading the capture's description")(std::io::Error::other(e)))?;
     let devices = meta.devices.clone().unwrap_or_default();
+    if let Some(d) = devices.disks.iter().find(|d| !d.has_plain_name()) {
+        let named = format!("disk {:?} has a file or layer name that is not a plain name", d.file);
+        return Err(io("reading the capture's description")(std::io::Error::other(named)));
+    }
     std::fs::create_dir_all(out.join(DISK_DIR)).map_err(io("creating the archive directory"))?;
 
     // Disks: read-only images and bases are linked (they hold nothing the sandbox
     // wrote); layered disks' sealed layers go to the vault.
     let captured_disks = capture.join(DISK_DIR);
+    let refs = DiskReferences::read(&captured_disks)
+        .map_err(|e| io("reading the capture's disk references")(std::io::Error::other(e)))?;
+    let roots = Roots::for_capture(store, record);
+    let resolve = |name: &str, kind: Kind| {
+        let named = refs.get(name).map_err(std::io::Error::other)?;
+        roots.check(named, kind)
+    };
     let mut inputs = Vec::new();
     let mut archived = Vec::new();
     for (index, d) in devices.disks.iter().enumerate() {
-        let file = resolve(&captured_disks.join(&d.file)).map_err(io(&format!("finding disk {}", d.id)))?;
+        let file = resolve(&d.file, Kind::File).map_err(io(&format!("finding disk {}", d.id)))?;
         match &d.layers {
             // A layered disk nothing was written to is its base alone.
             Some(layers) if !layers.is_empty() => {
                 let dirs = layers
                     .iter()
-                    .map(|l| resolve(&d.layer_dir(&captured_disks, l)))
+                    .map(|l| resolve(&format!("{}.layers/{l}", d.file), Kind::Dir))
                     .collect::<Result<Vec<PathBuf>, _>>()
                     .map_err(io(&format!("finding the layers of disk {}", d.id)))?;
                 let base_key = base_key(&file).map_err(io(&format!("identifying the base of disk {}", d.id)))?;
@@ -142,9 +154,4 @@ fn vault_err<'a>(
     step: &'static str,
 ) -> impl FnOnce(forkvm_snapshot::vault::VaultError) -> ArchiveError + 'a {
     move |e| ArchiveError::Step { id: id.to_string(), step, reason: e.to_string() }
-}
-
-/// Where a referenced (symbolically linked) capture file really is.
-fn resolve(path: &Path) -> std::io::Result<PathBuf> {
-    std::fs::canonicalize(path)
 }

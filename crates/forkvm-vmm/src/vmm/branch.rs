@@ -89,10 +89,12 @@ pub enum DiskCapture {
     /// Hard links (copies across filesystems): the snapshot stands alone.
     #[default]
     Link,
-    /// Symbolic links to the files where the VM has them: nothing is copied, and the
-    /// snapshot is only valid while they exist. For a caller that moves the capture
-    /// elsewhere at once (an archive encrypts it into the vault), so a run directory
-    /// on another filesystem never receives a copy of a root image.
+    /// Only named, in `disk/references.json` (`forkvm_snapshot::DiskReferences`): where
+    /// the VM has each file; nothing is copied or linked, and the capture is only valid
+    /// while they exist. For a caller that moves the capture elsewhere at once (an
+    /// archive encrypts it into the vault), so a run directory on another filesystem
+    /// never receives a copy of a root image. The reader checks every path before it
+    /// opens one (VMMs make no symbolic links: their filters deny it).
     Reference,
 }
 

@@ -12,7 +12,7 @@
 
 use super::{Vmm, VmmError};
 use crate::devices::virtio::blk::LazyReport;
-use forkvm_snapshot::{link_or_copy, DiskMeta, LayerId, DISK_DIR};
+use forkvm_snapshot::{link_or_copy, DiskMeta, DiskReferences, LayerId, DISK_DIR};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -123,6 +123,7 @@ impl Vmm {
         }
         let dir = staging.join(DISK_DIR);
         std::fs::create_dir(&dir).map_err(|e| VmmError::Disk(format!("creating {}: {e}", dir.display())))?;
+        let mut refs = reference.then(DiskReferences::default);
         for (i, b) in self.device_config.blocks.iter().enumerate() {
             let file = format!("disk{i}.img");
             let target = dir.join(&file);
@@ -131,11 +132,16 @@ impl Vmm {
                     .iter()
                     .find(|s| s.index == i)
                     .ok_or_else(|| VmmError::Disk(format!("disk {i} is layered but was not sealed in this pause")))?;
-                place(&b.path, &target, reference)
+                place(&b.path, &target, refs.as_mut(), &file)
                     .map_err(|e| VmmError::Disk(format!("linking the base of disk {i} ({}): {e}", b.path.display())))?;
-                let mut meta = DiskMeta { file, read_only: false, id: b.id.clone(), layers: None };
+                let mut meta = DiskMeta { file: file.clone(), read_only: false, id: b.id.clone(), layers: None };
                 for (layer, id) in &seal.layers {
-                    link_layer(layer, &meta.layer_dir(&dir, id), reference)?;
+                    let name = format!("{file}.layers/{id}");
+                    match refs.as_mut() {
+                        Some(refs) => refer(refs, layer, &name)
+                            .map_err(|e| VmmError::Disk(format!("referencing layer {}: {e}", layer.display())))?,
+                        None => link_layer(layer, &meta.layer_dir(&dir, id))?,
+                    }
                 }
                 meta.layers = Some(seal.layers.iter().map(|(_, id)| id.clone()).collect());
                 disks.push(meta);
@@ -147,12 +153,15 @@ impl Vmm {
                     b.path.display()
                 )));
             }
-            let linked = b.read_only && place(&b.path, &target, reference).is_ok();
+            let linked = b.read_only && place(&b.path, &target, refs.as_mut(), &file).is_ok();
             if !linked {
                 std::fs::copy(&b.path, &target)
                     .map_err(|e| VmmError::Disk(format!("copying disk {}: {e}", b.path.display())))?;
             }
             disks.push(DiskMeta { file, read_only: b.read_only, id: b.id.clone(), layers: None });
+        }
+        if let Some(refs) = refs {
+            refs.write(&dir).map_err(|e| VmmError::Disk(e.to_string()))?;
         }
         Ok(disks)
     }
@@ -166,21 +175,15 @@ pub(crate) fn inherit_layers(source_dir: &Path, sealed: &mut [PathBuf], child_di
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let to = child_dir.join(format!("inherited-{name}"));
         if !to.exists() {
-            link_layer(path, &to, false)?;
+            link_layer(path, &to)?;
         }
         *path = to;
     }
     Ok(())
 }
 
-/// Hard-links (or copies) a sealed layer's files into `to`; with `reference`, `to` is
-/// a symbolic link to the layer's directory.
-fn link_layer(from: &Path, to: &Path, reference: bool) -> Result<(), VmmError> {
-    if reference {
-        let parent = to.parent().unwrap_or(Path::new("."));
-        std::fs::create_dir_all(parent).map_err(|e| VmmError::Disk(format!("creating {}: {e}", parent.display())))?;
-        return place(from, to, true).map_err(|e| VmmError::Disk(format!("referencing layer {}: {e}", from.display())));
-    }
+/// Hard-links (or copies) a sealed layer's files into `to`.
+fn link_layer(from: &Path, to: &Path) -> Result<(), VmmError> {
     std::fs::create_dir_all(to).map_err(|e| VmmError::Disk(format!("creating {}: {e}", to.display())))?;
     for name in [forkvm_snapshot::layered_disk::DATA_FILE, forkvm_snapshot::layered_disk::BITMAP_FILE] {
         link_or_copy(&from.join(name), &to.join(name))
@@ -189,12 +192,17 @@ fn link_layer(from: &Path, to: &Path, reference: bool) -> Result<(), VmmError> {
     Ok(())
 }
 
-/// Puts `from` at `to`: a symbolic link to its absolute path with `reference`, else
-/// a hard link (a copy across filesystems).
-fn place(from: &Path, to: &Path, reference: bool) -> std::io::Result<()> {
-    if reference {
-        std::os::unix::fs::symlink(std::path::absolute(from)?, to)
-    } else {
-        link_or_copy(from, to)
+/// Puts `from` at `to`: with references, only notes it as `name` (its absolute path);
+/// else a hard link (a copy across filesystems).
+fn place(from: &Path, to: &Path, refs: Option<&mut DiskReferences>, name: &str) -> std::io::Result<()> {
+    match refs {
+        Some(refs) => refer(refs, from, name),
+        None => link_or_copy(from, to),
     }
+}
+
+/// Notes `from`'s absolute path as `name` in `refs`.
+fn refer(refs: &mut DiskReferences, from: &Path, name: &str) -> std::io::Result<()> {
+    refs.0.insert(name.to_string(), std::path::absolute(from)?);
+    Ok(())
 }

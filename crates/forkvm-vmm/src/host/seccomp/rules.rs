@@ -109,8 +109,6 @@ const FILES: &[c_long] = &[
     SYS_renameat,
     SYS_renameat2,
     SYS_linkat,
-    SYS_symlink,
-    SYS_symlinkat,
     SYS_unlink,
     SYS_unlinkat,
     SYS_rmdir,

@@ -58,9 +58,12 @@ fn raw(nr: libc::c_long, args: [usize; 4]) {
 }
 
 #[test]
-fn the_control_filter_denies_exec_network_sockets_ptrace_mount_and_namespaces() {
+fn the_control_filter_denies_exec_network_sockets_ptrace_mount_namespaces_and_symlinks() {
     let argv: [*const libc::c_char; 2] = [c"/bin/true".as_ptr(), std::ptr::null()];
-    let calls: [(libc::c_long, [usize; 4]); 6] = [
+    let (target, link) = (c"/etc/passwd".as_ptr() as usize, c"/tmp/forkvm-seccomp-link".as_ptr() as usize);
+    let calls: [(libc::c_long, [usize; 4]); 8] = [
+        (libc::SYS_symlink, [target, link, 0, 0]),
+        (libc::SYS_symlinkat, [target, libc::AT_FDCWD as usize, link, 0]),
         (libc::SYS_execve, [argv[0] as usize, argv.as_ptr() as usize, 0, 0]),
         (libc::SYS_socket, [libc::AF_INET as usize, libc::SOCK_STREAM as usize, 0, 0]),
         (libc::SYS_ptrace, [libc::PTRACE_ATTACH as usize, 1, 0, 0]),
