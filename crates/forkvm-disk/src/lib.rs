@@ -14,6 +14,7 @@ pub mod data_extents;
 pub mod flock;
 pub mod layered_disk;
 pub mod malformed;
+pub mod preopened;
 #[cfg(test)]
 mod test_rng;
 pub mod vault;

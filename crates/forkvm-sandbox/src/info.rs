@@ -130,6 +130,7 @@ mod tests {
                 io_limits: Default::default(),
                 cgroup: Some("sb-sb1".into()),
                 disks: Vec::new(),
+                uid: None,
             },
             state,
             op: None,

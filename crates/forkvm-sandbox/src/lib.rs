@@ -10,8 +10,10 @@
 
 pub mod archive;
 pub mod artifacts;
+pub mod branch_inbox;
 pub mod chain_ops;
 pub mod delete;
+pub(crate) mod disk_grant;
 pub mod disk_snapshots;
 pub mod exec_view;
 pub mod guest;
@@ -22,6 +24,7 @@ pub mod ready;
 pub mod registry;
 pub mod run_dir;
 pub mod salvage;
+pub mod sandbox_uid;
 pub mod snapshot_view;
 pub mod source;
 pub mod start;

@@ -91,7 +91,9 @@ pub fn learn_after_first_call(record: &SandboxRecord) {
     }
 }
 
-/// Merges what sandbox `record` touched since its restore into the playbook at `path`.
+/// Merges what sandbox `record` touched since its restore (its VMM reports the pages;
+/// it may not write the cache) into the playbook at `path`.
 pub fn record(record: &SandboxRecord, path: &Path) -> Result<MemoryRecording, LifecycleError> {
-    call(record, |c| c.record_memory_playbook(path))
+    let touched = call(record, |c| c.touched_memory())?;
+    touched.merge_into(path).map_err(|e| LifecycleError::Playbook(e.to_string()))
 }

@@ -6,6 +6,7 @@
 //! through [`SnapshotDir::open`], which checks that the directory is complete
 //! before anyone trusts its contents.
 
+mod at_fd;
 mod fs_ops;
 mod writer;
 
@@ -15,6 +16,8 @@ use std::path::{Path, PathBuf};
 
 use crate::metadata::{read_meta, MemoryFormat, MetadataError, SnapshotMeta, SnapshotStatus};
 
+pub use at_fd::OpenSnapshotDir;
+pub use fs_ops::rename_noreplace;
 pub use writer::{sync_snapshot_dir, SnapshotWriter};
 
 /// File name of the snapshot metadata.

@@ -26,6 +26,7 @@ pub mod dir;
 pub mod disk_references;
 pub mod memory_image;
 pub mod metadata;
+pub mod ownership;
 pub mod pack_archive;
 pub mod page_map;
 pub mod store;
@@ -37,14 +38,14 @@ pub use container::{
     VMSTATE_MAGIC, VMSTATE_MAX_BYTES,
 };
 pub use dir::{
-    sync_snapshot_dir, DirError, SnapshotDir, SnapshotWriter, DISK_DIR, MEMORY_IMG, MEMORY_MAP, SNAPSHOT_JSON,
-    VMSTATE_BIN,
+    rename_noreplace, sync_snapshot_dir, DirError, OpenSnapshotDir, SnapshotDir, SnapshotWriter, DISK_DIR, MEMORY_IMG,
+    MEMORY_MAP, SNAPSHOT_JSON, VMSTATE_BIN,
 };
 pub use disk_references::{DiskReferences, ReferencesError, DISK_REFERENCES};
 pub use forkvm_disk::layered_disk::{Layer, LayerError, LayerId, LayerInfo, LayerStack, SealedLayer, StackStats};
 /// The disk half, below this crate: `forkvm_snapshot::vault` and `::layered_disk` name
 /// `forkvm-disk`'s modules.
-pub use forkvm_disk::{layered_disk, malformed, vault};
+pub use forkvm_disk::{layered_disk, malformed, preopened, vault};
 pub use memory_image::{
     allocated_bytes, create_image, open_image, write_sparse, MemoryImageError, SparseStats, PAGE_SIZE,
 };

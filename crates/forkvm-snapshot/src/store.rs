@@ -111,8 +111,11 @@ impl Store {
     }
 
     /// The ready snapshot `tag`: `NotFound`, `Writing` (conflict) or `Invalid` otherwise.
+    /// A ready one a VMM wrote under its own uid (a live branch that finished after its
+    /// call returned) becomes ours first ([`Store::adopt_ready`]).
     pub fn lookup(&self, tag: &str) -> Result<SnapshotDir, StoreError> {
         let dir = self.tag_dir(tag)?;
+        self.adopt_ready(&dir).map_err(|source| StoreError::Io { path: dir.clone(), source })?;
         match SnapshotDir::open(&dir) {
             Ok(d) => Ok(d),
             Err(DirError::NotFound(_)) => {
@@ -126,6 +129,22 @@ impl Store {
                 }
             }
             Err(source) => Err(StoreError::Invalid { tag: tag.to_string(), source }),
+        }
+    }
+
+    /// Makes snapshot directory `dir` ours (owner and group, without following links) if
+    /// another uid owns it and it says it is ready: a VMM under its sandbox's uid wrote
+    /// it, and once ready nothing of it is the VMM's to change. Nothing to do otherwise.
+    pub fn adopt_ready(&self, dir: &Path) -> io::Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(meta) = std::fs::symlink_metadata(dir) else { return Ok(()) };
+        // SAFETY: geteuid cannot fail.
+        if !meta.is_dir() || meta.uid() == unsafe { libc::geteuid() } {
+            return Ok(());
+        }
+        match read_meta(&dir.join(SNAPSHOT_JSON)) {
+            Ok(m) if m.status == SnapshotStatus::Ready => crate::ownership::disown_tree(dir),
+            _ => Ok(()),
         }
     }
 
@@ -161,24 +180,31 @@ impl Store {
     }
 
     /// Removes leftovers of crashed writers: `<tag>.partial` directories, `writing`
-    /// snapshots whose writer process no longer exists, and staging directories of dead
-    /// processes (`staging/<name>`). Returns the names removed.
+    /// snapshots whose writer process no longer exists, directories a failed live branch
+    /// left without a `snapshot.json`, branch inboxes (`incoming/`) older than an hour,
+    /// and staging directories of dead processes (`staging/<name>`); adopts ready ones a
+    /// VMM wrote ([`Store::adopt_ready`]). Returns the names removed.
     pub fn sweep(&self) -> Vec<String> {
         let mut removed = Vec::new();
+        let older_than = |e: &std::fs::DirEntry, secs: u64| {
+            e.metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|a| a.as_secs() > secs)
+        };
         let entries = std::fs::read_dir(self.snapshots_dir()).into_iter().flatten();
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             let stale = if name.ends_with(".partial") {
                 // A staging directory is only live while its writer holds the VM paused
                 // (full mode) or for a moment (live mode): one older than a minute is left over.
-                e.metadata()
-                    .and_then(|m| m.modified())
-                    .ok()
-                    .and_then(|t| t.elapsed().ok())
-                    .is_some_and(|age| age.as_secs() > 60)
+                older_than(&e, 60)
             } else {
+                let _ = self.adopt_ready(&e.path());
                 match read_meta(&e.path().join(SNAPSHOT_JSON)) {
                     Ok(m) if m.status == SnapshotStatus::Writing => !m.writer_pid.is_some_and(process_alive),
+                    Err(crate::metadata::MetadataError::Missing(_)) => older_than(&e, 60),
                     _ => false,
                 }
             };
@@ -187,6 +213,12 @@ impl Store {
             }
         }
         removed.extend(crate::chain::sweep_staging(self).into_iter().map(|n| format!("staging/{n}")));
+        let inboxes = std::fs::read_dir(self.root.join("incoming")).into_iter().flatten();
+        for e in inboxes.flatten() {
+            if older_than(&e, 3600) && std::fs::remove_dir_all(e.path()).is_ok() {
+                removed.push(format!("incoming/{}", e.file_name().to_string_lossy()));
+            }
+        }
         removed.sort();
         removed
     }
@@ -255,6 +287,33 @@ mod tests {
         assert!(store.lookup("ready").is_ok());
         assert!(matches!(store.lookup("live-writer"), Err(StoreError::Writing { .. })));
         assert_eq!(store.lookup("dead-writer").unwrap_err().code(), forkvm_api::ErrorCode::NotFound);
+    }
+
+    #[test]
+    fn a_ready_snapshot_a_vmm_wrote_becomes_ours_when_looked_up_and_a_writing_one_does_not() {
+        use std::os::unix::fs::MetadataExt;
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: changing owners needs root");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path());
+        let vmm_uid = 0x7FFC_0000 + 9;
+        put(&store, "done", SnapshotStatus::Ready, None);
+        put(&store, "busy", SnapshotStatus::Writing, Some(std::process::id()));
+        for tag in ["done", "busy"] {
+            crate::ownership::own_tree(&store.snapshots_dir().join(tag), vmm_uid, vmm_uid).unwrap();
+        }
+        let owner = |p: &str| std::fs::symlink_metadata(store.snapshots_dir().join(p)).unwrap().uid();
+        store.lookup("done").unwrap();
+        assert_eq!((owner("done"), owner("done/memory.img")), (0, 0));
+        assert!(store.lookup("busy").is_err());
+        assert_eq!(owner("busy/memory.img"), vmm_uid, "its writer still writes it");
+        // A directory a failed live branch left without its description goes with the
+        // sweep once old; a fresh one stays (a branch may be about to publish it).
+        std::fs::create_dir_all(store.snapshots_dir().join("empty")).unwrap();
+        assert!(!store.sweep().contains(&"empty".to_string()));
     }
 
     #[test]

@@ -201,7 +201,10 @@ fn load_payload(
             Ok((*image_base, GuestInfo { kind: "testguest".into(), name: name.clone() }))
         }
         Payload::Linux { kernel, initrd, cmdline } => {
-            let open = |p: &PathBuf| File::open(p).map_err(|source| BuildError::Open { path: p.clone(), source });
+            let open = |p: &PathBuf| {
+                forkvm_snapshot::preopened::open(p, false)
+                    .map_err(|source| BuildError::Open { path: p.clone(), source })
+            };
             let mut kernel_file = open(kernel)?;
             let mut initrd_file = initrd.as_ref().map(open).transpose()?;
             // Device and CPU-profile arguments go last so they win over the caller's.

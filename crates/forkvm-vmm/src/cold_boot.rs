@@ -47,6 +47,10 @@ pub fn boot_detached(machine: Machine, spec: ChildSpec) -> Result<libc::pid_t, Z
             }
             EXIT_RESTORE_FAILED
         };
+        if spec.owned.ids.is_some() {
+            // Root's files it reads (kernel, images, layers), opened while it still may.
+            crate::host::preopen::offer_for(&spec.devices, Some(&machine.payload), Some(&kvm));
+        }
         if let Err(e) = spec.owned.enter() {
             let code = fail(format!("confining the VMM: {e}"), &mut error_log);
             spec.owned.release(true);

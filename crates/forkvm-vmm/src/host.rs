@@ -6,8 +6,10 @@
 
 pub mod cgroup;
 pub mod confinement;
+pub mod ids;
 pub mod jail;
 pub mod peer_guard;
+pub mod preopen;
 pub mod privileges;
 pub mod process;
 pub mod rlimits;
@@ -67,8 +69,19 @@ pub const KVM_DEVICE_ENV: &str = "FORKVM_KVM_DEVICE";
 
 /// Opens `/dev/kvm` (or `$FORKVM_KVM_DEVICE`), turning each failure into an explanation.
 pub fn open_kvm() -> Result<kvm_ioctls::Kvm, KvmUnavailable> {
-    let path = std::env::var_os(KVM_DEVICE_ENV).unwrap_or_else(|| "/dev/kvm".into());
-    open_kvm_at(Path::new(&path))
+    let path = kvm_device();
+    if let Some(offered) = forkvm_snapshot::preopened::offered_file(&path, true) {
+        let fd = std::os::fd::IntoRawFd::into_raw_fd(offered.map_err(KvmUnavailable::Open)?);
+        // SAFETY: the descriptor is the KVM device node this process opened before it
+        // gave up its uid (`preopen`), duplicated for the Kvm to own.
+        return Ok(unsafe { <kvm_ioctls::Kvm as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+    }
+    open_kvm_at(&path)
+}
+
+/// The KVM device node: `$FORKVM_KVM_DEVICE`, else `/dev/kvm`.
+pub fn kvm_device() -> std::path::PathBuf {
+    std::env::var_os(KVM_DEVICE_ENV).unwrap_or_else(|| "/dev/kvm".into()).into()
 }
 
 /// Opens a KVM device node at `path` (tests point this elsewhere).

@@ -158,6 +158,11 @@ impl Zygote {
             EXIT_RESTORE_FAILED
         };
         let (started, cpu_before) = (std::time::Instant::now(), crate::phase_timer::thread_cpu_time());
+        if spec.owned.ids.is_some() {
+            // Root's files it reads (its disks' bases and the tag's layers), opened
+            // while it still may.
+            crate::host::preopen::offer_for(&spec.devices, None, Some(&self.kvm));
+        }
         if let Err(e) = spec.owned.enter() {
             let code = fail(format!("confining the VMM: {e}"), &mut error_log);
             spec.owned.release(true);

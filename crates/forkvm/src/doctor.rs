@@ -99,21 +99,25 @@ fn jail_check(checks: &mut Vec<Value>) {
     use forkvm_vmm::host::seccomp::Seccomp;
     let registry = forkvm_sandbox::Registry::open_default();
     let jail = forkvm_sandbox::start::jail::for_vmms(&registry, &Default::default());
+    // A sandbox's own uid, where sandboxes get one (the range's last: a probe touches nothing).
+    let by_uid = forkvm_sandbox::sandbox_uid::confines_by_uid(&registry);
+    let ids = by_uid.then(|| forkvm_vmm::host::ids::SandboxIds::of(forkvm_vmm::host::ids::SANDBOX_ID_RANGE.end - 1));
     let probed = match jail {
-        Ok(jail) => forkvm_vmm::host::confinement::probe(Seccomp::Enforce, jail),
+        Ok(jail) => forkvm_vmm::host::confinement::probe(Seccomp::Enforce, jail, ids),
         Err(e) => Err(e.to_string()),
     };
     let (ok, detail) = match probed {
         Ok(c) => (
-            c.seccomp_on_every_thread() && c.no_new_privs && c.no_capabilities,
+            c.seccomp_on_every_thread() && c.no_new_privs && c.no_capabilities && (!by_uid || c.uid != 0),
             format!(
-                "a VMM runs with seccomp {} on {}/{} threads, {}, no_new_privs {}, uid {}, namespaces of its own [{}], root {}",
+                "a VMM runs with seccomp {} on {}/{} threads, {}, no_new_privs {}, uid {} ({}), namespaces of its own [{}], root {}",
                 if c.seccomp_on_every_thread() { "filters" } else { "OFF" },
                 c.seccomp_filtered_threads,
                 c.threads,
                 if c.no_capabilities { "no capabilities" } else { "CAPABILITIES LEFT" },
                 c.no_new_privs,
                 c.uid,
+                if by_uid { "its sandbox's own" } else { "no uid of its own: not root, or the jail is off" },
                 c.own_namespaces.join(", "),
                 c.root
             ),

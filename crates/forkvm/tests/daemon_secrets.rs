@@ -109,7 +109,7 @@ fn only_clients_are_served(sandboxes: &std::path::Path, jailed_pid: u32, ids: [&
         use std::os::fd::AsRawFd;
         // SAFETY: setns on a namespace descriptor we hold.
         let entered = unsafe { libc::setns(mnt.as_raw_fd(), libc::CLONE_NEWNS) } == 0;
-        let code = if !entered || forkvm_vmm::host::privileges::drop_privileges().is_err() {
+        let code = if !entered || forkvm_vmm::host::privileges::drop_privileges(None).is_err() {
             3
         } else if forkvm_proto::trusted_peer::connect(&control).is_ok_and(control_answers) {
             1
@@ -126,6 +126,53 @@ fn only_clients_are_served(sandboxes: &std::path::Path, jailed_pid: u32, ids: [&
     unsafe { libc::waitpid(pid, &mut status, 0) };
     let code = libc::WEXITSTATUS(status);
     assert_eq!(code, 0, "from the jail without privileges: 1 control answered, 2 vsock answered, 3 could not enter");
+}
+
+/// The uid process `pid` runs as.
+fn uid_of(pid: u32) -> u32 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status.lines().find_map(|l| l.strip_prefix("Uid:")).unwrap().split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// Runs `attempt` in a process confined as sandbox uid `uid`'s VMM is — in the jail of
+/// VMM `jailed_pid` (its mount namespace), under that uid without privileges and under
+/// the VMM's seccomp filter — and returns how it ended: `Ok(exit code)` or
+/// `Err(signal)`. A call the filter denies ends it with `EXIT_SECCOMP_DENIED`.
+fn as_neighbour(jailed_pid: u32, uid: u32, attempt: impl FnOnce() -> i32) -> Result<i32, i32> {
+    let mnt = std::fs::File::open(format!("/proc/{jailed_pid}/ns/mnt")).unwrap();
+    // SAFETY: the child makes system calls, runs `attempt` and leaves with `_exit`.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        use std::os::fd::AsRawFd;
+        // SAFETY: setns on a namespace descriptor we hold.
+        let entered = unsafe { libc::setns(mnt.as_raw_fd(), libc::CLONE_NEWNS) } == 0;
+        let ids = forkvm_vmm::host::ids::SandboxIds::of(uid);
+        let confined = entered
+            && forkvm_vmm::host::privileges::drop_privileges(Some(ids)).is_ok()
+            && forkvm_vmm::host::seccomp::enforce().is_ok();
+        let code = if confined { attempt() } else { 100 };
+        // SAFETY: leaves the forked copy without running the test's destructors.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    if libc::WIFEXITED(status) {
+        Ok(libc::WEXITSTATUS(status))
+    } else {
+        Err(libc::WTERMSIG(status))
+    }
+}
+
+/// 0 when opening `path` (read-only) fails for want of permission, 1 when it opens, 2
+/// when it fails otherwise.
+fn open_denied(path: &std::path::Path) -> i32 {
+    match std::fs::File::open(path) {
+        Ok(_) => 1,
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => 0,
+        Err(_) => 2,
+    }
 }
 
 fn found_in_memory(pid: u32, needles: &[(&str, &[u8])]) -> Vec<String> {
@@ -292,6 +339,64 @@ fn no_vmm_holds_a_secret_a_descriptor_of_the_daemon_or_a_privilege() {
         assert_eq!(locked.split_whitespace().skip(3).take(2).collect::<Vec<_>>(), ["0", "0"], "{what}: {locked}");
     }
 
+    // Each sandbox runs under a uid of its own, from forkvm's range, which owns its run
+    // directory; a child of a running sandbox shares its source's (its VMM forked it).
+    let range = forkvm_vmm::host::ids::SANDBOX_ID_RANGE;
+    let (uid, child_uid) = (uid_of(vmm), uid_of(child));
+    assert!(range.contains(&uid), "the VMM runs as uid {uid}, outside {range:?}");
+    assert_eq!(child_uid, uid, "the forked VMM shares its source's uid");
+    let other: serde_json::Value = serde_json::from_str(&env.ok(&["fork", "--tag", "t", "-n", "1", "--json"])).unwrap();
+    let other_vmm = other["sandboxes"][0]["pid"].as_u64().unwrap() as u32;
+    let other_uid = uid_of(other_vmm);
+    assert!(range.contains(&other_uid) && other_uid != uid, "a second sandbox's uid {other_uid} (the first's {uid})");
+    let a_id = made["sandboxes"][0]["sandbox_id"].as_str().unwrap();
+    let a_run = dir.join("run/sandboxes").join(a_id);
+    {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let meta = std::fs::metadata(&a_run).unwrap();
+        assert_eq!((meta.uid(), meta.permissions().mode() & 0o777), (uid, 0o700), "its run directory is its own");
+    }
+    // Its branch is the store's (root's) once taken, like every snapshot.
+    env.ok(&["branch", a_id, "--tag", "a-branch", "--json"]);
+    let a_memory = dir.join("store/snapshots/a-branch/memory.img");
+    {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(&a_memory).unwrap();
+        assert_eq!((meta.uid(), meta.gid()), (0, 0), "the branch was adopted");
+    }
+    // A neighbour taken over by its guest — the other sandbox's uid, in the same jail,
+    // under the same filter — cannot open the first's memory image, run directory or
+    // console log, nor the tag's image; cannot execute, open a network socket or trace.
+    let tag_memory = dir.join("store/snapshots/t/memory.img");
+    for path in [&a_memory, &tag_memory, &a_run.join("console.log"), &a_run] {
+        assert_eq!(
+            as_neighbour(other_vmm, other_uid, || open_denied(path)),
+            Ok(0),
+            "the neighbour opens {}",
+            path.display()
+        );
+    }
+    let killed = Ok(forkvm_vmm::host::seccomp::EXIT_SECCOMP_DENIED);
+    let exec = || {
+        let argv: [*const libc::c_char; 2] = [c"/bin/true".as_ptr(), std::ptr::null()];
+        // SAFETY: a NUL-terminated path and argument list; the filter ends the process first.
+        unsafe { libc::execve(argv[0], argv.as_ptr(), std::ptr::null()) };
+        1
+    };
+    assert_eq!(as_neighbour(other_vmm, other_uid, exec), killed, "the neighbour executes a program");
+    let inet = || {
+        // SAFETY: plain integer arguments; the filter ends the process first.
+        unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) };
+        1
+    };
+    assert_eq!(as_neighbour(other_vmm, other_uid, inet), killed, "the neighbour opens a network socket");
+    let trace = move || {
+        // SAFETY: plain integer arguments; the filter ends the process first.
+        unsafe { libc::ptrace(libc::PTRACE_ATTACH, vmm as libc::pid_t, 0, 0) };
+        1
+    };
+    assert_eq!(as_neighbour(other_vmm, other_uid, trace), killed, "the neighbour traces the first VMM");
+
     // Each serves forkvm's clients only: not a neighbour VMM that can name its sockets.
     let ids =
         [made["sandboxes"][0]["sandbox_id"].as_str().unwrap(), forked["sandboxes"][0]["sandbox_id"].as_str().unwrap()];
@@ -301,6 +406,7 @@ fn no_vmm_holds_a_secret_a_descriptor_of_the_daemon_or_a_privilege() {
     let client = forkvm_client::Client::new(forkvm_client::Endpoint::Unix(dir.join("run/forkvmd.sock")), None).unwrap();
     let jail = client.get_sandbox(made["sandboxes"][0]["sandbox_id"].as_str().unwrap()).unwrap().jail.unwrap();
     assert_eq!(jail.seccomp, "filter", "{jail:?}");
+    assert_eq!(jail.uid, uid, "the API shows its own uid: {jail:?}");
     assert!(jail.no_capabilities && jail.no_new_privs && jail.threads > 1, "{jail:?}");
     assert_eq!(jail.seccomp_filtered_threads, jail.threads, "{jail:?}");
     let mut namespaces = jail.own_namespaces.clone();

@@ -364,6 +364,7 @@ async fn a_stopped_sandbox_is_404_quoting_its_console() {
         io_limits: Default::default(),
         cgroup: None,
         disks: Vec::new(),
+        uid: None,
     };
     e.state.registry.write(&record).unwrap();
     e.state.registry.mark_ready(&["gone1"]).unwrap();

@@ -242,7 +242,7 @@ pub(super) fn decode(path: &Path, bytes: &[u8]) -> Result<(Header, Bitmap), Laye
 /// Reads and validates `path`, refusing files over the size cap before reading them.
 pub(crate) fn read_file(path: &Path) -> Result<(Header, Bitmap), LayerError> {
     let err = |source| LayerError::ReadBitmap { path: path.to_path_buf(), source };
-    let file = File::open(path).map_err(err)?;
+    let file = crate::preopened::open(path, false).map_err(err)?;
     let len = file.metadata().map_err(err)?.len();
     let max = max_encoded_len();
     if len > max {

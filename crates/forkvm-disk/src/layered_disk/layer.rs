@@ -78,7 +78,7 @@ impl Layer {
         }
         let data_path = dir.join(DATA_FILE);
         let err = |source| LayerError::OpenData { path: data_path.clone(), source };
-        let data = OpenOptions::new().read(true).write(role == Role::Top).open(&data_path).map_err(err)?;
+        let data = crate::preopened::open(&data_path, role == Role::Top).map_err(err)?;
         let meta = data.metadata().map_err(err)?;
         if !meta.is_file() {
             return Err(err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file")));

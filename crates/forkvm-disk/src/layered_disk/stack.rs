@@ -552,7 +552,7 @@ fn open_lower(
     sealed: &[PathBuf],
 ) -> Result<(File, u64, Vec<Layer>), LayerError> {
     let err = |source| LayerError::OpenBase { path: base.to_path_buf(), source };
-    let mut file = File::open(base).map_err(err)?;
+    let mut file = crate::preopened::open(base, false).map_err(err)?;
     // Seeking to the end also sizes block devices, whose metadata length is 0.
     let size = file.seek(SeekFrom::End(0)).map_err(err)?;
     if size > MAX_DISK_BYTES {

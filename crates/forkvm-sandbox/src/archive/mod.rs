@@ -15,7 +15,6 @@
 //! restored from it again.
 
 pub mod format;
-mod references;
 mod seal;
 pub(crate) mod unseal;
 

@@ -12,8 +12,8 @@ use super::format::{
     ArchiveManifest, ArchivedDisk, ARCHIVED_RECORD, ARCHIVE_FORMAT, ARCHIVE_PIN, MEMORY_BASE_KEY, MEMORY_DISK_ID,
     VMSTATE_SEALED,
 };
-use super::references::{Kind, Roots};
 use super::ArchiveError;
+use crate::disk_grant::{DiskGrant, Kind};
 use crate::disk_snapshots::{base_key, open_vault, write_owner, VaultOwner};
 use crate::registry::SandboxRecord;
 use forkvm_snapshot::layered_disk::SealedLayerBuilder;
@@ -54,10 +54,10 @@ pub(super) fn seal_capture(
     let captured_disks = capture.join(DISK_DIR);
     let refs = DiskReferences::read(&captured_disks)
         .map_err(|e| io("reading the capture's disk references")(std::io::Error::other(e)))?;
-    let roots = Roots::for_capture(store, record);
+    let grant = DiskGrant::of(store, record);
     let resolve = |name: &str, kind: Kind| {
         let named = refs.get(name).map_err(std::io::Error::other)?;
-        roots.check(named, kind)
+        grant.check(named, kind)
     };
     let mut inputs = Vec::new();
     let mut archived = Vec::new();

@@ -44,12 +44,14 @@ pub enum RegistryError {
     Record { path: PathBuf, source: serde_json::Error },
     #[error("sandbox registry {path}: {source}")]
     Db { path: PathBuf, source: rusqlite::Error },
-    #[error("sandbox registry {path} has layout version {found}; this forkvm knows 1 and 2 (stop every sandbox, then remove the file)")]
+    #[error("sandbox registry {path} has layout version {found}; this forkvm knows 1 to 5 (stop every sandbox, then remove the file)")]
     Version { path: PathBuf, found: i64 },
     #[error("sandbox registry {path} holds a sandbox state or reason {state:?} this forkvm does not know")]
     BadState { path: PathBuf, state: String },
     #[error("sandbox {id:?} is {state} now: another call moved it while it started")]
     Moved { id: String, state: SandboxState },
+    #[error("every sandbox uid ({count} from {first}) is taken by a live sandbox: stop some first")]
+    NoFreeUid { first: u32, count: usize },
 }
 
 impl RegistryError {
@@ -58,6 +60,7 @@ impl RegistryError {
             RegistryError::NotFound(_) => forkvm_api::ErrorCode::NotFound,
             RegistryError::BadId(_) => forkvm_api::ErrorCode::BadRequest,
             RegistryError::Moved { .. } => forkvm_api::ErrorCode::Conflict,
+            RegistryError::NoFreeUid { .. } => forkvm_api::ErrorCode::Conflict,
             _ => forkvm_api::ErrorCode::Internal,
         }
     }
@@ -98,6 +101,10 @@ pub struct SandboxRecord {
     /// crash from these).
     #[serde(default)]
     pub disks: Vec<RecordedDisk>,
+    /// The uid (and gid) its VMM runs as (`forkvm_vmm::host::ids`); none: the VMM has
+    /// no ids of its own.
+    #[serde(default)]
+    pub uid: Option<u32>,
 }
 
 /// A layered disk as a sandbox's VMM opened it: with the layers the VMM made in `dir`
@@ -387,12 +394,28 @@ impl Registry {
         }
     }
 
-    /// Creates the run directory of a new sandbox.
+    /// Creates the run directory of a new sandbox. Their parent lets every uid pass
+    /// (to the run directory its own uid owns) where sandboxes have uids.
     pub fn create_run_dir(&self, id: &str) -> Result<PathBuf, RegistryError> {
         Registry::checked_id(id)?;
         let dir = self.sandboxes_dir().join(id);
         std::fs::create_dir_all(&dir).map_err(|source| RegistryError::Io { path: dir.clone(), source })?;
+        if crate::sandbox_uid::confines_by_uid(self) {
+            let parent = self.sandboxes_dir();
+            crate::sandbox_uid::traversable(&parent).map_err(|source| RegistryError::Io { path: parent, source })?;
+        }
         Ok(dir)
+    }
+
+    /// Gives each of `records` (rows this process began) a uid of its own (`family`: that
+    /// one, its source's), unique among live sandboxes, in one transaction.
+    pub fn assign_uids(&self, records: &mut [SandboxRecord], family: Option<u32>) -> Result<(), RegistryError> {
+        let ids: Vec<&str> = records.iter().map(|r| r.id.as_str()).collect();
+        let uids = self.records.assign_uids(&ids, forkvm_vmm::host::ids::SANDBOX_ID_RANGE, family)?;
+        for (r, uid) in records.iter_mut().zip(uids) {
+            r.uid = Some(uid);
+        }
+        Ok(())
     }
 
     /// A record for new sandbox `id`: no VMM yet, its run directory where its id says.
@@ -412,6 +435,7 @@ impl Registry {
             io_limits: origin.io_limits,
             cgroup: None,
             disks: Vec::new(),
+            uid: None,
         })
     }
 
@@ -686,6 +710,7 @@ mod tests {
             io_limits: Default::default(),
             cgroup: None,
             disks: Vec::new(),
+            uid: None,
         }
     }
 

@@ -22,9 +22,9 @@ use std::sync::Mutex;
 pub const REGISTRY_DB: &str = "registry.db";
 
 /// Version of the table layout below; versions 1 (records without a lifecycle), 2
-/// (without CPU and tasks limits) and 3 (without I/O caps) are migrated when opened, a
-/// newer one is refused by name.
-const SCHEMA_VERSION: i64 = 4;
+/// (without CPU and tasks limits), 3 (without I/O caps) and 4 (without the sandbox's
+/// uid) are migrated when opened, a newer one is refused by name.
+const SCHEMA_VERSION: i64 = 5;
 
 /// The `sandboxes` table of [`SCHEMA_VERSION`] (a macro, so that the schema and the
 /// migration share one literal).
@@ -54,7 +54,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
   last_branch_tag TEXT,
   cpu_millis INTEGER,
   pids_max INTEGER,
-  io_limits TEXT
+  io_limits TEXT,
+  uid INTEGER
 );
 "
     };
@@ -74,7 +75,7 @@ INSERT INTO sandboxes (id, state, pid, template, source_tag, forked_from, create
   SELECT id, 'running', pid, template, source_tag, forked_from, created_at_unix_ms, memory_limit_bytes, cgroup, disks,
     created_at_unix_ms FROM sandboxes_v1;
 DROP TABLE sandboxes_v1;
-UPDATE meta SET value = '4' WHERE key = 'schema';
+UPDATE meta SET value = '5' WHERE key = 'schema';
 "
 );
 
@@ -89,6 +90,12 @@ UPDATE meta SET value = '3' WHERE key = 'schema';
 const MIGRATE_3_TO_4: &str = "
 ALTER TABLE sandboxes ADD COLUMN io_limits TEXT;
 UPDATE meta SET value = '4' WHERE key = 'schema';
+";
+
+/// Version 4 to 5: the uid the sandbox's VMM runs as (none: it has none of its own).
+const MIGRATE_4_TO_5: &str = "
+ALTER TABLE sandboxes ADD COLUMN uid INTEGER;
+UPDATE meta SET value = '5' WHERE key = 'schema';
 ";
 
 /// A connection owned by the process that opened it (see the module doc).
@@ -177,7 +184,7 @@ impl Records {
                     conn.execute_batch(&format!("BEGIN IMMEDIATE; {MIGRATE_1} COMMIT;"))?;
                     Ok(Some(SCHEMA_VERSION))
                 }
-                Some(2) | Some(3) => {
+                Some(2) | Some(3) | Some(4) => {
                     // Another process may have migrated between the read and the lock.
                     conn.execute_batch("BEGIN IMMEDIATE;")?;
                     let now: Option<String> =
@@ -187,6 +194,9 @@ impl Records {
                     }
                     if matches!(now.as_deref(), Some("2") | Some("3")) {
                         conn.execute_batch(MIGRATE_3_TO_4)?;
+                    }
+                    if matches!(now.as_deref(), Some("2") | Some("3") | Some("4")) {
+                        conn.execute_batch(MIGRATE_4_TO_5)?;
                     }
                     conn.execute_batch("COMMIT;")?;
                     Ok(Some(SCHEMA_VERSION))
@@ -253,13 +263,13 @@ impl Records {
                 let mut st = tx.prepare_cached(
                     "INSERT INTO sandboxes (id, state, owner_pid, owner_started_unix_ms, pid, template, source_tag,
                        forked_from, created_at_unix_ms, memory_limit_bytes, cgroup, disks, last_activity_unix_ms,
-                       cpu_millis, pids_max, io_limits)
-                     VALUES (?1, ?13, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?14, ?15, ?16)
+                       cpu_millis, pids_max, io_limits, uid)
+                     VALUES (?1, ?13, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?14, ?15, ?16, ?17)
                      ON CONFLICT (id) DO UPDATE SET pid = excluded.pid, template = excluded.template,
                        source_tag = excluded.source_tag, forked_from = excluded.forked_from,
                        memory_limit_bytes = excluded.memory_limit_bytes, cgroup = excluded.cgroup,
                        disks = excluded.disks, cpu_millis = excluded.cpu_millis, pids_max = excluded.pids_max,
-                       io_limits = excluded.io_limits",
+                       io_limits = excluded.io_limits, uid = excluded.uid",
                 )?;
                 for (r, disks) in records.iter().zip(&disks) {
                     st.execute(params![
@@ -279,11 +289,58 @@ impl Records {
                         r.cpu_millis,
                         r.pids_max,
                         io_column(&r.io_limits),
+                        r.uid,
                     ])?;
                 }
             }
             tx.commit()
         })
+    }
+
+    /// Gives each of `ids` (rows this process began) a uid from `range` that no other
+    /// live sandbox has (`family`: that one, shared with the sandbox it was forked from),
+    /// in one transaction, and returns them in order. A row that has one keeps it.
+    pub(super) fn assign_uids(
+        &self,
+        ids: &[&str],
+        range: std::ops::Range<u32>,
+        family: Option<u32>,
+    ) -> Result<Vec<u32>, RegistryError> {
+        let exhausted = || RegistryError::NoFreeUid { first: range.start, count: range.len() };
+        let assigned = self.with(|c| {
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let mut taken: std::collections::BTreeSet<u32> = tx
+                .prepare_cached("SELECT uid FROM sandboxes WHERE uid IS NOT NULL AND state != 'archived'")?
+                .query_map([], |r| r.get::<_, u32>(0))?
+                .collect::<rusqlite::Result<_>>()?;
+            let mut out = Vec::with_capacity(ids.len());
+            let mut next = range.start;
+            for id in ids {
+                let have: Option<u32> = tx
+                    .prepare_cached("SELECT uid FROM sandboxes WHERE id = ?1")?
+                    .query_row([id], |r| r.get(0))
+                    .optional()?
+                    .flatten();
+                let uid = match (have, family) {
+                    (Some(uid), _) | (None, Some(uid)) => uid,
+                    (None, None) => {
+                        while taken.contains(&next) {
+                            next += 1;
+                        }
+                        if next >= range.end {
+                            return Ok(None);
+                        }
+                        next
+                    }
+                };
+                taken.insert(uid);
+                tx.prepare_cached("UPDATE sandboxes SET uid = ?2 WHERE id = ?1")?.execute(params![id, uid])?;
+                out.push(uid);
+            }
+            tx.commit()?;
+            Ok(Some(out))
+        })?;
+        assigned.ok_or_else(exhausted)
     }
 
     /// Inserts `row` whole, or, when its sandbox has a row, sets the lifecycle columns
@@ -297,9 +354,9 @@ impl Records {
                 "INSERT INTO sandboxes (id, state, op, reason, pid, template, source_tag, forked_from,
                    created_at_unix_ms, memory_limit_bytes, cgroup, disks, last_activity_unix_ms, ttl_seconds,
                    expires_at_unix_ms, archived_at_unix_ms, branch_count, last_branch_tag, cpu_millis, pids_max,
-                   io_limits)
+                   io_limits, uid)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20,
-                   ?21)
+                   ?21, ?22)
                  ON CONFLICT (id) DO UPDATE SET state = excluded.state, op = excluded.op, reason = excluded.reason,
                    last_activity_unix_ms = excluded.last_activity_unix_ms, ttl_seconds = excluded.ttl_seconds,
                    expires_at_unix_ms = excluded.expires_at_unix_ms, archived_at_unix_ms = excluded.archived_at_unix_ms,
@@ -327,6 +384,7 @@ impl Records {
                 r.cpu_millis,
                 r.pids_max,
                 io_column(&r.io_limits),
+                r.uid,
             ])
             .map(|_| ())
         })
@@ -360,6 +418,7 @@ impl Records {
                        pid = CASE WHEN ?6 THEN NULL ELSE pid END,
                        cgroup = CASE WHEN ?6 THEN NULL ELSE cgroup END,
                        disks = CASE WHEN ?6 THEN '[]' ELSE disks END,
+                       uid = CASE WHEN ?6 THEN NULL ELSE uid END,
                        last_activity_unix_ms = CASE WHEN ?9 THEN ?7 ELSE last_activity_unix_ms END
                      WHERE id = ?1 AND state IN (SELECT value FROM json_each(?8))",
                 )?;
@@ -433,7 +492,7 @@ impl Records {
 
 const SELECT: &str = "SELECT id, state, op, reason, owner_pid, owner_started_unix_ms, pid, template, source_tag,
   forked_from, created_at_unix_ms, memory_limit_bytes, cgroup, disks, last_activity_unix_ms, ttl_seconds,
-  expires_at_unix_ms, archived_at_unix_ms, branch_count, last_branch_tag, cpu_millis, pids_max, io_limits
+  expires_at_unix_ms, archived_at_unix_ms, branch_count, last_branch_tag, cpu_millis, pids_max, io_limits, uid
   FROM sandboxes";
 
 /// A row as read, before its state and disks are decoded.
@@ -461,6 +520,7 @@ struct Row {
     cpu_millis: Option<i64>,
     pids_max: Option<i64>,
     io_limits: Option<String>,
+    uid: Option<u32>,
 }
 
 fn row_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
@@ -488,6 +548,7 @@ fn row_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
         cpu_millis: r.get(20)?,
         pids_max: r.get(21)?,
         io_limits: r.get(22)?,
+        uid: r.get(23)?,
     })
 }
 
@@ -538,6 +599,7 @@ impl Row {
                 io_limits,
                 cgroup: self.cgroup,
                 disks,
+                uid: self.uid,
             },
             state,
             op: self.op,

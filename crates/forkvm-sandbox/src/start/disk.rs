@@ -24,7 +24,7 @@
 //! branch or fork. A cold boot runs the guest kernel's start-up, which is emulated on
 //! PVM hosts (about a minute here); on hardware-virtualised hosts it is about a second.
 
-use super::{ms_since, new_sandbox_id, Batch, SpawnError, SpawnOptions};
+use super::{ms_since, new_sandbox_id, Batch, SpawnError, SpawnOptions, VmmUids};
 use crate::artifacts::{Artifacts, ArtifactsError};
 use crate::disk_snapshots::{base_key, keys_dir, open_vault, read_owner, vault_dir, DiskSnapshotError};
 use crate::guest::{boot_devices, machine, BOOT_TIMEOUT};
@@ -207,7 +207,9 @@ pub fn start_disk_fork(
     }
 
     let origin = Origin { template: Some(owner.clone()), forked_from: Some(source.to_string()), ..Origin::default() };
-    let mut batch = Batch::begin(registry, std::slice::from_ref(&id), origin, opts)?;
+    // A lazy restore reads the source's vault as the VM runs (`VmmUids::Root`).
+    let uids = if restore == DiskRestore::Eager { VmmUids::Own } else { VmmUids::Root };
+    let mut batch = Batch::begin(registry, std::slice::from_ref(&id), origin, opts, uids)?;
     let step = |step: &'static str, reason: String| DiskForkError::Step { id: source.to_string(), step, reason };
     // The snapshot as the new sandbox's own lowest layer: decrypted now (eager), or a
     // cache that fills in as the guest reads (lazy; opened here once so that a bad

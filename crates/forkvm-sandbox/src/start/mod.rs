@@ -109,6 +109,20 @@ pub fn new_sandbox_id() -> String {
     random_hex(8)
 }
 
+/// Which uid a batch's VMMs run as (`forkvm_vmm::host::ids`), where sandboxes get uids
+/// at all ([`crate::sandbox_uid::confines_by_uid`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum VmmUids {
+    /// Each its own, new.
+    Own,
+    /// Their source's (children of a running sandbox, forked by its VMM under its uid;
+    /// none when the source has none).
+    Source(Option<u32>),
+    /// None of their own: the VMM reads files as it runs that its uid could not open (a
+    /// disk restored lazily from a vault). It stays uid 0 without capabilities.
+    Root,
+}
+
 /// Sandboxes being started together: their rows, run directories and cgroups, and which
 /// of their VMMs run so far. Dropped before [`Batch::commit`], it stops those VMMs and
 /// removes everything else it made.
@@ -134,6 +148,7 @@ impl<'r> Batch<'r> {
         ids: &[String],
         origin: Origin,
         opts: &SpawnOptions,
+        uids: VmmUids,
     ) -> Result<Batch<'r>, SpawnError> {
         if ids.is_empty() || ids.len() > MAX_SPAWN {
             return Err(SpawnError::Count(ids.len()));
@@ -148,6 +163,14 @@ impl<'r> Batch<'r> {
         registry.begin(&records.iter().collect::<Vec<_>>(), None)?;
         let rate_limits = opts.rate_limits();
         let mut batch = Batch { registry, records, started: 0, committed: false, jail: None, rate_limits };
+        let family = match uids {
+            VmmUids::Own => Some(None),
+            VmmUids::Source(uid) => uid.map(Some),
+            VmmUids::Root => None,
+        };
+        if let Some(family) = family.filter(|_| crate::sandbox_uid::confines_by_uid(registry)) {
+            registry.assign_uids(&mut batch.records, family)?;
+        }
         let root = match CgroupRoot::detect() {
             Ok(root) => Some(root),
             Err(e) if opts.asks() => return Err(e.into()),
@@ -157,7 +180,11 @@ impl<'r> Batch<'r> {
             }
         };
         for r in &mut batch.records {
-            registry.create_run_dir(&r.id)?;
+            let dir = registry.create_run_dir(&r.id)?;
+            if let Some(uid) = r.uid {
+                crate::sandbox_uid::own_tree(&dir, uid, uid)
+                    .map_err(|source| RegistryError::Io { path: dir, source })?;
+            }
             let Some(root) = &root else { continue };
             let name = format!("sb-{}", r.id);
             match root.create(&name, &limits) {
@@ -195,6 +222,12 @@ impl<'r> Batch<'r> {
         };
         let r = &mut self.records[i];
         r.disks = crate::registry::recorded_disks(&devices);
+        if let Some(uid) = r.uid {
+            // What was made in it since (a restored disk layer, a link to an archive).
+            let dir = &r.run_dir;
+            crate::sandbox_uid::own_tree(dir, uid, uid)
+                .map_err(|source| RegistryError::Io { path: dir.clone(), source })?;
+        }
         Ok(ChildSpec {
             socket: Some(r.control_socket()),
             console_log: Some(r.console()),
@@ -207,6 +240,7 @@ impl<'r> Batch<'r> {
                 cgroup: r.cgroup.clone(),
                 seccomp: self.registry.seccomp(),
                 jail,
+                ids: r.uid.map(forkvm_vmm::host::ids::SandboxIds::of),
             },
         })
     }

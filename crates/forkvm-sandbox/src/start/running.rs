@@ -5,7 +5,7 @@
 //! their own from here, once the source reported their pids: until then (the few
 //! milliseconds of the call) what they allocate is charged to their source.
 
-use super::{new_sandbox_id, Batch, SpawnOptions};
+use super::{new_sandbox_id, Batch, SpawnOptions, VmmUids};
 use crate::ready::{finish, SpawnedSandbox};
 use crate::registry::{Origin, RecordedDisk, Registry, SandboxRecord};
 use crate::verbs::{call, check_ready, LifecycleError};
@@ -37,7 +37,8 @@ pub fn fork_running_as(
     let origin = Origin { forked_from: Some(source.id.clone()), ..Origin::of(&source) };
     // The children keep their source's limits, but for those asked anew.
     let opts = SpawnOptions::for_fork_of(&source, *opts);
-    let mut batch = Batch::begin(registry, ids, origin, &opts)?;
+    // Born from the source's VMM, under its uid.
+    let mut batch = Batch::begin(registry, ids, origin, &opts, VmmUids::Source(source.uid))?;
     let rate_limits = batch.rate_limits();
     let children: Vec<ForkChild> =
         batch.records_mut().iter_mut().map(|r| fork_child(&source, r, rate_limits)).collect();

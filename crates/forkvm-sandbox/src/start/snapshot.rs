@@ -7,7 +7,7 @@
 //! zygote forks). The sandboxes outlive the caller until they are killed
 //! ([`crate::verbs::kill`]).
 
-use super::{ms_since, new_sandbox_id, Batch, SpawnError, SpawnOptions, MAX_SPAWN};
+use super::{ms_since, new_sandbox_id, Batch, SpawnError, SpawnOptions, VmmUids, MAX_SPAWN};
 use crate::ready::{finish, learn_memory, SpawnedSandbox};
 use crate::registry::{Origin, Registry, SandboxRecord};
 use crate::source::SpawnSource;
@@ -81,7 +81,9 @@ pub fn start_vmms(
     let forking_cpu = thread_cpu_time();
     let origin =
         Origin { template: source.template().map(String::from), source_tag: source.tag.clone(), ..Origin::default() };
-    let mut batch = Batch::begin(registry, ids, origin, opts)?;
+    // A disk restored lazily from a vault is read as the VM runs (`VmmUids::Root`).
+    let uids = if source.vault_lowers.is_empty() { VmmUids::Own } else { VmmUids::Root };
+    let mut batch = Batch::begin(registry, ids, origin, opts, uids)?;
     for i in 0..ids.len() {
         let r = &batch.records()[i];
         let devices = source.devices(&r.vsock(), &r.disk_dir());

@@ -40,6 +40,12 @@ pub enum LifecycleError {
     Unkillable { id: String, pid: i32, waited: Duration },
     #[error("fork of sandbox {source_id}: its child {index} (pid {ns_pid} in its jail) is not its child any more: it stopped at once")]
     ForkedChildLost { source_id: String, index: usize, ns_pid: i32 },
+    #[error("saving the memory playbook: {0}")]
+    Playbook(String),
+    #[error("making the sandbox's branch inbox: {0}")]
+    Inbox(String),
+    #[error(transparent)]
+    Adopt(#[from] crate::branch_inbox::AdoptError),
 }
 
 impl LifecycleError {
@@ -55,6 +61,7 @@ impl LifecycleError {
             },
             LifecycleError::Spawn(e) => e.code(),
             LifecycleError::NotReady { .. } => ErrorCode::Conflict,
+            LifecycleError::Adopt(e) => e.code(),
             _ => ErrorCode::Internal,
         }
     }

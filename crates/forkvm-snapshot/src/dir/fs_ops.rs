@@ -38,7 +38,7 @@ fn c_path(path: &Path) -> io::Result<CString> {
 /// Uses `renameat2(RENAME_NOREPLACE)`, which is atomic. On filesystems or
 /// kernels without it, falls back to check-then-rename (racy, but only
 /// against another writer of the same snapshot tag).
-pub(super) fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
     let c_from = c_path(from)?;
     let c_to = c_path(to)?;
     // SAFETY: both pointers come from live `CString`s, so they are valid,

@@ -6,7 +6,7 @@ use crate::vmm::compact::{CoveredLayer, DiskCompaction};
 use crate::vmm::disks::{DiskSeal, LazyDisk};
 use crate::vmm::fault::FaultPoint;
 use crate::vmm::{BranchReport, BranchRequest, ForkChild, ForkReport, SnapshotReport, VmmLabels, VmmStatus};
-use crate::vstate::memory_playbook::MemoryRecording;
+use crate::vstate::memory_playbook::TouchedMemory;
 use forkvm_api::ErrorCode;
 use serde::de::DeserializeOwned;
 use std::io::{BufRead, BufReader, Write};
@@ -134,8 +134,8 @@ impl ControlClient {
         self.call_as(&Request::LazyDisks { finish_recording })
     }
 
-    pub fn record_memory_playbook(&mut self, path: &Path) -> Result<MemoryRecording, ControlClientError> {
-        self.call_as(&Request::RecordMemoryPlaybook { path: path.to_path_buf() })
+    pub fn touched_memory(&mut self) -> Result<TouchedMemory, ControlClientError> {
+        self.call_as(&Request::TouchedMemory {})
     }
 
     pub fn compact_disks(

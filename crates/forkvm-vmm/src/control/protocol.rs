@@ -44,11 +44,10 @@ pub enum Request {
         #[serde(default)]
         finish_recording: bool,
     },
-    /// Merge the guest memory pages this VM has touched since its restore into the
-    /// memory playbook at `path` (`vstate::memory_playbook`).
-    RecordMemoryPlaybook {
-        path: PathBuf,
-    },
+    /// The guest memory pages this VM has touched since its restore
+    /// (`vstate::memory_playbook::TouchedMemory`), for the caller to merge into a
+    /// memory playbook.
+    TouchedMemory {},
     /// Merge each listed disk's own sealed layers up to the given (vault-covered) layer
     /// into one, when there are at least `min_layers` (`vmm::compact`).
     CompactDisks {

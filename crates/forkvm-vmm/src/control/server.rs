@@ -209,7 +209,7 @@ fn handle(req: Request, vmm: &Mutex<Vmm>) -> Response {
         Request::Fork { children } => answer(vmm.fork_running(&children)),
         Request::SealDisks {} => answer(vmm.seal_disks()),
         Request::LazyDisks { finish_recording } => answer(vmm.lazy_disks(finish_recording)),
-        Request::RecordMemoryPlaybook { path } => answer(crate::vstate::memory_playbook::record(vmm.memory(), &path)),
+        Request::TouchedMemory {} => answer(crate::vstate::memory_playbook::TouchedMemory::of(vmm.memory())),
         Request::Label(labels) => {
             vmm.set_labels(labels);
             Response::ok_as(&vmm.status())

@@ -67,18 +67,20 @@ impl Confinement {
 }
 
 /// What a VMM process gets on this host: forks a child that confines itself as a VMM does
-/// (in `jail`, if given; privileges dropped; seccomp filters on unless `seccomp` is off)
-/// and reads its confinement from here while it waits (inside a jail it has no `/proc`).
+/// (in `jail`, if given; privileges dropped, as `ids` if given; seccomp filters on unless
+/// `seccomp` is off) and reads its confinement from here while it waits (inside a jail it
+/// has no `/proc`).
 /// `forkvm doctor` shows it. The caller should be single-threaded or not mind that the
 /// child copies only the calling thread.
 pub fn probe(
     seccomp: super::seccomp::Seccomp,
     jail: Option<std::sync::Arc<super::jail::JailNamespaces>>,
+    ids: Option<super::ids::SandboxIds>,
 ) -> Result<Confinement, String> {
     use std::io::Read;
     use std::os::fd::AsRawFd;
     let (mut report, report_w) = std::os::unix::net::UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
-    let owned = crate::zygote::Owned { seccomp, jail: jail.clone(), ..Default::default() };
+    let owned = crate::zygote::Owned { seccomp, jail: jail.clone(), ids, ..Default::default() };
     let child_end = report_w.as_raw_fd();
     let fork = || {
         super::process::fork_and_run(false, || {
@@ -149,9 +151,16 @@ mod tests {
 
     #[test]
     fn a_probe_child_confines_itself_as_a_vmm_does() {
-        let c = probe(crate::host::seccomp::Seccomp::Enforce, None).unwrap();
+        let c = probe(crate::host::seccomp::Seccomp::Enforce, None, None).unwrap();
         assert!(c.seccomp_on_every_thread() && c.no_new_privs && c.no_capabilities, "{c:?}");
-        let off = probe(crate::host::seccomp::Seccomp::Off, None).unwrap();
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            let ids = crate::host::ids::SandboxIds::of(crate::host::ids::SANDBOX_ID_RANGE.start + 5);
+            let c = probe(crate::host::seccomp::Seccomp::Enforce, None, Some(ids)).unwrap();
+            assert_eq!((c.uid, c.gid), (ids.uid, ids.gid), "{c:?}");
+            assert!(c.no_capabilities && c.no_new_privs && c.seccomp_on_every_thread(), "{c:?}");
+        }
+        let off = probe(crate::host::seccomp::Seccomp::Off, None, None).unwrap();
         assert_eq!(off.seccomp_filtered_threads, 0, "{off:?}");
     }
 }

@@ -1,12 +1,14 @@
 //! A VMM gives up its privileges before it runs guest code: every capability (bounding,
 //! ambient, inheritable, effective and permitted sets) and, with `no_new_privs`, any way
-//! to gain one back through `execve`. A VMM started by a root daemon keeps uid 0 for now
-//! (its own uid and namespaces are the jail's next step, docs/security.md), but a uid 0
-//! without capabilities is only the owner of root's files: it cannot load modules, mount,
-//! trace other processes, bypass file permissions, change ids or raw-socket. What a VMM
-//! needs afterwards is all owner access: its memory image, run directory, the store's
-//! directories, and `/dev/kvm` (root's, mode 0660). It writes no cgroup file: its starter
-//! moved it into its group (`zygote::owned`).
+//! to gain one back through `execve`. Started by a root daemon, it also becomes its
+//! sandbox's own uid and gid (`host::ids`), which own its run directory and nothing
+//! else; the files it reads from the store it opened before (`host::preopen`), and it
+//! writes its branches into an inbox of its own, which the host side adopts. A VMM that
+//! has no ids given (not started by root, or restoring a disk lazily from a vault, which
+//! it reads as it runs) stays uid 0 without capabilities: the owner of root's files, but
+//! unable to load modules, mount, trace, bypass file permissions, change ids or open raw
+//! sockets. It writes no cgroup file: its starter moved it into its group
+//! (`zygote::owned`).
 //!
 //! It also stops being a source of guest memory for anyone but root: no core dump (a
 //! VMM's core would be the guest's memory, in the clear, wherever the host puts cores)
@@ -28,15 +30,22 @@ pub enum PrivilegeError {
     NoCore(std::io::Error),
     #[error("dropping capabilities: {0:?} are still effective or permitted")]
     Left(Vec<Capability>),
+    #[error(transparent)]
+    Ids(#[from] super::ids::IdsError),
 }
 
 /// Drops every capability of the calling thread and sets `no_new_privs` (see the module
 /// doc). The bounding set is emptied when the thread may (`CAP_SETPCAP`); a process that
 /// may not has no capability to give up there.
-pub fn drop_privileges() -> Result<(), PrivilegeError> {
+pub fn drop_privileges(ids: Option<super::ids::SandboxIds>) -> Result<(), PrivilegeError> {
     let caps_err = |step| move |source| PrivilegeError::Caps { step, source };
     if caps::has_cap(None, CapSet::Effective, Capability::CAP_SETPCAP).map_err(caps_err("reading CAP_SETPCAP"))? {
         caps::clear(None, CapSet::Bounding).map_err(caps_err("emptying the bounding set"))?;
+    }
+    // While it still may (CAP_SETUID, CAP_SETGID): leaving uid 0 also empties the
+    // effective and permitted sets; the clears below make sure of every set.
+    if let Some(ids) = ids {
+        super::ids::become_sandbox(ids)?;
     }
     caps::clear(None, CapSet::Ambient).map_err(caps_err("clearing the ambient set"))?;
     caps::clear(None, CapSet::Inheritable).map_err(caps_err("clearing the inheritable set"))?;
@@ -76,7 +85,7 @@ mod tests {
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0);
         if pid == 0 {
-            let ok = drop_privileges().is_ok()
+            let ok = drop_privileges(None).is_ok()
                 && caps::read(None, CapSet::Effective).is_ok_and(|s| s.is_empty())
                 && caps::read(None, CapSet::Permitted).is_ok_and(|s| s.is_empty())
                 // SAFETY: prctl with integer arguments only.

@@ -426,6 +426,15 @@ impl Vmm {
         let meta = self.snapshot_meta(tag, &state, SnapshotStatus::Writing, 0, disks, lineage);
         forkvm_snapshot::write_meta_unsynced(&writer.path(SNAPSHOT_JSON), &meta)?;
         let final_dir = writer.publish_unsynced()?;
+        // Finished through a descriptor: the host side may move the directory (from
+        // this VMM's inbox into the store) while the image is written.
+        let opened = match forkvm_snapshot::OpenSnapshotDir::open(&final_dir) {
+            Ok(d) => d,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&final_dir);
+                return Err(VmmError::Disk(format!("opening {}: {e}", final_dir.display())));
+            }
+        };
         // Everything the writer needs is computed before fork(): the child only reads
         // guest memory and makes system calls.
         let regions: Vec<(u64, &[u8])> = region_slices(&self.memory)
@@ -442,7 +451,7 @@ impl Vmm {
 
         if pid < 0 {
             let e = std::io::Error::last_os_error();
-            let _ = std::fs::remove_dir_all(&final_dir);
+            opened.unpublish();
             return Err(VmmError::Disk(format!("fork() of the live branch writer: {e}")));
         }
         if pid == 0 {
@@ -469,7 +478,7 @@ impl Vmm {
             .name("branch-writer".into())
             .stack_size(256 << 10)
             .spawn(move || {
-                let ok = finish_live(pid, &final_dir, image, meta);
+                let ok = finish_live(pid, &opened, image, meta);
                 let recollapse_after = ok.is_ok();
                 // Nobody listens for a branch taken with `wait: false`.
                 let _ = outcome_tx.send(ok);
@@ -535,7 +544,12 @@ fn recollapse(ranges: &[(usize, usize)]) {
 
 /// In the VMM, on a thread: reaps the writer, then makes the snapshot durable and
 /// `ready` — or removes it. Returns the allocated bytes of the memory image.
-fn finish_live(pid: libc::pid_t, dir: &Path, image: File, mut meta: SnapshotMeta) -> Result<u64, VmmError> {
+fn finish_live(
+    pid: libc::pid_t,
+    dir: &forkvm_snapshot::OpenSnapshotDir,
+    image: File,
+    mut meta: SnapshotMeta,
+) -> Result<u64, VmmError> {
     let step = |step: &str| {
         let step = step.to_string();
         move |source| VmmError::LiveWriter { step, source }
@@ -555,15 +569,15 @@ fn finish_live(pid: libc::pid_t, dir: &Path, image: File, mut meta: SnapshotMeta
             return Err(step("writing memory.img")(std::io::Error::from_raw_os_error(libc::WEXITSTATUS(status))));
         }
         meta.memory_bytes_allocated = forkvm_snapshot::allocated_bytes(&image).map_err(step("measuring memory.img"))?;
-        forkvm_snapshot::sync_snapshot_dir(dir)?;
+        dir.sync_tree().map_err(step("syncing the snapshot's files"))?;
         meta.status = SnapshotStatus::Ready;
         meta.writer_pid = None;
-        forkvm_snapshot::replace_meta(dir, &meta)?;
+        dir.replace_meta(&meta)?;
         Ok(meta.memory_bytes_allocated)
     })();
     if let Err(e) = &outcome {
         tracing::warn!(tag = %meta.tag, error = %e, "live branch failed; removing it");
-        let _ = std::fs::remove_dir_all(dir);
+        dir.unpublish();
     }
     outcome
 }

@@ -12,7 +12,7 @@ use crate::builder::restore_state;
 use crate::devices::console_log::ConsoleLog;
 use crate::devices::serial::ConsoleOut;
 use crate::host::open_kvm;
-use crate::host::process::{close_fds, detach_stdio, fork_and_run};
+use crate::host::process::{close_fds_except, detach_stdio, fork_and_run};
 use crate::host::seccomp::Seccomp;
 use crate::phase_timer::PhaseTimer;
 use crate::zygote::{Owned, EXIT_RESTORE_FAILED};
@@ -133,8 +133,11 @@ impl Vmm {
     /// In a forked child: builds its own VM around the inherited memory and serves it.
     fn child_main(&self, state: &crate::persist::VmState, child: &ForkChild) -> i32 {
         // Nothing the source process has open belongs to this child: its KVM VM, device
-        // backends' sockets and files, control connections. Keep only stdio.
-        close_fds(3, u32::MAX);
+        // backends' sockets and files, control connections. Keep only stdio and what the
+        // source opened before it left uid 0 (`host::preopen`), which the child reads too.
+        let mut keep = vec![0, 1, 2];
+        keep.extend(forkvm_snapshot::preopened::fds());
+        close_fds_except(&keep);
         let log = child.console_log.as_deref().and_then(|p| ConsoleLog::open(p).ok());
         detach_stdio(log.as_ref().map(ConsoleLog::file));
         let mut error_log = log.as_ref().and_then(|f| f.file().try_clone().ok());
@@ -148,7 +151,7 @@ impl Vmm {
         let seccomp = if crate::host::seccomp::enforced() { Seccomp::Enforce } else { Seccomp::Off };
         // Its cgroup is the caller's to move it into (it knows the child's pid from the
         // report): a VMM writes no cgroup file (`zygote::owned`).
-        let owned = Owned { run_dir: child.run_dir.clone(), cgroup: None, seccomp, jail: None };
+        let owned = Owned { run_dir: child.run_dir.clone(), cgroup: None, seccomp, jail: None, ids: None };
         if let Err(e) = owned.enter() {
             let code = fail(format!("confining the VMM: {e}"), &mut error_log);
             owned.release(true);

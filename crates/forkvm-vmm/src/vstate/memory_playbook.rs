@@ -206,16 +206,61 @@ pub enum RecordError {
 /// Merges the pages `mem` has touched into the playbook at `path` (made if missing or
 /// unreadable, or of another image size) and saves it.
 pub fn record(mem: &GuestMemoryMmap, path: &Path) -> Result<MemoryRecording, RecordError> {
-    let pages = touched_pages(mem).map_err(RecordError::Pagemap)?;
-    let size = total_size(mem);
-    let rec = Recording { touches: pages.iter().map(|&block| Touch { block, at_micros: 0 }).collect() };
-    let book = Playbook::merge_into_file(path, size, &rec, &memory_rule()).map_err(RecordError::Save)?;
-    Ok(MemoryRecording {
-        touched_pages: pages.len() as u64,
-        playbook_pages: book.len() as u64,
-        runs: book.runs(),
-        path: path.to_path_buf(),
-    })
+    let touched = TouchedMemory::of(mem).map_err(RecordError::Pagemap)?;
+    touched.merge_into(path).map_err(RecordError::Save)
+}
+
+/// Most runs a [`TouchedMemory`] holds (a few MiB of JSON); a guest that touched its
+/// pages more scattered than that has the rest left out of its playbook.
+pub const MAX_TOUCHED_RUNS: usize = 1 << 18;
+
+/// The guest pages a VM has touched since its restore, as runs `[first page, pages]`:
+/// what the VMM reports (control request `touched_memory`) for the host side to merge
+/// into a playbook, since a VMM under its sandbox's uid may not write the cache.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TouchedMemory {
+    /// The guest's memory size, bytes (the playbook's image size).
+    pub size: u64,
+    pub runs: Vec<[u64; 2]>,
+}
+
+impl TouchedMemory {
+    /// What `mem` has touched (read from this process's pagemap).
+    pub fn of(mem: &GuestMemoryMmap) -> std::io::Result<TouchedMemory> {
+        let mut runs: Vec<[u64; 2]> = Vec::new();
+        for page in touched_pages(mem)? {
+            if let Some([_, n]) = runs.last_mut().filter(|[first, n]| *first + *n == page) {
+                *n += 1;
+            } else if runs.len() == MAX_TOUCHED_RUNS {
+                break;
+            } else {
+                runs.push([page, 1]);
+            }
+        }
+        Ok(TouchedMemory { size: total_size(mem), runs })
+    }
+
+    /// Merges these pages into the playbook at `path` (made if missing, unreadable or of
+    /// another image size) and saves it. Pages past the memory size are ignored (the
+    /// report comes from a VMM).
+    pub fn merge_into(&self, path: &Path) -> Result<MemoryRecording, forkvm_snapshot::vault::lazy::PlaybookError> {
+        let last = self.size / PAGE;
+        let touches: Vec<Touch> = self
+            .runs
+            .iter()
+            .take(MAX_TOUCHED_RUNS)
+            .flat_map(|&[first, n]| first..first.saturating_add(n).min(last))
+            .map(|block| Touch { block, at_micros: 0 })
+            .collect();
+        let touched_pages = touches.len() as u64;
+        let book = Playbook::merge_into_file(path, self.size, &Recording { touches }, &memory_rule())?;
+        Ok(MemoryRecording {
+            touched_pages,
+            playbook_pages: book.len() as u64,
+            runs: book.runs(),
+            path: path.to_path_buf(),
+        })
+    }
 }
 
 /// The disk rule's ageing, with room for a whole guest's pages (4 GiB).

@@ -29,6 +29,9 @@ pub struct Owned {
     /// The jail the process enters (`host::jail`); None: it stays where it was forked
     /// (a fork of a running VMM is born in its parent's).
     pub jail: Option<std::sync::Arc<crate::host::jail::JailNamespaces>>,
+    /// The sandbox's own uid and gid, which the process takes (`host::ids`); None: it
+    /// keeps its own (a fork of a running VMM already has its source's).
+    pub ids: Option<crate::host::ids::SandboxIds>,
 }
 
 /// Why a VMM process could not be confined ([`Owned::enter`]).
@@ -46,7 +49,9 @@ pub enum EnterError {
 
 impl Owned {
     /// Confines the calling VMM process before it runs guest code: enters its jail
-    /// ([`crate::host::jail`]), if any, drops every privilege ([`crate::host::privileges`]),
+    /// ([`crate::host::jail`]), if any, drops every privilege and takes its sandbox's ids,
+    /// if it has them ([`crate::host::privileges`]; what it reads of root's it offered
+    /// first, `host::preopen`),
     /// sets its resource limits ([`crate::host::rlimits`]), then puts the process under its
     /// seccomp filters ([`crate::host::seccomp`]) unless they are off. Call it while the
     /// process has one thread, once its starter moved it into its cgroup. Errors name the
@@ -57,7 +62,7 @@ impl Owned {
             crate::vstate::memory_playbook::open_pagemap_early();
             jail.enter()?;
         }
-        crate::host::privileges::drop_privileges()?;
+        crate::host::privileges::drop_privileges(self.ids)?;
         crate::host::rlimits::apply_vmm_rlimits()?;
         if self.seccomp == crate::host::seccomp::Seccomp::Enforce {
             crate::host::seccomp::enforce()?;

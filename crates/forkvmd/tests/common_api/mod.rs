@@ -115,6 +115,7 @@ pub fn fake_started(e: &Env, id: &str, source_tag: Option<&str>, forked_from: Op
         io_limits: Default::default(),
         cgroup: None,
         disks: Vec::new(),
+        uid: None,
     };
     e.state.registry.write(&record).unwrap();
 }

@@ -211,6 +211,10 @@ fn build(plan: &mut Plan, release: RawFd) -> Result<libc::pid_t, (Step, i32)> {
                 opts.as_ptr().cast(),
             ),
         )?;
+        // The mount points on the way to what a VMM reaches are passable by every uid
+        // (a sandbox's uid goes through them to its run directory); umask 077 would
+        // make them root's alone.
+        libc::umask(0o022);
         for d in &plan.dirs {
             if libc::mkdir(d.as_ptr(), 0o755) != 0 && errno() != libc::EEXIST {
                 return Err((Step::MakeMountPoint, errno()));

@@ -16,7 +16,7 @@ use crate::devices::virtio::ratelimit::LogLimiter;
 use crate::devices::virtio::throttle::{queue_has_pending, RateLimit, Throttle};
 use crate::devices::virtio::{ActivateContext, ActivateError, Interrupt, VirtioDevice, VirtioDeviceState};
 use forkvm_snapshot::{LayerId, LayerStack, SealedLayer};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -76,10 +76,7 @@ impl Block {
         if id.len() > BLOCK_ID_BYTES {
             return Err(BlockError::IdTooLong(id.to_string()));
         }
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(!read_only)
-            .open(path)
+        let mut file = forkvm_snapshot::preopened::open(path, !read_only)
             .map_err(|source| BlockError::OpenImage { path: path.to_path_buf(), source })?;
         // Seeking to the end also sizes block devices, whose metadata length is 0.
         let size =
