@@ -75,9 +75,16 @@ impl Inbox {
         &self.dir
     }
 
-    /// Adopts branch `tag` (see the module doc) into `dest`, which must not exist;
-    /// `complete`: its writer is done (a live branch returned early is not).
-    pub(crate) fn adopt(&self, tag: &str, grant: &DiskGrant, dest: &Path, complete: bool) -> Result<(), AdoptError> {
+    /// Adopts branch `tag` (see the module doc) into `dest`, which must not exist.
+    /// `writer`: the host pid of the VMM still writing it (a live branch returned early),
+    /// which readers check is alive; none: it is complete.
+    pub(crate) fn adopt(
+        &self,
+        tag: &str,
+        grant: &DiskGrant,
+        dest: &Path,
+        writer: Option<i32>,
+    ) -> Result<(), AdoptError> {
         let io = |step: &str| {
             let step = step.to_string();
             move |source| AdoptError::Io { tag: tag.to_string(), step, source }
@@ -87,8 +94,11 @@ impl Inbox {
         if !meta.is_dir() {
             return Err(AdoptError::Refused { tag: tag.into(), reason: "it is not a directory".into() });
         }
-        if complete {
-            crate::sandbox_uid::disown_tree(&branch).map_err(io("taking it over"))?;
+        match writer {
+            None => crate::sandbox_uid::disown_tree(&branch).map_err(io("taking it over"))?,
+            // Its snapshot.json numbers the writer in the VMM's pid namespace.
+            Some(pid) => std::fs::write(branch.join(forkvm_snapshot::WRITER_HOST_PID), pid.to_string())
+                .map_err(io("noting its writer"))?,
         }
         link_references(tag, &branch.join(DISK_DIR), grant)?;
         forkvm_snapshot::rename_noreplace(&branch, dest).map_err(|e| {
@@ -244,7 +254,7 @@ mod tests {
             ],
         );
         let dest = store.snapshots_dir().join("b");
-        inbox.adopt("b", &grant, &dest, true).unwrap();
+        inbox.adopt("b", &grant, &dest, None).unwrap();
         let ino = |p: &Path| std::fs::metadata(p).unwrap().ino();
         assert_eq!(ino(&dest.join("disk/disk1.img")), ino(&t.join("disk1.img")), "linked, not copied");
         assert_eq!(ino(&dest.join(format!("disk/disk1.img.layers/{L2}/data"))), ino(&own.join("data")));
@@ -253,7 +263,7 @@ mod tests {
         assert!(!inbox.dir().join("b").exists(), "moved out of the inbox");
         // Never over an existing snapshot.
         branch(&inbox, "b", &[]);
-        assert!(matches!(inbox.adopt("b", &grant, &dest, true), Err(AdoptError::Exists { .. })));
+        assert!(matches!(inbox.adopt("b", &grant, &dest, None), Err(AdoptError::Exists { .. })));
         let dir = inbox.dir().to_path_buf();
         drop(inbox);
         assert!(!dir.exists(), "the inbox goes with its branch");
@@ -275,7 +285,7 @@ mod tests {
             let inbox = Inbox::make(&store, &record).unwrap();
             branch(&inbox, "h", &[(name, path.clone())]);
             let dest = store.snapshots_dir().join(format!("h{i}"));
-            let err = inbox.adopt("h", &grant, &dest, true).unwrap_err();
+            let err = inbox.adopt("h", &grant, &dest, None).unwrap_err();
             assert!(
                 matches!(err, AdoptError::Refused { .. } | AdoptError::BadName { .. }),
                 "{name} -> {path:?}: {err}"

@@ -122,7 +122,7 @@ impl Store {
                 Err(StoreError::NotFound { tag: tag.to_string(), store: self.snapshots_dir() })
             }
             Err(DirError::StillWriting(_)) => {
-                let writer = read_meta(&dir.join(SNAPSHOT_JSON)).ok().and_then(|m| m.writer_pid);
+                let writer = read_meta(&dir.join(SNAPSHOT_JSON)).ok().and_then(|m| writer_pid(&dir, m.writer_pid));
                 match writer {
                     Some(pid) if !process_alive(pid) => Err(StoreError::Abandoned { tag: tag.to_string(), pid }),
                     _ => Err(StoreError::Writing { tag: tag.to_string() }),
@@ -134,16 +134,25 @@ impl Store {
 
     /// Makes snapshot directory `dir` ours (owner and group, without following links) if
     /// another uid owns it and it says it is ready: a VMM under its sandbox's uid wrote
-    /// it, and once ready nothing of it is the VMM's to change. Nothing to do otherwise.
+    /// it, and once ready nothing of it is the VMM's to change. A ready one also loses
+    /// the note of its writer ([`WRITER_HOST_PID`]). Nothing to do otherwise.
     pub fn adopt_ready(&self, dir: &Path) -> io::Result<()> {
         use std::os::unix::fs::MetadataExt;
         let Ok(meta) = std::fs::symlink_metadata(dir) else { return Ok(()) };
         // SAFETY: geteuid cannot fail.
-        if !meta.is_dir() || meta.uid() == unsafe { libc::geteuid() } {
+        let foreign = meta.uid() != unsafe { libc::geteuid() };
+        let noted = dir.join(WRITER_HOST_PID);
+        if !meta.is_dir() || (!foreign && std::fs::symlink_metadata(&noted).is_err()) {
             return Ok(());
         }
-        match read_meta(&dir.join(SNAPSHOT_JSON)) {
-            Ok(m) if m.status == SnapshotStatus::Ready => crate::ownership::disown_tree(dir),
+        if !read_meta(&dir.join(SNAPSHOT_JSON)).is_ok_and(|m| m.status == SnapshotStatus::Ready) {
+            return Ok(());
+        }
+        if foreign {
+            crate::ownership::disown_tree(dir)?;
+        }
+        match std::fs::remove_file(noted) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
         }
     }
@@ -203,7 +212,9 @@ impl Store {
             } else {
                 let _ = self.adopt_ready(&e.path());
                 match read_meta(&e.path().join(SNAPSHOT_JSON)) {
-                    Ok(m) if m.status == SnapshotStatus::Writing => !m.writer_pid.is_some_and(process_alive),
+                    Ok(m) if m.status == SnapshotStatus::Writing => {
+                        !writer_pid(&e.path(), m.writer_pid).is_some_and(process_alive)
+                    }
                     Err(crate::metadata::MetadataError::Missing(_)) => older_than(&e, 60),
                     _ => false,
                 }
@@ -222,6 +233,20 @@ impl Store {
         removed.sort();
         removed
     }
+}
+
+/// A writing snapshot's file naming its writer as this host numbers it (see
+/// [`writer_pid`]).
+pub const WRITER_HOST_PID: &str = ".writer-host-pid";
+
+/// The pid of snapshot `dir`'s writer as this host numbers it: `.writer-host-pid` when
+/// the host side wrote one (a jailed VMM numbers itself in its own pid namespace, which
+/// is what its `snapshot.json` says), else `described`.
+pub fn writer_pid(dir: &Path, described: Option<u32>) -> Option<u32> {
+    let path = dir.join(WRITER_HOST_PID);
+    let small = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file() && m.len() <= 16);
+    let noted = small.then(|| std::fs::read_to_string(&path).ok()).flatten().and_then(|s| s.trim().parse().ok());
+    noted.or(described)
 }
 
 /// Whether a process with this pid exists.
@@ -314,6 +339,25 @@ mod tests {
         // sweep once old; a fresh one stays (a branch may be about to publish it).
         std::fs::create_dir_all(store.snapshots_dir().join("empty")).unwrap();
         assert!(!store.sweep().contains(&"empty".to_string()));
+    }
+
+    #[test]
+    fn a_writer_is_judged_by_the_pid_the_host_noted_for_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path());
+        // Its snapshot.json names a pid that exists here (a jailed VMM's own, in its pid
+        // namespace); the host side noted the real one, which is gone.
+        put(&store, "jailed", SnapshotStatus::Writing, Some(std::process::id()));
+        let dir = store.snapshots_dir().join("jailed");
+        std::fs::write(dir.join(WRITER_HOST_PID), (u32::MAX - 1).to_string()).unwrap();
+        assert!(matches!(store.lookup("jailed"), Err(StoreError::Abandoned { .. })));
+        assert_eq!(store.sweep(), ["jailed"]);
+        // Once ready, the note goes.
+        put(&store, "done", SnapshotStatus::Ready, None);
+        let done = store.snapshots_dir().join("done");
+        std::fs::write(done.join(WRITER_HOST_PID), "1").unwrap();
+        store.lookup("done").unwrap();
+        assert!(!done.join(WRITER_HOST_PID).exists());
     }
 
     #[test]

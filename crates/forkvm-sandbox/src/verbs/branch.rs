@@ -70,8 +70,8 @@ fn branch_into(
     };
     let mut report = call(&r, |c| c.branch(req))?;
     let dest = dir.join(tag);
-    let complete = report.status != SnapshotStatus::Writing;
-    inbox.adopt(tag, &grant_of(store, &r), &dest, complete)?;
+    let writer = (report.status == SnapshotStatus::Writing).then_some(r.pid);
+    inbox.adopt(tag, &grant_of(store, &r), &dest, writer)?;
     report.dir = dest;
     Ok(report)
 }
