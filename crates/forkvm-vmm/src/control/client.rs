@@ -9,10 +9,14 @@ use crate::vmm::{BranchReport, BranchRequest, ForkChild, ForkReport, SnapshotRep
 use crate::vstate::memory_playbook::TouchedMemory;
 use forkvm_api::ErrorCode;
 use serde::de::DeserializeOwned;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+/// Most bytes of one answer from a VMM (the largest, a guest's touched memory pages, is
+/// a few MiB at most).
+pub const MAX_RESPONSE_BYTES: u64 = 16 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ControlClientError {
@@ -63,13 +67,20 @@ impl ControlClient {
         serde_json::from_value(value).map_err(|e| ControlClientError::BadResponse(format!("answer to {req:?}: {e}")))
     }
 
-    /// Sends a raw request line (tests use this to send malformed input).
+    /// Sends a raw request line (tests use this to send malformed input). The answer is
+    /// read up to [`MAX_RESPONSE_BYTES`]: a VMM is untrusted, and one its guest took over
+    /// must not make its caller (the daemon) buffer without end.
     pub fn call_raw(&mut self, line: &str) -> Result<serde_json::Value, ControlClientError> {
         self.writer.write_all(line.as_bytes()).map_err(ControlClientError::Io)?;
         let mut resp = String::new();
-        let n = self.reader.read_line(&mut resp).map_err(ControlClientError::Io)?;
+        let n = (&mut self.reader).take(MAX_RESPONSE_BYTES + 1).read_line(&mut resp).map_err(ControlClientError::Io)?;
         if n == 0 {
             return Err(ControlClientError::BadResponse("connection closed before a response".into()));
+        }
+        if !resp.ends_with('\n') && n as u64 > MAX_RESPONSE_BYTES {
+            return Err(ControlClientError::BadResponse(format!(
+                "the answer exceeds {MAX_RESPONSE_BYTES} bytes; the rest is not read"
+            )));
         }
         let resp: Response =
             serde_json::from_str(&resp).map_err(|e| ControlClientError::BadResponse(format!("{e}: {resp:?}")))?;
@@ -157,5 +168,31 @@ impl ControlClient {
 
     pub fn send_input(&mut self, bytes: &[u8]) -> Result<(), ControlClientError> {
         self.call(&Request::SendInput { hex: hex_encode(bytes) }).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A peer that reads one request line and answers `answer` (then hangs up).
+    fn peer(answer: Vec<u8>) -> ControlClient {
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(theirs.try_clone().unwrap()).read_line(&mut line);
+            let _ = theirs.write_all(&answer);
+        });
+        ControlClient::over(ours).unwrap()
+    }
+
+    #[test]
+    fn an_answer_is_read_up_to_its_cap_and_no_further() {
+        let ok = format!("{{\"v\":{CONTROL_PROTOCOL_VERSION},\"ok\":true,\"result\":7}}\n");
+        assert_eq!(peer(ok.into_bytes()).call(&Request::Status {}).unwrap(), serde_json::json!(7));
+        // A VMM that never ends its line: refused once the cap is reached.
+        let endless = vec![b' '; (MAX_RESPONSE_BYTES + 4096) as usize];
+        let err = peer(endless).call(&Request::Status {}).unwrap_err();
+        assert!(err.to_string().contains("exceeds"), "{err}");
     }
 }

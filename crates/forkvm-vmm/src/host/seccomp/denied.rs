@@ -51,6 +51,22 @@ pub(super) fn install_handler() -> std::io::Result<()> {
     Ok(())
 }
 
+/// Lets `SIGSYS` reach the calling thread. A thread that blocked it (a library that
+/// masks every signal on its threads) would otherwise die of a denied call without a
+/// word: the kernel kills a thread whose seccomp signal is blocked instead of running
+/// the handler, so no line would say which call, and the daemon would not count it.
+/// Async-signal-safe (the raw system call; the live-branch writer calls it after fork).
+pub(super) fn unblock_sigsys() {
+    // SAFETY: a sigset on the stack, initialised by sigemptyset/sigaddset before use;
+    // rt_sigprocmask with the kernel's sigset size only changes this thread's mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGSYS);
+        libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_UNBLOCK, &set as *const libc::sigset_t, 0usize, 8usize);
+    }
+}
+
 /// Why the process stops.
 pub(super) enum Why {
     /// A filter denied system call `nr`.

@@ -182,6 +182,7 @@ pub fn enforce() -> Result<(), SeccompError> {
     denied::install_handler().map_err(SeccompError::Handler)?;
     apply(ThreadKind::Control.name(), programs.of(ThreadKind::Control))?;
     denied::set_thread_kind(ThreadKind::Control);
+    denied::unblock_sigsys();
     Ok(())
 }
 
@@ -210,6 +211,8 @@ pub fn enter_thread(kind: ThreadKind) {
     }
     let Some(programs) = PROGRAMS.get() else { return };
     // Async-signal-safe: the live-branch writer calls this right after fork().
+    // Before the narrower filter, which may not allow changing the mask (the writer's).
+    denied::unblock_sigsys();
     let program = programs.of(kind);
     let prog = libc::sock_fprog { len: program.len() as u16, filter: program.as_ptr() as *mut libc::sock_filter };
     // SAFETY: seccomp(2) with a pointer to a `sock_fprog` that lives across the call

@@ -84,6 +84,25 @@ fn the_control_filter_denies_exec_network_sockets_ptrace_mount_namespaces_and_sy
 }
 
 #[test]
+fn a_thread_that_had_blocked_sigsys_still_says_which_call_was_denied() {
+    let (code, err) = filtered(|| {
+        let spawned = std::thread::spawn(|| {
+            // SAFETY: a sigset on the stack, filled before use; changes this thread's mask.
+            unsafe {
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigfillset(&mut set);
+                libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            }
+            enter_thread(ThreadKind::Device);
+            raw(libc::SYS_ptrace, [libc::PTRACE_ATTACH as usize, 1, 0, 0]);
+        });
+        let _ = spawned.join();
+        0
+    });
+    assert_denied((code, err), "device", libc::SYS_ptrace);
+}
+
+#[test]
 fn no_thread_maps_executable_memory() {
     assert_denied(
         filtered(|| {
