@@ -50,14 +50,22 @@ mod tests {
         std::fs::write(tree.join("disks/disk1/data"), b"x").unwrap();
         std::fs::write(&outside, b"host").unwrap();
         std::os::unix::fs::symlink(&outside, tree.join("link")).unwrap();
+        // A store file linked into the run directory (an archive's disk image).
+        let store_file = tmp.path().join("archive-disk1.img");
+        std::fs::write(&store_file, b"base").unwrap();
+        std::fs::hard_link(&store_file, tree.join("disk1.img")).unwrap();
         let sandbox = forkvm_vmm::host::ids::SANDBOX_ID_RANGE.start + 77;
         own_tree(&tree, sandbox, sandbox).unwrap();
         for p in ["", "disks", "disks/disk1", "disks/disk1/data", "link"] {
             assert_eq!(std::fs::symlink_metadata(tree.join(p)).unwrap().uid(), sandbox, "{p}");
         }
         assert_eq!(std::fs::metadata(&outside).unwrap().uid(), 0, "the link's target is not changed");
+        assert_eq!(std::fs::metadata(&store_file).unwrap().uid(), 0, "a file with another name is not given away");
+        // Taking over takes even a file the sandbox linked elsewhere.
+        std::os::unix::fs::lchown(&store_file, Some(sandbox), Some(sandbox)).unwrap();
         disown_tree(&tree).unwrap();
         assert_eq!(std::fs::metadata(tree.join("disks/disk1/data")).unwrap().uid(), 0);
+        assert_eq!(std::fs::metadata(&store_file).unwrap().uid(), 0);
         traversable(&tree).unwrap();
         assert_eq!(std::fs::metadata(&tree).unwrap().mode() & 0o7777, 0o711);
     }

@@ -83,6 +83,22 @@ fn a_disk_only_fork_boots_on_the_sources_files_with_a_new_identity_and_diverges(
     let reads = lazy["hits"].as_u64().unwrap() + lazy["misses"].as_u64().unwrap() + lazy["waits"].as_u64().unwrap();
     assert!(reads > 0, "the boot read its disk through the lazy layer: {fork}");
     assert!(lazy["misses"].as_u64().unwrap() > 0, "no playbook yet in a new store: first reads fetch: {fork}");
+    assert!(lazy.get("first_reads").is_none(), "the first reads went into the playbook, not the answer: {fork}");
+    // Started by root, the VMM reads the source's vault under a uid of its own.
+    let pid = fork["pid"].as_u64().unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let uid: u32 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    if std::fs::metadata("/proc/self").is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0) {
+        assert!((0x7FFC0000..0x7FFD0000).contains(&uid), "the lazily restoring VMM runs as uid {uid}");
+    }
     let saved = lazy["recording"]["saved_to"].as_str().expect("the recording was saved");
     assert!(std::path::Path::new(saved).starts_with(&env.store), "{saved}");
     assert!(std::fs::metadata(saved).unwrap().len() > 0, "the playbook {saved} exists");

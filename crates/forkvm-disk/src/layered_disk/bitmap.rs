@@ -24,7 +24,7 @@ pub(super) const HEADER_LEN: usize = 72;
 /// Trailing CRC-32.
 pub(super) const CRC_LEN: usize = 4;
 /// Flag bit: the layer is sealed (immutable).
-pub(super) const FLAG_SEALED: u32 = 1;
+pub(crate) const FLAG_SEALED: u32 = 1;
 /// The bitmap file while it is being replaced.
 const TMP_NAME: &str = "bitmap.tmp";
 

@@ -91,7 +91,9 @@ mod stack;
 
 /// The bitmap file's header and its atomic read/write, for layers built elsewhere in
 /// the crate (the vault's lazy cache layer).
-pub(crate) use bitmap::{read_file as read_bitmap_file, write_file as write_bitmap_file, Header as BitmapHeader};
+pub(crate) use bitmap::{
+    read_file as read_bitmap_file, write_file as write_bitmap_file, Header as BitmapHeader, FLAG_SEALED,
+};
 pub use bitmap::{Bitmap, LAYER_FORMAT_VERSION, LAYER_MAGIC};
 pub use builder::SealedLayerBuilder;
 pub use layer::{inspect, Layer, LayerInfo, PresentBlocks};

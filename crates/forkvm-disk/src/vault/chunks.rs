@@ -12,8 +12,8 @@ use crate::chunk_id::ChunkId;
 use std::collections::HashSet;
 use std::fs::{self, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -24,11 +24,18 @@ pub const CHUNK_MAGIC: [u8; 8] = *b"FKVMVCH1";
 pub const MAX_CHUNK_PLAIN: usize = 64 * 1024;
 /// zstd level.
 const ZSTD_LEVEL: i32 = 3;
+/// The chunks directory's and fan-outs' mode: searchable by the uid of a VMM that holds
+/// the directory open, listable by no one but the owner.
+const SHARED_DIR_MODE: u32 = 0o711;
+/// A chunk file's mode (encrypted bytes; the vault directory above is `0700`).
+const CHUNK_MODE: u32 = 0o644;
 
 /// The chunks directory of a vault, with the keys to read and write it.
 #[derive(Debug, Clone)]
 pub(crate) struct Chunks {
     dir: PathBuf,
+    /// `dir`, opened when the vault was (see the module doc).
+    dir_fd: Arc<OwnedFd>,
     keys: SubKeys,
     /// Chunk files read and decrypted by [`Chunks::get`] (successfully or not).
     reads: Arc<AtomicU64>,
@@ -45,8 +52,41 @@ pub(crate) struct Put {
 }
 
 impl Chunks {
-    pub(crate) fn new(root: &Path, keys: SubKeys) -> Chunks {
-        Chunks { dir: root.join("chunks"), keys, reads: Arc::default() }
+    /// Opens the chunks directory of the vault at `root` (which must exist) and brings
+    /// it to the sharing rule of the module doc.
+    pub(crate) fn open(root: &Path, keys: SubKeys) -> Result<Chunks, VaultError> {
+        let dir = root.join("chunks");
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+            .open(&dir)
+            .map_err(io_err("opening the chunks directory", &dir))?;
+        let chunks = Chunks { dir, dir_fd: Arc::new(OwnedFd::from(file)), keys, reads: Arc::default() };
+        chunks.share()?;
+        Ok(chunks)
+    }
+
+    /// Brings a vault written before the sharing rule (module doc) to it: every fan-out
+    /// `0711` and chunk `0644`, then the chunks directory `0711`, whose mode so says
+    /// the walk is done. Nothing to do (one `fstat`) once it is, or for a caller that
+    /// does not own the vault (it could not have written chunks either).
+    pub(crate) fn share(&self) -> Result<(), VaultError> {
+        let dir = std::fs::File::from(self.dir_fd.try_clone().map_err(io_err("sharing", &self.dir))?);
+        let meta = dir.metadata().map_err(io_err("checking the mode of", &self.dir))?;
+        // SAFETY: geteuid has no preconditions.
+        if meta.mode() & 0o7777 == SHARED_DIR_MODE || meta.uid() != unsafe { libc::geteuid() } {
+            return Ok(());
+        }
+        for fanout in self.fanouts()? {
+            set_mode(&fanout, SHARED_DIR_MODE)?;
+            for entry in fs::read_dir(&fanout).map_err(io_err("listing chunk directory", &fanout))? {
+                let entry = entry.map_err(io_err("listing chunk directory", &fanout))?;
+                if entry.file_type().is_ok_and(|t| t.is_file()) {
+                    set_mode(&entry.path(), CHUNK_MODE)?;
+                }
+            }
+        }
+        set_mode(&self.dir, SHARED_DIR_MODE)
     }
 
     /// The keyed hash naming a chunk holding `plain`.
@@ -84,15 +124,22 @@ impl Chunks {
         file.extend_from_slice(&nonce);
         file.extend_from_slice(&ct);
         let fanout = fsutil::parent_of(&path);
-        fsutil::create_dir(fanout, 0o700)?;
+        if !fanout.is_dir() {
+            fsutil::create_dir(fanout, SHARED_DIR_MODE)?;
+            // Whatever the umask left.
+            set_mode(fanout, SHARED_DIR_MODE)?;
+        }
         let tmp = fsutil::temp_path(&path);
         let mut f = OpenOptions::new()
             .write(true)
             .create_new(true)
-            .mode(0o600)
+            .mode(CHUNK_MODE)
             .open(&tmp)
             .map_err(io_err("creating chunk temp file", &tmp))?;
-        if let Err(e) = io::Write::write_all(&mut f, &file) {
+        let written = f
+            .set_permissions(fs::Permissions::from_mode(CHUNK_MODE))
+            .and_then(|()| io::Write::write_all(&mut f, &file));
+        if let Err(e) = written {
             let _ = fs::remove_file(&tmp);
             return Err(io_err("writing chunk temp file", &tmp)(e));
         }
@@ -114,11 +161,15 @@ impl Chunks {
             return Err(corrupt(format!("chunk {name} asked for as {len} bytes")));
         }
         let cap = (8 + NONCE_LEN + TAG_LEN + zstd::zstd_safe::compress_bound(MAX_CHUNK_PLAIN)) as u64;
-        let bytes = match fsutil::read_capped(&path, cap) {
-            Err(VaultError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+        let bytes = match self.read_capped(name, cap) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return Err(corrupt(format!("chunk {name} is missing")));
             }
-            other => other?,
+            Err(e) => return Err(io_err("reading chunk", &path)(e)),
+            Ok(bytes) if bytes.len() as u64 > cap => {
+                return Err(corrupt(format!("chunk {name} is larger than the {cap}-byte cap")));
+            }
+            Ok(bytes) => bytes,
         };
         if bytes.len() < 8 + NONCE_LEN + TAG_LEN || bytes[..8] != CHUNK_MAGIC {
             return Err(corrupt(format!("chunk {name}: not a vault chunk (short or bad magic)")));
@@ -136,6 +187,27 @@ impl Chunks {
         Ok(plain)
     }
 
+    /// Up to `cap + 1` bytes of chunk `name`, opened from the directory descriptor
+    /// (module doc) without following a link.
+    fn read_capped(&self, name: &ChunkId, cap: u64) -> io::Result<Vec<u8>> {
+        use std::io::Read;
+        let hex = name.to_hex();
+        let rel = std::ffi::CString::new(format!("{}/{hex}", &hex[..2]).as_bytes()).expect("hex has no NUL");
+        // SAFETY: openat with a descriptor `dir_fd` keeps open and a NUL-terminated path;
+        // the returned descriptor is owned by the File below.
+        let fd = unsafe {
+            libc::openat(self.dir_fd.as_raw_fd(), rel.as_ptr(), libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just opened and is owned by nothing else.
+        let file = unsafe { fs::File::from_raw_fd(fd) };
+        let mut bytes = Vec::new();
+        file.take(cap + 1).read_to_end(&mut bytes)?;
+        Ok(bytes)
+    }
+
     /// Chunk reads so far (every [`Chunks::get`], failed ones included).
     pub(crate) fn reads(&self) -> u64 {
         self.reads.load(Ordering::Relaxed)
@@ -148,13 +220,8 @@ impl Chunks {
 
     /// Makes every chunk written so far durable: one `syncfs` of the vault's filesystem.
     pub(crate) fn sync(&self) -> Result<(), VaultError> {
-        let dir = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECTORY)
-            .open(&self.dir)
-            .map_err(io_err("opening chunks directory to sync", &self.dir))?;
-        // SAFETY: syncfs only reads the descriptor, which `dir` keeps open for the call.
-        if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
+        // SAFETY: syncfs only reads the descriptor, which `self` keeps open for the call.
+        if unsafe { libc::syncfs(self.dir_fd.as_raw_fd()) } != 0 {
             return Err(io_err("syncfs of chunks directory", &self.dir)(io::Error::last_os_error()));
         }
         Ok(())
@@ -215,4 +282,8 @@ impl Chunks {
         out.sort();
         Ok(out)
     }
+}
+
+fn set_mode(path: &Path, mode: u32) -> Result<(), VaultError> {
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(io_err("setting the mode of", path))
 }

@@ -19,6 +19,18 @@
 //! pin file's content. Retention drops a pin whose anchor is gone, once the pin is
 //! older than [`ANCHOR_GRACE`] (the anchor may be created just after its pin). A pin
 //! without an anchor (an empty file) is kept until it is removed.
+//!
+//! A lazy layer's pin (holder `lazy-…`, [`LAZY_HOLDER_PREFIX`]) is made only once its
+//! cache exists, so it needs no grace: its cache gone, it is stale at once. (The VMM
+//! that held it runs under a uid of its own and cannot remove it; its run directory,
+//! cache included, goes when it stops.)
+//!
+//! **Settled anchors.** A lazily restoring VMM runs under a uid of its own and cannot
+//! remove its pin when its cache is complete (the pins are root's). So a pin whose
+//! anchor holds a *sealed* layer bitmap (a settled lazy cache, see
+//! [`super::lazy`]) is dropped too, at once: that cache no longer reads the vault. The
+//! anchor lives in the VMM's own run directory, so a VMM that seals it early only stops
+//! protecting its own restore.
 
 use super::fsutil::{self, create_dir};
 use super::{io_err, validate_name, Vault, VaultError};
@@ -34,6 +46,8 @@ pub(crate) const PINS_DIR: &str = "pins";
 pub type Pin = (u64, String);
 /// How long a pin whose anchor does not exist is still honoured.
 pub const ANCHOR_GRACE: std::time::Duration = std::time::Duration::from_secs(600);
+/// The holder names of lazy layers' pins start so (see the module doc).
+pub const LAZY_HOLDER_PREFIX: &str = "lazy-";
 /// Longest anchor path read back.
 const MAX_ANCHOR_BYTES: u64 = 4096;
 
@@ -113,7 +127,7 @@ impl Vault {
     pub(crate) fn pinned_seqs(&self) -> Result<(BTreeSet<u64>, Vec<Pin>), VaultError> {
         let (mut live, mut stale) = (BTreeSet::new(), Vec::new());
         for (seq, holder) in self.pins()? {
-            if pin_is_stale(&self.pin_path(seq, &holder)) {
+            if pin_is_stale(&self.pin_path(seq, &holder), &holder) {
                 remove_pin(&self.root, seq, &holder)?;
                 stale.push((seq, holder));
             } else {
@@ -129,7 +143,7 @@ impl Vault {
 pub fn live_holders(vault_root: &Path) -> Result<Vec<String>, VaultError> {
     let mut out: Vec<String> = list_pins(vault_root)?
         .into_iter()
-        .filter(|(_, _, path)| !pin_is_stale(path))
+        .filter(|(_, holder, path)| !pin_is_stale(path, holder))
         .map(|(_, holder, _)| holder)
         .collect();
     out.sort();
@@ -160,9 +174,9 @@ fn list_pins(vault_root: &Path) -> Result<Vec<(u64, String, PathBuf)>, VaultErro
     Ok(out)
 }
 
-/// Whether the pin at `path` names an anchor that no longer exists and is older than
-/// [`ANCHOR_GRACE`].
-fn pin_is_stale(path: &Path) -> bool {
+/// Whether the pin at `path`, `holder`'s, names an anchor that no longer exists (and is
+/// older than [`ANCHOR_GRACE`], unless a lazy layer's) or that holds a sealed layer.
+fn pin_is_stale(path: &Path, holder: &str) -> bool {
     use std::os::unix::ffi::OsStrExt;
     let content = match super::fsutil::read_capped(path, MAX_ANCHOR_BYTES) {
         Ok(c) => c,
@@ -174,8 +188,26 @@ fn pin_is_stale(path: &Path) -> bool {
     }
     let anchor = Path::new(std::ffi::OsStr::from_bytes(&content));
     if std::fs::symlink_metadata(anchor).is_ok() {
-        return false;
+        return holds_a_sealed_layer(anchor);
+    }
+    if holder.starts_with(LAZY_HOLDER_PREFIX) {
+        return true;
     }
     let age = fs::metadata(path).and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
     age.is_some_and(|a| a > ANCHOR_GRACE)
+}
+
+/// Whether `dir` holds a layer bitmap whose header says sealed (a settled lazy cache).
+/// Reads the first 16 bytes of `<dir>/bitmap`, never through a link at its last step.
+fn holds_a_sealed_layer(dir: &Path) -> bool {
+    use crate::layered_disk::{BITMAP_FILE, FLAG_SEALED, LAYER_FORMAT_VERSION, LAYER_MAGIC};
+    use std::io::Read;
+    let path = dir.join(BITMAP_FILE);
+    let Ok(file) = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(&path) else { return false };
+    let mut head = [0u8; 16];
+    if file.take(16).read_exact(&mut head).is_err() {
+        return false;
+    }
+    let word = |at: usize| u32::from_le_bytes(head[at..at + 4].try_into().expect("4 bytes"));
+    head[..8] == LAYER_MAGIC && word(8) == LAYER_FORMAT_VERSION && word(12) & FLAG_SEALED != 0
 }

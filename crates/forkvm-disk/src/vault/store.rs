@@ -110,7 +110,7 @@ impl Vault {
                 reason: "the vault was created with another sandbox key (or its key check is damaged)".to_string(),
             });
         }
-        let chunks = Chunks::new(root, keys.clone());
+        let chunks = Chunks::open(root, keys.clone())?;
         Ok(Vault { root: root.to_path_buf(), keys, chunks, stall_per_chunk: None })
     }
 

@@ -32,14 +32,15 @@ use crate::ready::{finish_within, SpawnedSandbox};
 use crate::registry::{Origin, Registry, SandboxRecord};
 use crate::source::DATA_DISK_ID;
 use crate::verbs::{call, LifecycleError};
+use forkvm_snapshot::vault::lazy::{MergeRule, Playbook, Recording};
 use forkvm_snapshot::vault::KeyStore;
 use forkvm_snapshot::Store;
 use forkvm_vmm::arch::x86_64::cpuid::CpuTemplate;
 use forkvm_vmm::cold_boot::boot_detached;
-use forkvm_vmm::devices::virtio::blk::LazySource;
+use forkvm_vmm::devices::virtio::blk::{LazySource, RecordingSaved};
 use forkvm_vmm::vmm::disks::LazyDisk;
 use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 #[derive(Debug, thiserror::Error)]
@@ -135,22 +136,48 @@ pub fn fork_from_disk(
     let started = Instant::now();
     let fork = start_disk_fork(registry, store, source, seq, &new_sandbox_id(), restore, opts)?;
     let sandbox = finish_within(registry, vec![fork.record], started, BOOT_TIMEOUT)?.remove(0);
-    let lazy = end_restore_recording(&sandbox.record).unwrap_or_else(|e| {
+    let lazy = end_restore_recording(store, &sandbox.record).unwrap_or_else(|e| {
         tracing::warn!(sandbox = %sandbox.record.id, error = %e, "ending the restore's recording failed");
         Vec::new()
     });
     Ok(DiskFork { sandbox, restore: fork.restore, restore_ms: fork.restore_ms, lazy })
 }
 
-/// Ends the recording of a lazily restored sandbox's first reads (merging it into its
-/// template's playbook) and returns its lazy disks' counters: what a disk fork does
-/// once the sandbox answers. Empty for a sandbox with no lazy disk.
-pub fn end_restore_recording(record: &SandboxRecord) -> Result<Vec<LazyDisk>, LifecycleError> {
-    lazy_disks(record, true)
+/// Ends the recording of a disk fork's first reads, merges them into its template's
+/// playbook, and returns its lazy disks' counters: what a disk fork does once the
+/// sandbox answers. Empty for a sandbox with no lazy disk. The VMM, under its
+/// sandbox's uid, cannot write the store: it reports its first reads and this merges
+/// them (into the one playbook the library names: the template's, for its data disk).
+pub fn end_restore_recording(store: &Store, record: &SandboxRecord) -> Result<Vec<LazyDisk>, LifecycleError> {
+    let mut disks = lazy_disks(record, true)?;
+    for d in &mut disks {
+        let Some(recording) = d.report.take_recording() else { continue };
+        let Some(template) = record.template.as_deref().filter(|_| d.id == DATA_DISK_ID) else { continue };
+        let path = playbook_path(store, template, DATA_DISK_ID);
+        d.report.recording = Some(learn_playbook(&path, d.report.size, &recording));
+    }
+    Ok(disks)
 }
 
-/// A running sandbox's lazy disks' counters; `finish_recording` as in
-/// [`end_restore_recording`].
+/// Merges one restore's first reads into the playbook at `path` (a hint: a failure is
+/// reported, not raised).
+fn learn_playbook(path: &Path, disk_size: u64, recording: &Recording) -> RecordingSaved {
+    let mut saved = RecordingSaved { touches: recording.touches.len(), saved_to: None, runs: 0, error: None };
+    match Playbook::merge_into_file(path, disk_size, recording, &MergeRule::default()) {
+        Ok(book) => {
+            saved.saved_to = Some(path.to_path_buf());
+            saved.runs = book.runs();
+        }
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "saving the playbook failed");
+            saved.error = Some(e.to_string());
+        }
+    }
+    saved
+}
+
+/// A running sandbox's lazy disks' counters; `finish_recording` ends their recordings
+/// (the reports then carry the first reads, see [`end_restore_recording`]).
 pub fn lazy_disks(record: &SandboxRecord, finish_recording: bool) -> Result<Vec<LazyDisk>, LifecycleError> {
     call(record, |c| c.lazy_disks(finish_recording))
 }
@@ -207,9 +234,7 @@ pub fn start_disk_fork(
     }
 
     let origin = Origin { template: Some(owner.clone()), forked_from: Some(source.to_string()), ..Origin::default() };
-    // A lazy restore reads the source's vault as the VM runs (`VmmUids::Root`).
-    let uids = if restore == DiskRestore::Eager { VmmUids::Own } else { VmmUids::Root };
-    let mut batch = Batch::begin(registry, std::slice::from_ref(&id), origin, opts, uids)?;
+    let mut batch = Batch::begin(registry, std::slice::from_ref(&id), origin, opts, VmmUids::Own)?;
     let step = |step: &'static str, reason: String| DiskForkError::Step { id: source.to_string(), step, reason };
     // The snapshot as the new sandbox's own lowest layer: decrypted now (eager), or a
     // cache that fills in as the guest reads (lazy; opened here once so that a bad

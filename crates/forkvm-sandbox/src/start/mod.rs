@@ -118,9 +118,6 @@ pub(crate) enum VmmUids {
     /// Their source's (children of a running sandbox, forked by its VMM under its uid;
     /// none when the source has none).
     Source(Option<u32>),
-    /// None of their own: the VMM reads files as it runs that its uid could not open (a
-    /// disk restored lazily from a vault). It stays uid 0 without capabilities.
-    Root,
 }
 
 /// Sandboxes being started together: their rows, run directories and cgroups, and which
@@ -166,7 +163,6 @@ impl<'r> Batch<'r> {
         let family = match uids {
             VmmUids::Own => Some(None),
             VmmUids::Source(uid) => uid.map(Some),
-            VmmUids::Root => None,
         };
         if let Some(family) = family.filter(|_| crate::sandbox_uid::confines_by_uid(registry)) {
             registry.assign_uids(&mut batch.records, family)?;

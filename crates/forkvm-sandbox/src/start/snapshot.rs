@@ -81,9 +81,7 @@ pub fn start_vmms(
     let forking_cpu = thread_cpu_time();
     let origin =
         Origin { template: source.template().map(String::from), source_tag: source.tag.clone(), ..Origin::default() };
-    // A disk restored lazily from a vault is read as the VM runs (`VmmUids::Root`).
-    let uids = if source.vault_lowers.is_empty() { VmmUids::Own } else { VmmUids::Root };
-    let mut batch = Batch::begin(registry, ids, origin, opts, uids)?;
+    let mut batch = Batch::begin(registry, ids, origin, opts, VmmUids::Own)?;
     for i in 0..ids.len() {
         let r = &batch.records()[i];
         let devices = source.devices(&r.vsock(), &r.disk_dir());

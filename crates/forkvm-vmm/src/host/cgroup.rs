@@ -36,7 +36,10 @@ use std::time::{Duration, Instant};
 /// the sweep. Not a valid sandbox name.
 const EXITING: &str = "exiting";
 /// How long rmdir is retried while the group is still busy with leaving threads/processes.
-const RMDIR_RETRY_FOR: Duration = Duration::from_millis(100);
+/// A VMM's leader reads as exited while its other threads still leave, the last one
+/// unmapping the guest's memory: tens of ms for a GiB, more on a loaded host (at 100 ms
+/// a restore right after an archive found the group still there).
+const RMDIR_RETRY_FOR: Duration = Duration::from_secs(2);
 
 /// Which cgroup hierarchy holds the memory controller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

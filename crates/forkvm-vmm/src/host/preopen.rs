@@ -1,7 +1,8 @@
 //! What a VMM opens while it is still root, for after it has become its sandbox's uid
 //! (`forkvm_snapshot::preopened` finds them again by path): its disks' base images and
-//! the tag's sealed layers they stack on (root's files in the store), a cold boot's
-//! kernel and initrd, and the KVM device node (root's, for a fork of the running VM to
+//! the tag's sealed layers they stack on (root's files in the store), a lazily restored
+//! disk's vault snapshot and playbook (`devices::virtio::blk::lazy::preopen`), a cold
+//! boot's kernel and initrd, and the KVM device node (root's, for a fork of the running VM to
 //! build its own). Its own run directory (writable tops, sockets, the console log) is
 //! its uid's and is opened as usual.
 //!
@@ -23,6 +24,9 @@ pub fn offer_for(devices: &DeviceConfig, payload: Option<&Payload>, kvm: Option<
         match &b.layers {
             Some(l) => {
                 read(&b.path);
+                if let Some(source) = &l.lazy {
+                    crate::devices::virtio::blk::lazy::preopen(source);
+                }
                 for dir in l.sealed.iter().filter(|d| !d.starts_with(&l.dir)) {
                     read(&dir.join(DATA_FILE));
                     read(&dir.join(BITMAP_FILE));

@@ -4,8 +4,8 @@
 //! sandbox's own uid and gid (`host::ids`), which own its run directory and nothing
 //! else; the files it reads from the store it opened before (`host::preopen`), and it
 //! writes its branches into an inbox of its own, which the host side adopts. A VMM that
-//! has no ids given (not started by root, or restoring a disk lazily from a vault, which
-//! it reads as it runs) stays uid 0 without capabilities: the owner of root's files, but
+//! has no ids given (not started by root, or outside a jail) keeps its uid without
+//! capabilities: for root, the owner of root's files, but
 //! unable to load modules, mount, trace, bypass file permissions, change ids or open raw
 //! sockets. It writes no cgroup file: its starter moved it into its group
 //! (`zygote::owned`).

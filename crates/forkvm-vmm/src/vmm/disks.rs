@@ -84,7 +84,8 @@ impl Vmm {
     }
 
     /// The lazily restored disks' counters (see `devices::virtio::blk::lazy`), ending
-    /// their recordings first when `finish_recording` (each merged into its playbook).
+    /// their recordings first when `finish_recording` (each report then carries its
+    /// first reads, for the caller to merge into the playbook).
     pub fn lazy_disks(&mut self, finish_recording: bool) -> Result<Vec<LazyDisk>, VmmError> {
         let mut out = Vec::new();
         let blocks = self.devices.virtio.iter().filter(|s| s.kind == "block");

@@ -306,7 +306,7 @@ pub async fn disk_fork(
                     .map_err(ApiError::from)?;
                 // The playbook learns what this boot read (best effort: the fork stands).
                 for r in &ready {
-                    if let Err(e) = forkvm_sandbox::start::disk::end_restore_recording(&r.record) {
+                    if let Err(e) = forkvm_sandbox::start::disk::end_restore_recording(&s.store, &r.record) {
                         tracing::warn!(sandbox = %r.record.id, error = %e, "ending the restore's recording failed");
                     }
                 }

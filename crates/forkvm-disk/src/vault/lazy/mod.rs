@@ -54,7 +54,8 @@
 //! Instead [`VaultLayer::open`] pins the snapshot ([`Vault::pin`]) with a holder name
 //! derived from the cache directory's absolute path ([`VaultLayer::pin_holder`]), and
 //! retention keeps pinned snapshots. [`VaultLayer::seal_cache`] and
-//! [`VaultLayer::discard`] remove the pin.
+//! [`VaultLayer::discard`] remove the pin (or, for a process that may not, retention
+//! drops it once the cache is sealed: see [`super::pins`]).
 
 mod bench;
 mod cache;
@@ -244,12 +245,11 @@ impl VaultLayer {
     /// manifest once, pins the snapshot, and starts recording first touches.
     pub fn open(vault: Arc<Vault>, seq: u64, disk_id: &str, cache_dir: &Path) -> Result<VaultLayer, VaultError> {
         let holder = Self::pin_holder(cache_dir)?;
-        let map = {
-            let _lock = vault.lock(libc::LOCK_SH)?;
-            let map = vault.disk_map(seq, disk_id)?;
-            vault.pin_locked(seq, &holder, Some(cache_dir))?;
-            map
-        };
+        // The cache (the pin's anchor) exists before the pin does, so a pin whose cache
+        // is gone is stale at once (`super::pins`); both under the shared lock, so
+        // retention cannot remove the snapshot in between.
+        let lock = vault.lock(libc::LOCK_SH)?;
+        let map = vault.disk_map(seq, disk_id)?;
         let mut extents = Vec::with_capacity(map.extents.len());
         let mut present = Bitmap::new(crate::layered_disk::blocks_for(map.size));
         for (first, count, hex) in &map.extents {
@@ -260,14 +260,9 @@ impl VaultLayer {
             extents.push(Extent { first: *first, count: *count, name });
         }
         let id = layer_id_of(&map.layer_id, seq, disk_id);
-        let files = match cache::open_or_create(cache_dir, map.size, id, &present) {
-            Ok(f) => f,
-            Err(e) => {
-                // Nothing will read the snapshot through this cache: do not keep it pinned.
-                let _ = vault.unpin(seq, &holder);
-                return Err(e);
-            }
-        };
+        let files = cache::open_or_create(cache_dir, map.size, id, &present)?;
+        vault.pin_locked(seq, &holder, Some(cache_dir))?;
+        drop(lock);
         let mut fill = vec![Fill::Empty; extents.len()];
         let mut filled = Bitmap::new(present.len());
         let mut filled_extents = 0;
@@ -300,13 +295,14 @@ impl VaultLayer {
         })
     }
 
-    /// The pin holder name [`VaultLayer::open`] uses for `cache_dir`: 32 hex digits of
-    /// the BLAKE3 hash of its absolute path (so a reopen finds the same pin).
+    /// The pin holder name [`VaultLayer::open`] uses for `cache_dir`: `lazy-` and 32
+    /// hex digits of the BLAKE3 hash of its absolute path (so a reopen finds the same
+    /// pin).
     pub fn pin_holder(cache_dir: &Path) -> Result<String, VaultError> {
         use std::os::unix::ffi::OsStrExt;
         let abs = std::path::absolute(cache_dir).map_err(super::io_err("resolving the cache path", cache_dir))?;
         let hash = blake3::hash(abs.as_os_str().as_bytes());
-        Ok(format!("lazy-{}", &hash.to_hex()[..32]))
+        Ok(format!("{}{}", super::pins::LAZY_HOLDER_PREFIX, &hash.to_hex()[..32]))
     }
 
     /// Removes a cache directory (complete or not) and its pin of `seq`: the end of a
@@ -495,7 +491,12 @@ impl VaultLayer {
             st.sealed = true;
             st.unpersisted = 0;
         }
-        self.vault.unpin(self.seq, &self.holder)?;
+        match self.vault.unpin(self.seq, &self.holder) {
+            // A VMM under its sandbox's uid may not touch the vault's pins: retention drops
+            // a pin whose anchor is a sealed cache (`super::pins`), so the seal stands.
+            Err(VaultError::Io { source, .. }) if is_denied(&source) => {}
+            other => other?,
+        }
         Ok(SealedCache { dir: self.dir.clone(), id: self.id, blocks: bits.count_ones() })
     }
 
@@ -716,6 +717,11 @@ impl LazyLower for VaultLayer {
     fn flush(&self) -> Result<(), LayerError> {
         self.persist().map_err(|e| LayerError::LowerFlush { layer: self.id, source: Box::new(e) })
     }
+}
+
+/// Whether `e` says this process may not change the file (permissions, a read-only view).
+fn is_denied(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::PermissionDenied || e.raw_os_error() == Some(libc::EROFS)
 }
 
 #[cfg(test)]

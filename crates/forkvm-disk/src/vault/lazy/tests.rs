@@ -662,7 +662,7 @@ fn merging_into_a_file_creates_it_learns_and_replaces_what_is_not_a_playbook_for
 }
 
 #[test]
-fn a_pin_whose_cache_is_gone_is_dropped_after_the_grace_period() {
+fn a_pin_whose_anchor_is_gone_is_dropped_at_once_for_a_cache_after_a_grace_otherwise() {
     let mut env = Env::new(12);
     env.seq = 1;
     // A lazy restore whose process died without unpinning (SIGKILL): its cache (the
@@ -689,16 +689,20 @@ fn a_pin_whose_cache_is_gone_is_dropped_after_the_grace_period() {
     age(1, &holder, old);
     let r = env.vault.retain(&keep_last_one).unwrap();
     assert_eq!((r.kept.clone(), r.stale_pins.len()), (vec![1, 2], 0), "{r:?}");
-    // Cache gone, but the pin is young (the anchor may be about to be made): kept.
+    // Cache gone: a lazy layer's pin is dropped at once, however young (its cache was
+    // made before it); the archive's still holds seq 1.
     std::fs::remove_dir_all(&run).unwrap();
     assert!(!cache.exists());
     env.vault.pin_while(1, &holder, Some(&cache)).unwrap();
-    assert_eq!(env.vault.retain(&keep_last_one).unwrap().stale_pins, vec![]);
-    // Gone and old: the pin is dropped; the archive's still holds seq 1.
-    age(1, &holder, old);
+    assert_eq!(crate::vault::pins::live_holders(env.vault.root()).unwrap(), vec!["archive", "manual"]);
     let r = env.vault.retain(&keep_last_one).unwrap();
     assert_eq!(r.stale_pins, vec![(1, holder.clone())]);
     assert_eq!(r.kept, vec![1, 2]);
+    // Another holder's pin whose anchor is gone but young is kept (its anchor may be
+    // about to be made, as an archive's is).
+    env.vault.pin_while(1, "archive-2", Some(&env.path("not-yet"))).unwrap();
+    assert_eq!(env.vault.retain(&keep_last_one).unwrap().stale_pins, vec![]);
+    env.vault.unpin(1, "archive-2").unwrap();
     // The archive goes: its pin is dropped too, and seq 1 with it. An unanchored pin
     // (seq 2, also the newest) is never dropped.
     std::fs::remove_dir_all(&anchor).unwrap();
@@ -707,4 +711,58 @@ fn a_pin_whose_cache_is_gone_is_dropped_after_the_grace_period() {
     let r = env.vault.retain(&keep_last_one).unwrap();
     assert_eq!((r.stale_pins, r.removed, r.kept), (vec![(1, "archive".to_string())], vec![1], vec![2]));
     assert_eq!(env.vault.pins().unwrap(), vec![(2, "manual".to_string())]);
+}
+
+#[test]
+fn a_pin_whose_cache_was_sealed_is_dropped_at_once_by_retention() {
+    let mut env = Env::new(13);
+    env.seq = 1;
+    let layer = env.open();
+    let other = env.open();
+    layer.materialize_all(2).unwrap();
+    let sealed = layer.seal_cache().unwrap();
+    // What a VMM under its sandbox's uid leaves: it may not remove its pin (root's).
+    env.vault.pin_while(1, layer.holder(), Some(&sealed.dir)).unwrap();
+    let keep_last_one = RetentionPolicy { keep_last: 1, keep_hourly: 0, keep_daily: 0 };
+    let r = env.vault.retain(&keep_last_one).unwrap();
+    assert_eq!(r.stale_pins, vec![(1, layer.holder().to_string())], "young, but its cache is sealed: {r:?}");
+    assert_eq!(r.kept, vec![1, 2], "the unsealed cache's pin still holds seq 1: {r:?}");
+    assert_eq!(env.vault.pins().unwrap(), vec![(1, other.holder().to_string())]);
+    // The sealed cache reads on without the vault.
+    drop(other);
+    let _ = VaultLayer::discard(&env.vault, 1, &env.tmp.path().join("none"));
+    assert_eq!(read(&layer, 0, 4096).len(), 4096);
+}
+
+#[test]
+fn chunks_are_named_only_through_the_vault_a_process_opened() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::new(14);
+    let root = env.vault.root().to_path_buf();
+    let mode = |p: &std::path::Path| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode(&root), 0o700, "the vault itself stays closed");
+    assert_eq!(mode(&root.join("chunks")), 0o711);
+    let fanouts: Vec<PathBuf> = fs::read_dir(root.join("chunks")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert!(!fanouts.is_empty());
+    for f in &fanouts {
+        assert_eq!(mode(f), 0o711, "{}", f.display());
+        for c in fs::read_dir(f).unwrap() {
+            assert_eq!(mode(&c.unwrap().path()), 0o644);
+        }
+    }
+    // A vault written before the rule is brought to it when opened.
+    fs::set_permissions(root.join("chunks"), fs::Permissions::from_mode(0o700)).unwrap();
+    fs::set_permissions(&fanouts[0], fs::Permissions::from_mode(0o700)).unwrap();
+    let chunk = fs::read_dir(&fanouts[0]).unwrap().next().unwrap().unwrap().path();
+    fs::set_permissions(&chunk, fs::Permissions::from_mode(0o600)).unwrap();
+    let keys = KeyStore::open(&env.tmp.path().join("keys")).unwrap();
+    drop(Vault::open(&root, keys.sandbox_key("sb-1").unwrap()).unwrap());
+    assert_eq!((mode(&root.join("chunks")), mode(&fanouts[0]), mode(&chunk)), (0o711, 0o711, 0o644));
+    // An open vault reads its chunks from the directory it opened, wherever it is now.
+    let layer = env.open();
+    let moved = env.tmp.path().join("vault-moved");
+    fs::rename(&root, &moved).unwrap();
+    let stack = env.stack(&layer);
+    assert!(read_stack(&stack, 0, SIZE) == env.model, "the disk reads back through the open vault");
+    fs::rename(&moved, &root).unwrap();
 }

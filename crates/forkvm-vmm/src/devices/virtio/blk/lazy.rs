@@ -7,8 +7,8 @@
 //! into a local cache layer), stacks the disk on it, and replays the template's
 //! **playbook** — the extents earlier restores read first, in order — on a few
 //! background threads, so the guest mostly finds its blocks already local. What this
-//! restore reads first is recorded and merged into the playbook when the recording
-//! ends: the playbook improves with use.
+//! restore reads first is recorded and handed to the VMM's caller when the recording
+//! ends, which merges it into the playbook: the playbook improves with use.
 //!
 //! The lazy layer lives only until the disk is first captured. Everything that seals
 //! (a disk snapshot, a branch, a fork of the running VM) first **settles** it: the
@@ -20,20 +20,29 @@
 //! waits for what the prefetch has not fetched yet (about 3 ms per MiB here).
 //!
 //! The VMM process opens the vault itself (the spawner checks the same open first, so
-//! errors reach the caller): a forked VMM closes every inherited descriptor.
+//! errors reach the caller): a forked VMM closes every inherited descriptor. It does so
+//! while still root, before it becomes its sandbox's uid ([`preopen`]): the vault, its
+//! manifest and the playbook are root's. After that it reads chunks from the directory
+//! descriptor the vault keeps (`forkvm_snapshot::vault`'s chunk sharing rule) and writes
+//! only its cache, in its own run directory. It writes nothing of the store: what this
+//! restore read first goes back to its caller ([`LazyReport::first_reads`]), which
+//! merges it into the playbook, and the pin a settled cache no longer needs is dropped
+//! by the vault's retention.
 
 use super::device::{Backend, Block};
 use super::BlockError;
-use forkvm_snapshot::vault::lazy::{MergeRule, PrefetchReport, Prefetcher};
+use forkvm_snapshot::vault::lazy::{PrefetchReport, Prefetcher, Recording, Touch};
 use forkvm_snapshot::vault::{LazyStats, Playbook, SandboxKey, Vault, VaultLayer};
 use forkvm_snapshot::LayerStack;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Threads a playbook replay and a settle use to fetch.
 pub const FETCH_THREADS: usize = 4;
+/// Most first reads one report carries (a playbook keeps at most as many entries).
+pub const MAX_FIRST_READS: usize = 1 << 16;
 
 /// Where a lazily restored disk's lowest layer comes from, and what to do with its
 /// playbook. Part of a [`crate::devices::attach::LayeredConfig`].
@@ -105,7 +114,7 @@ impl LazySource {
 
     /// The playbook to replay, if prefetching and one was saved before (an unreadable
     /// one is reported and ignored: a restore never fails for want of a prefetch).
-    fn replay(&self) -> Option<Playbook> {
+    pub fn replay(&self) -> Option<Playbook> {
         let path = self.playbook.as_ref().filter(|_| self.prefetch)?;
         match Playbook::load(path) {
             Ok(p) => Some(p),
@@ -119,20 +128,53 @@ impl LazySource {
     }
 }
 
+/// A lazy source opened ahead of its device: the layer and the playbook to replay.
+struct Opened {
+    cache: PathBuf,
+    layer: Arc<VaultLayer>,
+    replay: Option<Playbook>,
+}
+
+static PREOPENED: Mutex<Vec<Opened>> = Mutex::new(Vec::new());
+
+/// Opens `source` now (the vault, its manifest, the pin, the cache, the playbook to
+/// replay), for the device that [`Block::layered_lazy`] builds later from the same
+/// source, once this process may no longer open the store's files (see the module
+/// doc). A source that fails here is left to fail there, with its error.
+pub fn preopen(source: &LazySource) {
+    if let Ok(layer) = source.open() {
+        let opened = Opened { cache: source.cache.clone(), layer: Arc::new(layer), replay: source.replay() };
+        let mut all = PREOPENED.lock().unwrap_or_else(|p| p.into_inner());
+        all.retain(|o| o.cache != source.cache);
+        all.push(opened);
+    }
+}
+
+/// The layer and playbook [`preopen`] opened for `source`'s cache, taken.
+fn take_preopened(source: &LazySource) -> Option<(Arc<VaultLayer>, Option<Playbook>)> {
+    let mut all = PREOPENED.lock().unwrap_or_else(|p| p.into_inner());
+    let at = all.iter().position(|o| o.cache == source.cache)?;
+    let o = all.swap_remove(at);
+    Some((o.layer, o.replay))
+}
+
 /// A block device's lazy layer while it is lazy.
 #[derive(Debug)]
 pub(super) struct LazyDisk {
     layer: Arc<VaultLayer>,
     prefetcher: Option<Prefetcher>,
-    playbook: Option<PathBuf>,
     /// Entries of the playbook replayed at start (0: none).
     replayed_entries: usize,
     prefetch_report: Option<PrefetchReport>,
-    /// The playbook this restore's recording was saved into, once it was.
-    recorded: Option<RecordingSaved>,
+    /// This restore's first reads once the recording ended, until a report hands them
+    /// out.
+    first_reads: Option<Recording>,
+    /// Whether the recording ended.
+    recording_ended: bool,
 }
 
-/// What ending a recording did.
+/// What merging a restore's first reads into its playbook did (the caller of the VMM
+/// does it, see the module doc).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RecordingSaved {
     /// Extents this restore read first.
@@ -160,25 +202,52 @@ pub struct LazyReport {
     pub playbook_entries: usize,
     /// Whether the replay has ended.
     pub prefetch_done: bool,
-    /// Set once the recording ended and was merged into the playbook.
+    /// Set by the VMM's caller once it merged [`LazyReport::first_reads`] into the
+    /// playbook.
     pub recording: Option<RecordingSaved>,
+    /// The disk's size in bytes (what a playbook is for).
+    #[serde(default)]
+    pub size: u64,
+    /// This restore's first reads as `[extent's first block, µs after the start]`, in
+    /// order: in the one report that ended the recording (at most
+    /// [`MAX_FIRST_READS`]). A hint, like the guest's reads it comes from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_reads: Option<Vec<(u64, u32)>>,
+}
+
+impl LazyReport {
+    /// [`LazyReport::first_reads`] as a recording to merge into a playbook.
+    pub fn take_recording(&mut self) -> Option<Recording> {
+        let reads = self.first_reads.take()?;
+        Some(Recording {
+            touches: reads
+                .into_iter()
+                .take(MAX_FIRST_READS)
+                .map(|(block, at_micros)| Touch { block, at_micros })
+                .collect(),
+        })
+    }
 }
 
 impl LazyDisk {
     /// Opens `source` and starts replaying its playbook.
+    /// Opens `source` (or takes what [`preopen`] opened) and starts replaying its
+    /// playbook.
     pub(super) fn start(source: &LazySource) -> Result<LazyDisk, BlockError> {
-        let layer = Arc::new(source.open().map_err(BlockError::LazyOpen)?);
+        let (layer, replay) = match take_preopened(source) {
+            Some(opened) => opened,
+            None => (Arc::new(source.open().map_err(BlockError::LazyOpen)?), source.replay()),
+        };
         layer.restart_recording();
-        let replay = source.replay();
         let replayed_entries = replay.as_ref().map_or(0, Playbook::len);
         let prefetcher = replay.filter(|p| !p.is_empty()).map(|p| layer.prefetch(&p, FETCH_THREADS));
         Ok(LazyDisk {
             layer,
             prefetcher,
-            playbook: source.playbook.clone(),
             replayed_entries,
             prefetch_report: None,
-            recorded: None,
+            first_reads: None,
+            recording_ended: false,
         })
     }
 
@@ -186,26 +255,12 @@ impl LazyDisk {
         Arc::clone(&self.layer)
     }
 
-    /// Ends the recording (once) and merges it into the playbook file.
-    fn finish_recording(&mut self) -> &RecordingSaved {
-        if self.recorded.is_none() {
-            let rec = self.layer.stop_recording();
-            let mut saved = RecordingSaved { touches: rec.touches.len(), saved_to: None, runs: 0, error: None };
-            if let Some(path) = &self.playbook {
-                match Playbook::merge_into_file(path, self.layer.size(), &rec, &MergeRule::default()) {
-                    Ok(book) => {
-                        saved.saved_to = Some(path.clone());
-                        saved.runs = book.runs();
-                    }
-                    Err(e) => {
-                        tracing::warn!(path = %path.display(), error = %e, "saving the playbook failed");
-                        saved.error = Some(e.to_string());
-                    }
-                }
-            }
-            self.recorded = Some(saved);
+    /// Ends the recording (once), keeping what it recorded for the next report.
+    fn finish_recording(&mut self) {
+        if !self.recording_ended {
+            self.recording_ended = true;
+            self.first_reads = Some(self.layer.stop_recording());
         }
-        self.recorded.as_ref().expect("set above")
     }
 
     fn report(&mut self) -> LazyReport {
@@ -218,7 +273,12 @@ impl LazyDisk {
             stats: self.layer.stats(),
             playbook_entries: self.replayed_entries,
             prefetch_done: self.prefetcher.is_none(),
-            recording: self.recorded.clone(),
+            recording: None,
+            size: self.layer.size(),
+            first_reads: self
+                .first_reads
+                .take()
+                .map(|r| r.touches.iter().take(MAX_FIRST_READS).map(|t| (t.block, t.at_micros)).collect()),
         }
     }
 }
@@ -250,7 +310,8 @@ impl Block {
     }
 
     /// The lazy layer's counters, ending its recording first when `finish_recording`
-    /// (merging it into the playbook). `None` for a disk that is not (or no longer) lazy.
+    /// (the report then carries its first reads). `None` for a disk that is not (or no
+    /// longer) lazy.
     pub fn lazy_report(&mut self, finish_recording: bool) -> Option<LazyReport> {
         let lazy = self.lazy.as_mut()?;
         if finish_recording {

@@ -282,6 +282,15 @@ fn lazy_source(dir: &std::path::Path, vault: &std::path::Path, seq: u64, cache: 
     }
 }
 
+/// What the VMM's caller does with a report that ended the recording: merges its first
+/// reads into the source's playbook. Returns the runs the playbook has learned from.
+fn learn(source: &LazySource, report: &mut LazyReport) -> u64 {
+    use forkvm_snapshot::vault::lazy::{MergeRule, Playbook};
+    let rec = report.take_recording().expect("the report that ended the recording carries the first reads");
+    let path = source.playbook.as_ref().unwrap();
+    Playbook::merge_into_file(path, report.size, &rec, &MergeRule::default()).unwrap().runs()
+}
+
 fn lazy_transport(r: &Rig, source: &LazySource, top: &std::path::Path) -> MmioTransport {
     let block = Block::layered_lazy(r.image.path(), source, &[], top, "forkvm-data").unwrap();
     let mut t = MmioTransport::new(Box::new(block), r.mem.clone(), r.irq.clone());
@@ -311,11 +320,14 @@ fn a_lazily_restored_disk_fetches_on_read_learns_a_playbook_and_settles_into_an_
     assert_eq!(r.submit(T_IN, 3, &[Desc::w(0x50000, 512)]).0, S_OK);
     assert_eq!(r.guest(0x50000, 512), vec![3u8; 512], "not in the snapshot: the base");
     let block = r.t.device_mut().as_block_mut().unwrap();
-    let after = block.lazy_report(true).unwrap();
+    let mut after = block.lazy_report(true).unwrap();
     assert!(after.stats.misses >= 1 && after.stats.fetched_extents >= 1, "{after:?}");
-    let saved = after.recording.clone().expect("the recording ended");
-    assert_eq!((saved.touches, saved.runs, saved.error.as_deref()), (1, 1, None), "{saved:?}");
-    assert!(saved.saved_to.as_ref().unwrap().is_file());
+    assert_eq!(after.first_reads.as_ref().map(Vec::len), Some(1), "one extent read first: {after:?}");
+    assert_eq!(after.size, r.image.as_file().metadata().unwrap().len());
+    assert_eq!(learn(&source, &mut after), 1);
+    assert!(source.playbook.as_ref().unwrap().is_file(), "the VMM wrote no playbook; its caller did");
+    let again = block.lazy_report(true).unwrap();
+    assert_eq!(again.first_reads, None, "the first reads are handed out once");
 
     // A write, then a settle: the cache becomes the first sealed layer; nothing changes
     // for the guest, and the disk seals and captures like any layered disk.
@@ -354,10 +366,11 @@ fn a_lazy_restore_replays_the_saved_playbook_so_the_same_reads_hit() {
     let dir = tempfile::tempdir().unwrap();
     let (vault, seq) = vault_snapshot(&mut r, dir.path());
     // A first restore reads sector 40 and saves what it read.
-    r.t = lazy_transport(&r, &lazy_source(dir.path(), &vault, seq, "cache-1", true), &dir.path().join("a"));
+    let source = lazy_source(dir.path(), &vault, seq, "cache-1", true);
+    r.t = lazy_transport(&r, &source, &dir.path().join("a"));
     assert_eq!(r.submit(T_IN, 40, &[Desc::w(0x50000, 512)]).0, S_OK);
-    let first = r.t.device_mut().as_block_mut().unwrap().lazy_report(true).unwrap();
-    assert_eq!((first.stats.misses, first.recording.unwrap().runs), (1, 1));
+    let mut first = r.t.device_mut().as_block_mut().unwrap().lazy_report(true).unwrap();
+    assert_eq!((first.stats.misses, learn(&source, &mut first)), (1, 1));
 
     // A stopped VM's lazy layer no longer pins the snapshot.
     let pinned = || {
@@ -390,6 +403,28 @@ fn a_lazy_restore_replays_the_saved_playbook_so_the_same_reads_hit() {
         assert_eq!(report.stats.misses, misses, "{cache}: {report:?}");
         assert_eq!(report.playbook_entries, if prefetch { 1 } else { 0 }, "{report:?}");
     }
+}
+
+#[test]
+fn a_lazy_disk_opened_ahead_reads_its_vault_once_the_vault_cannot_be_named() {
+    let mut r = rig(64, false);
+    let dir = tempfile::tempdir().unwrap();
+    let (vault, seq) = vault_snapshot(&mut r, dir.path());
+    let source = lazy_source(dir.path(), &vault, seq, "cache-ahead", false);
+    lazy::preopen(&source);
+    // What a VMM under its sandbox's uid finds: the vault's path leads nowhere.
+    let moved = dir.path().join("vault-elsewhere");
+    std::fs::rename(&vault, &moved).unwrap();
+    r.t = lazy_transport(&r, &source, &dir.path().join("ahead-top"));
+    for (sector, byte) in [(9u64, 0xa5u8), (40, 0x5a)] {
+        assert_eq!(r.submit(T_IN, sector, &[Desc::w(0x50000, 512)]).0, S_OK);
+        assert_eq!(r.guest(0x50000, 512), vec![byte; 512], "sector {sector} fetched through the open vault");
+    }
+    let report = r.t.device_mut().as_block_mut().unwrap().lazy_report(false).unwrap();
+    assert_eq!(report.stats.misses, 2, "{report:?}");
+    // Not opened ahead, the same source fails to open.
+    let other = lazy_source(dir.path(), &vault, seq, "cache-late", false);
+    assert!(Block::layered_lazy(r.image.path(), &other, &[], &dir.path().join("late-top"), "forkvm-data").is_err());
 }
 
 #[test]
