@@ -8,8 +8,11 @@
 //! ([`open`]) takes an offered one first. Nothing else is reachable that way: a path
 //! not offered is opened as usual, with the process's own permissions.
 //!
-//! Each [`open`] returns a new descriptor of the same open file, at offset 0: callers
-//! read sequentially or with positions, and never at the same time as another.
+//! Each [`open`] returns a new descriptor of the same open file, at offset 0. That offset
+//! is shared with every other descriptor of it, in this process and in every process
+//! that inherited it (the children a running sandbox forks restore from its offered
+//! files at the same time): code that may run in such a child reads with positions
+//! (`pread`), never through the offset.
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};

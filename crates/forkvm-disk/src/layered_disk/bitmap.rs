@@ -6,7 +6,7 @@
 
 use super::{blocks_for, LayerError, LayerId, BLOCK_SIZE, MAX_DISK_BYTES};
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::path::Path;
 
 /// First bytes of a layer bitmap file.
@@ -248,9 +248,11 @@ pub(crate) fn read_file(path: &Path) -> Result<(Header, Bitmap), LayerError> {
     if len > max {
         return Err(LayerError::BitmapTooLarge { path: path.to_path_buf(), len, max });
     }
-    let mut bytes = Vec::with_capacity(len as usize);
-    // The file may grow after the stat; never read more than the cap.
-    file.take(max + 1).read_to_end(&mut bytes).map_err(err)?;
+    // Read at a position, never through the descriptor's offset: an offered descriptor
+    // (`crate::preopened`) is shared with every process that inherited it, the children
+    // of a running sandbox restoring at once. The length it had at the stat, no more.
+    let mut bytes = vec![0u8; len as usize];
+    std::os::unix::fs::FileExt::read_exact_at(&file, &mut bytes, 0).map_err(err)?;
     decode(path, &bytes)
 }
 
@@ -281,4 +283,43 @@ fn err<'a>(path: &'a Path, step: &'static str) -> impl FnOnce(io::Error) -> Laye
 /// Makes a directory's entries (renames, creations) durable.
 pub(super) fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Seek, SeekFrom};
+
+    #[test]
+    fn an_offered_bitmap_reads_whole_while_another_holder_moves_the_shared_offset() {
+        let dir = tempfile::tempdir().unwrap();
+        let header = Header { sealed: true, disk_size: 1 << 20, id: LayerId([7; 16]), parent: LayerId::BASE };
+        let mut bits = Bitmap::new(blocks_for(1 << 20));
+        bits.set_range(3, 9);
+        write_file(dir.path(), &header, &bits).unwrap();
+        let path = dir.path().join(super::super::BITMAP_FILE);
+        crate::preopened::offer(&path, File::open(&path).unwrap(), false);
+        // Another process that inherited the descriptor (a sibling restoring at the same
+        // time) keeps moving the offset they share.
+        let mut sibling = crate::preopened::open(&path, false).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mover = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let _ = sibling.seek(SeekFrom::End(0));
+                }
+            })
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(300);
+        let mut reads = 0;
+        while std::time::Instant::now() < deadline && reads < 20_000 {
+            let (h, b) = read_file(&path).unwrap();
+            assert_eq!((h, b.count_ones()), (header, 6));
+            reads += 1;
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        mover.join().unwrap();
+        crate::preopened::clear();
+    }
 }
