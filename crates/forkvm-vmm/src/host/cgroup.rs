@@ -35,11 +35,14 @@ use std::time::{Duration, Instant};
 /// The shared leaf that exiting sandbox processes of earlier versions moved to, kept by
 /// the sweep. Not a valid sandbox name.
 const EXITING: &str = "exiting";
-/// How long rmdir is retried while the group is still busy with leaving threads/processes.
-/// A VMM's leader reads as exited while its other threads still leave, the last one
-/// unmapping the guest's memory: tens of ms for a GiB, more on a loaded host (at 100 ms
-/// a restore right after an archive found the group still there).
+/// How long a supervisor's rmdir is retried while the group is still busy with leaving
+/// threads/processes. A VMM's leader reads as exited while its other threads still
+/// leave, the last one unmapping the guest's memory: tens of ms for a GiB, more on a
+/// loaded host (at 100 ms a restore right after an archive found the group still there).
 const RMDIR_RETRY_FOR: Duration = Duration::from_secs(2);
+/// The sweep's retry: it removes groups nobody is known to use, and one still busy is
+/// left for the next sweep rather than waited for.
+const SWEEP_RMDIR_RETRY_FOR: Duration = Duration::from_millis(100);
 
 /// Which cgroup hierarchy holds the memory controller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -266,7 +269,7 @@ impl CgroupRoot {
             if !group.pids().is_ok_and(|pids| pids.is_empty()) {
                 continue;
             }
-            match group.remove() {
+            match group.remove_within(SWEEP_RMDIR_RETRY_FOR) {
                 Ok(()) => removed.push(name),
                 Err(e) => tracing::warn!(sandbox_id = %name, error = %e, "cgroup sweep could not remove a group"),
             }
@@ -449,9 +452,13 @@ impl SandboxCgroup {
     /// For a supervisor after the group's process died: removes the group (retrying briefly
     /// while the kernel finishes with the dead process).
     pub fn remove(self) -> Result<(), CgroupError> {
+        self.remove_within(RMDIR_RETRY_FOR)
+    }
+
+    fn remove_within(self, retry_for: Duration) -> Result<(), CgroupError> {
         let mut first_error = None;
         for dir in &self.dirs {
-            if let Err(e) = remove_dir_retrying(dir) {
+            if let Err(e) = remove_dir_retrying(dir, retry_for) {
                 first_error.get_or_insert(e);
             }
         }
@@ -509,10 +516,10 @@ fn create_dir_if_missing(dir: &Path) -> Result<(), CgroupError> {
     }
 }
 
-/// rmdir, retried on EBUSY for up to [`RMDIR_RETRY_FOR`]: threads and processes that were
-/// just moved out or killed may take a moment to leave the group.
-fn remove_dir_retrying(dir: &Path) -> Result<(), CgroupError> {
-    let deadline = Instant::now() + RMDIR_RETRY_FOR;
+/// rmdir, retried on EBUSY for up to `retry_for`: threads and processes that were just
+/// moved out or killed may take a moment to leave the group.
+fn remove_dir_retrying(dir: &Path, retry_for: Duration) -> Result<(), CgroupError> {
+    let deadline = Instant::now() + retry_for;
     loop {
         match std::fs::remove_dir(dir) {
             Ok(()) => return Ok(()),
