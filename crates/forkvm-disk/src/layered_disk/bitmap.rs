@@ -24,7 +24,7 @@ pub(super) const HEADER_LEN: usize = 72;
 /// Trailing CRC-32.
 pub(super) const CRC_LEN: usize = 4;
 /// Flag bit: the layer is sealed (immutable).
-pub(crate) const FLAG_SEALED: u32 = 1;
+pub(super) const FLAG_SEALED: u32 = 1;
 /// The bitmap file while it is being replaced.
 const TMP_NAME: &str = "bitmap.tmp";
 
@@ -254,6 +254,20 @@ pub(crate) fn read_file(path: &Path) -> Result<(Header, Bitmap), LayerError> {
     let mut bytes = vec![0u8; len as usize];
     std::os::unix::fs::FileExt::read_exact_at(&file, &mut bytes, 0).map_err(err)?;
     decode(path, &bytes)
+}
+
+/// Whether `<dir>/bitmap` starts with this format's magic and version and says sealed:
+/// its first 16 bytes only, never through a link at the last step (a quick look for a
+/// caller that need not trust the answer, such as retention deciding a pin is moot).
+pub(crate) fn dir_holds_sealed(dir: &Path) -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join(super::BITMAP_FILE);
+    let Ok(file) = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(&path) else { return false };
+    let mut head = [0u8; 16];
+    if std::io::Read::read_exact(&mut std::io::Read::take(file, 16), &mut head).is_err() {
+        return false;
+    }
+    head[..8] == LAYER_MAGIC && le_u32(&head, 8) == LAYER_FORMAT_VERSION && le_u32(&head, 12) & FLAG_SEALED != 0
 }
 
 /// Replaces `<dir>/bitmap` atomically: write `bitmap.tmp`, fsync, rename, fsync `dir`.

@@ -92,7 +92,8 @@ mod stack;
 /// The bitmap file's header and its atomic read/write, for layers built elsewhere in
 /// the crate (the vault's lazy cache layer).
 pub(crate) use bitmap::{
-    read_file as read_bitmap_file, write_file as write_bitmap_file, Header as BitmapHeader, FLAG_SEALED,
+    dir_holds_sealed as dir_holds_sealed_layer, read_file as read_bitmap_file, write_file as write_bitmap_file,
+    Header as BitmapHeader,
 };
 pub use bitmap::{Bitmap, LAYER_FORMAT_VERSION, LAYER_MAGIC};
 pub use builder::SealedLayerBuilder;

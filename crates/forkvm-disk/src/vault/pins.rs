@@ -188,26 +188,12 @@ fn pin_is_stale(path: &Path, holder: &str) -> bool {
     }
     let anchor = Path::new(std::ffi::OsStr::from_bytes(&content));
     if std::fs::symlink_metadata(anchor).is_ok() {
-        return holds_a_sealed_layer(anchor);
+        // A settled lazy cache (see the module doc).
+        return crate::layered_disk::dir_holds_sealed_layer(anchor);
     }
     if holder.starts_with(LAZY_HOLDER_PREFIX) {
         return true;
     }
     let age = fs::metadata(path).and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
     age.is_some_and(|a| a > ANCHOR_GRACE)
-}
-
-/// Whether `dir` holds a layer bitmap whose header says sealed (a settled lazy cache).
-/// Reads the first 16 bytes of `<dir>/bitmap`, never through a link at its last step.
-fn holds_a_sealed_layer(dir: &Path) -> bool {
-    use crate::layered_disk::{BITMAP_FILE, FLAG_SEALED, LAYER_FORMAT_VERSION, LAYER_MAGIC};
-    use std::io::Read;
-    let path = dir.join(BITMAP_FILE);
-    let Ok(file) = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(&path) else { return false };
-    let mut head = [0u8; 16];
-    if file.take(16).read_exact(&mut head).is_err() {
-        return false;
-    }
-    let word = |at: usize| u32::from_le_bytes(head[at..at + 4].try_into().expect("4 bytes"));
-    head[..8] == LAYER_MAGIC && word(8) == LAYER_FORMAT_VERSION && word(12) & FLAG_SEALED != 0
 }
