@@ -19,7 +19,8 @@
 //! The vault snapshot `vault_seq` is pinned by holder [`ARCHIVE_PIN`] for as long as the
 //! archive exists. An archive is built in `<id>.partial/` and renamed into place; a
 //! complete `.partial` (one with `archive.json`) left by a crash between removing the
-//! previous archive and that rename is still found by [`find`].
+//! previous archive and that rename is still found by [`find`], and finished by the
+//! sweep ([`finish_partial`]) once nobody is archiving that sandbox.
 //!
 //! Compatibility: `format` is 1 and a reader accepts exactly that; the JSON refuses
 //! unknown fields. An archive without `archive.json` but with `memory.img` was written
@@ -96,6 +97,28 @@ pub fn find(store: &Store, id: &str) -> Option<PathBuf> {
     }
     let partial = partial_dir(store, id);
     partial.join(ARCHIVE_JSON).is_file().then_some(partial)
+}
+
+/// Finishes the commit of archive `id` whose archiver died after writing the
+/// `archive.json` of `<id>.partial/` and before renaming it into place: the previous
+/// archive (if any) is set aside and removed, the partial one moved to `<id>/`. Whether
+/// there was such an archive to finish. Only for a sandbox nobody is archiving (its VMM
+/// is gone, or it has no row): a live archiver does these renames itself.
+pub fn finish_partial(store: &Store, id: &str) -> std::io::Result<bool> {
+    let partial = partial_dir(store, id);
+    if !partial.join(ARCHIVE_JSON).is_file() {
+        return Ok(false);
+    }
+    let final_dir = archives_dir(store).join(id);
+    let old = archives_dir(store).join(format!("{id}.old"));
+    remove(store, id, &old)?;
+    match std::fs::rename(&final_dir, &old) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    std::fs::rename(&partial, &final_dir)?;
+    remove(store, id, &old)?;
+    Ok(true)
 }
 
 /// Whether `dir` holds a complete archive of either format.
@@ -278,5 +301,24 @@ mod tests {
         remove_all(&store, "sb-1").unwrap();
         assert_eq!(find(&store, "sb-1"), None);
         assert!(!partial.exists());
+    }
+
+    #[test]
+    fn a_sealed_partial_is_finished_over_the_previous_archive() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path());
+        assert!(!finish_partial(&store, "sb-1").unwrap(), "nothing to finish");
+        let partial = partial_dir(&store, "sb-1");
+        std::fs::create_dir_all(&partial).unwrap();
+        assert!(!finish_partial(&store, "sb-1").unwrap(), "an unsealed partial is not finished");
+        assert!(partial.is_dir(), "nor removed");
+        let dir = archives_dir(&store).join("sb-1");
+        std::fs::create_dir_all(&dir).unwrap();
+        write_manifest(&dir, &ArchiveManifest { vault_seq: 3, ..manifest() }).unwrap();
+        write_manifest(&partial, &manifest()).unwrap();
+        assert!(finish_partial(&store, "sb-1").unwrap());
+        assert_eq!(read_manifest(&dir, "sb-1").unwrap().unwrap().vault_seq, 4, "the newer archive is in place");
+        assert!(!partial.exists());
+        assert!(!archives_dir(&store).join("sb-1.old").exists(), "the previous one is gone");
     }
 }

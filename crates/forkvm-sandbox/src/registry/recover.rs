@@ -59,6 +59,11 @@ impl Registry {
     /// Records archive `id` found in `store` without a row as an archived sandbox
     /// (reason `api`: archived by a call on an earlier boot).
     fn adopt_archive(&self, store: &forkvm_snapshot::Store, id: &str) -> Result<(), super::RegistryError> {
+        // No row: nobody is archiving it, so a sealed archive left in `.partial` is
+        // finished first.
+        if let Err(e) = crate::archive::format::finish_partial(store, id) {
+            tracing::warn!(sandbox = %id, error = %e, "finishing an interrupted archive failed");
+        }
         let record = match crate::archive::archived_record(store, id).filter(|r| r.id == id) {
             Some(r) => r,
             None => self.new_record(id, super::Origin::default())?,

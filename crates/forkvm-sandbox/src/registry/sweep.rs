@@ -4,7 +4,8 @@
 //!
 //! - `running`/`paused` whose VMM died: its disk writes are salvaged into its vault
 //!   (when the registry knows the store), its run directory and row removed; one
-//!   restored from an archive goes back to `archived` (reason `recovered`).
+//!   restored from an archive goes back to `archived` (reason `recovered`), as does one
+//!   whose archiver died after sealing its new archive (which is moved into place).
 //! - `starting`/`restoring` whose owner (the process that began the start) died: the
 //!   start was interrupted. A start's VMMs are stopped and its rows removed (a spawn
 //!   gives all of its sandboxes or none); a restore whose VMM runs with its archive
@@ -143,8 +144,11 @@ impl Registry {
                 if stopped_by_seccomp(r) {
                     out.seccomp_denied.push(id.clone());
                 }
-                let archived =
-                    crate::archive::linked_archive(&r.run_dir).is_some_and(|a| crate::archive::format::is_complete(&a));
+                // Back in its archive: the one it was restored from, or one its archiver
+                // sealed before dying between unlinking the old and renaming the new.
+                let archived = crate::archive::linked_archive(&r.run_dir)
+                    .is_some_and(|a| crate::archive::format::is_complete(&a))
+                    || self.finish_partial_archive(&id);
                 // Salvaged and removed first: a failed salvage keeps everything for a retry.
                 if r.run_dir.is_dir() && !self.salvage_and_remove(r) {
                     return false;
@@ -187,6 +191,19 @@ impl Registry {
             out.interrupted.push(id);
         }
         false
+    }
+
+    /// Finishes an archive of `id` its archiver sealed and did not move into place
+    /// (`archive::format::finish_partial`); whether it did.
+    fn finish_partial_archive(&self, id: &str) -> bool {
+        let Some(store) = &self.store else { return false };
+        match crate::archive::format::finish_partial(&forkvm_snapshot::Store::open(store), id) {
+            Ok(done) => done,
+            Err(e) => {
+                tracing::warn!(sandbox = %id, error = %e, "finishing an interrupted archive failed");
+                false
+            }
+        }
     }
 
     /// Salvages the disk writes of sandbox `r`, whose VMM died without being stopped,
