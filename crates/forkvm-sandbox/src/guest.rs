@@ -62,6 +62,7 @@ pub(crate) fn boot_devices(
                 }),
             },
         ],
+        net: None,
         rate_limits: Default::default(),
     }
 }

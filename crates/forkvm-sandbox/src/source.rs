@@ -198,6 +198,7 @@ impl SpawnSource {
                     }),
                 })
                 .collect(),
+            net: None,
             rate_limits: Default::default(),
         }
     }
@@ -220,5 +221,5 @@ pub const DATA_DISK_ID: &str = "forkvm-data";
 
 /// The device description of a template's sandboxes (root disk added by the caller).
 pub fn template_devices() -> DevicesMeta {
-    DevicesMeta { vsock_cid: Some(GUEST_CID), rng: true, disks: Vec::new() }
+    DevicesMeta { vsock_cid: Some(GUEST_CID), rng: true, disks: Vec::new(), net: None }
 }

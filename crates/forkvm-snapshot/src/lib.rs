@@ -51,7 +51,7 @@ pub use memory_image::{
 };
 pub use metadata::{
     is_layer_name, read_meta, replace_meta, write_meta, write_meta_unsynced, DefaultLimits, DevicesMeta, DiskMeta,
-    GuestIdentity, MemoryFormat, MetadataError, SnapshotMeta, SnapshotStatus, METADATA_FORMAT_VERSION,
+    GuestIdentity, MemoryFormat, MetadataError, NetMeta, SnapshotMeta, SnapshotStatus, METADATA_FORMAT_VERSION,
 };
 pub use pack_archive::{
     extract_pack, PackEntry, PackError, PackLimits, PackManifest, PackWriter, PACK_FORMAT, PACK_MANIFEST, PACK_VERSION,

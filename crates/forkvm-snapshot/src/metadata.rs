@@ -149,6 +149,18 @@ pub struct DevicesMeta {
     /// Block devices, in slot order.
     #[serde(default)]
     pub disks: Vec<DiskMeta>,
+    /// The network device (after the disks), if there is one. Its tap is not part of
+    /// the snapshot: every restore brings one of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net: Option<NetMeta>,
+}
+
+/// The network device of a snapshot.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct NetMeta {
+    /// The guest's MAC, the same in every restore.
+    pub mac: [u8; 6],
 }
 
 /// One block device of a snapshot. Read-only disks are kept inside the snapshot

@@ -114,6 +114,7 @@ fn boot_with_devices(dir: &std::path::Path) -> Guest {
         vsock: Some(VsockConfig { guest_cid: 3, uds_path: dir.join("vsock.sock") }),
         rng: true,
         blocks: vec![BlockConfig { path: dir.join("disk.img"), read_only: false, id: "hostile".into(), layers: None }],
+        net: None,
         rate_limits: Default::default(),
     })
 }

@@ -33,6 +33,7 @@ fn devices(dir: &std::path::Path, rate_limits: RateLimits) -> DeviceConfig {
         vsock: None,
         rng: true,
         blocks: vec![BlockConfig { path: dir.join("disk.img"), read_only: false, id: "limited".into(), layers: None }],
+        net: None,
         rate_limits,
     }
 }

@@ -66,7 +66,7 @@ impl DeviceArgs {
             })
             .collect::<Result<Vec<_>>>()?;
         let vsock = self.vsock.clone().map(|uds_path| VsockConfig { guest_cid: self.cid, uds_path });
-        Ok(DeviceConfig { vsock, rng: self.rng, blocks, rate_limits: Default::default() })
+        Ok(DeviceConfig { vsock, rng: self.rng, blocks, net: None, rate_limits: Default::default() })
     }
 }
 

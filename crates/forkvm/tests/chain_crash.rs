@@ -75,6 +75,7 @@ fn write_snapshot(dir: &Path, tag: &str, mem: &[u8], disk: &Path) {
             vsock_cid: Some(3),
             rng: true,
             disks: vec![DiskMeta { file: "disk0.img".into(), read_only: true, id: "forkvm-root".into(), layers: None }],
+            net: None,
         }),
         template: None,
         memory_format: MemoryFormat::Image,

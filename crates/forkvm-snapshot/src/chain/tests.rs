@@ -77,6 +77,7 @@ fn write_image_snapshot(dir: &Path, tag: &str, mem: &[u8], disk: &Path) {
         vsock_cid: Some(3),
         rng: true,
         disks: vec![DiskMeta { file: "root.img".into(), read_only: true, id: "forkvm-root".into(), layers: None }],
+        net: None,
     });
     write_meta(&dir.join(SNAPSHOT_JSON), &meta).unwrap();
     fs::write(dir.join(VMSTATE_BIN), format!("vmstate of {tag}")).unwrap();

@@ -1,7 +1,8 @@
 //! Which devices a VM has, where they live, and how they are built — from a
 //! [`DeviceConfig`] at boot, or from saved state plus a fresh config at restore.
 //!
-//! virtio-mmio slots are laid out in a fixed order (vsock, rng, then block devices), one
+//! virtio-mmio slots are laid out in a fixed order (vsock, rng, block devices, then the
+//! network device), one
 //! 4 KiB window each from `VIRTIO_MMIO_START`, interrupt lines from
 //! [`FIRST_VIRTIO_IRQ`]. A Linux guest learns about them from the command line
 //! ([`DeviceConfig::cmdline`]). A restore must be given the same kinds of devices in
@@ -11,6 +12,8 @@
 use super::irq::{IrqLine, IrqRoute};
 use super::virtio::blk::{Block, BlockError, LazySource};
 use super::virtio::mmio::{MmioError, MmioTransport, MmioTransportState};
+use super::virtio::net::backend::NetRateLimits;
+use super::virtio::net::{Net, Tap};
 use super::virtio::rng::Rng;
 use super::virtio::throttle::RateLimit;
 use super::virtio::vsock::Vsock;
@@ -18,6 +21,7 @@ use super::virtio::{Interrupt, VirtioDevice, VirtioDeviceState};
 use crate::arch::x86_64::layout::{VIRTIO_MMIO_SIZE, VIRTIO_MMIO_START};
 use crate::vstate::irqchip::IrqchipMode;
 use kvm_ioctls::VmFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -89,12 +93,59 @@ pub struct VsockConfig {
     pub uds_path: PathBuf,
 }
 
+/// The VM's network device (`virtio::net`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetConfig {
+    pub tap: TapSource,
+    /// The guest's MAC: the same in every clone of a snapshot.
+    pub mac: [u8; 6],
+    pub rate_limits: NetRateLimits,
+}
+
+/// Where the network device's tap comes from.
+#[derive(Debug, Clone)]
+pub enum TapSource {
+    /// Opened by whoever set up the sandbox's network namespace and passed in: how
+    /// every jailed VMM gets its tap. Each device built from it uses a duplicate.
+    Fd(Arc<OwnedFd>),
+    /// Created (or attached to) by name in the VMM's own namespace: for VMMs run by
+    /// hand and for tests, never for a jailed VMM (which cannot open `/dev/net/tun`).
+    Named(String),
+}
+
+impl PartialEq for TapSource {
+    fn eq(&self, other: &TapSource) -> bool {
+        match (self, other) {
+            (TapSource::Fd(a), TapSource::Fd(b)) => a.as_raw_fd() == b.as_raw_fd(),
+            (TapSource::Named(a), TapSource::Named(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for TapSource {}
+
+impl TapSource {
+    /// The tap, checked (`Tap::from_fd`) or created (`Tap::open_named`).
+    pub fn open(&self) -> Result<Tap, String> {
+        match self {
+            TapSource::Fd(fd) => {
+                let dup = fd.try_clone().map_err(|e| format!("duplicating the tap descriptor: {e}"))?;
+                Tap::from_fd(dup).map_err(|e| e.to_string())
+            }
+            TapSource::Named(name) => Tap::open_named(name).map_err(|e| e.to_string()),
+        }
+    }
+}
+
 /// The virtio devices of a VM.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeviceConfig {
     pub vsock: Option<VsockConfig>,
     pub rng: bool,
     pub blocks: Vec<BlockConfig>,
+    /// A network device, in the slot after the disks.
+    pub net: Option<NetConfig>,
     /// Caps on what the devices do for the guest per second (none by default).
     pub rate_limits: RateLimits,
 }
@@ -125,6 +176,7 @@ enum Planned {
     Vsock(VsockConfig),
     Rng,
     Block(BlockConfig),
+    Net(NetConfig),
 }
 
 impl Planned {
@@ -133,6 +185,7 @@ impl Planned {
             Planned::Vsock(_) => "vsock",
             Planned::Rng => "rng",
             Planned::Block(_) => "block",
+            Planned::Net(_) => "net",
         }
     }
 }
@@ -142,6 +195,7 @@ fn state_kind(s: &VirtioDeviceState) -> &'static str {
         VirtioDeviceState::Vsock(_) => "vsock",
         VirtioDeviceState::Rng(_) => "rng",
         VirtioDeviceState::Block(_) => "block",
+        VirtioDeviceState::Net(_) => "net",
     }
 }
 
@@ -152,6 +206,7 @@ impl DeviceConfig {
             v.push(Planned::Rng);
         }
         v.extend(self.blocks.iter().cloned().map(Planned::Block));
+        v.extend(self.net.iter().cloned().map(Planned::Net));
         v
     }
 
@@ -205,6 +260,10 @@ fn create(p: &Planned, limits: &RateLimits) -> Result<Box<dyn VirtioDevice>, Att
         }
         Planned::Rng => Box::new(Rng::new().with_rate_limit(limits.rng)),
         Planned::Block(c) => Box::new(c.open().map_err(|e| err("block", e.to_string()))?.with_rate_limit(limits.disk)),
+        Planned::Net(c) => {
+            let tap = c.tap.open().map_err(|e| err("net", e))?;
+            Box::new(Net::with_tap(tap, c.mac, c.rate_limits).map_err(|e| err("net", e.to_string()))?)
+        }
     })
 }
 
@@ -225,6 +284,10 @@ fn restore_device(
             let replaces = c.layers.as_ref().map_or(&[][..], |l| &l.replaces[..]);
             let block = c.open().and_then(|b| b.with_state_replacing(s, replaces));
             Box::new(block.map_err(|e| err("block", e.to_string()))?.with_rate_limit(limits.disk))
+        }
+        (Planned::Net(c), VirtioDeviceState::Net(s)) => {
+            let tap = c.tap.open().map_err(|e| err("net", e))?;
+            Box::new(Net::restore(s, Arc::new(tap), c.rate_limits).map_err(|e| err("net", e.to_string()))?)
         }
         _ => unreachable!("kinds were matched before"),
     })
@@ -283,14 +346,20 @@ mod tests {
             vsock: Some(VsockConfig { guest_cid: 3, uds_path: "/tmp/v.sock".into() }),
             rng: true,
             blocks: vec![BlockConfig { path: "/tmp/disk".into(), read_only: true, id: "root".into(), layers: None }],
+            net: Some(NetConfig {
+                tap: TapSource::Named("tap0".into()),
+                mac: crate::devices::virtio::net::DEFAULT_GUEST_MAC,
+                rate_limits: Default::default(),
+            }),
             rate_limits: Default::default(),
         };
         assert_eq!(
             c.cmdline(),
-            "virtio_mmio.device=4K@0xd0000000:5 virtio_mmio.device=4K@0xd0001000:6 virtio_mmio.device=4K@0xd0002000:7"
+            "virtio_mmio.device=4K@0xd0000000:5 virtio_mmio.device=4K@0xd0001000:6 \
+             virtio_mmio.device=4K@0xd0002000:7 virtio_mmio.device=4K@0xd0003000:8"
         );
         let kinds: Vec<_> = c.planned().iter().map(Planned::kind).collect();
-        assert_eq!(kinds, ["vsock", "rng", "block"]);
+        assert_eq!(kinds, ["vsock", "rng", "block", "net"]);
         assert_eq!(DeviceConfig::default().cmdline(), "");
     }
 }

@@ -352,6 +352,7 @@ impl Vmm {
                 vsock_cid: self.device_config.vsock.as_ref().map(|v| v.guest_cid),
                 rng: self.device_config.rng,
                 disks,
+                net: self.device_config.net.as_ref().map(|n| forkvm_snapshot::NetMeta { mac: n.mac }),
             }),
             template: self.labels.template.clone(),
             memory_format: forkvm_snapshot::MemoryFormat::Image,

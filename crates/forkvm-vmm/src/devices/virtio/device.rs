@@ -5,6 +5,7 @@ use std::sync::Arc;
 use vm_memory::GuestMemoryMmap;
 
 /// virtio device IDs (virtio 1.2 §5).
+pub const TYPE_NET: u32 = 1;
 pub const TYPE_BLOCK: u32 = 2;
 pub const TYPE_RNG: u32 = 4;
 pub const TYPE_VSOCK: u32 = 19;
@@ -126,6 +127,7 @@ pub enum VirtioDeviceState {
     Rng(super::rng::RngState),
     Block(super::blk::BlockState),
     Vsock(super::vsock::VsockState),
+    Net(super::net::NetState),
 }
 
 impl VirtioDeviceState {
@@ -136,6 +138,7 @@ impl VirtioDeviceState {
             VirtioDeviceState::Rng(_) => TYPE_RNG,
             VirtioDeviceState::Block(_) => TYPE_BLOCK,
             VirtioDeviceState::Vsock(_) => TYPE_VSOCK,
+            VirtioDeviceState::Net(_) => TYPE_NET,
         }
     }
 }

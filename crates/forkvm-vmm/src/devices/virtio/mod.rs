@@ -13,6 +13,7 @@ pub mod device;
 pub use device::{ActivateContext, ActivateError, Interrupt, VirtioDevice, VirtioDeviceState};
 pub mod blk;
 pub mod mmio;
+pub mod net;
 pub mod ratelimit;
 pub mod rng;
 #[cfg(test)]

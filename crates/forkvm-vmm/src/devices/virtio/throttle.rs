@@ -111,6 +111,18 @@ impl Limiter {
     }
 }
 
+impl Limiter {
+    /// Takes `bytes` from the byte bucket, for a request admitted before its size was
+    /// known (a received frame: admitted with `admit(0)`, charged once read). The debt
+    /// is waited out by the next [`admit`](Self::admit).
+    pub fn charge(&mut self, bytes: u64, now: Instant) {
+        if let Some(b) = &mut self.bytes {
+            b.refill(now);
+            b.tokens -= bytes as f64;
+        }
+    }
+}
+
 /// A device's rate limit and the passes it owes: what the block and rng devices share.
 #[derive(Debug, Default)]
 pub struct Throttle {

@@ -239,6 +239,17 @@ fn device_ioctls() -> Vec<u64> {
     vec![KVM_IRQ_LINE(), KVM_SIGNAL_MSI(), FIONBIO, FIONREAD]
 }
 
+/// ioctls on the network device's tap: checking a tap handed to the VMM (control
+/// threads build devices) and setting its offloads (the net backend). Never `TUNSETIFF`
+/// or `TUNSETVNETHDRSZ`: a VMM does not make or reshape interfaces.
+fn tap_check_ioctls() -> Vec<u64> {
+    vec![libc::TUNGETIFF, libc::TUNGETVNETHDRSZ]
+}
+
+fn tap_offload_ioctls() -> Vec<u64> {
+    vec![libc::TUNSETOFFLOAD]
+}
+
 /// The live-branch writer process: positional writes of guest memory into its image,
 /// sync, idle scheduling, exit.
 const WRITER: &[c_long] = &[
@@ -339,6 +350,10 @@ pub(super) fn allowed(kind: ThreadKind) -> Rules {
             let mut ioctls = vcpu_ioctls();
             ioctls.extend(device_ioctls());
             ioctls.extend(build_ioctls());
+            ioctls.extend(tap_check_ioctls());
+            // Threads inherit this filter under their own: what a device thread may
+            // call, this allows too.
+            ioctls.extend(tap_offload_ioctls());
             allow_ioctls(&mut rules, ioctls);
         }
         ThreadKind::Vcpu => {
@@ -358,7 +373,9 @@ pub(super) fn allowed(kind: ThreadKind) -> Rules {
             allow_memory(&mut rules);
             allow_unix_sockets(&mut rules);
             allow_signals(&mut rules);
-            allow_ioctls(&mut rules, device_ioctls());
+            let mut ioctls = device_ioctls();
+            ioctls.extend(tap_offload_ioctls());
+            allow_ioctls(&mut rules, ioctls);
         }
         ThreadKind::Writer => allow(&mut rules, WRITER),
     }
