@@ -3,27 +3,15 @@
 //! runs on unaffected.
 
 mod common;
+use common::children::*;
 use common::*;
 use forkvm_testguest::{count_hash, monitor, TestGuest, COUNT_COUNTER_ADDR};
 use forkvm_vmm::control::{ControlClient, Request};
 use forkvm_vmm::vmm::{ForkChild, RunState, VmmLabels};
 use forkvm_vmm::vstate::irqchip::IrqchipMode;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 use vm_memory::{Bytes, GuestAddress};
-
-/// Waits until `log` contains `needle` at least `times` times; returns the log.
-fn wait_log(log: &Path, needle: &str, times: usize) -> String {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        if text.matches(needle).count() >= times {
-            return text;
-        }
-        assert!(Instant::now() < deadline, "{} never showed {needle:?} x{times}: {text:?}", log.display());
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
 
 fn children(dir: &Path, n: usize) -> Vec<ForkChild> {
     (0..n)
@@ -35,33 +23,9 @@ fn children(dir: &Path, n: usize) -> Vec<ForkChild> {
             run_dir: None,
             rate_limits: None,
             disk_dir: Some(dir.join(format!("c{i}.disks"))),
+            tap: None,
         })
         .collect()
-}
-
-fn wait_socket(path: &Path) -> ControlClient {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(c) = ControlClient::connect(path) {
-            return c;
-        }
-        assert!(Instant::now() < deadline, "{} never came up", path.display());
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
-fn alive(pid: i32) -> bool {
-    PathBuf::from(format!("/proc/{pid}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z")
-}
-
-fn shutdown(client: &mut ControlClient, pid: i32) {
-    client.call(&Request::Shutdown {}).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while alive(pid) {
-        assert!(Instant::now() < deadline, "child {pid} did not exit after shutdown");
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 #[test]

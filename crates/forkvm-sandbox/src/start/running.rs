@@ -96,5 +96,6 @@ fn fork_child(
         disk_dir: Some(r.disk_dir()),
         run_dir: Some(r.run_dir.clone()),
         rate_limits: Some(rate_limits),
+        tap: None,
     }
 }

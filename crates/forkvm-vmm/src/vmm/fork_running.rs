@@ -9,6 +9,7 @@
 
 use super::{GuestInfo, Vmm, VmmError, VmmLabels};
 use crate::builder::restore_state;
+use crate::devices::attach::TapSource;
 use crate::devices::console_log::ConsoleLog;
 use crate::devices::serial::ConsoleOut;
 use crate::host::open_kvm;
@@ -46,6 +47,11 @@ pub struct ForkChild {
     /// required when the VM has a layered disk.
     #[serde(default)]
     pub disk_dir: Option<PathBuf>,
+    /// The child's own tap (required when the VM has a network device): a descriptor,
+    /// so never in the JSON; the control socket takes it as `SCM_RIGHTS` with the request.
+    /// The child keeps it and closes every other child's and the source's.
+    #[serde(skip)]
+    pub tap: Option<TapSource>,
 }
 
 /// What a fork of the running VM did.
@@ -62,6 +68,8 @@ pub enum ForkRunningError {
     NoChildren,
     #[error("fork: child {index} needs a vsock socket path (the VM has a vsock device)")]
     MissingVsock { index: usize },
+    #[error("fork: child {index} needs a tap of its own (the VM has a network device)")]
+    MissingTap { index: usize },
     #[error("fork: child {index} needs a disk directory (the VM has a layered disk)")]
     MissingDiskDir { index: usize },
     #[error("fork: sealing the source VM's disks failed (it was resumed): {0}")]
@@ -85,6 +93,11 @@ impl Vmm {
         if self.device_config.vsock.is_some() {
             if let Some(index) = children.iter().position(|c| c.vsock_uds.is_none()) {
                 return Err(ForkRunningError::MissingVsock { index });
+            }
+        }
+        if self.device_config.net.is_some() {
+            if let Some(index) = children.iter().position(|c| c.tap.is_none()) {
+                return Err(ForkRunningError::MissingTap { index });
             }
         }
         if self.device_config.blocks.iter().any(|b| b.layers.is_some()) {
@@ -137,6 +150,9 @@ impl Vmm {
         // source opened before it left uid 0 (`host::preopen`), which the child reads too.
         let mut keep = vec![0, 1, 2];
         keep.extend(forkvm_snapshot::preopened::fds());
+        if let Some(TapSource::Fd(fd)) = &child.tap {
+            keep.push(std::os::fd::AsRawFd::as_raw_fd(&**fd));
+        }
         close_fds_except(&keep);
         let log = child.console_log.as_deref().and_then(|p| ConsoleLog::open(p).ok());
         detach_stdio(log.as_ref().map(ConsoleLog::file));
@@ -180,6 +196,9 @@ impl Vmm {
         }
         if let (Some(v), Some(uds)) = (devices.vsock.as_mut(), &child.vsock_uds) {
             v.uds_path = uds.clone();
+        }
+        if let (Some(n), Some(tap)) = (devices.net.as_mut(), &child.tap) {
+            n.tap = tap.clone();
         }
         for (i, b) in devices.blocks.iter_mut().enumerate() {
             if let (Some(l), Some(dir)) = (b.layers.as_mut(), &child.disk_dir) {

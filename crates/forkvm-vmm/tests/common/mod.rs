@@ -2,6 +2,7 @@
 
 #![allow(dead_code)]
 
+pub mod children;
 pub mod driver;
 
 use forkvm_testguest::{TestGuest, IMAGE_BASE};

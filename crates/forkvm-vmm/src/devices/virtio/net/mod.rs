@@ -28,6 +28,8 @@ pub mod tap;
 #[cfg(test)]
 mod test_guest;
 #[cfg(test)]
+pub(crate) mod test_net;
+#[cfg(test)]
 mod tests;
 
 pub use backend::FrameEndpoint;

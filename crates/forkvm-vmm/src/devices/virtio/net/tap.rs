@@ -125,6 +125,11 @@ impl Tap {
         Ok(Tap { fd, name })
     }
 
+    /// The descriptor, for handing the tap on (to a VMM, through a device config).
+    pub fn into_fd(self) -> OwnedFd {
+        self.fd
+    }
+
     /// The interface's name in its namespace.
     pub fn name(&self) -> &str {
         &self.name

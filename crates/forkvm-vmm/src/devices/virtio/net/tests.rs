@@ -5,19 +5,16 @@
 
 use super::backend::{FrameEndpoint, NetRateLimits};
 use super::test_guest::Guest;
+use super::test_net::*;
 use super::*;
 use crate::devices::virtio::throttle::RateLimit;
 use crate::devices::virtio::VirtioDevice;
-use etherparse::{ArpHardwareId, ArpOperation, ArpPacket, EtherType, Icmpv4Type, PacketBuilder, SlicedPacket};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixDatagram;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-const GUEST_MAC: [u8; 6] = DEFAULT_GUEST_MAC;
-const GUEST_IP: [u8; 4] = [172, 16, 0, 2];
-const HOST_IP: [u8; 4] = [172, 16, 0, 1];
 const WAIT: Duration = Duration::from_secs(5);
 /// Features a Linux guest acks without offloads.
 const PLAIN: u64 = crate::devices::virtio::device::VIRTIO_F_VERSION_1 | F_MAC | F_EVENT_IDX;
@@ -25,55 +22,6 @@ const PLAIN: u64 = crate::devices::virtio::device::VIRTIO_F_VERSION_1 | F_MAC | 
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
-}
-
-/// Tap `tap0` in a network namespace of its own with 172.16.0.1/30, up. The namespace
-/// lives as long as the tap: the thread that made it is gone and nothing names it.
-fn tap_in_test_netns() -> Tap {
-    std::thread::spawn(|| {
-        // SAFETY: unshare affects this thread only (the namespace is left with it).
-        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare: {}", io::Error::last_os_error());
-        let tap = Tap::open_named("tap0").unwrap();
-        let steps: [&[&str]; 3] = [
-            &["link", "set", "lo", "up"],
-            &["addr", "add", "172.16.0.1/30", "dev", "tap0"],
-            &["link", "set", "tap0", "up"],
-        ];
-        for args in steps {
-            // A child process starts in the namespace of the thread that spawns it.
-            let status = std::process::Command::new("ip").args(args).status().expect("running ip");
-            assert!(status.success(), "ip {args:?}: {status}");
-        }
-        tap
-    })
-    .join()
-    .unwrap()
-}
-
-fn arp_request() -> Vec<u8> {
-    let arp = ArpPacket::new(
-        ArpHardwareId::ETHERNET,
-        EtherType::IPV4,
-        ArpOperation::REQUEST,
-        &GUEST_MAC,
-        &GUEST_IP,
-        &[0; 6],
-        &HOST_IP,
-    )
-    .unwrap();
-    let mut f = Vec::new();
-    PacketBuilder::ethernet2(GUEST_MAC, [0xff; 6]).arp(arp).write(&mut f).unwrap();
-    f
-}
-
-fn echo_request(dst_mac: [u8; 6], seq: u16, payload: &[u8]) -> Vec<u8> {
-    let mut f = Vec::new();
-    PacketBuilder::ethernet2(GUEST_MAC, dst_mac)
-        .ipv4(GUEST_IP, HOST_IP, 64)
-        .icmpv4_echo_request(7, seq)
-        .write(&mut f, payload)
-        .unwrap();
-    f
 }
 
 /// The next received frame `pick` accepts (the namespace's kernel sends IPv6 chatter
@@ -89,34 +37,11 @@ fn recv_where<T>(g: &mut Guest, dev: &mut Net, mut pick: impl FnMut(&[u8]) -> Op
     }
 }
 
-/// The sender MAC of an ARP reply for the host address.
-fn arp_reply(frame: &[u8]) -> Option<[u8; 6]> {
-    if frame.len() < 14 || frame[12..14] != [0x08, 0x06] {
-        return None;
-    }
-    let arp = ArpPacket::from_slice(&frame[14..]).ok()?;
-    (arp.operation == ArpOperation::REPLY && arp.sender_protocol_addr() == HOST_IP && arp.target_hw_addr() == GUEST_MAC)
-        .then(|| arp.sender_hw_addr().try_into().unwrap())
-}
-
-/// The sequence number and payload of an echo reply from the host address.
-fn echo_reply(frame: &[u8]) -> Option<(u16, Vec<u8>)> {
-    let p = SlicedPacket::from_ethernet(frame).ok()?;
-    let Some(etherparse::NetSlice::Ipv4(ip)) = &p.net else { return None };
-    if ip.header().source() != HOST_IP {
-        return None;
-    }
-    let Some(etherparse::TransportSlice::Icmpv4(icmp)) = &p.transport else { return None };
-    match icmp.icmp_type() {
-        Icmpv4Type::EchoReply(h) if h.id == 7 => Some((h.seq, icmp.payload().to_vec())),
-        _ => None,
-    }
-}
-
 /// ARP, then pings of `sizes` bytes, through `dev` into the test namespace and back.
 fn ping_through(dev: &mut Net, g: &mut Guest, sizes: &[usize]) {
     g.send(dev, &arp_request());
     let host_mac = recv_where(g, dev, arp_reply);
+    assert_eq!(host_mac, tap_mac(), "the namespace's tap answers");
     for (seq, &size) in sizes.iter().enumerate() {
         let payload: Vec<u8> = (0..size).map(|i| (i * 7 + seq) as u8).collect();
         g.send(dev, &echo_request(host_mac, seq as u16, &payload));
