@@ -7,7 +7,7 @@ use crate::artifacts::Artifacts;
 use crate::source::{DATA_DISK_ID, ROOT_DISK_ID};
 use forkvm_vmm::arch::x86_64::cpuid::CpuTemplate;
 use forkvm_vmm::cold_boot::Machine;
-use forkvm_vmm::devices::attach::{BlockConfig, DeviceConfig, LayeredConfig, VsockConfig};
+use forkvm_vmm::devices::attach::{BlockConfig, DeviceConfig, LayeredConfig, NetConfig, VsockConfig};
 use forkvm_vmm::devices::virtio::blk::LazySource;
 use forkvm_vmm::vstate::irqchip::IrqchipMode;
 use forkvm_vmm::Payload;
@@ -35,15 +35,23 @@ pub(crate) fn machine(a: &Artifacts, cpu: CpuTemplate) -> Machine {
     }
 }
 
-/// The devices a template boots with: the shared root image, read-only, and the
-/// sandbox's own data disk, layered over the blank base, `lazy` (a vault snapshot restored
-/// lazily) and `sealed` (tops in `disk_dir/disk1`).
+/// Whether templates boot with a network device: wherever this process can give
+/// sandboxes a network (`network::available`). Part of the template snapshot's key
+/// (through [`cmdline`]).
+pub(crate) fn has_network() -> bool {
+    crate::network::available()
+}
+
+/// The devices a template boots with: the shared root image, read-only, the sandbox's
+/// own data disk, layered over the blank base, `lazy` (a vault snapshot restored lazily)
+/// and `sealed` (tops in `disk_dir/disk1`), and the tap of `net`.
 pub(crate) fn boot_devices(
     a: &Artifacts,
     vsock_uds: &Path,
     disk_dir: &Path,
     sealed: Vec<PathBuf>,
     lazy: Option<LazySource>,
+    net: Option<&crate::network::NetSlot>,
 ) -> DeviceConfig {
     DeviceConfig {
         vsock: Some(VsockConfig { guest_cid: GUEST_CID, uds_path: vsock_uds.to_path_buf() }),
@@ -62,7 +70,11 @@ pub(crate) fn boot_devices(
                 }),
             },
         ],
-        net: None,
+        net: net.map(|slot| NetConfig {
+            tap: slot.tap_source(),
+            mac: crate::network::GUEST_MAC,
+            rate_limits: Default::default(),
+        }),
         rate_limits: Default::default(),
     }
 }
@@ -72,6 +84,10 @@ pub(crate) fn cmdline(a: &Artifacts) -> String {
         "console=ttyS0 reboot=k panic=1 quiet root=/dev/vda ro rootfstype=ext4 init=/sbin/forkvm-agent".to_string();
     if let Some(python) = &a.image.python {
         c.push_str(&format!(" FORKVM_AGENT_PYTHON={python}"));
+    }
+    if has_network() {
+        c.push(' ');
+        c.push_str(&crate::network::guest_ip_arg());
     }
     c
 }

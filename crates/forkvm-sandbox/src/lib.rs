@@ -19,6 +19,7 @@ pub mod exec_view;
 pub mod guest;
 pub mod info;
 pub mod memory_playbook;
+pub mod network;
 pub mod parallel;
 pub mod ready;
 pub mod registry;

@@ -9,7 +9,7 @@ use crate::guest::GUEST_CID;
 use crate::template_snapshot::TemplateSnapshot;
 use forkvm_snapshot::chain::{self, AssembleStats, AssembledCache, Chain, ChainError};
 use forkvm_snapshot::{DevicesMeta, DiskMeta, SnapshotMeta, Store, StoreError, DISK_DIR};
-use forkvm_vmm::devices::attach::{BlockConfig, DeviceConfig, LayeredConfig, VsockConfig};
+use forkvm_vmm::devices::attach::{BlockConfig, DeviceConfig, LayeredConfig, NetConfig, TapSource, VsockConfig};
 use forkvm_vmm::devices::virtio::blk::LazySource;
 use std::path::{Path, PathBuf};
 
@@ -163,9 +163,16 @@ impl SpawnSource {
         self.meta.template.as_deref()
     }
 
-    /// The devices of one child: the snapshot's, with `vsock_uds` as its vsock socket and
-    /// its layered disks' writable tops under `disk_dir` (`disk<i>/`).
-    pub fn devices(&self, vsock_uds: &Path, disk_dir: &Path) -> DeviceConfig {
+    /// Whether the snapshot's VM has a network device: each child needs a tap of its own
+    /// (`network::NetSlot`).
+    pub fn has_network(&self) -> bool {
+        self.devices.net.is_some()
+    }
+
+    /// The devices of one child: the snapshot's, with `vsock_uds` as its vsock socket,
+    /// its layered disks' writable tops under `disk_dir` (`disk<i>/`) and `tap` behind its
+    /// network device (a snapshot with one restores only with a tap).
+    pub fn devices(&self, vsock_uds: &Path, disk_dir: &Path, tap: Option<TapSource>) -> DeviceConfig {
         let disk_files = self.dir.join(DISK_DIR);
         DeviceConfig {
             vsock: self.devices.vsock_cid.map(|guest_cid| VsockConfig { guest_cid, uds_path: vsock_uds.to_path_buf() }),
@@ -198,7 +205,11 @@ impl SpawnSource {
                     }),
                 })
                 .collect(),
-            net: None,
+            net: self.devices.net.zip(tap).map(|(n, tap)| NetConfig {
+                tap,
+                mac: n.mac,
+                rate_limits: Default::default(),
+            }),
             rate_limits: Default::default(),
         }
     }

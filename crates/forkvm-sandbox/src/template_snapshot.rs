@@ -25,6 +25,8 @@ use std::time::{Duration, Instant};
 pub enum TemplateSnapshotError {
     #[error(transparent)]
     Kvm(#[from] KvmUnavailable),
+    #[error("the template's network: {0}")]
+    Network(#[from] crate::network::NetworkError),
     #[error("preparing {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
     #[error("booting the template VM: {0}")]
@@ -84,10 +86,22 @@ impl TemplateSnapshot {
         Ok(self.prepared.get_or_init(|| p))
     }
 
-    /// Devices of a sandbox restored from this snapshot, with its own vsock socket and
-    /// directory for its disks' writable layers.
-    pub fn devices(&self, vsock_uds: &Path, disk_dir: &Path) -> Result<DeviceConfig, crate::source::SourceError> {
-        Ok(crate::source::SpawnSource::from_template(self)?.devices(vsock_uds, disk_dir))
+    /// Devices of a sandbox restored from this snapshot, with its own vsock socket,
+    /// directory for its disks' writable layers and, when the template has a network,
+    /// the tap of `net`.
+    pub fn devices(
+        &self,
+        vsock_uds: &Path,
+        disk_dir: &Path,
+        net: Option<&crate::network::NetSlot>,
+    ) -> Result<DeviceConfig, crate::source::SourceError> {
+        let source = crate::source::SpawnSource::from_template(self)?;
+        Ok(source.devices(vsock_uds, disk_dir, net.map(crate::network::NetSlot::tap_source)))
+    }
+
+    /// Whether the template's sandboxes have a network device.
+    pub fn has_network(&self) -> Result<bool, crate::source::SourceError> {
+        Ok(crate::source::SpawnSource::from_template(self)?.has_network())
     }
 }
 

@@ -183,3 +183,61 @@ fn eval_in_the_warm_interpreter_returns_reprs_and_tracebacks() {
         other => panic!("expected an exception, got {other:?}"),
     }
 }
+
+/// Serves one HTTP request on `listener` (non-blocking; bounded by a deadline) with
+/// `body`; the peer's address.
+fn serve_once(listener: std::net::TcpListener, body: String) -> std::thread::JoinHandle<std::net::SocketAddr> {
+    use std::io::{Read, Write};
+    std::thread::spawn(move || {
+        listener.set_nonblocking(true).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        let (mut conn, peer) = loop {
+            match listener.accept() {
+                Ok(c) => break c,
+                Err(_) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(5))
+                }
+                Err(e) => panic!("the guest never connected: {e}"),
+            }
+        };
+        conn.set_nonblocking(false).unwrap();
+        conn.set_read_timeout(Some(std::time::Duration::from_secs(60))).unwrap();
+        let mut request = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = conn.read(&mut buf).expect("the request");
+            assert!(n > 0, "the guest hung up mid-request");
+            request.extend_from_slice(&buf[..n]);
+        }
+        let head = format!("HTTP/1.0 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+        conn.write_all(head.as_bytes()).unwrap();
+        conn.write_all(body.as_bytes()).unwrap();
+        peer
+    })
+}
+
+#[test]
+fn clones_with_one_address_each_reach_their_own_namespace_over_tcp() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: sandbox networks need root");
+        return;
+    }
+    let (a, b) = (sandbox(), sandbox());
+    for (i, sb) in [&a, &b].into_iter().enumerate() {
+        let net = sb.network().expect("root gets a template with a network, and its sandboxes one each");
+        let listener = net.run_inside(|| std::net::TcpListener::bind(("172.16.0.1", 8080))).unwrap().unwrap();
+        let server = serve_once(listener, format!("hello sandbox {i}"));
+        let probe = ExecRequest::shell("cat /sys/class/net/eth0/address; wget -q -O - http://172.16.0.1:8080/");
+        let out = sb.client.exec_collect(&probe, b"").unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            stdout,
+            format!("06:00:ac:10:00:02\nhello sandbox {i}"),
+            "stderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let peer = server.join().unwrap();
+        assert_eq!(peer.ip().to_string(), "172.16.0.2", "every clone has the same address");
+    }
+}

@@ -38,6 +38,7 @@ pub fn boot_detached(machine: Machine, spec: ChildSpec) -> Result<libc::pid_t, Z
         use std::os::fd::AsRawFd;
         let mut keep = vec![0, 1, 2, kvm.as_raw_fd()];
         keep.extend(spec.owned.jail_fds());
+        keep.extend(spec.devices.tap_fd());
         keep.extend(log.as_ref().map(|f| f.file().as_raw_fd()));
         keep.extend(error_log.as_ref().map(|f| f.as_raw_fd()));
         close_fds_except(&keep);

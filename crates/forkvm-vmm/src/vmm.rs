@@ -119,6 +119,9 @@ pub struct VmmStatus {
     /// request back.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub throttled: Vec<(String, u64)>,
+    /// The kinds of its virtio devices, in slot order (`vsock`, `rng`, `block`, `net`).
+    #[serde(default)]
+    pub devices: Vec<String>,
 }
 
 /// A VM the builder has finished, before its vCPU threads run.
@@ -267,6 +270,7 @@ impl Vmm {
             labels: self.labels.clone(),
             branches_writing: self.live_writes.iter().filter(|w| !w.is_finished()).map(|w| w.tag.clone()).collect(),
             throttled: self.devices.throttled(),
+            devices: self.devices.kinds(),
         }
     }
 

@@ -139,6 +139,7 @@ impl Zygote {
             use std::os::fd::AsRawFd;
             let mut keep = vec![0, 1, 2, self.kvm.as_raw_fd(), self.snapshot.memory.as_raw_fd()];
             keep.extend(spec.owned.jail_fds());
+            keep.extend(spec.devices.tap_fd());
             keep.extend(log.as_ref().map(|f| f.file().as_raw_fd()));
             keep.extend(error_log.as_ref().map(|f| f.as_raw_fd()));
             keep.extend(input.as_ref().map(|f| f.as_raw_fd()));

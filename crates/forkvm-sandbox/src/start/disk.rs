@@ -268,7 +268,13 @@ pub fn start_disk_fork(
     };
     let restore_ms = ms_since(restoring);
     let vsock = batch.records()[0].vsock();
-    let spec = batch.vmm_spec(0, boot_devices(&artifacts, &vsock, &disk_dir, sealed, lazy))?;
+    // Its own network namespace (the VMM's tap keeps it) when templates have a network.
+    let net = if crate::guest::has_network() {
+        Some(crate::network::NetSlot::create().map_err(|e| step("making its network", e.to_string()))?)
+    } else {
+        None
+    };
+    let spec = batch.vmm_spec(0, boot_devices(&artifacts, &vsock, &disk_dir, sealed, lazy, net.as_ref()))?;
     let pid = boot_detached(machine(&artifacts, CpuTemplate::for_this_host()), spec)
         .map_err(|e| step("starting the VMM", e.to_string()))?;
     batch.started(0, pid);

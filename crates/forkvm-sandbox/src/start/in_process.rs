@@ -10,6 +10,7 @@
 use super::new_sandbox_id;
 use crate::artifacts::Artifacts;
 use crate::guest::{boot_devices, machine, AGENT_PORT, BOOT_TIMEOUT};
+use crate::network::NetSlot;
 use crate::ready::{apply_identity, wait_for_agent};
 use crate::run_dir::RunDir;
 use crate::template_snapshot::{TemplateSnapshot, TemplateSnapshotError};
@@ -44,6 +45,8 @@ pub enum SandboxError {
     Stopped(String, PathBuf),
     #[error("applying the sandbox identity: {0}")]
     Identity(forkvm_proto::ClientError),
+    #[error(transparent)]
+    Network(#[from] crate::network::NetworkError),
 }
 
 /// A running sandbox.
@@ -55,6 +58,8 @@ pub struct Sandbox {
     /// Wall time from the start of the restore to the agent's first answer.
     pub ready_ms: f64,
     vmm: Option<Vmm>,
+    /// Its network namespace, when the template has a network.
+    net: Option<NetSlot>,
     keep_run_dir: bool,
 }
 
@@ -73,7 +78,8 @@ impl Sandbox {
         let uds = dir.vsock();
         let kvm = open_kvm()?;
         let prepared = template.prepared()?;
-        let devices = template.devices(&uds, &dir.disks())?;
+        let net = if template.has_network()? { Some(NetSlot::create()?) } else { None };
+        let devices = template.devices(&uds, &dir.disks(), net.as_ref())?;
         let vmm = forkvm_vmm::restore(&kvm, prepared, ConsoleOut::new(Some(log), None), &devices, false)
             .map_err(SandboxError::Restore)?;
         let client = AgentClient::vsock_uds(&uds, AGENT_PORT);
@@ -83,7 +89,7 @@ impl Sandbox {
         })?;
         let ready_ms = started.elapsed().as_secs_f64() * 1e3;
         apply_identity(&client, &id).map_err(SandboxError::Identity)?;
-        Ok(Sandbox { id, client, run_dir, ready_ms, vmm: Some(vmm), keep_run_dir: false })
+        Ok(Sandbox { id, client, run_dir, ready_ms, vmm: Some(vmm), net, keep_run_dir: false })
     }
 
     /// Keep the run directory (console log) after the sandbox ends, e.g. after a failure.
@@ -93,6 +99,11 @@ impl Sandbox {
 
     pub fn vmm(&self) -> Option<&Vmm> {
         self.vmm.as_ref()
+    }
+
+    /// The sandbox's network namespace (where its guest's gateway is), if it has one.
+    pub fn network(&self) -> Option<&NetSlot> {
+        self.net.as_ref()
     }
 }
 
@@ -133,6 +144,9 @@ pub fn boot_to_agent_with(
     let uds = dir.vsock();
     let kvm = open_kvm()?;
     let m = machine(artifacts, cpu);
+    // A template with a network boots with one (its own namespace, gone with the VM), so
+    // that the guest's driver and address are in the snapshot.
+    let net = if crate::guest::has_network() { Some(NetSlot::create()?) } else { None };
     let vmm = forkvm_vmm::boot(
         &kvm,
         BootConfig {
@@ -142,7 +156,7 @@ pub fn boot_to_agent_with(
             cpu_template: m.cpu_template,
             payload: m.payload,
             console: ConsoleOut::new(Some(log), None),
-            devices: boot_devices(artifacts, &uds, &dir.disks(), Vec::new(), None),
+            devices: boot_devices(artifacts, &uds, &dir.disks(), Vec::new(), None, net.as_ref()),
             start_paused: false,
         },
     )

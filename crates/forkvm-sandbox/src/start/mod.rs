@@ -57,6 +57,8 @@ pub enum SpawnError {
     Jail(#[from] forkvm_vmm::host::jail::JailError),
     #[error(transparent)]
     Limit(#[from] LimitError),
+    #[error("a sandbox's network: {0}")]
+    Network(#[from] crate::network::NetworkError),
 }
 
 impl SpawnError {

@@ -40,8 +40,16 @@ pub fn fork_running_as(
     // Born from the source's VMM, under its uid.
     let mut batch = Batch::begin(registry, ids, origin, &opts, VmmUids::Source(source.uid))?;
     let rate_limits = batch.rate_limits();
-    let children: Vec<ForkChild> =
+    let mut children: Vec<ForkChild> =
         batch.records_mut().iter_mut().map(|r| fork_child(&source, r, rate_limits)).collect();
+    // A source with a network device: each child gets a namespace and tap of its own
+    // (sent to the source's VMM with the request; this process keeps no copy after).
+    let status = call(&source, |c| c.status())?;
+    if status.devices.iter().any(|k| k == "net") {
+        for child in &mut children {
+            child.tap = Some(crate::network::NetSlot::create().map_err(super::SpawnError::from)?.tap_source());
+        }
+    }
     let report: ForkReport = call(&source, |c| c.fork(children))?;
     // The source numbers its children in its jail's pid namespace; we need ours.
     let host_pids = forkvm_vmm::host::jail::host_pids_of_children(source.pid, &report.pids);

@@ -1,7 +1,9 @@
 //! A blocking client for a VMM's control socket: one typed method per request, each
 //! returning the type the VMM answers with, and refusals with their [`ErrorCode`].
 
+use super::fd_passing::send_with_fds;
 use super::protocol::{hex_encode, Request, Response, CONTROL_PROTOCOL_VERSION};
+use crate::devices::attach::TapSource;
 use crate::vmm::compact::{CoveredLayer, DiskCompaction};
 use crate::vmm::disks::{DiskSeal, LazyDisk};
 use crate::vmm::fault::FaultPoint;
@@ -10,6 +12,7 @@ use crate::vstate::memory_playbook::TouchedMemory;
 use forkvm_api::ErrorCode;
 use serde::de::DeserializeOwned;
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -28,6 +31,8 @@ pub enum ControlClientError {
     BadResponse(String),
     #[error("the VMM speaks control protocol version {found}; this forkvm knows up to {CONTROL_PROTOCOL_VERSION} (stop that sandbox with this forkvm's `kill`, or use the newer forkvm)")]
     Version { found: u32 },
+    #[error("not sent: {0}")]
+    BadRequest(String),
     #[error("the VMM refused: {error}")]
     Refused { error: String, code: ErrorCode },
 }
@@ -72,6 +77,11 @@ impl ControlClient {
     /// must not make its caller (the daemon) buffer without end.
     pub fn call_raw(&mut self, line: &str) -> Result<serde_json::Value, ControlClientError> {
         self.writer.write_all(line.as_bytes()).map_err(ControlClientError::Io)?;
+        self.read_answer()
+    }
+
+    /// Reads one answer line (see [`ControlClient::call_raw`]).
+    fn read_answer(&mut self) -> Result<serde_json::Value, ControlClientError> {
         let mut resp = String::new();
         let n = (&mut self.reader).take(MAX_RESPONSE_BYTES + 1).read_line(&mut resp).map_err(ControlClientError::Io)?;
         if n == 0 {
@@ -128,8 +138,31 @@ impl ControlClient {
         self.call_as(&Request::Branch(req))
     }
 
+    /// Forks the running VM; each child's tap (a descriptor) goes with the request.
     pub fn fork(&mut self, children: Vec<ForkChild>) -> Result<ForkReport, ControlClientError> {
-        self.call_as(&Request::Fork { children })
+        let mut taps = Vec::new();
+        for c in &children {
+            match &c.tap {
+                Some(TapSource::Fd(fd)) => taps.push(fd.clone()),
+                Some(TapSource::Named(_)) => {
+                    return Err(ControlClientError::BadRequest("a fork child's tap must be a descriptor".into()))
+                }
+                None if taps.is_empty() => {}
+                None => {
+                    return Err(ControlClientError::BadRequest("either every fork child has a tap, or none".into()))
+                }
+            }
+        }
+        if taps.len() != children.len() && !taps.is_empty() {
+            return Err(ControlClientError::BadRequest("either every fork child has a tap, or none".into()));
+        }
+        let req = Request::Fork { children, taps: taps.len() };
+        let mut line = serde_json::to_string(&req).map_err(|e| ControlClientError::BadResponse(e.to_string()))?;
+        line.push('\n');
+        let fds: Vec<_> = taps.iter().map(|fd| fd.as_fd()).collect();
+        send_with_fds(&self.writer, line.as_bytes(), &fds).map_err(ControlClientError::Io)?;
+        let value = self.read_answer()?;
+        serde_json::from_value(value).map_err(|e| ControlClientError::BadResponse(format!("answer to a fork: {e}")))
     }
 
     /// Sets the labels recorded in the VM's snapshots; answers the status after.

@@ -12,6 +12,7 @@
 //! ```
 
 pub mod client;
+pub mod fd_passing;
 pub mod protocol;
 pub mod server;
 

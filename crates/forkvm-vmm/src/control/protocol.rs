@@ -29,9 +29,12 @@ pub enum Request {
     Shutdown {},
     /// Snapshot the running VM under a new tag (full or live).
     Branch(BranchRequest),
-    /// Fork the running VM into one child VMM per entry.
+    /// Fork the running VM into one child VMM per entry. `taps` descriptors come with the
+    /// request (`SCM_RIGHTS`, see `fd_passing`): the first `taps` children's taps, in order.
     Fork {
         children: Vec<ForkChild>,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        taps: usize,
     },
     /// Set the labels (sandbox id, template) recorded in this VM's snapshots.
     Label(VmmLabels),
@@ -131,6 +134,10 @@ pub fn hex_decode(s: &str) -> Result<Vec<u8>, HexError> {
                 .ok_or(HexError::NotHex(i))
         })
         .collect()
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 #[cfg(test)]

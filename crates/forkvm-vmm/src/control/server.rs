@@ -5,12 +5,14 @@
 //! `Vmm` are serialized by its mutex) and returns when the guest exits or a `shutdown`
 //! request arrives, after stopping the vCPUs and removing the socket.
 
+use super::fd_passing::FdReader;
 use super::protocol::{hex_decode, Request, Response, MAX_REQUEST_BYTES};
+use crate::devices::attach::TapSource;
 use crate::vmm::fault::{FaultPlan, FAULT_INJECTION_ENV};
 use crate::vmm::{ExitLatch, Vmm};
 use crate::vstate::vcpu::VcpuExitReason;
 use forkvm_api::ErrorCode;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -108,7 +110,7 @@ fn serve_connection(conn: UnixStream, vmm: Arc<Mutex<Vmm>>, latch: Arc<ExitLatch
     let Ok(mut writer) = conn.try_clone() else {
         return;
     };
-    let mut reader = BufReader::new(conn.take(u64::MAX));
+    let mut reader = BufReader::new(FdReader::new(conn));
     loop {
         let mut line = String::new();
         let mut shutdown = false;
@@ -126,11 +128,16 @@ fn serve_connection(conn: UnixStream, vmm: Arc<Mutex<Vmm>>, latch: Arc<ExitLatch
             match serde_json::from_str::<Request>(line.trim_end()) {
                 Ok(req) => {
                     shutdown = matches!(req, Request::Shutdown {});
-                    handle(req, &vmm)
+                    match with_taps(req, reader.get_mut()) {
+                        Ok(req) => handle(req, &vmm),
+                        Err(r) => r,
+                    }
                 }
                 Err(e) => Response::err(format!("bad request: {e}"), ErrorCode::BadRequest),
             }
         };
+        // Descriptors no request took are closed, not kept for the next one.
+        reader.get_mut().drop_fds();
         let text = serde_json::to_string(&response).unwrap_or_else(|e| format!(r#"{{"ok":false,"error":"{e}"}}"#));
         let written = writeln!(writer, "{text}").and_then(|_| writer.flush());
         if shutdown {
@@ -170,6 +177,23 @@ fn peer_pid(s: &UnixStream) -> i32 {
     }
 }
 
+/// A fork request with the taps that came with it given to its children, in order.
+fn with_taps(req: Request, reader: &mut FdReader) -> Result<Request, Response> {
+    let Request::Fork { mut children, taps } = req else { return Ok(req) };
+    if taps > children.len() {
+        let msg = format!("bad request: {taps} taps for {} children", children.len());
+        return Err(Response::err(msg, ErrorCode::BadRequest));
+    }
+    let Some(fds) = reader.take_fds(taps) else {
+        let msg = format!("bad request: the request names {taps} taps, but fewer descriptors came with it");
+        return Err(Response::err(msg, ErrorCode::BadRequest));
+    };
+    for (child, fd) in children.iter_mut().zip(fds) {
+        child.tap = Some(TapSource::Fd(std::sync::Arc::new(fd)));
+    }
+    Ok(Request::Fork { children, taps })
+}
+
 fn handle(req: Request, vmm: &Mutex<Vmm>) -> Response {
     // Anything the VMM fails at is internal unless its error says otherwise.
     fn answer<T: serde::Serialize, E: std::fmt::Display>(r: Result<T, E>) -> Response {
@@ -206,7 +230,7 @@ fn handle(req: Request, vmm: &Mutex<Vmm>) -> Response {
                 Err(e) => Response::err(e.to_string(), e.code()),
             }
         }
-        Request::Fork { children } => answer(vmm.fork_running(&children)),
+        Request::Fork { children, .. } => answer(vmm.fork_running(&children)),
         Request::SealDisks {} => answer(vmm.seal_disks()),
         Request::LazyDisks { finish_recording } => answer(vmm.lazy_disks(finish_recording)),
         Request::TouchedMemory {} => answer(crate::vstate::memory_playbook::TouchedMemory::of(vmm.memory())),

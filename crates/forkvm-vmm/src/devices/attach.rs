@@ -210,6 +210,15 @@ impl DeviceConfig {
         v
     }
 
+    /// The descriptor of the network device's tap, if it is given as one: what a VMM
+    /// process that closes everything else must keep.
+    pub fn tap_fd(&self) -> Option<std::os::fd::RawFd> {
+        match &self.net.as_ref()?.tap {
+            TapSource::Fd(fd) => Some(fd.as_raw_fd()),
+            TapSource::Named(_) => None,
+        }
+    }
+
     /// `virtio_mmio.device=` arguments announcing every slot to a Linux guest.
     pub fn cmdline(&self) -> String {
         (0..self.planned().len())

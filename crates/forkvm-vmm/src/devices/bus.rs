@@ -96,6 +96,11 @@ impl Devices {
     }
 
     /// Each rate-limited device's kind and how many times its cap held a request back.
+    /// The kinds of the virtio devices, in slot order.
+    pub fn kinds(&self) -> Vec<String> {
+        self.virtio.iter().map(|s| s.kind.to_string()).collect()
+    }
+
     pub fn throttled(&self) -> Vec<(String, u64)> {
         self.virtio
             .iter()

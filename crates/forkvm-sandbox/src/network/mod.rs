@@ -1,0 +1,73 @@
+//! A sandbox's network, host side: a network namespace of its own holding the tap its
+//! VMM's virtio-net device is given (`docs/networking.md`).
+//!
+//! Every sandbox's guest is 172.16.0.2/30 with MAC [`GUEST_MAC`] behind gateway
+//! 172.16.0.1, the tap, whose MAC is [`TAP_MAC`] in every namespace: clones of one
+//! snapshot need no reconfiguration, and a guest's ARP entry for its gateway, saved in
+//! the snapshot, stays right behind any tap. The guest gets its address from the kernel
+//! command line ([`guest_ip_arg`]); no DHCP client or `ip` runs in the guest.
+//!
+//! Nothing names a sandbox's namespace: the VMM's tap descriptor keeps it alive, and the
+//! namespace, with everything in it, goes when the VMM does (a kill, a crash, a
+//! `kill -9`), so there is nothing to clean up and nothing that can leak.
+//!
+//! Files: [`slot`] (making one namespace and its tap), [`ifconfig`] (the interface
+//! calls that set it up).
+
+pub mod ifconfig;
+pub mod slot;
+
+pub use slot::NetSlot;
+
+use std::net::Ipv4Addr;
+
+/// The guest's address, the same in every sandbox.
+pub const GUEST_IP: Ipv4Addr = Ipv4Addr::new(172, 16, 0, 2);
+/// The guest's gateway: the tap's address in the sandbox's namespace.
+pub const GATEWAY_IP: Ipv4Addr = Ipv4Addr::new(172, 16, 0, 1);
+/// The link's netmask (a /30: the guest and its gateway).
+pub const NETMASK: Ipv4Addr = Ipv4Addr::new(255, 255, 255, 252);
+/// The guest's MAC (locally administered), the device's in every VMM.
+pub const GUEST_MAC: [u8; 6] = forkvm_vmm::devices::virtio::net::DEFAULT_GUEST_MAC;
+/// The tap's MAC in every sandbox's namespace.
+pub const TAP_MAC: [u8; 6] = [0x06, 0x00, 0xac, 0x10, 0x00, 0x01];
+/// The tap's name inside the namespace.
+pub const TAP_NAME: &str = "tap0";
+
+/// The kernel command-line argument that configures the guest's `eth0` at boot
+/// (`IP_PNP`): static address, gateway, netmask, no autoconfiguration.
+pub fn guest_ip_arg() -> String {
+    format!("ip={GUEST_IP}::{GATEWAY_IP}:{NETMASK}::eth0:off")
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetworkError {
+    #[error("making the sandbox's network namespace (unshare CLONE_NEWNET): {0}")]
+    Unshare(std::io::Error),
+    #[error("opening the sandbox's network namespace: {0}")]
+    OpenNamespace(std::io::Error),
+    #[error("entering the sandbox's network namespace (setns): {0}")]
+    Enter(std::io::Error),
+    #[error("making the sandbox's tap: {0}")]
+    Tap(#[from] forkvm_vmm::devices::virtio::net::tap::TapError),
+    #[error("setting up {interface} in the sandbox's namespace ({step}): {source}")]
+    Interface { interface: String, step: &'static str, source: std::io::Error },
+    #[error("the thread that sets up a sandbox's network: {0}")]
+    Thread(std::io::Error),
+}
+
+/// Whether this process can give sandboxes a network: it may make namespaces and taps
+/// (root, with `/dev/net/tun`). Checked once, by making one.
+pub fn available() -> bool {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(|| match NetSlot::create() {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::info!(error = %e, "sandboxes get no network here");
+            false
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests;

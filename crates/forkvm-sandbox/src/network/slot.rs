@@ -1,0 +1,91 @@
+//! One sandbox's network namespace and the tap in it, made on a thread of its own: the
+//! thread leaves this process's namespace (`unshare`), makes and sets up the tap there,
+//! and ends; the namespace stays for as long as a descriptor refers to it.
+//!
+//! A slot holds two: the tap, which goes to the VMM, and the namespace itself, with
+//! which this process can act inside it later ([`NetSlot::run_inside`]: a listener a test
+//! talks to, and later the DNS forwarder and exposed ports). Dropping the slot closes
+//! both here; the VMM's tap alone then keeps the namespace, until the VMM ends.
+
+use super::ifconfig::Ifconfig;
+use super::{NetworkError, GATEWAY_IP, GUEST_IP, GUEST_MAC, NETMASK, TAP_MAC, TAP_NAME};
+use forkvm_vmm::devices::attach::TapSource;
+use forkvm_vmm::devices::virtio::net::Tap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+
+/// A sandbox's network namespace with its tap, set up.
+#[derive(Debug)]
+pub struct NetSlot {
+    tap: Arc<OwnedFd>,
+    netns: OwnedFd,
+}
+
+impl NetSlot {
+    /// The namespace's descriptor (its inode names it in `/proc/*/ns/net`).
+    pub fn namespace(&self) -> &OwnedFd {
+        &self.netns
+    }
+}
+
+impl NetSlot {
+    /// Makes a namespace with the tap [`TAP_NAME`] in it: MAC [`TAP_MAC`], address
+    /// [`GATEWAY_IP`], up, the guest a permanent neighbour; loopback up.
+    pub fn create() -> Result<NetSlot, NetworkError> {
+        let made = std::thread::Builder::new()
+            .name("net-slot".into())
+            .spawn(make_in_new_namespace)
+            .map_err(NetworkError::Thread)?
+            .join();
+        made.unwrap_or_else(|_| Err(NetworkError::Thread(std::io::Error::other("it panicked"))))
+    }
+
+    /// The tap, as a VMM's device config takes it.
+    pub fn tap_source(&self) -> TapSource {
+        TapSource::Fd(self.tap.clone())
+    }
+
+    /// Runs `f` on a thread inside the slot's namespace (sockets it makes belong there)
+    /// and returns what it returns.
+    pub fn run_inside<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T, NetworkError> {
+        let ns = self.netns.try_clone().map_err(NetworkError::OpenNamespace)?;
+        let thread = std::thread::Builder::new().name("net-slot-inside".into()).spawn(move || {
+            // SAFETY: setns on this thread with a namespace descriptor we own.
+            if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                return Err(NetworkError::Enter(std::io::Error::last_os_error()));
+            }
+            Ok(f())
+        });
+        let joined = thread.map_err(NetworkError::Thread)?.join();
+        joined.unwrap_or_else(|_| Err(NetworkError::Thread(std::io::Error::other("it panicked"))))
+    }
+}
+
+/// On a thread of its own: a new namespace, and the slot in it.
+fn make_in_new_namespace() -> Result<NetSlot, NetworkError> {
+    // SAFETY: unshare affects only this thread, which ends after this function.
+    if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+        return Err(NetworkError::Unshare(std::io::Error::last_os_error()));
+    }
+    let path = c"/proc/thread-self/ns/net";
+    // SAFETY: a NUL-terminated path; the descriptor is ours.
+    let raw = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if raw < 0 {
+        return Err(NetworkError::OpenNamespace(std::io::Error::last_os_error()));
+    }
+    // SAFETY: just opened, owned by nothing else.
+    let netns = unsafe { OwnedFd::from_raw_fd(raw) };
+    let tap = Tap::open_named(TAP_NAME)?;
+    let ifc = Ifconfig::new().map_err(|e| failed("lo", "a socket for interface calls", e))?;
+    ifc.up("lo").map_err(|e| failed("lo", "up", e))?;
+    ifc.set_mac(TAP_NAME, TAP_MAC).map_err(|e| failed(TAP_NAME, "its MAC", e))?;
+    ifc.set_ipv4(TAP_NAME, GATEWAY_IP, NETMASK).map_err(|e| failed(TAP_NAME, "its address", e))?;
+    ifc.up(TAP_NAME).map_err(|e| failed(TAP_NAME, "up", e))?;
+    ifc.add_permanent_neighbour(TAP_NAME, GUEST_IP, GUEST_MAC)
+        .map_err(|e| failed(TAP_NAME, "the guest as neighbour", e))?;
+    Ok(NetSlot { tap: Arc::new(tap.into_fd()), netns })
+}
+
+fn failed(interface: &str, step: &'static str, source: std::io::Error) -> NetworkError {
+    NetworkError::Interface { interface: interface.to_string(), step, source }
+}

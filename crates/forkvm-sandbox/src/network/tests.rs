@@ -1,0 +1,100 @@
+//! A slot, checked from both ends (root only): frames written to its tap, as the guest
+//! would send them, are answered by the namespace's kernel as a guest expects; sockets
+//! made inside it see the guest's network and the host's does not; and once the slot
+//! and its tap are closed, nothing of it is left in this process.
+
+use super::*;
+use etherparse::{Icmpv4Type, PacketBuilder, SlicedPacket};
+use forkvm_vmm::devices::attach::TapSource;
+use forkvm_vmm::devices::virtio::net::Tap;
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn tap_of(slot: &NetSlot) -> Tap {
+    let TapSource::Fd(fd) = slot.tap_source() else { unreachable!("a slot's tap is a descriptor") };
+    Tap::from_fd(fd.try_clone().unwrap()).unwrap()
+}
+
+/// The next frame from `tap` (header stripped) that `pick` accepts.
+fn read_where<T>(tap: &Tap, mut pick: impl FnMut(&[u8]) -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut buf = vec![0u8; 65562];
+    loop {
+        assert!(Instant::now() < deadline, "no answer from the namespace");
+        match tap.read(&mut buf) {
+            Ok(n) if n > 12 => {
+                if let Some(t) = pick(&buf[12..n]) {
+                    return t;
+                }
+            }
+            _ => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+}
+
+#[test]
+fn the_namespace_answers_the_guest_at_once_without_asking_who_it_is() {
+    if !is_root() {
+        eprintln!("skipped: making a network namespace needs root");
+        return;
+    }
+    let slot = NetSlot::create().unwrap();
+    let tap = tap_of(&slot);
+    assert_eq!(tap.name(), TAP_NAME);
+    // An echo request straight to the gateway's MAC, as a restored guest sends one: the
+    // reply must come without an ARP request first (the guest is a permanent neighbour).
+    let mut frame = vec![0u8; 12];
+    PacketBuilder::ethernet2(GUEST_MAC, TAP_MAC)
+        .ipv4(GUEST_IP.octets(), GATEWAY_IP.octets(), 64)
+        .icmpv4_echo_request(9, 1)
+        .write(&mut frame, b"are you there")
+        .unwrap();
+    tap.write(&frame).unwrap();
+    let reply = read_where(&tap, |f| {
+        assert!(f.len() < 14 || f[12..14] != [0x08, 0x06], "the namespace asked who the guest is");
+        let p = SlicedPacket::from_ethernet(f).ok()?;
+        let Some(etherparse::TransportSlice::Icmpv4(icmp)) = &p.transport else { return None };
+        let Icmpv4Type::EchoReply(h) = icmp.icmp_type() else { return None };
+        (h.id == 9).then(|| (f[..6].to_vec(), f[6..12].to_vec(), icmp.payload().to_vec()))
+    });
+    assert_eq!(reply, (GUEST_MAC.to_vec(), TAP_MAC.to_vec(), b"are you there".to_vec()));
+}
+
+#[test]
+fn sockets_made_inside_are_on_the_guests_link_and_nothing_is_left_after() {
+    if !is_root() {
+        eprintln!("skipped: making a network namespace needs root");
+        return;
+    }
+    let slot = NetSlot::create().unwrap();
+    let inside = slot.run_inside(|| std::net::TcpListener::bind((GATEWAY_IP, 0)).map(|l| l.local_addr().unwrap()));
+    assert!(inside.unwrap().is_ok(), "the gateway address is bound inside");
+    assert!(std::net::TcpListener::bind((GATEWAY_IP, 0)).is_err(), "the host's namespace has no such address");
+    // SAFETY: stat is plain data; all zeroes is a valid value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat on a descriptor we own into a stat we own.
+    assert_eq!(unsafe { libc::fstat(slot.namespace().as_raw_fd(), &mut st) }, 0);
+    let name = format!("net:[{}]", st.st_ino);
+    let refs = || {
+        let fds = std::fs::read_dir("/proc/self/fd").unwrap().flatten();
+        let fd_refs = fds.filter(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy() == name)).count();
+        let tasks = std::fs::read_dir("/proc/self/task").unwrap().flatten();
+        let task_refs = tasks
+            .filter(|t| std::fs::read_link(t.path().join("ns/net")).is_ok_and(|l| l.to_string_lossy() == name))
+            .count();
+        fd_refs + task_refs
+    };
+    assert_eq!(refs(), 1, "the slot's namespace descriptor (its tap reads as /dev/net/tun)");
+    drop(slot);
+    assert_eq!(refs(), 0, "nothing in this process keeps the namespace");
+}
+
+#[test]
+fn the_guest_is_configured_from_the_command_line() {
+    assert_eq!(guest_ip_arg(), "ip=172.16.0.2::172.16.0.1:255.255.255.252::eth0:off");
+}
