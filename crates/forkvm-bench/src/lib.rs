@@ -15,6 +15,7 @@ mod disk_fork;
 mod fork;
 mod lazy;
 mod memory;
+mod net;
 pub mod procstat;
 mod seccomp;
 mod spawn;
@@ -51,6 +52,9 @@ pub enum BenchCommand {
     /// The VMM's seccomp filters: install cost per thread kind and per VMM, and an ioctl
     /// through them, seccompiler's chain layout against the call-number tree.
     Seccomp(seccomp::BenchSeccompArgs),
+    /// A sandbox's network: namespace and tap setup cost (host), and ICMP round trips and
+    /// TCP throughput each way between a guest and its namespace.
+    Net(net::BenchNetArgs),
 }
 
 /// Runs benchmark `cmd`; returns the process's exit code.
@@ -59,6 +63,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<i32> {
         BenchCommand::Fork(a) => fork::run(a),
         BenchCommand::VectorState(a) => vector::run(a),
         BenchCommand::Seccomp(a) => seccomp::run(a),
+        BenchCommand::Net(a) => net::run(a),
         BenchCommand::Boot(a) => boot::run(a),
         BenchCommand::Branch(a) => branch::run(a),
         BenchCommand::Spawn(a) => spawn::run(a),

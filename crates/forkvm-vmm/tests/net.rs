@@ -34,8 +34,7 @@ use vm_memory::{Bytes, GuestAddress};
 const AREA: u64 = 8 << 20;
 /// Bytes per frame slot (rx buffers and tx frames alike).
 const SLOT: u64 = 2048;
-/// virtio device ID of a network card, and where its MAC is in the register window.
-const NET: u32 = 1;
+/// Where the device's configuration space (its MAC) is in the register window.
 const CONFIG: u64 = 0x100;
 
 fn is_root() -> bool {

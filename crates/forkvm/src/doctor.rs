@@ -127,9 +127,26 @@ fn jail_check(checks: &mut Vec<Value>) {
     checks.push(check("vmm-jail", ok, detail));
 }
 
+/// Whether sandboxes get a network here: one namespace and tap made and set up, timed.
+fn network_check(checks: &mut Vec<Value>) {
+    let started = std::time::Instant::now();
+    let (ok, detail) = match forkvm_sandbox::network::NetSlot::create() {
+        Ok(_) => (
+            true,
+            format!(
+                "a sandbox network (namespace, tap with virtio headers, its address) made in {:.2} ms; sandboxes get a NIC",
+                started.elapsed().as_secs_f64() * 1e3
+            ),
+        ),
+        Err(e) => (false, format!("sandboxes get no network here (root and /dev/net/tun are needed): {e}")),
+    };
+    checks.push(check("network", ok, detail));
+}
+
 /// Informational checks: a missing one limits features but does not fail the doctor.
 fn facility_checks(checks: &mut Vec<Value>) {
     jail_check(checks);
+    network_check(checks);
     let cgroup = match forkvm_vmm::host::cgroup::CgroupRoot::detect() {
         Ok(root) => {
             let controllers: Vec<&str> = root.controllers().iter().map(|c| c.name()).collect();

@@ -119,6 +119,11 @@ fn doctor_passes_here() {
     let out = forkvm().args(["doctor", "--json"]).output().unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["ok"], true, "{v}");
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        let net = v["checks"].as_array().unwrap().iter().find(|c| c["check"] == "network").expect("a network check");
+        assert_eq!(net["ok"], true, "root gets sandbox networks here: {net}");
+    }
 }
 
 #[test]

@@ -42,6 +42,7 @@ pub const F_INDIRECT: u16 = 4;
 pub const BLOCK: u32 = 2;
 pub const RNG: u32 = 4;
 pub const VSOCK: u32 = 19;
+pub const NET: u32 = 1;
 
 /// Entries per queue the test sets up.
 pub const QSIZE: u16 = 8;

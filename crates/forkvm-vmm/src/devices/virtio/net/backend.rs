@@ -170,6 +170,7 @@ impl Shared {
         if self.paused || self.active.is_none() {
             return;
         }
+        add(&self.metrics.passes, 1);
         if !self.offloads_set {
             self.offloads_set = true;
             let flags = tap_offloads(self.acked_features);
@@ -216,8 +217,10 @@ impl Shared {
         loop {
             // The guest need not notify while this pass drains the queue.
             let _ = q.tx.disable_notification(&q.mem);
+            let mut popped = false;
             while let Some(chain) = q.tx.pop_descriptor_chain(&q.mem) {
                 let head = chain.head_index();
+                popped = true;
                 budget -= 1;
                 match read_tx_chain(chain, tx_buf) {
                     Ok(len) => {
@@ -258,8 +261,10 @@ impl Shared {
             if tx_due.is_some() {
                 break;
             }
-            // Notifications back on; go again if the guest queued more meanwhile.
-            if !q.tx.enable_notification(&q.mem).unwrap_or(false) {
+            // Notifications back on; go again if the guest queued more meanwhile. A
+            // queue that says it holds chains but gives none (an avail index the guest
+            // ran far ahead) waits for the next notification instead.
+            if !q.tx.enable_notification(&q.mem).unwrap_or(false) || !popped {
                 break;
             }
         }
@@ -280,6 +285,9 @@ impl Shared {
         let mut used = false;
         let mut budget = FRAMES_PER_PASS;
         let mut errors: Vec<String> = Vec::new();
+        // Whether the guest's buffers were looked for again after notifications were
+        // turned back on: once per frame, so a queue that gives none cannot spin here.
+        let mut looked_again = false;
         *rx_blocked = false;
         while rx_due.is_none() {
             if budget == 0 {
@@ -315,6 +323,7 @@ impl Shared {
             };
             match write_rx_frame(&mut q.rx, &q.mem, &mut rx_buf[..len], mergeable) {
                 Delivery::Delivered { .. } => {
+                    looked_again = false;
                     *rx_pending = None;
                     add(&metrics.rx_frames, 1);
                     add(&metrics.rx_bytes, len as u64);
@@ -322,7 +331,8 @@ impl Shared {
                 }
                 Delivery::NoBuffers => {
                     // Ask the guest to notify when it posts buffers; it may have just.
-                    if q.rx.enable_notification(&q.mem).unwrap_or(false) {
+                    if q.rx.enable_notification(&q.mem).unwrap_or(false) && !looked_again {
+                        looked_again = true;
                         continue;
                     }
                     add(&metrics.rx_no_buffers, 1);
@@ -330,6 +340,7 @@ impl Shared {
                     break;
                 }
                 Delivery::Dropped(e) => {
+                    looked_again = false;
                     *rx_pending = None;
                     add(&metrics.rx_dropped, 1);
                     errors.push(e.to_string());

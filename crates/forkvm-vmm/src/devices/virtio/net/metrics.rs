@@ -25,6 +25,8 @@ pub struct NetMetrics {
     pub rx_throttled: AtomicU64,
     /// Used-buffer interrupts raised.
     pub interrupts: AtomicU64,
+    /// Passes of the backend over the queues (each wake-up that found the device running).
+    pub passes: AtomicU64,
 }
 
 /// A point-in-time copy of [`NetMetrics`].
@@ -41,6 +43,7 @@ pub struct NetMetricsSnapshot {
     pub tx_throttled: u64,
     pub rx_throttled: u64,
     pub interrupts: u64,
+    pub passes: u64,
 }
 
 impl NetMetrics {
@@ -58,6 +61,7 @@ impl NetMetrics {
             tx_throttled: l(&self.tx_throttled),
             rx_throttled: l(&self.rx_throttled),
             interrupts: l(&self.interrupts),
+            passes: l(&self.passes),
         }
     }
 }

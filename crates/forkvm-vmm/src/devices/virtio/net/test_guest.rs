@@ -105,6 +105,12 @@ impl Ring {
         Some(ids[0])
     }
 
+    /// Sets the avail ring's index as a (hostile) driver may: anything.
+    pub fn set_avail_idx(&mut self, mem: &GuestMemoryMmap, idx: u16) {
+        self.avail_idx = idx;
+        mem.store(idx, GuestAddress(self.avail() + 2), Ordering::Release).unwrap();
+    }
+
     /// Used entries since the last call: (head, length).
     pub fn take_used(&mut self, mem: &GuestMemoryMmap) -> Vec<(u16, u32)> {
         let idx: u16 = mem.load(GuestAddress(self.used() + 2), Ordering::Acquire).unwrap();
@@ -192,6 +198,11 @@ impl Guest {
             let used = self.rx.take_used(&self.mem);
             self.rx_used.extend(used);
             if let Some(&(head, len)) = self.rx_used.front() {
+                if (len as usize) < VNET_HDR_LEN {
+                    // A buffer given back empty (a frame dropped): a driver skips it.
+                    self.rx_used.pop_front();
+                    continue;
+                }
                 let first = self.read(self.rx.slot(head), len);
                 let mut hdr = [0u8; VNET_HDR_LEN];
                 hdr.copy_from_slice(&first[..VNET_HDR_LEN]);

@@ -251,6 +251,50 @@ fn a_frame_too_big_for_the_buffer_is_dropped_and_the_buffer_kept() {
 }
 
 #[test]
+fn a_queue_whose_index_ran_ahead_neither_spins_nor_holds_the_device() {
+    let (mut dev, _ep, host) = paired(NetRateLimits::default());
+    let metrics = dev.metrics();
+    let mut g = Guest::new(1526);
+    g.activate(&mut dev, PLAIN, 0);
+    g.tx.set_avail_idx(&g.mem, 1000);
+    g.rx.set_avail_idx(&g.mem, 1000);
+    dev.queue_notify(TX_QUEUE);
+    host.send(&host_frame(64, 1)).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let before = metrics.snapshot().passes;
+    std::thread::sleep(Duration::from_millis(200));
+    let passes = metrics.snapshot().passes - before;
+    assert!(passes < 20, "the backend made {passes} passes in 200 ms over queues it cannot use");
+    // And it does not hold the device: a pause (as a snapshot makes) returns at once.
+    let (done, paused) = std::sync::mpsc::channel();
+    let pauser = std::thread::spawn(move || {
+        dev.pause();
+        done.send(()).unwrap();
+        dev
+    });
+    assert!(paused.recv_timeout(WAIT).is_ok(), "pausing the device hung");
+    drop(pauser.join().unwrap());
+}
+
+#[test]
+fn a_receive_chain_the_device_may_not_write_is_given_back_empty() {
+    let (mut dev, _ep, host) = paired(NetRateLimits::default());
+    let metrics = dev.metrics();
+    let mut g = Guest::new(1526);
+    g.activate(&mut dev, PLAIN, 0);
+    // A device-readable buffer where a receive buffer belongs, then a good one.
+    g.rx.add(&g.mem, &[(&[], 1526, false)]).unwrap();
+    g.post_rx(1);
+    dev.queue_notify(RX_QUEUE);
+    host.send(&host_frame(100, 1)).unwrap();
+    let second = host_frame(80, 2);
+    host.send(&second).unwrap();
+    wait_until("the bad chain back", || metrics.snapshot().rx_dropped == 1);
+    let (_, got) = g.recv(&mut dev, WAIT).expect("the next frame, in the good buffer");
+    assert!(got == second[VNET_HDR_LEN..]);
+}
+
+#[test]
 fn with_mergeable_buffers_a_large_frame_spans_several() {
     let (mut dev, ep, host) = paired(NetRateLimits::default());
     let mut g = Guest::new(1526);
