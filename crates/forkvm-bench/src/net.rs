@@ -35,8 +35,8 @@ pub struct BenchNetArgs {
     /// ICMP round trips timed.
     #[arg(long, default_value_t = 20)]
     pub pings: usize,
-    /// MiB moved each way.
-    #[arg(long, default_value_t = 8)]
+    /// MiB moved each way (slow here: the guest's TCP stack is emulated).
+    #[arg(long, default_value_t = 1)]
     pub mib: usize,
     /// Skip the guest measurements (setup only).
     #[arg(long)]
