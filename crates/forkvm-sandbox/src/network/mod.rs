@@ -7,6 +7,8 @@
 //! the snapshot, stays right behind any tap. The guest gets its address from the kernel
 //! command line ([`guest_ip_arg`]); no DHCP client or `ip` runs in the guest.
 //!
+//! The namespace has no IPv6, so nothing in it talks to the guest unasked.
+//!
 //! Nothing names a sandbox's namespace: the VMM's tap descriptor keeps it alive, and the
 //! namespace, with everything in it, goes when the VMM does (a kill, a crash, a
 //! `kill -9`), so there is nothing to clean up and nothing that can leak.

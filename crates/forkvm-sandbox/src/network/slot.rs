@@ -75,6 +75,15 @@ fn make_in_new_namespace() -> Result<NetSlot, NetworkError> {
     }
     // SAFETY: just opened, owned by nothing else.
     let netns = unsafe { OwnedFd::from_raw_fd(raw) };
+    // No IPv6 in a sandbox's namespace (the guest has none): without this, the tap's
+    // link-local address sends solicitations and reports the emulated guest kernel pays
+    // for. A net sysctl acts in the namespace of the thread that opens it.
+    for conf in ["all", "default"] {
+        match std::fs::write(format!("/proc/sys/net/ipv6/conf/{conf}/disable_ipv6"), "1") {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(failed("ipv6", "turning it off", e)),
+            _ => {}
+        }
+    }
     let tap = Tap::open_named(TAP_NAME)?;
     let ifc = Ifconfig::new().map_err(|e| failed("lo", "a socket for interface calls", e))?;
     ifc.up("lo").map_err(|e| failed("lo", "up", e))?;

@@ -43,9 +43,21 @@ fn the_namespace_answers_the_guest_at_once_without_asking_who_it_is() {
         eprintln!("skipped: making a network namespace needs root");
         return;
     }
+    let host_ipv6 = std::fs::read_to_string("/proc/sys/net/ipv6/conf/all/disable_ipv6").ok();
     let slot = NetSlot::create().unwrap();
     let tap = tap_of(&slot);
     assert_eq!(tap.name(), TAP_NAME);
+    // Nothing talks to the guest unasked (no IPv6 solicitations or reports).
+    std::thread::sleep(Duration::from_millis(300));
+    let mut buf = vec![0u8; 65562];
+    assert!(tap.read(&mut buf).is_err(), "the namespace sent the guest a frame unasked");
+    let inside = slot.run_inside(|| std::fs::read_to_string("/proc/sys/net/ipv6/conf/tap0/disable_ipv6").ok()).unwrap();
+    assert!(inside.is_none() || inside.as_deref() == Some("1\n"), "IPv6 on the tap: {inside:?}");
+    assert_eq!(
+        std::fs::read_to_string("/proc/sys/net/ipv6/conf/all/disable_ipv6").ok(),
+        host_ipv6,
+        "the host's IPv6 setting changed"
+    );
     // An echo request straight to the gateway's MAC, as a restored guest sends one: the
     // reply must come without an ARP request first (the guest is a permanent neighbour).
     let mut frame = vec![0u8; 12];
