@@ -10,12 +10,15 @@
 
 pub mod device;
 
+pub mod backend_thread;
 pub use device::{ActivateContext, ActivateError, Interrupt, VirtioDevice, VirtioDeviceState};
 pub mod blk;
 pub mod mmio;
 pub mod net;
 pub mod ratelimit;
 pub mod rng;
+#[cfg(test)]
+mod test_ring;
 #[cfg(test)]
 mod test_utils;
 pub mod throttle;

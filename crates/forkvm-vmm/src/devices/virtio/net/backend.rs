@@ -17,6 +17,7 @@
 use super::frames::{read_tx_chain, write_rx_frame, Delivery};
 use super::metrics::{add, NetMetrics};
 use super::{tap_offloads, Tap, F_MRG_RXBUF, MAX_BUFFER_LEN, VNET_HDR_LEN};
+use crate::devices::virtio::backend_thread::BackendThread;
 use crate::devices::virtio::ratelimit::LogLimiter;
 use crate::devices::virtio::throttle::{Limiter, RateLimit};
 use crate::devices::virtio::Interrupt;
@@ -24,7 +25,6 @@ use std::io::{self, ErrorKind};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::GuestMemoryMmap;
@@ -358,30 +358,15 @@ impl Shared {
 /// The running backend thread; dropping it stops and joins the thread.
 #[derive(Debug)]
 pub struct Backend {
-    kick: Arc<EventFd>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    /// Held for its drop, which stops the thread.
+    _thread: BackendThread,
 }
 
 impl Backend {
     /// Starts the thread. `kick` must be a non-blocking eventfd.
     pub fn spawn(shared: Arc<Mutex<Shared>>, kick: Arc<EventFd>, ep: Arc<dyn FrameEndpoint>) -> io::Result<Backend> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let (thread_kick, thread_stop) = (kick.clone(), stop.clone());
-        let thread = std::thread::Builder::new()
-            .name("net-backend".into())
-            .spawn(move || run(&shared, &thread_kick, &thread_stop, &*ep))?;
-        Ok(Backend { kick, stop, thread: Some(thread) })
-    }
-}
-
-impl Drop for Backend {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        let _ = self.kick.write(1);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+        let thread = BackendThread::spawn("net-backend", kick, move |kick, stop| run(&shared, kick, stop, &*ep))?;
+        Ok(Backend { _thread: thread })
     }
 }
 

@@ -14,6 +14,7 @@ use super::metrics::VsockMetrics;
 use super::muxer::{ConnKey, Muxer};
 use super::packet::{read_tx_chain, RxBuffers, HDR_SIZE};
 use super::{EVENT_TRANSPORT_RESET, MAX_CONNECT_LINE, MAX_PENDING_CLIENTS};
+use crate::devices::virtio::backend_thread::BackendThread;
 use crate::devices::virtio::ratelimit::LogLimiter;
 use crate::devices::virtio::Interrupt;
 use std::collections::BTreeMap;
@@ -22,7 +23,6 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
@@ -266,31 +266,15 @@ pub fn parse_connect_line(line: &[u8]) -> Option<u32> {
 /// The running backend thread; dropping it stops and joins the thread.
 #[derive(Debug)]
 pub struct Backend {
-    kick: Arc<EventFd>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    /// Held for its drop, which stops the thread.
+    _thread: BackendThread,
 }
 
 impl Backend {
     /// Starts the thread. `kick` must be a non-blocking eventfd.
     pub fn spawn(shared: Arc<Mutex<Shared>>, kick: Arc<EventFd>) -> Result<Backend, BackendError> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let (thread_kick, thread_stop) = (kick.clone(), stop.clone());
-        let thread = std::thread::Builder::new()
-            .name("vsock-backend".into())
-            .spawn(move || run(&shared, &thread_kick, &thread_stop))
-            .map_err(BackendError::SpawnThread)?;
-        Ok(Backend { kick, stop, thread: Some(thread) })
-    }
-}
-
-impl Drop for Backend {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        let _ = self.kick.write(1);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+        let thread = BackendThread::spawn("vsock-backend", kick, move |kick, stop| run(&shared, kick, stop));
+        Ok(Backend { _thread: thread.map_err(BackendError::SpawnThread)? })
     }
 }
 
