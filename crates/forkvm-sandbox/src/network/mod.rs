@@ -58,15 +58,25 @@ pub enum NetworkError {
     Thread(std::io::Error),
 }
 
-/// Whether this process can give sandboxes a network: it may make namespaces and taps
-/// (root, with `/dev/net/tun`). Checked once, by making one.
+/// Turns sandbox networks off for this process when set to `off` (templates then boot,
+/// and are cached, without a NIC).
+pub const NETWORK_ENV: &str = "FORKVM_NETWORK";
+
+/// Whether this process gives sandboxes a network: it may make namespaces and taps
+/// (root, with `/dev/net/tun`) and [`NETWORK_ENV`] does not say `off`. Checked once, by
+/// making one.
 pub fn available() -> bool {
     static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AVAILABLE.get_or_init(|| match NetSlot::create() {
-        Ok(_) => true,
-        Err(e) => {
-            tracing::info!(error = %e, "sandboxes get no network here");
-            false
+    *AVAILABLE.get_or_init(|| {
+        if std::env::var(NETWORK_ENV).is_ok_and(|v| v == "off") {
+            return false;
+        }
+        match NetSlot::create() {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::info!(error = %e, "sandboxes get no network here");
+                false
+            }
         }
     })
 }
