@@ -14,10 +14,9 @@ use crate::artifacts::Artifacts;
 use crate::guest::{cmdline, IRQCHIP, MEM_MIB};
 use crate::start::in_process::boot_to_agent_with;
 use forkvm_vmm::arch::x86_64::cpuid::CpuTemplate;
-use forkvm_vmm::devices::attach::DeviceConfig;
 use forkvm_vmm::host::KvmUnavailable;
 use forkvm_vmm::PreparedSnapshot;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -84,24 +83,6 @@ impl TemplateSnapshot {
         }
         let p = forkvm_vmm::prepare(&self.dir).map_err(|e| PrepareError(e.to_string()))?;
         Ok(self.prepared.get_or_init(|| p))
-    }
-
-    /// Devices of a sandbox restored from this snapshot, with its own vsock socket,
-    /// directory for its disks' writable layers and, when the template has a network,
-    /// the tap of `net`.
-    pub fn devices(
-        &self,
-        vsock_uds: &Path,
-        disk_dir: &Path,
-        net: Option<&crate::network::NetSlot>,
-    ) -> Result<DeviceConfig, crate::source::SourceError> {
-        let source = crate::source::SpawnSource::from_template(self)?;
-        Ok(source.devices(vsock_uds, disk_dir, net.map(crate::network::NetSlot::tap_source)))
-    }
-
-    /// Whether the template's sandboxes have a network device.
-    pub fn has_network(&self) -> Result<bool, crate::source::SourceError> {
-        Ok(crate::source::SpawnSource::from_template(self)?.has_network())
     }
 }
 

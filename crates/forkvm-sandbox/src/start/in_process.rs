@@ -78,8 +78,11 @@ impl Sandbox {
         let uds = dir.vsock();
         let kvm = open_kvm()?;
         let prepared = template.prepared()?;
-        let net = if template.has_network()? { Some(NetSlot::create()?) } else { None };
-        let devices = template.devices(&uds, &dir.disks(), net.as_ref())?;
+        // One read of the snapshot's description for both: its devices, and whether they
+        // include a network (then this sandbox gets a namespace of its own).
+        let source = crate::source::SpawnSource::from_template(template)?;
+        let net = if source.has_network() { Some(NetSlot::create()?) } else { None };
+        let devices = source.devices(&uds, &dir.disks(), net.as_ref().map(NetSlot::tap_source));
         let vmm = forkvm_vmm::restore(&kvm, prepared, ConsoleOut::new(Some(log), None), &devices, false)
             .map_err(SandboxError::Restore)?;
         let client = AgentClient::vsock_uds(&uds, AGENT_PORT);
