@@ -26,6 +26,7 @@ use forkvm_snapshot::layered_disk::inspect;
 use forkvm_snapshot::{decode_vmstate, encode_vmstate, read_meta, write_meta_unsynced, Layer, SnapshotDir};
 use forkvm_vmm::devices::ioapic::Ioapic;
 use forkvm_vmm::devices::virtio::blk::Block;
+use forkvm_vmm::devices::virtio::net::{FrameEndpoint, Net};
 use forkvm_vmm::devices::virtio::mmio::{MmioTransport, MmioTransportState};
 use forkvm_vmm::devices::virtio::rng::Rng;
 use forkvm_vmm::devices::virtio::vsock::Vsock;
@@ -68,6 +69,7 @@ fn restore_transport(slot: usize, ts: &MmioTransportState) -> Option<MmioTranspo
             Box::new(Block::restore(&image, s).ok()?)
         }
         VirtioDeviceState::Vsock(s) => Box::new(Vsock::restore(s, dir.join(format!("v{slot}.sock"))).ok()?),
+        VirtioDeviceState::Net(s) => Box::new(Net::restore(s, Arc::new(PairEndpoint::new()), Default::default()).ok()?),
     };
     let mem = virtq::memory();
     let t = MmioTransport::restore(ts, device, mem, Arc::new(CountingInterrupt::default())).ok()?;
@@ -76,15 +78,46 @@ fn restore_transport(slot: usize, ts: &MmioTransportState) -> Option<MmioTranspo
 
 /// A restore may settle an edited state (the transport's negotiated features win over
 /// the device's own), but what it settles on must restore to itself: save → restore →
-/// save is a fixed point. A vsock backend thread moves ring positions on its own after
-/// activation, so vsock slots are only restored, not compared.
+/// save is a fixed point. A vsock or net backend thread moves ring positions on its own
+/// after activation, so those slots are only restored, not compared.
 fn check_transport(slot: usize, ts: &MmioTransportState) {
     let Some(first) = restore_transport(slot, ts) else { return };
-    if matches!(ts.device, VirtioDeviceState::Vsock(_)) {
+    if matches!(ts.device, VirtioDeviceState::Vsock(_) | VirtioDeviceState::Net(_)) {
         return;
     }
     let second = restore_transport(slot, &first).expect("a restored transport's own state must restore");
     assert_eq!(second, first, "virtio-mmio slot {slot}: save → restore → save is not a fixed point");
+}
+
+/// A network device's host side in the harness: one end of a datagram socket pair (a
+/// tap needs root and a namespace; the device only reads, writes and polls it).
+#[derive(Debug)]
+struct PairEndpoint {
+    sock: std::os::unix::net::UnixDatagram,
+    _peer: std::os::unix::net::UnixDatagram,
+}
+
+impl PairEndpoint {
+    fn new() -> PairEndpoint {
+        let (sock, peer) = std::os::unix::net::UnixDatagram::pair().expect("harness: a socket pair");
+        sock.set_nonblocking(true).expect("harness: non-blocking");
+        PairEndpoint { sock, _peer: peer }
+    }
+}
+
+impl FrameEndpoint for PairEndpoint {
+    fn raw_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.sock)
+    }
+    fn read_frame(&self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.sock.recv(buf)
+    }
+    fn write_frame(&self, frame: &[u8]) -> std::io::Result<usize> {
+        self.sock.send(frame)
+    }
+    fn set_offload(&self, _flags: u32) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// A block device's saved path is informational (a restore is given its own image).
