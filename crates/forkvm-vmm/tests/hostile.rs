@@ -28,6 +28,7 @@ use forkvm_vmm::vstate::irqchip::IrqchipMode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use test_net::is_root;
 use vm_memory::{Bytes, GuestAddress};
 
 /// Where the test's rings and buffers live in guest memory.
@@ -112,11 +113,6 @@ fn vsock_packet(g: &Guest, r: &Rings, len: u32, op: u16) {
     r.desc(g, 0, h, 44, F_NEXT, 1);
     r.desc(g, 1, r.data + 0x1000, 64, 0, 0);
     r.offer(g, 0);
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
 }
 
 fn boot_with_devices(dir: &std::path::Path) -> Guest {

@@ -37,11 +37,6 @@ const SLOT: u64 = 2048;
 /// Where the device's configuration space (its MAC) is in the register window.
 const CONFIG: u64 = 0x100;
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
 fn net_config(fd: OwnedFd) -> DeviceConfig {
     let net = NetConfig { tap: TapSource::Fd(Arc::new(fd)), mac: GUEST_MAC, rate_limits: Default::default() };
     DeviceConfig { net: Some(net), ..Default::default() }

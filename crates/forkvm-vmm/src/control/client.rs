@@ -147,13 +147,10 @@ impl ControlClient {
                 Some(TapSource::Named(_)) => {
                     return Err(ControlClientError::BadRequest("a fork child's tap must be a descriptor".into()))
                 }
-                None if taps.is_empty() => {}
-                None => {
-                    return Err(ControlClientError::BadRequest("either every fork child has a tap, or none".into()))
-                }
+                None => {}
             }
         }
-        if taps.len() != children.len() && !taps.is_empty() {
+        if !taps.is_empty() && taps.len() != children.len() {
             return Err(ControlClientError::BadRequest("either every fork child has a tap, or none".into()));
         }
         let req = Request::Fork { children, taps: taps.len() };

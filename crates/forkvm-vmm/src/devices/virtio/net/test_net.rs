@@ -57,6 +57,12 @@ pub fn tap_and_udp_in_test_netns(udp_port: Option<u16>) -> (Tap, Option<std::net
     .unwrap()
 }
 
+/// Whether the tests run as root (a tap in a namespace needs it).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
 /// "Who has 172.16.0.1? Tell 172.16.0.2", from the guest.
 pub fn arp_request() -> Vec<u8> {
     let arp = ArpPacket::new(

@@ -19,11 +19,6 @@ const WAIT: Duration = Duration::from_secs(5);
 /// Features a Linux guest acks without offloads.
 const PLAIN: u64 = crate::devices::virtio::device::VIRTIO_F_VERSION_1 | F_MAC | F_EVENT_IDX;
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
 /// The next received frame `pick` accepts (the namespace's kernel sends IPv6 chatter
 /// of its own, skipped); panics after [`WAIT`].
 fn recv_where<T>(g: &mut Guest, dev: &mut Net, mut pick: impl FnMut(&[u8]) -> Option<T>) -> T {
