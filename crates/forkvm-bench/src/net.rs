@@ -1,9 +1,13 @@
 //! `forkvm bench net`: what a sandbox's network costs and carries, as one JSON object.
 //!
-//! * `setup`: making one sandbox's namespace and tap (`network::NetSlot::create`), wall
-//!   time and host CPU (this process's, all threads), medians of `--runs`. Host-side and
-//!   real on any host: what each child adds to a spawn while slots are made on the
-//!   critical path.
+//! * `setup`: making one sandbox's network (`network::NetSlot::create_with`), wall time
+//!   and host CPU (this process's, all threads, and the `nft` it runs), medians of
+//!   `--runs`: `bare`, a namespace and its tap without a way out; `linked`, the same
+//!   linked to an uplink (veth pair, addresses, route, the namespace's rules). The
+//!   uplink is a fake internet this benchmark makes, so it never touches the host's
+//!   network; `uplink_first_us` is the one-time setup of that uplink (forwarding, its
+//!   table). Host-side and real on any host: what each child adds to a spawn while
+//!   slots are made on the critical path.
 //! * `guest`: in one sandbox of `--image`, against a listener in its own namespace:
 //!   `rtt_us`, ICMP echo round trips answered by the guest kernel (median of `--pings`);
 //!   `to_guest_mib_s` and `from_guest_mib_s`, one TCP transfer of `--mib` each way
@@ -16,6 +20,8 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use forkvm_image::progress::ProgressView;
 use forkvm_proto::ExecRequest;
+use forkvm_sandbox::network::fake_internet::FakeInternet;
+use forkvm_sandbox::network::uplink::Uplink;
 use forkvm_sandbox::network::{NetSlot, GATEWAY_IP, GUEST_IP};
 use forkvm_sandbox::{ensure_template_snapshot, Artifacts, Sandbox};
 use serde_json::json;
@@ -46,32 +52,48 @@ pub struct BenchNetArgs {
     pub json: bool,
 }
 
-/// CPU time of this whole process (every thread), in microseconds.
+/// CPU time of this whole process (every thread) and of its waited-for children, in
+/// microseconds.
 fn process_cpu_us() -> f64 {
-    // SAFETY: getrusage fills a struct we own.
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: as above; RUSAGE_SELF is valid.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
-    let t = |tv: libc::timeval| tv.tv_sec as f64 * 1e6 + tv.tv_usec as f64;
-    t(u.ru_utime) + t(u.ru_stime)
+    let usage = |who| {
+        // SAFETY: getrusage fills a struct we own.
+        let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: as above; RUSAGE_SELF and RUSAGE_CHILDREN are valid.
+        unsafe { libc::getrusage(who, &mut u) };
+        let t = |tv: libc::timeval| tv.tv_sec as f64 * 1e6 + tv.tv_usec as f64;
+        t(u.ru_utime) + t(u.ru_stime)
+    };
+    usage(libc::RUSAGE_SELF) + usage(libc::RUSAGE_CHILDREN)
+}
+
+/// Medians of wall time and host CPU of making `runs` slots linked to `uplink`.
+fn time_slots(uplink: &Uplink, runs: usize) -> Result<serde_json::Value> {
+    let (mut wall, mut cpu) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        let (t, c) = (Instant::now(), process_cpu_us());
+        let slot = NetSlot::create_with(uplink).context("making a sandbox network (root, /dev/net/tun, nft)")?;
+        wall.push(t.elapsed().as_secs_f64() * 1e6);
+        cpu.push(process_cpu_us() - c);
+        drop(slot);
+    }
+    Ok(json!({ "wall_us": r2(median(&mut wall)), "host_cpu_us": r2(median(&mut cpu)) }))
 }
 
 pub fn run(a: BenchNetArgs) -> Result<i32> {
     if a.runs == 0 || a.pings == 0 || a.mib == 0 {
         bail!("--runs, --pings and --mib must be at least 1");
     }
-    let (mut wall, mut cpu) = (Vec::new(), Vec::new());
-    for _ in 0..a.runs {
-        let (t, c) = (Instant::now(), process_cpu_us());
-        let slot = NetSlot::create().context("making a sandbox network (root, /dev/net/tun)")?;
-        wall.push(t.elapsed().as_secs_f64() * 1e6);
-        cpu.push(process_cpu_us() - c);
-        drop(slot);
-    }
+    let bare = time_slots(&Uplink::None, a.runs)?;
+    let internet = FakeInternet::create().context("a fake internet to link the slots to")?;
+    let uplink = internet.uplink()?;
+    let first = Instant::now();
+    drop(NetSlot::create_with(&uplink).context("the first slot on the uplink")?);
+    let uplink_first_us = first.elapsed().as_secs_f64() * 1e6;
+    let linked = time_slots(&uplink, a.runs)?;
     let mut out = json!({
         "benchmark": "net",
         "machine": machine(),
-        "setup": { "runs": a.runs, "wall_us": r2(median(&mut wall)), "host_cpu_us": r2(median(&mut cpu)) },
+        "setup": { "runs": a.runs, "bare": bare, "linked": linked, "uplink_first_us": r2(uplink_first_us) },
     });
     if !a.no_guest {
         out["guest"] = guest(&a)?;

@@ -3,12 +3,31 @@
 //! sandbox from it (~0.3 s) instead of booting (~30–90 s here).
 
 use forkvm_proto::{ExecRequest, MkdirRequest, WriteFileRequest};
+use forkvm_sandbox::network::fake_internet::{self, FakeInternet};
+use forkvm_sandbox::network::uplink;
 use forkvm_sandbox::{ensure_template_snapshot, Artifacts, Sandbox, TemplateSnapshot};
 use std::sync::OnceLock;
+
+/// The one uplink of this process's sandboxes (root only): a fake internet, so that no
+/// sandbox under test reaches any other address.
+fn internet() -> Option<&'static FakeInternet> {
+    static I: OnceLock<Option<FakeInternet>> = OnceLock::new();
+    I.get_or_init(|| {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return None;
+        }
+        let internet = FakeInternet::create().expect("a fake internet");
+        uplink::configure(internet.uplink().unwrap()).expect("the uplink is chosen before any sandbox");
+        Some(internet)
+    })
+    .as_ref()
+}
 
 fn template() -> &'static TemplateSnapshot {
     static T: OnceLock<TemplateSnapshot> = OnceLock::new();
     T.get_or_init(|| {
+        internet();
         let artifacts =
             Artifacts::ensure("tiny", &mut |_| {}).expect("kernel and tiny image (see scripts/prepare-guest)");
         ensure_template_snapshot(artifacts).expect("template snapshot")
@@ -186,6 +205,59 @@ fn eval_in_the_warm_interpreter_returns_reprs_and_tracebacks() {
 
 /// Serves one HTTP request on `listener` (non-blocking; bounded by a deadline) with
 /// `body`; the peer's address.
+#[test]
+fn two_clones_fetch_from_the_internet_at_once_and_never_reach_their_uplink() {
+    let Some(internet) = internet() else {
+        eprintln!("skipped: sandbox networks need root");
+        return;
+    };
+    let (a, b) = (sandbox(), sandbox());
+    let listener = internet.run_inside(|| std::net::TcpListener::bind((fake_internet::HOST_IP, 80))).unwrap().unwrap();
+    let router = internet.run_in_router(|| std::net::TcpListener::bind(("0.0.0.0", 8081))).unwrap().unwrap();
+    let server = serve_n(listener, 2, "hello from the internet");
+    // Busybox's wget crashes when given -T here: `timeout` bounds it.
+    let fetch = format!("timeout 60 wget -q -O - http://{}/", fake_internet::HOST_IP);
+
+    let (out_a, out_b) = std::thread::scope(|s| {
+        let fetch_a = s.spawn(|| a.client.exec_collect(&ExecRequest::shell(&fetch), b"").unwrap());
+        let fetch_b = s.spawn(|| b.client.exec_collect(&ExecRequest::shell(&fetch), b"").unwrap());
+        (fetch_a.join().unwrap(), fetch_b.join().unwrap())
+    });
+    for out in [&out_a, &out_b] {
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "hello from the internet",
+            "stderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let peers = server.join().unwrap();
+    assert!(peers.iter().all(|p| p.ip() == std::net::IpAddr::V4(fake_internet::ROUTER_IP)), "{peers:?}");
+    // The uplink's own services (the host's, in production) are closed to sandboxes.
+    let gateway = a.network().and_then(|n| n.link()).expect("linked to the uplink").outer_ip();
+    let probe = ExecRequest::shell(format!("timeout 5 wget -q -O - http://{gateway}:8081/ && echo reached"));
+    let out = a.client.exec_collect(&probe, b"").unwrap();
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("reached"), "a sandbox reached its uplink");
+    router.set_nonblocking(true).unwrap();
+    assert!(router.accept().is_err(), "the uplink saw a connection from a sandbox");
+}
+
+/// Serves `n` HTTP requests on `listener` with `body`; returns the peers.
+fn serve_n(
+    listener: std::net::TcpListener,
+    n: usize,
+    body: &'static str,
+) -> std::thread::JoinHandle<Vec<std::net::SocketAddr>> {
+    std::thread::spawn(move || {
+        let mut peers = Vec::new();
+        for _ in 0..n {
+            let one = listener.try_clone().unwrap();
+            peers.push(serve_once(one, body.to_string()).join().unwrap());
+        }
+        peers
+    })
+}
+
 fn serve_once(listener: std::net::TcpListener, body: String) -> std::thread::JoinHandle<std::net::SocketAddr> {
     use std::io::{Read, Write};
     std::thread::spawn(move || {

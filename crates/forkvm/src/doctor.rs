@@ -127,18 +127,31 @@ fn jail_check(checks: &mut Vec<Value>) {
     checks.push(check("vmm-jail", ok, detail));
 }
 
-/// Whether sandboxes get a network here: one namespace and tap made and set up, timed.
+/// Whether sandboxes get a network here: one namespace and tap made and set up, and
+/// linked to the uplink (its rules installed), timed.
 fn network_check(checks: &mut Vec<Value>) {
+    use forkvm_sandbox::network::{uplink, NetSlot};
     let started = std::time::Instant::now();
-    let (ok, detail) = match forkvm_sandbox::network::NetSlot::create() {
-        Ok(_) => (
-            true,
-            format!(
-                "a sandbox network (namespace, tap with virtio headers, its address) made in {:.2} ms; sandboxes get a NIC",
-                started.elapsed().as_secs_f64() * 1e3
-            ),
-        ),
-        Err(e) => (false, format!("sandboxes get no network here (root and /dev/net/tun are needed): {e}")),
+    let (ok, detail) = match uplink::current().and_then(|u| NetSlot::create_with(u).map(|slot| (u, slot))) {
+        Ok((u, slot)) => {
+            let way_out = match slot.link() {
+                Some(link) => format!(
+                    "linked to the uplink, {} ({} at {}; the table inet forkvm there)",
+                    u.describe(),
+                    link.outer_name(),
+                    link.outer_ip()
+                ),
+                None => format!("no way out: the uplink is {}", u.describe()),
+            };
+            (
+                true,
+                format!(
+                    "a sandbox network (namespace, tap with virtio headers, its address) made in {:.2} ms, {way_out}",
+                    started.elapsed().as_secs_f64() * 1e3
+                ),
+            )
+        }
+        Err(e) => (false, format!("sandboxes get no network here (root, /dev/net/tun and nft are needed): {e}")),
     };
     checks.push(check("network", ok, detail));
 }

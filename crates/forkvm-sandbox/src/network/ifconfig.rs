@@ -112,4 +112,15 @@ impl Ifconfig {
         };
         self.call(libc::SIOCSARP, &mut req)
     }
+
+    /// Adds the default route through `gateway` (on the link whose subnet holds it).
+    pub fn add_default_route(&self, gateway: Ipv4Addr) -> io::Result<()> {
+        // SAFETY: rtentry is plain data (a null device pointer means "any"); zeroes are valid.
+        let mut route: libc::rtentry = unsafe { std::mem::zeroed() };
+        route.rt_dst = sockaddr_in(Ipv4Addr::UNSPECIFIED);
+        route.rt_genmask = sockaddr_in(Ipv4Addr::UNSPECIFIED);
+        route.rt_gateway = sockaddr_in(gateway);
+        route.rt_flags = libc::RTF_UP | libc::RTF_GATEWAY;
+        self.call(libc::SIOCADDRT, &mut route)
+    }
 }

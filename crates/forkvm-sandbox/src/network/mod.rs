@@ -13,11 +13,23 @@
 //! namespace, with everything in it, goes when the VMM does (a kill, a crash, a
 //! `kill -9`), so there is nothing to clean up and nothing that can leak.
 //!
+//! The way out is a veth pair to the process's uplink ([`uplink`]: the host, a
+//! namespace a test made, or none), with the guest's traffic translated to the link's
+//! own address, so clones that share one guest address stay apart on the uplink.
+//!
 //! Files: [`slot`] (making one namespace and its tap), [`ifconfig`] (the interface
-//! calls that set it up).
+//! calls that set it up), [`egress`] (the link to the uplink), [`addressing`] (the
+//! links' names and addresses), [`rules`] (the packet filter), [`uplink`] (choosing it), [`veth`] (pairs over netlink), [`fake_internet`]
+//! (an uplink for tests: a router and one host, in namespaces of their own).
 
+pub mod addressing;
+mod egress;
+pub mod fake_internet;
 pub mod ifconfig;
+pub mod rules;
 pub mod slot;
+pub mod uplink;
+pub mod veth;
 
 pub use slot::NetSlot;
 
@@ -56,6 +68,10 @@ pub enum NetworkError {
     Interface { interface: String, step: &'static str, source: std::io::Error },
     #[error("the thread that sets up a sandbox's network: {0}")]
     Thread(std::io::Error),
+    #[error("the sandboxes' uplink ({UPLINK_ENV}): {0}", UPLINK_ENV = uplink::UPLINK_ENV)]
+    Uplink(String),
+    #[error("installing {what} (nft; Debian package nftables, or {UPLINK_ENV}=none): {detail}", UPLINK_ENV = uplink::UPLINK_ENV)]
+    Rules { what: &'static str, detail: String },
 }
 
 /// Turns sandbox networks off for this process when set to `off` (templates then boot,
@@ -64,14 +80,15 @@ pub const NETWORK_ENV: &str = "FORKVM_NETWORK";
 
 /// Whether this process gives sandboxes a network: it may make namespaces and taps
 /// (root, with `/dev/net/tun`) and [`NETWORK_ENV`] does not say `off`. Checked once, by
-/// making one.
+/// making one without a link (a broken uplink is an error of each start that needs it,
+/// naming what failed, not a template without a NIC).
 pub fn available() -> bool {
     static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *AVAILABLE.get_or_init(|| {
         if std::env::var(NETWORK_ENV).is_ok_and(|v| v == "off") {
             return false;
         }
-        match NetSlot::create() {
+        match NetSlot::create_with(&uplink::Uplink::None) {
             Ok(_) => true,
             Err(e) => {
                 tracing::info!(error = %e, "sandboxes get no network here");
@@ -81,5 +98,7 @@ pub fn available() -> bool {
     })
 }
 
+#[cfg(test)]
+mod egress_tests;
 #[cfg(test)]
 mod tests;

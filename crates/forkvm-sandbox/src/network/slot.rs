@@ -2,12 +2,18 @@
 //! thread leaves this process's namespace (`unshare`), makes and sets up the tap there,
 //! and ends; the namespace stays for as long as a descriptor refers to it.
 //!
+//! Where the process has an uplink ([`super::uplink`]), the namespace is linked to it
+//! ([`super::egress`]) while it is made: the slot comes ready, or not at all.
+//!
 //! A slot holds two: the tap, which goes to the VMM, and the namespace itself, with
 //! which this process can act inside it later ([`NetSlot::run_inside`]: a listener a test
 //! talks to, and later the DNS forwarder and exposed ports). Dropping the slot closes
 //! both here; the VMM's tap alone then keeps the namespace, until the VMM ends.
 
+use super::addressing::LinkIndex;
+use super::egress::Outside;
 use super::ifconfig::Ifconfig;
+use super::uplink::{self, Uplink};
 use super::{NetworkError, GATEWAY_IP, GUEST_IP, GUEST_MAC, NETMASK, TAP_MAC, TAP_NAME};
 use forkvm_vmm::devices::attach::TapSource;
 use forkvm_vmm::devices::virtio::net::Tap;
@@ -19,6 +25,7 @@ use std::sync::Arc;
 pub struct NetSlot {
     tap: Arc<OwnedFd>,
     netns: OwnedFd,
+    link: Option<LinkIndex>,
 }
 
 impl NetSlot {
@@ -26,18 +33,31 @@ impl NetSlot {
     pub fn namespace(&self) -> &OwnedFd {
         &self.netns
     }
+
+    /// The link to the uplink, if the namespace has a way out.
+    pub fn link(&self) -> Option<LinkIndex> {
+        self.link
+    }
 }
 
 impl NetSlot {
     /// Makes a namespace with the tap [`TAP_NAME`] in it: MAC [`TAP_MAC`], address
-    /// [`GATEWAY_IP`], up, the guest a permanent neighbour; loopback up.
+    /// [`GATEWAY_IP`], up, the guest a permanent neighbour; loopback up; linked to this
+    /// process's uplink ([`uplink::current`]).
     pub fn create() -> Result<NetSlot, NetworkError> {
-        let made = std::thread::Builder::new()
-            .name("net-slot".into())
-            .spawn(make_in_new_namespace)
-            .map_err(NetworkError::Thread)?
-            .join();
-        made.unwrap_or_else(|_| Err(NetworkError::Thread(std::io::Error::other("it panicked"))))
+        NetSlot::create_with(uplink::current()?)
+    }
+
+    /// [`NetSlot::create`], linked to `uplink`.
+    pub fn create_with(uplink: &Uplink) -> Result<NetSlot, NetworkError> {
+        std::thread::scope(|scope| {
+            let made = std::thread::Builder::new()
+                .name("net-slot".into())
+                .spawn_scoped(scope, || make_in_new_namespace(uplink))
+                .map_err(NetworkError::Thread)?
+                .join();
+            made.unwrap_or_else(|_| Err(NetworkError::Thread(std::io::Error::other("it panicked"))))
+        })
     }
 
     /// The tap, as a VMM's device config takes it.
@@ -62,19 +82,20 @@ impl NetSlot {
 }
 
 /// On a thread of its own: a new namespace, and the slot in it.
-fn make_in_new_namespace() -> Result<NetSlot, NetworkError> {
-    // SAFETY: unshare affects only this thread, which ends after this function.
-    if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-        return Err(NetworkError::Unshare(std::io::Error::last_os_error()));
-    }
-    let path = c"/proc/thread-self/ns/net";
-    // SAFETY: a NUL-terminated path; the descriptor is ours.
-    let raw = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
-    if raw < 0 {
-        return Err(NetworkError::OpenNamespace(std::io::Error::last_os_error()));
-    }
-    // SAFETY: just opened, owned by nothing else.
-    let netns = unsafe { OwnedFd::from_raw_fd(raw) };
+fn make_in_new_namespace(uplink: &Uplink) -> Result<NetSlot, NetworkError> {
+    let outside = match uplink {
+        Uplink::None => None,
+        Uplink::Host => Some(Outside::here()?),
+        Uplink::Namespace(fd) => {
+            // SAFETY: setns on this thread, which ends after this function.
+            if unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                return Err(NetworkError::Uplink(format!("entering it: {}", std::io::Error::last_os_error())));
+            }
+            Some(Outside::here()?)
+        }
+    };
+    // This thread ends after this function.
+    let netns = unshare_thread()?;
     // No IPv6 in a sandbox's namespace (the guest has none): without this, the tap's
     // link-local address sends solicitations and reports the emulated guest kernel pays
     // for. A net sysctl acts in the namespace of the thread that opens it.
@@ -92,7 +113,29 @@ fn make_in_new_namespace() -> Result<NetSlot, NetworkError> {
     ifc.up(TAP_NAME).map_err(|e| failed(TAP_NAME, "up", e))?;
     ifc.add_permanent_neighbour(TAP_NAME, GUEST_IP, GUEST_MAC)
         .map_err(|e| failed(TAP_NAME, "the guest as neighbour", e))?;
-    Ok(NetSlot { tap: Arc::new(tap.into_fd()), netns })
+    let link = match outside {
+        Some(outside) => Some(outside.join(&netns, &ifc)?),
+        None => None,
+    };
+    Ok(NetSlot { tap: Arc::new(tap.into_fd()), netns, link })
+}
+
+/// Moves the calling thread into a new network namespace and returns its descriptor.
+/// The caller's thread should end soon after (or never do anything else): it has left
+/// the process's namespace for good.
+pub fn unshare_thread() -> Result<OwnedFd, NetworkError> {
+    // SAFETY: unshare affects only this thread.
+    if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+        return Err(NetworkError::Unshare(std::io::Error::last_os_error()));
+    }
+    let path = c"/proc/thread-self/ns/net";
+    // SAFETY: a NUL-terminated path; the descriptor is ours.
+    let raw = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if raw < 0 {
+        return Err(NetworkError::OpenNamespace(std::io::Error::last_os_error()));
+    }
+    // SAFETY: just opened, owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
 }
 
 fn failed(interface: &str, step: &'static str, source: std::io::Error) -> NetworkError {

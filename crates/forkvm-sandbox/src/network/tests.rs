@@ -44,7 +44,7 @@ fn the_namespace_answers_the_guest_at_once_without_asking_who_it_is() {
         return;
     }
     let host_ipv6 = std::fs::read_to_string("/proc/sys/net/ipv6/conf/all/disable_ipv6").ok();
-    let slot = NetSlot::create().unwrap();
+    let slot = NetSlot::create_with(&uplink::Uplink::None).unwrap();
     let tap = tap_of(&slot);
     assert_eq!(tap.name(), TAP_NAME);
     // Nothing talks to the guest unasked (no IPv6 solicitations or reports).
@@ -83,7 +83,7 @@ fn sockets_made_inside_are_on_the_guests_link_and_nothing_is_left_after() {
         eprintln!("skipped: making a network namespace needs root");
         return;
     }
-    let slot = NetSlot::create().unwrap();
+    let slot = NetSlot::create_with(&uplink::Uplink::None).unwrap();
     let inside = slot.run_inside(|| std::net::TcpListener::bind((GATEWAY_IP, 0)).map(|l| l.local_addr().unwrap()));
     assert!(inside.unwrap().is_ok(), "the gateway address is bound inside");
     assert!(std::net::TcpListener::bind((GATEWAY_IP, 0)).is_err(), "the host's namespace has no such address");
