@@ -244,6 +244,10 @@ pub fn main(parent: libc::pid_t, run_root: &Path, store_root: &Path, seccomp: Se
     if jail == Jail::Off {
         registry = registry.without_jail();
     }
+    // Sandbox networks come from here: slots are made ahead, off the spawn path.
+    if forkvm_sandbox::network::available() {
+        forkvm_sandbox::network::pool::start();
+    }
     serve(parent, stream, &registry, &Store::open(store_root))
 }
 

@@ -9,13 +9,14 @@
 //! Only descriptors keep them: dropping the value (and every uplink made from it, and
 //! every sandbox linked to it) removes everything, also when a test fails.
 
+use super::enter::run_in;
 use super::ifconfig::Ifconfig;
 use super::slot::unshare_thread;
 use super::uplink::Uplink;
 use super::veth::Netlink;
 use super::NetworkError;
 use std::net::Ipv4Addr;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 
 /// The router's address on the fake internet: sandbox traffic arrives from it.
 pub const ROUTER_IP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 1);
@@ -54,19 +55,6 @@ impl FakeInternet {
     pub fn run_in_router<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T, NetworkError> {
         run_in(&self.router, f)
     }
-}
-
-fn run_in<T: Send + 'static>(ns: &OwnedFd, f: impl FnOnce() -> T + Send + 'static) -> Result<T, NetworkError> {
-    let ns = ns.try_clone().map_err(NetworkError::OpenNamespace)?;
-    let thread = std::thread::Builder::new().name("fake-internet-inside".into()).spawn(move || {
-        // SAFETY: setns on this thread with a namespace descriptor we own.
-        if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-            return Err(NetworkError::Enter(std::io::Error::last_os_error()));
-        }
-        Ok(f())
-    });
-    let joined = thread.map_err(NetworkError::Thread)?.join();
-    joined.unwrap_or_else(|_| Err(NetworkError::Thread(std::io::Error::other("it panicked"))))
 }
 
 fn build() -> Result<FakeInternet, NetworkError> {

@@ -19,13 +19,16 @@
 //!
 //! Files: [`slot`] (making one namespace and its tap), [`ifconfig`] (the interface
 //! calls that set it up), [`egress`] (the link to the uplink), [`addressing`] (the
-//! links' names and addresses), [`rules`] (the packet filter), [`uplink`] (choosing it), [`veth`] (pairs over netlink), [`fake_internet`]
+//! links' names and addresses), [`rules`] (the packet filter), [`pool`] (slots made ahead), [`enter`] (a running sandbox's
+//! namespace, found again from its VMM), [`uplink`] (choosing it), [`veth`] (pairs over netlink), [`fake_internet`]
 //! (an uplink for tests: a router and one host, in namespaces of their own).
 
 pub mod addressing;
 mod egress;
+pub mod enter;
 pub mod fake_internet;
 pub mod ifconfig;
+pub mod pool;
 pub mod rules;
 pub mod slot;
 pub mod uplink;

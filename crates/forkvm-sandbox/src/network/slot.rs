@@ -68,16 +68,7 @@ impl NetSlot {
     /// Runs `f` on a thread inside the slot's namespace (sockets it makes belong there)
     /// and returns what it returns.
     pub fn run_inside<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T, NetworkError> {
-        let ns = self.netns.try_clone().map_err(NetworkError::OpenNamespace)?;
-        let thread = std::thread::Builder::new().name("net-slot-inside".into()).spawn(move || {
-            // SAFETY: setns on this thread with a namespace descriptor we own.
-            if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                return Err(NetworkError::Enter(std::io::Error::last_os_error()));
-            }
-            Ok(f())
-        });
-        let joined = thread.map_err(NetworkError::Thread)?.join();
-        joined.unwrap_or_else(|_| Err(NetworkError::Thread(std::io::Error::other("it panicked"))))
+        super::enter::run_in(&self.netns, f)
     }
 }
 

@@ -110,3 +110,37 @@ fn sockets_made_inside_are_on_the_guests_link_and_nothing_is_left_after() {
 fn the_guest_is_configured_from_the_command_line() {
     assert_eq!(guest_ip_arg(), "ip=172.16.0.2::172.16.0.1:255.255.255.252::eth0:off");
 }
+
+#[test]
+fn a_running_sandboxs_namespace_is_found_again_from_its_vmm_alone() {
+    if !is_root() {
+        eprintln!("skipped: making a network namespace needs root");
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let slot = NetSlot::create_with(&uplink::Uplink::None).unwrap();
+    let TapSource::Fd(tap) = slot.tap_source() else { unreachable!("a slot's tap is a descriptor") };
+    let raw = tap.as_raw_fd();
+    // A stand-in VMM: a process whose only tap is the slot's, at descriptor 3.
+    let mut cmd = std::process::Command::new("sleep");
+    cmd.arg("30");
+    // SAFETY: dup2 is async-signal-safe; it runs in the child between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || if libc::dup2(raw, 3) < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) });
+    }
+    let mut vmm = cmd.spawn().unwrap();
+    let mut without_tap = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    let inode = |fd: &std::os::fd::OwnedFd| {
+        let meta = std::fs::metadata(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
+        std::os::unix::fs::MetadataExt::ino(&meta)
+    };
+    let found = enter::namespace_of_vmm(vmm.id() as i32);
+    let refused = enter::namespace_of_vmm(without_tap.id() as i32);
+    for child in [&mut vmm, &mut without_tap] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    assert_eq!(inode(&found.unwrap()), inode(slot.namespace()));
+    let refused = refused.expect_err("a process without a tap has no sandbox namespace").to_string();
+    assert!(refused.contains("no tap"), "{refused}");
+}

@@ -270,7 +270,7 @@ pub fn start_disk_fork(
     let vsock = batch.records()[0].vsock();
     // Its own network namespace (the VMM's tap keeps it) when templates have a network.
     let net = if crate::guest::has_network() {
-        Some(crate::network::NetSlot::create().map_err(|e| step("making its network", e.to_string()))?)
+        Some(crate::network::pool::take().map_err(|e| step("making its network", e.to_string()))?)
     } else {
         None
     };

@@ -81,7 +81,7 @@ impl Sandbox {
         // One read of the snapshot's description for both: its devices, and whether they
         // include a network (then this sandbox gets a namespace of its own).
         let source = crate::source::SpawnSource::from_template(template)?;
-        let net = if source.has_network() { Some(NetSlot::create()?) } else { None };
+        let net = if source.has_network() { Some(crate::network::pool::take()?) } else { None };
         let devices = source.devices(&uds, &dir.disks(), net.as_ref().map(NetSlot::tap_source));
         let vmm = forkvm_vmm::restore(&kvm, prepared, ConsoleOut::new(Some(log), None), &devices, false)
             .map_err(SandboxError::Restore)?;
@@ -149,7 +149,7 @@ pub fn boot_to_agent_with(
     let m = machine(artifacts, cpu);
     // A template with a network boots with one (its own namespace, gone with the VM), so
     // that the guest's driver and address are in the snapshot.
-    let net = if crate::guest::has_network() { Some(NetSlot::create()?) } else { None };
+    let net = if crate::guest::has_network() { Some(crate::network::pool::take()?) } else { None };
     let vmm = forkvm_vmm::boot(
         &kvm,
         BootConfig {

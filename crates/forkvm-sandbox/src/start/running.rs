@@ -47,7 +47,7 @@ pub fn fork_running_as(
     let status = call(&source, |c| c.status())?;
     if status.devices.iter().any(|k| k == "net") {
         for child in &mut children {
-            child.tap = Some(crate::network::NetSlot::create().map_err(super::SpawnError::from)?.tap_source());
+            child.tap = Some(crate::network::pool::take().map_err(super::SpawnError::from)?.tap_source());
         }
     }
     let report: ForkReport = call(&source, |c| c.fork(children))?;

@@ -85,7 +85,7 @@ pub fn start_vmms(
     for i in 0..ids.len() {
         let r = &batch.records()[i];
         // Its own network namespace; its VMM's tap alone keeps it once spawned.
-        let net = if source.has_network() { Some(crate::network::NetSlot::create()?) } else { None };
+        let net = if source.has_network() { Some(crate::network::pool::take()?) } else { None };
         let devices = source.devices(&r.vsock(), &r.disk_dir(), net.as_ref().map(crate::network::NetSlot::tap_source));
         let spec = batch.vmm_spec(i, devices)?;
         let pid = zygote.spawn(spec)?;

@@ -1,0 +1,69 @@
+//! Finding a running sandbox's namespace again, from its VMM: nothing names a sandbox's
+//! namespace (its VMM's tap is what keeps it), so the way back in is that tap. This
+//! process takes a copy of the VMM's tap descriptor (`pidfd_getfd`, which root may do
+//! to any process) and asks the tun driver for the namespace the tap lives in
+//! (`TUNGETDEVNETNS`). Works for any process that made the slot or not, after a daemon
+//! restart too, and leaves nothing behind: both descriptors are this process's own.
+
+use super::NetworkError;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+/// `TUNGETDEVNETNS` (`<linux/if_tun.h>`, `_IO('T', 227)`): a descriptor of the tap's
+/// network namespace.
+const TUNGETDEVNETNS: libc::c_ulong = 0x54e3;
+
+/// The network namespace of the sandbox whose VMM is `pid`.
+pub fn namespace_of_vmm(pid: i32) -> Result<OwnedFd, NetworkError> {
+    let failed = |step: &str, e: std::io::Error| {
+        NetworkError::Enter(std::io::Error::new(e.kind(), format!("{step} of VMM {pid}: {e}")))
+    };
+    // SAFETY: pidfd_open with a pid and no flags; the result is a new descriptor or -1.
+    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if raw < 0 {
+        return Err(failed("a pidfd", std::io::Error::last_os_error()));
+    }
+    // SAFETY: just made, owned by nothing else.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(raw as i32) };
+    let target = tap_descriptor(pid).map_err(|e| failed("the tap descriptor", e))?;
+    // SAFETY: pidfd_getfd with a pidfd we own, a descriptor number, no flags.
+    let raw = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), target, 0) };
+    if raw < 0 {
+        return Err(failed("a copy of the tap", std::io::Error::last_os_error()));
+    }
+    // SAFETY: just made, owned by nothing else.
+    let tap = unsafe { OwnedFd::from_raw_fd(raw as i32) };
+    // SAFETY: an argument-less ioctl on a descriptor we own; the result is a new
+    // descriptor or -1.
+    let raw = unsafe { libc::ioctl(tap.as_raw_fd(), TUNGETDEVNETNS) };
+    if raw < 0 {
+        return Err(failed("the tap's namespace", std::io::Error::last_os_error()));
+    }
+    // SAFETY: just made, owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// The number of the VMM's descriptor that is a tap (the one open `/dev/net/tun`).
+fn tap_descriptor(pid: i32) -> std::io::Result<i32> {
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fd"))?.flatten() {
+        if std::fs::read_link(entry.path()).is_ok_and(|l| l.as_os_str() == "/dev/net/tun") {
+            if let Some(n) = entry.file_name().to_str().and_then(|n| n.parse().ok()) {
+                return Ok(n);
+            }
+        }
+    }
+    Err(std::io::Error::new(std::io::ErrorKind::NotFound, "it has no tap (a sandbox without a network)"))
+}
+
+/// Runs `f` on a thread inside the namespace `netns`.
+pub fn run_in<T: Send + 'static>(netns: &OwnedFd, f: impl FnOnce() -> T + Send + 'static) -> Result<T, NetworkError> {
+    let ns = netns.try_clone().map_err(NetworkError::OpenNamespace)?;
+    let thread = std::thread::Builder::new().name("net-inside".into()).spawn(move || {
+        // SAFETY: setns on this thread with a namespace descriptor we own.
+        if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            return Err(NetworkError::Enter(std::io::Error::last_os_error()));
+        }
+        Ok(f())
+    });
+    let joined = thread.map_err(NetworkError::Thread)?.join();
+    joined.unwrap_or_else(|_| Err(NetworkError::Thread(std::io::Error::other("it panicked"))))
+}
