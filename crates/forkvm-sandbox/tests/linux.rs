@@ -3,25 +3,38 @@
 //! sandbox from it (~0.3 s) instead of booting (~30–90 s here).
 
 use forkvm_proto::{ExecRequest, MkdirRequest, WriteFileRequest};
+use forkvm_sandbox::network::dns::upstream;
 use forkvm_sandbox::network::fake_internet::{self, FakeInternet};
 use forkvm_sandbox::network::uplink;
 use forkvm_sandbox::{ensure_template_snapshot, Artifacts, Sandbox, TemplateSnapshot};
 use std::sync::OnceLock;
 
 /// The one uplink of this process's sandboxes (root only): a fake internet, so that no
-/// sandbox under test reaches any other address.
+/// sandbox under test reaches any other address, answering DNS for a few names.
+struct Internet {
+    net: FakeInternet,
+    _dns: fake_internet::FakeDns,
+}
+
+/// A name under the fake internet's `*.cdn.example.test`, and its address.
+const CDN_HOST: std::net::Ipv4Addr = std::net::Ipv4Addr::new(203, 0, 113, 7);
+
 fn internet() -> Option<&'static FakeInternet> {
-    static I: OnceLock<Option<FakeInternet>> = OnceLock::new();
+    static I: OnceLock<Option<Internet>> = OnceLock::new();
     I.get_or_init(|| {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             return None;
         }
-        let internet = FakeInternet::create().expect("a fake internet");
-        uplink::configure(internet.uplink().unwrap()).expect("the uplink is chosen before any sandbox");
-        Some(internet)
+        let net = FakeInternet::create().expect("a fake internet");
+        let dns = net.serve_dns(&[("www.example.test", fake_internet::HOST_IP), ("*.cdn.example.test", CDN_HOST)]);
+        uplink::configure(net.uplink().unwrap()).expect("the uplink is chosen before any sandbox");
+        upstream::configure(vec![(fake_internet::HOST_IP, 53).into()])
+            .expect("the resolvers are chosen before any sandbox");
+        Some(Internet { _dns: dns.expect("the fake internet's DNS"), net })
     })
     .as_ref()
+    .map(|i| &i.net)
 }
 
 fn template() -> &'static TemplateSnapshot {
@@ -240,6 +253,27 @@ fn two_clones_fetch_from_the_internet_at_once_and_never_reach_their_uplink() {
     assert!(!String::from_utf8_lossy(&out.stdout).contains("reached"), "a sandbox reached its uplink");
     router.set_nonblocking(true).unwrap();
     assert!(router.accept().is_err(), "the uplink saw a connection from a sandbox");
+}
+
+#[test]
+fn a_sandbox_resolves_names_through_its_gateway_and_no_other_resolver() {
+    if internet().is_none() {
+        eprintln!("skipped: sandbox networks need root");
+        return;
+    }
+    let sb = sandbox();
+    // Its resolv.conf names the gateway; a query to any other resolver is answered there
+    // too (busybox's nslookup speaks DNS itself, with no NSS in between).
+    let probe = ExecRequest::shell(
+        "cat /etc/resolv.conf; nslookup www.example.test; nslookup img.cdn.example.test 9.9.9.9; \
+         nslookup missing.example.test; echo rc=$?",
+    );
+    let out = sb.client.exec_collect(&probe, b"").unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with("nameserver 172.16.0.1\n"), "{stdout}");
+    assert!(stdout.contains(&format!("Address: {}", fake_internet::HOST_IP)), "{stdout}");
+    assert!(stdout.contains(&format!("Address: {CDN_HOST}")), "{stdout}");
+    assert!(stdout.trim_end().ends_with("rc=1"), "a missing name is an error: {stdout}");
 }
 
 /// Serves `n` HTTP requests on `listener` with `body`; returns the peers.

@@ -16,10 +16,14 @@ use std::process::Command;
 /// Bump when the builder changes what it puts into an image of that base.
 fn builder_version(base: &Base) -> &'static str {
     match base {
-        Base::Busybox => "rootfs-1",
-        Base::Debian(_) => "rootfs-3-mmdebstrap-userns",
+        Base::Busybox => "rootfs-2-resolv",
+        Base::Debian(_) => "rootfs-4-mmdebstrap-userns-resolv",
     }
 }
+/// Every guest's `/etc/resolv.conf`: the gateway (172.16.0.1, forkvm-sandbox's
+/// `network::GATEWAY_IP`).
+pub const RESOLV_CONF: &str = "nameserver 172.16.0.1\noptions timeout:2 attempts:3\n";
+
 /// Directories every image has (mount points of the agent and the kernel).
 pub(crate) const DIRS: &[&str] = &[
     "bin", "sbin", "etc", "proc", "sys", "dev", "tmp", "run", "root", "usr/bin", "usr/sbin", "var", "overlay",
@@ -297,6 +301,11 @@ pub(crate) fn stage_common(root: &Path, agent: &[u8], t: &Template, owner: Optio
     tree.write("etc/hostname", "forkvm\n").map_err(err("writing /etc/hostname".into()))?;
     tree.set_permissions("etc/hostname", file_mode()).map_err(err("chmod /etc/hostname".into()))?;
     chown_file(&tree, "etc/hostname", owner).map_err(err("chown /etc/hostname".into()))?;
+    // The guest's resolver is its gateway, where every sandbox's namespace serves DNS
+    // (forkvm-sandbox's network::dns); never the build host's resolver.
+    tree.write("etc/resolv.conf", RESOLV_CONF).map_err(err("writing /etc/resolv.conf".into()))?;
+    tree.set_permissions("etc/resolv.conf", file_mode()).map_err(err("chmod /etc/resolv.conf".into()))?;
+    chown_file(&tree, "etc/resolv.conf", owner).map_err(err("chown /etc/resolv.conf".into()))?;
     for (path, content) in &t.files {
         let rel = path.trim_start_matches('/');
         if let Some(parent) = Path::new(rel).parent().filter(|p| !p.as_os_str().is_empty()) {

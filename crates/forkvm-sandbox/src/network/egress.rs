@@ -15,6 +15,9 @@ use super::veth::{Netlink, PairError};
 use super::{rules, uplink, NetworkError};
 use std::os::fd::OwnedFd;
 
+/// How long a slot waits for its link to turn operational.
+const LINK_READY: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// How many taken names a slot skips before it gives up.
 const INDEX_TRIES: usize = 64;
 
@@ -47,6 +50,16 @@ impl Outside {
         // A net sysctl acts in the namespace of the thread that opens it: the sandbox's.
         std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").map_err(step("forwarding", INNER_NAME))?;
         rules::apply(&rules::sandbox_rules(link), "the sandbox's table")?;
+        // The kernel makes a new link operational in a work item of its own (link
+        // watch), usually within a millisecond; until then the pair drops what it gets.
+        let deadline = std::time::Instant::now() + LINK_READY;
+        while !(self.ifc.is_running(&outer).unwrap_or(true) && inside.is_running(INNER_NAME).unwrap_or(true)) {
+            if std::time::Instant::now() > deadline {
+                tracing::warn!(link = %outer, "the sandbox's link is not operational after {LINK_READY:?}");
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
         Ok(link)
     }
 

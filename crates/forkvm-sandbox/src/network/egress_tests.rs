@@ -5,54 +5,10 @@
 
 use super::addressing::LINK_PREFIX;
 use super::fake_internet::{FakeInternet, HOST_IP, ROUTER_IP};
+use super::guest_frames::{is_root, recv_udp, send_udp, tap_of};
 use super::*;
-use etherparse::{PacketBuilder, SlicedPacket, TransportSlice};
-use forkvm_vmm::devices::attach::TapSource;
-use forkvm_vmm::devices::virtio::net::Tap;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-fn tap_of(slot: &NetSlot) -> Tap {
-    let TapSource::Fd(fd) = slot.tap_source() else { unreachable!("a slot's tap is a descriptor") };
-    Tap::from_fd(fd.try_clone().unwrap()).unwrap()
-}
-
-/// Writes a UDP datagram to `tap` as the guest would send it (from `src`).
-fn send_udp(tap: &Tap, src: Ipv4Addr, dst: SocketAddr, payload: &[u8]) {
-    let SocketAddr::V4(dst) = dst else { unreachable!("IPv4 only") };
-    let mut frame = vec![0u8; 12];
-    PacketBuilder::ethernet2(GUEST_MAC, TAP_MAC)
-        .ipv4(src.octets(), dst.ip().octets(), 64)
-        .udp(4000, dst.port())
-        .write(&mut frame, payload)
-        .unwrap();
-    tap.write(&frame).unwrap();
-}
-
-/// The payload of the next UDP datagram the guest receives on `tap`, with its source.
-fn recv_udp(tap: &Tap) -> (SocketAddr, Vec<u8>) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut buf = vec![0u8; 65562];
-    loop {
-        assert!(Instant::now() < deadline, "no datagram came back to the guest");
-        let Ok(n) = tap.read(&mut buf) else {
-            std::thread::sleep(Duration::from_millis(1));
-            continue;
-        };
-        let Ok(p) = SlicedPacket::from_ethernet(&buf[12..n]) else { continue };
-        let (Some(etherparse::NetSlice::Ipv4(ip)), Some(TransportSlice::Udp(udp))) = (&p.net, &p.transport) else {
-            continue;
-        };
-        let from = SocketAddr::from((ip.header().source_addr(), udp.source_port()));
-        assert_eq!(ip.header().destination_addr(), GUEST_IP);
-        return (from, udp.payload().to_vec());
-    }
-}
 
 fn udp_listener(timeout: Duration) -> UdpSocket {
     let s = UdpSocket::bind("0.0.0.0:9999").unwrap();

@@ -83,6 +83,15 @@ impl Ifconfig {
         self.call(libc::SIOCSIFFLAGS, &mut req)
     }
 
+    /// Whether `name` is up with its carrier on and the kernel has made it operational
+    /// (`IFF_RUNNING`): until then a veth drops what it is given.
+    pub fn is_running(&self, name: &str) -> io::Result<bool> {
+        let mut req = Self::ifreq(name);
+        self.call(libc::SIOCGIFFLAGS, &mut req)?;
+        // SAFETY: SIOCGIFFLAGS filled the flags member of the union.
+        Ok(unsafe { req.ifr_ifru.ifru_flags } & libc::IFF_RUNNING as libc::c_short != 0)
+    }
+
     /// Sets `name`'s Ethernet address.
     pub fn set_mac(&self, name: &str, mac: [u8; 6]) -> io::Result<()> {
         let mut req = Self::ifreq(name);

@@ -20,10 +20,11 @@
 //! Files: [`slot`] (making one namespace and its tap), [`ifconfig`] (the interface
 //! calls that set it up), [`egress`] (the link to the uplink), [`addressing`] (the
 //! links' names and addresses), [`rules`] (the packet filter), [`pool`] (slots made ahead), [`enter`] (a running sandbox's
-//! namespace, found again from its VMM), [`uplink`] (choosing it), [`veth`] (pairs over netlink), [`fake_internet`]
+//! namespace, found again from its VMM), [`dns`] (the forwarder), [`uplink`] (choosing it), [`veth`] (pairs over netlink), [`fake_internet`]
 //! (an uplink for tests: a router and one host, in namespaces of their own).
 
 pub mod addressing;
+pub mod dns;
 mod egress;
 pub mod enter;
 pub mod fake_internet;
@@ -75,6 +76,8 @@ pub enum NetworkError {
     Uplink(String),
     #[error("installing {what} (nft; Debian package nftables, or {UPLINK_ENV}=none): {detail}", UPLINK_ENV = uplink::UPLINK_ENV)]
     Rules { what: &'static str, detail: String },
+    #[error("sandbox DNS: {0}")]
+    Dns(String),
 }
 
 /// Turns sandbox networks off for this process when set to `off` (templates then boot,
@@ -103,5 +106,7 @@ pub fn available() -> bool {
 
 #[cfg(test)]
 mod egress_tests;
+#[cfg(test)]
+mod guest_frames;
 #[cfg(test)]
 mod tests;

@@ -8,7 +8,9 @@
 //!   clones with one guest address stay apart on the uplink;
 //! * forwarded: only what the guest starts from its own address, and the answers;
 //! * into the namespace from the uplink: answers only (the namespace's own services,
-//!   the DNS forwarder and exposed ports to come, are for the guest and the daemon).
+//!   the DNS forwarder and exposed ports to come, are for the guest and the daemon);
+//! * the guest's DNS, to whatever address it asks, goes to the forwarder's sockets at
+//!   the gateway (`redirect`): a guest cannot pick another resolver.
 //!
 //! In the uplink's namespace (table `inet forkvm`, the same for every sandbox):
 //! * sandbox links masquerade out of every other interface;
@@ -33,6 +35,10 @@ pub const TABLE: &str = "forkvm";
 pub fn sandbox_rules(link: LinkIndex) -> Nftables<'static> {
     let t = TableBuilder::new(NfFamily::IP);
     let mut b = t.replace();
+    b.add(t.base_chain("prerouting", NfChainType::NAT, NfHook::Prerouting, -100, NfChainPolicy::Accept));
+    for proto in ["udp", "tcp"] {
+        b.add(t.rule("prerouting", vec![iifname(Operator::EQ, TAP_NAME), dport(proto, 53), Statement::Redirect(None)]));
+    }
     b.add(t.base_chain("postrouting", NfChainType::NAT, NfHook::Postrouting, 100, NfChainPolicy::Accept));
     b.add(t.rule(
         "postrouting",
@@ -182,6 +188,15 @@ fn saddr(op: Operator, right: Expression<'static>) -> Statement<'static> {
 
 fn daddr(op: Operator, right: Expression<'static>) -> Statement<'static> {
     matches(ip_field("daddr"), op, right)
+}
+
+/// `<proto> dport <port>`.
+fn dport(proto: &'static str, port: u16) -> Statement<'static> {
+    let field = Expression::Named(NamedExpression::Payload(Payload::PayloadField(PayloadField {
+        protocol: proto.into(),
+        field: "dport".into(),
+    })));
+    matches(field, Operator::EQ, Expression::Number(port.into()))
 }
 
 fn ip(addr: Ipv4Addr) -> Expression<'static> {

@@ -11,6 +11,7 @@
 //! both here; the VMM's tap alone then keeps the namespace, until the VMM ends.
 
 use super::addressing::LinkIndex;
+use super::dns::DnsSockets;
 use super::egress::Outside;
 use super::ifconfig::Ifconfig;
 use super::uplink::{self, Uplink};
@@ -26,12 +27,19 @@ pub struct NetSlot {
     tap: Arc<OwnedFd>,
     netns: OwnedFd,
     link: Option<LinkIndex>,
+    dns: Option<DnsSockets>,
 }
 
 impl NetSlot {
     /// The namespace's descriptor (its inode names it in `/proc/*/ns/net`).
     pub fn namespace(&self) -> &OwnedFd {
         &self.netns
+    }
+
+    /// The DNS forwarder's sockets in the namespace (a linked slot has them until
+    /// taken), to be served for the sandbox's life ([`super::dns::serve`]).
+    pub fn take_dns(&mut self) -> Option<DnsSockets> {
+        self.dns.take()
     }
 
     /// The link to the uplink, if the namespace has a way out.
@@ -104,11 +112,15 @@ fn make_in_new_namespace(uplink: &Uplink) -> Result<NetSlot, NetworkError> {
     ifc.up(TAP_NAME).map_err(|e| failed(TAP_NAME, "up", e))?;
     ifc.add_permanent_neighbour(TAP_NAME, GUEST_IP, GUEST_MAC)
         .map_err(|e| failed(TAP_NAME, "the guest as neighbour", e))?;
-    let link = match outside {
-        Some(outside) => Some(outside.join(&netns, &ifc)?),
-        None => None,
+    let (link, dns) = match outside {
+        Some(outside) => {
+            let link = outside.join(&netns, &ifc)?;
+            let dns = DnsSockets::bind_here(uplink).map_err(|e| failed(TAP_NAME, "the DNS forwarder's sockets", e))?;
+            (Some(link), Some(dns))
+        }
+        None => (None, None),
     };
-    Ok(NetSlot { tap: Arc::new(tap.into_fd()), netns, link })
+    Ok(NetSlot { tap: Arc::new(tap.into_fd()), netns, link, dns })
 }
 
 /// Moves the calling thread into a new network namespace and returns its descriptor.

@@ -99,23 +99,46 @@ pub fn current() -> Result<&'static Uplink, NetworkError> {
     chosen.as_ref().map_err(|e| NetworkError::Uplink(e.clone()))
 }
 
-/// Uplink namespaces (by inode) this process has set up: forwarding on, the static
-/// table installed.
+/// Uplink namespaces this process has set up (forwarding on, the static table
+/// installed), by cookie: unlike an inode, a namespace's cookie is never reused.
 static PREPARED: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+
+/// `SO_NETNS_COOKIE` (`<asm-generic/socket.h>`, Linux 5.14).
+const SO_NETNS_COOKIE: libc::c_int = 71;
+
+/// The cookie of the calling thread's network namespace.
+fn namespace_cookie() -> std::io::Result<u64> {
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").or_else(|_| std::net::UdpSocket::bind("0.0.0.0:0"))?;
+    let mut cookie = 0u64;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into a u64 we own.
+    let rc = unsafe {
+        libc::getsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&sock),
+            libc::SOL_SOCKET,
+            SO_NETNS_COOKIE,
+            (&mut cookie as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(cookie)
+}
 
 /// Sets up the namespace the calling thread is in as an uplink, once per process:
 /// IPv4 forwarding on and [`super::rules::uplink_rules`] installed.
 pub(super) fn prepare_here() -> Result<(), NetworkError> {
-    let inode = std::fs::metadata("/proc/thread-self/ns/net")
-        .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
-        .map_err(|e| NetworkError::Uplink(format!("reading the uplink's namespace: {e}")))?;
+    let cookie =
+        namespace_cookie().map_err(|e| NetworkError::Uplink(format!("identifying the uplink's namespace: {e}")))?;
     let mut prepared = PREPARED.lock().unwrap_or_else(|p| p.into_inner());
-    if prepared.contains(&inode) {
+    if prepared.contains(&cookie) {
         return Ok(());
     }
     std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")
         .map_err(|e| NetworkError::Uplink(format!("turning on IPv4 forwarding in the uplink: {e}")))?;
     super::rules::apply(&super::rules::uplink_rules(), "the uplink's table")?;
-    prepared.push(inode);
+    prepared.push(cookie);
     Ok(())
 }

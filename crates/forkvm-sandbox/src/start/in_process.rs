@@ -60,6 +60,8 @@ pub struct Sandbox {
     vmm: Option<Vmm>,
     /// Its network namespace, when the template has a network.
     net: Option<NetSlot>,
+    /// Its DNS, served while the sandbox lives.
+    _dns: Option<crate::network::dns::DnsGuard>,
     keep_run_dir: bool,
 }
 
@@ -81,7 +83,9 @@ impl Sandbox {
         // One read of the snapshot's description for both: its devices, and whether they
         // include a network (then this sandbox gets a namespace of its own).
         let source = crate::source::SpawnSource::from_template(template)?;
-        let net = if source.has_network() { Some(crate::network::pool::take()?) } else { None };
+        let mut net = if source.has_network() { Some(crate::network::pool::take()?) } else { None };
+        let dns =
+            net.as_mut().and_then(|n| crate::network::dns::serve_slot(n, crate::network::dns::Lifetime::WhileHeld));
         let devices = source.devices(&uds, &dir.disks(), net.as_ref().map(NetSlot::tap_source));
         let vmm = forkvm_vmm::restore(&kvm, prepared, ConsoleOut::new(Some(log), None), &devices, false)
             .map_err(SandboxError::Restore)?;
@@ -92,7 +96,7 @@ impl Sandbox {
         })?;
         let ready_ms = started.elapsed().as_secs_f64() * 1e3;
         apply_identity(&client, &id).map_err(SandboxError::Identity)?;
-        Ok(Sandbox { id, client, run_dir, ready_ms, vmm: Some(vmm), net, keep_run_dir: false })
+        Ok(Sandbox { id, client, run_dir, ready_ms, vmm: Some(vmm), net, _dns: dns, keep_run_dir: false })
     }
 
     /// Keep the run directory (console log) after the sandbox ends, e.g. after a failure.

@@ -45,9 +45,12 @@ pub fn fork_running_as(
     // A source with a network device: each child gets a namespace and tap of its own
     // (sent to the source's VMM with the request; this process keeps no copy after).
     let status = call(&source, |c| c.status())?;
+    let mut slots = Vec::new();
     if status.devices.iter().any(|k| k == "net") {
         for child in &mut children {
-            child.tap = Some(crate::network::pool::take().map_err(super::SpawnError::from)?.tap_source());
+            let slot = crate::network::pool::take().map_err(super::SpawnError::from)?;
+            child.tap = Some(slot.tap_source());
+            slots.push(slot);
         }
     }
     let report: ForkReport = call(&source, |c| c.fork(children))?;
@@ -74,7 +77,12 @@ pub fn fork_running_as(
     }
     for (i, pid) in host_pids.into_iter().flatten().enumerate() {
         batch.started(i, pid);
+        // Each child's DNS is served for as long as its VMM lives.
+        if let Some(slot) = slots.get_mut(i) {
+            crate::network::dns::serve_slot(slot, crate::network::dns::Lifetime::UntilExit(pid));
+        }
     }
+    drop(slots);
     // Born in the source's group; a VMM writes no cgroup file, so each is moved from here.
     for i in 0..batch.records().len() {
         batch.move_into_group(i)?;

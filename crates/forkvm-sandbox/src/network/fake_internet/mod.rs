@@ -6,8 +6,14 @@
 //! * the **host** ([`HOST_IP`], [`FakeInternet::run_inside`]), where a test runs the
 //!   servers the sandboxes talk to.
 //!
+//! The host can answer DNS ([`FakeInternet::serve_dns`], at [`HOST_IP`] port 53).
+//!
 //! Only descriptors keep them: dropping the value (and every uplink made from it, and
 //! every sandbox linked to it) removes everything, also when a test fails.
+
+mod dns;
+
+pub use dns::FakeDns;
 
 use super::enter::run_in;
 use super::ifconfig::Ifconfig;
@@ -49,6 +55,17 @@ impl FakeInternet {
     /// Runs `f` on a thread inside the host's namespace (servers bind there).
     pub fn run_inside<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T, NetworkError> {
         run_in(&self.host, f)
+    }
+
+    /// Answers DNS at [`HOST_IP`]:53 for `names` (`www.example.test`, or `*.example.test`
+    /// for every name under it) with their addresses, NXDOMAIN for the rest, until the
+    /// returned server is dropped.
+    pub fn serve_dns(&self, names: &[(&str, Ipv4Addr)]) -> Result<FakeDns, NetworkError> {
+        let sock = self
+            .run_inside(|| std::net::UdpSocket::bind((HOST_IP, 53)))?
+            .map_err(|e| NetworkError::Dns(format!("the fake internet's DNS socket: {e}")))?;
+        let names = names.iter().map(|(n, ip)| (n.to_ascii_lowercase(), *ip)).collect();
+        dns::start(sock, names).map_err(|e| NetworkError::Dns(format!("the fake internet's DNS server: {e}")))
     }
 
     /// Runs `f` on a thread inside the router's namespace.
