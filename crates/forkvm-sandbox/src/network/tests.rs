@@ -3,22 +3,13 @@
 //! made inside it see the guest's network and the host's does not; and once the slot
 //! and its tap are closed, nothing of it is left in this process.
 
+use super::guest_frames::{is_root, tap_of};
 use super::*;
 use etherparse::{Icmpv4Type, PacketBuilder, SlicedPacket};
 use forkvm_vmm::devices::attach::TapSource;
 use forkvm_vmm::devices::virtio::net::Tap;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-fn tap_of(slot: &NetSlot) -> Tap {
-    let TapSource::Fd(fd) = slot.tap_source() else { unreachable!("a slot's tap is a descriptor") };
-    Tap::from_fd(fd.try_clone().unwrap()).unwrap()
-}
 
 /// The next frame from `tap` (header stripped) that `pick` accepts.
 fn read_where<T>(tap: &Tap, mut pick: impl FnMut(&[u8]) -> Option<T>) -> T {
