@@ -17,13 +17,7 @@ pub fn namespace_of_vmm(pid: i32) -> Result<OwnedFd, NetworkError> {
     let failed = |step: &str, e: std::io::Error| {
         NetworkError::Enter(std::io::Error::new(e.kind(), format!("{step} of VMM {pid}: {e}")))
     };
-    // SAFETY: pidfd_open with a pid and no flags; the result is a new descriptor or -1.
-    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if raw < 0 {
-        return Err(failed("a pidfd", std::io::Error::last_os_error()));
-    }
-    // SAFETY: just made, owned by nothing else.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(raw as i32) };
+    let pidfd = crate::registry::pidfd_open(pid).map_err(|e| failed("a pidfd", e))?;
     let target = tap_descriptor(pid).map_err(|e| failed("the tap descriptor", e))?;
     // SAFETY: pidfd_getfd with a pidfd we own, a descriptor number, no flags.
     let raw = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), target, 0) };
@@ -54,14 +48,32 @@ fn tap_descriptor(pid: i32) -> std::io::Result<i32> {
     Err(std::io::Error::new(std::io::ErrorKind::NotFound, "it has no tap (a sandbox without a network)"))
 }
 
+/// The calling thread's network namespace.
+pub fn thread_namespace() -> std::io::Result<OwnedFd> {
+    let path = c"/proc/thread-self/ns/net";
+    // SAFETY: a NUL-terminated path; the descriptor is ours.
+    let raw = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: just opened, owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// Moves the calling thread (only it) into the network namespace `netns`.
+pub fn enter_thread(netns: &OwnedFd) -> std::io::Result<()> {
+    // SAFETY: setns of this thread into a namespace descriptor the caller holds.
+    if unsafe { libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Runs `f` on a thread inside the namespace `netns`.
 pub fn run_in<T: Send + 'static>(netns: &OwnedFd, f: impl FnOnce() -> T + Send + 'static) -> Result<T, NetworkError> {
     let ns = netns.try_clone().map_err(NetworkError::OpenNamespace)?;
     let thread = std::thread::Builder::new().name("net-inside".into()).spawn(move || {
-        // SAFETY: setns on this thread with a namespace descriptor we own.
-        if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-            return Err(NetworkError::Enter(std::io::Error::last_os_error()));
-        }
+        enter_thread(&ns).map_err(NetworkError::Enter)?;
         Ok(f())
     });
     let joined = thread.map_err(NetworkError::Thread)?.join();

@@ -13,12 +13,13 @@
 use super::addressing::LinkIndex;
 use super::dns::DnsSockets;
 use super::egress::Outside;
+use super::enter::{enter_thread, thread_namespace};
 use super::ifconfig::Ifconfig;
 use super::uplink::{self, Uplink};
 use super::{NetworkError, GATEWAY_IP, GUEST_IP, GUEST_MAC, NETMASK, TAP_MAC, TAP_NAME};
 use forkvm_vmm::devices::attach::TapSource;
 use forkvm_vmm::devices::virtio::net::Tap;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 /// A sandbox's network namespace with its tap, set up.
@@ -86,10 +87,8 @@ fn make_in_new_namespace(uplink: &Uplink) -> Result<NetSlot, NetworkError> {
         Uplink::None => None,
         Uplink::Host => Some(Outside::here()?),
         Uplink::Namespace(fd) => {
-            // SAFETY: setns on this thread, which ends after this function.
-            if unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                return Err(NetworkError::Uplink(format!("entering it: {}", std::io::Error::last_os_error())));
-            }
+            // This thread ends after this function.
+            enter_thread(fd).map_err(|e| NetworkError::Uplink(format!("entering it: {e}")))?;
             Some(Outside::here()?)
         }
     };
@@ -131,14 +130,7 @@ pub fn unshare_thread() -> Result<OwnedFd, NetworkError> {
     if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
         return Err(NetworkError::Unshare(std::io::Error::last_os_error()));
     }
-    let path = c"/proc/thread-self/ns/net";
-    // SAFETY: a NUL-terminated path; the descriptor is ours.
-    let raw = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
-    if raw < 0 {
-        return Err(NetworkError::OpenNamespace(std::io::Error::last_os_error()));
-    }
-    // SAFETY: just opened, owned by nothing else.
-    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+    thread_namespace().map_err(NetworkError::OpenNamespace)
 }
 
 fn failed(interface: &str, step: &'static str, source: std::io::Error) -> NetworkError {

@@ -36,11 +36,8 @@ impl Uplink {
             path if path.starts_with('/') => {
                 let file =
                     std::fs::File::open(path).map_err(|e| NetworkError::Uplink(format!("opening {path}: {e}")))?;
-                let fd = OwnedFd::from(file);
-                if namespace_kind(&fd) != Some(libc::CLONE_NEWNET) {
-                    return Err(NetworkError::Uplink(format!("{path} is not a network namespace")));
-                }
-                Ok(Uplink::Namespace(fd))
+                Uplink::namespace(OwnedFd::from(file))
+                    .map_err(|_| NetworkError::Uplink(format!("{path} is not a network namespace")))
             }
             other => Err(NetworkError::Uplink(format!(
                 "{UPLINK_ENV}={other:?}: expected host, none, or the absolute path of a network namespace"

@@ -210,17 +210,10 @@ fn noted_pid(run_dir: &Path) -> Option<i32> {
 /// gave to a new process after the VMM died is not signalled: signals go through the
 /// pidfd, which stays bound to the process checked here.
 pub fn vmm_pidfd(r: &SandboxRecord) -> Option<std::os::fd::OwnedFd> {
-    use std::os::fd::FromRawFd;
     if r.pid <= 0 {
         return None;
     }
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, r.pid, 0) };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: the descriptor was just returned to us and is owned by nobody else.
-    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) };
+    let fd = pidfd_open(r.pid).ok()?;
     let started = process_start_unix_ms(r.pid)?;
     started_in_time(r, started).then_some(fd)
 }
@@ -228,6 +221,18 @@ pub fn vmm_pidfd(r: &SandboxRecord) -> Option<std::os::fd::OwnedFd> {
 /// How long after its record a sandbox's VMM may have started (records are written
 /// after their VMM is forked, within a spawn).
 pub const PID_START_SLACK: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A pidfd for process `pid` (it turns readable when the process ends).
+pub fn pidfd_open(pid: i32) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the descriptor was just returned to us and is owned by nobody else.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
 
 /// Sends `signal` through `pidfd`.
 pub fn pidfd_signal(pidfd: &std::os::fd::OwnedFd, signal: i32) -> std::io::Result<()> {

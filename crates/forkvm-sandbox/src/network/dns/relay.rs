@@ -1,8 +1,9 @@
 //! One query, from a guest to an upstream resolver and back, checked both ways.
 
+use crate::network::enter::{enter_thread, thread_namespace};
 pub use forkvm_dns::{Query, Refused};
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -30,25 +31,21 @@ fn any_port(upstream: SocketAddr) -> SocketAddr {
 /// it was made in. `f` must not await.
 fn made_in<T>(uplink: Option<&OwnedFd>, f: impl FnOnce() -> std::io::Result<T>) -> std::io::Result<T> {
     let Some(uplink) = uplink else { return f() };
-    let path = c"/proc/thread-self/ns/net";
-    // SAFETY: a NUL-terminated path; the descriptor is ours.
-    let raw = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
-    if raw < 0 {
-        return Err(std::io::Error::last_os_error());
+    thread_local! {
+        /// Where this thread returns to, opened once.
+        static HOME: Option<OwnedFd> = thread_namespace().ok();
     }
-    // SAFETY: just opened, owned by nothing else.
-    let home = unsafe { OwnedFd::from_raw_fd(raw) };
-    // SAFETY: setns of this thread into a namespace descriptor we hold.
-    if unsafe { libc::setns(uplink.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let made = f();
-    // SAFETY: back to where the thread was; failing here would leave the runtime's
-    // thread in the uplink, which only changes where later sockets are made.
-    if unsafe { libc::setns(home.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-        tracing::warn!(error = %std::io::Error::last_os_error(), "the DNS thread could not leave the uplink");
-    }
-    made
+    HOME.with(|home| {
+        let home = home.as_ref().ok_or_else(|| std::io::Error::other("this thread's namespace could not be opened"))?;
+        enter_thread(uplink)?;
+        let made = f();
+        // Failing here would leave the thread in the uplink, which only changes where
+        // its later sockets are made.
+        if let Err(e) = enter_thread(home) {
+            tracing::warn!(error = %e, "the DNS thread could not leave the uplink");
+        }
+        made
+    })
 }
 
 /// Asks `upstreams` (from `uplink`'s namespace) in turn over UDP, each from a fresh

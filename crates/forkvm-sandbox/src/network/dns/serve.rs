@@ -9,7 +9,7 @@ use super::upstream;
 use crate::network::uplink::Uplink;
 use crate::network::{NetworkError, GATEWAY_IP, GUEST_IP};
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
@@ -72,7 +72,12 @@ pub fn serve(sockets: DnsSockets, lifetime: Lifetime) -> Result<DnsGuard, Networ
             let (tx, rx) = oneshot::channel::<()>();
             (DnsGuard { _stop: Some(tx) }, End::Dropped(rx))
         }
-        Lifetime::UntilExit(pid) => (DnsGuard { _stop: None }, End::Exit(pidfd(pid)?)),
+        Lifetime::UntilExit(pid) => (
+            DnsGuard { _stop: None },
+            End::Exit(
+                crate::registry::pidfd_open(pid).map_err(|e| NetworkError::Dns(format!("watching VMM {pid}: {e}")))?,
+            ),
+        ),
     };
     runtime.spawn(async move {
         let uplink = sockets.uplink;
@@ -126,16 +131,6 @@ impl End {
             }
         }
     }
-}
-
-fn pidfd(pid: i32) -> Result<OwnedFd, NetworkError> {
-    // SAFETY: pidfd_open with a pid and no flags; the result is a new descriptor or -1.
-    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if raw < 0 {
-        return Err(NetworkError::Dns(format!("watching VMM {pid}: {}", std::io::Error::last_os_error())));
-    }
-    // SAFETY: just made, owned by nothing else.
-    Ok(unsafe { OwnedFd::from_raw_fd(raw as i32) })
 }
 
 async fn serve_udp(sock: Arc<tokio::net::UdpSocket>, upstreams: Arc<Vec<SocketAddr>>, uplink: Option<Arc<OwnedFd>>) {
