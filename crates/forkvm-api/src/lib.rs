@@ -81,6 +81,43 @@ impl IoLimits {
     }
 }
 
+/// forkvm: where a sandbox's guest may connect to (`docs/networking.md`). Entries of
+/// `allow` and `deny` are IPv4 addresses (`203.0.113.7`), CIDRs (`10.0.0.0/8`), domain
+/// names (`pypi.org`) or wildcards (`*.pythonhosted.org`: every name under it, not
+/// itself). An address or name that `allow` matches is reachable whatever `deny` says;
+/// what neither matches is reachable when `allow_internet` is true. Names are enforced
+/// at the sandbox's resolver: a denied name does not resolve (and its addresses are
+/// blocked), and with `allow_internet` false only allowed names resolve, so only their
+/// addresses are reachable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkPolicy {
+    /// Whether what no rule names is reachable; true by default.
+    #[serde(default = "yes")]
+    pub allow_internet: bool,
+    /// At most 256 entries.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow: Vec<String>,
+    /// At most 256 entries.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deny: Vec<String>,
+}
+
+impl Default for NetworkPolicy {
+    /// Everything reachable (but what every sandbox is kept from: other sandboxes, the
+    /// host, link-local addresses).
+    fn default() -> Self {
+        NetworkPolicy { allow_internet: true, allow: Vec::new(), deny: Vec::new() }
+    }
+}
+
+impl NetworkPolicy {
+    /// Whether it is the default (how rows and listings leave it out).
+    pub fn is_default(&self) -> bool {
+        *self == NetworkPolicy::default()
+    }
+}
+
 /// forkvm: a tag's default limits for the sandboxes spawned from it; an absent field
 /// takes forkvm's default for that resource.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -240,9 +277,12 @@ pub struct CreateSandboxRequest {
     /// absent: none (a fork of a running sandbox: its source's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub io_limits: Option<IoLimits>,
-    /// forkd: a network namespace per child. Not supported (guests have no network).
+    /// forkd: a network namespace per child. Accepted: every sandbox has its own.
     #[serde(default)]
     pub per_child_netns: bool,
+    /// forkvm: where each sandbox may connect to; absent: anywhere ([`NetworkPolicy`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkPolicy>,
     /// forkd: pre-fault memory. Accepted and ignored: restores are copy-on-write.
     #[serde(default)]
     pub prewarm: bool,
@@ -273,6 +313,7 @@ impl CreateSandboxRequest {
             pids_limit: None,
             io_limits: None,
             per_child_netns: false,
+            network: None,
             prewarm: false,
             live_fork: false,
             hugepages: false,
@@ -305,6 +346,9 @@ pub struct ForkSandboxRequest {
     /// As [`CreateSandboxRequest::ttl_seconds`].
     #[serde(default)]
     pub ttl_seconds: Option<u64>,
+    /// forkvm: where each child may connect to; absent: its source's policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkPolicy>,
 }
 
 /// A running sandbox.
@@ -364,6 +408,9 @@ pub struct SandboxInfo {
     /// (`GET /v1/sandboxes/{id}` only; null in lists and for an archived sandbox).
     #[serde(default)]
     pub jail: Option<VmmJail>,
+    /// forkvm: where its guest may connect to, unless anywhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkPolicy>,
 }
 
 /// forkvm: a sandbox VMM's confinement as the kernel reports it (`/proc/<pid>`), in

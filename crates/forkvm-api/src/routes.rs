@@ -43,6 +43,7 @@ pub enum RouteName {
     RestoreSandbox,
     DiskFork,
     SetTtl,
+    SetNetwork,
 }
 
 const fn r(method: &'static str, path: &'static str, name: RouteName) -> Route {
@@ -81,6 +82,7 @@ pub const ROUTES: &[Route] = &[
     r("POST", "/v1/sandboxes/{id}/restore", RouteName::RestoreSandbox),
     r("POST", "/v1/sandboxes/{id}/disk-fork", RouteName::DiskFork),
     r("POST", "/v1/sandboxes/{id}/ttl", RouteName::SetTtl),
+    r("PUT", "/v1/sandboxes/{id}/network", RouteName::SetNetwork),
 ];
 
 /// Routes anyone may call without a token (liveness probes).

@@ -127,6 +127,7 @@ fn request_bodies_are_the_api_types() {
         pids_limit: None,
         io_limits: None,
         per_child_netns: false,
+        network: None,
         prewarm: false,
         live_fork: false,
         hugepages: false,

@@ -9,7 +9,7 @@ use crate::transport;
 use forkvm_api::{
     ArchiveReport, BranchSandboxRequest, CreateSandboxRequest, DiskForkRequest, DiskSnapshotInfo, DiskSnapshotReport,
     DiskSnapshotRequest, EvalRequest, EvalResponse, ExecEvent, ExecRequest, ExecResponse, ForkSandboxRequest,
-    RestoreRequest, SandboxInfo, SetTtlRequest, SnapshotInfo,
+    NetworkPolicy, RestoreRequest, SandboxInfo, SetTtlRequest, SnapshotInfo,
 };
 use hyper::Method;
 use serde::{Deserialize, Serialize};
@@ -71,6 +71,11 @@ impl Client {
     pub fn set_ttl(&self, id: &str, ttl_seconds: u64) -> Result<SandboxInfo, ClientError> {
         let req = SetTtlRequest { ttl_seconds };
         self.call_json(Method::POST, &sandbox(id)?.push("/ttl").build(), Some(&req), "sandbox")
+    }
+
+    /// `PUT /v1/sandboxes/{id}/network`: where its guest may connect to from now on.
+    pub fn set_network(&self, id: &str, policy: &NetworkPolicy) -> Result<SandboxInfo, ClientError> {
+        self.call_json(Method::PUT, &sandbox(id)?.push("/network").build(), Some(policy), "sandbox")
     }
 
     /// `POST /v1/sandboxes/{id}/disk-fork`: a new sandbox cold-booted on a disk snapshot

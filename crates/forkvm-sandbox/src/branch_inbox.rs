@@ -222,6 +222,7 @@ mod tests {
                 dir: run.join("disks/disk1"),
             }],
             uid: None,
+            network: None,
         };
         (store, record)
     }

@@ -38,6 +38,7 @@ pub fn sandbox_info(row: &SandboxRow) -> SandboxInfo {
         expires_at_unix_ms: row.expires_at_unix_ms,
         archived_at_unix_ms: row.archived_at_unix_ms,
         jail: None,
+        network: r.network.clone().filter(|p| !p.is_default()),
     }
 }
 
@@ -131,6 +132,7 @@ mod tests {
                 cgroup: Some("sb-sb1".into()),
                 disks: Vec::new(),
                 uid: None,
+                network: None,
             },
             state,
             op: None,

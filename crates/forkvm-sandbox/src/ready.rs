@@ -80,9 +80,18 @@ pub fn apply_identity(client: &AgentClient<UnixStream>, id: &str) -> Result<(), 
 const READY_WORKERS: usize = 16;
 
 /// Waits for one pending sandbox's agent and re-identifies it.
-fn make_ready(record: &SandboxRecord, started: Instant, timeout: Duration) -> Result<SpawnedSandbox, SpawnError> {
+fn make_ready(
+    registry: &Registry,
+    record: &SandboxRecord,
+    started: Instant,
+    timeout: Duration,
+) -> Result<SpawnedSandbox, SpawnError> {
     let client = AgentClient::vsock_uds(record.vsock(), AGENT_PORT);
     let pid = record.pid;
+    // Its DNS, served from here under the policy its row holds (whoever made its VMM),
+    // before anyone can use it.
+    let policy = registry.row(&record.id).and_then(|row| row.record.network).or_else(|| record.network.clone());
+    crate::network::attach::attach(&record.id, pid, policy.as_ref(), record.forked_from.as_deref())?;
     let gone = || (!crate::registry::vmm_alive(pid)).then(|| "exited".to_string());
     if let Err(why) = wait_for_agent(&record.vsock(), timeout, &gone) {
         return Err(SpawnError::NotReady {
@@ -128,7 +137,7 @@ pub fn finish_within(
     started: Instant,
     timeout: Duration,
 ) -> Result<Vec<SpawnedSandbox>, SpawnError> {
-    let results = crate::parallel::map(&pending, READY_WORKERS, |r| make_ready(r, started, timeout));
+    let results = crate::parallel::map(&pending, READY_WORKERS, |r| make_ready(registry, r, started, timeout));
     let mut out = Vec::new();
     let mut failure = None;
     for r in results {

@@ -16,8 +16,8 @@ struct Internet {
     _dns: fake_internet::FakeDns,
 }
 
-/// A name under the fake internet's `*.cdn.example.test`, and its address.
-const CDN_HOST: std::net::Ipv4Addr = std::net::Ipv4Addr::new(203, 0, 113, 7);
+/// The address of every name under the fake internet's `*.cdn.example.test`.
+const CDN_HOST: std::net::Ipv4Addr = fake_internet::OTHER_HOST_IP;
 
 fn internet() -> Option<&'static FakeInternet> {
     static I: OnceLock<Option<Internet>> = OnceLock::new();
@@ -274,6 +274,106 @@ fn a_sandbox_resolves_names_through_its_gateway_and_no_other_resolver() {
     assert!(stdout.contains(&format!("Address: {}", fake_internet::HOST_IP)), "{stdout}");
     assert!(stdout.contains(&format!("Address: {CDN_HOST}")), "{stdout}");
     assert!(stdout.trim_end().ends_with("rc=1"), "a missing name is an error: {stdout}");
+}
+
+#[test]
+fn an_egress_policy_holds_for_names_addresses_and_other_resolvers_and_changes_live() {
+    let Some(internet) = internet() else {
+        eprintln!("skipped: sandbox networks need root");
+        return;
+    };
+    // Both of the fake host's addresses answer on this port, for as long as the test.
+    let listener = internet.run_inside(|| std::net::TcpListener::bind(("0.0.0.0", 8088))).unwrap().unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let server = serve_until(listener, stop.clone(), "reached");
+    let sb = sandbox();
+    let www = fake_internet::HOST_IP;
+    // One exec per policy: each probe prints its name and `ok` or `no`.
+    let probe = |probes: &[(&str, String)]| {
+        let script: Vec<String> = probes
+            .iter()
+            .map(|(name, cmd)| format!("if {cmd} >/dev/null 2>&1; then echo {name}=ok; else echo {name}=no; fi"))
+            .collect();
+        let out = sb.client.exec_collect(&ExecRequest::shell(script.join("\n")), b"").unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let get = |target: &str| format!("timeout 20 wget -q -O - http://{target}:8088/");
+    let policy = |allow_internet: bool, allow: &[&str], deny: &[&str]| forkvm_api::NetworkPolicy {
+        allow_internet,
+        allow: allow.iter().map(|s| s.to_string()).collect(),
+        deny: deny.iter().map(|s| s.to_string()).collect(),
+    };
+
+    // Closed but for one domain: its names resolve and connect; another name does not
+    // resolve (not through another resolver either), and its address is refused.
+    sb.set_network_policy(&policy(false, &["*.cdn.example.test"], &[])).unwrap();
+    let out = probe(&[
+        ("cdn", get("img.cdn.example.test")),
+        ("www_name", "nslookup www.example.test".into()),
+        ("www_other_resolver", "nslookup www.example.test 9.9.9.9".into()),
+        ("www_addr", get(&www.to_string())),
+    ]);
+    assert_eq!(out, "cdn=ok\nwww_name=no\nwww_other_resolver=no\nwww_addr=no\n");
+
+    // Changed while it runs: open but for one name, whose address is blocked too
+    // although the guest never resolved it.
+    sb.set_network_policy(&policy(true, &[], &["www.example.test"])).unwrap();
+    let out = probe(&[
+        ("cdn", get("img.cdn.example.test")),
+        ("cdn_addr", get(&CDN_HOST.to_string())),
+        ("www_name", "nslookup www.example.test".into()),
+        ("www_addr", get(&www.to_string())),
+    ]);
+    assert_eq!(out, "cdn=ok\ncdn_addr=ok\nwww_name=no\nwww_addr=no\n");
+
+    // Networks: a denied one wins over the internet, an allowed one over a denied one.
+    sb.set_network_policy(&policy(true, &[&format!("{www}")], &["203.0.113.0/24"])).unwrap();
+    let out = probe(&[("www_addr", get(&www.to_string())), ("cdn_addr", get(&CDN_HOST.to_string()))]);
+    assert_eq!(out, "www_addr=ok\ncdn_addr=no\n");
+
+    // Bad input changes nothing.
+    let e = sb.set_network_policy(&policy(true, &[], &["10.0.0.1/8"])).unwrap_err();
+    assert!(e.to_string().contains("network.deny: \"10.0.0.1/8\""), "{e}");
+    let out = probe(&[("www_addr", get(&www.to_string())), ("cdn_addr", get(&CDN_HOST.to_string()))]);
+    assert_eq!(out, "www_addr=ok\ncdn_addr=no\n");
+
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(server.join().unwrap() >= 5, "the server saw every allowed fetch");
+}
+
+/// Answers HTTP requests on `listener` with `body` until `stop` (or 10 minutes, or 100
+/// requests); the number answered.
+fn serve_until(
+    listener: std::net::TcpListener,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    body: &'static str,
+) -> std::thread::JoinHandle<usize> {
+    use std::io::{Read, Write};
+    std::thread::spawn(move || {
+        listener.set_nonblocking(true).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
+        let mut served = 0;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) && std::time::Instant::now() < deadline && served < 100 {
+            let Ok((mut conn, _)) = listener.accept() else {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+                continue;
+            };
+            conn.set_nonblocking(false).unwrap();
+            conn.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+            let mut request = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                match conn.read(&mut buf) {
+                    Ok(n) if n > 0 => request.extend_from_slice(&buf[..n]),
+                    _ => break,
+                }
+            }
+            let head = format!("HTTP/1.0 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+            let _ = conn.write_all(head.as_bytes()).and_then(|_| conn.write_all(body.as_bytes()));
+            served += 1;
+        }
+        served
+    })
 }
 
 /// Serves `n` HTTP requests on `listener` with `body`; returns the peers.

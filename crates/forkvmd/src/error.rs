@@ -59,6 +59,17 @@ impl IntoResponse for ApiError {
     }
 }
 
+impl From<forkvm_sandbox::network::NetworkError> for ApiError {
+    fn from(e: forkvm_sandbox::network::NetworkError) -> ApiError {
+        use forkvm_sandbox::network::NetworkError;
+        match e {
+            NetworkError::Policy(_) => ApiError::bad_request(e.to_string()),
+            NetworkError::NoNetwork => ApiError::conflict(e.to_string(), "no_network"),
+            _ => ApiError::internal(e.to_string()),
+        }
+    }
+}
+
 impl From<forkvm_snapshot::StoreError> for ApiError {
     fn from(e: forkvm_snapshot::StoreError) -> ApiError {
         use forkvm_snapshot::StoreError;

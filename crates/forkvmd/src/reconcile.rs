@@ -14,6 +14,7 @@
 use crate::state::AppState;
 use crate::views::{snapshot_info, snapshot_row};
 use forkvm_sandbox::registry::Recovered;
+use forkvm_sandbox::SandboxState;
 use forkvm_snapshot::SnapshotStatus;
 use serde::Serialize;
 
@@ -31,6 +32,8 @@ pub struct Reconciled {
     pub branches_settled: Vec<String>,
     /// Leftovers removed from the store (dead writers, staging directories).
     pub swept_snapshots: Vec<String>,
+    /// Running sandboxes whose network (DNS, policy) this daemon serves again.
+    pub networks_served: Vec<String>,
 }
 
 /// Runs before the listeners open. Returns the branches (op, tag) still being written.
@@ -38,6 +41,7 @@ pub fn reconcile(s: &AppState) -> (Reconciled, Vec<(String, String)>) {
     let mut out = Reconciled { swept_snapshots: s.store.sweep(), ..Reconciled::default() };
     out.merged = merge_legacy_rows(s);
     out.sandboxes = s.registry.recover();
+    out.networks_served = serve_networks(s);
 
     let mut watch = Vec::new();
     let entries = s.store.list();
@@ -78,6 +82,26 @@ pub fn reconcile(s: &AppState) -> (Reconciled, Vec<(String, String)>) {
         let _ = s.db().upsert_snapshot(&snapshot_row(&info));
     }
     (out, watch)
+}
+
+/// Serves the network of every sandbox whose VMM runs (their DNS went with the process
+/// that served it); returns their ids. A failure is logged: the sandbox runs on, its
+/// guest's names unresolved until a policy change serves it again.
+fn serve_networks(s: &AppState) -> Vec<String> {
+    let mut served = Vec::new();
+    for row in s.registry.rows() {
+        let r = &row.record;
+        if !matches!(row.state, SandboxState::Running | SandboxState::Paused) || !forkvm_sandbox::registry::vmm_runs(r)
+        {
+            continue;
+        }
+        match forkvm_sandbox::network::attach::adopt(&r.id, r.pid, r.network.as_ref()) {
+            Ok(true) => served.push(r.id.clone()),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(id = %r.id, error = %e, "serving a running sandbox's network again failed"),
+        }
+    }
+    served
 }
 
 /// Merges the sandbox rows of an older forkvmd's database into the registry, then drops

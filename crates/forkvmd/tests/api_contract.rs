@@ -116,6 +116,7 @@ async fn malformed_json_and_unknown_fields_are_400_with_a_message() {
         RouteName::RestoreSandbox,
         RouteName::DiskFork,
         RouteName::SetTtl,
+        RouteName::SetNetwork,
     ];
     for r in ROUTES.iter().filter(|r| json_routes.contains(&r.name)) {
         let u = uri(r.path, "nope", r.name);
@@ -133,7 +134,12 @@ async fn malformed_json_and_unknown_fields_are_400_with_a_message() {
         ("/v1/sandboxes", r#"{"snapshot_tag":"t","n":"many"}"#),
         ("/v1/sandboxes", r#"{"snapshot_tag":"t","n":0}"#),
         ("/v1/sandboxes", r#"{"snapshot_tag":"t","n":1001}"#),
-        ("/v1/sandboxes", r#"{"snapshot_tag":"t","per_child_netns":true}"#),
+        ("/v1/sandboxes", r#"{"snapshot_tag":"t","network":{"deny":["10.0.0.1/8"]}}"#),
+        ("/v1/sandboxes", r#"{"snapshot_tag":"t","network":{"allow":["::1"]}}"#),
+        ("/v1/sandboxes/nope/fork", r#"{"network":{"allow_internet":"no"}}"#),
+        ("/v1/sandboxes/nope/fork", r#"{"network":{"allow":["a..b"]}}"#),
+        ("/v1/sandboxes/nope/network", r#"{"allow":"pypi.org"}"#),
+        ("/v1/sandboxes/nope/network", r#"{"deny":["*.*.example.com"]}"#),
         ("/v1/sandboxes", r#"{"snapshot_tag":"t","memory_limit_mib":0}"#),
         ("/v1/sandboxes/nope/exec", r#"{"args":[]}"#),
         ("/v1/sandboxes/nope/exec", r#"{"args":["a"],"cmd":"b"}"#),
@@ -168,8 +174,9 @@ async fn malformed_json_and_unknown_fields_are_400_with_a_message() {
         ("/v1/sandboxes/bad.id/disk-fork", ""),
         ("/v1/sandboxes/bad.id/ttl", r#"{"ttl_seconds":1}"#),
     ] {
-        let (status, text) = call(&e.app, "POST", uri, Some(TOKEN), body).await;
-        assert_eq!(status, StatusCode::BAD_REQUEST, "POST {uri} {body}: {text}");
+        let method = if uri.ends_with("/network") { "PUT" } else { "POST" };
+        let (status, text) = call(&e.app, method, uri, Some(TOKEN), body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{method} {uri} {body}: {text}");
         assert_eq!(error_of(&text).code.as_str(), "bad_request");
     }
     // Unknown query parameters, relative guest paths.
@@ -365,6 +372,7 @@ async fn a_stopped_sandbox_is_404_quoting_its_console() {
         cgroup: None,
         disks: Vec::new(),
         uid: None,
+        network: None,
     };
     e.state.registry.write(&record).unwrap();
     e.state.registry.mark_ready(&["gone1"]).unwrap();

@@ -22,7 +22,7 @@ from .errors import (
     ServerError,
     Unauthorized,
 )
-from .sandbox import Commands, Files, Sandbox
+from .sandbox import Commands, Files, Network, Sandbox
 from .transport import Endpoint, default_socket_path, resolve_endpoint
 from .types import (
     DiskSnapshotDisk,
@@ -34,6 +34,7 @@ from .types import (
     FileEntry,
     FileWritten,
     LastDiskSnapshot,
+    NetworkPolicy,
     VmmJail,
     Pong,
     SandboxInfo,
@@ -49,6 +50,7 @@ __all__ = [
     "Sandbox",
     "Commands",
     "Files",
+    "Network",
     "Endpoint",
     "default_socket_path",
     "resolve_endpoint",
@@ -75,6 +77,7 @@ __all__ = [
     "DiskSnapshotInfo",
     "DiskSnapshotDisk",
     "LastDiskSnapshot",
+    "NetworkPolicy",
     "VmmJail",
     "FileEntry",
     "FileWritten",

@@ -26,6 +26,7 @@ from .types import (
     ExecResult,
     FileEntry,
     FileWritten,
+    NetworkPolicy,
     Pong,
     SandboxInfo,
     SnapshotInfo,
@@ -36,6 +37,9 @@ from .types import (
 )
 
 __all__ = ["Controller"]
+
+#: What a ``network`` argument may be: a :class:`NetworkPolicy`, or a dict of its fields.
+NetworkPolicyLike = Union[NetworkPolicy, Mapping[str, Any]]
 
 #: Seconds added to a command's own timeout before the HTTP request gives up.
 EXEC_GRACE_SECS = 30.0
@@ -299,11 +303,14 @@ class Controller:
         cpu_limit_millis: Optional[int] = None,
         pids_limit: Optional[int] = None,
         io_limits: Optional[Dict[str, int]] = None,
+        network: Optional[NetworkPolicyLike] = None,
     ) -> List[SandboxInfo]:
         """``POST /v1/sandboxes``: ``n`` sandboxes from a snapshot, all ready, or none.
 
-        ``per_child_netns`` is forkd's option; forkvm guests have no network, so the
-        daemon refuses it when true. ``cpu_limit_millis`` (thousandths of a CPU) and
+        ``per_child_netns`` is forkd's option, accepted: every forkvm sandbox has a
+        network namespace of its own. ``network`` is where each may connect to
+        (:class:`NetworkPolicy`, or a dict of its fields); absent: anywhere.
+        ``cpu_limit_millis`` (thousandths of a CPU) and
         ``pids_limit`` (tasks) override the daemon's defaults for each sandbox's cgroup.
         ``io_limits`` caps each sandbox's disk and entropy I/O
         (``{"disk_bytes_per_sec": ..., "disk_ops_per_sec": ..., "rng_bytes_per_sec": ...}``,
@@ -319,6 +326,8 @@ class Controller:
         if ttl_seconds is not None:
             body["ttl_seconds"] = ttl_seconds
         _put_limits(body, cpu_limit_millis, pids_limit, io_limits)
+        if network is not None:
+            body["network"] = network_body(network)
         return parse_list(SandboxInfo, self._json(self._request("POST", "/v1/sandboxes", json=body)), "sandboxes")
 
     def get_sandbox(self, sandbox_id: str) -> SandboxInfo:
@@ -435,15 +444,18 @@ class Controller:
         cpu_limit_millis: Optional[int] = None,
         pids_limit: Optional[int] = None,
         io_limits: Optional[Dict[str, int]] = None,
+        network: Optional[NetworkPolicyLike] = None,
     ) -> List[SandboxInfo]:
         """``POST /v1/sandboxes/{id}/fork``: ``n`` running copies, no disk. The copies
-        keep the source's limits but for those given here."""
+        keep the source's limits and network policy but for those given here."""
         body: Dict[str, Any] = {"n": n}
         if memory_limit_mib is not None:
             body["memory_limit_mib"] = memory_limit_mib
         if ttl_seconds is not None:
             body["ttl_seconds"] = ttl_seconds
         _put_limits(body, cpu_limit_millis, pids_limit, io_limits)
+        if network is not None:
+            body["network"] = network_body(network)
         return parse_list(SandboxInfo, self._json(self._request("POST", _sb(sandbox_id, "fork"), json=body)), "sandboxes")
 
     # --- lifecycle -------------------------------------------------------
@@ -472,6 +484,14 @@ class Controller:
         """``POST /v1/sandboxes/{id}/ttl``: the daemon archives (never deletes) the
         sandbox ``ttl_seconds`` from now; 0 removes the TTL."""
         resp = self._request("POST", _sb(sandbox_id, "ttl"), json={"ttl_seconds": ttl_seconds})
+        return SandboxInfo.from_json(self._json(resp))
+
+    def set_network(self, sandbox_id: str, policy: NetworkPolicyLike) -> SandboxInfo:
+        """``PUT /v1/sandboxes/{id}/network``: where the sandbox's guest may connect to,
+        from now on (connections already open included). Bad entries are
+        :class:`BadRequest` naming them; a sandbox without a network, :class:`Conflict`
+        with ``state == "no_network"``."""
+        resp = self._request("PUT", _sb(sandbox_id, "network"), json=network_body(policy))
         return SandboxInfo.from_json(self._json(resp))
 
     def disk_fork(
@@ -569,6 +589,29 @@ class Controller:
 
 #: The I/O caps a request's ``io_limits`` may hold.
 IO_LIMITS = ("disk_bytes_per_sec", "disk_ops_per_sec", "rng_bytes_per_sec")
+
+
+def network_body(policy: NetworkPolicyLike) -> Dict[str, Any]:
+    """The request body for ``policy``, checked for shape (the daemon checks entries)."""
+    if isinstance(policy, NetworkPolicy):
+        return policy.to_json()
+    if not isinstance(policy, Mapping):
+        raise TypeError(f"network is a NetworkPolicy or a dict, got {policy!r}")
+    unknown = sorted(set(policy) - {"allow_internet", "allow", "deny"})
+    if unknown:
+        raise ValueError(f"network: unknown fields {unknown} (known: allow_internet, allow, deny)")
+    body: Dict[str, Any] = {}
+    if "allow_internet" in policy:
+        if not isinstance(policy["allow_internet"], bool):
+            raise TypeError(f"network['allow_internet'] is a bool, got {policy['allow_internet']!r}")
+        body["allow_internet"] = policy["allow_internet"]
+    for name in ("allow", "deny"):
+        if name in policy:
+            entries = policy[name]
+            if isinstance(entries, str) or not all(isinstance(e, str) for e in entries):
+                raise TypeError(f"network[{name!r}] is a list of strings, got {entries!r}")
+            body[name] = list(entries)
+    return body
 
 
 def _put_limits(

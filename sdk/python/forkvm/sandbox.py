@@ -11,10 +11,21 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
-from .controller import Controller
+from .controller import Controller, NetworkPolicyLike
 from .errors import EvalError, NotFound
 from .streaming import OutputCallback
-from .types import ArchiveReport, DiskSnapshotInfo, DiskSnapshotReport, ExecResult, FileEntry, FileWritten, Pong, SandboxInfo, SnapshotInfo
+from .types import (
+    ArchiveReport,
+    DiskSnapshotInfo,
+    DiskSnapshotReport,
+    ExecResult,
+    FileEntry,
+    FileWritten,
+    NetworkPolicy,
+    Pong,
+    SandboxInfo,
+    SnapshotInfo,
+)
 
 __all__ = ["Sandbox", "Commands", "Files"]
 
@@ -99,6 +110,32 @@ class Files:
         self._sb.controller.remove_file(self._sb.id, path, recursive=recursive)
 
 
+class Network:
+    """``sandbox.network``: where the sandbox's guest may connect to."""
+
+    def __init__(self, sandbox: "Sandbox") -> None:
+        self._sb = sandbox
+
+    @property
+    def policy(self) -> NetworkPolicy:
+        """The policy in force as last seen (:meth:`Sandbox.refresh` to ask again)."""
+        return self._sb.info.network or NetworkPolicy()
+
+    def update(
+        self,
+        *,
+        allow_internet: bool = True,
+        allow: Sequence[str] = (),
+        deny: Sequence[str] = (),
+    ) -> NetworkPolicy:
+        """Replaces the policy, from now on (connections already open included):
+        what ``allow`` names (IPv4 addresses, CIDRs, names, ``*.`` wildcards) is
+        reachable whatever ``deny`` says; the rest follows ``allow_internet``."""
+        policy = NetworkPolicy(allow_internet=allow_internet, allow=list(allow), deny=list(deny))
+        self._sb._info = self._sb.controller.set_network(self._sb.id, policy)
+        return self.policy
+
+
 class Sandbox:
     """A running sandbox. Make one with :meth:`create`, :meth:`connect` or :meth:`fork`.
 
@@ -113,6 +150,7 @@ class Sandbox:
         self._killed = False
         self.commands = Commands(self)
         self.files = Files(self)
+        self.network = Network(self)
 
     # --- making ----------------------------------------------------------
 
@@ -126,6 +164,7 @@ class Sandbox:
         cpu_limit_millis: Optional[int] = None,
         pids_limit: Optional[int] = None,
         io_limits: Optional[Dict[str, int]] = None,
+        network: Optional[NetworkPolicyLike] = None,
         **controller_kwargs: Any,
     ) -> "Sandbox":
         """Spawns one sandbox from the snapshot tagged ``template_or_tag``, with the
@@ -145,6 +184,7 @@ class Sandbox:
                 cpu_limit_millis=cpu_limit_millis,
                 pids_limit=pids_limit,
                 io_limits=io_limits,
+                network=network,
             )
         except BaseException:
             if own:
@@ -241,9 +281,10 @@ class Sandbox:
         cpu_limit_millis: Optional[int] = None,
         pids_limit: Optional[int] = None,
         io_limits: Optional[Dict[str, int]] = None,
+        network: Optional[NetworkPolicyLike] = None,
     ) -> List["Sandbox"]:
         """``n`` running copies of this sandbox (memory, interpreter state and all),
-        with its limits but for those given.
+        with its limits and network policy but for those given.
 
         The copies share this sandbox's Controller if it was given by the caller;
         otherwise each gets its own, so killing one never closes another's.
@@ -255,6 +296,7 @@ class Sandbox:
             cpu_limit_millis=cpu_limit_millis,
             pids_limit=pids_limit,
             io_limits=io_limits,
+            network=network,
         )
         out: List[Sandbox] = []
         for info in infos:

@@ -21,6 +21,7 @@ __all__ = [
     "SandboxInfo",
     "LastDiskSnapshot",
     "VmmJail",
+    "NetworkPolicy",
     "DiskSnapshotReport",
     "DiskSnapshotDisk",
     "DiskSnapshotInfo",
@@ -355,6 +356,35 @@ class VmmJail(_Record):
 
 
 @dataclass
+class NetworkPolicy(_Record):
+    """forkvm: where a sandbox's guest may connect to (docs/networking.md).
+
+    ``allow`` and ``deny`` hold IPv4 addresses, CIDRs, domain names and wildcards
+    (``*.pythonhosted.org``: every name under it). What ``allow`` names is reachable
+    whatever ``deny`` says; what neither names is reachable when ``allow_internet``.
+    """
+
+    allow_internet: bool = True
+    allow: List[str] = field(default_factory=list)
+    deny: List[str] = field(default_factory=list)
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "NetworkPolicy":
+        f = _Fields("NetworkPolicy", data)
+        return cls(
+            allow_internet=f._get("allow_internet", (bool,), False, True),
+            allow=f.str_list("allow", required=False),
+            deny=f.str_list("deny", required=False),
+            raw=_raw(data),
+        )
+
+    def to_json(self) -> Dict[str, Any]:
+        """The request body that asks for this policy."""
+        return {"allow_internet": self.allow_internet, "allow": list(self.allow), "deny": list(self.deny)}
+
+
+@dataclass
 class DiskSnapshotReport(_Record):
     """forkvm: ``POST /v1/sandboxes/{id}/disk-snapshots``: what one disk snapshot did."""
 
@@ -488,6 +518,8 @@ class SandboxInfo(_Record):
     archived_at_unix_ms: Optional[int] = None
     #: forkvm: how its VMM is confined (``get_sandbox`` only; ``None`` in lists).
     jail: Optional[VmmJail] = None
+    #: forkvm: where its guest may connect to; ``None``: anywhere.
+    network: Optional[NetworkPolicy] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -495,6 +527,7 @@ class SandboxInfo(_Record):
         f = _Fields("SandboxInfo", data)
         last = f._get("last_disk_snapshot", (dict, type(None)), False, None)
         jail = f._get("jail", (dict, type(None)), False, None)
+        network = f._get("network", (dict, type(None)), False, None)
         return cls(
             id=f.req_str("id"),
             guest_addr=f.req_str("guest_addr"),
@@ -520,6 +553,7 @@ class SandboxInfo(_Record):
             expires_at_unix_ms=f.opt_int("expires_at_unix_ms"),
             archived_at_unix_ms=f.opt_int("archived_at_unix_ms"),
             jail=None if jail is None else VmmJail.from_json(jail),
+            network=None if network is None else NetworkPolicy.from_json(network),
             raw=_raw(data),
         )
 

@@ -25,6 +25,7 @@ from typing import Iterator, List
 
 import pytest
 
+import forkvm
 from forkvm import BadRequest, Conflict, Controller, EvalError, ForkvmError, NotFound, Sandbox
 
 REPO = Path(__file__).resolve().parents[3]
@@ -427,6 +428,29 @@ def test_bad_tag_is_bad_request(ctl: Controller) -> None:
 def test_duplicate_snapshot_is_conflict(ctl: Controller, py: str) -> None:
     with pytest.raises(Conflict):
         ctl.create_snapshot(py, "python", timeout=TEMPLATE_TIMEOUT_S)
+
+
+def test_a_network_policy_is_checked_kept_and_inherited(ctl: Controller, py: str) -> None:
+    # The daemon under test has no uplink (FORKVM_UPLINK=none: no sandbox leaves its
+    # namespace), so a policy is kept but has nothing to act on: a change is refused
+    # as `no_network`, and nothing is recorded. Enforcement is tested with a fake
+    # internet in crates/forkvm/tests/daemon_network.rs.
+    with pytest.raises(BadRequest) as ei:
+        Sandbox.create(py, controller=ctl, network={"deny": ["10.0.0.1/8"]})
+    assert "network.deny" in str(ei.value)
+    policy = forkvm.NetworkPolicy(allow_internet=False, allow=["pypi.org"])
+    s = Sandbox.create(py, controller=ctl, network=policy)
+    try:
+        assert s.network.policy == policy and ctl.get_sandbox(s.id).network == policy
+        (child,) = s.fork()
+        assert child.info.network == policy, "a fork keeps its source's policy"
+        child.kill()
+        with pytest.raises(Conflict) as ce:
+            s.network.update(allow_internet=True)
+        assert ce.value.state == "no_network"
+        assert ctl.get_sandbox(s.id).network == policy
+    finally:
+        s.kill()
 
 
 def test_kill_then_get_is_not_found(ctl: Controller, py: str) -> None:

@@ -785,6 +785,38 @@ CALLS["ArchiveSandbox"] = (ARCHIVE_REPORT, lambda c: c.archive_sandbox("ID"))
 CALLS["RestoreSandbox"] = (SANDBOX, lambda c: c.restore("ID"))
 CALLS["DiskFork"] = (SANDBOX, lambda c: c.disk_fork("ID"))
 CALLS["SetTtl"] = (SANDBOX, lambda c: c.set_ttl("ID", 5))
+CALLS["SetNetwork"] = (SANDBOX, lambda c: c.set_network("ID", {"allow_internet": False}))
+
+
+def test_network_policies_go_in_bodies_and_come_back_typed(server: TcpServer, client: Controller) -> None:
+    policy = {"allow_internet": False, "allow": ["pypi.org", "*.pythonhosted.org"]}
+    shown = {**SANDBOX, "id": "sb", "network": policy}
+    server.routes[("POST", "/v1/sandboxes")] = _json_reply(201, [shown])
+    server.routes[("PUT", "/v1/sandboxes/sb/network")] = _json_reply(200, {**SANDBOX, "id": "sb"})
+    server.routes[("POST", "/v1/sandboxes/sb/fork")] = _json_reply(201, [shown])
+    sb = Sandbox.create("py", controller=client, network=policy)
+    assert json.loads(server.requests[-1][3])["network"] == policy
+    assert sb.network.policy == forkvm.NetworkPolicy(allow_internet=False, allow=policy["allow"])
+    # forkd's option is sent as asked: every sandbox has its own namespace here.
+    client.spawn_sandboxes("py", per_child_netns=True)
+    assert json.loads(server.requests[-1][3])["per_child_netns"] is True
+    assert sb.network.update(deny=["10.0.0.0/8"]) == forkvm.NetworkPolicy()
+    assert server.requests[-1][:2] == ("PUT", "/v1/sandboxes/sb/network")
+    assert json.loads(server.requests[-1][3]) == {"allow_internet": True, "allow": [], "deny": ["10.0.0.0/8"]}
+    sb.fork(network=forkvm.NetworkPolicy(deny=["evil.test"]))
+    assert json.loads(server.requests[-1][3])["network"] == {"allow_internet": True, "allow": [], "deny": ["evil.test"]}
+    sent = len(server.requests)
+    for bad, err in [
+        ({"allow": "pypi.org"}, TypeError),
+        ({"allow_internet": "no"}, TypeError),
+        ({"block": []}, ValueError),
+        (["pypi.org"], TypeError),
+    ]:
+        with pytest.raises(err):
+            client.set_network("sb", bad)  # type: ignore[arg-type]
+    assert len(server.requests) == sent, "a malformed policy never reaches the daemon"
+    with pytest.raises(ProtocolError):
+        SandboxInfo.from_json({**SANDBOX, "network": {"allow": "x"}})
 
 
 def test_lifecycle_over_fake_server(server: TcpServer, client: Controller) -> None:

@@ -24,11 +24,15 @@
 //! (an uplink for tests: a router and one host, in namespaces of their own).
 
 pub mod addressing;
+pub mod attach;
 pub mod dns;
 mod egress;
 pub mod enter;
 pub mod fake_internet;
+pub mod firewall;
 pub mod ifconfig;
+pub mod policy;
+pub mod policy_rules;
 pub mod pool;
 pub mod rules;
 pub mod slot;
@@ -78,6 +82,21 @@ pub enum NetworkError {
     Rules { what: &'static str, detail: String },
     #[error("sandbox DNS: {0}")]
     Dns(String),
+    #[error("the sandbox's egress policy: {0}")]
+    Policy(#[from] policy::PolicyError),
+    #[error("the sandbox has no network to set a policy on (its template has no NIC, or no uplink)")]
+    NoNetwork,
+}
+
+/// Puts `policy` in force in the sandbox `firewall` guards: checked, then the packet
+/// filter, the forwarder's decisions and the addresses of the names it denies.
+pub fn set_policy(
+    firewall: &std::sync::Arc<firewall::Firewall>,
+    policy: &forkvm_api::NetworkPolicy,
+) -> Result<(), NetworkError> {
+    let checked = policy::EgressPolicy::parse(policy)?;
+    firewall.set_policy(checked)?;
+    dns::block_denied_names(firewall)
 }
 
 /// Turns sandbox networks off for this process when set to `off` (templates then boot,

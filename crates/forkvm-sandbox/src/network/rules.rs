@@ -22,7 +22,9 @@ use super::addressing::{LinkIndex, INNER_NAME, LINKS_NET, LINKS_PREFIX, LINK_PRE
 use super::{NetworkError, GUEST_IP, TAP_NAME};
 use nftables::batch::Batch;
 use nftables::expr::{Expression, Meta, MetaKey, NamedExpression, Payload, PayloadField, Prefix, CT};
-use nftables::schema::{Chain, NfListObject, Nftables, Rule, Table};
+use nftables::schema::{
+    Chain, Element, FlushObject, NfCmd, NfListObject, Nftables, Rule, Set, SetFlag, SetType, SetTypeValue, Table,
+};
 use nftables::stmt::{Match, Operator, Statement, NAT};
 use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
 use std::borrow::Cow;
@@ -48,22 +50,65 @@ pub fn sandbox_rules(link: LinkIndex) -> Nftables<'static> {
             Statement::SNAT(Some(NAT { addr: Some(ip(link.inner_ip())), family: None, port: None, flags: None })),
         ],
     ));
+    // Where the guest may go: everywhere until a policy says otherwise
+    // (`super::policy_rules`, which rewrites this chain and fills the sets).
+    for set in EgressSet::ALL {
+        b.add(t.set(set));
+    }
+    b.add(t.chain(EGRESS_CHAIN));
+    b.add(t.rule(EGRESS_CHAIN, vec![accept()]));
     b.add(t.base_chain("forward", NfChainType::Filter, NfHook::Forward, 0, NfChainPolicy::Drop));
-    b.add(t.rule("forward", vec![ct_answers(), accept()]));
+    b.add(t.rule("forward", vec![iifname(Operator::EQ, INNER_NAME), ct_answers(), accept()]));
     b.add(t.rule(
         "forward",
         vec![
             iifname(Operator::EQ, TAP_NAME),
             oifname(Operator::EQ, INNER_NAME),
             saddr(Operator::EQ, ip(GUEST_IP)),
-            accept(),
+            Statement::Jump(nftables::stmt::JumpTarget { target: EGRESS_CHAIN.into() }),
         ],
     ));
+
     b.add(t.base_chain("input", NfChainType::Filter, NfHook::Input, 0, NfChainPolicy::Accept));
     b.add(t.rule("input", vec![iifname(Operator::EQ, TAP_NAME), saddr(Operator::NEQ, ip(GUEST_IP)), drop()]));
     b.add(t.rule("input", vec![iifname(Operator::EQ, INNER_NAME), ct_answers(), accept()]));
     b.add(t.rule("input", vec![iifname(Operator::EQ, INNER_NAME), drop()]));
     b.to_nftables()
+}
+
+/// The chain of a sandbox's table that decides where its guest may connect to.
+pub const EGRESS_CHAIN: &str = "egress";
+/// Elements a learned set (addresses from DNS answers) holds at most.
+pub const LEARNED_MAX: u32 = 4096;
+
+/// The sets of a sandbox's table its egress chain looks addresses up in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EgressSet {
+    /// Networks of the policy's `allow` and `deny` lists.
+    AllowNets,
+    DenyNets,
+    /// Addresses the DNS forwarder handed out for allowed names, and found for denied
+    /// ones, each for a while.
+    AllowLearned,
+    DenyLearned,
+}
+
+impl EgressSet {
+    pub const ALL: [EgressSet; 4] =
+        [EgressSet::AllowNets, EgressSet::DenyNets, EgressSet::AllowLearned, EgressSet::DenyLearned];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            EgressSet::AllowNets => "allow_nets",
+            EgressSet::DenyNets => "deny_nets",
+            EgressSet::AllowLearned => "allow_learned",
+            EgressSet::DenyLearned => "deny_learned",
+        }
+    }
+
+    fn learned(self) -> bool {
+        matches!(self, EgressSet::AllowLearned | EgressSet::DenyLearned)
+    }
 }
 
 /// The uplink's static rule set: the same for every sandbox, replaced whole (so
@@ -102,13 +147,65 @@ pub fn apply(rules: &Nftables, what: &'static str) -> Result<(), NetworkError> {
 }
 
 /// Objects of the one table [`TABLE`] of a family.
-struct TableBuilder {
+pub(super) struct TableBuilder {
     family: NfFamily,
 }
 
 impl TableBuilder {
-    fn new(family: NfFamily) -> TableBuilder {
+    pub(super) fn new(family: NfFamily) -> TableBuilder {
         TableBuilder { family }
+    }
+
+    /// A regular chain (jumped to).
+    pub(super) fn chain(&self, name: &'static str) -> NfListObject<'static> {
+        NfListObject::Chain(Chain { family: self.family, table: TABLE.into(), name: name.into(), ..Chain::default() })
+    }
+
+    pub(super) fn set(&self, set: EgressSet) -> NfListObject<'static> {
+        let mut flags = std::collections::HashSet::new();
+        flags.insert(if set.learned() { SetFlag::Timeout } else { SetFlag::Interval });
+        NfListObject::Set(Box::new(Set {
+            family: self.family,
+            table: TABLE.into(),
+            name: set.name().into(),
+            handle: None,
+            set_type: SetTypeValue::Single(SetType::Ipv4Addr),
+            policy: None,
+            flags: Some(flags),
+            elem: None,
+            timeout: None,
+            gc_interval: None,
+            size: set.learned().then_some(LEARNED_MAX),
+            comment: None,
+        }))
+    }
+
+    /// Elements for `set`.
+    pub(super) fn elements(&self, set: EgressSet, elem: Vec<Expression<'static>>) -> NfListObject<'static> {
+        NfListObject::Element(Element {
+            family: self.family,
+            table: TABLE.into(),
+            name: set.name().into(),
+            elem: Cow::Owned(elem),
+        })
+    }
+
+    /// Empties `set`.
+    pub(super) fn flush_set(&self, set: EgressSet) -> NfCmd<'static> {
+        NfCmd::Flush(FlushObject::Set(Box::new(match self.set(set) {
+            NfListObject::Set(s) => *s,
+            _ => unreachable!("set() makes a set"),
+        })))
+    }
+
+    /// Empties chain `name`.
+    pub(super) fn flush_chain(&self, name: &'static str) -> NfCmd<'static> {
+        NfCmd::Flush(FlushObject::Chain(Chain {
+            family: self.family,
+            table: TABLE.into(),
+            name: name.into(),
+            ..Chain::default()
+        }))
     }
 
     fn table(&self) -> NfListObject<'static> {
@@ -145,7 +242,7 @@ impl TableBuilder {
         })
     }
 
-    fn rule(&self, chain: &'static str, expr: Vec<Statement<'static>>) -> NfListObject<'static> {
+    pub(super) fn rule(&self, chain: &'static str, expr: Vec<Statement<'static>>) -> NfListObject<'static> {
         NfListObject::Rule(Rule {
             family: self.family,
             table: TABLE.into(),
@@ -158,40 +255,40 @@ impl TableBuilder {
     }
 }
 
-fn matches(left: Expression<'static>, op: Operator, right: Expression<'static>) -> Statement<'static> {
+pub(super) fn matches(left: Expression<'static>, op: Operator, right: Expression<'static>) -> Statement<'static> {
     Statement::Match(Match { left, right, op })
 }
 
-fn meta(key: MetaKey) -> Expression<'static> {
+pub(super) fn meta(key: MetaKey) -> Expression<'static> {
     Expression::Named(NamedExpression::Meta(Meta { key }))
 }
 
 /// `iifname`; a name ending in `*` matches every interface it starts.
-fn iifname(op: Operator, name: &str) -> Statement<'static> {
+pub(super) fn iifname(op: Operator, name: &str) -> Statement<'static> {
     matches(meta(MetaKey::Iifname), op, Expression::String(name.to_string().into()))
 }
 
-fn oifname(op: Operator, name: &str) -> Statement<'static> {
+pub(super) fn oifname(op: Operator, name: &str) -> Statement<'static> {
     matches(meta(MetaKey::Oifname), op, Expression::String(name.to_string().into()))
 }
 
-fn ip_field(field: &'static str) -> Expression<'static> {
+pub(super) fn ip_field(field: &'static str) -> Expression<'static> {
     Expression::Named(NamedExpression::Payload(Payload::PayloadField(PayloadField {
         protocol: "ip".into(),
         field: field.into(),
     })))
 }
 
-fn saddr(op: Operator, right: Expression<'static>) -> Statement<'static> {
+pub(super) fn saddr(op: Operator, right: Expression<'static>) -> Statement<'static> {
     matches(ip_field("saddr"), op, right)
 }
 
-fn daddr(op: Operator, right: Expression<'static>) -> Statement<'static> {
+pub(super) fn daddr(op: Operator, right: Expression<'static>) -> Statement<'static> {
     matches(ip_field("daddr"), op, right)
 }
 
 /// `<proto> dport <port>`.
-fn dport(proto: &'static str, port: u16) -> Statement<'static> {
+pub(super) fn dport(proto: &'static str, port: u16) -> Statement<'static> {
     let field = Expression::Named(NamedExpression::Payload(Payload::PayloadField(PayloadField {
         protocol: proto.into(),
         field: "dport".into(),
@@ -199,16 +296,16 @@ fn dport(proto: &'static str, port: u16) -> Statement<'static> {
     matches(field, Operator::EQ, Expression::Number(port.into()))
 }
 
-fn ip(addr: Ipv4Addr) -> Expression<'static> {
+pub(super) fn ip(addr: Ipv4Addr) -> Expression<'static> {
     Expression::String(addr.to_string().into())
 }
 
-fn prefix(addr: Ipv4Addr, len: u8) -> Expression<'static> {
+pub(super) fn prefix(addr: Ipv4Addr, len: u8) -> Expression<'static> {
     Expression::Named(NamedExpression::Prefix(Prefix { addr: Box::new(ip(addr)), len: len.into() }))
 }
 
 /// `ct state established,related`: answers to what was let through.
-fn ct_answers() -> Statement<'static> {
+pub(super) fn ct_answers() -> Statement<'static> {
     let state = Expression::Named(NamedExpression::CT(CT { key: "state".into(), family: None, dir: None }));
     matches(
         state,
@@ -217,10 +314,10 @@ fn ct_answers() -> Statement<'static> {
     )
 }
 
-fn accept() -> Statement<'static> {
+pub(super) fn accept() -> Statement<'static> {
     Statement::Accept(None)
 }
 
-fn drop() -> Statement<'static> {
+pub(super) fn drop() -> Statement<'static> {
     Statement::Drop(None)
 }

@@ -105,6 +105,9 @@ pub struct SandboxRecord {
     /// no ids of its own.
     #[serde(default)]
     pub uid: Option<u32>,
+    /// Where its guest may connect to (none: anywhere).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<forkvm_api::NetworkPolicy>,
 }
 
 /// A layered disk as a sandbox's VMM opened it: with the layers the VMM made in `dir`
@@ -441,6 +444,7 @@ impl Registry {
             cgroup: None,
             disks: Vec::new(),
             uid: None,
+            network: origin.network,
         })
     }
 
@@ -554,6 +558,12 @@ impl Registry {
             id,
             &[&ttl_seconds.map(|v| v as i64), &expires_at_unix_ms.map(|v| v as i64)],
         )
+    }
+
+    /// Records sandbox `id`'s egress policy; whether it has a row.
+    pub fn set_network(&self, id: &str, policy: &forkvm_api::NetworkPolicy) -> Result<bool, RegistryError> {
+        let column = records::network_column(&Some(policy.clone()));
+        self.records.update("UPDATE sandboxes SET network = ?2 WHERE id = ?1", id, &[&column])
     }
 
     /// Counts a branch of sandbox `id` that made snapshot `tag`.
@@ -679,6 +689,8 @@ pub struct Origin {
     pub cpu_millis: Option<u32>,
     pub pids_max: Option<u32>,
     pub io_limits: forkvm_api::IoLimits,
+    /// Its egress policy (none: anywhere).
+    pub network: Option<forkvm_api::NetworkPolicy>,
 }
 
 impl Origin {
@@ -692,6 +704,7 @@ impl Origin {
             cpu_millis: r.cpu_millis,
             pids_max: r.pids_max,
             io_limits: r.io_limits,
+            network: r.network.clone(),
         }
     }
 }
@@ -716,6 +729,7 @@ mod tests {
             cgroup: None,
             disks: Vec::new(),
             uid: None,
+            network: None,
         }
     }
 

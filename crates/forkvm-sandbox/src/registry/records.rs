@@ -22,9 +22,10 @@ use std::sync::Mutex;
 pub const REGISTRY_DB: &str = "registry.db";
 
 /// Version of the table layout below; versions 1 (records without a lifecycle), 2
-/// (without CPU and tasks limits), 3 (without I/O caps) and 4 (without the sandbox's
-/// uid) are migrated when opened, a newer one is refused by name.
-const SCHEMA_VERSION: i64 = 5;
+/// (without CPU and tasks limits), 3 (without I/O caps), 4 (without the sandbox's uid)
+/// and 5 (without its egress policy) are migrated when opened, a newer one is refused
+/// by name.
+const SCHEMA_VERSION: i64 = 6;
 
 /// The `sandboxes` table of [`SCHEMA_VERSION`] (a macro, so that the schema and the
 /// migration share one literal).
@@ -55,7 +56,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
   cpu_millis INTEGER,
   pids_max INTEGER,
   io_limits TEXT,
-  uid INTEGER
+  uid INTEGER,
+  network TEXT
 );
 "
     };
@@ -75,7 +77,7 @@ INSERT INTO sandboxes (id, state, pid, template, source_tag, forked_from, create
   SELECT id, 'running', pid, template, source_tag, forked_from, created_at_unix_ms, memory_limit_bytes, cgroup, disks,
     created_at_unix_ms FROM sandboxes_v1;
 DROP TABLE sandboxes_v1;
-UPDATE meta SET value = '5' WHERE key = 'schema';
+UPDATE meta SET value = '6' WHERE key = 'schema';
 "
 );
 
@@ -96,6 +98,12 @@ UPDATE meta SET value = '4' WHERE key = 'schema';
 const MIGRATE_4_TO_5: &str = "
 ALTER TABLE sandboxes ADD COLUMN uid INTEGER;
 UPDATE meta SET value = '5' WHERE key = 'schema';
+";
+
+/// Version 5 to 6: the sandbox's egress policy (JSON `NetworkPolicy`; none: the default).
+const MIGRATE_5_TO_6: &str = "
+ALTER TABLE sandboxes ADD COLUMN network TEXT;
+UPDATE meta SET value = '6' WHERE key = 'schema';
 ";
 
 /// A connection owned by the process that opened it (see the module doc).
@@ -184,7 +192,7 @@ impl Records {
                     conn.execute_batch(&format!("BEGIN IMMEDIATE; {MIGRATE_1} COMMIT;"))?;
                     Ok(Some(SCHEMA_VERSION))
                 }
-                Some(2) | Some(3) | Some(4) => {
+                Some(2) | Some(3) | Some(4) | Some(5) => {
                     // Another process may have migrated between the read and the lock.
                     conn.execute_batch("BEGIN IMMEDIATE;")?;
                     let now: Option<String> =
@@ -197,6 +205,9 @@ impl Records {
                     }
                     if matches!(now.as_deref(), Some("2") | Some("3") | Some("4")) {
                         conn.execute_batch(MIGRATE_4_TO_5)?;
+                    }
+                    if matches!(now.as_deref(), Some("2") | Some("3") | Some("4") | Some("5")) {
+                        conn.execute_batch(MIGRATE_5_TO_6)?;
                     }
                     conn.execute_batch("COMMIT;")?;
                     Ok(Some(SCHEMA_VERSION))
@@ -221,8 +232,8 @@ impl Records {
                 let mut st = tx.prepare_cached(
                     "INSERT OR IGNORE INTO sandboxes (id, state, op, owner_pid, owner_started_unix_ms, template,
                        source_tag, forked_from, created_at_unix_ms, memory_limit_bytes, last_activity_unix_ms,
-                       cpu_millis, pids_max, io_limits)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+                       cpu_millis, pids_max, io_limits, network)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
                 )?;
                 for r in records {
                     st.execute(params![
@@ -240,6 +251,7 @@ impl Records {
                         r.cpu_millis,
                         r.pids_max,
                         io_column(&r.io_limits),
+                        network_column(&r.network),
                     ])?;
                 }
             }
@@ -263,8 +275,8 @@ impl Records {
                 let mut st = tx.prepare_cached(
                     "INSERT INTO sandboxes (id, state, owner_pid, owner_started_unix_ms, pid, template, source_tag,
                        forked_from, created_at_unix_ms, memory_limit_bytes, cgroup, disks, last_activity_unix_ms,
-                       cpu_millis, pids_max, io_limits, uid)
-                     VALUES (?1, ?13, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?14, ?15, ?16, ?17)
+                       cpu_millis, pids_max, io_limits, uid, network)
+                     VALUES (?1, ?13, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?14, ?15, ?16, ?17, ?18)
                      ON CONFLICT (id) DO UPDATE SET pid = excluded.pid, template = excluded.template,
                        source_tag = excluded.source_tag, forked_from = excluded.forked_from,
                        memory_limit_bytes = excluded.memory_limit_bytes, cgroup = excluded.cgroup,
@@ -290,6 +302,7 @@ impl Records {
                         r.pids_max,
                         io_column(&r.io_limits),
                         r.uid,
+                        network_column(&r.network),
                     ])?;
                 }
             }
@@ -354,9 +367,9 @@ impl Records {
                 "INSERT INTO sandboxes (id, state, op, reason, pid, template, source_tag, forked_from,
                    created_at_unix_ms, memory_limit_bytes, cgroup, disks, last_activity_unix_ms, ttl_seconds,
                    expires_at_unix_ms, archived_at_unix_ms, branch_count, last_branch_tag, cpu_millis, pids_max,
-                   io_limits, uid)
+                   io_limits, uid, network)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20,
-                   ?21, ?22)
+                   ?21, ?22, ?23)
                  ON CONFLICT (id) DO UPDATE SET state = excluded.state, op = excluded.op, reason = excluded.reason,
                    last_activity_unix_ms = excluded.last_activity_unix_ms, ttl_seconds = excluded.ttl_seconds,
                    expires_at_unix_ms = excluded.expires_at_unix_ms, archived_at_unix_ms = excluded.archived_at_unix_ms,
@@ -385,6 +398,7 @@ impl Records {
                 r.pids_max,
                 io_column(&r.io_limits),
                 r.uid,
+                network_column(&r.network),
             ])
             .map(|_| ())
         })
@@ -492,8 +506,8 @@ impl Records {
 
 const SELECT: &str = "SELECT id, state, op, reason, owner_pid, owner_started_unix_ms, pid, template, source_tag,
   forked_from, created_at_unix_ms, memory_limit_bytes, cgroup, disks, last_activity_unix_ms, ttl_seconds,
-  expires_at_unix_ms, archived_at_unix_ms, branch_count, last_branch_tag, cpu_millis, pids_max, io_limits, uid
-  FROM sandboxes";
+  expires_at_unix_ms, archived_at_unix_ms, branch_count, last_branch_tag, cpu_millis, pids_max, io_limits, uid,
+  network FROM sandboxes";
 
 /// A row as read, before its state and disks are decoded.
 struct Row {
@@ -521,6 +535,7 @@ struct Row {
     pids_max: Option<i64>,
     io_limits: Option<String>,
     uid: Option<u32>,
+    network: Option<String>,
 }
 
 fn row_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
@@ -549,12 +564,18 @@ fn row_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
         pids_max: r.get(21)?,
         io_limits: r.get(22)?,
         uid: r.get(23)?,
+        network: r.get(24)?,
     })
 }
 
 /// The `io_limits` column for caps `io`: none when nothing is capped.
 fn io_column(io: &forkvm_api::IoLimits) -> Option<String> {
     io.asked().map(|io| serde_json::to_string(&io).unwrap_or_default())
+}
+
+/// The `network` column for `policy`: none for the default.
+pub(super) fn network_column(policy: &Option<forkvm_api::NetworkPolicy>) -> Option<String> {
+    policy.as_ref().filter(|p| !p.is_default()).map(|p| serde_json::to_string(p).unwrap_or_default())
 }
 
 /// A stored integer that is a count or a time: negative ones (never written) read as 0.
@@ -576,6 +597,13 @@ impl Row {
             Some(json) => {
                 serde_json::from_str(json).map_err(|source| RegistryError::Record { path: db.to_path_buf(), source })?
             }
+        };
+        let network = match &self.network {
+            None => None,
+            Some(json) => Some(
+                serde_json::from_str(json)
+                    .map_err(|source| RegistryError::Record { path: db.to_path_buf(), source })?,
+            ),
         };
         let state = SandboxState::parse(&self.state)
             .ok_or_else(|| RegistryError::BadState { path: db.to_path_buf(), state: self.state.clone() })?;
@@ -600,6 +628,7 @@ impl Row {
                 cgroup: self.cgroup,
                 disks,
                 uid: self.uid,
+                network,
             },
             state,
             op: self.op,
@@ -690,12 +719,19 @@ mod tests {
         again.cpu_millis = Some(500);
         again.pids_max = Some(64);
         again.io_limits = forkvm_api::IoLimits { disk_bytes_per_sec: Some(1 << 20), ..Default::default() };
+        again.network =
+            Some(forkvm_api::NetworkPolicy { allow_internet: false, allow: vec!["pypi.org".into()], deny: Vec::new() });
         records.put(&[&again], 7000).unwrap();
         let rows = records.all(|id| dir.path().join(id)).unwrap();
         let back = rows.iter().find(|row| row.record.id == "new3").unwrap();
         assert_eq!((back.record.cpu_millis, back.record.pids_max), (Some(500), Some(64)));
         assert_eq!(back.record.io_limits, again.io_limits);
-        // A second open finds version 4 and migrates nothing.
+        assert_eq!(back.record.network, again.network);
+        // The VMM's columns rewritten keep the policy (the daemon's row has it first).
+        records.put(&[&SandboxRecord { network: None, ..again.clone() }], 7001).unwrap();
+        let rows = records.all(|id| dir.path().join(id)).unwrap();
+        assert_eq!(rows.iter().find(|row| row.record.id == "new3").unwrap().record.network, again.network);
+        // A second open finds the current version and migrates nothing.
         drop(records);
         assert_eq!(Records::at(dir.path()).all(|id| dir.path().join(id)).unwrap().len(), 2);
     }

@@ -269,7 +269,7 @@ pub fn start_disk_fork(
     let restore_ms = ms_since(restoring);
     let vsock = batch.records()[0].vsock();
     // Its own network namespace (the VMM's tap keeps it) when templates have a network.
-    let mut net = if crate::guest::has_network() {
+    let net = if crate::guest::has_network() {
         Some(crate::network::pool::take().map_err(|e| step("making its network", e.to_string()))?)
     } else {
         None
@@ -278,9 +278,7 @@ pub fn start_disk_fork(
     let pid = boot_detached(machine(&artifacts, CpuTemplate::for_this_host()), spec)
         .map_err(|e| step("starting the VMM", e.to_string()))?;
     batch.started(0, pid);
-    if let Some(net) = net.as_mut() {
-        crate::network::dns::serve_slot(net, crate::network::dns::Lifetime::UntilExit(pid));
-    }
+    drop(net);
     let record = batch.commit()?.remove(0);
     Ok(StartedDiskFork { record, restore, restore_ms })
 }

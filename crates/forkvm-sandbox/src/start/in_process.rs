@@ -60,8 +60,8 @@ pub struct Sandbox {
     vmm: Option<Vmm>,
     /// Its network namespace, when the template has a network.
     net: Option<NetSlot>,
-    /// Its DNS, served while the sandbox lives.
-    _dns: Option<crate::network::dns::DnsGuard>,
+    /// Its DNS, served while the sandbox lives, and its policy.
+    dns: Option<(crate::network::dns::DnsGuard, std::sync::Arc<crate::network::firewall::Firewall>)>,
     keep_run_dir: bool,
 }
 
@@ -96,7 +96,7 @@ impl Sandbox {
         })?;
         let ready_ms = started.elapsed().as_secs_f64() * 1e3;
         apply_identity(&client, &id).map_err(SandboxError::Identity)?;
-        Ok(Sandbox { id, client, run_dir, ready_ms, vmm: Some(vmm), net, _dns: dns, keep_run_dir: false })
+        Ok(Sandbox { id, client, run_dir, ready_ms, vmm: Some(vmm), net, dns, keep_run_dir: false })
     }
 
     /// Keep the run directory (console log) after the sandbox ends, e.g. after a failure.
@@ -111,6 +111,13 @@ impl Sandbox {
     /// The sandbox's network namespace (where its guest's gateway is), if it has one.
     pub fn network(&self) -> Option<&NetSlot> {
         self.net.as_ref()
+    }
+
+    /// Puts `policy` in force for where the guest may connect to (`docs/networking.md`),
+    /// for connections already open too.
+    pub fn set_network_policy(&self, policy: &forkvm_api::NetworkPolicy) -> Result<(), crate::network::NetworkError> {
+        let (_, firewall) = self.dns.as_ref().ok_or(crate::network::NetworkError::NoNetwork)?;
+        crate::network::set_policy(firewall, policy)
     }
 }
 

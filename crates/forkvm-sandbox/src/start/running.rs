@@ -77,10 +77,6 @@ pub fn fork_running_as(
     }
     for (i, pid) in host_pids.into_iter().flatten().enumerate() {
         batch.started(i, pid);
-        // Each child's DNS is served for as long as its VMM lives.
-        if let Some(slot) = slots.get_mut(i) {
-            crate::network::dns::serve_slot(slot, crate::network::dns::Lifetime::UntilExit(pid));
-        }
     }
     drop(slots);
     // Born in the source's group; a VMM writes no cgroup file, so each is moved from here.

@@ -85,14 +85,12 @@ pub fn start_vmms(
     for i in 0..ids.len() {
         let r = &batch.records()[i];
         // Its own network namespace; its VMM's tap alone keeps it once spawned.
-        let mut net = if source.has_network() { Some(crate::network::pool::take()?) } else { None };
+        let net = if source.has_network() { Some(crate::network::pool::take()?) } else { None };
         let devices = source.devices(&r.vsock(), &r.disk_dir(), net.as_ref().map(crate::network::NetSlot::tap_source));
         let spec = batch.vmm_spec(i, devices)?;
         let pid = zygote.spawn(spec)?;
-        // Its DNS is served for as long as its VMM lives.
-        if let Some(net) = net.as_mut() {
-            crate::network::dns::serve_slot(net, crate::network::dns::Lifetime::UntilExit(pid));
-        }
+        // Its DNS and policy are served once it runs, by whoever makes it ready
+        // (`ready::finish`), from its VMM's tap.
         drop(net);
         batch.started(i, pid);
     }

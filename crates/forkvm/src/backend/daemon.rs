@@ -71,6 +71,7 @@ impl Backend for Daemon {
                     live_fork: false,
                     hugepages: false,
                     ttl_seconds: None,
+                    network: None,
                 })?
             }
             NewFrom::Sandbox(id) => {
@@ -84,6 +85,7 @@ impl Backend for Daemon {
                         pids_limit: limits.pids_limit,
                         io_limits: limits.io_limits(),
                         ttl_seconds: None,
+                        network: None,
                     },
                 )?
             }

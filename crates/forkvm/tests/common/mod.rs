@@ -57,7 +57,17 @@ impl Env {
     }
 
     pub fn start_daemon(&mut self, extra: &[&str]) {
-        let mut child = self.command(&["daemon"]).args(extra).stdout(Stdio::piped()).spawn().unwrap();
+        self.start_daemon_with(extra, &[]);
+    }
+
+    /// [`Env::start_daemon`] with these variables in the daemon's environment.
+    pub fn start_daemon_with(&mut self, extra: &[&str], vars: &[(&str, &str)]) {
+        let mut command = self.command(&["daemon"]);
+        command.args(extra).stdout(Stdio::piped());
+        for (k, v) in vars {
+            command.env(k, v);
+        }
+        let mut child = command.spawn().unwrap();
         let mut out = BufReader::new(child.stdout.take().unwrap());
         loop {
             let mut line = String::new();

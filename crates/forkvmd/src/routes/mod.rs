@@ -50,6 +50,7 @@ fn handler(name: RouteName, filter: MethodFilter) -> MethodRouter<AppState> {
         RouteName::RestoreSandbox => on(filter, sandboxes::restore),
         RouteName::DiskFork => on(filter, sandboxes::disk_fork),
         RouteName::SetTtl => on(filter, sandboxes::set_ttl),
+        RouteName::SetNetwork => on(filter, sandboxes::set_network),
     }
 }
 

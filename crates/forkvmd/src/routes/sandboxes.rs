@@ -16,8 +16,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use forkvm_api::{
-    ArchiveReport, CreateSandboxRequest, DiskForkRequest, ForkSandboxRequest, RestoreRequest, SandboxInfo,
-    SetTtlRequest, MAX_SANDBOXES_PER_CALL,
+    ArchiveReport, CreateSandboxRequest, DiskForkRequest, ForkSandboxRequest, NetworkPolicy, RestoreRequest,
+    SandboxInfo, SetTtlRequest, MAX_SANDBOXES_PER_CALL,
 };
 use forkvm_sandbox::registry::Origin;
 use forkvm_sandbox::start::new_sandbox_id;
@@ -184,9 +184,8 @@ pub async fn create(
 ) -> Result<(StatusCode, Json<Vec<SandboxInfo>>), ApiError> {
     check_count(req.n)?;
     let limits = asked_limits(req.memory_limit_mib, req.cpu_limit_millis, req.pids_limit, req.io_limits)?;
-    if req.per_child_netns {
-        return Err(ApiError::bad_request("per_child_netns is not supported: forkvm guests have no network device"));
-    }
+    // forkd's `per_child_netns` asks for what every sandbox has here: accepted.
+    checked_network(req.network.as_ref())?;
     if req.live_fork {
         return Err(ApiError::bad_request("live_fork: fork a running sandbox with POST /v1/sandboxes/{id}/fork"));
     }
@@ -201,6 +200,7 @@ pub async fn create(
         let origin = Origin {
             template: source.template().map(String::from),
             source_tag: Some(req.snapshot_tag.clone()),
+            network: req.network.clone(),
             ..Origin::default()
         };
         s.begin_sandboxes(&ids, &op, &limits.recorded_in(origin))?;
@@ -224,6 +224,7 @@ pub async fn fork(
     check_count(req.n)?;
     let asked = asked_limits(req.memory_limit_mib, req.cpu_limit_millis, req.pids_limit, req.io_limits)?;
     let ttl = s.lifecycle.ttl_for(req.ttl_seconds)?;
+    checked_network(req.network.as_ref())?;
     s.blocking(move |s| {
         let started = Instant::now();
         let (source, _in_use) = use_sandbox(&s, &id)?;
@@ -231,7 +232,9 @@ pub async fn fork(
         let ids: Vec<String> = (0..req.n).map(|_| new_sandbox_id()).collect();
         // The children keep their source's limits, but for those asked anew.
         let opts = SpawnOptions::for_fork_of(&source, asked);
-        let origin = Origin { forked_from: Some(id.clone()), ..Origin::of(&source) };
+        // The children keep their source's policy, but for one asked anew.
+        let network = req.network.clone().or_else(|| source.network.clone());
+        let origin = Origin { forked_from: Some(id.clone()), network, ..Origin::of(&source) };
         s.begin_sandboxes(&ids, &op, &opts.recorded_in(origin))?;
         let made = forkvm_sandbox::fork_running_as(&s.registry, &id, &ids, &opts)
             .map(|(sandboxes, _pause_ms)| sandboxes)
@@ -268,6 +271,36 @@ pub async fn set_ttl(
         running(&s, &id)?;
         let expires = ttl.map(|t| forkvm_sandbox::registry::now_unix_ms() + t * 1000);
         s.registry.set_ttl(&id, ttl, expires)?;
+        let row = s.sandbox_row(&id).ok_or_else(|| ApiError::not_found(format!("sandbox {id:?} not found")))?;
+        Ok(Json(sandbox_info(&row, &s.disk)))
+    })
+    .await
+}
+
+/// A policy a request asks for, checked (400 naming the entry).
+fn checked_network(policy: Option<&NetworkPolicy>) -> Result<(), ApiError> {
+    if let Some(p) = policy {
+        forkvm_sandbox::network::policy::EgressPolicy::parse(p).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// `PUT /v1/sandboxes/{id}/network`: where its guest may connect to, from now on, for
+/// connections already open too. An archived sandbox's is recorded and in force once it
+/// is restored.
+pub async fn set_network(
+    State(s): State<AppState>,
+    Param(id): Param,
+    JsonBody(req): JsonBody<NetworkPolicy>,
+) -> Result<Json<SandboxInfo>, ApiError> {
+    checked_network(Some(&req))?;
+    s.blocking(move |s| {
+        let archived = s.sandbox_row(&id).is_some_and(|row| row.state == SandboxState::Archived);
+        if !archived {
+            let r = running(&s, &id)?;
+            forkvm_sandbox::network::attach::update(&id, r.pid, &req)?;
+        }
+        s.registry.set_network(&id, &req)?;
         let row = s.sandbox_row(&id).ok_or_else(|| ApiError::not_found(format!("sandbox {id:?} not found")))?;
         Ok(Json(sandbox_info(&row, &s.disk)))
     })

@@ -116,6 +116,7 @@ pub fn fake_started(e: &Env, id: &str, source_tag: Option<&str>, forked_from: Op
         cgroup: None,
         disks: Vec::new(),
         uid: None,
+        network: None,
     };
     e.state.registry.write(&record).unwrap();
 }

@@ -22,18 +22,30 @@ pub mod relay;
 pub mod serve;
 pub mod upstream;
 
-pub use serve::{serve, DnsGuard, DnsSockets, Lifetime};
+pub use serve::{block_denied_names, serve, DnsGuard, DnsSockets, Lifetime};
 
 #[cfg(test)]
 mod tests;
 
 /// Serves the DNS of `slot`'s sandbox for `lifetime`, if the slot has a forwarder's
-/// sockets (a linked slot). A forwarder that cannot run leaves the sandbox without
-/// DNS, said in the log; the sandbox itself is not refused for it.
-pub fn serve_slot(slot: &mut crate::network::NetSlot, lifetime: Lifetime) -> Option<DnsGuard> {
+/// sockets (a linked slot), under a firewall of its own: returned with the guard, to
+/// change the sandbox's policy by. A forwarder that cannot run leaves the sandbox
+/// without DNS, said in the log; the sandbox itself is not refused for it.
+pub fn serve_slot(
+    slot: &mut crate::network::NetSlot,
+    lifetime: Lifetime,
+) -> Option<(DnsGuard, std::sync::Arc<crate::network::firewall::Firewall>)> {
     let sockets = slot.take_dns()?;
-    match serve(sockets, lifetime) {
-        Ok(guard) => Some(guard),
+    let netns = match slot.namespace().try_clone() {
+        Ok(fd) => fd,
+        Err(e) => {
+            tracing::warn!(error = %e, "a sandbox without DNS");
+            return None;
+        }
+    };
+    let firewall = std::sync::Arc::new(crate::network::firewall::Firewall::new(netns, sockets.uplink()));
+    match serve(sockets, lifetime, firewall.clone()) {
+        Ok(guard) => Some((guard, firewall)),
         Err(e) => {
             tracing::warn!(error = %e, "a sandbox without DNS");
             None

@@ -6,6 +6,8 @@
 
 use super::relay::{self, Query, Refused, MAX_MESSAGE};
 use super::upstream;
+use crate::network::firewall::Firewall;
+use crate::network::policy::{NamePattern, NameVerdict};
 use crate::network::uplink::Uplink;
 use crate::network::{NetworkError, GATEWAY_IP, GUEST_IP};
 use std::net::{IpAddr, SocketAddr};
@@ -47,6 +49,11 @@ impl DnsSockets {
         tcp.set_nonblocking(true)?;
         Ok(DnsSockets { udp, tcp, uplink })
     }
+
+    /// Where upstream resolvers are asked from (`None`: this process's namespace).
+    pub fn uplink(&self) -> Option<Arc<OwnedFd>> {
+        self.uplink.clone()
+    }
 }
 
 /// How long a sandbox's sockets are served.
@@ -64,8 +71,9 @@ pub struct DnsGuard {
     _stop: Option<oneshot::Sender<()>>,
 }
 
-/// Serves `sockets` for `lifetime`. Errors only when the forwarder cannot run at all.
-pub fn serve(sockets: DnsSockets, lifetime: Lifetime) -> Result<DnsGuard, NetworkError> {
+/// Serves `sockets` for `lifetime`, deciding names by `firewall`'s policy. Errors only
+/// when the forwarder cannot run at all.
+pub fn serve(sockets: DnsSockets, lifetime: Lifetime, firewall: Arc<Firewall>) -> Result<DnsGuard, NetworkError> {
     let runtime = runtime()?;
     let (guard, ends) = match lifetime {
         Lifetime::WhileHeld => {
@@ -80,26 +88,121 @@ pub fn serve(sockets: DnsSockets, lifetime: Lifetime) -> Result<DnsGuard, Networ
         ),
     };
     runtime.spawn(async move {
-        let uplink = sockets.uplink;
-        let upstreams = match upstream::current(uplink.is_none()) {
-            Ok(servers) => Arc::new(servers.to_vec()),
-            Err(why) => {
-                warn_once(&why);
-                Arc::new(Vec::new())
-            }
-        };
+        let upstreams = upstreams(sockets.uplink.is_none());
         let (Ok(udp), Ok(tcp)) =
             (tokio::net::UdpSocket::from_std(sockets.udp), tokio::net::TcpListener::from_std(sockets.tcp))
         else {
             return;
         };
+        let asker = Asker { upstreams, uplink: sockets.uplink, firewall };
         tokio::select! {
             _ = ends.wait() => {}
-            _ = serve_udp(Arc::new(udp), upstreams.clone(), uplink.clone()) => {}
-            _ = serve_tcp(tcp, upstreams, uplink) => {}
+            _ = serve_udp(Arc::new(udp), asker.clone()) => {}
+            _ = serve_tcp(tcp, asker) => {}
         }
     });
     Ok(guard)
+}
+
+/// The upstream resolvers, or none (every query then fails, said once in the log).
+fn upstreams(from_this_namespace: bool) -> Arc<Vec<SocketAddr>> {
+    match upstream::current(from_this_namespace) {
+        Ok(servers) => Arc::new(servers.to_vec()),
+        Err(why) => {
+            warn_once(&why);
+            Arc::new(Vec::new())
+        }
+    }
+}
+
+/// How one sandbox's queries are answered: upstream, from the uplink's namespace,
+/// under its policy.
+#[derive(Clone)]
+struct Asker {
+    upstreams: Arc<Vec<SocketAddr>>,
+    uplink: Option<Arc<OwnedFd>>,
+    firewall: Arc<Firewall>,
+}
+
+#[derive(Clone, Copy)]
+enum Transport {
+    Udp,
+    Tcp,
+}
+
+impl Asker {
+    async fn upstream(&self, query: &Query, over: Transport) -> Vec<u8> {
+        match over {
+            Transport::Udp => relay::over_udp(query, &self.upstreams, self.uplink.as_deref()).await,
+            Transport::Tcp => relay::over_tcp(query, &self.upstreams, self.uplink.as_deref()).await,
+        }
+    }
+
+    /// The guest's answer to `query` under the policy: a name it may not learn is
+    /// NXDOMAIN; the addresses of an allowed or denied name go to the packet filter
+    /// before the guest sees the answer.
+    async fn answer(&self, query: &Query, over: Transport) -> Vec<u8> {
+        let name = query.name();
+        match self.firewall.policy().verdict(&name) {
+            NameVerdict::Refuse => query.nonexistent(),
+            NameVerdict::Forward => self.upstream(query, over).await,
+            NameVerdict::Allow | NameVerdict::Deny => {
+                let answer = self.upstream(query, over).await;
+                let addrs = forkvm_dns::answer_addresses(&answer);
+                let firewall = self.firewall.clone();
+                match tokio::task::spawn_blocking(move || firewall.learn(&name, &addrs)).await {
+                    Ok(Ok(NameVerdict::Allow | NameVerdict::Forward)) => answer,
+                    Ok(Ok(NameVerdict::Deny | NameVerdict::Refuse)) => query.nonexistent(),
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, "a sandbox's DNS answer could not be let through its filter");
+                        query.failure()
+                    }
+                    Err(_) => query.failure(),
+                }
+            }
+        }
+    }
+}
+
+/// Looks up the exact names `firewall`'s policy denies (and does not allow) and blocks
+/// their addresses, so that a guest that never asks cannot connect to them by address
+/// either. Waits for the lookups, each bounded by the upstreams' timeout.
+pub fn block_denied_names(firewall: &Arc<Firewall>) -> Result<(), NetworkError> {
+    let policy = firewall.policy();
+    let names: Vec<String> = policy
+        .deny
+        .names
+        .iter()
+        .filter_map(|p| match p {
+            NamePattern::Exact(n) if policy.verdict(n) == NameVerdict::Deny => Some(n.clone()),
+            _ => None,
+        })
+        .collect();
+    if names.is_empty() {
+        return Ok(());
+    }
+    let uplink = firewall.uplink().cloned();
+    let (tx, rx) = std::sync::mpsc::channel();
+    runtime()?.spawn(async move {
+        let upstreams = upstreams(uplink.is_none());
+        let mut lookups = tokio::task::JoinSet::new();
+        for name in names {
+            let (upstreams, uplink) = (upstreams.clone(), uplink.clone());
+            lookups.spawn(async move {
+                let query = Query::for_addresses_of(&name)?;
+                let answer = relay::over_udp(&query, &upstreams, uplink.as_deref()).await;
+                Some((name, forkvm_dns::answer_addresses(&answer)))
+            });
+        }
+        let found: Vec<_> = lookups.join_all().await.into_iter().flatten().collect();
+        let _ = tx.send(found);
+    });
+    let waited = relay::UPSTREAM_TIMEOUT * 4;
+    let found = rx.recv_timeout(waited).map_err(|_| NetworkError::Dns("looking up the denied names".into()))?;
+    for (name, addrs) in found {
+        firewall.learn(&name, &addrs)?;
+    }
+    Ok(())
 }
 
 fn warn_once(why: &str) {
@@ -133,7 +236,7 @@ impl End {
     }
 }
 
-async fn serve_udp(sock: Arc<tokio::net::UdpSocket>, upstreams: Arc<Vec<SocketAddr>>, uplink: Option<Arc<OwnedFd>>) {
+async fn serve_udp(sock: Arc<tokio::net::UdpSocket>, asker: Asker) {
     let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
     let mut buf = vec![0u8; MAX_MESSAGE];
     loop {
@@ -151,16 +254,16 @@ async fn serve_udp(sock: Arc<tokio::net::UdpSocket>, upstreams: Arc<Vec<SocketAd
         };
         // Over the bound, the query is dropped: the guest's resolver asks again.
         let Ok(permit) = in_flight.clone().try_acquire_owned() else { continue };
-        let (sock, upstreams, uplink) = (sock.clone(), upstreams.clone(), uplink.clone());
+        let (sock, asker) = (sock.clone(), asker.clone());
         tokio::spawn(async move {
-            let answer = relay::over_udp(&query, &upstreams, uplink.as_deref()).await;
+            let answer = asker.answer(&query, Transport::Udp).await;
             let _ = sock.send_to(&answer, from).await;
             drop(permit);
         });
     }
 }
 
-async fn serve_tcp(listener: tokio::net::TcpListener, upstreams: Arc<Vec<SocketAddr>>, uplink: Option<Arc<OwnedFd>>) {
+async fn serve_tcp(listener: tokio::net::TcpListener, asker: Asker) {
     let connections = Arc::new(Semaphore::new(TCP_CONNECTIONS));
     loop {
         let Ok((mut conn, from)) = listener.accept().await else { continue };
@@ -168,11 +271,11 @@ async fn serve_tcp(listener: tokio::net::TcpListener, upstreams: Arc<Vec<SocketA
             continue;
         }
         let Ok(permit) = connections.clone().try_acquire_owned() else { continue };
-        let (upstreams, uplink) = (upstreams.clone(), uplink.clone());
+        let asker = asker.clone();
         tokio::spawn(async move {
             while let Ok(Ok(bytes)) = tokio::time::timeout(TCP_IDLE, relay::read_framed(&mut conn)).await {
                 let answer = match Query::parse(&bytes) {
-                    Ok(query) => relay::over_tcp(&query, &upstreams, uplink.as_deref()).await,
+                    Ok(query) => asker.answer(&query, Transport::Tcp).await,
                     Err(Refused::Answer(bytes)) => bytes,
                     Err(Refused::Garbage) => break,
                 };

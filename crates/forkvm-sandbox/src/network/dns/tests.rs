@@ -3,7 +3,7 @@
 
 use super::relay::{Query, Refused};
 use super::upstream;
-use super::{serve, Lifetime};
+use super::Lifetime;
 use crate::network::fake_internet::{FakeInternet, HOST_IP};
 use crate::network::guest_frames::{is_root, send_udp, tap_of, try_recv_udp};
 use crate::network::{NetSlot, GATEWAY_IP, GUEST_IP};
@@ -85,7 +85,7 @@ fn a_guest_resolves_through_the_forwarder_whatever_resolver_it_asks() {
     let _ = upstream::configure(vec![resolver]);
     assert_eq!(upstream::current(false).unwrap(), &[resolver], "this binary's upstream is the fake internet's");
     let mut slot = NetSlot::create_with(&internet.uplink().unwrap()).unwrap();
-    let guard = serve(slot.take_dns().expect("a linked slot has DNS sockets"), Lifetime::WhileHeld).unwrap();
+    let (guard, firewall) = crate::network::dns::serve_slot(&mut slot, Lifetime::WhileHeld).expect("served");
     let tap = tap_of(&slot);
     let wait = Duration::from_secs(5);
 
@@ -111,9 +111,44 @@ fn a_guest_resolves_through_the_forwarder_whatever_resolver_it_asks() {
     let (_, answer) = try_recv_udp(&tap, wait).expect("the forwarder outlives garbage");
     assert_eq!(read_answer(&answer).0, 0x4444);
 
+    // A policy: closed but for names under the CDN. Another name is NXDOMAIN without
+    // asking upstream; an allowed one is answered, its address in the filter first.
+    let policy = |allow_internet: bool, allow: &[&str], deny: &[&str]| forkvm_api::NetworkPolicy {
+        allow_internet,
+        allow: allow.iter().map(|s| s.to_string()).collect(),
+        deny: deny.iter().map(|s| s.to_string()).collect(),
+    };
+    crate::network::set_policy(&firewall, &policy(false, &["*.cdn.example.test"], &[])).unwrap();
+    send_udp(&tap, GUEST_IP, (GATEWAY_IP, 53).into(), &query(0x6666, "www.example.test.", 1));
+    let (_, answer) = try_recv_udp(&tap, wait).expect("an answer for a refused name");
+    assert_eq!(read_answer(&answer), (0x6666, ResponseCode::NXDomain, vec![]));
+    send_udp(&tap, GUEST_IP, (GATEWAY_IP, 53).into(), &query(0x7777, "img.cdn.example.test.", 1));
+    let (_, answer) = try_recv_udp(&tap, wait).expect("an answer for an allowed name");
+    assert_eq!(read_answer(&answer), (0x7777, ResponseCode::NoError, vec![Ipv4Addr::new(203, 0, 113, 7)]));
+    assert!(set_of(&slot, "allow_learned").contains("203.0.113.7 timeout"), "{}", set_of(&slot, "allow_learned"));
+
+    // Open but for one name: it is NXDOMAIN, and its address is blocked before the guest
+    // asks; what was learned for the CDN goes (no rule names it now).
+    crate::network::set_policy(&firewall, &policy(true, &[], &["www.example.test"])).unwrap();
+    assert!(set_of(&slot, "deny_learned").contains(&format!("{HOST_IP} timeout")), "{}", set_of(&slot, "deny_learned"));
+    assert!(!set_of(&slot, "allow_learned").contains("203.0.113.7"));
+    send_udp(&tap, GUEST_IP, (GATEWAY_IP, 53).into(), &query(0x8888, "www.example.test.", 1));
+    let (_, answer) = try_recv_udp(&tap, wait).expect("an answer for a denied name");
+    assert_eq!(read_answer(&answer), (0x8888, ResponseCode::NXDomain, vec![]));
+
     // Once the sandbox's service ends, its sockets are closed: no answer.
     drop(guard);
     std::thread::sleep(Duration::from_millis(200));
     send_udp(&tap, GUEST_IP, (GATEWAY_IP, 53).into(), &query(0x5555, "www.example.test.", 1));
     assert!(try_recv_udp(&tap, Duration::from_millis(500)).is_none(), "answered after its service ended");
+}
+
+/// `nft list set` of the sandbox table's `set`, in the slot's namespace.
+fn set_of(slot: &NetSlot, set: &'static str) -> String {
+    let out = slot
+        .run_inside(move || std::process::Command::new("nft").args(["list", "set", "ip", "forkvm", set]).output())
+        .unwrap()
+        .unwrap();
+    assert!(out.status.success(), "nft: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }

@@ -3,8 +3,8 @@
 //! own, joined by a veth pair `wan0`:
 //! * the **router** ([`FakeInternet::uplink`]), which sandboxes' links end in, with
 //!   [`ROUTER_IP`] on its side and its default route to the host;
-//! * the **host** ([`HOST_IP`], [`FakeInternet::run_inside`]), where a test runs the
-//!   servers the sandboxes talk to.
+//! * the **host** ([`HOST_IP`] and [`OTHER_HOST_IP`], [`FakeInternet::run_inside`]),
+//!   where a test runs the servers the sandboxes talk to.
 //!
 //! The host can answer DNS ([`FakeInternet::serve_dns`], at [`HOST_IP`] port 53).
 //!
@@ -26,8 +26,10 @@ use std::os::fd::OwnedFd;
 
 /// The router's address on the fake internet: sandbox traffic arrives from it.
 pub const ROUTER_IP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 1);
-/// The fake internet's one host (TEST-NET-3, RFC 5737).
+/// The fake internet's host (TEST-NET-3, RFC 5737).
 pub const HOST_IP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 2);
+/// A second address of that host (`wan0:1`): another server, as far as sandboxes see.
+pub const OTHER_HOST_IP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 7);
 const WAN_NETMASK: Ipv4Addr = Ipv4Addr::new(255, 255, 255, 0);
 const WAN: &str = "wan0";
 
@@ -50,6 +52,13 @@ impl FakeInternet {
     /// The router, as an uplink for sandboxes.
     pub fn uplink(&self) -> Result<Uplink, NetworkError> {
         Uplink::namespace(self.router.try_clone().map_err(NetworkError::OpenNamespace)?)
+    }
+
+    /// A path to the router's namespace that another process of this host may open as
+    /// its uplink (`FORKVM_UPLINK`), for as long as this value lives.
+    pub fn router_path(&self) -> String {
+        use std::os::fd::AsRawFd;
+        format!("/proc/{}/fd/{}", std::process::id(), self.router.as_raw_fd())
     }
 
     /// Runs `f` on a thread inside the host's namespace (servers bind there).
@@ -96,5 +105,7 @@ fn build() -> Result<FakeInternet, NetworkError> {
     router_ifc.add_default_route(HOST_IP).map_err(failed(WAN, "the router's default route"))?;
     host_ifc.set_ipv4(WAN, HOST_IP, WAN_NETMASK).map_err(failed(WAN, "the host's address"))?;
     host_ifc.up(WAN).map_err(failed(WAN, "up in the host"))?;
+    let alias = format!("{WAN}:1");
+    host_ifc.set_ipv4(&alias, OTHER_HOST_IP, WAN_NETMASK).map_err(failed(&alias, "the host's other address"))?;
     Ok(FakeInternet { router, host })
 }

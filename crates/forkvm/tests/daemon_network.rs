@@ -1,0 +1,163 @@
+//! Linux tier, through a real `forkvm daemon` whose uplink is a fake internet this test
+//! makes (no sandbox reaches any other address): a spawn's egress policy holds in its
+//! sandboxes and in their forks, a policy changes on a running sandbox, and after a
+//! `kill -9` and restart of the daemon the sandboxes resolve names again, under the
+//! policy their namespaces kept.
+
+mod common;
+
+use forkvm_client::api::{CreateSandboxRequest, ExecRequest, ForkSandboxRequest, NetworkPolicy};
+use forkvm_client::Client;
+use forkvm_sandbox::network::fake_internet::{self, FakeInternet};
+use std::io::{Read, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn policy(allow_internet: bool, allow: &[&str], deny: &[&str]) -> NetworkPolicy {
+    NetworkPolicy {
+        allow_internet,
+        allow: allow.iter().map(|s| s.to_string()).collect(),
+        deny: deny.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+/// Runs each probe in sandbox `id` (one exec); `name=ok` or `name=no` per line.
+fn probe(client: &Client, id: &str, probes: &[(&str, String)]) -> String {
+    let script: Vec<String> = probes
+        .iter()
+        .map(|(name, cmd)| format!("if {cmd} >/dev/null 2>&1; then echo {name}=ok; else echo {name}=no; fi"))
+        .collect();
+    let req = ExecRequest {
+        args: vec!["sh".into(), "-c".into(), script.join("\n")],
+        timeout_secs: 300,
+        ..ExecRequest::default()
+    };
+    client.exec(id, &req).unwrap().stdout
+}
+
+fn get(target: &str) -> String {
+    format!("timeout 20 wget -q -O - http://{target}:8088/")
+}
+
+/// Answers HTTP on `listener` until `stop` (at most 10 minutes or 100 requests).
+fn serve(listener: std::net::TcpListener, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<usize> {
+    std::thread::spawn(move || {
+        listener.set_nonblocking(true).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(600);
+        let mut served = 0;
+        while !stop.load(Ordering::Relaxed) && Instant::now() < deadline && served < 100 {
+            let Ok((mut conn, _)) = listener.accept() else {
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            };
+            conn.set_nonblocking(false).unwrap();
+            conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            let mut request = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                match conn.read(&mut buf) {
+                    Ok(n) if n > 0 => request.extend_from_slice(&buf[..n]),
+                    _ => break,
+                }
+            }
+            let _ = conn.write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi");
+            served += 1;
+        }
+        served
+    })
+}
+
+#[test]
+fn policies_hold_through_spawn_fork_change_and_a_daemon_restart() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: sandbox networks need root");
+        return;
+    }
+    let internet = FakeInternet::create().expect("a fake internet");
+    let _dns = internet
+        .serve_dns(&[
+            ("www.example.test", fake_internet::HOST_IP),
+            ("*.cdn.example.test", fake_internet::OTHER_HOST_IP),
+        ])
+        .unwrap();
+    let listener = internet.run_inside(|| std::net::TcpListener::bind(("0.0.0.0", 8088))).unwrap().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let server = serve(listener, stop.clone());
+
+    let mut env = common::Env::new();
+    let uplink = internet.router_path();
+    let dns = fake_internet::HOST_IP.to_string();
+    let daemon_env = [("FORKVM_UPLINK", uplink.as_str()), ("FORKVM_DNS", dns.as_str())];
+    env.start_daemon_with(&[], &daemon_env);
+    env.ok(&["snapshot", "create", "--image", "tiny", "--tag", "t"]);
+    let endpoint = format!("unix:{}", env.dir.join("run/forkvmd.sock").display());
+    let client = Client::new(endpoint.parse().unwrap(), None).unwrap();
+    let www = fake_internet::HOST_IP.to_string();
+
+    // Spawned closed but for the CDN.
+    let mut req = CreateSandboxRequest::new("t", 1);
+    req.network = Some(policy(false, &["*.cdn.example.test"], &[]));
+    req.per_child_netns = true;
+    let a = client.spawn(&req).unwrap().remove(0);
+    assert_eq!(a.network, req.network, "the sandbox shows its policy");
+    let closed = [
+        ("cdn", get("img.cdn.example.test")),
+        ("www_name", "nslookup www.example.test".into()),
+        ("www_addr", get(&www)),
+    ];
+    // An allowed name's address is reachable once the name resolved, not before.
+    let cdn_addr = ("cdn_addr", get(&fake_internet::OTHER_HOST_IP.to_string()));
+    assert_eq!(probe(&client, &a.id, std::slice::from_ref(&cdn_addr)), "cdn_addr=no\n");
+    assert_eq!(probe(&client, &a.id, &closed), "cdn=ok\nwww_name=no\nwww_addr=no\n");
+
+    // Its fork keeps the policy, and what its source resolved (its guest remembers it).
+    let b = client
+        .fork(
+            &a.id,
+            &ForkSandboxRequest {
+                n: 1,
+                memory_limit_mib: None,
+                cpu_limit_millis: None,
+                pids_limit: None,
+                io_limits: None,
+                ttl_seconds: None,
+                network: None,
+            },
+        )
+        .unwrap()
+        .remove(0);
+    assert_eq!(b.network, req.network);
+    assert_eq!(probe(&client, &b.id, &[cdn_addr]), "cdn_addr=ok\n");
+    assert_eq!(probe(&client, &b.id, &closed), "cdn=ok\nwww_name=no\nwww_addr=no\n");
+
+    // Opened on the running parent, not on its child.
+    let opened = client.set_network(&a.id, &policy(true, &[], &[])).unwrap();
+    assert_eq!(opened.network, None, "the default policy is not shown");
+    assert_eq!(probe(&client, &a.id, &[("www_addr", get(&www))]), "www_addr=ok\n");
+    assert_eq!(probe(&client, &b.id, &[("www_addr", get(&www))]), "www_addr=no\n");
+    let bad = client.set_network(&b.id, &policy(true, &["10.0.0.1/8"], &[])).unwrap_err();
+    assert!(bad.to_string().contains("network.allow"), "{bad}");
+
+    // kill -9 of the daemon: the sandboxes run on; the new daemon serves their DNS
+    // again, and the child's namespace still holds its policy.
+    let mut daemon = env.daemon.take().unwrap();
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    env.start_daemon_with(&[], &daemon_env);
+    let client =
+        Client::new(format!("unix:{}", env.dir.join("run/forkvmd.sock").display()).parse().unwrap(), None).unwrap();
+    assert_eq!(probe(&client, &b.id, &closed), "cdn=ok\nwww_name=no\nwww_addr=no\n");
+    assert_eq!(
+        probe(&client, &a.id, &[("cdn", get("img.cdn.example.test")), ("www", get("www.example.test"))]),
+        "cdn=ok\nwww=ok\n"
+    );
+    assert_eq!(client.get_sandbox(&b.id).unwrap().network, req.network, "the registry kept the policy");
+
+    for id in [&a.id, &b.id] {
+        client.kill_sandbox(id).unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    assert!(server.join().unwrap() >= 7, "the server saw every allowed fetch");
+}
