@@ -8,6 +8,13 @@
 //!   network; `uplink_first_us` is the one-time setup of that uplink (forwarding, its
 //!   table). Host-side and real on any host: what each child adds to a spawn while
 //!   slots are made on the critical path.
+//! * `policy`: on linked slots, medians of `--runs` (wall and host CPU, `nft` included):
+//!   `dns_serve`, binding the DNS forwarder's sockets inside a namespace and serving them
+//!   (what the process that makes a sandbox ready adds per sandbox, but for finding the
+//!   namespace from the VMM); `set` and `set_again`, an egress policy put in force on a
+//!   fresh namespace and changed on one that has one (two names, a network); `learn`,
+//!   one allowed name's address added to the filter (what a guest's DNS answer waits
+//!   for under a name rule). Host-side, real on any host.
 //! * `guest`: in one sandbox of `--image`, against a listener in its own namespace:
 //!   `rtt_us`, ICMP echo round trips answered by the guest kernel (median of `--pings`);
 //!   `to_guest_mib_s` and `from_guest_mib_s`, one TCP transfer of `--mib` each way
@@ -79,6 +86,64 @@ fn time_slots(uplink: &Uplink, runs: usize) -> Result<serde_json::Value> {
     Ok(json!({ "wall_us": r2(median(&mut wall)), "host_cpu_us": r2(median(&mut cpu)) }))
 }
 
+/// A wall/CPU pair of medians.
+#[derive(Default)]
+struct Timed {
+    wall: Vec<f64>,
+    cpu: Vec<f64>,
+}
+
+impl Timed {
+    fn time<T>(&mut self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let (t, c) = (Instant::now(), process_cpu_us());
+        let out = f()?;
+        self.wall.push(t.elapsed().as_secs_f64() * 1e6);
+        self.cpu.push(process_cpu_us() - c);
+        Ok(out)
+    }
+
+    fn json(mut self) -> serde_json::Value {
+        json!({ "wall_us": r2(median(&mut self.wall)), "host_cpu_us": r2(median(&mut self.cpu)) })
+    }
+}
+
+/// The `policy` section: forwarder and filter costs on `runs` slots linked to `uplink`.
+fn time_policy(uplink: &Uplink, runs: usize) -> Result<serde_json::Value> {
+    use forkvm_sandbox::network::dns::{serve, DnsSockets, Lifetime};
+    use forkvm_sandbox::network::firewall::Firewall;
+    use std::sync::Arc;
+    let policy = |allow_internet| forkvm_client::api::NetworkPolicy {
+        allow_internet,
+        allow: vec!["pypi.org".into(), "*.pythonhosted.org".into()],
+        deny: vec!["198.51.100.0/24".into()],
+    };
+    let (mut dns_serve, mut set, mut set_again, mut learn) =
+        (Timed::default(), Timed::default(), Timed::default(), Timed::default());
+    for i in 0..runs {
+        let mut slot = NetSlot::create_with(uplink).context("making a sandbox network")?;
+        let netns = slot.namespace().try_clone()?;
+        // Its own sockets at the gateway, closed (as when a spawner hands a VMM the
+        // slot's tap): the forwarder binds anew. The tap stays, with the gateway address.
+        drop(slot.take_dns());
+        let uplink_here = uplink.try_clone()?;
+        let (_guard, firewall) = dns_serve.time(|| {
+            let sockets = forkvm_sandbox::network::enter::run_in(&netns, move || DnsSockets::bind_here(&uplink_here))??;
+            let firewall = Arc::new(Firewall::new(netns.try_clone()?, sockets.uplink()));
+            Ok((serve(sockets, Lifetime::WhileHeld, firewall.clone())?, firewall))
+        })?;
+        set.time(|| Ok(forkvm_sandbox::network::set_policy(&firewall, &policy(false))?))?;
+        set_again.time(|| Ok(forkvm_sandbox::network::set_policy(&firewall, &policy(true))?))?;
+        let addr = std::net::Ipv4Addr::new(203, 0, 113, (i % 200) as u8 + 10);
+        learn.time(|| Ok(firewall.learn("files.pythonhosted.org", &[(addr, 60)])?))?;
+    }
+    Ok(json!({
+        "dns_serve": dns_serve.json(),
+        "set": set.json(),
+        "set_again": set_again.json(),
+        "learn": learn.json(),
+    }))
+}
+
 pub fn run(a: BenchNetArgs) -> Result<i32> {
     if a.runs == 0 || a.pings == 0 || a.mib == 0 {
         bail!("--runs, --pings and --mib must be at least 1");
@@ -90,10 +155,12 @@ pub fn run(a: BenchNetArgs) -> Result<i32> {
     drop(NetSlot::create_with(&uplink).context("the first slot on the uplink")?);
     let uplink_first_us = first.elapsed().as_secs_f64() * 1e6;
     let linked = time_slots(&uplink, a.runs)?;
+    let policy = time_policy(&uplink, a.runs)?;
     let mut out = json!({
         "benchmark": "net",
         "machine": machine(),
         "setup": { "runs": a.runs, "bare": bare, "linked": linked, "uplink_first_us": r2(uplink_first_us) },
+        "policy": policy,
     });
     if !a.no_guest {
         out["guest"] = guest(&a)?;

@@ -32,7 +32,7 @@ pub fn attach(
     policy: Option<&NetworkPolicy>,
     forked_from: Option<&str>,
 ) -> Result<bool, NetworkError> {
-    let Some(firewall) = serve(id, pid, EgressPolicy::default())? else { return Ok(false) };
+    let Some(firewall) = serve(id, pid, None)? else { return Ok(false) };
     if let Some(policy) = policy.filter(|p| !p.is_default()) {
         super::set_policy(&firewall, policy)?;
         if let Some(source) = forked_from.and_then(served_firewall) {
@@ -55,7 +55,7 @@ pub fn adopt(id: &str, pid: i32, policy: Option<&NetworkPolicy>) -> Result<bool,
         Some(p) => EgressPolicy::parse(p)?,
         None => EgressPolicy::default(),
     };
-    Ok(serve(id, pid, policy)?.is_some())
+    Ok(serve(id, pid, Some(policy))?.is_some())
 }
 
 /// Puts `policy` in force for sandbox `id` (VMM `pid`), serving it first if this process
@@ -63,14 +63,16 @@ pub fn adopt(id: &str, pid: i32, policy: Option<&NetworkPolicy>) -> Result<bool,
 pub fn update(id: &str, pid: i32, policy: &NetworkPolicy) -> Result<(), NetworkError> {
     let firewall = match served_firewall(id) {
         Some(f) => f,
-        None => serve(id, pid, EgressPolicy::default())?.ok_or(NetworkError::NoNetwork)?,
+        None => serve(id, pid, Some(EgressPolicy::default()))?.ok_or(NetworkError::NoNetwork)?,
     };
     super::set_policy(&firewall, policy)
 }
 
 /// Binds the forwarder's sockets in the namespace of VMM `pid` and serves them until it
-/// ends, deciding by `in_force`; `None` when the VMM has no tap.
-fn serve(id: &str, pid: i32, in_force: EgressPolicy) -> Result<Option<Arc<Firewall>>, NetworkError> {
+/// ends, deciding by `in_force` (`None`: the namespace was just made, with no policy);
+/// `None` when the VMM has no tap. A sandbox this process did not just start may hold
+/// any policy: its chain is rewritten whole when one is set.
+fn serve(id: &str, pid: i32, in_force: Option<EgressPolicy>) -> Result<Option<Arc<Firewall>>, NetworkError> {
     let uplink = uplink::current()?;
     if matches!(uplink, uplink::Uplink::None) {
         // No way out: nothing to resolve or to filter.
@@ -83,7 +85,10 @@ fn serve(id: &str, pid: i32, in_force: EgressPolicy) -> Result<Option<Arc<Firewa
     };
     let sockets = enter::run_in(&netns, move || DnsSockets::bind_here(uplink))?
         .map_err(|e| NetworkError::Dns(format!("binding the forwarder's sockets in sandbox {id}: {e}")))?;
-    let firewall = Arc::new(Firewall::with_policy(netns, sockets.uplink(), in_force));
+    let firewall = Arc::new(match in_force {
+        None => Firewall::new(netns, sockets.uplink()),
+        Some(policy) => Firewall::with_policy(netns, sockets.uplink(), policy),
+    });
     dns::serve(sockets, Lifetime::UntilExit(pid), firewall.clone())?;
     let mut served = served().lock().unwrap_or_else(|p| p.into_inner());
     served.retain(|_, f| f.strong_count() > 0);

@@ -39,6 +39,8 @@ struct State {
     policy: Arc<EgressPolicy>,
     generation: u32,
     learned: Vec<Learned>,
+    /// The namespace's egress chain and sets are as a slot makes them: empty.
+    empty: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -50,20 +52,21 @@ struct Learned {
 }
 
 impl Firewall {
-    /// The firewall of the namespace `netns`, whose table has the default policy (as a
-    /// slot's does when made).
+    /// The firewall of the namespace `netns`, just made (its table as a slot makes it:
+    /// no policy yet).
     pub fn new(netns: OwnedFd, uplink: Option<Arc<OwnedFd>>) -> Firewall {
-        Firewall::with_policy(netns, uplink, EgressPolicy::default())
+        Firewall::made(netns, uplink, EgressPolicy::default(), true)
     }
 
     /// The firewall of the namespace `netns`, whose table already holds `in_force`
-    /// (another process put it there).
+    /// (another process, or an earlier life of this one, put it there).
     pub fn with_policy(netns: OwnedFd, uplink: Option<Arc<OwnedFd>>, in_force: EgressPolicy) -> Firewall {
-        Firewall {
-            netns,
-            uplink,
-            state: Mutex::new(State { policy: Arc::new(in_force), generation: 0, learned: Vec::new() }),
-        }
+        Firewall::made(netns, uplink, in_force, false)
+    }
+
+    fn made(netns: OwnedFd, uplink: Option<Arc<OwnedFd>>, in_force: EgressPolicy, empty: bool) -> Firewall {
+        let state = State { policy: Arc::new(in_force), generation: 0, learned: Vec::new(), empty };
+        Firewall { netns, uplink, state: Mutex::new(state) }
     }
 
     /// Where the forwarder asks upstream from.
@@ -93,9 +96,9 @@ impl Firewall {
             .collect();
         let generation = next_generation(state.generation);
         let elements: Vec<_> = kept.iter().map(|l| (l.set, l.addr, seconds_left(l.until, now))).collect();
-        let rules = policy_rules(&policy, generation, &elements);
+        let rules = policy_rules(&policy, generation, &elements, state.empty);
         run_in(&self.netns, move || apply(&rules, "the sandbox's egress policy"))??;
-        *state = State { policy: Arc::new(policy), generation, learned: kept };
+        *state = State { policy: Arc::new(policy), generation, learned: kept, empty: false };
         Ok(())
     }
 

@@ -20,17 +20,22 @@ use nftables::types::NfFamily;
 use std::net::Ipv4Addr;
 
 /// The batch that installs `policy` as generation `generation` (not 0), keeping the
-/// learned addresses in `learned` (set, address, seconds left).
+/// learned addresses in `learned` (set, address, seconds left). `empty`: the chain and
+/// sets hold nothing yet (a namespace just made), so nothing is flushed (a flush waits
+/// for an RCU grace period).
 pub fn policy_rules(
     policy: &EgressPolicy,
     generation: u32,
     learned: &[(EgressSet, Ipv4Addr, u32)],
+    empty: bool,
 ) -> Nftables<'static> {
     let t = TableBuilder::new(NfFamily::IP);
     let mut b = Batch::new();
-    b.add_cmd(t.flush_chain(EGRESS_CHAIN));
-    for set in EgressSet::ALL {
-        b.add_cmd(t.flush_set(set));
+    if !empty {
+        b.add_cmd(t.flush_chain(EGRESS_CHAIN));
+        for set in EgressSet::ALL {
+            b.add_cmd(t.flush_set(set));
+        }
     }
     for (set, nets) in [(EgressSet::AllowNets, &policy.allow.nets), (EgressSet::DenyNets, &policy.deny.nets)] {
         if !nets.is_empty() {
@@ -125,7 +130,7 @@ mod tests {
         })
         .unwrap();
         let learned = [(EgressSet::AllowLearned, Ipv4Addr::new(203, 0, 113, 7), 90)];
-        let json = serde_json::to_string(&policy_rules(&policy, 7, &learned)).unwrap();
+        let json = serde_json::to_string(&policy_rules(&policy, 7, &learned, false)).unwrap();
         for needle in [
             r#""flush":{"chain""#,
             r#""flush":{"set""#,
@@ -146,8 +151,9 @@ mod tests {
         let policy =
             EgressPolicy::parse(&NetworkPolicy { deny: vec!["192.0.2.0/24".into()], ..NetworkPolicy::default() })
                 .unwrap();
-        let json = serde_json::to_string(&policy_rules(&policy, 1, &[])).unwrap();
+        let json = serde_json::to_string(&policy_rules(&policy, 1, &[], true)).unwrap();
         assert!(!json.contains("853"), "{json}");
+        assert!(!json.contains("flush"), "a namespace just made has nothing to flush: {json}");
         assert!(json.ends_with(r#""value":1}},{"accept":null}]}}}]}"#), "{json}");
     }
 }

@@ -33,10 +33,13 @@ use std::net::Ipv4Addr;
 /// The table's name, in the sandbox's namespace and in the uplink's.
 pub const TABLE: &str = "forkvm";
 
-/// The rule set of a sandbox's namespace whose link is `link`.
+/// The rule set of a sandbox's namespace whose link is `link`, for a namespace just made
+/// (it only adds: a transaction that deletes anything waits for an RCU grace period,
+/// ~5–10 ms here).
 pub fn sandbox_rules(link: LinkIndex) -> Nftables<'static> {
     let t = TableBuilder::new(NfFamily::IP);
-    let mut b = t.replace();
+    let mut b = Batch::new();
+    b.add(t.table());
     b.add(t.base_chain("prerouting", NfChainType::NAT, NfHook::Prerouting, -100, NfChainPolicy::Accept));
     for proto in ["udp", "tcp"] {
         b.add(t.rule("prerouting", vec![iifname(Operator::EQ, TAP_NAME), dport(proto, 53), Statement::Redirect(None)]));
@@ -50,13 +53,13 @@ pub fn sandbox_rules(link: LinkIndex) -> Nftables<'static> {
             Statement::SNAT(Some(NAT { addr: Some(ip(link.inner_ip())), family: None, port: None, flags: None })),
         ],
     ));
-    // Where the guest may go: everywhere until a policy says otherwise
-    // (`super::policy_rules`, which rewrites this chain and fills the sets).
+    // Where the guest may go: the egress chain decides, once a policy fills it
+    // (`super::policy_rules`, whose chain always ends in a verdict); empty, it returns
+    // here and the guest goes anywhere. The first policy then only adds.
     for set in EgressSet::ALL {
         b.add(t.set(set));
     }
     b.add(t.chain(EGRESS_CHAIN));
-    b.add(t.rule(EGRESS_CHAIN, vec![accept()]));
     b.add(t.base_chain("forward", NfChainType::Filter, NfHook::Forward, 0, NfChainPolicy::Drop));
     b.add(t.rule("forward", vec![iifname(Operator::EQ, INNER_NAME), ct_answers(), accept()]));
     b.add(t.rule(
@@ -66,6 +69,15 @@ pub fn sandbox_rules(link: LinkIndex) -> Nftables<'static> {
             oifname(Operator::EQ, INNER_NAME),
             saddr(Operator::EQ, ip(GUEST_IP)),
             Statement::Jump(nftables::stmt::JumpTarget { target: EGRESS_CHAIN.into() }),
+        ],
+    ));
+    b.add(t.rule(
+        "forward",
+        vec![
+            iifname(Operator::EQ, TAP_NAME),
+            oifname(Operator::EQ, INNER_NAME),
+            saddr(Operator::EQ, ip(GUEST_IP)),
+            accept(),
         ],
     ));
 
@@ -208,7 +220,7 @@ impl TableBuilder {
         }))
     }
 
-    fn table(&self) -> NfListObject<'static> {
+    pub(super) fn table(&self) -> NfListObject<'static> {
         NfListObject::Table(Table { family: self.family, name: TABLE.into(), handle: None })
     }
 

@@ -28,6 +28,15 @@ pub enum Uplink {
 }
 
 impl Uplink {
+    /// The same uplink, with a descriptor of its own.
+    pub fn try_clone(&self) -> std::io::Result<Uplink> {
+        Ok(match self {
+            Uplink::None => Uplink::None,
+            Uplink::Host => Uplink::Host,
+            Uplink::Namespace(fd) => Uplink::Namespace(fd.try_clone()?),
+        })
+    }
+
     /// Reads an [`UPLINK_ENV`] value.
     pub fn parse(value: &str) -> Result<Uplink, NetworkError> {
         match value {
