@@ -120,11 +120,8 @@ fn time_policy(uplink: &Uplink, runs: usize) -> Result<serde_json::Value> {
     let (mut dns_serve, mut set, mut set_again, mut learn) =
         (Timed::default(), Timed::default(), Timed::default(), Timed::default());
     for i in 0..runs {
-        let mut slot = NetSlot::create_with(uplink).context("making a sandbox network")?;
+        let slot = NetSlot::create_with(uplink).context("making a sandbox network")?;
         let netns = slot.namespace().try_clone()?;
-        // Its own sockets at the gateway, closed (as when a spawner hands a VMM the
-        // slot's tap): the forwarder binds anew. The tap stays, with the gateway address.
-        drop(slot.take_dns());
         let uplink_here = uplink.try_clone()?;
         let (_guard, firewall) = dns_serve.time(|| {
             let sockets = forkvm_sandbox::network::enter::run_in(&netns, move || DnsSockets::bind_here(&uplink_here))??;

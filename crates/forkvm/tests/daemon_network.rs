@@ -161,3 +161,82 @@ fn policies_hold_through_spawn_fork_change_and_a_daemon_restart() {
     stop.store(true, Ordering::Relaxed);
     assert!(server.join().unwrap() >= 7, "the server saw every allowed fetch");
 }
+
+/// The sandbox links (`fvm*`) on the fake internet's router: one per live sandbox.
+fn links_on(internet: &FakeInternet) -> usize {
+    let out = internet
+        .run_in_router(|| std::process::Command::new("ip").args(["-o", "link", "show"]).output())
+        .unwrap()
+        .expect("ip (iproute2)");
+    String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains(": fvm")).count()
+}
+
+/// Waits up to 10 s for `links_on` to be `n` (a namespace is taken apart by a kernel
+/// worker, a moment after its last reference goes).
+fn wait_for_links(internet: &FakeInternet, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while links_on(internet) != n {
+        assert!(Instant::now() < deadline, "{} sandbox links on the uplink, expected {n}", links_on(internet));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn nothing_of_a_sandbox_network_outlives_it() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: sandbox networks need root");
+        return;
+    }
+    let internet = FakeInternet::create().expect("a fake internet");
+    let mut env = common::Env::new();
+    let uplink = internet.router_path();
+    // No slots made ahead: every link on the uplink is a live sandbox's.
+    let daemon_env = [("FORKVM_UPLINK", uplink.as_str()), ("FORKVM_DNS", "203.0.113.2"), ("FORKVM_NET_POOL", "0")];
+    env.start_daemon_with(&[], &daemon_env);
+    env.ok(&["snapshot", "create", "--image", "tiny", "--tag", "t"]);
+    let socket = format!("unix:{}", env.dir.join("run/forkvmd.sock").display());
+    let client = Client::new(socket.parse().unwrap(), None).unwrap();
+    assert_eq!(links_on(&internet), 0);
+
+    // 20 spawn and kill cycles, with a policy (rules, learned sets) on half of them.
+    for i in 0..20 {
+        let mut req = CreateSandboxRequest::new("t", 1);
+        if i % 2 == 0 {
+            req.network = Some(policy(false, &["*.cdn.example.test"], &["198.51.100.0/24"]));
+        }
+        let sb = client.spawn(&req).unwrap().remove(0);
+        assert_eq!(links_on(&internet), 1, "cycle {i}");
+        client.kill_sandbox(&sb.id).unwrap();
+        wait_for_links(&internet, 0);
+    }
+
+    // A fork's children, and `kill -9` of one VMM.
+    let a = client.spawn(&CreateSandboxRequest::new("t", 1)).unwrap().remove(0);
+    let fork = ForkSandboxRequest {
+        n: 2,
+        memory_limit_mib: None,
+        cpu_limit_millis: None,
+        pids_limit: None,
+        io_limits: None,
+        ttl_seconds: None,
+        network: Some(policy(true, &[], &["203.0.113.0/24"])),
+    };
+    let children = client.fork(&a.id, &fork).unwrap();
+    wait_for_links(&internet, 3);
+    // SAFETY: kill with a pid and a signal number.
+    assert_eq!(unsafe { libc::kill(children[0].pid.unwrap(), libc::SIGKILL) }, 0);
+    wait_for_links(&internet, 2);
+
+    // A daemon restart in between: the sandboxes it finds are killed as before.
+    let mut daemon = env.daemon.take().unwrap();
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    env.start_daemon_with(&[], &daemon_env);
+    let client = Client::new(socket.parse().unwrap(), None).unwrap();
+    assert_eq!(links_on(&internet), 2);
+    for id in [&a.id, &children[1].id] {
+        client.kill_sandbox(id).unwrap();
+    }
+    wait_for_links(&internet, 0);
+}

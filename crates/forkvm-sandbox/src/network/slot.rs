@@ -11,7 +11,6 @@
 //! both here; the VMM's tap alone then keeps the namespace, until the VMM ends.
 
 use super::addressing::LinkIndex;
-use super::dns::DnsSockets;
 use super::egress::Outside;
 use super::enter::{enter_thread, thread_namespace};
 use super::ifconfig::Ifconfig;
@@ -28,7 +27,8 @@ pub struct NetSlot {
     tap: Arc<OwnedFd>,
     netns: OwnedFd,
     link: Option<LinkIndex>,
-    dns: Option<DnsSockets>,
+    /// The uplink a linked slot's link ends in.
+    uplink: Option<Uplink>,
 }
 
 impl NetSlot {
@@ -37,10 +37,13 @@ impl NetSlot {
         &self.netns
     }
 
-    /// The DNS forwarder's sockets in the namespace (a linked slot has them until
-    /// taken), to be served for the sandbox's life ([`super::dns::serve`]).
-    pub fn take_dns(&mut self) -> Option<DnsSockets> {
-        self.dns.take()
+    /// The uplink the slot is linked to, if it is: where its DNS asks upstream from.
+    /// (The forwarder's sockets are not made with the slot: a process that forks a VMM
+    /// while it holds a slot hands the child a copy of everything it has open, and a
+    /// copy of a socket bound at the gateway keeps the address from the forwarder until
+    /// the child closes it.)
+    pub fn uplink(&self) -> Option<&Uplink> {
+        self.uplink.as_ref()
     }
 
     /// The link to the uplink, if the namespace has a way out.
@@ -111,15 +114,15 @@ fn make_in_new_namespace(uplink: &Uplink) -> Result<NetSlot, NetworkError> {
     ifc.up(TAP_NAME).map_err(|e| failed(TAP_NAME, "up", e))?;
     ifc.add_permanent_neighbour(TAP_NAME, GUEST_IP, GUEST_MAC)
         .map_err(|e| failed(TAP_NAME, "the guest as neighbour", e))?;
-    let (link, dns) = match outside {
+    let (link, uplink) = match outside {
         Some(outside) => {
             let link = outside.join(&netns, &ifc)?;
-            let dns = DnsSockets::bind_here(uplink).map_err(|e| failed(TAP_NAME, "the DNS forwarder's sockets", e))?;
-            (Some(link), Some(dns))
+            let uplink = uplink.try_clone().map_err(|e| failed(TAP_NAME, "a descriptor of the uplink", e))?;
+            (Some(link), Some(uplink))
         }
         None => (None, None),
     };
-    Ok(NetSlot { tap: Arc::new(tap.into_fd()), netns, link, dns })
+    Ok(NetSlot { tap: Arc::new(tap.into_fd()), netns, link, uplink })
 }
 
 /// Moves the calling thread into a new network namespace and returns its descriptor.

@@ -83,9 +83,9 @@ impl Sandbox {
         // One read of the snapshot's description for both: its devices, and whether they
         // include a network (then this sandbox gets a namespace of its own).
         let source = crate::source::SpawnSource::from_template(template)?;
-        let mut net = if source.has_network() { Some(crate::network::pool::take()?) } else { None };
+        let net = if source.has_network() { Some(crate::network::pool::take()?) } else { None };
         let dns =
-            net.as_mut().and_then(|n| crate::network::dns::serve_slot(n, crate::network::dns::Lifetime::WhileHeld));
+            net.as_ref().and_then(|n| crate::network::dns::serve_slot(n, crate::network::dns::Lifetime::WhileHeld));
         let devices = source.devices(&uds, &dir.disks(), net.as_ref().map(NetSlot::tap_source));
         let vmm = forkvm_vmm::restore(&kvm, prepared, ConsoleOut::new(Some(log), None), &devices, false)
             .map_err(SandboxError::Restore)?;

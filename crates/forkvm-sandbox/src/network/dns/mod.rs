@@ -24,31 +24,41 @@ pub mod upstream;
 
 pub use serve::{block_denied_names, serve, DnsGuard, DnsSockets, Lifetime};
 
+use crate::network::NetworkError;
+use std::sync::Arc;
+
 #[cfg(test)]
 mod tests;
 
-/// Serves the DNS of `slot`'s sandbox for `lifetime`, if the slot has a forwarder's
-/// sockets (a linked slot), under a firewall of its own: returned with the guard, to
-/// change the sandbox's policy by. A forwarder that cannot run leaves the sandbox
-/// without DNS, said in the log; the sandbox itself is not refused for it.
+/// Serves the DNS of `slot`'s sandbox for `lifetime`, if the slot is linked to an
+/// uplink: binds the forwarder's sockets inside its namespace and serves them under a
+/// firewall of its own, returned with the guard, to change the sandbox's policy by. A
+/// forwarder that cannot run leaves the sandbox without DNS, said in the log; the
+/// sandbox itself is not refused for it.
 pub fn serve_slot(
-    slot: &mut crate::network::NetSlot,
+    slot: &crate::network::NetSlot,
     lifetime: Lifetime,
-) -> Option<(DnsGuard, std::sync::Arc<crate::network::firewall::Firewall>)> {
-    let sockets = slot.take_dns()?;
-    let netns = match slot.namespace().try_clone() {
-        Ok(fd) => fd,
-        Err(e) => {
-            tracing::warn!(error = %e, "a sandbox without DNS");
-            return None;
-        }
-    };
-    let firewall = std::sync::Arc::new(crate::network::firewall::Firewall::new(netns, sockets.uplink()));
-    match serve(sockets, lifetime, firewall.clone()) {
-        Ok(guard) => Some((guard, firewall)),
+) -> Option<(DnsGuard, Arc<crate::network::firewall::Firewall>)> {
+    let uplink = slot.uplink()?;
+    match serve_slot_with(slot, uplink, lifetime) {
+        Ok(served) => Some(served),
         Err(e) => {
             tracing::warn!(error = %e, "a sandbox without DNS");
             None
         }
     }
+}
+
+fn serve_slot_with(
+    slot: &crate::network::NetSlot,
+    uplink: &crate::network::uplink::Uplink,
+    lifetime: Lifetime,
+) -> Result<(DnsGuard, Arc<crate::network::firewall::Firewall>), NetworkError> {
+    let uplink = uplink.try_clone().map_err(NetworkError::OpenNamespace)?;
+    let sockets = slot
+        .run_inside(move || DnsSockets::bind_here(&uplink))?
+        .map_err(|e| NetworkError::Dns(format!("binding the forwarder's sockets: {e}")))?;
+    let netns = slot.namespace().try_clone().map_err(NetworkError::OpenNamespace)?;
+    let firewall = Arc::new(crate::network::firewall::Firewall::new(netns, sockets.uplink()));
+    Ok((serve(sockets, lifetime, firewall.clone())?, firewall))
 }

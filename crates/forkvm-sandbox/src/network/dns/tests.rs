@@ -84,8 +84,8 @@ fn a_guest_resolves_through_the_forwarder_whatever_resolver_it_asks() {
     let resolver = SocketAddr::from((HOST_IP, 53));
     let _ = upstream::configure(vec![resolver]);
     assert_eq!(upstream::current(false).unwrap(), &[resolver], "this binary's upstream is the fake internet's");
-    let mut slot = NetSlot::create_with(&internet.uplink().unwrap()).unwrap();
-    let (guard, firewall) = crate::network::dns::serve_slot(&mut slot, Lifetime::WhileHeld).expect("served");
+    let slot = NetSlot::create_with(&internet.uplink().unwrap()).unwrap();
+    let (guard, firewall) = crate::network::dns::serve_slot(&slot, Lifetime::WhileHeld).expect("served");
     let tap = tap_of(&slot);
     let wait = Duration::from_secs(5);
 
