@@ -45,6 +45,8 @@ pub struct ForkArgs {
     pub rm: bool,
     #[command(flatten)]
     pub limits: crate::limit_args::LimitArgs,
+    #[command(flatten)]
+    pub network: crate::network_cmd::NetworkArgs,
     /// Number of children.
     #[arg(short = 'n', long, default_value_t = 1)]
     pub count: usize,
@@ -86,6 +88,9 @@ pub fn run(a: ForkArgs, remote: &RemoteArgs) -> Result<i32> {
         (None, None, None, Some(id)) => return run_linux(&a, remote, NewFrom::Sandbox(id)),
         _ => bail!("say what to fork, once: --tag TAG, --from-sandbox ID, --image TEMPLATE or --snapshot DIR"),
     };
+    if a.network.policy().is_some() {
+        bail!("--snapshot forks test guests without a network: --no-internet, --allow and --deny need --tag or --from-sandbox");
+    }
     if a.limits.spawn_options().asks() {
         bail!("--snapshot forks unregistered test guests without cgroups: the limit flags need --tag, --image or --from-sandbox");
     }
@@ -175,7 +180,7 @@ fn run_linux(a: &ForkArgs, remote: &RemoteArgs, from: NewFrom<'_>) -> Result<i32
         NewFrom::Sandbox(id) => format!("running sandbox {id}"),
     };
     let started = Instant::now();
-    let made = backend.start(from, a.count, &a.limits)?;
+    let made = backend.start(from, a.count, &a.limits, a.network.policy().as_ref())?;
     let all_ready_ms = started.elapsed().as_secs_f64() * 1e3;
     let mut failed = false;
     let mut rows = Vec::new();

@@ -9,6 +9,7 @@ mod doctor;
 mod fork_cmd;
 mod image_cmd;
 mod limit_args;
+mod network_cmd;
 mod remote_cmd;
 mod run_cmd;
 mod sandbox_cmd;
@@ -99,6 +100,8 @@ enum Command {
     Archives(archive_cmd::ArchivesArgs),
     /// Set a sandbox's time to live (daemon only): archived, never deleted, when it ends.
     Ttl(archive_cmd::TtlArgs),
+    /// Set where a sandbox may connect to (daemon only), from now on.
+    Network(network_cmd::NetworkCmdArgs),
     /// The daemon's spawner process: only forkvmd starts it.
     #[command(name = "__spawner", hide = true)]
     Spawner(daemon_cmd::SpawnerArgs),
@@ -162,6 +165,7 @@ fn main() {
         Command::Unarchive(a) => archive_cmd::unarchive(a, remote),
         Command::Archives(a) => archive_cmd::list(a, remote),
         Command::Ttl(a) => archive_cmd::ttl(a, remote),
+        Command::Network(a) => network_cmd::run(a, remote),
         Command::Spawner(a) => daemon_cmd::spawner(a),
     };
     match result {

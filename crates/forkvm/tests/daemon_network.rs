@@ -155,7 +155,19 @@ fn policies_hold_through_spawn_fork_change_and_a_daemon_restart() {
     );
     assert_eq!(client.get_sandbox(&b.id).unwrap().network, req.network, "the registry kept the policy");
 
-    for id in [&a.id, &b.id] {
+    // The CLI: a policy on start and on a running sandbox, through the daemon; refused
+    // without one.
+    let started = env.json(&["fork", "--tag", "t", "--deny", "*.example.test", "--json"]);
+    let c = started["sandboxes"][0]["id"].as_str().expect("a sandbox id").to_string();
+    assert_eq!(started["sandboxes"][0]["network"]["deny"], serde_json::json!(["*.example.test"]));
+    let set = env.json(&["network", &a.id, "--no-internet", "--allow", "*.cdn.example.test", "--json"]);
+    assert_eq!(set["network"]["allow_internet"], serde_json::json!(false));
+    assert_eq!(probe(&client, &a.id, &[("www", get("www.example.test"))]), "www=no\n");
+    let local = env.command(&["fork", "--tag", "t", "--no-internet"]).output().unwrap();
+    assert!(!local.status.success());
+    assert!(String::from_utf8_lossy(&local.stderr).contains("network policies need the daemon"));
+
+    for id in [&a.id, &b.id, &c] {
         client.kill_sandbox(id).unwrap();
     }
     stop.store(true, Ordering::Relaxed);

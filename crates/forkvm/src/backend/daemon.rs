@@ -5,7 +5,7 @@ use crate::remote_cmd::Spinner;
 use anyhow::{bail, Result};
 use forkvm_client::api::{
     ArchiveReport, BranchSandboxRequest, CreateSandboxRequest, EvalResponse, ExecEvent, ExecRequest,
-    ForkSandboxRequest, RestoreRequest, SandboxInfo, SnapshotInfo, MAX_SANDBOXES_PER_CALL,
+    ForkSandboxRequest, NetworkPolicy, RestoreRequest, SandboxInfo, SnapshotInfo, MAX_SANDBOXES_PER_CALL,
 };
 use forkvm_client::{Client, ExecExit};
 
@@ -51,7 +51,17 @@ impl Backend for Daemon {
         Ok(self.client.set_ttl(id, seconds)?)
     }
 
-    fn start(&self, from: NewFrom<'_>, n: usize, limits: &crate::limit_args::LimitArgs) -> Result<Started> {
+    fn set_network(&self, id: &str, policy: &NetworkPolicy) -> Result<SandboxInfo> {
+        Ok(self.client.set_network(id, policy)?)
+    }
+
+    fn start(
+        &self,
+        from: NewFrom<'_>,
+        n: usize,
+        limits: &crate::limit_args::LimitArgs,
+        network: Option<&NetworkPolicy>,
+    ) -> Result<Started> {
         let count = u32::try_from(n).ok().filter(|n| (1..=MAX_SANDBOXES_PER_CALL).contains(n));
         let Some(n) = count else {
             bail!("-n must be between 1 and {MAX_SANDBOXES_PER_CALL} through the daemon, got {n}")
@@ -71,7 +81,7 @@ impl Backend for Daemon {
                     live_fork: false,
                     hugepages: false,
                     ttl_seconds: None,
-                    network: None,
+                    network: network.cloned(),
                 })?
             }
             NewFrom::Sandbox(id) => {
@@ -85,7 +95,7 @@ impl Backend for Daemon {
                         pids_limit: limits.pids_limit,
                         io_limits: limits.io_limits(),
                         ttl_seconds: None,
-                        network: None,
+                        network: network.cloned(),
                     },
                 )?
             }

@@ -4,13 +4,20 @@
 
 use super::{Backend, HostTimings, NewFrom, NotFound, Output, Started};
 use anyhow::{anyhow, bail, Context, Result};
-use forkvm_client::api::{ArchiveReport, BranchSandboxRequest, EvalResponse, ExecRequest, SandboxInfo, SnapshotInfo};
+use forkvm_client::api::{
+    ArchiveReport, BranchSandboxRequest, EvalResponse, ExecRequest, NetworkPolicy, SandboxInfo, SnapshotInfo,
+};
 use forkvm_client::ExecExit;
 use forkvm_sandbox::exec_view::{agent_request, exit_code, not_started};
 use forkvm_sandbox::snapshot_view::tag_info;
 use forkvm_sandbox::{info, Registry, SpawnSource, SpawnedSandbox, StateReason};
 use forkvm_snapshot::Store;
 use forkvm_vmm::vmm::BranchMode;
+
+/// Why a policy flag is refused here: the process that serves a sandbox's DNS enforces
+/// its names, and this one ends with the command.
+const NETWORK_NEEDS_THE_DAEMON: &str = "network policies need the daemon (--daemon or FORKVM_DAEMON): a sandbox's \
+     DNS, which enforces the names, is served by the process that answers for it";
 
 pub struct Local {
     registry: Registry,
@@ -112,7 +119,20 @@ impl Backend for Local {
         bail!("ttl needs the daemon (--daemon or FORKVM_DAEMON): TTLs are kept and enforced by forkvmd")
     }
 
-    fn start(&self, from: NewFrom<'_>, n: usize, limits: &crate::limit_args::LimitArgs) -> Result<Started> {
+    fn set_network(&self, _id: &str, _policy: &NetworkPolicy) -> Result<SandboxInfo> {
+        bail!("{NETWORK_NEEDS_THE_DAEMON}")
+    }
+
+    fn start(
+        &self,
+        from: NewFrom<'_>,
+        n: usize,
+        limits: &crate::limit_args::LimitArgs,
+        network: Option<&NetworkPolicy>,
+    ) -> Result<Started> {
+        if network.is_some() {
+            bail!("{NETWORK_NEEDS_THE_DAEMON}");
+        }
         let opts = limits.spawn_options();
         let (sandboxes, timings, source_pause_ms) = match from {
             NewFrom::Tag(tag) => {

@@ -11,7 +11,9 @@ pub use local::Local;
 
 use crate::remote_cmd::RemoteArgs;
 use anyhow::Result;
-use forkvm_client::api::{ArchiveReport, BranchSandboxRequest, EvalResponse, ExecRequest, SandboxInfo, SnapshotInfo};
+use forkvm_client::api::{
+    ArchiveReport, BranchSandboxRequest, EvalResponse, ExecRequest, NetworkPolicy, SandboxInfo, SnapshotInfo,
+};
 use forkvm_client::ExecExit;
 use serde::Serialize;
 
@@ -33,8 +35,18 @@ pub trait Backend {
     fn restore(&self, id: &str, ttl_seconds: Option<u64>) -> Result<SandboxInfo>;
     /// Sets sandbox `id`'s TTL (0: none); only a daemon keeps TTLs.
     fn set_ttl(&self, id: &str, seconds: u64) -> Result<SandboxInfo>;
-    /// Starts `n` new sandboxes from `from`, each ready and re-identified.
-    fn start(&self, from: NewFrom<'_>, n: usize, limits: &crate::limit_args::LimitArgs) -> Result<Started>;
+    /// Sets sandbox `id`'s egress policy; only a daemon serves policies.
+    fn set_network(&self, id: &str, policy: &NetworkPolicy) -> Result<SandboxInfo>;
+    /// Starts `n` new sandboxes from `from`, each ready and re-identified, under
+    /// `network` (none: anywhere, or a running source's policy; only a daemon serves
+    /// policies).
+    fn start(
+        &self,
+        from: NewFrom<'_>,
+        n: usize,
+        limits: &crate::limit_args::LimitArgs,
+        network: Option<&NetworkPolicy>,
+    ) -> Result<Started>;
     /// Runs `req` in sandbox `id`, handing its output to `out` as it comes; how it ended
     /// (a program that could not be started ends with 127 or 126, as in a shell).
     fn exec(&self, id: &str, req: &ExecRequest, out: &mut dyn FnMut(Output, &[u8])) -> Result<ExecExit>;
