@@ -283,9 +283,7 @@ fn an_egress_policy_holds_for_names_addresses_and_other_resolvers_and_changes_li
         return;
     };
     // Both of the fake host's addresses answer on this port, for as long as the test.
-    let listener = internet.run_inside(|| std::net::TcpListener::bind(("0.0.0.0", 8088))).unwrap().unwrap();
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let server = serve_until(listener, stop.clone(), "reached");
+    let server = internet.serve_http(8088, "reached").unwrap();
     let sb = sandbox();
     let www = fake_internet::HOST_IP;
     // One exec per policy: each probe prints its name and `ok` or `no`.
@@ -337,43 +335,7 @@ fn an_egress_policy_holds_for_names_addresses_and_other_resolvers_and_changes_li
     let out = probe(&[("www_addr", get(&www.to_string())), ("cdn_addr", get(&CDN_HOST.to_string()))]);
     assert_eq!(out, "www_addr=ok\ncdn_addr=no\n");
 
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    assert!(server.join().unwrap() >= 5, "the server saw every allowed fetch");
-}
-
-/// Answers HTTP requests on `listener` with `body` until `stop` (or 10 minutes, or 100
-/// requests); the number answered.
-fn serve_until(
-    listener: std::net::TcpListener,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    body: &'static str,
-) -> std::thread::JoinHandle<usize> {
-    use std::io::{Read, Write};
-    std::thread::spawn(move || {
-        listener.set_nonblocking(true).unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
-        let mut served = 0;
-        while !stop.load(std::sync::atomic::Ordering::Relaxed) && std::time::Instant::now() < deadline && served < 100 {
-            let Ok((mut conn, _)) = listener.accept() else {
-                std::thread::sleep(std::time::Duration::from_millis(5));
-                continue;
-            };
-            conn.set_nonblocking(false).unwrap();
-            conn.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
-            let mut request = Vec::new();
-            let mut buf = [0u8; 1024];
-            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-                match conn.read(&mut buf) {
-                    Ok(n) if n > 0 => request.extend_from_slice(&buf[..n]),
-                    _ => break,
-                }
-            }
-            let head = format!("HTTP/1.0 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
-            let _ = conn.write_all(head.as_bytes()).and_then(|_| conn.write_all(body.as_bytes()));
-            served += 1;
-        }
-        served
-    })
+    assert_eq!(server.served(), 5, "the server saw every allowed fetch, and nothing else");
 }
 
 /// Serves `n` HTTP requests on `listener` with `body`; returns the peers.

@@ -9,9 +9,6 @@ mod common;
 use forkvm_client::api::{CreateSandboxRequest, ExecRequest, ForkSandboxRequest, NetworkPolicy};
 use forkvm_client::Client;
 use forkvm_sandbox::network::fake_internet::{self, FakeInternet};
-use std::io::{Read, Write};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn policy(allow_internet: bool, allow: &[&str], deny: &[&str]) -> NetworkPolicy {
@@ -40,34 +37,6 @@ fn get(target: &str) -> String {
     format!("timeout 20 wget -q -O - http://{target}:8088/")
 }
 
-/// Answers HTTP on `listener` until `stop` (at most 10 minutes or 100 requests).
-fn serve(listener: std::net::TcpListener, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<usize> {
-    std::thread::spawn(move || {
-        listener.set_nonblocking(true).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(600);
-        let mut served = 0;
-        while !stop.load(Ordering::Relaxed) && Instant::now() < deadline && served < 100 {
-            let Ok((mut conn, _)) = listener.accept() else {
-                std::thread::sleep(Duration::from_millis(5));
-                continue;
-            };
-            conn.set_nonblocking(false).unwrap();
-            conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-            let mut request = Vec::new();
-            let mut buf = [0u8; 1024];
-            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-                match conn.read(&mut buf) {
-                    Ok(n) if n > 0 => request.extend_from_slice(&buf[..n]),
-                    _ => break,
-                }
-            }
-            let _ = conn.write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi");
-            served += 1;
-        }
-        served
-    })
-}
-
 #[test]
 fn policies_hold_through_spawn_fork_change_and_a_daemon_restart() {
     // SAFETY: geteuid has no preconditions.
@@ -82,9 +51,7 @@ fn policies_hold_through_spawn_fork_change_and_a_daemon_restart() {
             ("*.cdn.example.test", fake_internet::OTHER_HOST_IP),
         ])
         .unwrap();
-    let listener = internet.run_inside(|| std::net::TcpListener::bind(("0.0.0.0", 8088))).unwrap().unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let server = serve(listener, stop.clone());
+    let server = internet.serve_http(8088, "hi").unwrap();
 
     let mut env = common::Env::new();
     let uplink = internet.router_path();
@@ -170,8 +137,7 @@ fn policies_hold_through_spawn_fork_change_and_a_daemon_restart() {
     for id in [&a.id, &b.id, &c] {
         client.kill_sandbox(id).unwrap();
     }
-    stop.store(true, Ordering::Relaxed);
-    assert!(server.join().unwrap() >= 7, "the server saw every allowed fetch");
+    assert_eq!(server.served(), 7, "the server saw every allowed fetch, and nothing else");
 }
 
 /// The sandbox links (`fvm*`) on the fake internet's router: one per live sandbox.

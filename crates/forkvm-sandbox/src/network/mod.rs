@@ -82,6 +82,8 @@ pub enum NetworkError {
     Rules { what: &'static str, detail: String },
     #[error("sandbox DNS: {0}")]
     Dns(String),
+    #[error("the fake internet (tests, benchmarks): {0}")]
+    FakeInternet(String),
     #[error("the sandbox's egress policy: {0}")]
     Policy(#[from] policy::PolicyError),
     #[error("the sandbox has no network to set a policy on (its template has no NIC, or no uplink)")]

@@ -6,7 +6,8 @@
 //! In a sandbox's namespace (table `ip forkvm`):
 //! * the guest's traffic out of `eth0` leaves as the link's inner address (SNAT), so
 //!   clones with one guest address stay apart on the uplink;
-//! * forwarded: only what the guest starts from its own address, and the answers;
+//! * forwarded: only what the guest starts from its own address (through the `egress`
+//!   chain, which its policy fills: `super::policy_rules`), and the answers;
 //! * into the namespace from the uplink: answers only (the namespace's own services,
 //!   the DNS forwarder and exposed ports to come, are for the guest and the daemon);
 //! * the guest's DNS, to whatever address it asks, goes to the forwarder's sockets at
@@ -62,24 +63,12 @@ pub fn sandbox_rules(link: LinkIndex) -> Nftables<'static> {
     b.add(t.chain(EGRESS_CHAIN));
     b.add(t.base_chain("forward", NfChainType::Filter, NfHook::Forward, 0, NfChainPolicy::Drop));
     b.add(t.rule("forward", vec![iifname(Operator::EQ, INNER_NAME), ct_answers(), accept()]));
-    b.add(t.rule(
-        "forward",
-        vec![
-            iifname(Operator::EQ, TAP_NAME),
-            oifname(Operator::EQ, INNER_NAME),
-            saddr(Operator::EQ, ip(GUEST_IP)),
-            Statement::Jump(nftables::stmt::JumpTarget { target: EGRESS_CHAIN.into() }),
-        ],
-    ));
-    b.add(t.rule(
-        "forward",
-        vec![
-            iifname(Operator::EQ, TAP_NAME),
-            oifname(Operator::EQ, INNER_NAME),
-            saddr(Operator::EQ, ip(GUEST_IP)),
-            accept(),
-        ],
-    ));
+    // What the guest starts from its own address: through the egress chain, then out.
+    let guest_out =
+        || vec![iifname(Operator::EQ, TAP_NAME), oifname(Operator::EQ, INNER_NAME), saddr(Operator::EQ, ip(GUEST_IP))];
+    let jump = Statement::Jump(nftables::stmt::JumpTarget { target: EGRESS_CHAIN.into() });
+    b.add(t.rule("forward", [guest_out(), vec![jump]].concat()));
+    b.add(t.rule("forward", [guest_out(), vec![accept()]].concat()));
 
     b.add(t.base_chain("input", NfChainType::Filter, NfHook::Input, 0, NfChainPolicy::Accept));
     b.add(t.rule("input", vec![iifname(Operator::EQ, TAP_NAME), saddr(Operator::NEQ, ip(GUEST_IP)), drop()]));

@@ -6,14 +6,17 @@
 //! * the **host** ([`HOST_IP`] and [`OTHER_HOST_IP`], [`FakeInternet::run_inside`]),
 //!   where a test runs the servers the sandboxes talk to.
 //!
-//! The host can answer DNS ([`FakeInternet::serve_dns`], at [`HOST_IP`] port 53).
+//! The host can answer DNS ([`FakeInternet::serve_dns`], at [`HOST_IP`] port 53) and
+//! HTTP ([`FakeInternet::serve_http`], on both its addresses).
 //!
 //! Only descriptors keep them: dropping the value (and every uplink made from it, and
 //! every sandbox linked to it) removes everything, also when a test fails.
 
 mod dns;
+mod http;
 
 pub use dns::FakeDns;
+pub use http::FakeHttp;
 
 use super::enter::run_in;
 use super::ifconfig::Ifconfig;
@@ -21,7 +24,7 @@ use super::slot::unshare_thread;
 use super::uplink::Uplink;
 use super::veth::Netlink;
 use super::NetworkError;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, TcpListener};
 use std::os::fd::OwnedFd;
 
 /// The router's address on the fake internet: sandbox traffic arrives from it.
@@ -75,6 +78,15 @@ impl FakeInternet {
             .map_err(|e| NetworkError::Dns(format!("the fake internet's DNS socket: {e}")))?;
         let names = names.iter().map(|(n, ip)| (n.to_ascii_lowercase(), *ip)).collect();
         dns::start(sock, names).map_err(|e| NetworkError::Dns(format!("the fake internet's DNS server: {e}")))
+    }
+
+    /// Answers HTTP on `port` of both the host's addresses with `body`, until the
+    /// returned server is dropped.
+    pub fn serve_http(&self, port: u16, body: &'static str) -> Result<FakeHttp, NetworkError> {
+        let listener = self
+            .run_inside(move || TcpListener::bind(("0.0.0.0", port)))?
+            .map_err(|e| NetworkError::FakeInternet(format!("its HTTP socket: {e}")))?;
+        http::start(listener, body).map_err(|e| NetworkError::FakeInternet(format!("its HTTP server: {e}")))
     }
 
     /// Runs `f` on a thread inside the router's namespace.
