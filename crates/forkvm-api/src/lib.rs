@@ -72,6 +72,13 @@ pub struct IoLimits {
     /// Random bytes the entropy device (virtio-rng) hands out per second; 64 or more.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rng_bytes_per_sec: Option<u64>,
+    /// Bytes per second the guest sends through its network device (frames, headers
+    /// included); 8192 or more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net_tx_bytes_per_sec: Option<u64>,
+    /// Bytes per second the guest receives through its network device; 8192 or more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net_rx_bytes_per_sec: Option<u64>,
 }
 
 impl IoLimits {

@@ -70,11 +70,7 @@ pub(crate) fn boot_devices(
                 }),
             },
         ],
-        net: net.map(|slot| NetConfig {
-            tap: slot.tap_source(),
-            mac: crate::network::GUEST_MAC,
-            rate_limits: Default::default(),
-        }),
+        net: net.map(|slot| NetConfig { tap: slot.tap_source(), mac: crate::network::GUEST_MAC }),
         rate_limits: Default::default(),
     }
 }

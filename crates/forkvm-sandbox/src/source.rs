@@ -205,11 +205,7 @@ impl SpawnSource {
                     }),
                 })
                 .collect(),
-            net: self.devices.net.zip(tap).map(|(n, tap)| NetConfig {
-                tap,
-                mac: n.mac,
-                rate_limits: Default::default(),
-            }),
+            net: self.devices.net.zip(tap).map(|(n, tap)| NetConfig { tap, mac: n.mac }),
             rate_limits: Default::default(),
         }
     }

@@ -123,7 +123,6 @@ fn boot_with_devices(dir: &std::path::Path) -> Guest {
         net: is_root().then(|| NetConfig {
             tap: TapSource::Fd(Arc::new(test_net::tap_in_test_netns().into_fd())),
             mac: test_net::GUEST_MAC,
-            rate_limits: Default::default(),
         }),
         rate_limits: Default::default(),
     })

@@ -38,7 +38,7 @@ const SLOT: u64 = 2048;
 const CONFIG: u64 = 0x100;
 
 fn net_config(fd: OwnedFd) -> DeviceConfig {
-    let net = NetConfig { tap: TapSource::Fd(Arc::new(fd)), mac: GUEST_MAC, rate_limits: Default::default() };
+    let net = NetConfig { tap: TapSource::Fd(Arc::new(fd)), mac: GUEST_MAC };
     DeviceConfig { net: Some(net), ..Default::default() }
 }
 

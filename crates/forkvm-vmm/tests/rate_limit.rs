@@ -42,6 +42,7 @@ fn capped() -> RateLimits {
     RateLimits {
         disk: RateLimit { ops_per_sec: Some(OPS_PER_SEC), bytes_per_sec: None },
         rng: RateLimit { bytes_per_sec: Some(RNG_BYTES_PER_SEC), ops_per_sec: None },
+        ..RateLimits::default()
     }
 }
 

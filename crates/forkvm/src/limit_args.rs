@@ -27,6 +27,13 @@ pub struct LimitArgs {
     /// Random bytes per second from the entropy device (at least 64) [default: none].
     #[arg(long)]
     pub rng_bytes_per_sec: Option<u64>,
+    /// Bytes per second the guest may send on its network (at least 8192) [default: none].
+    #[arg(long)]
+    pub net_tx_bytes_per_sec: Option<u64>,
+    /// Bytes per second the guest may receive on its network (at least 8192) [default:
+    /// none].
+    #[arg(long)]
+    pub net_rx_bytes_per_sec: Option<u64>,
 }
 
 impl LimitArgs {
@@ -46,6 +53,8 @@ impl LimitArgs {
             disk_bytes_per_sec: self.disk_bytes_per_sec,
             disk_ops_per_sec: self.disk_ops_per_sec,
             rng_bytes_per_sec: self.rng_bytes_per_sec,
+            net_tx_bytes_per_sec: self.net_tx_bytes_per_sec,
+            net_rx_bytes_per_sec: self.net_rx_bytes_per_sec,
         }
     }
 

@@ -218,3 +218,76 @@ fn nothing_of_a_sandbox_network_outlives_it() {
     }
     wait_for_links(&internet, 0);
 }
+
+/// Bytes each capped transfer moves: six seconds' worth at the least cap, past the one
+/// second a bucket holds.
+const CAPPED_BYTES: usize = 48 << 10;
+const CAP: u64 = 8 << 10;
+
+#[test]
+fn network_caps_hold_each_way() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: sandbox networks need root");
+        return;
+    }
+    let internet = FakeInternet::create().expect("a fake internet");
+    let body: &'static str = Box::leak("x".repeat(CAPPED_BYTES).into_boxed_str());
+    let _http = internet.serve_http(8090, body).unwrap();
+    // A sink that times what reaches it: from the first byte to the last expected one.
+    let sink = internet.run_inside(|| std::net::TcpListener::bind((fake_internet::HOST_IP, 8089))).unwrap().unwrap();
+    let timed = std::thread::spawn(move || {
+        use std::io::Read;
+        let (mut conn, _) = sink.accept().unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+        let mut buf = [0u8; 4096];
+        let (mut got, mut first) = (0, None);
+        while got < CAPPED_BYTES {
+            match conn.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    first.get_or_insert_with(Instant::now);
+                    got += n;
+                }
+            }
+        }
+        (got, first.map(|t| t.elapsed()))
+    });
+
+    let mut env = common::Env::new();
+    let uplink = internet.router_path();
+    env.start_daemon_with(&[], &[("FORKVM_UPLINK", uplink.as_str()), ("FORKVM_DNS", "203.0.113.2")]);
+    env.ok(&["snapshot", "create", "--image", "tiny", "--tag", "t"]);
+    let socket = format!("unix:{}", env.dir.join("run/forkvmd.sock").display());
+    let client = Client::new(socket.parse().unwrap(), None).unwrap();
+    let mut req = CreateSandboxRequest::new("t", 1);
+    req.io_limits = Some(forkvm_client::api::IoLimits {
+        net_tx_bytes_per_sec: Some(CAP),
+        net_rx_bytes_per_sec: Some(CAP),
+        ..Default::default()
+    });
+    let sb = client.spawn(&req).unwrap().remove(0);
+    assert_eq!(sb.io_limits, req.io_limits, "the sandbox shows its caps");
+    let exec = |script: String| {
+        let req = ExecRequest { args: vec!["sh".into(), "-c".into(), script], timeout_secs: 120, ..Default::default() };
+        client.exec(&sb.id, &req).unwrap()
+    };
+
+    // Out: the guest sends; the sink sees it no faster than the cap (a bucket's worth at
+    // once, the rest at the rate).
+    let host = fake_internet::HOST_IP;
+    exec(format!("head -c {CAPPED_BYTES} /dev/zero | timeout 60 nc {host} 8089"));
+    let (got, took) = timed.join().unwrap();
+    let took = took.expect("bytes arrived").as_secs_f64();
+    assert_eq!(got, CAPPED_BYTES);
+    let least = (CAPPED_BYTES as f64 - CAP as f64) / CAP as f64 * 0.9;
+    assert!(took >= least, "{got} bytes out in {took:.2} s, under a cap of {CAP} B/s (at least {least:.1} s)");
+
+    // In: the guest fetches; the whole exec takes no less than the cap allows.
+    let started = Instant::now();
+    let out = exec(format!("timeout 60 wget -q -O - http://{host}:8090/ | wc -c"));
+    let took = started.elapsed().as_secs_f64();
+    assert_eq!(out.stdout.trim(), CAPPED_BYTES.to_string(), "{}", out.stderr);
+    assert!(took >= least, "{CAPPED_BYTES} bytes in in {took:.2} s, under a cap of {CAP} B/s");
+    client.kill_sandbox(&sb.id).unwrap();
+}

@@ -313,7 +313,8 @@ class Controller:
         ``cpu_limit_millis`` (thousandths of a CPU) and
         ``pids_limit`` (tasks) override the daemon's defaults for each sandbox's cgroup.
         ``io_limits`` caps each sandbox's disk and entropy I/O
-        (``{"disk_bytes_per_sec": ..., "disk_ops_per_sec": ..., "rng_bytes_per_sec": ...}``,
+        (``disk_bytes_per_sec``, ``disk_ops_per_sec``, ``rng_bytes_per_sec``,
+        ``net_tx_bytes_per_sec``, ``net_rx_bytes_per_sec``:
         any subset).
         """
         if isinstance(memory_limit_mib, bool):
@@ -588,7 +589,13 @@ class Controller:
 
 
 #: The I/O caps a request's ``io_limits`` may hold.
-IO_LIMITS = ("disk_bytes_per_sec", "disk_ops_per_sec", "rng_bytes_per_sec")
+IO_LIMITS = (
+    "disk_bytes_per_sec",
+    "disk_ops_per_sec",
+    "rng_bytes_per_sec",
+    "net_tx_bytes_per_sec",
+    "net_rx_bytes_per_sec",
+)
 
 
 def network_body(policy: NetworkPolicyLike) -> Dict[str, Any]:

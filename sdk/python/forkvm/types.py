@@ -499,7 +499,8 @@ class SandboxInfo(_Record):
     cpu_limit_millis: Optional[int] = None
     pids_limit: Optional[int] = None
     #: forkvm: the caps on its disk and entropy I/O (``disk_bytes_per_sec``,
-    #: ``disk_ops_per_sec``, ``rng_bytes_per_sec``); ``None``: no cap.
+    #: ``disk_ops_per_sec``, ``rng_bytes_per_sec``, ``net_tx_bytes_per_sec``,
+    #: ``net_rx_bytes_per_sec``); ``None``: no cap.
     io_limits: Optional[Dict[str, int]] = None
     last_branch_memory_path: Optional[str] = None
     template: Optional[str] = None

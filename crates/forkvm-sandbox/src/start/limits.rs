@@ -41,6 +41,8 @@ pub const MIN_DISK_BYTES_PER_SEC: u64 = 64 << 10;
 pub const MIN_DISK_OPS_PER_SEC: u64 = 10;
 /// Least entropy cap: a guest's kernel asks for 64 bytes at a time.
 pub const MIN_RNG_BYTES_PER_SEC: u64 = 64;
+/// Least network cap, each way: a few full frames a second, so TCP keeps going.
+pub const MIN_NET_BYTES_PER_SEC: u64 = 8 << 10;
 /// Most any I/O cap may allow (a cap above it is a mistake, not a cap).
 pub const MAX_IO_RATE: u64 = 1 << 40;
 
@@ -134,6 +136,8 @@ impl SpawnOptions {
                 disk_bytes_per_sec: asked.io.disk_bytes_per_sec.or(self.io.disk_bytes_per_sec),
                 disk_ops_per_sec: asked.io.disk_ops_per_sec.or(self.io.disk_ops_per_sec),
                 rng_bytes_per_sec: asked.io.rng_bytes_per_sec.or(self.io.rng_bytes_per_sec),
+                net_tx_bytes_per_sec: asked.io.net_tx_bytes_per_sec.or(self.io.net_tx_bytes_per_sec),
+                net_rx_bytes_per_sec: asked.io.net_rx_bytes_per_sec.or(self.io.net_rx_bytes_per_sec),
             },
         }
     }
@@ -153,6 +157,8 @@ impl SpawnOptions {
             ("disk_bytes_per_sec", self.io.disk_bytes_per_sec, MIN_DISK_BYTES_PER_SEC),
             ("disk_ops_per_sec", self.io.disk_ops_per_sec, MIN_DISK_OPS_PER_SEC),
             ("rng_bytes_per_sec", self.io.rng_bytes_per_sec, MIN_RNG_BYTES_PER_SEC),
+            ("net_tx_bytes_per_sec", self.io.net_tx_bytes_per_sec, MIN_NET_BYTES_PER_SEC),
+            ("net_rx_bytes_per_sec", self.io.net_rx_bytes_per_sec, MIN_NET_BYTES_PER_SEC),
         ] {
             if let Some(value) = value.filter(|v| !(min..=MAX_IO_RATE).contains(v)) {
                 return Err(LimitError::Io { what, value, min });
@@ -175,6 +181,8 @@ impl SpawnOptions {
         RateLimits {
             disk: RateLimit { bytes_per_sec: self.io.disk_bytes_per_sec, ops_per_sec: self.io.disk_ops_per_sec },
             rng: RateLimit { bytes_per_sec: self.io.rng_bytes_per_sec, ops_per_sec: None },
+            net_tx: RateLimit { bytes_per_sec: self.io.net_tx_bytes_per_sec, ops_per_sec: None },
+            net_rx: RateLimit { bytes_per_sec: self.io.net_rx_bytes_per_sec, ops_per_sec: None },
         }
     }
 
@@ -245,6 +253,13 @@ mod tests {
                 },
                 "rng_bytes_per_sec 1",
             ),
+            (
+                SpawnOptions {
+                    io: IoLimits { net_tx_bytes_per_sec: Some(1500), ..IoLimits::default() },
+                    ..SpawnOptions::default()
+                },
+                "net_tx_bytes_per_sec 1500",
+            ),
         ];
         for (opts, said) in bad {
             let e = opts.validate().unwrap_err().to_string();
@@ -258,9 +273,13 @@ mod tests {
                 disk_bytes_per_sec: Some(MIN_DISK_BYTES_PER_SEC),
                 disk_ops_per_sec: Some(MIN_DISK_OPS_PER_SEC),
                 rng_bytes_per_sec: Some(MIN_RNG_BYTES_PER_SEC),
+                net_tx_bytes_per_sec: Some(MIN_NET_BYTES_PER_SEC),
+                net_rx_bytes_per_sec: Some(MIN_NET_BYTES_PER_SEC),
             },
         };
         assert_eq!(ok.validate(), Ok(()));
-        assert!(ok.asks() && ok.rate_limits().disk.is_limited() && ok.rate_limits().rng.is_limited());
+        let caps = ok.rate_limits();
+        assert!(ok.asks() && caps.disk.is_limited() && caps.rng.is_limited());
+        assert!(caps.net_tx.is_limited() && caps.net_rx.is_limited());
     }
 }

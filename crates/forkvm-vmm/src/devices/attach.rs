@@ -99,7 +99,6 @@ pub struct NetConfig {
     pub tap: TapSource,
     /// The guest's MAC: the same in every clone of a snapshot.
     pub mac: [u8; 6],
-    pub rate_limits: NetRateLimits,
 }
 
 /// Where the network device's tap comes from.
@@ -150,12 +149,24 @@ pub struct DeviceConfig {
     pub rate_limits: RateLimits,
 }
 
-/// A VM's device rate limits (`virtio::throttle`): each disk's, and the rng's.
+/// A VM's device rate limits (`virtio::throttle`): each disk's, the rng's and the
+/// network device's, each way.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RateLimits {
     /// Per disk: every block device gets a bucket of this size of its own.
     pub disk: RateLimit,
     pub rng: RateLimit,
+    /// What the guest sends (tx) and receives (rx).
+    #[serde(default)]
+    pub net_tx: RateLimit,
+    #[serde(default)]
+    pub net_rx: RateLimit,
+}
+
+impl RateLimits {
+    fn net(&self) -> NetRateLimits {
+        NetRateLimits { tx: self.net_tx, rx: self.net_rx }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -271,7 +282,7 @@ fn create(p: &Planned, limits: &RateLimits) -> Result<Box<dyn VirtioDevice>, Att
         Planned::Block(c) => Box::new(c.open().map_err(|e| err("block", e.to_string()))?.with_rate_limit(limits.disk)),
         Planned::Net(c) => {
             let tap = c.tap.open().map_err(|e| err("net", e))?;
-            Box::new(Net::with_tap(tap, c.mac, c.rate_limits).map_err(|e| err("net", e.to_string()))?)
+            Box::new(Net::with_tap(tap, c.mac, limits.net()).map_err(|e| err("net", e.to_string()))?)
         }
     })
 }
@@ -296,7 +307,7 @@ fn restore_device(
         }
         (Planned::Net(c), VirtioDeviceState::Net(s)) => {
             let tap = c.tap.open().map_err(|e| err("net", e))?;
-            Box::new(Net::restore(s, Arc::new(tap), c.rate_limits).map_err(|e| err("net", e.to_string()))?)
+            Box::new(Net::restore(s, Arc::new(tap), limits.net()).map_err(|e| err("net", e.to_string()))?)
         }
         _ => unreachable!("kinds were matched before"),
     })
@@ -358,7 +369,6 @@ mod tests {
             net: Some(NetConfig {
                 tap: TapSource::Named("tap0".into()),
                 mac: crate::devices::virtio::net::DEFAULT_GUEST_MAC,
-                rate_limits: Default::default(),
             }),
             rate_limits: Default::default(),
         };
