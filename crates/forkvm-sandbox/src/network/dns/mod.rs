@@ -15,8 +15,12 @@
 //! owner holds a guard ([`Lifetime::WhileHeld`]), then closed, so they never keep a
 //! namespace alive after its sandbox.
 //!
+//! Each question is decided by the sandbox's egress policy ([`crate::network::firewall`]):
+//! asked upstream as is, asked and its answer's addresses handed to the packet filter
+//! before the guest sees it (a name a rule allows or denies), or refused (NXDOMAIN).
+//!
 //! Files: [`upstream`] (which resolvers), [`relay`] (one query, checked, there and
-//! back), [`serve`] (a sandbox's sockets).
+//! back), [`serve`] (a sandbox's sockets, and the policy's decisions).
 
 pub mod relay;
 pub mod serve;
