@@ -238,7 +238,16 @@ fn network_caps_hold_each_way() {
     let sink = internet.run_inside(|| std::net::TcpListener::bind((fake_internet::HOST_IP, 8089))).unwrap().unwrap();
     let timed = std::thread::spawn(move || {
         use std::io::Read;
-        let (mut conn, _) = sink.accept().unwrap();
+        sink.set_nonblocking(true).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut conn = loop {
+            match sink.accept() {
+                Ok((conn, _)) => break conn,
+                Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+                Err(e) => return (0, None, Some(e.to_string())),
+            }
+        };
+        conn.set_nonblocking(false).unwrap();
         conn.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
         let mut buf = [0u8; 4096];
         let (mut got, mut first) = (0, None);
@@ -251,7 +260,7 @@ fn network_caps_hold_each_way() {
                 }
             }
         }
-        (got, first.map(|t| t.elapsed()))
+        (got, first.map(|t| t.elapsed()), None)
     });
 
     let mut env = common::Env::new();
@@ -277,7 +286,8 @@ fn network_caps_hold_each_way() {
     // once, the rest at the rate).
     let host = fake_internet::HOST_IP;
     exec(format!("head -c {CAPPED_BYTES} /dev/zero | timeout 60 nc {host} 8089"));
-    let (got, took) = timed.join().unwrap();
+    let (got, took, never) = timed.join().unwrap();
+    assert_eq!(never, None, "the guest never connected to the sink");
     let took = took.expect("bytes arrived").as_secs_f64();
     assert_eq!(got, CAPPED_BYTES);
     let least = (CAPPED_BYTES as f64 - CAP as f64) / CAP as f64 * 0.9;
