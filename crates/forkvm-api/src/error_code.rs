@@ -27,6 +27,9 @@ pub enum ErrorCode {
     Busy,
     /// The host has no space left for what the request writes.
     DiskFull,
+    /// A sandbox's guest did not answer on the port asked for (nothing listens there,
+    /// or it closed the connection): exposed ports and port forwarding.
+    BadGateway,
     /// Anything else: a failure of the host or of forkvm, not of the request.
     Internal,
     /// A code this build does not know (a newer peer's); treated as internal.
@@ -36,7 +39,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code a forkvm peer sends (not [`ErrorCode::Unknown`]).
-    pub const ALL: [ErrorCode; 10] = [
+    pub const ALL: [ErrorCode; 11] = [
         ErrorCode::BadRequest,
         ErrorCode::Unauthorized,
         ErrorCode::Forbidden,
@@ -46,6 +49,7 @@ impl ErrorCode {
         ErrorCode::UnsupportedMediaType,
         ErrorCode::Busy,
         ErrorCode::DiskFull,
+        ErrorCode::BadGateway,
         ErrorCode::Internal,
     ];
 
@@ -61,6 +65,7 @@ impl ErrorCode {
             ErrorCode::UnsupportedMediaType => "unsupported_media_type",
             ErrorCode::Busy => "busy",
             ErrorCode::DiskFull => "disk_full",
+            ErrorCode::BadGateway => "bad_gateway",
             ErrorCode::Internal | ErrorCode::Unknown => "internal",
         }
     }
@@ -77,6 +82,7 @@ impl ErrorCode {
             ErrorCode::UnsupportedMediaType => 415,
             ErrorCode::Busy => 503,
             ErrorCode::DiskFull => 507,
+            ErrorCode::BadGateway => 502,
             ErrorCode::Internal | ErrorCode::Unknown => 500,
         }
     }
@@ -84,9 +90,15 @@ impl ErrorCode {
 
 impl ErrorCode {
     /// The code of an HTTP error status, for an error body that carries none (forkd's,
-    /// a proxy's page): the inverse of [`ErrorCode::http_status`], else internal.
+    /// a proxy's page): the inverse of [`ErrorCode::http_status`], else internal. A 502
+    /// without a body saying `bad_gateway` is a proxy's in front of the daemon, not a
+    /// guest's port: internal.
     pub fn from_http_status(status: u16) -> ErrorCode {
-        ErrorCode::ALL.into_iter().find(|c| c.http_status() == status).unwrap_or(ErrorCode::Internal)
+        ErrorCode::ALL
+            .into_iter()
+            .filter(|c| *c != ErrorCode::BadGateway)
+            .find(|c| c.http_status() == status)
+            .unwrap_or(ErrorCode::Internal)
     }
 }
 
@@ -110,10 +122,11 @@ mod tests {
         }
         assert_eq!(serde_json::from_str::<ErrorCode>("\"quota_exceeded\"").unwrap(), ErrorCode::Unknown);
         assert_eq!(ErrorCode::Unknown.http_status(), 500);
-        for code in ErrorCode::ALL {
+        for code in ErrorCode::ALL.into_iter().filter(|c| *c != ErrorCode::BadGateway) {
             assert_eq!(ErrorCode::from_http_status(code.http_status()), code);
         }
-        assert_eq!(ErrorCode::from_http_status(502), ErrorCode::Internal);
+        assert_eq!(ErrorCode::from_http_status(502), ErrorCode::Internal, "only the daemon's body says bad_gateway");
+        assert_eq!(ErrorCode::from_http_status(504), ErrorCode::Internal);
         let mut statuses: Vec<u16> = ErrorCode::ALL.iter().map(|c| c.http_status()).collect();
         statuses.dedup();
         assert_eq!(statuses.len(), ErrorCode::ALL.len(), "each code has its own status");

@@ -7,9 +7,11 @@ use serde::{Deserialize, Serialize};
 
 pub mod error_code;
 pub mod paths;
+pub mod ports;
 pub mod routes;
 
 pub use error_code::ErrorCode;
+pub use ports::{ExposeRequest, ExposedPort};
 
 /// Version of this API, reported by `GET /version`.
 pub const API_VERSION: &str = "v1";

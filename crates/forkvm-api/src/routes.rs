@@ -44,6 +44,10 @@ pub enum RouteName {
     DiskFork,
     SetTtl,
     SetNetwork,
+    ListPorts,
+    ExposePort,
+    UnexposePort,
+    ConnectTcp,
 }
 
 const fn r(method: &'static str, path: &'static str, name: RouteName) -> Route {
@@ -83,6 +87,10 @@ pub const ROUTES: &[Route] = &[
     r("POST", "/v1/sandboxes/{id}/disk-fork", RouteName::DiskFork),
     r("POST", "/v1/sandboxes/{id}/ttl", RouteName::SetTtl),
     r("PUT", "/v1/sandboxes/{id}/network", RouteName::SetNetwork),
+    r("GET", "/v1/sandboxes/{id}/ports", RouteName::ListPorts),
+    r("POST", "/v1/sandboxes/{id}/ports", RouteName::ExposePort),
+    r("DELETE", "/v1/sandboxes/{id}/ports/{port}", RouteName::UnexposePort),
+    r("GET", "/v1/sandboxes/{id}/tcp/{port}", RouteName::ConnectTcp),
 ];
 
 /// Routes anyone may call without a token (liveness probes).

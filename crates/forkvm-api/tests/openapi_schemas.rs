@@ -96,6 +96,8 @@ fn every_component_has_the_fields_of_its_rust_type() {
         RestoreRequest,
         DiskForkRequest,
         SetTtlRequest,
+        ExposeRequest,
+        ExposedPort,
     ];
     // A request body (`PUT .../network`) before it is part of a response: checked as
     // the daemon reads it (every field optional).

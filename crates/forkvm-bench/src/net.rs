@@ -15,6 +15,9 @@
 //!   fresh namespace and changed on one that has one (two names, a network); `learn`,
 //!   one allowed name's address added to the filter (what a guest's DNS answer waits
 //!   for under a name rule). Host-side, real on any host.
+//! * `ports`: `socket`, a TCP socket made inside a sandbox's namespace (a thread enters
+//!   it): what the daemon adds per connection to an exposed port or a forwarded one,
+//!   but for the connect itself. Medians of `--runs`, host-side.
 //! * `guest`: in one sandbox of `--image`, against a listener in its own namespace:
 //!   `rtt_us`, ICMP echo round trips answered by the guest kernel (median of `--pings`);
 //!   `to_guest_mib_s` and `from_guest_mib_s`, one TCP transfer of `--mib` each way
@@ -141,6 +144,16 @@ fn time_policy(uplink: &Uplink, runs: usize) -> Result<serde_json::Value> {
     }))
 }
 
+/// The `ports` section: a socket made inside a namespace, `runs` times on one slot.
+fn time_ports(runs: usize) -> Result<serde_json::Value> {
+    let slot = NetSlot::create_with(&Uplink::None).context("making a sandbox network")?;
+    let mut socket = Timed::default();
+    for _ in 0..runs {
+        socket.time(|| Ok(forkvm_sandbox::network::connect::socket_in(slot.namespace())?))?;
+    }
+    Ok(json!({ "socket": socket.json() }))
+}
+
 pub fn run(a: BenchNetArgs) -> Result<i32> {
     if a.runs == 0 || a.pings == 0 || a.mib == 0 {
         bail!("--runs, --pings and --mib must be at least 1");
@@ -153,11 +166,13 @@ pub fn run(a: BenchNetArgs) -> Result<i32> {
     let uplink_first_us = first.elapsed().as_secs_f64() * 1e6;
     let linked = time_slots(&uplink, a.runs)?;
     let policy = time_policy(&uplink, a.runs)?;
+    let ports = time_ports(a.runs)?;
     let mut out = json!({
         "benchmark": "net",
         "machine": machine(),
         "setup": { "runs": a.runs, "bare": bare, "linked": linked, "uplink_first_us": r2(uplink_first_us) },
         "policy": policy,
+        "ports": ports,
     });
     if !a.no_guest {
         out["guest"] = guest(&a)?;

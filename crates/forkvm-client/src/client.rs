@@ -134,6 +134,18 @@ impl Client {
         &self.endpoint
     }
 
+    pub(crate) fn authorization(&self) -> Option<&HeaderValue> {
+        self.authorization.as_ref()
+    }
+
+    pub(crate) fn tls(&self) -> Option<&TlsConnector> {
+        self.tls.as_ref()
+    }
+
+    pub(crate) fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
     /// Runs `f` to completion on the client's runtime.
     pub(crate) fn block_on<T>(&self, f: impl Future<Output = T>) -> T {
         self.rt.block_on(f)

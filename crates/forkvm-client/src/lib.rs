@@ -19,7 +19,7 @@
 //! plumbing), `transport` (sockets, request bodies), `tls` (what an https daemon is
 //! trusted by), `encode` (safe URL building),
 //! `ndjson` (streamed lines), `error`, and one file per resource: `system`, `snapshots`,
-//! `sandboxes`, `files`.
+//! `sandboxes`, `files`, `ports` (exposed ports, port forwarding).
 
 mod client;
 mod encode;
@@ -27,6 +27,7 @@ mod endpoint;
 mod error;
 mod files;
 mod ndjson;
+mod ports;
 mod sandboxes;
 mod snapshots;
 mod system;
@@ -43,4 +44,5 @@ pub use endpoint::{Endpoint, EndpointError, DAEMON_ENV, SOCKET_NAME};
 pub use error::{ClientError, ErrorCode};
 pub use files::WriteFileOptions;
 pub use forkvm_api as api;
+pub use ports::ForwardErrors;
 pub use sandboxes::ExecExit;

@@ -100,8 +100,9 @@ where
         .await
         .map_err(|e| ClientError::Send { request: request.to_string(), source: e.into() })?;
     // The connection's failures also fail the request or its body, where they are reported.
+    // Upgrades allowed: a raw stream to a guest's port rides on one (`ports`).
     tokio::spawn(async move {
-        let _ = conn.await;
+        let _ = conn.with_upgrades().await;
     });
     Ok(sender)
 }

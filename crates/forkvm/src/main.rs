@@ -10,6 +10,7 @@ mod fork_cmd;
 mod image_cmd;
 mod limit_args;
 mod network_cmd;
+mod ports_cmd;
 mod remote_cmd;
 mod run_cmd;
 mod sandbox_cmd;
@@ -102,6 +103,15 @@ enum Command {
     Ttl(archive_cmd::TtlArgs),
     /// Set where a sandbox may connect to (daemon only), from now on.
     Network(network_cmd::NetworkCmdArgs),
+    /// Reach a sandbox's guest port through the daemon, by URL and a token of its own.
+    Expose(ports_cmd::ExposeArgs),
+    /// List a sandbox's exposed ports and their tokens.
+    Ports(ports_cmd::PortsArgs),
+    /// Stop exposing a sandbox's port (its token stops working).
+    Unexpose(ports_cmd::UnexposeArgs),
+    /// Forward a local TCP port to a sandbox's guest port, through the daemon.
+    #[command(name = "port-forward")]
+    PortForward(ports_cmd::PortForwardArgs),
     /// The daemon's spawner process: only forkvmd starts it.
     #[command(name = "__spawner", hide = true)]
     Spawner(daemon_cmd::SpawnerArgs),
@@ -166,6 +176,10 @@ fn main() {
         Command::Archives(a) => archive_cmd::list(a, remote),
         Command::Ttl(a) => archive_cmd::ttl(a, remote),
         Command::Network(a) => network_cmd::run(a, remote),
+        Command::Expose(a) => ports_cmd::expose(a, remote),
+        Command::Ports(a) => ports_cmd::list(a, remote),
+        Command::Unexpose(a) => ports_cmd::unexpose(a, remote),
+        Command::PortForward(a) => ports_cmd::port_forward(a, remote),
         Command::Spawner(a) => daemon_cmd::spawner(a),
     };
     match result {

@@ -7,6 +7,11 @@
 //!    configured name (`--allow-host`). A rebound DNS name is refused (DNS rebinding).
 //! 3. **On TCP, the bearer token** (401), compared in constant time ([`Token::matches`]).
 //!
+//! Exposed ports' paths (`/v1/sandboxes/{id}/ports/{port}/...`) skip 1 and 3: they are
+//! meant for browsers, and their own token guards them (`crate::port_proxy`). Only
+//! the guest behind the port answers there, never the API; and a client that sends
+//! the API's token there anyway has it taken off before the guest could see it.
+//!
 //! Refusals are logged to the audit log at a bounded rate ([`AuditLog::refused`]), so a
 //! flood of bad requests cannot grow the log faster than that; only requests that pass
 //! the gate get the full audit line.
@@ -55,6 +60,13 @@ impl Gate {
 
     /// Why `headers` are refused, if they are.
     fn refusal(&self, headers: &HeaderMap, path: &str) -> Option<ApiError> {
+        let port_proxy = forkvm_api::ports::port_proxy_target(path).is_some();
+        if port_proxy && self.check_host {
+            return self.host_refusal(headers).map(|why| ApiError::new(forkvm_api::ErrorCode::Forbidden, why));
+        }
+        if port_proxy {
+            return None;
+        }
         if let Some(why) = self.browser_refusal(headers) {
             return Some(ApiError::new(forkvm_api::ErrorCode::Forbidden, why));
         }
@@ -73,6 +85,20 @@ impl Gate {
                 Some(t) if token.matches(t) => None,
                 _ => Some(ApiError::unauthorized("invalid bearer token")),
             },
+        }
+    }
+
+    /// Takes the API's token off a request to an exposed port: a guest must never
+    /// learn it (an app's own `Authorization` passes).
+    fn keep_token_from_guests(&self, req: &mut Request) {
+        let Some(token) = &self.token else { return };
+        if forkvm_api::ports::port_proxy_target(req.uri().path()).is_none() {
+            return;
+        }
+        let is_api_token =
+            |v: &axum::http::HeaderValue| v.as_bytes().strip_prefix(b"Bearer ").is_some_and(|t| token.matches(t));
+        if req.headers().get_all(header::AUTHORIZATION).iter().any(is_api_token) {
+            req.headers_mut().remove(header::AUTHORIZATION);
         }
     }
 
@@ -125,8 +151,9 @@ pub fn host_is_allowed(host: &str, allowed: &[String]) -> bool {
 }
 
 /// Middleware: refuses what the gate refuses (logged at a bounded rate), passes the rest.
-pub async fn check(State(gate): State<Gate>, req: Request, next: Next) -> Response {
+pub async fn check(State(gate): State<Gate>, mut req: Request, next: Next) -> Response {
     let Some(err) = gate.refusal(req.headers(), req.uri().path()) else {
+        gate.keep_token_from_guests(&mut req);
         return next.run(req).await;
     };
     if let Some(audit) = &gate.audit {
@@ -174,6 +201,27 @@ mod tests {
     }
 
     #[test]
+    fn the_api_token_never_reaches_a_guest() {
+        let gate = Gate::tcp(Token::new("0123456789abcdef").unwrap(), &[], &[], None);
+        let req = |path: &str, auth: &str| {
+            axum::http::Request::builder()
+                .uri(path)
+                .header("authorization", auth)
+                .body(axum::body::Body::empty())
+                .unwrap()
+        };
+        let mut r = req("/v1/sandboxes/a1/ports/80/x", "Bearer 0123456789abcdef");
+        gate.keep_token_from_guests(&mut r);
+        assert!(r.headers().get("authorization").is_none());
+        let mut r = req("/v1/sandboxes/a1/ports/80/x", "Bearer the-app-own");
+        gate.keep_token_from_guests(&mut r);
+        assert_eq!(r.headers()["authorization"], "Bearer the-app-own");
+        let mut r = req("/v1/sandboxes", "Bearer 0123456789abcdef");
+        gate.keep_token_from_guests(&mut r);
+        assert!(r.headers().get("authorization").is_some(), "API requests keep it");
+    }
+
+    #[test]
     fn tcp_needs_host_and_token() {
         let gate = Gate::tcp(Token::new("0123456789abcdef").unwrap(), &[], &[], None);
         let code = |pairs: &[(&'static str, &str)], path| gate.refusal(&headers(pairs), path).map(|e| e.status());
@@ -184,5 +232,11 @@ mod tests {
         let rebound = [("host", "evil.example:1"), ("authorization", "Bearer 0123456789abcdef")];
         assert_eq!(code(&rebound, "/v1/sandboxes"), Some(StatusCode::FORBIDDEN));
         assert_eq!(code(&[("authorization", "Bearer 0123456789abcdef")], "/v1/x"), Some(StatusCode::FORBIDDEN));
+        // An exposed port's path needs no API token (its own guards it), but a good Host.
+        let browser = [("host", "127.0.0.1:1"), ("origin", "https://else.example")];
+        assert_eq!(code(&browser, "/v1/sandboxes/a1/ports/8000/app"), None);
+        assert_eq!(code(&[("host", "evil.example")], "/v1/sandboxes/a1/ports/8000/"), Some(StatusCode::FORBIDDEN));
+        assert_eq!(code(&[("host", "127.0.0.1:1")], "/v1/sandboxes/a1/ports/8000"), Some(StatusCode::UNAUTHORIZED));
+        assert_eq!(code(&[("host", "127.0.0.1:1")], "/v1/sandboxes/a1/ports"), Some(StatusCode::UNAUTHORIZED));
     }
 }

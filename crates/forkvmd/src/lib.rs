@@ -20,6 +20,7 @@ pub mod gate;
 pub mod lifecycle;
 pub mod metrics;
 mod own_cgroup;
+pub mod port_proxy;
 pub mod reconcile;
 pub mod routes;
 pub mod serve;

@@ -10,14 +10,13 @@ use crate::auth::Token;
 use crate::gate::Gate;
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::{GracefulConnection, GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, UnixListener};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tower::ServiceExt;
 
 /// How long open requests may finish after a stop signal.
@@ -184,33 +183,49 @@ fn peer_groups(s: &tokio::net::UnixStream) -> Vec<u32> {
     groups
 }
 
-/// One HTTP/1.1 connection over `io`, serving `app` with `peer` attached to each request.
-fn http_connection<S>(
+/// Tells open connections to finish their request and close (a stop signal).
+type Draining = watch::Receiver<bool>;
+
+/// Serves one HTTP/1.1 connection over `io` (upgrades allowed: WebSocket and raw TCP to
+/// a guest's port), with `peer` attached to each request, until it closes; once
+/// `draining` turns true, it finishes the request it serves and closes. The permit is
+/// held until then, so the drain waits on the permits. An upgraded stream is no longer
+/// this connection's: it is cut when the process exits, not drained.
+fn spawn_connection<S>(
     io: S,
     app: Router,
     peer: String,
     limits: ConnLimits,
-) -> impl GracefulConnection<Error = hyper::Error> + Send
-where
+    mut draining: Draining,
+    permit: OwnedSemaphorePermit,
+) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let svc = app.map_request(move |mut req: axum::http::Request<hyper::body::Incoming>| {
         req.extensions_mut().insert(Peer(peer.clone()));
         req
     });
-    hyper::server::conn::http1::Builder::new()
+    let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
         .serve_connection(TokioIo::new(io), TowerToHyperService::new(svc))
-}
-
-fn spawn_connection(
-    conn: impl GracefulConnection<Error = hyper::Error> + Send + 'static,
-    watcher: Watcher,
-    permit: OwnedSemaphorePermit,
-) {
+        .with_upgrades();
     tokio::spawn(async move {
-        if let Err(e) = watcher.watch(conn).await {
+        let mut conn = std::pin::pin!(conn);
+        let stop = async move {
+            if draining.wait_for(|d| *d).await.map(|_| ()).is_err() {
+                // The server is gone without a drain: serve on until the peer closes.
+                std::future::pending::<()>().await
+            }
+        };
+        let ended = tokio::select! {
+            ended = conn.as_mut() => ended,
+            () = stop => {
+                conn.as_mut().graceful_shutdown();
+                conn.await
+            }
+        };
+        if let Err(e) = ended {
             tracing::debug!(%e, "connection ended with an error");
         }
         drop(permit);
@@ -276,8 +291,9 @@ pub async fn run(
     audit: Option<AuditLog>,
     stop: impl std::future::Future<Output = ()>,
 ) {
-    let graceful = GracefulShutdown::new();
-    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let (drain, draining) = watch::channel(false);
+    let max_connections = limits.max_connections.max(1);
+    let slots = Arc::new(Semaphore::new(max_connections));
     let (mut unix_backoff, mut tcp_backoff) = (AcceptBackoff::default(), AcceptBackoff::default());
     tokio::pin!(stop);
     loop {
@@ -297,7 +313,7 @@ pub async fn run(
                     continue;
                 }
                 let Some(permit) = connection_permit(&slots, &peer, audit.as_ref()) else { continue };
-                spawn_connection(http_connection(stream, u.app.clone(), peer, limits), graceful.watcher(), permit);
+                spawn_connection(stream, u.app.clone(), peer, limits, draining.clone(), permit);
             }
             Some(accepted) = async { match &tcp { Some(t) => Some(t.listener.accept().await), None => None } } => {
                 let Some(t) = &tcp else { continue };
@@ -306,17 +322,16 @@ pub async fn run(
                     Err(e) => { tcp_backoff.failed("tcp", &e).await; continue }
                 };
                 let Some(permit) = connection_permit(&slots, &addr.to_string(), audit.as_ref()) else { continue };
-                let (app, watcher) = (t.app.clone(), graceful.watcher());
+                let (app, draining) = (t.app.clone(), draining.clone());
                 match t.tls.clone() {
-                    None => spawn_connection(http_connection(stream, app, addr.to_string(), limits), watcher, permit),
+                    None => spawn_connection(stream, app, addr.to_string(), limits, draining, permit),
                     // The handshake runs in the connection's own task, not the accept loop,
                     // and must finish within the handshake timeout.
                     Some(acceptor) => {
                         tokio::spawn(async move {
                             match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(stream)).await {
                                 Ok(Ok(tls)) => {
-                                    let conn = http_connection(tls, app, format!("tls:{addr}"), limits);
-                                    spawn_connection(conn, watcher, permit);
+                                    spawn_connection(tls, app, format!("tls:{addr}"), limits, draining, permit);
                                 }
                                 Ok(Err(e)) => tracing::debug!(%addr, %e, "TLS handshake failed"),
                                 Err(_) => tracing::debug!(%addr, "TLS handshake timed out"),
@@ -328,7 +343,9 @@ pub async fn run(
         }
     }
     tracing::info!("stopping: draining open requests");
-    if tokio::time::timeout(DRAIN, graceful.shutdown()).await.is_err() {
+    let _ = drain.send(true);
+    let all_closed = slots.acquire_many(max_connections as u32);
+    if tokio::time::timeout(DRAIN, all_closed).await.is_err() {
         tracing::warn!("requests still open after {DRAIN:?}; stopping anyway");
     }
 }

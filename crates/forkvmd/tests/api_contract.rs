@@ -16,7 +16,7 @@ use forkvm_snapshot::Store;
 /// A concrete URI for a route, naming `subject` as its sandbox or tag, with the query a
 /// files route needs.
 fn uri(path: &str, subject: &str, name: RouteName) -> String {
-    let p = path.replace("{id}", subject).replace("{tag}", subject);
+    let p = path.replace("{id}", subject).replace("{tag}", subject).replace("{port}", "8000");
     match name {
         RouteName::ReadFile | RouteName::WriteFile | RouteName::RemoveFile | RouteName::ListFiles => {
             format!("{p}?path=/tmp/x")
@@ -36,6 +36,7 @@ fn good_body(name: RouteName) -> &'static str {
         RouteName::CompactSnapshot => r#"{"to":"x2"}"#,
         RouteName::WriteFile | RouteName::UnpackSnapshot => "bytes",
         RouteName::SetTtl => r#"{"ttl_seconds":5}"#,
+        RouteName::ExposePort => r#"{"port":8000}"#,
         _ => "",
     }
 }
@@ -387,4 +388,44 @@ async fn a_stopped_sandbox_is_404_quoting_its_console() {
     assert!(run_dir.exists());
     assert_eq!(forkvmd::sweeper::sweep_once(&e.state).stopped, ["gone1"]);
     assert!(!run_dir.exists(), "the sweep cleans up the dead sandbox's run directory");
+}
+
+#[tokio::test]
+async fn exposed_port_paths_need_their_own_token_not_the_apis() {
+    let e = env();
+    let origin = forkvm_sandbox::registry::Origin::default();
+    e.state.begin_sandboxes(&["p1".to_string()], "test", &origin).unwrap();
+    let token = e.state.registry.expose("p1", 8000).unwrap().token;
+    let host = ("host", "127.0.0.1:8889");
+    let port_token = ("x-forkvm-port-token", token.as_str());
+    let (status, body) = common_api::call_with(&e.app, "GET", "/v1/sandboxes/p1/ports/8000/x", &[host], "").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    assert!(error_of(&body).error.contains("x-forkvm-port-token"), "{body}");
+    let wrong = ("x-forkvm-port-token", "fvp_not-this-one");
+    let (status, _) = common_api::call_with(&e.app, "GET", "/v1/sandboxes/p1/ports/8000/x", &[host, wrong], "").await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    // The API's token is no port's token.
+    let bearer = format!("Bearer {TOKEN}");
+    let api = ("authorization", bearer.as_str());
+    let (status, _) = common_api::call_with(&e.app, "GET", "/v1/sandboxes/p1/ports/8000/x", &[host, api], "").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _) =
+        common_api::call_with(&e.app, "GET", "/v1/sandboxes/p1/ports/8001/", &[host, port_token], "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) =
+        common_api::call_with(&e.app, "GET", "/v1/sandboxes/nope/ports/8000/", &[host, port_token], "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    // A browser's visit with the token in the address: let through the gate, and sent
+    // back without it, holding a cookie of this port's path.
+    let visit = format!("/v1/sandboxes/p1/ports/8000/app?forkvm_token={token}");
+    let browser = ("origin", "https://elsewhere.example");
+    let (status, _) = common_api::call_with(&e.app, "GET", &visit, &[host, browser], "").await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    // The API beside it still needs the API's token; a rebound Host is refused.
+    let (status, _) = common_api::call_with(&e.app, "GET", "/v1/sandboxes/p1/ports", &[host], "").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let rebound = ("host", "evil.example");
+    let (status, _) =
+        common_api::call_with(&e.app, "GET", "/v1/sandboxes/p1/ports/8000/", &[rebound, port_token], "").await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
 }

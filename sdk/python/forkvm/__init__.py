@@ -9,6 +9,7 @@ __version__ = "0.1.0"
 
 from .controller import Controller
 from .errors import (
+    BadGateway,
     BadRequest,
     Busy,
     Conflict,
@@ -16,6 +17,7 @@ from .errors import (
     ControllerError,
     DiskFull,
     EvalError,
+    Forbidden,
     ForkvmError,
     NotFound,
     ProtocolError,
@@ -31,6 +33,7 @@ from .types import (
     DiskSnapshotReport,
     EvalResult,
     ExecResult,
+    ExposedPort,
     FileEntry,
     FileWritten,
     LastDiskSnapshot,
@@ -56,6 +59,8 @@ __all__ = [
     "resolve_endpoint",
     "ForkvmError",
     "BadRequest",
+    "BadGateway",
+    "Forbidden",
     "Unauthorized",
     "NotFound",
     "Conflict",
@@ -79,6 +84,7 @@ __all__ = [
     "LastDiskSnapshot",
     "NetworkPolicy",
     "VmmJail",
+    "ExposedPort",
     "FileEntry",
     "FileWritten",
     "Pong",

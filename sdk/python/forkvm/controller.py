@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 from typing import IO, Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import httpx
 
 from .errors import ConnectionFailed, ProtocolError, error_from_response
 from .streaming import OutputCallback, collect_exec_events
+from .tcp import open_tcp
 from .transport import Endpoint, make_client, quote_segment, resolve_endpoint, resolve_token
 from .types import (
     ArchiveReport,
@@ -24,6 +26,7 @@ from .types import (
     DiskSnapshotReport,
     EvalResult,
     ExecResult,
+    ExposedPort,
     FileEntry,
     FileWritten,
     NetworkPolicy,
@@ -38,6 +41,11 @@ from .types import (
 
 __all__ = ["Controller"]
 
+#: The header an exposed port's token is sent in.
+PORT_TOKEN_HEADER = "X-Forkvm-Port-Token"
+#: The header on an exposed port's answers that the daemon gave, not the guest.
+PROXY_ERROR_HEADER = "X-Forkvm-Error"
+
 #: What a ``network`` argument may be: a :class:`NetworkPolicy`, or a dict of its fields.
 NetworkPolicyLike = Union[NetworkPolicy, Mapping[str, Any]]
 
@@ -50,6 +58,12 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 def _sb(sandbox_id: str, *rest: str) -> str:
     return "/".join(["/v1/sandboxes", quote_segment(sandbox_id), *rest])
+
+
+def _guest_port(port: int) -> int:
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ValueError(f"port must be an int from 1 to 65535, got {port!r}")
+    return port
 
 
 def _snap(tag: str, *rest: str) -> str:
@@ -549,6 +563,69 @@ class Controller:
         that is gone but left snapshots."""
         resp = self._request("GET", _sb(sandbox_id, "disk-snapshots"))
         return parse_list(DiskSnapshotInfo, self._json(resp), "disk snapshots")
+
+    # --- exposed ports ---------------------------------------------------
+
+    def list_ports(self, sandbox_id: str) -> List[ExposedPort]:
+        """``GET /v1/sandboxes/{id}/ports``: its exposed ports and their tokens."""
+        resp = self._request("GET", _sb(sandbox_id, "ports"))
+        return parse_list(ExposedPort, self._json(resp), "exposed ports")
+
+    def expose_port(self, sandbox_id: str, port: int) -> ExposedPort:
+        """``POST /v1/sandboxes/{id}/ports``: ``port`` reachable through the daemon under
+        a token of its own (the one it has if it was exposed already). A sandbox
+        without a network is :class:`Conflict` with ``state == "no_network"``."""
+        resp = self._request("POST", _sb(sandbox_id, "ports"), json={"port": _guest_port(port)})
+        return ExposedPort.from_json(self._json(resp))
+
+    def unexpose_port(self, sandbox_id: str, port: int) -> None:
+        """``DELETE /v1/sandboxes/{id}/ports/{port}``: its token stops working."""
+        self._request("DELETE", _sb(sandbox_id, "ports", str(_guest_port(port))))
+
+    def port_url(self, exposed: ExposedPort) -> Optional[str]:
+        """Where a browser opens ``exposed`` (its token in the address, traded for a
+        cookie on the first visit); ``None`` for a daemon on a Unix socket."""
+        if self.endpoint.uds is not None:
+            return None
+        return f"{self.endpoint.base_url.rstrip('/')}{exposed.path}?forkvm_token={exposed.token}"
+
+    def port_request(
+        self,
+        exposed: ExposedPort,
+        method: str = "GET",
+        path: str = "/",
+        **kwargs: Any,
+    ) -> httpx.Response:
+        """A request to the guest behind ``exposed`` (``path`` below its root), with its
+        token and without the daemon's: the guest's answer, whatever its status
+        (errors of the daemon itself, before the guest answered, raise as usual:
+        401/403 for a token refused, :class:`BadGateway` when nothing listens).
+        ``kwargs`` go to httpx (``content``, ``json``, ``headers``, ``params``)."""
+        headers = dict(kwargs.pop("headers", None) or {})
+        headers[PORT_TOKEN_HEADER] = exposed.token
+        target = exposed.path.rstrip("/") + "/" + path.lstrip("/")
+        req = self._client.build_request(method, target, headers=headers, **kwargs)
+        # The daemon's own token is never sent where a guest answers.
+        if req.headers.get("authorization", "") == f"Bearer {self._token}":
+            del req.headers["authorization"]
+        try:
+            resp = self._client.send(req)
+        except httpx.TransportError as e:
+            raise ConnectionFailed(
+                f"cannot talk to forkvmd at {self.endpoint} ({method} {target}): {type(e).__name__}: {e}",
+                url=str(req.url),
+            ) from e
+        # The daemon marks the answers it gave itself (a guest's own are never marked).
+        if resp.headers.get(PROXY_ERROR_HEADER) is not None:
+            raise error_from_response(resp.status_code, resp.content, str(req.url))
+        return resp
+
+    def connect_tcp(self, sandbox_id: str, port: int, *, timeout: float = 30.0) -> "socket.socket":
+        """``GET /v1/sandboxes/{id}/tcp/{port}``, upgraded: a socket whose bytes go to and
+        come from guest ``port`` (blocking mode; close it when done). Nothing
+        listening there is :class:`BadGateway`."""
+        target = _sb(sandbox_id, "tcp", str(_guest_port(port)))
+        return open_tcp(self.endpoint, target, self._token, timeout=timeout, verify=self._verify)
 
     # --- files -----------------------------------------------------------
 

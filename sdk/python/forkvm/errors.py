@@ -19,6 +19,8 @@ __all__ = [
     "Conflict",
     "Busy",
     "DiskFull",
+    "BadGateway",
+    "Forbidden",
     "ServerError",
     "ConnectionFailed",
     "ProtocolError",
@@ -82,6 +84,11 @@ class Unauthorized(ForkvmError):
     """401: missing or wrong bearer token (TCP listener only)."""
 
 
+class Forbidden(ForkvmError):
+    """403: refused by policy (a browser's origin; an exposed port's token that is
+    another sandbox's or port's)."""
+
+
 class NotFound(ForkvmError):
     """404: no such sandbox, snapshot or file."""
 
@@ -96,6 +103,10 @@ class Busy(ForkvmError):
 
 class DiskFull(ForkvmError):
     """507: the snapshot store ran out of space."""
+
+
+class BadGateway(ForkvmError):
+    """502: a sandbox's guest did not answer on the port asked for (nothing listens)."""
 
 
 class ServerError(ForkvmError):
@@ -126,6 +137,7 @@ ControllerError = ForkvmError
 _BY_STATUS: Dict[int, Type[ForkvmError]] = {
     400: BadRequest,
     401: Unauthorized,
+    403: Forbidden,
     404: NotFound,
     409: Conflict,
     503: Busy,
@@ -168,7 +180,9 @@ def error_from_response(status: int, body: bytes, url: Optional[str] = None) -> 
         if len(snippet) > 500:
             snippet = snippet[:500] + "..."
         message = snippet or f"HTTP {status} with an empty body"
-    return _class_for(status)(
+    # A 502 is the daemon's own only with its code (a proxy in front answers 502 too).
+    cls = BadGateway if status == 502 and code == "bad_gateway" else _class_for(status)
+    return cls(
         message,
         status=status,
         code=code,

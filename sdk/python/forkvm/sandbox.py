@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
+import httpx
+
 from .controller import Controller, NetworkPolicyLike
 from .errors import EvalError, NotFound
 from .streaming import OutputCallback
 from .types import (
     ArchiveReport,
+    ExposedPort,
     DiskSnapshotInfo,
     DiskSnapshotReport,
     ExecResult,
@@ -272,6 +275,30 @@ class Sandbox:
     def disk_snapshots(self) -> List[DiskSnapshotInfo]:
         """This sandbox's disk snapshots, oldest first."""
         return self._controller.list_disk_snapshots(self.id)
+
+    def expose(self, port: int) -> ExposedPort:
+        """Makes guest ``port`` reachable through the daemon: its path and token (the
+        same ones if it was exposed already). Its forks serve it too, each under a
+        token of its own; this one's never routes to them."""
+        return self._controller.expose_port(self.id, port)
+
+    def ports(self) -> List[ExposedPort]:
+        """The ports this sandbox exposes, with their tokens."""
+        return self._controller.list_ports(self.id)
+
+    def unexpose(self, port: int) -> None:
+        """Stops exposing ``port``: its token stops working."""
+        self._controller.unexpose_port(self.id, port)
+
+    def port_url(self, port: int) -> Optional[str]:
+        """Where a browser opens guest ``port`` (exposed first if it is not), token
+        included; ``None`` when the daemon is on a Unix socket (use :meth:`fetch`)."""
+        return self._controller.port_url(self.expose(port))
+
+    def fetch(self, port: int, path: str = "/", method: str = "GET", **kwargs: Any) -> "httpx.Response":
+        """An HTTP request to guest ``port`` (exposed first if it is not) through the
+        daemon: the guest's answer, whatever its status. ``kwargs`` go to httpx."""
+        return self._controller.port_request(self.expose(port), method, path, **kwargs)
 
     def fork(
         self,

@@ -22,6 +22,7 @@ __all__ = [
     "LastDiskSnapshot",
     "VmmJail",
     "NetworkPolicy",
+    "ExposedPort",
     "DiskSnapshotReport",
     "DiskSnapshotDisk",
     "DiskSnapshotInfo",
@@ -382,6 +383,32 @@ class NetworkPolicy(_Record):
     def to_json(self) -> Dict[str, Any]:
         """The request body that asks for this policy."""
         return {"allow_internet": self.allow_internet, "allow": list(self.allow), "deny": list(self.deny)}
+
+
+@dataclass
+class ExposedPort(_Record):
+    """forkvm: a guest port reachable through the daemon at ``path``, by requests that
+    present ``token`` (header ``X-Forkvm-Port-Token``, or once in a browser as
+    ``?forkvm_token=``). Each sandbox and port has its own token; a fork's child gets
+    new ones."""
+
+    port: int
+    #: ``/v1/sandboxes/{id}/ports/{port}/``, relative to the daemon's address.
+    path: str
+    token: str
+    created_at_unix_ms: int
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "ExposedPort":
+        f = _Fields("ExposedPort", data)
+        return cls(
+            port=f.req_int("port"),
+            path=f.req_str("path"),
+            token=f.req_str("token"),
+            created_at_unix_ms=f.req_int("created_at_unix_ms"),
+            raw=_raw(data),
+        )
 
 
 @dataclass

@@ -453,6 +453,64 @@ def test_a_network_policy_is_checked_kept_and_inherited(ctl: Controller, py: str
         s.kill()
 
 
+#: Started in a sandbox's warm interpreter: answers GET with ``MARK:path`` (MARK is a
+#: global of that interpreter, so a fork can change its own).
+PORT_SERVER = """
+import http.server, threading
+MARK = "parent"
+class _H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = f"{MARK}:{self.path}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+_srv = http.server.ThreadingHTTPServer(("0.0.0.0", 8000), _H)
+threading.Thread(target=_srv.serve_forever, daemon=True).start()
+"""
+
+
+def test_exposed_ports_reach_the_guest_under_their_own_tokens(ctl: Controller, py: str) -> None:
+    s = Sandbox.create(py, controller=ctl)
+    child = None
+    try:
+        s.eval(PORT_SERVER)
+        port = s.expose(8000)
+        assert port.path == f"/v1/sandboxes/{s.id}/ports/8000/" and port.token.startswith("fvp_")
+        assert s.expose(8000).token == port.token and s.ports() == [port]
+        r = s.fetch(8000, "/hi?q=1")
+        assert (r.status_code, r.text) == (200, "parent:/hi?q=1")
+        # A fork serves the port under a token of its own; neither routes to the other.
+        (child,) = s.fork()
+        child.eval("MARK = 'child'")
+        [child_port] = child.ports()
+        assert child_port.port == 8000 and child_port.token != port.token
+        assert child.fetch(8000, "/x").text == "child:/x"
+        assert s.fetch(8000, "/x").text == "parent:/x"
+        stolen = forkvm.ExposedPort(port=8000, path=child_port.path, token=port.token, created_at_unix_ms=0)
+        with pytest.raises(forkvm.Forbidden):
+            ctl.port_request(stolen)
+        # Raw TCP, and a port nothing listens on.
+        with ctl.connect_tcp(s.id, 8000) as raw:
+            raw.sendall(b"GET /raw HTTP/1.0\r\n\r\n")
+            got = b""
+            while chunk := raw.recv(4096):
+                got += chunk
+        assert got.endswith(b"parent:/raw"), got
+        with pytest.raises(forkvm.BadGateway):
+            ctl.connect_tcp(s.id, 8999)
+        s.unexpose(8000)
+        with pytest.raises(NotFound):
+            ctl.port_request(port)
+        assert s.ports() == []
+    finally:
+        if child is not None:
+            child.kill()
+        s.kill()
+
+
 def test_kill_then_get_is_not_found(ctl: Controller, py: str) -> None:
     s = Sandbox.create(py, controller=ctl)
     assert ctl.get_sandbox(s.id).state == "running"

@@ -234,7 +234,7 @@ def test_tag_and_query_quoting(server: TcpServer, client: Controller) -> None:
 
 @pytest.mark.parametrize(
     "status, cls",
-    [(400, BadRequest), (401, Unauthorized), (404, NotFound), (409, Conflict), (503, Busy), (507, DiskFull), (500, ServerError), (502, ServerError), (418, ForkvmError)],
+    [(400, BadRequest), (401, Unauthorized), (404, NotFound), (409, Conflict), (503, Busy), (507, DiskFull), (500, ServerError), (502, ServerError), (403, forkvm.Forbidden), (504, ServerError), (418, ForkvmError)],
 )
 def test_status_maps_to_class(server: TcpServer, client: Controller, status: int, cls: type) -> None:
     body = {"error": f"boom {status}", "code": "some_code", "state": "writing"}
@@ -626,7 +626,7 @@ def test_every_route_is_covered(server: TcpServer, client: Controller) -> None:
     assert {name for _, _, name in routes} == set(CALLS), "routes.rs and the SDK's route table differ"
     for method, template, name in routes:
         reply, call = CALLS[name]
-        path = template.replace("{id}", "ID").replace("{tag}", "TAG")
+        path = template.replace("{id}", "ID").replace("{tag}", "TAG").replace("{port}", "8000")
         if isinstance(reply, bytes):
             body, ctype = reply, "application/octet-stream"
         elif isinstance(reply, str):
@@ -786,6 +786,48 @@ CALLS["RestoreSandbox"] = (SANDBOX, lambda c: c.restore("ID"))
 CALLS["DiskFork"] = (SANDBOX, lambda c: c.disk_fork("ID"))
 CALLS["SetTtl"] = (SANDBOX, lambda c: c.set_ttl("ID", 5))
 CALLS["SetNetwork"] = (SANDBOX, lambda c: c.set_network("ID", {"allow_internet": False}))
+
+
+EXPOSED = {"port": 8000, "path": "/v1/sandboxes/sb/ports/8000/", "token": "fvp_" + "ab" * 32, "created_at_unix_ms": 5}
+
+
+def _connect_tcp_needs_a_101(c: Controller) -> None:
+    # The fake daemon answers 204, not 101: no stream is handed out.
+    with pytest.raises(ProtocolError, match="expected 101"):
+        c.connect_tcp("ID", 8000)
+
+
+CALLS["ListPorts"] = ([EXPOSED], lambda c: c.list_ports("ID"))
+CALLS["ExposePort"] = (EXPOSED, lambda c: c.expose_port("ID", 8000))
+CALLS["UnexposePort"] = (None, lambda c: c.unexpose_port("ID", 8000))
+CALLS["ConnectTcp"] = (None, _connect_tcp_needs_a_101)
+
+
+def test_exposed_ports_carry_their_own_token_and_never_the_daemons(server: TcpServer) -> None:
+    server.routes[("POST", "/v1/sandboxes/sb/ports")] = _json_reply(200, EXPOSED)
+    server.routes[("GET", "/v1/sandboxes/sb/ports/8000/app/x")] = lambda h: (418, {"Content-Type": "application/json"}, b'{"error": "guest", "code": "teapot"}')
+    marked = {"Content-Type": "application/json", "X-Forkvm-Error": "true"}
+    server.routes[("GET", "/v1/sandboxes/sb/ports/8000/down")] = lambda h: (502, marked, b'{"error": "nothing listens on port 8000", "code": "bad_gateway"}')
+    with Controller(_url(server), token="daemon-secret-token", timeout=20) as c:
+        sb = Sandbox(SandboxInfo.from_json({**SANDBOX, "id": "sb"}), c)
+        assert sb.expose(8000) == forkvm.ExposedPort.from_json(EXPOSED)
+        assert json.loads(server.requests[-1][3]) == {"port": 8000}
+        assert server.requests[-1][2].get("Authorization") == "Bearer daemon-secret-token"
+        # The guest's own error is an answer, not an exception.
+        r = sb.fetch(8000, "/app/x", params={"q": "1"})
+        assert r.status_code == 418
+        method, path, headers, _ = server.requests[-1]
+        assert (method, path) == ("GET", "/v1/sandboxes/sb/ports/8000/app/x?q=1")
+        assert headers.get("X-Forkvm-Port-Token") == EXPOSED["token"]
+        assert "Authorization" not in headers, "the daemon's token never goes where a guest answers"
+        # The daemon's own refusal is.
+        with pytest.raises(forkvm.BadGateway, match="nothing listens"):
+            sb.fetch(8000, "down")
+        assert c.port_url(forkvm.ExposedPort.from_json(EXPOSED)) == f"{_url(server)}{EXPOSED['path']}?forkvm_token={EXPOSED['token']}"
+        for bad in [0, 65536, "80", True]:
+            with pytest.raises(ValueError):
+                c.expose_port("sb", bad)  # type: ignore[arg-type]
+    assert Controller("unix:/nonexistent.sock").port_url(forkvm.ExposedPort.from_json(EXPOSED)) is None
 
 
 def test_network_policies_go_in_bodies_and_come_back_typed(server: TcpServer, client: Controller) -> None:

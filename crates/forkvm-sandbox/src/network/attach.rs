@@ -47,6 +47,11 @@ fn served_firewall(id: &str) -> Option<Arc<Firewall>> {
     served().lock().unwrap_or_else(|p| p.into_inner()).get(id).and_then(Weak::upgrade)
 }
 
+/// A copy of the namespace descriptor of sandbox `id`, if this process serves it.
+pub fn served_namespace(id: &str) -> Option<std::os::fd::OwnedFd> {
+    served_firewall(id).and_then(|f| f.namespace().try_clone().ok())
+}
+
 /// Serves the network of sandbox `id` (VMM `pid`), found running by a process that did
 /// not start it: its namespace's filter already holds `policy`, which only the
 /// forwarder needs to learn again.

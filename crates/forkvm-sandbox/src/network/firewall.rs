@@ -69,6 +69,11 @@ impl Firewall {
         Firewall { netns, uplink, state: Mutex::new(state) }
     }
 
+    /// The sandbox's namespace.
+    pub fn namespace(&self) -> &OwnedFd {
+        &self.netns
+    }
+
     /// Where the forwarder asks upstream from.
     pub fn uplink(&self) -> Option<&Arc<OwnedFd>> {
         self.uplink.as_ref()

@@ -20,11 +20,12 @@
 //! Files: [`slot`] (making one namespace and its tap), [`ifconfig`] (the interface
 //! calls that set it up), [`egress`] (the link to the uplink), [`addressing`] (the
 //! links' names and addresses), [`rules`] (the packet filter), [`pool`] (slots made ahead), [`enter`] (a running sandbox's
-//! namespace, found again from its VMM), [`dns`] (the forwarder), [`uplink`] (choosing it), [`veth`] (pairs over netlink), [`fake_internet`]
+//! namespace, found again from its VMM), [`connect`] (sockets to a guest's ports), [`dns`] (the forwarder), [`uplink`] (choosing it), [`veth`] (pairs over netlink), [`fake_internet`]
 //! (an uplink for tests: a router and one host, in namespaces of their own).
 
 pub mod addressing;
 pub mod attach;
+pub mod connect;
 pub mod dns;
 mod egress;
 pub mod enter;
@@ -86,7 +87,9 @@ pub enum NetworkError {
     FakeInternet(String),
     #[error("the sandbox's egress policy: {0}")]
     Policy(#[from] policy::PolicyError),
-    #[error("the sandbox has no network to set a policy on (its template has no NIC, or no uplink)")]
+    #[error(
+        "the sandbox has no network (its template has no NIC; for a policy, also: this host gives sandboxes no uplink)"
+    )]
     NoNetwork,
 }
 

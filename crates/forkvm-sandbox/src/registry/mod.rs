@@ -12,6 +12,7 @@
 //! and forkvm cgroups no live sandbox uses. The run root is `$FORKVM_RUN`, else
 //! `$XDG_RUNTIME_DIR/forkvm`, else `/run/forkvm` for root, else `/tmp/forkvm-<uid>`.
 
+mod ports;
 mod records;
 mod recover;
 mod row;
@@ -27,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use ports::{ExposedPortRecord, TOKEN_PREFIX};
 pub use records::REGISTRY_DB;
 pub use recover::Recovered;
 pub use row::{Owner, SandboxRow};
@@ -38,13 +40,15 @@ pub enum RegistryError {
     NotFound(String),
     #[error("invalid sandbox id {0:?}: ids are 1 to 64 ASCII letters, digits, '-' or '_'")]
     BadId(String),
+    #[error("invalid port {0}: a guest port is 1 to 65535")]
+    BadPort(u16),
     #[error("sandbox registry {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
     #[error("sandbox record in {path}: {source}")]
     Record { path: PathBuf, source: serde_json::Error },
     #[error("sandbox registry {path}: {source}")]
     Db { path: PathBuf, source: rusqlite::Error },
-    #[error("sandbox registry {path} has layout version {found}; this forkvm knows 1 to 5 (stop every sandbox, then remove the file)")]
+    #[error("sandbox registry {path} has layout version {found}; this forkvm knows 1 to 7 (stop every sandbox, then remove the file)")]
     Version { path: PathBuf, found: i64 },
     #[error("sandbox registry {path} holds a sandbox state or reason {state:?} this forkvm does not know")]
     BadState { path: PathBuf, state: String },
@@ -58,7 +62,7 @@ impl RegistryError {
     pub fn code(&self) -> forkvm_api::ErrorCode {
         match self {
             RegistryError::NotFound(_) => forkvm_api::ErrorCode::NotFound,
-            RegistryError::BadId(_) => forkvm_api::ErrorCode::BadRequest,
+            RegistryError::BadId(_) | RegistryError::BadPort(_) => forkvm_api::ErrorCode::BadRequest,
             RegistryError::Moved { .. } => forkvm_api::ErrorCode::Conflict,
             RegistryError::NoFreeUid { .. } => forkvm_api::ErrorCode::Conflict,
             _ => forkvm_api::ErrorCode::Internal,

@@ -22,10 +22,10 @@ use std::sync::Mutex;
 pub const REGISTRY_DB: &str = "registry.db";
 
 /// Version of the table layout below; versions 1 (records without a lifecycle), 2
-/// (without CPU and tasks limits), 3 (without I/O caps), 4 (without the sandbox's uid)
-/// and 5 (without its egress policy) are migrated when opened, a newer one is refused
-/// by name.
-const SCHEMA_VERSION: i64 = 6;
+/// (without CPU and tasks limits), 3 (without I/O caps), 4 (without the sandbox's uid),
+/// 5 (without its egress policy) and 6 (without exposed ports) are migrated when opened,
+/// a newer one is refused by name.
+const SCHEMA_VERSION: i64 = 7;
 
 /// The `sandboxes` table of [`SCHEMA_VERSION`] (a macro, so that the schema and the
 /// migration share one literal).
@@ -63,8 +63,31 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     };
 }
 
-const SCHEMA: &str =
-    concat!("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);", sandboxes_table!());
+/// The `exposed_ports` table (`super::ports`): a sandbox's rows go with its own, in the
+/// statement that removes it (a trigger), whichever process and path removes it.
+macro_rules! ports_table {
+    () => {
+        "
+CREATE TABLE IF NOT EXISTS exposed_ports (
+  sandbox_id TEXT NOT NULL,
+  port INTEGER NOT NULL CHECK (port BETWEEN 1 AND 65535),
+  token TEXT NOT NULL,
+  created_at_unix_ms INTEGER NOT NULL,
+  PRIMARY KEY (sandbox_id, port)
+);
+CREATE TRIGGER IF NOT EXISTS exposed_ports_go_with_their_sandbox AFTER DELETE ON sandboxes
+BEGIN
+  DELETE FROM exposed_ports WHERE sandbox_id = OLD.id;
+END;
+"
+    };
+}
+
+const SCHEMA: &str = concat!(
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);",
+    sandboxes_table!(),
+    ports_table!()
+);
 
 /// Version 1 to the current one: each record becomes a `running` row (version 1 kept only
 /// sandboxes whose VMM had started), in one transaction.
@@ -77,8 +100,9 @@ INSERT INTO sandboxes (id, state, pid, template, source_tag, forked_from, create
   SELECT id, 'running', pid, template, source_tag, forked_from, created_at_unix_ms, memory_limit_bytes, cgroup, disks,
     created_at_unix_ms FROM sandboxes_v1;
 DROP TABLE sandboxes_v1;
-UPDATE meta SET value = '6' WHERE key = 'schema';
-"
+",
+    ports_table!(),
+    "UPDATE meta SET value = '7' WHERE key = 'schema';"
 );
 
 /// Version 2 to 3: the CPU and tasks limits a sandbox asked for (none: the defaults).
@@ -105,6 +129,9 @@ const MIGRATE_5_TO_6: &str = "
 ALTER TABLE sandboxes ADD COLUMN network TEXT;
 UPDATE meta SET value = '6' WHERE key = 'schema';
 ";
+
+/// Version 6 to 7: the sandboxes' exposed ports.
+const MIGRATE_6_TO_7: &str = concat!(ports_table!(), "UPDATE meta SET value = '7' WHERE key = 'schema';");
 
 /// A connection owned by the process that opened it (see the module doc).
 #[derive(Debug)]
@@ -149,7 +176,7 @@ impl Records {
     }
 
     /// Runs `f` on this process's connection, opening it (and the file) if needed.
-    fn with<T>(&self, f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>) -> Result<T, RegistryError> {
+    pub(super) fn with<T>(&self, f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>) -> Result<T, RegistryError> {
         let mut slot = self.conn.lock().unwrap_or_else(|p| p.into_inner());
         let me = std::process::id();
         if slot.as_ref().is_none_or(|c| c.pid != me) {
@@ -192,7 +219,7 @@ impl Records {
                     conn.execute_batch(&format!("BEGIN IMMEDIATE; {MIGRATE_1} COMMIT;"))?;
                     Ok(Some(SCHEMA_VERSION))
                 }
-                Some(2) | Some(3) | Some(4) | Some(5) => {
+                Some(2) | Some(3) | Some(4) | Some(5) | Some(6) => {
                     // Another process may have migrated between the read and the lock.
                     conn.execute_batch("BEGIN IMMEDIATE;")?;
                     let now: Option<String> =
@@ -208,6 +235,9 @@ impl Records {
                     }
                     if matches!(now.as_deref(), Some("2") | Some("3") | Some("4") | Some("5")) {
                         conn.execute_batch(MIGRATE_5_TO_6)?;
+                    }
+                    if matches!(now.as_deref(), Some("2") | Some("3") | Some("4") | Some("5") | Some("6")) {
+                        conn.execute_batch(MIGRATE_6_TO_7)?;
                     }
                     conn.execute_batch("COMMIT;")?;
                     Ok(Some(SCHEMA_VERSION))
@@ -731,8 +761,21 @@ mod tests {
         records.put(&[&SandboxRecord { network: None, ..again.clone() }], 7001).unwrap();
         let rows = records.all(|id| dir.path().join(id)).unwrap();
         assert_eq!(rows.iter().find(|row| row.record.id == "new3").unwrap().record.network, again.network);
+        // The exposed ports' table came with the migration, and its rows go with their sandbox's.
+        let ports = |records: &Records| {
+            records.with(|c| c.query_row("SELECT COUNT(*) FROM exposed_ports", [], |r| r.get::<_, i64>(0))).unwrap()
+        };
+        records
+            .with(|c| {
+                c.execute("INSERT INTO exposed_ports VALUES ('new3', 80, 'fvp_x', 1), ('old2', 80, 'fvp_y', 1)", [])
+            })
+            .unwrap();
+        records.delete("new3", None).unwrap();
+        assert_eq!(ports(&records), 1);
+        records.delete("old2", None).unwrap();
+        assert_eq!(ports(&records), 0);
         // A second open finds the current version and migrates nothing.
         drop(records);
-        assert_eq!(Records::at(dir.path()).all(|id| dir.path().join(id)).unwrap().len(), 2);
+        assert_eq!(Records::at(dir.path()).all(|id| dir.path().join(id)).unwrap().len(), 0);
     }
 }

@@ -6,6 +6,7 @@ pub mod branch;
 pub mod disk;
 pub mod files;
 pub mod meta;
+pub mod ports;
 pub mod run;
 pub mod sandboxes;
 pub mod snapshots;
@@ -51,6 +52,10 @@ fn handler(name: RouteName, filter: MethodFilter) -> MethodRouter<AppState> {
         RouteName::DiskFork => on(filter, sandboxes::disk_fork),
         RouteName::SetTtl => on(filter, sandboxes::set_ttl),
         RouteName::SetNetwork => on(filter, sandboxes::set_network),
+        RouteName::ListPorts => on(filter, ports::list),
+        RouteName::ExposePort => on(filter, ports::expose),
+        RouteName::UnexposePort => on(filter, ports::unexpose),
+        RouteName::ConnectTcp => on(filter, ports::connect_tcp),
     }
 }
 
@@ -147,6 +152,10 @@ pub fn router(state: AppState) -> Router {
         ));
         r = r.route(path, h);
     }
+    // Exposed ports: any method, any path below the port's (`crate::port_proxy`).
+    r = r
+        .route("/v1/sandboxes/{id}/ports/{port}/", axum::routing::any(crate::port_proxy::proxy))
+        .route("/v1/sandboxes/{id}/ports/{port}/{*path}", axum::routing::any(crate::port_proxy::proxy));
     r.route_layer(axum::middleware::from_fn_with_state(state.clone(), track))
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)

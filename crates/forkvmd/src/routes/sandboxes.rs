@@ -240,6 +240,12 @@ pub async fn fork(
             .map(|(sandboxes, _pause_ms)| sandboxes)
             .map_err(ApiError::from);
         let infos = settle(&s, "fork", started, made, &ids, ttl)?;
+        // The children serve the ports their source exposed, each under tokens of its own.
+        for child in &infos {
+            if let Err(e) = s.registry.expose_like(&child.id, &id) {
+                tracing::warn!(sandbox_id = %child.id, error = %e, "exposing a fork's ports failed");
+            }
+        }
         Ok((StatusCode::CREATED, Json(infos)))
     })
     .await
