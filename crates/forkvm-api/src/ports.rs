@@ -12,6 +12,11 @@ use serde::{Deserialize, Serialize};
 pub struct ExposeRequest {
     /// The guest's TCP port, 1 to 65535.
     pub port: u16,
+    /// Binds the port's token to a key (DPoP, RFC 9449): the RFC 7638 SHA-256
+    /// thumbprint of the public key whose proofs must come with every request
+    /// (`Authorization: DPoP <token>` and a `DPoP` header). Absent: a bearer token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dpop_jkt: Option<String>,
 }
 
 /// A guest port reachable through the daemon.
@@ -25,6 +30,9 @@ pub struct ExposedPort {
     /// parameter `forkvm_token`, which sets a cookie for the rest of a browser's visit).
     pub token: String,
     pub created_at_unix_ms: u64,
+    /// The key thumbprint the token is bound to (DPoP); absent for a bearer token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dpop_jkt: Option<String>,
 }
 
 /// The header a port token comes in.

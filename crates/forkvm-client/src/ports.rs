@@ -73,9 +73,10 @@ impl Client {
     }
 
     /// `POST /v1/sandboxes/{id}/ports`: `port`'s path and token (the ones it has if it
-    /// was exposed already).
-    pub fn expose(&self, id: &str, port: u16) -> Result<ExposedPort, ClientError> {
-        self.call_json(Method::POST, &ports(id)?.build(), Some(&ExposeRequest { port }), "exposed port")
+    /// was exposed already), bound to the key whose thumbprint is `dpop_jkt` if given.
+    pub fn expose(&self, id: &str, port: u16, dpop_jkt: Option<&str>) -> Result<ExposedPort, ClientError> {
+        let req = ExposeRequest { port, dpop_jkt: dpop_jkt.map(str::to_string) };
+        self.call_json(Method::POST, &ports(id)?.build(), Some(&req), "exposed port")
     }
 
     /// `DELETE /v1/sandboxes/{id}/ports/{port}`: its token stops working.

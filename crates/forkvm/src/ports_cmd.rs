@@ -17,6 +17,10 @@ pub struct ExposeArgs {
     pub id: String,
     /// The guest's TCP port.
     pub port: u16,
+    /// Bind the token to a key (DPoP, RFC 9449): its RFC 7638 SHA-256 thumbprint. Every
+    /// request then needs `Authorization: DPoP <token>` and a proof signed by that key.
+    #[arg(long, value_name = "JKT")]
+    pub dpop_jkt: Option<String>,
     /// Print the port as JSON.
     #[arg(long)]
     pub json: bool,
@@ -60,29 +64,29 @@ fn daemon(remote: &RemoteArgs, what: &str) -> Result<Client> {
 }
 
 /// Where a browser opens `p` (with its token, traded for a cookie on the first visit),
-/// when the daemon listens on TCP.
+/// when the daemon listens on TCP and the token is not bound to a key.
 fn browser_url(endpoint: &Endpoint, p: &ExposedPort) -> Option<String> {
-    endpoint.socket_path().is_none().then(|| format!("{endpoint}{}?forkvm_token={}", p.path, p.token))
+    (endpoint.socket_path().is_none() && p.dpop_jkt.is_none())
+        .then(|| format!("{endpoint}{}?forkvm_token={}", p.path, p.token))
 }
 
 fn print_port(endpoint: &Endpoint, p: &ExposedPort) {
+    let how = match &p.dpop_jkt {
+        Some(jkt) => format!("Authorization: DPoP {} (with a proof of key {jkt})", p.token),
+        None => format!("{}: {}", forkvm_client::api::ports::PORT_TOKEN_HEADER, p.token),
+    };
     match browser_url(endpoint, p) {
         Some(url) => println!("{}\t{url}", p.port),
-        None => println!(
-            "{}\t{}{}\t{}: {}",
-            p.port,
-            endpoint,
-            p.path,
-            forkvm_client::api::ports::PORT_TOKEN_HEADER,
-            p.token
-        ),
+        None => println!("{}\t{endpoint}{}\t{how}", p.port, p.path),
     }
 }
 
 /// `forkvm expose ID PORT`.
 pub fn expose(a: ExposeArgs, remote: &RemoteArgs) -> Result<i32> {
     let client = daemon(remote, "expose")?;
-    let p = client.expose(&a.id, a.port).with_context(|| format!("exposing port {} of {}", a.port, a.id))?;
+    let p = client
+        .expose(&a.id, a.port, a.dpop_jkt.as_deref())
+        .with_context(|| format!("exposing port {} of {}", a.port, a.id))?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&p)?);
     } else {
@@ -163,10 +167,13 @@ mod tests {
             path: "/v1/sandboxes/a/ports/80/".into(),
             token: "fvp_x".into(),
             created_at_unix_ms: 0,
+            dpop_jkt: None,
         };
         let tcp: Endpoint = "http://127.0.0.1:8889".parse().unwrap();
         assert_eq!(browser_url(&tcp, &p).unwrap(), "http://127.0.0.1:8889/v1/sandboxes/a/ports/80/?forkvm_token=fvp_x");
         let unix: Endpoint = "unix:/run/forkvm/forkvmd.sock".parse().unwrap();
         assert_eq!(browser_url(&unix, &p), None);
+        let bound = ExposedPort { dpop_jkt: Some("k".repeat(43)), ..p };
+        assert_eq!(browser_url(&tcp, &bound), None, "a browser cannot sign DPoP proofs");
     }
 }

@@ -101,6 +101,28 @@ fn unchunk(raw: &str) -> String {
     out
 }
 
+/// A P-256 key: its signing key and public JWK (JSON).
+fn p256_key() -> (jsonwebtoken::EncodingKey, String) {
+    use base64::Engine;
+    let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let point = pair.public_key_raw();
+    let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+    let jwk = serde_json::json!({"kty": "EC", "crv": "P-256", "x": b64(&point[1..33]), "y": b64(&point[33..])});
+    (jsonwebtoken::EncodingKey::from_ec_der(&pair.serialize_der()), jwk.to_string())
+}
+
+/// A DPoP proof (RFC 9449) for `GET htu` with access token `token`.
+fn dpop_proof(key: &jsonwebtoken::EncodingKey, jwk: &str, htu: &str, token: &str) -> String {
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
+    header.typ = Some("dpop+jwt".into());
+    header.jwk = Some(serde_json::from_str(jwk).unwrap());
+    let claims = serde_json::json!({
+        "jti": format!("{:?}", std::time::SystemTime::now()), "htm": "GET", "htu": htu,
+        "iat": jsonwebtoken::get_current_timestamp(), "ath": forkvmd::dpop::token_hash(token),
+    });
+    jsonwebtoken::encode(&header, &claims, key).unwrap()
+}
+
 fn token(t: &str) -> String {
     format!("X-Forkvm-Port-Token: {t}")
 }
@@ -132,7 +154,7 @@ fn exposed_ports_route_by_their_own_tokens_and_port_forward_carries_tcp() {
     let token_a = exposed["token"].as_str().unwrap().to_string();
     let path_a = exposed["path"].as_str().unwrap().to_string();
     assert_eq!(path_a, format!("/v1/sandboxes/{a}/ports/8000/"));
-    assert_eq!(client.expose(&a, 8000).unwrap().token, token_a, "exposing again keeps the token");
+    assert_eq!(client.expose(&a, 8000, None).unwrap().token, token_a, "exposing again keeps the token");
     let who = |path: &str, t: &str| get(&socket, &format!("{path}who"), &[token(t)]);
     let answer = who(&path_a, &token_a);
     assert_eq!((answer.status, answer.body.as_str()), (200, "parent\n"), "{answer:?}");
@@ -173,7 +195,7 @@ fn exposed_ports_route_by_their_own_tokens_and_port_forward_carries_tcp() {
     assert_eq!(who(&path_a, &token_a).body, "parent\n");
 
     // An upgrade is carried through, both ways.
-    let upgrade_token = client.expose(&a, 9000).unwrap().token;
+    let upgrade_token = client.expose(&a, 9000, None).unwrap().token;
     let mut s = UnixStream::connect(&socket).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
     let head = format!(
@@ -218,6 +240,22 @@ fn exposed_ports_route_by_their_own_tokens_and_port_forward_carries_tcp() {
     let closed = env.cli(&["port-forward", &a, "0", "9002"]);
     assert!(!closed.status.success());
     assert!(String::from_utf8_lossy(&closed.stderr).contains("nothing listens on port 9002"), "{closed:?}");
+
+    // A port bound to a key (DPoP): its token alone is refused; with a proof of the key
+    // it passes, once per proof, and the guest sees neither.
+    let (key, jwk) = p256_key();
+    let jkt = forkvmd::dpop::thumbprint(&jwk).unwrap();
+    let bound = env.json(&["expose", &b, "8001", "--dpop-jkt", &jkt, "--json"]);
+    assert_eq!(bound["dpop_jkt"].as_str(), Some(jkt.as_str()));
+    sh(&client, &b, "busybox httpd -p 8001 -h /srv");
+    let bound_token = bound["token"].as_str().unwrap().to_string();
+    let bound_path = format!("/v1/sandboxes/{b}/ports/8001/who");
+    assert_eq!(get(&socket, &bound_path, &[token(&bound_token)]).status, 401);
+    let proof = dpop_proof(&key, &jwk, &format!("http://forkvmd{bound_path}"), &bound_token);
+    let with_proof = [format!("Authorization: DPoP {bound_token}"), format!("DPoP: {proof}")];
+    let answer = get(&socket, &bound_path, &with_proof);
+    assert_eq!((answer.status, answer.body.as_str()), (200, "child\n"), "{answer:?}");
+    assert_eq!(get(&socket, &bound_path, &with_proof).status, 401, "a proof is good once");
 
     // Unexposed: the token stops working; a killed sandbox's ports go with it.
     env.ok(&["unexpose", &a, "8000"]);

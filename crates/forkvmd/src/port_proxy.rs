@@ -2,11 +2,12 @@
 //! `http://<its address>:{port}/<path>`, any method, bodies streamed both ways (never
 //! held whole), upgrades (WebSocket) carried through as raw streams.
 //!
-//! **Who may pass.** Not the API's token: the port's own (`X-Forkvm-Port-Token`, or once
-//! as `?forkvm_token=`, which a browser trades for a cookie scoped to this port's path
-//! by a redirect that also takes the token out of its address bar). Each sandbox and
-//! port has its own token, a fork's child included, so a parent's token is refused by
-//! its child's URL (403). The gate lets these paths through without the API's token
+//! **Who may pass** ([`crate::port_auth`]). Not the API's token: the port's own
+//! (`X-Forkvm-Port-Token`, or once as `?forkvm_token=`, which a browser trades for a
+//! cookie scoped to this port's path by a redirect that also takes the token out of its
+//! address bar; for a port bound to a key, `Authorization: DPoP` with a proof). Each
+//! sandbox and port has its own token, a fork's child included, so a parent's token is
+//! refused by its child's URL (403). The gate lets these paths through without the API's token
 //! ([`forkvm_api::ports::port_proxy_target`] decides, for the gate and here alike).
 //!
 //! **Whose answer.** The daemon's own answers (401, 403, 404, 502 before the guest
@@ -18,6 +19,7 @@
 //! fork's child never receives a request on a connection its parent opened.
 
 use crate::error::ApiError;
+use crate::port_auth::{authorize, cookie_pairs, Refusal, TokenFrom};
 use crate::routes::ports::{asks_upgrade, connect_guest};
 use crate::state::AppState;
 use axum::body::Body;
@@ -39,33 +41,6 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(600);
 const HOP_BY_HOP: &[&str] =
     &["connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade"];
 
-/// Where the token of a request came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum TokenFrom {
-    Header,
-    Query,
-    Cookie,
-}
-
-/// The token a request presents, and where (header first, then query, then cookies).
-/// Every cookie of the name is returned: a browser may hold one per path.
-fn presented_tokens(headers: &HeaderMap, query: Option<&str>) -> Vec<(Vec<u8>, TokenFrom)> {
-    if let Some(v) = headers.get(PORT_TOKEN_HEADER) {
-        return vec![(v.as_bytes().to_vec(), TokenFrom::Header)];
-    }
-    if let Some(t) = query_token(query) {
-        return vec![(t.as_bytes().to_vec(), TokenFrom::Query)];
-    }
-    cookie_pairs(headers)
-        .filter(|(k, _)| *k == PORT_TOKEN_COOKIE)
-        .map(|(_, v)| (v.as_bytes().to_vec(), TokenFrom::Cookie))
-        .collect()
-}
-
-fn query_token(query: Option<&str>) -> Option<&str> {
-    query?.split('&').find_map(|pair| pair.strip_prefix(PORT_TOKEN_QUERY)?.strip_prefix('='))
-}
-
 /// The query without the token parameter (every other pair kept as sent).
 fn query_without_token(query: Option<&str>) -> Option<String> {
     let kept: Vec<&str> = query?
@@ -76,15 +51,6 @@ fn query_without_token(query: Option<&str>) -> Option<String> {
     (!kept.is_empty()).then(|| kept.join("&"))
 }
 
-fn cookie_pairs(headers: &HeaderMap) -> impl Iterator<Item = (&str, &str)> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-}
-
 /// The `Cookie` header without the token's cookies (`None`: nothing left).
 fn cookies_without_token(headers: &HeaderMap) -> Option<HeaderValue> {
     let kept: Vec<String> =
@@ -92,8 +58,9 @@ fn cookies_without_token(headers: &HeaderMap) -> Option<HeaderValue> {
     (!kept.is_empty()).then(|| HeaderValue::from_str(&kept.join("; ")).ok()).flatten()
 }
 
-/// The headers the guest gets: hop-by-hop ones and the token's gone, the upgrade kept.
-fn guest_headers(from: &HeaderMap, prefix: &str, upgrade: bool) -> HeaderMap {
+/// The headers the guest gets: hop-by-hop ones and the token's gone (with `dpop`, the
+/// `Authorization` and `DPoP` headers that carried it), the upgrade kept.
+fn guest_headers(from: &HeaderMap, prefix: &str, upgrade: bool, dpop: bool) -> HeaderMap {
     let mut out = HeaderMap::with_capacity(from.len() + 1);
     let listed_in_connection: Vec<String> = from
         .get_all(header::CONNECTION)
@@ -104,11 +71,8 @@ fn guest_headers(from: &HeaderMap, prefix: &str, upgrade: bool) -> HeaderMap {
         .collect();
     for (name, value) in from {
         let n = name.as_str();
-        if HOP_BY_HOP.contains(&n)
-            || n == PORT_TOKEN_HEADER
-            || n == "cookie"
-            || listed_in_connection.iter().any(|c| c == n)
-        {
+        let credential = n == PORT_TOKEN_HEADER || n == "dpop" || (dpop && n == "authorization");
+        if HOP_BY_HOP.contains(&n) || credential || n == "cookie" || listed_in_connection.iter().any(|c| c == n) {
             continue;
         }
         out.append(name.clone(), value.clone());
@@ -133,8 +97,8 @@ pub async fn proxy(State(s): State<AppState>, req: Request) -> Response {
     let status_of = |r: &Response| r.status().as_u16().to_string();
     let resp = match forward(&s, req).await {
         Ok(r) => r,
-        Err(e) => {
-            let mut r = e.into_response();
+        Err(refusal) => {
+            let mut r = refusal.into_response();
             r.headers_mut().insert(HeaderName::from_static(PROXY_ERROR_HEADER), HeaderValue::from_static("true"));
             r
         }
@@ -143,14 +107,13 @@ pub async fn proxy(State(s): State<AppState>, req: Request) -> Response {
     resp
 }
 
-async fn forward(s: &AppState, mut req: Request) -> Result<Response, ApiError> {
+async fn forward(s: &AppState, mut req: Request) -> Result<Response, Refusal> {
     let path = req.uri().path().to_string();
     let Some((id, port, guest_path)) = port_proxy_target(&path) else {
-        return Err(ApiError::not_found(format!("no route {} {path}", req.method())));
+        return Err(ApiError::not_found(format!("no route {} {path}", req.method())).into());
     };
     let (id, guest_path) = (id.to_string(), guest_path.to_string());
     let query = req.uri().query().map(str::to_string);
-    let presented = presented_tokens(req.headers(), query.as_deref());
     let id_for_lookup = id.clone();
     let exposed = s
         .blocking(move |s| {
@@ -162,19 +125,7 @@ async fn forward(s: &AppState, mut req: Request) -> Result<Response, ApiError> {
                 .ok_or_else(|| ApiError::not_found(format!("port {port} of sandbox {id_for_lookup:?} is not exposed")))
         })
         .await?;
-    let Some(from) = presented.iter().find(|(t, _)| exposed.token_matches(t)).map(|(_, from)| *from) else {
-        return Err(match presented.is_empty() {
-            true => ApiError::unauthorized(format!(
-                "this port needs its token: header {PORT_TOKEN_HEADER}, or ?{PORT_TOKEN_QUERY}= once in a browser"
-            )),
-            false => ApiError::new(
-                forkvm_api::ErrorCode::Forbidden,
-                format!(
-                    "that token is not the one of port {port} of sandbox {id:?} (a fork's child has tokens of its own)"
-                ),
-            ),
-        });
-    };
+    let from = authorize(&exposed, &id, req.method().as_str(), req.headers(), &path, query.as_deref())?;
     let prefix = forkvm_api::ports::port_path(&id, port);
     let upgrade = asks_upgrade(&req, None);
     if from == TokenFrom::Query && req.method() == axum::http::Method::GET && !upgrade {
@@ -191,7 +142,7 @@ async fn forward(s: &AppState, mut req: Request) -> Result<Response, ApiError> {
     *upstream.method_mut() = parts.method;
     *upstream.uri_mut() =
         target.parse::<Uri>().map_err(|e| ApiError::bad_request(format!("the guest's path {target:?}: {e}")))?;
-    *upstream.headers_mut() = guest_headers(&parts.headers, &prefix, client_upgrade.is_some());
+    *upstream.headers_mut() = guest_headers(&parts.headers, &prefix, client_upgrade.is_some(), from == TokenFrom::Dpop);
     let bad_gateway = |what: String| ApiError::new(forkvm_api::ErrorCode::BadGateway, what);
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(guest))
         .await
@@ -204,17 +155,18 @@ async fn forward(s: &AppState, mut req: Request) -> Result<Response, ApiError> {
     });
     let mut answer = match tokio::time::timeout(ANSWER_TIMEOUT, sender.send_request(upstream)).await {
         Ok(Ok(a)) => a,
-        Ok(Err(e)) => return Err(bad_gateway(format!("port {port} of sandbox {id:?} did not answer: {e}"))),
+        Ok(Err(e)) => return Err(bad_gateway(format!("port {port} of sandbox {id:?} did not answer: {e}")).into()),
         Err(_) => {
             return Err(bad_gateway(format!(
                 "port {port} of sandbox {id:?} did not answer within {}s",
                 ANSWER_TIMEOUT.as_secs()
-            )))
+            ))
+            .into())
         }
     };
     if answer.status() == StatusCode::SWITCHING_PROTOCOLS {
         let Some(client_upgrade) = client_upgrade else {
-            return Err(bad_gateway(format!("port {port} of sandbox {id:?} switched protocols unasked")));
+            return Err(bad_gateway(format!("port {port} of sandbox {id:?} switched protocols unasked")).into());
         };
         let guest_upgrade = hyper::upgrade::on(&mut answer);
         let headers = answer.headers().clone();
@@ -287,19 +239,6 @@ mod tests {
     }
 
     #[test]
-    fn tokens_come_from_the_header_the_query_or_cookies() {
-        let h = headers(&[("x-forkvm-port-token", "fvp_h"), ("cookie", "forkvm_port_token=fvp_c")]);
-        assert_eq!(presented_tokens(&h, Some("forkvm_token=fvp_q")), [(b"fvp_h".to_vec(), TokenFrom::Header)]);
-        let h = headers(&[("cookie", "a=1; forkvm_port_token=fvp_c1"), ("cookie", "forkvm_port_token=fvp_c2")]);
-        assert_eq!(presented_tokens(&h, Some("x=1&forkvm_token=fvp_q")), [(b"fvp_q".to_vec(), TokenFrom::Query)]);
-        assert_eq!(
-            presented_tokens(&h, Some("forkvm_tokenx=1")),
-            [(b"fvp_c1".to_vec(), TokenFrom::Cookie), (b"fvp_c2".to_vec(), TokenFrom::Cookie)]
-        );
-        assert!(presented_tokens(&HeaderMap::new(), None).is_empty());
-    }
-
-    #[test]
     fn the_guest_sees_neither_the_token_nor_hop_by_hop_headers() {
         assert_eq!(query_without_token(Some("a=1&forkvm_token=x&b=%20")), Some("a=1&b=%20".into()));
         assert_eq!(query_without_token(Some("forkvm_token=x")), None);
@@ -313,12 +252,15 @@ mod tests {
             ("accept", "text/html"),
             ("authorization", "Bearer app-own"),
         ]);
-        let out = guest_headers(&h, "/v1/sandboxes/a/ports/80/", false);
+        let out = guest_headers(&h, "/v1/sandboxes/a/ports/80/", false, false);
         let names: Vec<&str> = out.keys().map(|k| k.as_str()).collect();
         assert_eq!(names, ["accept", "authorization", "cookie", "x-forwarded-prefix"]);
         assert_eq!(out["cookie"], "a=1");
         assert_eq!(out["x-forwarded-prefix"], "/v1/sandboxes/a/ports/80");
-        let up = guest_headers(&headers(&[("connection", "Upgrade"), ("upgrade", "websocket")]), "/p/", true);
+        let up = guest_headers(&headers(&[("connection", "Upgrade"), ("upgrade", "websocket")]), "/p/", true, false);
+        let bound = headers(&[("authorization", "DPoP fvp_t"), ("dpop", "proof"), ("accept", "*/*")]);
+        let names: Vec<String> = guest_headers(&bound, "/p/", false, true).keys().map(|k| k.to_string()).collect();
+        assert_eq!(names, ["accept", "x-forwarded-prefix"]);
         assert_eq!((up["connection"].to_str().unwrap(), up["upgrade"].to_str().unwrap()), ("upgrade", "websocket"));
     }
 

@@ -395,7 +395,7 @@ async fn exposed_port_paths_need_their_own_token_not_the_apis() {
     let e = env();
     let origin = forkvm_sandbox::registry::Origin::default();
     e.state.begin_sandboxes(&["p1".to_string()], "test", &origin).unwrap();
-    let token = e.state.registry.expose("p1", 8000).unwrap().token;
+    let token = e.state.registry.expose("p1", 8000, None).unwrap().token;
     let host = ("host", "127.0.0.1:8889");
     let port_token = ("x-forkvm-port-token", token.as_str());
     let (status, body) = common_api::call_with(&e.app, "GET", "/v1/sandboxes/p1/ports/8000/x", &[host], "").await;
@@ -424,6 +424,11 @@ async fn exposed_port_paths_need_their_own_token_not_the_apis() {
     // The API beside it still needs the API's token; a rebound Host is refused.
     let (status, _) = common_api::call_with(&e.app, "GET", "/v1/sandboxes/p1/ports", &[host], "").await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
+    // A binding that is no thumbprint is refused before anything is recorded.
+    let bad = r#"{"port": 9000, "dpop_jkt": "not-a-thumbprint"}"#;
+    let (status, body) = call(&e.app, "POST", "/v1/sandboxes/p1/ports", Some(TOKEN), bad).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(e.state.registry.exposed_port("p1", 9000).unwrap().is_none());
     let rebound = ("host", "evil.example");
     let (status, _) =
         common_api::call_with(&e.app, "GET", "/v1/sandboxes/p1/ports/8000/", &[rebound, port_token], "").await;

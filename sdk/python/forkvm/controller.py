@@ -571,11 +571,19 @@ class Controller:
         resp = self._request("GET", _sb(sandbox_id, "ports"))
         return parse_list(ExposedPort, self._json(resp), "exposed ports")
 
-    def expose_port(self, sandbox_id: str, port: int) -> ExposedPort:
+    def expose_port(self, sandbox_id: str, port: int, *, dpop_jkt: Optional[str] = None) -> ExposedPort:
         """``POST /v1/sandboxes/{id}/ports``: ``port`` reachable through the daemon under
-        a token of its own (the one it has if it was exposed already). A sandbox
-        without a network is :class:`Conflict` with ``state == "no_network"``."""
-        resp = self._request("POST", _sb(sandbox_id, "ports"), json={"port": _guest_port(port)})
+        a token of its own (the one it has if it was exposed already). With
+        ``dpop_jkt`` (the RFC 7638 thumbprint of your public key) the token is bound
+        to that key: every request needs ``Authorization: DPoP <token>`` and a DPoP
+        proof signed by it (RFC 9449). A sandbox without a network is
+        :class:`Conflict` with ``state == "no_network"``."""
+        body: Dict[str, Any] = {"port": _guest_port(port)}
+        if dpop_jkt is not None:
+            if not isinstance(dpop_jkt, str):
+                raise TypeError(f"dpop_jkt must be a str, got {type(dpop_jkt).__name__}")
+            body["dpop_jkt"] = dpop_jkt
+        resp = self._request("POST", _sb(sandbox_id, "ports"), json=body)
         return ExposedPort.from_json(self._json(resp))
 
     def unexpose_port(self, sandbox_id: str, port: int) -> None:

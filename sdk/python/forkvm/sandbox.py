@@ -276,11 +276,12 @@ class Sandbox:
         """This sandbox's disk snapshots, oldest first."""
         return self._controller.list_disk_snapshots(self.id)
 
-    def expose(self, port: int) -> ExposedPort:
+    def expose(self, port: int, *, dpop_jkt: Optional[str] = None) -> ExposedPort:
         """Makes guest ``port`` reachable through the daemon: its path and token (the
-        same ones if it was exposed already). Its forks serve it too, each under a
+        same ones if it was exposed already), bound to a key if ``dpop_jkt`` names one
+        (see :meth:`Controller.expose_port`). Its forks serve it too, each under a
         token of its own; this one's never routes to them."""
-        return self._controller.expose_port(self.id, port)
+        return self._controller.expose_port(self.id, port, dpop_jkt=dpop_jkt)
 
     def ports(self) -> List[ExposedPort]:
         """The ports this sandbox exposes, with their tokens."""

@@ -397,6 +397,8 @@ class ExposedPort(_Record):
     path: str
     token: str
     created_at_unix_ms: int
+    #: The key thumbprint the token is bound to (DPoP, RFC 9449); ``None``: a bearer token.
+    dpop_jkt: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -407,6 +409,7 @@ class ExposedPort(_Record):
             path=f.req_str("path"),
             token=f.req_str("token"),
             created_at_unix_ms=f.req_int("created_at_unix_ms"),
+            dpop_jkt=f.opt_str("dpop_jkt"),
             raw=_raw(data),
         )
 

@@ -813,6 +813,8 @@ def test_exposed_ports_carry_their_own_token_and_never_the_daemons(server: TcpSe
         assert sb.expose(8000) == forkvm.ExposedPort.from_json(EXPOSED)
         assert json.loads(server.requests[-1][3]) == {"port": 8000}
         assert server.requests[-1][2].get("Authorization") == "Bearer daemon-secret-token"
+        sb.expose(8000, dpop_jkt="k" * 43)
+        assert json.loads(server.requests[-1][3]) == {"port": 8000, "dpop_jkt": "k" * 43}
         # The guest's own error is an answer, not an exception.
         r = sb.fetch(8000, "/app/x", params={"q": "1"})
         assert r.status_code == 418

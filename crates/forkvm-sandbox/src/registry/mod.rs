@@ -42,6 +42,8 @@ pub enum RegistryError {
     BadId(String),
     #[error("invalid port {0}: a guest port is 1 to 65535")]
     BadPort(u16),
+    #[error("port {port} of sandbox {id:?} is exposed with another key binding: unexpose it first")]
+    PortBound { id: String, port: u16 },
     #[error("sandbox registry {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
     #[error("sandbox record in {path}: {source}")]
@@ -63,7 +65,7 @@ impl RegistryError {
         match self {
             RegistryError::NotFound(_) => forkvm_api::ErrorCode::NotFound,
             RegistryError::BadId(_) | RegistryError::BadPort(_) => forkvm_api::ErrorCode::BadRequest,
-            RegistryError::Moved { .. } => forkvm_api::ErrorCode::Conflict,
+            RegistryError::Moved { .. } | RegistryError::PortBound { .. } => forkvm_api::ErrorCode::Conflict,
             RegistryError::NoFreeUid { .. } => forkvm_api::ErrorCode::Conflict,
             _ => forkvm_api::ErrorCode::Internal,
         }

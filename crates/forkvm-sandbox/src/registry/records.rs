@@ -73,6 +73,7 @@ CREATE TABLE IF NOT EXISTS exposed_ports (
   port INTEGER NOT NULL CHECK (port BETWEEN 1 AND 65535),
   token TEXT NOT NULL,
   created_at_unix_ms INTEGER NOT NULL,
+  dpop_jkt TEXT,
   PRIMARY KEY (sandbox_id, port)
 );
 CREATE TRIGGER IF NOT EXISTS exposed_ports_go_with_their_sandbox AFTER DELETE ON sandboxes

@@ -45,19 +45,25 @@ pub async fn list(State(s): State<AppState>, Param(id): Param) -> Result<Json<Ve
 }
 
 /// `POST /v1/sandboxes/{id}/ports`: the port's path and token (the ones it has if it
-/// was exposed already). A running sandbox must have a network.
+/// was exposed already), bound to a key if `dpop_jkt` names one. A running sandbox
+/// must have a network.
 pub async fn expose(
     State(s): State<AppState>,
     Param(id): Param,
     JsonBody(req): JsonBody<ExposeRequest>,
 ) -> Result<Json<ExposedPort>, ApiError> {
+    if let Some(jkt) = req.dpop_jkt.as_deref().filter(|j| !crate::dpop::is_thumbprint(j)) {
+        return Err(ApiError::bad_request(format!(
+            "dpop_jkt {jkt:?} is not a JWK SHA-256 thumbprint (RFC 7638: 43 base64url characters)"
+        )));
+    }
     s.blocking(move |s| {
         let row = known(&s, &id)?;
         if row.state != SandboxState::Archived && row.state != SandboxState::Starting {
             let r = crate::routes::sandboxes::running(&s, &id)?;
             forkvm_sandbox::network::connect::sandbox_namespace(&id, r.pid)?;
         }
-        Ok(Json(s.registry.expose(&id, req.port)?.to_api(&id)))
+        Ok(Json(s.registry.expose(&id, req.port, req.dpop_jkt.as_deref())?.to_api(&id)))
     })
     .await
 }
