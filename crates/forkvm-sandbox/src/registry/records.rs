@@ -768,7 +768,10 @@ mod tests {
         };
         records
             .with(|c| {
-                c.execute("INSERT INTO exposed_ports VALUES ('new3', 80, 'fvp_x', 1), ('old2', 80, 'fvp_y', 1)", [])
+                c.execute(
+                    "INSERT INTO exposed_ports VALUES ('new3', 80, 'fvp_x', 1, NULL), ('old2', 80, 'fvp_y', 1, 'k')",
+                    [],
+                )
             })
             .unwrap();
         records.delete("new3", None).unwrap();
