@@ -39,9 +39,7 @@ fn get(target: &str) -> String {
 
 #[test]
 fn policies_hold_through_spawn_fork_change_and_a_daemon_restart() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: sandbox networks need root");
+    if !common::networks_allowed() {
         return;
     }
     let internet = FakeInternet::create().expect("a fake internet");
@@ -161,9 +159,7 @@ fn wait_for_links(internet: &FakeInternet, n: usize) {
 
 #[test]
 fn nothing_of_a_sandbox_network_outlives_it() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: sandbox networks need root");
+    if !common::networks_allowed() {
         return;
     }
     let internet = FakeInternet::create().expect("a fake internet");
@@ -226,9 +222,7 @@ const CAP: u64 = 8 << 10;
 
 #[test]
 fn network_caps_hold_each_way() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: sandbox networks need root");
+    if !common::networks_allowed() {
         return;
     }
     let internet = FakeInternet::create().expect("a fake internet");

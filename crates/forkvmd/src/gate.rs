@@ -166,15 +166,8 @@ pub async fn check(State(gate): State<Gate>, mut req: Request, next: Next) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_util::headers;
     use axum::http::StatusCode;
-
-    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.insert(*k, v.parse().unwrap());
-        }
-        h
-    }
 
     #[test]
     fn hosts() {

@@ -29,6 +29,8 @@ pub mod serve;
 pub mod spawner;
 pub mod state;
 pub mod sweeper;
+#[cfg(test)]
+mod test_util;
 pub mod views;
 
 pub use daemon::{run, DaemonConfig, DaemonError};

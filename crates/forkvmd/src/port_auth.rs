@@ -138,14 +138,7 @@ fn authorize_dpop(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(*k, v.parse().unwrap());
-        }
-        h
-    }
+    use crate::test_util::headers;
 
     #[test]
     fn tokens_come_from_the_header_the_query_or_cookies() {

@@ -229,14 +229,7 @@ fn trade_for_cookie(token: &str, path: &str, query: Option<String>, prefix: &str
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(*k, v.parse().unwrap());
-        }
-        h
-    }
+    use crate::test_util::headers;
 
     #[test]
     fn the_guest_sees_neither_the_token_nor_hop_by_hop_headers() {

@@ -7,6 +7,16 @@ use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 
+/// Whether sandbox networks can be made here (root); says so on stderr when not.
+pub fn networks_allowed() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root {
+        eprintln!("skipped: sandbox networks need root");
+    }
+    root
+}
+
 pub struct Env {
     pub _tmp: tempfile::TempDir,
     pub dir: PathBuf,
