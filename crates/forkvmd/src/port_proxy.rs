@@ -169,7 +169,9 @@ async fn forward(s: &AppState, mut req: Request) -> Result<Response, Refusal> {
             return Err(bad_gateway(format!("port {port} of sandbox {id:?} switched protocols unasked")).into());
         };
         let guest_upgrade = hyper::upgrade::on(&mut answer);
-        let headers = answer.headers().clone();
+        // Its `Connection` and `Upgrade` stay (they are the switch); the daemon's mark goes.
+        let mut headers = answer.headers().clone();
+        headers.remove(PROXY_ERROR_HEADER);
         tokio::spawn(async move {
             let _in_use = in_use;
             match tokio::try_join!(client_upgrade, guest_upgrade) {
