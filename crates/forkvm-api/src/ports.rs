@@ -51,6 +51,14 @@ pub fn port_path(id: &str, port: u16) -> String {
     format!("/v1/sandboxes/{id}/ports/{port}/")
 }
 
+/// A guest port as a path segment writes it: decimal digits only, 1 to 65535.
+pub fn parse_port(raw: &str) -> Option<u16> {
+    if raw.is_empty() || !raw.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    raw.parse::<u16>().ok().filter(|p| *p != 0)
+}
+
 /// The sandbox id, port and guest path of a request to the port proxy (`path` is the
 /// request's raw path), or `None` when it is an API path. The gate and the router
 /// decide with this one function, so a path the gate lets through without the API's
@@ -60,10 +68,10 @@ pub fn port_proxy_target(path: &str) -> Option<(&str, u16, &str)> {
     let (id, rest) = rest.split_once('/')?;
     let rest = rest.strip_prefix("ports/")?;
     let (port, guest_path) = rest.split_once('/')?;
-    if id.is_empty() || port.is_empty() || !port.bytes().all(|b| b.is_ascii_digit()) {
+    if id.is_empty() {
         return None;
     }
-    let port = port.parse::<u16>().ok().filter(|p| *p != 0)?;
+    let port = parse_port(port)?;
     // The guest's path keeps its leading slash.
     Some((id, port, &path[path.len() - guest_path.len() - 1..]))
 }

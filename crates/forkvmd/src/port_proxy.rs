@@ -117,9 +117,7 @@ async fn forward(s: &AppState, mut req: Request) -> Result<Response, Refusal> {
     let id_for_lookup = id.clone();
     let exposed = s
         .blocking(move |s| {
-            if s.sandbox_row(&id_for_lookup).is_none() {
-                return Err(ApiError::not_found(format!("sandbox {id_for_lookup:?} not found")));
-            }
+            s.known_sandbox(&id_for_lookup)?;
             s.registry
                 .exposed_port(&id_for_lookup, port)?
                 .ok_or_else(|| ApiError::not_found(format!("port {port} of sandbox {id_for_lookup:?} is not exposed")))

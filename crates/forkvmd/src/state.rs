@@ -132,6 +132,11 @@ impl AppState {
         self.registry.row(id)
     }
 
+    /// Sandbox `id`'s registry row, or the API's 404.
+    pub fn known_sandbox(&self, id: &str) -> Result<SandboxRow, ApiError> {
+        self.sandbox_row(id).ok_or_else(|| ApiError::not_found(format!("sandbox {id:?} not found")))
+    }
+
     /// Records new sandboxes `ids` as `starting` for call `op`, before any process
     /// exists (one transaction): the daemon owns them until they run, so if it dies
     /// meanwhile the next start (or sweep) finds them abandoned.

@@ -22,23 +22,16 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The protocol name `GET .../tcp/{port}` upgrades to.
 pub const TCP_UPGRADE: &str = "tcp";
 
-/// Sandbox `id`'s row, or a 404.
-fn known(s: &AppState, id: &str) -> Result<forkvm_sandbox::registry::SandboxRow, ApiError> {
-    s.sandbox_row(id).ok_or_else(|| ApiError::not_found(format!("sandbox {id:?} not found")))
-}
-
 /// A guest port from a path segment, or a 400.
 fn guest_port(raw: &str) -> Result<u16, ApiError> {
-    raw.parse::<u16>()
-        .ok()
-        .filter(|p| *p != 0 && raw.bytes().all(|b| b.is_ascii_digit()))
+    forkvm_api::ports::parse_port(raw)
         .ok_or_else(|| ApiError::bad_request(format!("invalid port {raw:?}: a guest port is 1 to 65535")))
 }
 
 /// `GET /v1/sandboxes/{id}/ports`.
 pub async fn list(State(s): State<AppState>, Param(id): Param) -> Result<Json<Vec<ExposedPort>>, ApiError> {
     s.blocking(move |s| {
-        known(&s, &id)?;
+        s.known_sandbox(&id)?;
         Ok(Json(s.registry.exposed(&id)?.iter().map(|p| p.to_api(&id)).collect()))
     })
     .await
@@ -58,7 +51,7 @@ pub async fn expose(
         )));
     }
     s.blocking(move |s| {
-        let row = known(&s, &id)?;
+        let row = s.known_sandbox(&id)?;
         if row.state != SandboxState::Archived && row.state != SandboxState::Starting {
             let r = crate::routes::sandboxes::running(&s, &id)?;
             forkvm_sandbox::network::connect::sandbox_namespace(&id, r.pid)?;
@@ -76,7 +69,7 @@ pub async fn unexpose(
 ) -> Result<StatusCode, ApiError> {
     let port = guest_port(&port)?;
     s.blocking(move |s| {
-        known(&s, &id)?;
+        s.known_sandbox(&id)?;
         match s.registry.unexpose(&id, port)? {
             true => Ok(StatusCode::NO_CONTENT),
             false => Err(ApiError::not_found(format!("port {port} of sandbox {id:?} is not exposed"))),
@@ -136,7 +129,7 @@ pub async fn connect_tcp(
 ) -> Result<Response, ApiError> {
     let port = guest_port(&port)?;
     let sandbox = id.clone();
-    s.blocking(move |s| known(&s, &sandbox).map(drop)).await?;
+    s.blocking(move |s| s.known_sandbox(&sandbox).map(drop)).await?;
     if !asks_upgrade(&req, Some(TCP_UPGRADE)) {
         return Err(ApiError::bad_request(format!(
             "a raw TCP stream needs the headers Connection: upgrade and Upgrade: {TCP_UPGRADE}"

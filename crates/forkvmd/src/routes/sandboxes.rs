@@ -98,7 +98,7 @@ pub async fn get(State(s): State<AppState>, Param(id): Param) -> Result<Json<San
             return Ok(Json(sandbox_info(&row, &s.disk)));
         }
         let record = running(&s, &id)?;
-        let row = s.sandbox_row(&id).ok_or_else(|| ApiError::not_found(format!("sandbox {id:?} not found")))?;
+        let row = s.known_sandbox(&id)?;
         let jail = forkvm_sandbox::info::vmm_jail(record.pid);
         Ok(Json(SandboxInfo { jail, ..sandbox_info(&row, &s.disk) }))
     })
@@ -277,7 +277,7 @@ pub async fn set_ttl(
         running(&s, &id)?;
         let expires = ttl.map(|t| forkvm_sandbox::registry::now_unix_ms() + t * 1000);
         s.registry.set_ttl(&id, ttl, expires)?;
-        let row = s.sandbox_row(&id).ok_or_else(|| ApiError::not_found(format!("sandbox {id:?} not found")))?;
+        let row = s.known_sandbox(&id)?;
         Ok(Json(sandbox_info(&row, &s.disk)))
     })
     .await
@@ -307,7 +307,7 @@ pub async fn set_network(
             forkvm_sandbox::network::attach::update(&id, r.pid, &req)?;
         }
         s.registry.set_network(&id, &req)?;
-        let row = s.sandbox_row(&id).ok_or_else(|| ApiError::not_found(format!("sandbox {id:?} not found")))?;
+        let row = s.known_sandbox(&id)?;
         Ok(Json(sandbox_info(&row, &s.disk)))
     })
     .await
