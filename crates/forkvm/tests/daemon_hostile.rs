@@ -81,8 +81,7 @@ fn a_hostile_guest_leaves_its_vmm_confined_the_daemon_answering_and_a_neighbour_
     let mut env = common::Env::new();
     env.start_daemon_with(&[], &[("FORKVM_UPLINK", "none")]);
     env.ok(&["snapshot", "create", "--image", "tiny", "--tag", "t"]);
-    let socket = env.dir.join("run/forkvmd.sock");
-    let client = Client::new(format!("unix:{}", socket.display()).parse().unwrap(), None).unwrap();
+    let client = env.client();
     let made = client.spawn(&CreateSandboxRequest::new("t", 2)).unwrap();
     let (hostile, neighbour) = (made[0].id.clone(), made[1].id.clone());
     let pid = made[0].pid.expect("the hostile sandbox's VMM pid");
@@ -112,9 +111,8 @@ fn a_hostile_guest_leaves_its_vmm_confined_the_daemon_answering_and_a_neighbour_
     );
     // The vsock flood: far more output than the daemon keeps, from a thread of its own.
     let flood = {
-        let (address, hostile) = (format!("unix:{}", socket.display()), hostile.clone());
+        let (client, hostile) = (env.client(), hostile.clone());
         std::thread::spawn(move || {
-            let client = Client::new(address.parse().unwrap(), None).unwrap();
             let t = Instant::now();
             let out = exec(&client, &hostile, &format!("timeout {LOAD_SECS} yes | head -c 268435456"), Some(64 << 10));
             (out, t.elapsed())

@@ -57,8 +57,7 @@ fn policies_hold_through_spawn_fork_change_and_a_daemon_restart() {
     let daemon_env = [("FORKVM_UPLINK", uplink.as_str()), ("FORKVM_DNS", dns.as_str())];
     env.start_daemon_with(&[], &daemon_env);
     env.ok(&["snapshot", "create", "--image", "tiny", "--tag", "t"]);
-    let endpoint = format!("unix:{}", env.dir.join("run/forkvmd.sock").display());
-    let client = Client::new(endpoint.parse().unwrap(), None).unwrap();
+    let client = env.client();
     let www = fake_internet::HOST_IP.to_string();
 
     // Spawned closed but for the CDN.
@@ -111,8 +110,7 @@ fn policies_hold_through_spawn_fork_change_and_a_daemon_restart() {
     daemon.kill().unwrap();
     daemon.wait().unwrap();
     env.start_daemon_with(&[], &daemon_env);
-    let client =
-        Client::new(format!("unix:{}", env.dir.join("run/forkvmd.sock").display()).parse().unwrap(), None).unwrap();
+    let client = env.client();
     assert_eq!(probe(&client, &b.id, &closed), "cdn=ok\nwww_name=no\nwww_addr=no\n");
     assert_eq!(
         probe(&client, &a.id, &[("cdn", get("img.cdn.example.test")), ("www", get("www.example.test"))]),
@@ -169,8 +167,7 @@ fn nothing_of_a_sandbox_network_outlives_it() {
     let daemon_env = [("FORKVM_UPLINK", uplink.as_str()), ("FORKVM_DNS", "203.0.113.2"), ("FORKVM_NET_POOL", "0")];
     env.start_daemon_with(&[], &daemon_env);
     env.ok(&["snapshot", "create", "--image", "tiny", "--tag", "t"]);
-    let socket = format!("unix:{}", env.dir.join("run/forkvmd.sock").display());
-    let client = Client::new(socket.parse().unwrap(), None).unwrap();
+    let client = env.client();
     assert_eq!(links_on(&internet), 0);
 
     // 20 spawn and kill cycles, with a policy (rules, learned sets) on half of them.
@@ -207,7 +204,7 @@ fn nothing_of_a_sandbox_network_outlives_it() {
     daemon.kill().unwrap();
     daemon.wait().unwrap();
     env.start_daemon_with(&[], &daemon_env);
-    let client = Client::new(socket.parse().unwrap(), None).unwrap();
+    let client = env.client();
     assert_eq!(links_on(&internet), 2);
     for id in [&a.id, &children[1].id] {
         client.kill_sandbox(id).unwrap();
@@ -261,8 +258,7 @@ fn network_caps_hold_each_way() {
     let uplink = internet.router_path();
     env.start_daemon_with(&[], &[("FORKVM_UPLINK", uplink.as_str()), ("FORKVM_DNS", "203.0.113.2")]);
     env.ok(&["snapshot", "create", "--image", "tiny", "--tag", "t"]);
-    let socket = format!("unix:{}", env.dir.join("run/forkvmd.sock").display());
-    let client = Client::new(socket.parse().unwrap(), None).unwrap();
+    let client = env.client();
     let mut req = CreateSandboxRequest::new("t", 1);
     req.io_limits = Some(forkvm_client::api::IoLimits {
         net_tx_bytes_per_sec: Some(CAP),

@@ -135,8 +135,7 @@ fn exposed_ports_route_by_their_own_tokens_and_port_forward_carries_tcp() {
     let mut env = common::Env::new();
     env.start_daemon_with(&[], &[("FORKVM_UPLINK", "none")]);
     env.ok(&["snapshot", "create", "--image", "tiny", "--tag", "t"]);
-    let socket = env.dir.join("run/forkvmd.sock");
-    let client = Client::new(format!("unix:{}", socket.display()).parse().unwrap(), None).unwrap();
+    let (socket, client) = (env.socket(), env.client());
 
     let a = client.spawn(&CreateSandboxRequest::new("t", 1)).unwrap().remove(0).id;
     let serve = format!(

@@ -81,8 +81,7 @@ fn a_python_sandbox_fetches_by_name_over_https_and_pip_installs_from_an_index() 
     let dns = fake_internet::HOST_IP.to_string();
     env.start_daemon_with(&[], &[("FORKVM_UPLINK", uplink.as_str()), ("FORKVM_DNS", dns.as_str())]);
     env.ok(&["snapshot", "create", "--image", "python", "--tag", "py"]);
-    let client =
-        Client::new(format!("unix:{}", env.dir.join("run/forkvmd.sock").display()).parse().unwrap(), None).unwrap();
+    let client = env.client();
     let mut req = CreateSandboxRequest::new("py", 1);
     req.network = Some(NetworkPolicy { allow_internet: false, allow: vec![INDEX.into(), WWW.into()], deny: vec![] });
     let id = client.spawn(&req).unwrap().remove(0).id;

@@ -52,7 +52,7 @@ impl Env {
     }
 
     pub fn cli(&self, args: &[&str]) -> Output {
-        let endpoint = format!("unix:{}", self.dir.join("run/forkvmd.sock").display());
+        let endpoint = format!("unix:{}", self.socket().display());
         self.command(&["--daemon", &endpoint]).args(args).output().unwrap()
     }
 
@@ -64,6 +64,16 @@ impl Env {
 
     pub fn json(&self, args: &[&str]) -> serde_json::Value {
         serde_json::from_str(&self.ok(args)).unwrap()
+    }
+
+    /// The daemon's Unix socket.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join("run/forkvmd.sock")
+    }
+
+    /// A client of the daemon, through its Unix socket.
+    pub fn client(&self) -> forkvm_client::Client {
+        forkvm_client::Client::new(forkvm_client::Endpoint::Unix(self.socket()), None).unwrap()
     }
 
     pub fn start_daemon(&mut self, extra: &[&str]) {
