@@ -56,6 +56,10 @@ pub struct CreateSnapshotRequest {
     /// others (bounds as in [`CreateSandboxRequest`]); absent: forkvm's defaults.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_limits: Option<DefaultLimits>,
+    /// forkvm: where a sandbox spawned from this tag may connect to unless its spawn asks
+    /// for another policy; absent: anywhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_network: Option<NetworkPolicy>,
 }
 
 /// forkvm: caps on what a sandbox's virtio devices do for its guest per second, each a
@@ -177,6 +181,10 @@ pub struct SnapshotInfo {
     /// forkvm: the limits a sandbox spawned from it gets unless its spawn asks for others.
     #[serde(default)]
     pub default_limits: Option<DefaultLimits>,
+    /// forkvm: where a sandbox spawned from it may connect to unless its spawn asks for
+    /// another policy (a branch: its sandbox's policy when it was taken); absent: anywhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_network: Option<NetworkPolicy>,
 }
 
 /// `GET /v1/snapshots/{tag}/info`: forkd's fields (sizes, lineage) plus forkvm's

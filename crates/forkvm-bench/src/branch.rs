@@ -139,6 +139,7 @@ fn one_config(store: &Path, mem_mib: u64, mode: BranchMode, runs: usize, gap: Du
                 wait,
                 disks: Default::default(),
                 default_limits: None,
+                default_network: None,
             })
             .with_context(|| format!("branch {i} of {mem_mib} MiB ({mode:?})"))?;
         if mode == BranchMode::Live {

@@ -97,7 +97,7 @@ fn run_in(a: &BenchChainArgs, work: &std::path::Path) -> Result<i32> {
     let registry = Registry::open(work.join("run"));
     let cache = assembled_cache();
     let template = crate::util::template_snapshot(&a.image)?;
-    forkvm_sandbox::publish_template(&store, &template, "base", &Default::default())?;
+    forkvm_sandbox::publish_template(&store, &template, "base", &Default::default(), None)?;
     let chunks = ChunkStore::open(store.root());
 
     // The chain: each link a diff over the one below.

@@ -80,7 +80,7 @@ fn source_tag(a: &BenchSpawnArgs, store: &Store) -> Result<String> {
     let template = crate::util::template_snapshot(&a.template)?;
     let tag = format!("bench-{}-{}", a.template, &template.key[..template.key.len().min(12)]);
     if store.lookup(&tag).is_err() {
-        forkvm_sandbox::publish_template(store, &template, &tag, &Default::default())
+        forkvm_sandbox::publish_template(store, &template, &tag, &Default::default(), None)
             .with_context(|| format!("publishing the warm parent as tag {tag}"))?;
     }
     Ok(tag)

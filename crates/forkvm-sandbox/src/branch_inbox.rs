@@ -8,8 +8,12 @@
 //! 1. every name is checked against what the sandbox was given (`disk_grant`) and linked
 //!    by us, so the snapshot stands alone;
 //! 2. a complete branch becomes ours (owner and group, without following links): the
-//!    VMM can no longer change it. A live branch still being written is adopted by the
-//!    store's sweep once its writer marked it ready (`Store::adopt_ready`);
+//!    VMM can no longer change it, and we write the defaults its spawns take (limits,
+//!    network policy: the sandbox's, as we know them) into its `snapshot.json` over
+//!    whatever the VMM wrote. A live branch still being written is adopted by the
+//!    store's sweep once its writer marked it ready (`Store::adopt_ready`), with the
+//!    defaults its VMM was asked to write: a VMM that a guest took over could widen
+//!    those of a branch it was still writing (`docs/security.md`);
 //! 3. it moves into place (`snapshots/<tag>`, or a diff's staging), never over an
 //!    existing one.
 //!
@@ -45,6 +49,14 @@ impl AdoptError {
     }
 }
 
+/// What the spawns from a branch take unless they ask otherwise: its sandbox's limits and
+/// network policy.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct BranchDefaults {
+    pub limits: Option<forkvm_snapshot::DefaultLimits>,
+    pub network: Option<forkvm_api::NetworkPolicy>,
+}
+
 /// One sandbox's inbox, made empty for one branch and removed when dropped.
 #[derive(Debug)]
 pub(crate) struct Inbox {
@@ -75,15 +87,17 @@ impl Inbox {
         &self.dir
     }
 
-    /// Adopts branch `tag` (see the module doc) into `dest`, which must not exist.
-    /// `writer`: the host pid of the VMM still writing it (a live branch returned early),
-    /// which readers check is alive; none: it is complete.
+    /// Adopts branch `tag` (see the module doc) into `dest`, which must not exist, with
+    /// `defaults` for the spawns from it. `writer`: the host pid of the VMM still writing
+    /// it (a live branch returned early), which readers check is alive; none: it is
+    /// complete.
     pub(crate) fn adopt(
         &self,
         tag: &str,
         grant: &DiskGrant,
         dest: &Path,
         writer: Option<i32>,
+        defaults: &BranchDefaults,
     ) -> Result<(), AdoptError> {
         let io = |step: &str| {
             let step = step.to_string();
@@ -95,7 +109,10 @@ impl Inbox {
             return Err(AdoptError::Refused { tag: tag.into(), reason: "it is not a directory".into() });
         }
         match writer {
-            None => crate::sandbox_uid::disown_tree(&branch).map_err(io("taking it over"))?,
+            None => {
+                crate::sandbox_uid::disown_tree(&branch).map_err(io("taking it over"))?;
+                stamp_defaults(tag, &branch, defaults)?;
+            }
             // Its snapshot.json numbers the writer in the VMM's pid namespace.
             Some(pid) => std::fs::write(branch.join(forkvm_snapshot::WRITER_HOST_PID), pid.to_string())
                 .map_err(io("noting its writer"))?,
@@ -119,6 +136,15 @@ impl Drop for Inbox {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Writes `defaults` into the `snapshot.json` of branch `tag` at `dir` (ours by now).
+fn stamp_defaults(tag: &str, dir: &Path, defaults: &BranchDefaults) -> Result<(), AdoptError> {
+    let refused = |e: forkvm_snapshot::MetadataError| AdoptError::Refused { tag: tag.into(), reason: e.to_string() };
+    let mut meta = forkvm_snapshot::read_meta(&dir.join(forkvm_snapshot::SNAPSHOT_JSON)).map_err(refused)?;
+    meta.default_limits = defaults.limits;
+    meta.default_network = defaults.network.clone();
+    forkvm_snapshot::replace_meta(dir, &meta).map_err(refused)
 }
 
 /// Links every file `disk_dir/references.json` names into `disk_dir` (checked against
@@ -234,6 +260,25 @@ mod tests {
         std::fs::write(inbox.dir().join(tag).join("memory.img"), b"memory").unwrap();
         let refs = DiskReferences(refs.iter().map(|(n, p)| (n.to_string(), p.clone())).collect());
         refs.write(&disk).unwrap();
+        // What a VMM that a guest took over might write: every name reachable.
+        let meta = format!(
+            r#"{{"format_version":1,"tag":"{tag}","created_at_unix_ms":1,"status":"ready",
+            "mem_size_bytes":4096,"vcpu_count":1,"irqchip":"x","guest":{{"kind":"linux","name":"g"}},
+            "memory_bytes_allocated":0,"default_network":{{"allow_internet":true}},
+            "default_limits":{{"cpu_millis":1024000}}}}"#
+        );
+        std::fs::write(inbox.dir().join(tag).join(forkvm_snapshot::SNAPSHOT_JSON), meta).unwrap();
+    }
+
+    fn no_internet() -> BranchDefaults {
+        BranchDefaults {
+            limits: Some(forkvm_snapshot::DefaultLimits { pids_max: Some(64), ..Default::default() }),
+            network: Some(forkvm_api::NetworkPolicy {
+                allow_internet: false,
+                allow: vec!["pypi.org".into()],
+                deny: Vec::new(),
+            }),
+        }
     }
 
     #[test]
@@ -255,7 +300,10 @@ mod tests {
             ],
         );
         let dest = store.snapshots_dir().join("b");
-        inbox.adopt("b", &grant, &dest, None).unwrap();
+        inbox.adopt("b", &grant, &dest, None, &no_internet()).unwrap();
+        let meta = forkvm_snapshot::read_meta(&dest.join(forkvm_snapshot::SNAPSHOT_JSON)).unwrap();
+        assert_eq!(meta.default_network, no_internet().network, "our policy, not the VMM's");
+        assert_eq!(meta.default_limits, no_internet().limits, "our limits, not the VMM's");
         let ino = |p: &Path| std::fs::metadata(p).unwrap().ino();
         assert_eq!(ino(&dest.join("disk/disk1.img")), ino(&t.join("disk1.img")), "linked, not copied");
         assert_eq!(ino(&dest.join(format!("disk/disk1.img.layers/{L2}/data"))), ino(&own.join("data")));
@@ -264,7 +312,7 @@ mod tests {
         assert!(!inbox.dir().join("b").exists(), "moved out of the inbox");
         // Never over an existing snapshot.
         branch(&inbox, "b", &[]);
-        assert!(matches!(inbox.adopt("b", &grant, &dest, None), Err(AdoptError::Exists { .. })));
+        assert!(matches!(inbox.adopt("b", &grant, &dest, None, &no_internet()), Err(AdoptError::Exists { .. })));
         let dir = inbox.dir().to_path_buf();
         drop(inbox);
         assert!(!dir.exists(), "the inbox goes with its branch");
@@ -286,7 +334,7 @@ mod tests {
             let inbox = Inbox::make(&store, &record).unwrap();
             branch(&inbox, "h", &[(name, path.clone())]);
             let dest = store.snapshots_dir().join(format!("h{i}"));
-            let err = inbox.adopt("h", &grant, &dest, None).unwrap_err();
+            let err = inbox.adopt("h", &grant, &dest, None, &no_internet()).unwrap_err();
             assert!(
                 matches!(err, AdoptError::Refused { .. } | AdoptError::BadName { .. }),
                 "{name} -> {path:?}: {err}"

@@ -68,6 +68,7 @@ pub fn snapshot_info(store: &Store, e: &StoreEntry, mode: Option<&str>, pause_ms
             pids_limit: d.pids_max,
             io_limits: d.io,
         }),
+        default_network: e.meta.default_network.clone(),
     }
 }
 

@@ -26,13 +26,15 @@ pub enum PublishError {
     Meta { tag: String, source: forkvm_snapshot::MetadataError },
     #[error("the tag's default limits: {0}")]
     Limit(#[from] crate::start::LimitError),
+    #[error("the tag's default network policy: {0}")]
+    Network(#[from] crate::network::policy::PolicyError),
 }
 
 impl PublishError {
     pub fn code(&self) -> forkvm_api::ErrorCode {
         match self {
             PublishError::Store(e) => e.code(),
-            PublishError::Limit(_) => forkvm_api::ErrorCode::BadRequest,
+            PublishError::Limit(_) | PublishError::Network(_) => forkvm_api::ErrorCode::BadRequest,
             PublishError::Dir { source: forkvm_snapshot::DirError::AlreadyExists(_), .. } => {
                 forkvm_api::ErrorCode::Conflict
             }
@@ -41,16 +43,21 @@ impl PublishError {
     }
 }
 
-/// Publishes `template`'s snapshot as `tag` in `store`, with `defaults` as the limits a
-/// sandbox spawned from the tag gets unless its spawn asks otherwise; a taken tag is a
-/// conflict, and limits out of bounds are refused before anything is written.
+/// Publishes `template`'s snapshot as `tag` in `store`, with `defaults` as the limits and
+/// `network` as the egress policy a sandbox spawned from the tag gets unless its spawn
+/// asks otherwise; a taken tag is a conflict, and limits out of bounds or a bad policy
+/// are refused before anything is written.
 pub fn publish_template(
     store: &Store,
     template: &TemplateSnapshot,
     tag: &str,
     defaults: &crate::SpawnOptions,
+    network: Option<&forkvm_api::NetworkPolicy>,
 ) -> Result<SnapshotDir, PublishError> {
     defaults.validate()?;
+    if let Some(p) = network {
+        crate::network::policy::EgressPolicy::parse(p)?;
+    }
     let final_dir = store.check_free(tag)?;
     store.ensure()?;
     let src = SnapshotDir::open(&template.dir)
@@ -70,6 +77,7 @@ pub fn publish_template(
     meta.guest.content_hash = Some(template.key.clone());
     meta.writer_pid = None;
     meta.default_limits = defaults.as_snapshot_defaults();
+    meta.default_network = network.filter(|p| !p.is_default()).cloned();
     forkvm_snapshot::write_meta(&writer.path(SNAPSHOT_JSON), &meta)
         .map_err(|source| PublishError::Meta { tag: tag.to_string(), source })?;
     let path = writer.commit().map_err(dir_err)?;

@@ -98,6 +98,11 @@ pub struct SnapshotMeta {
     /// for others (a template tag's defaults).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_limits: Option<DefaultLimits>,
+    /// Where a sandbox spawned from this snapshot may connect to unless its spawn asks
+    /// for another policy (a template tag's default, or the policy of the sandbox a
+    /// branch was taken from). Absent: anywhere (`NetworkPolicy::default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_network: Option<forkvm_api::NetworkPolicy>,
 }
 
 /// A snapshot's default limits for the sandboxes spawned from it; `None`: forkvm's own
@@ -352,6 +357,7 @@ pub(crate) fn minimal_meta(tag: &str, status: SnapshotStatus) -> SnapshotMeta {
         memory_format: MemoryFormat::Image,
         content_hash: None,
         default_limits: None,
+        default_network: None,
     }
 }
 
@@ -384,6 +390,11 @@ mod tests {
                 cpu_millis: Some(500),
                 pids_max: Some(64),
                 io: Some(forkvm_api::IoLimits { disk_ops_per_sec: Some(100), ..Default::default() }),
+            }),
+            default_network: Some(forkvm_api::NetworkPolicy {
+                allow_internet: false,
+                allow: vec!["pypi.org".into(), "*.pythonhosted.org".into()],
+                deny: Vec::new(),
             }),
         }
     }

@@ -26,6 +26,7 @@ fn request(store: &Path, tag: Option<&str>, mode: BranchMode) -> BranchRequest {
         wait: true,
         disks: Default::default(),
         default_limits: None,
+        default_network: None,
     }
 }
 

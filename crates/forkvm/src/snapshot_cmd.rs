@@ -30,6 +30,10 @@ pub enum SnapshotCommand {
         /// for others).
         #[command(flatten)]
         limits: crate::limit_args::LimitArgs,
+        /// The tag's default egress policy for the sandboxes spawned from it (a spawn may
+        /// ask for another; spawning from a tag with one needs the daemon).
+        #[command(flatten)]
+        network: crate::network_cmd::NetworkArgs,
         #[arg(long)]
         json: bool,
     },
@@ -59,21 +63,26 @@ pub fn run(a: SnapshotArgs, remote: &RemoteArgs) -> Result<i32> {
     }
     let store = Store::open_default();
     match a.command {
-        SnapshotCommand::Create { image, tag, limits, json } => {
+        SnapshotCommand::Create { image, tag, limits, network, json } => {
             // Refuse a bad or taken tag, or bad limits, before a (possibly minutes-long)
             // template boot.
             store.check_free(&tag)?;
             let defaults = limits.spawn_options();
             defaults.validate()?;
+            let policy = network.policy();
+            if let Some(p) = &policy {
+                forkvm_sandbox::network::policy::EgressPolicy::parse(p)?;
+            }
             let started = Instant::now();
             let template = forkvm_bench::util::template_snapshot(&image)?;
-            let snap = forkvm_sandbox::publish_template(&store, &template, &tag, &defaults)?;
+            let snap = forkvm_sandbox::publish_template(&store, &template, &tag, &defaults, policy.as_ref())?;
             let report = serde_json::json!({
                 "tag": tag, "dir": snap.path, "template": image, "template_key": template.key,
                 "booted": template.boot_seconds.is_some(), "boot_seconds": template.boot_seconds,
                 "mem_size_bytes": snap.meta.mem_size_bytes,
                 "memory_bytes_allocated": snap.meta.memory_bytes_allocated,
                 "default_limits": snap.meta.default_limits,
+                "default_network": snap.meta.default_network,
                 "total_ms": (started.elapsed().as_secs_f64() * 1e4).round() / 10.0,
             });
             if json {

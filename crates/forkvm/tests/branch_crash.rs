@@ -59,6 +59,7 @@ fn a_crash_while_writing_leaves_no_ready_snapshot() {
         wait: false,
         disks: Default::default(),
         default_limits: None,
+        default_network: None,
     };
     let report = ctl.call(&Request::Branch(req)).unwrap();
     assert_eq!(report["status"], "writing");
@@ -91,6 +92,7 @@ fn a_waited_live_branch_does_not_block_other_requests() {
             wait: true,
             disks: Default::default(),
             default_limits: None,
+            default_network: None,
         };
         let started = Instant::now();
         let report = ctl.call(&Request::Branch(req)).unwrap();

@@ -81,6 +81,7 @@ fn write_snapshot(dir: &Path, tag: &str, mem: &[u8], disk: &Path) {
         memory_format: MemoryFormat::Image,
         content_hash: None,
         default_limits: None,
+        default_network: None,
     };
     write_meta(&dir.join(SNAPSHOT_JSON), &meta).unwrap();
     std::fs::write(dir.join(VMSTATE_BIN), format!("state of {tag}")).unwrap();

@@ -2,11 +2,12 @@
 //! makes (no sandbox reaches any other address): a spawn's egress policy holds in its
 //! sandboxes and in their forks, a policy changes on a running sandbox, and after a
 //! `kill -9` and restart of the daemon the sandboxes resolve names again, under the
-//! policy their namespaces kept.
+//! policy their namespaces kept; a tag's default policy holds in the sandboxes spawned
+//! from it, and a branch keeps its sandbox's.
 
 mod common;
 
-use forkvm_client::api::{CreateSandboxRequest, ExecRequest, ForkSandboxRequest, NetworkPolicy};
+use forkvm_client::api::{BranchSandboxRequest, CreateSandboxRequest, ExecRequest, ForkSandboxRequest, NetworkPolicy};
 use forkvm_client::Client;
 use forkvm_sandbox::network::fake_internet::{self, FakeInternet};
 use std::time::{Duration, Instant};
@@ -130,10 +131,39 @@ fn policies_hold_through_spawn_fork_change_and_a_daemon_restart() {
     assert!(!local.status.success());
     assert!(String::from_utf8_lossy(&local.stderr).contains("network policies need the daemon"));
 
-    for id in [&a.id, &b.id, &c] {
+    // A tag's default policy: a spawn asking none takes it (and it holds), one asking
+    // another gets that one.
+    let cdn_only = policy(false, &["*.cdn.example.test"], &[]);
+    let create = ["snapshot", "create", "--image", "tiny", "--tag", "closed", "--no-internet"];
+    let tagged = env.json(&[&create[..], &["--allow", "*.cdn.example.test", "--json"]].concat());
+    assert_eq!(tagged["default_network"], serde_json::to_value(&cdn_only).unwrap(), "{tagged}");
+    let d = client.spawn(&CreateSandboxRequest::new("closed", 1)).unwrap().remove(0);
+    assert_eq!(d.network.as_ref(), Some(&cdn_only), "a spawn asking no policy takes its tag's");
+    let www_addr = ("www_addr", get(&www));
+    assert_eq!(probe(&client, &d.id, &[closed[0].clone(), www_addr]), "cdn=ok\nwww_addr=no\n");
+    let mut asking = CreateSandboxRequest::new("closed", 1);
+    asking.network = Some(policy(true, &[], &["*.cdn.example.test"]));
+    let e = client.spawn(&asking).unwrap().remove(0);
+    assert_eq!(e.network, asking.network, "a spawn's own policy wins over its tag's");
+    // A branch keeps its sandbox's policy as it is when taken (a's was set twice since
+    // its spawn), and so does a spawn from the branch.
+    let a_now = policy(false, &["*.cdn.example.test"], &[]);
+    let br = BranchSandboxRequest { tag: Some("a-now".into()), ..BranchSandboxRequest::default() };
+    let branch = client.branch(&a.id, &br).unwrap();
+    assert_eq!(branch.default_network.as_ref(), Some(&a_now));
+    let listed = client.list_snapshots().unwrap();
+    assert_eq!(listed.iter().find(|s| s.tag == "closed").and_then(|s| s.default_network.clone()), Some(cdn_only));
+    let f = client.spawn(&CreateSandboxRequest::new("a-now", 1)).unwrap().remove(0);
+    assert_eq!(f.network, Some(a_now));
+    // Without the daemon nothing would enforce it: refused.
+    let local = env.command(&["fork", "--tag", "closed"]).output().unwrap();
+    assert!(!local.status.success());
+    assert!(String::from_utf8_lossy(&local.stderr).contains("tag closed carries a default network policy"));
+
+    for id in [&a.id, &b.id, &c, &d.id, &e.id, &f.id] {
         client.kill_sandbox(id).unwrap();
     }
-    assert_eq!(server.served(), 7, "the server saw every allowed fetch, and nothing else");
+    assert_eq!(server.served(), 8, "the server saw every allowed fetch, and nothing else");
 }
 
 /// The sandbox links (`fvm*`) on the fake internet's router: one per live sandbox.

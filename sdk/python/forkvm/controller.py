@@ -215,10 +215,12 @@ class Controller:
         cpu_limit_millis: Optional[int] = None,
         pids_limit: Optional[int] = None,
         io_limits: Optional[Dict[str, int]] = None,
+        network: Optional[NetworkPolicyLike] = None,
     ) -> SnapshotInfo:
         """``POST /v1/snapshots``: a snapshot of ``template`` (``tiny``, ``python``) as
         ``tag``. The first build of a template can take minutes; it is cached after.
-        The limits given become the tag's defaults for the sandboxes spawned from it."""
+        The limits and the network policy given become the tag's defaults for the
+        sandboxes spawned from it (a spawn asking for a policy of its own gets that one)."""
         body: Dict[str, Any] = {"tag": tag, "template": template}
         limits: Dict[str, Any] = {}
         if memory_limit_mib is not None:
@@ -226,6 +228,8 @@ class Controller:
         _put_limits(limits, cpu_limit_millis, pids_limit, io_limits)
         if limits:
             body["default_limits"] = limits
+        if network is not None:
+            body["default_network"] = network_body(network)
         return SnapshotInfo.from_json(self._json(self._request("POST", "/v1/snapshots", json=body, timeout=timeout)))
 
     def delete_snapshot(self, tag: str, cascade: bool = False, force: bool = False) -> None:

@@ -170,12 +170,17 @@ class SnapshotInfo(_Record):
     #: others (``memory_limit_mib``, ``cpu_limit_millis``, ``pids_limit``, ``io_limits``);
     #: ``None``: forkvm's defaults.
     default_limits: Optional[Dict[str, Any]] = None
+    #: forkvm: where a sandbox spawned from it may connect to unless its spawn asks for
+    #: another policy (a branch: its sandbox's policy when it was taken); ``None``:
+    #: anywhere.
+    default_network: Optional["NetworkPolicy"] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_json(cls, data: Any) -> "SnapshotInfo":
         f = _Fields("SnapshotInfo", data)
         limits = f._get("default_limits", (dict, type(None)), False, None)
+        network = f._get("default_network", (dict, type(None)), False, None)
         return cls(
             tag=f.req_str("tag"),
             dir=f.req_str("dir"),
@@ -192,6 +197,7 @@ class SnapshotInfo(_Record):
             default_limits=None
             if limits is None
             else {str(k): v for k, v in limits.items() if isinstance(v, int) and not isinstance(v, bool)},
+            default_network=None if network is None else NetworkPolicy.from_json(network),
             raw=_raw(data),
         )
 

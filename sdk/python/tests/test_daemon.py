@@ -458,6 +458,28 @@ def test_a_network_policy_is_checked_kept_and_inherited(ctl: Controller, py: str
         s.kill()
 
 
+def test_a_tags_network_policy_is_what_its_spawns_take_unless_they_ask(ctl: Controller, py: str) -> None:
+    with pytest.raises(BadRequest) as ei:
+        ctl.create_snapshot("py-bad-policy", "python", network={"allow": ["10.0.0.1/8"]})
+    assert "default network policy" in ei.value.message and "network.allow" in ei.value.message
+    assert "py-bad-policy" not in [s.tag for s in ctl.list_snapshots()], "refused before anything is written"
+    closed = forkvm.NetworkPolicy(allow_internet=False, allow=["pypi.org"])
+    tag = ctl.create_snapshot("py-closed", "python", network=closed, timeout=TEMPLATE_TIMEOUT_S)
+    asked = forkvm.NetworkPolicy(deny=["evil.test"])
+    made = []
+    try:
+        assert tag.default_network == closed
+        assert [s.default_network for s in ctl.list_snapshots() if s.tag in (py, tag.tag)] == [None, closed]
+        made.append(Sandbox.create(tag.tag, controller=ctl))
+        made.append(Sandbox.create(tag.tag, controller=ctl, network=asked))
+        assert [s.info.network for s in made] == [closed, asked]
+        assert ctl.get_sandbox(made[0].id).network == closed
+    finally:
+        for s in made:
+            s.kill()
+        ctl.delete_snapshot(tag.tag)
+
+
 #: Started in a sandbox's warm interpreter: answers GET with ``MARK:path`` (MARK is a
 #: global of that interpreter, so a fork can change its own).
 PORT_SERVER = """

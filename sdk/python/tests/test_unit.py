@@ -861,6 +861,13 @@ def test_network_policies_go_in_bodies_and_come_back_typed(server: TcpServer, cl
     assert len(server.requests) == sent, "a malformed policy never reaches the daemon"
     with pytest.raises(ProtocolError):
         SandboxInfo.from_json({**SANDBOX, "network": {"allow": "x"}})
+    # A tag's default policy goes in its create body and comes back typed.
+    snap = {"tag": "closed", "dir": "/s/closed", "created_at_unix": 1, "status": "ready", "bootable": True}
+    server.routes[("POST", "/v1/snapshots")] = _json_reply(201, {**snap, "default_network": policy})
+    info = client.create_snapshot("closed", "python", network=forkvm.NetworkPolicy(allow_internet=False))
+    assert json.loads(server.requests[-1][3])["default_network"] == {"allow_internet": False, "allow": [], "deny": []}
+    assert info.default_network == forkvm.NetworkPolicy(allow_internet=False, allow=policy["allow"])
+    assert forkvm.SnapshotInfo.from_json(snap).default_network is None
 
 
 def test_lifecycle_over_fake_server(server: TcpServer, client: Controller) -> None:

@@ -140,6 +140,7 @@ pub fn archive(
         wait: true,
         disks: DiskCapture::Reference,
         default_limits: None,
+        default_network: None,
     };
     let captured = verbs::call(&record, |c| c.branch(req)).map_err(|e| resume(e.into()))?;
     let sealed = seal::seal_capture(store, &record, &captured.dir, &partial);

@@ -3,7 +3,7 @@
 //! place by us (`branch_inbox`). The tag is checked before anything is paused.
 
 use super::{call, check_ready, LifecycleError};
-use crate::branch_inbox::Inbox;
+use crate::branch_inbox::{BranchDefaults, Inbox};
 use crate::disk_grant::DiskGrant;
 use crate::registry::{Registry, SandboxRecord};
 use forkvm_snapshot::{SnapshotStatus, Store};
@@ -59,19 +59,25 @@ fn branch_into(
     let (r, _) = check_ready(registry, id)?;
     let inbox = Inbox::make(store, &r).map_err(|e| LifecycleError::Inbox(e.to_string()))?;
     // The VMM checks the tag (rule, collision) before it pauses anything.
-    // The branch keeps the limits the sandbox was started with, as its defaults.
+    // The branch keeps the limits the sandbox was started with and its policy now, as
+    // its defaults.
+    let defaults = BranchDefaults {
+        limits: crate::SpawnOptions::of_record(&r).as_snapshot_defaults(),
+        network: r.network.clone().filter(|p| !p.is_default()),
+    };
     let req = BranchRequest {
         store: inbox.dir().to_path_buf(),
         tag: Some(tag.to_string()),
         mode,
         wait,
         disks: DiskCapture::Reference,
-        default_limits: crate::SpawnOptions::of_record(&r).as_snapshot_defaults(),
+        default_limits: defaults.limits,
+        default_network: defaults.network.clone(),
     };
     let mut report = call(&r, |c| c.branch(req))?;
     let dest = dir.join(tag);
     let writer = (report.status == SnapshotStatus::Writing).then_some(r.pid);
-    inbox.adopt(tag, &grant_of(store, &r), &dest, writer)?;
+    inbox.adopt(tag, &grant_of(store, &r), &dest, writer, &defaults)?;
     report.dir = dest;
     Ok(report)
 }

@@ -72,6 +72,11 @@ pub struct BranchRequest {
     /// source sandbox's (written in its `snapshot.json`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_limits: Option<forkvm_snapshot::DefaultLimits>,
+    /// Where sandboxes spawned from the branch may connect to unless they ask for
+    /// another policy: the source sandbox's. The host writes it again when it adopts the
+    /// branch (`forkvm_sandbox`'s inbox), so a VMM cannot widen it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_network: Option<forkvm_api::NetworkPolicy>,
 }
 
 /// Where a snapshot comes from, as its `snapshot.json` says.
@@ -80,6 +85,7 @@ pub(super) struct Lineage {
     /// The sandbox it was branched from.
     pub branched_from: Option<String>,
     pub default_limits: Option<forkvm_snapshot::DefaultLimits>,
+    pub default_network: Option<forkvm_api::NetworkPolicy>,
 }
 
 /// How a branch puts the VM's disk files (images, bases, sealed layers) in its `disk/`.
@@ -263,7 +269,11 @@ impl Vmm {
         self.pause().map_err(BranchError::Pause)?;
         phases.mark("pause");
         let branched_from = self.labels.sandbox_id.clone();
-        let lineage = Lineage { branched_from: branched_from.clone(), default_limits: req.default_limits };
+        let lineage = Lineage {
+            branched_from: branched_from.clone(),
+            default_limits: req.default_limits,
+            default_network: req.default_network.clone(),
+        };
         let written = match req.mode {
             BranchMode::Full => {
                 let full = self.write_full(&dir, &tag, &lineage, req.disks, &mut phases);
@@ -358,6 +368,7 @@ impl Vmm {
             memory_format: forkvm_snapshot::MemoryFormat::Image,
             content_hash: None,
             default_limits: lineage.default_limits,
+            default_network: lineage.default_network.clone(),
         }
     }
 

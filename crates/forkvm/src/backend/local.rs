@@ -137,6 +137,9 @@ impl Backend for Local {
         let (sandboxes, timings, source_pause_ms) = match from {
             NewFrom::Tag(tag) => {
                 let source = SpawnSource::from_tag(&self.store, tag)?;
+                if source.meta.default_network.is_some() {
+                    bail!("tag {tag} carries a default network policy; {NETWORK_NEEDS_THE_DAEMON}");
+                }
                 let (s, t) = forkvm_sandbox::spawn(&self.registry, &source, n, &opts)?;
                 (s, t, None)
             }

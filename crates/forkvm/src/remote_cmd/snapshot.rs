@@ -12,7 +12,7 @@ pub fn snapshot(a: &SnapshotArgs, remote: &RemoteArgs) -> Result<Option<i32>> {
     }
     let Some(client) = remote.client()? else { return Ok(None) };
     match &a.command {
-        SnapshotCommand::Create { image, tag, limits, json } => {
+        SnapshotCommand::Create { image, tag, limits, network, json } => {
             let spinner = Spinner::start(format!("snapshot {tag} from template {image} (a first build takes minutes)"));
             let default_limits = limits.spawn_options().asks().then_some(forkvm_client::api::DefaultLimits {
                 memory_limit_mib: limits.mem_limit_mib,
@@ -20,7 +20,12 @@ pub fn snapshot(a: &SnapshotArgs, remote: &RemoteArgs) -> Result<Option<i32>> {
                 pids_limit: limits.pids_limit,
                 io_limits: limits.io_limits(),
             });
-            let req = CreateSnapshotRequest { tag: tag.clone(), template: image.clone(), default_limits };
+            let req = CreateSnapshotRequest {
+                tag: tag.clone(),
+                template: image.clone(),
+                default_limits,
+                default_network: network.policy(),
+            };
             let snap = client.create_snapshot(&req)?;
             drop(spinner);
             if *json {

@@ -200,7 +200,8 @@ pub async fn create(
         let origin = Origin {
             template: source.template().map(String::from),
             source_tag: Some(req.snapshot_tag.clone()),
-            network: req.network.clone(),
+            // A tag may carry a policy of its own, which a spawn asking none takes.
+            network: req.network.clone().or_else(|| source.meta.default_network.clone()),
             ..Origin::default()
         };
         s.begin_sandboxes(&ids, &op, &limits.recorded_in(origin))?;
