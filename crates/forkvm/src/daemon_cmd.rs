@@ -43,6 +43,11 @@ pub struct DaemonArgs {
     /// every other request carrying Origin is refused (CSRF).
     #[arg(long = "allow-origin", value_name = "ORIGIN")]
     allow_origins: Vec<String>,
+    /// The domain exposed ports are served at origins of their own under:
+    /// `http://8000-<id>.<NAME>:<daemon port>/` (a wildcard DNS name and certificate of
+    /// yours for another host; `*.localhost` is loopback in browsers).
+    #[arg(long, value_name = "NAME", default_value = forkvm_client::api::ports::DEFAULT_PORTS_DOMAIN, value_parser = ports_domain, env = "FORKVMD_PORTS_DOMAIN")]
+    ports_domain: String,
     /// A group (name or gid) whose members may use the Unix socket besides this user;
     /// the socket is then 0660 and owned by that group.
     #[arg(long, env = "FORKVMD_SOCKET_GROUP")]
@@ -104,6 +109,16 @@ struct Interval(Option<std::time::Duration>);
 
 fn interval(text: &str) -> Result<Interval, forkvmd::disk::BadInterval> {
     forkvmd::disk::parse_interval(text).map(Interval)
+}
+
+fn ports_domain(text: &str) -> Result<String, String> {
+    if forkvm_client::api::ports::is_ports_domain(text) {
+        Ok(text.to_string())
+    } else {
+        Err(format!(
+            "{text:?} is not a domain name of lowercase DNS labels (letters, digits, '-'), at most 200 characters"
+        ))
+    }
 }
 
 pub fn run(a: DaemonArgs) -> Result<i32> {
@@ -175,6 +190,7 @@ pub fn run(a: DaemonArgs) -> Result<i32> {
                 .context("--pack-signing-key")?,
         },
         spawner_exe: std::env::current_exe().context("finding the forkvm binary to run the spawner")?,
+        ports_domain: a.ports_domain,
     };
     forkvmd::run(cfg)?;
     Ok(0)

@@ -64,10 +64,25 @@ fn daemon(remote: &RemoteArgs, what: &str) -> Result<Client> {
 }
 
 /// Where a browser opens `p` (with its token, traded for a cookie on the first visit),
-/// when the daemon listens on TCP and the token is not bound to a key.
+/// when the daemon listens on TCP and the token is not bound to a key: at the port's
+/// own origin when it has one this host can reach (a `*.localhost` one only when the
+/// daemon is on this host's loopback), else at its path below the daemon's.
 fn browser_url(endpoint: &Endpoint, p: &ExposedPort) -> Option<String> {
-    (endpoint.socket_path().is_none() && p.dpop_jkt.is_none())
-        .then(|| format!("{endpoint}{}?forkvm_token={}", p.path, p.token))
+    let (scheme, host, port) = match endpoint {
+        Endpoint::Unix(_) => return None,
+        Endpoint::Http { host, port } => ("http", host, port),
+        Endpoint::Https { host, port } => ("https", host, port),
+    };
+    if p.dpop_jkt.is_some() {
+        return None;
+    }
+    let loopback = host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|a| a.is_loopback());
+    match &p.host {
+        Some(own) if loopback || !own.ends_with(".localhost") => {
+            Some(format!("{scheme}://{own}:{port}/?forkvm_token={}", p.token))
+        }
+        _ => Some(format!("{endpoint}{}?forkvm_token={}", p.path, p.token)),
+    }
 }
 
 fn print_port(endpoint: &Endpoint, p: &ExposedPort) {
@@ -168,11 +183,23 @@ mod tests {
             token: "fvp_x".into(),
             created_at_unix_ms: 0,
             dpop_jkt: None,
+            host: None,
         };
         let tcp: Endpoint = "http://127.0.0.1:8889".parse().unwrap();
         assert_eq!(browser_url(&tcp, &p).unwrap(), "http://127.0.0.1:8889/v1/sandboxes/a/ports/80/?forkvm_token=fvp_x");
         let unix: Endpoint = "unix:/run/forkvm/forkvmd.sock".parse().unwrap();
         assert_eq!(browser_url(&unix, &p), None);
+        // Its own origin, where this host reaches it.
+        let own = ExposedPort { host: Some("80-a.localhost".into()), ..p.clone() };
+        assert_eq!(browser_url(&tcp, &own).unwrap(), "http://80-a.localhost:8889/?forkvm_token=fvp_x");
+        let remote: Endpoint = "https://forkvm.example:443".parse().unwrap();
+        assert_eq!(
+            browser_url(&remote, &own).unwrap(),
+            "https://forkvm.example:443/v1/sandboxes/a/ports/80/?forkvm_token=fvp_x",
+            "another host's localhost is not this one's"
+        );
+        let named = ExposedPort { host: Some("80-a.ports.example".into()), ..p.clone() };
+        assert_eq!(browser_url(&remote, &named).unwrap(), "https://80-a.ports.example:443/?forkvm_token=fvp_x");
         let bound = ExposedPort { dpop_jkt: Some("k".repeat(43)), ..p };
         assert_eq!(browser_url(&tcp, &bound), None, "a browser cannot sign DPoP proofs");
     }

@@ -69,9 +69,14 @@ fn read_head(r: &mut impl BufRead) -> (u16, Vec<(String, String)>) {
 /// `GET path` through the daemon's socket with `extra` header lines; the connection
 /// closes after the answer, so the body is what follows the head.
 fn get(socket: &Path, path: &str, extra: &[String]) -> Answer {
+    get_at(socket, "forkvmd", path, extra)
+}
+
+/// [`get`] with `Host: host`.
+fn get_at(socket: &Path, host: &str, path: &str, extra: &[String]) -> Answer {
     let mut s = UnixStream::connect(socket).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    let mut head = format!("GET {path} HTTP/1.1\r\nHost: forkvmd\r\nConnection: close\r\n");
+    let mut head = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
     for h in extra {
         head.push_str(h);
         head.push_str("\r\n");
@@ -190,6 +195,33 @@ fn exposed_ports_route_by_their_own_tokens_and_port_forward_carries_tcp() {
     assert_eq!(who(&path_b, &token_a).status, 403, "the parent's token does not route to the child");
     assert_eq!(who(&path_a, &token_b).status, 403);
     assert_eq!(who(&path_a, &token_a).body, "parent\n");
+
+    // Each port has an origin of its own too: every path there is the guest's (the
+    // API's paths included), under the same token rules, and a visit's cookie is that
+    // origin's alone.
+    let at = |host: &str, path: &str, extra: &[String]| get_at(&socket, host, path, extra);
+    let host_a = exposed["host"].as_str().unwrap().to_string();
+    assert_eq!(host_a, format!("8000-{a}.localhost"));
+    let own = at(&format!("{host_a}:8889"), "/who", &[token(&token_a)]);
+    assert_eq!((own.status, own.body.as_str()), (200, "parent\n"), "{own:?}");
+    let api_path = at(&host_a, "/v1/sandboxes", &[token(&token_a)]);
+    assert_eq!(api_path.status, 404, "{api_path:?}");
+    assert_eq!(api_path.header("x-forkvm-error"), None, "the guest's 404, not the daemon's: {api_path:?}");
+    assert_eq!(at(&host_a, "/who", &[]).status, 401);
+    let host_b = child_ports[0].host.clone().unwrap();
+    assert_eq!(
+        at(&host_b, "/who", &[token(&token_a)]).status,
+        403,
+        "the parent's token is refused at the child's origin"
+    );
+    assert_eq!(at(&host_b, "/who", &[token(&token_b)]).body, "child\n");
+    let visit = at(&host_b, &format!("/who?forkvm_token={token_b}"), &[]);
+    assert_eq!((visit.status, visit.header("location")), (303, Some("/who")), "{visit:?}");
+    let cookie = visit.header("set-cookie").unwrap();
+    assert!(cookie.contains("; Path=/;") && !cookie.contains("Domain"), "{cookie}");
+    let cookie = cookie.split(';').next().unwrap();
+    assert_eq!(at(&host_b, "/who", &[format!("Cookie: {cookie}")]).body, "child\n");
+    assert_eq!(at(&format!("9-{b}.localhost"), "/who", &[token(&token_b)]).status, 404, "port 9 is not exposed");
 
     // An upgrade is carried through, both ways.
     let upgrade_token = client.expose(&a, 9000, None).unwrap().token;

@@ -41,6 +41,8 @@ pub struct DaemonConfig {
     pub packs: crate::state::PackPolicy,
     /// The `forkvm` binary, executed again as the spawner (`forkvm __spawner`).
     pub spawner_exe: PathBuf,
+    /// The domain exposed ports have origins of their own under (`{port}-{id}.<it>`).
+    pub ports_domain: String,
 }
 
 impl DaemonConfig {
@@ -104,6 +106,7 @@ pub fn run(mut cfg: DaemonConfig) -> Result<(), DaemonError> {
     state.disk.set_retention(cfg.disk_snapshots.retention);
     state.lifecycle.set_config(cfg.lifecycle);
     state.set_pack_policy(std::mem::take(&mut cfg.packs));
+    state.set_ports_domain(&cfg.ports_domain);
     let (reconciled, watch) = reconcile(&state);
     tracing::info!(?reconciled, "reconciled state with running sandboxes and the store");
     println!("forkvmd reconciled {}", serde_json::to_string(&reconciled).unwrap_or_default());
@@ -124,7 +127,8 @@ pub fn run(mut cfg: DaemonConfig) -> Result<(), DaemonError> {
                 let scheme = if tls.is_some() { "https" } else { "http" };
                 println!("forkvmd listening on {scheme}://{}", l.local_addr().unwrap_or(t.addr));
                 let token = tcp_token.clone().ok_or(ServeError::Unauthenticated(t.addr))?;
-                let gate = Gate::tcp(token, &cfg.allowed_origins, &t.allowed_hosts, Some(audit.clone()));
+                let gate = Gate::tcp(token, &cfg.allowed_origins, &t.allowed_hosts, Some(audit.clone()))
+                    .with_ports_domain(&cfg.ports_domain);
                 Some(TcpServe { listener: l, app: wrap(app.clone(), gate, Some(audit.clone())), tls })
             }
             None => None,
@@ -144,7 +148,11 @@ pub fn run(mut cfg: DaemonConfig) -> Result<(), DaemonError> {
         tokio::spawn(crate::sweeper::schedule(state.clone()));
         let unix = UnixServe {
             listener: unix,
-            app: wrap(app, Gate::unix(&cfg.allowed_origins, Some(audit.clone())), Some(audit.clone())),
+            app: wrap(
+                app,
+                Gate::unix(&cfg.allowed_origins, Some(audit.clone())).with_ports_domain(&cfg.ports_domain),
+                Some(audit.clone()),
+            ),
             peers: UnixPeers::this_user(cfg.socket_group),
         };
         crate::serve::run(Some(unix), tcp, cfg.limits, Some(audit), crate::serve::stop_signal()).await;

@@ -11,6 +11,9 @@
 //! meant for browsers, and their own token guards them (`crate::port_proxy`). Only
 //! the guest behind the port answers there, never the API; and a client that sends
 //! the API's token there anyway has it taken off before the guest could see it.
+//! Requests to a port's own origin (`Host: {port}-{id}.<ports domain>`) skip 1 to 3:
+//! their Host names the ports domain the daemon was given, and every path there is
+//! the guest's ([`forkvm_api::ports::port_target`] decides, here and in the router).
 //!
 //! Refusals are logged to the audit log at a bounded rate ([`AuditLog::refused`]), so a
 //! flood of bad requests cannot grow the log faster than that; only requests that pass
@@ -23,6 +26,7 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use forkvm_api::ports::PortTarget;
 use std::sync::Arc;
 
 /// What a listener's gate checks.
@@ -38,6 +42,8 @@ pub struct Gate {
     pub allowed_hosts: Arc<[String]>,
     /// Where refusals are logged (rate-limited).
     pub audit: Option<AuditLog>,
+    /// The domain exposed ports have origins of their own under; `None`: the default.
+    pub ports_domain: Option<Arc<str>>,
 }
 
 impl Gate {
@@ -49,6 +55,7 @@ impl Gate {
             allowed_origins: allowed_origins.into(),
             allowed_hosts: allowed_hosts.into(),
             audit,
+            ports_domain: None,
         }
     }
 
@@ -58,9 +65,25 @@ impl Gate {
         Gate { allowed_origins: allowed_origins.into(), audit, ..Gate::default() }
     }
 
+    /// This gate with exposed ports' own origins under `domain`.
+    pub fn with_ports_domain(self, domain: &str) -> Gate {
+        Gate { ports_domain: Some(domain.into()), ..self }
+    }
+
+    /// Whether a request goes to an exposed port, and which (see the module doc).
+    fn port_target<'a>(&self, headers: &'a HeaderMap, path: &'a str) -> Option<PortTarget<'a>> {
+        let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
+        let domain = self.ports_domain.as_deref().unwrap_or(forkvm_api::ports::DEFAULT_PORTS_DOMAIN);
+        forkvm_api::ports::port_target(host, path, domain)
+    }
+
     /// Why `headers` are refused, if they are.
     fn refusal(&self, headers: &HeaderMap, path: &str) -> Option<ApiError> {
-        let port_proxy = forkvm_api::ports::port_proxy_target(path).is_some();
+        let target = self.port_target(headers, path);
+        if target.is_some_and(|t| t.own_origin) {
+            return None;
+        }
+        let port_proxy = target.is_some();
         if port_proxy && self.check_host {
             return self.host_refusal(headers).map(|why| ApiError::new(forkvm_api::ErrorCode::Forbidden, why));
         }
@@ -92,7 +115,7 @@ impl Gate {
     /// learn it (an app's own `Authorization` passes).
     fn keep_token_from_guests(&self, req: &mut Request) {
         let Some(token) = &self.token else { return };
-        if forkvm_api::ports::port_proxy_target(req.uri().path()).is_none() {
+        if self.port_target(req.headers(), req.uri().path()).is_none() {
             return;
         }
         let is_api_token =
@@ -231,5 +254,23 @@ mod tests {
         assert_eq!(code(&[("host", "evil.example")], "/v1/sandboxes/a1/ports/8000/"), Some(StatusCode::FORBIDDEN));
         assert_eq!(code(&[("host", "127.0.0.1:1")], "/v1/sandboxes/a1/ports/8000"), Some(StatusCode::UNAUTHORIZED));
         assert_eq!(code(&[("host", "127.0.0.1:1")], "/v1/sandboxes/a1/ports"), Some(StatusCode::UNAUTHORIZED));
+        // A port's own origin: any path is the guest's, a browser's too, without the
+        // API's token; the API's token never reaches it.
+        let own = [("host", "8000-a1.localhost:1"), ("origin", "http://8000-a1.localhost:1")];
+        assert_eq!(code(&own, "/v1/sandboxes"), None);
+        assert_eq!(code(&[("host", "8000-a1.localhost.evil.example")], "/v1/sandboxes"), Some(StatusCode::FORBIDDEN));
+        let mut r = axum::http::Request::builder()
+            .uri("/v1/sandboxes")
+            .header("host", "8000-a1.localhost")
+            .header("authorization", "Bearer 0123456789abcdef")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        gate.keep_token_from_guests(&mut r);
+        assert!(r.headers().get("authorization").is_none());
+        // Under another ports domain, localhost's subdomains are the daemon's again.
+        let gate = gate.with_ports_domain("ports.example");
+        let code = |pairs: &[(&'static str, &str)], path| gate.refusal(&headers(pairs), path).map(|e| e.status());
+        assert_eq!(code(&[("host", "8000-a1.localhost")], "/x"), Some(StatusCode::FORBIDDEN));
+        assert_eq!(code(&[("host", "8000-a1.ports.example")], "/x"), None);
     }
 }

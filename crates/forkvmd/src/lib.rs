@@ -39,5 +39,6 @@ pub use state::AppState;
 /// The API's router over `state`, without authentication or audit (those wrap it per
 /// listener, see [`serve::wrap`]); in-process tests call it directly.
 pub fn app(state: AppState) -> axum::Router {
-    routes::router(state)
+    // Ahead of the routes: a port's own origin is the guest's, every path of it.
+    routes::router(state.clone()).layer(axum::middleware::from_fn_with_state(state, port_proxy::own_origin))
 }

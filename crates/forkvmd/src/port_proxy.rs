@@ -1,6 +1,9 @@
 //! The proxy of exposed ports: `/v1/sandboxes/{id}/ports/{port}/<path>` is the guest's
 //! `http://<its address>:{port}/<path>`, any method, bodies streamed both ways (never
-//! held whole), upgrades (WebSocket) carried through as raw streams.
+//! held whole), upgrades (WebSocket) carried through as raw streams. So is any path of
+//! a request to the port's own origin, `Host: {port}-{id}.<ports domain>`
+//! ([`own_origin`], ahead of the router): there a browser keeps the port's cookies and
+//! storage apart from every other port's and from the daemon's.
 //!
 //! **Who may pass** ([`crate::port_auth`]). Not the API's token: the port's own
 //! (`X-Forkvm-Port-Token`, or once as `?forkvm_token=`, which a browser trades for a
@@ -27,7 +30,7 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use forkvm_api::ports::{
-    port_proxy_target, PORT_TOKEN_COOKIE, PORT_TOKEN_HEADER, PORT_TOKEN_QUERY, PROXY_ERROR_HEADER,
+    port_origin, port_target, PORT_TOKEN_COOKIE, PORT_TOKEN_HEADER, PORT_TOKEN_QUERY, PROXY_ERROR_HEADER,
 };
 use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
@@ -86,10 +89,22 @@ fn guest_headers(from: &HeaderMap, prefix: &str, upgrade: bool, dpop: bool) -> H
             out.insert(header::UPGRADE, u.clone());
         }
     }
-    if let Ok(p) = HeaderValue::from_str(prefix.trim_end_matches('/')) {
+    // At the port's own origin the guest's root is the origin's: no prefix to tell.
+    let prefix = prefix.trim_end_matches('/');
+    if let Some(p) = Some(prefix).filter(|p| !p.is_empty()).and_then(|p| HeaderValue::from_str(p).ok()) {
         out.insert(HeaderName::from_static("x-forwarded-prefix"), p);
     }
     out
+}
+
+/// Middleware ahead of the router: a request to a port's own origin goes to the proxy
+/// whatever its path; any other request goes on to the API's routes.
+pub async fn own_origin(State(s): State<AppState>, req: Request, next: axum::middleware::Next) -> Response {
+    let host = req.headers().get(header::HOST).and_then(|v| v.to_str().ok());
+    if host.is_some_and(|h| port_origin(h, s.ports_domain()).is_some()) {
+        return proxy(State(s), req).await;
+    }
+    next.run(req).await
 }
 
 /// Answers with the guest's answer, or with the daemon's error before one.
@@ -109,10 +124,12 @@ pub async fn proxy(State(s): State<AppState>, req: Request) -> Response {
 
 async fn forward(s: &AppState, mut req: Request) -> Result<Response, Refusal> {
     let path = req.uri().path().to_string();
-    let Some((id, port, guest_path)) = port_proxy_target(&path) else {
+    let host = req.headers().get(header::HOST).and_then(|v| v.to_str().ok());
+    let Some(target) = port_target(host, &path, s.ports_domain()) else {
         return Err(ApiError::not_found(format!("no route {} {path}", req.method())).into());
     };
-    let (id, guest_path) = (id.to_string(), guest_path.to_string());
+    let (id, port, guest_path, prefix) =
+        (target.id.to_string(), target.port, target.guest_path.to_string(), target.prefix());
     let query = req.uri().query().map(str::to_string);
     let id_for_lookup = id.clone();
     let exposed = s
@@ -124,7 +141,6 @@ async fn forward(s: &AppState, mut req: Request) -> Result<Response, Refusal> {
         })
         .await?;
     let from = authorize(&exposed, &id, req.method().as_str(), req.headers(), &path, query.as_deref())?;
-    let prefix = forkvm_api::ports::port_path(&id, port);
     let upgrade = asks_upgrade(&req, None);
     if from == TokenFrom::Query && req.method() == axum::http::Method::GET && !upgrade {
         return Ok(trade_for_cookie(&exposed.token, &path, query_without_token(query.as_deref()), &prefix));
@@ -254,7 +270,16 @@ mod tests {
         let bound = headers(&[("authorization", "DPoP fvp_t"), ("dpop", "proof"), ("accept", "*/*")]);
         let names: Vec<String> = guest_headers(&bound, "/p/", false, true).keys().map(|k| k.to_string()).collect();
         assert_eq!(names, ["accept", "x-forwarded-prefix"]);
+        // At a port's own origin there is no prefix to tell.
+        assert!(guest_headers(&headers(&[("accept", "*/*")]), "/", false, false).get("x-forwarded-prefix").is_none());
         assert_eq!((up["connection"].to_str().unwrap(), up["upgrade"].to_str().unwrap()), ("upgrade", "websocket"));
+    }
+
+    #[test]
+    fn at_a_ports_own_origin_the_cookie_is_that_origins() {
+        let r = trade_for_cookie("fvp_t", "/app", None, "/");
+        assert_eq!(r.headers()["location"], "/app");
+        assert_eq!(r.headers()["set-cookie"], "forkvm_port_token=fvp_t; Path=/; HttpOnly; SameSite=Lax");
     }
 
     #[test]

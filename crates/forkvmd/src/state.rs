@@ -43,6 +43,9 @@ pub struct Inner {
     /// Which pack signers an upload must be signed by, and the key downloads are signed
     /// with ([`AppState::set_pack_policy`]).
     pub packs: Mutex<Arc<PackPolicy>>,
+    /// Where exposed ports have origins of their own (`--ports-domain`;
+    /// [`forkvm_api::ports::DEFAULT_PORTS_DOMAIN`] unless set).
+    pub ports_domain: std::sync::OnceLock<String>,
 }
 
 /// The daemon's pack signing and trust (`--pack-signing-key`, `--trust-pack-key`).
@@ -92,7 +95,18 @@ impl AppState {
             disk: DiskSnapshots::default(),
             lifecycle: Lifecycle::default(),
             packs: Mutex::new(Arc::new(PackPolicy::default())),
+            ports_domain: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// Sets the ports domain (once, before serving); false if it was set already.
+    pub fn set_ports_domain(&self, domain: &str) -> bool {
+        self.ports_domain.set(domain.to_string()).is_ok()
+    }
+
+    /// The domain exposed ports have their own origins under.
+    pub fn ports_domain(&self) -> &str {
+        self.ports_domain.get().map_or(forkvm_api::ports::DEFAULT_PORTS_DOMAIN, String::as_str)
     }
 
     pub fn set_pack_policy(&self, policy: PackPolicy) {

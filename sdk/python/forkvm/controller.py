@@ -9,6 +9,7 @@ friendlier object API on top.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import socket
@@ -596,9 +597,17 @@ class Controller:
 
     def port_url(self, exposed: ExposedPort) -> Optional[str]:
         """Where a browser opens ``exposed`` (its token in the address, traded for a
-        cookie on the first visit); ``None`` for a daemon on a Unix socket."""
+        cookie on the first visit): at the port's own origin when it has one this host
+        can reach (a ``*.localhost`` one only when the daemon is on this host's
+        loopback), else at its path below the daemon's; ``None`` for a daemon on a Unix
+        socket."""
         if self.endpoint.uds is not None:
             return None
+        base = httpx.URL(self.endpoint.base_url)
+        loopback = base.host == "localhost" or _is_loopback(base.host)
+        if exposed.host is not None and (loopback or not exposed.host.endswith(".localhost")):
+            port = base.port or (443 if base.scheme == "https" else 80)
+            return f"{base.scheme}://{exposed.host}:{port}/?forkvm_token={exposed.token}"
         return f"{self.endpoint.base_url.rstrip('/')}{exposed.path}?forkvm_token={exposed.token}"
 
     def port_request(
@@ -685,6 +694,13 @@ IO_LIMITS = (
     "net_tx_bytes_per_sec",
     "net_rx_bytes_per_sec",
 )
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def network_body(policy: NetworkPolicyLike) -> Dict[str, Any]:

@@ -405,6 +405,10 @@ class ExposedPort(_Record):
     created_at_unix_ms: int
     #: The key thumbprint the token is bound to (DPoP, RFC 9449); ``None``: a bearer token.
     dpop_jkt: Optional[str] = None
+    #: The ``Host`` that serves the port at an origin of its own, every path the
+    #: guest's (``8000-<id>.localhost``: browsers resolve ``*.localhost`` to loopback);
+    #: ``None`` when the daemon gives none.
+    host: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -416,6 +420,7 @@ class ExposedPort(_Record):
             token=f.req_str("token"),
             created_at_unix_ms=f.req_int("created_at_unix_ms"),
             dpop_jkt=f.opt_str("dpop_jkt"),
+            host=f.opt_str("host"),
             raw=_raw(data),
         )
 

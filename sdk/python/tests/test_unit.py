@@ -11,6 +11,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
+import httpx
 import pytest
 
 import forkvm
@@ -826,10 +827,20 @@ def test_exposed_ports_carry_their_own_token_and_never_the_daemons(server: TcpSe
         with pytest.raises(forkvm.BadGateway, match="nothing listens"):
             sb.fetch(8000, "down")
         assert c.port_url(forkvm.ExposedPort.from_json(EXPOSED)) == f"{_url(server)}{EXPOSED['path']}?forkvm_token={EXPOSED['token']}"
+        # At the port's own origin when it has one this host reaches.
+        own = forkvm.ExposedPort.from_json({**EXPOSED, "host": "8000-sb.localhost"})
+        assert own.host == "8000-sb.localhost"
+        port = httpx.URL(_url(server)).port
+        assert c.port_url(own) == f"http://8000-sb.localhost:{port}/?forkvm_token={EXPOSED['token']}"
         for bad in [0, 65536, "80", True]:
             with pytest.raises(ValueError):
                 c.expose_port("sb", bad)  # type: ignore[arg-type]
     assert Controller("unix:/nonexistent.sock").port_url(forkvm.ExposedPort.from_json(EXPOSED)) is None
+    remote = Controller("https://forkvm.example:8443", token="t")
+    own = forkvm.ExposedPort.from_json({**EXPOSED, "host": "8000-sb.localhost"})
+    assert remote.port_url(own) == f"https://forkvm.example:8443{EXPOSED['path']}?forkvm_token={EXPOSED['token']}"
+    named = forkvm.ExposedPort.from_json({**EXPOSED, "host": "8000-sb.ports.example"})
+    assert remote.port_url(named) == f"https://8000-sb.ports.example:8443/?forkvm_token={EXPOSED['token']}"
 
 
 def test_network_policies_go_in_bodies_and_come_back_typed(server: TcpServer, client: Controller) -> None:

@@ -30,14 +30,15 @@ impl ExposedPortRecord {
         want.len() == presented.len() && bool::from(want.ct_eq(presented))
     }
 
-    /// As the API shows it, for sandbox `id`.
-    pub fn to_api(&self, id: &str) -> forkvm_api::ExposedPort {
+    /// As the API shows it, for sandbox `id`, its own origin under `ports_domain`.
+    pub fn to_api(&self, id: &str, ports_domain: &str) -> forkvm_api::ExposedPort {
         forkvm_api::ExposedPort {
             port: self.port,
             path: forkvm_api::ports::port_path(id, self.port),
             token: self.token.clone(),
             created_at_unix_ms: self.created_at_unix_ms,
             dpop_jkt: self.dpop_jkt.clone(),
+            host: forkvm_api::ports::port_host(id, self.port, ports_domain),
         }
     }
 }

@@ -32,7 +32,7 @@ fn guest_port(raw: &str) -> Result<u16, ApiError> {
 pub async fn list(State(s): State<AppState>, Param(id): Param) -> Result<Json<Vec<ExposedPort>>, ApiError> {
     s.blocking(move |s| {
         s.known_sandbox(&id)?;
-        Ok(Json(s.registry.exposed(&id)?.iter().map(|p| p.to_api(&id)).collect()))
+        Ok(Json(s.registry.exposed(&id)?.iter().map(|p| p.to_api(&id, s.ports_domain())).collect()))
     })
     .await
 }
@@ -56,7 +56,7 @@ pub async fn expose(
             let r = crate::routes::sandboxes::running(&s, &id)?;
             forkvm_sandbox::network::connect::sandbox_namespace(&id, r.pid)?;
         }
-        Ok(Json(s.registry.expose(&id, req.port, req.dpop_jkt.as_deref())?.to_api(&id)))
+        Ok(Json(s.registry.expose(&id, req.port, req.dpop_jkt.as_deref())?.to_api(&id, s.ports_domain())))
     })
     .await
 }
