@@ -62,28 +62,14 @@ pub struct BenchNetArgs {
     pub json: bool,
 }
 
-/// CPU time of this whole process (every thread) and of its waited-for children, in
-/// microseconds.
-fn process_cpu_us() -> f64 {
-    let usage = |who| {
-        // SAFETY: getrusage fills a struct we own.
-        let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: as above; RUSAGE_SELF and RUSAGE_CHILDREN are valid.
-        unsafe { libc::getrusage(who, &mut u) };
-        let t = |tv: libc::timeval| tv.tv_sec as f64 * 1e6 + tv.tv_usec as f64;
-        t(u.ru_utime) + t(u.ru_stime)
-    };
-    usage(libc::RUSAGE_SELF) + usage(libc::RUSAGE_CHILDREN)
-}
-
 /// Medians of wall time and host CPU of making `runs` slots linked to `uplink`.
 fn time_slots(uplink: &Uplink, runs: usize) -> Result<serde_json::Value> {
     let (mut wall, mut cpu) = (Vec::new(), Vec::new());
     for _ in 0..runs {
-        let (t, c) = (Instant::now(), process_cpu_us());
+        let (t, c) = (Instant::now(), crate::procstat::process_cpu_us());
         let slot = NetSlot::create_with(uplink).context("making a sandbox network (root, /dev/net/tun, nft)")?;
         wall.push(t.elapsed().as_secs_f64() * 1e6);
-        cpu.push(process_cpu_us() - c);
+        cpu.push(crate::procstat::process_cpu_us() - c);
         drop(slot);
     }
     Ok(json!({ "wall_us": r2(median(&mut wall)), "host_cpu_us": r2(median(&mut cpu)) }))
@@ -98,10 +84,10 @@ struct Timed {
 
 impl Timed {
     fn time<T>(&mut self, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        let (t, c) = (Instant::now(), process_cpu_us());
+        let (t, c) = (Instant::now(), crate::procstat::process_cpu_us());
         let out = f()?;
         self.wall.push(t.elapsed().as_secs_f64() * 1e6);
-        self.cpu.push(process_cpu_us() - c);
+        self.cpu.push(crate::procstat::process_cpu_us() - c);
         Ok(out)
     }
 

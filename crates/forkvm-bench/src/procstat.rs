@@ -37,6 +37,20 @@ pub fn mem_usage(pid: i32) -> Result<MemUsage> {
     Ok(parse_smaps_rollup(&text))
 }
 
+/// CPU time of this whole process (every thread) and of its waited-for children, in
+/// microseconds.
+pub fn process_cpu_us() -> f64 {
+    let usage = |who| {
+        // SAFETY: getrusage fills a struct we own.
+        let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: as above; RUSAGE_SELF and RUSAGE_CHILDREN are valid.
+        unsafe { libc::getrusage(who, &mut u) };
+        let t = |tv: libc::timeval| tv.tv_sec as f64 * 1e6 + tv.tv_usec as f64;
+        t(u.ru_utime) + t(u.ru_stime)
+    };
+    usage(libc::RUSAGE_SELF) + usage(libc::RUSAGE_CHILDREN)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -165,6 +165,27 @@ fn same_from_all(
     (first.unwrap_or_default(), failures)
 }
 
+/// Whether the sandboxes get a network, and if so, the network pool filled first (up to
+/// `count` slots, at most two minutes): what a daemon that has been up a while offers a
+/// spawn. Set `FORKVM_NET_POOL` to the fan-out to measure a spawn that takes only
+/// ready slots, `FORKVM_NETWORK=off` (another template key) to measure one without.
+fn prepare_network(quiet: bool, count: usize) -> serde_json::Value {
+    use forkvm_sandbox::network::{available, pool};
+    if !available() {
+        return json!({ "on": false });
+    }
+    pool::start();
+    let want = pool::target().min(count);
+    let started = Instant::now();
+    while pool::ready() < want && started.elapsed() < std::time::Duration::from_secs(120) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    if !quiet {
+        eprintln!("network pool: {} of {want} slots ready", pool::ready());
+    }
+    json!({ "on": true, "pool_target": pool::target(), "pool_ready": pool::ready() })
+}
+
 pub fn run(a: BenchSpawnArgs) -> Result<i32> {
     let store = Store::open_default();
     let tag = source_tag(&a, &store)?;
@@ -180,12 +201,17 @@ pub fn run(a: BenchSpawnArgs) -> Result<i32> {
         registry = registry.without_jail();
     }
     let quiet = a.json || !std::io::stderr().is_terminal();
+    let network = prepare_network(quiet, a.count);
     if !quiet {
         eprintln!("spawning {} sandboxes from {tag}", a.count);
     }
+    let cpu_before = crate::procstat::process_cpu_us();
     let started = Instant::now();
     let (sandboxes, timings) = spawn(&registry, &source, a.count, &SpawnOptions::default())?;
     let ready = eval_all(&sandboxes, &a.eval, started);
+    // Every thread of this process (the spawn, readiness with each sandbox's DNS, the
+    // network pool refilling) and the programs it ran (`nft`); not the VMMs.
+    let process_cpu_us = crate::procstat::process_cpu_us() - cpu_before;
     let commands = match (&ready, a.cmd.trim().is_empty()) {
         (Ok(_), false) => Some(run_everywhere(&sandboxes, &a.cmd)),
         _ => None,
@@ -269,6 +295,8 @@ pub fn run(a: BenchSpawnArgs) -> Result<i32> {
         "host_spawn_ms": r1(timings.host_spawn_ms),
         "host_spawn_ms_per_child": (timings.host_spawn_ms / n * 1000.0).round() / 1000.0,
         "host_spawn_cpu_ms_per_child": (timings.host_spawn_cpu_ms / n * 1000.0).round() / 1000.0,
+        "host_process_cpu_ms_per_child": (process_cpu_us / n).round() / 1000.0,
+        "network": network,
         "host_restore_ms_per_child": (median(&mut restore_us) / 10.0).round() / 100.0,
         "host_restore_cpu_ms_per_child": (median(&mut restore_cpu_us) / 10.0).round() / 100.0,
         "host_restore_phases_us": phase_us

@@ -4,20 +4,25 @@
 //! at the lowest CPU priority, so it runs when spawns and guests leave a CPU free;
 //! [`take`] hands out a ready one, or makes one on the spot when none is.
 //!
-//! The filler starts with the first [`take`] or with [`start`] (the daemon, at start-up).
+//! The filler starts with the first [`take`] or with [`start`] (the daemon, at start-up),
+//! and refills once takes have paused for a moment (a fan-out is not slowed by it).
 //! A ready slot is a fresh namespace no sandbox has used: nothing in it to clean, and
 //! dropping the pool (the process ending) removes it whole.
 
 use super::{NetSlot, NetworkError};
 use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How many slots to keep ready (a number; 0 turns the pool off).
 pub const POOL_ENV: &str = "FORKVM_NET_POOL";
 const DEFAULT_READY: usize = 16;
 /// Wait after a failed fill before the next try.
 const RETRY: Duration = Duration::from_secs(2);
+/// How long after the last [`take`] the filler waits before it makes slots again: a
+/// fan-out takes its slots without the filler's work (its `nft` runs, namespaces) on
+/// the CPUs it spawns on.
+const QUIET: Duration = Duration::from_millis(250);
 
 #[derive(Debug)]
 struct Pool {
@@ -25,6 +30,8 @@ struct Pool {
     wanted: Condvar,
     target: usize,
     filler: OnceLock<()>,
+    /// When a slot was last taken.
+    last_take: Mutex<Option<Instant>>,
 }
 
 fn shared() -> &'static Pool {
@@ -37,7 +44,13 @@ fn shared() -> &'static Pool {
             }),
             Err(_) => DEFAULT_READY,
         };
-        Pool { ready: Mutex::new(VecDeque::new()), wanted: Condvar::new(), target, filler: OnceLock::new() }
+        Pool {
+            ready: Mutex::new(VecDeque::new()),
+            wanted: Condvar::new(),
+            target,
+            filler: OnceLock::new(),
+            last_take: Mutex::new(None),
+        }
     })
 }
 
@@ -59,12 +72,18 @@ pub fn start() {
 pub fn take() -> Result<NetSlot, NetworkError> {
     start();
     let pool = shared();
+    *pool.last_take.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
     let ready = pool.ready.lock().unwrap_or_else(|p| p.into_inner()).pop_front();
     pool.wanted.notify_one();
     match ready {
         Some(slot) => Ok(slot),
         None => NetSlot::create(),
     }
+}
+
+/// How many slots the filler keeps ready ([`POOL_ENV`]).
+pub fn target() -> usize {
+    shared().target
 }
 
 /// How many slots are ready now.
@@ -79,6 +98,11 @@ fn fill(pool: &Pool) {
         {
             let ready = pool.ready.lock().unwrap_or_else(|p| p.into_inner());
             let _unused = pool.wanted.wait_while(ready, |r| r.len() >= pool.target).unwrap_or_else(|p| p.into_inner());
+        }
+        let last_take = *pool.last_take.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(wait) = last_take.and_then(|t| QUIET.checked_sub(t.elapsed())) {
+            std::thread::sleep(wait);
+            continue;
         }
         match NetSlot::create() {
             Ok(slot) => pool.ready.lock().unwrap_or_else(|p| p.into_inner()).push_back(slot),
