@@ -47,6 +47,6 @@ pub use start::running::{fork_running, fork_running_as};
 pub use start::snapshot::{spawn, start_vmms, SpawnTimings, StartedVmms};
 pub use start::{SpawnError, SpawnOptions};
 pub use state::{SandboxState, StateReason};
-pub use tags::{publish_template, PublishError};
+pub use tags::{check_tag_defaults, publish_template, PublishError};
 pub use template_snapshot::{ensure_template_snapshot, TemplateSnapshot, TemplateSnapshotError};
 pub use verbs::{branch, branch_to_dir, kill, kill_record, LifecycleError};

@@ -43,6 +43,20 @@ impl PublishError {
     }
 }
 
+/// Checks a tag's defaults: the limits in bounds, the policy's entries well-formed
+/// (callers check before a template's minutes-long first boot; [`publish_template`]
+/// again).
+pub fn check_tag_defaults(
+    defaults: &crate::SpawnOptions,
+    network: Option<&forkvm_api::NetworkPolicy>,
+) -> Result<(), PublishError> {
+    defaults.validate()?;
+    if let Some(p) = network {
+        crate::network::policy::EgressPolicy::parse(p)?;
+    }
+    Ok(())
+}
+
 /// Publishes `template`'s snapshot as `tag` in `store`, with `defaults` as the limits and
 /// `network` as the egress policy a sandbox spawned from the tag gets unless its spawn
 /// asks otherwise; a taken tag is a conflict, and limits out of bounds or a bad policy
@@ -54,10 +68,7 @@ pub fn publish_template(
     defaults: &crate::SpawnOptions,
     network: Option<&forkvm_api::NetworkPolicy>,
 ) -> Result<SnapshotDir, PublishError> {
-    defaults.validate()?;
-    if let Some(p) = network {
-        crate::network::policy::EgressPolicy::parse(p)?;
-    }
+    check_tag_defaults(defaults, network)?;
     let final_dir = store.check_free(tag)?;
     store.ensure()?;
     let src = SnapshotDir::open(&template.dir)

@@ -68,11 +68,8 @@ pub fn run(a: SnapshotArgs, remote: &RemoteArgs) -> Result<i32> {
             // template boot.
             store.check_free(&tag)?;
             let defaults = limits.spawn_options();
-            defaults.validate()?;
             let policy = network.policy();
-            if let Some(p) = &policy {
-                forkvm_sandbox::network::policy::EgressPolicy::parse(p)?;
-            }
+            forkvm_sandbox::check_tag_defaults(&defaults, policy.as_ref())?;
             let started = Instant::now();
             let template = forkvm_bench::util::template_snapshot(&image)?;
             let snap = forkvm_sandbox::publish_template(&store, &template, &tag, &defaults, policy.as_ref())?;

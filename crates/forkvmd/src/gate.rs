@@ -72,9 +72,8 @@ impl Gate {
 
     /// Whether a request goes to an exposed port, and which (see the module doc).
     fn port_target<'a>(&self, headers: &'a HeaderMap, path: &'a str) -> Option<PortTarget<'a>> {
-        let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
         let domain = self.ports_domain.as_deref().unwrap_or(forkvm_api::ports::DEFAULT_PORTS_DOMAIN);
-        forkvm_api::ports::port_target(host, path, domain)
+        crate::port_proxy::request_target(headers, path, domain)
     }
 
     /// Why `headers` are refused, if they are.

@@ -30,7 +30,7 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use forkvm_api::ports::{
-    port_origin, port_target, PORT_TOKEN_COOKIE, PORT_TOKEN_HEADER, PORT_TOKEN_QUERY, PROXY_ERROR_HEADER,
+    port_target, PortTarget, PORT_TOKEN_COOKIE, PORT_TOKEN_HEADER, PORT_TOKEN_QUERY, PROXY_ERROR_HEADER,
 };
 use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
@@ -97,11 +97,17 @@ fn guest_headers(from: &HeaderMap, prefix: &str, upgrade: bool, dpop: bool) -> H
     out
 }
 
+/// The exposed port a request (its headers and path) goes to under `ports_domain`, if
+/// any: [`port_target`] on its `Host`, the one decision the gate, the router and the
+/// proxy share.
+pub fn request_target<'a>(headers: &'a HeaderMap, path: &'a str, ports_domain: &str) -> Option<PortTarget<'a>> {
+    port_target(headers.get(header::HOST).and_then(|v| v.to_str().ok()), path, ports_domain)
+}
+
 /// Middleware ahead of the router: a request to a port's own origin goes to the proxy
 /// whatever its path; any other request goes on to the API's routes.
 pub async fn own_origin(State(s): State<AppState>, req: Request, next: axum::middleware::Next) -> Response {
-    let host = req.headers().get(header::HOST).and_then(|v| v.to_str().ok());
-    if host.is_some_and(|h| port_origin(h, s.ports_domain()).is_some()) {
+    if request_target(req.headers(), req.uri().path(), s.ports_domain()).is_some_and(|t| t.own_origin) {
         return proxy(State(s), req).await;
     }
     next.run(req).await
@@ -124,8 +130,7 @@ pub async fn proxy(State(s): State<AppState>, req: Request) -> Response {
 
 async fn forward(s: &AppState, mut req: Request) -> Result<Response, Refusal> {
     let path = req.uri().path().to_string();
-    let host = req.headers().get(header::HOST).and_then(|v| v.to_str().ok());
-    let Some(target) = port_target(host, &path, s.ports_domain()) else {
+    let Some(target) = request_target(req.headers(), &path, s.ports_domain()) else {
         return Err(ApiError::not_found(format!("no route {} {path}", req.method())).into());
     };
     let (id, port, guest_path, prefix) =

@@ -68,12 +68,8 @@ pub async fn create(
     validate_tag(&req.tag)?;
     let d = req.default_limits.unwrap_or_default();
     let defaults = super::sandboxes::asked_limits(d.memory_limit_mib, d.cpu_limit_millis, d.pids_limit, d.io_limits)?;
-    if let Some(p) = &req.default_network {
-        // Worded as a local `snapshot create` words it.
-        let refused = forkvm_sandbox::PublishError::from;
-        forkvm_sandbox::network::policy::EgressPolicy::parse(p)
-            .map_err(|e| ApiError::bad_request(refused(e).to_string()))?;
-    }
+    forkvm_sandbox::check_tag_defaults(&defaults, req.default_network.as_ref())
+        .map_err(|e| ApiError::new(e.code(), e.to_string()))?;
     s.blocking(move |s| {
         s.store.check_free(&req.tag)?;
         let artifacts = forkvm_sandbox::Artifacts::ensure(&req.template, &mut |event| {
