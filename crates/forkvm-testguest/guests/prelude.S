@@ -7,9 +7,16 @@
 # COM1's interrupt, enable the LAPIC -- and then drops to ring 3 with IOPL=3, where the
 # program's `main` runs natively and still reaches the serial port with in/out.
 #
+# Every vCPU enters here, RDI holding its index. vCPU 0 runs `main`. Another vCPU
+# (index 1 .. MAX_CPUS-1) takes its own TSS, GDT slot and stacks in AP_AREA and runs
+# `ap_main` in ring 3 with RDI still its index, if the guest defines HAVE_AP_MAIN, or
+# sleeps for ever. vCPU i's LAPIC-timer vector TIMER_VECTOR+i adds one to TICKS[i], its
+# IPI vector IPI_VECTOR+i to IPIS[i] (u64 arrays, published for the VMM's tests).
+#
 # Services for ring 3 (all preserve registers except the documented outputs):
 #   hlt        (in ring 3) sleep until an interrupt arrives, via the #GP handler;
 #              with dx = port, cl = mask: unless port dx already shows a bit of cl
+#   sti        (in ring 3) interrupts on, natively or through the #GP handler
 #   putc       al -> COM1              puts    rsi -> NUL-terminated string
 #   puthex     rax -> 16 hex digits    getc    -> al (sleeps with hlt while empty)
 #   read_u64   -> rax (8 bytes from COM1, little endian)
@@ -31,7 +38,15 @@
         .equ SEL_KCODE,     0x08
         .equ SEL_UDATA,     0x1b
         .equ SEL_UCODE,     0x23
-        .equ SEL_TSS,       0x28
+        .equ SEL_TSS,       0x28            # vCPU i's TSS: SEL_TSS + 16 * i
+        .equ MAX_CPUS,      8
+        .equ AP_AREA,       0x40000         # vCPU i >= 1: AP_AREA + i * 0x4000 holds
+        .equ AP_KSTACK,     0x1ff0          #   its TSS, its ring-0 stack top
+        .equ AP_USTACK,     0x3ff0          #   and its ring-3 stack top
+        .equ TICKS,         0x6040          # u64 per vCPU: LAPIC timer interrupts
+        .equ IPIS,          0x6080          # u64 per vCPU: IPIs received
+        .equ TIMER_VECTOR,  0x30            # + vCPU index
+        .equ IPI_VECTOR,    0x38            # + vCPU index
 
         .section .text
         .globl _start
@@ -39,6 +54,8 @@ _start:
         cli
         lgdt    [rip + gdt_ptr]
         lidt    [rip + idt_ptr]
+        test    edi, edi
+        jnz     ap_start
         # 64-bit TSS: rsp0 = KSTACK_TOP; an I/O permission bitmap right after the TSS
         # that allows ring 3 every port below IOMAP_PORTS (the page is zero: all allowed),
         # closed by the required all-ones byte.
@@ -74,6 +91,44 @@ _start:
         lea     rax, [rip + user_entry]
         push    rax
         iretq
+
+# vCPU rdi >= 1: its own TSS (rsp0, I/O bitmap as above) and stacks, its LAPIC on,
+# then ring 3 with interrupts off, like vCPU 0.
+ap_start:
+        mov     rbx, rdi
+        shl     rbx, 14
+        add     rbx, AP_AREA
+        lea     rax, [rbx + AP_KSTACK]
+        mov     [rbx + 4], rax
+        mov     word ptr [rbx + 102], 104
+        mov     byte ptr [rbx + 104 + IOMAP_PORTS / 8], 0xff
+        mov     eax, edi
+        shl     eax, 4
+        add     eax, SEL_TSS
+        ltr     ax
+        mov     rax, LAPIC
+        mov     dword ptr [rax + 0xf0], 0x1ff
+        lea     rsp, [rbx + AP_KSTACK]
+        push    SEL_UDATA
+        lea     rax, [rbx + AP_USTACK]
+        push    rax
+        push    0x3002
+        push    SEL_UCODE
+        lea     rax, [rip + ap_user_entry]
+        push    rax
+        iretq
+
+ap_user_entry:
+        mov     ax, SEL_UDATA
+        mov     ds, ax
+        mov     es, ax
+.ifdef HAVE_AP_MAIN
+        jmp     ap_main
+.else
+        xor     edx, edx
+1:      hlt
+        jmp     1b
+.endif
 
 user_entry:
         mov     ax, SEL_UDATA
@@ -194,6 +249,8 @@ exit:
 gp_handler:
         push    rax
         mov     rax, [rsp + 16]         # rip, past the error code and saved rax
+        cmp     byte ptr [rax], 0xfb
+        je      4f
         cmp     byte ptr [rax], 0xf4
         jne     2f
         inc     qword ptr [rsp + 16]
@@ -210,6 +267,12 @@ gp_handler:
         iretq
 2:      pop     rax
         jmp     H_FAULT + 8 * 13
+# `sti` in ring 3 (IOPL=3 allows it, but PVM hosts raise #GP): set IF in the frame.
+4:      inc     qword ptr [rsp + 16]
+        or      qword ptr [rsp + 32], 0x200
+        pop     rax
+        add     rsp, 8
+        iretq
 
         .org    0x480
 serial_handler:                         # COM1 interrupt: acknowledge and return
@@ -277,9 +340,31 @@ k_puthex:
         ret
 
         .org    0x800
+# One 16-byte stub per vCPU for its timer vector, then one per vCPU for its IPI vector:
+# count it, acknowledge it, return.
+smp_stubs:
+        .irp i, 0,1,2,3,4,5,6,7
+        .balign 16
+        inc     qword ptr [TICKS + 8 * \i]
+        jmp     eoi_return
+        .endr
+        .irp i, 0,1,2,3,4,5,6,7
+        .balign 16
+        inc     qword ptr [IPIS + 8 * \i]
+        jmp     eoi_return
+        .endr
+eoi_return:
+        push    rax
+        mov     rax, LAPIC + 0xb0
+        mov     dword ptr [rax], 0
+        pop     rax
+        iretq
+
+        .org    0x980
         .equ H_GP,     IMAGE_BASE + 0x400
         .equ H_SERIAL, IMAGE_BASE + 0x480
         .equ H_FAULT,  IMAGE_BASE + 0x500   # + 8 * vector
+        .equ H_SMP,    IMAGE_BASE + 0x800   # + 16 * (vector - TIMER_VECTOR)
 
 .macro IDT_GATE addr, dpl
         .word   (\addr) & 0xffff
@@ -304,6 +389,12 @@ idt:
         .quad 0, 0
         .endr
         IDT_GATE H_SERIAL, 0
+        .rept TIMER_VECTOR - SERIAL_VECTOR - 1
+        .quad 0, 0
+        .endr
+        .irp v, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15
+        IDT_GATE (H_SMP+16*\v), 0
+        .endr
 idt_end:
 
         .balign 16
@@ -315,6 +406,10 @@ gdt:
         .quad   0x00affb000000ffff      # 0x20 user code, 64-bit (DPL 3)
         .quad   0x0000890000000000 | TSS_LIMIT | (TSS_BASE << 16)   # 0x28 TSS (base < 16 MiB)
         .quad   0
+        .irp i, 1,2,3,4,5,6,7                                       # 0x38.. vCPU i's TSS
+        .quad   0x0000890000000000 | TSS_LIMIT | ((AP_AREA + \i * 0x4000) << 16)
+        .quad   0
+        .endr
 gdt_end:
 
 gdt_ptr:

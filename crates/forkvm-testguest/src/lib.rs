@@ -28,6 +28,16 @@ pub const COUNT_COUNTER_ADDR: u64 = 0x6000;
 pub const COUNT_HASH_ADDR: u64 = 0x6008;
 /// `dirty`: guest physical address of the published pass count.
 pub const DIRTY_GEN_ADDR: u64 = 0x6000;
+/// Most vCPUs a test guest runs on (see `prelude.S`).
+pub const MAX_VCPUS: u8 = 8;
+/// `smp`: vCPU i's counter is the u64 at `SMP_COUNTERS_ADDR + 8 * i`.
+pub const SMP_COUNTERS_ADDR: u64 = 0x6000;
+/// Every guest: vCPU i's LAPIC timer interrupts, and the IPIs it received (u64 arrays).
+pub const TICKS_ADDR: u64 = 0x6040;
+pub const IPIS_ADDR: u64 = 0x6080;
+/// `sink`: bytes received in order, and breaks in the order.
+pub const SINK_RECEIVED_ADDR: u64 = 0x6000;
+pub const SINK_GAPS_ADDR: u64 = 0x6008;
 
 /// The test guests this crate builds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,10 +65,18 @@ pub enum TestGuest {
     /// Prints `args[0]` bytes to COM1 with `rep outsb` (4 KiB per VM exit), then
     /// `flood done` and exits 0 (a guest that prints without end).
     Flood,
+    /// Runs on `args[0]` vCPUs at once: each counts in ring 3 with its LAPIC timer
+    /// (initial count `args[1]`, 0 for none) ticking, the others pass IPIs around, and
+    /// vCPU 0 answers `p` with every vCPU's counter, ticks and IPIs (see `guests/smp.S`
+    /// and [`smp::parse_report`]).
+    Smp,
+    /// Reads COM1's data register without end and checks that its bytes come in the
+    /// order 1..=255, 1.. (counts at [`SINK_RECEIVED_ADDR`], [`SINK_GAPS_ADDR`]).
+    Sink,
 }
 
 impl TestGuest {
-    pub const ALL: [TestGuest; 8] = [
+    pub const ALL: [TestGuest; 10] = [
         TestGuest::Hello,
         TestGuest::Count,
         TestGuest::Echo,
@@ -67,6 +85,8 @@ impl TestGuest {
         TestGuest::Dirty,
         TestGuest::Xsave,
         TestGuest::Flood,
+        TestGuest::Smp,
+        TestGuest::Sink,
     ];
 
     pub fn name(self) -> &'static str {
@@ -79,6 +99,8 @@ impl TestGuest {
             TestGuest::Dirty => "dirty",
             TestGuest::Xsave => "xsave",
             TestGuest::Flood => "flood",
+            TestGuest::Smp => "smp",
+            TestGuest::Sink => "sink",
         }
     }
 
@@ -93,6 +115,8 @@ impl TestGuest {
             TestGuest::Dirty => include_bytes!(concat!(env!("OUT_DIR"), "/dirty.bin")),
             TestGuest::Xsave => include_bytes!(concat!(env!("OUT_DIR"), "/xsave.bin")),
             TestGuest::Flood => include_bytes!(concat!(env!("OUT_DIR"), "/flood.bin")),
+            TestGuest::Smp => include_bytes!(concat!(env!("OUT_DIR"), "/smp.bin")),
+            TestGuest::Sink => include_bytes!(concat!(env!("OUT_DIR"), "/sink.bin")),
         }
     }
 }
@@ -170,6 +194,33 @@ pub mod monitor {
     }
 }
 
+/// Reads the `smp` guest's report.
+pub mod smp {
+    /// The command that asks for a report.
+    pub const REPORT: &[u8] = b"p";
+    /// The command that ends the guest (exit code 0).
+    pub const EXIT: &[u8] = b"x";
+
+    /// One vCPU's numbers in a report.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct VcpuCounts {
+        pub counter: u64,
+        pub ticks: u64,
+        pub ipis: u64,
+    }
+
+    /// Parses `smp <counter> <ticks> <ipis> ...` (hex, one triple per vCPU).
+    pub fn parse_report(line: &str) -> Option<Vec<VcpuCounts>> {
+        let rest = line.trim().strip_prefix("smp")?;
+        let words: Vec<u64> =
+            rest.split_whitespace().map(|w| u64::from_str_radix(w, 16)).collect::<Result<_, _>>().ok()?;
+        if words.is_empty() || !words.len().is_multiple_of(3) {
+            return None;
+        }
+        Some(words.chunks(3).map(|c| VcpuCounts { counter: c[0], ticks: c[1], ipis: c[2] }).collect())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,6 +241,18 @@ mod tests {
             assert_eq!(g.name().parse::<TestGuest>().unwrap(), g);
         }
         assert!("nope".parse::<TestGuest>().unwrap_err().to_string().contains("known: hello"));
+    }
+
+    #[test]
+    fn smp_reports_parse() {
+        let r = smp::parse_report("smp 000000000000000a 0000000000000002 0000000000000001 00000000000000ff 0 0\n");
+        let r = r.unwrap();
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[0], smp::VcpuCounts { counter: 10, ticks: 2, ipis: 1 });
+        assert_eq!(r[1].counter, 255);
+        assert_eq!(smp::parse_report("smp 1 2"), None);
+        assert_eq!(smp::parse_report("smp"), None);
+        assert_eq!(smp::parse_report("nope 1 2 3"), None);
     }
 
     #[test]

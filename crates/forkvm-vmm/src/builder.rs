@@ -12,7 +12,9 @@
 //! 5. Write the boot GDT, an empty IDT and the identity page tables.
 //! 6. Create the devices (COM1, and our IOAPIC with a split irqchip).
 //! 7. Create each vCPU: CPUID (KVM's set through the CPU template), boot MSRs, general,
-//!    special and FPU registers, LAPIC LINT0/LINT1.
+//!    special and FPU registers, LAPIC LINT0/LINT1. With a flat image every vCPU starts
+//!    at the entry, RDI holding its index; a Linux kernel's other vCPUs wait for the
+//!    INIT and SIPI its boot CPU sends them (KVM creates them waiting).
 //! 8. Start the vCPU threads.
 //!
 //! Restore order: read and check the snapshot ([`PreparedSnapshot`], once per snapshot,
@@ -149,6 +151,15 @@ pub fn boot(kvm: &Kvm, config: BootConfig) -> Result<Vmm, BuildError> {
             source: kvm_ioctls::Error::new(libc::EINVAL),
         })?;
         setup_boot_vcpu(&fd, index, &cpuid, entry, cr3)?;
+        let flat = matches!(config.payload, Payload::Flat { .. });
+        if index > 0 && flat {
+            let runnable = kvm_bindings::kvm_mp_state { mp_state: kvm_bindings::KVM_MP_STATE_RUNNABLE };
+            fd.set_mp_state(runnable).map_err(|source| BuildError::SetupVcpu {
+                index,
+                step: "KVM_SET_MP_STATE",
+                source,
+            })?;
+        }
         let msr_indices = msr::saved_msr_indices(kvm, &fd).to_vec();
         runners.push(VcpuRunner {
             index,
@@ -162,6 +173,7 @@ pub fn boot(kvm: &Kvm, config: BootConfig) -> Result<Vmm, BuildError> {
             payload_events: vm.payload_events,
             fixups_seen: 0,
             xsave_layout: Default::default(),
+            io_pending: false,
         });
     }
     devices.arm_interrupts().map_err(BuildError::DeviceTimer)?;
@@ -294,7 +306,7 @@ fn setup_boot_vcpu(
         source: kvm_ioctls::Error::new(libc::EINVAL),
     })?;
     fd.set_msrs(&msrs).map_err(step("KVM_SET_MSRS"))?;
-    fd.set_regs(&regs::boot_regs(entry)).map_err(step("KVM_SET_REGS"))?;
+    fd.set_regs(&regs::boot_regs(entry, index)).map_err(step("KVM_SET_REGS"))?;
     let sregs = fd.get_sregs().map_err(step("KVM_GET_SREGS"))?;
     fd.set_sregs(&regs::long_mode_sregs(sregs, cr3)).map_err(step("KVM_SET_SREGS"))?;
     fd.set_fpu(&regs::boot_fpu()).map_err(step("KVM_SET_FPU"))?;
@@ -398,6 +410,7 @@ pub(crate) fn restore_state(
             payload_events: vm.payload_events,
             fixups_seen: 0,
             xsave_layout: Default::default(),
+            io_pending: false,
         });
     }
     timer.mark("vcpus");

@@ -361,14 +361,24 @@ impl Vmm {
     /// The whole VM's state; the VM must be paused.
     pub fn save_state(&mut self) -> Result<VmState, VmmError> {
         self.check_alive()?;
-        let mut vcpus = Vec::new();
-        for v in &self.vcpus {
-            let (tx, rx) = channel();
-            v.send(VcpuRequest::Save(tx));
+        // Every vCPU reads its own state on its own thread, all at once: the pause of a
+        // live branch grows by the slowest vCPU's save, not by the sum.
+        let replies: Vec<_> = self
+            .vcpus
+            .iter()
+            .map(|v| {
+                let (tx, rx) = channel();
+                v.send(VcpuRequest::Save(tx));
+                (v.index, rx)
+            })
+            .collect();
+        let deadline = Instant::now() + ACK_TIMEOUT;
+        let mut vcpus = Vec::with_capacity(replies.len());
+        for (index, rx) in replies {
             let state = rx
-                .recv_timeout(ACK_TIMEOUT)
-                .map_err(|_| VmmError::AckTimeout { index: v.index, what: "save" })?
-                .map_err(|source| VmmError::SaveVcpu { index: v.index, source })?;
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .map_err(|_| VmmError::AckTimeout { index, what: "save" })?
+                .map_err(|source| VmmError::SaveVcpu { index, source })?;
             vcpus.push(state);
         }
         let kernel_irqchip = match self.vm.irqchip {

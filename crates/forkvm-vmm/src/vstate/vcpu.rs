@@ -4,6 +4,14 @@
 //! A request is sent on the thread's channel and the thread is kicked out of `KVM_RUN`
 //! with a signal whose handler sets `kvm_run.immediate_exit`, so a kick that lands just
 //! before the thread enters `KVM_RUN` is not lost: the next entry returns at once.
+//!
+//! KVM finishes an I/O-port or MMIO access only on the next `KVM_RUN` (it writes the
+//! value read into the register and moves RIP past the instruction then). A vCPU that
+//! stopped right after such an exit holds a half-done instruction, which a snapshot
+//! would run a second time in every copy: a second byte read from COM1's data register
+//! (one byte of input lost), a second byte written. So before it pauses or saves, a vCPU
+//! with an access outstanding enters `KVM_RUN` once more with `immediate_exit` set: KVM
+//! completes the access and returns `EINTR` without running guest code.
 
 use super::emulation;
 use super::exit::ExitLatch;
@@ -123,6 +131,54 @@ pub struct VcpuRunner {
     /// The XSAVE area layout from `cpuid`, made on the first XSAVE/XRSTOR completion
     /// (never on hardware KVM, and not on the restore path).
     pub xsave_layout: std::cell::OnceCell<emulation::xsave::Layout>,
+    /// The last exit was an I/O or MMIO access that KVM completes on the next entry.
+    pub io_pending: bool,
+}
+
+/// What one `KVM_RUN` return asks of the thread.
+enum Step {
+    /// Enter the guest again.
+    Run,
+    /// An I/O or MMIO access was served; KVM completes it on the next entry.
+    Io,
+    /// An instruction the emulator could not run (`handle_internal_error`).
+    Emulate,
+    /// The vCPU stops for good.
+    Exit(VcpuExitReason),
+}
+
+/// Serves one `KVM_RUN` return.
+fn step(devices: &Devices, run: Result<VcpuExit<'_>, kvm_ioctls::Error>) -> Step {
+    match run {
+        Ok(VcpuExit::IoIn(port, data)) => {
+            devices.pio_read(port, data);
+            Step::Io
+        }
+        Ok(VcpuExit::IoOut(port, data)) => match devices.pio_write(port, data) {
+            BusAction::Continue => Step::Io,
+            BusAction::GuestExit(code) => Step::Exit(VcpuExitReason::GuestExit(code)),
+            BusAction::Reset => Step::Exit(VcpuExitReason::Reset),
+        },
+        Ok(VcpuExit::MmioRead(addr, data)) => {
+            devices.mmio_read(addr, data);
+            Step::Io
+        }
+        Ok(VcpuExit::MmioWrite(addr, data)) => {
+            devices.mmio_write(addr, data);
+            Step::Io
+        }
+        Ok(VcpuExit::Shutdown) => Step::Exit(VcpuExitReason::Shutdown),
+        // With the LAPIC in the kernel (both irqchip modes) KVM handles HLT itself.
+        Ok(VcpuExit::Hlt) => Step::Exit(VcpuExitReason::Failed("unexpected HLT exit (no in-kernel LAPIC?)".into())),
+        Ok(VcpuExit::InternalError) => Step::Emulate,
+        Ok(VcpuExit::FailEntry(reason, cpu)) => {
+            Step::Exit(VcpuExitReason::Failed(format!("KVM entry failed: reason {reason:#x} on cpu {cpu}")))
+        }
+        Ok(VcpuExit::Intr) => Step::Run,
+        Ok(other) => Step::Exit(VcpuExitReason::Failed(format!("unexpected vCPU exit: {other:?}"))),
+        Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => Step::Run,
+        Err(e) => Step::Exit(VcpuExitReason::Failed(format!("KVM_RUN: {e}"))),
+    }
 }
 
 impl VcpuRunner {
@@ -172,10 +228,11 @@ impl VcpuRunner {
         }
     }
 
-    /// Handles one request; returns false when the thread must stop.
-    fn handle(&mut self, req: VcpuRequest, paused: &mut bool) -> bool {
+    /// Handles one request; `Err` when the thread must stop.
+    fn handle(&mut self, req: VcpuRequest, paused: &mut bool) -> Result<(), VcpuExitReason> {
         match req {
             VcpuRequest::Pause => {
+                self.settle_io()?;
                 *paused = true;
                 // Tells a guest using kvm-clock that this vCPU was stopped on purpose, so
                 // a lockup watchdog (if its kernel has one) does not fire after a long
@@ -188,11 +245,32 @@ impl VcpuRunner {
                 let _ = self.events.send(VcpuEvent::Resumed(self.index));
             }
             VcpuRequest::Save(reply) => {
-                let _ = reply.send(VcpuState::save(&self.fd, &self.cpuid, &self.msr_indices));
+                let settled = self.settle_io();
+                let state = VcpuState::save(&self.fd, &self.cpuid, &self.msr_indices);
+                let _ = reply.send(state);
+                settled?;
             }
-            VcpuRequest::Stop => return false,
+            VcpuRequest::Stop => return Err(VcpuExitReason::Stopped),
         }
-        true
+        Ok(())
+    }
+
+    /// Completes an outstanding I/O or MMIO access without running guest code (see the
+    /// module doc). A string instruction may need several rounds, one per chunk.
+    fn settle_io(&mut self) -> Result<(), VcpuExitReason> {
+        while self.io_pending {
+            self.fd.set_kvm_immediate_exit(1);
+            let step = step(&self.devices, self.fd.run());
+            self.fd.set_kvm_immediate_exit(0);
+            self.io_pending = false;
+            match step {
+                Step::Run => {}
+                Step::Io => self.io_pending = true,
+                Step::Emulate => self.handle_internal_error()?,
+                Step::Exit(reason) => return Err(reason),
+            }
+        }
+        Ok(())
     }
 
     fn run_loop(&mut self, requests: &Receiver<VcpuRequest>, paused: &mut bool) -> VcpuExitReason {
@@ -202,39 +280,29 @@ impl VcpuRunner {
                 let req = if *paused { requests.recv().ok() } else { requests.try_recv().ok() };
                 match req {
                     Some(r) => {
-                        if !self.handle(r, paused) {
-                            return VcpuExitReason::Stopped;
+                        if let Err(reason) = self.handle(r, paused) {
+                            return reason;
                         }
                     }
                     None if *paused => return VcpuExitReason::Stopped, // VMM gone
                     None => break,
                 }
             }
-            match self.fd.run() {
-                Ok(VcpuExit::IoIn(port, data)) => self.devices.pio_read(port, data),
-                Ok(VcpuExit::IoOut(port, data)) => match self.devices.pio_write(port, data) {
-                    BusAction::Continue => {}
-                    BusAction::GuestExit(code) => return VcpuExitReason::GuestExit(code),
-                    BusAction::Reset => return VcpuExitReason::Reset,
-                },
-                Ok(VcpuExit::MmioRead(addr, data)) => self.devices.mmio_read(addr, data),
-                Ok(VcpuExit::MmioWrite(addr, data)) => self.devices.mmio_write(addr, data),
-                Ok(VcpuExit::Shutdown) => return VcpuExitReason::Shutdown,
-                Ok(VcpuExit::Hlt) => *paused = true,
-                Ok(VcpuExit::InternalError) => {
+            let step = step(&self.devices, self.fd.run());
+            self.io_pending = matches!(step, Step::Io);
+            match step {
+                Step::Run | Step::Io => {}
+                Step::Emulate => {
                     if let Err(reason) = self.handle_internal_error() {
                         return reason;
                     }
                 }
-                Ok(VcpuExit::FailEntry(reason, cpu)) => {
-                    return VcpuExitReason::Failed(format!("KVM entry failed: reason {reason:#x} on cpu {cpu}"))
-                }
-                Ok(VcpuExit::Intr) => {}
-                Ok(other) => return VcpuExitReason::Failed(format!("unexpected vCPU exit: {other:?}")),
-                Err(e) if e.errno() == libc::EINTR => self.fd.set_kvm_immediate_exit(0),
-                Err(e) if e.errno() == libc::EAGAIN => {}
-                Err(e) => return VcpuExitReason::Failed(format!("KVM_RUN: {e}")),
+                Step::Exit(reason) => return reason,
             }
+            // A kick sets `immediate_exit`; it was seen (this return), so clear it. A
+            // kick that lands after this line leaves its request in the channel, which
+            // is read before the next entry.
+            self.fd.set_kvm_immediate_exit(0);
         }
     }
 }

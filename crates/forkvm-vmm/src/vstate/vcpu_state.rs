@@ -108,6 +108,9 @@ impl VcpuState {
     /// Reads the state of a vCPU that is not running. `msr_indices` is the host's
     /// readable MSR list (see `arch::x86_64::msr::saved_msr_indices`).
     pub fn save(vcpu: &VcpuFd, cpuid: &[kvm_cpuid_entry2], msr_indices: &[u32]) -> Result<VcpuState, VcpuStateError> {
+        // MP state first: reading it makes KVM accept a pending INIT or SIPI, which
+        // rewrites the registers, MSRs and LAPIC read below (an AP caught starting up).
+        let mp_state = vcpu.get_mp_state().map_err(kvm("KVM_GET_MP_STATE"))?;
         let entries: Vec<kvm_msr_entry> =
             msr_indices.iter().map(|&index| kvm_msr_entry { index, ..Default::default() }).collect();
         let mut msrs = Msrs::from_entries(&entries).map_err(|e| VcpuStateError::Fam("MSR", e))?;
@@ -125,7 +128,7 @@ impl VcpuState {
             lapic: vcpu.get_lapic().map_err(kvm("KVM_GET_LAPIC"))?,
             msrs: msrs.as_slice().to_vec(),
             vcpu_events: vcpu.get_vcpu_events().map_err(kvm("KVM_GET_VCPU_EVENTS"))?,
-            mp_state: vcpu.get_mp_state().map_err(kvm("KVM_GET_MP_STATE"))?,
+            mp_state,
             debugregs: vcpu.get_debug_regs().map_err(kvm("KVM_GET_DEBUGREGS"))?,
         })
     }

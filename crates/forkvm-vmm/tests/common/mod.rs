@@ -86,12 +86,17 @@ pub fn template() -> CpuTemplate {
 }
 
 pub fn boot_guest(guest: TestGuest, args: &[u64], mem_mib: u64, irqchip: IrqchipMode) -> (Vmm, Console) {
+    boot_guest_on(guest, args, mem_mib, irqchip, 1)
+}
+
+/// [`boot_guest`] on `vcpus` vCPUs.
+pub fn boot_guest_on(guest: TestGuest, args: &[u64], mem_mib: u64, irqchip: IrqchipMode, vcpus: u8) -> (Vmm, Console) {
     let (console, out) = Console::pair();
     let vmm = boot(
         &kvm(),
         BootConfig {
             mem_size: mem_mib << 20,
-            vcpu_count: 1,
+            vcpu_count: vcpus,
             irqchip,
             cpu_template: template(),
             payload: Payload::Flat {

@@ -17,12 +17,13 @@ const EFER_LME: u64 = 1 << 8;
 const EFER_LMA: u64 = 1 << 10;
 
 /// General registers at entry.
-pub fn boot_regs(entry: u64) -> kvm_regs {
+pub fn boot_regs(entry: u64, index: u8) -> kvm_regs {
     kvm_regs {
         rip: entry,
         rsp: BOOT_STACK_POINTER,
         rbp: BOOT_STACK_POINTER,
         rsi: ZERO_PAGE_START,
+        rdi: u64::from(index),
         rflags: 0x2,
         ..Default::default()
     }
@@ -113,7 +114,7 @@ mod tests {
 
     #[test]
     fn regs_point_at_entry_and_zero_page() {
-        let r = boot_regs(0x10_0000);
+        let r = boot_regs(0x10_0000, 0);
         assert_eq!((r.rip, r.rsi, r.rflags), (0x10_0000, ZERO_PAGE_START, 2));
     }
 }

@@ -8,10 +8,13 @@
 //! with "not writable"), so the walk is done here, and a failed check becomes the page
 //! fault the CPU would raise, with the same error code.
 //!
-//! A read-modify-write of the accessed/dirty bits is not atomic against other vCPUs;
-//! sandboxes run one vCPU today (SMP will need a compare-and-swap here).
+//! Other vCPUs run while one walks: the accessed/dirty bits are set with a
+//! compare-and-swap of the entry the walk read, as the CPU's locked update does, and a
+//! walk whose entry changed under it starts again (a blind write could undo another
+//! vCPU's update, or mark an entry its kernel just cleared).
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 const PTE_P: u64 = 1;
 const PTE_W: u64 = 1 << 1;
@@ -50,9 +53,22 @@ pub enum WalkError {
     Unsupported(&'static str),
 }
 
+/// How many times a walk starts again when another vCPU changes an entry under it.
+const WALK_RETRIES: usize = 64;
+
 /// The physical address of the data byte at `linear`, for a read or a write, setting the
 /// accessed bits of every level and the dirty bit of the page on a write.
 pub fn translate(mem: &GuestMemoryMmap, paging: Paging, linear: u64, write: bool) -> Result<u64, WalkError> {
+    for _ in 0..WALK_RETRIES {
+        if let Some(phys) = walk_once(mem, paging, linear, write)? {
+            return Ok(phys);
+        }
+    }
+    Err(WalkError::Unsupported("page tables kept changing under the walk"))
+}
+
+/// One walk; `None` when another vCPU changed an entry before its bits were set.
+fn walk_once(mem: &GuestMemoryMmap, paging: Paging, linear: u64, write: bool) -> Result<Option<u64>, WalkError> {
     if paging.cr0 & CR0_PG == 0 {
         return Err(WalkError::Unsupported("paging is off"));
     }
@@ -88,8 +104,9 @@ pub fn translate(mem: &GuestMemoryMmap, paging: Paging, linear: u64, write: bool
     let phys = loop {
         let shift = 12 + 9 * (level - 1);
         let slot = table + ((linear >> shift) & 0x1ff) * 8;
-        let entry: u64 =
-            mem.read_obj(GuestAddress(slot)).map_err(|_| WalkError::Unsupported("page table outside guest memory"))?;
+        let entry: u64 = mem
+            .load(GuestAddress(slot), Ordering::Acquire)
+            .map_err(|_| WalkError::Unsupported("page table outside guest memory"))?;
         if entry & PTE_P == 0 {
             return Err(fault(false));
         }
@@ -114,12 +131,25 @@ pub fn translate(mem: &GuestMemoryMmap, paging: Paging, linear: u64, write: bool
     for (i, &(slot, entry)) in entries[..depth].iter().enumerate() {
         let leaf = i + 1 == depth;
         let want = entry | PTE_A | if leaf && write { PTE_D } else { 0 };
-        if want != entry {
-            mem.write_obj(want, GuestAddress(slot))
-                .map_err(|_| WalkError::Unsupported("page table outside guest memory"))?;
+        if want != entry && !swap_entry(mem, slot, entry, want)? {
+            return Ok(None);
         }
     }
-    Ok(phys)
+    Ok(Some(phys))
+}
+
+/// Replaces the entry at `slot` with `want` if it still holds `entry`.
+fn swap_entry(mem: &GuestMemoryMmap, slot: u64, entry: u64, want: u64) -> Result<bool, WalkError> {
+    let outside = |_| WalkError::Unsupported("page table outside guest memory");
+    // The whole word must lie in one region (a slot is 8-aligned, regions page-aligned).
+    mem.get_slice(GuestAddress(slot), 8).map_err(outside)?;
+    let ptr = mem.get_host_address(GuestAddress(slot)).map_err(outside)?;
+    // SAFETY: `ptr` is the host address of 8 bytes of guest memory (checked above), which
+    // stays mapped while `mem` lives; a slot is 8-aligned and the mapping page-aligned,
+    // so the word is aligned; guest memory is only ever accessed atomically or through
+    // volatile copies, which an atomic read-modify-write does not make unsound.
+    let cell = unsafe { AtomicU64::from_ptr(ptr.cast::<u64>()) };
+    Ok(cell.compare_exchange(entry, want, Ordering::SeqCst, Ordering::SeqCst).is_ok())
 }
 
 /// The physical pieces of `[linear, linear + len)`, one per page, all checked before any
@@ -234,5 +264,34 @@ mod tests {
         let before = read(&mem, kernel(), 0x1ff8, 8).unwrap();
         assert!(write(&mem, kernel(), 0x1ff8, &[9; 16]).is_err());
         assert_eq!(read(&mem, kernel(), 0x1ff8, 8).unwrap(), before, "a faulting write changes nothing");
+    }
+
+    #[test]
+    fn an_entry_changed_by_another_vcpu_is_not_overwritten() {
+        let mem = memory(PTE_P | PTE_W | PTE_U);
+        let seen = PTE_P | PTE_W | 0x10000;
+        // Another vCPU's kernel cleared the entry after this walk read it.
+        mem.write_obj(0u64, GuestAddress(0x4000)).unwrap();
+        assert_eq!(swap_entry(&mem, 0x4000, seen, seen | PTE_A), Ok(false));
+        assert_eq!(mem.read_obj::<u64>(GuestAddress(0x4000)).unwrap(), 0, "the cleared entry stays cleared");
+        assert_eq!(translate(&mem, kernel(), 0x10, false), Err(WalkError::PageFault { addr: 0x10, error_code: 0 }));
+        assert!(matches!(swap_entry(&mem, 4 << 20, 0, 1), Err(WalkError::Unsupported(_))));
+    }
+
+    #[test]
+    fn concurrent_walks_keep_every_bit() {
+        let mem = memory(PTE_P | PTE_W | PTE_U);
+        std::thread::scope(|s| {
+            for write in [false, true, false, true] {
+                let mem = &mem;
+                s.spawn(move || {
+                    for _ in 0..1000 {
+                        translate(mem, kernel(), 0x10, write).unwrap();
+                    }
+                });
+            }
+        });
+        let pte: u64 = mem.read_obj(GuestAddress(0x4000)).unwrap();
+        assert_eq!(pte & (PTE_A | PTE_D), PTE_A | PTE_D);
     }
 }
