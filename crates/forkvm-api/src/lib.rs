@@ -60,6 +60,10 @@ pub struct CreateSnapshotRequest {
     /// for another policy; absent: anywhere.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_network: Option<NetworkPolicy>,
+    /// forkvm: vCPUs of the tag's sandboxes, 1 to 16 (the template booted on that many,
+    /// once, then cached); absent: 1. A sandbox keeps its snapshot's count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcpus: Option<u8>,
 }
 
 /// forkvm: caps on what a sandbox's virtio devices do for its guest per second, each a
@@ -185,6 +189,10 @@ pub struct SnapshotInfo {
     /// another policy (a branch: its sandbox's policy when it was taken); absent: anywhere.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_network: Option<NetworkPolicy>,
+    /// forkvm: vCPUs of the sandboxes spawned from it (its machine's; absent from an
+    /// older daemon).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcpus: Option<u8>,
 }
 
 /// `GET /v1/snapshots/{tag}/info`: forkd's fields (sizes, lineage) plus forkvm's
@@ -282,7 +290,7 @@ pub struct CreateSandboxRequest {
     #[serde(default)]
     pub memory_limit_mib: Option<u64>,
     /// forkvm: CPU limit of each sandbox's VMM, in thousandths of a CPU (1000: one CPU's
-    /// worth of time per 100 ms period), 10 to 1024000; absent: the default, 2000 (a
+    /// worth of time per 100 ms period), 10 to 1024000; absent: the default, 1000 per vCPU + 1000 (a
     /// fork of a running sandbox: its source's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_limit_millis: Option<u32>,
@@ -294,6 +302,11 @@ pub struct CreateSandboxRequest {
     /// absent: none (a fork of a running sandbox: its source's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub io_limits: Option<IoLimits>,
+    /// forkvm: the vCPUs the caller expects; a sandbox has its snapshot's, so another
+    /// count is refused (400) rather than silently ignored. Make a tag with more vCPUs
+    /// through `POST /v1/snapshots` `vcpus`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcpus: Option<u8>,
     /// forkd: a network namespace per child. Accepted: every sandbox has its own.
     #[serde(default)]
     pub per_child_netns: bool,
@@ -329,6 +342,7 @@ impl CreateSandboxRequest {
             cpu_limit_millis: None,
             pids_limit: None,
             io_limits: None,
+            vcpus: None,
             per_child_netns: false,
             network: None,
             prewarm: false,
@@ -348,7 +362,7 @@ pub struct ForkSandboxRequest {
     #[serde(default)]
     pub memory_limit_mib: Option<u64>,
     /// forkvm: CPU limit of each sandbox's VMM, in thousandths of a CPU (1000: one CPU's
-    /// worth of time per 100 ms period), 10 to 1024000; absent: the default, 2000 (a
+    /// worth of time per 100 ms period), 10 to 1024000; absent: the default, 1000 per vCPU + 1000 (a
     /// fork of a running sandbox: its source's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_limit_millis: Option<u32>,
@@ -428,6 +442,9 @@ pub struct SandboxInfo {
     /// forkvm: where its guest may connect to, unless anywhere.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkPolicy>,
+    /// forkvm: its vCPUs (its snapshot's; absent from an older daemon).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcpus: Option<u8>,
 }
 
 /// forkvm: a sandbox VMM's confinement as the kernel reports it (`/proc/<pid>`), in
@@ -744,7 +761,7 @@ pub struct DiskForkRequest {
     #[serde(default)]
     pub memory_limit_mib: Option<u64>,
     /// forkvm: CPU limit of each sandbox's VMM, in thousandths of a CPU (1000: one CPU's
-    /// worth of time per 100 ms period), 10 to 1024000; absent: the default, 2000 (a
+    /// worth of time per 100 ms period), 10 to 1024000; absent: the default, 1000 per vCPU + 1000 (a
     /// fork of a running sandbox: its source's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_limit_millis: Option<u32>,

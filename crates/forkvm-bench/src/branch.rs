@@ -32,7 +32,10 @@ pub struct BenchBranchArgs {
     /// Modes, comma-separated: full, live.
     #[arg(long, value_delimiter = ',', default_value = "full,live")]
     pub mode: Vec<BranchMode>,
-    /// Branches per (size, mode).
+    /// vCPU counts, comma-separated: every vCPU of the guest dirties memory.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub vcpus: Vec<u8>,
+    /// Branches per (size, mode, vCPUs).
     #[arg(long, default_value_t = 20)]
     pub runs: usize,
     /// Pause between one branch being complete and the next (the guest keeps dirtying).
@@ -72,14 +75,14 @@ fn generation(vmm: &Vmm) -> u64 {
     vmm.memory().read_obj::<u64>(GuestAddress(DIRTY_GEN_ADDR)).unwrap_or(0)
 }
 
-fn boot_dirty(mem_mib: u64) -> Result<Vmm> {
+fn boot_dirty(mem_mib: u64, vcpus: u8) -> Result<Vmm> {
     let mem = mem_mib << 20;
     let kvm = open_kvm()?;
     let vmm = forkvm_vmm::boot(
         &kvm,
         BootConfig {
             mem_size: mem,
-            vcpu_count: 1,
+            vcpu_count: vcpus,
             irqchip: IrqchipMode::Split,
             cpu_template: CpuTemplate::for_this_host(),
             payload: Payload::Flat {
@@ -118,8 +121,15 @@ fn wait_ready(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-fn one_config(store: &Path, mem_mib: u64, mode: BranchMode, runs: usize, gap: Duration) -> Result<serde_json::Value> {
-    let mut vmm = boot_dirty(mem_mib)?;
+fn one_config(
+    store: &Path,
+    mem_mib: u64,
+    vcpus: u8,
+    mode: BranchMode,
+    runs: usize,
+    gap: Duration,
+) -> Result<serde_json::Value> {
+    let mut vmm = boot_dirty(mem_mib, vcpus)?;
     let (g0, t0) = (generation(&vmm), Instant::now());
     std::thread::sleep(Duration::from_millis(200));
     let passes_per_s = (generation(&vmm) - g0) as f64 / t0.elapsed().as_secs_f64();
@@ -162,6 +172,7 @@ fn one_config(store: &Path, mem_mib: u64, mode: BranchMode, runs: usize, gap: Du
     vmm.stop();
     Ok(json!({
         "mem_mib": mem_mib,
+        "vcpus": vcpus,
         "mode": mode,
         "wait": mode == BranchMode::Full,
         "first_pause_ms": (pause.first().copied().unwrap_or(0.0) * 1000.0).round() / 1000.0,
@@ -201,6 +212,9 @@ pub fn run(a: BenchBranchArgs) -> Result<i32> {
     if a.runs == 0 {
         bail!("--runs must be at least 1");
     }
+    if let Some(v) = a.vcpus.iter().find(|&&v| v == 0 || v > forkvm_testguest::MAX_VCPUS) {
+        bail!("--vcpus {v}: the dirty guest runs on 1 to {} vCPUs", forkvm_testguest::MAX_VCPUS);
+    }
     let store = match &a.store {
         Some(s) => s.clone(),
         None => {
@@ -219,25 +233,27 @@ pub fn run(a: BenchBranchArgs) -> Result<i32> {
     let mut results = Vec::new();
     for &mem in &a.mem_mib {
         for &mode in &a.mode {
-            let r = one_config(&store, mem, mode, a.runs, Duration::from_millis(a.gap_ms));
-            if a.store.is_none() {
-                // Our own scratch store: leave nothing behind, also on failure.
-                if r.is_err() {
-                    let _ = std::fs::remove_dir_all(&store);
+            for &vcpus in &a.vcpus {
+                let r = one_config(&store, mem, vcpus, mode, a.runs, Duration::from_millis(a.gap_ms));
+                if a.store.is_none() {
+                    // Our own scratch store: leave nothing behind, also on failure.
+                    if r.is_err() {
+                        let _ = std::fs::remove_dir_all(&store);
+                    }
                 }
+                let r = r?;
+                if !a.json {
+                    eprintln!(
+                        "{mem:>5} MiB {:<4} x{vcpus}: pause p50 {:.2} ms p90 {:.2} ms, returned p50 {:.2} ms, complete p50 {:.1} ms",
+                        format!("{mode:?}").to_lowercase(),
+                        r["pause_ms"]["p50"].as_f64().unwrap_or(0.0),
+                        r["pause_ms"]["p90"].as_f64().unwrap_or(0.0),
+                        r["return_ms"]["p50"].as_f64().unwrap_or(0.0),
+                        r["complete_ms"]["p50"].as_f64().unwrap_or(0.0),
+                    );
+                }
+                results.push(r);
             }
-            let r = r?;
-            if !a.json {
-                eprintln!(
-                    "{mem:>5} MiB {:<4}: pause p50 {:.2} ms p90 {:.2} ms, returned p50 {:.2} ms, complete p50 {:.1} ms",
-                    format!("{mode:?}").to_lowercase(),
-                    r["pause_ms"]["p50"].as_f64().unwrap_or(0.0),
-                    r["pause_ms"]["p90"].as_f64().unwrap_or(0.0),
-                    r["return_ms"]["p50"].as_f64().unwrap_or(0.0),
-                    r["complete_ms"]["p50"].as_f64().unwrap_or(0.0),
-                );
-            }
-            results.push(r);
         }
     }
     if a.store.is_none() {
@@ -246,8 +262,9 @@ pub fn run(a: BenchBranchArgs) -> Result<i32> {
     let report = json!({
         "bench": "branch",
         "command": format!(
-            "forkvm bench branch --mem-mib {} --mode {} --runs {} --gap-ms {}{} --json",
+            "forkvm bench branch --mem-mib {} --vcpus {} --mode {} --runs {} --gap-ms {}{} --json",
             a.mem_mib.iter().map(|m| m.to_string()).collect::<Vec<_>>().join(","),
+            a.vcpus.iter().map(|m| m.to_string()).collect::<Vec<_>>().join(","),
             a.mode.iter().map(|m| format!("{m:?}").to_lowercase()).collect::<Vec<_>>().join(","),
             a.runs,
             a.gap_ms,

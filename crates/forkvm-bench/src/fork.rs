@@ -53,6 +53,9 @@ pub struct BenchForkArgs {
     /// IOAPIC in the VMM) or kernel (KVM's full irqchip and PIT; slow to create on PVM).
     #[arg(long, default_value = "split")]
     pub irqchip: IrqchipMode,
+    /// vCPUs of the parent, and so of every child (the others sleep in the guest).
+    #[arg(long, default_value_t = 1)]
+    pub vcpus: u8,
     /// Print JSON only.
     #[arg(long)]
     pub json: bool,
@@ -62,11 +65,11 @@ const FILL_BASE: u64 = 2 << 20;
 const SEED: u64 = 0x5eed_f00d;
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
 
-fn monitor_config(mem_mib: u64, irqchip: IrqchipMode, console: ConsoleOut) -> BootConfig {
+fn monitor_config(mem_mib: u64, irqchip: IrqchipMode, vcpus: u8, console: ConsoleOut) -> BootConfig {
     let mem_size = mem_mib << 20;
     BootConfig {
         mem_size,
-        vcpu_count: 1,
+        vcpu_count: vcpus,
         irqchip,
         cpu_template: CpuTemplate::for_this_host(),
         payload: Payload::Flat {
@@ -82,12 +85,19 @@ fn monitor_config(mem_mib: u64, irqchip: IrqchipMode, console: ConsoleOut) -> Bo
 }
 
 /// Forks a process that boots the monitor guest and serves `socket` (if any).
-fn spawn_cold(mem_mib: u64, irqchip: IrqchipMode, stream: UnixStream, socket: Option<PathBuf>) -> Result<i32> {
+fn spawn_cold(
+    mem_mib: u64,
+    irqchip: IrqchipMode,
+    vcpus: u8,
+    stream: UnixStream,
+    socket: Option<PathBuf>,
+) -> Result<i32> {
     let pid = fork_and_run(false, move || {
         let run = || -> Result<()> {
             let kvm = open_kvm()?;
             let input = stream.try_clone()?;
-            let vmm = forkvm_vmm::boot(&kvm, monitor_config(mem_mib, irqchip, ConsoleOut::new(None, Some(stream))))?;
+            let vmm =
+                forkvm_vmm::boot(&kvm, monitor_config(mem_mib, irqchip, vcpus, ConsoleOut::new(None, Some(stream))))?;
             vmm.forward_input(input)?;
             serve_until_exit(vmm, socket.as_deref())?;
             Ok(())
@@ -158,11 +168,16 @@ fn kill_all(pids: &[i32]) {
 }
 
 /// Boots the parent, waits for its warm-up, snapshots it; returns (warm ms, snapshot report).
-fn make_parent_snapshot(dir: &Path, mem_mib: u64, irqchip: IrqchipMode) -> Result<(f64, SnapshotReport, PathBuf)> {
+fn make_parent_snapshot(
+    dir: &Path,
+    mem_mib: u64,
+    irqchip: IrqchipMode,
+    vcpus: u8,
+) -> Result<(f64, SnapshotReport, PathBuf)> {
     let (mut ours, theirs) = UnixStream::pair()?;
     let socket = dir.join("parent.sock");
     let t = Instant::now();
-    let pid = spawn_cold(mem_mib, irqchip, theirs, Some(socket.clone()))?;
+    let pid = spawn_cold(mem_mib, irqchip, vcpus, theirs, Some(socket.clone()))?;
     wait_all(std::slice::from_mut(&mut ours), b"ready\n", t, &[pid]).context("parent warm-up")?;
     let warm_ms = t.elapsed().as_secs_f64() * 1e3;
     let snap_dir = dir.join("parent-snapshot");
@@ -230,7 +245,7 @@ fn cold_concurrency(n: usize, mem_mib: u64) -> usize {
 /// N cold boots, at most `window` alive at a time (each one is killed once it has
 /// answered, and the next starts): cold guests cannot share memory, so 100 of 512 MiB
 /// do not fit at once. Returns ms until the last answered.
-fn cold_run(n: usize, mem_mib: u64, irqchip: IrqchipMode, window: usize) -> Result<f64> {
+fn cold_run(n: usize, mem_mib: u64, irqchip: IrqchipMode, vcpus: u8, window: usize) -> Result<f64> {
     let start = Instant::now();
     let mut started = 0;
     let mut answered = 0;
@@ -241,7 +256,7 @@ fn cold_run(n: usize, mem_mib: u64, irqchip: IrqchipMode, window: usize) -> Resu
             while alive.len() < window && started < n {
                 let (mut ours, theirs) = UnixStream::pair()?;
                 ours.write_all(&monitor::ping())?;
-                alive.push((ours, spawn_cold(mem_mib, irqchip, theirs, None)?, Vec::new()));
+                alive.push((ours, spawn_cold(mem_mib, irqchip, vcpus, theirs, None)?, Vec::new()));
                 started += 1;
             }
             let mut fds: Vec<libc::pollfd> = alive
@@ -284,6 +299,9 @@ pub fn run(a: BenchForkArgs) -> Result<i32> {
     if a.count == 0 || a.runs == 0 {
         bail!("-n and --runs must be at least 1");
     }
+    if a.vcpus == 0 || a.vcpus > forkvm_testguest::MAX_VCPUS {
+        bail!("--vcpus {}: the monitor guest runs on 1 to {} vCPUs", a.vcpus, forkvm_testguest::MAX_VCPUS);
+    }
     open_kvm()?;
     let tmp;
     let dir = match &a.dir {
@@ -296,7 +314,7 @@ pub fn run(a: BenchForkArgs) -> Result<i32> {
             tmp.clone()
         }
     };
-    let (parent_warm_ms, snapshot, snap_dir) = make_parent_snapshot(&dir, a.mem_mib, a.irqchip)?;
+    let (parent_warm_ms, snapshot, snap_dir) = make_parent_snapshot(&dir, a.mem_mib, a.irqchip, a.vcpus)?;
     // One child alone: restore-to-first-answer without contention.
     let mut single = Vec::new();
     let mut runs = Vec::new();
@@ -306,7 +324,7 @@ pub fn run(a: BenchForkArgs) -> Result<i32> {
     }
     let window = cold_concurrency(a.count, a.mem_mib);
     let mut cold: Vec<f64> =
-        (0..a.cold_runs).map(|_| cold_run(a.count, a.mem_mib, a.irqchip, window)).collect::<Result<_>>()?;
+        (0..a.cold_runs).map(|_| cold_run(a.count, a.mem_mib, a.irqchip, a.vcpus, window)).collect::<Result<_>>()?;
     let med = |f: &dyn Fn(&ForkRun) -> f64| median(&mut runs.iter().map(f).collect::<Vec<_>>());
     let ready_ms = med(&|r| r.ready_ms);
     let mem_med = |f: fn(&MemUsage) -> u64| {
@@ -333,6 +351,7 @@ pub fn run(a: BenchForkArgs) -> Result<i32> {
         "bench": "fork",
         "n": a.count,
         "mem_mib": a.mem_mib,
+        "vcpus": a.vcpus,
         "runs": a.runs,
         "guest": "monitor (test guest; fills memory above 2 MiB in ring 3, answers ping on COM1)",
         "children_ready_ms": round(ready_ms),

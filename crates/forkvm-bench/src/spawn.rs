@@ -45,6 +45,9 @@ pub struct BenchSpawnArgs {
     /// Template of the warm parent when no `--tag` is given.
     #[arg(long, default_value = "python")]
     pub template: String,
+    /// vCPUs of the warm parent when no `--tag` is given (a tag has its own).
+    #[arg(long, default_value_t = 1, conflicts_with = "tag")]
+    pub vcpus: u8,
     /// A shell command to run in every sandbox once all are ready (a new process in each:
     /// on hosts that emulate the guest kernel, seconds each).
     #[arg(long, default_value = "")]
@@ -77,7 +80,7 @@ fn source_tag(a: &BenchSpawnArgs, store: &Store) -> Result<String> {
     if let Some(tag) = &a.tag {
         return Ok(tag.clone());
     }
-    let template = crate::util::template_snapshot(&a.template)?;
+    let template = crate::util::template_snapshot(&a.template, a.vcpus)?;
     let tag = format!("bench-{}-{}", a.template, &template.key[..template.key.len().min(12)]);
     if store.lookup(&tag).is_err() {
         forkvm_sandbox::publish_template(store, &template, &tag, &Default::default(), None)
@@ -191,6 +194,7 @@ pub fn run(a: BenchSpawnArgs) -> Result<i32> {
     let tag = source_tag(&a, &store)?;
     let source = SpawnSource::from_tag(&store, &tag)?;
     let template = source.template().map(String::from);
+    let vcpus = source.meta.vcpu_count;
     // A private registry: the bench's sandboxes never mix with the user's.
     let run_root = std::env::temp_dir().join(format!("forkvm-bench-spawn-{}", std::process::id()));
     let mut registry = Registry::open(&run_root);
@@ -290,6 +294,7 @@ pub fn run(a: BenchSpawnArgs) -> Result<i32> {
         "machine": machine(),
         "tag": tag,
         "template": template,
+        "vcpus": vcpus,
         "n": a.count,
         "prepare_ms": r1(timings.prepare_ms),
         "host_spawn_ms": r1(timings.host_spawn_ms),

@@ -126,6 +126,7 @@ fn request_bodies_are_the_api_types() {
         cpu_limit_millis: Some(500),
         pids_limit: None,
         io_limits: None,
+        vcpus: None,
         per_child_netns: false,
         network: None,
         prewarm: false,

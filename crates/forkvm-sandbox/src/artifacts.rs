@@ -1,12 +1,15 @@
 //! Finding (and building, through `forkvm-image`) what a sandbox is made of: the guest
 //! kernel, the static agent binary and a template's root filesystem image.
 
-use forkvm_image::kernel::{ensure_kernel, BuildEvent, KernelError};
+use forkvm_image::kernel::{ensure_kernel, ensure_kernel_flavour, BuildEvent, Flavour, KernelError};
 use forkvm_image::rootfs::{ensure_image, ensure_scratch_disk, BuiltImage, Catalog, CatalogError, RootfsError};
 use std::path::{Path, PathBuf};
 
 /// Environment variable naming the static `forkvm-agent` binary to put in images.
 pub const AGENT_BIN_ENV: &str = "FORKVM_AGENT_BIN";
+/// Set to `1` to give Linux sandboxes several vCPUs on a PVM host anyway
+/// ([`ArtifactsError::PvmSmp`]).
+pub const PVM_SMP_ENV: &str = "FORKVM_PVM_SMP";
 pub use forkvm_image::rootfs::catalog::TEMPLATES_ENV;
 
 #[derive(Debug, thiserror::Error)]
@@ -17,6 +20,14 @@ pub enum ArtifactsError {
     Image(#[from] RootfsError),
     #[error(transparent)]
     Template(Box<CatalogError>),
+    #[error("a sandbox has 1 to {max} vCPUs, not {0}", max = forkvm_image::kernel::MAX_VCPUS)]
+    Vcpus(u8),
+    #[error(
+        "{0} vCPUs on a PVM host: its instruction emulator runs the guest kernel, and there a process waiting for \
+         another on the other vCPU can miss the wake-up and sleep for ever (docs/linux-sandboxes.md); set \
+         {PVM_SMP_ENV}=1 to use several vCPUs anyway"
+    )]
+    PvmSmp(u8),
     #[error(
         "no static forkvm-agent binary: set {AGENT_BIN_ENV}, install it as <prefix>/lib/forkvm/forkvm-agent beside \
          <prefix>/bin/forkvm, or run crates/forkvm-agent/build-static.sh (looked at {})",
@@ -34,8 +45,11 @@ impl From<CatalogError> for ArtifactsError {
 /// Everything a template's sandboxes boot from.
 #[derive(Debug, Clone)]
 pub struct Artifacts {
+    /// The kernel for [`Artifacts::vcpus`] (its flavour: `forkvm_image::kernel::Flavour`).
     pub kernel: PathBuf,
     pub kernel_key: String,
+    /// vCPUs the template's machine has (1 unless [`Artifacts::with_vcpus`] said more).
+    pub vcpus: u8,
     pub image: BuiltImage,
     /// The blank base of every sandbox's layered data disk.
     pub scratch: PathBuf,
@@ -73,10 +87,32 @@ impl Artifacts {
         let template = Catalog::configured().get(name)?;
         let cache = forkvm_image::kernel::cache_dir();
         let kernel = ensure_kernel(progress)?;
-        let kernel_key =
-            kernel.parent().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let kernel_key = key_of(&kernel);
         let image = ensure_image(&template.template, &template.text, &agent_binary()?, &cache)?;
         let scratch = ensure_scratch_disk(&cache)?;
-        Ok(Artifacts { kernel, kernel_key, image, scratch, cache })
+        Ok(Artifacts { kernel, kernel_key, vcpus: 1, image, scratch, cache })
     }
+
+    /// The same template on `vcpus` vCPUs: with more than one, the SMP kernel (built if
+    /// missing, minutes the first time). Refused on a PVM host unless [`PVM_SMP_ENV`]
+    /// says otherwise.
+    pub fn with_vcpus(self, vcpus: u8, progress: &mut dyn FnMut(BuildEvent)) -> Result<Artifacts, ArtifactsError> {
+        if vcpus == 0 || vcpus > forkvm_image::kernel::MAX_VCPUS {
+            return Err(ArtifactsError::Vcpus(vcpus));
+        }
+        if vcpus == self.vcpus {
+            return Ok(self);
+        }
+        let pvm = forkvm_vmm::host::HostKind::detect() == forkvm_vmm::host::HostKind::Pvm;
+        if vcpus > 1 && pvm && std::env::var(PVM_SMP_ENV).as_deref() != Ok("1") {
+            return Err(ArtifactsError::PvmSmp(vcpus));
+        }
+        let kernel = ensure_kernel_flavour(Flavour::for_vcpus(vcpus), progress)?;
+        Ok(Artifacts { kernel_key: key_of(&kernel), kernel, vcpus, ..self })
+    }
+}
+
+/// A cached kernel's key: the name of its directory.
+fn key_of(kernel: &Path) -> String {
+    kernel.parent().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
 }

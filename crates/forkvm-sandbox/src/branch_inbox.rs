@@ -249,6 +249,7 @@ mod tests {
             }],
             uid: None,
             network: None,
+            vcpus: 1,
         };
         (store, record)
     }

@@ -23,12 +23,12 @@ pub const BOOT_TIMEOUT: Duration = Duration::from_secs(600);
 pub(crate) const MEM_MIB: u64 = 256;
 pub(crate) const IRQCHIP: IrqchipMode = IrqchipMode::Kernel;
 
-/// The machine a template cold-boots as: [`MEM_MIB`], one vCPU, [`IRQCHIP`], `cpu`, the
-/// template's kernel and [`cmdline`].
+/// The machine a template cold-boots as: [`MEM_MIB`], the artifacts' vCPUs and kernel,
+/// [`IRQCHIP`], `cpu`, and [`cmdline`].
 pub(crate) fn machine(a: &Artifacts, cpu: CpuTemplate) -> Machine {
     Machine {
         mem_size: MEM_MIB << 20,
-        vcpu_count: 1,
+        vcpu_count: a.vcpus,
         irqchip: IRQCHIP,
         cpu_template: cpu,
         payload: Payload::Linux { kernel: a.kernel.clone(), initrd: None, cmdline: cmdline(a) },

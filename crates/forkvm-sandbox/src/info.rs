@@ -12,7 +12,7 @@ pub fn sandbox_info(row: &SandboxRow) -> SandboxInfo {
     let r = &row.record;
     let has_vmm = row.state != SandboxState::Archived && r.pid > 0;
     // What its group holds: what was asked, the defaults for the rest.
-    let group_limits = r.cgroup.as_ref().map(|_| crate::SpawnOptions::of_record(r).limits());
+    let group_limits = r.cgroup.as_ref().map(|_| crate::SpawnOptions::of_record(r).limits(r.vcpus));
     SandboxInfo {
         id: r.id.clone(),
         snapshot_tag: r.source_tag.clone(),
@@ -39,6 +39,7 @@ pub fn sandbox_info(row: &SandboxRow) -> SandboxInfo {
         archived_at_unix_ms: row.archived_at_unix_ms,
         jail: None,
         network: r.network.clone().filter(|p| !p.is_default()),
+        vcpus: Some(r.vcpus),
     }
 }
 
@@ -133,6 +134,7 @@ mod tests {
                 disks: Vec::new(),
                 uid: None,
                 network: None,
+                vcpus: 1,
             },
             state,
             op: None,

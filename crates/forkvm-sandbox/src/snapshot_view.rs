@@ -69,6 +69,7 @@ pub fn snapshot_info(store: &Store, e: &StoreEntry, mode: Option<&str>, pause_ms
             io_limits: d.io,
         }),
         default_network: e.meta.default_network.clone(),
+        vcpus: Some(e.meta.vcpu_count),
     }
 }
 

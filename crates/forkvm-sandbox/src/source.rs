@@ -25,6 +25,11 @@ pub enum SourceError {
     NoAgent(PathBuf),
     #[error("snapshot {dir}: disk {file:?} is not a file name inside its disk/ directory")]
     BadDisk { dir: PathBuf, file: String },
+    #[error(
+        "snapshot {what} has {has} vCPU(s), not {asked}: a sandbox keeps its snapshot's vCPUs (no CPU hotplug); \
+         make a tag with {asked} from a template (snapshot create --vcpus {asked})"
+    )]
+    Vcpus { what: String, has: u8, asked: u8 },
 }
 
 impl SourceError {
@@ -34,6 +39,17 @@ impl SourceError {
             SourceError::Chain(e) => e.code(),
             _ => forkvm_api::ErrorCode::BadRequest,
         }
+    }
+}
+
+/// Refuses `asked` vCPUs for a snapshot whose machine has `meta`'s: a restore keeps the
+/// vCPUs it was saved with.
+pub fn check_vcpus(what: &str, meta: &SnapshotMeta, asked: Option<u8>) -> Result<(), SourceError> {
+    match asked {
+        Some(asked) if asked != meta.vcpu_count => {
+            Err(SourceError::Vcpus { what: what.to_string(), has: meta.vcpu_count, asked })
+        }
+        _ => Ok(()),
     }
 }
 

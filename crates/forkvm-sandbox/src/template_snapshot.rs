@@ -2,7 +2,7 @@
 //! a content hash of what it was built from.
 //!
 //! Key = BLAKE3 of the kernel key, the image key, the boot configuration (memory,
-//! command line, irqchip, CPU template and its kernel arguments) and the vmstate format
+//! vCPUs, command line, irqchip, CPU template and its kernel arguments) and the vmstate format
 //! version; directory `<cache>/snapshots/<template>-<key>/`. Any input change makes a new
 //! key, so a stale snapshot is never restored, and the cache is safe to delete.
 //!
@@ -94,6 +94,10 @@ fn snapshot_key(a: &Artifacts, template: CpuTemplate, guard: VectorGuard) -> Str
     );
     if guard == VectorGuard::ReportOnly {
         config.push_str(" unguarded");
+    }
+    // Absent for one vCPU, so one-vCPU keys stay what they were before vCPUs counted.
+    if a.vcpus != 1 {
+        config.push_str(&format!(" vcpus={}", a.vcpus));
     }
     let mut h = blake3::Hasher::new();
     for part in [

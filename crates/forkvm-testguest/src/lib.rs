@@ -56,7 +56,8 @@ pub enum TestGuest {
     /// the CPU exception handler reports the #BP: `!F 0000000000000003 <rip>`.
     Traps,
     /// Rewrites one word per page of `[args[0], args[0]+args[1])` forever, publishing
-    /// its pass count at [`DIRTY_GEN_ADDR`] (for branch benchmarks).
+    /// its pass count at [`DIRTY_GEN_ADDR`] (for branch benchmarks); every other vCPU
+    /// rewrites the same range too.
     Dirty,
     /// XSAVE state through ring 0: `xsetbv`, `xrstor` of known xmm0/ymm0 values, `xsave`;
     /// ring 3 checks them and prints `xsave ok` (see `guests/xsave.S`). With `args[0]`

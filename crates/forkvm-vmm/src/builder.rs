@@ -7,8 +7,8 @@
 //! 3. Create its interrupt controllers (kernel or split irqchip; PIT with the kernel
 //!    irqchip) — KVM requires them before any vCPU exists; after the memory, because on
 //!    PVM hosts a memory slot added to a VM with KVM's full irqchip costs milliseconds.
-//! 4. Load the payload: a Linux kernel (boot params, e820, command line, initrd) or a flat
-//!    test-guest image and its argument block.
+//! 4. Load the payload: a Linux kernel (boot params, e820, command line, initrd, and
+//!    for several vCPUs an MP table) or a flat test-guest image and its argument block.
 //! 5. Write the boot GDT, an empty IDT and the identity page tables.
 //! 6. Create the devices (COM1, and our IOAPIC with a split irqchip).
 //! 7. Create each vCPU: CPUID (KVM's set through the CPU template), boot MSRs, general,
@@ -62,6 +62,8 @@ pub enum BuildError {
     Irqchip(#[from] IrqchipError),
     #[error("loading the Linux kernel: {0}")]
     LoadLinux(#[from] LinuxBootError),
+    #[error(transparent)]
+    MpTable(#[from] crate::arch::x86_64::mptable::MpTableError),
     #[error("opening {path}: {source}")]
     Open { path: PathBuf, source: std::io::Error },
     #[error("test guest image of {size} bytes does not fit below the top of {mem_size} bytes of memory")]
@@ -134,6 +136,10 @@ pub fn boot(kvm: &Kvm, config: BootConfig) -> Result<Vmm, BuildError> {
     let vm = Vm::create_with_memory(kvm, config.irqchip, &mem)?;
     let extra_cmdline = format!("{} {}", config.devices.cmdline(), config.cpu_template.linux_cmdline());
     let (entry, guest) = load_payload(&mem, config.mem_size, &config.payload, &extra_cmdline)?;
+    let flat = matches!(config.payload, Payload::Flat { .. });
+    if !flat && config.vcpu_count > 1 {
+        crate::arch::x86_64::mptable::write(&mem, config.vcpu_count)?;
+    }
     regs::write_boot_tables(&mem).map_err(|source| BuildError::WriteGuest { what: "boot GDT", source })?;
     let cr3 =
         paging::write_identity_tables(&mem).map_err(|source| BuildError::WriteGuest { what: "page tables", source })?;
@@ -151,7 +157,6 @@ pub fn boot(kvm: &Kvm, config: BootConfig) -> Result<Vmm, BuildError> {
             source: kvm_ioctls::Error::new(libc::EINVAL),
         })?;
         setup_boot_vcpu(&fd, index, &cpuid, entry, cr3)?;
-        let flat = matches!(config.payload, Payload::Flat { .. });
         if index > 0 && flat {
             let runnable = kvm_bindings::kvm_mp_state { mp_state: kvm_bindings::KVM_MP_STATE_RUNNABLE };
             fd.set_mp_state(runnable).map_err(|source| BuildError::SetupVcpu {

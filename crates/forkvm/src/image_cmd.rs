@@ -7,7 +7,7 @@ use std::path::Path;
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
-use forkvm_image::kernel::{base_cmdline, ensure_kernel_at, BuildEvent, BuildPlan};
+use forkvm_image::kernel::{base_cmdline, ensure_kernel_at, BuildEvent, BuildPlan, Flavour};
 use forkvm_image::progress::{fmt_duration, ProgressView};
 use forkvm_vmm::arch::x86_64::cpuid::CpuTemplate;
 use forkvm_vmm::host::HostKind;
@@ -41,10 +41,16 @@ pub struct BuildArgs {
     /// Also boot it once into its template snapshot (what `forkvm run` restores).
     #[arg(long)]
     pub snapshot: bool,
+    /// The machine's vCPUs (more than one: the SMP kernel).
+    #[arg(long, default_value_t = 1)]
+    pub vcpus: u8,
 }
 
 #[derive(Args, Debug)]
 pub struct KernelArgs {
+    /// The kernel for guests with several vCPUs (SMP on) instead of the one-vCPU kernel.
+    #[arg(long)]
+    pub smp: bool,
     /// Print one JSON object on stdout (path, key, cached, build_seconds, size_bytes, cmdline).
     #[arg(long)]
     pub json: bool,
@@ -60,7 +66,8 @@ pub fn run(a: ImageArgs) -> Result<i32> {
 fn build(a: BuildArgs) -> Result<i32> {
     let started = std::time::Instant::now();
     let mut view = ProgressView::new();
-    let artifacts = forkvm_sandbox::Artifacts::ensure(&a.template, &mut |e| view.show(&e));
+    let artifacts = forkvm_sandbox::Artifacts::ensure(&a.template, &mut |e| view.show(&e))
+        .and_then(|art| art.with_vcpus(a.vcpus, &mut |e| view.show(&e)));
     view.finish();
     let artifacts = artifacts?;
     let mut out = json!({
@@ -69,6 +76,7 @@ fn build(a: BuildArgs) -> Result<i32> {
         "image_key": artifacts.image.key,
         "image_bytes": artifacts.image.size_bytes,
         "kernel": artifacts.kernel,
+        "vcpus": artifacts.vcpus,
     });
     if a.snapshot {
         let t = forkvm_sandbox::ensure_template_snapshot(artifacts)?;
@@ -81,7 +89,8 @@ fn build(a: BuildArgs) -> Result<i32> {
 }
 
 fn kernel(a: KernelArgs) -> Result<i32> {
-    let plan = BuildPlan::current()?;
+    let flavour = if a.smp { Flavour::Smp } else { Flavour::Up };
+    let plan = BuildPlan::flavour(flavour)?;
     let key = plan.key();
     let mut view = ProgressView::new();
     let mut built_seconds = None;
@@ -108,6 +117,7 @@ fn kernel(a: KernelArgs) -> Result<i32> {
         let out = json!({
             "path": path,
             "key": key,
+            "flavour": flavour.name(),
             "cached": built_seconds.is_none(),
             "build_seconds": built_seconds,
             "size_bytes": size,
@@ -150,11 +160,13 @@ mod tests {
     #[test]
     fn parses_kernel_subcommand() {
         let c = Cli::try_parse_from(["x", "kernel", "--json"]).unwrap();
-        assert!(matches!(c.image, ImageCommand::Kernel(KernelArgs { json: true })));
-        let c = Cli::try_parse_from(["x", "kernel"]).unwrap();
-        assert!(matches!(c.image, ImageCommand::Kernel(KernelArgs { json: false })));
+        assert!(matches!(c.image, ImageCommand::Kernel(KernelArgs { json: true, smp: false })));
+        let c = Cli::try_parse_from(["x", "kernel", "--smp"]).unwrap();
+        assert!(matches!(c.image, ImageCommand::Kernel(KernelArgs { json: false, smp: true })));
         let c = Cli::try_parse_from(["x", "build", "tiny", "--snapshot"]).unwrap();
-        assert!(matches!(c.image, ImageCommand::Build(BuildArgs { snapshot: true, .. })));
+        assert!(matches!(c.image, ImageCommand::Build(BuildArgs { snapshot: true, vcpus: 1, .. })));
+        let c = Cli::try_parse_from(["x", "build", "tiny", "--snapshot", "--vcpus", "2"]).unwrap();
+        assert!(matches!(c.image, ImageCommand::Build(BuildArgs { vcpus: 2, .. })));
         assert!(Cli::try_parse_from(["x", "rootfs"]).is_err());
     }
 }

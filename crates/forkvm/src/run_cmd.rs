@@ -29,6 +29,9 @@ pub struct RunArgs {
     /// Kill the command after this many seconds (exit status 124, like timeout(1)).
     #[arg(long)]
     pub timeout: Option<f64>,
+    /// vCPUs of the sandbox (the template boots on that many once, cached).
+    #[arg(long, default_value_t = 1)]
+    pub vcpus: u8,
     /// Print timings to stderr.
     #[arg(long, short = 'v')]
     pub verbose: bool,
@@ -51,7 +54,8 @@ pub fn run(a: RunArgs) -> Result<i32> {
         bail!("--timeout must be a positive number of seconds");
     }
     let mut view = ProgressView::new();
-    let artifacts = Artifacts::ensure(&a.image, &mut |e| view.show(&e));
+    let artifacts = Artifacts::ensure(&a.image, &mut |e| view.show(&e))
+        .and_then(|art| art.with_vcpus(a.vcpus, &mut |e| view.show(&e)));
     view.finish();
     let artifacts = artifacts?;
     let template = ensure_template_snapshot(artifacts).context("preparing the template snapshot")?;

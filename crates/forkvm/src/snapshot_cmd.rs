@@ -34,6 +34,10 @@ pub enum SnapshotCommand {
         /// ask for another; spawning from a tag with one needs the daemon).
         #[command(flatten)]
         network: crate::network_cmd::NetworkArgs,
+        /// vCPUs of the tag's sandboxes (the template boots on that many once, cached; a
+        /// sandbox keeps its snapshot's count).
+        #[arg(long, default_value_t = 1)]
+        vcpus: u8,
         #[arg(long)]
         json: bool,
     },
@@ -63,7 +67,7 @@ pub fn run(a: SnapshotArgs, remote: &RemoteArgs) -> Result<i32> {
     }
     let store = Store::open_default();
     match a.command {
-        SnapshotCommand::Create { image, tag, limits, network, json } => {
+        SnapshotCommand::Create { image, tag, limits, network, vcpus, json } => {
             // Refuse a bad or taken tag, or bad limits, before a (possibly minutes-long)
             // template boot.
             store.check_free(&tag)?;
@@ -71,12 +75,13 @@ pub fn run(a: SnapshotArgs, remote: &RemoteArgs) -> Result<i32> {
             let policy = network.policy();
             forkvm_sandbox::check_tag_defaults(&defaults, policy.as_ref())?;
             let started = Instant::now();
-            let template = forkvm_bench::util::template_snapshot(&image)?;
+            let template = forkvm_bench::util::template_snapshot(&image, vcpus)?;
             let snap = forkvm_sandbox::publish_template(&store, &template, &tag, &defaults, policy.as_ref())?;
             let report = serde_json::json!({
                 "tag": tag, "dir": snap.path, "template": image, "template_key": template.key,
                 "booted": template.boot_seconds.is_some(), "boot_seconds": template.boot_seconds,
                 "mem_size_bytes": snap.meta.mem_size_bytes,
+                "vcpus": snap.meta.vcpu_count,
                 "memory_bytes_allocated": snap.meta.memory_bytes_allocated,
                 "default_limits": snap.meta.default_limits,
                 "default_network": snap.meta.default_network,
@@ -86,9 +91,10 @@ pub fn run(a: SnapshotArgs, remote: &RemoteArgs) -> Result<i32> {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 println!(
-                    "{tag}: {} ({} MiB of memory, template {image})",
+                    "{tag}: {} ({} MiB of memory, {} vCPU(s), template {image})",
                     snap.path.display(),
-                    snap.meta.mem_size_bytes >> 20
+                    snap.meta.mem_size_bytes >> 20,
+                    snap.meta.vcpu_count
                 );
             }
         }

@@ -95,6 +95,8 @@ impl From<forkvm_sandbox::SourceError> for ApiError {
             forkvm_sandbox::SourceError::Store(s) => s.into(),
             // A missing head is a 404 and a broken link a 409, as the chain decides.
             forkvm_sandbox::SourceError::Chain(c) => c.into(),
+            // The request asked for what no restore gives.
+            e @ forkvm_sandbox::SourceError::Vcpus { .. } => ApiError::bad_request(e.to_string()),
             // A snapshot that exists but cannot be spawned from is in the wrong state.
             other => ApiError::conflict(other.to_string(), "not_bootable"),
         }

@@ -374,6 +374,7 @@ async fn a_stopped_sandbox_is_404_quoting_its_console() {
         disks: Vec::new(),
         uid: None,
         network: None,
+        vcpus: 1,
     };
     e.state.registry.write(&record).unwrap();
     e.state.registry.mark_ready(&["gone1"]).unwrap();

@@ -217,12 +217,17 @@ class Controller:
         pids_limit: Optional[int] = None,
         io_limits: Optional[Dict[str, int]] = None,
         network: Optional[NetworkPolicyLike] = None,
+        vcpus: Optional[int] = None,
     ) -> SnapshotInfo:
         """``POST /v1/snapshots``: a snapshot of ``template`` (``tiny``, ``python``) as
         ``tag``. The first build of a template can take minutes; it is cached after.
         The limits and the network policy given become the tag's defaults for the
-        sandboxes spawned from it (a spawn asking for a policy of its own gets that one)."""
+        sandboxes spawned from it (a spawn asking for a policy of its own gets that one).
+        ``vcpus`` (1 to 16) is the machine's: the template boots on that many once, and
+        every sandbox of the tag has them."""
         body: Dict[str, Any] = {"tag": tag, "template": template}
+        if vcpus is not None:
+            body["vcpus"] = vcpus
         limits: Dict[str, Any] = {}
         if memory_limit_mib is not None:
             limits["memory_limit_mib"] = memory_limit_mib
@@ -323,8 +328,12 @@ class Controller:
         pids_limit: Optional[int] = None,
         io_limits: Optional[Dict[str, int]] = None,
         network: Optional[NetworkPolicyLike] = None,
+        vcpus: Optional[int] = None,
     ) -> List[SandboxInfo]:
         """``POST /v1/sandboxes``: ``n`` sandboxes from a snapshot, all ready, or none.
+
+        A sandbox has its snapshot's vCPUs; ``vcpus`` says how many the caller expects,
+        and another count is refused (:class:`BadRequest`) rather than ignored.
 
         ``per_child_netns`` is forkd's option, accepted: every forkvm sandbox has a
         network namespace of its own. ``network`` is where each may connect to
@@ -348,6 +357,8 @@ class Controller:
         _put_limits(body, cpu_limit_millis, pids_limit, io_limits)
         if network is not None:
             body["network"] = network_body(network)
+        if vcpus is not None:
+            body["vcpus"] = vcpus
         return parse_list(SandboxInfo, self._json(self._request("POST", "/v1/sandboxes", json=body)), "sandboxes")
 
     def get_sandbox(self, sandbox_id: str) -> SandboxInfo:

@@ -174,6 +174,8 @@ class SnapshotInfo(_Record):
     #: another policy (a branch: its sandbox's policy when it was taken); ``None``:
     #: anywhere.
     default_network: Optional["NetworkPolicy"] = None
+    #: forkvm: vCPUs of the sandboxes spawned from it (``None`` from an older daemon).
+    vcpus: Optional[int] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -198,6 +200,7 @@ class SnapshotInfo(_Record):
             if limits is None
             else {str(k): v for k, v in limits.items() if isinstance(v, int) and not isinstance(v, bool)},
             default_network=None if network is None else NetworkPolicy.from_json(network),
+            vcpus=f.opt_int("vcpus"),
             raw=_raw(data),
         )
 
@@ -562,6 +565,8 @@ class SandboxInfo(_Record):
     jail: Optional[VmmJail] = None
     #: forkvm: where its guest may connect to; ``None``: anywhere.
     network: Optional[NetworkPolicy] = None
+    #: forkvm: its vCPUs (its snapshot's; ``None`` from an older daemon).
+    vcpus: Optional[int] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -596,6 +601,7 @@ class SandboxInfo(_Record):
             archived_at_unix_ms=f.opt_int("archived_at_unix_ms"),
             jail=None if jail is None else VmmJail.from_json(jail),
             network=None if network is None else NetworkPolicy.from_json(network),
+            vcpus=f.opt_int("vcpus"),
             raw=_raw(data),
         )
 

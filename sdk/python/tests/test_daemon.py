@@ -538,6 +538,34 @@ def test_exposed_ports_reach_the_guest_under_their_own_tokens(ctl: Controller, p
         s.kill()
 
 
+def test_vcpus_are_the_snapshots_and_checked(ctl: Controller, py: str) -> None:
+    with pytest.raises(BadRequest) as ei:
+        ctl.create_snapshot("tiny-zero", "tiny", vcpus=0)
+    assert "1 to 16 vCPUs" in ei.value.message
+    assert [s.vcpus for s in ctl.list_snapshots() if s.tag == py] == [1]
+    # A sandbox keeps its snapshot's vCPUs: asking for another count is refused.
+    with pytest.raises(BadRequest) as ei:
+        ctl.spawn_sandboxes(py, vcpus=2)
+    assert "1 vCPU(s), not 2" in ei.value.message
+    if os.path.exists("/sys/module/kvm_pvm"):
+        # Several vCPUs wait for FORKVM_PVM_SMP=1 on a PVM host (docs/linux-sandboxes.md),
+        # which this daemon was not given.
+        with pytest.raises(BadRequest) as ei:
+            ctl.create_snapshot("tiny-two", "tiny", vcpus=2)
+        assert "PVM host" in ei.value.message
+        return
+    tag = ctl.create_snapshot("tiny-two", "tiny", vcpus=2, timeout=TEMPLATE_TIMEOUT_S)
+    assert tag.vcpus == 2
+    (info,) = ctl.spawn_sandboxes("tiny-two", vcpus=2)
+    try:
+        assert info.vcpus == 2
+        assert info.cpu_limit_millis in (None, 3000), "the default CPU: one per vCPU and one for the VMM"
+        assert Sandbox.connect(info.id, controller=ctl).commands.run("nproc").stdout.strip() == "2"
+    finally:
+        ctl.kill_sandbox(info.id)
+    ctl.delete_snapshot("tiny-two")
+
+
 def test_kill_then_get_is_not_found(ctl: Controller, py: str) -> None:
     s = Sandbox.create(py, controller=ctl)
     assert ctl.get_sandbox(s.id).state == "running"

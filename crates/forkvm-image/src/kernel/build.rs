@@ -10,7 +10,7 @@ use std::time::Instant;
 use super::fragment::{parse_config, parse_fragment, verify_config};
 use super::key::{kernel_key, source_version, KernelPaths, RECIPE_VERSION};
 use super::progress::{Change, Counter, ESTIMATED_CC_LINES};
-use super::{cache_dir, BuildEvent, KernelError, FRAGMENT, PATCHES, SOURCE_TARBALL};
+use super::{cache_dir, BuildEvent, Flavour, KernelError, PATCHES, SOURCE_TARBALL};
 
 /// The directory the tarball unpacks to.
 const SOURCE_DIR: &str = "linux-source-6.1";
@@ -33,13 +33,18 @@ pub struct BuildPlan {
 }
 
 impl BuildPlan {
-    /// The project's kernel: the embedded fragment and patches, the installed
+    /// The project's (UP) kernel: the embedded fragment and patches, the installed
     /// `linux-source-6.1`, the cache from [`cache_dir`].
     pub fn current() -> Result<Self, KernelError> {
+        BuildPlan::flavour(Flavour::Up)
+    }
+
+    /// [`BuildPlan::current`] for a flavour.
+    pub fn flavour(flavour: Flavour) -> Result<Self, KernelError> {
         Ok(BuildPlan {
             cache: cache_dir(),
             tarball: PathBuf::from(SOURCE_TARBALL),
-            fragment: FRAGMENT.to_string(),
+            fragment: flavour.fragment(),
             patches: PATCHES.iter().map(|(n, t)| (n.to_string(), t.to_string())).collect(),
             source_version: source_version()?,
             jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -66,6 +71,11 @@ pub fn cached_kernel() -> Result<Option<PathBuf>, KernelError> {
 /// Building takes minutes (6–15 on two cores); `progress` hears about each step.
 pub fn ensure_kernel(progress: &mut dyn FnMut(BuildEvent)) -> Result<PathBuf, KernelError> {
     ensure_kernel_at(&BuildPlan::current()?, progress)
+}
+
+/// [`ensure_kernel`] for a flavour.
+pub fn ensure_kernel_flavour(flavour: Flavour, progress: &mut dyn FnMut(BuildEvent)) -> Result<PathBuf, KernelError> {
+    ensure_kernel_at(&BuildPlan::flavour(flavour)?, progress)
 }
 
 /// [`ensure_kernel`] for an explicit plan.

@@ -10,6 +10,11 @@
 //! * `kernel/forkvm.config` — the config fragment applied on top of `make tinyconfig`;
 //! * `kernel/patches/*.patch` — applied in order with `patch -p1`.
 //!
+//! Two flavours are built from them ([`Flavour`]): `up`, the fragment as it is, for
+//! one-vCPU guests, and `smp`, the same with SMP on, for guests with several. SMP costs a
+//! one-vCPU guest about a third more emulated boot on PVM hosts (44 s against 33 s to
+//! init, docs/benchmarks.md), so a one-vCPU sandbox keeps the UP kernel.
+//!
 //! [`kernel_key`] hashes them together with the `linux-source-6.1` package version and
 //! [`RECIPE_VERSION`]; the kernel for a key lives at `<cache>/kernel/<key>/vmlinux`
 //! ([`cache_dir`], [`KernelPaths`]). [`ensure_kernel`] returns that path, building it first
@@ -36,7 +41,7 @@ mod progress;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use build::{cached_kernel, ensure_kernel, ensure_kernel_at, BuildPlan};
+pub use build::{cached_kernel, ensure_kernel, ensure_kernel_at, ensure_kernel_flavour, BuildPlan};
 pub use cmdline::base_cmdline;
 pub use fragment::{parse_config, parse_fragment, verify_config, Mismatch, Setting, Value};
 pub use key::{kernel_key, source_version, KernelPaths, RECIPE_VERSION};
@@ -44,6 +49,48 @@ pub use progress::ESTIMATED_CC_LINES;
 
 /// The config fragment (`crates/forkvm-image/kernel/forkvm.config`).
 pub const FRAGMENT: &str = include_str!("../../kernel/forkvm.config");
+
+/// The line of [`FRAGMENT`] that the `smp` flavour replaces with [`SMP_SETTINGS`].
+const UP_SETTING: &str = "# CONFIG_SMP is not set\n";
+/// SMP on, up to 16 vCPUs, found through the MP table the VMM writes (there is no ACPI).
+const SMP_SETTINGS: &str = "CONFIG_SMP=y\nCONFIG_NR_CPUS=16\nCONFIG_X86_MPPARSE=y\n";
+/// Most vCPUs the `smp` kernel runs (its `CONFIG_NR_CPUS`).
+pub const MAX_VCPUS: u8 = 16;
+
+/// Which kernel a guest boots: one build each, each under its own key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavour {
+    /// One vCPU: the fragment as it is.
+    Up,
+    /// Several vCPUs.
+    Smp,
+}
+
+impl Flavour {
+    /// The flavour a guest with `vcpus` vCPUs boots.
+    pub fn for_vcpus(vcpus: u8) -> Flavour {
+        if vcpus > 1 {
+            Flavour::Smp
+        } else {
+            Flavour::Up
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Flavour::Up => "up",
+            Flavour::Smp => "smp",
+        }
+    }
+
+    /// The config fragment this flavour builds from.
+    pub fn fragment(self) -> String {
+        match self {
+            Flavour::Up => FRAGMENT.to_string(),
+            Flavour::Smp => FRAGMENT.replacen(UP_SETTING, SMP_SETTINGS, 1),
+        }
+    }
+}
 
 /// The guest patches as (file name, contents), applied in this order. A unit test checks
 /// that this list matches `crates/forkvm-image/kernel/patches/`.
@@ -190,6 +237,24 @@ mod tests {
         for off in ["MODULES", "SMP", "PCI", "ACPI", "RANDOMIZE_BASE", "IA32_EMULATION", "JUMP_LABEL"] {
             assert!(has(off, Value::NotSet), "{off} must be off");
         }
+    }
+
+    #[test]
+    fn the_smp_flavour_differs_only_in_smp() {
+        let up = parse_fragment(&Flavour::Up.fragment()).unwrap();
+        let smp = parse_fragment(&Flavour::Smp.fragment()).unwrap();
+        let has = |s: &[Setting], name: &str, v: Value| s.iter().any(|x| x.name == name && x.value == v);
+        assert!(has(&up, "SMP", Value::NotSet));
+        assert!(has(&smp, "SMP", Value::Yes) && has(&smp, "X86_MPPARSE", Value::Yes));
+        assert!(has(&smp, "NR_CPUS", Value::Other(MAX_VCPUS.to_string())));
+        let pairs = |s: &[Setting]| s.iter().map(|x| (x.name.clone(), x.value.clone())).collect::<Vec<_>>();
+        let (up, smp) = (pairs(&up), pairs(&smp));
+        let only_up: Vec<_> = up.iter().filter(|x| !smp.contains(x)).map(|x| x.0.as_str()).collect();
+        let only_smp: Vec<_> = smp.iter().filter(|x| !up.contains(x)).map(|x| x.0.as_str()).collect();
+        assert_eq!(only_up, ["SMP"]);
+        assert_eq!(only_smp, ["SMP", "NR_CPUS", "X86_MPPARSE"]);
+        assert_eq!(Flavour::for_vcpus(1), Flavour::Up);
+        assert_eq!(Flavour::for_vcpus(2), Flavour::Smp);
     }
 
     #[test]

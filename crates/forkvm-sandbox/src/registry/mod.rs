@@ -114,6 +114,13 @@ pub struct SandboxRecord {
     /// Where its guest may connect to (none: anywhere).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<forkvm_api::NetworkPolicy>,
+    /// Its vCPUs (its snapshot's; a record from before vCPUs counted: one).
+    #[serde(default = "one_vcpu")]
+    pub vcpus: u8,
+}
+
+fn one_vcpu() -> u8 {
+    1
 }
 
 /// A layered disk as a sandbox's VMM opened it: with the layers the VMM made in `dir`
@@ -451,6 +458,7 @@ impl Registry {
             disks: Vec::new(),
             uid: None,
             network: origin.network,
+            vcpus: origin.vcpus.unwrap_or(1),
         })
     }
 
@@ -697,6 +705,8 @@ pub struct Origin {
     pub io_limits: forkvm_api::IoLimits,
     /// Its egress policy (none: anywhere).
     pub network: Option<forkvm_api::NetworkPolicy>,
+    /// Its vCPUs (none: one).
+    pub vcpus: Option<u8>,
 }
 
 impl Origin {
@@ -711,6 +721,7 @@ impl Origin {
             pids_max: r.pids_max,
             io_limits: r.io_limits,
             network: r.network.clone(),
+            vcpus: Some(r.vcpus),
         }
     }
 }
@@ -736,6 +747,7 @@ mod tests {
             disks: Vec::new(),
             uid: None,
             network: None,
+            vcpus: 1,
         }
     }
 

@@ -25,7 +25,7 @@ pub const REGISTRY_DB: &str = "registry.db";
 /// (without CPU and tasks limits), 3 (without I/O caps), 4 (without the sandbox's uid),
 /// 5 (without its egress policy) and 6 (without exposed ports) are migrated when opened,
 /// a newer one is refused by name.
-const SCHEMA_VERSION: i64 = 7;
+const SCHEMA_VERSION: i64 = 8;
 
 /// The `sandboxes` table of [`SCHEMA_VERSION`] (a macro, so that the schema and the
 /// migration share one literal).
@@ -57,7 +57,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
   pids_max INTEGER,
   io_limits TEXT,
   uid INTEGER,
-  network TEXT
+  network TEXT,
+  vcpus INTEGER
 );
 "
     };
@@ -133,6 +134,12 @@ UPDATE meta SET value = '6' WHERE key = 'schema';
 
 /// Version 6 to 7: the sandboxes' exposed ports.
 const MIGRATE_6_TO_7: &str = concat!(ports_table!(), "UPDATE meta SET value = '7' WHERE key = 'schema';");
+
+/// Version 7 to 8: the sandbox's vCPUs (none: one, as every sandbox had before).
+const MIGRATE_7_TO_8: &str = "
+ALTER TABLE sandboxes ADD COLUMN vcpus INTEGER;
+UPDATE meta SET value = '8' WHERE key = 'schema';
+";
 
 /// A connection owned by the process that opened it (see the module doc).
 #[derive(Debug)]
@@ -220,7 +227,7 @@ impl Records {
                     conn.execute_batch(&format!("BEGIN IMMEDIATE; {MIGRATE_1} COMMIT;"))?;
                     Ok(Some(SCHEMA_VERSION))
                 }
-                Some(2) | Some(3) | Some(4) | Some(5) | Some(6) => {
+                Some(2) | Some(3) | Some(4) | Some(5) | Some(6) | Some(7) => {
                     // Another process may have migrated between the read and the lock.
                     conn.execute_batch("BEGIN IMMEDIATE;")?;
                     let now: Option<String> =
@@ -239,6 +246,9 @@ impl Records {
                     }
                     if matches!(now.as_deref(), Some("2") | Some("3") | Some("4") | Some("5") | Some("6")) {
                         conn.execute_batch(MIGRATE_6_TO_7)?;
+                    }
+                    if matches!(now.as_deref(), Some("2") | Some("3") | Some("4") | Some("5") | Some("6") | Some("7")) {
+                        conn.execute_batch(MIGRATE_7_TO_8)?;
                     }
                     conn.execute_batch("COMMIT;")?;
                     Ok(Some(SCHEMA_VERSION))
@@ -263,8 +273,8 @@ impl Records {
                 let mut st = tx.prepare_cached(
                     "INSERT OR IGNORE INTO sandboxes (id, state, op, owner_pid, owner_started_unix_ms, template,
                        source_tag, forked_from, created_at_unix_ms, memory_limit_bytes, last_activity_unix_ms,
-                       cpu_millis, pids_max, io_limits, network)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+                       cpu_millis, pids_max, io_limits, network, vcpus)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
                 )?;
                 for r in records {
                     st.execute(params![
@@ -283,6 +293,7 @@ impl Records {
                         r.pids_max,
                         io_column(&r.io_limits),
                         network_column(&r.network),
+                        r.vcpus,
                     ])?;
                 }
             }
@@ -306,13 +317,13 @@ impl Records {
                 let mut st = tx.prepare_cached(
                     "INSERT INTO sandboxes (id, state, owner_pid, owner_started_unix_ms, pid, template, source_tag,
                        forked_from, created_at_unix_ms, memory_limit_bytes, cgroup, disks, last_activity_unix_ms,
-                       cpu_millis, pids_max, io_limits, uid, network)
-                     VALUES (?1, ?13, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?14, ?15, ?16, ?17, ?18)
+                       cpu_millis, pids_max, io_limits, uid, network, vcpus)
+                     VALUES (?1, ?13, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?14, ?15, ?16, ?17, ?18, ?19)
                      ON CONFLICT (id) DO UPDATE SET pid = excluded.pid, template = excluded.template,
                        source_tag = excluded.source_tag, forked_from = excluded.forked_from,
                        memory_limit_bytes = excluded.memory_limit_bytes, cgroup = excluded.cgroup,
                        disks = excluded.disks, cpu_millis = excluded.cpu_millis, pids_max = excluded.pids_max,
-                       io_limits = excluded.io_limits, uid = excluded.uid",
+                       io_limits = excluded.io_limits, uid = excluded.uid, vcpus = excluded.vcpus",
                 )?;
                 for (r, disks) in records.iter().zip(&disks) {
                     st.execute(params![
@@ -334,6 +345,7 @@ impl Records {
                         io_column(&r.io_limits),
                         r.uid,
                         network_column(&r.network),
+                        r.vcpus,
                     ])?;
                 }
             }
@@ -398,9 +410,9 @@ impl Records {
                 "INSERT INTO sandboxes (id, state, op, reason, pid, template, source_tag, forked_from,
                    created_at_unix_ms, memory_limit_bytes, cgroup, disks, last_activity_unix_ms, ttl_seconds,
                    expires_at_unix_ms, archived_at_unix_ms, branch_count, last_branch_tag, cpu_millis, pids_max,
-                   io_limits, uid, network)
+                   io_limits, uid, network, vcpus)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20,
-                   ?21, ?22, ?23)
+                   ?21, ?22, ?23, ?24)
                  ON CONFLICT (id) DO UPDATE SET state = excluded.state, op = excluded.op, reason = excluded.reason,
                    last_activity_unix_ms = excluded.last_activity_unix_ms, ttl_seconds = excluded.ttl_seconds,
                    expires_at_unix_ms = excluded.expires_at_unix_ms, archived_at_unix_ms = excluded.archived_at_unix_ms,
@@ -430,6 +442,7 @@ impl Records {
                 io_column(&r.io_limits),
                 r.uid,
                 network_column(&r.network),
+                r.vcpus,
             ])
             .map(|_| ())
         })
@@ -538,7 +551,7 @@ impl Records {
 const SELECT: &str = "SELECT id, state, op, reason, owner_pid, owner_started_unix_ms, pid, template, source_tag,
   forked_from, created_at_unix_ms, memory_limit_bytes, cgroup, disks, last_activity_unix_ms, ttl_seconds,
   expires_at_unix_ms, archived_at_unix_ms, branch_count, last_branch_tag, cpu_millis, pids_max, io_limits, uid,
-  network FROM sandboxes";
+  network, vcpus FROM sandboxes";
 
 /// A row as read, before its state and disks are decoded.
 struct Row {
@@ -567,6 +580,7 @@ struct Row {
     io_limits: Option<String>,
     uid: Option<u32>,
     network: Option<String>,
+    vcpus: Option<u8>,
 }
 
 fn row_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
@@ -596,6 +610,7 @@ fn row_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
         io_limits: r.get(22)?,
         uid: r.get(23)?,
         network: r.get(24)?,
+        vcpus: r.get(25)?,
     })
 }
 
@@ -660,6 +675,7 @@ impl Row {
                 disks,
                 uid: self.uid,
                 network,
+                vcpus: self.vcpus.unwrap_or(1),
             },
             state,
             op: self.op,

@@ -12,10 +12,16 @@ use forkvm_vmm::devices::attach::RateLimits;
 use forkvm_vmm::devices::virtio::throttle::RateLimit;
 use forkvm_vmm::host::cgroup::Limits;
 
-/// The CPU a sandbox may use unless told otherwise, in thousandths of a CPU: its vCPU
-/// plus one CPU for the VMM's own threads (device backends, a restore's prefetch, the
-/// live-branch writer).
+/// The CPU a one-vCPU sandbox may use unless told otherwise, in thousandths of a CPU
+/// ([`default_cpu_millis`]).
 pub const DEFAULT_CPU_MILLIS: u32 = 2000;
+
+/// The CPU a sandbox with `vcpus` vCPUs may use unless told otherwise: a CPU per vCPU,
+/// plus one for the VMM's own threads (device backends, a restore's prefetch, the
+/// live-branch writer), which would otherwise take their time from the guest's.
+pub fn default_cpu_millis(vcpus: u8) -> u32 {
+    (u32::from(vcpus.max(1)) + 1) * 1000
+}
 
 /// Tasks a sandbox's VMM may have unless told otherwise: its threads, and room for a fork
 /// of the running sandbox into [`super::MAX_SPAWN`] children (each counts in its source's
@@ -186,11 +192,12 @@ impl SpawnOptions {
         }
     }
 
-    /// The cgroup limits of each sandbox: what was asked, the defaults for the rest.
-    pub fn limits(&self) -> Limits {
+    /// The cgroup limits of each sandbox with `vcpus` vCPUs: what was asked, the
+    /// defaults for the rest.
+    pub fn limits(&self, vcpus: u8) -> Limits {
         Limits {
             memory_bytes: self.memory_limit_bytes,
-            cpu_millis: Some(self.cpu_millis.unwrap_or(DEFAULT_CPU_MILLIS)),
+            cpu_millis: Some(self.cpu_millis.unwrap_or_else(|| default_cpu_millis(vcpus))),
             pids_max: Some(self.pids_max.unwrap_or(DEFAULT_PIDS_MAX)),
         }
     }
@@ -202,10 +209,14 @@ mod tests {
 
     #[test]
     fn defaults_fill_what_was_not_asked() {
-        let l = SpawnOptions { cpu_millis: Some(500), ..SpawnOptions::default() }.limits();
+        let l = SpawnOptions { cpu_millis: Some(500), ..SpawnOptions::default() }.limits(2);
         assert_eq!((l.memory_bytes, l.cpu_millis, l.pids_max), (None, Some(500), Some(DEFAULT_PIDS_MAX)));
         assert!(!SpawnOptions::default().asks());
         assert!(SpawnOptions { pids_max: Some(64), ..SpawnOptions::default() }.asks());
+        // The default CPU: one per vCPU, and one for the VMM's threads.
+        for (vcpus, millis) in [(1, DEFAULT_CPU_MILLIS), (2, 3000), (4, 5000)] {
+            assert_eq!(SpawnOptions::default().limits(vcpus).cpu_millis, Some(millis), "{vcpus} vCPUs");
+        }
     }
 
     #[test]

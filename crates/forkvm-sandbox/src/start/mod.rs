@@ -32,7 +32,7 @@ use forkvm_vmm::zygote::{ChildSpec, Owned, ZygoteError};
 use std::sync::Arc;
 use std::time::Instant;
 
-pub use limits::{LimitError, SpawnOptions, DEFAULT_CPU_MILLIS, DEFAULT_PIDS_MAX};
+pub use limits::{default_cpu_millis, LimitError, SpawnOptions, DEFAULT_CPU_MILLIS, DEFAULT_PIDS_MAX};
 
 /// Most sandboxes one call spawns.
 pub const MAX_SPAWN: usize = 4096;
@@ -156,7 +156,7 @@ impl<'r> Batch<'r> {
         // The record keeps what was asked (a fork or restore asks the same), not the
         // defaults, which a start without cgroups does not have.
         let origin = opts.recorded_in(origin);
-        let limits = opts.limits();
+        let limits = opts.limits(origin.vcpus.unwrap_or(1));
         let records: Vec<SandboxRecord> =
             ids.iter().map(|id| registry.new_record(id, origin.clone())).collect::<Result<_, _>>()?;
         registry.begin(&records.iter().collect::<Vec<_>>(), None)?;

@@ -79,8 +79,12 @@ pub fn start_vmms(
     let prepare_ms = ms_since(started);
     let forking = Instant::now();
     let forking_cpu = thread_cpu_time();
-    let origin =
-        Origin { template: source.template().map(String::from), source_tag: source.tag.clone(), ..Origin::default() };
+    let origin = Origin {
+        template: source.template().map(String::from),
+        source_tag: source.tag.clone(),
+        vcpus: Some(source.meta.vcpu_count),
+        ..Origin::default()
+    };
     let mut batch = Batch::begin(registry, ids, origin, opts, VmmUids::Own)?;
     for i in 0..ids.len() {
         let r = &batch.records()[i];

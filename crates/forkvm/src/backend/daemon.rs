@@ -76,6 +76,7 @@ impl Backend for Daemon {
                     cpu_limit_millis: limits.cpu_limit_millis,
                     pids_limit: limits.pids_limit,
                     io_limits: limits.io_limits(),
+                    vcpus: None,
                     per_child_netns: false,
                     prewarm: false,
                     live_fork: false,

@@ -12,7 +12,7 @@ pub fn snapshot(a: &SnapshotArgs, remote: &RemoteArgs) -> Result<Option<i32>> {
     }
     let Some(client) = remote.client()? else { return Ok(None) };
     match &a.command {
-        SnapshotCommand::Create { image, tag, limits, network, json } => {
+        SnapshotCommand::Create { image, tag, limits, network, vcpus, json } => {
             let spinner = Spinner::start(format!("snapshot {tag} from template {image} (a first build takes minutes)"));
             let default_limits = limits.spawn_options().asks().then_some(forkvm_client::api::DefaultLimits {
                 memory_limit_mib: limits.mem_limit_mib,
@@ -25,6 +25,7 @@ pub fn snapshot(a: &SnapshotArgs, remote: &RemoteArgs) -> Result<Option<i32>> {
                 template: image.clone(),
                 default_limits,
                 default_network: network.policy(),
+                vcpus: (*vcpus != 1).then_some(*vcpus),
             };
             let snap = client.create_snapshot(&req)?;
             drop(spinner);

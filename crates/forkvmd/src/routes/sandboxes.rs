@@ -194,6 +194,7 @@ pub async fn create(
     s.blocking(move |s| {
         let started = Instant::now();
         let source = SpawnSource::from_tag(&s.store, &req.snapshot_tag)?;
+        forkvm_sandbox::source::check_vcpus(&req.snapshot_tag, &source.meta, req.vcpus)?;
         let spawner = s.spawner.clone().ok_or_else(|| ApiError::internal("this daemon has no spawner process"))?;
         let op = op_id("spawn");
         let ids: Vec<String> = (0..req.n).map(|_| new_sandbox_id()).collect();
@@ -202,6 +203,7 @@ pub async fn create(
             source_tag: Some(req.snapshot_tag.clone()),
             // A tag may carry a policy of its own, which a spawn asking none takes.
             network: req.network.clone().or_else(|| source.meta.default_network.clone()),
+            vcpus: Some(source.meta.vcpu_count),
             ..Origin::default()
         };
         s.begin_sandboxes(&ids, &op, &limits.recorded_in(origin))?;

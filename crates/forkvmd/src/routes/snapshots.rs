@@ -75,8 +75,15 @@ pub async fn create(
         let artifacts = forkvm_sandbox::Artifacts::ensure(&req.template, &mut |event| {
             tracing::info!(template = %req.template, ?event, "building template artefacts");
         })
+        .and_then(|a| {
+            a.with_vcpus(req.vcpus.unwrap_or(1), &mut |event| {
+                tracing::info!(template = %req.template, ?event, "building the SMP kernel");
+            })
+        })
         .map_err(|e| match e {
-            forkvm_sandbox::ArtifactsError::Template(_) => ApiError::bad_request(e.to_string()),
+            forkvm_sandbox::ArtifactsError::Template(_)
+            | forkvm_sandbox::ArtifactsError::Vcpus(_)
+            | forkvm_sandbox::ArtifactsError::PvmSmp(_) => ApiError::bad_request(e.to_string()),
             other => ApiError::internal(other.to_string()),
         })?;
         let template =

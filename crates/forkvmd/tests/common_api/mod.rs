@@ -117,6 +117,7 @@ pub fn fake_started(e: &Env, id: &str, source_tag: Option<&str>, forked_from: Op
         disks: Vec::new(),
         uid: None,
         network: None,
+        vcpus: 1,
     };
     e.state.registry.write(&record).unwrap();
 }

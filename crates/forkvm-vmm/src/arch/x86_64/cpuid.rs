@@ -50,6 +50,7 @@ pub const PVM_XFEATURES: u64 = 0xe7;
 
 #[derive(Clone, Copy)]
 enum Reg {
+    Eax,
     Ebx,
     Ecx,
     Edx,
@@ -86,6 +87,13 @@ const PVM_HIDDEN: &[(u32, u32, Reg, u8)] = &[
     // Leaf 0x8000_0001: abm/lzcnt (ECX 5), rdtscp (EDX 27).
     (0x8000_0001, 0, Reg::Ecx, 5),
     (0x8000_0001, 0, Reg::Edx, 27),
+    // KVM's paravirtual features that are hypercalls (`vmcall`): PVM does not complete
+    // one for the guest kernel, which then spins on it for ever (an SMP guest stopped at
+    // its first PV IPI). PV_UNHALT (7), PV_SEND_IPI (11), PV_SCHED_YIELD (13); IPIs go
+    // through the LAPIC instead.
+    (0x4000_0001, 0, Reg::Eax, 7),
+    (0x4000_0001, 0, Reg::Eax, 11),
+    (0x4000_0001, 0, Reg::Eax, 13),
 ];
 
 /// What `pvm-compat` clears on top: XSAVE and the features whose state lives in it.
@@ -195,6 +203,7 @@ impl CpuTemplate {
         for &(leaf, subleaf, reg, bit) in profile.hidden.iter().flat_map(|l| l.iter()) {
             for e in entries.iter_mut().filter(|e| e.function == leaf && e.index == subleaf) {
                 let r = match reg {
+                    Reg::Eax => &mut e.eax,
                     Reg::Ebx => &mut e.ebx,
                     Reg::Ecx => &mut e.ecx,
                     Reg::Edx => &mut e.edx,
@@ -279,20 +288,56 @@ pub fn base_cpuid(kvm: &Kvm, template: CpuTemplate) -> Result<Vec<kvm_cpuid_entr
     Ok(entries)
 }
 
-/// Per-vCPU CPUID: APIC ids, and the hypervisor bit so the guest looks for KVM leaves.
+/// Per-vCPU CPUID: the hypervisor bit so the guest looks for KVM leaves, and a topology
+/// of `vcpu_count` single-threaded cores in one package, vCPU i being APIC id i, told
+/// the same way in every leaf a kernel may read it from (Intel's 1, 4, 0xB and 0x1F,
+/// AMD's 0x8000_0008 and 0x8000_001E). Without it the guest would read the host's
+/// cores and threads from KVM's supported CPUID.
 pub fn vcpu_cpuid(
     base: &[kvm_cpuid_entry2],
     vcpu_index: u8,
     vcpu_count: u8,
 ) -> Result<CpuId, vmm_sys_util::fam::Error> {
     let mut entries = base.to_vec();
+    let count = u32::from(vcpu_count.max(1));
+    let apic_id = u32::from(vcpu_index);
+    // Bits of the APIC id that number the cores: enough for every vCPU.
+    let core_bits = u32::BITS - (count - 1).leading_zeros();
     for e in entries.iter_mut() {
-        match e.function {
-            1 => {
+        match (e.function, e.index) {
+            (1, _) => {
                 e.ecx |= 1 << 31; // hypervisor present
-                e.ebx = (e.ebx & 0x0000_ffff) | (u32::from(vcpu_count) << 16) | (u32::from(vcpu_index) << 24);
+                e.ebx = (e.ebx & 0x0000_ffff) | (count << 16) | (apic_id << 24);
+                if count > 1 {
+                    e.edx |= 1 << 28; // HTT: EBX[23:16] is meaningful
+                } else {
+                    e.edx &= !(1 << 28);
+                }
             }
-            0xb | 0x1f => e.edx = u32::from(vcpu_index),
+            // Deterministic cache parameters: cores per package - 1 in EAX[31:26];
+            // each cache is private to its core (EAX[25:14] = 0 threads sharing - 1),
+            // except the last level, shared by the package.
+            (4, _) => {
+                let level = (e.eax >> 5) & 0x7;
+                let sharing = if level >= 3 { count - 1 } else { 0 };
+                e.eax = (e.eax & 0x3fff) | (sharing.min(0xfff) << 14) | ((count - 1).min(0x3f) << 26);
+            }
+            // Extended topology: level 0 is SMT (one thread per core), level 1 the cores.
+            (0xb | 0x1f, level) => {
+                (e.eax, e.ebx, e.ecx) = match level {
+                    0 => (0, 1, 1 << 8),
+                    1 => (core_bits, count, (2 << 8) | 1),
+                    _ => (0, 0, level),
+                };
+                e.edx = apic_id;
+            }
+            (0x8000_0008, _) => e.ecx = (e.ecx & !0xf0ff) | (core_bits << 12) | (count - 1),
+            // AMD: extended APIC id, core id (one thread per core), node 0.
+            (0x8000_001e, _) => {
+                e.eax = apic_id;
+                e.ebx = apic_id & 0xff;
+                e.ecx = 0;
+            }
             _ => {}
         }
     }
@@ -309,8 +354,10 @@ mod tests {
 
     #[test]
     fn pvm_compat_hides_emulator_hostile_features() {
-        let mut e = vec![entry(1, 0), entry(7, 0), entry(0xd, 1), entry(0x8000_0001, 0)];
+        let mut e = vec![entry(1, 0), entry(7, 0), entry(0xd, 1), entry(0x8000_0001, 0), entry(0x4000_0001, 0)];
         CpuTemplate::PvmCompat.apply(&mut e);
+        assert_eq!(e[4].eax & (1 << 7 | 1 << 11 | 1 << 13), 0, "no KVM hypercall features");
+        assert_ne!(e[4].eax & (1 << 3), 0, "kvm-clock stays");
         assert_eq!(e[0].ecx & (1 << 23), 0, "popcnt");
         assert_eq!(e[0].ecx & (1 << 13), 0, "cx16");
         assert_eq!(e[0].ecx & (1 << 26), 0, "xsave");
@@ -383,6 +430,40 @@ mod tests {
         let mut e = vec![entry(1, 0)];
         CpuTemplate::Host.apply(&mut e);
         assert_eq!(e[0].ecx & (1 << 26 | 1 << 27), 0);
+    }
+
+    #[test]
+    fn every_leaf_tells_one_package_of_single_threaded_cores() {
+        let base = vec![
+            entry(1, 0),
+            kvm_cpuid_entry2 { function: 4, index: 0, eax: (1 << 5) | 1, ..Default::default() },
+            kvm_cpuid_entry2 { function: 4, index: 3, eax: (3 << 5) | 3, ..Default::default() },
+            entry(0xb, 0),
+            entry(0xb, 1),
+            entry(0xb, 2),
+            entry(0x8000_0008, 0),
+            entry(0x8000_001e, 0),
+        ];
+        for (count, bits) in [(1u8, 0u32), (2, 1), (3, 2), (4, 2), (8, 3)] {
+            for index in 0..count {
+                let c = vcpu_cpuid(&base, index, count).unwrap();
+                let e = c.as_slice();
+                let what = format!("vCPU {index} of {count}");
+                assert_eq!(e[0].ebx >> 24, u32::from(index), "{what}: leaf 1 APIC id");
+                assert_eq!((e[0].ebx >> 16) & 0xff, u32::from(count), "{what}: leaf 1 count");
+                assert_eq!(e[0].edx & (1 << 28) != 0, count > 1, "{what}: HTT");
+                assert_eq!(e[1].eax >> 26, u32::from(count) - 1, "{what}: leaf 4 cores");
+                assert_eq!((e[1].eax >> 14) & 0xfff, 0, "{what}: L1 is per core");
+                assert_eq!((e[2].eax >> 14) & 0xfff, u32::from(count) - 1, "{what}: L3 is shared");
+                assert_eq!(e[2].eax & 0x3fff, (3 << 5) | 3, "{what}: leaf 4 keeps the cache's own bits");
+                assert_eq!((e[3].eax, e[3].ebx, e[3].ecx, e[3].edx), (0, 1, 0x100, u32::from(index)), "{what}: SMT");
+                assert_eq!((e[4].eax, e[4].ebx, e[4].ecx), (bits, u32::from(count), 0x201), "{what}: cores");
+                assert_eq!((e[5].eax, e[5].ebx, e[5].ecx & 0xff), (0, 0, 2), "{what}: last level");
+                assert_eq!(e[6].ecx & 0xff, u32::from(count) - 1, "{what}: AMD NC");
+                assert_eq!((e[6].ecx >> 12) & 0xf, bits, "{what}: AMD APIC id size");
+                assert_eq!((e[7].eax, e[7].ebx), (u32::from(index), u32::from(index)), "{what}: AMD ids");
+            }
+        }
     }
 
     #[test]
