@@ -25,8 +25,7 @@ const ROUNDS: usize = 20;
 fn boot_smp(vcpus: u8, irqchip: IrqchipMode) -> (Vmm, Console) {
     let (vmm, mut console) = boot_guest_on(TestGuest::Smp, &[u64::from(vcpus), TIMER_COUNT], 16, irqchip, vcpus);
     console.wait_for("smp ready\n", T);
-    let first = report(&vmm, &mut console);
-    wait_all_moved(&first, || report(&vmm, &mut console), &format!("{irqchip} x{vcpus} after boot"));
+    keeps_going(&vmm, &mut console, &format!("{irqchip} x{vcpus} after boot"));
     (vmm, console)
 }
 
@@ -90,6 +89,12 @@ fn wait_all_moved(first: &[VcpuCounts], mut next: impl FnMut() -> Vec<VcpuCounts
     }
 }
 
+/// Checks that every vCPU of an in-process VMM goes on.
+fn keeps_going(vmm: &Vmm, console: &mut Console, what: &str) {
+    let first = report(vmm, console);
+    wait_all_moved(&first, || report(vmm, console), what);
+}
+
 /// Restores `dir` in this process and checks that every vCPU goes on from the image.
 fn check_restored(dir: &Path, vcpus: usize, what: &str) {
     let saved = image_counters(dir, vcpus);
@@ -112,9 +117,8 @@ fn every_vcpu_runs_at_once_with_its_timer_and_ipis() {
         for vcpus in [2u8, 4] {
             let (vmm, mut console) = boot_smp(vcpus, irqchip);
             assert_eq!(vmm.status().vcpus, usize::from(vcpus));
-            let first = report(&vmm, &mut console);
-            assert_eq!(first.len(), usize::from(vcpus));
-            wait_all_moved(&first, || report(&vmm, &mut console), &format!("{irqchip} x{vcpus}"));
+            assert_eq!(report(&vmm, &mut console).len(), usize::from(vcpus));
+            keeps_going(&vmm, &mut console, &format!("{irqchip} x{vcpus}"));
         }
     }
 }
@@ -134,8 +138,7 @@ fn snapshot_and_restore_keep_every_vcpu_going() {
             std::fs::remove_dir_all(&snap).unwrap();
         }
         // The source ran on through every snapshot.
-        let first = report(&vmm, &mut console);
-        wait_all_moved(&first, || report(&vmm, &mut console), "the source");
+        keeps_going(&vmm, &mut console, "the source");
     }
 }
 
@@ -158,8 +161,7 @@ fn live_and_full_branches_keep_every_vcpu_going() {
         check_restored(&b.dir, 2, &format!("{mode:?} branch {round}"));
         std::fs::remove_dir_all(&b.dir).unwrap();
     }
-    let first = report(&vmm, &mut console);
-    wait_all_moved(&first, || report(&vmm, &mut console), "the branched source");
+    keeps_going(&vmm, &mut console, "the branched source");
 }
 
 #[test]
@@ -194,8 +196,7 @@ fn children_of_a_running_smp_vm_keep_every_vcpu_going() {
         );
         shutdown(&mut client, fork.pids[0]);
     }
-    let first = report(&vmm, &mut console);
-    wait_all_moved(&first, || report(&vmm, &mut console), "the forked source");
+    keeps_going(&vmm, &mut console, "the forked source");
 }
 
 #[test]
