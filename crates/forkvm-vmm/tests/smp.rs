@@ -18,6 +18,19 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+/// Kills a forked child's process when dropped (a test that fails must not leave a VMM
+/// spinning on the host's CPUs); after a clean shutdown the pid is gone or a zombie.
+struct KillOnDrop(i32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if alive(self.0) {
+            // SAFETY: kill(2) with a pid this test forked; no memory is involved.
+            unsafe { libc::kill(self.0, libc::SIGKILL) };
+        }
+    }
+}
+
 /// The LAPIC timer's period: 2 ms at KVM's 1 GHz APIC bus.
 const TIMER_COUNT: u64 = 2_000_000;
 const ROUNDS: usize = 20;
@@ -180,6 +193,8 @@ fn children_of_a_running_smp_vm_keep_every_vcpu_going() {
             tap: None,
         };
         let fork = vmm.fork_running(std::slice::from_ref(&child)).unwrap();
+        // A child is a process of its own: killed if a check below fails.
+        let _reaper = KillOnDrop(fork.pids[0]);
         let mut client = wait_socket(&child.socket);
         let status = client.call(&Request::Status {}).unwrap();
         assert_eq!(status["vcpus"], 2, "round {round}: {status}");
