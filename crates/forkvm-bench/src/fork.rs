@@ -65,12 +65,20 @@ const FILL_BASE: u64 = 2 << 20;
 const SEED: u64 = 0x5eed_f00d;
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
 
-fn monitor_config(mem_mib: u64, irqchip: IrqchipMode, vcpus: u8, console: ConsoleOut) -> BootConfig {
-    let mem_size = mem_mib << 20;
+/// The machine the parent (and every cold guest) is: memory, interrupt controller, vCPUs.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    mem_mib: u64,
+    irqchip: IrqchipMode,
+    vcpus: u8,
+}
+
+fn monitor_config(shape: Shape, console: ConsoleOut) -> BootConfig {
+    let mem_size = shape.mem_mib << 20;
     BootConfig {
         mem_size,
-        vcpu_count: vcpus,
-        irqchip,
+        vcpu_count: shape.vcpus,
+        irqchip: shape.irqchip,
         cpu_template: CpuTemplate::for_this_host(),
         payload: Payload::Flat {
             name: TestGuest::Monitor.name().into(),
@@ -85,19 +93,12 @@ fn monitor_config(mem_mib: u64, irqchip: IrqchipMode, vcpus: u8, console: Consol
 }
 
 /// Forks a process that boots the monitor guest and serves `socket` (if any).
-fn spawn_cold(
-    mem_mib: u64,
-    irqchip: IrqchipMode,
-    vcpus: u8,
-    stream: UnixStream,
-    socket: Option<PathBuf>,
-) -> Result<i32> {
+fn spawn_cold(shape: Shape, stream: UnixStream, socket: Option<PathBuf>) -> Result<i32> {
     let pid = fork_and_run(false, move || {
         let run = || -> Result<()> {
             let kvm = open_kvm()?;
             let input = stream.try_clone()?;
-            let vmm =
-                forkvm_vmm::boot(&kvm, monitor_config(mem_mib, irqchip, vcpus, ConsoleOut::new(None, Some(stream))))?;
+            let vmm = forkvm_vmm::boot(&kvm, monitor_config(shape, ConsoleOut::new(None, Some(stream))))?;
             vmm.forward_input(input)?;
             serve_until_exit(vmm, socket.as_deref())?;
             Ok(())
@@ -168,16 +169,11 @@ fn kill_all(pids: &[i32]) {
 }
 
 /// Boots the parent, waits for its warm-up, snapshots it; returns (warm ms, snapshot report).
-fn make_parent_snapshot(
-    dir: &Path,
-    mem_mib: u64,
-    irqchip: IrqchipMode,
-    vcpus: u8,
-) -> Result<(f64, SnapshotReport, PathBuf)> {
+fn make_parent_snapshot(dir: &Path, shape: Shape) -> Result<(f64, SnapshotReport, PathBuf)> {
     let (mut ours, theirs) = UnixStream::pair()?;
     let socket = dir.join("parent.sock");
     let t = Instant::now();
-    let pid = spawn_cold(mem_mib, irqchip, vcpus, theirs, Some(socket.clone()))?;
+    let pid = spawn_cold(shape, theirs, Some(socket.clone()))?;
     wait_all(std::slice::from_mut(&mut ours), b"ready\n", t, &[pid]).context("parent warm-up")?;
     let warm_ms = t.elapsed().as_secs_f64() * 1e3;
     let snap_dir = dir.join("parent-snapshot");
@@ -245,7 +241,7 @@ fn cold_concurrency(n: usize, mem_mib: u64) -> usize {
 /// N cold boots, at most `window` alive at a time (each one is killed once it has
 /// answered, and the next starts): cold guests cannot share memory, so 100 of 512 MiB
 /// do not fit at once. Returns ms until the last answered.
-fn cold_run(n: usize, mem_mib: u64, irqchip: IrqchipMode, vcpus: u8, window: usize) -> Result<f64> {
+fn cold_run(n: usize, shape: Shape, window: usize) -> Result<f64> {
     let start = Instant::now();
     let mut started = 0;
     let mut answered = 0;
@@ -256,7 +252,7 @@ fn cold_run(n: usize, mem_mib: u64, irqchip: IrqchipMode, vcpus: u8, window: usi
             while alive.len() < window && started < n {
                 let (mut ours, theirs) = UnixStream::pair()?;
                 ours.write_all(&monitor::ping())?;
-                alive.push((ours, spawn_cold(mem_mib, irqchip, vcpus, theirs, None)?, Vec::new()));
+                alive.push((ours, spawn_cold(shape, theirs, None)?, Vec::new()));
                 started += 1;
             }
             let mut fds: Vec<libc::pollfd> = alive
@@ -314,7 +310,8 @@ pub fn run(a: BenchForkArgs) -> Result<i32> {
             tmp.clone()
         }
     };
-    let (parent_warm_ms, snapshot, snap_dir) = make_parent_snapshot(&dir, a.mem_mib, a.irqchip, a.vcpus)?;
+    let shape = Shape { mem_mib: a.mem_mib, irqchip: a.irqchip, vcpus: a.vcpus };
+    let (parent_warm_ms, snapshot, snap_dir) = make_parent_snapshot(&dir, shape)?;
     // One child alone: restore-to-first-answer without contention.
     let mut single = Vec::new();
     let mut runs = Vec::new();
@@ -323,8 +320,7 @@ pub fn run(a: BenchForkArgs) -> Result<i32> {
         runs.push(fork_run(&snap_dir, &dir, a.count)?);
     }
     let window = cold_concurrency(a.count, a.mem_mib);
-    let mut cold: Vec<f64> =
-        (0..a.cold_runs).map(|_| cold_run(a.count, a.mem_mib, a.irqchip, a.vcpus, window)).collect::<Result<_>>()?;
+    let mut cold: Vec<f64> = (0..a.cold_runs).map(|_| cold_run(a.count, shape, window)).collect::<Result<_>>()?;
     let med = |f: &dyn Fn(&ForkRun) -> f64| median(&mut runs.iter().map(f).collect::<Vec<_>>());
     let ready_ms = med(&|r| r.ready_ms);
     let mem_med = |f: fn(&MemUsage) -> u64| {
