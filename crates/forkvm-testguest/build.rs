@@ -4,7 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const GUESTS: &[&str] = &["hello", "count", "echo", "monitor", "traps", "dirty", "xsave", "flood", "smp", "sink"];
+const GUESTS: &[&str] =
+    &["hello", "count", "echo", "monitor", "traps", "dirty", "xsave", "flood", "smp", "sink", "atomic"];
 const IMAGE_BASE: &str = "0x100000";
 
 fn run(step: &str, cmd: &mut Command) {

@@ -9,11 +9,17 @@
 //! can neither reap a child before its waiter is registered nor race std's own `waitpid`
 //! on a failed spawn. Statuses of registered pids go to their callback; others are
 //! orphans and are dropped.
+//!
+//! A spawned program must not inherit that mask: a shell whose SIGCHLD stays blocked
+//! sleeps for ever in `wait` once its child outlives the shell's first `waitpid`, which
+//! on several vCPUs (the child runs beside the shell) happens within tens of rounds.
+//! [`Reaper::spawn`] gives every child an empty mask and default signal dispositions.
 
 use std::collections::HashMap;
 use std::io;
 use std::mem;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
 
@@ -80,8 +86,11 @@ impl Reaper {
         Ok(reaper)
     }
 
-    /// Spawns `cmd` and registers `on_exit` for its pid, atomically with respect to reaping.
+    /// Spawns `cmd` with nothing blocked and every signal at its default action, and
+    /// registers `on_exit` for its pid, atomically with respect to reaping.
     pub fn spawn(&self, cmd: &mut Command, on_exit: ExitCallback) -> io::Result<Child> {
+        // SAFETY: `reset_signals` only calls async-signal-safe functions.
+        unsafe { cmd.pre_exec(reset_signals) };
         let mut waiters = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
         let child = cmd.spawn()?;
         waiters.insert(child.id() as libc::pid_t, on_exit);
@@ -117,6 +126,37 @@ impl Reaper {
             }
         }
     }
+}
+
+/// The kernel's `struct sigaction` on x86-64, for `rt_sigaction` without libc (libc
+/// refuses the signals it keeps for itself, 32 and 33, which may still be ignored).
+#[repr(C)]
+struct KernelSigaction {
+    handler: usize,
+    flags: u64,
+    restorer: usize,
+    mask: u64,
+}
+
+/// In a forked child before `exec`: unblocks every signal and sets every catchable one
+/// back to its default action (the agent blocks SIGCHLD; what started the agent may have
+/// ignored others).
+fn reset_signals() -> io::Result<()> {
+    let default = KernelSigaction { handler: libc::SIG_DFL, flags: 0, restorer: 0, mask: 0 };
+    let empty: u64 = 0;
+    // SAFETY: raw rt_sigprocmask/rt_sigaction (async-signal-safe) with pointers to
+    // locals of the kernel's layouts and their size (8 bytes of signal mask).
+    unsafe {
+        if libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_SETMASK, &empty, std::ptr::null_mut::<u64>(), 8) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        for sig in 1..=64 {
+            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                libc::syscall(libc::SYS_rt_sigaction, sig, &default, std::ptr::null_mut::<KernelSigaction>(), 8);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Decodes a raw wait status into (exit code, terminating signal).

@@ -56,6 +56,24 @@ fn signal_death_is_reported() {
     assert_eq!((out.status.code, out.status.signal, out.status.timed_out), (None, Some(SIGTERM), false));
 }
 
+/// The agent blocks SIGCHLD for its reaper; a command that inherited that would sleep
+/// for ever in a shell's `wait` whenever its child outlives the first `waitpid`.
+#[test]
+fn commands_start_with_no_signal_blocked_or_ignored() {
+    let agent = TestAgent::start();
+    let out = agent
+        .client()
+        .exec_collect(&ExecRequest::argv(["grep", "-E", "^Sig(Blk|Ign):", "/proc/self/status"]), b"")
+        .unwrap();
+    assert_eq!(out.status.code, Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n");
+    // And the shell's own `wait` for background children returns, round after round.
+    let mut req = ExecRequest::shell("for i in $(seq 200); do true & wait $! || exit 1; done; echo waited");
+    req.timeout_ms = Some(60_000);
+    let out = agent.client().exec_collect(&req, b"").unwrap();
+    assert_eq!((out.status.timed_out, out.stdout.as_slice()), (false, &b"waited\n"[..]));
+}
+
 #[test]
 fn output_streams_before_exit() {
     let agent = TestAgent::start();

@@ -269,7 +269,7 @@ fn make_source(a: &BenchDiskForkArgs, artifacts: &Artifacts, store: &Store, id: 
     let key = base_key(base).with_context(|| format!("hashing the base {}", base.display()))?;
     let vault = open_vault(store, id)?;
     vault.snapshot(&[DiskInput { id: DATA_DISK_ID.into(), base_key: key, layers: vec![layer.clone()] }])?;
-    write_owner(store, id, &VaultOwner { template: Some(a.template.clone()), source_tag: None })?;
+    write_owner(store, id, &VaultOwner { template: Some(a.template.clone()), source_tag: None, vcpus: None })?;
     std::fs::remove_dir_all(&layer)?;
     Ok(Source { blocks })
 }

@@ -7,9 +7,6 @@ use std::path::{Path, PathBuf};
 
 /// Environment variable naming the static `forkvm-agent` binary to put in images.
 pub const AGENT_BIN_ENV: &str = "FORKVM_AGENT_BIN";
-/// Set to `1` to give Linux sandboxes several vCPUs on a PVM host anyway
-/// ([`ArtifactsError::PvmSmp`]).
-pub const PVM_SMP_ENV: &str = "FORKVM_PVM_SMP";
 pub use forkvm_image::rootfs::catalog::TEMPLATES_ENV;
 
 #[derive(Debug, thiserror::Error)]
@@ -22,12 +19,6 @@ pub enum ArtifactsError {
     Template(Box<CatalogError>),
     #[error("a sandbox has 1 to {max} vCPUs, not {0}", max = forkvm_image::kernel::MAX_VCPUS)]
     Vcpus(u8),
-    #[error(
-        "{0} vCPUs on a PVM host: its instruction emulator runs the guest kernel, and there a process waiting for \
-         another on the other vCPU can miss the wake-up and sleep for ever (docs/linux-sandboxes.md); set \
-         {PVM_SMP_ENV}=1 to use several vCPUs anyway"
-    )]
-    PvmSmp(u8),
     #[error(
         "no static forkvm-agent binary: set {AGENT_BIN_ENV}, install it as <prefix>/lib/forkvm/forkvm-agent beside \
          <prefix>/bin/forkvm, or run crates/forkvm-agent/build-static.sh (looked at {})",
@@ -94,18 +85,13 @@ impl Artifacts {
     }
 
     /// The same template on `vcpus` vCPUs: with more than one, the SMP kernel (built if
-    /// missing, minutes the first time). Refused on a PVM host unless [`PVM_SMP_ENV`]
-    /// says otherwise.
+    /// missing, minutes the first time).
     pub fn with_vcpus(self, vcpus: u8, progress: &mut dyn FnMut(BuildEvent)) -> Result<Artifacts, ArtifactsError> {
         if vcpus == 0 || vcpus > forkvm_image::kernel::MAX_VCPUS {
             return Err(ArtifactsError::Vcpus(vcpus));
         }
         if vcpus == self.vcpus {
             return Ok(self);
-        }
-        let pvm = forkvm_vmm::host::HostKind::detect() == forkvm_vmm::host::HostKind::Pvm;
-        if vcpus > 1 && pvm && std::env::var(PVM_SMP_ENV).as_deref() != Ok("1") {
-            return Err(ArtifactsError::PvmSmp(vcpus));
         }
         let kernel = ensure_kernel_flavour(Flavour::for_vcpus(vcpus), progress)?;
         Ok(Artifacts { kernel_key: key_of(&kernel), kernel, vcpus, ..self })

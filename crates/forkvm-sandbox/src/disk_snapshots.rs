@@ -104,6 +104,10 @@ pub fn vault_dir(store: &Store, id: &str) -> PathBuf {
 pub struct VaultOwner {
     pub template: Option<String>,
     pub source_tag: Option<String>,
+    /// The sandbox's vCPUs, which a disk-only fork boots with too (absent from a record
+    /// written before vCPUs counted: one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcpus: Option<u8>,
 }
 
 fn owner_path(store: &Store, id: &str) -> PathBuf {
@@ -113,7 +117,11 @@ fn owner_path(store: &Store, id: &str) -> PathBuf {
 impl VaultOwner {
     /// The owner record of sandbox `record`'s vault.
     pub fn of(record: &crate::registry::SandboxRecord) -> VaultOwner {
-        VaultOwner { template: record.template.clone(), source_tag: record.source_tag.clone() }
+        VaultOwner {
+            template: record.template.clone(),
+            source_tag: record.source_tag.clone(),
+            vcpus: (record.vcpus > 1).then_some(record.vcpus),
+        }
     }
 }
 
@@ -342,4 +350,20 @@ pub fn list(store: &Store, id: &str) -> Result<Vec<SnapshotInfo>, DiskSnapshotEr
 pub fn export(store: &Store, id: &str, seq: u64, disk: &str, base: &Path, out: &Path) -> Result<(), DiskSnapshotError> {
     let vault = open_vault(store, id)?;
     vault.export_raw(seq, disk, base, out).map_err(|source| DiskSnapshotError::Vault { id: id.to_string(), source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::VaultOwner;
+
+    #[test]
+    fn an_owner_record_keeps_the_vcpus_and_reads_older_records_as_one() {
+        let two = VaultOwner { template: Some("tiny".into()), source_tag: None, vcpus: Some(2) };
+        let text = serde_json::to_string(&two).unwrap();
+        assert_eq!(serde_json::from_str::<VaultOwner>(&text).unwrap(), two);
+        let older: VaultOwner = serde_json::from_str(r#"{"template":"tiny","source_tag":"t"}"#).unwrap();
+        assert_eq!(older.vcpus, None, "a record from before vCPUs counted boots one");
+        let one = VaultOwner { vcpus: None, ..two };
+        assert!(!serde_json::to_string(&one).unwrap().contains("vcpus"), "one vCPU is written as before");
+    }
 }

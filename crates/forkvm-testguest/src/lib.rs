@@ -74,10 +74,15 @@ pub enum TestGuest {
     /// Reads COM1's data register without end and checks that its bytes come in the
     /// order 1..=255, 1.. (counts at [`SINK_RECEIVED_ADDR`], [`SINK_GAPS_ADDR`]).
     Sink,
+    /// Runs on `args[0]` vCPUs at once, in ring 0 (KVM's instruction emulator on PVM
+    /// hosts): `args[1]` rounds each of `lock inc` on one shared word and `lock bts`/`btr`
+    /// of its own bit in another, then vCPU 0 prints `atomic <sum> <lost0> ...` in hex
+    /// (see `guests/atomic.S` and [`atomic::parse_report`]).
+    Atomic,
 }
 
 impl TestGuest {
-    pub const ALL: [TestGuest; 10] = [
+    pub const ALL: [TestGuest; 11] = [
         TestGuest::Hello,
         TestGuest::Count,
         TestGuest::Echo,
@@ -88,6 +93,7 @@ impl TestGuest {
         TestGuest::Flood,
         TestGuest::Smp,
         TestGuest::Sink,
+        TestGuest::Atomic,
     ];
 
     pub fn name(self) -> &'static str {
@@ -102,6 +108,7 @@ impl TestGuest {
             TestGuest::Flood => "flood",
             TestGuest::Smp => "smp",
             TestGuest::Sink => "sink",
+            TestGuest::Atomic => "atomic",
         }
     }
 
@@ -118,6 +125,7 @@ impl TestGuest {
             TestGuest::Flood => include_bytes!(concat!(env!("OUT_DIR"), "/flood.bin")),
             TestGuest::Smp => include_bytes!(concat!(env!("OUT_DIR"), "/smp.bin")),
             TestGuest::Sink => include_bytes!(concat!(env!("OUT_DIR"), "/sink.bin")),
+            TestGuest::Atomic => include_bytes!(concat!(env!("OUT_DIR"), "/atomic.bin")),
         }
     }
 }
@@ -222,6 +230,34 @@ pub mod smp {
     }
 }
 
+/// Reads the `atomic` guest's report.
+pub mod atomic {
+    /// What the guest counted: the shared sum and, per vCPU, how often its own bit was
+    /// not as its last locked instruction left it.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct Report {
+        pub sum: u64,
+        pub lost: Vec<u64>,
+    }
+
+    impl Report {
+        /// Whether every locked instruction was atomic: `vcpus × rounds` increments and
+        /// no bit lost.
+        pub fn atomic(&self, rounds: u64) -> bool {
+            self.sum == self.lost.len() as u64 * rounds && self.lost.iter().all(|&l| l == 0)
+        }
+    }
+
+    /// Parses `atomic <sum> <lost0> <lost1> ...` (hex).
+    pub fn parse_report(line: &str) -> Option<Report> {
+        let rest = line.trim().strip_prefix("atomic")?;
+        let words: Vec<u64> =
+            rest.split_whitespace().map(|w| u64::from_str_radix(w, 16)).collect::<Result<_, _>>().ok()?;
+        let (&sum, lost) = words.split_first()?;
+        (!lost.is_empty()).then(|| Report { sum, lost: lost.to_vec() })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -230,7 +266,7 @@ mod tests {
     fn every_guest_is_assembled_and_small() {
         for g in TestGuest::ALL {
             let img = g.image();
-            assert!(img.len() > 0x480 && img.len() < 64 * 1024, "{g}: {} bytes", img.len());
+            assert!(img.len() > 0x80 && img.len() < 64 * 1024, "{g}: {} bytes", img.len());
             // The first instruction is `cli`.
             assert_eq!(img[0], 0xfa, "{g} does not start with cli");
         }
@@ -254,6 +290,17 @@ mod tests {
         assert_eq!(smp::parse_report("smp 1 2"), None);
         assert_eq!(smp::parse_report("smp"), None);
         assert_eq!(smp::parse_report("nope 1 2 3"), None);
+    }
+
+    #[test]
+    fn atomic_reports_parse() {
+        let r = atomic::parse_report("atomic 0000000000000014 0 0000000000000000\n").unwrap();
+        assert_eq!(r, atomic::Report { sum: 20, lost: vec![0, 0] });
+        assert!(r.atomic(10));
+        assert!(!r.atomic(11));
+        assert!(!atomic::parse_report("atomic 14 0 1").unwrap().atomic(10));
+        assert_eq!(atomic::parse_report("atomic 14"), None);
+        assert_eq!(atomic::parse_report("atomic x 0"), None);
     }
 
     #[test]

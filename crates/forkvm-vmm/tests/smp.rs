@@ -225,3 +225,22 @@ fn one_vcpus_exit_stops_the_whole_vm() {
     drop(vmm);
     assert!(started.elapsed() < Duration::from_secs(5), "the other vCPUs took {:?} to stop", started.elapsed());
 }
+
+/// A Linux guest on several vCPUs relies on locked instructions being atomic between
+/// vCPUs; on PVM hosts its kernel runs in KVM's instruction emulator. Every vCPU here
+/// runs `lock inc` on one word and `lock bts`/`btr` of its own bit in another, in ring 0.
+#[test]
+fn ring_zero_locked_instructions_are_atomic_across_vcpus() {
+    const ROUNDS: u64 = 20_000;
+    for vcpus in [2u8, 4] {
+        let (vmm, mut console) =
+            boot_guest_on(TestGuest::Atomic, &[u64::from(vcpus), ROUNDS], 16, IrqchipMode::Split, vcpus);
+        console.wait_for("atomic ", T);
+        let line = console.line(T);
+        let report = forkvm_testguest::atomic::parse_report(&format!("atomic {line}"))
+            .unwrap_or_else(|| panic!("bad report {line:?}"));
+        assert_eq!(report.lost.len(), usize::from(vcpus), "{report:?}");
+        assert!(report.atomic(ROUNDS), "{vcpus} vCPUs: {report:?} (expected the sum {})", ROUNDS * u64::from(vcpus));
+        assert_eq!(vmm.exit_latch().wait(Some(T)), Some(VcpuExitReason::GuestExit(0)));
+    }
+}

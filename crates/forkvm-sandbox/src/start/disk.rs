@@ -215,10 +215,11 @@ pub fn start_disk_fork(
         .iter()
         .find(|d| d.id == DATA_DISK_ID)
         .ok_or(DiskForkError::NoDataDisk { id: source.into(), seq: snap.seq })?;
-    let owner = read_owner(store, source)
-        .and_then(|o| o.template)
-        .ok_or_else(|| DiskForkError::UnknownTemplate(source.into()))?;
-    let artifacts = Artifacts::ensure(&owner, &mut |_| {})?;
+    let recorded = read_owner(store, source);
+    let vcpus = recorded.as_ref().and_then(|o| o.vcpus).unwrap_or(1);
+    let owner = recorded.and_then(|o| o.template).ok_or_else(|| DiskForkError::UnknownTemplate(source.into()))?;
+    // The new sandbox boots on as many vCPUs as its source had.
+    let artifacts = Artifacts::ensure(&owner, &mut |_| {})?.with_vcpus(vcpus, &mut |_| {})?;
     let have = base_key(&artifacts.scratch).map_err(|e| DiskForkError::Step {
         id: source.into(),
         step: "reading the data-disk base",
@@ -233,7 +234,12 @@ pub fn start_disk_fork(
         });
     }
 
-    let origin = Origin { template: Some(owner.clone()), forked_from: Some(source.to_string()), ..Origin::default() };
+    let origin = Origin {
+        template: Some(owner.clone()),
+        forked_from: Some(source.to_string()),
+        vcpus: Some(vcpus),
+        ..Origin::default()
+    };
     let mut batch = Batch::begin(registry, std::slice::from_ref(&id), origin, opts, VmmUids::Own)?;
     let step = |step: &'static str, reason: String| DiskForkError::Step { id: source.to_string(), step, reason };
     // The snapshot as the new sandbox's own lowest layer: decrypted now (eager), or a

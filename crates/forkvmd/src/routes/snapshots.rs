@@ -81,9 +81,9 @@ pub async fn create(
             })
         })
         .map_err(|e| match e {
-            forkvm_sandbox::ArtifactsError::Template(_)
-            | forkvm_sandbox::ArtifactsError::Vcpus(_)
-            | forkvm_sandbox::ArtifactsError::PvmSmp(_) => ApiError::bad_request(e.to_string()),
+            forkvm_sandbox::ArtifactsError::Template(_) | forkvm_sandbox::ArtifactsError::Vcpus(_) => {
+                ApiError::bad_request(e.to_string())
+            }
             other => ApiError::internal(other.to_string()),
         })?;
         let template =
