@@ -17,6 +17,7 @@ fn main() {
     let src = Path::new("guests");
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
     println!("cargo:rerun-if-changed=guests/prelude.S");
+    println!("cargo:rerun-if-changed=guests/puthex.S");
     for guest in GUESTS {
         let source = src.join(format!("{guest}.S"));
         println!("cargo:rerun-if-changed={}", source.display());

@@ -66,7 +66,8 @@ pub struct CreateSnapshotRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_network: Option<NetworkPolicy>,
     /// forkvm: vCPUs of the tag's sandboxes, 1 to 16 (the template booted on that many,
-    /// once, then cached); absent: 1. A sandbox keeps its snapshot's count.
+    /// once, then cached); absent: the template's `vcpus`, else 1. A sandbox keeps its
+    /// snapshot's count.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vcpus: Option<u8>,
 }

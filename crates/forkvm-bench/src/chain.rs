@@ -96,7 +96,7 @@ fn run_in(a: &BenchChainArgs, work: &std::path::Path) -> Result<i32> {
     let store = Store::open(work.join("store"));
     let registry = Registry::open(work.join("run"));
     let cache = assembled_cache();
-    let template = crate::util::template_snapshot(&a.image, 1)?;
+    let template = crate::util::template_snapshot(&a.image, Some(1))?;
     forkvm_sandbox::publish_template(&store, &template, "base", &Default::default(), None)?;
     let chunks = ChunkStore::open(store.root());
 

@@ -80,7 +80,7 @@ fn source_tag(a: &BenchSpawnArgs, store: &Store) -> Result<String> {
     if let Some(tag) = &a.tag {
         return Ok(tag.clone());
     }
-    let template = crate::util::template_snapshot(&a.template, a.vcpus)?;
+    let template = crate::util::template_snapshot(&a.template, Some(a.vcpus))?;
     let tag = format!("bench-{}-{}", a.template, &template.key[..template.key.len().min(12)]);
     if store.lookup(&tag).is_err() {
         forkvm_sandbox::publish_template(store, &template, &tag, &Default::default(), None)

@@ -106,10 +106,10 @@ pub fn exec_true_rtts(sb: &Sandbox, n: usize) -> Result<Vec<f64>> {
     Ok(rtts)
 }
 
-/// Template `image`'s snapshot on `vcpus` vCPUs, building the kernel, image and snapshot
+/// Template `image`'s snapshot on `vcpus` vCPUs (none: the template's count), building the kernel, image and snapshot
 /// if missing, with progress on stderr (the CLI's `snapshot create` and `fork --image`
 /// use it too).
-pub fn template_snapshot(image: &str, vcpus: u8) -> Result<TemplateSnapshot> {
+pub fn template_snapshot(image: &str, vcpus: Option<u8>) -> Result<TemplateSnapshot> {
     let mut view = forkvm_image::progress::ProgressView::new();
     let artifacts = forkvm_sandbox::Artifacts::ensure(image, &mut |e| view.show(&e))
         .and_then(|a| a.with_vcpus(vcpus, &mut |e| view.show(&e)));

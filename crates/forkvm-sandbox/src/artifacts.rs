@@ -39,8 +39,11 @@ pub struct Artifacts {
     /// The kernel for [`Artifacts::vcpus`] (its flavour: `forkvm_image::kernel::Flavour`).
     pub kernel: PathBuf,
     pub kernel_key: String,
-    /// vCPUs the template's machine has (1 unless [`Artifacts::with_vcpus`] said more).
+    /// vCPUs the template's machine has: the template's `vcpus` (absent: 1) unless
+    /// [`Artifacts::with_vcpus`] said otherwise.
     pub vcpus: u8,
+    /// What the template itself asks for (its `vcpus`, absent: 1).
+    pub template_vcpus: u8,
     pub image: BuiltImage,
     /// The blank base of every sandbox's layered data disk.
     pub scratch: PathBuf,
@@ -73,20 +76,31 @@ pub fn agent_binary() -> Result<PathBuf, ArtifactsError> {
 
 impl Artifacts {
     /// Kernel and image for the template called `name` in the configured catalog
-    /// (never a path), built if missing; `progress` sees kernel build events.
+    /// (never a path), on the template's vCPUs, built if missing; `progress` sees kernel
+    /// build events.
     pub fn ensure(name: &str, progress: &mut dyn FnMut(BuildEvent)) -> Result<Artifacts, ArtifactsError> {
         let template = Catalog::configured().get(name)?;
+        let template_vcpus = template.template.vcpus.unwrap_or(1);
         let cache = forkvm_image::kernel::cache_dir();
-        let kernel = ensure_kernel(progress)?;
+        let kernel = if template_vcpus > 1 {
+            ensure_kernel_flavour(Flavour::for_vcpus(template_vcpus), progress)?
+        } else {
+            ensure_kernel(progress)?
+        };
         let kernel_key = key_of(&kernel);
         let image = ensure_image(&template.template, &template.text, &agent_binary()?, &cache)?;
         let scratch = ensure_scratch_disk(&cache)?;
-        Ok(Artifacts { kernel, kernel_key, vcpus: 1, image, scratch, cache })
+        Ok(Artifacts { kernel, kernel_key, vcpus: template_vcpus, template_vcpus, image, scratch, cache })
     }
 
-    /// The same template on `vcpus` vCPUs: with more than one, the SMP kernel (built if
-    /// missing, minutes the first time).
-    pub fn with_vcpus(self, vcpus: u8, progress: &mut dyn FnMut(BuildEvent)) -> Result<Artifacts, ArtifactsError> {
+    /// The same template on `vcpus` vCPUs (none: the template's own count): with more
+    /// than one, the SMP kernel (built if missing, minutes the first time).
+    pub fn with_vcpus(
+        self,
+        vcpus: Option<u8>,
+        progress: &mut dyn FnMut(BuildEvent),
+    ) -> Result<Artifacts, ArtifactsError> {
+        let vcpus = vcpus.unwrap_or(self.template_vcpus);
         if vcpus == 0 || vcpus > forkvm_image::kernel::MAX_VCPUS {
             return Err(ArtifactsError::Vcpus(vcpus));
         }

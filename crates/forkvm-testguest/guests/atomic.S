@@ -52,11 +52,15 @@ report:
         jz      3f
         call    putc
         jmp     2b
-3:      mov     rax, [SUM]
+3:      mov     al, ' '
+        call    putc
+        mov     rax, [SUM]
         call    puthex
         xor     ebx, ebx
 4:      cmp     rbx, [ARGS]
         jae     5f
+        mov     al, ' '
+        call    putc
         mov     rax, [LOST + 8 * rbx]
         call    puthex
         inc     ebx
@@ -74,22 +78,6 @@ putc:
         out     dx, al
         ret
 
-# ' ' then rax as 16 hex digits
-puthex:
-        mov     r8, rax
-        mov     al, ' '
-        call    putc
-        mov     r9d, 16
-1:      rol     r8, 4
-        mov     al, r8b
-        and     al, 0xf
-        add     al, '0'
-        cmp     al, '9'
-        jbe     2f
-        add     al, 'a' - '9' - 1
-2:      call    putc
-        dec     r9d
-        jnz     1b
-        ret
+        .include "puthex.S"
 
 msg:    .asciz  "atomic"

@@ -173,26 +173,7 @@ puts:
         pop     rsi
         ret
 
-puthex:
-        push    rax
-        push    rcx
-        push    rbx
-        mov     rbx, rax
-        mov     ecx, 16
-1:      rol     rbx, 4
-        mov     al, bl
-        and     al, 0xf
-        add     al, '0'
-        cmp     al, '9'
-        jbe     2f
-        add     al, 'a' - '9' - 1
-2:      call    putc
-        dec     ecx
-        jnz     1b
-        pop     rbx
-        pop     rcx
-        pop     rax
-        ret
+        .include "puthex.S"
 
 getc:
         push    rdx

@@ -41,9 +41,10 @@ pub struct BuildArgs {
     /// Also boot it once into its template snapshot (what `forkvm run` restores).
     #[arg(long)]
     pub snapshot: bool,
-    /// The machine's vCPUs (more than one: the SMP kernel).
-    #[arg(long, default_value_t = 1)]
-    pub vcpus: u8,
+    /// The machine's vCPUs (more than one: the SMP kernel); default: the template's
+    /// `vcpus`, else 1.
+    #[arg(long)]
+    pub vcpus: Option<u8>,
 }
 
 #[derive(Args, Debug)]
@@ -164,9 +165,9 @@ mod tests {
         let c = Cli::try_parse_from(["x", "kernel", "--smp"]).unwrap();
         assert!(matches!(c.image, ImageCommand::Kernel(KernelArgs { json: false, smp: true })));
         let c = Cli::try_parse_from(["x", "build", "tiny", "--snapshot"]).unwrap();
-        assert!(matches!(c.image, ImageCommand::Build(BuildArgs { snapshot: true, vcpus: 1, .. })));
+        assert!(matches!(c.image, ImageCommand::Build(BuildArgs { snapshot: true, vcpus: None, .. })));
         let c = Cli::try_parse_from(["x", "build", "tiny", "--snapshot", "--vcpus", "2"]).unwrap();
-        assert!(matches!(c.image, ImageCommand::Build(BuildArgs { vcpus: 2, .. })));
+        assert!(matches!(c.image, ImageCommand::Build(BuildArgs { vcpus: Some(2), .. })));
         assert!(Cli::try_parse_from(["x", "rootfs"]).is_err());
     }
 }

@@ -29,9 +29,10 @@ pub struct RunArgs {
     /// Kill the command after this many seconds (exit status 124, like timeout(1)).
     #[arg(long)]
     pub timeout: Option<f64>,
-    /// vCPUs of the sandbox (the template boots on that many once, cached).
-    #[arg(long, default_value_t = 1)]
-    pub vcpus: u8,
+    /// vCPUs of the sandbox (the template boots on that many once, cached); default: the
+    /// template's `vcpus`, else 1.
+    #[arg(long)]
+    pub vcpus: Option<u8>,
     /// Print timings to stderr.
     #[arg(long, short = 'v')]
     pub verbose: bool,

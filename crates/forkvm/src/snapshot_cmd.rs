@@ -35,9 +35,9 @@ pub enum SnapshotCommand {
         #[command(flatten)]
         network: crate::network_cmd::NetworkArgs,
         /// vCPUs of the tag's sandboxes (the template boots on that many once, cached; a
-        /// sandbox keeps its snapshot's count).
-        #[arg(long, default_value_t = 1)]
-        vcpus: u8,
+        /// sandbox keeps its snapshot's count); default: the template's `vcpus`, else 1.
+        #[arg(long)]
+        vcpus: Option<u8>,
         #[arg(long)]
         json: bool,
     },

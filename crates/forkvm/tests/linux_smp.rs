@@ -96,23 +96,25 @@ fn a_vcpu_count_outside_the_range_is_refused() {
     assert!(env.json(&["snapshot", "ls", "--json"]).as_array().unwrap().is_empty(), "a refused create left a tag");
 }
 
-#[test]
-fn two_vcpus_run_processes_on_both() {
+/// A sandbox from a `tiny` template on `n` vCPUs, checked from inside.
+fn processes_run_on_every_vcpu(n: u8) {
     let _turn = turn();
     let env = CliEnv::new();
-    template(&env, "tiny2", 2);
-    let id = env.fork("--tag", "tiny2", 1).remove(0);
-    check_inside(&env, &id, 2);
+    let tag = format!("tiny{n}");
+    template(&env, &tag, n);
+    let id = env.fork("--tag", &tag, 1).remove(0);
+    assert_eq!(vcpus_of(&env, &id), n);
+    check_inside(&env, &id, usize::from(n));
+}
+
+#[test]
+fn two_vcpus_run_processes_on_both() {
+    processes_run_on_every_vcpu(2);
 }
 
 #[test]
 fn four_vcpus_run_processes_on_all() {
-    let _turn = turn();
-    let env = CliEnv::new();
-    template(&env, "tiny4", 4);
-    let id = env.fork("--tag", "tiny4", 1).remove(0);
-    assert_eq!(vcpus_of(&env, &id), 4);
-    check_inside(&env, &id, 4);
+    processes_run_on_every_vcpu(4);
 }
 
 /// Starts a counter pinned to each of two vCPUs, at the lowest priority so that the

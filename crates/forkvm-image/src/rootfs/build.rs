@@ -92,7 +92,7 @@ pub fn ensure_image(
     cache: &Path,
 ) -> Result<BuiltImage, RootfsError> {
     let agent = std::fs::read(agent_bin).map_err(|source| RootfsError::Agent { path: agent_bin.into(), source })?;
-    let key = image_key(&template.base, text, &agent);
+    let key = image_key(&template.base, &super::template::image_text(text), &agent);
     let dir = cache.join("images").join(format!("{}-{key}", template.name));
     let meta_path = dir.join("image.json");
     let built = || {

@@ -7,6 +7,7 @@
 //! pip = []                          # PyPI packages, installed with the image's pip
 //! python = "/usr/bin/python3"       # the agent's warm interpreter
 //! warmup_eval = "import numpy"      # run in the warm interpreter before the template snapshot
+//! vcpus = 2                         # vCPUs of its sandboxes unless a snapshot asks otherwise (1)
 //! [files]
 //! "/etc/motd" = "hello\n"           # extra files: path = content
 //! ```
@@ -30,6 +31,22 @@ pub struct Template {
     pub warmup_eval: Option<String>,
     #[serde(default)]
     pub files: BTreeMap<String, String>,
+    /// vCPUs of the template snapshot (and so of its sandboxes) unless a `snapshot create`
+    /// or `POST /v1/snapshots` asks for another count; absent: 1. Not part of the image
+    /// ([`image_text`]): the same root filesystem serves every count.
+    #[serde(default)]
+    pub vcpus: Option<u8>,
+}
+
+/// The part of a template's text its image is made from: the text without `vcpus`, which
+/// only says how the image boots. A template without `vcpus` is its own text, so the
+/// images of existing templates keep their keys.
+pub fn image_text(text: &str) -> std::borrow::Cow<'_, str> {
+    let Ok(mut table) = text.parse::<toml::Table>() else { return std::borrow::Cow::Borrowed(text) };
+    match table.remove("vcpus") {
+        Some(_) => std::borrow::Cow::Owned(table.to_string()),
+        None => std::borrow::Cow::Borrowed(text),
+    }
 }
 
 /// What the root filesystem starts from.
@@ -105,6 +122,9 @@ impl Template {
         if let Some(py) = t.python.as_deref().filter(|py| !is_plain_absolute_path(py)) {
             return invalid(format!("python {py:?} must be an absolute path of letters, digits and ._-/"));
         }
+        if let Some(n) = t.vcpus.filter(|&n| n == 0 || n > crate::kernel::MAX_VCPUS) {
+            return invalid(format!("vcpus = {n}: a sandbox has 1 to {} vCPUs", crate::kernel::MAX_VCPUS));
+        }
         if t.warmup_eval.is_some() && t.python.is_none() {
             return invalid("warmup_eval needs python = \"/path/to/python3\"".into());
         }
@@ -163,8 +183,24 @@ mod tests {
         assert!(debian("pip = [\"--index-url=http://x\"]").contains("pip requirement"));
         assert!(debian("pip = [\"git+https://x/y\"]").contains("pip requirement"));
         assert!(debian("python = \"/usr/bin/python3 -c x\"").contains("absolute path"));
+        assert!(e("name = \"x\"\nbase = \"busybox\"\nvcpus = 0").contains("1 to 16 vCPUs"));
+        assert!(e("name = \"x\"\nbase = \"busybox\"\nvcpus = 17").contains("1 to 16 vCPUs"));
+        assert!(e("name = \"x\"\nbase = \"busybox\"\nvcpus = 300").contains("vcpus"));
+        assert_eq!(Template::parse("name = \"x\"\nbase = \"busybox\"\nvcpus = 4").unwrap().vcpus, Some(4));
         let ok = "name = \"x\"\nbase = \"debian:bookworm\"\npackages = [\"python3-pip\", \"g++\"]\n\
                   pip = [\"numpy>=1.26,<2\", \"requests[socks]==2.31.0\"]\npython = \"/usr/bin/python3.11\"";
         Template::parse(ok).unwrap();
+    }
+
+    #[test]
+    fn vcpus_are_not_part_of_the_image() {
+        let plain = "# tiny\nname = \"tiny\"\nbase = \"busybox\"\n";
+        assert_eq!(image_text(plain), plain, "a template without vcpus keeps its text, and its image key");
+        let two = image_text("name = \"tiny\"\nvcpus = 2\nbase = \"busybox\"\n").into_owned();
+        let four = image_text("name = \"tiny\"\nbase = \"busybox\"\nvcpus = 4\n").into_owned();
+        assert_eq!(two, four, "only the vCPU count differs");
+        assert!(!two.contains("vcpus"), "{two}");
+        let other = image_text("name = \"tiny\"\nbase = \"busybox\"\nvcpus = 2\n[files]\n\"/a\" = \"b\"\n");
+        assert_ne!(two, other, "everything else still counts");
     }
 }

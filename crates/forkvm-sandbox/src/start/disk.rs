@@ -219,7 +219,7 @@ pub fn start_disk_fork(
     let vcpus = recorded.as_ref().and_then(|o| o.vcpus).unwrap_or(1);
     let owner = recorded.and_then(|o| o.template).ok_or_else(|| DiskForkError::UnknownTemplate(source.into()))?;
     // The new sandbox boots on as many vCPUs as its source had.
-    let artifacts = Artifacts::ensure(&owner, &mut |_| {})?.with_vcpus(vcpus, &mut |_| {})?;
+    let artifacts = Artifacts::ensure(&owner, &mut |_| {})?.with_vcpus(Some(vcpus), &mut |_| {})?;
     let have = base_key(&artifacts.scratch).map_err(|e| DiskForkError::Step {
         id: source.into(),
         step: "reading the data-disk base",

@@ -144,7 +144,7 @@ impl Backend for Local {
                 (s, t, None)
             }
             NewFrom::Image(image) => {
-                let template = forkvm_bench::util::template_snapshot(image, 1)?;
+                let template = forkvm_bench::util::template_snapshot(image, None)?;
                 let source = SpawnSource::from_template(&template)?;
                 let (s, t) = forkvm_sandbox::spawn(&self.registry, &source, n, &opts)?;
                 (s, t, None)

@@ -25,7 +25,7 @@ pub fn snapshot(a: &SnapshotArgs, remote: &RemoteArgs) -> Result<Option<i32>> {
                 template: image.clone(),
                 default_limits,
                 default_network: network.policy(),
-                vcpus: (*vcpus != 1).then_some(*vcpus),
+                vcpus: *vcpus,
             };
             let snap = client.create_snapshot(&req)?;
             drop(spinner);

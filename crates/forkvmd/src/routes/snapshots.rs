@@ -76,7 +76,7 @@ pub async fn create(
             tracing::info!(template = %req.template, ?event, "building template artefacts");
         })
         .and_then(|a| {
-            a.with_vcpus(req.vcpus.unwrap_or(1), &mut |event| {
+            a.with_vcpus(req.vcpus, &mut |event| {
                 tracing::info!(template = %req.template, ?event, "building the SMP kernel");
             })
         })
