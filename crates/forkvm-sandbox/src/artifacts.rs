@@ -1,7 +1,7 @@
 //! Finding (and building, through `forkvm-image`) what a sandbox is made of: the guest
 //! kernel, the static agent binary and a template's root filesystem image.
 
-use forkvm_image::kernel::{ensure_kernel, ensure_kernel_flavour, BuildEvent, Flavour, KernelError};
+use forkvm_image::kernel::{ensure_kernel_flavour, BuildEvent, Flavour, KernelError};
 use forkvm_image::rootfs::{ensure_image, ensure_scratch_disk, BuiltImage, Catalog, CatalogError, RootfsError};
 use std::path::{Path, PathBuf};
 
@@ -82,11 +82,7 @@ impl Artifacts {
         let template = Catalog::configured().get(name)?;
         let template_vcpus = template.template.vcpus.unwrap_or(1);
         let cache = forkvm_image::kernel::cache_dir();
-        let kernel = if template_vcpus > 1 {
-            ensure_kernel_flavour(Flavour::for_vcpus(template_vcpus), progress)?
-        } else {
-            ensure_kernel(progress)?
-        };
+        let kernel = ensure_kernel_flavour(Flavour::for_vcpus(template_vcpus), progress)?;
         let kernel_key = key_of(&kernel);
         let image = ensure_image(&template.template, &template.text, &agent_binary()?, &cache)?;
         let scratch = ensure_scratch_disk(&cache)?;
