@@ -66,11 +66,10 @@ fn check_inside(env: &CliEnv, id: &str, n: usize) {
             2 * n + 1
         ),
     );
-    let report: serde_json::Value =
+    let report: forkvm_proto::vector_check::VectorCheckReport =
         serde_json::from_str(check.lines().rev().find(|l| l.starts_with('{')).unwrap()).unwrap();
-    for class in report["classes"].as_array().unwrap() {
-        assert!(class["checked"].as_u64().unwrap() > 0 && class["wrong"] == 0, "{report}");
-    }
+    assert!(report.classes.iter().all(|c| c.checked > 0), "{report:?}");
+    assert!(report.failures().is_empty(), "{}", report.describe_failures());
     // n spinners at once; on a host with n cores they take about one spinner's time.
     let serial = timed(env, id, SPIN);
     let parallel = timed(env, id, &format!("for i in $(seq {n}); do {SPIN} & done; wait"));
