@@ -6,18 +6,82 @@
 //! full pipe while the host is still sending stdin (the host reads only after `End`).
 //! After the process exits, output is drained until both pipes close or
 //! [`DRAIN_AFTER_EXIT`] passes (a background process may keep them open).
+//!
+//! A request may name a guest user to run as ([`GuestUser`]) and ask for a `Started`
+//! frame with the pid; running execs are listed in [`Running`] so a `signal` request can
+//! reach them (and only them) while they run.
 
+use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
+use std::path::Path;
 use std::process::{ChildStdin, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
-use forkvm_proto::{read_frame, write_frame, AgentError, ExecRequest, ExitStatus, FrameKind, Response, DATA_CHUNK};
+use forkvm_proto::{
+    read_frame, write_frame, write_json, AgentError, ErrorKind, ExecRequest, ExitStatus, FrameKind, Response,
+    SignalRequest, Started, DATA_CHUNK,
+};
 
+use crate::guest_user::GuestUser;
 use crate::reaper::{decode_status, Reaper};
 use crate::server::ServeError;
+
+/// The process groups of the execs running now: what a `signal` request may reach.
+#[derive(Debug, Default)]
+pub struct Running {
+    pgids: Mutex<HashSet<libc::pid_t>>,
+}
+
+impl Running {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<libc::pid_t>> {
+        self.pgids.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sends `req.signal` to the process group of a running exec.
+    pub fn signal(&self, req: SignalRequest) -> Response {
+        if !(1..=64).contains(&req.signal) {
+            return Response::Error(AgentError::new(
+                ErrorKind::InvalidInput,
+                format!("signal {} is not a signal number (1..=64)", req.signal),
+            ));
+        }
+        let Ok(pgid) = libc::pid_t::try_from(req.pid) else {
+            return Response::Error(AgentError::new(
+                ErrorKind::InvalidInput,
+                format!("pid {} is out of range", req.pid),
+            ));
+        };
+        // Held across kill(2): the group cannot be reaped and its pid reused meanwhile.
+        let running = self.lock();
+        if !running.contains(&pgid) {
+            return Response::Error(AgentError::new(
+                ErrorKind::NotFound,
+                format!("no running exec has pid {}", req.pid),
+            ));
+        }
+        // SAFETY: kill(2) on a process group this agent created and has not reaped.
+        if unsafe { libc::kill(-pgid, req.signal) } != 0 {
+            let e = std::io::Error::last_os_error();
+            return Response::Error(AgentError::from_io(&format!("signalling process group {pgid}"), &e));
+        }
+        Response::Done
+    }
+}
+
+/// Removes an exec from [`Running`] when its conversation ends, however it ends.
+struct Listed<'a> {
+    running: &'a Running,
+    pgid: libc::pid_t,
+}
+
+impl Drop for Listed<'_> {
+    fn drop(&mut self) {
+        self.running.lock().remove(&self.pgid);
+    }
+}
 
 /// How long to keep forwarding output after the process exited.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(250);
@@ -29,8 +93,21 @@ enum Event {
 }
 
 /// Runs one exec conversation on `conn` and returns the final response.
-pub fn run(conn: &mut UnixStream, req: ExecRequest, reaper: &Reaper) -> Result<Response, ServeError> {
-    let mut cmd = build_command(&req);
+pub fn run(
+    conn: &mut UnixStream,
+    req: ExecRequest,
+    reaper: &Reaper,
+    running: &Running,
+) -> Result<Response, ServeError> {
+    let mut cmd = match build_command(&req) {
+        Ok(cmd) => cmd,
+        Err(e) => {
+            if req.stdin {
+                drain_input(conn, None)?;
+            }
+            return Ok(Response::Error(e));
+        }
+    };
     let (tx, rx) = mpsc::channel::<Event>();
     let exit_tx = tx.clone();
     let started = Instant::now();
@@ -51,6 +128,11 @@ pub fn run(conn: &mut UnixStream, req: ExecRequest, reaper: &Reaper) -> Result<R
         }
     };
     let pgid = child.id() as libc::pid_t;
+    running.lock().insert(pgid);
+    let _listed = Listed { running, pgid };
+    if req.report_start {
+        write_json(conn, FrameKind::Started, &Started { pid: child.id() }).map_err(ServeError::SendOutput)?;
+    }
     for (pipe, kind) in [
         (child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>), FrameKind::Stdout),
         (child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>), FrameKind::Stderr),
@@ -92,7 +174,7 @@ pub fn run(conn: &mut UnixStream, req: ExecRequest, reaper: &Reaper) -> Result<R
     Ok(Response::Exit(ExitStatus { code, signal, timed_out, duration_ms: duration.as_millis() as u64 }))
 }
 
-fn build_command(req: &ExecRequest) -> Command {
+fn build_command(req: &ExecRequest) -> Result<Command, AgentError> {
     let mut cmd = match &req.command {
         forkvm_proto::Command::Argv(argv) => {
             let mut cmd = Command::new(argv.first().map(String::as_str).unwrap_or(""));
@@ -106,12 +188,15 @@ fn build_command(req: &ExecRequest) -> Command {
         }
     };
     cmd.envs(req.env.iter().map(|(k, v)| (k, v)));
+    if let Some(user) = &req.user {
+        GuestUser::lookup(Path::new("/"), user)?.apply(&mut cmd, req.cwd.is_some());
+    }
     if let Some(cwd) = &req.cwd {
         cmd.current_dir(cwd);
     }
     cmd.stdin(if req.stdin { Stdio::piped() } else { Stdio::null() });
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
-    cmd
+    Ok(cmd)
 }
 
 /// Forwards output until exit + EOFs (or the drain deadline); kills the group at the

@@ -1,6 +1,7 @@
 //! File requests: streamed read, streamed atomic write (temp file + rename in the same
 //! directory), list, stat, mkdir and remove. Failures become `Response::Error` with an
-//! errno-like kind; only connection-level problems are `ServeError`s.
+//! errno-like kind; only connection-level problems are `ServeError`s. A write or mkdir
+//! may name a guest user as owner of what it creates (the agent itself runs as root).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
@@ -14,7 +15,30 @@ use forkvm_proto::{
     DATA_CHUNK,
 };
 
+use crate::guest_user::GuestUser;
 use crate::server::ServeError;
+
+/// The uid and gid of `owner`, when one is named.
+fn owner_ids(owner: Option<&str>) -> Result<Option<(u32, u32)>, AgentError> {
+    owner.map(|name| GuestUser::lookup(Path::new("/"), name).map(|u| (u.uid, u.gid))).transpose()
+}
+
+/// Creates `dir` and its missing parents; those it created are chowned to `ids`.
+fn create_dirs(dir: &Path, mode: u32, ids: Option<(u32, u32)>, what: &str) -> Result<(), AgentError> {
+    let missing: Vec<&Path> = dir.ancestors().take_while(|a| !a.as_os_str().is_empty() && !a.exists()).collect();
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(dir)
+        .map_err(|e| AgentError::from_io(&format!("create {what}"), &e))?;
+    if let Some((uid, gid)) = ids {
+        for d in missing {
+            std::os::unix::fs::lchown(d, Some(uid), Some(gid))
+                .map_err(|e| AgentError::from_io(&format!("chown {}", d.display()), &e))?;
+        }
+    }
+    Ok(())
+}
 
 /// Streams a file as `Data` frames, then `ReadDone`.
 pub fn read_file(conn: &mut UnixStream, path: &str) -> Result<Response, ServeError> {
@@ -69,8 +93,9 @@ fn create_temp(req: &WriteFileRequest) -> Result<TempFile, AgentError> {
         ));
     };
     let parent = if parent.as_os_str().is_empty() { Path::new(".") } else { parent };
+    let ids = owner_ids(req.owner.as_deref())?;
     if req.create_parents {
-        fs::create_dir_all(parent).map_err(|e| AgentError::from_io(&format!("create parents of {}", req.path), &e))?;
+        create_dirs(parent, 0o755, ids, &format!("parents of {}", req.path))?;
     }
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     let tmp = parent.join(format!(".{}.forkvm-{}-{n}.tmp", name.to_string_lossy(), std::process::id()));
@@ -80,7 +105,12 @@ fn create_temp(req: &WriteFileRequest) -> Result<TempFile, AgentError> {
         .mode(0o600)
         .open(&tmp)
         .map_err(|e| AgentError::from_io(&format!("create temp file for {}", req.path), &e))?;
-    Ok(TempFile { path: tmp, file, done: false })
+    let tmp = TempFile { path: tmp, file, done: false };
+    if let Some((uid, gid)) = ids {
+        std::os::unix::fs::fchown(&tmp.file, Some(uid), Some(gid))
+            .map_err(|e| AgentError::from_io(&format!("chown {}", req.path), &e))?;
+    }
+    Ok(tmp)
 }
 
 /// Receives `Data` frames until `End` into a temp file, then renames it over the target.
@@ -172,11 +202,35 @@ pub fn stat(path: &str) -> Response {
 
 /// Creates a directory (and parents, if asked).
 pub fn mkdir(req: &MkdirRequest) -> Response {
-    let mut builder = fs::DirBuilder::new();
-    builder.recursive(req.parents).mode(req.mode.unwrap_or(0o755));
-    match builder.create(&req.path) {
+    let ids = match owner_ids(req.owner.as_deref()) {
+        Ok(ids) => ids,
+        Err(e) => return Response::Error(e),
+    };
+    let mode = req.mode.unwrap_or(0o755);
+    let made = if req.parents {
+        create_dirs(Path::new(&req.path), mode, ids, &req.path)
+    } else {
+        fs::DirBuilder::new()
+            .mode(mode)
+            .create(&req.path)
+            .map_err(|e| AgentError::from_io(&format!("mkdir {}", req.path), &e))
+            .and_then(|()| match ids {
+                Some((uid, gid)) => std::os::unix::fs::lchown(&req.path, Some(uid), Some(gid))
+                    .map_err(|e| AgentError::from_io(&format!("chown {}", req.path), &e)),
+                None => Ok(()),
+            })
+    };
+    match made {
         Ok(()) => Response::Done,
-        Err(e) => Response::Error(AgentError::from_io(&format!("mkdir {}", req.path), &e)),
+        Err(e) => Response::Error(e),
+    }
+}
+
+/// Renames `from` to `to`.
+pub fn rename(from: &str, to: &str) -> Response {
+    match fs::rename(from, to) {
+        Ok(()) => Response::Done,
+        Err(e) => Response::Error(AgentError::from_io(&format!("rename {from} to {to}"), &e)),
     }
 }
 

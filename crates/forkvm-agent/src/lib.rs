@@ -14,6 +14,7 @@
 
 pub mod exec;
 pub mod files;
+pub mod guest_user;
 pub mod identity;
 pub mod init;
 pub mod interp;

@@ -79,6 +79,7 @@ impl ServeError {
 pub struct Agent {
     started: Instant,
     reaper: Arc<Reaper>,
+    running: crate::exec::Running,
     interp: Option<Interp>,
     identity_sys: Box<dyn IdentitySys>,
     sandbox_id: Mutex<Option<String>>,
@@ -116,6 +117,7 @@ impl Agent {
         Self {
             started: Instant::now(),
             reaper,
+            running: crate::exec::Running::default(),
             interp,
             identity_sys,
             sandbox_id: Mutex::new(None),
@@ -181,13 +183,15 @@ impl Agent {
     fn dispatch(&self, conn: &mut UnixStream, req: Request) -> Result<Response, ServeError> {
         Ok(match req {
             Request::Ping => Response::Pong(self.pong()),
-            Request::Exec(req) => return exec::run(conn, req, &self.reaper),
+            Request::Exec(req) => return exec::run(conn, req, &self.reaper, &self.running),
+            Request::Signal(req) => self.running.signal(req),
             Request::ReadFile { path } => return files::read_file(conn, &path),
             Request::WriteFile(req) => return files::write_file(conn, &req),
             Request::List { path } => files::list(&path),
             Request::Stat { path } => files::stat(&path),
             Request::Mkdir(req) => files::mkdir(&req),
             Request::Remove { path, recursive } => files::remove(&path, recursive),
+            Request::Rename { from, to } => files::rename(&from, &to),
             Request::Eval { code } => match &self.interp {
                 Some(interp) => interp.eval(&code).map_or_else(Response::Error, Response::Eval),
                 None => Response::Error(AgentError::new(

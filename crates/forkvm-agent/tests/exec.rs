@@ -122,3 +122,74 @@ fn concurrent_execs_run_on_separate_connections() {
     }
     assert!(started.elapsed() < Duration::from_secs(3), "execs were serialized: {:?}", started.elapsed());
 }
+
+#[test]
+fn a_started_exec_reports_its_pid_and_only_it_can_be_signalled() {
+    let agent = TestAgent::start();
+    let client = agent.client();
+    // A pid no exec of this agent has is refused, not signalled.
+    let e = client.signal(std::process::id(), SIGTERM).unwrap_err();
+    assert!(e.to_string().contains("no running exec has pid"), "{e}");
+    let e = client.signal(1, 0).unwrap_err();
+    assert!(e.to_string().contains("not a signal number"), "{e}");
+
+    let (pid_tx, pid_rx) = mpsc::channel();
+    let runner = {
+        let client = agent.client();
+        std::thread::spawn(move || {
+            let mut on_start = |pid: u32| pid_tx.send(pid).unwrap();
+            let mut out = Vec::new();
+            let st = client
+                .exec_reporting_start(
+                    &ExecRequest::shell("echo up; sleep 30 & wait"),
+                    None,
+                    Some(&mut on_start),
+                    &mut |b| out.extend_from_slice(b),
+                    &mut |_| {},
+                )
+                .unwrap();
+            (st, out)
+        })
+    };
+    let pid = pid_rx.recv_timeout(Duration::from_secs(10)).expect("a started frame before any exit");
+    assert!(std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap().contains("sleep 30"));
+    let t = Instant::now();
+    client.signal(pid, SIGKILL).unwrap();
+    let (st, out) = runner.join().unwrap();
+    assert!(t.elapsed() < Duration::from_secs(10), "the group died at once");
+    assert_eq!((st.code, st.signal), (None, Some(SIGKILL)));
+    assert_eq!(out, b"up\n");
+    // Once it ended, its pid is no one's to signal.
+    assert!(client.signal(pid, SIGKILL).unwrap_err().to_string().contains("no running exec"));
+}
+
+#[test]
+fn an_exec_runs_as_the_user_it_names_or_fails_clearly() {
+    let agent = TestAgent::start();
+    let mut req = ExecRequest::shell("id -u; id -g; echo $HOME $USER $LOGNAME; pwd");
+    req.user = Some("no-such-user-here".into());
+    let e = agent.client().exec_collect(&req, b"").unwrap_err();
+    assert!(e.to_string().contains("\"no-such-user-here\" does not exist in the guest"), "{e}");
+
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return; // switching users needs root, as the agent has in a guest
+    }
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
+    let nobody: Vec<&str> =
+        passwd.lines().find(|l| l.starts_with("nobody:")).expect("a nobody user").split(':').collect();
+    req.user = Some("nobody".into());
+    let out = agent.client().exec_collect(&req, b"").unwrap();
+    let home = nobody[5];
+    let cwd = if std::path::Path::new(home).is_dir() {
+        home.to_string()
+    } else {
+        std::env::current_dir().unwrap().display().to_string()
+    };
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{}\n{}\n{home} nobody nobody\n{cwd}\n", nobody[2], nobody[3]),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

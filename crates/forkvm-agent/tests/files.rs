@@ -7,7 +7,7 @@ use common::TestAgent;
 use forkvm_proto::{ClientError, ErrorKind, FileType, MkdirRequest, WriteFileRequest};
 
 fn write(agent: &TestAgent, path: &str, data: &[u8]) -> u64 {
-    let req = WriteFileRequest { path: path.into(), mode: None, create_parents: false };
+    let req = WriteFileRequest { path: path.into(), mode: None, create_parents: false, owner: None };
     agent.client().write_file(&req, &mut &data[..]).unwrap()
 }
 
@@ -35,7 +35,7 @@ fn round_trips_are_byte_identical() {
 fn write_replaces_atomically_with_mode_and_parents() {
     let agent = TestAgent::start();
     let path = agent.path("a/b/c.txt");
-    let req = WriteFileRequest { path: path.clone(), mode: Some(0o600), create_parents: true };
+    let req = WriteFileRequest { path: path.clone(), mode: Some(0o600), create_parents: true, owner: None };
     agent.client().write_file(&req, &mut &b"one"[..]).unwrap();
     agent.client().write_file(&req, &mut &b"two!"[..]).unwrap();
     assert_eq!(agent.client().read_file_to_vec(&path).unwrap(), b"two!");
@@ -45,7 +45,7 @@ fn write_replaces_atomically_with_mode_and_parents() {
     let names: Vec<_> = agent.client().list(&agent.path("a/b")).unwrap().into_iter().map(|e| e.name).collect();
     assert_eq!(names, ["c.txt"]);
     // Without create_parents a missing parent is NotFound.
-    let req = WriteFileRequest { path: agent.path("nope/x"), mode: None, create_parents: false };
+    let req = WriteFileRequest { path: agent.path("nope/x"), mode: None, create_parents: false, owner: None };
     assert_eq!(kind(agent.client().write_file(&req, &mut &b"data"[..]).unwrap_err()), ErrorKind::NotFound);
 }
 
@@ -54,9 +54,10 @@ fn list_stat_mkdir_remove() {
     let agent = TestAgent::start();
     let c = agent.client();
     let root = agent.path("tree");
-    c.mkdir(&MkdirRequest { path: format!("{root}/x/y"), parents: true, mode: Some(0o750) }).unwrap();
-    c.mkdir(&MkdirRequest { path: format!("{root}/x/y"), parents: true, mode: None }).unwrap();
-    let err = c.mkdir(&MkdirRequest { path: format!("{root}/x"), parents: false, mode: None }).unwrap_err();
+    c.mkdir(&MkdirRequest { path: format!("{root}/x/y"), parents: true, mode: Some(0o750), owner: None }).unwrap();
+    c.mkdir(&MkdirRequest { path: format!("{root}/x/y"), parents: true, mode: None, owner: None }).unwrap();
+    let err =
+        c.mkdir(&MkdirRequest { path: format!("{root}/x"), parents: false, mode: None, owner: None }).unwrap_err();
     assert_eq!(kind(err), ErrorKind::AlreadyExists);
     write(&agent, &format!("{root}/x/file"), b"12345");
     std::os::unix::fs::symlink("file", format!("{root}/x/link")).unwrap();
@@ -89,4 +90,51 @@ fn missing_paths_and_wrong_types_are_typed_errors() {
     assert_eq!(kind(c.list(&agent.path("f")).unwrap_err()), ErrorKind::NotADirectory);
     let err = c.read_file_to_vec(&missing).unwrap_err();
     assert!(err.to_string().contains(&missing), "error names the path: {err}");
+}
+
+#[test]
+fn what_a_write_or_mkdir_creates_belongs_to_the_owner_it_names_and_rename_moves() {
+    use std::os::unix::fs::MetadataExt;
+    let agent = TestAgent::start();
+    let c = agent.client();
+    let req = WriteFileRequest {
+        path: agent.path("o/p/f"),
+        mode: None,
+        create_parents: true,
+        owner: Some("ghost-user".into()),
+    };
+    let e = c.write_file(&req, &mut &b"x"[..]).unwrap_err();
+    assert!(e.to_string().contains("\"ghost-user\" does not exist"), "{e}");
+    assert!(!std::path::Path::new(&agent.path("o")).exists(), "a failed owner lookup creates nothing");
+
+    c.write_file(&WriteFileRequest { owner: None, ..req.clone() }, &mut &b"x"[..]).unwrap();
+    c.rename(&agent.path("o/p/f"), &agent.path("o/g")).unwrap();
+    assert_eq!(std::fs::read(agent.path("o/g")).unwrap(), b"x");
+    assert_eq!(kind(c.rename(&agent.path("o/p/f"), &agent.path("o/h")).unwrap_err()), ErrorKind::NotFound);
+
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return; // chown needs root, as the agent has in a guest
+    }
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
+    let nobody: Vec<&str> = passwd.lines().find(|l| l.starts_with("nobody:")).unwrap().split(':').collect();
+    let (uid, gid): (u32, u32) = (nobody[2].parse().unwrap(), nobody[3].parse().unwrap());
+    let req = WriteFileRequest {
+        path: agent.path("o/new/deeper/f"),
+        mode: None,
+        create_parents: true,
+        owner: Some("nobody".into()),
+    };
+    c.write_file(&req, &mut &b"y"[..]).unwrap();
+    let ids = |p: &str| {
+        let m = std::fs::metadata(agent.path(p)).unwrap();
+        (m.uid(), m.gid())
+    };
+    assert_eq!([ids("o/new"), ids("o/new/deeper"), ids("o/new/deeper/f")], [(uid, gid); 3]);
+    assert_eq!(ids("o"), (0, 0), "a parent that existed keeps its owner");
+    c.mkdir(&MkdirRequest { path: agent.path("o/d1/d2"), parents: true, mode: None, owner: Some("nobody".into()) })
+        .unwrap();
+    c.mkdir(&MkdirRequest { path: agent.path("o/d3"), parents: false, mode: None, owner: Some("nobody".into()) })
+        .unwrap();
+    assert_eq!([ids("o/d1"), ids("o/d1/d2"), ids("o/d3")], [(uid, gid); 3]);
 }

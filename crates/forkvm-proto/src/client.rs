@@ -11,7 +11,7 @@ use std::time::Duration;
 use crate::frame::{read_frame, write_frame, write_json, FrameError, FrameKind, DATA_CHUNK};
 use crate::msg::{
     AgentError, EvalResponse, ExecRequest, ExitStatus, FileInfo, IdentityApplied, IdentityRequest, MkdirRequest, Pong,
-    ProtocolError, Request, Response, WriteFileRequest,
+    ProtocolError, Request, Response, SignalRequest, Started, WriteFileRequest,
 };
 use crate::vsock::{connect_vsock_uds, VsockConnectError};
 
@@ -205,9 +205,24 @@ impl<S: Read + Write + IdleLimit> AgentClient<S> {
         on_stdout: &mut dyn FnMut(&[u8]),
         on_stderr: &mut dyn FnMut(&[u8]),
     ) -> Result<ExitStatus, ClientError> {
+        self.exec_reporting_start(req, stdin, None, on_stdout, on_stderr)
+    }
+
+    /// [`exec`](Self::exec), and with `on_start` the agent reports the process's pid
+    /// first (`report_start`), so a caller can [`signal`](Self::signal) it while it
+    /// runs. An agent too old to report it calls `on_start` never.
+    pub fn exec_reporting_start(
+        &self,
+        req: &ExecRequest,
+        stdin: Option<&mut dyn Read>,
+        mut on_start: Option<&mut dyn FnMut(u32)>,
+        on_stdout: &mut dyn FnMut(&[u8]),
+        on_stderr: &mut dyn FnMut(&[u8]),
+    ) -> Result<ExitStatus, ClientError> {
         let step = "exec";
         let mut req = req.clone();
         req.stdin = stdin.is_some();
+        req.report_start = on_start.is_some();
         let limit = idle_limit::exec(req.timeout_ms);
         let (mut stream, limit) = self.start(step, &Request::Exec(req), limit)?;
         if let Some(src) = stdin {
@@ -218,6 +233,14 @@ impl<S: Read + Write + IdleLimit> AgentClient<S> {
             match frame.kind {
                 FrameKind::Stdout => on_stdout(&frame.payload),
                 FrameKind::Stderr => on_stderr(&frame.payload),
+                FrameKind::Started => {
+                    let started: Started = serde_json::from_slice(&frame.payload).map_err(|e| {
+                        ClientError::Unexpected { step, got: format!("a malformed started frame: {e}") }
+                    })?;
+                    if let Some(f) = on_start.as_mut() {
+                        f(started.pid);
+                    }
+                }
                 _ => {
                     return match decode_final(&frame, step)? {
                         Response::Exit(status) => Ok(status),
@@ -300,11 +323,21 @@ impl<S: Read + Write + IdleLimit> AgentClient<S> {
         self.expect_done("remove", &Request::Remove { path: path.into(), recursive })
     }
 
+    /// Renames a guest path.
+    pub fn rename(&self, from: &str, to: &str) -> Result<(), ClientError> {
+        self.expect_done("rename", &Request::Rename { from: from.into(), to: to.into() })
+    }
+
     fn expect_done(&self, step: &'static str, req: &Request) -> Result<(), ClientError> {
         match self.call(step, req, idle_limit::CALL)? {
             Response::Done => Ok(()),
             other => Err(unexpected(step, &other)),
         }
+    }
+
+    /// Sends `signal` to the process group of the exec that reported `pid`.
+    pub fn signal(&self, pid: u32, signal: i32) -> Result<(), ClientError> {
+        self.expect_done("signal", &Request::Signal(SignalRequest { pid, signal }))
     }
 
     /// Runs `code` in the warm interpreter.

@@ -11,9 +11,10 @@ pub const MAGIC: [u8; 2] = *b"FV";
 
 /// Wire protocol version.
 ///
-/// Compatibility rule: adding an optional message field (with `#[serde(default)]`) or a
+/// Compatibility rule: adding an optional message field (with `#[serde(default)]`), a
 /// new request whose absence the peer can detect (`Response::Error { kind: Unsupported }`)
-/// keeps the version; anything else (header layout, frame kinds, renamed or required
+/// or a new frame kind sent only when such a field asks for it (`Started`) keeps the
+/// version; anything else (header layout, frame kinds, renamed or required
 /// fields, changed conversation order) bumps it. Host and agent must use the same version;
 /// a mismatch is answered with an `Error` frame of code `version_mismatch`.
 pub const PROTOCOL_VERSION: u8 = 1;
@@ -45,6 +46,9 @@ pub enum FrameKind {
     Data = 0x06,
     /// End of a host → agent `Stdin`/`Data` stream; empty payload.
     End = 0x07,
+    /// JSON `Started`, agent → host: the exec's process is running (only when the
+    /// request set `report_start`).
+    Started = 0x08,
     /// JSON `ProtocolError`: the agent rejected a frame.
     Error = 0x7f,
 }
@@ -60,6 +64,7 @@ impl FrameKind {
             0x05 => Self::Stderr,
             0x06 => Self::Data,
             0x07 => Self::End,
+            0x08 => Self::Started,
             0x7f => Self::Error,
             _ => return None,
         })

@@ -42,8 +42,17 @@ fn json_messages_round_trip() {
             cwd: Some("/tmp".into()),
             stdin: true,
             timeout_ms: Some(200),
+            user: Some("user".into()),
+            report_start: true,
         }),
-        Request::WriteFile(WriteFileRequest { path: "/a".into(), mode: Some(0o600), create_parents: true }),
+        Request::Signal(crate::SignalRequest { pid: 42, signal: 9 }),
+        Request::Rename { from: "/a".into(), to: "/b".into() },
+        Request::WriteFile(WriteFileRequest {
+            path: "/a".into(),
+            mode: Some(0o600),
+            create_parents: true,
+            owner: None,
+        }),
         Request::Identity(IdentityRequest {
             sandbox_id: "sb-1".into(),
             hostname: "h".into(),

@@ -23,6 +23,7 @@
 //! | 0x05 | `Stderr`   | agent → host  | raw bytes the process wrote to stderr           |
 //! | 0x06 | `Data`     | both          | raw file bytes (`read_file` / `write_file`)     |
 //! | 0x07 | `End`      | host → agent  | empty: end of a `Stdin` or `Data` stream        |
+//! | 0x08 | `Started`  | agent → host  | JSON [`Started`]: the exec's pid (when asked)   |
 //! | 0x7f | `Error`    | agent → host  | JSON [`ProtocolError`]: the frame was rejected  |
 //!
 //! # Conversations
@@ -36,10 +37,12 @@
 //! | `ping`                   | —                    | `Response::Pong`                              |
 //! | `exec` (`stdin: false`)  | —                    | `Stdout`/`Stderr`*, `Response::Exit`          |
 //! | `exec` (`stdin: true`)   | `Stdin`*, `End`      | `Stdout`/`Stderr`*, `Response::Exit`          |
+//! | `exec` (`report_start`)  | as above             | `Started`, then as above                      |
+//! | `signal`                 | —                    | `Response::Done`                              |
 //! | `read_file`              | —                    | `Data`*, `Response::ReadDone`                 |
 //! | `write_file`             | `Data`*, `End`       | `Response::Written`                           |
 //! | `list` / `stat`          | —                    | `Response::Entries` / `Response::Stat`        |
-//! | `mkdir` / `remove`       | —                    | `Response::Done`                              |
+//! | `mkdir` / `remove` / `rename` | —               | `Response::Done`                              |
 //! | `eval`                   | —                    | `Response::Eval`                              |
 //! | `identity`               | —                    | `Response::Identity`                          |
 //! | `shutdown`               | —                    | `Response::ShuttingDown`, then the guest resets |
@@ -75,6 +78,6 @@ pub use frame::{
 pub use msg::{
     AgentError, Command, EntropyOutcome, ErrorKind, EvalOutcome, EvalResponse, ExecRequest, ExitStatus, FileInfo,
     FileType, IdentityApplied, IdentityRequest, MkdirRequest, Pong, ProtocolError, ProtocolErrorCode, Request,
-    Response, WriteFileRequest,
+    Response, SignalRequest, Started, WriteFileRequest,
 };
 pub use vsock::{connect_vsock_uds, connect_vsock_uds_within, VsockConnectError};

@@ -31,10 +31,15 @@ pub enum Request {
         #[serde(default)]
         recursive: bool,
     },
+    /// Rename a path (`rename(2)`: within one file system, replacing a file target).
+    Rename { from: String, to: String },
     /// Run code in the warm interpreter.
     Eval { code: String },
     /// Apply a fresh identity after a snapshot restore.
     Identity(IdentityRequest),
+    /// Send a signal to the process group of a running exec (its pid from `Started`).
+    /// Only processes the agent started can be signalled; another pid is `NotFound`.
+    Signal(SignalRequest),
     /// Sync and reset the guest (or exit the agent when it is not PID 1).
     Shutdown,
 }
@@ -66,6 +71,16 @@ pub struct ExecRequest {
     /// Kill the process group after this long and report `timed_out`.
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// Run as this guest user (a name in the guest's `/etc/passwd`): its uid, gid and
+    /// groups, with `HOME`, `USER` and `LOGNAME` set and its home as the default working
+    /// directory. The agent's own user (root) when absent.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Send a `Started` frame with the process's pid before any output, so the caller
+    /// can signal it while it runs. An agent that predates it sends none; the caller
+    /// then sees output or the exit first.
+    #[serde(default)]
+    pub report_start: bool,
 }
 
 impl ExecRequest {
@@ -80,8 +95,24 @@ impl ExecRequest {
     }
 
     fn new(command: Command) -> Self {
-        Self { command, env: Vec::new(), cwd: None, stdin: false, timeout_ms: None }
+        Self { command, env: Vec::new(), cwd: None, stdin: false, timeout_ms: None, user: None, report_start: false }
     }
+}
+
+/// Payload of a `Started` frame: the process an exec started (and its process group's
+/// id: every exec is the leader of a group of its own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Started {
+    pub pid: u32,
+}
+
+/// A `signal` request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignalRequest {
+    /// The pid a `Started` frame reported.
+    pub pid: u32,
+    /// The signal number (1..=64; not 0).
+    pub signal: i32,
 }
 
 /// How an exec ended.
@@ -108,6 +139,10 @@ pub struct WriteFileRequest {
     /// Create missing parent directories.
     #[serde(default)]
     pub create_parents: bool,
+    /// The guest user who owns the file and the parents this request creates; root
+    /// (the agent's own user) when absent.
+    #[serde(default)]
+    pub owner: Option<String>,
 }
 
 /// A `mkdir` request.
@@ -121,6 +156,9 @@ pub struct MkdirRequest {
     /// Permission bits (before umask); 0o755 when absent.
     #[serde(default)]
     pub mode: Option<u32>,
+    /// The guest user who owns the directories this request creates; root when absent.
+    #[serde(default)]
+    pub owner: Option<String>,
 }
 
 /// The type of a directory entry.

@@ -43,6 +43,8 @@ pub fn agent_request(req: &ExecRequest) -> Result<forkvm_proto::ExecRequest, Bad
         cwd: req.cwd.clone(),
         stdin: false,
         timeout_ms: Some(req.timeout_secs * 1000),
+        user: None,
+        report_start: false,
     })
 }
 

@@ -77,11 +77,11 @@ fn a_timeout_kills_the_command_and_says_so() {
 #[test]
 fn files_of_0_1_and_50_mib_round_trip_byte_identical() {
     let sb = sandbox();
-    sb.client.mkdir(&MkdirRequest { path: "/tmp/data".into(), parents: true, mode: None }).unwrap();
+    sb.client.mkdir(&MkdirRequest { path: "/tmp/data".into(), parents: true, mode: None, owner: None }).unwrap();
     let big: Vec<u8> = (0..50u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
     for (name, data) in [("empty", Vec::new()), ("one", vec![0x5a]), ("big", big)] {
         let path = format!("/tmp/data/{name}");
-        let req = WriteFileRequest { path: path.clone(), mode: Some(0o640), create_parents: false };
+        let req = WriteFileRequest { path: path.clone(), mode: Some(0o640), create_parents: false, owner: None };
         sb.client.write_file(&req, &mut data.as_slice()).unwrap();
         let back = sb.client.read_file_to_vec(&path).unwrap();
         assert!(back == data, "{name}: {} bytes back, {} written", back.len(), data.len());

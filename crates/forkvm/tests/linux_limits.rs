@@ -11,7 +11,7 @@
 mod cli_env;
 
 use cli_env::CliEnv;
-use forkvm_proto::{AgentClient, Command, ExecRequest};
+use forkvm_proto::{AgentClient, ExecRequest};
 use std::time::{Duration, Instant};
 
 /// How long the guests' load runs at most.
@@ -24,13 +24,7 @@ fn agent(env: &CliEnv, id: &str) -> AgentClient<std::os::unix::net::UnixStream> 
 }
 
 fn run(client: &AgentClient<std::os::unix::net::UnixStream>, script: &str) -> String {
-    let req = ExecRequest {
-        command: Command::Shell(script.into()),
-        env: vec![],
-        cwd: None,
-        stdin: false,
-        timeout_ms: Some(30_000),
-    };
+    let req = ExecRequest { timeout_ms: Some(30_000), ..ExecRequest::shell(script) };
     let out = client.exec_collect(&req, b"").unwrap_or_else(|e| panic!("exec {script:?}: {e}"));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }

@@ -87,6 +87,9 @@ fn mmdebstrap_command(suite: &str, t: &Template, mirror: &str) -> Command {
         let host_ca = Path::new(HOST_CA_BUNDLE).is_file();
         cmd.arg(format!("--customize-hook={}", pip_hook(t, host_ca)));
     }
+    if let Some(user) = &t.user {
+        cmd.arg(format!("--customize-hook={}", user_hook(user)));
+    }
     // The host's environment means nothing in the tree (and `PIP_*`, `REQUESTS_CA_BUNDLE`
     // or `SSL_CERT_FILE` would name host paths there): the build gets a clean one, with
     // the host's proxy settings kept for apt and pip.
@@ -120,6 +123,17 @@ fn pip_hook(t: &Template, host_ca: bool) -> String {
     format!(
         "set -e; trap 'rm -f \"$1{ca}\"' EXIT; cp {HOST_CA_BUNDLE} \"$1{ca}\"; {pip} --cert {ca} {}",
         quoted.join(" ")
+    )
+}
+
+/// The customize hook that adds the template's login user (its name was checked to be
+/// plain, `template.rs`): a home, bash, and passwordless sudo when sudo is installed.
+fn user_hook(user: &str) -> String {
+    format!(
+        "set -e; chroot \"$1\" useradd --create-home --shell /bin/bash '{user}'; \
+         if chroot \"$1\" getent group sudo >/dev/null; then chroot \"$1\" usermod -aG sudo '{user}'; fi; \
+         if [ -d \"$1/etc/sudoers.d\" ]; then echo '{user} ALL=(ALL:ALL) NOPASSWD: ALL' > \"$1/etc/sudoers.d/{user}\"; \
+         chmod 0440 \"$1/etc/sudoers.d/{user}\"; fi"
     )
 }
 

@@ -8,6 +8,7 @@
 //! python = "/usr/bin/python3"       # the agent's warm interpreter
 //! warmup_eval = "import numpy"      # run in the warm interpreter before the template snapshot
 //! vcpus = 2                         # vCPUs of its sandboxes unless a snapshot asks otherwise (1)
+//! user = "user"                     # a login user: /home/user, bash, passwordless sudo (debian)
 //! [files]
 //! "/etc/motd" = "hello\n"           # extra files: path = content
 //! ```
@@ -36,6 +37,11 @@ pub struct Template {
     /// ([`image_text`]): the same root filesystem serves every count.
     #[serde(default)]
     pub vcpus: Option<u8>,
+    /// A login user made in the image (Debian bases): home `/home/<name>`, `/bin/bash`,
+    /// in group `sudo` with passwordless sudo when `sudo` is installed. E2B's SDKs run
+    /// their commands as a user named `user` (docs/e2b.md).
+    #[serde(default)]
+    pub user: Option<String>,
 }
 
 /// The part of a template's text its image is made from: the text without `vcpus`, which
@@ -125,6 +131,16 @@ impl Template {
         if let Some(n) = t.vcpus.filter(|&n| n == 0 || n > crate::kernel::MAX_VCPUS) {
             return invalid(format!("vcpus = {n}: a sandbox has 1 to {} vCPUs", crate::kernel::MAX_VCPUS));
         }
+        if let Some(u) = t.user.as_deref() {
+            if t.base == Base::Busybox {
+                return invalid("user needs a debian base (busybox has no useradd)".into());
+            }
+            if !is_user_name(u) {
+                return invalid(format!(
+                    "user {u:?} must start with a-z or '_' and hold only a-z, 0-9, '_', '-' (32 at most)"
+                ));
+            }
+        }
         if t.warmup_eval.is_some() && t.python.is_none() {
             return invalid("warmup_eval needs python = \"/path/to/python3\"".into());
         }
@@ -150,6 +166,14 @@ fn is_pip_requirement(p: &str) -> bool {
         && p.chars().all(|c| c.is_ascii_alphanumeric() || "._-[],<>=!~".contains(c))
 }
 
+/// A portable user name (`useradd`'s default rule, without `$`); `root` is one already.
+fn is_user_name(u: &str) -> bool {
+    (1..=32).contains(&u.len())
+        && u != "root"
+        && u.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+        && u.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
+}
+
 fn is_plain_absolute_path(p: &str) -> bool {
     p.starts_with('/')
         && p.len() <= 256
@@ -173,6 +197,15 @@ mod tests {
         let e = |text: &str| Template::parse(text).unwrap_err().to_string();
         assert!(e("name = \"x\"\nbase = \"alpine\"").contains("expected \"busybox\""));
         assert!(e("name = \"x\"\nbase = \"busybox\"\npackages = [\"vim\"]").contains("no package manager"));
+        assert!(e("name = \"x\"\nbase = \"busybox\"\nuser = \"user\"").contains("user needs a debian base"));
+        for bad in ["root", "User", "1user", "a b", "x'y", ""] {
+            let text = format!("name = \"x\"\nbase = \"debian:bookworm\"\nuser = \"{bad}\"");
+            assert!(e(&text).contains("must start with"), "{bad}");
+        }
+        assert_eq!(
+            Template::parse("name = \"x\"\nbase = \"debian:bookworm\"\nuser = \"user\"").unwrap().user.as_deref(),
+            Some("user")
+        );
         assert!(e("name = \"x\"\nbase = \"busybox\"\n[files]\n\"../etc\" = \"\"").contains("absolute"));
         assert!(e("name = \"x y\"\nbase = \"busybox\"").contains("letters"));
         assert!(e("name = \"x\"\nbase = \"busybox\"\nsurprise = 1").contains("unknown field"));

@@ -169,7 +169,8 @@ pub async fn write(
     let written = s
         .blocking(move |s| {
             let (c, _in_use) = client(&s, &id)?;
-            let req = WriteFileRequest { path: a.path.clone(), mode: a.mode, create_parents: a.create_parents };
+            let req =
+                WriteFileRequest { path: a.path.clone(), mode: a.mode, create_parents: a.create_parents, owner: None };
             let mut reader = ChannelReader { rx, pending: bytes::Bytes::new() };
             c.write_file(&req, &mut reader).map_err(|e| agent_error(&id, e))
         })

@@ -1,0 +1,151 @@
+//! Guest users for `exec` requests that name one: looked up in the guest's own
+//! `/etc/passwd` and `/etc/group`, then applied to the child (groups, gid, uid, in that
+//! order, after fork) with `HOME`, `USER` and `LOGNAME` set.
+//!
+//! The files are parsed here rather than through `getpwnam`: the agent is linked
+//! statically against glibc, whose NSS lookups would try to load shared modules at run
+//! time. Both formats are seven and four colon-separated fields per line; each file is
+//! read up to [`MAX_FILE`] bytes.
+
+use std::io::{self, Read};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::Command;
+
+use forkvm_proto::{AgentError, ErrorKind};
+
+/// The most of `/etc/passwd` or `/etc/group` read.
+const MAX_FILE: u64 = 4 << 20;
+/// The most supplementary groups applied.
+const MAX_GROUPS: usize = 64;
+
+/// One user of the guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestUser {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub home: String,
+    /// Supplementary groups (the primary one included).
+    pub groups: Vec<u32>,
+}
+
+impl GuestUser {
+    /// Looks `name` up in `<root>/etc/passwd` and `<root>/etc/group`.
+    pub fn lookup(root: &Path, name: &str) -> Result<GuestUser, AgentError> {
+        let passwd = read_bounded(&root.join("etc/passwd"))
+            .map_err(|e| AgentError::from_io("reading /etc/passwd to find the exec's user", &e))?;
+        let mut user = parse_passwd(&passwd, name).ok_or_else(|| {
+            AgentError::new(ErrorKind::NotFound, format!("user {name:?} does not exist in the guest"))
+        })?;
+        // No /etc/group: the primary group alone.
+        let group = read_bounded(&root.join("etc/group")).unwrap_or_default();
+        user.groups = supplementary_groups(&group, name, user.gid);
+        Ok(user)
+    }
+
+    /// Makes `cmd` run as this user, with its environment and (unless the request gave
+    /// one) its home as the working directory.
+    pub fn apply(&self, cmd: &mut Command, cwd_given: bool) {
+        cmd.env("HOME", &self.home).env("USER", &self.name).env("LOGNAME", &self.name);
+        if !cwd_given && Path::new(&self.home).is_dir() {
+            cmd.current_dir(&self.home);
+        }
+        let (uid, gid, groups) = (self.uid, self.gid, self.groups.clone());
+        // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
+        // system calls on memory captured before the fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                    || libc::setgid(gid) != 0
+                    || libc::setuid(uid) != 0
+                {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+}
+
+fn read_bounded(path: &Path) -> io::Result<String> {
+    let mut text = String::new();
+    std::fs::File::open(path)?.take(MAX_FILE).read_to_string(&mut text)?;
+    Ok(text)
+}
+
+/// `name`'s line of a passwd file (`name:pw:uid:gid:gecos:home:shell`).
+fn parse_passwd(text: &str, name: &str) -> Option<GuestUser> {
+    text.lines().find_map(|line| {
+        let f: Vec<&str> = line.split(':').collect();
+        if f.len() < 7 || f[0] != name {
+            return None;
+        }
+        Some(GuestUser {
+            name: name.to_string(),
+            uid: f[2].parse().ok()?,
+            gid: f[3].parse().ok()?,
+            home: if f[5].is_empty() { "/".into() } else { f[5].to_string() },
+            groups: Vec::new(),
+        })
+    })
+}
+
+/// The groups of a group file (`name:pw:gid:member,member`) that list `name`, after
+/// `primary`.
+fn supplementary_groups(text: &str, name: &str, primary: u32) -> Vec<u32> {
+    let mut groups = vec![primary];
+    for line in text.lines() {
+        let f: Vec<&str> = line.split(':').collect();
+        if f.len() < 4 || !f[3].split(',').any(|m| m.trim() == name) {
+            continue;
+        }
+        if let Ok(gid) = f[2].parse::<u32>() {
+            if !groups.contains(&gid) && groups.len() < MAX_GROUPS {
+                groups.push(gid);
+            }
+        }
+    }
+    groups
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PASSWD: &str =
+        "root:x:0:0:root:/root:/bin/bash\nbroken:x:zz:1::/:/bin/sh\nuser:x:1000:1000::/home/user:/bin/bash\n";
+    const GROUP: &str = "root:x:0:\nsudo:x:27:user\nadm:x:4:syslog,user\nuser:x:1000:\nother:x:9:users\n";
+
+    #[test]
+    fn a_user_is_found_with_its_groups_and_a_bad_line_is_skipped() {
+        let mut u = parse_passwd(PASSWD, "user").unwrap();
+        u.groups = supplementary_groups(GROUP, "user", u.gid);
+        assert_eq!(
+            u,
+            GuestUser {
+                name: "user".into(),
+                uid: 1000,
+                gid: 1000,
+                home: "/home/user".into(),
+                groups: vec![1000, 27, 4]
+            }
+        );
+        assert_eq!(parse_passwd(PASSWD, "broken"), None);
+        assert_eq!(parse_passwd(PASSWD, "nobody"), None);
+        assert_eq!(parse_passwd(PASSWD, "use"), None, "a prefix is not a name");
+    }
+
+    #[test]
+    fn a_missing_user_or_passwd_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = GuestUser::lookup(dir.path(), "user").unwrap_err();
+        assert!(e.message.contains("/etc/passwd"), "{e}");
+        std::fs::create_dir(dir.path().join("etc")).unwrap();
+        std::fs::write(dir.path().join("etc/passwd"), PASSWD).unwrap();
+        let e = GuestUser::lookup(dir.path(), "ghost").unwrap_err();
+        assert_eq!(e.kind, ErrorKind::NotFound);
+        assert!(e.message.contains("\"ghost\" does not exist"), "{e}");
+        assert_eq!(GuestUser::lookup(dir.path(), "user").unwrap().groups, vec![1000], "no group file: the primary");
+    }
+}
