@@ -101,6 +101,8 @@ pub struct DaemonArgs {
     /// files). For debugging only: a VMM outside it sees the whole host filesystem.
     #[arg(long)]
     no_jail: bool,
+    #[command(flatten)]
+    e2b: crate::daemon_e2b_args::E2bArgs,
 }
 
 /// A parsed interval flag (`None`: off).
@@ -160,6 +162,7 @@ pub fn run(a: DaemonArgs) -> Result<i32> {
     if a.max_connections == 0 {
         bail!("--max-connections must be at least 1");
     }
+    let e2b = a.e2b.config()?;
     let cfg = DaemonConfig {
         socket: a.socket.unwrap_or_else(|| DaemonConfig::default_socket(&registry)),
         state_dir: a.state_dir.unwrap_or_else(|| DaemonConfig::default_state_dir(&store)),
@@ -191,6 +194,7 @@ pub fn run(a: DaemonArgs) -> Result<i32> {
         },
         spawner_exe: std::env::current_exe().context("finding the forkvm binary to run the spawner")?,
         ports_domain: a.ports_domain,
+        e2b,
     };
     forkvmd::run(cfg)?;
     Ok(0)

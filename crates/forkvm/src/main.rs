@@ -4,6 +4,7 @@ mod archive_cmd;
 mod backend;
 mod chain_cmd;
 mod daemon_cmd;
+mod daemon_e2b_args;
 mod disk_cmd;
 mod doctor;
 mod fork_cmd;

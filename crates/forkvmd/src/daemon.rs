@@ -43,6 +43,8 @@ pub struct DaemonConfig {
     pub spawner_exe: PathBuf,
     /// The domain exposed ports have origins of their own under (`{port}-{id}.<it>`).
     pub ports_domain: String,
+    /// The E2B face's listeners and settings (off unless given).
+    pub e2b: crate::e2b::E2bConfig,
 }
 
 impl DaemonConfig {
@@ -133,6 +135,7 @@ pub fn run(mut cfg: DaemonConfig) -> Result<(), DaemonError> {
             }
             None => None,
         };
+        crate::e2b::start(state.clone(), cfg.e2b.clone()).await?;
         use std::io::Write;
         let _ = std::io::stdout().flush();
         tokio::spawn(reopen_on_hangup(audit.clone()));

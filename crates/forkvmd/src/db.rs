@@ -207,6 +207,12 @@ impl Db {
         Ok(Db { conn })
     }
 
+    /// The connection, for the tables of a part of the daemon that keeps its own
+    /// (`e2b::records`), which creates them with `CREATE TABLE IF NOT EXISTS`.
+    pub(crate) fn conn(&self) -> &Connection {
+        &self.conn
+    }
+
     /// The sandbox rows of a version 2 file (none in a version 3 one), as registry rows.
     pub fn legacy_sandboxes(&self, registry: &Registry) -> Result<Vec<RegistryRow>, DbError> {
         let has_table: bool = self.conn.query_row(

@@ -15,6 +15,7 @@ pub mod daemon;
 pub mod db;
 pub mod disk;
 pub mod dpop;
+pub mod e2b;
 pub mod error;
 pub mod extract;
 pub mod gate;

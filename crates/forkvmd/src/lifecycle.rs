@@ -149,6 +149,51 @@ pub fn use_sandbox(s: &AppState, id: &str) -> Result<(SandboxRecord, InUse), Api
     Ok((r, InUse { entry }))
 }
 
+/// Pauses sandbox `id` because a client asked (E2B's pause; blocking): its vCPUs stop
+/// and its row says `paused`, reason `api`. One the daemon paused when idle keeps its
+/// stopped vCPUs and takes the new reason. Returns `false` when a client had paused it
+/// already. A forkvm call that uses it later resumes it, as it resumes an idle one.
+pub fn pause_requested(s: &AppState, id: &str) -> Result<bool, ApiError> {
+    let entry = s.lifecycle.entry(id);
+    let _a = lock(&entry);
+    let row = s.known_sandbox(id)?;
+    match (row.state, row.reason) {
+        (SandboxState::Paused, Some(StateReason::Api)) => Ok(false),
+        (SandboxState::Paused, _) => {
+            s.registry.transition(id, &[SandboxState::Paused], SandboxState::Paused, Some(StateReason::Api))?;
+            Ok(true)
+        }
+        (SandboxState::Running, _) => {
+            let r = running(s, id)?;
+            set_paused(&r, true)?;
+            if !s.registry.transition(id, &[SandboxState::Running], SandboxState::Paused, Some(StateReason::Api))? {
+                set_paused(&r, false)?;
+                return Err(ApiError::conflict(format!("sandbox {id:?} changed state while pausing"), "changed"));
+            }
+            s.metrics.inc("forkvm_requested_pauses_total", &[]);
+            Ok(true)
+        }
+        (state, _) => {
+            Err(ApiError::conflict(format!("sandbox {id:?} is {state}: only a running one pauses"), state.as_str()))
+        }
+    }
+}
+
+/// Resumes sandbox `id` if it is paused (blocking); `false` when it was running.
+pub fn resume_requested(s: &AppState, id: &str) -> Result<bool, ApiError> {
+    let entry = s.lifecycle.entry(id);
+    let mut a = lock(&entry);
+    let row = s.known_sandbox(id)?;
+    if row.state != SandboxState::Paused {
+        return Ok(false);
+    }
+    let r = running(s, id)?;
+    set_paused(&r, false)?;
+    s.registry.transition(id, &[SandboxState::Paused], SandboxState::Running, None)?;
+    a.last_ms = now_unix_ms();
+    Ok(true)
+}
+
 /// Pauses sandbox `row` if it is running, unused and idle for `idle` (blocking).
 /// Returns whether it paused it.
 pub fn pause_if_idle(s: &AppState, row: &SandboxRow, idle: Duration) -> Result<bool, ApiError> {

@@ -13,25 +13,16 @@ sandbox where they can; in all about six sandboxes are spawned.
 from __future__ import annotations
 
 import os
-import queue
-import shutil
-import signal
-import subprocess
-import tempfile
-import threading
-import time
 from pathlib import Path
 from typing import Iterator, List
 
 import pytest
 
-import forkvm
-from forkvm import BadRequest, Conflict, Controller, EvalError, ForkvmError, NotFound, Sandbox
+from daemon_proc import FORKVM_BIN, Daemon, start_daemon
 
-REPO = Path(__file__).resolve().parents[3]
-FORKVM_BIN = os.environ.get("FORKVM_BIN") or str(REPO / "target" / "debug" / "forkvm")
-READY_LINE = "forkvmd listening"
-READY_TIMEOUT_S = 60
+import forkvm
+from forkvm import BadRequest, Conflict, Controller, EvalError, NotFound, Sandbox
+
 TEMPLATE_TIMEOUT_S = 900
 
 # The test command (scripts/test) sets FORKVM_SDK_REQUIRE_DAEMON=1: there a missing
@@ -45,96 +36,16 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-class Daemon:
-    def __init__(self, proc: "subprocess.Popen[bytes]", socket: str, root: str, stderr_path: str) -> None:
-        self.proc = proc
-        self.socket = socket
-        self.root = root
-        self.stderr_path = stderr_path
-
-    @property
-    def url(self) -> str:
-        return f"unix:{self.socket}"
-
-    def stderr_tail(self, n: int = 40) -> str:
-        try:
-            with open(self.stderr_path, "rb") as f:
-                return "\n".join(f.read().decode("utf-8", "replace").splitlines()[-n:])
-        except OSError:
-            return "(no stderr)"
-
-
 @pytest.fixture(scope="session")
 def daemon() -> Iterator[Daemon]:
-    root = tempfile.mkdtemp(prefix="fkpy-")
-    sock = os.path.join(root, "forkvmd.sock")
-    env = dict(os.environ)
-    for k in [k for k in env if k.startswith("FORKVMD_")] + ["FORKVM_DAEMON"]:
-        env.pop(k, None)  # only the settings below
-    env.update(
-        FORKVM_RUN=os.path.join(root, "run"),
-        FORKVM_STORE=os.path.join(root, "store"),
-        FORKVM_KEYS=os.path.join(root, "keys"),  # disk snapshot keys: not the user's
-    )
-    stderr_path = os.path.join(root, "forkvmd.stderr")
-    with open(stderr_path, "wb") as errf:
-        proc = subprocess.Popen(
-            [FORKVM_BIN, "daemon", "--socket", sock], stdout=subprocess.PIPE, stderr=errf, env=env
-        )
-    d = Daemon(proc, sock, root, stderr_path)
-    lines: "queue.Queue[str]" = queue.Queue()
-
-    def pump() -> None:  # keeps reading so the daemon never blocks on a full pipe
-        assert proc.stdout is not None
-        for raw in proc.stdout:
-            lines.put(raw.decode("utf-8", "replace"))
-        lines.put("")
-
-    threading.Thread(target=pump, daemon=True).start()
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    seen: List[str] = []
-    failure = None
     try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise RuntimeError(f"no {READY_LINE!r} line within {READY_TIMEOUT_S} s; stdout: {seen}")
-            try:
-                line = lines.get(timeout=left)
-            except queue.Empty:
-                continue
-            if line == "":
-                raise RuntimeError(f"forkvmd exited with {proc.wait()} before it was ready; stdout: {seen}")
-            seen.append(line.rstrip())
-            if READY_LINE in line:
-                break
+        d = start_daemon()
     except RuntimeError as e:
-        failure = str(e)
-    if failure is not None:
-        proc.kill()
-        proc.wait()
-        tail = d.stderr_tail()
-        shutil.rmtree(root, ignore_errors=True)
-        pytest.fail(f"{failure}\nstderr:\n{tail}", pytrace=False)
+        pytest.fail(str(e), pytrace=False)
     try:
         yield d
     finally:
-        try:
-            with Controller(d.url, timeout=60) as c:
-                for sb in c.list_sandboxes():
-                    try:
-                        c.kill_sandbox(sb.id)
-                    except NotFound:
-                        pass
-        except ForkvmError as e:
-            print(f"cleanup: could not kill sandboxes: {e}")
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(root, ignore_errors=True)
+        d.stop()
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,189 @@
+//! The data plane front (`--e2b-sandbox`): one address for every sandbox and port, as
+//! E2B's edge proxy. A request names its sandbox and port by the `E2b-Sandbox-Id` and
+//! `E2b-Sandbox-Port` headers (what the SDKs send with `E2B_SANDBOX_URL`), or by a Host
+//! `<port>-<id>.<domain>` under the configured domain. Then:
+//!
+//! - an unknown, paused, killed or expired sandbox is `502 The sandbox was not found`
+//!   (the SDKs read that as "not running");
+//! - every request but envd's `GET /health` needs the sandbox's `X-Access-Token`
+//!   (compared in constant time), else 401;
+//! - port 49983 is envd, served here ([`super::envd`]); any other port is the guest's
+//!   own, reached over the sandbox's network like an exposed port, bodies streamed.
+
+use super::control::{seen, Seen};
+use super::records::{self, E2bSandbox};
+use super::{E2b, ENVD_PORT};
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use http_body_util::BodyExt;
+use hyper_util::rt::TokioIo;
+use subtle::ConstantTimeEq;
+
+/// The front's router: every path goes through [`route`].
+pub fn router(e2b: E2b) -> Router {
+    // Bodies stream through (uploads of any size): no limit of axum's on top.
+    Router::new().fallback(route).layer(axum::extract::DefaultBodyLimit::disable()).with_state(e2b)
+}
+
+/// E2B's answer for a sandbox that is not running (its proxy's exact message).
+pub fn not_found(id: &str) -> Response {
+    let body = serde_json::json!({ "sandboxId": id, "message": "The sandbox was not found", "code": 502 });
+    (StatusCode::BAD_GATEWAY, axum::Json(body)).into_response()
+}
+
+fn plain_error(status: StatusCode, message: impl Into<String>) -> Response {
+    let body = serde_json::json!({ "code": status.as_u16(), "message": message.into() });
+    (status, axum::Json(body)).into_response()
+}
+
+/// The sandbox id and port a request is for.
+fn target(headers: &HeaderMap, domain: Option<&str>) -> Option<(String, u16)> {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+    if let Some(id) = text("e2b-sandbox-id") {
+        let port = match text("e2b-sandbox-port") {
+            Some(p) => p.parse().ok()?,
+            None => ENVD_PORT,
+        };
+        return Some((id.to_string(), port));
+    }
+    let host = text("host")?;
+    let host = host.rsplit_once(':').filter(|(_, p)| p.chars().all(|c| c.is_ascii_digit())).map_or(host, |(h, _)| h);
+    let label = host.strip_suffix(domain?)?.strip_suffix('.')?;
+    let (port, id) = label.split_once('-')?;
+    Some((id.to_string(), port.parse().ok()?))
+}
+
+/// A plausible sandbox id (forkvm's are lowercase hex): anything else is not looked up.
+fn plausible_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 64 && id.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+}
+
+fn token_matches(rec: &E2bSandbox, headers: &HeaderMap) -> bool {
+    let given = headers.get("x-access-token").map(HeaderValue::as_bytes).unwrap_or_default();
+    !given.is_empty() && bool::from(rec.access_token.as_bytes().ct_eq(given))
+}
+
+async fn route(State(e2b): State<E2b>, req: Request) -> Response {
+    let Some((id, port)) = target(req.headers(), e2b.config.domain.as_deref()) else {
+        return plain_error(
+            StatusCode::BAD_REQUEST,
+            "name the sandbox with the E2b-Sandbox-Id and E2b-Sandbox-Port headers, or a Host <port>-<id>.<domain>",
+        );
+    };
+    if !plausible_id(&id) {
+        return not_found(&id);
+    }
+    let rec = match records::get(&e2b.app.db(), &id) {
+        Ok(Some(rec)) => rec,
+        Ok(None) => return not_found(&id),
+        Err(e) => return plain_error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    };
+    if seen(&e2b, &id) != Seen::Running {
+        return not_found(&id);
+    }
+    let health = port == ENVD_PORT && req.method() == axum::http::Method::GET && req.uri().path() == "/health";
+    if !health && !token_matches(&rec, req.headers()) {
+        return plain_error(StatusCode::UNAUTHORIZED, "missing or wrong X-Access-Token for this sandbox");
+    }
+    if port == ENVD_PORT {
+        return super::envd::serve(e2b, rec, req).await;
+    }
+    forward(e2b, id, port, req).await
+}
+
+/// How many of [`NOT_FORWARDED`] are hop-by-hop (the rest are the front's own).
+const HOP_BY_HOP: usize = 7;
+/// Headers that belong to one hop, or to the front, and do not reach the guest.
+const NOT_FORWARDED: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "x-access-token",
+    "e2b-sandbox-id",
+    "e2b-sandbox-port",
+    "e2b-traffic-access-token",
+];
+
+/// Forwards a request to `port` of the guest, its body and the answer's streamed.
+async fn forward(e2b: E2b, id: String, port: u16, req: Request) -> Response {
+    let (guest, in_use) = match crate::routes::ports::connect_guest(&e2b.app, &id, port).await {
+        Ok(g) => g,
+        Err(e) if e.status() == StatusCode::BAD_GATEWAY => {
+            // E2B's proxy says so when a port has no listener; the SDKs look for it.
+            return plain_error(
+                StatusCode::BAD_GATEWAY,
+                format!("The sandbox is running but port is not open: {}", e.message),
+            );
+        }
+        Err(e) => return plain_error(e.status(), e.message),
+    };
+    let (parts, body) = req.into_parts();
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
+    let mut upstream = axum::http::Request::new(body);
+    *upstream.method_mut() = parts.method;
+    *upstream.uri_mut() = match path.parse() {
+        Ok(u) => u,
+        Err(e) => return plain_error(StatusCode::BAD_REQUEST, format!("path {path:?}: {e}")),
+    };
+    for (name, value) in &parts.headers {
+        if !NOT_FORWARDED.contains(&name.as_str()) {
+            upstream.headers_mut().append(name.clone(), value.clone());
+        }
+    }
+    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(guest)).await {
+        Ok(pair) => pair,
+        Err(e) => return plain_error(StatusCode::BAD_GATEWAY, format!("port {port} of sandbox {id}: {e}")),
+    };
+    // The connection ends with the exchange; dropping the client's side (a client gone
+    // mid-stream) drops this task's body and so closes the guest's connection too.
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let answer = match sender.send_request(upstream).await {
+        Ok(a) => a,
+        Err(e) => {
+            return plain_error(StatusCode::BAD_GATEWAY, format!("port {port} of sandbox {id} did not answer: {e}"))
+        }
+    };
+    let (parts, body) = answer.into_parts();
+    let body = body.map_frame(move |f| {
+        let _ = &in_use;
+        f
+    });
+    let mut resp = Response::new(Body::new(body));
+    *resp.status_mut() = parts.status;
+    for (name, value) in &parts.headers {
+        if !NOT_FORWARDED[..HOP_BY_HOP].contains(&name.as_str()) {
+            resp.headers_mut().append(name.clone(), value.clone());
+        }
+    }
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_util::headers;
+
+    #[test]
+    fn a_request_names_its_sandbox_by_headers_or_host() {
+        let h = headers(&[("e2b-sandbox-id", "abc123"), ("e2b-sandbox-port", "49999"), ("host", "localhost:3001")]);
+        assert_eq!(target(&h, Some("sb.test")), Some(("abc123".into(), 49999)));
+        let h = headers(&[("e2b-sandbox-id", "abc123")]);
+        assert_eq!(target(&h, None), Some(("abc123".into(), ENVD_PORT)));
+        assert_eq!(target(&headers(&[("e2b-sandbox-id", "a"), ("e2b-sandbox-port", "x")]), None), None);
+        let h = headers(&[("host", "49983-abc123.sb.test:8443")]);
+        assert_eq!(target(&h, Some("sb.test")), Some(("abc123".into(), 49983)));
+        assert_eq!(target(&headers(&[("host", "49983-abc123.other.test")]), Some("sb.test")), None);
+        assert_eq!(target(&headers(&[("host", "49983-abc123.sb.test")]), None), None);
+        assert!(plausible_id("0123abcd"));
+        assert!(!plausible_id("../etc") && !plausible_id("") && !plausible_id("ABC"));
+    }
+}

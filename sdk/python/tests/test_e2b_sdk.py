@@ -1,0 +1,215 @@
+"""E2B's own Python SDK (`e2b`, pinned in .ci/run), unmodified, against `forkvm daemon
+--e2b-api --e2b-sandbox` with real sandboxes (docs/e2b.md). It is pointed at forkvm the
+way a user moves an agent over: E2B_API_KEY, E2B_API_URL and E2B_SANDBOX_URL. Every
+address is loopback.
+
+The E2B template `base` is mapped to the forkvm tag `py` (the python template, which has
+E2B's user `user`). Sandboxes are forks of its warm snapshot; the tests share a few.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import urllib.error
+import urllib.request
+from typing import Iterator
+
+import pytest
+
+from daemon_proc import FORKVM_BIN, Daemon, start_daemon
+
+e2b = pytest.importorskip("e2b", reason="E2B's SDK is not installed (.ci/run installs e2b==2.63.0)")
+
+from forkvm import Controller  # noqa: E402
+
+TEMPLATE_TIMEOUT_S = 900
+API_KEY = "e2b_forkvm_test_key_0123456789"
+
+if os.environ.get("FORKVM_SDK_REQUIRE_DAEMON") == "1" and not os.path.exists(FORKVM_BIN):
+    raise RuntimeError(f"FORKVM_BIN={FORKVM_BIN} does not exist, and FORKVM_SDK_REQUIRE_DAEMON=1")
+
+pytestmark = pytest.mark.skipif(not os.path.exists(FORKVM_BIN), reason=f"FORKVM_BIN={FORKVM_BIN} does not exist")
+
+
+def _addr(d: Daemon, what: str) -> str:
+    line = d.line_with(what)
+    assert line, f"the daemon printed no {what!r} line: {d.lines}"
+    return line.rsplit(" ", 1)[-1]
+
+
+@pytest.fixture(scope="module")
+def forkvm_e2b() -> Iterator[Daemon]:
+    try:
+        d = start_daemon(
+            [
+                "--e2b-api", "127.0.0.1:0",
+                "--e2b-sandbox", "127.0.0.1:0",
+                "--e2b-api-keys", "{root}/e2b-keys",
+                "--e2b-template", "base=py",
+            ],
+            wait_for=["forkvmd listening", "E2B API listening", "E2B sandbox front listening"],
+            files={"e2b-keys": f"# the test's key\n{API_KEY}\n"},
+        )
+    except RuntimeError as e:
+        pytest.fail(str(e), pytrace=False)
+    saved = {k: os.environ.get(k) for k in ("E2B_API_KEY", "E2B_API_URL", "E2B_SANDBOX_URL", "E2B_DOMAIN", "E2B_DEBUG")}
+    try:
+        with Controller(d.url, timeout=120) as c:
+            snap = c.create_snapshot("py", "python", timeout=TEMPLATE_TIMEOUT_S)
+            assert snap.status == "ready"
+        os.environ.pop("E2B_DEBUG", None)
+        os.environ.pop("E2B_DOMAIN", None)
+        os.environ.update(
+            E2B_API_KEY=API_KEY,
+            E2B_API_URL=_addr(d, "E2B API listening"),
+            E2B_SANDBOX_URL=_addr(d, "E2B sandbox front listening"),
+        )
+        yield d
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        d.stop()
+
+
+@pytest.fixture(scope="module")
+def sbx(forkvm_e2b: Daemon) -> Iterator["e2b.Sandbox"]:
+    s = e2b.Sandbox.create("base", timeout=600, metadata={"suite": "forkvm"})
+    try:
+        yield s
+    finally:
+        s.kill()
+
+
+def test_commands_files_info_list_and_kill(forkvm_e2b: Daemon) -> None:
+    t = time.monotonic()
+    s = e2b.Sandbox.create("base", timeout=120, metadata={"case": "lifecycle"}, envs={"SANDBOX_WIDE": "yes"})
+    print(f"Sandbox.create: {(time.monotonic() - t) * 1e3:.0f} ms")
+    try:
+        assert len(s.sandbox_id) >= 16 and s.sandbox_id.isalnum()
+        r = s.commands.run("echo hi")
+        assert (r.stdout, r.stderr, r.exit_code) == ("hi\n", "", 0)
+        r = s.commands.run("whoami; pwd; echo $SANDBOX_WIDE $ASKED", envs={"ASKED": "too"})
+        assert r.stdout == "user\n/home/user\nyes too\n"
+        r = s.commands.run("sudo -n whoami")
+        assert r.stdout == "root\n", "E2B's user has passwordless sudo"
+
+        s.files.write("notes/a.txt", "hello from e2b\n")
+        assert s.files.read("notes/a.txt") == "hello from e2b\n"
+        assert s.files.read("/home/user/notes/a.txt") == "hello from e2b\n"
+        entries = s.files.list("/home/user/notes")
+        assert [(e.name, e.path, e.type.value, e.size) for e in entries] == [
+            ("a.txt", "/home/user/notes/a.txt", "file", 15)
+        ]
+        assert s.commands.run("stat -c %U notes/a.txt notes").stdout == "user\nuser\n", "owned by the user"
+        assert s.files.exists("notes/a.txt") and not s.files.exists("notes/nope")
+        assert s.files.make_dir("notes/sub") is True and s.files.make_dir("notes/sub") is False
+        s.files.rename("notes/a.txt", "notes/sub/b.txt")
+        assert s.files.read("notes/sub/b.txt") == "hello from e2b\n"
+        s.files.remove("notes")
+        assert not s.files.exists("notes")
+        with pytest.raises(e2b.NotFoundException):
+            s.files.read("no/such/file")
+
+        info = s.get_info()
+        assert (info.sandbox_id, info.template_id, info.state.value) == (s.sandbox_id, "base", "running")
+        assert info.metadata == {"case": "lifecycle"}
+        assert info.cpu_count >= 1 and info.memory_mb > 0
+        listed = {x.sandbox_id: x for x in e2b.Sandbox.list(query=e2b.SandboxQuery(metadata={"case": "lifecycle"})).next_items()}
+        assert list(listed) == [s.sandbox_id]
+        assert s.is_running() is True
+    finally:
+        assert s.kill() is True
+    assert s.is_running() is False
+    assert e2b.Sandbox.kill(s.sandbox_id) is False, "a second kill finds nothing"
+    ids = [x.sandbox_id for x in e2b.Sandbox.list().next_items()]
+    assert s.sandbox_id not in ids
+
+
+def test_a_failing_command_and_a_missing_program_raise_the_sdks_own_exceptions(sbx: "e2b.Sandbox") -> None:
+    with pytest.raises(e2b.CommandExitException) as err:
+        sbx.commands.run("echo out; echo err >&2; exit 3")
+    assert (err.value.exit_code, err.value.stdout, err.value.stderr) == (3, "out\n", "err\n")
+    with pytest.raises(e2b.CommandExitException) as err:
+        sbx.commands.run("no-such-program-here")
+    assert err.value.exit_code == 127 and "not found" in err.value.stderr
+
+
+def test_a_background_command_has_a_pid_and_dies_by_kill(sbx: "e2b.Sandbox") -> None:
+    h = sbx.commands.run("echo started; sleep 120", background=True)
+    assert h.pid > 1
+    procs = sbx.commands.list()
+    assert h.pid in [p.pid for p in procs]
+    assert sbx.commands.run(f"kill -0 {h.pid} && echo alive").stdout == "alive\n"
+    assert h.kill() is True
+    with pytest.raises(e2b.CommandExitException) as err:
+        h.wait()
+    assert err.value.exit_code == -1 and "killed" in (err.value.error or "") + str(err.value)
+    assert h.pid not in [p.pid for p in sbx.commands.list()]
+    assert sbx.commands.kill(h.pid) is False, "a process that is gone is not found"
+
+
+def test_pause_then_connect_keeps_processes_and_files(forkvm_e2b: Daemon) -> None:
+    s = e2b.Sandbox.create("base", timeout=120)
+    try:
+        s.files.write("state.txt", "kept")
+        h = s.commands.run("sleep 300", background=True)
+        token = s._envd_access_token
+        assert s.pause() is True
+        assert s.is_running() is False
+        assert e2b.Sandbox.get_info(s.sandbox_id).state.value == "paused"
+        with pytest.raises(e2b.SandboxException):
+            s.pause()  # 409: paused already
+        t = time.monotonic()
+        again = e2b.Sandbox.connect(s.sandbox_id)
+        print(f"Sandbox.connect (resume): {(time.monotonic() - t) * 1e3:.0f} ms")
+        assert again._envd_access_token == token, "the same envd token after a resume"
+        assert again.is_running() is True
+        assert again.files.read("state.txt") == "kept"
+        assert again.commands.run(f"kill -0 {h.pid} && echo alive").stdout == "alive\n"
+        assert e2b.Sandbox.get_info(s.sandbox_id).state.value == "running"
+    finally:
+        e2b.Sandbox.kill(s.sandbox_id)
+
+
+def test_timeouts_end_a_sandbox(forkvm_e2b: Daemon) -> None:
+    s = e2b.Sandbox.create("base", timeout=120)
+    before = s.get_info().end_at
+    s.set_timeout(2)
+    assert s.get_info().end_at < before
+    deadline = time.monotonic() + 30
+    while s.is_running() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert s.is_running() is False, "the sandbox outlived its timeout"
+    with pytest.raises(e2b.NotFoundException):
+        e2b.Sandbox.get_info(s.sandbox_id)
+
+
+def test_keys_tokens_and_unknown_sandboxes_are_refused(forkvm_e2b: Daemon, sbx: "e2b.Sandbox") -> None:
+    with pytest.raises(e2b.AuthenticationException):
+        e2b.Sandbox.list(api_key="e2b_not_the_operators_key_000").next_items()
+    with pytest.raises(e2b.SandboxException):
+        e2b.Sandbox.create("no-such-template-here")
+    front = os.environ["E2B_SANDBOX_URL"]
+
+    def get(headers: dict) -> "tuple[int, str]":
+        req = urllib.request.Request(front + "/health", headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    status, body = get({"E2b-Sandbox-Id": "0123456789abcdef", "E2b-Sandbox-Port": "49983"})
+    assert status == 502 and "The sandbox was not found" in body
+    assert get({"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49983"})[0] == 204
+    req = urllib.request.Request(
+        front + "/files?path=/etc/hostname",
+        headers={"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49983", "X-Access-Token": "wrong"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=30)
+    assert err.value.code == 401
