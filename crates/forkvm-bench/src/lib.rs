@@ -12,6 +12,7 @@ mod branch;
 mod chain;
 mod disk;
 mod disk_fork;
+mod e2b;
 mod fork;
 mod lazy;
 mod memory;
@@ -55,6 +56,9 @@ pub enum BenchCommand {
     /// A sandbox's network: namespace and tap setup cost (host), and ICMP round trips and
     /// TCP throughput each way between a guest and its namespace.
     Net(net::BenchNetArgs),
+    /// E2B compatibility's cost: create and first command through E2B's own SDK against
+    /// forkvm's SDK, in one run (docs/e2b.md).
+    E2b(e2b::BenchE2bArgs),
 }
 
 /// Runs benchmark `cmd`; returns the process's exit code.
@@ -64,6 +68,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<i32> {
         BenchCommand::VectorState(a) => vector::run(a),
         BenchCommand::Seccomp(a) => seccomp::run(a),
         BenchCommand::Net(a) => net::run(a),
+        BenchCommand::E2b(a) => e2b::run(a),
         BenchCommand::Boot(a) => boot::run(a),
         BenchCommand::Branch(a) => branch::run(a),
         BenchCommand::Spawn(a) => spawn::run(a),

@@ -147,7 +147,7 @@ def test_a_background_command_has_a_pid_and_dies_by_kill(sbx: "e2b.Sandbox") -> 
     assert h.kill() is True
     with pytest.raises(e2b.CommandExitException) as err:
         h.wait()
-    assert err.value.exit_code == -1 and "killed" in (err.value.error or "") + str(err.value)
+    assert err.value.exit_code == -1, "killed by a signal, as envd reports it"
     assert h.pid not in [p.pid for p in sbx.commands.list()]
     assert sbx.commands.kill(h.pid) is False, "a process that is gone is not found"
 
@@ -156,13 +156,12 @@ def test_pause_then_connect_keeps_processes_and_files(forkvm_e2b: Daemon) -> Non
     s = e2b.Sandbox.create("base", timeout=120)
     try:
         s.files.write("state.txt", "kept")
-        h = s.commands.run("sleep 300", background=True)
+        h = s.commands.run("sleep 300", background=True, timeout=0)
         token = s._envd_access_token
         assert s.pause() is True
         assert s.is_running() is False
         assert e2b.Sandbox.get_info(s.sandbox_id).state.value == "paused"
-        with pytest.raises(e2b.SandboxException):
-            s.pause()  # 409: paused already
+        assert s.pause() is False, "paused already (409)"
         t = time.monotonic()
         again = e2b.Sandbox.connect(s.sandbox_id)
         print(f"Sandbox.connect (resume): {(time.monotonic() - t) * 1e3:.0f} ms")
@@ -213,3 +212,21 @@ def test_keys_tokens_and_unknown_sandboxes_are_refused(forkvm_e2b: Daemon, sbx: 
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(req, timeout=30)
     assert err.value.code == 401
+
+
+JS_DIR = os.path.join(os.path.dirname(__file__), "e2b_js")
+
+
+def test_the_js_sdk_too(forkvm_e2b: Daemon) -> None:
+    """E2B's JS SDK (e2b@2.51.0, installed by .ci/run with `npm ci`) through the same
+    flows, as a node script against this daemon."""
+    import shutil
+    import subprocess
+
+    node = shutil.which("node")
+    if os.environ.get("FORKVM_SDK_REQUIRE_DAEMON") == "1":
+        assert node and os.path.isdir(os.path.join(JS_DIR, "node_modules", "e2b")), "node and e2b@2.51.0 (npm ci)"
+    elif not node or not os.path.isdir(os.path.join(JS_DIR, "node_modules", "e2b")):
+        pytest.skip("node or the JS SDK is missing: npm ci --prefix sdk/python/tests/e2b_js")
+    r = subprocess.run([node, "e2b_check.mjs"], cwd=JS_DIR, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and r.stdout.rstrip().endswith("ok"), f"stdout:\n{r.stdout}\nstderr:\n{r.stderr}"

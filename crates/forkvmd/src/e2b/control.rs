@@ -324,8 +324,24 @@ async fn set_timeout(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// `POST /sandboxes/{id}/pause`: 204, or 409 when it is paused already.
-async fn pause(State(e2b): State<E2b>, Path(id): Path<String>) -> Result<StatusCode, E2bError> {
+/// `POST /sandboxes/{id}/pause` body.
+#[derive(Debug, Default, serde::Deserialize)]
+struct PauseRequest {
+    /// `false`: a filesystem-only pause (resumed by a reboot), which forkvm does not do.
+    memory: Option<bool>,
+}
+
+/// `POST /sandboxes/{id}/pause`: 204, or 409 when it is paused already. Memory is kept.
+async fn pause(
+    State(e2b): State<E2b>,
+    Path(id): Path<String>,
+    E2bJson(req): E2bJson<PauseRequest>,
+) -> Result<StatusCode, E2bError> {
+    if req.memory == Some(false) {
+        return Err(E2bError::bad_request(
+            "a filesystem-only pause (memory: false) is not served: forkvm pauses keep memory (docs/e2b.md)",
+        ));
+    }
     let (_rec, seen) = record(&e2b, &id)?;
     if seen == Seen::Paused {
         return Err(E2bError::conflict(format!("sandbox \"{id}\" is already paused")));
