@@ -219,6 +219,34 @@ mod tests {
     }
 
     #[test]
+    fn arbitrary_bytes_never_panic_nor_read_past_the_buffer() {
+        // A fixed xorshift stream of inputs, many of them near-valid headers.
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..20_000 {
+            let len = (next() % 48) as usize;
+            let mut buf: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            if len >= 5 && next() % 2 == 0 {
+                let claimed = (next() % 64) as u32;
+                buf[1..5].copy_from_slice(&claimed.to_be_bytes());
+            }
+            let mut rest = buf.as_slice();
+            let mut seen = 0;
+            while let Ok(Some((_, msg))) = next_envelope(&mut rest) {
+                seen += 5 + msg.len();
+                assert!(seen <= buf.len());
+            }
+            let _ = stream_request::<serde_json::Value>(&buf);
+            let _ = unary_request::<serde_json::Value>(&buf);
+        }
+    }
+
+    #[test]
     fn error_codes_map_to_statuses() {
         assert_eq!(RpcError::not_found("x").status(), StatusCode::NOT_FOUND);
         assert_eq!(RpcError::new("already_exists", "x").status(), StatusCode::CONFLICT);
