@@ -419,7 +419,7 @@ fn agent_guest(c: &mut Corpus) {
         &req(&Request::Exec(ExecRequest { command: Command::Shell("ls /".into()), ..ExecRequest::shell("") })),
     );
     let mut w =
-        req(&Request::WriteFile(WriteFileRequest { path: "/tmp/f".into(), mode: Some(0o600), create_parents: true }));
+        req(&Request::WriteFile(WriteFileRequest { path: "/tmp/f".into(), mode: Some(0o600), create_parents: true, owner: None }));
     frame(&mut w, FrameKind::Data, b"contents");
     frame(&mut w, FrameKind::End, b"");
     c.put("agent_frames_guest", "write-file", &w);
@@ -429,7 +429,7 @@ fn agent_guest(c: &mut Corpus) {
     c.put(
         "agent_frames_guest",
         "mkdir",
-        &req(&Request::Mkdir(MkdirRequest { path: "/tmp/a/b".into(), parents: true, mode: Some(0o700) })),
+        &req(&Request::Mkdir(MkdirRequest { path: "/tmp/a/b".into(), parents: true, mode: Some(0o700), owner: None })),
     );
     c.put("agent_frames_guest", "remove", &req(&Request::Remove { path: "/tmp/a".into(), recursive: true }));
     c.put("agent_frames_guest", "eval", &req(&Request::Eval { code: "import os\nos.getpid()".into() }));

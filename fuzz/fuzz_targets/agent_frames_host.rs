@@ -87,7 +87,7 @@ fuzz_target!(|data: &[u8]| {
             }
         }
         4 => {
-            let req = WriteFileRequest { path: "/tmp/x".into(), mode: None, create_parents: false };
+            let req = WriteFileRequest { path: "/tmp/x".into(), mode: None, create_parents: false, owner: None };
             let _ = client.write_file(&req, &mut &b"file bytes"[..]);
         }
         5 => {
@@ -97,7 +97,7 @@ fuzz_target!(|data: &[u8]| {
             let _ = client.stat("/");
         }
         7 => {
-            let _ = client.mkdir(&MkdirRequest { path: "/tmp/d".into(), parents: true, mode: None });
+            let _ = client.mkdir(&MkdirRequest { path: "/tmp/d".into(), parents: true, mode: None, owner: None });
         }
         8 => {
             let _ = client.remove("/tmp/d", true);
