@@ -135,19 +135,18 @@ impl AuditLog {
     }
 }
 
-/// RFC 3339 UTC with milliseconds.
+/// RFC 3339 UTC with milliseconds, now.
 pub fn rfc3339_now() -> String {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    let secs = now.as_secs() as i64;
+    rfc3339_ms(now.as_millis() as u64)
+}
+
+/// RFC 3339 UTC with milliseconds of a Unix time in milliseconds.
+pub fn rfc3339_ms(unix_ms: u64) -> String {
+    let secs = (unix_ms / 1000) as i64;
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60,
-        now.subsec_millis()
-    )
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z", rem / 3600, (rem % 3600) / 60, rem % 60, unix_ms % 1000)
 }
 
 /// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (H. Hinnant's method).

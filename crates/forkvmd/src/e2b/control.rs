@@ -221,6 +221,16 @@ fn extend(e2b: &E2b, rec: &mut E2bSandbox, timeout: u64) -> Result<(), E2bError>
     Ok(())
 }
 
+/// Resumes sandbox `id` if it is paused and extends its lifetime to `timeout` (seconds)
+/// from now; the record, and whether it was paused.
+async fn resume_and_extend(e2b: &E2b, id: &str, timeout: Option<u64>) -> Result<(E2bSandbox, bool), E2bError> {
+    let timeout = timeout_secs(timeout)?;
+    let (mut rec, seen) = record(e2b, id)?;
+    let resumed = resume_if_paused(e2b, id, seen).await?;
+    extend(e2b, &mut rec, timeout)?;
+    Ok((rec, resumed))
+}
+
 /// `POST /v2/sandboxes/{id}/connect` and v1: 201 when it was paused (now resumed), 200
 /// when it ran.
 async fn connect(
@@ -228,10 +238,7 @@ async fn connect(
     Path(id): Path<String>,
     E2bJson(req): E2bJson<ConnectSandbox>,
 ) -> Result<Response, E2bError> {
-    let timeout = timeout_secs(req.timeout)?;
-    let (mut rec, seen) = record(&e2b, &id)?;
-    let resumed = resume_if_paused(&e2b, &id, seen).await?;
-    extend(&e2b, &mut rec, timeout)?;
+    let (rec, resumed) = resume_and_extend(&e2b, &id, req.timeout).await?;
     let status = if resumed { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(sandbox_reply(&e2b, &rec))).into_response())
 }
@@ -242,12 +249,10 @@ async fn resume(
     Path(id): Path<String>,
     E2bJson(req): E2bJson<ConnectSandbox>,
 ) -> Result<Response, E2bError> {
-    let timeout = timeout_secs(req.timeout)?;
-    let (mut rec, seen) = record(&e2b, &id)?;
-    if !resume_if_paused(&e2b, &id, seen).await? {
+    if record(&e2b, &id)?.1 != Seen::Paused {
         return Err(E2bError::conflict(format!("sandbox \"{id}\" is already running")));
     }
-    extend(&e2b, &mut rec, timeout)?;
+    let (rec, _) = resume_and_extend(&e2b, &id, req.timeout).await?;
     Ok((StatusCode::CREATED, Json(sandbox_reply(&e2b, &rec))).into_response())
 }
 
