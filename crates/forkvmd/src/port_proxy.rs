@@ -41,7 +41,7 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Headers of one hop only (RFC 9110 §7.6.1), never passed on; `Connection` and
 /// `Upgrade` are put back for an upgrade.
-const HOP_BY_HOP: &[&str] =
+pub(crate) const HOP_BY_HOP: &[&str] =
     &["connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade"];
 
 /// The query without the token parameter (every other pair kept as sent).

@@ -13,6 +13,7 @@
 use super::control::{seen, Seen};
 use super::records::{self, E2bSandbox};
 use super::{E2b, ENVD_PORT};
+use crate::port_proxy::HOP_BY_HOP;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -34,7 +35,8 @@ pub fn not_found(id: &str) -> Response {
     (StatusCode::BAD_GATEWAY, axum::Json(body)).into_response()
 }
 
-fn plain_error(status: StatusCode, message: impl Into<String>) -> Response {
+/// An error as envd and E2B's proxy write them: `{"code": <status>, "message": ...}`.
+pub(crate) fn plain_error(status: StatusCode, message: impl Into<String>) -> Response {
     let body = serde_json::json!({ "code": status.as_u16(), "message": message.into() });
     (status, axum::Json(body)).into_response()
 }
@@ -76,14 +78,19 @@ async fn route(State(e2b): State<E2b>, req: Request) -> Response {
     if !plausible_id(&id) {
         return not_found(&id);
     }
-    let rec = match records::get(&e2b.app.db(), &id) {
-        Ok(Some(rec)) => rec,
-        Ok(None) => return not_found(&id),
+    // The database and the registry are read on a blocking thread, as the API's calls do.
+    let (e2b_for_lookup, id_for_lookup) = (e2b.clone(), id.clone());
+    let found = tokio::task::spawn_blocking(move || {
+        let rec = records::get(&e2b_for_lookup.app.db(), &id_for_lookup)?;
+        Ok::<_, crate::db::DbError>(rec.filter(|_| seen(&e2b_for_lookup, &id_for_lookup) == Seen::Running))
+    })
+    .await;
+    let rec = match found {
+        Ok(Ok(Some(rec))) => rec,
+        Ok(Ok(None)) => return not_found(&id),
+        Ok(Err(e)) => return plain_error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
         Err(e) => return plain_error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     };
-    if seen(&e2b, &id) != Seen::Running {
-        return not_found(&id);
-    }
     let health = port == ENVD_PORT && req.method() == axum::http::Method::GET && req.uri().path() == "/health";
     if !health && !token_matches(&rec, req.headers()) {
         return plain_error(StatusCode::UNAUTHORIZED, "missing or wrong X-Access-Token for this sandbox");
@@ -94,22 +101,9 @@ async fn route(State(e2b): State<E2b>, req: Request) -> Response {
     forward(e2b, id, port, req).await
 }
 
-/// How many of [`NOT_FORWARDED`] are hop-by-hop (the rest are the front's own).
-const HOP_BY_HOP: usize = 7;
-/// Headers that belong to one hop, or to the front, and do not reach the guest.
-const NOT_FORWARDED: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "x-access-token",
-    "e2b-sandbox-id",
-    "e2b-sandbox-port",
-    "e2b-traffic-access-token",
-];
+/// Headers for the front only, which never reach the guest (nor do the hop-by-hop ones,
+/// [`HOP_BY_HOP`], as through an exposed port).
+const FRONT_ONLY: &[&str] = &["x-access-token", "e2b-sandbox-id", "e2b-sandbox-port", "e2b-traffic-access-token"];
 
 /// Forwards a request to `port` of the guest, its body and the answer's streamed.
 async fn forward(e2b: E2b, id: String, port: u16, req: Request) -> Response {
@@ -133,7 +127,7 @@ async fn forward(e2b: E2b, id: String, port: u16, req: Request) -> Response {
         Err(e) => return plain_error(StatusCode::BAD_REQUEST, format!("path {path:?}: {e}")),
     };
     for (name, value) in &parts.headers {
-        if !NOT_FORWARDED.contains(&name.as_str()) {
+        if !HOP_BY_HOP.contains(&name.as_str()) && !FRONT_ONLY.contains(&name.as_str()) {
             upstream.headers_mut().append(name.clone(), value.clone());
         }
     }
@@ -160,7 +154,7 @@ async fn forward(e2b: E2b, id: String, port: u16, req: Request) -> Response {
     let mut resp = Response::new(Body::new(body));
     *resp.status_mut() = parts.status;
     for (name, value) in &parts.headers {
-        if !NOT_FORWARDED[..HOP_BY_HOP].contains(&name.as_str()) {
+        if !HOP_BY_HOP.contains(&name.as_str()) {
             resp.headers_mut().append(name.clone(), value.clone());
         }
     }

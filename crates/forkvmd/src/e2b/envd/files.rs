@@ -18,10 +18,7 @@ use std::io::Read;
 /// Chunks in flight between an HTTP body and the agent.
 const CHANNEL_DEPTH: usize = 16;
 
-/// envd's plain-HTTP error: `{"code": <status>, "message": ...}`.
-fn http_error(status: StatusCode, message: impl Into<String>) -> Response {
-    (status, axum::Json(serde_json::json!({ "code": status.as_u16(), "message": message.into() }))).into_response()
-}
+use crate::e2b::front::plain_error as http_error;
 
 fn rpc_to_http(e: RpcError) -> Response {
     http_error(e.status(), e.message)

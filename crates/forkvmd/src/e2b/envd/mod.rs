@@ -82,14 +82,10 @@ pub fn basic_user(headers: &HeaderMap) -> Result<Option<String>, RpcError> {
     let bad = || RpcError::new("unauthenticated", "the Authorization header names no user");
     let decoded = base64::engine::general_purpose::STANDARD.decode(b64.trim()).map_err(|_| bad())?;
     let text = String::from_utf8(decoded).map_err(|_| bad())?;
-    let user = text.split(':').next().unwrap_or_default();
-    if user.is_empty() {
-        return Ok(None);
+    match text.split(':').next().unwrap_or_default() {
+        "" => Ok(None),
+        user => checked_user(user).map(Some),
     }
-    if user.len() > 32 || !user.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c)) {
-        return Err(RpcError::invalid(format!("user {user:?} is not a user name")));
-    }
-    Ok(Some(user.to_string()))
 }
 
 /// A `username` query parameter (the `/files` calls name the user there).
