@@ -1,6 +1,7 @@
-//! The `exec` request: spawn a process in its own process group, pump the host's stdin
-//! frames into it, stream its stdout/stderr back as they are produced, enforce the
-//! timeout by killing the group, and report how it ended.
+//! The `exec` request: start a process in its own process group (without forking the
+//! agent: spawn.rs), pump the host's stdin frames into it, stream its stdout/stderr back
+//! as they are produced, enforce the timeout by killing the group, and report how it
+//! ended.
 //!
 //! Output readers push chunks into an unbounded channel, so the child never blocks on a
 //! full pipe while the host is still sending stdin (the host reads only after `End`).
@@ -12,11 +13,11 @@
 //! reach them (and only them) while they run.
 
 use std::collections::HashSet;
+use std::ffi::OsString;
+use std::fs::File;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{ChildStdin, Command, Stdio};
 use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -28,6 +29,7 @@ use forkvm_proto::{
 use crate::guest_user::GuestUser;
 use crate::reaper::{decode_status, Reaper};
 use crate::server::ServeError;
+use crate::spawn::Program;
 
 /// The process groups of the execs running now: what a `signal` request may reach.
 #[derive(Debug, Default)]
@@ -99,8 +101,8 @@ pub fn run(
     reaper: &Reaper,
     running: &Running,
 ) -> Result<Response, ServeError> {
-    let mut cmd = match build_command(&req) {
-        Ok(cmd) => cmd,
+    let program = match build_program(&req) {
+        Ok(program) => program,
         Err(e) => {
             if req.stdin {
                 drain_input(conn, None)?;
@@ -111,13 +113,13 @@ pub fn run(
     let (tx, rx) = mpsc::channel::<Event>();
     let exit_tx = tx.clone();
     let started = Instant::now();
-    let spawned = reaper.spawn(
-        &mut cmd,
+    let spawned = reaper.spawn_program(
+        &program,
         Box::new(move |status| {
             let _ = exit_tx.send(Event::Exited(status));
         }),
     );
-    let mut child = match spawned {
+    let child = match spawned {
         Ok(child) => child,
         Err(e) => {
             if req.stdin {
@@ -127,18 +129,14 @@ pub fn run(
             return Ok(Response::Error(AgentError::from_io(&what, &e)));
         }
     };
-    let pgid = child.id() as libc::pid_t;
+    let pgid = child.pid;
     running.lock().insert(pgid);
     let _listed = Listed { running, pgid };
     if req.report_start {
-        write_json(conn, FrameKind::Started, &Started { pid: child.id() }).map_err(ServeError::SendOutput)?;
+        write_json(conn, FrameKind::Started, &Started { pid: child.pid as u32 }).map_err(ServeError::SendOutput)?;
     }
-    for (pipe, kind) in [
-        (child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>), FrameKind::Stdout),
-        (child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>), FrameKind::Stderr),
-    ] {
+    for (mut pipe, kind) in [(child.stdout, FrameKind::Stdout), (child.stderr, FrameKind::Stderr)] {
         let tx = tx.clone();
-        let Some(mut pipe) = pipe else { continue };
         std::thread::spawn(move || {
             let mut buf = vec![0u8; DATA_CHUNK];
             loop {
@@ -157,7 +155,7 @@ pub fn run(
     drop(tx);
     let stdin_pump = if req.stdin {
         let mut reader = conn.try_clone().map_err(ServeError::CloneConnection)?;
-        let stdin = child.stdin.take();
+        let stdin = child.stdin;
         Some(std::thread::spawn(move || drain_input(&mut reader, stdin)))
     } else {
         None
@@ -174,29 +172,24 @@ pub fn run(
     Ok(Response::Exit(ExitStatus { code, signal, timed_out, duration_ms: duration.as_millis() as u64 }))
 }
 
-fn build_command(req: &ExecRequest) -> Result<Command, AgentError> {
-    let mut cmd = match &req.command {
-        forkvm_proto::Command::Argv(argv) => {
-            let mut cmd = Command::new(argv.first().map(String::as_str).unwrap_or(""));
-            cmd.args(argv.iter().skip(1));
-            cmd
-        }
+fn build_program(req: &ExecRequest) -> Result<Program, AgentError> {
+    let mut program = match &req.command {
+        forkvm_proto::Command::Argv(argv) => Program::new(argv.iter().map(OsString::from).collect()),
         forkvm_proto::Command::Shell(script) => {
-            let mut cmd = Command::new("/bin/sh");
-            cmd.arg("-c").arg(script);
-            cmd
+            Program::new(vec!["/bin/sh".into(), "-c".into(), OsString::from(script)])
         }
     };
-    cmd.envs(req.env.iter().map(|(k, v)| (k, v)));
-    if let Some(user) = &req.user {
-        GuestUser::lookup(Path::new("/"), user)?.apply(&mut cmd, req.cwd.is_some());
+    for (k, v) in &req.env {
+        program.env(k, v);
     }
     if let Some(cwd) = &req.cwd {
-        cmd.current_dir(cwd);
+        program.current_dir(cwd);
     }
-    cmd.stdin(if req.stdin { Stdio::piped() } else { Stdio::null() });
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
-    Ok(cmd)
+    if let Some(user) = &req.user {
+        GuestUser::lookup(Path::new("/"), user)?.apply(&mut program);
+    }
+    program.stdin_piped(req.stdin);
+    Ok(program)
 }
 
 /// Forwards output until exit + EOFs (or the drain deadline); kills the group at the
@@ -258,7 +251,7 @@ fn kill_group(pgid: libc::pid_t) {
 
 /// Reads `Stdin` frames until `End`, writing them to `stdin` while the child accepts
 /// them and discarding them after (so the host's writes always complete).
-fn drain_input(conn: &mut UnixStream, mut stdin: Option<ChildStdin>) -> Result<(), ServeError> {
+fn drain_input(conn: &mut UnixStream, mut stdin: Option<File>) -> Result<(), ServeError> {
     loop {
         let frame = read_frame(conn).map_err(ServeError::ReceiveInput)?;
         match frame.kind {

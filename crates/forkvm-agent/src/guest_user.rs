@@ -1,6 +1,6 @@
 //! Guest users for `exec` requests that name one: looked up in the guest's own
 //! `/etc/passwd` and `/etc/group`, then applied to the child (groups, gid, uid, in that
-//! order, after fork) with `HOME`, `USER` and `LOGNAME` set.
+//! order, by the `as-user` trampoline of spawn.rs) with `HOME`, `USER` and `LOGNAME` set.
 //!
 //! The files are parsed here rather than through `getpwnam`: the agent is linked
 //! statically against glibc, whose NSS lookups would try to load shared modules at run
@@ -8,11 +8,11 @@
 //! read up to [`MAX_FILE`] bytes.
 
 use std::io::{self, Read};
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::Command;
 
 use forkvm_proto::{AgentError, ErrorKind};
+
+use crate::spawn::{Program, UserIds};
 
 /// The most of `/etc/passwd` or `/etc/group` read.
 const MAX_FILE: u64 = 4 << 20;
@@ -44,27 +44,14 @@ impl GuestUser {
         Ok(user)
     }
 
-    /// Makes `cmd` run as this user, with its environment and (unless the request gave
-    /// one) its home as the working directory.
-    pub fn apply(&self, cmd: &mut Command, cwd_given: bool) {
-        cmd.env("HOME", &self.home).env("USER", &self.name).env("LOGNAME", &self.name);
-        if !cwd_given && Path::new(&self.home).is_dir() {
-            cmd.current_dir(&self.home);
+    /// Makes `program` run as this user, with its environment and (unless the request
+    /// gave one) its home as the working directory.
+    pub fn apply(&self, program: &mut Program) {
+        program.env("HOME", &self.home).env("USER", &self.name).env("LOGNAME", &self.name);
+        if !program.has_cwd() && Path::new(&self.home).is_dir() {
+            program.current_dir(&self.home);
         }
-        let (uid, gid, groups) = (self.uid, self.gid, self.groups.clone());
-        // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
-        // system calls on memory captured before the fork.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::setgroups(groups.len(), groups.as_ptr()) != 0
-                    || libc::setgid(gid) != 0
-                    || libc::setuid(uid) != 0
-                {
-                    return Err(io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        program.user(UserIds { uid: self.uid, gid: self.gid, groups: self.groups.clone() });
     }
 }
 

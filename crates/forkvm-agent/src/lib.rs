@@ -20,6 +20,7 @@ pub mod init;
 pub mod interp;
 pub mod reaper;
 pub mod server;
+pub mod spawn;
 pub mod vector_check;
 pub mod vsock;
 pub mod xstate;

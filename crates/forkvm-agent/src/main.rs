@@ -43,6 +43,11 @@ struct Args {
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 fn main() {
+    // `forkvm-agent as-user ...`: the trampoline of execs that name a guest user
+    // (spawn.rs). First, before anything else the agent does at startup.
+    if let Some(args) = forkvm_agent::spawn::as_user_args() {
+        std::process::exit(forkvm_agent::spawn::as_user_main(args));
+    }
     // `forkvm-agent --vector-state`: what xstate.rs decides from, as this process sees it
     // (tests compare it with what PID 1 did).
     if std::env::args().nth(1).as_deref() == Some("--vector-state") {

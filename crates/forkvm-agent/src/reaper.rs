@@ -8,7 +8,8 @@
 //! registration; the reaper thread holds the same lock while it calls `waitpid`, so it
 //! can neither reap a child before its waiter is registered nor race std's own `waitpid`
 //! on a failed spawn. Statuses of registered pids go to their callback; others are
-//! orphans and are dropped.
+//! orphans and are dropped. [`Reaper::spawn_program`] does the same for execs, which
+//! start without forking the agent (spawn.rs).
 //!
 //! A spawned program must not inherit that mask: a shell whose SIGCHLD stays blocked
 //! sleeps for ever in `wait` once its child outlives the shell's first `waitpid`, which
@@ -22,6 +23,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
+
+use crate::spawn::{Program, Spawned};
 
 /// Called with the raw wait status when a registered child exits.
 pub type ExitCallback = Box<dyn FnOnce(i32) + Send>;
@@ -95,6 +98,15 @@ impl Reaper {
         let child = cmd.spawn()?;
         waiters.insert(child.id() as libc::pid_t, on_exit);
         Ok(child)
+    }
+
+    /// Starts `program` (posix_spawn, see spawn.rs) and registers `on_exit` for its
+    /// pid, atomically with respect to reaping.
+    pub fn spawn_program(&self, program: &Program, on_exit: ExitCallback) -> io::Result<Spawned> {
+        let mut waiters = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
+        let spawned = program.spawn()?;
+        waiters.insert(spawned.pid, on_exit);
+        Ok(spawned)
     }
 
     fn run(&self, fd: OwnedFd) {

@@ -152,7 +152,14 @@ fn a_started_exec_reports_its_pid_and_only_it_can_be_signalled() {
         })
     };
     let pid = pid_rx.recv_timeout(Duration::from_secs(10)).expect("a started frame before any exit");
-    assert!(std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap().contains("sleep 30"));
+    // The pid is the exec's own (its argv shows once its exec has set up its stack: the
+    // agent starts it with vfork semantics and may get there first).
+    let cmdline = || std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !cmdline().contains("sleep 30") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(cmdline().contains("sleep 30"), "{:?}", cmdline());
     let t = Instant::now();
     client.signal(pid, SIGKILL).unwrap();
     let (st, out) = runner.join().unwrap();

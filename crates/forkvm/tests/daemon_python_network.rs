@@ -55,6 +55,7 @@ fn probe(client: &Client, id: &str, urls: &[String]) -> (Vec<String>, f64) {
 }
 
 #[test]
+#[cfg_attr(not(feature = "long-tests"), ignore = "long tier: scripts/test-long")]
 fn a_python_sandbox_fetches_by_name_over_https_and_pip_installs_from_an_index() {
     if !common::networks_allowed() {
         return;

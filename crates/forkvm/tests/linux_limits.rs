@@ -53,6 +53,7 @@ fn cpu_secs(pid: i32) -> f64 {
 }
 
 #[test]
+#[cfg_attr(not(feature = "long-tests"), ignore = "long tier: scripts/test-long")]
 fn a_spinning_and_a_fork_storming_sandbox_leave_a_neighbour_answering() {
     let env = CliEnv::new();
     env.ok(&["snapshot", "create", "--image", "tiny", "--tag", "t"]);

@@ -112,6 +112,7 @@ fn two_vcpus_run_processes_on_both() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "long-tests"), ignore = "long tier: scripts/test-long")]
 fn four_vcpus_run_processes_on_all() {
     processes_run_on_every_vcpu(4);
 }
@@ -152,9 +153,9 @@ fn every_copy_of_a_busy_two_vcpu_sandbox_has_both_and_goes_on() {
     assert_eq!(vcpus_of(&env, &source), 2);
     env.sh(&source, COUNTERS);
     env.sh(&source, "for i in $(seq 300); do [ -s /tmp/c0 ] && [ -s /tmp/c1 ] && exit 0; sleep 0.2; done; exit 1");
-    // Six rounds here (about 27 s each on a PVM host); the test-guest tier repeats each
-    // kind 20 times (crates/forkvm-vmm/tests/smp.rs).
-    for round in 0..6 {
+    // One round of each kind here (each costs tens of seconds on a PVM host); the
+    // test-guest tier repeats each kind 20 times (crates/forkvm-vmm/tests/smp.rs).
+    for round in 0..3 {
         let before = counters(&env, &source);
         let child = match round % 3 {
             0 => env.fork("--from-sandbox", &source, 1).remove(0),

@@ -54,6 +54,7 @@ fn processes_switched_thousands_of_times_keep_every_vector_register_class() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "long-tests"), ignore = "long tier: scripts/test-long")]
 fn numpy_in_three_processes_computes_the_same_numbers_as_in_one() {
     let env = CliEnv::new();
     env.ok(&["snapshot", "create", "--image", "python", "--tag", "py"]);
