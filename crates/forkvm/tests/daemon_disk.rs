@@ -33,9 +33,12 @@ fn disk_snapshots_on_request_and_on_schedule() {
     env.ok(&["fork", "--tag", "py", "-n", "1"]);
     let ps = env.json(&["ps", "--json"]);
     let id = ps[0]["id"].as_str().unwrap().to_string();
+    // 256 KiB that do not compress, made in the warm interpreter's user space (the guest
+    // kernel's /dev/urandom is emulated here), then synced.
     let write = |n: u32| {
-        let cmd = format!("head -c 1048576 /dev/urandom > /root/blob{n} && sync");
-        env.ok(&["exec", &id, "--", "sh", "-c", &cmd]);
+        let code =
+            format!("import os, random\nopen('/root/blob{n}', 'wb').write(random.randbytes(256 << 10))\nos.sync()");
+        env.ok(&["eval", &id, &code]);
     };
 
     // One now, through the daemon. The 1 s schedule may have taken the write first: then
@@ -48,13 +51,13 @@ fn disk_snapshots_on_request_and_on_schedule() {
     assert!(first >= 1, "{r}");
     // The schedule may have caught the guest mid-write and taken part of it: what the
     // newest snapshot holds, not what this call wrote, must cover the whole blob.
-    assert!(r["stored_bytes"].as_u64().unwrap() >= 1 << 20, "{r}");
+    assert!(r["stored_bytes"].as_u64().unwrap() >= 256 << 10, "{r}");
     let list = env.json(&["disk-snapshots", &id, "--json"]);
     let seqs: Vec<u64> = list.as_array().unwrap().iter().map(|s| s["seq"].as_u64().unwrap()).collect();
     assert!(seqs.contains(&first), "{list}");
     let disk = &list.as_array().unwrap().last().unwrap()["disks"][0];
     assert_eq!(disk["id"], "forkvm-data", "{list}");
-    assert!(disk["blocks"].as_u64().unwrap() >= 256, "{list}");
+    assert!(disk["blocks"].as_u64().unwrap() >= 64, "{list}");
 
     // The schedule takes more by itself while the guest writes.
     let deadline = Instant::now() + Duration::from_secs(60);

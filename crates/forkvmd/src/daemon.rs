@@ -135,7 +135,7 @@ pub fn run(mut cfg: DaemonConfig) -> Result<(), DaemonError> {
             }
             None => None,
         };
-        crate::e2b::start(state.clone(), cfg.e2b.clone()).await?;
+        crate::e2b::start(state.clone(), cfg.e2b.clone(), cfg.limits).await?;
         use std::io::Write;
         let _ = std::io::stdout().flush();
         tokio::spawn(reopen_on_hangup(audit.clone()));

@@ -93,22 +93,43 @@ async fn a_slowloris_client_is_cut_after_the_header_timeout() {
     let e = env();
     let limits = ConnLimits { header_timeout: Duration::from_secs(1), ..ConnLimits::default() };
     let addr = serve_tcp(&e, limits).await;
-    let elapsed = tokio::task::spawn_blocking(move || {
-        let mut s = std::net::TcpStream::connect(addr).unwrap();
-        // A header that never ends: a byte now and then, well inside any read timeout.
-        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n").unwrap();
-        let t = Instant::now();
-        while t.elapsed() < Duration::from_secs(5) {
-            if s.write_all(b"X-Slow: 1\r\n").is_err() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(200));
+    let elapsed = tokio::task::spawn_blocking(move || slowloris(addr)).await.unwrap();
+    assert!(elapsed < Duration::from_secs(4), "the connection stayed open {elapsed:?} (header timeout 1 s)");
+}
+
+/// Holds a request header open (a header that never ends: a line every 200 ms, well
+/// inside any read timeout) for up to 5 s; returns how long the server kept the connection.
+fn slowloris(addr: std::net::SocketAddr) -> Duration {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n").unwrap();
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(5) {
+        if s.write_all(b"X-Slow: 1\r\n").is_err() {
+            break;
         }
-        t.elapsed() + time_to_close(&mut s, Duration::from_secs(5))
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    t.elapsed() + time_to_close(&mut s, Duration::from_secs(5))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_e2b_listeners_cut_a_slowloris_client_too() {
+    let e = env();
+    let limits = ConnLimits { header_timeout: Duration::from_secs(1), ..ConnLimits::default() };
+    let keys = vec!["e2b_test_key_0123456789".to_string()];
+    let loopback = Some("127.0.0.1:0".parse().unwrap());
+    let config = forkvmd::e2b::E2bConfig { api: loopback, sandbox: loopback, api_keys: keys, ..Default::default() };
+    let addrs = forkvmd::e2b::start(e.state.clone(), config, limits).await.unwrap();
+    assert_eq!(addrs.len(), 2, "the API and the sandbox front");
+    let held = tokio::task::spawn_blocking(move || {
+        let each: Vec<_> = addrs.into_iter().map(|a| std::thread::spawn(move || slowloris(a))).collect();
+        each.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
     })
     .await
     .unwrap();
-    assert!(elapsed < Duration::from_secs(4), "the connection stayed open {elapsed:?} (header timeout 1 s)");
+    for (what, elapsed) in ["E2B API", "E2B sandbox front"].iter().zip(held) {
+        assert!(elapsed < Duration::from_secs(4), "{what} kept the connection {elapsed:?} (header timeout 1 s)");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -123,9 +123,15 @@ pub struct E2b {
     pub processes: envd::process::Processes,
 }
 
-/// Starts the configured listeners and the lifetime tick; returns their addresses.
-pub async fn start(app: AppState, config: E2bConfig) -> Result<Vec<SocketAddr>, crate::serve::ServeError> {
-    use crate::serve::ServeError;
+/// Starts the configured listeners and the lifetime tick; returns their addresses. The
+/// listeners serve under the daemon's connection limits (header timeout, connection cap,
+/// accept backoff), each with a cap of its own.
+pub async fn start(
+    app: AppState,
+    config: E2bConfig,
+    limits: crate::serve::ConnLimits,
+) -> Result<Vec<SocketAddr>, crate::serve::ServeError> {
+    use crate::serve::{ServeError, TcpServe};
     if config.api.is_none() && config.sandbox.is_none() {
         return Ok(Vec::new());
     }
@@ -146,11 +152,8 @@ pub async fn start(app: AppState, config: E2bConfig) -> Result<Vec<SocketAddr>, 
         let local = listener.local_addr().unwrap_or(addr);
         println!("forkvmd {what} listening on http://{local}");
         bound.push(local);
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, router).await {
-                tracing::error!(%e, "the {what} listener stopped");
-            }
-        });
+        let serve = TcpServe { listener, app: router, tls: None };
+        tokio::spawn(crate::serve::run(None, Some(serve), limits, None, std::future::pending()));
     }
     tokio::spawn(expiry::schedule(e2b));
     Ok(bound)
