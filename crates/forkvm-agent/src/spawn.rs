@@ -40,8 +40,6 @@ pub struct UserIds {
 /// A process to start: what `posix_spawn` gets, all prepared before the clone.
 #[derive(Debug)]
 pub struct Program {
-    /// The program's path as given (for error messages).
-    pub name: String,
     args: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
     cwd: Option<PathBuf>,
@@ -61,8 +59,7 @@ pub struct Spawned {
 impl Program {
     /// `args[0]` with the rest as arguments, in the agent's environment.
     pub fn new(args: Vec<OsString>) -> Program {
-        let name = args.first().map(|a| a.to_string_lossy().into_owned()).unwrap_or_default();
-        Program { name, args, env: std::env::vars_os().collect(), cwd: None, user: None, stdin_piped: false }
+        Program { args, env: std::env::vars_os().collect(), cwd: None, user: None, stdin_piped: false }
     }
 
     /// Sets (or replaces) one environment variable.
@@ -378,7 +375,8 @@ mod tests {
     #[test]
     fn a_program_on_path_runs_in_its_directory_and_group_with_its_environment() {
         let dir = tempfile::tempdir().unwrap();
-        let mut p = Program::new(vec!["sh".into(), "-c".into(), "pwd; echo $GREETING; ps -o pgid= -p $$".into()]);
+        let mut p =
+            Program::new(vec!["sh".into(), "-c".into(), "pwd; echo $GREETING; cut -d' ' -f5 /proc/$$/stat".into()]);
         p.env("GREETING", "hi").current_dir(dir.path());
         let s = p.spawn().unwrap();
         let mut out = String::new();
