@@ -40,8 +40,6 @@ struct Args {
     identity_record_fail_credit: bool,
 }
 
-const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-
 fn main() {
     // `forkvm-agent as-user ...`: the trampoline of execs that name a guest user
     // (spawn.rs). First, before anything else the agent does at startup.
@@ -142,7 +140,7 @@ fn run(pid1: bool, vector_state: VectorState) -> anyhow::Result<()> {
     let reaper = Reaper::start().context("starting the reaper")?;
     if std::env::var_os("PATH").is_none() {
         // Still single-threaded apart from the reaper, which never reads the environment.
-        std::env::set_var("PATH", DEFAULT_PATH);
+        std::env::set_var("PATH", forkvm_agent::spawn::DEFAULT_PATH);
     }
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)

@@ -23,8 +23,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-/// The `PATH` a child searches when neither the request nor the agent sets one.
-const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// The `PATH` a child searches when neither the request nor the agent sets one (and the
+/// one the agent sets for itself as PID 1).
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// The trampoline's subcommand (see the module doc).
 pub const AS_USER: &str = "as-user";
@@ -124,7 +125,7 @@ impl Program {
         let Some(ids) = &self.user else {
             return Ok((cstring(resolved.as_os_str().as_bytes())?, args.collect::<io::Result<_>>()?));
         };
-        let agent = std::env::current_exe()?;
+        let agent = agent_binary()?;
         let groups = ids.groups.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
         let mut argv = vec![
             cstring(b"forkvm-agent")?,
@@ -187,6 +188,16 @@ impl Program {
             stderr: File::from(stderr_ours),
         })
     }
+}
+
+/// The agent's own binary, the trampoline: read from `/proc/self/exe` once, not per exec.
+fn agent_binary() -> io::Result<&'static Path> {
+    static AGENT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    if let Some(path) = AGENT.get() {
+        return Ok(path);
+    }
+    let path = std::env::current_exe()?;
+    Ok(AGENT.get_or_init(|| path))
 }
 
 /// Whether `path` is a regular file this process may execute; an error only for a file
