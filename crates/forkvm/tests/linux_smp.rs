@@ -70,12 +70,15 @@ fn check_inside(env: &CliEnv, id: &str, n: usize) {
         serde_json::from_str(check.lines().rev().find(|l| l.starts_with('{')).unwrap()).unwrap();
     assert!(report.classes.iter().all(|c| c.checked > 0), "{report:?}");
     assert!(report.failures().is_empty(), "{}", report.describe_failures());
-    // n spinners at once; on a host with n cores they take about one spinner's time.
+    // n spinners at once; on a host with a core to spare beyond the n vCPU threads (the
+    // VMM's other threads and this test need one) they take about one spinner's time.
+    // On a host with just n cores the timing is printed, not checked: there the vCPUs
+    // share the cores with everything else and the ratio is noise (CI saw 1.67x on 2).
     let serial = timed(env, id, SPIN);
     let parallel = timed(env, id, &format!("for i in $(seq {n}); do {SPIN} & done; wait"));
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     eprintln!("{n} vCPUs: one spinner {serial:.2} s, {n} at once {parallel:.2} s ({cores} host cores)");
-    if cores >= n {
+    if cores > n {
         assert!(parallel < serial * (n as f64) * 0.7, "{n} spinners took {parallel:.2} s, one {serial:.2} s");
     }
 }
