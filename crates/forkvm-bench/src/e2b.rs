@@ -10,8 +10,10 @@
 //! * `daemon_cpu_*_ms`: the daemon's own CPU time (user + system, from `/proc`) around
 //!   each step, the host side of the difference, apart from the guest.
 //!
-//! `run_code` (the code interpreter) is not measured yet: its template is not built
-//! (docs/e2b.md).
+//! With `--code-tag C` (a tag of the `code-interpreter` template) each round also
+//! creates a sandbox of C through each SDK and times the first and a second `run_code`
+//! (E2B's, through the template's server on port 49999) against forkvm's `eval` (the
+//! agent's warm interpreter): the same arithmetic, two ways into the same guest.
 
 use crate::util::{machine, median, r2};
 use anyhow::{bail, Context, Result};
@@ -25,6 +27,10 @@ pub struct BenchE2bArgs {
     /// Tag to fork (`forkvm snapshot create --image python --tag T`): E2B's `base`.
     #[arg(long)]
     pub tag: String,
+    /// Tag of the `code-interpreter` template (E2B's `code-interpreter-v1`): also time
+    /// `run_code` against forkvm's `eval`.
+    #[arg(long)]
+    pub code_tag: Option<String>,
     /// Rounds (one E2B and one forkvm sandbox each).
     #[arg(long, default_value_t = 5)]
     pub rounds: usize,
@@ -53,6 +59,7 @@ pub fn run(a: BenchE2bArgs) -> Result<i32> {
     let mut daemon = Command::new(std::env::current_exe()?)
         .args(["daemon", "--e2b-api", "127.0.0.1:0", "--e2b-sandbox", "127.0.0.1:0", "--e2b-template"])
         .arg(format!("base={}", a.tag))
+        .args(a.code_tag.iter().flat_map(|c| ["--e2b-template".to_string(), format!("code-interpreter-v1={c}")]))
         .arg("--e2b-api-keys")
         .arg(&keys)
         .arg("--socket")
@@ -88,6 +95,7 @@ pub fn run(a: BenchE2bArgs) -> Result<i32> {
             .arg(&a.tag)
             .arg(&socket)
             .arg(daemon.id().to_string())
+            .args(a.code_tag.as_deref())
             .env("PYTHONPATH", sdk)
             .env("E2B_API_KEY", KEY)
             .env("E2B_API_URL", api.unwrap_or_default())
@@ -111,37 +119,42 @@ pub fn run(a: BenchE2bArgs) -> Result<i32> {
         .stdout(Stdio::null())
         .status();
     let rounds = result?;
-    let side = |which: &str| {
-        let r = rounds[which].as_array().cloned().unwrap_or_default();
-        json!({
+    let side = |which: &str| -> Option<serde_json::Value> {
+        let r = rounds[which].as_array().cloned().filter(|r| !r.is_empty())?;
+        Some(json!({
             "create_ms": med(&r, "create_ms"),
             "first_run_ms": med(&r, "first_run_ms"),
             "warm_run_ms": med(&r, "warm_run_ms"),
             "daemon_cpu_create_ms": med(&r, "daemon_cpu_create_ms"),
             "daemon_cpu_first_run_ms": med(&r, "daemon_cpu_first_run_ms"),
-        })
+        }))
+    };
+    let ratios = |e: &Option<serde_json::Value>, f: &Option<serde_json::Value>| {
+        let (Some(e), Some(f)) = (e, f) else { return serde_json::Value::Null };
+        let ratio = |k: &str| {
+            let d = f[k].as_f64().unwrap_or(0.0);
+            if d > 0.0 {
+                json!(r2(e[k].as_f64().unwrap_or(0.0) / d))
+            } else {
+                serde_json::Value::Null
+            }
+        };
+        json!({"create": ratio("create_ms"), "first_run": ratio("first_run_ms"), "warm_run": ratio("warm_run_ms")})
     };
     let (e, f) = (side("e2b"), side("forkvm"));
-    let ratio = |k: &str| {
-        let d = f[k].as_f64().unwrap_or(0.0);
-        if d > 0.0 {
-            json!(r2(e[k].as_f64().unwrap_or(0.0) / d))
-        } else {
-            serde_json::Value::Null
-        }
-    };
+    let (ec, fc) = (side("e2b_code"), side("forkvm_code"));
     let report = json!({
         "bench": "e2b",
         "machine": machine(),
         "tag": a.tag,
         "rounds": a.rounds,
+        "code_tag": a.code_tag,
+        "e2b_over_forkvm": ratios(&e, &f),
         "e2b_sdk": e,
         "forkvm_sdk": f,
-        "e2b_over_forkvm": {
-            "create": ratio("create_ms"),
-            "first_run": ratio("first_run_ms"),
-            "warm_run": ratio("warm_run_ms"),
-        },
+        "run_code_over_eval": ratios(&ec, &fc),
+        "e2b_run_code": ec,
+        "forkvm_eval": fc,
         "raw": rounds,
     });
     if a.json {

@@ -32,6 +32,7 @@ pub mod start;
 pub mod state;
 pub mod tags;
 pub mod template_snapshot;
+pub mod template_start;
 pub mod vector_guard;
 pub mod verbs;
 

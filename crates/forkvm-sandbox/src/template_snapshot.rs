@@ -36,6 +36,8 @@ pub enum TemplateSnapshotError {
     Stopped(String, PathBuf),
     #[error("template warm-up `{code}` failed: {detail}")]
     Warmup { code: String, detail: String },
+    #[error(transparent)]
+    Start(#[from] crate::template_start::StartError),
     #[error("snapshotting the template VM: {0}")]
     Snapshot(forkvm_vmm::VmmError),
     #[error("template refused by the vector-state guard (CPU template {cpu}): {source}")]
@@ -161,6 +163,10 @@ pub fn ensure_template_snapshot_with(
         if let forkvm_proto::EvalOutcome::Exception { .. } = r.outcome {
             return Err(warm(format!("{:?}", r.outcome)));
         }
+    }
+    let service = crate::template_start::start_service(&client, &artifacts.image)?;
+    if artifacts.image.start.is_some() {
+        tracing::info!(template = %artifacts.image.name, seconds = service.as_secs_f64(), "the template's service is ready");
     }
     let boot_seconds = started.elapsed().as_secs_f64();
     // Snapshot under a temporary tag, then move into place (another process may race us:

@@ -28,13 +28,24 @@ pub struct E2bArgs {
     /// and routed on by the data plane.
     #[arg(long, value_name = "DOMAIN", env = "FORKVMD_E2B_DOMAIN")]
     e2b_domain: Option<String>,
+    /// PEM certificate chain: both E2B listeners speak TLS (https://), as E2B's SDKs
+    /// expect under E2B_DOMAIN. Give a wildcard certificate for *.<DOMAIN> and api.<DOMAIN>.
+    #[arg(long, value_name = "FILE", env = "FORKVMD_E2B_TLS_CERT", requires = "e2b_tls_key")]
+    e2b_tls_cert: Option<PathBuf>,
+    /// PEM private key for --e2b-tls-cert.
+    #[arg(long, value_name = "FILE", env = "FORKVMD_E2B_TLS_KEY", requires = "e2b_tls_cert")]
+    e2b_tls_key: Option<PathBuf>,
 }
 
 impl E2bArgs {
     pub fn config(self) -> Result<E2bConfig> {
         if self.e2b_api.is_none() && self.e2b_sandbox.is_none() {
-            if self.e2b_api_keys.is_some() || !self.e2b_templates.is_empty() || self.e2b_domain.is_some() {
-                bail!("--e2b-api-keys, --e2b-template and --e2b-domain apply to the E2B face: give --e2b-api or --e2b-sandbox too");
+            if self.e2b_api_keys.is_some()
+                || !self.e2b_templates.is_empty()
+                || self.e2b_domain.is_some()
+                || self.e2b_tls_cert.is_some()
+            {
+                bail!("--e2b-api-keys, --e2b-template, --e2b-domain and --e2b-tls-cert apply to the E2B face: give --e2b-api or --e2b-sandbox too");
             }
             return Ok(E2bConfig::default());
         }
@@ -63,6 +74,7 @@ impl E2bArgs {
             templates,
             default_user: self.e2b_user,
             domain: self.e2b_domain,
+            tls: self.e2b_tls_cert.zip(self.e2b_tls_key),
         })
     }
 }

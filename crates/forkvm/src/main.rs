@@ -85,7 +85,7 @@ enum Command {
     #[command(name = "pack-keygen")]
     PackKeygen(chain_cmd::PackKeygenArgs),
     /// Run forkvmd, the REST controller (Unix socket; optionally TCP with a token, TLS).
-    Daemon(daemon_cmd::DaemonArgs),
+    Daemon(Box<daemon_cmd::DaemonArgs>),
     /// Take an encrypted, incremental snapshot of a sandbox's disks now.
     DiskSnapshot(disk_cmd::DiskSnapshotArgs),
     /// List a sandbox's disk snapshots.
@@ -160,7 +160,7 @@ fn main() {
         Command::Branch(a) => sandbox_cmd::branch(a, remote),
         Command::Image(a) => image_cmd::run(a),
         Command::Doctor(a) => doctor::run(a),
-        Command::Daemon(a) => daemon_cmd::run(a),
+        Command::Daemon(a) => daemon_cmd::run(*a),
         Command::SnapshotDiff(a) => chain_cmd::snapshot_diff(a, remote),
         Command::SnapshotInfo(a) => chain_cmd::snapshot_info(a, remote),
         Command::Rmi(a) => chain_cmd::rmi(a, remote),

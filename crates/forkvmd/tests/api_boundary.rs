@@ -132,6 +132,78 @@ async fn the_e2b_listeners_cut_a_slowloris_client_too() {
     }
 }
 
+/// One HTTP/1.1 request over TLS to `addr`, trusting `ca` and naming `host` (SNI and
+/// Host); the whole answer.
+fn https_get(
+    addr: std::net::SocketAddr,
+    ca: &rustls::pki_types::CertificateDer<'static>,
+    host: &str,
+    path: &str,
+) -> String {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.clone()).unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from(host.to_string()).unwrap();
+    let conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name).unwrap();
+    let tcp = std::net::TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    write!(tls, "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut out = Vec::new();
+    let _ = tls.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_e2b_listeners_speak_tls_and_route_by_host_under_it() {
+    let e = env();
+    let dir = tempfile::tempdir().unwrap();
+    let cert = rcgen::generate_simple_self_signed(vec!["*.sb.test".to_string(), "api.sb.test".to_string()]).unwrap();
+    let (cert_pem, key_pem) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert_pem, cert.cert.pem()).unwrap();
+    std::fs::write(&key_pem, cert.signing_key.serialize_pem()).unwrap();
+    let loopback = Some("127.0.0.1:0".parse().unwrap());
+    let config = forkvmd::e2b::E2bConfig {
+        api: loopback,
+        sandbox: loopback,
+        api_keys: vec!["e2b_test_key_0123456789".to_string()],
+        domain: Some("sb.test".into()),
+        tls: Some((cert_pem.clone(), key_pem.clone())),
+        ..Default::default()
+    };
+    let addrs = forkvmd::e2b::start(e.state.clone(), config.clone(), ConnLimits::default()).await.unwrap();
+    let ca = cert.cert.der().clone();
+    let (api, front) = (addrs[0], addrs[1]);
+    tokio::task::spawn_blocking(move || {
+        let answer = https_get(api, &ca, "api.sb.test", "/v2/sandboxes");
+        assert!(answer.starts_with("HTTP/1.1 401"), "the control plane over TLS, no key: {answer}");
+        // Routed by Host under the domain: a sandbox that does not exist is E2B's 502.
+        let answer = https_get(front, &ca, "49983-0123456789abcdef.sb.test", "/health");
+        assert!(answer.starts_with("HTTP/1.1 502") && answer.contains("The sandbox was not found"), "{answer}");
+        // The front answers api.<domain> as the control plane: one address for the SDKs.
+        let answer = https_get(front, &ca, "api.sb.test", "/v2/sandboxes");
+        assert!(answer.starts_with("HTTP/1.1 401"), "api.<domain> at the front: {answer}");
+        // Plain HTTP on a TLS listener gets no HTTP answer.
+        let mut plain = std::net::TcpStream::connect(front).unwrap();
+        plain.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        plain.write_all(b"GET /health HTTP/1.1\r\nHost: 49983-0123456789abcdef.sb.test\r\n\r\n").unwrap();
+        let mut out = Vec::new();
+        let _ = plain.read_to_end(&mut out);
+        assert!(!String::from_utf8_lossy(&out).contains("HTTP/1.1"), "{}", String::from_utf8_lossy(&out));
+    })
+    .await
+    .unwrap();
+    // A key that is not a key is a start-up error, before anything listens.
+    std::fs::write(&key_pem, "not a key").unwrap();
+    let err = forkvmd::e2b::start(e.state.clone(), config, ConnLimits::default()).await.unwrap_err();
+    assert!(err.to_string().contains("key.pem"), "{err}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_beyond_the_cap_are_closed_at_accept() {
     let e = env();
@@ -213,7 +285,7 @@ async fn a_host_path_template_is_refused_naming_the_templates_and_nothing_is_wri
         let (status, text) = call(&e.app, "POST", "/v1/snapshots", Some(TOKEN), &body).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{template}: {text}");
         let err = error_of(&text).error;
-        assert!(err.contains("python, tiny"), "{template}: the message names no templates: {err}");
+        assert!(err.contains("code-interpreter, python, tiny"), "{template}: the message names no templates: {err}");
     }
     // Nothing was written: no snapshot, no image build, no cache (only the audit lines).
     let after: Vec<String> = tree_listing(e.dir.path()).into_iter().filter(|p| !p.ends_with("audit.log")).collect();

@@ -98,6 +98,10 @@ def test_run_echo_and_exit_codes(sb: Sandbox) -> None:
     assert r.stdout == "a  b $HOME\n"
     r = sb.commands.run("echo $GREETING; pwd; cat", env={"GREETING": "hello"}, cwd="/tmp", stdin="from stdin")
     assert r.stdout == "hello\n/tmp\nfrom stdin"
+    # A program that cannot start is exit 127, collected or streamed; a 404 is the sandbox.
+    for run in (sb.controller.exec_command, sb.controller.exec_stream):
+        r = run(sb.id, ["/no/such/program"])
+        assert r.exit_code == 127 and "/no/such/program" in r.stderr, (run.__name__, r)
 
 
 def test_run_timeout(sb: Sandbox) -> None:

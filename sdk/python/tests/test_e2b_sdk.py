@@ -4,7 +4,14 @@ way a user moves an agent over: E2B_API_KEY, E2B_API_URL and E2B_SANDBOX_URL. Ev
 address is loopback.
 
 The E2B template `base` is mapped to the forkvm tag `py` (the python template, which has
-E2B's user `user`). Sandboxes are forks of its warm snapshot; the tests share a few.
+E2B's user `user`), and `code-interpreter-v1` (the code interpreter SDK's default) to the
+tag `ci` (the code-interpreter template, its server and kernel warm in the snapshot).
+Sandboxes are forks of their warm snapshots; the tests share a few.
+
+The code interpreter's tests are in the long tier (FORKVM_LONG_TESTS=1, run by
+scripts/test-long): booting its template costs ~20 minutes where the guest kernel is
+emulated (every page its ~150 MB of Python touches is an emulated fault). Its server is
+tested against real kernels on the host in every run (test_code_interpreter_server.py).
 """
 
 from __future__ import annotations
@@ -21,12 +28,17 @@ from daemon_proc import FORKVM_BIN, Daemon, start_daemon
 
 if os.environ.get("FORKVM_SDK_REQUIRE_DAEMON") == "1":
     import e2b  # the test command needs it: a missing SDK fails, never skips
+    import e2b_code_interpreter
 else:
     e2b = pytest.importorskip("e2b", reason="E2B's SDK is not installed (.ci/run installs e2b==2.63.0)")
+    e2b_code_interpreter = pytest.importorskip("e2b_code_interpreter", reason=".ci/run installs it (2.11.5)")
 
 from forkvm import Controller  # noqa: E402
 
 TEMPLATE_TIMEOUT_S = 900
+LONG = os.environ.get("FORKVM_LONG_TESTS") == "1"
+CODE_TEMPLATE_TIMEOUT_S = 3600
+long_tier = pytest.mark.skipif(not LONG, reason="long tier: scripts/test-long (FORKVM_LONG_TESTS=1)")
 API_KEY = "e2b_forkvm_test_key_0123456789"
 
 if os.environ.get("FORKVM_SDK_REQUIRE_DAEMON") == "1" and not os.path.exists(FORKVM_BIN):
@@ -50,6 +62,7 @@ def forkvm_e2b() -> Iterator[Daemon]:
                 "--e2b-sandbox", "127.0.0.1:0",
                 "--e2b-api-keys", "{root}/e2b-keys",
                 "--e2b-template", "base=py",
+                "--e2b-template", "code-interpreter-v1=ci",
             ],
             wait_for=["forkvmd listening", "E2B API listening", "E2B sandbox front listening"],
             files={"e2b-keys": f"# the test's key\n{API_KEY}\n"},
@@ -61,6 +74,9 @@ def forkvm_e2b() -> Iterator[Daemon]:
         with Controller(d.url, timeout=120) as c:
             snap = c.create_snapshot("py", "python", timeout=TEMPLATE_TIMEOUT_S)
             assert snap.status == "ready"
+            if LONG:
+                snap = c.create_snapshot("ci", "code-interpreter", timeout=CODE_TEMPLATE_TIMEOUT_S)
+                assert snap.status == "ready"
         os.environ.pop("E2B_DEBUG", None)
         os.environ.pop("E2B_DOMAIN", None)
         os.environ.update(
@@ -219,16 +235,70 @@ def test_keys_tokens_and_unknown_sandboxes_are_refused(forkvm_e2b: Daemon, sbx: 
 JS_DIR = os.path.join(os.path.dirname(__file__), "e2b_js")
 
 
-def test_the_js_sdk_too(forkvm_e2b: Daemon) -> None:
-    """E2B's JS SDK (e2b@2.51.0, installed by .ci/run with `npm ci`) through the same
-    flows, as a node script against this daemon."""
+def _run_node(script: str, package: str) -> None:
+    """Runs `script` (in e2b_js, installed by .ci/run with `npm ci`) with node."""
     import shutil
     import subprocess
 
     node = shutil.which("node")
+    installed = os.path.isdir(os.path.join(JS_DIR, "node_modules", *package.split("/")))
     if os.environ.get("FORKVM_SDK_REQUIRE_DAEMON") == "1":
-        assert node and os.path.isdir(os.path.join(JS_DIR, "node_modules", "e2b")), "node and e2b@2.51.0 (npm ci)"
-    elif not node or not os.path.isdir(os.path.join(JS_DIR, "node_modules", "e2b")):
-        pytest.skip("node or the JS SDK is missing: npm ci --prefix sdk/python/tests/e2b_js")
-    r = subprocess.run([node, "e2b_check.mjs"], cwd=JS_DIR, capture_output=True, text=True, timeout=600)
+        assert node and installed, f"node and {package} (npm ci --prefix sdk/python/tests/e2b_js)"
+    elif not node or not installed:
+        pytest.skip(f"node or {package} is missing: npm ci --prefix sdk/python/tests/e2b_js")
+    r = subprocess.run([node, script], cwd=JS_DIR, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and r.stdout.rstrip().endswith("ok"), f"stdout:\n{r.stdout}\nstderr:\n{r.stderr}"
+
+
+def test_the_js_sdk_too(forkvm_e2b: Daemon) -> None:
+    """E2B's JS SDK (e2b@2.51.0) through the same flows, as a node script against this
+    daemon."""
+    _run_node("e2b_check.mjs", "e2b")
+
+
+@long_tier
+def test_the_js_code_interpreter_sdk_too(forkvm_e2b: Daemon) -> None:
+    """E2B's code interpreter JS SDK (@e2b/code-interpreter@2.8.0): runCode's state,
+    errors, plots and streamed output."""
+    _run_node("e2b_code_check.mjs", "@e2b/code-interpreter")
+
+
+@long_tier
+def test_run_code_keeps_state_and_returns_errors_plots_and_contexts(forkvm_e2b: Daemon) -> None:
+    """E2B's code interpreter SDK (`e2b-code-interpreter==2.11.5`), unmodified: its
+    `run_code` reaches the template's server on port 49999 through the front."""
+    import base64
+
+    t = time.monotonic()
+    s = e2b_code_interpreter.Sandbox.create(timeout=600)
+    print(f"code interpreter Sandbox.create: {(time.monotonic() - t) * 1e3:.0f} ms")
+    try:
+        t = time.monotonic()
+        first = s.run_code("x = 1")
+        print(f"first run_code: {(time.monotonic() - t) * 1e3:.0f} ms")
+        assert (first.error, first.results, first.execution_count) == (None, [], 1)
+        second = s.run_code("x + 1")
+        assert (second.text, second.execution_count) == ("2", 2)
+        assert s.run_code("'a string'").text == "a string", "E2B gives a string's value without quotes"
+
+        failed = s.run_code("print('before'); 1 / 0")
+        assert failed.logs.stdout == ["before\n"]
+        assert (failed.error.name, failed.error.value) == ("ZeroDivisionError", "division by zero")
+        assert "Traceback" in failed.error.traceback and "\x1b[" not in failed.error.traceback, "no colours"
+
+        plot = s.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 4, 9])\nplt.show()")
+        pngs = [r.png for r in plot.results if r.png]
+        assert len(pngs) == 1 and base64.b64decode(pngs[0]).startswith(b"\x89PNG\r\n"), plot
+        assert plot.results[0].is_main_result is False
+
+        streamed: list = []
+        env = s.run_code("import os, sys\nprint(os.environ['ASKED'])\nos.getcwd()", envs={"ASKED": "yes"},
+                         on_stdout=lambda m: streamed.append(m.line))
+        assert (env.text, streamed) == ("/home/user", ["yes\n"])
+        assert s.run_code("os.environ.get('ASKED')").text is None, "a run's envs end with it"
+
+        with pytest.raises(e2b.NotFoundException):
+            s.run_code("1", context=e2b_code_interpreter.Context(context_id="nope", language="python", cwd="/"))
+        assert [c.language for c in s.list_code_contexts()] == ["python"]
+    finally:
+        s.kill()

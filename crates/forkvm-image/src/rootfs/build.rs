@@ -70,6 +70,15 @@ pub struct BuiltImage {
     /// The warm interpreter, if the template has one.
     pub python: Option<String>,
     pub warmup_eval: Option<String>,
+    /// The template's login user, its `start` service's user.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// The template's `start` service and `ready` check (images built before they
+    /// existed have neither).
+    #[serde(default)]
+    pub start: Option<String>,
+    #[serde(default)]
+    pub ready: Option<String>,
 }
 
 /// Content hash of everything an image is built from: the builder for `base`, the
@@ -135,6 +144,9 @@ pub fn ensure_image(
         size_bytes: size,
         python: template.python.clone(),
         warmup_eval: template.warmup_eval.clone(),
+        user: template.user.clone(),
+        start: template.start.clone(),
+        ready: template.ready.clone(),
     };
     let json = serde_json::to_vec_pretty(&img).unwrap_or_default();
     std::fs::write(work.join("image.json"), json)

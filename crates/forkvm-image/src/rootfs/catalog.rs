@@ -18,6 +18,7 @@ pub const TEMPLATES_ENV: &str = "FORKVM_TEMPLATES";
 pub const BUILT_IN: &[(&str, &str)] = &[
     ("tiny", include_str!("../../../../templates/tiny.toml")),
     ("python", include_str!("../../../../templates/python.toml")),
+    ("code-interpreter", include_str!("../../../../templates/code-interpreter.toml")),
 ];
 
 /// Longest template name.
@@ -164,7 +165,7 @@ mod tests {
     #[test]
     fn built_in_templates_need_no_directory() {
         let c = Catalog::with_dir(PathBuf::from("/nonexistent/templates"));
-        assert_eq!(c.names(), ["python", "tiny"]);
+        assert_eq!(c.names(), ["code-interpreter", "python", "tiny"]);
         for (name, _) in BUILT_IN {
             let t = c.get(name).unwrap();
             assert_eq!((t.template.name.as_str(), t.origin), (*name, Origin::BuiltIn));
@@ -179,7 +180,7 @@ mod tests {
         let c = Catalog::with_dir(dir.path().join("templates"));
         for bad in [outside.to_str().unwrap(), "../evil", "evil.toml", "", "a/b", &"x".repeat(65)] {
             let e = c.get(bad).unwrap_err().to_string();
-            assert!(e.contains("python, tiny"), "{bad}: {e}");
+            assert!(e.contains("code-interpreter, python, tiny"), "{bad}: {e}");
         }
         assert!(c.get("evil").unwrap_err().to_string().contains("no template \"evil\""));
     }
@@ -191,7 +192,7 @@ mod tests {
         std::fs::write(dir.path().join("tiny.toml"), "name = \"tiny\"\nbase = \"busybox\"\n# local\n").unwrap();
         std::fs::write(dir.path().join("wrong.toml"), "name = \"other\"\nbase = \"busybox\"\n").unwrap();
         let c = Catalog::with_dir(dir.path().to_path_buf());
-        assert_eq!(c.names(), ["mine", "python", "tiny", "wrong"]);
+        assert_eq!(c.names(), ["code-interpreter", "mine", "python", "tiny", "wrong"]);
         assert!(matches!(c.get("mine").unwrap().origin, Origin::File(_)));
         assert!(c.get("tiny").unwrap().text.contains("# local"));
         assert!(matches!(c.get("wrong"), Err(CatalogError::NameMismatch { .. })));

@@ -9,6 +9,8 @@
 //! warmup_eval = "import numpy"      # run in the warm interpreter before the template snapshot
 //! vcpus = 2                         # vCPUs of its sandboxes unless a snapshot asks otherwise (1)
 //! user = "user"                     # a login user: /home/user, bash, passwordless sudo (debian)
+//! start = "my-server --port 8080"   # a service started before the template snapshot
+//! ready = "test -e /tmp/up"         # retried until it succeeds, then the snapshot is taken
 //! [files]
 //! "/etc/motd" = "hello\n"           # extra files: path = content
 //! ```
@@ -42,7 +44,23 @@ pub struct Template {
     /// their commands as a user named `user` (docs/e2b.md).
     #[serde(default)]
     pub user: Option<String>,
+    /// A service (a shell command) the template runs: started detached, as `user` when the
+    /// template has one, after the warm-up and before the template snapshot, so every
+    /// sandbox restored from the snapshot has it running already (E2B's "start command").
+    /// Its output goes to [`START_LOG`] in the guest.
+    #[serde(default)]
+    pub start: Option<String>,
+    /// A shell command retried (as `start`'s user) until it exits 0 before the template
+    /// snapshot is taken: the service is ready. Without it the snapshot follows `start`.
+    #[serde(default)]
+    pub ready: Option<String>,
 }
+
+/// Where a template's `start` service writes its output, in the guest.
+pub const START_LOG: &str = "/tmp/forkvm-start.log";
+
+/// Longest `start` or `ready` command.
+pub const MAX_COMMAND: usize = 4096;
 
 /// The part of a template's text its image is made from: the text without `vcpus`, which
 /// only says how the image boots. A template without `vcpus` is its own text, so the
@@ -141,6 +159,19 @@ impl Template {
                 ));
             }
         }
+        for (field, cmd) in [("start", &t.start), ("ready", &t.ready)] {
+            if let Some(cmd) =
+                cmd.as_deref().filter(|c| c.trim().is_empty() || c.len() > MAX_COMMAND || c.contains('\0'))
+            {
+                return invalid(format!(
+                    "{field} must be a shell command of 1 to {MAX_COMMAND} bytes without NUL (got {} bytes)",
+                    cmd.len()
+                ));
+            }
+        }
+        if t.ready.is_some() && t.start.is_none() {
+            return invalid("ready checks the start service: give start too".into());
+        }
         if t.warmup_eval.is_some() && t.python.is_none() {
             return invalid("warmup_eval needs python = \"/path/to/python3\"".into());
         }
@@ -198,6 +229,10 @@ mod tests {
         assert!(e("name = \"x\"\nbase = \"alpine\"").contains("expected \"busybox\""));
         assert!(e("name = \"x\"\nbase = \"busybox\"\npackages = [\"vim\"]").contains("no package manager"));
         assert!(e("name = \"x\"\nbase = \"busybox\"\nuser = \"user\"").contains("user needs a debian base"));
+        assert!(e("name = \"x\"\nbase = \"busybox\"\nready = \"true\"").contains("give start too"));
+        assert!(e("name = \"x\"\nbase = \"busybox\"\nstart = \" \"").contains("start must be a shell command"));
+        let long = format!("name = \"x\"\nbase = \"busybox\"\nstart = \"{}\"", "a".repeat(MAX_COMMAND + 1));
+        assert!(e(&long).contains("4096"));
         for bad in ["root", "User", "1user", "a b", "x'y", ""] {
             let text = format!("name = \"x\"\nbase = \"debian:bookworm\"\nuser = \"{bad}\"");
             assert!(e(&text).contains("must start with"), "{bad}");

@@ -9,6 +9,9 @@
 //!   (compared in constant time), else 401;
 //! - port 49983 is envd, served here ([`super::envd`]); any other port is the guest's
 //!   own, reached over the sandbox's network like an exposed port, bodies streamed.
+//!
+//! Under a domain, `Host: api.<domain>` is E2B's control plane, answered here too: the
+//! SDKs then reach everything at port 443 of one address, as at E2B.
 
 use super::control::{seen, Seen};
 use super::records::{self, E2bSandbox};
@@ -23,10 +26,25 @@ use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
 use subtle::ConstantTimeEq;
 
-/// The front's router: every path goes through [`route`].
+/// The front's router: every path goes through [`route`], but `api.<domain>`'s to the
+/// control plane's router.
 pub fn router(e2b: E2b) -> Router {
+    use tower::ServiceExt;
     // Bodies stream through (uploads of any size): no limit of axum's on top.
-    Router::new().fallback(route).layer(axum::extract::DefaultBodyLimit::disable()).with_state(e2b)
+    let front = Router::new().fallback(route).layer(axum::extract::DefaultBodyLimit::disable()).with_state(e2b.clone());
+    let Some(domain) = e2b.config.domain.clone() else { return front };
+    let control = super::control::router(e2b);
+    Router::new().fallback_service(tower::service_fn(move |req: Request| {
+        let to = if is_api_host(req.headers(), &domain) { control.clone() } else { front.clone() };
+        to.oneshot(req)
+    }))
+}
+
+/// Whether a request's Host is `api.<domain>` (with any port).
+fn is_api_host(headers: &HeaderMap, domain: &str) -> bool {
+    let Some(host) = headers.get("host").and_then(|v| v.to_str().ok()).map(str::trim) else { return false };
+    let host = host.rsplit_once(':').filter(|(_, p)| p.chars().all(|c| c.is_ascii_digit())).map_or(host, |(h, _)| h);
+    host.strip_suffix(domain).and_then(|h| h.strip_suffix('.')) == Some("api")
 }
 
 /// E2B's answer for a sandbox that is not running (its proxy's exact message).
@@ -164,6 +182,17 @@ async fn forward(e2b: E2b, id: String, port: u16, req: Request) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn api_host_is_the_control_plane_under_the_domain_only() {
+        let h = |host: &str| headers(&[("host", host)]);
+        assert!(is_api_host(&h("api.sb.test"), "sb.test"));
+        assert!(is_api_host(&h("api.sb.test:443"), "sb.test"));
+        for other in ["49983-abc.sb.test", "api.sb.test.evil", "xapi.sb.test", "api.other.test", "sb.test"] {
+            assert!(!is_api_host(&h(other), "sb.test"), "{other}");
+        }
+        assert!(!is_api_host(&HeaderMap::new(), "sb.test"));
+    }
     use crate::test_util::headers;
 
     #[test]

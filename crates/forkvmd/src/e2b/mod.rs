@@ -52,6 +52,8 @@ pub struct E2bConfig {
     /// The domain sandboxes' hosts are under (`<port>-<id>.<domain>`), given to clients
     /// as `domain` and used to route by Host.
     pub domain: Option<String>,
+    /// PEM certificate and key: both listeners speak TLS (`--e2b-tls-cert/-key`).
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -139,6 +141,12 @@ pub async fn start(
         what: "the E2B table".into(),
         source: std::io::Error::other(e.to_string()),
     })?;
+    // Read before anything listens: a bad certificate is a start-up error.
+    let tls = match &config.tls {
+        Some((cert, key)) => Some(crate::serve::tls_acceptor(cert, key)?),
+        None => None,
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let e2b = E2b { app, config: Arc::new(config), processes: Default::default() };
     let mut bound = Vec::new();
     for (addr, router, what) in [
@@ -150,9 +158,9 @@ pub async fn start(
             .await
             .map_err(|source| ServeError::Listen { what: format!("{what} {addr}"), source })?;
         let local = listener.local_addr().unwrap_or(addr);
-        println!("forkvmd {what} listening on http://{local}");
+        println!("forkvmd {what} listening on {scheme}://{local}");
         bound.push(local);
-        let serve = TcpServe { listener, app: router, tls: None };
+        let serve = TcpServe { listener, app: router, tls: tls.clone() };
         tokio::spawn(crate::serve::run(None, Some(serve), limits, None, std::future::pending()));
     }
     tokio::spawn(expiry::schedule(e2b));

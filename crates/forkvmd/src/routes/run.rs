@@ -66,9 +66,18 @@ pub async fn exec(
         let stdin = req.stdin.as_deref().unwrap_or("").as_bytes();
         let mut src = stdin;
         let src: Option<&mut dyn std::io::Read> = if stdin.is_empty() { None } else { Some(&mut src) };
-        let status = c
-            .exec(&agent_req, src, &mut |b| stdout.push(b), &mut |b| stderr.push(b))
-            .map_err(|e| agent_error(&id, e))?;
+        let status = match c.exec(&agent_req, src, &mut |b| stdout.push(b), &mut |b| stderr.push(b)) {
+            Ok(status) => status,
+            // A program that cannot start ends as in a shell (127/126), as the stream
+            // does: a 404 always means the sandbox (forkd's clients read it so).
+            Err(e) => match not_started(&e) {
+                Some((code, reason)) => {
+                    stderr.push(reason.as_bytes());
+                    ExitStatus { code: Some(code), signal: None, timed_out: false, duration_ms: 0 }
+                }
+                None => return Err(agent_error(&id, e)),
+            },
+        };
         learn_after_first_call(&s, &id);
         Ok(Json(ExecResponse {
             truncated: stdout.truncated() || stderr.truncated(),
