@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 /// How long `ready` may keep failing. Generous: where the guest kernel is emulated every
 /// page a process touches costs milliseconds, and the code-interpreter template's server
-/// and kernel (~150 MB of Python) take ~20 minutes to start there (seconds elsewhere).
+/// and kernel (~175 MB of Python) take over half an hour to start there (seconds elsewhere).
 pub const READY_TIMEOUT: Duration = Duration::from_secs(45 * 60);
 
 /// Pause between `ready` attempts (each attempt is itself a process start in the guest).

@@ -9,8 +9,8 @@ tag `ci` (the code-interpreter template, its server and kernel warm in the snaps
 Sandboxes are forks of their warm snapshots; the tests share a few.
 
 The code interpreter's tests are in the long tier (FORKVM_LONG_TESTS=1, run by
-scripts/test-long): booting its template costs ~20 minutes where the guest kernel is
-emulated (every page its ~150 MB of Python touches is an emulated fault). Its server is
+scripts/test-long): booting its template takes over 35 minutes where the guest kernel
+is emulated (every page its ~175 MB of Python touches is an emulated fault). Its server is
 tested against real kernels on the host in every run (test_code_interpreter_server.py).
 """
 
