@@ -16,75 +16,52 @@ def daemon_cpu_ms(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) * 1000.0 / os.sysconf("SC_CLK_TCK")
 
 
+def timed_round(pid: int, create, run, calls) -> dict:
+    """Creates a sandbox, makes the first and a second call in it (each checked against
+    what it must return) and kills it; the times and the daemon's CPU around each."""
+    (first, first_wants), (second, second_wants) = calls
+    cpu0, t0 = daemon_cpu_ms(pid), time.perf_counter()
+    sb = create()
+    t1, cpu1 = time.perf_counter(), daemon_cpu_ms(pid)
+    got = run(sb, first)
+    t2, cpu2 = time.perf_counter(), daemon_cpu_ms(pid)
+    assert got == first_wants, got
+    t3 = time.perf_counter()
+    got = run(sb, second)
+    t4 = time.perf_counter()
+    assert got == second_wants, got
+    sb.kill()
+    return {
+        "create_ms": (t1 - t0) * 1e3,
+        "first_run_ms": (t2 - t1) * 1e3,
+        "warm_run_ms": (t4 - t3) * 1e3,
+        "daemon_cpu_create_ms": cpu1 - cpu0,
+        "daemon_cpu_first_run_ms": cpu2 - cpu1,
+    }
+
+
 def main() -> None:
     rounds, tag, socket, pid = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
     code_tag = sys.argv[5] if len(sys.argv) > 5 else ""
     import e2b
     from forkvm import Controller, Sandbox
 
+    commands = (("echo hi", "hi\n"), ("echo again", "again\n"))
+    sums = (("20 + 22", "42"), ("6 * 7", "42"))
     out = {"e2b": [], "forkvm": [], "e2b_code": [], "forkvm_code": []}
     with Controller(f"unix:{socket}", timeout=300) as ctl:
         for _ in range(rounds):
-            for which in ("e2b", "forkvm"):
-                cpu0, t0 = daemon_cpu_ms(pid), time.perf_counter()
-                if which == "e2b":
-                    sb = e2b.Sandbox.create("base", timeout=300)
-                else:
-                    sb = Sandbox.create(tag, controller=ctl)
-                t1, cpu1 = time.perf_counter(), daemon_cpu_ms(pid)
-                r = sb.commands.run("echo hi")
-                t2, cpu2 = time.perf_counter(), daemon_cpu_ms(pid)
-                assert r.stdout == "hi\n", r.stdout
-                t3 = time.perf_counter()
-                r = sb.commands.run("echo again")
-                t4 = time.perf_counter()
-                assert r.stdout == "again\n", r.stdout
-                sb.kill()
-                out[which].append(
-                    {
-                        "create_ms": (t1 - t0) * 1e3,
-                        "first_run_ms": (t2 - t1) * 1e3,
-                        "warm_run_ms": (t4 - t3) * 1e3,
-                        "daemon_cpu_create_ms": cpu1 - cpu0,
-                        "daemon_cpu_first_run_ms": cpu2 - cpu1,
-                    }
-                )
+            stdout = lambda sb, cmd: sb.commands.run(cmd).stdout  # noqa: E731
+            out["e2b"].append(timed_round(pid, lambda: e2b.Sandbox.create("base", timeout=300), stdout, commands))
+            out["forkvm"].append(timed_round(pid, lambda: Sandbox.create(tag, controller=ctl), stdout, commands))
             if code_tag:
-                code_round(out, ctl, code_tag, pid)
+                import e2b_code_interpreter
+
+                create = lambda: e2b_code_interpreter.Sandbox.create(timeout=300)  # noqa: E731
+                out["e2b_code"].append(timed_round(pid, create, lambda sb, code: sb.run_code(code).text, sums))
+                create = lambda: Sandbox.create(code_tag, controller=ctl)  # noqa: E731
+                out["forkvm_code"].append(timed_round(pid, create, lambda sb, code: sb.eval(code), sums))
     print(json.dumps(out))
-
-
-def code_round(out: dict, ctl: "object", code_tag: str, pid: int) -> None:
-    """One code-interpreter sandbox each way: create, then the first and a second run."""
-    import e2b_code_interpreter
-    from forkvm import Sandbox
-
-    for which in ("e2b_code", "forkvm_code"):
-        cpu0, t0 = daemon_cpu_ms(pid), time.perf_counter()
-        if which == "e2b_code":
-            sb = e2b_code_interpreter.Sandbox.create(timeout=300)
-            run = lambda code: sb.run_code(code).text  # noqa: E731
-        else:
-            sb = Sandbox.create(code_tag, controller=ctl)
-            run = sb.eval
-        t1, cpu1 = time.perf_counter(), daemon_cpu_ms(pid)
-        first = run("20 + 22")
-        t2, cpu2 = time.perf_counter(), daemon_cpu_ms(pid)
-        assert first == "42", first
-        t3 = time.perf_counter()
-        again = run("6 * 7")
-        t4 = time.perf_counter()
-        assert again == "42", again
-        sb.kill()
-        out[which].append(
-            {
-                "create_ms": (t1 - t0) * 1e3,
-                "first_run_ms": (t2 - t1) * 1e3,
-                "warm_run_ms": (t4 - t3) * 1e3,
-                "daemon_cpu_create_ms": cpu1 - cpu0,
-                "daemon_cpu_first_run_ms": cpu2 - cpu1,
-            }
-        )
 
 
 main()
