@@ -19,7 +19,8 @@ pub struct ExposeArgs {
     pub port: u16,
     /// Bind the token to a key (DPoP, RFC 9449): its RFC 7638 SHA-256 thumbprint. Every
     /// request then needs `Authorization: DPoP <token>` and a proof signed by that key.
-    #[arg(long, value_name = "JKT")]
+    /// (Base64url: a thumbprint may start with '-', so it is never read as a flag.)
+    #[arg(long, value_name = "JKT", allow_hyphen_values = true)]
     pub dpop_jkt: Option<String>,
     /// Print the port as JSON.
     #[arg(long)]
@@ -164,6 +165,19 @@ pub fn port_forward(a: PortForwardArgs, remote: &RemoteArgs) -> Result<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_thumbprint_that_starts_with_a_hyphen_is_a_value() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            expose: ExposeArgs,
+        }
+        let jkt = "-Q9peYbFb1ywEWjHyOHGEXgrWoB9RTJF0rvMfejYXp0";
+        let cli = Cli::try_parse_from(["expose", "8e5b1f7b17713e86", "8001", "--dpop-jkt", jkt, "--json"]).unwrap();
+        assert_eq!(cli.expose.dpop_jkt.as_deref(), Some(jkt));
+    }
 
     #[test]
     fn where_to_listen() {
