@@ -42,9 +42,14 @@ pub fn router(e2b: E2b) -> Router {
 
 /// Whether a request's Host is `api.<domain>` (with any port).
 fn is_api_host(headers: &HeaderMap, domain: &str) -> bool {
-    let Some(host) = headers.get("host").and_then(|v| v.to_str().ok()).map(str::trim) else { return false };
+    label_under(headers, domain) == Some("api")
+}
+
+/// The part of a request's Host before `.<domain>`, without a port: `49983-<id>` or `api`.
+fn label_under<'h>(headers: &'h HeaderMap, domain: &str) -> Option<&'h str> {
+    let host = headers.get("host").and_then(|v| v.to_str().ok()).map(str::trim)?;
     let host = host.rsplit_once(':').filter(|(_, p)| p.chars().all(|c| c.is_ascii_digit())).map_or(host, |(h, _)| h);
-    host.strip_suffix(domain).and_then(|h| h.strip_suffix('.')) == Some("api")
+    host.strip_suffix(domain)?.strip_suffix('.')
 }
 
 /// E2B's answer for a sandbox that is not running (its proxy's exact message).
@@ -69,10 +74,7 @@ fn target(headers: &HeaderMap, domain: Option<&str>) -> Option<(String, u16)> {
         };
         return Some((id.to_string(), port));
     }
-    let host = text("host")?;
-    let host = host.rsplit_once(':').filter(|(_, p)| p.chars().all(|c| c.is_ascii_digit())).map_or(host, |(h, _)| h);
-    let label = host.strip_suffix(domain?)?.strip_suffix('.')?;
-    let (port, id) = label.split_once('-')?;
+    let (port, id) = label_under(headers, domain?)?.split_once('-')?;
     Some((id.to_string(), port.parse().ok()?))
 }
 
