@@ -10,6 +10,7 @@ pub mod error_code;
 pub mod paths;
 pub mod ports;
 pub mod routes;
+pub mod workspaces;
 
 pub use disks::{
     ArchiveReport, DiskForkRequest, DiskRestoreMode, DiskSnapshotDisk, DiskSnapshotInfo, DiskSnapshotReport,
@@ -17,6 +18,7 @@ pub use disks::{
 };
 pub use error_code::ErrorCode;
 pub use ports::{ExposeRequest, ExposedPort};
+pub use workspaces::{CreateWorkspaceRequest, SuspendWorkspaceRequest, WorkspaceInfo};
 
 /// Version of this API, reported by `GET /version`.
 pub const API_VERSION: &str = "v1";
@@ -166,9 +168,24 @@ pub struct SnapshotInfo {
     pub created_at_unix: u64,
     #[serde(default)]
     pub branched_from: Option<String>,
-    /// Pause window of the branch that made it.
-    #[serde(default)]
+    /// Pause window of the branch that made it, in whole milliseconds rounded up: an
+    /// integer, as forkd's clients read it. Set it with [`SnapshotInfo::set_pause`].
+    #[serde(default, serialize_with = "whole_ms")]
     pub pause_ms: Option<f64>,
+    /// forkvm: the same pause window in microseconds (the precision `pause_ms` rounds away).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause_us: Option<u64>,
+    /// forkd's `measure_diff`: milliseconds it took to work out what a diff over the
+    /// sandbox's parent would store (outside the pause window here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diff_ms: Option<u64>,
+    /// forkd's `measure_diff`: bytes of the guest pages that differ from the parent's, what
+    /// a diff branch would store before compression.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diff_physical_bytes: Option<u64>,
+    /// forkd's `measure_diff`: the guest memory size the diff covers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diff_logical_bytes: Option<u64>,
     /// `writing`, `ready` or `failed`.
     pub status: String,
     /// Whether a sandbox can be spawned from it now.
@@ -199,6 +216,27 @@ pub struct SnapshotInfo {
     /// older daemon).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vcpus: Option<u8>,
+}
+
+impl SnapshotInfo {
+    /// Records a branch's pause window: `pause_ms` (whole, rounded up) and `pause_us`.
+    pub fn set_pause(&mut self, ms: Option<f64>) {
+        self.pause_ms = ms;
+        self.pause_us = ms.map(|ms| (ms * 1e3).round().max(0.0) as u64);
+    }
+
+    /// The pause window in milliseconds as precisely as the reply has it (`pause_us`,
+    /// else the whole `pause_ms` an older daemon or forkd sent).
+    pub fn pause_ms_precise(&self) -> Option<f64> {
+        self.pause_us.map(|us| us as f64 / 1e3).or(self.pause_ms)
+    }
+}
+
+fn whole_ms<S: serde::Serializer>(ms: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+    match ms {
+        Some(ms) => s.serialize_u64(ms.max(0.0).ceil() as u64),
+        None => s.serialize_none(),
+    }
 }
 
 /// `GET /v1/snapshots/{tag}/info`: forkd's fields (sizes, lineage) plus forkvm's
@@ -322,7 +360,7 @@ pub struct CreateSandboxRequest {
     /// forkd: pre-fault memory. Accepted and ignored: restores are copy-on-write.
     #[serde(default)]
     pub prewarm: bool,
-    /// forkd: fork from a live VM's memory. Use `POST /v1/sandboxes/{id}/fork`.
+    /// forkd: memory a live BRANCH can be taken of. Accepted: every sandbox's is.
     #[serde(default)]
     pub live_fork: bool,
     /// forkd: hugepage-backed memory. Accepted and ignored: memory is THP-backed.

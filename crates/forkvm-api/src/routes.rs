@@ -48,6 +48,12 @@ pub enum RouteName {
     ExposePort,
     UnexposePort,
     ConnectTcp,
+    ListWorkspaces,
+    CreateWorkspace,
+    GetWorkspace,
+    DeleteWorkspace,
+    SuspendWorkspace,
+    ResumeWorkspace,
 }
 
 const fn r(method: &'static str, path: &'static str, name: RouteName) -> Route {
@@ -91,6 +97,12 @@ pub const ROUTES: &[Route] = &[
     r("POST", "/v1/sandboxes/{id}/ports", RouteName::ExposePort),
     r("DELETE", "/v1/sandboxes/{id}/ports/{port}", RouteName::UnexposePort),
     r("GET", "/v1/sandboxes/{id}/tcp/{port}", RouteName::ConnectTcp),
+    r("GET", "/v1/workspaces", RouteName::ListWorkspaces),
+    r("POST", "/v1/workspaces", RouteName::CreateWorkspace),
+    r("GET", "/v1/workspaces/{name}", RouteName::GetWorkspace),
+    r("DELETE", "/v1/workspaces/{name}", RouteName::DeleteWorkspace),
+    r("POST", "/v1/workspaces/{name}/suspend", RouteName::SuspendWorkspace),
+    r("POST", "/v1/workspaces/{name}/resume", RouteName::ResumeWorkspace),
 ];
 
 /// Routes anyone may call without a token (liveness probes).

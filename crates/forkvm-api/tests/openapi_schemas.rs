@@ -98,6 +98,9 @@ fn every_component_has_the_fields_of_its_rust_type() {
         SetTtlRequest,
         ExposeRequest,
         ExposedPort,
+        CreateWorkspaceRequest,
+        SuspendWorkspaceRequest,
+        WorkspaceInfo,
     ];
     // A request body (`PUT .../network`) before it is part of a response: checked as
     // the daemon reads it (every field optional).

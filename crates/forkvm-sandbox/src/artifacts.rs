@@ -44,6 +44,9 @@ pub struct Artifacts {
     pub vcpus: u8,
     /// What the template itself asks for (its `vcpus`, absent: 1).
     pub template_vcpus: u8,
+    /// Guest memory of the template's machine, MiB (its `memory_mib`, absent:
+    /// `forkvm_image::rootfs::template::DEFAULT_MEMORY_MIB`).
+    pub mem_mib: u32,
     pub image: BuiltImage,
     /// The blank base of every sandbox's layered data disk.
     pub scratch: PathBuf,
@@ -86,7 +89,8 @@ impl Artifacts {
         let kernel_key = key_of(&kernel);
         let image = ensure_image(&template.template, &template.text, &agent_binary()?, &cache)?;
         let scratch = ensure_scratch_disk(&cache)?;
-        Ok(Artifacts { kernel, kernel_key, vcpus: template_vcpus, template_vcpus, image, scratch, cache })
+        let mem_mib = template.template.memory_mib.unwrap_or(forkvm_image::rootfs::template::DEFAULT_MEMORY_MIB);
+        Ok(Artifacts { kernel, kernel_key, vcpus: template_vcpus, template_vcpus, mem_mib, image, scratch, cache })
     }
 
     /// The same template on `vcpus` vCPUs (none: the template's own count): with more

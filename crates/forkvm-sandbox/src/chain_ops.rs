@@ -206,10 +206,7 @@ pub fn branch_diff(
     tag: &str,
     expected_parent: Option<&str>,
 ) -> Result<(ConvertReport, f64), ChainOpError> {
-    let record = registry.get(id).map_err(LifecycleError::from)?;
-    let Some(parent) = record.source_tag.clone().filter(|_| record.forked_from.is_none()) else {
-        return Err(ChainOpError::NoParent { id: id.into() });
-    };
+    let parent = diff_parent(registry, id)?;
     if let Some(expected) = expected_parent.filter(|e| *e != parent) {
         return Err(ChainOpError::ParentMismatch { id: id.into(), expected: expected.into(), actual: parent });
     }
@@ -220,4 +217,27 @@ pub fn branch_diff(
     let (diff, pause_ms, _, _) = diff_branch(registry, store, id, &parent, tag)?;
     let _ = registry.record_branch(id, tag);
     Ok((diff, pause_ms))
+}
+
+/// The tag a diff of sandbox `id` is taken over: the one it was spawned from (a fork of a
+/// running sandbox or a template boot has none).
+pub fn diff_parent(registry: &Registry, id: &str) -> Result<String, ChainOpError> {
+    let record = registry.get(id).map_err(LifecycleError::from)?;
+    record
+        .source_tag
+        .clone()
+        .filter(|_| record.forked_from.is_none())
+        .ok_or_else(|| ChainOpError::NoParent { id: id.into() })
+}
+
+/// forkd's `measure_diff`: how big a diff over `parent` (sandbox `id`'s [`diff_parent`])
+/// full branch `tag` would have been.
+pub fn measure_branch_diff(store: &Store, parent: &str, tag: &str) -> Result<chain::DiffMeasure, ChainOpError> {
+    let branch =
+        SnapshotDir::open(&store.snapshots_dir().join(tag)).map_err(|e| ChainOpError::Staged(e.to_string()))?;
+    if branch.meta.memory_format != forkvm_snapshot::MemoryFormat::Image {
+        return Err(ChainOpError::Staged(format!("branch {tag:?} is not a whole memory image")));
+    }
+    let parent = chain::resolve(store, parent)?;
+    Ok(chain::measure_diff(store, &assembled_cache(), &parent, &branch.memory_path())?)
 }

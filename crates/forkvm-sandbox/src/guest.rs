@@ -20,14 +20,13 @@ pub const AGENT_PORT: u32 = 1024;
 pub const GUEST_CID: u64 = 3;
 /// How long a cold boot may take to reach the agent (guest kernels are emulated on PVM).
 pub const BOOT_TIMEOUT: Duration = Duration::from_secs(600);
-pub(crate) const MEM_MIB: u64 = 256;
 pub(crate) const IRQCHIP: IrqchipMode = IrqchipMode::Kernel;
 
-/// The machine a template cold-boots as: [`MEM_MIB`], the artifacts' vCPUs and kernel,
+/// The machine a template cold-boots as: the artifacts' memory, vCPUs and kernel,
 /// [`IRQCHIP`], `cpu`, and [`cmdline`].
 pub(crate) fn machine(a: &Artifacts, cpu: CpuTemplate) -> Machine {
     Machine {
-        mem_size: MEM_MIB << 20,
+        mem_size: u64::from(a.mem_mib) << 20,
         vcpu_count: a.vcpus,
         irqchip: IRQCHIP,
         cpu_template: cpu,

@@ -49,12 +49,16 @@ pub fn snapshot_info(store: &Store, e: &StoreEntry, mode: Option<&str>, pause_ms
         MemoryFormat::Image => physical_bytes(&dir.join(MEMORY_IMG)),
         MemoryFormat::Chunked => e.meta.memory_bytes_allocated,
     };
-    SnapshotInfo {
+    let mut info = SnapshotInfo {
         tag: e.tag.clone(),
         dir: dir.display().to_string(),
         created_at_unix: e.meta.created_at_unix_ms / 1000,
         branched_from: e.meta.branched_from.clone(),
-        pause_ms,
+        pause_ms: None,
+        pause_us: None,
+        diff_ms: None,
+        diff_physical_bytes: None,
+        diff_logical_bytes: None,
         status,
         bootable,
         warning,
@@ -70,7 +74,9 @@ pub fn snapshot_info(store: &Store, e: &StoreEntry, mode: Option<&str>, pause_ms
         }),
         default_network: e.meta.default_network.clone(),
         vcpus: Some(e.meta.vcpu_count),
-    }
+    };
+    info.set_pause(pause_ms);
+    info
 }
 
 /// Snapshot `tag` of `store` as [`snapshot_info`] shows it, if the store has it.

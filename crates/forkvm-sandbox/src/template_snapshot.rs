@@ -11,7 +11,7 @@
 //! vector registers is refused, with the register class named.
 
 use crate::artifacts::Artifacts;
-use crate::guest::{cmdline, IRQCHIP, MEM_MIB};
+use crate::guest::{cmdline, IRQCHIP};
 use crate::start::in_process::boot_to_agent_with;
 use forkvm_vmm::arch::x86_64::cpuid::CpuTemplate;
 use forkvm_vmm::host::KvmUnavailable;
@@ -90,7 +90,8 @@ impl TemplateSnapshot {
 
 fn snapshot_key(a: &Artifacts, template: CpuTemplate, guard: VectorGuard) -> String {
     let mut config = format!(
-        "mem={MEM_MIB} irqchip={IRQCHIP} cpu={template} cpu-cmdline={} cmdline={}",
+        "mem={} irqchip={IRQCHIP} cpu={template} cpu-cmdline={} cmdline={}",
+        a.mem_mib,
         template.linux_cmdline(),
         cmdline(a)
     );

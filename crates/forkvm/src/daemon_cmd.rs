@@ -85,9 +85,16 @@ pub struct DaemonArgs {
     #[arg(long, default_value_t = DEFAULT_RETENTION.keep_daily, env = "FORKVMD_DISK_RETENTION_KEEP_DAILY")]
     disk_retention_keep_daily: u32,
     /// Pause a running sandbox that no call used for this long (300s, 5m, ...); the next
-    /// call that needs it resumes it. 0 turns auto-pause off.
-    #[arg(long, default_value = "300s", value_parser = interval, env = "FORKVMD_IDLE_PAUSE")]
-    idle_pause: Interval,
+    /// call that needs it resumes it. 0 turns auto-pause off [default: 300s; 0 with
+    /// --forkd-compat].
+    #[arg(long, value_parser = interval, env = "FORKVMD_IDLE_PAUSE")]
+    idle_pause: Option<Interval>,
+    /// forkd's defaults, so forkd's own clients (its SDKs, CLI and MCP server) work
+    /// unchanged: TCP on 127.0.0.1:8889 unless --bind says otherwise, the token file
+    /// from $FORKD_TOKEN_FILE unless --token-file is given, no idle auto-pause unless
+    /// --idle-pause is given (docs/forkd-compat.md). The Unix socket stays.
+    #[arg(long, env = "FORKVMD_FORKD_COMPAT")]
+    forkd_compat: bool,
     /// Archive (never delete) a sandbox this long after it started, unless its request
     /// set `ttl_seconds` (1h, 30m, ...). 0, the default, means no TTL.
     #[arg(long, default_value = "0", value_parser = interval, env = "FORKVMD_DEFAULT_TTL")]
@@ -123,7 +130,36 @@ fn ports_domain(text: &str) -> Result<String, String> {
     }
 }
 
-pub fn run(a: DaemonArgs) -> Result<i32> {
+/// forkd's listener address (`forkd-controller serve --bind`'s default).
+const FORKD_BIND: &str = "127.0.0.1:8889";
+/// How long an unused sandbox runs before it is paused, unless told otherwise.
+const DEFAULT_IDLE_PAUSE: std::time::Duration = std::time::Duration::from_secs(300);
+
+impl DaemonArgs {
+    /// The idle pause: the flag's, else off under --forkd-compat, else the default.
+    fn idle_pause(&self) -> Option<std::time::Duration> {
+        match self.idle_pause {
+            Some(Interval(d)) => d,
+            None if self.forkd_compat => None,
+            None => Some(DEFAULT_IDLE_PAUSE),
+        }
+    }
+
+    /// --forkd-compat's listener and token file, where the flags leave them open.
+    fn apply_forkd_compat(&mut self) {
+        if !self.forkd_compat {
+            return;
+        }
+        self.bind.get_or_insert_with(|| FORKD_BIND.parse().expect("a socket address"));
+        if self.token_file.is_none() {
+            self.token_file = std::env::var_os("FORKD_TOKEN_FILE").filter(|v| !v.is_empty()).map(PathBuf::from);
+        }
+    }
+}
+
+pub fn run(mut a: DaemonArgs) -> Result<i32> {
+    a.apply_forkd_compat();
+    let idle_pause = a.idle_pause();
     let mut registry = Registry::open_default();
     if a.no_seccomp {
         eprintln!("forkvm daemon: --no-seccomp: sandboxes' VMMs run without their seccomp filters");
@@ -138,7 +174,8 @@ pub fn run(a: DaemonArgs) -> Result<i32> {
     let tcp = match a.bind {
         Some(addr) => {
             if token.is_none() {
-                bail!("--bind {addr} needs --token-file: every TCP listener, loopback too, takes a bearer token");
+                let hint = if a.forkd_compat { " (or $FORKD_TOKEN_FILE)" } else { "" };
+                bail!("--bind {addr} needs --token-file{hint}: every TCP listener, loopback too, takes a bearer token");
             }
             Some(TcpConfig { addr, token, tls: a.tls_cert.zip(a.tls_key), allowed_hosts: a.allow_hosts })
         }
@@ -178,7 +215,7 @@ pub fn run(a: DaemonArgs) -> Result<i32> {
                 keep_daily: a.disk_retention_keep_daily,
             },
         },
-        lifecycle: LifecycleConfig { idle_pause: a.idle_pause.0, default_ttl: a.default_ttl.0 },
+        lifecycle: LifecycleConfig { idle_pause, default_ttl: a.default_ttl.0 },
         limits: ConnLimits { header_timeout, max_connections: a.max_connections, ..ConnLimits::default() },
         allowed_origins: a.allow_origins,
         socket_group,
@@ -237,4 +274,36 @@ fn group_id(name: &str) -> Result<u32> {
             (f.next() == Some(name)).then(|| f.nth(1).and_then(|g| g.parse().ok())).flatten()
         })
         .with_context(|| format!("--socket-group {name:?}: no such group in /etc/group"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: DaemonArgs,
+    }
+
+    fn args(argv: &[&str]) -> DaemonArgs {
+        let mut a = Cli::try_parse_from(std::iter::once("daemon").chain(argv.iter().copied())).unwrap().args;
+        a.apply_forkd_compat();
+        a
+    }
+
+    #[test]
+    fn forkd_compat_gives_forkds_listener_and_no_idle_pause_unless_told_otherwise() {
+        let plain = args(&[]);
+        assert_eq!((plain.bind, plain.idle_pause()), (None, Some(DEFAULT_IDLE_PAUSE)));
+        let compat = args(&["--forkd-compat"]);
+        assert_eq!(compat.bind, Some("127.0.0.1:8889".parse().unwrap()));
+        assert_eq!(compat.idle_pause(), None, "forkd never pauses an idle sandbox");
+        let told = args(&["--forkd-compat", "--bind", "127.0.0.1:9000", "--idle-pause", "60s", "--token-file", "/t"]);
+        assert_eq!(told.bind, Some("127.0.0.1:9000".parse().unwrap()));
+        assert_eq!(told.idle_pause(), Some(std::time::Duration::from_secs(60)));
+        assert_eq!(told.token_file.as_deref(), Some(std::path::Path::new("/t")));
+        assert_eq!(args(&["--idle-pause", "0"]).idle_pause(), None);
+    }
 }

@@ -78,6 +78,7 @@ fn build(a: BuildArgs) -> Result<i32> {
         "image_bytes": artifacts.image.size_bytes,
         "kernel": artifacts.kernel,
         "vcpus": artifacts.vcpus,
+        "memory_mib": artifacts.mem_mib,
     });
     if a.snapshot {
         let t = forkvm_sandbox::ensure_template_snapshot(artifacts)?;

@@ -245,7 +245,7 @@ pub fn branch(a: BranchArgs, remote: &RemoteArgs) -> Result<i32> {
             snap.mode.as_deref().unwrap_or("-"),
             snap.status,
             snap.dir,
-            snap.pause_ms.map(|p| format!("{p:.1} ms")).unwrap_or_else(|| "-".into()),
+            snap.pause_ms_precise().map(|p| format!("{p:.1} ms")).unwrap_or_else(|| "-".into()),
         );
     }
     if let Some(w) = &snap.warning {

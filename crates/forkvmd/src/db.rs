@@ -1,5 +1,6 @@
 //! The daemon's own state in SQLite (WAL): snapshots with what only the daemon knows
-//! (branch mode, pause window) and branches in flight. Sandboxes are not here: they are
+//! (branch mode, pause window), branches in flight and forkd's workspaces
+//! (`crate::workspaces`, a table older daemons ignore). Sandboxes are not here: they are
 //! rows of the one registry every forkvm process shares (`forkvm_sandbox::registry`);
 //! a file from an older forkvmd still has its `sandboxes` table, which the daemon merges
 //! into the registry once ([`Db::legacy_sandboxes`], [`Db::drop_legacy_sandboxes`]).
@@ -42,6 +43,13 @@ CREATE TABLE IF NOT EXISTS snapshots (
   created_at_unix INTEGER NOT NULL,
   memory_logical_bytes INTEGER NOT NULL DEFAULT 0,
   memory_physical_bytes INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS workspaces (
+  name TEXT PRIMARY KEY,
+  source_tag TEXT NOT NULL,
+  sandbox_id TEXT NOT NULL,
+  created_at_unix INTEGER NOT NULL,
+  last_active_unix INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS branches (
   op TEXT PRIMARY KEY,

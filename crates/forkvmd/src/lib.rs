@@ -33,6 +33,7 @@ pub mod sweeper;
 #[cfg(test)]
 mod test_util;
 pub mod views;
+pub mod workspaces;
 
 pub use daemon::{run, DaemonConfig, DaemonError};
 pub use state::AppState;

@@ -16,7 +16,8 @@ use forkvm_snapshot::Store;
 /// A concrete URI for a route, naming `subject` as its sandbox or tag, with the query a
 /// files route needs.
 fn uri(path: &str, subject: &str, name: RouteName) -> String {
-    let p = path.replace("{id}", subject).replace("{tag}", subject).replace("{port}", "8000");
+    let p =
+        path.replace("{id}", subject).replace("{tag}", subject).replace("{name}", subject).replace("{port}", "8000");
     match name {
         RouteName::ReadFile | RouteName::WriteFile | RouteName::RemoveFile | RouteName::ListFiles => {
             format!("{p}?path=/tmp/x")
@@ -37,6 +38,8 @@ fn good_body(name: RouteName) -> &'static str {
         RouteName::WriteFile | RouteName::UnpackSnapshot => "bytes",
         RouteName::SetTtl => r#"{"ttl_seconds":5}"#,
         RouteName::ExposePort => r#"{"port":8000}"#,
+        RouteName::CreateWorkspace => r#"{"name":"w1","snapshot_tag":"nope"}"#,
+        RouteName::SuspendWorkspace => r#"{"diff":false}"#,
         _ => "",
     }
 }
@@ -118,6 +121,8 @@ async fn malformed_json_and_unknown_fields_are_400_with_a_message() {
         RouteName::DiskFork,
         RouteName::SetTtl,
         RouteName::SetNetwork,
+        RouteName::CreateWorkspace,
+        RouteName::SuspendWorkspace,
     ];
     for r in ROUTES.iter().filter(|r| json_routes.contains(&r.name)) {
         let u = uri(r.path, "nope", r.name);
@@ -292,9 +297,9 @@ async fn conflicts_are_409_with_the_current_state() {
 #[tokio::test]
 async fn unknown_routes_and_methods_answer_json() {
     let e = env();
-    let (status, text) = call(&e.app, "GET", "/v1/workspaces", Some(TOKEN), "").await;
+    let (status, text) = call(&e.app, "GET", "/v1/templates", Some(TOKEN), "").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
-    assert!(error_of(&text).error.contains("/v1/workspaces"));
+    assert!(error_of(&text).error.contains("/v1/templates"));
     let (status, text) = call(&e.app, "PATCH", "/v1/sandboxes", Some(TOKEN), "").await;
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(error_of(&text).code.as_str(), "method_not_allowed");

@@ -45,6 +45,7 @@ from .types import (
     SnapshotInfoDetail,
     UnpackResult,
     VersionInfo,
+    WorkspaceInfo,
 )
 
 __all__ = [
@@ -78,6 +79,7 @@ __all__ = [
     "ExecResult",
     "EvalResult",
     "ArchiveReport",
+    "WorkspaceInfo",
     "DiskSnapshotReport",
     "DiskSnapshotInfo",
     "DiskSnapshotDisk",

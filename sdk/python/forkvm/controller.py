@@ -37,6 +37,7 @@ from .types import (
     SnapshotInfoDetail,
     UnpackResult,
     VersionInfo,
+    WorkspaceInfo,
     parse_list,
 )
 
@@ -69,6 +70,10 @@ def _guest_port(port: int) -> int:
 
 def _snap(tag: str, *rest: str) -> str:
     return "/".join(["/v1/snapshots", quote_segment(tag), *rest])
+
+
+def _ws(name: str, *rest: str) -> str:
+    return "/".join(["/v1/workspaces", quote_segment(name), *rest])
 
 
 class Controller:
@@ -488,6 +493,37 @@ class Controller:
         if network is not None:
             body["network"] = network_body(network)
         return parse_list(SandboxInfo, self._json(self._request("POST", _sb(sandbox_id, "fork"), json=body)), "sandboxes")
+
+    # --- workspaces (forkd's named sandboxes) ----------------------------
+
+    def list_workspaces(self) -> List[WorkspaceInfo]:
+        """``GET /v1/workspaces``."""
+        return parse_list(WorkspaceInfo, self._json(self._request("GET", "/v1/workspaces")), "workspaces")
+
+    def create_workspace(
+        self, name: str, snapshot_tag: str, *, memory_limit_mib: Optional[int] = None
+    ) -> WorkspaceInfo:
+        """``POST /v1/workspaces``: one sandbox from ``snapshot_tag``, named ``name``."""
+        body: Dict[str, Any] = {"name": name, "snapshot_tag": snapshot_tag}
+        if memory_limit_mib is not None:
+            body["memory_limit_mib"] = memory_limit_mib
+        return WorkspaceInfo.from_json(self._json(self._request("POST", "/v1/workspaces", json=body)))
+
+    def get_workspace(self, name: str) -> WorkspaceInfo:
+        """``GET /v1/workspaces/{name}``."""
+        return WorkspaceInfo.from_json(self._json(self._request("GET", _ws(name))))
+
+    def delete_workspace(self, name: str) -> None:
+        """``DELETE /v1/workspaces/{name}``: its sandbox too (the source tag stays)."""
+        self._request("DELETE", _ws(name))
+
+    def suspend_workspace(self, name: str) -> WorkspaceInfo:
+        """``POST /v1/workspaces/{name}/suspend``: archives its sandbox."""
+        return WorkspaceInfo.from_json(self._json(self._request("POST", _ws(name, "suspend"), json={})))
+
+    def resume_workspace(self, name: str) -> WorkspaceInfo:
+        """``POST /v1/workspaces/{name}/resume``: restores its sandbox (same id)."""
+        return WorkspaceInfo.from_json(self._json(self._request("POST", _ws(name, "resume"))))
 
     # --- lifecycle -------------------------------------------------------
 

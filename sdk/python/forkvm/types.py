@@ -32,6 +32,7 @@ __all__ = [
     "FileWritten",
     "Pong",
     "VersionInfo",
+    "WorkspaceInfo",
 ]
 
 T = TypeVar("T")
@@ -159,7 +160,17 @@ class SnapshotInfo(_Record):
     #: Whether a sandbox can be spawned from it now.
     bootable: bool
     branched_from: Optional[str] = None
+    #: Pause window of the branch that made it, whole milliseconds rounded up (forkd's
+    #: integer); ``pause_us`` has the precision.
     pause_ms: Optional[float] = None
+    #: forkvm: the pause window in microseconds.
+    pause_us: Optional[int] = None
+    #: forkd's ``measure_diff``: what a diff over the sandbox's parent would store: the
+    #: milliseconds it took to work out, the bytes of the pages that differ, and the
+    #: memory size they are out of.
+    diff_ms: Optional[int] = None
+    diff_physical_bytes: Optional[int] = None
+    diff_logical_bytes: Optional[int] = None
     warning: Optional[str] = None
     template: Optional[str] = None
     #: Branch mode (``full``, ``live``, ``diff``) for branches.
@@ -191,6 +202,10 @@ class SnapshotInfo(_Record):
             bootable=f.req_bool("bootable"),
             branched_from=f.opt_str("branched_from"),
             pause_ms=f.opt_float("pause_ms"),
+            pause_us=f.opt_int("pause_us"),
+            diff_ms=f.opt_int("diff_ms"),
+            diff_physical_bytes=f.opt_int("diff_physical_bytes"),
+            diff_logical_bytes=f.opt_int("diff_logical_bytes"),
             warning=f.opt_str("warning"),
             template=f.opt_str("template"),
             mode=f.opt_str("mode"),
@@ -607,6 +622,43 @@ class SandboxInfo(_Record):
 
 
 @dataclass
+class WorkspaceInfo(_Record):
+    """A workspace (``/v1/workspaces``): forkd's named, long-lived sandbox. Suspend
+    archives its sandbox, resume restores the same one."""
+
+    id: str
+    name: str
+    source_snapshot_tag: str
+    #: ``running``, ``suspended`` or ``stale`` (its sandbox was deleted on its own).
+    status: str
+    created_at_unix: int
+    last_active_unix: int
+    #: forkvm: its sandbox, running or archived (the same across suspend and resume).
+    sandbox_id: str
+    #: Its sandbox while it runs.
+    live_sandbox_id: Optional[str] = None
+    #: forkd's; never set by forkvm (a suspended workspace is an archive, not a tag).
+    current_state_tag: Optional[str] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "WorkspaceInfo":
+        f = _Fields("WorkspaceInfo", data)
+        return cls(
+            id=f.req_str("id"),
+            name=f.req_str("name"),
+            source_snapshot_tag=f.req_str("source_snapshot_tag"),
+            status=f.req_str("status"),
+            created_at_unix=f.req_int("created_at_unix"),
+            last_active_unix=f.req_int("last_active_unix"),
+            sandbox_id=f.req_str("sandbox_id"),
+            live_sandbox_id=f.opt_str("live_sandbox_id"),
+            current_state_tag=f.opt_str("current_state_tag"),
+            raw=_raw(data),
+        )
+
+
+@dataclass
 class ArchiveReport(_Record):
     """forkvm: ``POST /v1/sandboxes/{id}/archive``: what archiving did."""
 
@@ -757,6 +809,11 @@ class Pong(_Record):
     generation: int
     eval_available: bool
     sandbox_id: Optional[str] = None
+    #: forkd's fields: always true; whether the warm interpreter is there; its language
+    #: (``python``, or ``None`` without one).
+    pong: bool = True
+    warmup_ready: bool = False
+    agent_lang: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -769,5 +826,8 @@ class Pong(_Record):
             generation=f.req_int("generation"),
             eval_available=f.req_bool("eval_available"),
             sandbox_id=f.opt_str("sandbox_id"),
+            pong=f.bool_or("pong", True),
+            warmup_ready=f.bool_or("warmup_ready", False),
+            agent_lang=f.opt_str("agent_lang"),
             raw=_raw(data),
         )

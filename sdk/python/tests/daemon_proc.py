@@ -66,10 +66,16 @@ class Daemon:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def start_daemon(args: Sequence[str] = (), wait_for: Sequence[str] = (READY_LINE,), files: Dict[str, str] = {}) -> Daemon:
-    """Starts the daemon with `args` (`{root}` in one is the temp directory) after writing
-    `files` (name → text) there, and returns once it printed a line holding each of
-    `wait_for`; raises RuntimeError with its stderr otherwise."""
+def start_daemon(
+    args: Sequence[str] = (),
+    wait_for: Sequence[str] = (READY_LINE,),
+    files: Dict[str, str] = {},
+    env_extra: Dict[str, str] = {},
+) -> Daemon:
+    """Starts the daemon with `args` (`{root}` in one is the temp directory, also in a
+    value of `env_extra`, set in its environment) after writing `files` (name → text)
+    there, and returns once it printed a line holding each of `wait_for`; raises
+    RuntimeError with its stderr otherwise."""
     root = tempfile.mkdtemp(prefix="fkpy-")
     for name, text in files.items():
         path = os.path.join(root, name)
@@ -85,6 +91,7 @@ def start_daemon(args: Sequence[str] = (), wait_for: Sequence[str] = (READY_LINE
         FORKVM_STORE=os.path.join(root, "store"),
         FORKVM_KEYS=os.path.join(root, "keys"),  # disk snapshot keys: not the user's
     )
+    env.update({k: v.replace("{root}", root) for k, v in env_extra.items()})
     stderr_path = os.path.join(root, "forkvmd.stderr")
     argv = [FORKVM_BIN, "daemon", "--socket", sock] + [a.replace("{root}", root) for a in args]
     with open(stderr_path, "wb") as errf:

@@ -574,6 +574,8 @@ def _pack_file(data: bytes) -> str:
     with open(path, "wb") as f:
         f.write(data)
     return path
+WS = {"id": "ws-ID", "name": "NAME", "source_snapshot_tag": "TAG", "status": "running",
+      "live_sandbox_id": "ID", "created_at_unix": 1, "last_active_unix": 2, "sandbox_id": "ID"}
 ENTRY = {"name": "a", "type": "file", "size": 1, "mode": 420, "mtime_unix_ns": 0}
 STREAM = b'{"type":"exit","exit_code":0,"signal":null,"timed_out":false,"duration_ms":1}\n'
 
@@ -605,6 +607,12 @@ CALLS: Dict[str, Tuple[Any, Callable[[Controller], Any]]] = {
     "ListFiles": ([ENTRY], lambda c: c.list_files("ID", "/")),
     "TakeDiskSnapshot": (None, lambda c: c.disk_snapshot("ID")),
     "ListDiskSnapshots": (None, lambda c: c.list_disk_snapshots("ID")),
+    "ListWorkspaces": ([WS], lambda c: c.list_workspaces()),
+    "CreateWorkspace": (WS, lambda c: c.create_workspace("NAME", "TAG")),
+    "GetWorkspace": (WS, lambda c: c.get_workspace("NAME")),
+    "DeleteWorkspace": (None, lambda c: c.delete_workspace("NAME")),
+    "SuspendWorkspace": (WS, lambda c: c.suspend_workspace("NAME")),
+    "ResumeWorkspace": (WS, lambda c: c.resume_workspace("NAME")),
 }
 
 
@@ -627,7 +635,7 @@ def test_every_route_is_covered(server: TcpServer, client: Controller) -> None:
     assert {name for _, _, name in routes} == set(CALLS), "routes.rs and the SDK's route table differ"
     for method, template, name in routes:
         reply, call = CALLS[name]
-        path = template.replace("{id}", "ID").replace("{tag}", "TAG").replace("{port}", "8000")
+        path = template.replace("{id}", "ID").replace("{tag}", "TAG").replace("{name}", "NAME").replace("{port}", "8000")
         if isinstance(reply, bytes):
             body, ctype = reply, "application/octet-stream"
         elif isinstance(reply, str):

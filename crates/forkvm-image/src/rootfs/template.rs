@@ -8,6 +8,7 @@
 //! python = "/usr/bin/python3"       # the agent's warm interpreter
 //! warmup_eval = "import numpy"      # run in the warm interpreter before the template snapshot
 //! vcpus = 2                         # vCPUs of its sandboxes unless a snapshot asks otherwise (1)
+//! memory_mib = 512                  # guest memory of its sandboxes, MiB (256)
 //! user = "user"                     # a login user: /home/user, bash, passwordless sudo (debian)
 //! start = "my-server --port 8080"   # a service started before the template snapshot
 //! ready = "test -e /tmp/up"         # retried until it succeeds, then the snapshot is taken
@@ -39,6 +40,10 @@ pub struct Template {
     /// ([`image_text`]): the same root filesystem serves every count.
     #[serde(default)]
     pub vcpus: Option<u8>,
+    /// Guest memory of the template snapshot (and so of its sandboxes), MiB; absent:
+    /// [`DEFAULT_MEMORY_MIB`]. Like `vcpus`, not part of the image ([`image_text`]).
+    #[serde(default)]
+    pub memory_mib: Option<u32>,
     /// A login user made in the image (Debian bases): home `/home/<name>`, `/bin/bash`,
     /// in group `sudo` with passwordless sudo when `sudo` is installed. E2B's SDKs run
     /// their commands as a user named `user` (docs/e2b.md).
@@ -59,17 +64,23 @@ pub struct Template {
 /// Where a template's `start` service writes its output, in the guest.
 pub const START_LOG: &str = "/tmp/forkvm-start.log";
 
+/// Guest memory of a template that does not say (`memory_mib`).
+pub const DEFAULT_MEMORY_MIB: u32 = 256;
+/// The range `memory_mib` may take: enough for a Linux guest, at most 16 GiB.
+pub const MEMORY_MIB_RANGE: std::ops::RangeInclusive<u32> = 64..=16384;
+
 /// Longest `start` or `ready` command.
 pub const MAX_COMMAND: usize = 4096;
 
-/// The part of a template's text its image is made from: the text without `vcpus`, which
-/// only says how the image boots. A template without `vcpus` is its own text, so the
-/// images of existing templates keep their keys.
+/// The part of a template's text its image is made from: the text without `vcpus` and
+/// `memory_mib`, which only say how the image boots. A template without either is its own
+/// text, so the images of existing templates keep their keys.
 pub fn image_text(text: &str) -> std::borrow::Cow<'_, str> {
     let Ok(mut table) = text.parse::<toml::Table>() else { return std::borrow::Cow::Borrowed(text) };
-    match table.remove("vcpus") {
-        Some(_) => std::borrow::Cow::Owned(table.to_string()),
-        None => std::borrow::Cow::Borrowed(text),
+    let boot_only = ["vcpus", "memory_mib"].map(|k| table.remove(k).is_some());
+    match boot_only.contains(&true) {
+        true => std::borrow::Cow::Owned(table.to_string()),
+        false => std::borrow::Cow::Borrowed(text),
     }
 }
 
@@ -148,6 +159,13 @@ impl Template {
         }
         if let Some(n) = t.vcpus.filter(|&n| n == 0 || n > crate::kernel::MAX_VCPUS) {
             return invalid(format!("vcpus = {n}: a sandbox has 1 to {} vCPUs", crate::kernel::MAX_VCPUS));
+        }
+        if let Some(m) = t.memory_mib.filter(|m| !MEMORY_MIB_RANGE.contains(m)) {
+            return invalid(format!(
+                "memory_mib = {m}: a sandbox has {} to {} MiB",
+                MEMORY_MIB_RANGE.start(),
+                MEMORY_MIB_RANGE.end()
+            ));
         }
         if let Some(u) = t.user.as_deref() {
             if t.base == Base::Busybox {
@@ -255,6 +273,13 @@ mod tests {
         assert!(e("name = \"x\"\nbase = \"busybox\"\nvcpus = 17").contains("1 to 16 vCPUs"));
         assert!(e("name = \"x\"\nbase = \"busybox\"\nvcpus = 300").contains("vcpus"));
         assert_eq!(Template::parse("name = \"x\"\nbase = \"busybox\"\nvcpus = 4").unwrap().vcpus, Some(4));
+        assert!(e("name = \"x\"\nbase = \"busybox\"\nmemory_mib = 32").contains("64 to 16384 MiB"));
+        assert!(e("name = \"x\"\nbase = \"busybox\"\nmemory_mib = 20000").contains("64 to 16384 MiB"));
+        assert!(e("name = \"x\"\nbase = \"busybox\"\nmemory_mib = -1").contains("memory_mib"));
+        assert_eq!(
+            Template::parse("name = \"x\"\nbase = \"busybox\"\nmemory_mib = 512").unwrap().memory_mib,
+            Some(512)
+        );
         let ok = "name = \"x\"\nbase = \"debian:bookworm\"\npackages = [\"python3-pip\", \"g++\"]\n\
                   pip = [\"numpy>=1.26,<2\", \"requests[socks]==2.31.0\"]\npython = \"/usr/bin/python3.11\"";
         Template::parse(ok).unwrap();
@@ -270,5 +295,7 @@ mod tests {
         assert!(!two.contains("vcpus"), "{two}");
         let other = image_text("name = \"tiny\"\nbase = \"busybox\"\nvcpus = 2\n[files]\n\"/a\" = \"b\"\n");
         assert_ne!(two, other, "everything else still counts");
+        let big = image_text("name = \"tiny\"\nmemory_mib = 1024\nbase = \"busybox\"\nvcpus = 2\n").into_owned();
+        assert_eq!(big, two, "nor does the memory size");
     }
 }

@@ -10,7 +10,8 @@
 //! still hold, then map the cached image. Spawn time does not grow with depth.
 //!
 //! Around that: [`convert`] turns snapshots into chunked ones (ingest, diff, compact),
-//! [`lineage`] answers "what depends on what" (info, rmi, garbage collection), and
+//! [`lineage`] answers "what depends on what" (info, rmi, garbage collection), [`measure`]
+//! sizes the diff a full branch could have been, and
 //! [`mod@pack`] ships a whole chain as one hash-checked `.tar.zst`.
 //!
 //! A snapshot's **content hash** ([`content_hash`]) covers its `memory.map` (which names
@@ -24,6 +25,7 @@ pub mod assemble;
 pub mod convert;
 pub mod disks;
 pub mod lineage;
+pub mod measure;
 pub mod pack;
 
 use std::collections::HashSet;
@@ -39,6 +41,7 @@ use crate::store::{Store, StoreError};
 pub use assemble::{AssembleStats, AssembledCache};
 pub use convert::{compact, ingest, write_diff, ConvertReport};
 pub use lineage::{collect_garbage, dependents, info, remove, ChainInfo, RemoveMode, RemoveReport};
+pub use measure::{measure_diff, DiffMeasure};
 pub use pack::{pack, pack_signed, unpack, unpack_trusted, PackReport, UnpackReport};
 
 /// Longest chain accepted (links above the base). Deeper chains should be compacted.

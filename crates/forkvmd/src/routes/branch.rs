@@ -75,6 +75,12 @@ pub fn resolve_mode(req: &BranchSandboxRequest) -> Result<Mode, ApiError> {
             mode.name()
         )));
     }
+    if req.measure_diff && mode != Mode::Full {
+        return Err(ApiError::bad_request(format!(
+            "measure_diff measures a full branch against the diff it could have been; it does not apply to mode {:?}",
+            mode.name()
+        )));
+    }
     if let Some(p) = &req.parent_tag {
         if mode != Mode::Diff {
             return Err(ApiError::bad_request(format!(
@@ -148,6 +154,11 @@ pub async fn branch(
                 None => None,
             };
             let (_, _in_use) = use_sandbox(&s, &id)?;
+            // Checked before the branch is taken, so a refusal costs nothing.
+            let measure_over = match req.measure_diff {
+                true => Some(forkvm_sandbox::chain_ops::diff_parent(&s.registry, &id)?),
+                false => None,
+            };
             if mode == Mode::Diff && claim.is_none() {
                 claim = Some(default_diff_tag(&s, &id)?);
             }
@@ -178,7 +189,13 @@ pub async fn branch(
             })?;
             let mut info = snapshot_info(&s.store, &entry, None);
             info.mode = Some(mode.name().into());
-            info.pause_ms = Some(pause_ms);
+            info.set_pause(Some(pause_ms));
+            if let Some(parent) = &measure_over {
+                let m = forkvm_sandbox::chain_ops::measure_branch_diff(&s.store, parent, &tag)?;
+                info.diff_ms = Some(m.ms.ceil() as u64);
+                info.diff_physical_bytes = Some(m.bytes);
+                info.diff_logical_bytes = Some(m.logical_bytes);
+            }
             let _ = s.db().upsert_snapshot(&snapshot_row(&info));
             let writing = info.status == "writing";
             if !writing {

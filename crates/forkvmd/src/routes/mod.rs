@@ -10,6 +10,7 @@ pub mod ports;
 pub mod run;
 pub mod sandboxes;
 pub mod snapshots;
+pub mod workspaces;
 
 use crate::error::ApiError;
 use crate::extract::ParamValue;
@@ -56,6 +57,12 @@ fn handler(name: RouteName, filter: MethodFilter) -> MethodRouter<AppState> {
         RouteName::ExposePort => on(filter, ports::expose),
         RouteName::UnexposePort => on(filter, ports::unexpose),
         RouteName::ConnectTcp => on(filter, ports::connect_tcp),
+        RouteName::ListWorkspaces => on(filter, workspaces::list),
+        RouteName::CreateWorkspace => on(filter, workspaces::create),
+        RouteName::GetWorkspace => on(filter, workspaces::get),
+        RouteName::DeleteWorkspace => on(filter, workspaces::delete),
+        RouteName::SuspendWorkspace => on(filter, workspaces::suspend),
+        RouteName::ResumeWorkspace => on(filter, workspaces::resume),
     }
 }
 

@@ -36,11 +36,18 @@ fn exit_event(st: &ExitStatus) -> ExecEvent {
     }
 }
 
+/// `POST /v1/sandboxes/{id}/ping`: the agent's pong, with forkd's fields added.
 pub async fn ping(State(s): State<AppState>, Param(id): Param) -> Result<Json<serde_json::Value>, ApiError> {
     s.blocking(move |s| {
         let (c, _in_use) = client(&s, &id)?;
         let pong = c.ping().map_err(|e| agent_error(&id, e))?;
-        serde_json::to_value(pong).map(Json).map_err(|e| ApiError::internal(e.to_string()))
+        let warm = pong.eval_available;
+        let mut reply = serde_json::to_value(pong).map_err(|e| ApiError::internal(e.to_string()))?;
+        // forkd's agent's fields: no forkd client reads them, but they are its documented shape.
+        reply["pong"] = true.into();
+        reply["warmup_ready"] = warm.into();
+        reply["agent_lang"] = if warm { "python".into() } else { serde_json::Value::Null };
+        Ok(Json(reply))
     })
     .await
 }

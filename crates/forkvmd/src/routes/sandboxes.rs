@@ -184,11 +184,9 @@ pub async fn create(
 ) -> Result<(StatusCode, Json<Vec<SandboxInfo>>), ApiError> {
     check_count(req.n)?;
     let limits = asked_limits(req.memory_limit_mib, req.cpu_limit_millis, req.pids_limit, req.io_limits)?;
-    // forkd's `per_child_netns` asks for what every sandbox has here: accepted.
+    // forkd's `per_child_netns` and `live_fork` (memory a live BRANCH can be taken of)
+    // ask for what every sandbox has here: accepted (docs/forkd-compat.md).
     checked_network(req.network.as_ref())?;
-    if req.live_fork {
-        return Err(ApiError::bad_request("live_fork: fork a running sandbox with POST /v1/sandboxes/{id}/fork"));
-    }
     validate_tag(&req.snapshot_tag)?;
     let ttl = s.lifecycle.ttl_for(req.ttl_seconds)?;
     s.blocking(move |s| {
