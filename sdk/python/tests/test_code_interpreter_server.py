@@ -1,10 +1,9 @@
 """The code-interpreter template's server (templates/code-interpreter.toml), run on the
-host against real IPython kernels: E2B's `/execute` stream and `/contexts`, the cases the
-SDK tests in a sandbox do not reach (contexts made, restarted and removed, a client that
-leaves mid-run, bad requests). Seconds here, where each guest-side kernel start costs
-minutes.
+host with real IPython: E2B's `/execute` stream and `/contexts`, the cases the SDK tests
+in a sandbox do not reach (contexts made, restarted and removed, a client that leaves
+mid-run, bad requests). Seconds here, where each guest-side start costs minutes.
 
-It needs Debian's python3-ipykernel, python3-jupyter-client and python3-matplotlib for
+It needs Debian's python3-ipython, python3-matplotlib-inline and python3-matplotlib for
 /usr/bin/python3 (the guest's packages; .ci/run installs them). The server is read out of
 the template, so what is tested is what the image holds.
 """
@@ -36,16 +35,16 @@ GUEST_PYTHON = "/usr/bin/python3"
 
 
 def _has_kernel_packages() -> bool:
-    probe = [GUEST_PYTHON, "-c", "import ipykernel, jupyter_client, matplotlib"]
+    probe = [GUEST_PYTHON, "-c", "import IPython, matplotlib_inline, matplotlib"]
     return os.path.exists(GUEST_PYTHON) and subprocess.run(probe, capture_output=True).returncode == 0
 
 
 if os.environ.get("FORKVM_SDK_REQUIRE_DAEMON") == "1":
     assert tomllib is not None and _has_kernel_packages(), (
-        f"{GUEST_PYTHON} needs python3-ipykernel, python3-jupyter-client and python3-matplotlib (.ci/run)"
+        f"{GUEST_PYTHON} needs python3-ipython, python3-matplotlib-inline and python3-matplotlib (.ci/run)"
     )
 elif tomllib is None or not _has_kernel_packages():
-    pytest.skip("needs Python 3.11 and Debian's ipykernel for /usr/bin/python3", allow_module_level=True)
+    pytest.skip("needs Python 3.11 and Debian's IPython for /usr/bin/python3", allow_module_level=True)
 
 
 def _free_port() -> int:
@@ -96,7 +95,7 @@ def server() -> Iterator[Server]:
                 time.sleep(0.2)
             yield Server(port)
         finally:
-            os.killpg(proc.pid, 9)  # the server and its kernels
+            os.killpg(proc.pid, 9)  # the server, its zygote and its contexts
             proc.wait()
             log.close()
 
@@ -181,3 +180,18 @@ def test_a_client_that_leaves_interrupts_its_run_and_idle_runs_keep_alive(server
     assert lines[-2]["text"] == "after"
     # The next keepalive write finds the client gone (within ~5 s) and interrupts the kernel.
     assert time.monotonic() - started < 30, "the abandoned run was not interrupted"
+
+
+def test_a_plot_is_a_png_and_a_context_that_dies_comes_back_empty(server: Server) -> None:
+    import base64
+
+    lines = server.execute("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()")
+    plots = [l for l in lines if l["type"] == "result" and "png" in l]
+    assert len(plots) == 1 and plots[0]["is_main_result"] is False, lines
+    assert base64.b64decode(plots[0]["png"]).startswith(b"\x89PNG\r\n\x1a\n")
+    assert server.execute("w = 7; w")[1]["text"] == "7"
+    lines = server.execute("import os; os._exit(3)")
+    assert [l["type"] for l in lines][-2:] == ["error", "end_of_execution"] and lines[-2]["name"] == "ContextDied"
+    lines = server.execute("w")
+    assert lines[1]["name"] == "NameError", "a fresh context after the old one died"
+    assert server.execute("1 + 1")[1]["text"] == "2"
