@@ -24,6 +24,10 @@ pub const READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// would wait forever. Generous, for guests whose kernel code is emulated and busy.
 pub const PING_LIMIT: Duration = Duration::from_secs(10);
 
+/// How long each attempt to apply the identity may wait for the agent: the first as a
+/// readiness ping (a dropped connection is found quickly), the later ones longer.
+const IDENTITY_LIMITS: [Duration; 3] = [PING_LIMIT, Duration::from_secs(30), Duration::from_secs(90)];
+
 /// Waits until the agent behind the vsock socket `uds` answers a ping.
 pub fn wait_for_agent(uds: &Path, timeout: Duration, alive: &dyn Fn() -> Option<String>) -> Result<(), Option<String>> {
     let probe = AgentClient::vsock_uds_within(uds, AGENT_PORT, PING_LIMIT);
@@ -102,15 +106,15 @@ fn make_ready(
         });
     }
     // Bounded and retried for the same reason as the readiness ping: a connection made
-    // before the guest processed its transport reset is dropped silently. Applying the
-    // identity twice is harmless (the second wins).
-    let bounded = AgentClient::vsock_uds_within(record.vsock(), AGENT_PORT, PING_LIMIT);
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
+    // before the guest processed its transport reset is dropped silently. Each retry
+    // waits longer: a guest that is merely slow (ten forks at once on a small, busy host,
+    // its kernel code emulated) must not be cut off. Applying the identity twice is
+    // harmless (the second wins).
+    for (attempt, limit) in IDENTITY_LIMITS.iter().enumerate() {
+        let bounded = AgentClient::vsock_uds_within(record.vsock(), AGENT_PORT, *limit);
         match apply_identity(&bounded, &record.id) {
             Ok(()) => break,
-            Err(e) if attempt < 3 && !matches!(e, forkvm_proto::ClientError::Agent(_)) => {
+            Err(e) if attempt + 1 < IDENTITY_LIMITS.len() && !matches!(e, forkvm_proto::ClientError::Agent(_)) => {
                 tracing::warn!(id = %record.id, %e, "applying the identity failed; retrying");
             }
             Err(source) => return Err(SpawnError::Identity { id: record.id.clone(), source }),

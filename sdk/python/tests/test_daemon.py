@@ -254,6 +254,23 @@ def test_fork_children_share_parent_state_not_each_other(sb: Sandbox) -> None:
             k.kill()
 
 
+def test_the_readmes_agent_example_keeps_the_best_of_ten_forks(daemon: Daemon, ctl: Controller, py: str) -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from best_of_ten import best_of_ten
+
+    before = {s.id for s in ctl.list_sandboxes()}
+    best, scores = best_of_ten(py, base_url=daemon.url)
+    try:
+        assert len(scores) == 10 and len(set(scores)) == 10, scores  # each fork its own entropy
+        assert scores == sorted(scores)
+        assert best.ping().eval_available
+    finally:
+        best.kill()
+    assert {s.id for s in ctl.list_sandboxes()} == before, "the example kills what it does not keep"
+
+
 def test_branch_live_then_spawn_sees_state(sb: Sandbox, ctl: Controller) -> None:
     sb.eval("y = 'branched'")
     snap = sb.branch(mode="live")

@@ -1,0 +1,409 @@
+/**
+ * `Controller`: one method per route of forkvmd's REST API (the route table is
+ * `crates/forkvm-api/src/routes.rs`; a test checks every route has its method), over a
+ * Unix socket (the daemon's default) or TCP with a bearer token and TLS. Requests and
+ * replies are the types generated from docs/openapi.json. Streams stay streams: exec
+ * output is an async iterator of events, file and pack bodies are web streams.
+ */
+
+import { createReadStream, createWriteStream } from "node:fs";
+import { Readable } from "node:stream";
+import { pipeline } from "node:stream/promises";
+import type { Duplex } from "node:stream";
+import { fetch, upgrade, type Agent } from "undici";
+import { ConnectionFailed, ForkvmError, ProtocolError, errorFromResponse } from "./errors.js";
+import { ndjson } from "./ndjson.js";
+import {
+  type Endpoint,
+  type TlsOptions,
+  describeEndpoint,
+  makeDispatcher,
+  quoteSegment,
+  resolveEndpoint,
+  resolveToken,
+} from "./transport.js";
+import type * as T from "./types.js";
+
+export interface ControllerOptions {
+  /** `unix:/path`, `http://host:port` or `https://host:port`; default `$FORKVM_DAEMON`, else the default socket. */
+  baseUrl?: string;
+  /** Bearer token for TCP; default `$FORKVM_TOKEN`. */
+  token?: string;
+  /** Milliseconds a call may take (exec gets its own timeout plus 30 s); default 120000. */
+  timeoutMs?: number;
+  tls?: TlsOptions;
+}
+
+/** An exec request without the sandbox: exactly one of `args` (argv) and `cmd` (a shell command). */
+export type ExecOptions = Omit<T.ExecRequest, "args" | "cmd"> & ({ args: string[]; cmd?: never } | { cmd: string; args?: never });
+
+/** What a body may be: bytes, text, a web stream or a Node stream. */
+export type BodyLike = Uint8Array | string | ReadableStream<Uint8Array> | NodeJS.ReadableStream;
+
+/** Seconds added to a command's own timeout before the request gives up. */
+const EXEC_GRACE_MS = 30_000;
+
+const sb = (id: string, ...rest: string[]) => ["/v1/sandboxes", quoteSegment(id), ...rest].join("/");
+const snap = (tag: string, ...rest: string[]) => ["/v1/snapshots", quoteSegment(tag), ...rest].join("/");
+const ws = (name: string, ...rest: string[]) => ["/v1/workspaces", quoteSegment(name), ...rest].join("/");
+
+interface Call {
+  json?: unknown;
+  body?: BodyLike;
+  query?: Record<string, string | number | boolean | undefined>;
+  timeoutMs?: number;
+  headers?: Record<string, string>;
+}
+
+function toBody(b: BodyLike): { body: unknown; duplex?: "half" } {
+  if (typeof b === "string" || b instanceof Uint8Array) return { body: b };
+  if (b instanceof ReadableStream) return { body: b, duplex: "half" };
+  return { body: Readable.toWeb(Readable.from(b as AsyncIterable<Uint8Array>)), duplex: "half" };
+}
+
+export class Controller {
+  readonly endpoint: Endpoint;
+  readonly timeoutMs: number;
+  readonly #token?: string;
+  readonly #dispatcher: Agent;
+  readonly #tls: TlsOptions;
+
+  constructor(opts: ControllerOptions = {}) {
+    this.endpoint = resolveEndpoint(opts.baseUrl);
+    this.#token = resolveToken(opts.token);
+    this.timeoutMs = opts.timeoutMs ?? 120_000;
+    this.#tls = opts.tls ?? {};
+    this.#dispatcher = makeDispatcher(this.endpoint, this.#tls);
+  }
+
+  /** A Controller to the same daemon with its own connections. */
+  clone(): Controller {
+    return new Controller({ baseUrl: describeEndpoint(this.endpoint), token: this.#token ?? "", timeoutMs: this.timeoutMs, tls: this.#tls });
+  }
+
+  /** Closes the connections (the daemon and its sandboxes are not touched). */
+  async close(): Promise<void> {
+    await this.#dispatcher.close();
+  }
+
+  toString(): string {
+    return `Controller(${describeEndpoint(this.endpoint)})`;
+  }
+
+  // --- plumbing ---------------------------------------------------------------------
+
+  async #request(method: string, path: string, call: Call = {}): Promise<Response> {
+    const url = new URL(this.endpoint.baseUrl + path);
+    for (const [k, v] of Object.entries(call.query ?? {})) {
+      if (v !== undefined) url.searchParams.set(k, String(v));
+    }
+    const headers: Record<string, string> = { ...call.headers };
+    if (this.#token) headers.authorization = `Bearer ${this.#token}`;
+    let init: { body?: unknown; duplex?: "half" } = {};
+    if (call.json !== undefined) {
+      headers["content-type"] = "application/json";
+      init = { body: JSON.stringify(call.json) };
+    } else if (call.body !== undefined) {
+      headers["content-type"] ??= "application/octet-stream";
+      init = toBody(call.body);
+    }
+    let resp: Response;
+    try {
+      resp = (await fetch(url, {
+        method,
+        headers,
+        ...init,
+        dispatcher: this.#dispatcher,
+        signal: AbortSignal.timeout(call.timeoutMs ?? this.timeoutMs),
+      } as Parameters<typeof fetch>[1])) as unknown as Response;
+    } catch (e) {
+      const why = e instanceof Error ? `${e.name}: ${e.message}${e.cause instanceof Error ? ` (${e.cause.message})` : ""}` : String(e);
+      throw new ConnectionFailed(
+        `cannot talk to forkvmd at ${describeEndpoint(this.endpoint)} (${method} ${path}): ${why}. Is \`forkvm daemon\` running there?`,
+        { url: url.toString() },
+        { cause: e },
+      );
+    }
+    if (resp.status >= 300) throw errorFromResponse(resp.status, await resp.text(), url.toString());
+    return resp;
+  }
+
+  async #json<R>(method: string, path: string, call: Call = {}): Promise<R> {
+    const resp = await this.#request(method, path, call);
+    const text = await resp.text();
+    try {
+      return JSON.parse(text) as R;
+    } catch {
+      throw new ProtocolError(`expected JSON from ${method} ${path}, got ${JSON.stringify(text.slice(0, 200))}`, { status: resp.status });
+    }
+  }
+
+  async #none(method: string, path: string, call: Call = {}): Promise<void> {
+    const resp = await this.#request(method, path, call);
+    await resp.arrayBuffer();
+  }
+
+  // --- daemon -----------------------------------------------------------------------
+
+  /** `GET /healthz`. */
+  async health(): Promise<boolean> {
+    return (await this.#json<T.Health>("GET", "/healthz")).ok === true;
+  }
+
+  /** `GET /version`. */
+  version(): Promise<T.VersionInfo> {
+    return this.#json("GET", "/version");
+  }
+
+  /** `GET /metrics`: Prometheus text. */
+  async metrics(): Promise<string> {
+    return (await this.#request("GET", "/metrics")).text();
+  }
+
+  // --- snapshots --------------------------------------------------------------------
+
+  /** `GET /v1/snapshots`. */
+  listSnapshots(): Promise<T.SnapshotInfo[]> {
+    return this.#json("GET", "/v1/snapshots");
+  }
+
+  /** `POST /v1/snapshots`: tag `req.tag` from template `req.template` (its first build takes minutes). */
+  createSnapshot(req: T.CreateSnapshotRequest, timeoutMs = 1_800_000): Promise<T.SnapshotInfo> {
+    return this.#json("POST", "/v1/snapshots", { json: req, timeoutMs });
+  }
+
+  /** `DELETE /v1/snapshots/{tag}`; `cascade` removes what depends on it, `force` ignores that. */
+  deleteSnapshot(tag: string, opts: { cascade?: boolean; force?: boolean } = {}): Promise<void> {
+    return this.#none("DELETE", snap(tag), { query: { cascade: opts.cascade || undefined, force: opts.force || undefined } });
+  }
+
+  /** `GET /v1/snapshots/{tag}/info`. */
+  snapshotInfo(tag: string): Promise<T.SnapshotInfoDetail> {
+    return this.#json("GET", snap(tag, "info"));
+  }
+
+  /** `POST /v1/snapshots/{tag}/compact`: the chain flattened into `to`. */
+  compactSnapshot(tag: string, to: string): Promise<T.SnapshotInfo> {
+    return this.#json("POST", snap(tag, "compact"), { json: { to } satisfies T.CompactSnapshotRequest });
+  }
+
+  /** `GET /v1/snapshots/{tag}/pack`: the chain as one `.tar.zst`, streamed. */
+  async packSnapshot(tag: string, timeoutMs = 1_800_000): Promise<ReadableStream<Uint8Array>> {
+    const resp = await this.#request("GET", snap(tag, "pack"), { timeoutMs });
+    if (!resp.body) throw new ProtocolError(`the pack of ${tag} has no body`);
+    return resp.body as ReadableStream<Uint8Array>;
+  }
+
+  /** `packSnapshot` into the file `path`; the bytes written. */
+  async packSnapshotToFile(tag: string, path: string, timeoutMs?: number): Promise<number> {
+    const body = await this.packSnapshot(tag, timeoutMs);
+    let n = 0;
+    const counted = Readable.fromWeb(body as import("node:stream/web").ReadableStream<Uint8Array>).on("data", (c: Buffer) => {
+      n += c.length;
+    });
+    await pipeline(counted, createWriteStream(path));
+    return n;
+  }
+
+  /** `POST /v1/snapshots/unpack`: a pack (bytes, a stream, or `{ path }` of a file) into the store. */
+  unpackSnapshot(pack: BodyLike | { path: string }, timeoutMs = 1_800_000): Promise<T.UnpackResponse> {
+    const body = typeof pack === "object" && pack !== null && "path" in pack ? createReadStream(pack.path) : (pack as BodyLike);
+    return this.#json("POST", "/v1/snapshots/unpack", { body, timeoutMs, headers: { "content-type": "application/zstd" } });
+  }
+
+  // --- sandboxes --------------------------------------------------------------------
+
+  /** `GET /v1/sandboxes`. */
+  listSandboxes(): Promise<T.SandboxInfo[]> {
+    return this.#json("GET", "/v1/sandboxes");
+  }
+
+  /** `POST /v1/sandboxes`: `req.n` (1) sandboxes from `req.snapshot_tag`, each ready when this returns. */
+  spawnSandboxes(req: T.CreateSandboxRequest): Promise<T.SandboxInfo[]> {
+    return this.#json("POST", "/v1/sandboxes", { json: req });
+  }
+
+  /** `GET /v1/sandboxes/{id}`. */
+  getSandbox(id: string): Promise<T.SandboxInfo> {
+    return this.#json("GET", sb(id));
+  }
+
+  /** `DELETE /v1/sandboxes/{id}`; `purge` also destroys its disk snapshots. */
+  killSandbox(id: string, opts: { purge?: boolean } = {}): Promise<void> {
+    return this.#none("DELETE", sb(id), { query: { purge: opts.purge || undefined } });
+  }
+
+  /** `POST /v1/sandboxes/{id}/ping`. */
+  pingSandbox(id: string): Promise<T.Pong> {
+    return this.#json("POST", sb(id, "ping"));
+  }
+
+  /** `POST /v1/sandboxes/{id}/exec`: runs and waits; a non-zero exit is a result, not an error. */
+  execCommand(id: string, req: ExecOptions): Promise<T.ExecResponse> {
+    const timeoutMs = Math.max(this.timeoutMs, (req.timeout_secs ?? 30) * 1000 + EXEC_GRACE_MS);
+    return this.#json("POST", sb(id, "exec"), { json: req, timeoutMs });
+  }
+
+  /**
+   * `POST /v1/sandboxes/{id}/exec/stream`: the events as they come (`stdout`/`stderr`
+   * chunks, then one `exit` or `error`).
+   */
+  async *execStream(id: string, req: ExecOptions): AsyncGenerator<T.ExecEvent> {
+    const timeoutMs = Math.max(this.timeoutMs, (req.timeout_secs ?? 30) * 1000 + EXEC_GRACE_MS);
+    const resp = await this.#request("POST", sb(id, "exec", "stream"), { json: req, timeoutMs });
+    if (!resp.body) throw new ProtocolError("the exec stream has no body");
+    for await (const event of ndjson(resp.body as ReadableStream<Uint8Array>)) yield event as T.ExecEvent;
+  }
+
+  /** `POST /v1/sandboxes/{id}/eval`: does not throw when the code raised (see `error`). */
+  evalCode(id: string, code: string): Promise<T.EvalResponse> {
+    return this.#json("POST", sb(id, "eval"), { json: { code } satisfies T.EvalRequest });
+  }
+
+  /** `POST /v1/sandboxes/{id}/branch`: a snapshot of the running sandbox (full, live or diff). */
+  branchSandbox(id: string, req: T.BranchSandboxRequest = {}): Promise<T.SnapshotInfo> {
+    return this.#json("POST", sb(id, "branch"), { json: req });
+  }
+
+  /** `POST /v1/sandboxes/{id}/fork`: `req.n` running copies (memory and all), no disk. */
+  forkSandbox(id: string, req: T.ForkSandboxRequest = {}): Promise<T.SandboxInfo[]> {
+    return this.#json("POST", sb(id, "fork"), { json: req });
+  }
+
+  // --- files ------------------------------------------------------------------------
+
+  /** `GET /v1/sandboxes/{id}/files`: the file's bytes. */
+  async readFile(id: string, path: string): Promise<Uint8Array> {
+    return new Uint8Array(await (await this.#request("GET", sb(id, "files"), { query: { path } })).arrayBuffer());
+  }
+
+  /** `GET /v1/sandboxes/{id}/files`, streamed. */
+  async readFileStream(id: string, path: string): Promise<ReadableStream<Uint8Array>> {
+    const resp = await this.#request("GET", sb(id, "files"), { query: { path } });
+    if (!resp.body) throw new ProtocolError(`reading ${path}: no body`);
+    return resp.body as ReadableStream<Uint8Array>;
+  }
+
+  /** `PUT /v1/sandboxes/{id}/files`: writes `data` (bytes, text or a stream) to `path`. */
+  writeFile(id: string, path: string, data: BodyLike, opts: { mode?: number; createParents?: boolean } = {}): Promise<T.FileWritten> {
+    const query = { path, mode: opts.mode?.toString(8), create_parents: opts.createParents || undefined };
+    return this.#json("PUT", sb(id, "files"), { body: data, query });
+  }
+
+  /** `DELETE /v1/sandboxes/{id}/files`. */
+  removeFile(id: string, path: string, opts: { recursive?: boolean } = {}): Promise<void> {
+    return this.#none("DELETE", sb(id, "files"), { query: { path, recursive: opts.recursive || undefined } });
+  }
+
+  /** `GET /v1/sandboxes/{id}/files/list`. */
+  listFiles(id: string, path: string): Promise<T.FileEntry[]> {
+    return this.#json("GET", sb(id, "files", "list"), { query: { path } });
+  }
+
+  // --- disks and lifecycle ----------------------------------------------------------
+
+  /** `POST /v1/sandboxes/{id}/disk-snapshots`. */
+  diskSnapshot(id: string, req: T.DiskSnapshotRequest = {}): Promise<T.DiskSnapshotReport> {
+    return this.#json("POST", sb(id, "disk-snapshots"), { json: req });
+  }
+
+  /** `GET /v1/sandboxes/{id}/disk-snapshots`. */
+  listDiskSnapshots(id: string): Promise<T.DiskSnapshotInfo[]> {
+    return this.#json("GET", sb(id, "disk-snapshots"));
+  }
+
+  /** `POST /v1/sandboxes/{id}/archive`: to the store, its VMM stopped (reversible). */
+  archiveSandbox(id: string): Promise<T.ArchiveReport> {
+    return this.#json("POST", sb(id, "archive"));
+  }
+
+  /** `POST /v1/sandboxes/{id}/restore`: an archived sandbox runs again, same id. */
+  restoreSandbox(id: string, req: T.RestoreRequest = {}): Promise<T.SandboxInfo> {
+    return this.#json("POST", sb(id, "restore"), { json: req });
+  }
+
+  /** `POST /v1/sandboxes/{id}/disk-fork`: a new sandbox booted from one of its disk snapshots. */
+  diskFork(id: string, req: T.DiskForkRequest = {}): Promise<T.SandboxInfo> {
+    return this.#json("POST", sb(id, "disk-fork"), { json: req });
+  }
+
+  /** `POST /v1/sandboxes/{id}/ttl`: archive it `ttlSeconds` from now (0: never). */
+  setTtl(id: string, ttlSeconds: number): Promise<T.SandboxInfo> {
+    return this.#json("POST", sb(id, "ttl"), { json: { ttl_seconds: ttlSeconds } satisfies T.SetTtlRequest });
+  }
+
+  /** `PUT /v1/sandboxes/{id}/network`: where it may connect to. */
+  setNetwork(id: string, policy: T.NetworkPolicy): Promise<T.SandboxInfo> {
+    return this.#json("PUT", sb(id, "network"), { json: policy });
+  }
+
+  // --- ports ------------------------------------------------------------------------
+
+  /** `GET /v1/sandboxes/{id}/ports`. */
+  listPorts(id: string): Promise<T.ExposedPort[]> {
+    return this.#json("GET", sb(id, "ports"));
+  }
+
+  /** `POST /v1/sandboxes/{id}/ports`: guest `port` reachable through the daemon under a token of its own. */
+  exposePort(id: string, port: number, opts: { dpopJkt?: string } = {}): Promise<T.ExposedPort> {
+    return this.#json("POST", sb(id, "ports"), { json: { port, dpop_jkt: opts.dpopJkt } satisfies T.ExposeRequest });
+  }
+
+  /** `DELETE /v1/sandboxes/{id}/ports/{port}`. */
+  unexposePort(id: string, port: number): Promise<void> {
+    return this.#none("DELETE", sb(id, "ports", String(port)));
+  }
+
+  /** `GET /v1/sandboxes/{id}/tcp/{port}` upgraded: a raw TCP stream to the guest's port. */
+  async connectTcp(id: string, port: number, timeoutMs = 30_000): Promise<Duplex> {
+    const url = this.endpoint.baseUrl + sb(id, "tcp", String(port));
+    const headers: Record<string, string> = {};
+    if (this.#token) headers.authorization = `Bearer ${this.#token}`;
+    try {
+      const { socket } = await upgrade(url, {
+        dispatcher: this.#dispatcher,
+        protocol: "tcp",
+        headers,
+        signal: AbortSignal.timeout(timeoutMs),
+      });
+      return socket;
+    } catch (e) {
+      if (e instanceof ForkvmError) throw e;
+      const err = e as { statusCode?: number; body?: string; message?: string };
+      if (typeof err.statusCode === "number") throw errorFromResponse(err.statusCode, err.body ?? "", url);
+      throw new ConnectionFailed(`connecting to port ${port} of ${id}: ${err.message ?? String(e)}`, { url }, { cause: e });
+    }
+  }
+
+  // --- workspaces (forkd's named sandboxes) -----------------------------------------
+
+  /** `GET /v1/workspaces`. */
+  listWorkspaces(): Promise<T.WorkspaceInfo[]> {
+    return this.#json("GET", "/v1/workspaces");
+  }
+
+  /** `POST /v1/workspaces`: one sandbox from `req.snapshot_tag`, named `req.name`. */
+  createWorkspace(req: T.CreateWorkspaceRequest): Promise<T.WorkspaceInfo> {
+    return this.#json("POST", "/v1/workspaces", { json: req });
+  }
+
+  /** `GET /v1/workspaces/{name}`. */
+  getWorkspace(name: string): Promise<T.WorkspaceInfo> {
+    return this.#json("GET", ws(name));
+  }
+
+  /** `DELETE /v1/workspaces/{name}`: its sandbox too. */
+  deleteWorkspace(name: string): Promise<void> {
+    return this.#none("DELETE", ws(name));
+  }
+
+  /** `POST /v1/workspaces/{name}/suspend`: its sandbox archived. */
+  suspendWorkspace(name: string): Promise<T.WorkspaceInfo> {
+    return this.#json("POST", ws(name, "suspend"), { json: {} satisfies T.SuspendWorkspaceRequest });
+  }
+
+  /** `POST /v1/workspaces/{name}/resume`: the same sandbox restored. */
+  resumeWorkspace(name: string): Promise<T.WorkspaceInfo> {
+    return this.#json("POST", ws(name, "resume"));
+  }
+}

@@ -1,0 +1,216 @@
+/**
+ * `Sandbox`: one sandbox, E2B-shaped (`create`, `connect`, `commands.run`, `files`,
+ * `kill`) with forkvm's verbs beside it (`eval`, `branch`, `fork`, `expose`).
+ */
+
+import { Controller, type ControllerOptions } from "./controller.js";
+import { EvalError, ForkvmError, NotFound } from "./errors.js";
+import type * as T from "./types.js";
+
+/** Called with each chunk of output text, in order. */
+export type OutputCallback = (chunk: string) => void;
+
+export interface RunOptions {
+  /** Seconds before the command is killed (exit code 124, `timed_out`); default 30. */
+  timeoutSecs?: number;
+  env?: Record<string, string>;
+  cwd?: string;
+  /** Text given to its standard input. */
+  stdin?: string;
+  /** With either callback the output is streamed to it as it comes (and still collected). */
+  onStdout?: OutputCallback;
+  onStderr?: OutputCallback;
+}
+
+/** A finished command: its output, exit code and how it ended. */
+export type CommandResult = T.ExecResponse;
+
+export interface SandboxOptions extends ControllerOptions {
+  /** A Controller to use (and not close); otherwise one is made from the options and owned. */
+  controller?: Controller;
+}
+
+export type CreateOptions = SandboxOptions & Omit<T.CreateSandboxRequest, "snapshot_tag" | "n">;
+
+/** The first line of an eval error that says what was raised. */
+function headline(error: string, exitCode: number): string {
+  const lines = error.trim().split("\n").filter((l) => l.trim());
+  if (!lines.length) return `exit code ${exitCode}`;
+  return (lines[0] ?? "").startsWith("Traceback") ? (lines[lines.length - 1] ?? "") : (lines[0] ?? "");
+}
+
+export class Commands {
+  constructor(private readonly sb: Sandbox) {}
+
+  /** Runs `cmd` and waits: a string goes through `/bin/sh -c`, an array is argv. */
+  async run(cmd: string | string[], opts: RunOptions = {}): Promise<CommandResult> {
+    const req = {
+      ...(typeof cmd === "string" ? { cmd } : { args: cmd }),
+      timeout_secs: Math.ceil(opts.timeoutSecs ?? 30),
+      env: opts.env,
+      cwd: opts.cwd,
+      stdin: opts.stdin,
+    } as Parameters<Controller["execCommand"]>[1];
+    const c = this.sb.controller;
+    if (!opts.onStdout && !opts.onStderr) return c.execCommand(this.sb.id, req);
+    const out: string[] = [];
+    const err: string[] = [];
+    for await (const ev of c.execStream(this.sb.id, req)) {
+      if (ev.type === "stdout") {
+        out.push(ev.data);
+        opts.onStdout?.(ev.data);
+      } else if (ev.type === "stderr") {
+        err.push(ev.data);
+        opts.onStderr?.(ev.data);
+      } else if (ev.type === "exit") {
+        const [stdout, stderr] = [out.join(""), err.join("")];
+        const bytes = (s: string) => Buffer.byteLength(s, "utf8");
+        return {
+          stdout,
+          stderr,
+          exit_code: ev.exit_code,
+          signal: ev.signal,
+          timed_out: ev.timed_out,
+          duration_ms: ev.duration_ms,
+          truncated: false,
+          stdout_bytes: bytes(stdout),
+          stderr_bytes: bytes(stderr),
+        };
+      } else if (ev.type === "error") {
+        throw new ForkvmError(`exec in ${this.sb.id}: ${ev.error}`);
+      }
+    }
+    throw new ForkvmError(`exec in ${this.sb.id}: the stream ended without an exit line`);
+  }
+}
+
+export class Files {
+  constructor(private readonly sb: Sandbox) {}
+
+  read(path: string): Promise<Uint8Array> {
+    return this.sb.controller.readFile(this.sb.id, path);
+  }
+
+  async readText(path: string): Promise<string> {
+    return new TextDecoder().decode(await this.read(path));
+  }
+
+  /** The file as a web stream. */
+  readStream(path: string): Promise<ReadableStream<Uint8Array>> {
+    return this.sb.controller.readFileStream(this.sb.id, path);
+  }
+
+  /** Writes bytes, text or a stream; parents are made. */
+  write(path: string, data: Parameters<Controller["writeFile"]>[2], opts: { mode?: number } = {}): Promise<T.FileWritten> {
+    return this.sb.controller.writeFile(this.sb.id, path, data, { ...opts, createParents: true });
+  }
+
+  list(path: string): Promise<T.FileEntry[]> {
+    return this.sb.controller.listFiles(this.sb.id, path);
+  }
+
+  remove(path: string, opts: { recursive?: boolean } = {}): Promise<void> {
+    return this.sb.controller.removeFile(this.sb.id, path, opts);
+  }
+}
+
+export class Sandbox {
+  readonly commands = new Commands(this);
+  readonly files = new Files(this);
+  #info: T.SandboxInfo;
+  #killed = false;
+
+  private constructor(
+    info: T.SandboxInfo,
+    readonly controller: Controller,
+    private readonly ownsController: boolean,
+  ) {
+    this.#info = info;
+  }
+
+  /** One sandbox spawned from the snapshot tagged `tag` (milliseconds: a restore, not a boot). */
+  static async create(tag: string, opts: CreateOptions = {}): Promise<Sandbox> {
+    const { controller, baseUrl, token, timeoutMs, tls, ...req } = opts;
+    const own = controller === undefined;
+    const c = controller ?? new Controller({ baseUrl, token, timeoutMs, tls });
+    try {
+      const [info] = await c.spawnSandboxes({ ...req, snapshot_tag: tag, n: 1 });
+      if (!info) throw new ForkvmError("the spawn returned no sandbox");
+      return new Sandbox(info, c, own);
+    } catch (e) {
+      if (own) await c.close();
+      throw e;
+    }
+  }
+
+  /** The existing sandbox `id` (`NotFound` if none). */
+  static async connect(id: string, opts: SandboxOptions = {}): Promise<Sandbox> {
+    const { controller, ...copts } = opts;
+    const own = controller === undefined;
+    const c = controller ?? new Controller(copts);
+    try {
+      return new Sandbox(await c.getSandbox(id), c, own);
+    } catch (e) {
+      if (own) await c.close();
+      throw e;
+    }
+  }
+
+  get id(): string {
+    return this.#info.id;
+  }
+
+  /** What the daemon said last (see `refresh`). */
+  get info(): T.SandboxInfo {
+    return this.#info;
+  }
+
+  async refresh(): Promise<T.SandboxInfo> {
+    this.#info = await this.controller.getSandbox(this.id);
+    return this.#info;
+  }
+
+  ping(): Promise<T.Pong> {
+    return this.controller.pingSandbox(this.id);
+  }
+
+  /** Runs Python in the sandbox's warm interpreter: the last expression's `repr`. Throws `EvalError` when the code raised. */
+  async eval(code: string): Promise<string | null> {
+    const r = await this.controller.evalCode(this.id, code);
+    if (r.error) throw new EvalError(headline(r.error, r.exit_code), r.error);
+    return r.result ?? null;
+  }
+
+  /** A snapshot of this running sandbox (full, live or diff); spawn from its tag. */
+  branch(req: T.BranchSandboxRequest = {}): Promise<T.SnapshotInfo> {
+    return this.controller.branchSandbox(this.id, req);
+  }
+
+  /** `n` running copies of this sandbox (memory, processes and all). */
+  async fork(n = 1, req: Omit<T.ForkSandboxRequest, "n"> = {}): Promise<Sandbox[]> {
+    const infos = await this.controller.forkSandbox(this.id, { ...req, n });
+    return infos.map((info) => (this.ownsController ? new Sandbox(info, this.controller.clone(), true) : new Sandbox(info, this.controller, false)));
+  }
+
+  /** Guest `port` reachable through the daemon, under a token of its own. */
+  expose(port: number): Promise<T.ExposedPort> {
+    return this.controller.exposePort(this.id, port);
+  }
+
+  /** Deletes the sandbox (again: nothing); closes its own Controller. */
+  async kill(opts: { purge?: boolean } = {}): Promise<void> {
+    if (!this.#killed) {
+      try {
+        await this.controller.killSandbox(this.id, opts);
+      } catch (e) {
+        if (!(e instanceof NotFound)) throw e;
+      }
+      this.#killed = true;
+    }
+    if (this.ownsController) await this.controller.close();
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.kill();
+  }
+}

@@ -1,0 +1,51 @@
+/**
+ * The REST API's shapes, named: aliases of the types `openapi-typescript` generates from
+ * docs/openapi.json into `schema.d.ts` (`npm run gen`), never a hand copy.
+ */
+
+import type { components } from "./schema.js";
+
+type S = components["schemas"];
+
+export type ErrorBody = S["ErrorBody"];
+export type Health = S["Health"];
+export type VersionInfo = S["VersionInfo"];
+export type CreateSnapshotRequest = S["CreateSnapshotRequest"];
+export type DefaultLimits = S["DefaultLimits"];
+export type SnapshotInfo = S["SnapshotInfo"];
+export type SnapshotInfoDetail = S["SnapshotInfoDetail"];
+export type CompactSnapshotRequest = S["CompactSnapshotRequest"];
+export type UnpackResponse = S["UnpackResponse"];
+export type CreateSandboxRequest = S["CreateSandboxRequest"];
+export type ForkSandboxRequest = S["ForkSandboxRequest"];
+export type SandboxInfo = S["SandboxInfo"];
+export type BranchSandboxRequest = S["BranchSandboxRequest"];
+export type ExecRequest = S["ExecRequest"];
+export type ExecResponse = S["ExecResponse"];
+export type ExecEventStdout = S["ExecEventStdout"];
+export type ExecEventStderr = S["ExecEventStderr"];
+export type ExecEventExit = S["ExecEventExit"];
+export type ExecEventError = S["ExecEventError"];
+export type ExecEvent = S["ExecEvent"];
+export type EvalRequest = S["EvalRequest"];
+export type EvalResponse = S["EvalResponse"];
+export type FileEntry = S["FileEntry"];
+export type FileWritten = S["FileWritten"];
+export type Pong = S["Pong"];
+export type DiskSnapshotRequest = S["DiskSnapshotRequest"];
+export type DiskSnapshotReport = S["DiskSnapshotReport"];
+export type DiskSnapshotDisk = S["DiskSnapshotDisk"];
+export type DiskSnapshotInfo = S["DiskSnapshotInfo"];
+export type LastDiskSnapshot = S["LastDiskSnapshot"];
+export type ArchiveReport = S["ArchiveReport"];
+export type RestoreRequest = S["RestoreRequest"];
+export type DiskForkRequest = S["DiskForkRequest"];
+export type SetTtlRequest = S["SetTtlRequest"];
+export type VmmJail = S["VmmJail"];
+export type IoLimits = S["IoLimits"];
+export type NetworkPolicy = S["NetworkPolicy"];
+export type ExposeRequest = S["ExposeRequest"];
+export type ExposedPort = S["ExposedPort"];
+export type CreateWorkspaceRequest = S["CreateWorkspaceRequest"];
+export type SuspendWorkspaceRequest = S["SuspendWorkspaceRequest"];
+export type WorkspaceInfo = S["WorkspaceInfo"];
