@@ -221,7 +221,7 @@ fn publish_chunked(
     Ok(hash)
 }
 
-fn open_image(path: &Path, size: u64) -> Result<File, ChainError> {
+pub(super) fn open_image(path: &Path, size: u64) -> Result<File, ChainError> {
     crate::memory_image::open_image(path, size).map_err(|e| ChainError::Io {
         step: "opening a memory image".into(),
         path: path.to_path_buf(),

@@ -7,6 +7,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Instant;
 
+use super::convert::open_image;
 use super::{AssembledCache, Chain, ChainError};
 use crate::store::Store;
 
@@ -37,14 +38,7 @@ pub fn measure_diff(
     let started = Instant::now();
     let mem_size = parent.head().meta.mem_size_bytes;
     let (parent_image, _) = cache.memory_for(store, parent)?;
-    let open = |path: &Path| {
-        crate::memory_image::open_image(path, mem_size).map_err(|e| ChainError::Io {
-            step: "opening a memory image to measure a diff".into(),
-            path: path.to_path_buf(),
-            source: std::io::Error::other(e.to_string()),
-        })
-    };
-    let (mine, theirs) = (open(image)?, open(&parent_image)?);
+    let (mine, theirs) = (open_image(image, mem_size)?, open_image(&parent_image, mem_size)?);
     let pages = differing_pages(&mine, &theirs, mem_size).map_err(|source| ChainError::Io {
         step: "reading memory images to measure a diff".into(),
         path: image.to_path_buf(),
