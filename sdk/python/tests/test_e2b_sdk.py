@@ -230,6 +230,20 @@ def test_keys_tokens_and_unknown_sandboxes_are_refused(forkvm_e2b: Daemon, sbx: 
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(req, timeout=30)
     assert err.value.code == 401
+    # The traffic token (E2B's SDKs send it, not X-Access-Token, on the code
+    # interpreter's context calls) opens the guest's other ports, never envd.
+    token = sbx.traffic_access_token
+    assert token, "create replies with a trafficAccessToken: no port of a sandbox is public"
+    envd = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49983", "E2B-Traffic-Access-Token": token}
+    req = urllib.request.Request(front + "/files?path=/etc/hostname", headers=envd)
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=30)
+    assert err.value.code == 401
+    port = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49999"}
+    assert get(port)[0] == 401
+    status, body = get({**port, "E2B-Traffic-Access-Token": token})
+    assert status == 502 and "401" not in body, (status, body)  # past the check; nothing listens there
+    assert get({**port, "E2B-Traffic-Access-Token": "wrong"})[0] == 401
 
 
 JS_DIR = os.path.join(os.path.dirname(__file__), "e2b_js")

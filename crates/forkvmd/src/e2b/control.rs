@@ -136,7 +136,7 @@ fn sandbox_reply(e2b: &E2b, rec: &E2bSandbox) -> Sandbox {
         client_id: CLIENT_ID,
         envd_version: ENVD_VERSION,
         envd_access_token: rec.access_token.clone(),
-        traffic_access_token: None,
+        traffic_access_token: Some(rec.access_token.clone()),
         domain: e2b.config.domain.clone(),
     }
 }

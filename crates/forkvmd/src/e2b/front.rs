@@ -6,7 +6,8 @@
 //! - an unknown, paused, killed or expired sandbox is `502 The sandbox was not found`
 //!   (the SDKs read that as "not running");
 //! - every request but envd's `GET /health` needs the sandbox's `X-Access-Token`
-//!   (compared in constant time), else 401;
+//!   (compared in constant time), or on another port than envd's the same secret as
+//!   `E2B-Traffic-Access-Token` (the create reply's `trafficAccessToken`), else 401;
 //! - port 49983 is envd, served here ([`super::envd`]); any other port is the guest's
 //!   own, reached over the sandbox's network like an exposed port, bodies streamed.
 //!
@@ -83,9 +84,16 @@ fn plausible_id(id: &str) -> bool {
     !id.is_empty() && id.len() <= 64 && id.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
 }
 
-fn token_matches(rec: &E2bSandbox, headers: &HeaderMap) -> bool {
-    let given = headers.get("x-access-token").map(HeaderValue::as_bytes).unwrap_or_default();
-    !given.is_empty() && bool::from(rec.access_token.as_bytes().ct_eq(given))
+/// Whether the request carries the sandbox's token: `X-Access-Token` (envd's header), or
+/// for another port `E2B-Traffic-Access-Token`, which E2B's SDKs send instead on their
+/// code interpreter's context calls (the create reply's `trafficAccessToken` is the same
+/// secret: no port of a sandbox is public).
+fn token_matches(rec: &E2bSandbox, headers: &HeaderMap, port: u16) -> bool {
+    let matches = |name: &str| {
+        let given = headers.get(name).map(HeaderValue::as_bytes).unwrap_or_default();
+        !given.is_empty() && bool::from(rec.access_token.as_bytes().ct_eq(given))
+    };
+    matches("x-access-token") || (port != ENVD_PORT && matches("e2b-traffic-access-token"))
 }
 
 async fn route(State(e2b): State<E2b>, req: Request) -> Response {
@@ -112,7 +120,7 @@ async fn route(State(e2b): State<E2b>, req: Request) -> Response {
         Err(e) => return plain_error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     };
     let health = port == ENVD_PORT && req.method() == axum::http::Method::GET && req.uri().path() == "/health";
-    if !health && !token_matches(&rec, req.headers()) {
+    if !health && !token_matches(&rec, req.headers(), port) {
         return plain_error(StatusCode::UNAUTHORIZED, "missing or wrong X-Access-Token for this sandbox");
     }
     if port == ENVD_PORT {
