@@ -5,6 +5,7 @@ Used by test_daemon.py (forkvm's SDK) and test_e2b_sdk.py (E2B's SDK against for
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import shutil
@@ -14,7 +15,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[3]
 FORKVM_BIN = os.environ.get("FORKVM_BIN") or str(REPO / "target" / "debug" / "forkvm")
@@ -129,3 +130,19 @@ def start_daemon(
         shutil.rmtree(root, ignore_errors=True)
         raise RuntimeError(f"{failure}\nstderr:\n{tail}")
     return d
+
+
+@contextlib.contextmanager
+def serving(*args: object, **kwargs: object) -> Iterator[Daemon]:
+    """`start_daemon(...)` for a fixture: a daemon that does not start fails the test with
+    its words (not a traceback of this file); it is stopped when the block ends."""
+    import pytest
+
+    try:
+        d = start_daemon(*args, **kwargs)  # type: ignore[arg-type]
+    except RuntimeError as e:
+        pytest.fail(str(e), pytrace=False)
+    try:
+        yield d
+    finally:
+        d.stop()

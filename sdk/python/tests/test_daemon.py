@@ -18,7 +18,7 @@ from typing import Iterator, List
 
 import pytest
 
-from daemon_proc import FORKVM_BIN, Daemon, start_daemon
+from daemon_proc import FORKVM_BIN, Daemon, serving
 
 import forkvm
 from forkvm import BadRequest, Conflict, Controller, EvalError, NotFound, Sandbox
@@ -38,14 +38,8 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="session")
 def daemon() -> Iterator[Daemon]:
-    try:
-        d = start_daemon()
-    except RuntimeError as e:
-        pytest.fail(str(e), pytrace=False)
-    try:
+    with serving() as d:
         yield d
-    finally:
-        d.stop()
 
 
 @pytest.fixture(scope="session")

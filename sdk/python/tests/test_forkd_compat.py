@@ -24,7 +24,7 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 
 import pytest
 
-from daemon_proc import FORKVM_BIN, Daemon, start_daemon
+from daemon_proc import FORKVM_BIN, Daemon, serving
 
 TEMPLATE_TIMEOUT_S = 900
 FORKD_URL = "http://127.0.0.1:8889"
@@ -83,18 +83,8 @@ def daemon() -> Iterator[Daemon]:
             probe.bind(("127.0.0.1", 8889))
         except OSError as e:
             pytest.fail(f"127.0.0.1:8889, forkd's address, is taken on this host ({e}); free it to run these tests")
-    try:
-        d = start_daemon(
-            ["--forkd-compat"],
-            files={"token": TOKEN + "\n"},
-            env_extra={"FORKD_TOKEN_FILE": "{root}/token"},
-        )
-    except RuntimeError as e:
-        pytest.fail(str(e), pytrace=False)
-    try:
+    with serving(["--forkd-compat"], files={"token": TOKEN + "\n"}, env_extra={"FORKD_TOKEN_FILE": "{root}/token"}) as d:
         yield d
-    finally:
-        d.stop()
 
 
 @pytest.fixture(scope="module")
