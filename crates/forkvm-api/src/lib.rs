@@ -25,6 +25,11 @@ pub const API_VERSION: &str = "v1";
 /// Most sandboxes one `POST /v1/sandboxes` or fork may create.
 pub const MAX_SANDBOXES_PER_CALL: u32 = 1000;
 
+/// What `GET /v1/sandboxes/{id}/console` returns of the log's end unless `bytes` says.
+pub const DEFAULT_CONSOLE_BYTES: u64 = 64 << 10;
+/// The largest `bytes` a console read accepts.
+pub const MAX_CONSOLE_BYTES: u64 = 1 << 20;
+
 /// Every error body: `{"error": "..."}` as forkd, plus a machine-readable `code`
 /// ([`ErrorCode`]; a body without one, as forkd sends, reads as `Unknown`) and, for
 /// conflicts, the object's current `state`.

@@ -1,5 +1,5 @@
 //! Running sandboxes: `/v1/sandboxes` (spawn, list, get, kill) and the actions on one
-//! (ping, exec, streamed exec, eval, branch, fork, disk snapshots).
+//! (ping, exec, streamed exec, eval, branch, fork, disk snapshots, console).
 
 use crate::client::{next_data, Client};
 use crate::encode::Target;
@@ -47,6 +47,16 @@ impl Client {
     /// `DELETE /v1/sandboxes/{id}`.
     pub fn kill_sandbox(&self, id: &str) -> Result<(), ClientError> {
         self.call_empty(Method::DELETE, &sandbox(id)?.build())
+    }
+
+    /// `GET /v1/sandboxes/{id}/console?bytes=`: the end of its console log (the daemon's
+    /// default length when `bytes` is `None`).
+    pub fn console(&self, id: &str, bytes: Option<u64>) -> Result<String, ClientError> {
+        let mut target = sandbox(id)?.push("/console");
+        if let Some(n) = bytes {
+            target = target.query("bytes", &n.to_string());
+        }
+        self.call_text(&target.build())
     }
 
     /// `DELETE /v1/sandboxes/{id}?purge=true`: also destroys its disk snapshots (its key,

@@ -10,6 +10,7 @@ mod doctor;
 mod fork_cmd;
 mod image_cmd;
 mod limit_args;
+mod mcp_cmd;
 mod network_cmd;
 mod ports_cmd;
 mod remote_cmd;
@@ -113,6 +114,9 @@ enum Command {
     /// Forward a local TCP port to a sandbox's guest port, through the daemon.
     #[command(name = "port-forward")]
     PortForward(ports_cmd::PortForwardArgs),
+    /// Serve forkvm's sandboxes to an agent over MCP (stdio, or streamable HTTP with a
+    /// token), through the daemon.
+    Mcp(mcp_cmd::McpArgs),
     /// The daemon's spawner process: only forkvmd starts it.
     #[command(name = "__spawner", hide = true)]
     Spawner(daemon_cmd::SpawnerArgs),
@@ -181,6 +185,7 @@ fn main() {
         Command::Ports(a) => ports_cmd::list(a, remote),
         Command::Unexpose(a) => ports_cmd::unexpose(a, remote),
         Command::PortForward(a) => ports_cmd::port_forward(a, remote),
+        Command::Mcp(a) => mcp_cmd::run(a, remote),
         Command::Spawner(a) => daemon_cmd::spawner(a),
     };
     match result {

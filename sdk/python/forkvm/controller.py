@@ -380,6 +380,13 @@ class Controller:
         params: Dict[str, Union[str, int]] = {"purge": "true"} if purge else {}
         self._request("DELETE", _sb(sandbox_id), params=params)
 
+    def console(self, sandbox_id: str, bytes: Optional[int] = None) -> str:
+        """``GET /v1/sandboxes/{id}/console``: the end of its serial console log (the
+        daemon's default 64 KiB unless ``bytes``, at most 1 MiB), as text; also for a
+        sandbox whose VMM stopped and is not swept yet."""
+        params: Dict[str, Union[str, int]] = {"bytes": bytes} if bytes is not None else {}
+        return self._request("GET", _sb(sandbox_id, "console"), params=params).text
+
     def ping_sandbox(self, sandbox_id: str) -> Pong:
         """``POST /v1/sandboxes/{id}/ping``: a round trip to the guest agent."""
         return Pong.from_json(self._json(self._request("POST", _sb(sandbox_id, "ping"))))

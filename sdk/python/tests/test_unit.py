@@ -595,6 +595,7 @@ CALLS: Dict[str, Tuple[Any, Callable[[Controller], Any]]] = {
     "CreateSandboxes": ([SB], lambda c: c.spawn_sandboxes("TAG")),
     "GetSandbox": (SB, lambda c: c.get_sandbox("ID")),
     "DeleteSandbox": (None, lambda c: c.kill_sandbox("ID")),
+    "ReadConsole": ("[    0.000000] Linux", lambda c: c.console("ID", bytes=100)),
     "Ping": (PONG, lambda c: c.ping_sandbox("ID")),
     "Exec": (EXEC, lambda c: c.exec_command("ID", ["true"])),
     "ExecStream": (STREAM, lambda c: c.exec_stream("ID", ["true"])),

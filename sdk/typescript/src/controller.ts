@@ -233,6 +233,12 @@ export class Controller {
     return this.#none("DELETE", sb(id), { query: { purge: opts.purge || undefined } });
   }
 
+  /** `GET /v1/sandboxes/{id}/console`: the end of its serial console log as text (the
+   * daemon's default 64 KiB unless `bytes`, at most 1 MiB). */
+  async console(id: string, opts: { bytes?: number } = {}): Promise<string> {
+    return (await this.#request("GET", sb(id, "console"), { query: { bytes: opts.bytes } })).text();
+  }
+
   /** `POST /v1/sandboxes/{id}/ping`. */
   pingSandbox(id: string): Promise<T.Pong> {
     return this.#json("POST", sb(id, "ping"));

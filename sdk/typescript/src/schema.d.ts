@@ -218,6 +218,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/console": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Read the end of a sandbox's console log
+         * @description forkvm: the last `bytes` of the sandbox's serial console log (what its kernel and init printed), as UTF-8 text with invalid sequences replaced. Works for a running sandbox and for one whose VMM stopped but is not swept yet (its console says why it stopped); an archived sandbox has no console here (409).
+         */
+        get: operations["read_console"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{id}/ping": {
         parameters: {
             query?: never;
@@ -2172,6 +2192,40 @@ export interface operations {
             /** @description No such sandbox (with `purge`: nor a vault of one). */
             404: components["responses"]["NotFound"];
             /** @description `purge` while its disk snapshots are still needed (`state: in_use`): by its archive, or by a lazy restore from them. */
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["Internal"];
+        };
+    };
+    read_console: {
+        parameters: {
+            query?: {
+                /** @description How many of the log's last bytes, 1 to 1048576. */
+                bytes?: number;
+            };
+            header?: never;
+            path: {
+                /** @description Sandbox id: 1 to 64 ASCII letters, digits, `-` or `_`. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The log's end. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
+            /** @description Bad id or `bytes`. */
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            /** @description No such sandbox. */
+            404: components["responses"]["NotFound"];
+            /** @description The sandbox is archived. */
             409: components["responses"]["Conflict"];
             500: components["responses"]["Internal"];
         };

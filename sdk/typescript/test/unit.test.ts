@@ -101,6 +101,7 @@ const CALLS: Record<string, [unknown, (c: Controller) => Promise<unknown>]> = {
   CreateSandboxes: [[SB], (c) => c.spawnSandboxes({ snapshot_tag: "TAG" })],
   GetSandbox: [SB, (c) => c.getSandbox("ID")],
   DeleteSandbox: [null, (c) => c.killSandbox("ID")],
+  ReadConsole: ["[    0.000000] Linux", (c) => c.console("ID", { bytes: 100 })],
   Ping: [{}, (c) => c.pingSandbox("ID")],
   Exec: [{}, (c) => c.execCommand("ID", { args: ["true"] })],
   ExecStream: [EXIT, async (c) => { for await (const _ of c.execStream("ID", { cmd: "true" })) void _; }],

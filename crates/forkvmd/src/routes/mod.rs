@@ -3,6 +3,7 @@
 //! methods.
 
 pub mod branch;
+pub mod console;
 pub mod disk;
 pub mod files;
 pub mod meta;
@@ -36,6 +37,7 @@ fn handler(name: RouteName, filter: MethodFilter) -> MethodRouter<AppState> {
         RouteName::CreateSandboxes => on(filter, sandboxes::create),
         RouteName::GetSandbox => on(filter, sandboxes::get),
         RouteName::DeleteSandbox => on(filter, sandboxes::delete),
+        RouteName::ReadConsole => on(filter, console::read),
         RouteName::Ping => on(filter, run::ping),
         RouteName::Exec => on(filter, run::exec),
         RouteName::ExecStream => on(filter, run::exec_stream),
