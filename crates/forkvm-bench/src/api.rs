@@ -61,7 +61,7 @@ fn p50_p99(mut v: Vec<f64>) -> serde_json::Value {
 }
 
 /// Times `k` calls of `f`, in ms.
-fn time_calls(k: usize, mut f: impl FnMut() -> Result<()>) -> Result<Vec<f64>> {
+pub(crate) fn time_calls(k: usize, mut f: impl FnMut() -> Result<()>) -> Result<Vec<f64>> {
     let mut out = Vec::with_capacity(k);
     for _ in 0..k {
         let t = Instant::now();
@@ -76,7 +76,7 @@ fn threads_of_this_process() -> usize {
 }
 
 /// Starts `forkvm daemon` on a socket under `run_root`; returns it once it listens.
-fn start_daemon(run_root: &Path) -> Result<(Child, std::path::PathBuf)> {
+pub(crate) fn start_daemon(run_root: &Path) -> Result<(Child, std::path::PathBuf)> {
     let socket = run_root.join("forkvmd.sock");
     let mut child = Command::new(std::env::current_exe()?)
         .arg("daemon")

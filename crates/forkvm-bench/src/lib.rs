@@ -15,6 +15,7 @@ mod disk_fork;
 mod e2b;
 mod fork;
 mod lazy;
+mod mcp;
 mod memory;
 mod net;
 pub mod procstat;
@@ -59,6 +60,9 @@ pub enum BenchCommand {
     /// E2B compatibility's cost: create and first command through E2B's own SDK against
     /// forkvm's SDK, in one run (docs/e2b.md).
     E2b(e2b::BenchE2bArgs),
+    /// The MCP server's cost: list, exec and spawn+kill through `forkvm mcp` (stdio)
+    /// against REST, in one run (docs/mcp.md).
+    Mcp(mcp::BenchMcpArgs),
 }
 
 /// Runs benchmark `cmd`; returns the process's exit code.
@@ -69,6 +73,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<i32> {
         BenchCommand::Seccomp(a) => seccomp::run(a),
         BenchCommand::Net(a) => net::run(a),
         BenchCommand::E2b(a) => e2b::run(a),
+        BenchCommand::Mcp(a) => mcp::run(a),
         BenchCommand::Boot(a) => boot::run(a),
         BenchCommand::Branch(a) => branch::run(a),
         BenchCommand::Spawn(a) => spawn::run(a),
