@@ -431,6 +431,21 @@ pub struct ForkSandboxRequest {
     pub network: Option<NetworkPolicy>,
 }
 
+impl ForkSandboxRequest {
+    /// `n` copies, every other field at its default (the source's limits and policy).
+    pub fn new(n: u32) -> Self {
+        ForkSandboxRequest {
+            n,
+            memory_limit_mib: None,
+            cpu_limit_millis: None,
+            pids_limit: None,
+            io_limits: None,
+            ttl_seconds: None,
+            network: None,
+        }
+    }
+}
+
 /// A running sandbox.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SandboxInfo {

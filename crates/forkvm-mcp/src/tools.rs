@@ -278,15 +278,7 @@ impl ForkvmMcp {
         if let Err(e) = check_count(a.n) {
             return Ok(e);
         }
-        let req = ForkSandboxRequest {
-            n: a.n,
-            memory_limit_mib: None,
-            cpu_limit_millis: None,
-            pids_limit: None,
-            io_limits: None,
-            ttl_seconds: None,
-            network: None,
-        };
+        let req = ForkSandboxRequest::new(a.n);
         json_reply(&try_call!("forking the sandbox", self.daemon.call(move |c| c.fork(&a.sandbox_id, &req))))
     }
 

@@ -78,21 +78,7 @@ fn policies_hold_through_spawn_fork_change_and_a_daemon_restart() {
     assert_eq!(probe(&client, &a.id, &closed), "cdn=ok\nwww_name=no\nwww_addr=no\n");
 
     // Its fork keeps the policy, and what its source resolved (its guest remembers it).
-    let b = client
-        .fork(
-            &a.id,
-            &ForkSandboxRequest {
-                n: 1,
-                memory_limit_mib: None,
-                cpu_limit_millis: None,
-                pids_limit: None,
-                io_limits: None,
-                ttl_seconds: None,
-                network: None,
-            },
-        )
-        .unwrap()
-        .remove(0);
+    let b = client.fork(&a.id, &ForkSandboxRequest::new(1)).unwrap().remove(0);
     assert_eq!(b.network, req.network);
     assert_eq!(probe(&client, &b.id, &[cdn_addr]), "cdn_addr=ok\n");
     assert_eq!(probe(&client, &b.id, &closed), "cdn=ok\nwww_name=no\nwww_addr=no\n");

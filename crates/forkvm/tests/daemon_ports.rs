@@ -176,15 +176,7 @@ fn exposed_ports_route_by_their_own_tokens_and_port_forward_carries_tcp() {
 
     // A fork's child serves the same port under a token of its own; neither token
     // routes to the other sandbox.
-    let fork = ForkSandboxRequest {
-        n: 1,
-        memory_limit_mib: None,
-        cpu_limit_millis: None,
-        pids_limit: None,
-        io_limits: None,
-        ttl_seconds: None,
-        network: None,
-    };
+    let fork = ForkSandboxRequest::new(1);
     let b = client.fork(&a, &fork).unwrap().remove(0).id;
     let child_ports = client.exposed_ports(&b).unwrap();
     assert_eq!(child_ports.iter().map(|p| p.port).collect::<Vec<_>>(), [8000]);
