@@ -14,6 +14,7 @@ mod disk;
 mod disk_fork;
 mod e2b;
 mod fork;
+mod forkd;
 mod lazy;
 mod mcp;
 mod memory;
@@ -63,6 +64,9 @@ pub enum BenchCommand {
     /// The MCP server's cost: list, exec and spawn+kill through `forkvm mcp` (stdio)
     /// against REST, in one run (docs/mcp.md).
     Mcp(mcp::BenchMcpArgs),
+    /// forkd compatibility's own costs: a full branch against one with `measure_diff`,
+    /// workspace create, suspend and resume, in one run (docs/forkd-compat.md).
+    Forkd(forkd::BenchForkdArgs),
 }
 
 /// Runs benchmark `cmd`; returns the process's exit code.
@@ -74,6 +78,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<i32> {
         BenchCommand::Net(a) => net::run(a),
         BenchCommand::E2b(a) => e2b::run(a),
         BenchCommand::Mcp(a) => mcp::run(a),
+        BenchCommand::Forkd(a) => forkd::run(a),
         BenchCommand::Boot(a) => boot::run(a),
         BenchCommand::Branch(a) => branch::run(a),
         BenchCommand::Spawn(a) => spawn::run(a),

@@ -484,3 +484,43 @@ fn lifecycle_calls() {
     assert_eq!(server.last().target, "/v1/sandboxes/sb-1/disk-fork");
     assert_eq!(server.last().json(), json!({"seq": 2, "memory_limit_mib": null, "ttl_seconds": null, "restore": null}));
 }
+
+#[test]
+fn workspace_and_console_calls_go_to_their_routes() {
+    let ws = json!({
+        "id": "ws-1", "name": "dev", "source_snapshot_tag": "py", "status": "running", "live_sandbox_id": "sb-1",
+        "created_at_unix": 1, "last_active_unix": 2, "sandbox_id": "sb-1"
+    });
+    let reply = ws.clone();
+    let server = TestServer::unix(move |r: &Recorded| match (r.method.as_str(), r.target.as_str()) {
+        ("GET", "/v1/workspaces") => Reply::json(200, json!([reply.clone()])),
+        ("DELETE", _) => Reply::empty(204),
+        ("GET", t) if t.contains("/console") => Reply::raw(200, "text/plain", b"[    0.0] Linux\n".to_vec()),
+        _ => Reply::json(200, reply.clone()),
+    });
+    let client = Client::new(server.endpoint.clone(), None).unwrap();
+    let req = forkvm_api::workspaces::CreateWorkspaceRequest {
+        name: "dev".into(),
+        snapshot_tag: "py".into(),
+        per_child_netns: false,
+        memory_limit_mib: None,
+    };
+    assert_eq!(client.create_workspace(&req).unwrap().name, "dev");
+    assert_eq!(client.list_workspaces().unwrap().len(), 1);
+    assert_eq!(client.get_workspace("dev").unwrap().sandbox_id, "sb-1");
+    client.suspend_workspace("dev").unwrap();
+    client.resume_workspace("dev").unwrap();
+    client.delete_workspace("dev").unwrap();
+    assert_eq!(client.console("sb-1", Some(100)).unwrap(), "[    0.0] Linux\n");
+    let seen: Vec<(String, String)> = server.requests().into_iter().map(|r| (r.method, r.target)).collect();
+    let want = [
+        ("POST", "/v1/workspaces"),
+        ("GET", "/v1/workspaces"),
+        ("GET", "/v1/workspaces/dev"),
+        ("POST", "/v1/workspaces/dev/suspend"),
+        ("POST", "/v1/workspaces/dev/resume"),
+        ("DELETE", "/v1/workspaces/dev"),
+        ("GET", "/v1/sandboxes/sb-1/console?bytes=100"),
+    ];
+    assert_eq!(seen, want.map(|(m, t)| (m.to_string(), t.to_string())));
+}

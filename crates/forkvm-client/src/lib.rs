@@ -33,6 +33,7 @@ mod snapshots;
 mod system;
 mod tls;
 mod transport;
+mod workspaces;
 
 #[cfg(test)]
 mod client_tests;
