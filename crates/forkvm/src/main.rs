@@ -18,6 +18,7 @@ mod run_cmd;
 mod sandbox_cmd;
 mod snapshot_cmd;
 mod vm_cmd;
+mod workspace_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -114,6 +115,8 @@ enum Command {
     /// Forward a local TCP port to a sandbox's guest port, through the daemon.
     #[command(name = "port-forward")]
     PortForward(ports_cmd::PortForwardArgs),
+    /// forkd's workspaces: a sandbox under a name, suspended and resumed by it (daemon only).
+    Workspace(workspace_cmd::WorkspaceArgs),
     /// Serve forkvm's sandboxes to an agent over MCP (stdio, or streamable HTTP with a
     /// token), through the daemon.
     Mcp(mcp_cmd::McpArgs),
@@ -186,6 +189,7 @@ fn main() {
         Command::Unexpose(a) => ports_cmd::unexpose(a, remote),
         Command::PortForward(a) => ports_cmd::port_forward(a, remote),
         Command::Mcp(a) => mcp_cmd::run(a, remote),
+        Command::Workspace(a) => workspace_cmd::run(a, remote),
         Command::Spawner(a) => daemon_cmd::spawner(a),
     };
     match result {

@@ -181,6 +181,29 @@ fn cli_verbs_through_the_daemon_over_unix_and_tls() {
     assert_eq!(b["tag"], "cli-b", "{b}");
     env.ok(&["fork", "--from-sandbox", a, "-n", "1"]);
     assert_eq!(ids(&env.ok(&["ps", "--json"])).len(), 3);
+
+    // forkd's workspaces: a sandbox under a name; suspend archives it, resume brings the
+    // same one back with its files; found on the default socket without --daemon too.
+    let ws = |args: &[&str]| -> serde_json::Value {
+        let mut all = vec!["workspace"];
+        all.extend_from_slice(args);
+        all.push("--json");
+        serde_json::from_str(&env.ok(&all)).unwrap()
+    };
+    let made = ws(&["create", "dev", "--tag", "py"]);
+    let sb = made[0]["sandbox_id"].as_str().unwrap().to_string();
+    assert_eq!(made[0]["status"], "running", "{made}");
+    env.ok(&["exec", &sb, "--", "sh", "-c", "echo kept > /tmp/ws-file"]);
+    assert_eq!(ws(&["suspend", "dev"])[0]["status"], "suspended");
+    let back = ws(&["resume", "dev"]);
+    assert_eq!((back[0]["status"].as_str(), back[0]["sandbox_id"].as_str()), (Some("running"), Some(sb.as_str())));
+    assert_eq!(env.ok(&["exec", &sb, "--", "cat", "/tmp/ws-file"]), "kept\n");
+    let out = env.command(&["workspace", "ls"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("dev\trunning\t"), "{out:?}");
+    env.ok(&["workspace", "rm", "dev"]);
+    let out = env.cli(&["workspace", "get", "dev"], &[]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("dev"), "{out:?}");
+    assert_eq!(ids(&env.ok(&["ps", "--json"])).len(), 3, "workspace rm left its sandbox");
     // Errors keep the daemon's message and fail the command.
     let out = env.cli(&["kill", "no-such-sandbox"], &[]);
     assert!(!out.status.success());
