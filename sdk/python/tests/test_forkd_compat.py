@@ -83,7 +83,14 @@ def daemon() -> Iterator[Daemon]:
             probe.bind(("127.0.0.1", 8889))
         except OSError as e:
             pytest.fail(f"127.0.0.1:8889, forkd's address, is taken on this host ({e}); free it to run these tests")
-    with serving(["--forkd-compat"], files={"token": TOKEN + "\n"}, env_extra={"FORKD_TOKEN_FILE": "{root}/token"}) as d:
+    # The Unix socket's line comes first; the tests talk to the TCP listener, so wait for
+    # its line too (a request sent between the two was refused).
+    with serving(
+        ["--forkd-compat"],
+        wait_for=("forkvmd listening on unix:", "forkvmd listening on http://127.0.0.1:8889"),
+        files={"token": TOKEN + "\n"},
+        env_extra={"FORKD_TOKEN_FILE": "{root}/token"},
+    ) as d:
         yield d
 
 
