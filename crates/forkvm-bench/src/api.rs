@@ -103,6 +103,22 @@ pub(crate) fn start_daemon(run_root: &Path) -> Result<(Child, std::path::PathBuf
     Ok((child, socket))
 }
 
+/// Runs `measure` against a `forkvm daemon` started for it on a socket in a temporary run
+/// root, then stops the daemon and kills what a failed measurement left running there.
+pub(crate) fn with_bench_daemon<T>(measure: impl FnOnce(&Path) -> Result<T>) -> Result<T> {
+    let dir = tempfile::tempdir()?;
+    let (mut daemon, socket) = start_daemon(dir.path())?;
+    let result = measure(&socket);
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    let _ = Command::new(std::env::current_exe()?)
+        .args(["kill", "--all"])
+        .env("FORKVM_RUN", dir.path())
+        .stdout(Stdio::null())
+        .status();
+    result
+}
+
 struct Round {
     lib_spawn_ms: f64,
     rest_spawn_ms: f64,

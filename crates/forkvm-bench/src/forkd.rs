@@ -10,7 +10,7 @@
 //! Wall times hold the guest's side (emulated guest kernel on PVM hosts); the pause and
 //! the measurement are host-side.
 
-use crate::api::start_daemon;
+use crate::api::with_bench_daemon;
 use crate::util::{machine, median, r2};
 use anyhow::{bail, Result};
 use clap::Args;
@@ -125,18 +125,10 @@ pub fn run(a: BenchForkdArgs) -> Result<i32> {
     if a.rounds == 0 {
         bail!("--rounds must be at least 1");
     }
-    let dir = tempfile::tempdir()?;
-    let (mut daemon, socket) = start_daemon(dir.path())?;
-    let result = Client::new(Endpoint::Unix(socket), None).map_err(Into::into).and_then(|c| measure(&a, &c));
-    let _ = daemon.kill();
-    let _ = daemon.wait();
-    // What a failed round left behind goes with the bench's run root.
-    let _ = std::process::Command::new(std::env::current_exe()?)
-        .args(["kill", "--all"])
-        .env("FORKVM_RUN", dir.path())
-        .stdout(std::process::Stdio::null())
-        .status();
-    let report = result?;
+    let report = with_bench_daemon(|socket| {
+        let client = Client::new(Endpoint::Unix(socket.to_path_buf()), None)?;
+        measure(&a, &client)
+    })?;
     if a.json {
         println!("{report}");
     } else {

@@ -12,7 +12,7 @@
 //! `mcp_server_cpu_ms_per_list_call` is the MCP process's own CPU time per `list` call
 //! (from `/proc`), the host cost an agent adds by going through MCP.
 
-use crate::api::{start_daemon, time_calls};
+use crate::api::{time_calls, with_bench_daemon};
 use crate::util::{machine, median, r2};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
@@ -138,18 +138,7 @@ pub fn run(a: BenchMcpArgs) -> Result<i32> {
     if a.rounds == 0 || a.list_calls == 0 || a.exec_calls == 0 {
         bail!("--rounds, --list-calls and --exec-calls must be at least 1");
     }
-    let dir = tempfile::tempdir()?;
-    let (mut daemon, socket) = start_daemon(dir.path())?;
-    let result = measure(&a, &socket);
-    let _ = daemon.kill();
-    let _ = daemon.wait();
-    // Sandboxes a failed round left behind go with the bench's run root.
-    let _ = std::process::Command::new(std::env::current_exe()?)
-        .args(["kill", "--all"])
-        .env("FORKVM_RUN", dir.path())
-        .stdout(std::process::Stdio::null())
-        .status();
-    let report = result?;
+    let report = with_bench_daemon(|socket| measure(&a, socket))?;
     if a.json {
         println!("{report}");
     } else {
