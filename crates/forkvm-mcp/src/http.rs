@@ -1,7 +1,8 @@
 //! The streamable HTTP transport: `POST/GET/DELETE /mcp` on a TCP address, every
 //! request carrying `Authorization: Bearer <token>` (compared in constant time). Without
 //! the token anyone who can reach the port could drive the daemon with the MCP server's
-//! own credentials, so there is no tokenless mode. Host headers other than loopback and
+//! own credentials, so there is no tokenless mode. The token is the daemon's kind
+//! (`forkvmd::auth::Token`): the same rules, the same constant-time check. Host headers other than loopback and
 //! the bound address are refused (DNS rebinding), and so are browser `Origin`s.
 
 use crate::{Daemon, ForkvmMcp};
@@ -9,11 +10,11 @@ use axum::extract::Request;
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use forkvmd::auth::Token;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use subtle::ConstantTimeEq;
 use tokio_util::sync::CancellationToken;
 
 /// The path the MCP endpoint is served at.
@@ -22,24 +23,20 @@ pub const MCP_PATH: &str = "/mcp";
 /// Why the HTTP server could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {
-    #[error("the MCP token is empty")]
-    EmptyToken,
     #[error("binding {addr}")]
     Bind { addr: SocketAddr, source: std::io::Error },
     #[error("serving MCP over HTTP on {addr}")]
     Serve { addr: SocketAddr, source: std::io::Error },
 }
 
-async fn require_token(token: Arc<String>, req: Request, next: Next) -> Response {
+async fn require_token(token: Token, req: Request, next: Next) -> Response {
     let presented = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
-    let same_len = subtle::Choice::from((presented.len() == token.len()) as u8);
-    let padded: Vec<u8> = presented.bytes().chain(std::iter::repeat(0)).take(token.len()).collect();
-    if bool::from(same_len & padded.ct_eq(token.as_bytes())) {
+    if token.matches(presented.as_bytes()) {
         return next.run(req).await;
     }
     (
@@ -55,13 +52,10 @@ async fn require_token(token: Arc<String>, req: Request, next: Next) -> Response
 pub async fn serve(
     daemon: Daemon,
     addr: SocketAddr,
-    token: String,
+    token: Token,
     stop: CancellationToken,
     ready: impl FnOnce(SocketAddr),
 ) -> Result<(), HttpError> {
-    if token.is_empty() {
-        return Err(HttpError::EmptyToken);
-    }
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| HttpError::Bind { addr, source })?;
     let bound = listener.local_addr().map_err(|source| HttpError::Bind { addr, source })?;
     let mut hosts: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
@@ -76,10 +70,9 @@ pub async fn serve(
         Arc::new(LocalSessionManager::default()),
         config,
     );
-    let token = Arc::new(token);
     let app = axum::Router::new()
         .nest_service(MCP_PATH, service)
-        .layer(axum::middleware::from_fn(move |req: Request, next: Next| require_token(Arc::clone(&token), req, next)));
+        .layer(axum::middleware::from_fn(move |req: Request, next: Next| require_token(token.clone(), req, next)));
     ready(bound);
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { stop.cancelled_owned().await })

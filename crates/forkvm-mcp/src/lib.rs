@@ -32,7 +32,7 @@ pub enum Transport {
     /// One session on stdin/stdout.
     Stdio,
     /// Streamable HTTP on `addr` at [`http::MCP_PATH`], behind `token`.
-    Http { addr: std::net::SocketAddr, token: String },
+    Http { addr: std::net::SocketAddr, token: forkvmd::auth::Token },
 }
 
 /// Runs the server until its client leaves (stdio) or SIGINT/SIGTERM (HTTP).

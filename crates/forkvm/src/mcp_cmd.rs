@@ -3,7 +3,7 @@
 
 use crate::remote_cmd::RemoteArgs;
 use anyhow::{bail, Context, Result};
-use forkvm_client::{token_from_env, Client, ClientOptions, Endpoint};
+use forkvmd::auth::Token;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -21,33 +21,19 @@ pub struct McpArgs {
     pub token_file: Option<PathBuf>,
 }
 
-fn daemon_client(remote: &RemoteArgs) -> Result<Client> {
-    let spec = remote.daemon.as_deref().map(str::trim).filter(|s| !s.is_empty()).unwrap_or("auto");
-    let endpoint = match Endpoint::resolve(spec)? {
-        Some(e) => e,
-        None => bail!(
-            "no daemon listens at {} (start one with `forkvm daemon`, or name it with --daemon/FORKVM_DAEMON)",
-            Endpoint::default_socket_path().display()
-        ),
-    };
-    let what = endpoint.to_string();
-    let options =
-        ClientOptions { token: token_from_env(), ca_cert: remote.ca_cert.clone(), ..ClientOptions::default() };
-    Client::with_options(endpoint, options).with_context(|| format!("setting up the client for {what}"))
-}
-
-fn http_token(args: &McpArgs) -> Result<String> {
+/// The token `--http` clients must send: the daemon's kind and rules
+/// (`forkvmd::auth::Token`).
+fn http_token(args: &McpArgs) -> Result<Token> {
     let token = match &args.token_file {
-        Some(path) => {
-            std::fs::read_to_string(path).with_context(|| format!("reading the MCP token file {}", path.display()))?
-        }
-        None => std::env::var(MCP_TOKEN_ENV).unwrap_or_default(),
+        Some(path) => Token::from_file(path),
+        None => match std::env::var(MCP_TOKEN_ENV).unwrap_or_default() {
+            raw if raw.trim().is_empty() => bail!(
+                "--http needs a token clients must send: --token-file PATH or {MCP_TOKEN_ENV} (e.g. `openssl rand -hex 32`)"
+            ),
+            raw => Token::new(&raw),
+        },
     };
-    let token = token.trim().to_string();
-    if token.is_empty() {
-        bail!("--http needs a token clients must send: --token-file PATH or {MCP_TOKEN_ENV} (e.g. `openssl rand -hex 32`)");
-    }
-    Ok(token)
+    token.context("the MCP HTTP token")
 }
 
 pub fn run(args: McpArgs, remote: &RemoteArgs) -> Result<i32> {
@@ -55,7 +41,7 @@ pub fn run(args: McpArgs, remote: &RemoteArgs) -> Result<i32> {
         Some(addr) => forkvm_mcp::Transport::Http { addr, token: http_token(&args)? },
         None => forkvm_mcp::Transport::Stdio,
     };
-    let daemon = forkvm_mcp::Daemon::new(daemon_client(remote)?);
+    let daemon = forkvm_mcp::Daemon::new(remote.required_client("forkvm mcp")?);
     forkvm_mcp::run(daemon, transport).map_err(|e| anyhow::anyhow!(e)).context("running the MCP server")?;
     Ok(0)
 }

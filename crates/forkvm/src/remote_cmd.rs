@@ -48,6 +48,24 @@ impl RemoteArgs {
         Client::with_options(endpoint, options).map(Some).with_context(|| format!("setting up the client for {what}"))
     }
 
+    /// A client for the daemon, for a command that has no local path (`what`): the one
+    /// named, else the default socket's; an error saying so when none listens.
+    pub(crate) fn required_client(&self, what: &str) -> Result<Client> {
+        if let Some(c) = self.client()? {
+            return Ok(c);
+        }
+        if Endpoint::probe_default_socket().is_none() {
+            bail!(
+                "{what} needs the daemon and none listens at {} (start `forkvm daemon`, or name one with --daemon/FORKVM_DAEMON)",
+                Endpoint::default_socket_path().display()
+            );
+        }
+        let options =
+            ClientOptions { token: token_from_env(), ca_cert: self.ca_cert.clone(), ..ClientOptions::default() };
+        Client::with_options(Endpoint::default_socket(), options)
+            .context("setting up the client for the default socket")
+    }
+
     /// True when a daemon was named (not `auto`, which falls back to local work).
     fn explicit(&self) -> bool {
         self.daemon.as_deref().map(str::trim).is_some_and(|s| !s.is_empty() && s != "auto")

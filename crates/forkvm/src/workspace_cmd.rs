@@ -3,10 +3,9 @@
 //! sandbox (memory, processes, disks); resume brings the same sandbox back.
 
 use crate::remote_cmd::RemoteArgs;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{Args, Subcommand};
 use forkvm_client::api::workspaces::{CreateWorkspaceRequest, WorkspaceInfo};
-use forkvm_client::{Client, Endpoint};
 
 #[derive(Args, Debug)]
 pub struct WorkspaceArgs {
@@ -41,20 +40,6 @@ pub enum WorkspaceCommand {
     Rm { name: String },
 }
 
-/// The daemon's client: `--daemon`/`FORKVM_DAEMON`, else its default socket.
-fn client(remote: &RemoteArgs) -> Result<Client> {
-    if let Some(c) = remote.client()? {
-        return Ok(c);
-    }
-    let endpoint = Endpoint::probe_default_socket().with_context(|| {
-        format!(
-            "workspaces live in the daemon and none listens at {} (start `forkvm daemon`, or name one with --daemon)",
-            Endpoint::default_socket_path().display()
-        )
-    })?;
-    Ok(Client::new(endpoint, forkvm_client::token_from_env())?)
-}
-
 fn print(ws: &[WorkspaceInfo], json: bool) -> Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(ws)?);
@@ -67,7 +52,7 @@ fn print(ws: &[WorkspaceInfo], json: bool) -> Result<()> {
 }
 
 pub fn run(a: WorkspaceArgs, remote: &RemoteArgs) -> Result<i32> {
-    let c = client(remote)?;
+    let c = remote.required_client("forkvm workspace")?;
     match a.command {
         WorkspaceCommand::Create { name, tag, memory_limit_mib } => {
             let req = CreateWorkspaceRequest { name, snapshot_tag: tag, per_child_netns: false, memory_limit_mib };
