@@ -5,6 +5,7 @@ mod branch;
 pub mod compact;
 pub mod disks;
 pub mod fault;
+mod fork_fan_out;
 mod fork_running;
 
 pub use branch::{BranchError, BranchMode, BranchReport, BranchRequest, DiskCapture, PendingBranch};

@@ -13,6 +13,12 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 use vm_memory::{Bytes, GuestAddress};
 
+/// The parent pid of process `pid`.
+fn parent_of(pid: i32) -> i32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    stat.rsplit_once(')').unwrap().1.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
 fn children(dir: &Path, n: usize) -> Vec<ForkChild> {
     (0..n)
         .map(|i| ForkChild {
@@ -40,6 +46,12 @@ fn children_start_from_the_sources_memory_and_diverge() {
     let report = vmm.fork_running(&specs).unwrap();
     assert_eq!(report.pids.len(), 3);
     assert_eq!(vmm.state(), RunState::Running);
+    // The source paused for one fork (the fan-out process's), then the fan-out process
+    // forked the children and handed them over: they are this process's children now.
+    assert!(report.forked_ms >= report.pause_ms, "{report:?}");
+    for &pid in &report.pids {
+        assert_eq!(parent_of(pid), std::process::id() as i32, "child {pid} was not handed to the source");
+    }
     let mut clients: Vec<ControlClient> = specs.iter().map(|c| wait_socket(&c.socket)).collect();
     for (i, c) in clients.iter_mut().enumerate() {
         let status = c.call(&Request::Status {}).unwrap();

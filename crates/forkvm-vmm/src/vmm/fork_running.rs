@@ -1,12 +1,20 @@
 //! Fork a running VM straight into N children, without a disk round trip.
 //!
 //! The same mechanism as a live branch: pause the vCPUs, capture vCPU and device state,
-//! then `fork()` this VMM once per child and resume. Each forked process already holds
-//! guest memory frozen at the pause point, copy-on-write; it closes this VM's KVM
-//! descriptors (a KVM VM belongs to the process that created it), builds its own VM
-//! around that memory from the captured state — its own vsock socket, control socket and
-//! console — and serves until it stops. The source runs on unchanged.
+//! `fork()` this VMM once, and resume. That one copy (the fan-out process) holds guest
+//! memory frozen at the pause point, copy-on-write, and forks one VMM per child from it
+//! while the source already runs again: the source pauses for one `fork()` whatever the
+//! number of children (each `fork()` copies the page tables of guest memory, so forking
+//! N children in the pause kept the source still N times as long). The fan-out process
+//! reports the children's pids through a pipe and exits; the source is a child
+//! subreaper, so they become its children, and it reaps them.
+//!
+//! Each child closes this VM's KVM descriptors (a KVM VM belongs to the process that
+//! created it), builds its own VM around the inherited memory from the captured state —
+//! its own vsock socket, control socket and console — and serves until it stops. The
+//! source runs on unchanged.
 
+use super::fork_fan_out as fan_out;
 use super::{GuestInfo, Vmm, VmmError, VmmLabels};
 use crate::builder::restore_state;
 use crate::devices::attach::TapSource;
@@ -60,6 +68,9 @@ pub struct ForkReport {
     pub pids: Vec<i32>,
     /// From the pause request until the source ran again.
     pub pause_ms: f64,
+    /// From the pause request until every child's VMM process had been forked.
+    #[serde(default)]
+    pub forked_ms: f64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +91,12 @@ pub enum ForkRunningError {
     Save(VmmError),
     #[error("fork: fork() of child {index} failed after {done} children started (the source was resumed): {source}")]
     Fork { index: usize, done: usize, source: std::io::Error },
+    #[error("fork: becoming the children's subreaper failed; the source runs on unchanged: {0}")]
+    Subreaper(std::io::Error),
+    #[error("fork: starting the fan-out process failed (the source was resumed): {0}")]
+    FanOut(std::io::Error),
+    #[error("fork: the fan-out process ended after {done} of {wanted} children started")]
+    FanOutLost { done: usize, wanted: usize },
     #[error("fork: the children started, but resuming the source VM failed: {0}")]
     Resume(VmmError),
 }
@@ -105,6 +122,11 @@ impl Vmm {
                 return Err(ForkRunningError::MissingDiskDir { index });
             }
         }
+        // The children the fan-out process forks become ours when it exits.
+        // SAFETY: prctl with integer arguments.
+        if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+            return Err(ForkRunningError::Subreaper(std::io::Error::last_os_error()));
+        }
         let started = Instant::now();
         let was_running = self.state() == super::RunState::Running;
         self.pause().map_err(ForkRunningError::Pause)?;
@@ -121,26 +143,35 @@ impl Vmm {
                 return Err(ForkRunningError::Save(e));
             }
         };
-        let mut pids = Vec::new();
-        let mut failed = None;
-        for (index, child) in children.iter().enumerate() {
-            match fork_and_run(true, || self.child_main(&state, child)) {
-                Ok(pid) => pids.push(pid),
-                Err(source) => {
-                    failed = Some(ForkRunningError::Fork { index, done: pids.len(), source });
-                    break;
-                }
-            }
-        }
+        let fanned = fan_out::start(|report| self.fan_out(&state, children, report));
+        let resumed = if was_running { self.resume() } else { Ok(()) };
+        let pause_ms = started.elapsed().as_secs_f64() * 1e3;
+        let (pids, forked) = match fanned {
+            Ok(fan_out) => fan_out.collect(children.len()),
+            Err(e) => (Vec::new(), Err(ForkRunningError::FanOut(e))),
+        };
+        let forked_ms = started.elapsed().as_secs_f64() * 1e3;
         for &pid in &pids {
             reap_in_background(pid);
         }
-        let resumed = if was_running { self.resume() } else { Ok(()) };
-        if let Some(e) = failed {
-            return Err(e);
-        }
+        forked?;
         resumed.map_err(ForkRunningError::Resume)?;
-        Ok(ForkReport { pids, pause_ms: started.elapsed().as_secs_f64() * 1e3 })
+        Ok(ForkReport { pids, pause_ms, forked_ms })
+    }
+
+    /// In the fan-out process: forks one VMM per child, reporting each pid (or the
+    /// failure that stopped the loop) as it goes. Returns its exit code.
+    fn fan_out(&self, state: &crate::persist::VmState, children: &[ForkChild], report: &mut fan_out::Reporter) -> i32 {
+        for child in children {
+            match fork_and_run(true, || self.child_main(state, child)) {
+                Ok(pid) => report.started(pid),
+                Err(e) => {
+                    report.failed(&e);
+                    return 1;
+                }
+            }
+        }
+        0
     }
 
     /// In a forked child: builds its own VM around the inherited memory and serves it.

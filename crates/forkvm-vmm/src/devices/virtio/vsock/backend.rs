@@ -27,8 +27,10 @@ use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
-/// `poll` timeout: a safety net only, every event of interest wakes the thread.
-const POLL_TIMEOUT_MS: i32 = 1000;
+/// `poll` timeout: a safety net only, every event of interest wakes the thread. Long,
+/// because every idle sandbox's thread wakes this often for nothing (a host of a
+/// thousand idle sandboxes pays it a thousand times over).
+const POLL_TIMEOUT_MS: i32 = 10_000;
 
 /// Errors starting the backend.
 #[derive(Debug, thiserror::Error)]
