@@ -5,8 +5,15 @@
 //! sent their `CONNECT` line, and every stream socket with I/O to wait for. On each wake
 //! it locks [`Shared`] and, in order: accepts clients, reads `CONNECT` lines, does the
 //! signalled socket I/O, drains the tx queue, flushes buffered bytes to host sockets,
-//! fills rx buffers, posts a pending transport-reset event, drops closed streams, and
+//! posts a pending transport-reset event, fills rx buffers, drops closed streams, and
 //! triggers the used-buffer interrupt if it added anything to a used ring.
+//!
+//! **After a restore, nothing goes to the guest until it has taken the transport reset
+//! in** ([`ResetAck`]): a guest kills every connection it knows when it handles the
+//! event, without telling the host, so a host connection whose request reached it
+//! first would wait forever (a fork's first call waited out a 10 s limit and retried).
+//! The guest refills the event queue once it has handled the event; that refill is the
+//! acknowledgement. A guest that never refills is given [`RESET_ACK_LIMIT`].
 //!
 //! Host sockets are non-blocking, so the lock is never held across a blocking call.
 
@@ -31,6 +38,23 @@ use vmm_sys_util::eventfd::EventFd;
 /// because every idle sandbox's thread wakes this often for nothing (a host of a
 /// thousand idle sandboxes pays it a thousand times over).
 const POLL_TIMEOUT_MS: i32 = 10_000;
+
+/// How long rx waits for a guest to acknowledge a transport reset before it goes on
+/// anyway (a guest driver that never refills its event queue). Generous: a hundred
+/// guests restored at once on two cores, their kernels emulated, take seconds each to
+/// get to the event.
+const RESET_ACK_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Where a restored device is with the transport reset it owes the guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ResetAck {
+    /// Nothing owed: rx flows.
+    #[default]
+    Settled,
+    /// Posted; the guest had made `avail` event buffers available at the time. Rx waits
+    /// until it makes more (it refills after handling the event), or until `deadline`.
+    Awaiting { avail: std::num::Wrapping<u16>, deadline: std::time::Instant },
+}
 
 /// Errors starting the backend.
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +86,8 @@ pub struct Shared {
     pub muxer: Muxer,
     /// A `VIRTIO_VSOCK_EVENT_TRANSPORT_RESET` is owed to the guest (after a restore).
     pub reset_event_pending: bool,
+    /// Whether the guest has taken the reset in (rx waits until it has).
+    pub reset_ack: ResetAck,
     /// The VM is paused: the backend must not touch guest memory or queues.
     pub paused: bool,
     listener: UnixListener,
@@ -92,6 +118,7 @@ impl Shared {
             active: None,
             muxer,
             reset_event_pending: false,
+            reset_ack: ResetAck::Settled,
             paused: false,
             listener,
             pending: BTreeMap::new(),
@@ -187,10 +214,23 @@ impl Shared {
         (fds, tags)
     }
 
-    /// Runs the queues: tx, host writes, rx, event, teardown, interrupt.
+    /// How long the backend may sleep: until a transport reset's acknowledgement is
+    /// overdue, else the safety net.
+    fn poll_timeout_ms(&self) -> i32 {
+        match self.reset_ack {
+            ResetAck::Awaiting { deadline, .. } => {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                i32::try_from(left.as_millis() + 1).unwrap_or(POLL_TIMEOUT_MS).min(POLL_TIMEOUT_MS)
+            }
+            ResetAck::Settled => POLL_TIMEOUT_MS,
+        }
+    }
+
+    /// Runs the queues: tx, host writes, event, rx (once a reset is taken in),
+    /// teardown, interrupt.
     pub fn process_queues(&mut self) {
         let mut errors: Vec<String> = Vec::new();
-        let Shared { active, muxer, reset_event_pending, .. } = self;
+        let Shared { active, muxer, reset_event_pending, reset_ack, .. } = self;
         let Some(q) = active.as_mut() else { return };
         let mut used = false;
         while let Some(chain) = q.tx.pop_descriptor_chain(&q.mem) {
@@ -208,7 +248,34 @@ impl Shared {
             }
         }
         muxer.flush_all();
-        while let Some(chain) = q.rx.pop_descriptor_chain(&q.mem) {
+        if *reset_event_pending {
+            if let Some(chain) = q.event.pop_descriptor_chain(&q.mem) {
+                let head = chain.head_index();
+                let event = EVENT_TRANSPORT_RESET.to_le_bytes();
+                let len =
+                    RxBuffers::from_chain(chain).and_then(|b| b.write_all(&q.mem, &event)).unwrap_or_else(|err| {
+                        errors.push(format!("writing transport-reset event: {err}"));
+                        0
+                    });
+                used |= q.event.add_used(&q.mem, head, len).is_ok();
+                *reset_event_pending = false;
+                let avail = q.event.avail_idx(&q.mem, std::sync::atomic::Ordering::Acquire).unwrap_or_default();
+                *reset_ack = ResetAck::Awaiting { avail, deadline: std::time::Instant::now() + RESET_ACK_LIMIT };
+            }
+        }
+        if let ResetAck::Awaiting { avail, deadline } = *reset_ack {
+            let now_avail = q.event.avail_idx(&q.mem, std::sync::atomic::Ordering::Acquire).unwrap_or(avail);
+            if now_avail != avail {
+                *reset_ack = ResetAck::Settled;
+            } else if std::time::Instant::now() >= deadline {
+                *reset_ack = ResetAck::Settled;
+                errors.push(format!(
+                    "the guest did not acknowledge the transport reset within {RESET_ACK_LIMIT:?}; going on"
+                ));
+            }
+        }
+        let rx_open = !*reset_event_pending && *reset_ack == ResetAck::Settled;
+        while let Some(chain) = rx_open.then(|| q.rx.pop_descriptor_chain(&q.mem)).flatten() {
             let head = chain.head_index();
             let len = match RxBuffers::from_chain(chain) {
                 Ok(bufs) if bufs.capacity() >= HDR_SIZE => {
@@ -231,19 +298,6 @@ impl Shared {
                 }
             };
             used |= q.rx.add_used(&q.mem, head, len).is_ok();
-        }
-        if *reset_event_pending {
-            if let Some(chain) = q.event.pop_descriptor_chain(&q.mem) {
-                let head = chain.head_index();
-                let event = EVENT_TRANSPORT_RESET.to_le_bytes();
-                let len =
-                    RxBuffers::from_chain(chain).and_then(|b| b.write_all(&q.mem, &event)).unwrap_or_else(|err| {
-                        errors.push(format!("writing transport-reset event: {err}"));
-                        0
-                    });
-                used |= q.event.add_used(&q.mem, head, len).is_ok();
-                *reset_event_pending = false;
-            }
         }
         muxer.reap();
         if used {
@@ -290,11 +344,18 @@ fn run(shared: &Mutex<Shared>, kick: &EventFd, stop: &AtomicBool) {
         unsafe { libc::poll(&mut fd, 1, POLL_TIMEOUT_MS) };
         let _ = kick.read();
     }
+    // The activation's own kick may have been read just above: run the queues once now
+    // rather than sleep until the next kick or the safety net.
+    let _ = kick.write(1);
     while !stop.load(Ordering::Acquire) {
-        let (mut fds, tags) = lock(shared).poll_set(kick);
+        let (mut fds, tags, timeout_ms) = {
+            let s = lock(shared);
+            let (fds, tags) = s.poll_set(kick);
+            (fds, tags, s.poll_timeout_ms())
+        };
         // SAFETY: `fds` is a valid, exclusively borrowed array of `fds.len()` pollfd
         // structs that outlives the call; poll only writes their `revents` fields.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, POLL_TIMEOUT_MS) };
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
         if n < 0 {
             let err = std::io::Error::last_os_error();
             if err.kind() != ErrorKind::Interrupted {

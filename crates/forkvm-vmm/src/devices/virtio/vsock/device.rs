@@ -179,6 +179,7 @@ impl VirtioDevice for Vsock {
         let mut shared = lock(&self.shared);
         shared.active = None;
         shared.reset_event_pending = false;
+        shared.reset_ack = super::backend::ResetAck::Settled;
         shared.muxer.clear();
     }
 

@@ -255,3 +255,50 @@ fn connect_line_parsing() {
     assert_eq!(parse_connect_line(b"connect 1"), None);
     assert_eq!(parse_connect_line(b"CONNECT 99999999999"), None);
 }
+
+/// A restored device sends the guest nothing before it has taken the transport reset in
+/// (a request that reached it first would be killed by the reset without a word to the
+/// host): the host's connection request waits for the guest's event-queue refill.
+#[test]
+fn after_a_restore_requests_wait_for_the_guest_to_take_the_reset_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = Vsock::new(CID, dir.path().join("a.sock")).unwrap();
+    let VirtioDeviceState::Vsock(state) = dev.save() else { panic!("not a vsock state") };
+    let sock = dir.path().join("b.sock");
+    let mut restored = Vsock::restore(&state, sock.clone()).unwrap();
+    let mut guest = Guest::new(CID);
+    guest.add_event_buffer(None);
+    guest.activate(&mut restored, 4);
+    assert_eq!(guest.recv_event(WAIT), Some(EVENT_TRANSPORT_RESET));
+    let mut client = UnixStream::connect(&sock).unwrap();
+    client.write_all(format!("CONNECT {ECHO_PORT}\n").as_bytes()).unwrap();
+    assert!(
+        guest.recv(&mut restored, Duration::from_millis(300)).is_none(),
+        "a request reached the guest before its reset ack"
+    );
+    // The guest handled the event and gives the buffer back: the request follows.
+    guest.add_event_buffer(Some(&mut restored));
+    let (hdr, _) = guest.recv(&mut restored, WAIT).expect("the request after the reset ack");
+    assert_eq!((hdr.op, hdr.dst_port), (OP_REQUEST, ECHO_PORT));
+}
+
+/// A guest that never gives its event buffer back still gets the request, late (after
+/// the backend's 10 s limit).
+#[test]
+fn a_guest_that_never_acknowledges_the_reset_gets_requests_after_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = Vsock::new(CID, dir.path().join("a.sock")).unwrap();
+    let VirtioDeviceState::Vsock(state) = dev.save() else { panic!("not a vsock state") };
+    let sock = dir.path().join("b.sock");
+    let mut restored = Vsock::restore(&state, sock.clone()).unwrap();
+    let mut guest = Guest::new(CID);
+    guest.add_event_buffer(None);
+    guest.activate(&mut restored, 4);
+    assert_eq!(guest.recv_event(WAIT), Some(EVENT_TRANSPORT_RESET));
+    let started = Instant::now();
+    let mut client = UnixStream::connect(&sock).unwrap();
+    client.write_all(format!("CONNECT {ECHO_PORT}\n").as_bytes()).unwrap();
+    let (hdr, _) = guest.recv(&mut restored, WAIT * 2).expect("the request once the limit passed");
+    assert_eq!((hdr.op, hdr.dst_port), (OP_REQUEST, ECHO_PORT));
+    assert!(started.elapsed() >= Duration::from_secs(9), "came after {:?}", started.elapsed());
+}
