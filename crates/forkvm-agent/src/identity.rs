@@ -176,6 +176,7 @@ mod tests {
             hostname: "clone-7".into(),
             wall_clock_unix_ns: 5_000_000_123,
             entropy,
+            interpreter_seed: Vec::new(),
         }
     }
 

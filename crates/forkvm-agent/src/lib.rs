@@ -23,4 +23,5 @@ pub mod server;
 pub mod spawn;
 pub mod vector_check;
 pub mod vsock;
+pub mod workers;
 pub mod xstate;

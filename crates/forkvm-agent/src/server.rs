@@ -1,4 +1,4 @@
-//! Connection handling: accept loop (one thread per connection), reading the single
+//! Connection handling: accept loop (connections served by waiting threads, `workers`), reading the single
 //! request of a connection, dispatching it, and answering rejected frames with an
 //! `Error` frame before closing that connection (the agent keeps serving others).
 
@@ -10,20 +10,43 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use forkvm_proto::{
-    read_frame, write_json, AgentError, ErrorKind, FrameError, FrameKind, Pong, ProtocolError, ProtocolErrorCode,
-    Request, Response, PROTOCOL_VERSION,
+    read_frame, write_json, AgentError, ErrorKind, FrameError, FrameKind, IdentityTimings, Pong, ProtocolError,
+    ProtocolErrorCode, Request, Response, PROTOCOL_VERSION,
 };
 
 use crate::identity::{self, IdentitySys};
 
-/// Reseeds the generators a warm interpreter may hold (see `reseed_interpreter`).
-const RESEED_PYTHON: &str = "import sys as _forkvm_sys\n\
+/// Python that reseeds the generators a warm interpreter may hold (see
+/// `reseed_interpreter`): `random` from the first half of `seed` and numpy's global
+/// generator from the second (both are Mersenne Twisters seeded the same way, so one key
+/// for both would give them the same stream). Without a seed (an older host), both are
+/// reseeded from the guest kernel, which is slow where the kernel is emulated.
+fn reseed_python(seed: &[u8]) -> String {
+    let (for_random, for_numpy) = seed.split_at(seed.len() / 2);
+    if for_random.is_empty() || for_numpy.is_empty() {
+        return "import sys as _forkvm_sys\n\
 if 'random' in _forkvm_sys.modules: _forkvm_sys.modules['random'].seed()\n\
 if 'numpy' in _forkvm_sys.modules: _forkvm_sys.modules['numpy'].random.seed()\n\
-del _forkvm_sys";
+del _forkvm_sys"
+            .to_string();
+    }
+    let random_key: String = for_random.iter().map(|b| format!("{b:02x}")).collect();
+    let numpy_key: Vec<String> = for_numpy
+        .chunks(4)
+        .map(|w| w.iter().rev().fold(0u32, |acc, b| (acc << 8) | u32::from(*b)).to_string())
+        .collect();
+    format!(
+        "import sys as _forkvm_sys\n\
+if 'random' in _forkvm_sys.modules: _forkvm_sys.modules['random'].seed(0x{random_key})\n\
+if 'numpy' in _forkvm_sys.modules: _forkvm_sys.modules['numpy'].random.seed([{}])\n\
+del _forkvm_sys",
+        numpy_key.join(", ")
+    )
+}
 use crate::interp::Interp;
 use crate::reaper::Reaper;
 use crate::vsock::VsockListener;
+use crate::workers::Workers;
 use crate::{exec, files, init};
 
 /// How long, and how much, to drain from a connection after rejecting a frame, so
@@ -126,17 +149,13 @@ impl Agent {
         }
     }
 
-    /// Accepts connections forever, one thread each.
+    /// Accepts connections forever, each served by a waiting thread (`workers`).
     pub fn serve(self: Arc<Self>, listener: Listener) {
+        let agent = self.clone();
+        let workers = Workers::start(move |conn| agent.handle(conn));
         loop {
             match listener.accept() {
-                Ok(conn) => {
-                    let agent = self.clone();
-                    let spawned = std::thread::Builder::new().name("conn".into()).spawn(move || agent.handle(conn));
-                    if let Err(e) = spawned {
-                        tracing::error!(error = %e, "spawning a connection thread");
-                    }
-                }
+                Ok(conn) => workers.dispatch(conn),
                 Err(e) => {
                     tracing::warn!(error = %e, "accepting a connection");
                     std::thread::sleep(Duration::from_millis(10));
@@ -201,13 +220,26 @@ impl Agent {
             },
             Request::Identity(req) => {
                 let mut sandbox_id = self.sandbox_id.lock().unwrap_or_else(|e| e.into_inner());
+                let started = Instant::now();
                 match identity::apply(&*self.identity_sys, &req) {
                     Ok(entropy) => {
-                        self.reseed_interpreter();
+                        let kernel = started.elapsed();
+                        self.reseed_interpreter(&req.interpreter_seed);
+                        let timings = IdentityTimings {
+                            kernel_us: kernel.as_micros() as u64,
+                            interpreter_us: (started.elapsed() - kernel).as_micros() as u64,
+                        };
                         *sandbox_id = Some(req.sandbox_id);
                         let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
-                        tracing::info!(sandbox_id = ?*sandbox_id, generation, "identity applied");
-                        Response::Identity(forkvm_proto::IdentityApplied { generation, entropy })
+                        // Not at info: the console is a serial port, ~0.3 ms a byte where
+                        // the guest kernel is emulated, and every fork's first answer
+                        // would wait for this line.
+                        tracing::debug!(sandbox_id = ?*sandbox_id, generation, "identity applied");
+                        Response::Identity(forkvm_proto::IdentityApplied {
+                            generation,
+                            entropy,
+                            timings: Some(timings),
+                        })
                     }
                     Err(e) => Response::Error(e),
                 }
@@ -218,10 +250,11 @@ impl Agent {
 
     /// Clones of one snapshot share the warm interpreter's random generators (`random`
     /// and numpy's global one were seeded before the snapshot): reseed them from the
-    /// kernel's freshly reseeded CRNG, so no two sandboxes draw the same numbers.
-    fn reseed_interpreter(&self) {
+    /// host's fresh bytes (else from the kernel's freshly reseeded CRNG), so no two
+    /// sandboxes draw the same numbers.
+    fn reseed_interpreter(&self, seed: &[u8]) {
         let Some(interp) = &self.interp else { return };
-        match interp.eval(RESEED_PYTHON) {
+        match interp.eval(&reseed_python(seed)) {
             Ok(r) => {
                 if let forkvm_proto::EvalOutcome::Exception { exception, .. } = r.outcome {
                     tracing::warn!(%exception, "reseeding the interpreter's generators failed");
@@ -239,6 +272,28 @@ impl Agent {
             sandbox_id: self.sandbox_id.lock().unwrap_or_else(|e| e.into_inner()).clone(),
             generation: self.generation.load(Ordering::SeqCst),
             eval_available: self.interp.is_some(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reseed_python;
+
+    #[test]
+    fn the_interpreter_is_reseeded_from_two_halves_of_the_host_seed() {
+        let seed: Vec<u8> = (1..=16).collect();
+        let code = reseed_python(&seed);
+        assert!(code.contains(".seed(0x0102030405060708)"), "{code}");
+        // numpy's key: the second half as little-endian 32-bit words.
+        assert!(code.contains(&format!(".random.seed([{}, {}])", 0x0c0b0a09u32, 0x100f0e0du32)), "{code}");
+    }
+
+    #[test]
+    fn without_a_seed_the_interpreter_reseeds_from_the_kernel() {
+        for seed in [&[][..], &[9][..]] {
+            let code = reseed_python(seed);
+            assert!(code.contains("['random'].seed()") && code.contains("random.seed()\n"), "{code}");
         }
     }
 }

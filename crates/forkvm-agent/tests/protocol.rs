@@ -94,6 +94,7 @@ fn identity(id: &str) -> IdentityRequest {
         hostname: format!("host-{id}"),
         wall_clock_unix_ns: 1_800_000_000_123_456_789,
         entropy: vec![0xa5; 64],
+        interpreter_seed: vec![0x5a; 32],
     }
 }
 

@@ -58,6 +58,7 @@ fn json_messages_round_trip() {
             hostname: "h".into(),
             wall_clock_unix_ns: 1_700_000_000_000_000_000,
             entropy: vec![0, 1, 0xfe, 0xff],
+            interpreter_seed: vec![7; 32],
         }),
         Request::Remove { path: "/x".into(), recursive: true },
     ];
@@ -78,11 +79,15 @@ fn entropy_travels_as_hex() {
         hostname: "h".into(),
         wall_clock_unix_ns: 1,
         entropy: vec![0xde, 0xad],
+        interpreter_seed: Vec::new(),
     };
     let json = serde_json::to_string(&req).unwrap();
     assert!(json.contains(r#""entropy":"dead""#), "{json}");
     let bad = json.replace("dead", "zz");
     assert!(serde_json::from_str::<IdentityRequest>(&bad).is_err());
+    // An older host sends no interpreter seed; the field is left out when empty.
+    assert!(!json.contains("interpreter_seed"), "{json}");
+    assert_eq!(serde_json::from_str::<IdentityRequest>(&json).unwrap(), req);
 }
 
 #[test]

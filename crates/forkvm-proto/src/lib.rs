@@ -77,7 +77,7 @@ pub use frame::{
 };
 pub use msg::{
     AgentError, Command, EntropyOutcome, ErrorKind, EvalOutcome, EvalResponse, ExecRequest, ExitStatus, FileInfo,
-    FileType, IdentityApplied, IdentityRequest, MkdirRequest, Pong, ProtocolError, ProtocolErrorCode, Request,
-    Response, SignalRequest, Started, WriteFileRequest,
+    FileType, IdentityApplied, IdentityRequest, IdentityTimings, MkdirRequest, Pong, ProtocolError, ProtocolErrorCode,
+    Request, Response, SignalRequest, Started, WriteFileRequest,
 };
 pub use vsock::{connect_vsock_uds, connect_vsock_uds_within, VsockConnectError};

@@ -219,6 +219,12 @@ pub struct IdentityRequest {
     /// Fresh host entropy for the kernel RNG, hex-encoded on the wire.
     #[serde(with = "crate::bytes_hex")]
     pub entropy: Vec<u8>,
+    /// Fresh host bytes, apart from `entropy`, that seed the warm interpreter's random
+    /// generators (`random`, numpy's global one) in user space: reseeding them from the
+    /// guest kernel (`os.urandom`) costs a fork's first answer ~0.2 s where the kernel is
+    /// emulated. Empty (an older host): the agent reseeds them from the kernel.
+    #[serde(default, with = "crate::bytes_hex", skip_serializing_if = "Vec::is_empty")]
+    pub interpreter_seed: Vec<u8>,
 }
 
 /// What happened to the identity's entropy.
@@ -240,6 +246,19 @@ pub struct IdentityApplied {
     pub generation: u64,
     /// What happened to the entropy.
     pub entropy: EntropyOutcome,
+    /// How long the agent took, by step (absent from older agents).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timings: Option<IdentityTimings>,
+}
+
+/// Where an identity's time went inside the guest, in microseconds: the part of a
+/// fork's first answer that the host cannot see.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct IdentityTimings {
+    /// Hostname, clock, entropy and CRNG reseed: the guest kernel's part.
+    pub kernel_us: u64,
+    /// Reseeding the warm interpreter's generators (a round trip to it).
+    pub interpreter_us: u64,
 }
 
 /// The reply to `ping`.

@@ -39,7 +39,7 @@ pub mod verbs;
 pub use artifacts::{Artifacts, ArtifactsError};
 pub use chain_ops::{branch_diff, snapshot_diff, ChainOpError, DiffStep, SnapshotDiffReport};
 pub use delete::{delete, DeleteError, Deleted};
-pub use ready::{finish, SpawnedSandbox};
+pub use ready::{finish, ReadyTrace, SpawnedSandbox};
 pub use registry::{Registry, RegistryError, SandboxRecord};
 pub use run_dir::RunDir;
 pub use source::{SourceError, SpawnSource};

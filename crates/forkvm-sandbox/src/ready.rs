@@ -1,8 +1,8 @@
-//! Making a started sandbox ready: every start path ends here. Its agent is waited for
-//! (bounded pings, since a guest just restored drops connections made before its vsock
-//! reset), the guest is given its own identity (id, hostname, clock, entropy: clones never
-//! share RNG state), its row moves to `running`, and the first ready child of an image
-//! teaches that image's memory playbook what it touched.
+//! Making a started sandbox ready: every start path ends here. In one round trip its
+//! agent is waited for and the guest is given its own identity (id, hostname, clock,
+//! entropy: clones never share RNG state), in bounded attempts. Then its row moves to
+//! `running`, and the first ready child of an image teaches that image's memory
+//! playbook what it touched.
 //!
 //! A batch is all or nothing: when one sandbox fails to become ready, every sandbox of
 //! the batch is stopped.
@@ -24,9 +24,11 @@ pub const READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// would wait forever. Generous, for guests whose kernel code is emulated and busy.
 pub const PING_LIMIT: Duration = Duration::from_secs(10);
 
-/// How long each attempt to apply the identity may wait for the agent: the first as a
-/// readiness ping (a dropped connection is found quickly), the later ones longer.
-const IDENTITY_LIMITS: [Duration; 3] = [PING_LIMIT, Duration::from_secs(30), Duration::from_secs(90)];
+/// How long each attempt to apply the identity may wait for the agent, each longer than
+/// the one before. The VMM holds a new connection back until the restored guest has
+/// taken its vsock reset in, so a silent agent is a slow guest (a hundred restored at
+/// once on two cores), not a dropped connection, and the first limit is not short.
+const IDENTITY_LIMITS: [Duration; 3] = [Duration::from_secs(30), Duration::from_secs(60), Duration::from_secs(90)];
 
 /// Waits until the agent behind the vsock socket `uds` answers a ping.
 pub fn wait_for_agent(uds: &Path, timeout: Duration, alive: &dyn Fn() -> Option<String>) -> Result<(), Option<String>> {
@@ -53,6 +55,23 @@ pub struct SpawnedSandbox {
     pub client: AgentClient<UnixStream>,
     /// From the start of the call to this sandbox's identity being applied.
     pub ready_ms: f64,
+    /// Where that time went after its VMM started.
+    pub trace: ReadyTrace,
+}
+
+/// How one sandbox became ready: the waiting for its agent, and the identity's round
+/// trip with the agent's own part of it (the guest side a host cannot time).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ReadyTrace {
+    /// Identity attempts before the one answered (refused while the agent was not yet
+    /// listening, or dropped by a guest that had not yet processed its vsock reset).
+    pub retries: u32,
+    /// From the start of the call to the attempt that was answered.
+    pub answered_attempt_at_ms: f64,
+    /// That attempt's round trip: connect, the guest's vsock path, the agent's work.
+    pub identity_rtt_ms: f64,
+    /// The agent's part of it, by step (older agents do not say).
+    pub agent: Option<forkvm_proto::IdentityTimings>,
 }
 
 /// The last lines of a console log, for error messages (its last 16 KiB only: a
@@ -65,18 +84,21 @@ pub fn console_tail(record: &SandboxRecord) -> String {
 }
 
 /// Gives a restored guest its own identity: id, hostname `sb-<id>`, the host's wall
-/// clock, and fresh host entropy (credited, and the guest CRNG reseeded).
-pub fn apply_identity(client: &AgentClient<UnixStream>, id: &str) -> Result<(), forkvm_proto::ClientError> {
+/// clock, fresh host entropy (credited, and the guest CRNG reseeded), and other fresh
+/// bytes for the warm interpreter's generators.
+pub fn apply_identity(
+    client: &AgentClient<UnixStream>,
+    id: &str,
+) -> Result<forkvm_proto::IdentityApplied, forkvm_proto::ClientError> {
     let now_ns =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
-    client
-        .identity(&IdentityRequest {
-            sandbox_id: id.to_string(),
-            hostname: format!("sb-{id}"),
-            wall_clock_unix_ns: now_ns,
-            entropy: host_random(64),
-        })
-        .map(|_| ())
+    client.identity(&IdentityRequest {
+        sandbox_id: id.to_string(),
+        hostname: format!("sb-{id}"),
+        wall_clock_unix_ns: now_ns,
+        entropy: host_random(64),
+        interpreter_seed: host_random(64),
+    })
 }
 
 /// Threads that wait for agents and apply identities in parallel (the guests boot
@@ -97,30 +119,48 @@ fn make_ready(
     let policy = registry.row(&record.id).and_then(|row| row.record.network).or_else(|| record.network.clone());
     crate::network::attach::attach(&record.id, pid, policy.as_ref(), record.forked_from.as_deref())?;
     let gone = || (!crate::registry::vmm_alive(pid)).then(|| "exited".to_string());
-    if let Err(why) = wait_for_agent(&record.vsock(), timeout, &gone) {
-        return Err(SpawnError::NotReady {
-            id: record.id.clone(),
-            pid,
-            exited: why.is_some(),
-            console: console_tail(record),
-        });
-    }
-    // Bounded and retried for the same reason as the readiness ping: a connection made
-    // before the guest processed its transport reset is dropped silently. Each retry
-    // waits longer: a guest that is merely slow (ten forks at once on a small, busy host,
-    // its kernel code emulated) must not be cut off. Applying the identity twice is
-    // harmless (the second wins).
-    for (attempt, limit) in IDENTITY_LIMITS.iter().enumerate() {
-        let bounded = AgentClient::vsock_uds_within(record.vsock(), AGENT_PORT, *limit);
+    let not_ready =
+        |exited: bool| SpawnError::NotReady { id: record.id.clone(), pid, exited, console: console_tail(record) };
+    // The identity is the readiness probe too: one round trip through the guest's
+    // kernel, not a ping and then the identity. Until the agent listens, a connection is
+    // refused at once and tried again. Each attempt is bounded (a hung guest) and each
+    // silent one waits longer: a guest that is merely slow (a hundred forks at once on a
+    // small, busy host, its kernel code emulated) must not be cut off. Applying the
+    // identity twice is harmless (the second wins).
+    let deadline = Instant::now() + timeout;
+    let mut silent = 0;
+    let mut trace = ReadyTrace::default();
+    loop {
+        let bounded = AgentClient::vsock_uds_within(record.vsock(), AGENT_PORT, IDENTITY_LIMITS[silent]);
+        let attempt = Instant::now();
         match apply_identity(&bounded, &record.id) {
-            Ok(()) => break,
-            Err(e) if attempt + 1 < IDENTITY_LIMITS.len() && !matches!(e, forkvm_proto::ClientError::Agent(_)) => {
-                tracing::warn!(id = %record.id, %e, "applying the identity failed; retrying");
+            Ok(applied) => {
+                trace.answered_attempt_at_ms = attempt.duration_since(started).as_secs_f64() * 1e3;
+                trace.identity_rtt_ms = attempt.elapsed().as_secs_f64() * 1e3;
+                trace.agent = applied.timings;
+                break;
             }
-            Err(source) => return Err(SpawnError::Identity { id: record.id.clone(), source }),
+            Err(e) if e.is_silent() && silent + 1 < IDENTITY_LIMITS.len() => {
+                tracing::warn!(id = %record.id, %e, "applying the identity failed; retrying");
+                silent += 1;
+                trace.retries += 1;
+            }
+            Err(source) if source.is_silent() || matches!(source, forkvm_proto::ClientError::Agent(_)) => {
+                return Err(SpawnError::Identity { id: record.id.clone(), source });
+            }
+            Err(_) => {
+                if gone().is_some() {
+                    return Err(not_ready(true));
+                }
+                if Instant::now() > deadline {
+                    return Err(not_ready(false));
+                }
+                trace.retries += 1;
+                std::thread::sleep(Duration::from_millis(5));
+            }
         }
     }
-    Ok(SpawnedSandbox { record: record.clone(), client, ready_ms: started.elapsed().as_secs_f64() * 1e3 })
+    Ok(SpawnedSandbox { record: record.clone(), client, ready_ms: started.elapsed().as_secs_f64() * 1e3, trace })
 }
 
 /// Waits for every started sandbox's agent and re-identifies it, in parallel. On
