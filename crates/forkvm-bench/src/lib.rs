@@ -14,6 +14,7 @@ mod disk;
 mod disk_fork;
 mod e2b;
 mod fork;
+mod fork_running;
 mod forkd;
 mod lazy;
 mod mcp;
@@ -29,6 +30,9 @@ mod vector;
 pub enum BenchCommand {
     /// Fork N children from a snapshot of a warmed test guest, against N cold boots.
     Fork(fork::BenchForkArgs),
+    /// A running sandbox forked into N children, for each N: source pause, host CPU and
+    /// PSS per child, time to every child's first answer.
+    ForkRunning(fork_running::BenchForkRunningArgs),
     /// Linux sandbox readiness (cold boot, restore) and agent round trips.
     Boot(boot::BenchBootArgs),
     /// BRANCH pause windows, full vs live, while the guest dirties memory.
@@ -73,6 +77,7 @@ pub enum BenchCommand {
 pub fn run(cmd: BenchCommand) -> anyhow::Result<i32> {
     match cmd {
         BenchCommand::Fork(a) => fork::run(a),
+        BenchCommand::ForkRunning(a) => fork_running::run(a),
         BenchCommand::VectorState(a) => vector::run(a),
         BenchCommand::Seccomp(a) => seccomp::run(a),
         BenchCommand::Net(a) => net::run(a),

@@ -11,7 +11,8 @@
 //!   devices, vCPUs, irqchip, threads), median over the children, as each VMM measured it:
 //!   wall time (`host_restore_phases_us` per step; includes waiting for a CPU while the
 //!   other sandboxes run) and the restoring thread's CPU time (`host_restore_cpu_ms_per_child`).
-//! * `all_identified_ms`: until every sandbox's agent answered and took its identity.
+//! * `all_identified_ms`: until every sandbox's agent answered and took its identity;
+//!   `ready_trace` how (`util::ready_trace_medians`).
 //! * `all_ready_ms`: until every sandbox also answered one eval in its warm interpreter
 //!   (`--eval`, by default a numpy sum; every answer checked equal).
 //! * `all_commands_ms`: with `--cmd`, then that shell command in every sandbox (exec, 16
@@ -247,6 +248,7 @@ pub fn run(a: BenchSpawnArgs) -> Result<i32> {
         }
     }
     let first_ready_ms = sandboxes.iter().map(|s| s.ready_ms).fold(f64::INFINITY, f64::min);
+    let ready_trace = crate::util::ready_trace_medians(&sandboxes);
     for sb in &sandboxes {
         let _ = forkvm_sandbox::verbs::kill_record(&registry, &sb.record);
     }
@@ -309,6 +311,7 @@ pub fn run(a: BenchSpawnArgs) -> Result<i32> {
             .map(|(name, mut v)| (name, json!(median(&mut v).round())))
             .collect::<serde_json::Map<_, _>>(),
         "first_ready_ms": r1(first_ready_ms),
+        "ready_trace": ready_trace,
         "all_identified_ms": r1(timings.all_ready_ms),
         "all_ready_ms": r1(all_ready_ms),
         "eval": a.eval,

@@ -116,3 +116,25 @@ pub fn template_snapshot(image: &str, vcpus: Option<u8>) -> Result<TemplateSnaps
     view.finish();
     forkvm_sandbox::ensure_template_snapshot(artifacts?).context("preparing the template snapshot")
 }
+
+/// Medians of how `sandboxes` became ready (`forkvm_sandbox::ReadyTrace`): when the
+/// answered identity attempt started, its round trip, and the agent's part of it (kernel
+/// calls, interpreter reseed); what is left of the round trip is the connection and the
+/// guest's vsock path. Milliseconds.
+pub fn ready_trace_medians(sandboxes: &[forkvm_sandbox::SpawnedSandbox]) -> serde_json::Value {
+    let column = |f: &dyn Fn(&forkvm_sandbox::ReadyTrace) -> Option<f64>| {
+        let mut v: Vec<f64> = sandboxes.iter().filter_map(|s| f(&s.trace)).collect();
+        (!v.is_empty()).then(|| r2(median(&mut v)))
+    };
+    let ms = |us: u64| us as f64 / 1e3;
+    json!({
+        "identity_retries": column(&|t| Some(f64::from(t.retries))),
+        "answered_attempt_at_ms": column(&|t| Some(t.answered_attempt_at_ms)),
+        "identity_rtt_ms": column(&|t| Some(t.identity_rtt_ms)),
+        "agent_kernel_ms": column(&|t| t.agent.map(|a| ms(a.kernel_us))),
+        "agent_interpreter_ms": column(&|t| t.agent.map(|a| ms(a.interpreter_us))),
+        "connection_and_vsock_ms": column(&|t| {
+            t.agent.map(|a| t.identity_rtt_ms - ms(a.kernel_us) - ms(a.interpreter_us))
+        }),
+    })
+}
