@@ -256,20 +256,27 @@ fn connect_line_parsing() {
     assert_eq!(parse_connect_line(b"CONNECT 99999999999"), None);
 }
 
+/// A device restored in `dir` and activated by a guest that has received (not yet
+/// acknowledged) its transport reset; and the device's socket.
+fn restored_and_reset(dir: &Path) -> (Vsock, Guest, std::path::PathBuf) {
+    let dev = Vsock::new(CID, dir.join("a.sock")).unwrap();
+    let VirtioDeviceState::Vsock(state) = dev.save() else { panic!("not a vsock state") };
+    let sock = dir.join("b.sock");
+    let mut restored = Vsock::restore(&state, sock.clone()).unwrap();
+    let mut guest = Guest::new(CID);
+    guest.add_event_buffer(None);
+    guest.activate(&mut restored, 4);
+    assert_eq!(guest.recv_event(WAIT), Some(EVENT_TRANSPORT_RESET));
+    (restored, guest, sock)
+}
+
 /// A restored device sends the guest nothing before it has taken the transport reset in
 /// (a request that reached it first would be killed by the reset without a word to the
 /// host): the host's connection request waits for the guest's event-queue refill.
 #[test]
 fn after_a_restore_requests_wait_for_the_guest_to_take_the_reset_in() {
     let dir = tempfile::tempdir().unwrap();
-    let dev = Vsock::new(CID, dir.path().join("a.sock")).unwrap();
-    let VirtioDeviceState::Vsock(state) = dev.save() else { panic!("not a vsock state") };
-    let sock = dir.path().join("b.sock");
-    let mut restored = Vsock::restore(&state, sock.clone()).unwrap();
-    let mut guest = Guest::new(CID);
-    guest.add_event_buffer(None);
-    guest.activate(&mut restored, 4);
-    assert_eq!(guest.recv_event(WAIT), Some(EVENT_TRANSPORT_RESET));
+    let (mut restored, mut guest, sock) = restored_and_reset(dir.path());
     let mut client = UnixStream::connect(&sock).unwrap();
     client.write_all(format!("CONNECT {ECHO_PORT}\n").as_bytes()).unwrap();
     assert!(
@@ -287,14 +294,7 @@ fn after_a_restore_requests_wait_for_the_guest_to_take_the_reset_in() {
 #[test]
 fn a_guest_that_never_acknowledges_the_reset_gets_requests_after_the_limit() {
     let dir = tempfile::tempdir().unwrap();
-    let dev = Vsock::new(CID, dir.path().join("a.sock")).unwrap();
-    let VirtioDeviceState::Vsock(state) = dev.save() else { panic!("not a vsock state") };
-    let sock = dir.path().join("b.sock");
-    let mut restored = Vsock::restore(&state, sock.clone()).unwrap();
-    let mut guest = Guest::new(CID);
-    guest.add_event_buffer(None);
-    guest.activate(&mut restored, 4);
-    assert_eq!(guest.recv_event(WAIT), Some(EVENT_TRANSPORT_RESET));
+    let (mut restored, mut guest, sock) = restored_and_reset(dir.path());
     let started = Instant::now();
     let mut client = UnixStream::connect(&sock).unwrap();
     client.write_all(format!("CONNECT {ECHO_PORT}\n").as_bytes()).unwrap();
