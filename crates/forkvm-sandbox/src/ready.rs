@@ -64,7 +64,7 @@ pub struct SpawnedSandbox {
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct ReadyTrace {
     /// Identity attempts before the one answered (refused while the agent was not yet
-    /// listening, or dropped by a guest that had not yet processed its vsock reset).
+    /// listening, or silent past their limit).
     pub retries: u32,
     /// From the start of the call to the attempt that was answered.
     pub answered_attempt_at_ms: f64,
@@ -99,6 +99,20 @@ pub fn apply_identity(
         entropy: host_random(64),
         interpreter_seed: host_random(64),
     })
+}
+
+/// Whether a call failed for want of a working connection (refused while the agent is
+/// not yet listening, reset while the guest starts): worth trying again, unlike an answer
+/// the agent gave (an error, a rejected or unexpected frame).
+fn connection_failed(e: &forkvm_proto::ClientError) -> bool {
+    use forkvm_proto::{ClientError as E, FrameError as F};
+    let dropped =
+        |f: &F| matches!(f, F::Closed | F::ReadHeader(_) | F::ReadPayload(_) | F::Truncated { .. } | F::Write { .. });
+    match e {
+        E::Connect(_) | E::VsockConnect(_) => true,
+        E::Send { source, .. } | E::Receive { source, .. } => dropped(source),
+        _ => false,
+    }
 }
 
 /// Threads that wait for agents and apply identities in parallel (the guests boot
@@ -145,7 +159,7 @@ fn make_ready(
                 silent += 1;
                 trace.retries += 1;
             }
-            Err(source) if source.is_silent() || matches!(source, forkvm_proto::ClientError::Agent(_)) => {
+            Err(source) if source.is_silent() || !connection_failed(&source) => {
                 return Err(SpawnError::Identity { id: record.id.clone(), source });
             }
             Err(_) => {
@@ -221,5 +235,23 @@ pub fn learn_memory(playbook: Option<&Path>, ready: &[SpawnedSandbox]) {
     }
     if let Err(e) = crate::memory_playbook::arm_first_call(&first.record, path) {
         tracing::warn!(sandbox = %first.record.id, error = %e, "arming the memory playbook's first-call recording failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::connection_failed;
+    use forkvm_proto::{AgentError, ClientError, ErrorKind, FrameError};
+
+    #[test]
+    fn only_a_missing_or_dropped_connection_is_tried_again() {
+        let io = || std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(connection_failed(&ClientError::Connect(io())));
+        assert!(connection_failed(&ClientError::Receive { step: "identity", source: FrameError::Closed }));
+        assert!(connection_failed(&ClientError::Receive { step: "identity", source: FrameError::ReadHeader(io()) }));
+        // Answers the agent gave are final.
+        assert!(!connection_failed(&ClientError::Agent(AgentError::new(ErrorKind::InvalidInput, "bad hostname"))));
+        assert!(!connection_failed(&ClientError::Receive { step: "identity", source: FrameError::BadMagic(*b"xx") }));
+        assert!(!connection_failed(&ClientError::Unexpected { step: "identity", got: "pong".into() }));
     }
 }
