@@ -94,10 +94,13 @@ impl Flavour {
 
 /// The guest patches as (file name, contents), applied in this order. A unit test checks
 /// that this list matches `crates/forkvm-image/kernel/patches/`.
-pub const PATCHES: &[(&str, &str)] = &[(
-    "0001-x86-pvm-syscall-in-page-fault.patch",
-    include_str!("../../kernel/patches/0001-x86-pvm-syscall-in-page-fault.patch"),
-)];
+pub const PATCHES: &[(&str, &str)] = &[
+    (
+        "0001-x86-pvm-syscall-in-page-fault.patch",
+        include_str!("../../kernel/patches/0001-x86-pvm-syscall-in-page-fault.patch"),
+    ),
+    ("0002-virtio-net-no-tx-watchdog.patch", include_str!("../../kernel/patches/0002-virtio-net-no-tx-watchdog.patch")),
+];
 
 /// The Debian package the kernel is built from.
 pub const SOURCE_PACKAGE: &str = "linux-source-6.1";
