@@ -379,7 +379,7 @@ fn agent_host(c: &mut Corpus) {
         stderr: String::new(),
     };
     c.put_mode("agent_frames_host", "eval", 9, &one(Response::Eval(eval)));
-    let applied = IdentityApplied { generation: 3, entropy: forkvm_proto::EntropyOutcome::Credited };
+    let applied = IdentityApplied { generation: 3, entropy: forkvm_proto::EntropyOutcome::Credited, timings: None };
     c.put_mode("agent_frames_host", "identity", 10, &one(Response::Identity(applied)));
     c.put_mode("agent_frames_host", "shutdown", 11, &one(Response::ShuttingDown));
     let mut raw = Vec::new();
@@ -438,6 +438,7 @@ fn agent_guest(c: &mut Corpus) {
         hostname: "sandbox-7".into(),
         wall_clock_unix_ns: 1_764_500_000_000_000_000,
         entropy: (0..32).collect(),
+        interpreter_seed: Vec::new(),
     };
     c.put("agent_frames_guest", "identity", &req(&Request::Identity(identity)));
     c.put("agent_frames_guest", "shutdown", &req(&Request::Shutdown));

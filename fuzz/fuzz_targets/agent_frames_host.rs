@@ -111,6 +111,7 @@ fuzz_target!(|data: &[u8]| {
                 hostname: "h".into(),
                 wall_clock_unix_ns: 1,
                 entropy: vec![1, 2, 3],
+                interpreter_seed: vec![4, 5, 6, 7],
             };
             let _ = client.identity(&req);
         }
