@@ -22,6 +22,7 @@
 //! killed before the next.
 
 use crate::procstat::{mem_usage, vmm_cpu_us, VmmCpu};
+use crate::spawn::eval_all;
 use crate::util::{machine, median, r2, ready_trace_medians};
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -99,7 +100,7 @@ fn measure_all(registry: &Registry, source: &SpawnSource, a: &BenchForkRunningAr
     let (mut spawned, _) = spawn(registry, source, 1, &SpawnOptions::default()).context("spawning the source")?;
     let parent = spawned.pop().context("the spawn gave no sandbox")?;
     // The source has settled (its first call's pages are in) before it is forked.
-    eval_all(std::slice::from_ref(&parent), &a.eval).context("the source's first eval")?;
+    eval_all(std::slice::from_ref(&parent), &a.eval, Instant::now()).context("the source's first eval")?;
     let mut runs = Vec::new();
     for &n in &a.count {
         runs.push(measure_one(registry, &parent, n, &a.eval).with_context(|| format!("forking into {n}"))?);
@@ -119,7 +120,7 @@ fn measure_one(registry: &Registry, parent: &SpawnedSandbox, n: usize, eval: &st
     if children_cpu.len() != n {
         bail!("{} of {n} children's VMMs could not be read", n - children_cpu.len());
     }
-    eval_all(&children, eval)?;
+    eval_all(&children, eval, started)?;
     let all_eval_ms = started.elapsed().as_secs_f64() * 1e3;
     let mut pss = Vec::new();
     let mut private = Vec::new();
@@ -159,25 +160,4 @@ fn measure_one(registry: &Registry, parent: &SpawnedSandbox, n: usize, eval: &st
         "pss_kib_per_child": median(&mut pss),
         "private_kib_per_child": median(&mut private),
     }))
-}
-
-/// Evaluates `code` in every sandbox, 16 at a time; every one must answer the first's
-/// value.
-fn eval_all(sandboxes: &[SpawnedSandbox], code: &str) -> Result<()> {
-    let answers = forkvm_sandbox::parallel::map(sandboxes, 16, |sb| match sb.client.eval(code) {
-        Ok(r) => match r.outcome {
-            forkvm_proto::EvalOutcome::Value { value_repr } => Ok(value_repr.unwrap_or_default()),
-            other => Err(format!("{}: {other:?}", sb.record.id)),
-        },
-        Err(e) => Err(format!("{}: {e}", sb.record.id)),
-    });
-    let mut first: Option<String> = None;
-    for answer in answers {
-        let value = answer.unwrap_or_else(|| Err("an eval worker panicked".into())).map_err(anyhow::Error::msg)?;
-        match &first {
-            Some(f) if *f != value => bail!("eval answers differ: {value:?} against {f:?}"),
-            _ => first = Some(value),
-        }
-    }
-    Ok(())
 }

@@ -123,7 +123,11 @@ fn run_everywhere(sandboxes: &[forkvm_sandbox::SpawnedSandbox], cmd: &str) -> Re
 
 /// Evaluates `code` in every sandbox, 16 at a time; every one must answer the first's
 /// value. Returns the time every one answered and that value.
-fn eval_all(sandboxes: &[forkvm_sandbox::SpawnedSandbox], code: &str, started: Instant) -> Result<(f64, String)> {
+pub(crate) fn eval_all(
+    sandboxes: &[forkvm_sandbox::SpawnedSandbox],
+    code: &str,
+    started: Instant,
+) -> Result<(f64, String)> {
     let (first, failures) = same_from_all(sandboxes, "ready", |sb| match sb.client.eval(code) {
         Ok(r) => match r.outcome {
             forkvm_proto::EvalOutcome::Value { value_repr } => Ok(value_repr.unwrap_or_default()),
