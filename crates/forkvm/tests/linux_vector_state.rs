@@ -69,10 +69,16 @@ fn numpy_in_three_processes_computes_the_same_numbers_as_in_one() {
     assert_eq!(p.wrong, 0, "numpy results differed between iterations: {p:?}");
 }
 
-/// Starts `vector-hold` in the background in sandbox `id`; returns its pid.
+/// Starts `vector-hold` in the background in sandbox `id` and waits until its SIGUSR1
+/// handler is installed (`/tmp/held.ready`): a snapshot taken earlier holds a process that
+/// the release signal kills. Returns its pid.
 fn start_holder(env: &CliEnv, id: &str) -> String {
-    let pid = env.sh(id, "/sbin/forkvm-agent vector-hold /tmp/held </dev/null >/dev/null 2>&1 & echo $!");
-    pid.trim().to_string()
+    let script = "/sbin/forkvm-agent vector-hold /tmp/held </dev/null >/dev/null 2>&1 & pid=$!; \
+                  for i in $(seq 1 60); do [ -f /tmp/held.ready ] && break; sleep 1; done; \
+                  [ -f /tmp/held.ready ] && echo $pid";
+    let pid = env.sh(id, script).trim().to_string();
+    assert!(pid.parse::<u32>().is_ok(), "vector-hold did not become ready: {pid:?}");
+    pid
 }
 
 /// Releases the holder `pid` in sandbox `id` and returns its verdict.

@@ -16,7 +16,9 @@
 //!
 //! `vector-hold RESULT`: loads known values and holds them in the registers (spinning,
 //! yielding now and then) until SIGUSR1, then writes `ok` or the wrong classes to RESULT.
-//! Tests use it across snapshot, restore, fork and live branch.
+//! It creates `RESULT.ready` once its SIGUSR1 handler is installed: a caller that signals
+//! earlier would kill it (SIGUSR1's default action), so tests wait for that file before
+//! they snapshot, restore, fork or live-branch it.
 
 mod asm;
 
@@ -203,7 +205,8 @@ extern "C" fn release(_: libc::c_int) {
 const HOLD_SEED: u64 = 0x686f_6c64;
 
 /// Holds known values in the registers until SIGUSR1, then writes `ok <level>` or
-/// `wrong <level> <classes>` to `result` (through a temporary file and a rename).
+/// `wrong <level> <classes>` to `result` (through a temporary file and a rename). Creates
+/// `result` with the extension `ready` once SIGUSR1 no longer kills it.
 pub fn hold(result: &Path) -> io::Result<bool> {
     let level = Support::detect().level();
     // SAFETY: `release` only stores to an atomic, which is async-signal-safe.
@@ -214,6 +217,7 @@ pub fn hold(result: &Path) -> io::Result<bool> {
             return Err(io::Error::last_os_error());
         }
     }
+    std::fs::write(result.with_extension("ready"), b"")?;
     let expected = pattern(HOLD_SEED, 0);
     let mut got = [0u8; IMAGE_LEN];
     asm::hold(level, &expected, &mut got, &RELEASE);
