@@ -11,9 +11,9 @@
 
 use forkvm_fuzz::virtq::{self, Builder, Case, CountingInterrupt};
 use forkvm_proto::{
-    write_frame, write_json, AgentError, Command, ErrorKind, EvalOutcome, EvalResponse, ExecRequest, ExitStatus,
-    FileInfo, FileType, FrameKind, IdentityApplied, IdentityRequest, MkdirRequest, Pong, ProtocolError,
-    ProtocolErrorCode, Request, Response, WriteFileRequest,
+    write_frame, write_json, AgentError, ChangeKind, Command, ErrorKind, EvalOutcome, EvalResponse, ExecRequest,
+    ExitStatus, FileInfo, FileType, FrameKind, IdentityApplied, IdentityRequest, MkdirRequest, Pong, ProtocolError,
+    ProtocolErrorCode, Request, Response, WatchMessage, WatchRequest, WriteFileRequest,
 };
 use forkvm_snapshot::layered_disk::{LayerId, SealedLayerBuilder};
 use forkvm_snapshot::pack_archive::signature::read_secret_key;
@@ -394,6 +394,18 @@ fn agent_host(c: &mut Corpus) {
     frame(&mut raw, FrameKind::Stdout, report.as_bytes());
     response(&mut raw, &Response::Done);
     c.put_mode("agent_frames_host", "raw-frames", 12, &raw);
+    let mut watch = Vec::new();
+    for m in [
+        WatchMessage::Armed { directories: 2 },
+        WatchMessage::Change { kind: ChangeKind::Create, path: "a/b".into() },
+        WatchMessage::Keepalive,
+        WatchMessage::Overflow,
+        WatchMessage::Change { kind: ChangeKind::Remove, path: "a/b".into() },
+    ] {
+        write_json(&mut watch, FrameKind::Watch, &m).unwrap();
+    }
+    response(&mut watch, &Response::Done);
+    c.put_mode("agent_frames_host", "watch", 13, &watch);
 }
 
 fn agent_guest(c: &mut Corpus) {
@@ -418,8 +430,12 @@ fn agent_guest(c: &mut Corpus) {
         "exec-shell",
         &req(&Request::Exec(ExecRequest { command: Command::Shell("ls /".into()), ..ExecRequest::shell("") })),
     );
-    let mut w =
-        req(&Request::WriteFile(WriteFileRequest { path: "/tmp/f".into(), mode: Some(0o600), create_parents: true, owner: None }));
+    let mut w = req(&Request::WriteFile(WriteFileRequest {
+        path: "/tmp/f".into(),
+        mode: Some(0o600),
+        create_parents: true,
+        owner: None,
+    }));
     frame(&mut w, FrameKind::Data, b"contents");
     frame(&mut w, FrameKind::End, b"");
     c.put("agent_frames_guest", "write-file", &w);
@@ -442,6 +458,7 @@ fn agent_guest(c: &mut Corpus) {
     };
     c.put("agent_frames_guest", "identity", &req(&Request::Identity(identity)));
     c.put("agent_frames_guest", "shutdown", &req(&Request::Shutdown));
+    c.put("agent_frames_guest", "watch", &req(&Request::Watch(WatchRequest { path: "/tmp".into(), recursive: true })));
     let mut wrong = Vec::new();
     frame(&mut wrong, FrameKind::Stdin, b"not a request");
     c.put("agent_frames_guest", "wrong-kind", &wrong);

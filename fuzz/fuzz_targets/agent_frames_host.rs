@@ -2,11 +2,12 @@
 //! trust. `AgentClient` is driven over an in-memory stream whose read side is the fuzz
 //! input (the agent's replies) and whose write side is discarded.
 //!
-//! The first input byte picks the conversation (`% 13`): the client's `ping`, `exec`
+//! The first input byte picks the conversation (`% 14`): the client's `ping`, `exec`
 //! (with and without stdin), `read_file`, `write_file`, `list`, `stat`, `mkdir`,
-//! `remove`, `eval`, `identity`, `shutdown`, or (12) a raw loop of `read_frame` decoding
+//! `remove`, `eval`, `identity`, `shutdown`, (12) a raw loop of `read_frame` decoding
 //! each frame's payload as the host would (`Response`, `ProtocolError`, the vector-check
-//! report the host parses from the agent's output). The rest is the byte stream.
+//! report the host parses from the agent's output), or (13) a `watch` read to its end.
+//! The rest is the byte stream.
 //!
 //! Checked: `read_file` reports exactly the bytes it delivered to the sink, and `exec`
 //! collects exactly the `Stdout`/`Stderr` frames the stream held before its `Exit`.
@@ -15,8 +16,8 @@
 
 use forkvm_proto::vector_check::VectorCheckReport;
 use forkvm_proto::{
-    read_frame, AgentClient, ExecRequest, FrameKind, IdentityRequest, IdleLimit, MkdirRequest, ProtocolError,
-    Response, WriteFileRequest,
+    read_frame, AgentClient, ExecRequest, FrameKind, IdentityRequest, IdleLimit, MkdirRequest, ProtocolError, Response,
+    WatchMessage, WatchRequest, WriteFileRequest,
 };
 use libfuzzer_sys::fuzz_target;
 use std::io::{self, Cursor, Read, Write};
@@ -68,7 +69,7 @@ fuzz_target!(|data: &[u8]| {
     let replies: Arc<[u8]> = stream.into();
     let r = replies.clone();
     let client = AgentClient::new(move || Ok(Peer { replies: Cursor::new(r.clone()) }));
-    match which % 13 {
+    match which % 14 {
         0 => {
             let _ = client.ping();
         }
@@ -118,11 +119,19 @@ fuzz_target!(|data: &[u8]| {
         11 => {
             let _ = client.shutdown();
         }
+        13 => {
+            if let Ok((mut watch, _)) = client.watch(&WatchRequest { path: "/tmp".into(), recursive: true }) {
+                // Each message is at least one frame header: the input bounds the loop.
+                while let Ok(Some(_)) = watch.recv() {}
+                let _ = watch.stop();
+            }
+        }
         _ => {
             let mut r: &[u8] = stream;
             while let Ok(frame) = read_frame(&mut r) {
                 let _ = frame.json::<Response>();
                 let _ = frame.json::<ProtocolError>();
+                let _ = frame.json::<WatchMessage>();
                 let _ = serde_json::from_slice::<VectorCheckReport>(&frame.payload);
             }
         }

@@ -23,5 +23,6 @@ pub mod server;
 pub mod spawn;
 pub mod vector_check;
 pub mod vsock;
+pub mod watch;
 pub mod workers;
 pub mod xstate;

@@ -47,7 +47,7 @@ use crate::interp::Interp;
 use crate::reaper::Reaper;
 use crate::vsock::VsockListener;
 use crate::workers::Workers;
-use crate::{exec, files, init};
+use crate::{exec, files, init, watch};
 
 /// How long, and how much, to drain from a connection after rejecting a frame, so
 /// closing it does not reset the peer before it reads the `Error` frame.
@@ -75,6 +75,9 @@ pub enum ServeError {
     /// Sending the final response failed.
     #[error("sending the response: {0}")]
     SendResponse(#[source] FrameError),
+    /// The host hung up on a conversation that it may end that way (a watch).
+    #[error("the host hung up")]
+    HostLeft,
     /// Duplicating the connection for the stdin pump failed.
     #[error("cloning the connection for stdin: {0}")]
     CloneConnection(#[source] io::Error),
@@ -173,7 +176,7 @@ impl Agent {
                 init::shutdown(self.pid1);
             }
             Ok(false) => {}
-            Err(ServeError::ReceiveRequest(FrameError::Closed)) => {}
+            Err(ServeError::ReceiveRequest(FrameError::Closed) | ServeError::HostLeft) => {}
             Err(e) => {
                 tracing::warn!(error = %e, "connection failed");
                 if let Some(pe) = e.protocol_error() {
@@ -245,6 +248,7 @@ impl Agent {
                 }
             }
             Request::Shutdown => Response::ShuttingDown,
+            Request::Watch(req) => return watch::run(conn, &req),
         })
     }
 

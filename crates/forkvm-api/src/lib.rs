@@ -710,6 +710,27 @@ pub struct FileWritten {
     pub bytes: u64,
 }
 
+/// forkvm: one line of `GET /v1/sandboxes/{id}/files/watch?path=` (NDJSON): `armed`
+/// first, then changes as the guest sees them, a `keepalive` after 5 s without one, and
+/// an `end` or `error` line last when the watch ends on the sandbox's side.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum WatchEvent {
+    /// The watch is in place: every change from now on is reported.
+    Armed { directories: u32 },
+    /// One change. `kind`: `create`, `write`, `remove`, `rename` or `chmod`; `path` is
+    /// relative to the watched directory.
+    Change { kind: String, path: String },
+    /// Nothing changed for a while; the watch is alive.
+    Keepalive,
+    /// The guest kernel's event queue overflowed: changes were lost; the watch goes on.
+    Overflow,
+    /// The watched directory went away; the last line.
+    End { reason: String },
+    /// The watch failed; the last line.
+    Error { error: String },
+}
+
 /// forkvm: `POST /v1/sandboxes/{id}/ttl`: archive the sandbox `ttl_seconds` from now
 /// (`0`: never).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]

@@ -114,19 +114,25 @@ fn every_component_has_the_fields_of_its_rust_type() {
         }
         checked.insert(name);
     }
-    // The exec stream's lines: one component per variant of the tagged enum.
-    let events = generated::<forkvm_api::ExecEvent>(false);
-    for variant in events["oneOf"].as_array().expect("ExecEvent is a oneOf") {
-        let tag = variant["properties"]["type"]["const"].as_str().expect("a type tag").to_string();
-        let name = format!("ExecEvent{}{}", tag[..1].to_uppercase(), &tag[1..]);
-        match schemas.get(&name) {
-            Some(documented) => problems.extend(compare(&name, documented, variant)),
-            None => problems.push(format!("{name}: no component in docs/openapi.json")),
+    // The exec and watch streams' lines: one component per variant of the tagged enum.
+    let streams = [
+        ("ExecEvent", generated::<forkvm_api::ExecEvent>(false)),
+        ("WatchEvent", generated::<forkvm_api::WatchEvent>(false)),
+    ];
+    for (stream, events) in &streams {
+        for variant in events["oneOf"].as_array().unwrap_or_else(|| panic!("{stream} is a oneOf")) {
+            let tag = variant["properties"]["type"]["const"].as_str().expect("a type tag").to_string();
+            let name = format!("{stream}{}{}", tag[..1].to_uppercase(), &tag[1..]);
+            match schemas.get(&name) {
+                Some(documented) => problems.extend(compare(&name, documented, variant)),
+                None => problems.push(format!("{name}: no component in docs/openapi.json")),
+            }
+            checked.insert(Box::leak(name.into_boxed_str()));
         }
-        checked.insert(Box::leak(name.into_boxed_str()));
     }
-    // Shapes that are not forkvm-api's: the agent's own reply, passed through.
-    let elsewhere = ["ExecEvent", "Pong"];
+    // The streams' unions (their variants are checked above), and a shape that is not
+    // forkvm-api's: the agent's own reply, passed through.
+    let elsewhere = ["ExecEvent", "WatchEvent", "Pong"];
     let unchecked: Vec<&String> =
         schemas.keys().filter(|k| !checked.contains(k.as_str()) && !elsewhere.contains(&k.as_str())).collect();
     assert!(unchecked.is_empty(), "components with no Rust type checked against them: {unchecked:?}");

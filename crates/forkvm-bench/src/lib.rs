@@ -25,6 +25,7 @@ mod seccomp;
 mod spawn;
 pub mod util;
 mod vector;
+mod watch;
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {
@@ -71,6 +72,9 @@ pub enum BenchCommand {
     /// forkd compatibility's own costs: a full branch against one with `measure_diff`,
     /// workspace create, suspend and resume, in one run (docs/forkd-compat.md).
     Forkd(forkd::BenchForkdArgs),
+    /// Watching a directory through the agent: arm and stop, a change's event latency,
+    /// and a burst of changes from one guest command (guest side).
+    Watch(watch::BenchWatchArgs),
 }
 
 /// Runs benchmark `cmd`; returns the process's exit code.
@@ -84,6 +88,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<i32> {
         BenchCommand::E2b(a) => e2b::run(a),
         BenchCommand::Mcp(a) => mcp::run(a),
         BenchCommand::Forkd(a) => forkd::run(a),
+        BenchCommand::Watch(a) => watch::run(a),
         BenchCommand::Boot(a) => boot::run(a),
         BenchCommand::Branch(a) => branch::run(a),
         BenchCommand::Spawn(a) => spawn::run(a),

@@ -3,7 +3,7 @@
 
 use crate::test_server::{Recorded, Reply, TestServer};
 use crate::{Client, ClientError, ClientOptions, Endpoint, WriteFileOptions};
-use forkvm_api::{BranchSandboxRequest, CreateSandboxRequest, ExecEvent, ExecRequest};
+use forkvm_api::{BranchSandboxRequest, CreateSandboxRequest, ExecEvent, ExecRequest, WatchEvent};
 use serde_json::json;
 
 fn sandbox_json(id: &str) -> serde_json::Value {
@@ -225,6 +225,50 @@ fn exec_stream_error_and_truncation_are_errors() {
     let e = client.exec_stream("bad", &req, |_| {}).unwrap_err();
     assert!(matches!(&e, ClientError::Stream { message } if message == "agent went away"), "{e:?}");
     let e = client.exec_stream("cut", &req, |_| {}).unwrap_err();
+    assert!(matches!(e, ClientError::Truncated), "{e:?}");
+}
+
+#[test]
+fn a_watch_hands_over_its_lines_until_the_caller_or_the_sandbox_ends_it() {
+    let server = TestServer::tcp(|r: &Recorded| {
+        let lines: &[u8] = if r.target.starts_with("/v1/sandboxes/bad/") {
+            b"{\"type\":\"armed\",\"directories\":1}\n{\"type\":\"error\",\"error\":\"agent went away\"}\n"
+        } else if r.target.starts_with("/v1/sandboxes/cut/") {
+            b"{\"type\":\"armed\",\"directories\":1}\n"
+        } else {
+            b"{\"type\":\"armed\",\"directories\":2}\n{\"type\":\"change\",\"kind\":\"create\",\"path\":\"a\"}\n\
+              {\"type\":\"keepalive\"}\n{\"type\":\"change\",\"kind\":\"remove\",\"path\":\"a\"}\n\
+              {\"type\":\"end\",\"reason\":\"gone\"}\n"
+        };
+        // Cut mid-line: lines are whole however the body is framed.
+        Reply::chunked(200, "application/x-ndjson", lines.chunks(7).map(<[u8]>::to_vec).collect())
+    });
+    let client = Client::new(server.endpoint.clone(), None).unwrap();
+    let mut seen = Vec::new();
+    let end = client.watch_files("sb-1", "/w", true, |e| {
+        seen.push(e);
+        true
+    });
+    assert_eq!(end.unwrap(), Some("gone".to_string()));
+    assert_eq!(server.last().target, "/v1/sandboxes/sb-1/files/watch?path=/w&recursive=true");
+    assert_eq!(
+        seen,
+        [
+            WatchEvent::Armed { directories: 2 },
+            WatchEvent::Change { kind: "create".into(), path: "a".into() },
+            WatchEvent::Keepalive,
+            WatchEvent::Change { kind: "remove".into(), path: "a".into() },
+        ]
+    );
+    let mut n = 0;
+    let stopped = client.watch_files("sb-1", "/w", false, |_| {
+        n += 1;
+        n < 2
+    });
+    assert_eq!((stopped.unwrap(), n), (None, 2), "the caller stopped at the second line");
+    let e = client.watch_files("bad", "/w", false, |_| true).unwrap_err();
+    assert!(matches!(&e, ClientError::Stream { message } if message == "agent went away"), "{e:?}");
+    let e = client.watch_files("cut", "/w", false, |_| true).unwrap_err();
     assert!(matches!(e, ClientError::Truncated), "{e:?}");
 }
 

@@ -1,13 +1,13 @@
 //! Files inside a sandbox: `/v1/sandboxes/{id}/files` (download, upload, remove) and
-//! `/files/list`. Downloads stream into a writer and uploads stream from a reader, so
-//! a large file never sits in memory whole.
+//! `/files/list` and `/files/watch`. Downloads stream into a writer and uploads stream
+//! from a reader, so a large file never sits in memory whole.
 
 use crate::client::{collect, decode, Client};
 use crate::encode::Target;
 use crate::error::ClientError;
 use crate::transport;
 use bytes::Bytes;
-use forkvm_api::{FileEntry, FileWritten};
+use forkvm_api::{FileEntry, FileWritten, WatchEvent};
 use hyper::Method;
 use std::io::{Read, Write};
 
@@ -93,5 +93,66 @@ impl Client {
     /// `GET /v1/sandboxes/{id}/files/list?path=`.
     pub fn list_files(&self, id: &str, path: &str) -> Result<Vec<FileEntry>, ClientError> {
         self.call_json(Method::GET, &files(id, path, "/files/list")?.build(), None::<&()>, "file list")
+    }
+
+    /// `GET /v1/sandboxes/{id}/files/watch?path=`: calls `on_event` with each line, the
+    /// first being `armed`, until it returns `false` (the connection is then closed,
+    /// which ends the watch) or the sandbox ends the watch: its `end` line's reason is
+    /// returned, an `error` line is [`ClientError::Stream`], a body that stops without
+    /// either is [`ClientError::Truncated`].
+    pub fn watch_files(
+        &self,
+        id: &str,
+        path: &str,
+        recursive: bool,
+        mut on_event: impl FnMut(WatchEvent) -> bool,
+    ) -> Result<Option<String>, ClientError> {
+        let mut target = files(id, path, "/files/watch")?;
+        if recursive {
+            target = target.query("recursive", "true");
+        }
+        let target = target.build();
+        self.block_on(async {
+            let resp = self.send(Method::GET, &target, transport::empty(), None).await?;
+            let name = format!("GET {target}");
+            let mut body = resp.into_body();
+            let mut lines = crate::ndjson::Lines::default();
+            let mut state = WatchLines { on_event: &mut on_event, end: None };
+            while let Some(data) = crate::client::next_data(&mut body, &name).await? {
+                let too_long = || ClientError::TooLarge { request: name.clone(), limit: crate::ndjson::MAX_LINE };
+                lines.feed(&data, too_long, |line| state.line(line))?;
+                if let Some(end) = state.end.take() {
+                    // Dropping the body closes the connection: the watch ends.
+                    return Ok(end);
+                }
+            }
+            lines.finish(|line| state.line(line))?;
+            state.end.ok_or(ClientError::Truncated)
+        })
+    }
+}
+
+/// A watch stream's lines so far: `end` is `Some` once it is over (`Some(reason)` when
+/// the sandbox ended it, `None` when the caller stopped).
+struct WatchLines<'a, F: FnMut(WatchEvent) -> bool> {
+    on_event: &'a mut F,
+    end: Option<Option<String>>,
+}
+
+impl<F: FnMut(WatchEvent) -> bool> WatchLines<'_, F> {
+    fn line(&mut self, line: &[u8]) -> Result<(), ClientError> {
+        if self.end.is_some() {
+            return Ok(());
+        }
+        match crate::client::decode::<WatchEvent>(line, "watch line")? {
+            WatchEvent::End { reason } => self.end = Some(Some(reason)),
+            WatchEvent::Error { error } => return Err(ClientError::Stream { message: error }),
+            event => {
+                if !(self.on_event)(event) {
+                    self.end = Some(None);
+                }
+            }
+        }
+        Ok(())
     }
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use crate::frame::{read_frame, write_frame, write_json, FrameError, FrameKind, DATA_CHUNK};
 use crate::msg::{
     AgentError, EvalResponse, ExecRequest, ExitStatus, FileInfo, IdentityApplied, IdentityRequest, MkdirRequest, Pong,
-    ProtocolError, Request, Response, SignalRequest, Started, WriteFileRequest,
+    ProtocolError, Request, Response, SignalRequest, Started, WatchMessage, WatchRequest, WriteFileRequest,
 };
 use crate::vsock::{connect_vsock_uds, VsockConnectError};
 
@@ -73,6 +73,8 @@ pub mod idle_limit {
     /// Eval runs the caller's code in the warm interpreter, which has no timeout of its
     /// own yet: an hour of silence ends the call.
     pub const EVAL: Duration = Duration::from_secs(3600);
+    /// A watch: the agent sends a keepalive every few seconds while nothing changes.
+    pub const WATCH: Duration = Duration::from_secs(60);
 
     /// An exec's idle limit: its own timeout plus [`EXEC_GRACE`], else a day plus it.
     pub fn exec(timeout_ms: Option<u64>) -> Duration {
@@ -356,12 +358,72 @@ impl<S: Read + Write + IdleLimit> AgentClient<S> {
         }
     }
 
+    /// Starts watching a guest directory. Returns once the watch is in place (every
+    /// change after that is reported), with the number of directories it covers.
+    pub fn watch(&self, req: &WatchRequest) -> Result<(WatchStream<S>, u32), ClientError> {
+        let step = "watch";
+        let (stream, limit) = self.start(step, &Request::Watch(req.clone()), idle_limit::WATCH)?;
+        let mut watch = WatchStream { stream, limit, ended: false };
+        match watch.recv()? {
+            Some(WatchMessage::Armed { directories }) => Ok((watch, directories)),
+            Some(other) => Err(ClientError::Unexpected { step, got: format!("{other:?} before the watch was armed") }),
+            None => Err(ClientError::Unexpected { step, got: "the end of the watch before it was armed".into() }),
+        }
+    }
+
     /// Asks the guest to sync and reset (or the agent to exit, when not PID 1).
     pub fn shutdown(&self) -> Result<(), ClientError> {
         match self.call("shutdown", &Request::Shutdown, idle_limit::CALL)? {
             Response::ShuttingDown => Ok(()),
             other => Err(unexpected("shutdown", &other)),
         }
+    }
+}
+
+/// A running watch ([`AgentClient::watch`]): its messages, in the order the guest saw the
+/// changes. Dropping it closes the connection, which also ends the watch in the guest.
+pub struct WatchStream<S: Read + Write> {
+    stream: S,
+    limit: Duration,
+    ended: bool,
+}
+
+impl<S: Read + Write> fmt::Debug for WatchStream<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WatchStream").field("ended", &self.ended).finish_non_exhaustive()
+    }
+}
+
+impl<S: Read + Write> WatchStream<S> {
+    /// The next message, waiting for it; `None` once the watch ended in the guest (the
+    /// directory went away). Keepalives arrive every few seconds while nothing changes,
+    /// so a caller that loops here regains control at least that often.
+    pub fn recv(&mut self) -> Result<Option<WatchMessage>, ClientError> {
+        let step = "watch";
+        if self.ended {
+            return Ok(None);
+        }
+        let frame = read_frame(&mut self.stream).map_err(frame_failed(step, self.limit, false))?;
+        if frame.kind == FrameKind::Watch {
+            return frame.json::<WatchMessage>().map(Some).map_err(|source| ClientError::Receive { step, source });
+        }
+        self.ended = true;
+        match decode_final(&frame, step)? {
+            Response::Done => Ok(None),
+            other => Err(unexpected(step, &other)),
+        }
+    }
+
+    /// Ends the watch: the guest stops watching and answers; messages still in flight
+    /// are dropped.
+    pub fn stop(mut self) -> Result<(), ClientError> {
+        let step = "watch stop";
+        if self.ended {
+            return Ok(());
+        }
+        write_frame(&mut self.stream, FrameKind::End, &[]).map_err(frame_failed(step, self.limit, true))?;
+        while self.recv()?.is_some() {}
+        Ok(())
     }
 }
 

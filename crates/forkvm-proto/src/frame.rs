@@ -49,6 +49,8 @@ pub enum FrameKind {
     /// JSON `Started`, agent → host: the exec's process is running (only when the
     /// request set `report_start`).
     Started = 0x08,
+    /// JSON `WatchMessage`, agent → host: a `watch` request's news.
+    Watch = 0x09,
     /// JSON `ProtocolError`: the agent rejected a frame.
     Error = 0x7f,
 }
@@ -65,6 +67,7 @@ impl FrameKind {
             0x06 => Self::Data,
             0x07 => Self::End,
             0x08 => Self::Started,
+            0x09 => Self::Watch,
             0x7f => Self::Error,
             _ => return None,
         })

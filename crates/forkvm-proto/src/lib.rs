@@ -24,6 +24,7 @@
 //! | 0x06 | `Data`     | both          | raw file bytes (`read_file` / `write_file`)     |
 //! | 0x07 | `End`      | host → agent  | empty: end of a `Stdin` or `Data` stream        |
 //! | 0x08 | `Started`  | agent → host  | JSON [`Started`]: the exec's pid (when asked)   |
+//! | 0x09 | `Watch`    | agent → host  | JSON [`WatchMessage`]: a watch's news           |
 //! | 0x7f | `Error`    | agent → host  | JSON [`ProtocolError`]: the frame was rejected  |
 //!
 //! # Conversations
@@ -46,6 +47,7 @@
 //! | `eval`                   | —                    | `Response::Eval`                              |
 //! | `identity`               | —                    | `Response::Identity`                          |
 //! | `shutdown`               | —                    | `Response::ShuttingDown`, then the guest resets |
+//! | `watch`                  | `End` (to stop)      | `Watch`* (`armed` first), `Response::Done`    |
 //!
 //! Any operation may end with `Response::Error` ([`AgentError`]: errno-like kind +
 //! message) instead. A frame the agent cannot accept (bad magic, other version, unknown
@@ -70,14 +72,14 @@ pub mod trusted_peer;
 pub mod vector_check;
 mod vsock;
 
-pub use client::{idle_limit, AgentClient, ClientError, ExecOutput, IdleLimit};
+pub use client::{idle_limit, AgentClient, ClientError, ExecOutput, IdleLimit, WatchStream};
 pub use frame::{
     read_frame, write_frame, write_json, Frame, FrameError, FrameKind, DATA_CHUNK, HEADER_LEN, MAGIC, MAX_PAYLOAD,
     PROTOCOL_VERSION,
 };
 pub use msg::{
-    AgentError, Command, EntropyOutcome, ErrorKind, EvalOutcome, EvalResponse, ExecRequest, ExitStatus, FileInfo,
-    FileType, IdentityApplied, IdentityRequest, IdentityTimings, MkdirRequest, Pong, ProtocolError, ProtocolErrorCode,
-    Request, Response, SignalRequest, Started, WriteFileRequest,
+    AgentError, ChangeKind, Command, EntropyOutcome, ErrorKind, EvalOutcome, EvalResponse, ExecRequest, ExitStatus,
+    FileInfo, FileType, IdentityApplied, IdentityRequest, IdentityTimings, MkdirRequest, Pong, ProtocolError,
+    ProtocolErrorCode, Request, Response, SignalRequest, Started, WatchMessage, WatchRequest, WriteFileRequest,
 };
 pub use vsock::{connect_vsock_uds, connect_vsock_uds_within, VsockConnectError};

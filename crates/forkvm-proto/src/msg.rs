@@ -42,6 +42,52 @@ pub enum Request {
     Signal(SignalRequest),
     /// Sync and reset the guest (or exit the agent when it is not PID 1).
     Shutdown,
+    /// Watch a directory (inotify): `Watch` frames until the host sends `End` or the
+    /// directory goes away; see [`WatchRequest`].
+    Watch(WatchRequest),
+}
+
+/// A `watch` request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchRequest {
+    /// The directory to watch.
+    pub path: String,
+    /// Also watch every directory below it, including ones created while it is watched.
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+/// What happened to an entry of a watched directory (the kinds E2B's envd reports).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChangeKind {
+    /// Created, or moved in.
+    Create,
+    /// Its contents were written.
+    Write,
+    /// Removed.
+    Remove,
+    /// Moved away (its new name, when still watched, arrives as a `Create`).
+    Rename,
+    /// Its permissions, owner or times changed.
+    Chmod,
+}
+
+/// Payload of a `Watch` frame, agent → host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum WatchMessage {
+    /// The watch is in place: every change from now on is reported. Always the first.
+    Armed {
+        /// Directories watched (1 unless recursive).
+        directories: u32,
+    },
+    /// One change. `path` is relative to the watched directory.
+    Change { kind: ChangeKind, path: String },
+    /// The kernel's event queue overflowed: changes were lost since the last message.
+    Overflow,
+    /// Nothing happened for a while; the watch is alive.
+    Keepalive,
 }
 
 /// What to run.

@@ -35,6 +35,7 @@ pub mod template_snapshot;
 pub mod template_start;
 pub mod vector_guard;
 pub mod verbs;
+pub mod watch_view;
 
 pub use artifacts::{Artifacts, ArtifactsError};
 pub use chain_ops::{branch_diff, snapshot_diff, ChainOpError, DiffStep, SnapshotDiffReport};

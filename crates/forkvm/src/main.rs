@@ -59,6 +59,8 @@ enum Command {
     Exec(sandbox_cmd::ExecArgs),
     /// Evaluate Python in a running sandbox's warm interpreter.
     Eval(sandbox_cmd::EvalArgs),
+    /// Print a directory's changes in a running sandbox, one JSON line each, as they happen.
+    Watch(sandbox_cmd::WatchArgs),
     /// Snapshot a running sandbox under a new tag (full or live).
     Branch(sandbox_cmd::BranchArgs),
     /// Run one command in a fresh Linux sandbox and exit with its status.
@@ -163,6 +165,7 @@ fn main() {
         Command::Kill(a) => sandbox_cmd::kill(a, remote),
         Command::Sweep(a) => sandbox_cmd::sweep(a),
         Command::Exec(a) => sandbox_cmd::exec(a, remote),
+        Command::Watch(a) => sandbox_cmd::watch(a, remote),
         Command::Eval(a) => sandbox_cmd::eval(a, remote),
         Command::Branch(a) => sandbox_cmd::branch(a, remote),
         Command::Image(a) => image_cmd::run(a),

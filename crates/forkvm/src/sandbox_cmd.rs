@@ -39,6 +39,19 @@ pub struct ExecArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct WatchArgs {
+    pub id: String,
+    /// Absolute path of a directory in the sandbox.
+    pub path: String,
+    /// Also watch every directory below it, including ones made while it runs.
+    #[arg(long, short = 'r')]
+    pub recursive: bool,
+    /// Stop after this many changes (default: until interrupted or the directory goes).
+    #[arg(long)]
+    pub count: Option<u64>,
+}
+
+#[derive(Args, Debug)]
 pub struct EvalArgs {
     pub id: String,
     /// Python code for the sandbox's warm interpreter.
@@ -201,6 +214,36 @@ pub fn exec(a: ExecArgs, remote: &RemoteArgs) -> Result<i32> {
         eprintln!("forkvm: the command timed out after {EXEC_TIMEOUT_SECS} s");
     }
     Ok(exit.exit_code)
+}
+
+/// Prints the watch's lines (`GET .../files/watch`'s NDJSON) as they come: `armed`
+/// first, then each change; keepalives are not printed. Ends after `--count` changes, or
+/// with the `end` line when the directory goes away.
+pub fn watch(a: WatchArgs, remote: &RemoteArgs) -> Result<i32> {
+    use forkvm_client::api::WatchEvent;
+    let mut out = std::io::stdout().lock();
+    let mut changes = 0u64;
+    let mut write_error = None;
+    let ended = backend::open(remote)?.watch(&a.id, &a.path, a.recursive, &mut |event| {
+        if matches!(event, WatchEvent::Keepalive) {
+            return true;
+        }
+        let counted = matches!(event, WatchEvent::Change { .. } | WatchEvent::Overflow);
+        let line = serde_json::to_string(&event).unwrap_or_default();
+        if let Err(e) = writeln!(out, "{line}").and_then(|()| out.flush()) {
+            write_error.get_or_insert(e);
+            return false;
+        }
+        changes += u64::from(counted);
+        a.count.is_none_or(|n| changes < n)
+    })?;
+    if let Some(e) = write_error {
+        return Err(e).context("writing the watch's lines");
+    }
+    if let Some(reason) = ended {
+        writeln!(out, "{}", serde_json::to_string(&WatchEvent::End { reason })?)?;
+    }
+    Ok(0)
 }
 
 pub fn eval(a: EvalArgs, remote: &RemoteArgs) -> Result<i32> {

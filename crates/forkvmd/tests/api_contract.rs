@@ -19,7 +19,11 @@ fn uri(path: &str, subject: &str, name: RouteName) -> String {
     let p =
         path.replace("{id}", subject).replace("{tag}", subject).replace("{name}", subject).replace("{port}", "8000");
     match name {
-        RouteName::ReadFile | RouteName::WriteFile | RouteName::RemoveFile | RouteName::ListFiles => {
+        RouteName::ReadFile
+        | RouteName::WriteFile
+        | RouteName::RemoveFile
+        | RouteName::ListFiles
+        | RouteName::WatchFiles => {
             format!("{p}?path=/tmp/x")
         }
         _ => p,

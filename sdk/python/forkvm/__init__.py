@@ -26,6 +26,7 @@ from .errors import (
 )
 from .sandbox import Commands, Files, Network, Sandbox
 from .transport import Endpoint, default_socket_path, resolve_endpoint
+from .watch import FileChange, FileWatch
 from .types import (
     DiskSnapshotDisk,
     DiskSnapshotInfo,
@@ -87,7 +88,9 @@ __all__ = [
     "NetworkPolicy",
     "VmmJail",
     "ExposedPort",
+    "FileChange",
     "FileEntry",
+    "FileWatch",
     "FileWritten",
     "Pong",
     "VersionInfo",

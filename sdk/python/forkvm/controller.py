@@ -20,6 +20,7 @@ import httpx
 from .errors import ConnectionFailed, ProtocolError, error_from_response
 from .streaming import OutputCallback, collect_exec_events
 from .tcp import open_tcp
+from .watch import FileWatch
 from .transport import Endpoint, make_client, quote_segment, resolve_endpoint, resolve_token
 from .types import (
     ArchiveReport,
@@ -738,6 +739,16 @@ class Controller:
         """``GET /v1/sandboxes/{id}/files/list?path=``: a directory's entries."""
         resp = self._request("GET", _sb(sandbox_id, "files", "list"), params={"path": path})
         return parse_list(FileEntry, self._json(resp), "files")
+
+    def watch_files(self, sandbox_id: str, path: str, *, recursive: bool = False) -> FileWatch:
+        """``GET /v1/sandboxes/{id}/files/watch?path=``: the changes below the directory
+        ``path``, as they happen. Returns once the watch is in place, so every change
+        made after this call is reported; iterate it for :class:`FileChange` records and
+        close it (or use it in a ``with`` block) to end the watch."""
+        params = {"path": path}
+        if recursive:
+            params["recursive"] = "true"
+        return FileWatch(self._client, _sb(sandbox_id, "files", "watch"), params, str(self.endpoint))
 
 
 #: The I/O caps a request's ``io_limits`` may hold.

@@ -16,6 +16,7 @@ import httpx
 from .controller import Controller, NetworkPolicyLike
 from .errors import EvalError, NotFound
 from .streaming import OutputCallback
+from .watch import FileWatch
 from .types import (
     ArchiveReport,
     ExposedPort,
@@ -111,6 +112,11 @@ class Files:
     def remove(self, path: str, recursive: bool = False) -> None:
         """Removes the file (or, with ``recursive``, the directory tree) at ``path``."""
         self._sb.controller.remove_file(self._sb.id, path, recursive=recursive)
+
+    def watch(self, path: str, recursive: bool = False) -> "FileWatch":
+        """The changes below the directory ``path`` from now on (see
+        :meth:`Controller.watch_files`): ``for change in sandbox.files.watch("/work"):``."""
+        return self._sb.controller.watch_files(self._sb.id, path, recursive=recursive)
 
 
 class Network:

@@ -170,6 +170,34 @@ def test_files_round_trip(sb: Sandbox) -> None:
         sb.files.list("/tmp/sdk")
 
 
+def test_watch_reports_exactly_the_changes_in_order(sb: Sandbox) -> None:
+    sb.files.write("/tmp/watched/sub/keep", b"")
+    with sb.files.watch("/tmp/watched", recursive=True) as w:
+        assert w.directories == 2
+        # One command makes every change, so the order is the guest's.
+        sb.commands.run(
+            "cd /tmp/watched && for f in a b c; do : > $f; done && for f in a b c; do echo x >> $f; done"
+            " && rm a b c && mv sub/keep sub/kept && chmod 600 sub/kept"
+        )
+        changes = []
+        for change in w:
+            changes.append((change.kind, change.path))
+            if len(changes) == 12:
+                break
+    assert changes == [
+        ("create", "a"), ("create", "b"), ("create", "c"),
+        ("write", "a"), ("write", "b"), ("write", "c"),
+        ("remove", "a"), ("remove", "b"), ("remove", "c"),
+        ("rename", "sub/keep"), ("create", "sub/kept"), ("chmod", "sub/kept"),
+    ]
+    # The watch ended with the connection: the agent answers at once.
+    assert sb.commands.run("true").exit_code == 0
+    with pytest.raises(NotFound):
+        sb.files.watch("/tmp/no-such-dir")
+    with pytest.raises(BadRequest):
+        sb.files.watch("/tmp/watched/sub/kept")
+
+
 # --- eval ------------------------------------------------------------------------------
 
 

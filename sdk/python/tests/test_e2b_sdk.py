@@ -170,6 +170,36 @@ def test_a_background_command_has_a_pid_and_dies_by_kill(sbx: "e2b.Sandbox") -> 
     assert sbx.commands.kill(h.pid) is False, "a process that is gone is not found"
 
 
+def test_watch_dir_reports_the_changes_in_order(sbx: "e2b.Sandbox") -> None:
+    from e2b.sandbox.filesystem.watch_handle import FilesystemEventType as T
+
+    sbx.files.make_dir("watched/sub")
+    h = sbx.files.watch_dir("watched", recursive=True)
+    try:
+        # One command for all of them: the order is the guest's.
+        sbx.commands.run(
+            "cd watched && for f in a b c; do : > $f; done && for f in a b c; do echo x >> $f; done && rm a b c"
+            " && : > sub/deep"
+        )
+        events = []
+        deadline = time.monotonic() + 60
+        while len(events) < 10 and time.monotonic() < deadline:
+            events += [(e.type, e.name) for e in h.get_new_events()]
+            time.sleep(0.2)
+        assert events == [
+            (T.CREATE, "a"), (T.CREATE, "b"), (T.CREATE, "c"),
+            (T.WRITE, "a"), (T.WRITE, "b"), (T.WRITE, "c"),
+            (T.REMOVE, "a"), (T.REMOVE, "b"), (T.REMOVE, "c"),
+            (T.CREATE, "sub/deep"),
+        ]
+    finally:
+        h.stop()
+    with pytest.raises(e2b.SandboxException):
+        h.get_new_events()
+    with pytest.raises(e2b.NotFoundException):
+        sbx.files.watch_dir("no/such/dir")
+
+
 def test_pause_then_connect_keeps_processes_and_files(forkvm_e2b: Daemon) -> None:
     s = e2b.Sandbox.create("base", timeout=120)
     try:

@@ -577,6 +577,7 @@ def _pack_file(data: bytes) -> str:
 WS = {"id": "ws-ID", "name": "NAME", "source_snapshot_tag": "TAG", "status": "running",
       "live_sandbox_id": "ID", "created_at_unix": 1, "last_active_unix": 2, "sandbox_id": "ID"}
 ENTRY = {"name": "a", "type": "file", "size": 1, "mode": 420, "mtime_unix_ns": 0}
+WATCH = b'{"type":"armed","directories":1}\n{"type":"keepalive"}\n{"type":"end","reason":"gone"}\n'
 STREAM = b'{"type":"exit","exit_code":0,"signal":null,"timed_out":false,"duration_ms":1}\n'
 
 # route name in routes.rs -> (canned JSON reply, call through the Controller)
@@ -606,6 +607,7 @@ CALLS: Dict[str, Tuple[Any, Callable[[Controller], Any]]] = {
     "WriteFile": ({"path": "/a", "bytes": 1}, lambda c: c.write_file("ID", "/a", b"x")),
     "RemoveFile": (None, lambda c: c.remove_file("ID", "/a")),
     "ListFiles": ([ENTRY], lambda c: c.list_files("ID", "/")),
+    "WatchFiles": (WATCH, lambda c: list(c.watch_files("ID", "/"))),
     "TakeDiskSnapshot": (None, lambda c: c.disk_snapshot("ID")),
     "ListDiskSnapshots": (None, lambda c: c.list_disk_snapshots("ID")),
     "ListWorkspaces": ([WS], lambda c: c.list_workspaces()),
@@ -648,6 +650,42 @@ def test_every_route_is_covered(server: TcpServer, client: Controller) -> None:
         call(client)
         got_method, raw, _, _ = server.requests[-1]
         assert (got_method, raw.split("?", 1)[0]) == (method, path), name
+
+
+# --- file watching ------------------------------------------------------------------
+
+
+def test_a_watch_yields_changes_and_ends_or_raises_as_its_lines_say(server: TcpServer, client: Controller) -> None:
+    from forkvm import FileChange, ForkvmError, ProtocolError
+
+    route = ("GET", "/v1/sandboxes/ID/files/watch")
+    lines = [
+        {"type": "armed", "directories": 3},
+        {"type": "change", "kind": "create", "path": "a/b"},
+        {"type": "keepalive"},
+        {"type": "overflow"},
+        {"type": "something-newer"},
+        {"type": "change", "kind": "remove", "path": "a/b"},
+        {"type": "end", "reason": "gone"},
+    ]
+    server.routes[route] = _fixed(200, "application/x-ndjson", b"".join(json.dumps(x).encode() + b"\n" for x in lines))
+    w = client.watch_files("ID", "/w", recursive=True)
+    assert w.directories == 3
+    assert server.requests[-1][1] == "/v1/sandboxes/ID/files/watch?path=%2Fw&recursive=true"
+    assert list(w) == [FileChange("create", "a/b"), FileChange("overflow", ""), FileChange("remove", "a/b")]
+
+    server.routes[route] = _fixed(200, "application/x-ndjson", b'{"type":"armed","directories":1}\n{"type":"error","error":"agent: gone"}\n')
+    with client.watch_files("ID", "/w") as w, pytest.raises(ForkvmError, match="agent: gone"):
+        list(w)
+    server.routes[route] = _fixed(200, "application/x-ndjson", b'{"type":"change","kind":"create","path":"x"}\n')
+    with pytest.raises(ProtocolError, match="armed"):
+        client.watch_files("ID", "/w")
+    server.routes[route] = _fixed(200, "application/x-ndjson", b'{"type":"armed","directories":1}\n')
+    with pytest.raises(ProtocolError, match="without an `end`"):
+        list(client.watch_files("ID", "/w"))
+    server.routes[route] = _json_reply(404, {"error": "sandbox ID: watch /w: No such file", "code": "not_found"})
+    with pytest.raises(NotFound):
+        client.watch_files("ID", "/w")
 
 
 # --- snapshot chains ------------------------------------------------------------------

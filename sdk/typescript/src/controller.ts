@@ -42,6 +42,8 @@ export type BodyLike = Uint8Array | string | ReadableStream<Uint8Array> | NodeJS
 
 /** Seconds added to a command's own timeout before the request gives up. */
 const EXEC_GRACE_MS = 30_000;
+/** A watch has no end of its own: the longest a fetch signal allows (24 days). */
+const WATCH_MAX_MS = 2_147_483_647;
 
 const sb = (id: string, ...rest: string[]) => ["/v1/sandboxes", quoteSegment(id), ...rest].join("/");
 const snap = (tag: string, ...rest: string[]) => ["/v1/snapshots", quoteSegment(tag), ...rest].join("/");
@@ -304,6 +306,19 @@ export class Controller {
   /** `GET /v1/sandboxes/{id}/files/list`. */
   listFiles(id: string, path: string): Promise<T.FileEntry[]> {
     return this.#json("GET", sb(id, "files", "list"), { query: { path } });
+  }
+
+  /**
+   * `GET /v1/sandboxes/{id}/files/watch`: the changes below the directory `path` as they
+   * happen. The first event is `armed`: every change made after it is reported. Then
+   * `change` events, a `keepalive` after 5 s without one, and `end` or `error` last.
+   * Stopping the iteration (`break`) closes the connection, which ends the watch.
+   */
+  async *watchFiles(id: string, path: string, opts: { recursive?: boolean } = {}): AsyncGenerator<T.WatchEvent> {
+    const query = { path, recursive: opts.recursive || undefined };
+    const resp = await this.#request("GET", sb(id, "files", "watch"), { query, timeoutMs: WATCH_MAX_MS });
+    if (!resp.body) throw new ProtocolError(`watching ${path}: no body`);
+    for await (const event of ndjson(resp.body as ReadableStream<Uint8Array>)) yield event as T.WatchEvent;
   }
 
   // --- disks and lifecycle ----------------------------------------------------------

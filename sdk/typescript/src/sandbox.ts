@@ -112,6 +112,11 @@ export class Files {
   remove(path: string, opts: { recursive?: boolean } = {}): Promise<void> {
     return this.sb.controller.removeFile(this.sb.id, path, opts);
   }
+
+  /** The changes below the directory `path` (`armed` first; `break` to stop): see `Controller.watchFiles`. */
+  watch(path: string, opts: { recursive?: boolean } = {}): AsyncGenerator<T.WatchEvent> {
+    return this.sb.controller.watchFiles(this.sb.id, path, opts);
+  }
 }
 
 export class Sandbox {

@@ -388,6 +388,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/files/watch": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Watch a directory's changes (NDJSON stream) */
+        get: operations["watch_files"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{id}/disk-snapshots": {
         parameters: {
             query?: never;
@@ -1285,6 +1302,66 @@ export interface components {
             /** Format: int64 */
             bytes: number;
         };
+        /** @description The watch is in place: every change from now on is reported. */
+        WatchEventArmed: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "armed";
+            /**
+             * Format: uint32
+             * @description Directories watched (1 unless recursive).
+             */
+            directories: number;
+        };
+        /** @description One change; `path` is relative to the watched directory. */
+        WatchEventChange: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "change";
+            /** @enum {string} */
+            kind: "create" | "write" | "remove" | "rename" | "chmod";
+            path: string;
+        };
+        /** @description Nothing changed for a while; the watch is alive. */
+        WatchEventKeepalive: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "keepalive";
+        };
+        /** @description The guest kernel's event queue overflowed: changes were lost; the watch goes on. */
+        WatchEventOverflow: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "overflow";
+        };
+        /** @description The watched directory went away; the last line. */
+        WatchEventEnd: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "end";
+            reason: string;
+        };
+        /** @description The watch failed; the last line. */
+        WatchEventError: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "error";
+            error: string;
+        };
+        /** @description forkvm: one line of `GET /v1/sandboxes/{id}/files/watch` (NDJSON). */
+        WatchEvent: components["schemas"]["WatchEventArmed"] | components["schemas"]["WatchEventChange"] | components["schemas"]["WatchEventKeepalive"] | components["schemas"]["WatchEventOverflow"] | components["schemas"]["WatchEventEnd"] | components["schemas"]["WatchEventError"];
         /** @description The guest agent's reply to ping (type `Pong` of forkvm-proto), plus forkd's fields (`pong`, `agent_lang`, `warmup_ready`). */
         Pong: {
             /** @description The guest agent's version. */
@@ -2599,6 +2676,45 @@ export interface operations {
                 };
             };
             /** @description Path not absolute, or not a directory. */
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            /** @description No such sandbox or directory. */
+            404: components["responses"]["NotFound"];
+            500: components["responses"]["Internal"];
+        };
+    };
+    watch_files: {
+        parameters: {
+            query: {
+                /** @description Absolute path of a directory inside the sandbox. */
+                path: string;
+                /** @description Also watch every directory below it, including ones created while it is watched. */
+                recursive?: boolean;
+            };
+            header?: never;
+            path: {
+                /** @description Sandbox id: 1 to 64 ASCII letters, digits, `-` or `_`. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description NDJSON: one WatchEvent per line. `armed` first (every change after it is reported), then changes as the guest sees them, a `keepalive` after 5 s without one; `end` or `error` last when the watch ends on the sandbox's side. The watch stops when the client closes the connection. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {"type":"armed","directories":1}
+                     *     {"type":"change","kind":"create","path":"a.txt"}
+                     *     {"type":"change","kind":"write","path":"a.txt"}
+                     */
+                    "application/x-ndjson": components["schemas"]["WatchEvent"];
+                };
+            };
+            /** @description Path not absolute, not a directory, or a sandbox whose agent predates watching. */
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             /** @description No such sandbox or directory. */

@@ -27,6 +27,7 @@ export type ExecEventStderr = S["ExecEventStderr"];
 export type ExecEventExit = S["ExecEventExit"];
 export type ExecEventError = S["ExecEventError"];
 export type ExecEvent = S["ExecEvent"];
+export type WatchEvent = S["WatchEvent"];
 export type EvalRequest = S["EvalRequest"];
 export type EvalResponse = S["EvalResponse"];
 export type FileEntry = S["FileEntry"];

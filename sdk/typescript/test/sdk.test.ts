@@ -60,6 +60,21 @@ describe("against a real daemon", { skip: haveDaemonBinary() ? false : "no forkv
     await assert.rejects(sb.files.read("/tmp/ts/t.txt"), NotFound);
   });
 
+  it("watches a directory: armed first, then exactly its changes in order", async () => {
+    await sb.files.write("/tmp/tsw/keep", "");
+    const watch = sb.files.watch("/tmp/tsw");
+    const first = await watch.next();
+    assert.deepEqual(first.value, { type: "armed", directories: 1 });
+    await sb.commands.run("cd /tmp/tsw && : > n && echo x >> n && rm n keep");
+    const changes: string[] = [];
+    for await (const ev of watch) {
+      if (ev.type === "change") changes.push(`${ev.kind} ${ev.path}`);
+      if (changes.length === 4) break;
+    }
+    assert.deepEqual(changes, ["create n", "write n", "remove n", "remove keep"]);
+    await assert.rejects(async () => { for await (const _ of sb.files.watch("/tmp/no-such-dir")) void _; }, NotFound);
+  });
+
   it("evals in the warm interpreter and throws the guest's exception", async () => {
     assert.equal(await sb.eval("int(np.arange(4).sum())"), "6");
     await assert.rejects(sb.eval("1/0"), (e: unknown) => e instanceof EvalError && /ZeroDivisionError/.test(e.message) && /Traceback/.test(e.traceback));

@@ -112,6 +112,7 @@ const CALLS: Record<string, [unknown, (c: Controller) => Promise<unknown>]> = {
   WriteFile: [{ path: "/a", bytes: 1 }, (c) => c.writeFile("ID", "/a", "x")],
   RemoveFile: [null, (c) => c.removeFile("ID", "/a")],
   ListFiles: [[], (c) => c.listFiles("ID", "/")],
+  WatchFiles: [{ type: "end", reason: "gone" }, async (c) => { for await (const _ of c.watchFiles("ID", "/")) void _; }],
   TakeDiskSnapshot: [{}, (c) => c.diskSnapshot("ID")],
   ListDiskSnapshots: [[], (c) => c.listDiskSnapshots("ID")],
   ArchiveSandbox: [{}, (c) => c.archiveSandbox("ID")],

@@ -5,7 +5,7 @@ use crate::remote_cmd::Spinner;
 use anyhow::{bail, Result};
 use forkvm_client::api::{
     ArchiveReport, BranchSandboxRequest, CreateSandboxRequest, EvalResponse, ExecEvent, ExecRequest,
-    ForkSandboxRequest, NetworkPolicy, RestoreRequest, SandboxInfo, SnapshotInfo, MAX_SANDBOXES_PER_CALL,
+    ForkSandboxRequest, NetworkPolicy, RestoreRequest, SandboxInfo, SnapshotInfo, WatchEvent, MAX_SANDBOXES_PER_CALL,
 };
 use forkvm_client::{Client, ExecExit};
 
@@ -115,6 +115,16 @@ impl Backend for Daemon {
             ExecEvent::Stderr { data } => out(Output::Stderr, data.as_bytes()),
             _ => {}
         })?)
+    }
+
+    fn watch(
+        &self,
+        id: &str,
+        path: &str,
+        recursive: bool,
+        on_event: &mut dyn FnMut(WatchEvent) -> bool,
+    ) -> Result<Option<String>> {
+        Ok(self.client.watch_files(id, path, recursive, on_event)?)
     }
 
     fn endpoint(&self) -> Option<String> {

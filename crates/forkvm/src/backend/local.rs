@@ -6,6 +6,7 @@ use super::{Backend, HostTimings, NewFrom, NotFound, Output, Started};
 use anyhow::{anyhow, bail, Context, Result};
 use forkvm_client::api::{
     ArchiveReport, BranchSandboxRequest, EvalResponse, ExecRequest, NetworkPolicy, SandboxInfo, SnapshotInfo,
+    WatchEvent,
 };
 use forkvm_client::ExecExit;
 use forkvm_sandbox::exec_view::{agent_request, exit_code, not_started};
@@ -193,6 +194,33 @@ impl Backend for Local {
         };
         self.learn_after_first_call(id);
         Ok(exit)
+    }
+
+    fn watch(
+        &self,
+        id: &str,
+        path: &str,
+        recursive: bool,
+        on_event: &mut dyn FnMut(WatchEvent) -> bool,
+    ) -> Result<Option<String>> {
+        let client = forkvm_sandbox::verbs::agent(&self.registry, id)?;
+        let req = forkvm_proto::WatchRequest { path: path.into(), recursive };
+        let (mut stream, directories) =
+            client.watch(&req).with_context(|| format!("watching {path} in sandbox {id}"))?;
+        if !on_event(WatchEvent::Armed { directories }) {
+            return Ok(None);
+        }
+        loop {
+            match stream.recv().with_context(|| format!("watching {path} in sandbox {id}"))? {
+                Some(m) => {
+                    if !on_event(forkvm_sandbox::watch_view::event(m)) {
+                        // Dropping the stream closes the connection: the watch ends.
+                        return Ok(None);
+                    }
+                }
+                None => return Ok(Some(forkvm_sandbox::watch_view::GONE.into())),
+            }
+        }
     }
 
     fn sweep(&self) {

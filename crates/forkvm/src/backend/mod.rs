@@ -13,6 +13,7 @@ use crate::remote_cmd::RemoteArgs;
 use anyhow::Result;
 use forkvm_client::api::{
     ArchiveReport, BranchSandboxRequest, EvalResponse, ExecRequest, NetworkPolicy, SandboxInfo, SnapshotInfo,
+    WatchEvent,
 };
 use forkvm_client::ExecExit;
 use serde::Serialize;
@@ -50,6 +51,16 @@ pub trait Backend {
     /// Runs `req` in sandbox `id`, handing its output to `out` as it comes; how it ended
     /// (a program that could not be started ends with 127 or 126, as in a shell).
     fn exec(&self, id: &str, req: &ExecRequest, out: &mut dyn FnMut(Output, &[u8])) -> Result<ExecExit>;
+    /// Watches directory `path` in sandbox `id`, handing each line (`armed` first) to
+    /// `on_event` until it returns `false` (`Ok(None)`) or the sandbox ends the watch
+    /// (`Ok(Some(reason))`; a failure is an error).
+    fn watch(
+        &self,
+        id: &str,
+        path: &str,
+        recursive: bool,
+        on_event: &mut dyn FnMut(WatchEvent) -> bool,
+    ) -> Result<Option<String>>;
     /// The daemon's endpoint; `None` for this host.
     fn endpoint(&self) -> Option<String> {
         None

@@ -123,6 +123,8 @@ pub struct E2b {
     pub config: Arc<E2bConfig>,
     /// The processes envd started that still run.
     pub processes: envd::process::Processes,
+    /// The polled file-system watchers envd's clients created.
+    pub watchers: envd::watch::Watchers,
 }
 
 /// Starts the configured listeners and the lifetime tick; returns their addresses. The
@@ -147,7 +149,7 @@ pub async fn start(
         None => None,
     };
     let scheme = if tls.is_some() { "https" } else { "http" };
-    let e2b = E2b { app, config: Arc::new(config), processes: Default::default() };
+    let e2b = E2b { app, config: Arc::new(config), processes: Default::default(), watchers: Default::default() };
     let mut bound = Vec::new();
     for (addr, router, what) in [
         (e2b.config.api, control::router(e2b.clone()), "E2B API"),

@@ -11,6 +11,7 @@ pub mod ports;
 pub mod run;
 pub mod sandboxes;
 pub mod snapshots;
+pub mod watch;
 pub mod workspaces;
 
 use crate::error::ApiError;
@@ -48,6 +49,7 @@ fn handler(name: RouteName, filter: MethodFilter) -> MethodRouter<AppState> {
         RouteName::WriteFile => on(filter, files::write),
         RouteName::RemoveFile => on(filter, files::remove),
         RouteName::ListFiles => on(filter, files::list),
+        RouteName::WatchFiles => on(filter, watch::watch),
         RouteName::TakeDiskSnapshot => on(filter, disk::take),
         RouteName::ListDiskSnapshots => on(filter, disk::list),
         RouteName::ArchiveSandbox => on(filter, sandboxes::archive),

@@ -28,6 +28,15 @@ try {
   const entries = await sbx.files.list('js')
   assert.deepEqual(entries.map((e) => [e.name, e.path]), [['hello.txt', '/home/user/js/hello.txt']])
 
+  step('files.watchDir')
+  await sbx.files.makeDir('jsw')
+  const seen = []
+  const watch = await sbx.files.watchDir('jsw', (e) => seen.push([e.type, e.name]))
+  await sbx.commands.run('cd jsw && : > x && echo y >> x && rm x')
+  for (let i = 0; i < 300 && seen.length < 3; i++) await new Promise((r) => setTimeout(r, 200))
+  await watch.stop()
+  assert.deepEqual(seen, [['create', 'x'], ['write', 'x'], ['remove', 'x']])
+
   step('background command and kill')
   const h = await sbx.commands.run('sleep 120', { background: true })
   assert.ok(h.pid > 1)

@@ -1,7 +1,6 @@
 //! `filesystem.Filesystem`: Stat, ListDir, MakeDir, Move and Remove through the agent's
 //! file requests, paths resolved against the call's user's home, directories made
-//! owned by that user. Watching (WatchDir and the watcher calls) answers
-//! `unimplemented` until the agent watches (inotify).
+//! owned by that user. Watching (WatchDir and the watcher calls) is [`super::watch`].
 
 use super::{open, Call};
 use crate::e2b::connect::{self, RpcError};
@@ -131,9 +130,7 @@ pub async fn serve(e2b: E2b, rec: E2bSandbox, user: String, rpc: &str, req: Requ
         Err(e) => return e.into_response(),
     };
     if matches!(rpc, "WatchDir" | "CreateWatcher" | "GetWatcherEvents" | "RemoveWatcher") {
-        let e =
-            RpcError::unimplemented(format!("filesystem.Filesystem/{rpc}: watching is not served yet (docs/e2b.md)"));
-        return if rpc == "WatchDir" { connect::stream_error(e) } else { e.into_response() };
+        return super::watch::serve(e2b, rec, user, rpc, body).await;
     }
     let call = match open(&e2b, &rec, user).await {
         Ok(c) => c,

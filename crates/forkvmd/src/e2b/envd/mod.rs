@@ -4,8 +4,9 @@
 //!
 //! - [`process`]: `process.Process` (Start, Connect, List, SendSignal; the rest answer
 //!   `unimplemented` until the agent has stdin streams and PTYs);
-//! - [`filesystem`]: `filesystem.Filesystem` (Stat, ListDir, MakeDir, Move, Remove;
-//!   watching is `unimplemented`);
+//! - [`filesystem`]: `filesystem.Filesystem` (Stat, ListDir, MakeDir, Move, Remove);
+//! - [`watch`]: its watching (WatchDir, and the polled CreateWatcher, GetWatcherEvents,
+//!   RemoveWatcher) over the agent's inotify watch;
 //! - [`files`]: `GET /files` (streamed) and `POST /files` (multipart, streamed);
 //! - `GET /health` (204) and `GET /envs` (the sandbox's `envVars`).
 //!
@@ -16,6 +17,7 @@
 pub mod files;
 pub mod filesystem;
 pub mod process;
+pub mod watch;
 
 use super::connect::RpcError;
 use super::records::E2bSandbox;
