@@ -136,7 +136,9 @@ impl BoundedOutput {
     }
 }
 
-fn ndjson_line(e: &ExecEvent) -> bytes::Bytes {
+/// One NDJSON line of a streamed answer (the exec and watch streams); a value that
+/// cannot be encoded becomes an `error` line.
+pub(crate) fn ndjson_line<T: serde::Serialize>(e: &T) -> bytes::Bytes {
     let mut v = serde_json::to_vec(e).unwrap_or_else(|_| b"{\"type\":\"error\",\"error\":\"encoding\"}".to_vec());
     v.push(b'\n');
     bytes::Bytes::from(v)

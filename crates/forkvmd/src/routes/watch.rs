@@ -28,12 +28,6 @@ pub struct WatchArgs {
     recursive: bool,
 }
 
-fn line(e: &WatchEvent) -> bytes::Bytes {
-    let mut v = serde_json::to_vec(e).unwrap_or_else(|_| b"{\"type\":\"error\",\"error\":\"encoding\"}".to_vec());
-    v.push(b'\n');
-    bytes::Bytes::from(v)
-}
-
 pub async fn watch(
     State(s): State<AppState>,
     Param(id): Param,
@@ -61,7 +55,7 @@ pub async fn watch(
     let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(64);
     tokio::task::spawn_blocking(move || {
         let _in_use = in_use;
-        let send = |e: &WatchEvent| tx.blocking_send(line(e)).is_ok();
+        let send = |e: &WatchEvent| tx.blocking_send(super::run::ndjson_line(e)).is_ok();
         if !send(&WatchEvent::Armed { directories }) {
             let _ = stream.stop();
             return;
