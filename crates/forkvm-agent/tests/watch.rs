@@ -40,8 +40,11 @@ fn create_write_and_remove_of_three_files_arrive_in_order() {
     for name in ["a", "b", "c"] {
         std::fs::File::create(format!("{dir}/{name}")).unwrap();
     }
+    // Appends: one write(2) each is one modification (truncating an existing file, as
+    // `fs::write` does, is a modification of its own).
     for name in ["a", "b", "c"] {
-        std::fs::write(format!("{dir}/{name}"), name).unwrap();
+        let mut f = std::fs::OpenOptions::new().append(true).open(format!("{dir}/{name}")).unwrap();
+        std::io::Write::write_all(&mut f, name.as_bytes()).unwrap();
     }
     for name in ["a", "b", "c"] {
         std::fs::remove_file(format!("{dir}/{name}")).unwrap();
