@@ -56,15 +56,7 @@ pub fn run(a: BenchForkRunningArgs) -> Result<i32> {
     }
     let store = Store::open_default();
     let source = SpawnSource::from_tag(&store, &a.tag)?;
-    // A private registry: the bench's sandboxes never mix with the user's.
-    let run_root = std::env::temp_dir().join(format!("forkvm-bench-fork-running-{}", std::process::id()));
-    let registry = Registry::open(&run_root);
-    let result = measure_all(&registry, &source, &a);
-    for row in registry.rows() {
-        let _ = forkvm_sandbox::verbs::kill_record(&registry, &row.record);
-    }
-    let _ = std::fs::remove_dir_all(&run_root);
-    let runs = result?;
+    let runs = crate::util::in_private_registry("fork-running", |registry| measure_all(registry, &source, &a))?;
     let report = json!({
         "bench": "fork-running",
         "command": format!(

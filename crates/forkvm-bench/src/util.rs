@@ -92,6 +92,20 @@ pub fn in_scratch_dir<T>(
     result
 }
 
+/// Runs `measure` with a private registry (the bench's sandboxes never mix with the
+/// user's) in a scratch directory; every sandbox in it is killed afterwards, whatever
+/// happened.
+pub fn in_private_registry<T>(name: &str, measure: impl FnOnce(&forkvm_sandbox::Registry) -> Result<T>) -> Result<T> {
+    in_scratch_dir(None, name, |root| {
+        let registry = forkvm_sandbox::Registry::open(root);
+        let result = measure(&registry);
+        for row in registry.rows() {
+            let _ = forkvm_sandbox::verbs::kill_record(&registry, &row.record);
+        }
+        result
+    })
+}
+
 /// `n` round trips of `exec true` in `sb`, in milliseconds.
 pub fn exec_true_rtts(sb: &Sandbox, n: usize) -> Result<Vec<f64>> {
     let mut rtts = Vec::with_capacity(n);

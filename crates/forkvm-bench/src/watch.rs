@@ -56,14 +56,7 @@ pub fn run(a: BenchWatchArgs) -> Result<i32> {
     }
     let store = Store::open_default();
     let source = SpawnSource::from_tag(&store, &a.tag)?;
-    let run_root = std::env::temp_dir().join(format!("forkvm-bench-watch-{}", std::process::id()));
-    let registry = Registry::open(&run_root);
-    let result = measure(&registry, &source, &a);
-    for row in registry.rows() {
-        let _ = forkvm_sandbox::verbs::kill_record(&registry, &row.record);
-    }
-    let _ = std::fs::remove_dir_all(&run_root);
-    let mut report = result?;
+    let mut report = crate::util::in_private_registry("watch", |registry| measure(registry, &source, &a))?;
     report["bench"] = "watch".into();
     report["command"] = format!(
         "forkvm bench watch --tag {} --watches {} --changes {} --burst {} --json",

@@ -3,7 +3,8 @@
 //! the same thing the same way.
 
 use forkvm_api::WatchEvent;
-use forkvm_proto::{ChangeKind, WatchMessage};
+use forkvm_proto::{ChangeKind, ClientError, WatchMessage, WatchStream};
+use std::io::{Read, Write};
 
 /// The API's name of a change kind.
 pub fn kind_name(k: ChangeKind) -> &'static str {
@@ -29,9 +30,23 @@ pub fn event(m: WatchMessage) -> WatchEvent {
 /// Why a watch whose directory went away ended (its `end` line's reason).
 pub const GONE: &str = "the watched directory went away";
 
-/// The `end` line of a watch whose directory went away.
-pub fn gone() -> WatchEvent {
-    WatchEvent::End { reason: GONE.into() }
+/// Hands `on_event` an armed watch's lines, `armed` first, until it returns `false`
+/// (the watch is then stopped in the guest: `Ok(None)`) or the watch ends there
+/// (`Ok(Some(reason))`).
+pub fn relay<S: Read + Write>(
+    mut stream: WatchStream<S>,
+    directories: u32,
+    on_event: &mut dyn FnMut(WatchEvent) -> bool,
+) -> Result<Option<String>, ClientError> {
+    let mut next = Some(WatchEvent::Armed { directories });
+    while let Some(line) = next {
+        if !on_event(line) {
+            let _ = stream.stop();
+            return Ok(None);
+        }
+        next = stream.recv()?.map(event);
+    }
+    Ok(Some(GONE.into()))
 }
 
 #[cfg(test)]

@@ -205,22 +205,9 @@ impl Backend for Local {
     ) -> Result<Option<String>> {
         let client = forkvm_sandbox::verbs::agent(&self.registry, id)?;
         let req = forkvm_proto::WatchRequest { path: path.into(), recursive };
-        let (mut stream, directories) =
-            client.watch(&req).with_context(|| format!("watching {path} in sandbox {id}"))?;
-        if !on_event(WatchEvent::Armed { directories }) {
-            return Ok(None);
-        }
-        loop {
-            match stream.recv().with_context(|| format!("watching {path} in sandbox {id}"))? {
-                Some(m) => {
-                    if !on_event(forkvm_sandbox::watch_view::event(m)) {
-                        // Dropping the stream closes the connection: the watch ends.
-                        return Ok(None);
-                    }
-                }
-                None => return Ok(Some(forkvm_sandbox::watch_view::GONE.into())),
-            }
-        }
+        let what = || format!("watching {path} in sandbox {id}");
+        let (stream, directories) = client.watch(&req).with_context(what)?;
+        forkvm_sandbox::watch_view::relay(stream, directories, on_event).with_context(what)
     }
 
     fn sweep(&self) {

@@ -37,7 +37,7 @@ pub async fn watch(
         return Err(ApiError::bad_request(format!("path {:?} must be absolute, without NUL bytes", a.path)));
     }
     let id2 = id.clone();
-    let (mut stream, directories, in_use) = s
+    let (stream, directories, in_use) = s
         .blocking(move |s| {
             let (r, in_use) = use_sandbox(&s, &id2)?;
             let c = AgentClient::vsock_uds(r.vsock(), AGENT_PORT);
@@ -55,27 +55,14 @@ pub async fn watch(
     let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(64);
     tokio::task::spawn_blocking(move || {
         let _in_use = in_use;
-        let send = |e: &WatchEvent| tx.blocking_send(super::run::ndjson_line(e)).is_ok();
-        if !send(&WatchEvent::Armed { directories }) {
-            let _ = stream.stop();
-            return;
-        }
-        loop {
-            let last = match stream.recv() {
-                Ok(Some(m)) => {
-                    if send(&watch_view::event(m)) {
-                        continue;
-                    }
-                    // The client went away: end the watch in the guest too.
-                    let _ = stream.stop();
-                    return;
-                }
-                Ok(None) => watch_view::gone(),
-                Err(e) => WatchEvent::Error { error: agent_error(&id, e).message },
-            };
-            send(&last);
-            return;
-        }
+        let mut send = |e: WatchEvent| tx.blocking_send(super::run::ndjson_line(&e)).is_ok();
+        // A client that went away (a failed send) stops the watch in the guest too.
+        let last = match watch_view::relay(stream, directories, &mut send) {
+            Ok(None) => return,
+            Ok(Some(reason)) => WatchEvent::End { reason },
+            Err(e) => WatchEvent::Error { error: agent_error(&id, e).message },
+        };
+        send(last);
     });
     let body = Body::from_stream(futures_util::StreamExt::map(
         tokio_stream::wrappers::ReceiverStream::new(rx),
