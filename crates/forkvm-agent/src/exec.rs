@@ -179,13 +179,16 @@ fn build_program(req: &ExecRequest) -> Result<Program, AgentError> {
             Program::new(vec!["/bin/sh".into(), "-c".into(), OsString::from(script)])
         }
     };
-    for (k, v) in &req.env {
+    // The image's defaults first (an OCI image's Env, WorkingDir, User), the request's
+    // own over them.
+    let defaults = crate::exec_defaults::get();
+    for (k, v) in defaults.env.iter().chain(&req.env) {
         program.env(k, v);
     }
-    if let Some(cwd) = &req.cwd {
+    if let Some(cwd) = req.cwd.as_ref().or(defaults.cwd.as_ref()) {
         program.current_dir(cwd);
     }
-    if let Some(user) = &req.user {
+    if let Some(user) = req.user.as_ref().or(defaults.user.as_ref()) {
         GuestUser::lookup(Path::new("/"), user)?.apply(&mut program);
     }
     program.stdin_piped(req.stdin);

@@ -13,6 +13,7 @@
 //! 4. Bind the listener and [`server::Agent::serve`] forever.
 
 pub mod exec;
+pub mod exec_defaults;
 pub mod files;
 pub mod guest_user;
 pub mod identity;

@@ -4,8 +4,10 @@
 //!   with the config fragment and patches under `crates/forkvm-image/kernel/`, cached by
 //!   the content hash of those inputs, booted as an ELF `vmlinux`.
 //! * [`rootfs`]: root filesystem images built from templates (DESIGN.md §3).
+//! * [`oci`]: OCI images imported as template bases.
 
 pub mod cache_lock;
 pub mod kernel;
+pub mod oci;
 pub mod progress;
 pub mod rootfs;

@@ -66,6 +66,7 @@
 
 mod bytes_hex;
 mod client;
+pub mod exec_defaults;
 mod frame;
 mod msg;
 pub mod trusted_peer;

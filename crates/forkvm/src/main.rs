@@ -17,6 +17,7 @@ mod remote_cmd;
 mod run_cmd;
 mod sandbox_cmd;
 mod snapshot_cmd;
+mod template_cmd;
 mod vm_cmd;
 mod workspace_cmd;
 
@@ -67,6 +68,8 @@ enum Command {
     Run(run_cmd::RunArgs),
     /// Guest kernel and images.
     Image(image_cmd::ImageArgs),
+    /// Templates from what users bring: `forkvm template from-oci IMAGE --name NAME`.
+    Template(template_cmd::TemplateArgs),
     /// Check what this host can run.
     Doctor(doctor::DoctorArgs),
     /// Spawn from a tag, run commands, and save what changed as a diff snapshot over it.
@@ -144,6 +147,11 @@ fn error_chain(e: &anyhow::Error) -> String {
 }
 
 fn main() {
+    // forkvm re-executed to unpack an image's layers in a build's user namespace
+    // (forkvm_image::oci::helper): before anything else, with the umask the build set.
+    if std::env::args_os().nth(1).is_some_and(|a| a == forkvm_image::oci::helper::HELPER_ARG) {
+        std::process::exit(forkvm_image::oci::helper::helper_main());
+    }
     // Everything forkvm writes (memory images, disks, chunks, the daemon's database and
     // audit log, sockets) is its user's alone; image builds set the modes a guest
     // expects explicitly (`forkvm_image::rootfs::build`).
@@ -169,6 +177,7 @@ fn main() {
         Command::Eval(a) => sandbox_cmd::eval(a, remote),
         Command::Branch(a) => sandbox_cmd::branch(a, remote),
         Command::Image(a) => image_cmd::run(a),
+        Command::Template(a) => template_cmd::run(a),
         Command::Doctor(a) => doctor::run(a),
         Command::Daemon(a) => daemon_cmd::run(*a),
         Command::SnapshotDiff(a) => chain_cmd::snapshot_diff(a, remote),

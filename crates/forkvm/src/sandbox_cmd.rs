@@ -33,6 +33,12 @@ pub struct KillArgs {
 #[derive(Args, Debug)]
 pub struct ExecArgs {
     pub id: String,
+    /// Working directory (default: the template's `[exec] cwd`, else the user's home).
+    #[arg(long)]
+    pub cwd: Option<String>,
+    /// An environment variable, `NAME=VALUE` (repeatable; over the template's `[exec] env`).
+    #[arg(long = "env", short = 'e', value_parser = parse_env_var)]
+    pub env: Vec<(String, String)>,
     /// The command and its arguments.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
@@ -195,7 +201,13 @@ pub const EXEC_TIMEOUT_SECS: u64 = forkvm_sandbox::exec_view::MAX_TIMEOUT_SECS;
 /// Streams the command's output as it comes; exits with its code (124 on timeout,
 /// 128 + N for signal N, 127 for a program that is not there).
 pub fn exec(a: ExecArgs, remote: &RemoteArgs) -> Result<i32> {
-    let req = ExecRequest { args: a.command, timeout_secs: EXEC_TIMEOUT_SECS, ..ExecRequest::default() };
+    let req = ExecRequest {
+        args: a.command,
+        timeout_secs: EXEC_TIMEOUT_SECS,
+        cwd: a.cwd,
+        env: a.env.into_iter().collect(),
+        ..ExecRequest::default()
+    };
     let (mut stdout, mut stderr) = (std::io::stdout().lock(), std::io::stderr().lock());
     let mut write_error = None;
     let exit = backend::open(remote)?.exec(&a.id, &req, &mut |stream, chunk| {
@@ -214,6 +226,13 @@ pub fn exec(a: ExecArgs, remote: &RemoteArgs) -> Result<i32> {
         eprintln!("forkvm: the command timed out after {EXEC_TIMEOUT_SECS} s");
     }
     Ok(exit.exit_code)
+}
+
+fn parse_env_var(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("{text:?} is not NAME=VALUE")),
+    }
 }
 
 /// Prints the watch's lines (`GET .../files/watch`'s NDJSON) as they come: `armed`

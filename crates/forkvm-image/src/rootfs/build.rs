@@ -18,6 +18,7 @@ fn builder_version(base: &Base) -> &'static str {
     match base {
         Base::Busybox => "rootfs-2-resolv",
         Base::Debian(_) => "rootfs-4-mmdebstrap-userns-resolv",
+        Base::Oci(_) => "rootfs-oci-1",
     }
 }
 /// Every guest's `/etc/resolv.conf`: the gateway (172.16.0.1, forkvm-sandbox's
@@ -34,6 +35,8 @@ pub(crate) const DIRS: &[&str] = &[
 pub enum RootfsError {
     #[error(transparent)]
     Template(#[from] TemplateError),
+    #[error(transparent)]
+    Oci(#[from] crate::oci::OciError),
     #[error("reading the agent binary {path}: {source} (build it with crates/forkvm-agent/build-static.sh)")]
     Agent { path: PathBuf, source: std::io::Error },
     #[error("{what}: {path} is missing: install it with `apt-get install {package}`")]
@@ -58,6 +61,14 @@ pub enum RootfsError {
 pub(crate) struct Owner {
     pub uid: u32,
     pub gid: u32,
+}
+
+/// What a base's builder made in the work directory (`rootfs.ext4`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Staged {
+    pub size_bytes: u64,
+    /// `[exec] user`, resolved to a name of the image's `/etc/passwd`.
+    pub exec_user: Option<String>,
 }
 
 /// A built image.
@@ -133,18 +144,19 @@ pub fn ensure_image(
         move |source| RootfsError::Stage { dir, step, source }
     };
     std::fs::create_dir_all(&work).map_err(stage_err("creating the work directory"))?;
-    let size = match &template.base {
+    let staged = match &template.base {
         Base::Busybox => build_busybox_image(&agent, template, &work)?,
-        Base::Debian(suite) => super::debian::build_debian_image(suite, template, &agent, &work)?.1,
+        Base::Debian(suite) => super::debian::build_debian_image(suite, template, &agent, &work)?,
+        Base::Oci(manifest) => super::oci_base::build_oci_image(manifest, template, &agent, &work)?,
     };
     let img = BuiltImage {
         name: template.name.clone(),
         key: key.clone(),
         rootfs: dir.join("rootfs.ext4"),
-        size_bytes: size,
+        size_bytes: staged.size_bytes,
         python: template.python.clone(),
         warmup_eval: template.warmup_eval.clone(),
-        user: template.user.clone(),
+        user: template.user.clone().or(staged.exec_user),
         start: template.start.clone(),
         ready: template.ready.clone(),
     };
@@ -230,7 +242,7 @@ pub(crate) fn log_outcome(step: &str, out: std::process::Output, log: &Path) -> 
 
 /// A busybox image: staged and made into ext4 by forkvm itself (no package manager
 /// runs), into `<work>/rootfs.ext4`; returns its size.
-fn build_busybox_image(agent: &[u8], t: &Template, work: &Path) -> Result<u64, RootfsError> {
+fn build_busybox_image(agent: &[u8], t: &Template, work: &Path) -> Result<Staged, RootfsError> {
     let staging = work.join("root");
     let stage_err = |step: &str| {
         let (dir, step) = (work.to_path_buf(), step.to_string());
@@ -241,11 +253,11 @@ fn build_busybox_image(agent: &[u8], t: &Template, work: &Path) -> Result<u64, R
     set_mode(&staging, 0o755).map_err(stage_err("chmod the staging directory"))?;
     require_mkfs()?;
     stage_busybox(&staging)?;
-    stage_common(&staging, agent, t, None)?;
+    let exec_user = stage_common(&staging, agent, t, None)?;
     let size_mib = (tree_size(&staging) * 5 / 4) / (1 << 20) + 16;
     run("mkfs.ext4", &mut mkfs_command(&staging, &work.join("rootfs.ext4"), size_mib), &work.join("mkfs.log"))?;
     std::fs::remove_dir_all(&staging).map_err(stage_err("removing the staging tree"))?;
-    Ok(size_mib << 20)
+    Ok(Staged { size_bytes: size_mib << 20, exec_user })
 }
 
 fn stage_busybox(root: &Path) -> Result<(), RootfsError> {
@@ -289,8 +301,14 @@ fn stage_busybox(root: &Path) -> Result<(), RootfsError> {
 /// Writes the agent, the hostname and the template's files into the staged tree. Every
 /// write resolves its path inside `root` (cap-std): a symbolic link in the tree that
 /// points out of it (a package's absolute link, say) is refused, never followed onto
-/// the host. Each file and directory it makes is `owner`'s.
-pub(crate) fn stage_common(root: &Path, agent: &[u8], t: &Template, owner: Option<Owner>) -> Result<(), RootfsError> {
+/// the host. Each file and directory it makes is `owner`'s. Writes the template's
+/// `[exec]` defaults for the agent; returns their user, resolved to a name.
+pub(crate) fn stage_common(
+    root: &Path,
+    agent: &[u8],
+    t: &Template,
+    owner: Option<Owner>,
+) -> Result<Option<String>, RootfsError> {
     let err = |step: String| {
         let dir = root.to_path_buf();
         move |source| RootfsError::Stage { dir, step, source }
@@ -327,7 +345,31 @@ pub(crate) fn stage_common(root: &Path, agent: &[u8], t: &Template, owner: Optio
         tree.set_permissions(rel, file_mode()).map_err(err(format!("chmod {path}")))?;
         chown_file(&tree, rel, owner).map_err(err(format!("chown {path}")))?;
     }
-    Ok(())
+    if t.exec.is_empty() {
+        return Ok(None);
+    }
+    let user = match t.exec.user.as_deref() {
+        Some(spec) => Some(super::exec_user::resolve(&tree, spec).map_err(|problem| RootfsError::Stage {
+            dir: root.to_path_buf(),
+            step: format!("[exec] user {spec:?}"),
+            source: std::io::Error::other(problem),
+        })?),
+        None => None,
+    };
+    let file = forkvm_proto::exec_defaults::ExecDefaultsFile {
+        env: t.exec.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        cwd: t.exec.cwd.clone(),
+        user: user.clone(),
+    };
+    let rel = forkvm_proto::exec_defaults::EXEC_DEFAULTS_PATH.trim_start_matches('/');
+    if let Some(parent) = Path::new(rel).parent() {
+        create_dirs_owned(&tree, parent, owner).map_err(err("creating /etc/forkvm".into()))?;
+    }
+    let json = serde_json::to_vec_pretty(&file).unwrap_or_default();
+    tree.write(rel, json).map_err(err("writing the exec defaults".into()))?;
+    tree.set_permissions(rel, file_mode()).map_err(err("chmod the exec defaults".into()))?;
+    chown_file(&tree, rel, owner).map_err(err("chown the exec defaults".into()))?;
+    Ok(user)
 }
 
 pub(crate) fn tree_size(dir: &Path) -> u64 {

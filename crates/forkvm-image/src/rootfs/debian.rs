@@ -8,10 +8,10 @@
 //! customize hook runs pip in the finished tree with `/proc`, `/dev` and the host's
 //! resolver set up, inside the same namespaces.
 
-use super::build::{create_dirs_owned, stage_common, tree_size, Owner, RootfsError, DIRS};
+use super::build::{create_dirs_owned, stage_common, tree_size, Owner, RootfsError, Staged, DIRS};
 use super::template::Template;
 use super::userns::{prepare_build_dir, run_confined, IdRange, BUILD_DIR};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 const MMDEBSTRAP: &str = "/usr/bin/mmdebstrap";
@@ -19,12 +19,7 @@ const MERGED_USR_HOOKS: &str = "/usr/share/mmdebstrap/hooks/merged-usr";
 
 /// Builds the ext4 image of a Debian `suite` template into `<work>/rootfs.ext4`, with
 /// the agent in it; returns its size. Logs are left in `work`.
-pub(crate) fn build_debian_image(
-    suite: &str,
-    t: &Template,
-    agent: &[u8],
-    work: &Path,
-) -> Result<(PathBuf, u64), RootfsError> {
+pub(crate) fn build_debian_image(suite: &str, t: &Template, agent: &[u8], work: &Path) -> Result<Staged, RootfsError> {
     if !Path::new(MMDEBSTRAP).exists() {
         return Err(RootfsError::MissingTool { what: "mmdebstrap", path: MMDEBSTRAP, package: "mmdebstrap" });
     }
@@ -39,18 +34,36 @@ pub(crate) fn build_debian_image(
     let mut cmd = mmdebstrap_command(suite, t, &debian_mirror());
     run_confined("mmdebstrap", &mut cmd, ids, &build, &work.join("mmdebstrap.log"))?;
 
-    // Our own writes go in as host root, owned by the range's root so the guest sees 0.
     let root = build.join("root");
-    let owner = Owner { uid: ids.host_base, gid: ids.host_base };
     // Package caches are dead weight in a read-only image.
     let _ = std::fs::remove_dir_all(root.join("var/cache/apt/archives"));
     let _ = std::fs::remove_dir_all(root.join("var/lib/apt/lists"));
+    finish_confined_tree(&build, agent, t, ids, work)
+}
+
+/// The common end of a build whose tree `<build>/root` was made in the user namespace
+/// of `ids`: our directories and files go in as host root, owned by the range's root
+/// so the guest sees 0; `mkfs.ext4` runs in the namespace (so it reads the tree's owners
+/// as the guest will see them) into `<work>/rootfs.ext4`; the tree is removed.
+pub(crate) fn finish_confined_tree(
+    build: &Path,
+    agent: &[u8],
+    t: &Template,
+    ids: IdRange,
+    work: &Path,
+) -> Result<Staged, RootfsError> {
+    let stage_err = |step: &str| {
+        let (dir, step) = (work.to_path_buf(), step.to_string());
+        move |source| RootfsError::Stage { dir, step, source }
+    };
+    let root = build.join("root");
+    let owner = Owner { uid: ids.host_base, gid: ids.host_base };
     let tree = cap_std::fs::Dir::open_ambient_dir(&root, cap_std::ambient_authority())
         .map_err(stage_err("opening the staged tree"))?;
     for d in DIRS {
         create_dirs_owned(&tree, Path::new(d), Some(owner)).map_err(stage_err("creating directories"))?;
     }
-    stage_common(&root, agent, t, Some(owner))?;
+    let exec_user = stage_common(&root, agent, t, Some(owner))?;
 
     let size_mib = (tree_size(&root) * 5 / 4) / (1 << 20) + 16;
     let mut mkfs = super::build::mkfs_command(
@@ -58,15 +71,15 @@ pub(crate) fn build_debian_image(
         &Path::new(BUILD_DIR).join("rootfs.ext4"),
         size_mib,
     );
-    run_confined("mkfs.ext4", &mut mkfs, ids, &build, &work.join("mkfs.log"))?;
+    run_confined("mkfs.ext4", &mut mkfs, ids, build, &work.join("mkfs.log"))?;
     let image = work.join("rootfs.ext4");
     std::fs::rename(build.join("rootfs.ext4"), &image).map_err(stage_err("moving the image out of the build"))?;
     // The cached image is the host user's file, not the range's.
     // SAFETY: geteuid and getegid cannot fail.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
     std::os::unix::fs::chown(&image, Some(uid), Some(gid)).map_err(stage_err("chown the image"))?;
-    std::fs::remove_dir_all(&build).map_err(stage_err("removing the staging tree"))?;
-    Ok((image, size_mib << 20))
+    std::fs::remove_dir_all(build).map_err(stage_err("removing the staging tree"))?;
+    Ok(Staged { size_bytes: size_mib << 20, exec_user })
 }
 
 /// mmdebstrap into `/tmp/root` (the build directory, as the namespace sees it), with

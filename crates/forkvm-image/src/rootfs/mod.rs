@@ -9,6 +9,8 @@
 pub mod build;
 pub mod catalog;
 mod debian;
+mod exec_user;
+mod oci_base;
 pub mod scratch;
 pub mod template;
 pub mod userns;

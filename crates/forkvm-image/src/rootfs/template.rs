@@ -2,7 +2,7 @@
 //!
 //! ```toml
 //! name = "python"
-//! base = "debian:bookworm"          # or "busybox"
+//! base = "debian:bookworm"          # or "busybox", or "oci:sha256:<manifest>" (an imported image)
 //! packages = ["python3-numpy"]      # Debian packages (debian bases only)
 //! pip = []                          # PyPI packages, installed with the image's pip
 //! python = "/usr/bin/python3"       # the agent's warm interpreter
@@ -14,6 +14,10 @@
 //! ready = "test -e /tmp/up"         # retried until it succeeds, then the snapshot is taken
 //! [files]
 //! "/etc/motd" = "hello\n"           # extra files: path = content
+//! [exec]                            # what every exec starts with unless it says otherwise
+//! env = { LANG = "C.UTF-8" }
+//! cwd = "/app"
+//! user = "app"                      # an existing user (a name, uid or uid:gid of the image)
 //! ```
 
 use serde::Deserialize;
@@ -59,7 +63,37 @@ pub struct Template {
     /// snapshot is taken: the service is ready. Without it the snapshot follows `start`.
     #[serde(default)]
     pub ready: Option<String>,
+    /// Defaults of every exec in the template's sandboxes (an OCI image's Env,
+    /// WorkingDir and User): written into the image, applied by the agent.
+    #[serde(default)]
+    pub exec: ExecDefaults,
 }
+
+/// What an exec starts with unless its request says otherwise.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecDefaults {
+    /// Environment variables under the request's own.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Working directory (absolute).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// The user execs run as: a name, a uid, or `user:group` as an image config gives it;
+    /// the build resolves it to a name of the image's `/etc/passwd`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+}
+
+impl ExecDefaults {
+    pub fn is_empty(&self) -> bool {
+        *self == ExecDefaults::default()
+    }
+}
+
+/// The most `[exec] env` variables, and the longest name or value.
+pub const MAX_ENV: usize = 512;
+pub const MAX_ENV_BYTES: usize = 32 << 10;
 
 /// Where a template's `start` service writes its output, in the guest.
 pub const START_LOG: &str = "/tmp/forkvm-start.log";
@@ -91,6 +125,8 @@ pub enum Base {
     Busybox,
     /// A Debian suite, installed with mmdebstrap in a user namespace (`debian.rs`).
     Debian(String),
+    /// An OCI image imported into the blob store (`crate::oci`), by its manifest's digest.
+    Oci(crate::oci::Digest),
 }
 
 impl<'de> Deserialize<'de> for Base {
@@ -101,7 +137,12 @@ impl<'de> Deserialize<'de> for Base {
             Some(("debian", suite)) if !suite.is_empty() && suite.chars().all(|c| c.is_ascii_alphanumeric()) => {
                 Ok(Base::Debian(suite.to_string()))
             }
-            _ => Err(serde::de::Error::custom(format!("base {s:?}: expected \"busybox\" or \"debian:<suite>\""))),
+            Some(("oci", digest)) => crate::oci::Digest::parse(digest).map(Base::Oci).ok_or_else(|| {
+                serde::de::Error::custom(format!("base {s:?}: expected \"oci:sha256:<64 hex digits>\""))
+            }),
+            _ => Err(serde::de::Error::custom(format!(
+                "base {s:?}: expected \"busybox\", \"debian:<suite>\" or \"oci:sha256:<digest>\""
+            ))),
         }
     }
 }
@@ -171,6 +212,9 @@ impl Template {
             if t.base == Base::Busybox {
                 return invalid("user needs a debian base (busybox has no useradd)".into());
             }
+            if matches!(t.base, Base::Oci(_)) {
+                return invalid("an OCI image's user is [exec] user (it must exist in the image)".into());
+            }
             if !is_user_name(u) {
                 return invalid(format!(
                     "user {u:?} must start with a-z or '_' and hold only a-z, 0-9, '_', '-' (32 at most)"
@@ -190,11 +234,47 @@ impl Template {
         if t.ready.is_some() && t.start.is_none() {
             return invalid("ready checks the start service: give start too".into());
         }
+        if let Err(problem) = check_exec_defaults(&t.exec) {
+            return invalid(problem);
+        }
+        if matches!(t.base, Base::Oci(_)) && (!t.packages.is_empty() || !t.pip.is_empty()) {
+            return invalid("an OCI image base installs no packages: put them in the image".into());
+        }
         if t.warmup_eval.is_some() && t.python.is_none() {
             return invalid("warmup_eval needs python = \"/path/to/python3\"".into());
         }
         Ok(t)
     }
+}
+
+/// `[exec]`'s fields are what the agent will apply: plain variable names, values without
+/// NUL, an absolute working directory, a user as an image config writes one.
+fn check_exec_defaults(d: &ExecDefaults) -> Result<(), String> {
+    if d.env.len() > MAX_ENV {
+        return Err(format!("[exec] env has {} variables, at most {MAX_ENV}", d.env.len()));
+    }
+    for (k, v) in &d.env {
+        let name_ok = !k.is_empty() && k.len() <= 256 && !k.contains(['=', '\0']);
+        if !name_ok || v.len() > MAX_ENV_BYTES || v.contains('\0') {
+            return Err(format!(
+                "[exec] env {:?}: a name without '=' or NUL and a value of at most {MAX_ENV_BYTES} bytes without NUL",
+                k.chars().take(64).collect::<String>()
+            ));
+        }
+    }
+    if let Some(cwd) = d.cwd.as_deref().filter(|c| !c.starts_with('/') || c.len() > 4096 || c.contains('\0')) {
+        return Err(format!("[exec] cwd {cwd:?} must be an absolute path"));
+    }
+    if let Some(u) = d.user.as_deref() {
+        let ok = u.split(':').count() <= 2
+            && u.split(':').all(|p| {
+                (1..=32).contains(&p.len()) && p.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
+            });
+        if !ok {
+            return Err(format!("[exec] user {u:?} must be a name or id, optionally with :group"));
+        }
+    }
+    Ok(())
 }
 
 /// Debian policy §5.6.1: lower-case letters, digits, `+`, `-`, `.`; two or more
@@ -245,6 +325,21 @@ mod tests {
     fn bad_templates_are_refused_with_the_reason() {
         let e = |text: &str| Template::parse(text).unwrap_err().to_string();
         assert!(e("name = \"x\"\nbase = \"alpine\"").contains("expected \"busybox\""));
+        assert!(e("name = \"x\"\nbase = \"oci:sha256:../x\"").contains("64 hex digits"));
+        let oci = format!("name = \"x\"\nbase = \"oci:sha256:{}\"\n", "0a".repeat(32));
+        let t = Template::parse(&format!("{oci}[exec]\nenv = {{ A = \"1\" }}\ncwd = \"/app\"\nuser = \"1000:1000\""))
+            .unwrap();
+        assert!(matches!(t.base, Base::Oci(_)));
+        assert_eq!(
+            (t.exec.cwd.as_deref(), t.exec.user.as_deref(), t.exec.env.len()),
+            (Some("/app"), Some("1000:1000"), 1)
+        );
+        assert!(e(&format!("{oci}user = \"app\"")).contains("[exec] user"));
+        assert!(e(&format!("{oci}packages = [\"vim\"]")).contains("installs no packages"));
+        assert!(e(&format!("{oci}[exec]\ncwd = \"app\"")).contains("absolute"));
+        assert!(e(&format!("{oci}[exec]\nuser = \"a b\"")).contains("name or id"));
+        assert!(e(&format!("{oci}[exec]\nenv = {{ \"A=B\" = \"1\" }}")).contains("without '='"));
+        assert!(e(&format!("{oci}[exec]\nsurprise = 1")).contains("unknown field"));
         assert!(e("name = \"x\"\nbase = \"busybox\"\npackages = [\"vim\"]").contains("no package manager"));
         assert!(e("name = \"x\"\nbase = \"busybox\"\nuser = \"user\"").contains("user needs a debian base"));
         assert!(e("name = \"x\"\nbase = \"busybox\"\nready = \"true\"").contains("give start too"));

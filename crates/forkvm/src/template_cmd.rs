@@ -1,0 +1,142 @@
+//! `forkvm template`: templates made from what users bring. `from-oci` imports an OCI
+//! image (layout directory, OCI archive or `docker save` archive) into the image store,
+//! writes the template `<name>.toml` whose base it is, and builds its root filesystem
+//! (and, with `--snapshot`, its template snapshot).
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use forkvm_image::oci::defaults::ImageDefaults;
+use forkvm_image::oci::template_file::{save_template, template_text, TemplateOptions};
+use forkvm_image::progress::ProgressView;
+use forkvm_image::rootfs::Catalog;
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Args, Debug)]
+pub struct TemplateArgs {
+    #[command(subcommand)]
+    pub command: TemplateCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TemplateCommand {
+    /// Make a template from an OCI image: an OCI layout directory (`skopeo copy ...
+    /// oci:DIR`), an OCI archive, or a `docker save` archive (gzip-compressed or not).
+    ///
+    /// The image's layers go into the image store beside the template directory (shared
+    /// layers are stored once); its Env, WorkingDir and User become the template's
+    /// `[exec]` defaults. Layers are unpacked as root of a user namespace on
+    /// unprivileged ids, never as host root; nothing of the image runs on the host.
+    FromOci(FromOciArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct FromOciArgs {
+    /// The image: a layout directory or an archive file.
+    pub source: PathBuf,
+    /// The template's name (a <name>.toml in the template directory).
+    #[arg(long)]
+    pub name: String,
+    /// Run the image's command (Entrypoint + Cmd) as the template's `start` service.
+    #[arg(long, conflicts_with = "start")]
+    pub start_image_command: bool,
+    /// A `start` service (shell command) to run before the template snapshot.
+    #[arg(long)]
+    pub start: Option<String>,
+    /// A `ready` check for the start service (retried until it succeeds).
+    #[arg(long)]
+    pub ready: Option<String>,
+    #[arg(long)]
+    pub vcpus: Option<u8>,
+    #[arg(long)]
+    pub memory_mib: Option<u32>,
+    /// Replace a template of that name.
+    #[arg(long)]
+    pub force: bool,
+    /// Import and write the template only; build nothing.
+    #[arg(long, conflicts_with = "snapshot")]
+    pub no_build: bool,
+    /// Also boot it once into its template snapshot (what sandboxes restore).
+    #[arg(long)]
+    pub snapshot: bool,
+}
+
+pub fn run(a: TemplateArgs) -> Result<i32> {
+    match a.command {
+        TemplateCommand::FromOci(f) => from_oci(f),
+    }
+}
+
+fn from_oci(a: FromOciArgs) -> Result<i32> {
+    let started = Instant::now();
+    let store = forkvm_image::oci::configured_store();
+    let image = forkvm_image::oci::import(&a.source, &store).context("importing the image")?;
+    let import_seconds = started.elapsed().as_secs_f64();
+    let defaults = ImageDefaults::from_config(&image.config);
+    let start = match a.start_image_command {
+        true => Some(defaults.command_line().context("--start-image-command: the image has no Entrypoint or Cmd")?),
+        false => a.start.clone(),
+    };
+    let options = TemplateOptions { start, ready: a.ready.clone(), vcpus: a.vcpus, memory_mib: a.memory_mib };
+    let text = template_text(&a.name, &image, &defaults, &options)?;
+    let catalog = Catalog::configured();
+    let path = save_template(catalog.dir(), &a.name, &text, a.force)?;
+    let mut out = json!({
+        "template": a.name,
+        "file": path,
+        "manifest": image.manifest.to_string(),
+        "layers": image.layers.len(),
+        "new_bytes": image.new_bytes,
+        "shared_bytes": image.shared_bytes,
+        "import_seconds": round(import_seconds),
+        "exec": defaults.exec,
+        "command": defaults.command,
+        "exposed_ports": defaults.exposed_ports,
+    });
+    if !a.no_build {
+        let build_started = Instant::now();
+        let mut view = ProgressView::new();
+        let artifacts = forkvm_sandbox::Artifacts::ensure(&a.name, &mut |e| view.show(&e));
+        view.finish();
+        let artifacts = artifacts?;
+        out["image"] = json!(artifacts.image.rootfs);
+        out["image_bytes"] = json!(artifacts.image.size_bytes);
+        out["build_seconds"] = json!(round(build_started.elapsed().as_secs_f64()));
+        if a.snapshot {
+            let t = forkvm_sandbox::ensure_template_snapshot(artifacts)?;
+            out["snapshot"] = json!(t.dir);
+            out["boot_seconds"] = json!(t.boot_seconds);
+        }
+    }
+    out["seconds"] = json!(round(started.elapsed().as_secs_f64()));
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(0)
+}
+
+fn round(s: f64) -> f64 {
+    (s * 100.0).round() / 100.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(subcommand)]
+        t: TemplateCommand,
+    }
+
+    #[test]
+    fn parses_from_oci() {
+        let c = Cli::try_parse_from(["x", "from-oci", "img.tar", "--name", "web", "--start-image-command"]).unwrap();
+        let TemplateCommand::FromOci(f) = c.t;
+        assert!(f.start_image_command && f.start.is_none() && !f.snapshot);
+        assert!(Cli::try_parse_from(["x", "from-oci", "img.tar"]).is_err(), "--name is required");
+        assert!(Cli::try_parse_from(["x", "from-oci", "i", "--name", "w", "--start", "a", "--start-image-command"])
+            .is_err());
+        assert!(Cli::try_parse_from(["x", "from-oci", "i", "--name", "w", "--start", "s", "--ready", "true"]).is_ok());
+    }
+}
