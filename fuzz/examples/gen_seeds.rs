@@ -69,6 +69,7 @@ fn main() {
     control(&mut c);
     virtio(&mut c);
     rest(&mut c);
+    oci(&mut c, tmp.path());
     x86(&mut c);
     println!("wrote {} seeds under {}", c.count, c.root.display());
 }
@@ -638,6 +639,37 @@ fn rest(c: &mut Corpus) {
     for (name, body) in bodies {
         c.put("rest_bodies", name, body.as_bytes());
     }
+}
+
+// -------------------------------------------------------------------------------- oci
+
+fn oci(c: &mut Corpus, tmp: &Path) {
+    use forkvm_image::oci::writer::{ImageSpec, LayerBuilder};
+    let layer = || {
+        LayerBuilder::new()
+            .dir("etc", 0o755, 0)?
+            .file("etc/a", b"a", 0o644, 0)?
+            .whiteout("etc/a")?
+            .file("opt/x", b"x", 0o644, 1000)?
+            .opaque("opt")?
+            .symlink("out", "/")?
+            .file("out/etc/through", b"t", 0o644, 0)?
+            .symlink("up", "../../..")?
+            .file("up/x", b"u", 0o644, 0)?
+            .hard_link("etc/h", "opt/x")?
+            .symlink("var/run", "/run")?
+            .file("var/run/pid", b"1", 0o644, 0)
+    };
+    let plain = layer().unwrap().finish().unwrap();
+    c.put_mode("oci_image", "layer", 0, &plain);
+    c.put_mode("oci_image", "layer-gzip", 2, &layer().unwrap().finish_gzip().unwrap());
+    let small = LayerBuilder::new().file("bin/x", b"x", 0o755, 0).unwrap().finish().unwrap();
+    let spec = ImageSpec { layers: vec![small], config: serde_json::json!({"Env": ["A=1"], "User": "1000"}) };
+    let path = tmp.join("docker-save.tar");
+    spec.write_docker_save(&path, "x:1").unwrap();
+    c.put_mode("oci_image", "docker-save", 1, &std::fs::read(&path).unwrap());
+    spec.write_oci_archive(&path).unwrap();
+    c.put_mode("oci_image", "oci-archive", 3, &std::fs::read(&path).unwrap());
 }
 
 // -------------------------------------------------------------------------- emulation

@@ -10,6 +10,7 @@ pub mod error_code;
 pub mod paths;
 pub mod ports;
 pub mod routes;
+pub mod templates;
 pub mod workspaces;
 
 pub use disks::{
@@ -18,6 +19,7 @@ pub use disks::{
 };
 pub use error_code::ErrorCode;
 pub use ports::{ExposeRequest, ExposedPort};
+pub use templates::{ImportOciQuery, TemplateImportEvent};
 pub use workspaces::{CreateWorkspaceRequest, SuspendWorkspaceRequest, WorkspaceInfo};
 
 /// Version of this API, reported by `GET /version`.

@@ -56,6 +56,7 @@ pub enum RouteName {
     DeleteWorkspace,
     SuspendWorkspace,
     ResumeWorkspace,
+    ImportOciTemplate,
 }
 
 const fn r(method: &'static str, path: &'static str, name: RouteName) -> Route {
@@ -107,6 +108,7 @@ pub const ROUTES: &[Route] = &[
     r("DELETE", "/v1/workspaces/{name}", RouteName::DeleteWorkspace),
     r("POST", "/v1/workspaces/{name}/suspend", RouteName::SuspendWorkspace),
     r("POST", "/v1/workspaces/{name}/resume", RouteName::ResumeWorkspace),
+    r("POST", "/v1/templates/oci", RouteName::ImportOciTemplate),
 ];
 
 /// Routes anyone may call without a token (liveness probes).

@@ -114,10 +114,11 @@ fn every_component_has_the_fields_of_its_rust_type() {
         }
         checked.insert(name);
     }
-    // The exec and watch streams' lines: one component per variant of the tagged enum.
+    // The exec, watch and template import streams' lines: one component per variant of the tagged enum.
     let streams = [
         ("ExecEvent", generated::<forkvm_api::ExecEvent>(false)),
         ("WatchEvent", generated::<forkvm_api::WatchEvent>(false)),
+        ("TemplateImportEvent", generated::<forkvm_api::TemplateImportEvent>(false)),
     ];
     for (stream, events) in &streams {
         for variant in events["oneOf"].as_array().unwrap_or_else(|| panic!("{stream} is a oneOf")) {
@@ -132,7 +133,7 @@ fn every_component_has_the_fields_of_its_rust_type() {
     }
     // The streams' unions (their variants are checked above), and a shape that is not
     // forkvm-api's: the agent's own reply, passed through.
-    let elsewhere = ["ExecEvent", "WatchEvent", "Pong"];
+    let elsewhere = ["ExecEvent", "WatchEvent", "TemplateImportEvent", "Pong"];
     let unchecked: Vec<&String> =
         schemas.keys().filter(|k| !checked.contains(k.as_str()) && !elsewhere.contains(&k.as_str())).collect();
     assert!(unchecked.is_empty(), "components with no Rust type checked against them: {unchecked:?}");

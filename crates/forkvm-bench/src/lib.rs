@@ -20,6 +20,7 @@ mod lazy;
 mod mcp;
 mod memory;
 mod net;
+mod oci;
 pub mod procstat;
 mod seccomp;
 mod spawn;
@@ -75,6 +76,9 @@ pub enum BenchCommand {
     /// Watching a directory through the agent: arm and stop, a change's event latency,
     /// and a burst of changes from one guest command (guest side).
     Watch(watch::BenchWatchArgs),
+    /// Templates from OCI images: import and build against the busybox builder, unpack
+    /// throughput, and the blob bytes a second image on the same base shares (host side).
+    Oci(oci::BenchOciArgs),
 }
 
 /// Runs benchmark `cmd`; returns the process's exit code.
@@ -89,6 +93,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<i32> {
         BenchCommand::Mcp(a) => mcp::run(a),
         BenchCommand::Forkd(a) => forkd::run(a),
         BenchCommand::Watch(a) => watch::run(a),
+        BenchCommand::Oci(a) => oci::run(a),
         BenchCommand::Boot(a) => boot::run(a),
         BenchCommand::Branch(a) => branch::run(a),
         BenchCommand::Spawn(a) => spawn::run(a),

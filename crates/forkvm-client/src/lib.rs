@@ -31,6 +31,7 @@ mod ports;
 mod sandboxes;
 mod snapshots;
 mod system;
+mod templates;
 mod tls;
 mod transport;
 mod workspaces;

@@ -177,7 +177,7 @@ fn main() {
         Command::Eval(a) => sandbox_cmd::eval(a, remote),
         Command::Branch(a) => sandbox_cmd::branch(a, remote),
         Command::Image(a) => image_cmd::run(a),
-        Command::Template(a) => template_cmd::run(a),
+        Command::Template(a) => template_cmd::run(a, remote),
         Command::Doctor(a) => doctor::run(a),
         Command::Daemon(a) => daemon_cmd::run(*a),
         Command::SnapshotDiff(a) => chain_cmd::snapshot_diff(a, remote),

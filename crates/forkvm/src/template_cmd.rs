@@ -1,7 +1,9 @@
 //! `forkvm template`: templates made from what users bring. `from-oci` imports an OCI
 //! image (layout directory, OCI archive or `docker save` archive) into the image store,
 //! writes the template `<name>.toml` whose base it is, and builds its root filesystem
-//! (and, with `--snapshot`, its template snapshot).
+//! (and, with `--snapshot`, its template snapshot). With `--daemon` the archive is
+//! uploaded (`POST /v1/templates/oci`) and the daemon does the same on its host; a
+//! layout directory is local only.
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
@@ -62,10 +64,40 @@ pub struct FromOciArgs {
     pub snapshot: bool,
 }
 
-pub fn run(a: TemplateArgs) -> Result<i32> {
+pub fn run(a: TemplateArgs, remote: &crate::remote_cmd::RemoteArgs) -> Result<i32> {
     match a.command {
-        TemplateCommand::FromOci(f) => from_oci(f),
+        TemplateCommand::FromOci(f) => match remote.client()? {
+            Some(client) => from_oci_remote(&client, f),
+            None => from_oci(f),
+        },
     }
+}
+
+/// Uploads the archive to the daemon; prints its progress lines as they were sent.
+fn from_oci_remote(client: &forkvm_client::Client, a: FromOciArgs) -> Result<i32> {
+    if a.source.is_dir() {
+        anyhow::bail!(
+            "{}: a layout directory cannot be uploaded; give an archive (OCI or docker save)",
+            a.source.display()
+        );
+    }
+    if a.no_build {
+        anyhow::bail!("--no-build is local only: the daemon always builds what it imports");
+    }
+    let q = forkvm_client::api::ImportOciQuery {
+        name: a.name,
+        start: a.start,
+        start_image_command: a.start_image_command,
+        ready: a.ready,
+        vcpus: a.vcpus,
+        memory_mib: a.memory_mib,
+        force: a.force,
+        snapshot: a.snapshot,
+    };
+    for event in client.import_oci_template_file(&a.source, &q)? {
+        println!("{}", serde_json::to_string(&event)?);
+    }
+    Ok(0)
 }
 
 fn from_oci(a: FromOciArgs) -> Result<i32> {

@@ -127,3 +127,84 @@ fn an_oci_image_becomes_a_template_whose_sandboxes_see_the_merged_tree_and_its_d
     let own = env.ok(&["exec", &id, "--cwd", "/tmp", "-e", "GREETING=mine", "--", "sh", "-c", "pwd; echo $GREETING"]);
     assert_eq!(own, "/tmp\nmine\n");
 }
+
+/// A `forkvm daemon` on a Unix socket in `env`'s run directory, templates in `templates`;
+/// killed when dropped.
+struct Daemon(std::process::Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_daemon(env: &CliEnv, templates: &Path) -> (Daemon, String) {
+    use std::io::BufRead;
+    let mut child = env
+        .command(&["daemon"])
+        .env("FORKVM_TEMPLATES", templates)
+        .env_remove("FORKVM_DAEMON")
+        .env_remove("FORKVM_TOKEN")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let endpoint = loop {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).unwrap() > 0, "the daemon exited");
+        if let Some(a) = line.trim().strip_prefix("forkvmd listening on ") {
+            break a.to_string();
+        }
+    };
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    (Daemon(child), endpoint)
+}
+
+/// The same image uploaded through the daemon (`POST /v1/templates/oci`): its progress
+/// lines, a sandbox of it with the image's defaults, and the refusals (not an image, a
+/// built-in name, a name taken).
+#[test]
+fn an_oci_archive_uploaded_to_the_daemon_becomes_a_template() {
+    let env = CliEnv::new();
+    let templates = env.tmp.path().join("templates");
+    let (_daemon, endpoint) = start_daemon(&env, &templates);
+    let through = |args: &[&str]| -> std::process::Output {
+        env.command(&[&["--daemon", endpoint.as_str()][..], args].concat()).output().unwrap()
+    };
+    let ok = |args: &[&str]| -> String {
+        let out = through(args);
+        assert!(out.status.success(), "forkvm {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let archive = env.tmp.path().join("app.tar");
+    // The same image and options as the local test: the same image key, so the same
+    // cached image and template snapshot (one boot for both tests).
+    image("hello from the image\n").write_docker_save(&archive, "app:latest").unwrap();
+    let lines = ok(&["template", "from-oci", archive.to_str().unwrap(), "--name", "ocitest", "--snapshot"]);
+    let events: Vec<serde_json::Value> = lines.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["imported", "built", "snapshot", "done"], "{lines}");
+    assert_eq!((events[0]["layers"].as_u64(), events[0]["command"].clone()), (Some(2), serde_json::json!(["sh"])));
+    assert!(templates.join("ocitest.toml").is_file());
+
+    ok(&["snapshot", "create", "--image", "ocitest", "--tag", "oci-d"]);
+    ok(&["fork", "--tag", "oci-d", "-n", "1"]);
+    let ps: serde_json::Value = serde_json::from_str(&ok(&["ps", "--json"])).unwrap();
+    let id = ps[0]["id"].as_str().unwrap().to_string();
+    assert_eq!(ok(&["exec", &id, "--", "sh", "-c", "pwd; id -u; cat hello.txt"]), "/app\n1000\nhello from the image\n");
+
+    let junk = env.tmp.path().join("junk.tar");
+    std::fs::write(&junk, b"not an image at all").unwrap();
+    for (args, want) in [
+        (vec!["template", "from-oci", junk.to_str().unwrap(), "--name", "junk"], "not a usable image"),
+        (vec!["template", "from-oci", archive.to_str().unwrap(), "--name", "tiny"], "built-in"),
+        (vec!["template", "from-oci", archive.to_str().unwrap(), "--name", "ocitest"], "exists already"),
+        (vec!["template", "from-oci", archive.to_str().unwrap(), "--name", "../x"], "template name"),
+    ] {
+        let out = through(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(want), "{args:?}: {err}");
+    }
+    assert!(!templates.join("junk.toml").exists(), "a refused upload left a template");
+}

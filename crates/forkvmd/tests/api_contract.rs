@@ -26,6 +26,7 @@ fn uri(path: &str, subject: &str, name: RouteName) -> String {
         | RouteName::WatchFiles => {
             format!("{p}?path=/tmp/x")
         }
+        RouteName::ImportOciTemplate => format!("{p}?name={subject}"),
         _ => p,
     }
 }
@@ -39,7 +40,7 @@ fn good_body(name: RouteName) -> &'static str {
         RouteName::Eval => r#"{"code":"1"}"#,
         RouteName::Branch | RouteName::Fork => "{}",
         RouteName::CompactSnapshot => r#"{"to":"x2"}"#,
-        RouteName::WriteFile | RouteName::UnpackSnapshot => "bytes",
+        RouteName::WriteFile | RouteName::UnpackSnapshot | RouteName::ImportOciTemplate => "bytes",
         RouteName::SetTtl => r#"{"ttl_seconds":5}"#,
         RouteName::ExposePort => r#"{"port":8000}"#,
         RouteName::CreateWorkspace => r#"{"name":"w1","snapshot_tag":"nope"}"#,

@@ -26,6 +26,7 @@ from .errors import (
 )
 from .sandbox import Commands, Files, Network, Sandbox
 from .transport import Endpoint, default_socket_path, resolve_endpoint
+from .templates import TemplateImport
 from .watch import FileChange, FileWatch
 from .types import (
     DiskSnapshotDisk,
@@ -92,6 +93,7 @@ __all__ = [
     "FileEntry",
     "FileWatch",
     "FileWritten",
+    "TemplateImport",
     "Pong",
     "VersionInfo",
 ]

@@ -20,6 +20,7 @@ import httpx
 from .errors import ConnectionFailed, ProtocolError, error_from_response
 from .streaming import OutputCallback, collect_exec_events
 from .tcp import open_tcp
+from .templates import TemplateImport, template_import_from_lines
 from .watch import FileWatch
 from .transport import Endpoint, make_client, quote_segment, resolve_endpoint, resolve_token
 from .types import (
@@ -315,6 +316,52 @@ class Controller:
                 timeout=timeout,
             )
         return UnpackResult.from_json(self._json(resp))
+
+    # --- templates -------------------------------------------------------
+
+    def import_oci_template(
+        self,
+        path: PathLike,
+        name: str,
+        *,
+        start: Optional[str] = None,
+        start_image_command: bool = False,
+        ready: Optional[str] = None,
+        vcpus: Optional[int] = None,
+        memory_mib: Optional[int] = None,
+        force: bool = False,
+        snapshot: bool = False,
+        timeout: Optional[float] = None,
+    ) -> TemplateImport:
+        """``POST /v1/templates/oci``: makes the template ``name`` from the image archive
+        ``path`` (an OCI archive or a ``docker save``, gzip-compressed or not; streamed,
+        never read whole): the daemon imports it, writes the template with the image's
+        Env, WorkingDir and User as exec defaults, and builds it (``snapshot=True``: its
+        template snapshot too, which boots it once). A body that is not an image is a
+        :class:`BadRequest`; a built-in name, or a name taken without ``force``, a
+        :class:`Conflict`. See docs/templates.md."""
+        params: Dict[str, Union[str, int]] = {"name": name}
+        if start is not None:
+            params["start"] = start
+        if ready is not None:
+            params["ready"] = ready
+        if vcpus is not None:
+            params["vcpus"] = vcpus
+        if memory_mib is not None:
+            params["memory_mib"] = memory_mib
+        for key, on in (("start_image_command", start_image_command), ("force", force), ("snapshot", snapshot)):
+            if on:
+                params[key] = "true"
+        with open(os.fspath(path), "rb") as f:
+            resp = self._request(
+                "POST",
+                "/v1/templates/oci",
+                content=f,
+                params=params,
+                headers={"Content-Type": "application/x-tar"},
+                timeout=timeout,
+            )
+        return template_import_from_lines(resp.text, str(resp.request.url))
 
     # --- sandboxes -------------------------------------------------------
 

@@ -549,3 +549,71 @@ def test_archive_then_restore_keeps_files_and_delete_removes_it(ctl: Controller,
         s.kill()
     with pytest.raises(NotFound):
         ctl.get_sandbox(s.id)
+
+
+# --- templates from OCI images --------------------------------------------------------
+
+
+def _docker_save(path: Path, marker: str) -> Path:
+    """A one-layer `docker save` archive: busybox, `sh`, a user, `marker` in a file."""
+    import hashlib
+    import io
+    import json
+    import tarfile
+
+    def add(t: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None:
+        info = tarfile.TarInfo(name)
+        info.size, info.mode = len(data), mode
+        t.addfile(info, io.BytesIO(data))
+
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w") as t:
+        with open("/bin/busybox", "rb") as f:
+            add(t, "bin/busybox", f.read(), 0o755)
+        link = tarfile.TarInfo("bin/sh")
+        link.type, link.linkname = tarfile.SYMTYPE, "busybox"
+        t.addfile(link)
+        add(t, "etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n")
+        add(t, "etc/marker", marker.encode())
+    layer_bytes = layer.getvalue()
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "rootfs": {"type": "layers", "diff_ids": []},
+            "config": {"Env": ["PATH=/bin"], "Cmd": ["sh"]},
+        }
+    ).encode()
+    config_name = hashlib.sha256(config).hexdigest() + ".json"
+    layer_name = hashlib.sha256(layer_bytes).hexdigest() + "/layer.tar"
+    manifest = json.dumps([{"Config": config_name, "RepoTags": ["t:1"], "Layers": [layer_name]}]).encode()
+    with tarfile.open(path, "w") as t:
+        add(t, config_name, config)
+        add(t, layer_name, layer_bytes)
+        add(t, "manifest.json", manifest)
+    return path
+
+
+@pytest.mark.skipif(not os.path.exists("/bin/busybox"), reason="needs busybox-static at /bin/busybox")
+def test_an_oci_archive_becomes_a_template_and_refusals_name_the_reason(tmp_path: Path) -> None:
+    """A daemon of its own, so the templates it writes stay in its temp directory."""
+    with serving(env_extra={"FORKVM_TEMPLATES": "{root}/templates"}) as d, Controller(d.url, timeout=300) as c:
+        archive = _docker_save(tmp_path / "app.tar", "python sdk")
+        t = c.import_oci_template(archive, "sdk-oci")
+        assert (t.template, t.layers, t.command, t.snapshot_seconds) == ("sdk-oci", 1, ["sh"], None)
+        assert t.manifest.startswith("sha256:") and t.image_bytes > 0 and t.new_bytes > 0
+        assert [e["type"] for e in t.events] == ["imported", "built", "done"]
+        text = (Path(d.root) / "templates" / "sdk-oci.toml").read_text()
+        assert f'base = "oci:{t.manifest}"' in text
+        # The same image again: every blob is in the store already.
+        again = c.import_oci_template(archive, "sdk-oci", force=True)
+        assert (again.manifest, again.new_bytes, again.shared_bytes) == (t.manifest, 0, t.new_bytes)
+        with pytest.raises(Conflict, match="exists already"):
+            c.import_oci_template(archive, "sdk-oci")
+        with pytest.raises(Conflict, match="built-in"):
+            c.import_oci_template(archive, "tiny")
+        junk = tmp_path / "junk.tar"
+        junk.write_bytes(b"not an image")
+        with pytest.raises(BadRequest, match="not a usable image"):
+            c.import_oci_template(junk, "sdk-junk")
+        assert not (Path(d.root) / "templates" / "sdk-junk.toml").exists()

@@ -578,6 +578,10 @@ WS = {"id": "ws-ID", "name": "NAME", "source_snapshot_tag": "TAG", "status": "ru
       "live_sandbox_id": "ID", "created_at_unix": 1, "last_active_unix": 2, "sandbox_id": "ID"}
 ENTRY = {"name": "a", "type": "file", "size": 1, "mode": 420, "mtime_unix_ns": 0}
 WATCH = b'{"type":"armed","directories":1}\n{"type":"keepalive"}\n{"type":"end","reason":"gone"}\n'
+IMPORTED = (
+    b'{"type":"imported","manifest":"sha256:ab","layers":2,"new_bytes":3,"shared_bytes":4,"command":["sh"],"exposed_ports":[]}\n'
+    b'{"type":"built","image_bytes":5,"seconds":0.5}\n{"type":"done","template":"app"}\n'
+)
 STREAM = b'{"type":"exit","exit_code":0,"signal":null,"timed_out":false,"duration_ms":1}\n'
 
 # route name in routes.rs -> (canned JSON reply, call through the Controller)
@@ -616,6 +620,7 @@ CALLS: Dict[str, Tuple[Any, Callable[[Controller], Any]]] = {
     "DeleteWorkspace": (None, lambda c: c.delete_workspace("NAME")),
     "SuspendWorkspace": (WS, lambda c: c.suspend_workspace("NAME")),
     "ResumeWorkspace": (WS, lambda c: c.resume_workspace("NAME")),
+    "ImportOciTemplate": (IMPORTED, lambda c: c.import_oci_template(_pack_file(b"image"), "app")),
 }
 
 
@@ -653,6 +658,26 @@ def test_every_route_is_covered(server: TcpServer, client: Controller) -> None:
 
 
 # --- file watching ------------------------------------------------------------------
+
+
+def test_a_template_import_sends_its_options_and_reads_its_lines(server: TcpServer, client: Controller) -> None:
+    from forkvm import ForkvmError, ProtocolError
+
+    route = ("POST", "/v1/templates/oci")
+    server.routes[route] = _fixed(200, "application/x-ndjson", IMPORTED)
+    t = client.import_oci_template(_pack_file(b"image"), "app", start="srv --port 80", force=True, vcpus=2)
+    assert (t.template, t.manifest, t.layers, t.new_bytes, t.shared_bytes) == ("app", "sha256:ab", 2, 3, 4)
+    assert (t.command, t.image_bytes, t.build_seconds, t.snapshot_seconds) == (["sh"], 5, 0.5, None)
+    method, raw, headers, body = server.requests[-1]
+    assert raw == "/v1/templates/oci?name=app&start=srv+--port+80&vcpus=2&force=true"
+    assert body == b"image"
+    error = IMPORTED.split(b"\n")[0] + b'\n{"type":"error","error":"mkfs failed"}\n'
+    server.routes[route] = _fixed(200, "application/x-ndjson", error)
+    with pytest.raises(ForkvmError, match="mkfs failed"):
+        client.import_oci_template(_pack_file(b"image"), "app")
+    server.routes[route] = _fixed(200, "application/x-ndjson", IMPORTED.split(b"\n")[0] + b"\n")
+    with pytest.raises(ProtocolError, match="ended early"):
+        client.import_oci_template(_pack_file(b"image"), "app")
 
 
 def test_a_watch_yields_changes_and_ends_or_raises_as_its_lines_say(server: TcpServer, client: Controller) -> None:

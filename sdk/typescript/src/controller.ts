@@ -213,6 +213,41 @@ export class Controller {
     return this.#json("POST", "/v1/snapshots/unpack", { body, timeoutMs, headers: { "content-type": "application/zstd" } });
   }
 
+  // --- templates --------------------------------------------------------------------
+
+  /**
+   * `POST /v1/templates/oci`: makes the template `q.name` from an image archive (an OCI
+   * archive or a `docker save`, gzip-compressed or not; bytes, a stream, or `{ path }`,
+   * streamed). The daemon imports it before answering (not an image: `BadRequest`; a
+   * built-in name or one taken without `force`: `Conflict`), then the build's progress
+   * comes as events: `imported`, `built`, `snapshot` (when asked), `done` or `error` last.
+   */
+  async *importOciTemplate(
+    image: BodyLike | { path: string },
+    q: T.ImportOciQuery,
+    timeoutMs = 3_600_000,
+  ): AsyncGenerator<T.TemplateImportEvent> {
+    const body = typeof image === "object" && image !== null && "path" in image ? createReadStream(image.path) : (image as BodyLike);
+    const query = {
+      name: q.name,
+      start: q.start,
+      start_image_command: q.start_image_command || undefined,
+      ready: q.ready,
+      vcpus: q.vcpus,
+      memory_mib: q.memory_mib,
+      force: q.force || undefined,
+      snapshot: q.snapshot || undefined,
+    };
+    const resp = await this.#request("POST", "/v1/templates/oci", {
+      body,
+      query,
+      timeoutMs,
+      headers: { "content-type": "application/x-tar" },
+    });
+    if (!resp.body) throw new ProtocolError("the template import has no body");
+    for await (const event of ndjson(resp.body as ReadableStream<Uint8Array>)) yield event as T.TemplateImportEvent;
+  }
+
   // --- sandboxes --------------------------------------------------------------------
 
   /** `GET /v1/sandboxes`. */

@@ -675,6 +675,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/templates/oci": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Make a template from an OCI image (NDJSON progress)
+         * @description forkvm. The request body is the image: an OCI archive (`docker buildx --output type=oci`, `podman save --format oci-archive`, the `docker save` of Docker 25+) or an older `docker save` archive, gzip-compressed or not, at most 64 GiB. It is imported into the blob store beside the template directory (every blob checked against its digest; layers shared with earlier images are stored once), the template `<name>.toml` is written with `base = "oci:sha256:<manifest>"` and the image config's Env, WorkingDir and User as `[exec]`, and its image is built (layers unpacked as root of a user namespace on unprivileged ids; nothing of the image runs on the host). All of that before the first line: a body that is not an image is a 400. The build's progress then streams as NDJSON (`docs/templates.md`).
+         */
+        post: operations["import_oci_template"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -1726,6 +1746,88 @@ export interface components {
             /** @description forkvm: its sandbox, running or archived (the same across suspend and resume). */
             sandbox_id: string;
         };
+        /** @description The image is in the blob store and the template file written. */
+        TemplateImportEventImported: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "imported";
+            /** @description The manifest's digest, `sha256:<hex>`. */
+            manifest: string;
+            /**
+             * Format: uint32
+             * @description Layers of the image.
+             */
+            layers: number;
+            /**
+             * Format: uint64
+             * @description Blob bytes this import added to the store.
+             */
+            new_bytes: number;
+            /**
+             * Format: uint64
+             * @description Blob bytes it found there already (layers shared with other images).
+             */
+            shared_bytes: number;
+            /** @description The image's Entrypoint + Cmd. */
+            command: string[];
+            /** @description The image's ExposedPorts (`8080/tcp`). */
+            exposed_ports: string[];
+        };
+        /** @description The root filesystem image is built. */
+        TemplateImportEventBuilt: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "built";
+            /**
+             * Format: uint64
+             * @description Size of the ext4 image.
+             */
+            image_bytes: number;
+            /**
+             * Format: double
+             * @description How long the build took.
+             */
+            seconds: number;
+        };
+        /** @description The template snapshot is made (with `snapshot=true`). */
+        TemplateImportEventSnapshot: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "snapshot";
+            /**
+             * Format: double
+             * @description How long the boot and snapshot took.
+             */
+            seconds: number;
+        };
+        /** @description The template is ready; the last line. */
+        TemplateImportEventDone: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "done";
+            /** @description Its name. */
+            template: string;
+        };
+        /** @description The build failed; the last line. */
+        TemplateImportEventError: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "error";
+            /** @description What failed. */
+            error: string;
+        };
+        /** @description forkvm: one line of `POST /v1/templates/oci` (NDJSON). */
+        TemplateImportEvent: components["schemas"]["TemplateImportEventImported"] | components["schemas"]["TemplateImportEventBuilt"] | components["schemas"]["TemplateImportEventSnapshot"] | components["schemas"]["TemplateImportEventDone"] | components["schemas"]["TemplateImportEventError"];
     };
     responses: {
         /** @description Bad request: malformed JSON, unknown field, bad tag/id, bad value. */
@@ -3313,6 +3415,62 @@ export interface operations {
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             500: components["responses"]["Internal"];
+        };
+    };
+    import_oci_template: {
+        parameters: {
+            query: {
+                /** @description The template's name: 1 to 64 letters, digits, `-` or `_`; not a built-in template's. */
+                name: string;
+                /** @description A `start` service (shell command) run before the template snapshot. */
+                start?: string;
+                /** @description Run the image's Entrypoint + Cmd as the `start` service. */
+                start_image_command?: boolean;
+                /** @description A `ready` check for the start service, retried until it succeeds. */
+                ready?: string;
+                /** @description vCPUs of the template's sandboxes (1 to 16). */
+                vcpus?: number;
+                /** @description Guest memory of the template's sandboxes, MiB (64 to 16384). */
+                memory_mib?: number;
+                /** @description Replace a template of that name made before. */
+                force?: boolean;
+                /** @description Also boot the template into its template snapshot (what sandboxes restore). */
+                snapshot?: boolean;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description The image archive, raw. */
+        requestBody: {
+            content: {
+                "application/x-tar": string;
+                "application/gzip": string;
+                "application/octet-stream": string;
+            };
+        };
+        responses: {
+            /** @description NDJSON: one TemplateImportEvent per line: `imported` first, `built`, `snapshot` (when asked), then `done` or `error` last. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {"type":"imported","manifest":"sha256:4c1f...","layers":2,"new_bytes":2837,"shared_bytes":269890897,"command":["sh"],"exposed_ports":[]}
+                     *     {"type":"built","image_bytes":301989888,"seconds":2.2}
+                     *     {"type":"done","template":"app"}
+                     */
+                    "application/x-ndjson": components["schemas"]["TemplateImportEvent"];
+                };
+            };
+            /** @description Not a template name, an empty or too large body, a body that is not a usable image (not an archive, a blob that does not match its digest, no linux/amd64 image), or template fields that do not check out. */
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            /** @description A built-in template's name (`state: built-in`), or a template of that name exists and `force` was not given (`state: exists`). */
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["Internal"];
+            507: components["responses"]["DiskFull"];
         };
     };
 }

@@ -28,6 +28,25 @@ export type ExecEventExit = S["ExecEventExit"];
 export type ExecEventError = S["ExecEventError"];
 export type ExecEvent = S["ExecEvent"];
 export type WatchEvent = S["WatchEvent"];
+export type TemplateImportEvent = S["TemplateImportEvent"];
+
+/** `POST /v1/templates/oci`'s query: the template's name and what to add to the image. */
+export interface ImportOciQuery {
+  /** 1-64 letters, digits, `-` or `_`; not a built-in template's. */
+  name: string;
+  /** A `start` service (shell command) run before the template snapshot. */
+  start?: string;
+  /** Run the image's Entrypoint + Cmd as the `start` service. */
+  start_image_command?: boolean;
+  /** A `ready` check for the start service. */
+  ready?: string;
+  vcpus?: number;
+  memory_mib?: number;
+  /** Replace a template of that name made before. */
+  force?: boolean;
+  /** Also boot the template into its template snapshot. */
+  snapshot?: boolean;
+}
 export type EvalRequest = S["EvalRequest"];
 export type EvalResponse = S["EvalResponse"];
 export type FileEntry = S["FileEntry"];

@@ -130,6 +130,9 @@ const CALLS: Record<string, [unknown, (c: Controller) => Promise<unknown>]> = {
   DeleteWorkspace: [null, (c) => c.deleteWorkspace("NAME")],
   SuspendWorkspace: [WS, (c) => c.suspendWorkspace("NAME")],
   ResumeWorkspace: [WS, (c) => c.resumeWorkspace("NAME")],
+  ImportOciTemplate: [{ type: "done", template: "app" }, async (c) => {
+    for await (const _ of c.importOciTemplate(new Uint8Array([1, 2]), { name: "app", force: true })) void _;
+  }],
 };
 
 function routesRs(): [string, string, string][] {

@@ -11,6 +11,8 @@ pub mod ports;
 pub mod run;
 pub mod sandboxes;
 pub mod snapshots;
+pub mod templates;
+pub mod upload;
 pub mod watch;
 pub mod workspaces;
 
@@ -50,6 +52,7 @@ fn handler(name: RouteName, filter: MethodFilter) -> MethodRouter<AppState> {
         RouteName::RemoveFile => on(filter, files::remove),
         RouteName::ListFiles => on(filter, files::list),
         RouteName::WatchFiles => on(filter, watch::watch),
+        RouteName::ImportOciTemplate => on(filter, templates::import_oci),
         RouteName::TakeDiskSnapshot => on(filter, disk::take),
         RouteName::ListDiskSnapshots => on(filter, disk::list),
         RouteName::ArchiveSandbox => on(filter, sandboxes::archive),

@@ -11,6 +11,7 @@
 //! and an upload is received whole before it is unpacked, since unpack checks the entire
 //! chain before anything enters the store. Neither is ever held in memory.
 
+use super::upload::{io_error, receive, Staged};
 use crate::error::ApiError;
 use crate::extract::{JsonBody, Param, QueryArgs};
 use crate::state::AppState;
@@ -23,10 +24,8 @@ use axum::Json;
 use forkvm_api::{CompactSnapshotRequest, CreateSnapshotRequest, SnapshotInfo, SnapshotInfoDetail, UnpackResponse};
 use forkvm_snapshot::chain::{self, RemoveMode};
 use forkvm_snapshot::{validate_tag, StoreEntry, StoreError};
-use futures_util::StreamExt;
 use serde::Deserialize;
-use std::path::{Path, PathBuf};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 
 /// Largest pack `POST /v1/snapshots/unpack` accepts.
 pub const MAX_PACK_UPLOAD: u64 = 64 << 30;
@@ -195,25 +194,6 @@ pub async fn compact(
     .await
 }
 
-/// Removes a staging directory when dropped (a request that ends early included).
-struct Staged(PathBuf);
-
-impl Drop for Staged {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A host I/O failure at `step` on `path`: 507 when the disk is full, else 500.
-fn io_error(step: &str, path: &Path, e: std::io::Error) -> ApiError {
-    let message = format!("{step} ({}): {e}", path.display());
-    if e.raw_os_error() == Some(libc::ENOSPC) {
-        ApiError::new(forkvm_api::ErrorCode::DiskFull, message)
-    } else {
-        ApiError::internal(message)
-    }
-}
-
 /// `GET /v1/snapshots/{tag}/pack`: the chain of `tag`, base to head, as a `.tar.zst`
 /// (what `forkvm snapshot-pack` writes). A whole-image head is moved into the chunk
 /// store first, as the CLI does.
@@ -258,33 +238,13 @@ pub async fn pack(State(s): State<AppState>, Param(tag): Param) -> Result<Respon
         .into_response())
 }
 
-/// Writes the request body to `path`, refusing more than [`MAX_PACK_UPLOAD`] bytes.
-async fn receive(body: Body, path: &Path) -> Result<u64, ApiError> {
-    let mut f = tokio::fs::File::create(path).await.map_err(|e| io_error("creating the upload file", path, e))?;
-    let mut stream = body.into_data_stream();
-    let mut total = 0u64;
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("reading the uploaded pack: {e}")))?;
-        total += chunk.len() as u64;
-        if total > MAX_PACK_UPLOAD {
-            return Err(ApiError::bad_request(format!("the pack is larger than {MAX_PACK_UPLOAD} bytes")));
-        }
-        f.write_all(&chunk).await.map_err(|e| io_error("writing the uploaded pack", path, e))?;
-    }
-    f.flush().await.map_err(|e| io_error("writing the uploaded pack", path, e))?;
-    if total == 0 {
-        return Err(ApiError::bad_request("the request body is empty: send the .tar.zst pack as the body"));
-    }
-    Ok(total)
-}
-
 /// `POST /v1/snapshots/unpack`: imports the chain in the pack sent as the body. Every
 /// link is checked against its content hash before the store is touched: a damaged
 /// pack is a 400 and imports nothing; a tag that exists with other content is a 409.
 pub async fn unpack(State(s): State<AppState>, body: Body) -> Result<(StatusCode, Json<UnpackResponse>), ApiError> {
     let staged = Staged(s.blocking(|s| Ok(chain::new_staging_dir(&s.store, "upload")?)).await?);
     let path = staged.0.join("upload.tar.zst");
-    receive(body, &path).await?;
+    receive(body, &path, MAX_PACK_UPLOAD, "the .tar.zst pack").await?;
     s.blocking(move |s| {
         let r = chain::unpack_trusted(&s.store, &path, &s.pack_policy().trust)?;
         drop(staged);

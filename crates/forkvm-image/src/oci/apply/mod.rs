@@ -353,11 +353,9 @@ impl Layer<'_> {
                 // SAFETY: a valid dirfd and a NUL-terminated name.
                 check(unsafe { libc::mknodat(dfd, c_name.as_ptr(), libc::S_IFIFO | 0o600, 0) })
                     .map_err(io_err("mkfifo"))?;
-                let fifo = open_at(&parent, &c_name, libc::O_PATH).map_err(io_err("opening it"))?;
                 // SAFETY: as above.
                 check(unsafe { libc::fchownat(dfd, c_name.as_ptr(), uid, gid, libc::AT_SYMLINK_NOFOLLOW) })
                     .map_err(io_err("chown"))?;
-                drop(fifo);
                 // SAFETY: as above.
                 check(unsafe { libc::fchmodat(dfd, c_name.as_ptr(), mode, 0) }).map_err(io_err("chmod"))?;
                 self.stats.files += 1;
