@@ -8,8 +8,9 @@
 //!   and build seconds, unpack throughput;
 //! * `sharing`: a second image on the same base layer: the bytes its import added to the
 //!   blob store against those it found there (the base is stored once).
-//! * `debian` (with `--debian`): a Debian minbase template built by mmdebstrap, the path
-//!   an OCI image replaces (needs a Debian mirror; minutes).
+//! * `debian` (with `--debian`): a Debian minbase template built by mmdebstrap (the path
+//!   an OCI image replaces; needs a Debian mirror), and the same tree, dumped out of that
+//!   image and packed as a one-layer image, imported and built.
 //!
 //! Everything runs in a scratch directory (its own template directory, blob store and
 //! image cache), removed afterwards. The image writer is `forkvm_image::oci::writer`.
@@ -110,12 +111,44 @@ fn measure(dir: &Path, agent: &Path, a: &BenchOciArgs) -> Result<serde_json::Val
         },
     });
     if a.debian {
-        let text = format!("# bench {}\nname = \"bench-debian\"\nbase = \"debian:bookworm\"\n", std::process::id());
-        let started = Instant::now();
-        ensure_image(&Template::parse(&text)?, &text, agent, &cache).context("building the Debian template")?;
-        report["debian"] = json!({ "mmdebstrap_build_s": r2(started.elapsed().as_secs_f64()) });
+        report["debian"] = debian(dir, &store, agent, &cache)?;
     }
     Ok(report)
+}
+
+/// The same Debian tree two ways: built by mmdebstrap, then (dumped out of that image
+/// with debugfs and packed as one gzip layer) imported and built as an OCI image.
+fn debian(dir: &Path, store: &BlobStore, agent: &Path, cache: &Path) -> Result<serde_json::Value> {
+    let text = format!("# bench {}\nname = \"bench-debian\"\nbase = \"debian:bookworm\"\n", std::process::id());
+    let started = Instant::now();
+    let built = ensure_image(&Template::parse(&text)?, &text, agent, cache).context("building the Debian template")?;
+    let mmdebstrap_s = started.elapsed().as_secs_f64();
+    let tree = dir.join("debian-tree");
+    std::fs::create_dir_all(&tree)?;
+    let dump = std::process::Command::new("debugfs")
+        .arg("-R")
+        .arg(format!("rdump / {}", tree.display()))
+        .arg(&built.rootfs)
+        .output()
+        .context("running debugfs (e2fsprogs)")?;
+    if !dump.status.success() {
+        bail!("debugfs rdump failed: {}", String::from_utf8_lossy(&dump.stderr));
+    }
+    let mut layer = tar::Builder::new(flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast()));
+    layer.follow_symlinks(false);
+    layer.append_dir_all(".", &tree)?;
+    let layer = layer.into_inner()?.finish()?;
+    let archive = dir.join("debian.tar");
+    ImageSpec { layers: vec![layer.clone()], config: json!({}) }.write_docker_save(&archive, "debian:bench")?;
+    let (import_s, build_s, _) = import_and_build(&archive, store, agent, cache, "bench-debian-oci")?;
+    Ok(json!({
+        "mmdebstrap_build_s": r2(mmdebstrap_s),
+        "image_bytes": built.size_bytes,
+        "layer_bytes": layer.len(),
+        "oci_import_s": r2(import_s),
+        "oci_build_s": r2(build_s),
+        "oci_vs_mmdebstrap": r2((import_s + build_s) / mmdebstrap_s),
+    }))
 }
 
 /// Imports `archive` as the template `name` (its text unique to this build) and builds

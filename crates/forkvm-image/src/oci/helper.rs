@@ -14,6 +14,7 @@ use crate::rootfs::userns::{run_confined, IdRange, BUILD_DIR};
 use crate::rootfs::RootfsError;
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -96,12 +97,20 @@ pub fn unpack_confined(
     let fed = feeder.join().unwrap_or_else(|_| Err(std::io::Error::other("the layer feeder panicked")));
     ran?;
     fed.map_err(|source| RootfsError::Stage { dir: build_dir.into(), step: "streaming the layers".into(), source })?;
+    // The helper's file, read as host root: never through a link, never a FIFO, bounded.
     let counts = build_dir.join("unpack.json");
-    let text = std::fs::read(&counts).map_err(|source| RootfsError::Stage {
-        dir: build_dir.into(),
-        step: "reading the unpack counts".into(),
-        source,
-    })?;
+    let read_err =
+        |source| RootfsError::Stage { dir: build_dir.into(), step: "reading the unpack counts".into(), source };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(&counts)
+        .map_err(read_err)?;
+    if !file.metadata().map_err(read_err)?.is_file() {
+        return Err(read_err(std::io::Error::other("not a regular file")));
+    }
+    let mut text = Vec::new();
+    file.take(1 << 16).read_to_end(&mut text).map_err(read_err)?;
     serde_json::from_slice(&text).map_err(|e| RootfsError::Stage {
         dir: build_dir.into(),
         step: "reading the unpack counts".into(),

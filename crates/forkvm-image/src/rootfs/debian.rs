@@ -72,8 +72,14 @@ pub(crate) fn finish_confined_tree(
         size_mib,
     );
     run_confined("mkfs.ext4", &mut mkfs, ids, build, &work.join("mkfs.log"))?;
+    // Made in the namespace, so checked before host root touches it: a regular file,
+    // not a link the build left there (chown would follow it).
+    let made = build.join("rootfs.ext4");
+    if !std::fs::symlink_metadata(&made).map_err(stage_err("finding the image"))?.is_file() {
+        return Err(stage_err("finding the image")(std::io::Error::other("not a regular file")));
+    }
     let image = work.join("rootfs.ext4");
-    std::fs::rename(build.join("rootfs.ext4"), &image).map_err(stage_err("moving the image out of the build"))?;
+    std::fs::rename(&made, &image).map_err(stage_err("moving the image out of the build"))?;
     // The cached image is the host user's file, not the range's.
     // SAFETY: geteuid and getegid cannot fail.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
