@@ -228,19 +228,9 @@ export class Controller {
     timeoutMs = 3_600_000,
   ): AsyncGenerator<T.TemplateImportEvent> {
     const body = typeof image === "object" && image !== null && "path" in image ? createReadStream(image.path) : (image as BodyLike);
-    const query = {
-      name: q.name,
-      start: q.start,
-      start_image_command: q.start_image_command || undefined,
-      ready: q.ready,
-      vcpus: q.vcpus,
-      memory_mib: q.memory_mib,
-      force: q.force || undefined,
-      snapshot: q.snapshot || undefined,
-    };
     const resp = await this.#request("POST", "/v1/templates/oci", {
       body,
-      query,
+      query: { ...q },
       timeoutMs,
       headers: { "content-type": "application/x-tar" },
     });

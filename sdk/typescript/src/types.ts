@@ -3,7 +3,7 @@
  * docs/openapi.json into `schema.d.ts` (`npm run gen`), never a hand copy.
  */
 
-import type { components } from "./schema.js";
+import type { components, operations } from "./schema.js";
 
 type S = components["schemas"];
 
@@ -31,22 +31,7 @@ export type WatchEvent = S["WatchEvent"];
 export type TemplateImportEvent = S["TemplateImportEvent"];
 
 /** `POST /v1/templates/oci`'s query: the template's name and what to add to the image. */
-export interface ImportOciQuery {
-  /** 1-64 letters, digits, `-` or `_`; not a built-in template's. */
-  name: string;
-  /** A `start` service (shell command) run before the template snapshot. */
-  start?: string;
-  /** Run the image's Entrypoint + Cmd as the `start` service. */
-  start_image_command?: boolean;
-  /** A `ready` check for the start service. */
-  ready?: string;
-  vcpus?: number;
-  memory_mib?: number;
-  /** Replace a template of that name made before. */
-  force?: boolean;
-  /** Also boot the template into its template snapshot. */
-  snapshot?: boolean;
-}
+export type ImportOciQuery = operations["import_oci_template"]["parameters"]["query"];
 export type EvalRequest = S["EvalRequest"];
 export type EvalResponse = S["EvalResponse"];
 export type FileEntry = S["FileEntry"];

@@ -25,6 +25,14 @@ pub const HELPER_ARG: &str = "__oci-unpack";
 /// onto `<BUILD_DIR>/root`; writes the counts to `<BUILD_DIR>/unpack.json`. Returns the
 /// process's exit code (the error is on stderr, which the build's log keeps).
 pub fn helper_main() -> i32 {
+    // Only ever the child `unpack_confined` starts: root of a user namespace mapped onto
+    // an id range. Run by hand on the host it would unpack into the host's /tmp.
+    let map = std::fs::read_to_string("/proc/self/uid_map").unwrap_or_default();
+    let identity = map.split_whitespace().collect::<Vec<_>>() == ["0", "0", "4294967295"];
+    if identity || map.is_empty() {
+        eprintln!("{HELPER_ARG}: runs only inside an image build's user namespace");
+        return 2;
+    }
     match unpack_stdin(&Path::new(BUILD_DIR).join("root")) {
         Ok(stats) => {
             let json = serde_json::to_vec(&stats).unwrap_or_default();
