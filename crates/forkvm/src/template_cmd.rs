@@ -106,10 +106,9 @@ fn from_oci(a: FromOciArgs) -> Result<i32> {
     let image = forkvm_image::oci::import(&a.source, &store).context("importing the image")?;
     let import_seconds = started.elapsed().as_secs_f64();
     let defaults = ImageDefaults::from_config(&image.config);
-    let start = match a.start_image_command {
-        true => Some(defaults.command_line().context("--start-image-command: the image has no Entrypoint or Cmd")?),
-        false => a.start.clone(),
-    };
+    let start = defaults
+        .start_service(a.start.clone(), a.start_image_command)
+        .map_err(|e| anyhow::anyhow!("--start-image-command: {e}"))?;
     let options = TemplateOptions { start, ready: a.ready.clone(), vcpus: a.vcpus, memory_mib: a.memory_mib };
     let text = template_text(&a.name, &image, &defaults, &options)?;
     let catalog = Catalog::configured();

@@ -33,6 +33,15 @@ impl ImageDefaults {
         ImageDefaults { exec, command, exposed_ports }
     }
 
+    /// The template's `start` service: the image's own command when `image_command`,
+    /// else `start`. `Err` when the image has no command to run.
+    pub fn start_service(&self, start: Option<String>, image_command: bool) -> Result<Option<String>, &'static str> {
+        match image_command {
+            true => self.command_line().map(Some).ok_or("the image has no Entrypoint or Cmd"),
+            false => Ok(start),
+        }
+    }
+
     /// The command as one shell line (each word single-quoted), for a `start` service.
     pub fn command_line(&self) -> Option<String> {
         (!self.command.is_empty()).then(|| self.command.iter().map(|w| shell_quote(w)).collect::<Vec<_>>().join(" "))

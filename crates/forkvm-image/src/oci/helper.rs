@@ -10,10 +10,9 @@
 //! it) and leaves its counts in `/tmp/unpack.json`.
 
 use super::apply::{apply_layer, ApplyStats};
-use crate::rootfs::userns::{run_confined, IdRange, BUILD_DIR};
+use crate::rootfs::userns::{pipe, run_confined, IdRange, BUILD_DIR};
 use crate::rootfs::RootfsError;
 use std::io::{Read, Write};
-use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -124,14 +123,4 @@ pub fn unpack_confined(
         step: "reading the unpack counts".into(),
         source: std::io::Error::other(e),
     })
-}
-
-fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: pipe2 writes two fds into the array it is given.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: both fds were just created and are owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }

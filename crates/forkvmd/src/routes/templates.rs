@@ -43,13 +43,9 @@ pub async fn import_oci(
             let image = forkvm_image::oci::import(&path, &store).map_err(import_error)?;
             drop(staged);
             let defaults = ImageDefaults::from_config(&image.config);
-            let start =
-                match q.start_image_command {
-                    true => Some(defaults.command_line().ok_or_else(|| {
-                        ApiError::bad_request("start_image_command: the image has no Entrypoint or Cmd")
-                    })?),
-                    false => q.start.clone(),
-                };
+            let start = defaults
+                .start_service(q.start.clone(), q.start_image_command)
+                .map_err(|e| ApiError::bad_request(format!("start_image_command: {e}")))?;
             let options = TemplateOptions { start, ready: q.ready.clone(), vcpus: q.vcpus, memory_mib: q.memory_mib };
             let text = template_text(&q.name, &image, &defaults, &options).map_err(file_error)?;
             save_template(Catalog::configured().dir(), &q.name, &text, q.force).map_err(file_error)?;

@@ -316,10 +316,7 @@ impl Layer<'_> {
                 self.stats.files += 1;
             }
             tar::EntryType::Symlink => {
-                let target = entry
-                    .link_name()
-                    .map_err(ApplyError::Read)?
-                    .ok_or_else(|| entry_err("a link to nothing".into()))?;
+                let target = link_target(&entry).map_err(entry_err)?;
                 let c_target = cstr(target.as_os_str()).map_err(io_err("its target"))?;
                 remove_at(&parent, name).map_err(io_err("removing what was there"))?;
                 // SAFETY: NUL-terminated strings and a valid dirfd.
@@ -331,10 +328,7 @@ impl Layer<'_> {
                 self.stats.symlinks += 1;
             }
             tar::EntryType::Link => {
-                let target = entry
-                    .link_name()
-                    .map_err(ApplyError::Read)?
-                    .ok_or_else(|| entry_err("a link to nothing".into()))?;
+                let target = link_target(&entry).map_err(entry_err)?;
                 let tparts = components(&target).map_err(|p| entry_err(format!("its link target: {p}")))?;
                 let Some((tname, tparents)) = tparts.split_last() else {
                     return Err(entry_err("a hard link to the root".into()));
@@ -413,6 +407,15 @@ impl Layer<'_> {
             check(unsafe { libc::futimens(fd, [t, t].as_ptr()) })?;
         }
         Ok(())
+    }
+}
+
+/// A symbolic or hard link entry's target.
+fn link_target<R: Read>(entry: &tar::Entry<'_, R>) -> Result<std::path::PathBuf, String> {
+    match entry.link_name() {
+        Ok(Some(t)) => Ok(t.into_owned()),
+        Ok(None) => Err("a link to nothing".into()),
+        Err(e) => Err(format!("its link target: {e}")),
     }
 }
 
