@@ -134,6 +134,7 @@ fn a_started_exec_reports_its_pid_and_only_it_can_be_signalled() {
     assert!(e.to_string().contains("not a signal number"), "{e}");
 
     let (pid_tx, pid_rx) = mpsc::channel();
+    let (out_tx, out_rx) = mpsc::channel();
     let runner = {
         let client = agent.client();
         std::thread::spawn(move || {
@@ -144,7 +145,10 @@ fn a_started_exec_reports_its_pid_and_only_it_can_be_signalled() {
                     &ExecRequest::shell("echo up; sleep 30 & wait"),
                     None,
                     Some(&mut on_start),
-                    &mut |b| out.extend_from_slice(b),
+                    &mut |b| {
+                        out.extend_from_slice(b);
+                        let _ = out_tx.send(());
+                    },
                     &mut |_| {},
                 )
                 .unwrap();
@@ -160,6 +164,9 @@ fn a_started_exec_reports_its_pid_and_only_it_can_be_signalled() {
         std::thread::sleep(Duration::from_millis(5));
     }
     assert!(cmdline().contains("sleep 30"), "{:?}", cmdline());
+    // The shell's argv shows before it runs its first command: kill it only once `up`
+    // came out (a CI flake killed it before the echo).
+    out_rx.recv_timeout(Duration::from_secs(10)).expect("the exec's output before the kill");
     let t = Instant::now();
     client.signal(pid, SIGKILL).unwrap();
     let (st, out) = runner.join().unwrap();
