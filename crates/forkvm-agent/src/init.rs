@@ -106,7 +106,7 @@ fn mount_data_disk() -> io::Result<bool> {
 }
 
 /// The block device (`vdb`) whose virtio serial is `serial`, from `/sys/block`.
-fn disk_by_serial(serial: &str) -> Option<String> {
+pub(crate) fn disk_by_serial(serial: &str) -> Option<String> {
     std::fs::read_dir("/sys/block").ok()?.filter_map(Result::ok).find_map(|e| {
         let name = e.file_name().into_string().ok()?;
         let s = std::fs::read_to_string(e.path().join("serial")).ok()?;
@@ -125,7 +125,13 @@ fn mount(source: &str, target: &str, fstype: &str, data: Option<&str>) -> io::Re
     mount_raw(&source, &target, &fstype, data_ptr, flags)
 }
 
-fn mount_with(source: &str, target: &str, fstype: &str, data: Option<&str>, flags: libc::c_ulong) -> io::Result<()> {
+pub(crate) fn mount_with(
+    source: &str,
+    target: &str,
+    fstype: &str,
+    data: Option<&str>,
+    flags: libc::c_ulong,
+) -> io::Result<()> {
     let c = |s: &str| CString::new(s).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL));
     let (source, target, fstype) = (c(source)?, c(target)?, c(fstype)?);
     let data = data.map(c).transpose()?;

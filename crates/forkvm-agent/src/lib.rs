@@ -23,6 +23,7 @@ pub mod reaper;
 pub mod server;
 pub mod spawn;
 pub mod vector_check;
+pub mod volumes;
 pub mod vsock;
 pub mod watch;
 pub mod workers;

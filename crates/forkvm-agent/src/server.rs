@@ -249,6 +249,8 @@ impl Agent {
             }
             Request::Shutdown => Response::ShuttingDown,
             Request::Watch(req) => return watch::run(conn, &req),
+            Request::MountVolume(req) => crate::volumes::mount(&req),
+            Request::Sync => crate::volumes::sync(),
         })
     }
 

@@ -11,6 +11,7 @@ pub mod paths;
 pub mod ports;
 pub mod routes;
 pub mod templates;
+pub mod volumes;
 pub mod workspaces;
 
 pub use disks::{
@@ -20,6 +21,7 @@ pub use disks::{
 pub use error_code::ErrorCode;
 pub use ports::{ExposeRequest, ExposedPort};
 pub use templates::{ImportOciQuery, TemplateImportEvent};
+pub use volumes::{CreateVolumeRequest, SnapshotVolumeRequest, VolumeInfo, VolumeMode, VolumeMount};
 pub use workspaces::{CreateWorkspaceRequest, SuspendWorkspaceRequest, WorkspaceInfo};
 
 /// Version of this API, reported by `GET /version`.
@@ -377,6 +379,10 @@ pub struct CreateSandboxRequest {
     /// absent, the daemon's `--default-ttl`.
     #[serde(default)]
     pub ttl_seconds: Option<u64>,
+    /// forkvm: volumes to attach to each sandbox (at most 4; a writable one only when
+    /// `n` is 1). docs/volumes.md.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeMount>,
 }
 
 fn one() -> u32 {
@@ -400,6 +406,7 @@ impl CreateSandboxRequest {
             live_fork: false,
             hugepages: false,
             ttl_seconds: None,
+            volumes: Vec::new(),
         }
     }
 }

@@ -57,6 +57,11 @@ pub enum RouteName {
     SuspendWorkspace,
     ResumeWorkspace,
     ImportOciTemplate,
+    ListVolumes,
+    CreateVolume,
+    GetVolume,
+    DeleteVolume,
+    SnapshotVolume,
 }
 
 const fn r(method: &'static str, path: &'static str, name: RouteName) -> Route {
@@ -109,6 +114,11 @@ pub const ROUTES: &[Route] = &[
     r("POST", "/v1/workspaces/{name}/suspend", RouteName::SuspendWorkspace),
     r("POST", "/v1/workspaces/{name}/resume", RouteName::ResumeWorkspace),
     r("POST", "/v1/templates/oci", RouteName::ImportOciTemplate),
+    r("GET", "/v1/volumes", RouteName::ListVolumes),
+    r("POST", "/v1/volumes", RouteName::CreateVolume),
+    r("GET", "/v1/volumes/{name}", RouteName::GetVolume),
+    r("DELETE", "/v1/volumes/{name}", RouteName::DeleteVolume),
+    r("POST", "/v1/volumes/{name}/snapshot", RouteName::SnapshotVolume),
 ];
 
 /// Routes anyone may call without a token (liveness probes).

@@ -101,10 +101,16 @@ fn every_component_has_the_fields_of_its_rust_type() {
         CreateWorkspaceRequest,
         SuspendWorkspaceRequest,
         WorkspaceInfo,
+        CreateVolumeRequest,
+        SnapshotVolumeRequest,
+        VolumeInfo,
+        VolumeMode,
     ];
     // A request body (`PUT .../network`) before it is part of a response: checked as
     // the daemon reads it (every field optional).
     rust.push(("NetworkPolicy", generated::<forkvm_api::NetworkPolicy>(true)));
+    // Part of a request body only (`CreateSandboxRequest.volumes`).
+    rust.push(("VolumeMount", generated::<forkvm_api::VolumeMount>(true)));
     let mut problems = Vec::new();
     let mut checked: BTreeSet<&str> = BTreeSet::new();
     for (name, schema) in &rust {

@@ -26,6 +26,7 @@ mod seccomp;
 mod spawn;
 pub mod util;
 mod vector;
+mod volume;
 mod watch;
 
 #[derive(Subcommand, Debug)]
@@ -79,6 +80,9 @@ pub enum BenchCommand {
     /// Templates from OCI images: import and build against the busybox builder, unpack
     /// throughput, and the blob bytes a second image on the same base shares (host side).
     Oci(oci::BenchOciArgs),
+    /// Volumes: create, spawn with one (rw, ro) against without, the writer's kill and
+    /// take-in, a volume snapshot (host and guest side).
+    Volume(volume::BenchVolumeArgs),
 }
 
 /// Runs benchmark `cmd`; returns the process's exit code.
@@ -94,6 +98,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<i32> {
         BenchCommand::Forkd(a) => forkd::run(a),
         BenchCommand::Watch(a) => watch::run(a),
         BenchCommand::Oci(a) => oci::run(a),
+        BenchCommand::Volume(a) => volume::run(a),
         BenchCommand::Boot(a) => boot::run(a),
         BenchCommand::Branch(a) => branch::run(a),
         BenchCommand::Spawn(a) => spawn::run(a),

@@ -133,6 +133,7 @@ fn request_bodies_are_the_api_types() {
         live_fork: false,
         hugepages: false,
         ttl_seconds: Some(60),
+        volumes: Vec::new(),
     };
     assert_eq!(client.spawn(&req).unwrap().len(), 2);
     let sent = server.last();

@@ -34,6 +34,7 @@ mod system;
 mod templates;
 mod tls;
 mod transport;
+mod volumes;
 mod workspaces;
 
 #[cfg(test)]

@@ -49,6 +49,10 @@ pub struct SpawnArgs {
     /// Archive each sandbox this many seconds after it starts (0: never); default: the daemon's.
     #[serde(default)]
     pub ttl_seconds: Option<u64>,
+    /// Volumes (named disks that outlive sandboxes) to mount in each: `mode` `rw` (one
+    /// writer, only with n = 1), `ro`, or `cow` (a private writable copy).
+    #[serde(default)]
+    pub volumes: Vec<forkvm_api::VolumeMount>,
 }
 
 /// Which sandbox.

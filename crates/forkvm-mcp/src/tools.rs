@@ -142,6 +142,7 @@ impl ForkvmMcp {
         let mut req = CreateSandboxRequest::new(a.snapshot_tag, a.n);
         req.memory_limit_mib = a.memory_limit_mib;
         req.ttl_seconds = a.ttl_seconds;
+        req.volumes = a.volumes;
         json_reply(&try_call!("spawning sandboxes", self.daemon.call(move |c| c.spawn(&req))))
     }
 

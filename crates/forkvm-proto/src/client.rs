@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use crate::frame::{read_frame, write_frame, write_json, FrameError, FrameKind, DATA_CHUNK};
 use crate::msg::{
-    AgentError, EvalResponse, ExecRequest, ExitStatus, FileInfo, IdentityApplied, IdentityRequest, MkdirRequest, Pong,
-    ProtocolError, Request, Response, SignalRequest, Started, WatchMessage, WatchRequest, WriteFileRequest,
+    AgentError, EvalResponse, ExecRequest, ExitStatus, FileInfo, IdentityApplied, IdentityRequest, MkdirRequest,
+    MountVolumeRequest, Pong, ProtocolError, Request, Response, SignalRequest, Started, WatchMessage, WatchRequest,
+    WriteFileRequest,
 };
 use crate::vsock::{connect_vsock_uds, VsockConnectError};
 
@@ -335,6 +336,17 @@ impl<S: Read + Write + IdleLimit> AgentClient<S> {
             Response::Done => Ok(()),
             other => Err(unexpected(step, &other)),
         }
+    }
+
+    /// Mounts the volume in slot `req.serial` at `req.path` (waiting, bounded, for the
+    /// guest to see the disk's size).
+    pub fn mount_volume(&self, req: &MountVolumeRequest) -> Result<(), ClientError> {
+        self.expect_done("mount_volume", &Request::MountVolume(req.clone()))
+    }
+
+    /// Flushes the guest's dirty pages to its disks.
+    pub fn sync(&self) -> Result<(), ClientError> {
+        self.expect_done("sync", &Request::Sync)
     }
 
     /// Sends `signal` to the process group of the exec that reported `pid`.

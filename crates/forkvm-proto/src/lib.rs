@@ -80,7 +80,8 @@ pub use frame::{
 };
 pub use msg::{
     AgentError, ChangeKind, Command, EntropyOutcome, ErrorKind, EvalOutcome, EvalResponse, ExecRequest, ExitStatus,
-    FileInfo, FileType, IdentityApplied, IdentityRequest, IdentityTimings, MkdirRequest, Pong, ProtocolError,
-    ProtocolErrorCode, Request, Response, SignalRequest, Started, WatchMessage, WatchRequest, WriteFileRequest,
+    FileInfo, FileType, IdentityApplied, IdentityRequest, IdentityTimings, MkdirRequest, MountVolumeRequest, Pong,
+    ProtocolError, ProtocolErrorCode, Request, Response, SignalRequest, Started, WatchMessage, WatchRequest,
+    WriteFileRequest,
 };
 pub use vsock::{connect_vsock_uds, connect_vsock_uds_within, VsockConnectError};

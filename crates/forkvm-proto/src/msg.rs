@@ -45,6 +45,23 @@ pub enum Request {
     /// Watch a directory (inotify): `Watch` frames until the host sends `End` or the
     /// directory goes away; see [`WatchRequest`].
     Watch(WatchRequest),
+    /// Mount a volume the host put into a volume slot; see [`MountVolumeRequest`].
+    MountVolume(MountVolumeRequest),
+    /// Write every dirty page of the guest to its disks (`sync(2)`): before the host
+    /// stops a sandbox whose writes must outlive it (a volume's writer).
+    Sync,
+}
+
+/// A `mount_volume` request: the block device whose serial is `serial` (a volume slot
+/// the host just filled) mounted at `path` (made if missing).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountVolumeRequest {
+    pub serial: String,
+    /// Absolute guest path.
+    pub path: String,
+    /// Mount read-only (the device refuses writes too).
+    #[serde(default)]
+    pub read_only: bool,
 }
 
 /// A `watch` request.

@@ -50,6 +50,8 @@ pub struct Artifacts {
     pub image: BuiltImage,
     /// The blank base of every sandbox's layered data disk.
     pub scratch: PathBuf,
+    /// The base of every empty volume slot (a file of no bytes).
+    pub empty_slot: PathBuf,
     pub cache: PathBuf,
 }
 
@@ -89,8 +91,19 @@ impl Artifacts {
         let kernel_key = key_of(&kernel);
         let image = ensure_image(&template.template, &template.text, &agent_binary()?, &cache)?;
         let scratch = ensure_scratch_disk(&cache)?;
+        let empty_slot = forkvm_image::rootfs::ensure_empty_slot(&cache)?;
         let mem_mib = template.template.memory_mib.unwrap_or(forkvm_image::rootfs::template::DEFAULT_MEMORY_MIB);
-        Ok(Artifacts { kernel, kernel_key, vcpus: template_vcpus, template_vcpus, mem_mib, image, scratch, cache })
+        Ok(Artifacts {
+            kernel,
+            kernel_key,
+            vcpus: template_vcpus,
+            template_vcpus,
+            mem_mib,
+            image,
+            scratch,
+            empty_slot,
+            cache,
+        })
     }
 
     /// The same template on `vcpus` vCPUs (none: the template's own count): with more

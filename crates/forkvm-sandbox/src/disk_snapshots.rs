@@ -165,8 +165,9 @@ pub fn take(
     }
     let mut disks = Vec::new();
     for s in &seals {
-        // A disk nothing was ever written to is its base: nothing to keep.
-        if s.layers.is_empty() {
+        // A disk nothing was ever written to is its base: nothing to keep. A volume's
+        // writes are the volume's (`volumes`), not this sandbox's.
+        if s.layers.is_empty() || crate::source::is_volume_slot(&s.id) {
             continue;
         }
         let base_key = base_key(&s.base).map_err(|source| DiskSnapshotError::Base {

@@ -4,7 +4,7 @@
 //! them and every start path (cold boot, disk fork, restore) must agree with it.
 
 use crate::artifacts::Artifacts;
-use crate::source::{DATA_DISK_ID, ROOT_DISK_ID};
+use crate::source::{volume_slot_id, DATA_DISK_ID, ROOT_DISK_ID, VOLUME_SLOTS};
 use forkvm_vmm::arch::x86_64::cpuid::CpuTemplate;
 use forkvm_vmm::cold_boot::Machine;
 use forkvm_vmm::devices::attach::{BlockConfig, DeviceConfig, LayeredConfig, NetConfig, VsockConfig};
@@ -43,7 +43,8 @@ pub(crate) fn has_network() -> bool {
 
 /// The devices a template boots with: the shared root image, read-only, the sandbox's
 /// own data disk, layered over the blank base, `lazy` (a vault snapshot restored lazily)
-/// and `sealed` (tops in `disk_dir/disk1`), and the tap of `net`.
+/// and `sealed` (tops in `disk_dir/disk1`), [`VOLUME_SLOTS`] empty volume slots (a
+/// restore puts volumes into them), and the tap of `net`.
 pub(crate) fn boot_devices(
     a: &Artifacts,
     vsock_uds: &Path,
@@ -68,7 +69,20 @@ pub(crate) fn boot_devices(
                     replaces: Vec::new(),
                 }),
             },
-        ],
+        ]
+        .into_iter()
+        .chain((0..VOLUME_SLOTS).map(|slot| BlockConfig {
+            path: a.empty_slot.clone(),
+            read_only: false,
+            id: volume_slot_id(slot),
+            layers: Some(LayeredConfig {
+                sealed: Vec::new(),
+                dir: disk_dir.join(format!("disk{}", 2 + slot)),
+                lazy: None,
+                replaces: Vec::new(),
+            }),
+        }))
+        .collect(),
         net: net.map(|slot| NetConfig { tap: slot.tap_source(), mac: crate::network::GUEST_MAC }),
         rate_limits: Default::default(),
     }

@@ -35,6 +35,7 @@ pub mod template_snapshot;
 pub mod template_start;
 pub mod vector_guard;
 pub mod verbs;
+pub mod volumes;
 pub mod watch_view;
 
 pub use artifacts::{Artifacts, ArtifactsError};
@@ -46,7 +47,7 @@ pub use run_dir::RunDir;
 pub use source::{SourceError, SpawnSource};
 pub use start::in_process::{Sandbox, SandboxError};
 pub use start::running::{fork_running, fork_running_as};
-pub use start::snapshot::{spawn, start_vmms, SpawnTimings, StartedVmms};
+pub use start::snapshot::{spawn, spawn_with, start_vmms, start_vmms_with, SpawnTimings, StartedVmms};
 pub use start::{SpawnError, SpawnOptions};
 pub use state::{SandboxState, StateReason};
 pub use tags::{check_tag_defaults, publish_template, PublishError};

@@ -30,7 +30,8 @@ use std::path::{Path, PathBuf};
 pub fn salvage(store: &Store, record: &SandboxRecord) -> Result<Option<SnapshotInfo>, SalvageError> {
     let mut inputs = Vec::new();
     for d in &record.disks {
-        if !d.dir.is_dir() {
+        // A volume's writes stay in its writer directory for the volume to take in.
+        if !d.dir.is_dir() || crate::source::is_volume_slot(&d.id) {
             continue;
         }
         let layers = match disk_layers(d) {
@@ -75,7 +76,7 @@ pub enum SalvageError {
 }
 
 /// Why a disk's layers cannot be put together.
-enum Unsalvageable {
+pub(crate) enum Unsalvageable {
     /// A layer below the top is a lazy restore's unfinished cache.
     Lazy(PathBuf),
     Other(String),
@@ -88,7 +89,7 @@ impl From<String> for Unsalvageable {
 }
 
 /// Every sealed layer of disk `d`, oldest first, after sealing its orphaned top.
-fn disk_layers(d: &RecordedDisk) -> Result<Vec<PathBuf>, Unsalvageable> {
+pub(crate) fn disk_layers(d: &RecordedDisk) -> Result<Vec<PathBuf>, Unsalvageable> {
     let mut index: HashMap<LayerId, (PathBuf, LayerInfo)> = HashMap::new();
     for dir in &d.sealed {
         let info = inspect(dir).map_err(|e| e.to_string())?;

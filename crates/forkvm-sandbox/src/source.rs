@@ -242,6 +242,23 @@ pub const ROOT_DISK_ID: &str = "forkvm-root";
 /// the root overlay as its writable half).
 pub const DATA_DISK_ID: &str = "forkvm-data";
 
+/// Empty volume slots every Linux sandbox boots with (block devices of capacity 0 after
+/// its data disk): at most this many volumes per sandbox.
+pub const VOLUME_SLOTS: usize = 4;
+/// Serial prefix of a volume slot (`forkvm-vol0`, ...).
+pub const VOLUME_SLOT_PREFIX: &str = "forkvm-vol";
+
+/// The serial of volume slot `slot`.
+pub fn volume_slot_id(slot: usize) -> String {
+    format!("{VOLUME_SLOT_PREFIX}{slot}")
+}
+
+/// Whether a disk serial names a volume slot (kept out of the sandbox's own disk
+/// snapshots and salvage: a volume's data is the volume's).
+pub fn is_volume_slot(id: &str) -> bool {
+    id.strip_prefix(VOLUME_SLOT_PREFIX).is_some_and(|n| n.parse::<usize>().is_ok_and(|n| n < VOLUME_SLOTS))
+}
+
 /// The device description of a template's sandboxes (root disk added by the caller).
 pub fn template_devices() -> DevicesMeta {
     DevicesMeta { vsock_cid: Some(GUEST_CID), rng: true, disks: Vec::new(), net: None }

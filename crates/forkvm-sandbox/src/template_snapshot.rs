@@ -90,9 +90,10 @@ impl TemplateSnapshot {
 
 fn snapshot_key(a: &Artifacts, template: CpuTemplate, guard: VectorGuard) -> String {
     let mut config = format!(
-        "mem={} irqchip={IRQCHIP} cpu={template} cpu-cmdline={} cmdline={}",
+        "mem={} irqchip={IRQCHIP} cpu={template} cpu-cmdline={} volume-slots={} cmdline={}",
         a.mem_mib,
         template.linux_cmdline(),
+        crate::source::VOLUME_SLOTS,
         cmdline(a)
     );
     if guard == VectorGuard::ReportOnly {

@@ -45,7 +45,7 @@ pub use disk_references::{DiskReferences, ReferencesError, DISK_REFERENCES};
 pub use forkvm_disk::layered_disk::{Layer, LayerError, LayerId, LayerInfo, LayerStack, SealedLayer, StackStats};
 /// The disk half, below this crate: `forkvm_snapshot::vault` and `::layered_disk` name
 /// `forkvm-disk`'s modules.
-pub use forkvm_disk::{layered_disk, malformed, preopened, vault};
+pub use forkvm_disk::{flock, layered_disk, malformed, preopened, vault};
 pub use memory_image::{
     allocated_bytes, create_image, open_image, write_sparse, MemoryImageError, SparseStats, PAGE_SIZE,
 };

@@ -47,6 +47,15 @@ pub struct ForkArgs {
     pub limits: crate::limit_args::LimitArgs,
     #[command(flatten)]
     pub network: crate::network_cmd::NetworkArgs,
+    /// Volume to attach, NAME:/mount/point[:rw|ro|cow] (repeatable; rw, the default,
+    /// needs -n 1: one writer at a time). See docs/volumes.md.
+    #[arg(
+        long = "volume",
+        value_name = "NAME:/PATH[:MODE]",
+        value_parser = parse_volume,
+        conflicts_with_all = ["snapshot", "from_sandbox"]
+    )]
+    pub volumes: Vec<forkvm_sandbox::volumes::VolumeMount>,
     /// Number of children.
     #[arg(short = 'n', long, default_value_t = 1)]
     pub count: usize,
@@ -56,6 +65,10 @@ pub struct ForkArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+fn parse_volume(s: &str) -> Result<forkvm_sandbox::volumes::VolumeMount, String> {
+    forkvm_sandbox::volumes::parse_mount(s).map_err(|e| e.to_string())
 }
 
 #[derive(Debug, Serialize)]
@@ -180,7 +193,7 @@ fn run_linux(a: &ForkArgs, remote: &RemoteArgs, from: NewFrom<'_>) -> Result<i32
         NewFrom::Sandbox(id) => format!("running sandbox {id}"),
     };
     let started = Instant::now();
-    let made = backend.start(from, a.count, &a.limits, a.network.policy().as_ref())?;
+    let made = backend.start(from, a.count, &a.limits, a.network.policy().as_ref(), &a.volumes)?;
     let all_ready_ms = started.elapsed().as_secs_f64() * 1e3;
     let mut failed = false;
     let mut rows = Vec::new();

@@ -19,6 +19,7 @@ mod sandbox_cmd;
 mod snapshot_cmd;
 mod template_cmd;
 mod vm_cmd;
+mod volume_cmd;
 mod workspace_cmd;
 
 use clap::{Parser, Subcommand};
@@ -120,6 +121,8 @@ enum Command {
     /// Forward a local TCP port to a sandbox's guest port, through the daemon.
     #[command(name = "port-forward")]
     PortForward(ports_cmd::PortForwardArgs),
+    /// Volumes: named ext4 disks that outlive sandboxes, attached with `fork --volume`.
+    Volume(volume_cmd::VolumeArgs),
     /// forkd's workspaces: a sandbox under a name, suspended and resumed by it (daemon only).
     Workspace(workspace_cmd::WorkspaceArgs),
     /// Serve forkvm's sandboxes to an agent over MCP (stdio, or streamable HTTP with a
@@ -202,6 +205,7 @@ fn main() {
         Command::PortForward(a) => ports_cmd::port_forward(a, remote),
         Command::Mcp(a) => mcp_cmd::run(a, remote),
         Command::Workspace(a) => workspace_cmd::run(a, remote),
+        Command::Volume(a) => volume_cmd::run(a, remote),
         Command::Spawner(a) => daemon_cmd::spawner(a),
     };
     match result {

@@ -42,6 +42,9 @@ pub struct SpawnOrder {
     pub tag: String,
     pub ids: Vec<String>,
     pub limits: SpawnOptions,
+    /// Volumes to put into each child's slots (leased by the spawner once the rows exist).
+    #[serde(default)]
+    pub volumes: Vec<forkvm_sandbox::volumes::VolumeMount>,
 }
 
 /// Why the spawner could not start them: the library error's code and message.
@@ -308,7 +311,7 @@ fn execute(order: &Order, registry: &Registry, store: &Store) -> Answer {
         Ok(s) => s,
         Err(e) => return refused(e.code(), e.to_string()),
     };
-    match forkvm_sandbox::start_vmms(registry, &source, &order.ids, &order.limits) {
+    match forkvm_sandbox::start_vmms_with(registry, &source, &order.ids, &order.limits, &order.volumes) {
         Ok(started) => Answer::Started(started),
         Err(e) => refused(e.code(), e.to_string()),
     }

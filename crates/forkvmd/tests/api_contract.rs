@@ -45,6 +45,8 @@ fn good_body(name: RouteName) -> &'static str {
         RouteName::ExposePort => r#"{"port":8000}"#,
         RouteName::CreateWorkspace => r#"{"name":"w1","snapshot_tag":"nope"}"#,
         RouteName::SuspendWorkspace => r#"{"diff":false}"#,
+        RouteName::CreateVolume => r#"{"name":"v1","size_mib":16}"#,
+        RouteName::SnapshotVolume => r#"{"to":"v2"}"#,
         _ => "",
     }
 }
@@ -128,6 +130,8 @@ async fn malformed_json_and_unknown_fields_are_400_with_a_message() {
         RouteName::SetNetwork,
         RouteName::CreateWorkspace,
         RouteName::SuspendWorkspace,
+        RouteName::CreateVolume,
+        RouteName::SnapshotVolume,
     ];
     for r in ROUTES.iter().filter(|r| json_routes.contains(&r.name)) {
         let u = uri(r.path, "nope", r.name);

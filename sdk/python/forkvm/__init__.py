@@ -47,6 +47,7 @@ from .types import (
     SnapshotInfoDetail,
     UnpackResult,
     VersionInfo,
+    VolumeInfo,
     WorkspaceInfo,
 )
 
@@ -81,6 +82,7 @@ __all__ = [
     "ExecResult",
     "EvalResult",
     "ArchiveReport",
+    "VolumeInfo",
     "WorkspaceInfo",
     "DiskSnapshotReport",
     "DiskSnapshotInfo",

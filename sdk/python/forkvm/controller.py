@@ -39,6 +39,7 @@ from .types import (
     SnapshotInfoDetail,
     UnpackResult,
     VersionInfo,
+    VolumeInfo,
     WorkspaceInfo,
     parse_list,
 )
@@ -76,6 +77,27 @@ def _snap(tag: str, *rest: str) -> str:
 
 def _ws(name: str, *rest: str) -> str:
     return "/".join(["/v1/workspaces", quote_segment(name), *rest])
+
+
+def _vol(name: str, *rest: str) -> str:
+    return "/".join(["/v1/volumes", quote_segment(name), *rest])
+
+
+VolumeLike = Union[str, Mapping[str, Any]]
+
+
+def volume_body(v: VolumeLike) -> Dict[str, Any]:
+    """One entry of a spawn's ``volumes``: ``{"name", "mount", "mode"}``, or the CLI's
+    ``"NAME:/mount/point[:rw|ro|cow]"``."""
+    if isinstance(v, str):
+        parts = v.split(":", 2)
+        if len(parts) < 2:
+            raise ValueError(f"volume {v!r}: expected NAME:/mount/point[:rw|ro|cow]")
+        body: Dict[str, Any] = {"name": parts[0], "mount": parts[1]}
+        if len(parts) == 3:
+            body["mode"] = parts[2]
+        return body
+    return dict(v)
 
 
 class Controller:
@@ -382,8 +404,12 @@ class Controller:
         io_limits: Optional[Dict[str, int]] = None,
         network: Optional[NetworkPolicyLike] = None,
         vcpus: Optional[int] = None,
+        volumes: Optional[Sequence[VolumeLike]] = None,
     ) -> List[SandboxInfo]:
         """``POST /v1/sandboxes``: ``n`` sandboxes from a snapshot, all ready, or none.
+
+        ``volumes`` attaches volumes to each (``{"name", "mount", "mode"}`` or
+        ``"NAME:/mount[:rw|ro|cow]"``; a writable one only when ``n`` is 1).
 
         A sandbox has its snapshot's vCPUs; ``vcpus`` says how many the caller expects,
         and another count is refused (:class:`BadRequest`) rather than ignored.
@@ -412,6 +438,8 @@ class Controller:
             body["network"] = network_body(network)
         if vcpus is not None:
             body["vcpus"] = vcpus
+        if volumes:
+            body["volumes"] = [volume_body(v) for v in volumes]
         return parse_list(SandboxInfo, self._json(self._request("POST", "/v1/sandboxes", json=body)), "sandboxes")
 
     def get_sandbox(self, sandbox_id: str) -> SandboxInfo:
@@ -579,6 +607,31 @@ class Controller:
     def resume_workspace(self, name: str) -> WorkspaceInfo:
         """``POST /v1/workspaces/{name}/resume``: restores its sandbox (same id)."""
         return WorkspaceInfo.from_json(self._json(self._request("POST", _ws(name, "resume"))))
+
+    # --- volumes ---------------------------------------------------------
+
+    def list_volumes(self) -> List[VolumeInfo]:
+        """``GET /v1/volumes``."""
+        return parse_list(VolumeInfo, self._json(self._request("GET", "/v1/volumes")), "volumes")
+
+    def create_volume(self, name: str, *, size_mib: Optional[int] = None) -> VolumeInfo:
+        """``POST /v1/volumes``: a blank ext4 volume (absent size: 4096 MiB, sparse)."""
+        body: Dict[str, Any] = {"name": name}
+        if size_mib is not None:
+            body["size_mib"] = size_mib
+        return VolumeInfo.from_json(self._json(self._request("POST", "/v1/volumes", json=body)))
+
+    def get_volume(self, name: str) -> VolumeInfo:
+        """``GET /v1/volumes/{name}``."""
+        return VolumeInfo.from_json(self._json(self._request("GET", _vol(name))))
+
+    def delete_volume(self, name: str) -> None:
+        """``DELETE /v1/volumes/{name}``: :class:`Conflict` while a sandbox has it attached."""
+        self._request("DELETE", _vol(name))
+
+    def snapshot_volume(self, name: str, to: str) -> VolumeInfo:
+        """``POST /v1/volumes/{name}/snapshot``: a new volume ``to`` with its data as of now."""
+        return VolumeInfo.from_json(self._json(self._request("POST", _vol(name, "snapshot"), json={"to": to})))
 
     # --- lifecycle -------------------------------------------------------
 

@@ -33,6 +33,7 @@ __all__ = [
     "Pong",
     "VersionInfo",
     "WorkspaceInfo",
+    "VolumeInfo",
 ]
 
 T = TypeVar("T")
@@ -654,6 +655,42 @@ class WorkspaceInfo(_Record):
             sandbox_id=f.req_str("sandbox_id"),
             live_sandbox_id=f.opt_str("live_sandbox_id"),
             current_state_tag=f.opt_str("current_state_tag"),
+            raw=_raw(data),
+        )
+
+
+@dataclass
+class VolumeInfo(_Record):
+    """A volume (``/v1/volumes``): a named ext4 disk that outlives sandboxes. A spawn
+    attaches it with ``volumes=[{"name": ..., "mount": "/data", "mode": "rw"}]``."""
+
+    name: str
+    size_bytes: int
+    created_at_unix_ms: int
+    #: Sealed layers (each a set of writes taken in).
+    layers: int
+    #: Bytes its files take on the host's disk.
+    stored_bytes: int
+    #: The sandbox writing it now.
+    writer: Optional[str] = None
+    #: Live sandboxes reading it (read-only or copy-on-write).
+    readers: List[str] = field(default_factory=list)
+    #: The volume it was snapshotted from.
+    snapshot_of: Optional[str] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "VolumeInfo":
+        f = _Fields("VolumeInfo", data)
+        return cls(
+            name=f.req_str("name"),
+            size_bytes=f.req_int("size_bytes"),
+            created_at_unix_ms=f.req_int("created_at_unix_ms"),
+            layers=f.req_int("layers"),
+            stored_bytes=f.req_int("stored_bytes"),
+            writer=f.opt_str("writer"),
+            readers=f.str_list("readers", required=False),
+            snapshot_of=f.opt_str("snapshot_of"),
             raw=_raw(data),
         )
 

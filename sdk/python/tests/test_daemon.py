@@ -528,6 +528,46 @@ def test_kill_then_get_is_not_found(ctl: Controller, py: str) -> None:
     assert s.id not in [x.id for x in ctl.list_sandboxes()]
 
 
+def test_a_volume_keeps_a_killed_writers_files_for_the_next_sandbox(ctl: Controller, py: str) -> None:
+    vol = ctl.create_volume("sdk-vol", size_mib=32)
+    assert (vol.name, vol.size_bytes, vol.layers, vol.writer) == ("sdk-vol", 32 << 20, 0, None)
+    with pytest.raises(Conflict):
+        ctl.create_volume("sdk-vol")
+    with pytest.raises(BadRequest):
+        ctl.create_volume("../x")
+    with pytest.raises(BadRequest):
+        ctl.spawn_sandboxes(py, 2, volumes=["sdk-vol:/data"])
+    with pytest.raises(NotFound):
+        ctl.spawn_sandboxes(py, volumes=["nope:/data"])
+    [w] = ctl.spawn_sandboxes(py, volumes=[{"name": "sdk-vol", "mount": "/data"}])
+    try:
+        assert ctl.get_volume("sdk-vol").writer == w.id
+        with pytest.raises(Conflict):
+            ctl.spawn_sandboxes(py, volumes=["sdk-vol:/data"])
+        r = ctl.exec_command(w.id, ["sh", "-c", "echo kept > /data/f"])
+        assert r.exit_code == 0, r
+    finally:
+        ctl.kill_sandbox(w.id)
+    after = ctl.get_volume("sdk-vol")
+    assert after.writer is None and after.layers >= 1, after
+    [r] = ctl.spawn_sandboxes(py, volumes=["sdk-vol:/data:ro"])
+    try:
+        assert ctl.get_volume("sdk-vol").readers == [r.id]
+        assert ctl.exec_command(r.id, ["cat", "/data/f"]).stdout == "kept\n"
+        assert ctl.exec_command(r.id, ["sh", "-c", "echo x > /data/g"]).exit_code != 0
+        with pytest.raises(Conflict):
+            ctl.delete_volume("sdk-vol")
+        copy = ctl.snapshot_volume("sdk-vol", "sdk-vol-2")
+        assert (copy.snapshot_of, copy.layers) == ("sdk-vol", after.layers)
+    finally:
+        ctl.kill_sandbox(r.id)
+    assert {v.name for v in ctl.list_volumes()} >= {"sdk-vol", "sdk-vol-2"}
+    ctl.delete_volume("sdk-vol")
+    ctl.delete_volume("sdk-vol-2")
+    with pytest.raises(NotFound):
+        ctl.get_volume("sdk-vol")
+
+
 def test_archive_then_restore_keeps_files_and_delete_removes_it(ctl: Controller, py: str) -> None:
     s = Sandbox.create(py, controller=ctl)
     try:

@@ -576,6 +576,8 @@ def _pack_file(data: bytes) -> str:
     return path
 WS = {"id": "ws-ID", "name": "NAME", "source_snapshot_tag": "TAG", "status": "running",
       "live_sandbox_id": "ID", "created_at_unix": 1, "last_active_unix": 2, "sandbox_id": "ID"}
+VOL = {"name": "data", "size_bytes": 1, "created_at_unix_ms": 2, "layers": 0, "stored_bytes": 3,
+       "writer": None, "readers": [], "snapshot_of": None}
 ENTRY = {"name": "a", "type": "file", "size": 1, "mode": 420, "mtime_unix_ns": 0}
 WATCH = b'{"type":"armed","directories":1}\n{"type":"keepalive"}\n{"type":"end","reason":"gone"}\n'
 IMPORTED = (
@@ -620,6 +622,11 @@ CALLS: Dict[str, Tuple[Any, Callable[[Controller], Any]]] = {
     "DeleteWorkspace": (None, lambda c: c.delete_workspace("NAME")),
     "SuspendWorkspace": (WS, lambda c: c.suspend_workspace("NAME")),
     "ResumeWorkspace": (WS, lambda c: c.resume_workspace("NAME")),
+    "ListVolumes": ([VOL], lambda c: c.list_volumes()),
+    "CreateVolume": (VOL, lambda c: c.create_volume("data", size_mib=64)),
+    "GetVolume": (VOL, lambda c: c.get_volume("NAME")),
+    "DeleteVolume": (None, lambda c: c.delete_volume("NAME")),
+    "SnapshotVolume": (VOL, lambda c: c.snapshot_volume("NAME", "data2")),
     "ImportOciTemplate": (IMPORTED, lambda c: c.import_oci_template(_pack_file(b"image"), "app")),
 }
 

@@ -48,6 +48,7 @@ const WATCH_MAX_MS = 2_147_483_647;
 const sb = (id: string, ...rest: string[]) => ["/v1/sandboxes", quoteSegment(id), ...rest].join("/");
 const snap = (tag: string, ...rest: string[]) => ["/v1/snapshots", quoteSegment(tag), ...rest].join("/");
 const ws = (name: string, ...rest: string[]) => ["/v1/workspaces", quoteSegment(name), ...rest].join("/");
+const vol = (name: string, ...rest: string[]) => ["/v1/volumes", quoteSegment(name), ...rest].join("/");
 
 interface Call {
   json?: unknown;
@@ -451,5 +452,32 @@ export class Controller {
   /** `POST /v1/workspaces/{name}/resume`: the same sandbox restored. */
   resumeWorkspace(name: string): Promise<T.WorkspaceInfo> {
     return this.#json("POST", ws(name, "resume"));
+  }
+
+  // --- volumes: named ext4 disks that outlive sandboxes ---------------------------
+
+  /** `GET /v1/volumes`. */
+  listVolumes(): Promise<T.VolumeInfo[]> {
+    return this.#json("GET", "/v1/volumes");
+  }
+
+  /** `POST /v1/volumes`: a blank ext4 volume (absent size: 4096 MiB, sparse). */
+  createVolume(req: T.CreateVolumeRequest): Promise<T.VolumeInfo> {
+    return this.#json("POST", "/v1/volumes", { json: req });
+  }
+
+  /** `GET /v1/volumes/{name}`. */
+  getVolume(name: string): Promise<T.VolumeInfo> {
+    return this.#json("GET", vol(name));
+  }
+
+  /** `DELETE /v1/volumes/{name}`: refused (409) while a sandbox has it attached. */
+  deleteVolume(name: string): Promise<void> {
+    return this.#none("DELETE", vol(name));
+  }
+
+  /** `POST /v1/volumes/{name}/snapshot`: a new volume `to` with its data as of now. */
+  snapshotVolume(name: string, to: string): Promise<T.VolumeInfo> {
+    return this.#json("POST", vol(name, "snapshot"), { json: { to } satisfies T.SnapshotVolumeRequest });
   }
 }

@@ -695,6 +695,71 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/volumes": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List volumes
+         * @description Every volume, by name. A writer that stopped has its writes taken in first (docs/volumes.md).
+         */
+        get: operations["list_volumes"];
+        put?: never;
+        /**
+         * Create a volume
+         * @description A blank ext4 volume (a sparse file: a few MiB on the host until written). Attach it with `CreateSandboxRequest.volumes`.
+         */
+        post: operations["create_volume"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/volumes/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Get a volume */
+        get: operations["get_volume"];
+        put?: never;
+        post?: never;
+        /**
+         * Delete a volume
+         * @description Removes the volume and its data. Refused while a live sandbox has it attached.
+         */
+        delete: operations["delete_volume"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/volumes/{name}/snapshot": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Snapshot a volume
+         * @description A new volume `to` with this volume's data as of now (its sealed layers hard-linked: nothing is copied). The two diverge.
+         */
+        post: operations["snapshot_volume"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -990,6 +1055,8 @@ export interface components {
              * @description forkvm: the vCPUs the caller expects; a sandbox has its snapshot's, so another count is refused (400). Make a tag with more vCPUs through POST /v1/snapshots vcpus.
              */
             vcpus?: number;
+            /** @description forkvm: volumes to attach to each sandbox (a writable one only when `n` is 1; docs/volumes.md). */
+            volumes?: components["schemas"]["VolumeMount"][];
         };
         /** @description forkvm: `POST /v1/sandboxes/{id}/fork`: N copies of a running sandbox, no disk. */
         ForkSandboxRequest: {
@@ -1828,6 +1895,45 @@ export interface components {
         };
         /** @description forkvm: one line of `POST /v1/templates/oci` (NDJSON). */
         TemplateImportEvent: components["schemas"]["TemplateImportEventImported"] | components["schemas"]["TemplateImportEventBuilt"] | components["schemas"]["TemplateImportEventSnapshot"] | components["schemas"]["TemplateImportEventDone"] | components["schemas"]["TemplateImportEventError"];
+        /**
+         * @description How a sandbox sees a volume: `rw` writes it (one writer at a time), `ro` reads it, `cow` writes a private copy thrown away with the sandbox.
+         * @enum {string}
+         */
+        VolumeMode: "rw" | "ro" | "cow";
+        /** @description A volume to attach to each sandbox of a spawn. */
+        VolumeMount: {
+            /** @description The volume's name. */
+            name: string;
+            /** @description Absolute guest path, made if missing; not `/`, `/proc`, `/sys`, `/dev` or `/overlay`. */
+            mount: string;
+            /** @default rw */
+            mode?: components["schemas"]["VolumeMode"];
+        };
+        CreateVolumeRequest: {
+            name: string;
+            /** @description Size in MiB; absent: 4096. */
+            size_mib?: number | null;
+        };
+        SnapshotVolumeRequest: {
+            /** @description The new volume's name. */
+            to: string;
+        };
+        /** @description A volume. */
+        VolumeInfo: {
+            name: string;
+            size_bytes: number;
+            created_at_unix_ms: number;
+            /** @description Sealed layers (each a set of writes taken in). */
+            layers: number;
+            /** @description Bytes its files take on the host's disk. */
+            stored_bytes: number;
+            /** @description The sandbox writing it now. */
+            writer: string | null;
+            /** @description Live sandboxes reading it (read-only or copy-on-write). */
+            readers: string[];
+            /** @description The volume it was snapshotted from. */
+            snapshot_of: string | null;
+        };
     };
     responses: {
         /** @description Bad request: malformed JSON, unknown field, bad tag/id, bad value. */
@@ -3471,6 +3577,162 @@ export interface operations {
             409: components["responses"]["Conflict"];
             500: components["responses"]["Internal"];
             507: components["responses"]["DiskFull"];
+        };
+    };
+    list_volumes: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Every volume. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["VolumeInfo"][];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            500: components["responses"]["Internal"];
+        };
+    };
+    create_volume: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "name": "data",
+                 *       "size_mib": 4096
+                 *     }
+                 */
+                "application/json": components["schemas"]["CreateVolumeRequest"];
+            };
+        };
+        responses: {
+            /** @description Created. */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["VolumeInfo"];
+                };
+            };
+            /** @description Bad name or size. */
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            /** @description A volume has that name. */
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["Internal"];
+        };
+    };
+    get_volume: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Volume name: 1 to 128 ASCII letters, digits, `.`, `_` or `-`, starting with a letter or digit. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The volume. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["VolumeInfo"];
+                };
+            };
+            /** @description Bad name. */
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            /** @description No such volume. */
+            404: components["responses"]["NotFound"];
+            500: components["responses"]["Internal"];
+        };
+    };
+    delete_volume: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Volume name: 1 to 128 ASCII letters, digits, `.`, `_` or `-`, starting with a letter or digit. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Deleted. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Bad name. */
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            /** @description No such volume. */
+            404: components["responses"]["NotFound"];
+            /** @description A live sandbox has it attached. */
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["Internal"];
+        };
+    };
+    snapshot_volume: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Volume name: 1 to 128 ASCII letters, digits, `.`, `_` or `-`, starting with a letter or digit. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "to": "data-monday"
+                 *     }
+                 */
+                "application/json": components["schemas"]["SnapshotVolumeRequest"];
+            };
+        };
+        responses: {
+            /** @description The new volume. */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["VolumeInfo"];
+                };
+            };
+            /** @description Bad name. */
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            /** @description No such volume. */
+            404: components["responses"]["NotFound"];
+            /** @description A volume has the new name. */
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["Internal"];
         };
     };
 }

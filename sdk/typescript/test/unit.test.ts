@@ -83,6 +83,7 @@ const SNAP = { tag: "TAG", dir: "/d", created_at_unix: 1, branched_from: null, p
   warning: null, template: null, mode: null, memory_logical_bytes: 0, memory_physical_bytes: 0, default_limits: null };
 const SB = { id: "ID", snapshot_tag: "TAG", guest_addr: "", created_at_unix: 1 };
 const WS = { id: "ws-ID", name: "NAME", source_snapshot_tag: "TAG", status: "running", created_at_unix: 1, last_active_unix: 1, sandbox_id: "ID" };
+const VOL = { name: "data", size_bytes: 1, created_at_unix_ms: 2, layers: 0, stored_bytes: 3, writer: null, readers: [], snapshot_of: null };
 const EXIT = '{"type":"exit","exit_code":0,"signal":null,"timed_out":false,"duration_ms":1}\n';
 
 // route name in routes.rs -> [reply body, the call]
@@ -130,6 +131,11 @@ const CALLS: Record<string, [unknown, (c: Controller) => Promise<unknown>]> = {
   DeleteWorkspace: [null, (c) => c.deleteWorkspace("NAME")],
   SuspendWorkspace: [WS, (c) => c.suspendWorkspace("NAME")],
   ResumeWorkspace: [WS, (c) => c.resumeWorkspace("NAME")],
+  ListVolumes: [[VOL], (c) => c.listVolumes()],
+  CreateVolume: [VOL, (c) => c.createVolume({ name: "data", size_mib: 64 })],
+  GetVolume: [VOL, (c) => c.getVolume("NAME")],
+  DeleteVolume: [null, (c) => c.deleteVolume("NAME")],
+  SnapshotVolume: [VOL, (c) => c.snapshotVolume("NAME", "data2")],
   ImportOciTemplate: [{ type: "done", template: "app" }, async (c) => {
     for await (const _ of c.importOciTemplate(new Uint8Array([1, 2]), { name: "app", force: true })) void _;
   }],

@@ -17,5 +17,5 @@ pub mod userns;
 
 pub use build::{ensure_image, image_key, BuiltImage, RootfsError};
 pub use catalog::{Catalog, CatalogError, CatalogTemplate};
-pub use scratch::{ensure_scratch_disk, scratch_key, SCRATCH_DISK_BYTES, SCRATCH_LABEL};
+pub use scratch::{ensure_empty_slot, ensure_scratch_disk, scratch_key, SCRATCH_DISK_BYTES, SCRATCH_LABEL};
 pub use template::{Base, Template, TemplateError};

@@ -69,6 +69,29 @@ pub fn ensure_scratch_disk(cache: &Path) -> Result<PathBuf, RootfsError> {
     Ok(path)
 }
 
+/// The base of an empty volume slot in `cache`: a file of no bytes, made if missing.
+/// Every Linux sandbox boots with a few such slots (a layered disk of capacity 0); a
+/// restore puts a volume into one (`forkvm_sandbox::volumes`).
+pub fn ensure_empty_slot(cache: &Path) -> Result<PathBuf, RootfsError> {
+    let dir = cache.join("disks");
+    let path = dir.join("empty-volume-slot.img");
+    let stage = |step: &str| {
+        let dir = dir.clone();
+        let step = step.to_string();
+        move |source| RootfsError::Stage { dir, step, source }
+    };
+    match std::fs::symlink_metadata(&path) {
+        Ok(m) if m.is_file() && m.len() == 0 => return Ok(path),
+        Ok(_) => std::fs::remove_file(&path).map_err(stage("removing a non-empty empty-slot image"))?,
+        Err(_) => {}
+    }
+    std::fs::create_dir_all(&dir).map_err(stage("creating the disks directory"))?;
+    let tmp = dir.join(format!(".empty-volume-slot.{}.tmp", std::process::id()));
+    std::fs::File::create(&tmp).map_err(stage("creating the empty-slot image"))?;
+    std::fs::rename(&tmp, &path).map_err(stage("publishing the empty-slot image"))?;
+    Ok(path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -294,9 +294,12 @@ fn is_inside(path: &Path, dir: &Path) -> bool {
     path.starts_with(dir) && !path.components().any(|c| matches!(c, std::path::Component::ParentDir))
 }
 
-/// Whether every disk directory `r` records lies inside its run directory (logged if not).
-fn disks_inside(r: &SandboxRecord) -> bool {
-    match r.disks.iter().find(|d| !is_inside(&d.dir, &r.run_dir)) {
+/// Whether every disk directory `r` records lies inside its run directory, or is its
+/// own writer directory of a volume (`<store>/volumes/<name>/writers/<its id>`, which
+/// outlives it: the volume takes its writes in). Logged if not.
+fn disks_inside(r: &SandboxRecord, store: Option<&Path>) -> bool {
+    let own_writer = |dir: &Path| store.is_some_and(|s| crate::volumes::is_writer_dir(s, dir, &r.id));
+    match r.disks.iter().find(|d| !is_inside(&d.dir, &r.run_dir) && !own_writer(&d.dir)) {
         Some(d) => {
             tracing::warn!(id = %r.id, disk = %d.dir.display(), "a sandbox record's disk is outside its run directory; ignored");
             false
@@ -609,7 +612,7 @@ impl Registry {
     pub fn row(&self, id: &str) -> Option<SandboxRow> {
         let dir = self.run_dir(id)?;
         match self.records.get(id, &dir) {
-            Ok(r) => r.filter(|r| disks_inside(&r.record)),
+            Ok(r) => r.filter(|r| disks_inside(&r.record, self.store.as_deref())),
             Err(e) => {
                 tracing::warn!(id, error = %e, "reading a sandbox record failed");
                 None
@@ -619,7 +622,7 @@ impl Registry {
 
     /// Every row, oldest first, whatever its state (a pure read).
     pub fn rows(&self) -> Vec<SandboxRow> {
-        self.all_rows().into_iter().filter(|r| disks_inside(&r.record)).collect()
+        self.all_rows().into_iter().filter(|r| disks_inside(&r.record, self.store.as_deref())).collect()
     }
 
     /// Every row, including those whose disks lie outside their run directory (which

@@ -110,7 +110,7 @@ impl Registry {
         }
         let r = &record;
         let id = r.id.clone();
-        if !disks_inside(r) {
+        if !disks_inside(r, self.store.as_deref()) {
             // Disks outside its run directory: never salvaged from, never used.
             if record_alive(r) {
                 return true;

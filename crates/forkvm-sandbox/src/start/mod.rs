@@ -59,6 +59,8 @@ pub enum SpawnError {
     Limit(#[from] LimitError),
     #[error("a sandbox's network: {0}")]
     Network(#[from] crate::network::NetworkError),
+    #[error(transparent)]
+    Volume(#[from] crate::volumes::VolumeError),
 }
 
 impl SpawnError {
@@ -66,6 +68,7 @@ impl SpawnError {
         match self {
             SpawnError::Count(_) | SpawnError::Limit(_) => forkvm_api::ErrorCode::BadRequest,
             SpawnError::Registry(e) => e.code(),
+            SpawnError::Volume(e) => e.code(),
             _ => forkvm_api::ErrorCode::Internal,
         }
     }

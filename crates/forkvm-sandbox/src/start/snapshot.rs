@@ -11,6 +11,7 @@ use super::{ms_since, new_sandbox_id, Batch, SpawnError, SpawnOptions, VmmUids, 
 use crate::ready::{finish, learn_memory, SpawnedSandbox};
 use crate::registry::{Origin, Registry, SandboxRecord};
 use crate::source::SpawnSource;
+use crate::volumes::{VolumeError, VolumeMount, Volumes};
 use forkvm_vmm::phase_timer::thread_cpu_time;
 use forkvm_vmm::zygote::Zygote;
 use std::path::PathBuf;
@@ -49,6 +50,9 @@ pub struct StartedVmms {
     /// Its pages replayed (0: none).
     #[serde(default)]
     pub memory_prefetch_pages: u64,
+    /// The slot serial of each volume put in, in the order asked (the same in every child).
+    #[serde(default)]
+    pub volume_slots: Vec<String>,
 }
 
 /// Starts one VMM per id from `source` (forked from this process as the zygote) and
@@ -60,6 +64,19 @@ pub fn start_vmms(
     source: &SpawnSource,
     ids: &[String],
     opts: &SpawnOptions,
+) -> Result<StartedVmms, SpawnError> {
+    start_vmms_with(registry, source, ids, opts, &[])
+}
+
+/// [`start_vmms`] with volumes `volumes` put into each child's volume slots (leased
+/// once the rows exist: a writer's lease lives as long as its sandbox's row);
+/// [`StartedVmms::volume_slots`] says which slots.
+pub fn start_vmms_with(
+    registry: &Registry,
+    source: &SpawnSource,
+    ids: &[String],
+    opts: &SpawnOptions,
+    volumes: &[VolumeMount],
 ) -> Result<StartedVmms, SpawnError> {
     if ids.is_empty() || ids.len() > MAX_SPAWN {
         return Err(SpawnError::Count(ids.len()));
@@ -86,11 +103,19 @@ pub fn start_vmms(
         ..Origin::default()
     };
     let mut batch = Batch::begin(registry, ids, origin, opts, VmmUids::Own)?;
+    let leased = match (volumes, registry.store_root()) {
+        ([], _) => Vec::new(),
+        (_, None) => return Err(VolumeError::Attach("volumes need a store (this registry has none)".into()).into()),
+        (_, Some(root)) => Volumes::of(&forkvm_snapshot::Store::open(root)).lease(registry, volumes, ids)?,
+    };
+    let mut volume_slots = Vec::new();
     for i in 0..ids.len() {
         let r = &batch.records()[i];
         // Its own network namespace; its VMM's tap alone keeps it once spawned.
         let net = if source.has_network() { Some(crate::network::pool::take()?) } else { None };
-        let devices = source.devices(&r.vsock(), &r.disk_dir(), net.as_ref().map(crate::network::NetSlot::tap_source));
+        let mut devices =
+            source.devices(&r.vsock(), &r.disk_dir(), net.as_ref().map(crate::network::NetSlot::tap_source));
+        volume_slots = crate::volumes::attach::apply(&leased, &mut devices, &r.id, r.uid)?;
         let spec = batch.vmm_spec(i, devices)?;
         let pid = zygote.spawn(spec)?;
         // Its DNS and policy are served once it runs, by whoever makes it ready
@@ -106,6 +131,7 @@ pub fn start_vmms(
         host_spawn_cpu_ms: (thread_cpu_time() - forking_cpu).as_secs_f64() * 1e3,
         memory_playbook,
         memory_prefetch_pages,
+        volume_slots,
     })
 }
 
@@ -120,10 +146,37 @@ pub fn spawn(
     if n == 0 || n > MAX_SPAWN {
         return Err(SpawnError::Count(n));
     }
+    spawn_with(registry, source, n, opts, &[])
+}
+
+/// [`spawn`] with volumes attached (`volumes` checked, writers' leases taken, the
+/// volumes put into slots and mounted in each guest). All or nothing: a mount that
+/// fails kills every sandbox of the call.
+pub fn spawn_with(
+    registry: &Registry,
+    source: &SpawnSource,
+    n: usize,
+    opts: &SpawnOptions,
+    volumes: &[VolumeMount],
+) -> Result<(Vec<SpawnedSandbox>, SpawnTimings), SpawnError> {
+    if n == 0 || n > MAX_SPAWN {
+        return Err(SpawnError::Count(n));
+    }
     let started = Instant::now();
     let ids: Vec<String> = (0..n).map(|_| new_sandbox_id()).collect();
-    let vmms = start_vmms(registry, source, &ids, opts)?;
+    let vmms = start_vmms_with(registry, source, &ids, opts, volumes)?;
     let sandboxes = finish(registry, vmms.records, started)?;
+    // A failed mount: every sandbox goes (their rows with them, so a writer's lease is
+    // stale at once).
+    let mounted = sandboxes
+        .iter()
+        .try_for_each(|s| crate::volumes::attach::mount_in_guest(&s.client, volumes, &vmms.volume_slots));
+    if let Err(e) = mounted {
+        for s in &sandboxes {
+            let _ = crate::verbs::kill_record(registry, &s.record);
+        }
+        return Err(e.into());
+    }
     let all_ready_ms = ms_since(started);
     learn_memory(vmms.memory_playbook.as_deref(), &sandboxes);
     let timings = SpawnTimings {

@@ -33,6 +33,7 @@ pub fn kill_record(registry: &Registry, r: &SandboxRecord) -> Result<(), Lifecyc
         // runs, or one that stopped, never its archive listed as if it were archived.
         crate::archive::format::uncommit(dir).map_err(|e| archive_error(dir, e))?;
     }
+    sync_volume_writer(registry, r);
     // Asked when something serves its control socket (whatever the answer: a VMM may
     // stop before it replies).
     let asked = ControlClient::connect(&r.control_socket())
@@ -70,4 +71,28 @@ pub fn kill_record(registry: &Registry, r: &SandboxRecord) -> Result<(), Lifecyc
         crate::archive::format::remove_linked(dir).map_err(|e| archive_error(dir, e))?;
     }
     Ok(())
+}
+
+/// How long a volume writer's guest gets to flush before it is stopped.
+const SYNC_GRACE: Duration = Duration::from_secs(10);
+
+/// Asks the guest of a sandbox that writes a volume to flush its dirty pages first, so
+/// what it wrote before the kill is on the volume (bounded: a guest that does not
+/// answer is stopped anyway, keeping what it had flushed).
+fn sync_volume_writer(registry: &Registry, r: &SandboxRecord) {
+    let Some(store) = registry.store_root() else { return };
+    if !r.disks.iter().any(|d| crate::volumes::is_writer_dir(store, &d.dir, &r.id)) {
+        return;
+    }
+    let vsock = r.vsock();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let client = forkvm_proto::AgentClient::vsock_uds(vsock, crate::guest::AGENT_PORT);
+        let _ = tx.send(client.sync());
+    });
+    match rx.recv_timeout(SYNC_GRACE) {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(id = %r.id, error = %e, "a volume writer's guest did not sync before its kill"),
+        Err(_) => tracing::warn!(id = %r.id, "a volume writer's guest did not sync within {SYNC_GRACE:?}; killing it"),
+    }
 }

@@ -39,7 +39,8 @@ pub struct BlockConfig {
     pub read_only: bool,
     /// Serial the guest sees (`/sys/block/vdX/serial`), at most 20 bytes.
     pub id: String,
-    /// Makes the disk layered (and writable): `path` is its base.
+    /// Makes the disk layered: `path` is its base. Writable unless `read_only` (then
+    /// the guest's writes are refused; its top is never written).
     pub layers: Option<LayeredConfig>,
 }
 
@@ -78,10 +79,11 @@ impl BlockConfig {
         let Some(l) = &self.layers else {
             return Block::new(&self.path, self.read_only, &self.id);
         };
-        match &l.lazy {
+        let block = match &l.lazy {
             Some(lazy) => Block::layered_lazy(&self.path, lazy, &l.sealed, &l.free_top(), &self.id),
             None => Block::layered(&self.path, &l.sealed, &l.free_top(), &self.id),
-        }
+        };
+        block.map(|b| b.refusing_writes(self.read_only))
     }
 }
 

@@ -124,6 +124,13 @@ impl Devices {
     /// again, and their interrupts must come after this).
     pub fn arm_interrupts(self: &Arc<Self>) -> std::io::Result<()> {
         self.irqs_armed.store(true, Ordering::Release);
+        // A disk a restore put into an empty slot: the driver learns its capacity now.
+        for slot in &self.virtio {
+            let mut t = lock(&slot.transport);
+            if t.device_mut().take_config_change() {
+                t.notify_config_change()?;
+            }
+        }
         let Some(work) = &self.deferred else { return Ok(()) };
         let devices = Arc::downgrade(self);
         crate::devices::deferred::spawn(work.clone(), move |slot| match devices.upgrade() {

@@ -135,7 +135,7 @@ impl Vmm {
                     .ok_or_else(|| VmmError::Disk(format!("disk {i} is layered but was not sealed in this pause")))?;
                 place(&b.path, &target, refs.as_mut(), &file)
                     .map_err(|e| VmmError::Disk(format!("linking the base of disk {i} ({}): {e}", b.path.display())))?;
-                let mut meta = DiskMeta { file: file.clone(), read_only: false, id: b.id.clone(), layers: None };
+                let mut meta = DiskMeta { file: file.clone(), read_only: b.read_only, id: b.id.clone(), layers: None };
                 for (layer, id) in &seal.layers {
                     let name = format!("{file}.layers/{id}");
                     match refs.as_mut() {

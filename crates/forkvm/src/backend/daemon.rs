@@ -61,6 +61,7 @@ impl Backend for Daemon {
         n: usize,
         limits: &crate::limit_args::LimitArgs,
         network: Option<&NetworkPolicy>,
+        volumes: &[forkvm_sandbox::volumes::VolumeMount],
     ) -> Result<Started> {
         let count = u32::try_from(n).ok().filter(|n| (1..=MAX_SANDBOXES_PER_CALL).contains(n));
         let Some(n) = count else {
@@ -83,9 +84,13 @@ impl Backend for Daemon {
                     hugepages: false,
                     ttl_seconds: None,
                     network: network.cloned(),
+                    volumes: volumes.to_vec(),
                 })?
             }
             NewFrom::Sandbox(id) => {
+                if !volumes.is_empty() {
+                    bail!("--volume is for spawns from a tag: a fork of a running sandbox keeps its volumes");
+                }
                 let _spinner = Spinner::start(format!("{n} forks of {id}"));
                 self.client.fork(
                     id,

@@ -130,6 +130,7 @@ impl Backend for Local {
         n: usize,
         limits: &crate::limit_args::LimitArgs,
         network: Option<&NetworkPolicy>,
+        volumes: &[forkvm_sandbox::volumes::VolumeMount],
     ) -> Result<Started> {
         if network.is_some() {
             bail!("{NETWORK_NEEDS_THE_DAEMON}");
@@ -141,16 +142,21 @@ impl Backend for Local {
                 if source.meta.default_network.is_some() {
                     bail!("tag {tag} carries a default network policy; {NETWORK_NEEDS_THE_DAEMON}");
                 }
-                let (s, t) = forkvm_sandbox::spawn(&self.registry, &source, n, &opts)?;
+                let (s, t) = forkvm_sandbox::spawn_with(&self.registry, &source, n, &opts, volumes)?;
                 (s, t, None)
             }
             NewFrom::Image(image) => {
                 let template = forkvm_bench::util::template_snapshot(image, None)?;
                 let source = SpawnSource::from_template(&template)?;
-                let (s, t) = forkvm_sandbox::spawn(&self.registry, &source, n, &opts)?;
+                let (s, t) = forkvm_sandbox::spawn_with(&self.registry, &source, n, &opts, volumes)?;
                 (s, t, None)
             }
             NewFrom::Sandbox(id) => {
+                if !volumes.is_empty() {
+                    bail!(
+                        "--volume is for spawns from a tag or template: a fork of a running sandbox keeps its volumes"
+                    );
+                }
                 let (s, pause) = forkvm_sandbox::fork_running(&self.registry, id, n, &opts)?;
                 (s, Default::default(), Some(pause))
             }

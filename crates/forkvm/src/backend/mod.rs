@@ -47,6 +47,7 @@ pub trait Backend {
         n: usize,
         limits: &crate::limit_args::LimitArgs,
         network: Option<&NetworkPolicy>,
+        volumes: &[forkvm_sandbox::volumes::VolumeMount],
     ) -> Result<Started>;
     /// Runs `req` in sandbox `id`, handing its output to `out` as it comes; how it ended
     /// (a program that could not be started ends with 127 or 126, as in a shell).

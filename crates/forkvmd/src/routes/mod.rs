@@ -13,6 +13,7 @@ pub mod sandboxes;
 pub mod snapshots;
 pub mod templates;
 pub mod upload;
+pub mod volumes;
 pub mod watch;
 pub mod workspaces;
 
@@ -70,6 +71,11 @@ fn handler(name: RouteName, filter: MethodFilter) -> MethodRouter<AppState> {
         RouteName::DeleteWorkspace => on(filter, workspaces::delete),
         RouteName::SuspendWorkspace => on(filter, workspaces::suspend),
         RouteName::ResumeWorkspace => on(filter, workspaces::resume),
+        RouteName::ListVolumes => on(filter, volumes::list),
+        RouteName::CreateVolume => on(filter, volumes::create),
+        RouteName::GetVolume => on(filter, volumes::get),
+        RouteName::DeleteVolume => on(filter, volumes::delete),
+        RouteName::SnapshotVolume => on(filter, volumes::snapshot),
     }
 }
 

@@ -113,6 +113,12 @@ pub trait VirtioDevice: Send + std::fmt::Debug {
     fn throttled(&self) -> Option<u64> {
         self.throttle().filter(|t| t.is_limited()).map(super::throttle::Throttle::held)
     }
+    /// Whether the device's configuration changed while the VM was not running (a
+    /// restore put a disk into an empty slot) and the driver must be told, once the
+    /// VM's interrupts are armed. Asking clears it.
+    fn take_config_change(&mut self) -> bool {
+        false
+    }
     /// The block device behind this trait object, for operations only disks have
     /// (sealing a layered disk's top).
     fn as_block_mut(&mut self) -> Option<&mut super::blk::Block> {

@@ -149,6 +149,16 @@ impl MmioTransport {
         }
     }
 
+    /// Tells the driver the device's configuration changed (virtio 1.2 §4.2.2.1): a
+    /// new configuration generation, the CONFIG bit in the interrupt status, the line
+    /// raised. A driver that has not finished initialising reads the configuration
+    /// afresh anyway.
+    pub fn notify_config_change(&mut self) -> std::io::Result<()> {
+        self.config_generation = self.config_generation.wrapping_add(1);
+        self.interrupt_status.fetch_or(INT_CONFIG, Ordering::SeqCst);
+        self.interrupt.trigger()
+    }
+
     /// The device behind this transport.
     pub fn device(&self) -> &dyn VirtioDevice {
         self.device.as_ref()

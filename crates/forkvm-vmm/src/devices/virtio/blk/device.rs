@@ -66,6 +66,8 @@ pub struct Block {
     /// The lazily restored lowest layer, until it is settled (`lazy.rs`).
     pub(super) lazy: Option<super::lazy::LazyDisk>,
     throttle: Throttle,
+    /// A restore put a disk into this empty slot; the driver is not told yet.
+    pub(super) media_changed: bool,
 }
 
 impl Block {
@@ -132,7 +134,22 @@ impl Block {
             log_limit: LogLimiter::default(),
             lazy: None,
             throttle: Throttle::default(),
+            media_changed: false,
         }
+    }
+
+    /// The same device, refusing the guest's writes when `read_only` (a layered disk
+    /// attached read-only: its top is never written). The feature bits are unchanged
+    /// for a layered disk, so a slot the driver negotiated writable can hold it.
+    pub fn refusing_writes(mut self, read_only: bool) -> Block {
+        self.disk.read_only |= read_only;
+        self
+    }
+
+    /// Whether a restore put a disk into this empty slot and the driver has not been
+    /// told; telling it is the caller's (a configuration-change interrupt), once.
+    pub fn take_media_change(&mut self) -> bool {
+        std::mem::take(&mut self.media_changed)
     }
 
     /// The same device with its requests capped by `limit`.
@@ -369,7 +386,10 @@ impl VirtioDevice for Block {
     }
 
     fn device_features(&self) -> u64 {
-        let ro = if self.disk.read_only { F_RO } else { 0 };
+        // A layered disk never offers RO: an empty volume slot is negotiated writable
+        // and may later hold a read-only volume (its writes are refused instead).
+        let layered = matches!(self.disk.backend, Backend::Layered(_));
+        let ro = if self.disk.read_only && !layered { F_RO } else { 0 };
         VIRTIO_F_VERSION_1 | F_FLUSH | ro
     }
 
@@ -456,5 +476,9 @@ impl VirtioDevice for Block {
 
     fn as_block_mut(&mut self) -> Option<&mut Block> {
         Some(self)
+    }
+
+    fn take_config_change(&mut self) -> bool {
+        self.take_media_change()
     }
 }

@@ -24,6 +24,14 @@ pub struct BlockState {
     pub layers: Option<Vec<String>>,
 }
 
+impl BlockState {
+    /// Whether the guest was told of an empty layered disk: a volume slot with nothing
+    /// in it (capacity 0, no layers), which a restore may fill with any layered disk.
+    pub fn is_empty_slot(&self) -> bool {
+        self.capacity == 0 && self.layers.as_deref() == Some(&[][..])
+    }
+}
+
 impl Block {
     /// The device's state.
     pub fn state(&self) -> BlockState {
@@ -55,6 +63,9 @@ impl Block {
     /// snapshot: its lowest layer (lazy, or the first sealed one) stands for the saved
     /// layers `replaces`. Empty `replaces` is [`Block::with_state`].
     pub fn with_state_replacing(self, state: &BlockState, replaces: &[String]) -> Result<Block, BlockError> {
+        if state.is_empty_slot() && replaces.is_empty() && self.sealed_layers().is_some() {
+            return self.inserted_into(state);
+        }
         let given = self.sealed_layers().map(|l| {
             let ids = l.iter().map(|(_, id)| id.to_string());
             if replaces.is_empty() {
@@ -84,5 +95,27 @@ impl Block {
         }
         block.set_acked_features(state.acked_features);
         Ok(block)
+    }
+
+    /// A disk put into an empty slot (`state` is [`BlockState::is_empty_slot`]) at a
+    /// restore: the guest's driver learns its capacity from a configuration-change
+    /// interrupt once the VM runs ([`Block::take_media_change`]). Its serial must be the
+    /// slot's and it must offer what the driver acked (read-only is enforced by refusing
+    /// writes, never by a feature the driver did not negotiate).
+    fn inserted_into(mut self, state: &BlockState) -> Result<Block, BlockError> {
+        if self.disk.id != state.id {
+            return Err(BlockError::RestoreLayers {
+                id: state.id.clone(),
+                saved: "an empty volume slot".into(),
+                given: format!("a disk with serial {:?}", self.disk.id),
+            });
+        }
+        let offered = self.device_features();
+        if state.acked_features & !offered != 0 {
+            return Err(BlockError::RestoreFeatures { acked: state.acked_features, offered });
+        }
+        self.set_acked_features(state.acked_features);
+        self.media_changed = self.capacity() != 0;
+        Ok(self)
     }
 }

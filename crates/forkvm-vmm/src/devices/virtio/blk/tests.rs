@@ -453,3 +453,52 @@ fn a_disk_rebuilt_from_a_vault_snapshot_restores_in_place_of_the_layers_it_stand
     assert_eq!(r.submit(T_IN, 40, &[Desc::w(0x50000, 512)]).0, S_OK);
     assert_eq!(r.guest(0x50000, 512), vec![0x5a; 512]);
 }
+
+#[test]
+fn an_empty_volume_slot_takes_a_disk_at_restore_and_says_so_once_with_a_config_change() {
+    let mut r = rig(64, false);
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty-slot");
+    std::fs::write(&empty, b"").unwrap();
+    // The slot as the template booted it: a layered disk of nothing.
+    let slot = Block::layered(&empty, &[], &dir.path().join("slot-top"), "forkvm-vol0").unwrap();
+    let mut st = MmioTransport::new(Box::new(slot), r.mem.clone(), r.irq.clone());
+    bring_up(&mut st, std::slice::from_ref(&r.q));
+    assert_eq!(st.device().device_features() & F_RO, 0, "a slot is negotiated writable");
+    let VirtioDeviceState::Block(state) = st.device().save() else { panic!("not a block state") };
+    assert!(state.is_empty_slot(), "{state:?}");
+    let saved = st.save();
+
+    // A restore puts a read-only volume (the rig's image as its base) into the slot.
+    let base = r.image.path().to_path_buf();
+    let volume = Block::layered(&base, &[], &dir.path().join("vol-top"), "forkvm-vol0").unwrap().refusing_writes(true);
+    let mut volume = volume.with_state(&state).unwrap();
+    assert_eq!(volume.capacity(), 64);
+    assert!(volume.take_media_change(), "the driver must be told");
+    assert!(!volume.take_media_change(), "once");
+    volume.media_changed = true;
+    let mut restored = MmioTransport::restore(&saved, Box::new(volume), r.mem.clone(), r.irq.clone()).unwrap();
+    let before = r.irq.count();
+    assert!(restored.device_mut().take_config_change());
+    restored.notify_config_change().unwrap();
+    assert_eq!(r.irq.count(), before + 1);
+    assert_eq!(reg_read(&mut restored, virtio_bindings::virtio_mmio::VIRTIO_MMIO_INTERRUPT_STATUS) & 2, 2);
+    assert_eq!(reg_read(&mut restored, virtio_bindings::virtio_mmio::VIRTIO_MMIO_CONFIG_GENERATION), 1);
+    let mut config = [0u8; 8];
+    restored.read(0x100, &mut config);
+    assert_eq!(u64::from_le_bytes(config), 64, "the driver reads the new capacity");
+    r.t = restored;
+    assert_eq!(r.submit(T_IN, 9, &[Desc::w(0x50000, 512)]), (S_OK, 513));
+    assert_eq!(r.guest(0x50000, 512), vec![9u8; 512]);
+    r.mem.write_slice(&[0xa5; 512], GuestAddress(DATA)).unwrap();
+    assert_eq!(r.submit(T_OUT, 9, &[Desc::r(DATA, 512)]).0, S_IOERR, "a read-only volume refuses writes");
+    assert!(!dir.path().join("vol-top").exists(), "its top is never written");
+
+    // Another serial is not this slot's disk; a slot that holds a disk is not empty.
+    let other = Block::layered(&base, &[], &dir.path().join("other-top"), "forkvm-vol1").unwrap();
+    assert!(matches!(other.with_state(&state).unwrap_err(), BlockError::RestoreLayers { .. }));
+    let VirtioDeviceState::Block(full) = r.t.device().save() else { panic!("not a block state") };
+    assert!(!full.is_empty_slot());
+    let empty_again = Block::layered(&empty, &[], &dir.path().join("again"), "forkvm-vol0").unwrap();
+    assert!(empty_again.with_state(&full).is_err(), "a volume is not taken out by a restore");
+}
