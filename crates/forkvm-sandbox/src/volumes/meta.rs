@@ -12,6 +12,20 @@ const MAX_META_BYTES: u64 = 1 << 20;
 /// Format of `volume.json`; another is refused by name.
 const FORMAT: u32 = 1;
 
+/// Whether `name` names a layer directory of a volume: a layer id, or a merge's
+/// `<id>-m<n>`.
+fn is_layer_dir_name(name: &str) -> bool {
+    match name.split_once("-m") {
+        None => forkvm_snapshot::is_layer_name(name),
+        Some((id, n)) => {
+            forkvm_snapshot::is_layer_name(id)
+                && !n.is_empty()
+                && n.len() <= 20
+                && n.bytes().all(|b| b.is_ascii_digit())
+        }
+    }
+}
+
 /// A volume's `volume.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -20,7 +34,8 @@ pub struct VolumeMeta {
     pub name: String,
     pub size_bytes: u64,
     pub created_at_unix_ms: u64,
-    /// Its sealed layers, oldest first: directories `layers/<id>/`.
+    /// Its sealed layers, oldest first: directories `layers/<name>/`, named by the
+    /// layer's id (`<id>-m<n>` for a merge, [`super::compact`]).
     pub layers: Vec<String>,
     /// The sandbox holding the writer's lease (its tops in `writers/<id>/`), if any.
     #[serde(default)]
@@ -70,8 +85,8 @@ impl VolumeMeta {
         if m.name != name {
             return Err(bad(format!("it names volume {:?}", m.name)));
         }
-        if let Some(l) = m.layers.iter().find(|l| !forkvm_snapshot::is_layer_name(l)) {
-            return Err(bad(format!("{l:?} is not a layer id")));
+        if let Some(l) = m.layers.iter().find(|l| !is_layer_dir_name(l)) {
+            return Err(bad(format!("{l:?} is not a layer directory name")));
         }
         Ok(m)
     }

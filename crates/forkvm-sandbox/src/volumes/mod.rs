@@ -18,13 +18,16 @@
 //! read-only or through a private copy-on-write top that is thrown away with them.
 //! A writer's layers stay in its writer directory when it stops, is killed or crashes;
 //! the volume takes them in ([`take_in`]) the next time it is attached, listed or
-//! snapshotted, so no step of a stop has to succeed for the writes to be kept.
+//! snapshotted, so no step of a stop has to succeed for the writes to be kept. An idle
+//! volume with many layers has them merged ([`compact`]).
 
 pub mod attach;
+mod compact;
 mod meta;
 mod take_in;
 
 pub use attach::{check_mount, parse_mount, AttachMode, VolumeMount};
+pub use compact::MAX_LAYERS;
 pub use forkvm_api::volumes::VolumeInfo;
 pub use meta::VolumeMeta;
 
@@ -297,6 +300,9 @@ impl Volumes {
         if m.writer.is_some() && live.is_none() {
             m.writer = None;
             m.write(&dir).map_err(io(name, "writing volume.json"))?;
+        }
+        if live.is_none() && m.layers.len() > MAX_LAYERS && self.users(registry, name).is_empty() {
+            compact::compact(&dir, &mut m)?;
         }
         Ok(m)
     }

@@ -37,8 +37,14 @@ pub(super) fn take_in(vol_dir: &Path, m: &mut VolumeMeta, writer: &str) -> Resul
         };
         layers_err(&format!("putting writer {writer}'s layers together"), reason)
     })?;
+    // The volume's own layers keep their directories; the writer's are linked in.
+    let own = m.layer_dirs(vol_dir);
     let mut ids = Vec::with_capacity(all.len());
     for dir in &all {
+        if let Some(name) = own.contains(dir).then(|| dir.file_name()).flatten() {
+            ids.push(name.to_string_lossy().into_owned());
+            continue;
+        }
         let info = forkvm_snapshot::layered_disk::inspect(dir)
             .map_err(|e| layers_err(&format!("reading layer {}", dir.display()), e.to_string()))?;
         let id = info.id.to_string();

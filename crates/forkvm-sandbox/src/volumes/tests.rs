@@ -96,3 +96,35 @@ fn a_broken_volume_json_is_refused_by_name() {
         assert!(matches!(v.get(&registry, "data"), Err(VolumeError::Meta { .. })));
     }
 }
+
+#[test]
+fn an_idle_volume_with_many_layers_has_them_merged_into_one() {
+    let (_tmp, v, registry) = store();
+    v.create("data", 16 << 20).unwrap();
+    for i in 0..=MAX_LAYERS as u8 {
+        // Each writer writes block 100 + i, and block 99 over and over.
+        let dir = v.root.join("data");
+        let m = VolumeMeta::read(&dir, "data").unwrap();
+        let wdir = dir.join("writers").join(format!("w{i:02}"));
+        std::fs::create_dir_all(&wdir).unwrap();
+        let base = dir.join(meta::BASE_FILE);
+        let mut stack = LayerStack::create_lazy(&base, &m.layer_dirs(&dir), &wdir.join("top-0")).unwrap();
+        stack.write_at(&[i + 1; 4096], (100 + u64::from(i)) * 4096).unwrap();
+        stack.write_at(&[i + 1; 4096], 99 * 4096).unwrap();
+        stack.flush().unwrap();
+        drop(stack);
+        let info = v.get(&registry, "data").unwrap();
+        let expect = if usize::from(i) + 1 > MAX_LAYERS { 1 } else { usize::from(i) + 1 };
+        assert_eq!(info.layers, expect, "after writer {i}");
+    }
+    for i in 0..=MAX_LAYERS as u8 {
+        assert_eq!(read_block(&v, "data", 100 + u64::from(i)), i + 1);
+    }
+    assert_eq!(read_block(&v, "data", 99), MAX_LAYERS as u8 + 1, "the newest copy");
+    let dirs = std::fs::read_dir(v.root.join("data/layers")).unwrap().count();
+    assert_eq!(dirs, 1, "the merged layers' directories are gone");
+    // A writer on the merged layer is taken in on top of it.
+    write_as(&v, "data", "after", 0x77, 1);
+    assert_eq!(v.get(&registry, "data").unwrap().layers, 2);
+    assert_eq!((read_block(&v, "data", 100), read_block(&v, "data", 101)), (0x77, 2));
+}
