@@ -143,9 +143,6 @@ pub fn spawn(
     n: usize,
     opts: &SpawnOptions,
 ) -> Result<(Vec<SpawnedSandbox>, SpawnTimings), SpawnError> {
-    if n == 0 || n > MAX_SPAWN {
-        return Err(SpawnError::Count(n));
-    }
     spawn_with(registry, source, n, opts, &[])
 }
 
@@ -166,17 +163,7 @@ pub fn spawn_with(
     let ids: Vec<String> = (0..n).map(|_| new_sandbox_id()).collect();
     let vmms = start_vmms_with(registry, source, &ids, opts, volumes)?;
     let sandboxes = finish(registry, vmms.records, started)?;
-    // A failed mount: every sandbox goes (their rows with them, so a writer's lease is
-    // stale at once).
-    let mounted = sandboxes
-        .iter()
-        .try_for_each(|s| crate::volumes::attach::mount_in_guest(&s.client, volumes, &vmms.volume_slots));
-    if let Err(e) = mounted {
-        for s in &sandboxes {
-            let _ = crate::verbs::kill_record(registry, &s.record);
-        }
-        return Err(e.into());
-    }
+    crate::volumes::attach::mount_in_all(registry, &sandboxes, volumes, &vmms.volume_slots)?;
     let all_ready_ms = ms_since(started);
     learn_memory(vmms.memory_playbook.as_deref(), &sandboxes);
     let timings = SpawnTimings {

@@ -153,8 +153,11 @@ pub fn apply(
             let wdir = l.vol_dir.join("writers").join(id);
             let name = &l.mount.name;
             std::fs::create_dir_all(&wdir).map_err(super::io(name, "creating the writer's directory"))?;
-            // Every directory on the VMM's way to it (the store's own included).
-            for d in wdir.ancestors().take(5) {
+            // It and every directory on the VMM's way to it: writers/, the volume's,
+            // volumes/ and the store's own.
+            let volumes_root = l.vol_dir.parent().unwrap_or(&l.vol_dir);
+            let store_root = volumes_root.parent().unwrap_or(volumes_root);
+            for d in [&wdir, &l.vol_dir.join("writers"), &l.vol_dir, volumes_root, store_root] {
                 crate::sandbox_uid::traversable(d).map_err(super::io(name, "opening the writer's directory"))?;
             }
             if let Some(uid) = uid {
@@ -172,6 +175,27 @@ pub fn apply(
 fn is_empty_slot(b: &forkvm_vmm::devices::attach::BlockConfig) -> bool {
     let Some(l) = &b.layers else { return false };
     l.sealed.is_empty() && l.lazy.is_none() && std::fs::metadata(&b.path).is_ok_and(|m| m.len() == 0)
+}
+
+/// Mounts `mounts` (in slots `serials`) in every sandbox of a spawn; if one fails, every
+/// one of them is killed (a spawn gives all it was asked for, or none; their rows go,
+/// and with them a writer's lease).
+pub fn mount_in_all(
+    registry: &Registry,
+    sandboxes: &[crate::SpawnedSandbox],
+    mounts: &[VolumeMount],
+    serials: &[String],
+) -> Result<(), VolumeError> {
+    if mounts.is_empty() {
+        return Ok(());
+    }
+    let mounted = sandboxes.iter().try_for_each(|s| mount_in_guest(&s.client, mounts, serials));
+    if mounted.is_err() {
+        for s in sandboxes {
+            let _ = crate::verbs::kill_record(registry, &s.record);
+        }
+    }
+    mounted
 }
 
 /// Mounts each volume of `mounts` (in slots `serials`) in the sandbox behind `client`.

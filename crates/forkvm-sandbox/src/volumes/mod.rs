@@ -166,10 +166,7 @@ impl Volumes {
         if self.root.join(name).exists() {
             return Err(VolumeError::Exists(name.to_string()));
         }
-        for d in [dir.to_path_buf(), dir.join("layers"), dir.join("writers")] {
-            std::fs::create_dir_all(&d).map_err(io(name, "creating its directories"))?;
-            crate::sandbox_uid::traversable(&d).map_err(io(name, "opening its directories to VMMs"))?;
-        }
+        make_dirs(dir, name)?;
         let base = dir.join(meta::BASE_FILE);
         let file = File::create(&base).map_err(io(name, "creating its base image"))?;
         file.set_len(size_bytes).map_err(io(name, "sizing its base image"))?;
@@ -231,8 +228,9 @@ impl Volumes {
         std::fs::remove_dir_all(&doomed).map_err(io(name, "removing its files"))
     }
 
-    /// A new volume `to` holding `from`'s data as of now (its writer's flushed writes
-    /// included): the layers are hard-linked, nothing is copied. The two diverge.
+    /// A new volume `to` holding `from`'s data as of now: its layers, a stopped writer's
+    /// taken in first (a running writer's writes are not in until it stops). The layers
+    /// are hard-linked, nothing is copied; the two diverge.
     pub fn snapshot(&self, registry: &Registry, from: &str, to: &str) -> Result<VolumeInfo, VolumeError> {
         let to_dir = self.dir(to)?;
         let _lock = self.lock(from)?;
@@ -248,10 +246,7 @@ impl Volumes {
         let partial = self.root.join(format!(".{to}.{}.partial", std::process::id()));
         let _ = std::fs::remove_dir_all(&partial);
         let made = (|| {
-            for d in [partial.clone(), partial.join("layers"), partial.join("writers")] {
-                std::fs::create_dir_all(&d).map_err(io(to, "creating its directories"))?;
-                crate::sandbox_uid::traversable(&d).map_err(io(to, "opening its directories to VMMs"))?;
-            }
+            make_dirs(&partial, to)?;
             forkvm_snapshot::link_or_copy(&from_dir.join(meta::BASE_FILE), &partial.join(meta::BASE_FILE))
                 .map_err(io(to, "linking the base image"))?;
             for id in &m.layers {
@@ -326,6 +321,16 @@ fn live_writer(registry: &Registry, m: &VolumeMeta) -> Option<String> {
         _ => registry.lookup(id).is_ok_and(|(_, alive)| alive),
     };
     live.then(|| id.to_string())
+}
+
+/// A new volume `name`'s directory `dir` and its `layers/` and `writers/`, each one
+/// VMMs may pass through (0711).
+fn make_dirs(dir: &Path, name: &str) -> Result<(), VolumeError> {
+    for d in [dir.to_path_buf(), dir.join("layers"), dir.join("writers")] {
+        std::fs::create_dir_all(&d).map_err(io(name, "creating its directories"))?;
+        crate::sandbox_uid::traversable(&d).map_err(io(name, "opening its directories to VMMs"))?;
+    }
+    Ok(())
 }
 
 fn io(name: &str, step: &str) -> impl FnOnce(std::io::Error) -> VolumeError {

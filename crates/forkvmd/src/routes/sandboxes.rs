@@ -211,36 +211,13 @@ pub async fn create(
         let made = spawner.start_vmms(&order).map_err(|r| ApiError::new(r.code, r.message)).and_then(|vmms| {
             let ready = forkvm_sandbox::finish(&s.registry, vmms.records, started).map_err(ApiError::from)?;
             forkvm_sandbox::ready::learn_memory(vmms.memory_playbook.as_deref(), &ready);
-            mount_volumes(&s, &ready, &order.volumes, &vmms.volume_slots)?;
+            forkvm_sandbox::volumes::attach::mount_in_all(&s.registry, &ready, &order.volumes, &vmms.volume_slots)?;
             Ok(ready)
         });
         let infos = settle(&s, "snapshot", started, made, &ids, ttl)?;
         Ok((StatusCode::CREATED, Json(infos)))
     })
     .await
-}
-
-/// Mounts each volume asked in every sandbox of a spawn; on a failure every one of
-/// them is killed (a spawn gives all it was asked for, or none; their rows go, and
-/// with them a writer's lease).
-fn mount_volumes(
-    s: &AppState,
-    ready: &[forkvm_sandbox::SpawnedSandbox],
-    mounts: &[forkvm_sandbox::volumes::VolumeMount],
-    slots: &[String],
-) -> Result<(), ApiError> {
-    if mounts.is_empty() {
-        return Ok(());
-    }
-    let mounted =
-        ready.iter().try_for_each(|x| forkvm_sandbox::volumes::attach::mount_in_guest(&x.client, mounts, slots));
-    if let Err(e) = mounted {
-        for x in ready {
-            let _ = forkvm_sandbox::kill_record(&s.registry, &x.record);
-        }
-        return Err(e.into());
-    }
-    Ok(())
 }
 
 pub async fn fork(
