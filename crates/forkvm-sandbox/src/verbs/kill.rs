@@ -84,15 +84,9 @@ fn sync_volume_writer(registry: &Registry, r: &SandboxRecord) {
     if !r.disks.iter().any(|d| crate::volumes::is_writer_dir(store, &d.dir, &r.id)) {
         return;
     }
-    let vsock = r.vsock();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let client = forkvm_proto::AgentClient::vsock_uds(vsock, crate::guest::AGENT_PORT);
-        let _ = tx.send(client.sync());
-    });
-    match rx.recv_timeout(SYNC_GRACE) {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::warn!(id = %r.id, error = %e, "a volume writer's guest did not sync before its kill"),
-        Err(_) => tracing::warn!(id = %r.id, "a volume writer's guest did not sync within {SYNC_GRACE:?}; killing it"),
+    // Bounded by the agent's silence: a `sync` answers only once it is done.
+    let client = forkvm_proto::AgentClient::vsock_uds_within(r.vsock(), crate::guest::AGENT_PORT, SYNC_GRACE);
+    if let Err(e) = client.sync() {
+        tracing::warn!(id = %r.id, error = %e, "a volume writer's guest did not sync before its kill (within {SYNC_GRACE:?})");
     }
 }

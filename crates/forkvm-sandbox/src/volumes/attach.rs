@@ -3,7 +3,7 @@
 //! mount in the guest once it answers.
 
 use super::meta::BASE_FILE;
-use super::{check_name, live_writer, VolumeError, Volumes};
+use super::{check_name, VolumeError, Volumes};
 use crate::registry::Registry;
 use crate::source::{volume_slot_id, VOLUME_SLOTS};
 use forkvm_vmm::devices::attach::DeviceConfig;
@@ -103,10 +103,10 @@ impl Volumes {
         let mut out = Vec::new();
         for m in mounts {
             let _lock = self.lock(&m.name)?;
-            let mut meta = self.settled(registry, &m.name)?;
+            let (mut meta, writer) = self.settled(registry, &m.name)?;
             let dir = self.root.join(&m.name);
             if m.mode == AttachMode::Rw {
-                if let Some(writer) = live_writer(registry, &meta) {
+                if let Some(writer) = writer {
                     return Err(VolumeError::Busy { name: m.name.clone(), writer });
                 }
                 meta.writer = Some(ids[0].clone());

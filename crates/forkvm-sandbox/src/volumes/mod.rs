@@ -190,8 +190,7 @@ impl Volumes {
     /// Volume `name` as it is now, its stopped writer's layers taken in first.
     pub fn get(&self, registry: &Registry, name: &str) -> Result<VolumeInfo, VolumeError> {
         let _lock = self.lock(name)?;
-        let m = self.settled(registry, name)?;
-        let writer = live_writer(registry, &m);
+        let (m, writer) = self.settled(registry, name)?;
         let users = self.users(registry, name);
         let stored = meta::stored_bytes(&self.root.join(name));
         Ok(meta::info(&m, writer, users, stored))
@@ -234,8 +233,8 @@ impl Volumes {
     pub fn snapshot(&self, registry: &Registry, from: &str, to: &str) -> Result<VolumeInfo, VolumeError> {
         let to_dir = self.dir(to)?;
         let _lock = self.lock(from)?;
-        let m = self.settled(registry, from)?;
-        if let Some(w) = live_writer(registry, &m) {
+        let (m, writer) = self.settled(registry, from)?;
+        if let Some(w) = writer {
             // Its tops are in use; what it sealed so far is taken without stopping it.
             tracing::info!(volume = from, writer = %w, "snapshotting a volume while its writer runs: its committed layers only");
         }
@@ -277,12 +276,12 @@ impl Volumes {
     }
 
     /// Volume `name`'s meta after taking in the layers of every writer that no longer
-    /// runs (under its lock, held by the caller).
-    fn settled(&self, registry: &Registry, name: &str) -> Result<VolumeMeta, VolumeError> {
+    /// runs (under its lock, held by the caller), and its live writer, if any.
+    fn settled(&self, registry: &Registry, name: &str) -> Result<(VolumeMeta, Option<String>), VolumeError> {
         let dir = self.root.join(name);
         let mut m = self.read(name)?;
         let live = live_writer(registry, &m);
-        let Ok(entries) = std::fs::read_dir(dir.join("writers")) else { return Ok(m) };
+        let Ok(entries) = std::fs::read_dir(dir.join("writers")) else { return Ok((m, live)) };
         let mut stale: Vec<String> = entries
             .flatten()
             .filter_map(|e| e.file_name().into_string().ok())
@@ -299,7 +298,7 @@ impl Volumes {
         if live.is_none() && m.layers.len() > MAX_LAYERS && self.users(registry, name).is_empty() {
             compact::compact(&dir, &mut m)?;
         }
-        Ok(m)
+        Ok((m, live))
     }
 
     /// Live sandboxes (other than a writer) whose disks read volume `name`.
