@@ -15,6 +15,9 @@ use forkvm_proto::{
     ExitStatus, FileInfo, FileType, FrameKind, IdentityApplied, IdentityRequest, MkdirRequest, Pong, ProtocolError,
     ProtocolErrorCode, Request, Response, WatchMessage, WatchRequest, WriteFileRequest,
 };
+use forkvm_proto::{
+    ProcAttachRequest, ProcInfo, ProcInputRequest, ProcNews, ProcResizeRequest, ProcStartRequest, PtySize,
+};
 use forkvm_snapshot::layered_disk::{LayerId, SealedLayerBuilder};
 use forkvm_snapshot::pack_archive::signature::read_secret_key;
 use forkvm_snapshot::pack_archive::SparseExtents;
@@ -407,6 +410,29 @@ fn agent_host(c: &mut Corpus) {
     }
     response(&mut watch, &Response::Done);
     c.put_mode("agent_frames_host", "watch", 13, &watch);
+    let proc_info = |exit: Option<ExitStatus>| ProcInfo {
+        pid: 7,
+        argv: vec!["/bin/sh".into(), "-c".into(), "make".into()],
+        tag: Some("build".into()),
+        pty: Some(PtySize { rows: 24, cols: 80 }),
+        started_at_unix_ms: 1_764_500_000_000,
+        output_end: 12,
+        output_start: 0,
+        stdin_open: exit.is_none(),
+        exit,
+    };
+    let mut attach = Vec::new();
+    write_json(&mut attach, FrameKind::ProcNews, &ProcNews::Attached { offset: 0, skipped: 3 }).unwrap();
+    frame(&mut attach, FrameKind::Stdout, b"compiling\n");
+    write_json(&mut attach, FrameKind::ProcNews, &ProcNews::Keepalive).unwrap();
+    frame(&mut attach, FrameKind::Stderr, b"ok");
+    let ended = ExitStatus { code: Some(2), signal: None, timed_out: false, duration_ms: 9 };
+    response(&mut attach, &Response::Proc(proc_info(Some(ended))));
+    c.put_mode("agent_frames_host", "proc-attach", 14, &attach);
+    let mut calls = Vec::new();
+    response(&mut calls, &Response::Proc(proc_info(None)));
+    c.put_mode("agent_frames_host", "proc-start", 15, &calls);
+    c.put_mode("agent_frames_host", "proc-list", 15, &one(Response::Procs { procs: vec![proc_info(None)] }));
 }
 
 fn agent_guest(c: &mut Corpus) {
@@ -460,6 +486,26 @@ fn agent_guest(c: &mut Corpus) {
     c.put("agent_frames_guest", "identity", &req(&Request::Identity(identity)));
     c.put("agent_frames_guest", "shutdown", &req(&Request::Shutdown));
     c.put("agent_frames_guest", "watch", &req(&Request::Watch(WatchRequest { path: "/tmp".into(), recursive: true })));
+    let start = ProcStartRequest {
+        command: Command::Shell("make -j4".into()),
+        env: vec![("TERM".into(), "xterm".into())],
+        cwd: Some("/work".into()),
+        user: Some("user".into()),
+        pty: Some(PtySize { rows: 24, cols: 80 }),
+        tag: Some("build".into()),
+        ring_bytes: Some(1 << 20),
+        timeout_ms: Some(60_000),
+    };
+    c.put("agent_frames_guest", "proc-start", &req(&Request::ProcStart(start)));
+    c.put("agent_frames_guest", "proc-list", &req(&Request::ProcList));
+    let attach = ProcAttachRequest { pid: 7, offset: Some(12), follow: true };
+    c.put("agent_frames_guest", "proc-attach", &req(&Request::ProcAttach(attach)));
+    let mut input = req(&Request::ProcInput(ProcInputRequest { pid: 7, close: true }));
+    frame(&mut input, FrameKind::Stdin, b"ls\r");
+    frame(&mut input, FrameKind::End, b"");
+    c.put("agent_frames_guest", "proc-input", &input);
+    let resize = ProcResizeRequest { pid: 7, size: PtySize { rows: 50, cols: 132 } };
+    c.put("agent_frames_guest", "proc-resize", &req(&Request::ProcResize(resize)));
     let mut wrong = Vec::new();
     frame(&mut wrong, FrameKind::Stdin, b"not a request");
     c.put("agent_frames_guest", "wrong-kind", &wrong);

@@ -61,6 +61,7 @@ fn serve_one(conn: &mut &[u8]) -> Result<(), Option<ProtocolError>> {
     match req {
         Request::Exec(r) if r.stdin => drain(conn, FrameKind::Stdin, "exec stdin").map(|_| ()),
         Request::WriteFile(_) => drain(conn, FrameKind::Data, "write_file data").map(|_| ()),
+        Request::ProcInput(_) => drain(conn, FrameKind::Stdin, "proc_input stdin").map(|_| ()),
         _ => Ok(()),
     }
 }

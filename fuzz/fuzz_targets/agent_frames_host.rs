@@ -2,11 +2,13 @@
 //! trust. `AgentClient` is driven over an in-memory stream whose read side is the fuzz
 //! input (the agent's replies) and whose write side is discarded.
 //!
-//! The first input byte picks the conversation (`% 14`): the client's `ping`, `exec`
+//! The first input byte picks the conversation (`% 16`): the client's `ping`, `exec`
 //! (with and without stdin), `read_file`, `write_file`, `list`, `stat`, `mkdir`,
 //! `remove`, `eval`, `identity`, `shutdown`, (12) a raw loop of `read_frame` decoding
 //! each frame's payload as the host would (`Response`, `ProtocolError`, the vector-check
-//! report the host parses from the agent's output), or (13) a `watch` read to its end.
+//! report the host parses from the agent's output), (13) a `watch` read to its end, (14)
+//! a background process's attachment read to its end, or (15) `proc_start`, `proc_list`
+//! and `proc_input` on the same replies.
 //! The rest is the byte stream.
 //!
 //! Checked: `read_file` reports exactly the bytes it delivered to the sink, and `exec`
@@ -16,8 +18,8 @@
 
 use forkvm_proto::vector_check::VectorCheckReport;
 use forkvm_proto::{
-    read_frame, AgentClient, ExecRequest, FrameKind, IdentityRequest, IdleLimit, MkdirRequest, ProtocolError, Response,
-    WatchMessage, WatchRequest, WriteFileRequest,
+    read_frame, AgentClient, ExecRequest, FrameKind, IdentityRequest, IdleLimit, MkdirRequest, ProcAttachRequest,
+    ProcNews, ProcStartRequest, ProtocolError, Response, WatchMessage, WatchRequest, WriteFileRequest,
 };
 use libfuzzer_sys::fuzz_target;
 use std::io::{self, Cursor, Read, Write};
@@ -69,7 +71,7 @@ fuzz_target!(|data: &[u8]| {
     let replies: Arc<[u8]> = stream.into();
     let r = replies.clone();
     let client = AgentClient::new(move || Ok(Peer { replies: Cursor::new(r.clone()) }));
-    match which % 14 {
+    match which % 16 {
         0 => {
             let _ = client.ping();
         }
@@ -126,12 +128,25 @@ fuzz_target!(|data: &[u8]| {
                 let _ = watch.stop();
             }
         }
+        14 => {
+            if let Ok(mut attached) = client.proc_attach(&ProcAttachRequest { pid: 7, offset: None, follow: true }) {
+                // Each event is at least one frame header: the input bounds the loop.
+                while let Ok(Some(_)) = attached.recv() {}
+            }
+        }
+        15 => {
+            let req = ProcStartRequest::shell("true");
+            let _ = client.proc_start(&req);
+            let _ = client.proc_list();
+            let _ = client.proc_input(7, &mut &b"x"[..], true);
+        }
         _ => {
             let mut r: &[u8] = stream;
             while let Ok(frame) = read_frame(&mut r) {
                 let _ = frame.json::<Response>();
                 let _ = frame.json::<ProtocolError>();
                 let _ = frame.json::<WatchMessage>();
+                let _ = frame.json::<ProcNews>();
                 let _ = serde_json::from_slice::<VectorCheckReport>(&frame.payload);
             }
         }

@@ -42,6 +42,16 @@ impl Running {
         self.pgids.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Lists a process group a `signal` request may reach (a background process's).
+    pub fn add(&self, pgid: libc::pid_t) {
+        self.lock().insert(pgid);
+    }
+
+    /// Takes a process group off the list (its leader was reaped).
+    pub fn remove(&self, pgid: libc::pid_t) {
+        self.lock().remove(&pgid);
+    }
+
     /// Sends `req.signal` to the process group of a running exec.
     pub fn signal(&self, req: SignalRequest) -> Response {
         if !(1..=64).contains(&req.signal) {
@@ -61,7 +71,7 @@ impl Running {
         if !running.contains(&pgid) {
             return Response::Error(AgentError::new(
                 ErrorKind::NotFound,
-                format!("no running exec has pid {}", req.pid),
+                format!("no running exec or background process has pid {}", req.pid),
             ));
         }
         // SAFETY: kill(2) on a process group this agent created and has not reaped.
@@ -135,7 +145,8 @@ pub fn run(
     if req.report_start {
         write_json(conn, FrameKind::Started, &Started { pid: child.pid as u32 }).map_err(ServeError::SendOutput)?;
     }
-    for (mut pipe, kind) in [(child.stdout, FrameKind::Stdout), (child.stderr, FrameKind::Stderr)] {
+    let pipes = [(child.stdout, FrameKind::Stdout), (child.stderr, FrameKind::Stderr)];
+    for (mut pipe, kind) in pipes.into_iter().filter_map(|(p, kind)| Some((p?, kind))) {
         let tx = tx.clone();
         std::thread::spawn(move || {
             let mut buf = vec![0u8; DATA_CHUNK];
@@ -173,26 +184,40 @@ pub fn run(
 }
 
 fn build_program(req: &ExecRequest) -> Result<Program, AgentError> {
-    let mut program = match &req.command {
-        forkvm_proto::Command::Argv(argv) => Program::new(argv.iter().map(OsString::from).collect()),
-        forkvm_proto::Command::Shell(script) => {
-            Program::new(vec!["/bin/sh".into(), "-c".into(), OsString::from(script)])
-        }
-    };
-    // The image's defaults first (an OCI image's Env, WorkingDir, User), the request's
-    // own over them.
-    let defaults = crate::exec_defaults::get();
-    for (k, v) in defaults.env.iter().chain(&req.env) {
-        program.env(k, v);
-    }
-    if let Some(cwd) = req.cwd.as_ref().or(defaults.cwd.as_ref()) {
-        program.current_dir(cwd);
-    }
-    if let Some(user) = req.user.as_ref().or(defaults.user.as_ref()) {
-        GuestUser::lookup(Path::new("/"), user)?.apply(&mut program);
-    }
+    let mut program = program_for(&req.command, &req.env, req.cwd.as_ref(), req.user.as_ref())?;
     program.stdin_piped(req.stdin);
     Ok(program)
+}
+
+/// The program of a command with its environment, working directory and user: the
+/// image's defaults first (an OCI image's Env, WorkingDir, User), the request's own over
+/// them.
+pub(crate) fn program_for(
+    command: &forkvm_proto::Command,
+    env: &[(String, String)],
+    cwd: Option<&String>,
+    user: Option<&String>,
+) -> Result<Program, AgentError> {
+    let mut program = Program::new(argv_of(command).into_iter().map(OsString::from).collect());
+    let defaults = crate::exec_defaults::get();
+    for (k, v) in defaults.env.iter().chain(env) {
+        program.env(k, v);
+    }
+    if let Some(cwd) = cwd.or(defaults.cwd.as_ref()) {
+        program.current_dir(cwd);
+    }
+    if let Some(user) = user.or(defaults.user.as_ref()) {
+        GuestUser::lookup(Path::new("/"), user)?.apply(&mut program);
+    }
+    Ok(program)
+}
+
+/// The argv a command runs as (a script through `/bin/sh -c`).
+pub(crate) fn argv_of(command: &forkvm_proto::Command) -> Vec<String> {
+    match command {
+        forkvm_proto::Command::Argv(argv) => argv.clone(),
+        forkvm_proto::Command::Shell(script) => vec!["/bin/sh".into(), "-c".into(), script.clone()],
+    }
 }
 
 /// Forwards output until exit + EOFs (or the drain deadline); kills the group at the
@@ -246,7 +271,7 @@ fn forward(
     }
 }
 
-fn kill_group(pgid: libc::pid_t) {
+pub(crate) fn kill_group(pgid: libc::pid_t) {
     // SAFETY: kill(2) with a negative pid signals the process group we created
     // (process_group(0) makes the child's pid its pgid); no memory is involved.
     unsafe { libc::kill(-pgid, libc::SIGKILL) };

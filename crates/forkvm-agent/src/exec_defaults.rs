@@ -1,15 +1,33 @@
-//! The image's exec defaults (`forkvm_proto::exec_defaults`), read once: the file is
-//! part of the read-only image, so it cannot change while the agent runs, and every
-//! sandbox restored from a snapshot has it in memory already.
+//! The image's exec defaults (`forkvm_proto::exec_defaults`), read again whenever the
+//! file changes. An OCI template's image carries the file; a Dockerfile build writes it
+//! in its last step, into a sandbox whose agent had read the base image's long before
+//! (the snapshot it was restored from). One `stat` per exec tells the two apart.
 
 use forkvm_proto::exec_defaults::{ExecDefaultsFile, EXEC_DEFAULTS_PATH, MAX_EXEC_DEFAULTS_BYTES};
 use std::io::Read;
-use std::sync::OnceLock;
+use std::os::unix::fs::MetadataExt;
+use std::sync::{Arc, Mutex};
+
+/// What identifies one version of the file: device, inode, size, change time.
+type Stamp = Option<(u64, u64, u64, i64, i64)>;
 
 /// The defaults; empty when the image has none (or an unreadable file, which is logged).
-pub fn get() -> &'static ExecDefaultsFile {
-    static DEFAULTS: OnceLock<ExecDefaultsFile> = OnceLock::new();
-    DEFAULTS.get_or_init(|| load(EXEC_DEFAULTS_PATH))
+pub fn get() -> Arc<ExecDefaultsFile> {
+    static CACHE: Mutex<Option<(Stamp, Arc<ExecDefaultsFile>)>> = Mutex::new(None);
+    let stamp = stamp(EXEC_DEFAULTS_PATH);
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    match &*cache {
+        Some((s, d)) if *s == stamp => d.clone(),
+        _ => {
+            let d = Arc::new(load(EXEC_DEFAULTS_PATH));
+            *cache = Some((stamp, d.clone()));
+            d
+        }
+    }
+}
+
+fn stamp(path: &str) -> Stamp {
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino(), m.len(), m.ctime(), m.ctime_nsec()))
 }
 
 fn load(path: &str) -> ExecDefaultsFile {

@@ -31,16 +31,47 @@ pub struct GuestUser {
 }
 
 impl GuestUser {
-    /// Looks `name` up in `<root>/etc/passwd` and `<root>/etc/group`.
-    pub fn lookup(root: &Path, name: &str) -> Result<GuestUser, AgentError> {
-        let passwd = read_bounded(&root.join("etc/passwd"))
-            .map_err(|e| AgentError::from_io("reading /etc/passwd to find the exec's user", &e))?;
-        let mut user = parse_passwd(&passwd, name).ok_or_else(|| {
-            AgentError::new(ErrorKind::NotFound, format!("user {name:?} does not exist in the guest"))
-        })?;
+    /// Looks a user up in `<root>/etc/passwd` and `<root>/etc/group`, in the forms of a
+    /// Dockerfile's USER: `name`, `uid` (a uid with no passwd line runs with gid 0 and
+    /// home `/`), and either with `:group` (a group name or a gid), which replaces the
+    /// user's groups.
+    pub fn lookup(root: &Path, spec: &str) -> Result<GuestUser, AgentError> {
+        let (name, group) = match spec.split_once(':') {
+            Some((n, g)) => (n, Some(g)),
+            None => (spec, None),
+        };
+        let passwd = read_bounded(&root.join("etc/passwd"));
+        let by_name = passwd.as_ref().ok().and_then(|p| parse_passwd(p, name));
+        let mut user = match (by_name, name.parse::<u32>()) {
+            (Some(u), _) => u,
+            (None, Ok(uid)) => passwd.as_ref().ok().and_then(|p| by_uid(p, uid)).unwrap_or(GuestUser {
+                name: name.to_string(),
+                uid,
+                gid: 0,
+                home: "/".into(),
+                groups: Vec::new(),
+            }),
+            (None, Err(_)) => {
+                return Err(match passwd {
+                    Err(e) => AgentError::from_io("reading /etc/passwd to find the exec's user", &e),
+                    Ok(_) => AgentError::new(ErrorKind::NotFound, format!("user {name:?} does not exist in the guest")),
+                })
+            }
+        };
         // No /etc/group: the primary group alone.
-        let group = read_bounded(&root.join("etc/group")).unwrap_or_default();
-        user.groups = supplementary_groups(&group, name, user.gid);
+        let groups = read_bounded(&root.join("etc/group")).unwrap_or_default();
+        match group {
+            None => user.groups = supplementary_groups(&groups, &user.name, user.gid),
+            Some(g) => {
+                user.gid = match g.parse::<u32>() {
+                    Ok(gid) => gid,
+                    Err(_) => group_id(&groups, g).ok_or_else(|| {
+                        AgentError::new(ErrorKind::NotFound, format!("group {g:?} does not exist in the guest"))
+                    })?,
+                };
+                user.groups = vec![user.gid];
+            }
+        }
         Ok(user)
     }
 
@@ -75,6 +106,22 @@ fn parse_passwd(text: &str, name: &str) -> Option<GuestUser> {
             home: if f[5].is_empty() { "/".into() } else { f[5].to_string() },
             groups: Vec::new(),
         })
+    })
+}
+
+/// The line of a passwd file with `uid`.
+fn by_uid(text: &str, uid: u32) -> Option<GuestUser> {
+    text.lines().find_map(|line| {
+        let name = line.split(':').next()?;
+        parse_passwd(line, name).filter(|u| u.uid == uid)
+    })
+}
+
+/// The gid of group `name` in a group file.
+fn group_id(text: &str, name: &str) -> Option<u32> {
+    text.lines().find_map(|line| {
+        let f: Vec<&str> = line.split(':').collect();
+        (f.len() >= 3 && f[0] == name).then(|| f[2].parse().ok()).flatten()
     })
 }
 
@@ -121,6 +168,21 @@ mod tests {
         assert_eq!(parse_passwd(PASSWD, "broken"), None);
         assert_eq!(parse_passwd(PASSWD, "nobody"), None);
         assert_eq!(parse_passwd(PASSWD, "use"), None, "a prefix is not a name");
+    }
+
+    #[test]
+    fn users_are_found_in_the_forms_of_a_dockerfile_user() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("etc")).unwrap();
+        std::fs::write(dir.path().join("etc/passwd"), PASSWD).unwrap();
+        std::fs::write(dir.path().join("etc/group"), GROUP).unwrap();
+        let ids = |spec: &str| GuestUser::lookup(dir.path(), spec).map(|u| (u.name, u.uid, u.gid, u.groups));
+        assert_eq!(ids("1000").unwrap(), ("user".into(), 1000, 1000, vec![1000, 27, 4]));
+        assert_eq!(ids("4242").unwrap(), ("4242".into(), 4242, 0, vec![0]));
+        assert_eq!(ids("user:adm").unwrap(), ("user".into(), 1000, 4, vec![4]));
+        assert_eq!(ids("1000:27").unwrap(), ("user".into(), 1000, 27, vec![27]));
+        assert!(ids("user:nogroup").unwrap_err().message.contains("group \"nogroup\""));
+        assert!(ids("nobody").unwrap_err().message.contains("does not exist"));
     }
 
     #[test]

@@ -105,7 +105,8 @@ impl ServeError {
 pub struct Agent {
     started: Instant,
     reaper: Arc<Reaper>,
-    running: crate::exec::Running,
+    running: Arc<crate::exec::Running>,
+    procs: crate::procs::Procs,
     interp: Option<Interp>,
     identity_sys: Box<dyn IdentitySys>,
     sandbox_id: Mutex<Option<String>>,
@@ -143,7 +144,8 @@ impl Agent {
         Self {
             started: Instant::now(),
             reaper,
-            running: crate::exec::Running::default(),
+            running: Arc::default(),
+            procs: crate::procs::Procs::default(),
             interp,
             identity_sys,
             sandbox_id: Mutex::new(None),
@@ -251,6 +253,12 @@ impl Agent {
             Request::Watch(req) => return watch::run(conn, &req),
             Request::MountVolume(req) => crate::volumes::mount(&req),
             Request::Sync => crate::volumes::sync(),
+            Request::Untar(req) => return crate::untar::run(conn, &req),
+            Request::ProcStart(req) => self.procs.start(&req, &self.reaper, &self.running),
+            Request::ProcList => self.procs.list(),
+            Request::ProcAttach(req) => return crate::procs::attach(conn, &req, &self.procs),
+            Request::ProcInput(req) => return self.procs.input(conn, &req),
+            Request::ProcResize(req) => self.procs.resize(&req),
         })
     }
 

@@ -46,21 +46,24 @@ pub struct Program {
     cwd: Option<PathBuf>,
     user: Option<UserIds>,
     stdin_piped: bool,
+    /// A terminal's slave to run on, as the controlling terminal of a new session.
+    terminal: Option<PathBuf>,
 }
 
-/// A started process: its pid (also its process group) and the agent's ends of its pipes.
+/// A started process: its pid (also its process group) and the agent's ends of its pipes
+/// (none on a terminal: the caller holds its master).
 #[derive(Debug)]
 pub struct Spawned {
     pub pid: libc::pid_t,
     pub stdin: Option<File>,
-    pub stdout: File,
-    pub stderr: File,
+    pub stdout: Option<File>,
+    pub stderr: Option<File>,
 }
 
 impl Program {
     /// `args[0]` with the rest as arguments, in the agent's environment.
     pub fn new(args: Vec<OsString>) -> Program {
-        Program { args, env: std::env::vars_os().collect(), cwd: None, user: None, stdin_piped: false }
+        Program { args, env: std::env::vars_os().collect(), cwd: None, user: None, stdin_piped: false, terminal: None }
     }
 
     /// Sets (or replaces) one environment variable.
@@ -90,6 +93,14 @@ impl Program {
     /// Gives the child a pipe on stdin (otherwise `/dev/null`).
     pub fn stdin_piped(&mut self, piped: bool) -> &mut Program {
         self.stdin_piped = piped;
+        self
+    }
+
+    /// Runs the program on the terminal whose slave is `slave`: it leads a new session
+    /// (and process group) whose controlling terminal that is, with stdin, stdout and
+    /// stderr on it.
+    pub fn on_terminal(&mut self, slave: impl Into<PathBuf>) -> &mut Program {
+        self.terminal = Some(slave.into());
         self
     }
 
@@ -152,23 +163,38 @@ impl Program {
             .map(|(k, v)| cstring(&[k.as_bytes(), b"=", v.as_bytes()].concat()))
             .collect::<io::Result<Vec<_>>>()?;
         let cwd = self.cwd.as_ref().map(|d| cstring(d.as_os_str().as_bytes())).transpose()?;
-        let (stdin_child, stdin_ours) = if self.stdin_piped {
-            let (r, w) = pipe()?;
-            (r, Some(w))
-        } else {
-            (OwnedFd::from(File::open("/dev/null")?), None)
-        };
-        let (stdout_ours, stdout_child) = pipe()?;
-        let (stderr_ours, stderr_child) = pipe()?;
-
         let mut actions = FileActions::new()?;
-        actions.dup2(&stdin_child, 0)?;
-        actions.dup2(&stdout_child, 1)?;
-        actions.dup2(&stderr_child, 2)?;
+        let mut ours = (None, None, None);
+        match &self.terminal {
+            // Opened in the child after its setsid (without O_NOCTTY): the session's
+            // controlling terminal.
+            Some(slave) => {
+                let slave = cstring(slave.as_os_str().as_bytes())?;
+                actions.open(0, &slave, libc::O_RDWR)?;
+                actions.dup2_raw(0, 1)?;
+                actions.dup2_raw(0, 2)?;
+            }
+            None => {
+                let (stdin_child, stdin_ours) = if self.stdin_piped {
+                    let (r, w) = pipe()?;
+                    (r, Some(w))
+                } else {
+                    (OwnedFd::from(File::open("/dev/null")?), None)
+                };
+                let (stdout_ours, stdout_child) = pipe()?;
+                let (stderr_ours, stderr_child) = pipe()?;
+                actions.dup2(&stdin_child, 0)?;
+                actions.dup2(&stdout_child, 1)?;
+                actions.dup2(&stderr_child, 2)?;
+                // The child's ends live until the spawn is done (posix_spawn dups them).
+                actions.keep([stdin_child, stdout_child, stderr_child]);
+                ours = (stdin_ours, Some(stdout_ours), Some(stderr_ours));
+            }
+        }
         if let Some(cwd) = &cwd {
             actions.chdir(cwd)?;
         }
-        let attrs = Attrs::new()?;
+        let attrs = Attrs::new(self.terminal.is_some())?;
         let argv_ptrs = null_terminated(&argv);
         let envp_ptrs = null_terminated(&envp);
         let mut pid: libc::pid_t = 0;
@@ -183,9 +209,9 @@ impl Program {
         }
         Ok(Spawned {
             pid,
-            stdin: stdin_ours.map(File::from),
-            stdout: File::from(stdout_ours),
-            stderr: File::from(stderr_ours),
+            stdin: ours.0.map(File::from),
+            stdout: ours.1.map(File::from),
+            stderr: ours.2.map(File::from),
         })
     }
 }
@@ -250,8 +276,9 @@ fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(new) })
 }
 
-/// `posix_spawn_file_actions_t`, destroyed when dropped.
-struct FileActions(libc::posix_spawn_file_actions_t);
+/// `posix_spawn_file_actions_t`, destroyed when dropped, with the descriptors its
+/// actions name kept open as long as it lives.
+struct FileActions(libc::posix_spawn_file_actions_t, Vec<OwnedFd>);
 
 impl FileActions {
     fn new() -> io::Result<FileActions> {
@@ -259,12 +286,29 @@ impl FileActions {
         let mut actions: libc::posix_spawn_file_actions_t = unsafe { std::mem::zeroed() };
         // SAFETY: `actions` is writable.
         check(unsafe { libc::posix_spawn_file_actions_init(&mut actions) })?;
-        Ok(FileActions(actions))
+        Ok(FileActions(actions, Vec::new()))
     }
 
     fn dup2(&mut self, fd: &OwnedFd, to: libc::c_int) -> io::Result<()> {
-        // SAFETY: initialized actions; `fd` stays open until posix_spawn has run.
-        check(unsafe { libc::posix_spawn_file_actions_adddup2(&mut self.0, fd.as_raw_fd(), to) })
+        self.dup2_raw(fd.as_raw_fd(), to)
+    }
+
+    /// A dup2 in the child of a descriptor it has by then (`fd` open in the caller until
+    /// the spawn, or made by an earlier action).
+    fn dup2_raw(&mut self, fd: libc::c_int, to: libc::c_int) -> io::Result<()> {
+        // SAFETY: initialized actions; glibc records the numbers.
+        check(unsafe { libc::posix_spawn_file_actions_adddup2(&mut self.0, fd, to) })
+    }
+
+    /// Opens `path` in the child as descriptor `to`.
+    fn open(&mut self, to: libc::c_int, path: &CString, flags: libc::c_int) -> io::Result<()> {
+        // SAFETY: initialized actions; glibc copies the path.
+        check(unsafe { libc::posix_spawn_file_actions_addopen(&mut self.0, to, path.as_ptr(), flags, 0) })
+    }
+
+    /// Keeps `fds` open until the actions are dropped (after the spawn).
+    fn keep(&mut self, fds: impl IntoIterator<Item = OwnedFd>) {
+        self.1.extend(fds);
     }
 
     fn chdir(&mut self, dir: &CString) -> io::Result<()> {
@@ -280,11 +324,12 @@ impl Drop for FileActions {
     }
 }
 
-/// `posix_spawnattr_t`: empty mask, every signal at its default, a new process group.
+/// `posix_spawnattr_t`: empty mask, every signal at its default, a new process group
+/// (or, with `session`, a new session, which leads its own group).
 struct Attrs(libc::posix_spawnattr_t);
 
 impl Attrs {
-    fn new() -> io::Result<Attrs> {
+    fn new(session: bool) -> io::Result<Attrs> {
         // SAFETY: plain C structs, initialized by the calls below before any other use.
         let (mut raw, mut empty, mut all): (libc::posix_spawnattr_t, libc::sigset_t, libc::sigset_t) =
             unsafe { (std::mem::zeroed(), std::mem::zeroed(), std::mem::zeroed()) };
@@ -301,8 +346,13 @@ impl Attrs {
             *words |= (1 << 31) | (1 << 32);
             check(libc::posix_spawnattr_setsigmask(&mut attrs.0, &empty))?;
             check(libc::posix_spawnattr_setsigdefault(&mut attrs.0, &all))?;
-            check(libc::posix_spawnattr_setpgroup(&mut attrs.0, 0))?;
-            let flags = libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF | libc::POSIX_SPAWN_SETPGROUP;
+            let mut flags = libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF;
+            if session {
+                flags |= libc::c_int::from(libc::POSIX_SPAWN_SETSID);
+            } else {
+                check(libc::posix_spawnattr_setpgroup(&mut attrs.0, 0))?;
+                flags |= libc::POSIX_SPAWN_SETPGROUP;
+            }
             check(libc::posix_spawnattr_setflags(&mut attrs.0, flags as libc::c_short))?;
             Ok(attrs)
         }
@@ -391,7 +441,7 @@ mod tests {
         p.env("GREETING", "hi").current_dir(dir.path());
         let s = p.spawn().unwrap();
         let mut out = String::new();
-        { s.stdout }.read_to_string(&mut out).unwrap();
+        { s.stdout.unwrap() }.read_to_string(&mut out).unwrap();
         assert_eq!(wait(s.pid), 0);
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines[0], dir.path().canonicalize().unwrap().to_str().unwrap());
@@ -422,7 +472,7 @@ mod tests {
         // SAFETY: restores the disposition saved above.
         unsafe { libc::signal(libc::SIGUSR1, old) };
         let mut out = String::new();
-        { s.stdout }.read_to_string(&mut out).unwrap();
+        { s.stdout.unwrap() }.read_to_string(&mut out).unwrap();
         assert_eq!(wait(s.pid), 0);
         assert_eq!(out, "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n");
     }
@@ -432,7 +482,7 @@ mod tests {
         let s = Program::new(vec!["cat".into()]).spawn().unwrap();
         assert!(s.stdin.is_none());
         let mut out = Vec::new();
-        { s.stdout }.read_to_end(&mut out).unwrap();
+        { s.stdout.unwrap() }.read_to_end(&mut out).unwrap();
         assert_eq!((wait(s.pid), out.len()), (0, 0));
     }
 }

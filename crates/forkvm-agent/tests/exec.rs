@@ -129,7 +129,7 @@ fn a_started_exec_reports_its_pid_and_only_it_can_be_signalled() {
     let client = agent.client();
     // A pid no exec of this agent has is refused, not signalled.
     let e = client.signal(std::process::id(), SIGTERM).unwrap_err();
-    assert!(e.to_string().contains("no running exec has pid"), "{e}");
+    assert!(e.to_string().contains("no running exec or background process has pid"), "{e}");
     let e = client.signal(1, 0).unwrap_err();
     assert!(e.to_string().contains("not a signal number"), "{e}");
 

@@ -138,3 +138,67 @@ fn what_a_write_or_mkdir_creates_belongs_to_the_owner_it_names_and_rename_moves(
         .unwrap();
     assert_eq!([ids("o/d1"), ids("o/d1/d2"), ids("o/d3")], [(uid, gid); 3]);
 }
+
+/// A tar stream with `entries` (name, data; a name ending in `@` is a link to the data;
+/// a name with `..` is written raw, as a hostile host could).
+fn tar_of(entries: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (name, data) in entries {
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(0o640);
+        h.set_mtime(1_000_000);
+        if let Some(link) = name.strip_suffix('@') {
+            h.set_entry_type(tar::EntryType::Symlink);
+            h.set_size(0);
+            b.append_link(&mut h, link, std::str::from_utf8(data).unwrap()).unwrap();
+        } else if name.contains("..") {
+            h.set_entry_type(tar::EntryType::Regular);
+            h.set_size(data.len() as u64);
+            h.as_gnu_mut().unwrap().name[..name.len()].copy_from_slice(name.as_bytes());
+            h.set_cksum();
+            b.append(&h, *data).unwrap();
+        } else {
+            h.set_entry_type(tar::EntryType::Regular);
+            h.set_size(data.len() as u64);
+            b.append_data(&mut h, name, *data).unwrap();
+        }
+    }
+    b.into_inner().unwrap()
+}
+
+#[test]
+fn untar_unpacks_a_stream_inside_its_directory_and_nowhere_else() {
+    let agent = TestAgent::start();
+    let c = agent.client();
+    let dir = agent.path("dst/app");
+    let good = tar_of(&[("a.txt", b"alpha"), ("sub/b.txt", b"beta"), ("link@", b"a.txt")]);
+    let sent = c.untar(&forkvm_proto::UntarRequest { dir: dir.clone(), owner: None }, &mut &good[..]).unwrap();
+    assert_eq!(sent, good.len() as u64);
+    assert_eq!(std::fs::read(format!("{dir}/sub/b.txt")).unwrap(), b"beta");
+    assert_eq!(std::fs::read_link(format!("{dir}/link")).unwrap().to_str(), Some("a.txt"));
+    let info = c.stat(&format!("{dir}/a.txt")).unwrap();
+    assert_eq!((info.size, info.mode), (5, 0o640));
+    // Unpacked again over what is there: contents and modes are the stream's.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(format!("{dir}/a.txt"), std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::fs::write(format!("{dir}/a.txt"), "something longer").unwrap();
+    c.untar(&forkvm_proto::UntarRequest { dir: dir.clone(), owner: None }, &mut &good[..]).unwrap();
+    let info = c.stat(&format!("{dir}/a.txt")).unwrap();
+    assert_eq!((info.size, info.mode), (5, 0o640));
+
+    // A `..` entry, or a file written through a link the stream made, stays out.
+    let outside = agent.path("dst/outside");
+    let escape = tar_of(&[("../outside", b"x")]);
+    let err = c.untar(&forkvm_proto::UntarRequest { dir: dir.clone(), owner: None }, &mut &escape[..]).unwrap_err();
+    assert!(err.to_string().contains("outside") || err.to_string().contains(".."), "{err}");
+    let through = tar_of(&[("up@", b".."), ("up/outside", b"x")]);
+    let err = c.untar(&forkvm_proto::UntarRequest { dir: dir.clone(), owner: None }, &mut &through[..]).unwrap_err();
+    assert!(!std::path::Path::new(&outside).exists(), "{err}");
+
+    // A broken stream is an error, and the connection still answers the next request.
+    let err = c.untar(&forkvm_proto::UntarRequest { dir: dir.clone(), owner: None }, &mut &good[..700]).unwrap_err();
+    assert!(err.to_string().contains("tar") || err.to_string().contains("unpack"), "{err}");
+    c.ping().unwrap();
+    let err = c.untar(&forkvm_proto::UntarRequest { dir: "relative".into(), owner: None }, &mut &good[..]).unwrap_err();
+    assert!(err.to_string().contains("not absolute"), "{err}");
+}

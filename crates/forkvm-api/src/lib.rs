@@ -9,6 +9,7 @@ pub mod disks;
 pub mod error_code;
 pub mod paths;
 pub mod ports;
+pub mod processes;
 pub mod routes;
 pub mod templates;
 pub mod volumes;
@@ -20,7 +21,13 @@ pub use disks::{
 };
 pub use error_code::ErrorCode;
 pub use ports::{ExposeRequest, ExposedPort};
-pub use templates::{ImportOciQuery, TemplateImportEvent};
+pub use processes::{
+    ProcessExit, ProcessInfo, ProcessInputQuery, ProcessInputWritten, ProcessOutputEvent, ProcessOutputQuery,
+    SignalProcessRequest, StartProcessRequest, TerminalSize,
+};
+pub use templates::{
+    BuildTemplateQuery, ImportOciQuery, TemplateBuildEvent, TemplateBuildReport, TemplateBuildStep, TemplateImportEvent,
+};
 pub use volumes::{CreateVolumeRequest, SnapshotVolumeRequest, VolumeInfo, VolumeMode, VolumeMount};
 pub use workspaces::{CreateWorkspaceRequest, SuspendWorkspaceRequest, WorkspaceInfo};
 

@@ -105,10 +105,19 @@ fn every_component_has_the_fields_of_its_rust_type() {
         SnapshotVolumeRequest,
         VolumeInfo,
         VolumeMode,
+        StartProcessRequest,
+        TerminalSize,
+        ProcessInfo,
+        ProcessExit,
+        ProcessInputWritten,
+        SignalProcessRequest,
     ];
     // A request body (`PUT .../network`) before it is part of a response: checked as
     // the daemon reads it (every field optional).
     rust.push(("NetworkPolicy", generated::<forkvm_api::NetworkPolicy>(true)));
+    // A build's report and its steps (in the `done` line of `POST /v1/templates/build`).
+    rust.push(("TemplateBuildReport", generated::<forkvm_api::TemplateBuildReport>(false)));
+    rust.push(("TemplateBuildStep", generated::<forkvm_api::TemplateBuildStep>(false)));
     // Part of a request body only (`CreateSandboxRequest.volumes`).
     rust.push(("VolumeMount", generated::<forkvm_api::VolumeMount>(true)));
     let mut problems = Vec::new();
@@ -120,16 +129,20 @@ fn every_component_has_the_fields_of_its_rust_type() {
         }
         checked.insert(name);
     }
-    // The exec, watch and template import streams' lines: one component per variant of the tagged enum.
+    // The exec, watch, template import and build streams' lines: one component per variant of the tagged enum.
     let streams = [
         ("ExecEvent", generated::<forkvm_api::ExecEvent>(false)),
         ("WatchEvent", generated::<forkvm_api::WatchEvent>(false)),
         ("TemplateImportEvent", generated::<forkvm_api::TemplateImportEvent>(false)),
+        ("TemplateBuildEvent", generated::<forkvm_api::TemplateBuildEvent>(false)),
+        ("ProcessOutputEvent", generated::<forkvm_api::ProcessOutputEvent>(false)),
     ];
     for (stream, events) in &streams {
         for variant in events["oneOf"].as_array().unwrap_or_else(|| panic!("{stream} is a oneOf")) {
             let tag = variant["properties"]["type"]["const"].as_str().expect("a type tag").to_string();
-            let name = format!("{stream}{}{}", tag[..1].to_uppercase(), &tag[1..]);
+            // `step_done` is `StepDone`.
+            let camel: String = tag.split('_').map(|w| format!("{}{}", w[..1].to_uppercase(), &w[1..])).collect();
+            let name = format!("{stream}{camel}");
             match schemas.get(&name) {
                 Some(documented) => problems.extend(compare(&name, documented, variant)),
                 None => problems.push(format!("{name}: no component in docs/openapi.json")),
@@ -139,7 +152,8 @@ fn every_component_has_the_fields_of_its_rust_type() {
     }
     // The streams' unions (their variants are checked above), and a shape that is not
     // forkvm-api's: the agent's own reply, passed through.
-    let elsewhere = ["ExecEvent", "WatchEvent", "TemplateImportEvent", "Pong"];
+    let elsewhere =
+        ["ExecEvent", "WatchEvent", "TemplateImportEvent", "TemplateBuildEvent", "ProcessOutputEvent", "Pong"];
     let unchecked: Vec<&String> =
         schemas.keys().filter(|k| !checked.contains(k.as_str()) && !elsewhere.contains(&k.as_str())).collect();
     assert!(unchecked.is_empty(), "components with no Rust type checked against them: {unchecked:?}");

@@ -14,7 +14,7 @@
 //! The library spawn forks this process, so it must be single-threaded then: the bench
 //! checks that, and runs the library phase first in each round.
 
-use crate::util::{machine, median, r2};
+use crate::util::{machine, median, p50_p99, r2};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use forkvm_client::api::{CreateSandboxRequest, ExecRequest};
@@ -54,10 +54,6 @@ fn quantile(v: &mut [f64], q: f64) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
     v[rank - 1]
-}
-
-fn p50_p99(mut v: Vec<f64>) -> serde_json::Value {
-    json!({ "p50": r2(quantile(&mut v, 0.5)), "p99": r2(quantile(&mut v, 0.99)), "n": v.len() })
 }
 
 /// Times `k` calls of `f`, in ms.

@@ -9,6 +9,7 @@ mod api;
 mod archive;
 mod boot;
 mod branch;
+mod build;
 mod chain;
 mod disk;
 mod disk_fork;
@@ -21,6 +22,7 @@ mod mcp;
 mod memory;
 mod net;
 mod oci;
+mod procs;
 pub mod procstat;
 mod seccomp;
 mod spawn;
@@ -77,12 +79,18 @@ pub enum BenchCommand {
     /// Watching a directory through the agent: arm and stop, a change's event latency,
     /// and a burst of changes from one guest command (guest side).
     Watch(watch::BenchWatchArgs),
+    /// Background processes and terminals through the agent: start against exec, first
+    /// output, a keystroke's echo on a terminal, output throughput (guest side).
+    Procs(procs::BenchProcsArgs),
     /// Templates from OCI images: import and build against the busybox builder, unpack
     /// throughput, and the blob bytes a second image on the same base shares (host side).
     Oci(oci::BenchOciArgs),
     /// Volumes: create, spawn with one (rw, ro) against without, the writer's kill and
     /// take-in, a volume snapshot (host and guest side).
     Volume(volume::BenchVolumeArgs),
+    /// Dockerfile builds: every step run, none run (all cached), and after changing one
+    /// COPY'd file (guest side: each step is a fork, guest work and a diff branch).
+    Build(build::BenchBuildArgs),
 }
 
 /// Runs benchmark `cmd`; returns the process's exit code.
@@ -97,8 +105,10 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<i32> {
         BenchCommand::Mcp(a) => mcp::run(a),
         BenchCommand::Forkd(a) => forkd::run(a),
         BenchCommand::Watch(a) => watch::run(a),
+        BenchCommand::Procs(a) => procs::run(a),
         BenchCommand::Oci(a) => oci::run(a),
         BenchCommand::Volume(a) => volume::run(a),
+        BenchCommand::Build(a) => build::run(a),
         BenchCommand::Boot(a) => boot::run(a),
         BenchCommand::Branch(a) => branch::run(a),
         BenchCommand::Spawn(a) => spawn::run(a),

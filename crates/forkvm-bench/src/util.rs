@@ -14,6 +14,13 @@ pub fn r2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
 
+/// `{p50, p99, n}` of `v` (nearest rank), in the JSON the benches print.
+pub fn p50_p99(mut v: Vec<f64>) -> serde_json::Value {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
+    serde_json::json!({ "p50": r2(at(0.5)), "p99": r2(at(0.99)), "n": v.len() })
+}
+
 pub fn median(values: &mut [f64]) -> f64 {
     if values.is_empty() {
         return 0.0;

@@ -12,7 +12,7 @@
 //! Everything here crosses the guest kernel, which is emulated on PVM hosts
 //! (PLATFORM.md): these are guest-side times, inflated there.
 
-use crate::util::{machine, r2};
+use crate::util::{machine, p50_p99, r2};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use forkvm_proto::{ChangeKind, ExecRequest, WatchMessage, WatchRequest, WriteFileRequest};
@@ -43,12 +43,6 @@ pub struct BenchWatchArgs {
 
 /// Longest wait for one event.
 const EVENT_LIMIT: Duration = Duration::from_secs(60);
-
-fn p50_p99(mut v: Vec<f64>) -> serde_json::Value {
-    v.sort_by(|a, b| a.total_cmp(b));
-    let at = |q: f64| v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
-    json!({ "p50": r2(at(0.5)), "p99": r2(at(0.99)), "n": v.len() })
-}
 
 pub fn run(a: BenchWatchArgs) -> Result<i32> {
     if a.watches == 0 || a.changes == 0 || a.burst == 0 || a.burst > 10_000 || a.changes > 10_000 || a.watches > 1000 {

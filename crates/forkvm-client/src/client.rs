@@ -253,42 +253,76 @@ impl Client {
     ) -> Result<Vec<u8>, ClientError> {
         let name = format!("{method} {target}");
         self.block_on(async {
-            let mut sender = self.open(&name).await?;
-            let (tx, body) = transport::channel(4);
-            let req = self.build(method, target, body, Some(content_type))?;
-            let send = sender.send_request(req);
-            let produce = async move {
-                let mut buf = vec![0u8; UPLOAD_CHUNK];
-                loop {
-                    let n = match src.read(&mut buf) {
-                        Ok(0) => return Ok(()),
-                        Ok(n) => n,
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                        Err(e) => {
-                            // Abort the body so the daemon does not keep a truncated upload.
-                            let _ = tx.send(Err(std::io::Error::new(e.kind(), "upload source failed"))).await;
-                            return Err(e);
-                        }
-                    };
-                    if tx.send(Ok(Bytes::copy_from_slice(&buf[..n]))).await.is_err() {
-                        return Ok(()); // The connection stopped taking the body; its reply tells why.
-                    }
-                }
-            };
-            tokio::pin!(send, produce);
-            let (early, read) = tokio::select! {
-                r = &mut send => (Some(r), Ok(())),
-                read = &mut produce => (None, read),
-            };
-            read.map_err(ClientError::Source)?;
-            let resp = match early {
-                Some(r) => r,
-                None => send.await,
-            }
-            .map_err(|e| ClientError::Send { request: name.clone(), source: e.into() })?;
-            let resp = check(resp, &name).await?;
+            let resp = self.send_upload(method, target, content_type, src, &name).await?;
             collect(resp.into_body(), reply_limit, &name).await
         })
+    }
+
+    /// [`Client::upload`] whose reply is NDJSON: `each` gets every line as it arrives.
+    pub(crate) fn upload_lines(
+        &self,
+        method: Method,
+        target: &str,
+        content_type: &'static str,
+        src: &mut dyn Read,
+        each: &mut dyn FnMut(&[u8]) -> Result<(), ClientError>,
+    ) -> Result<(), ClientError> {
+        let name = format!("{method} {target}");
+        self.block_on(async {
+            let resp = self.send_upload(method, target, content_type, src, &name).await?;
+            let mut body = resp.into_body();
+            let mut lines = crate::ndjson::Lines::default();
+            while let Some(data) = next_data(&mut body, &name).await? {
+                let too_long = || ClientError::TooLarge { request: name.clone(), limit: crate::ndjson::MAX_LINE };
+                lines.feed(&data, too_long, &mut *each)?;
+            }
+            lines.finish(each)
+        })
+    }
+
+    /// Sends `src` as the body; the reply once its status is a success.
+    async fn send_upload(
+        &self,
+        method: Method,
+        target: &str,
+        content_type: &'static str,
+        src: &mut dyn Read,
+        name: &str,
+    ) -> Result<Response<Incoming>, ClientError> {
+        let mut sender = self.open(name).await?;
+        let (tx, body) = transport::channel(4);
+        let req = self.build(method, target, body, Some(content_type))?;
+        let send = sender.send_request(req);
+        let produce = async move {
+            let mut buf = vec![0u8; UPLOAD_CHUNK];
+            loop {
+                let n = match src.read(&mut buf) {
+                    Ok(0) => return Ok(()),
+                    Ok(n) => n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        // Abort the body so the daemon does not keep a truncated upload.
+                        let _ = tx.send(Err(std::io::Error::new(e.kind(), "upload source failed"))).await;
+                        return Err(e);
+                    }
+                };
+                if tx.send(Ok(Bytes::copy_from_slice(&buf[..n]))).await.is_err() {
+                    return Ok(()); // The connection stopped taking the body; its reply tells why.
+                }
+            }
+        };
+        tokio::pin!(send, produce);
+        let (early, read) = tokio::select! {
+            r = &mut send => (Some(r), Ok(())),
+            read = &mut produce => (None, read),
+        };
+        read.map_err(ClientError::Source)?;
+        let resp = match early {
+            Some(r) => r,
+            None => send.await,
+        }
+        .map_err(|e| ClientError::Send { request: name.to_string(), source: e.into() })?;
+        check(resp, name).await
     }
 
     /// A call whose reply is text (the Prometheus metrics).

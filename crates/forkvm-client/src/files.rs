@@ -112,47 +112,11 @@ impl Client {
             target = target.query("recursive", "true");
         }
         let target = target.build();
-        self.block_on(async {
-            let resp = self.send(Method::GET, &target, transport::empty(), None).await?;
-            let name = format!("GET {target}");
-            let mut body = resp.into_body();
-            let mut lines = crate::ndjson::Lines::default();
-            let mut state = WatchLines { on_event: &mut on_event, end: None };
-            while let Some(data) = crate::client::next_data(&mut body, &name).await? {
-                let too_long = || ClientError::TooLarge { request: name.clone(), limit: crate::ndjson::MAX_LINE };
-                lines.feed(&data, too_long, |line| state.line(line))?;
-                if let Some(end) = state.end.take() {
-                    // Dropping the body closes the connection: the watch ends.
-                    return Ok(end);
-                }
-            }
-            lines.finish(|line| state.line(line))?;
-            state.end.ok_or(ClientError::Truncated)
+        self.read_lines(Method::GET, &target, transport::empty(), None, "watch line", |event| match event {
+            WatchEvent::End { reason } => Ok(Some(Some(reason))),
+            WatchEvent::Error { error } => Err(ClientError::Stream { message: error }),
+            // Stopped by the caller: dropping the connection ends the watch.
+            event => Ok((!on_event(event)).then_some(None)),
         })
-    }
-}
-
-/// A watch stream's lines so far: `end` is `Some` once it is over (`Some(reason)` when
-/// the sandbox ended it, `None` when the caller stopped).
-struct WatchLines<'a, F: FnMut(WatchEvent) -> bool> {
-    on_event: &'a mut F,
-    end: Option<Option<String>>,
-}
-
-impl<F: FnMut(WatchEvent) -> bool> WatchLines<'_, F> {
-    fn line(&mut self, line: &[u8]) -> Result<(), ClientError> {
-        if self.end.is_some() {
-            return Ok(());
-        }
-        match crate::client::decode::<WatchEvent>(line, "watch line")? {
-            WatchEvent::End { reason } => self.end = Some(Some(reason)),
-            WatchEvent::Error { error } => return Err(ClientError::Stream { message: error }),
-            event => {
-                if !(self.on_event)(event) {
-                    self.end = Some(None);
-                }
-            }
-        }
-        Ok(())
     }
 }

@@ -28,6 +28,7 @@ mod error;
 mod files;
 mod ndjson;
 mod ports;
+mod processes;
 mod sandboxes;
 mod snapshots;
 mod system;

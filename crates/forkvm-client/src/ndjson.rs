@@ -2,8 +2,54 @@
 //! them, so a line (even a UTF-8 character) may span frames and a frame may hold many
 //! lines. [`Lines`] keeps the unfinished tail and yields whole lines only.
 
+use crate::client::{decode, next_data, Client};
+use crate::error::ClientError;
+use crate::transport::ReqBody;
+use hyper::Method;
+use serde::de::DeserializeOwned;
+use std::cell::RefCell;
+
 /// Longest line accepted (one output chunk of an exec stream is far smaller).
 pub(crate) const MAX_LINE: usize = 16 << 20;
+
+impl Client {
+    /// Sends a request whose answer is NDJSON lines of `T` and hands `on_line` each one
+    /// as it arrives, until it returns `Some(end)`, which is returned at once (the
+    /// connection is dropped, which ends the stream on the daemon's side; lines after
+    /// it are not read). A body that ends first is [`ClientError::Truncated`].
+    pub(crate) fn read_lines<T: DeserializeOwned, R>(
+        &self,
+        method: Method,
+        target: &str,
+        body: ReqBody,
+        content_type: Option<&'static str>,
+        what: &'static str,
+        mut on_line: impl FnMut(T) -> Result<Option<R>, ClientError>,
+    ) -> Result<R, ClientError> {
+        let name = format!("{method} {target}");
+        self.block_on(async {
+            let resp = self.send(method, target, body, content_type).await?;
+            let mut body = resp.into_body();
+            let mut lines = Lines::default();
+            let end: RefCell<Option<R>> = RefCell::new(None);
+            let mut each = |raw: &[u8]| -> Result<(), ClientError> {
+                if end.borrow().is_none() {
+                    *end.borrow_mut() = on_line(decode::<T>(raw, what)?)?;
+                }
+                Ok(())
+            };
+            while let Some(data) = next_data(&mut body, &name).await? {
+                let too_long = || ClientError::TooLarge { request: name.clone(), limit: MAX_LINE };
+                lines.feed(&data, too_long, &mut each)?;
+                if let Some(done) = end.borrow_mut().take() {
+                    return Ok(done);
+                }
+            }
+            lines.finish(&mut each)?;
+            end.into_inner().ok_or(ClientError::Truncated)
+        })
+    }
+}
 
 #[derive(Debug, Default)]
 pub(crate) struct Lines {

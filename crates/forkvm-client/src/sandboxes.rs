@@ -1,10 +1,9 @@
 //! Running sandboxes: `/v1/sandboxes` (spawn, list, get, kill) and the actions on one
 //! (ping, exec, streamed exec, eval, branch, fork, disk snapshots, console).
 
-use crate::client::{next_data, Client};
+use crate::client::Client;
 use crate::encode::Target;
 use crate::error::ClientError;
-use crate::ndjson::Lines;
 use crate::transport;
 use forkvm_api::{
     ArchiveReport, BranchSandboxRequest, CreateSandboxRequest, DiskForkRequest, DiskSnapshotInfo, DiskSnapshotReport,
@@ -116,22 +115,17 @@ impl Client {
     ) -> Result<ExecExit, ClientError> {
         let target = sandbox(id)?.push("/exec/stream").build();
         let body = transport::full(crate::client::encode_json(req)?);
-        self.block_on(async {
-            let resp = self.send(Method::POST, &target, body, Some("application/json")).await?;
-            let name = format!("POST {target}");
-            let mut body = resp.into_body();
-            let mut lines = Lines::default();
-            let mut state = Stream { on_event: &mut on_event, exit: None };
-            while let Some(data) = next_data(&mut body, &name).await? {
-                let too_long = || ClientError::TooLarge { request: name.clone(), limit: crate::ndjson::MAX_LINE };
-                lines.feed(&data, too_long, |line| state.line(line))?;
-                if let Some(exit) = state.exit {
-                    // Anything after the exit line is ignored; the connection is dropped.
-                    return Ok(exit);
-                }
+        let what = "exec stream line";
+        // Anything after the exit line is not read; the connection is dropped.
+        self.read_lines(Method::POST, &target, body, Some("application/json"), what, |event| match event {
+            ExecEvent::Exit { exit_code, signal, timed_out, duration_ms } => {
+                Ok(Some(ExecExit { exit_code, signal, timed_out, duration_ms }))
             }
-            lines.finish(|line| state.line(line))?;
-            state.exit.ok_or(ClientError::Truncated)
+            ExecEvent::Error { error } => Err(ClientError::Stream { message: error }),
+            output => {
+                on_event(output);
+                Ok(None)
+            }
         })
     }
 
@@ -164,30 +158,5 @@ impl Client {
     pub fn disk_snapshots(&self, id: &str) -> Result<Vec<DiskSnapshotInfo>, ClientError> {
         let target = sandbox(id)?.push("/disk-snapshots").build();
         self.call_json(Method::GET, &target, None::<&()>, "disk snapshot list")
-    }
-}
-
-/// What an exec stream has told so far.
-struct Stream<'a, F: FnMut(ExecEvent)> {
-    on_event: &'a mut F,
-    exit: Option<ExecExit>,
-}
-
-impl<F: FnMut(ExecEvent)> Stream<'_, F> {
-    fn line(&mut self, line: &[u8]) -> Result<(), ClientError> {
-        if self.exit.is_some() {
-            return Ok(());
-        }
-        match crate::client::decode::<ExecEvent>(line, "exec stream line")? {
-            ExecEvent::Exit { exit_code, signal, timed_out, duration_ms } => {
-                self.exit = Some(ExecExit { exit_code, signal, timed_out, duration_ms });
-                Ok(())
-            }
-            ExecEvent::Error { error } => Err(ClientError::Stream { message: error }),
-            output => {
-                (self.on_event)(output);
-                Ok(())
-            }
-        }
     }
 }

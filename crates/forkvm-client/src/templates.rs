@@ -1,10 +1,11 @@
 //! Templates: `POST /v1/templates/oci`, an image archive uploaded as a template
-//! (`docs/templates.md`).
+//! (`docs/templates.md`); `POST /v1/templates/build`, a Dockerfile built from a context
+//! archive (`docs/dockerfile.md`).
 
 use crate::client::Client;
 use crate::encode::Target;
 use crate::error::ClientError;
-use forkvm_api::{ImportOciQuery, TemplateImportEvent};
+use forkvm_api::{BuildTemplateQuery, ImportOciQuery, TemplateBuildEvent, TemplateBuildReport, TemplateImportEvent};
 use hyper::Method;
 use std::io::Read;
 use std::path::Path;
@@ -55,6 +56,54 @@ impl Client {
             std::fs::File::open(path).map_err(|source| ClientError::OpenFile { path: path.to_path_buf(), source })?;
         self.import_oci_template(&mut file, q)
     }
+}
+
+impl Client {
+    /// Builds a Dockerfile on the daemon from the build context `src`, a tar archive
+    /// (gzip-compressed or not) with the Dockerfile in it. `on_event` gets the progress
+    /// as it happens; the report comes back once the tag is published. A build that
+    /// fails is [`ClientError::Stream`] with its `error` line.
+    pub fn build_template(
+        &self,
+        src: &mut dyn Read,
+        q: &BuildTemplateQuery,
+        on_event: &mut dyn FnMut(&TemplateBuildEvent),
+    ) -> Result<TemplateBuildReport, ClientError> {
+        let target = build_target(q).build();
+        let mut done = None;
+        let mut failed = None;
+        self.upload_lines(Method::POST, &target, "application/x-tar", src, &mut |line| {
+            let event = crate::client::decode::<TemplateBuildEvent>(line, "template build line")?;
+            on_event(&event);
+            match event {
+                TemplateBuildEvent::Done { report } => done = Some(report),
+                TemplateBuildEvent::Error { error } => failed = Some(error),
+                _ => {}
+            }
+            Ok(())
+        })?;
+        match (done, failed) {
+            (_, Some(message)) => Err(ClientError::Stream { message }),
+            (Some(report), None) => Ok(*report),
+            (None, None) => Err(ClientError::Truncated),
+        }
+    }
+}
+
+fn build_target(q: &BuildTemplateQuery) -> Target {
+    let mut t = Target::new("/v1/templates/build").query("tag", &q.tag);
+    if let Some(d) = &q.dockerfile {
+        t = t.query("dockerfile", d);
+    }
+    if let Some(a) = &q.build_args {
+        t = t.query("build_args", a);
+    }
+    for (on, key) in [(q.no_cache, "no_cache"), (q.replace, "replace"), (q.start, "start")] {
+        if on {
+            t = t.query(key, "true");
+        }
+    }
+    t
 }
 
 fn import_target(q: &ImportOciQuery) -> Target {

@@ -7,6 +7,7 @@
 //! * [`oci`]: OCI images imported as template bases.
 
 pub mod cache_lock;
+pub mod dockerfile;
 pub mod kernel;
 pub mod oci;
 pub mod progress;

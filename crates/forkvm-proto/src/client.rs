@@ -11,8 +11,8 @@ use std::time::Duration;
 use crate::frame::{read_frame, write_frame, write_json, FrameError, FrameKind, DATA_CHUNK};
 use crate::msg::{
     AgentError, EvalResponse, ExecRequest, ExitStatus, FileInfo, IdentityApplied, IdentityRequest, MkdirRequest,
-    MountVolumeRequest, Pong, ProtocolError, Request, Response, SignalRequest, Started, WatchMessage, WatchRequest,
-    WriteFileRequest,
+    MountVolumeRequest, Pong, ProtocolError, Request, Response, SignalRequest, Started, UntarRequest, WatchMessage,
+    WatchRequest, WriteFileRequest,
 };
 use crate::vsock::{connect_vsock_uds, VsockConnectError};
 
@@ -76,6 +76,9 @@ pub mod idle_limit {
     pub const EVAL: Duration = Duration::from_secs(3600);
     /// A watch: the agent sends a keepalive every few seconds while nothing changes.
     pub const WATCH: Duration = Duration::from_secs(60);
+    /// An attachment to a background process: the agent sends a keepalive every few
+    /// seconds while the process is quiet.
+    pub const ATTACH: Duration = Duration::from_secs(60);
 
     /// An exec's idle limit: its own timeout plus [`EXEC_GRACE`], else a day plus it.
     pub fn exec(timeout_ms: Option<u64>) -> Duration {
@@ -101,7 +104,7 @@ fn timed_out(e: &io::Error) -> bool {
 }
 
 /// A frame error on a stream with `limit`: a timeout is [`ClientError::Silent`].
-fn frame_failed(step: &'static str, limit: Duration, send: bool) -> impl Fn(FrameError) -> ClientError {
+pub(crate) fn frame_failed(step: &'static str, limit: Duration, send: bool) -> impl Fn(FrameError) -> ClientError {
     move |source| {
         let silent = match &source {
             FrameError::ReadHeader(e) | FrameError::ReadPayload(e) => timed_out(e),
@@ -177,7 +180,12 @@ impl<S: Read + Write + IdleLimit> AgentClient<S> {
     }
 
     /// Opens a stream for `req`, limited to `limit` of silence (or the client's cap).
-    fn start(&self, step: &'static str, req: &Request, limit: Duration) -> Result<(S, Duration), ClientError> {
+    pub(crate) fn start(
+        &self,
+        step: &'static str,
+        req: &Request,
+        limit: Duration,
+    ) -> Result<(S, Duration), ClientError> {
         let limit = self.cap.map_or(limit, |cap| cap.min(limit));
         let mut stream = (self.connect)()?;
         stream.set_idle_limit(limit).map_err(ClientError::Connect)?;
@@ -186,7 +194,7 @@ impl<S: Read + Write + IdleLimit> AgentClient<S> {
     }
 
     /// Sends one request with no trailing frames and returns its response.
-    fn call(&self, step: &'static str, req: &Request, limit: Duration) -> Result<Response, ClientError> {
+    pub(crate) fn call(&self, step: &'static str, req: &Request, limit: Duration) -> Result<Response, ClientError> {
         let (mut stream, limit) = self.start(step, req, limit)?;
         final_response(&mut stream, step, limit)
     }
@@ -291,8 +299,18 @@ impl<S: Read + Write + IdleLimit> AgentClient<S> {
 
     /// Streams `src` into a guest file (atomically replaced); returns the byte count.
     pub fn write_file(&self, req: &WriteFileRequest, src: &mut dyn Read) -> Result<u64, ClientError> {
-        let step = "write_file";
-        let (mut stream, limit) = self.start(step, &Request::WriteFile(req.clone()), idle_limit::CALL)?;
+        self.send_data("write_file", &Request::WriteFile(req.clone()), src)
+    }
+
+    /// Streams the tar archive `src` into guest directory `req.dir`; returns the bytes
+    /// sent.
+    pub fn untar(&self, req: &UntarRequest, src: &mut dyn Read) -> Result<u64, ClientError> {
+        self.send_data("untar", &Request::Untar(req.clone()), src)
+    }
+
+    /// Sends `req`, then `src` as `Data` frames and `End`; the agent answers `Written`.
+    fn send_data(&self, step: &'static str, req: &Request, src: &mut dyn Read) -> Result<u64, ClientError> {
+        let (mut stream, limit) = self.start(step, req, idle_limit::CALL)?;
         send_stream(&mut stream, src, FrameKind::Data, step, limit)?;
         match final_response(&mut stream, step, limit)? {
             Response::Written { bytes } => Ok(bytes),
@@ -331,7 +349,7 @@ impl<S: Read + Write + IdleLimit> AgentClient<S> {
         self.expect_done("rename", &Request::Rename { from: from.into(), to: to.into() })
     }
 
-    fn expect_done(&self, step: &'static str, req: &Request) -> Result<(), ClientError> {
+    pub(crate) fn expect_done(&self, step: &'static str, req: &Request) -> Result<(), ClientError> {
         match self.call(step, req, idle_limit::CALL)? {
             Response::Done => Ok(()),
             other => Err(unexpected(step, &other)),
@@ -440,7 +458,7 @@ impl<S: Read + Write> WatchStream<S> {
 }
 
 /// Sends `src` as chunks of `kind`, then `End`.
-fn send_stream<S: Write>(
+pub(crate) fn send_stream<S: Write>(
     stream: &mut S,
     src: &mut dyn Read,
     kind: FrameKind,
@@ -461,14 +479,18 @@ fn send_stream<S: Write>(
 }
 
 /// Reads the one frame that ends a conversation and decodes it.
-fn final_response<S: Read>(stream: &mut S, step: &'static str, limit: Duration) -> Result<Response, ClientError> {
+pub(crate) fn final_response<S: Read>(
+    stream: &mut S,
+    step: &'static str,
+    limit: Duration,
+) -> Result<Response, ClientError> {
     let frame = read_frame(stream).map_err(frame_failed(step, limit, false))?;
     decode_final(&frame, step)
 }
 
 /// Turns a terminal frame into a `Response`, mapping `Error` frames and
 /// `Response::Error` to errors.
-fn decode_final(frame: &crate::Frame, step: &'static str) -> Result<Response, ClientError> {
+pub(crate) fn decode_final(frame: &crate::Frame, step: &'static str) -> Result<Response, ClientError> {
     match frame.kind {
         FrameKind::Response => match frame.json::<Response>() {
             Ok(Response::Error(e)) => Err(ClientError::Agent(e)),
@@ -483,7 +505,7 @@ fn decode_final(frame: &crate::Frame, step: &'static str) -> Result<Response, Cl
     }
 }
 
-fn unexpected(step: &'static str, got: &Response) -> ClientError {
+pub(crate) fn unexpected(step: &'static str, got: &Response) -> ClientError {
     ClientError::Unexpected { step, got: format!("{got:?}") }
 }
 

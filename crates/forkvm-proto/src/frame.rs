@@ -51,6 +51,11 @@ pub enum FrameKind {
     Started = 0x08,
     /// JSON `WatchMessage`, agent → host: a `watch` request's news.
     Watch = 0x09,
+    /// JSON `ProcNews`, agent → host: an attached background process's news.
+    ProcNews = 0x0a,
+    /// JSON `ProcControl`, host → agent: a resize or end of input for an attached
+    /// background process.
+    Control = 0x0b,
     /// JSON `ProtocolError`: the agent rejected a frame.
     Error = 0x7f,
 }
@@ -68,6 +73,8 @@ impl FrameKind {
             0x07 => Self::End,
             0x08 => Self::Started,
             0x09 => Self::Watch,
+            0x0a => Self::ProcNews,
+            0x0b => Self::Control,
             0x7f => Self::Error,
             _ => return None,
         })

@@ -25,6 +25,8 @@
 //! | 0x07 | `End`      | host → agent  | empty: end of a `Stdin` or `Data` stream        |
 //! | 0x08 | `Started`  | agent → host  | JSON [`Started`]: the exec's pid (when asked)   |
 //! | 0x09 | `Watch`    | agent → host  | JSON [`WatchMessage`]: a watch's news           |
+//! | 0x0a | `ProcNews` | agent → host  | JSON [`ProcNews`]: an attachment's news         |
+//! | 0x0b | `Control`  | host → agent  | JSON [`ProcControl`]: resize, end of input      |
 //! | 0x7f | `Error`    | agent → host  | JSON [`ProtocolError`]: the frame was rejected  |
 //!
 //! # Conversations
@@ -48,6 +50,11 @@
 //! | `identity`               | —                    | `Response::Identity`                          |
 //! | `shutdown`               | —                    | `Response::ShuttingDown`, then the guest resets |
 //! | `watch`                  | `End` (to stop)      | `Watch`* (`armed` first), `Response::Done`    |
+//! | `proc_start`             | —                    | `Response::Proc`                              |
+//! | `proc_list`              | —                    | `Response::Procs`                             |
+//! | `proc_attach`            | `Stdin`*/`Control`*, hang-up to detach | `ProcNews` (`attached`), `Stdout`/`Stderr`*, `Response::Proc` |
+//! | `proc_input`             | `Stdin`*, `End`      | `Response::Written`                           |
+//! | `proc_resize`            | —                    | `Response::Done`                              |
 //!
 //! Any operation may end with `Response::Error` ([`AgentError`]: errno-like kind +
 //! message) instead. A frame the agent cannot accept (bad magic, other version, unknown
@@ -66,14 +73,17 @@
 
 mod bytes_hex;
 mod client;
+mod client_procs;
 pub mod exec_defaults;
 mod frame;
 mod msg;
+pub mod procs;
 pub mod trusted_peer;
 pub mod vector_check;
 mod vsock;
 
 pub use client::{idle_limit, AgentClient, ClientError, ExecOutput, IdleLimit, WatchStream};
+pub use client_procs::{ProcAttachment, ProcEvent, ProcInput};
 pub use frame::{
     read_frame, write_frame, write_json, Frame, FrameError, FrameKind, DATA_CHUNK, HEADER_LEN, MAGIC, MAX_PAYLOAD,
     PROTOCOL_VERSION,
@@ -81,7 +91,10 @@ pub use frame::{
 pub use msg::{
     AgentError, ChangeKind, Command, EntropyOutcome, ErrorKind, EvalOutcome, EvalResponse, ExecRequest, ExitStatus,
     FileInfo, FileType, IdentityApplied, IdentityRequest, IdentityTimings, MkdirRequest, MountVolumeRequest, Pong,
-    ProtocolError, ProtocolErrorCode, Request, Response, SignalRequest, Started, WatchMessage, WatchRequest,
-    WriteFileRequest,
+    ProtocolError, ProtocolErrorCode, Request, Response, SignalRequest, Started, UntarRequest, WatchMessage,
+    WatchRequest, WriteFileRequest,
+};
+pub use procs::{
+    ProcAttachRequest, ProcControl, ProcInfo, ProcInputRequest, ProcNews, ProcResizeRequest, ProcStartRequest, PtySize,
 };
 pub use vsock::{connect_vsock_uds, connect_vsock_uds_within, VsockConnectError};

@@ -50,6 +50,34 @@ pub enum Request {
     /// Write every dirty page of the guest to its disks (`sync(2)`): before the host
     /// stops a sandbox whose writes must outlive it (a volume's writer).
     Sync,
+    /// Unpack the tar stream in the `Data` frames that follow into a directory; see
+    /// [`UntarRequest`]. Answered with `Written` (the stream's byte count).
+    Untar(UntarRequest),
+    /// Start a background process ([`crate::procs`]); answered with `Proc`.
+    ProcStart(crate::ProcStartRequest),
+    /// The background processes kept (running and ended); answered with `Procs`.
+    ProcList,
+    /// Stream a background process's output: a `ProcNews` frame (`attached`), then
+    /// `Stdout`/`Stderr` frames; the host may send `Stdin` and `Control` frames
+    /// meanwhile and hangs up to detach. Ends with `Proc` once the process ended and all
+    /// its output went (`follow`), or once the output so far went.
+    ProcAttach(crate::ProcAttachRequest),
+    /// `Stdin` frames, then `End`, for a background process's stdin; `Written`.
+    ProcInput(crate::ProcInputRequest),
+    /// Resize a background process's terminal; `Done`.
+    ProcResize(crate::ProcResizeRequest),
+}
+
+/// An `untar` request: the entries of a tar stream made under `dir` (made if missing),
+/// none of them outside it, with the modes the stream gives.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UntarRequest {
+    /// Absolute guest path.
+    pub dir: String,
+    /// Who owns every entry: a guest user name or a uid, with an optional `:group` (a
+    /// gid, or the user's own group's name). Root when absent.
+    #[serde(default)]
+    pub owner: Option<String>,
 }
 
 /// A `mount_volume` request: the block device whose serial is `serial` (a volume slot
@@ -355,6 +383,8 @@ pub enum Response {
     Eval(EvalResponse),
     Identity(IdentityApplied),
     ShuttingDown,
+    Proc(crate::ProcInfo),
+    Procs { procs: Vec<crate::ProcInfo> },
     Error(AgentError),
 }
 

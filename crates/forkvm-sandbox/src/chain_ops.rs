@@ -9,16 +9,18 @@
 //! assembled image. A whole-image parent is moved into the chunk store first (a diff's
 //! parent must have a content hash).
 
+use crate::ready::SpawnedSandbox;
 use crate::registry::Registry;
 use crate::source::{assembled_cache, SourceError, SpawnSource};
 use crate::start::snapshot::spawn;
 use crate::start::{SpawnError, SpawnOptions};
 use crate::verbs::{self, LifecycleError};
-use forkvm_proto::{ClientError, EvalOutcome, ExecRequest};
+use forkvm_proto::{AgentClient, ClientError, EvalOutcome, ExecRequest};
 use forkvm_snapshot::chain::{self, ChainError, ConvertReport};
 use forkvm_snapshot::{SnapshotDir, Store};
 use forkvm_vmm::vmm::BranchMode;
 use serde::Serialize;
+use std::os::unix::net::UnixStream;
 use std::time::Instant;
 
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +43,8 @@ pub enum ChainOpError {
     ParentMismatch { id: String, expected: String, actual: String },
     #[error("the staged branch could not be read: {0}")]
     Staged(String),
+    #[error("{step}: {detail}; nothing was snapshotted")]
+    Work { step: String, detail: String },
 }
 
 impl ChainOpError {
@@ -51,9 +55,10 @@ impl ChainOpError {
             ChainOpError::Source(e) => e.code(),
             ChainOpError::Spawn(e) => e.code(),
             ChainOpError::Lifecycle(e) => e.code(),
-            ChainOpError::StepFailed { .. } | ChainOpError::NoParent { .. } | ChainOpError::ParentMismatch { .. } => {
-                forkvm_api::ErrorCode::BadRequest
-            }
+            ChainOpError::StepFailed { .. }
+            | ChainOpError::NoParent { .. }
+            | ChainOpError::ParentMismatch { .. }
+            | ChainOpError::Work { .. } => forkvm_api::ErrorCode::BadRequest,
             _ => forkvm_api::ErrorCode::Internal,
         }
     }
@@ -97,18 +102,43 @@ pub fn snapshot_diff(
     steps: &[DiffStep],
     opts: &SpawnOptions,
 ) -> Result<SnapshotDiffReport, ChainOpError> {
+    snapshot_diff_with(registry, store, from, tag, opts, |client| run_steps(client, steps))
+}
+
+/// [`snapshot_diff`] with the sandbox's work done by `work`, which returns what it
+/// printed; an error from it publishes nothing.
+pub fn snapshot_diff_with(
+    registry: &Registry,
+    store: &Store,
+    from: &str,
+    tag: &str,
+    opts: &SpawnOptions,
+    work: impl FnOnce(&AgentClient<UnixStream>) -> Result<String, ChainOpError>,
+) -> Result<SnapshotDiffReport, ChainOpError> {
+    let spawn_one = |from: &str| spawn_from_tag(registry, store, from, opts);
+    snapshot_diff_via(registry, store, from, tag, &spawn_one, work)
+}
+
+/// [`snapshot_diff_with`], the sandbox started by `spawn_one` (given the parent tag):
+/// a daemon starts VMMs through its spawner process, never by forking itself.
+pub fn snapshot_diff_via(
+    registry: &Registry,
+    store: &Store,
+    from: &str,
+    tag: &str,
+    spawn_one: &dyn Fn(&str) -> Result<SpawnedSandbox, ChainOpError>,
+    work: impl FnOnce(&AgentClient<UnixStream>) -> Result<String, ChainOpError>,
+) -> Result<SnapshotDiffReport, ChainOpError> {
     let started = Instant::now();
     store.check_free(tag).map_err(ChainError::from)?;
     let cache = assembled_cache();
     let ingested = chain::ingest(store, &cache, from)?.changed;
-    let source = SpawnSource::from_tag(store, from)?;
-    let (mut sandboxes, _) = spawn(registry, &source, 1, opts)?;
-    let sandbox = sandboxes.remove(0);
+    let sandbox = spawn_one(from)?;
     let spawn_ms = started.elapsed().as_secs_f64() * 1e3;
     let id = sandbox.record.id.clone();
     let result = (|| {
         let steps_started = Instant::now();
-        let output = run_steps(&sandbox.client, steps)?;
+        let output = work(&sandbox.client)?;
         let steps_ms = steps_started.elapsed().as_secs_f64() * 1e3;
         let (diff, pause_ms, branch_ms, diff_ms) = diff_branch(registry, store, &id, from, tag)?;
         Ok::<_, ChainOpError>((output, steps_ms, diff, pause_ms, branch_ms, diff_ms))
@@ -129,10 +159,7 @@ pub fn snapshot_diff(
     })
 }
 
-fn run_steps(
-    client: &forkvm_proto::AgentClient<std::os::unix::net::UnixStream>,
-    steps: &[DiffStep],
-) -> Result<String, ChainOpError> {
+fn run_steps(client: &AgentClient<UnixStream>, steps: &[DiffStep]) -> Result<String, ChainOpError> {
     let mut output = String::new();
     for step in steps {
         match step {
@@ -144,12 +171,7 @@ fn run_steps(
                 output.push_str(&String::from_utf8_lossy(&out.stdout));
                 output.push_str(&String::from_utf8_lossy(&out.stderr));
                 if out.status.code != Some(0) {
-                    let outcome = match (out.status.code, out.status.signal) {
-                        (Some(c), _) => format!("exit code {c}"),
-                        (None, Some(s)) => format!("killed by signal {s}"),
-                        _ => "no exit status".into(),
-                    };
-                    return Err(ChainOpError::StepFailed { step: name, outcome, output });
+                    return Err(ChainOpError::StepFailed { step: name, outcome: ended(&out.status), output });
                 }
             }
             DiffStep::Eval(code) => {
@@ -164,6 +186,27 @@ fn run_steps(
         }
     }
     Ok(output)
+}
+
+/// How a process that did not exit 0 ended, for a step's error.
+pub(crate) fn ended(status: &forkvm_proto::ExitStatus) -> String {
+    match (status.code, status.signal) {
+        (Some(c), _) => format!("exit code {c}"),
+        (None, Some(s)) => format!("killed by signal {s}"),
+        _ => "no exit status".into(),
+    }
+}
+
+/// One sandbox started by this process from `tag`, as `fork --tag` starts it.
+pub(crate) fn spawn_from_tag(
+    registry: &Registry,
+    store: &Store,
+    tag: &str,
+    opts: &SpawnOptions,
+) -> Result<SpawnedSandbox, ChainOpError> {
+    let source = SpawnSource::from_tag(store, tag)?;
+    let (mut sandboxes, _) = spawn(registry, &source, 1, opts)?;
+    Ok(sandboxes.remove(0))
 }
 
 /// Branches running sandbox `id` (spawned from `parent`) into a staging directory and

@@ -14,6 +14,10 @@ pub const MAX_TIMEOUT_SECS: u64 = 86_400;
 pub struct BadExecRequest(String);
 
 impl BadExecRequest {
+    pub fn new(message: impl Into<String>) -> BadExecRequest {
+        BadExecRequest(message.into())
+    }
+
     pub fn code(&self) -> forkvm_api::ErrorCode {
         forkvm_api::ErrorCode::BadRequest
     }

@@ -11,6 +11,7 @@
 pub mod archive;
 pub mod artifacts;
 pub mod branch_inbox;
+pub mod build;
 pub mod chain_ops;
 pub mod delete;
 pub(crate) mod disk_grant;
@@ -21,6 +22,7 @@ pub mod info;
 pub mod memory_playbook;
 pub mod network;
 pub mod parallel;
+pub mod process_view;
 pub mod ready;
 pub mod registry;
 pub mod run_dir;

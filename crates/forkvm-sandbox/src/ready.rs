@@ -128,9 +128,16 @@ fn make_ready(
 ) -> Result<SpawnedSandbox, SpawnError> {
     let client = AgentClient::vsock_uds(record.vsock(), AGENT_PORT);
     let pid = record.pid;
-    // Its DNS, served from here under the policy its row holds (whoever made its VMM),
-    // before anyone can use it.
-    let policy = registry.row(&record.id).and_then(|row| row.record.network).or_else(|| record.network.clone());
+    // Its DNS, served from here under the policy its row holds (whoever made its VMM:
+    // a daemon's spawner records none), before anyone can use it. A row that cannot be
+    // read leaves the policy unknown, which is not an open one: the start fails.
+    let policy = match registry.row(&record.id) {
+        Some(row) => row.record.network,
+        None => {
+            let why = format!("sandbox {}'s row could not be read for its egress policy", record.id);
+            return Err(crate::network::NetworkError::Unenforced(why).into());
+        }
+    };
     crate::network::attach::attach(&record.id, pid, policy.as_ref(), record.forked_from.as_deref())?;
     let gone = || (!crate::registry::vmm_alive(pid)).then(|| "exited".to_string());
     let not_ready =

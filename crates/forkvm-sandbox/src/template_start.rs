@@ -45,17 +45,39 @@ pub fn start_service<S: Read + Write + forkvm_proto::IdleLimit>(
 ) -> Result<Duration, StartError> {
     let Some(start) = image.start.as_deref() else { return Ok(Duration::ZERO) };
     let started = Instant::now();
-    let launch = detached(start, image.user.as_deref());
-    match run(client, &launch) {
-        Ok((0, _)) => {}
-        Ok((code, out)) => {
-            return Err(StartError::Start { start: start.into(), detail: format!("exit {code}: {out}") })
-        }
-        Err(detail) => return Err(StartError::Start { start: start.into(), detail }),
+    launch(client, start, image.user.as_deref())?;
+    if let Some(ready) = image.ready.as_deref() {
+        let check = ExecRequest::argv(["/bin/sh", "-c", ready]);
+        wait_ready(client, ready, check, image.user.as_deref(), READY_TIMEOUT)?;
     }
-    let Some(ready) = image.ready.as_deref() else { return Ok(started.elapsed()) };
-    let mut check = ExecRequest::argv(["/bin/sh", "-c", ready]);
-    check.user = image.user.clone();
+    Ok(started.elapsed())
+}
+
+/// Starts the shell command `start` detached (its own session, output to [`START_LOG`])
+/// as `user`; returns once it is launched.
+pub fn launch<S: Read + Write + forkvm_proto::IdleLimit>(
+    client: &AgentClient<S>,
+    start: &str,
+    user: Option<&str>,
+) -> Result<(), StartError> {
+    match run(client, &detached(start, user)) {
+        Ok((0, _)) => Ok(()),
+        Ok((code, out)) => Err(StartError::Start { start: start.into(), detail: format!("exit {code}: {out}") }),
+        Err(detail) => Err(StartError::Start { start: start.into(), detail }),
+    }
+}
+
+/// Runs `check` (named `ready` in errors) as `user` until it exits 0, once a second, for
+/// at most `timeout`. Returns how long that took.
+pub fn wait_ready<S: Read + Write + forkvm_proto::IdleLimit>(
+    client: &AgentClient<S>,
+    ready: &str,
+    mut check: ExecRequest,
+    user: Option<&str>,
+    timeout: Duration,
+) -> Result<Duration, StartError> {
+    let started = Instant::now();
+    check.user = user.map(str::to_string);
     check.timeout_ms = Some(ATTEMPT_TIMEOUT_MS);
     loop {
         let last = match run(client, &check) {
@@ -63,7 +85,7 @@ pub fn start_service<S: Read + Write + forkvm_proto::IdleLimit>(
             Ok((code, out)) => format!("exit {code}: {}", out.trim()),
             Err(e) => e,
         };
-        if started.elapsed() > READY_TIMEOUT {
+        if started.elapsed() > timeout {
             return Err(StartError::NotReady {
                 ready: ready.into(),
                 waited: started.elapsed(),

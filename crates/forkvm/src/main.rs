@@ -2,6 +2,7 @@
 
 mod archive_cmd;
 mod backend;
+mod build_cmd;
 mod chain_cmd;
 mod daemon_cmd;
 mod daemon_e2b_args;
@@ -13,9 +14,11 @@ mod limit_args;
 mod mcp_cmd;
 mod network_cmd;
 mod ports_cmd;
+mod proc_cmd;
 mod remote_cmd;
 mod run_cmd;
 mod sandbox_cmd;
+mod shell_cmd;
 mod snapshot_cmd;
 mod template_cmd;
 mod vm_cmd;
@@ -63,6 +66,12 @@ enum Command {
     Eval(sandbox_cmd::EvalArgs),
     /// Print a directory's changes in a running sandbox, one JSON line each, as they happen.
     Watch(sandbox_cmd::WatchArgs),
+    /// Background processes of a sandbox: start, ls, logs, input, kill.
+    Proc(proc_cmd::ProcArgs),
+    /// A terminal in a sandbox (a login shell, or CMD): Ctrl-] detaches, it runs on.
+    Shell(shell_cmd::ShellArgs),
+    /// Back to a sandbox's background process on this terminal (`forkvm shell`'s, or any).
+    Attach(shell_cmd::AttachArgs),
     /// Snapshot a running sandbox under a new tag (full or live).
     Branch(sandbox_cmd::BranchArgs),
     /// Run one command in a fresh Linux sandbox and exit with its status.
@@ -177,6 +186,9 @@ fn main() {
         Command::Sweep(a) => sandbox_cmd::sweep(a),
         Command::Exec(a) => sandbox_cmd::exec(a, remote),
         Command::Watch(a) => sandbox_cmd::watch(a, remote),
+        Command::Proc(a) => proc_cmd::run(a, remote),
+        Command::Shell(a) => shell_cmd::shell(a, remote),
+        Command::Attach(a) => shell_cmd::attach(a, remote),
         Command::Eval(a) => sandbox_cmd::eval(a, remote),
         Command::Branch(a) => sandbox_cmd::branch(a, remote),
         Command::Image(a) => image_cmd::run(a),

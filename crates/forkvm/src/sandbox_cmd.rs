@@ -228,7 +228,7 @@ pub fn exec(a: ExecArgs, remote: &RemoteArgs) -> Result<i32> {
     Ok(exit.exit_code)
 }
 
-fn parse_env_var(text: &str) -> Result<(String, String), String> {
+pub(crate) fn parse_env_var(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
         Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
         _ => Err(format!("{text:?} is not NAME=VALUE")),

@@ -3,7 +3,7 @@
 //! writes the template `<name>.toml` whose base it is, and builds its root filesystem
 //! (and, with `--snapshot`, its template snapshot). With `--daemon` the archive is
 //! uploaded (`POST /v1/templates/oci`) and the daemon does the same on its host; a
-//! layout directory is local only.
+//! layout directory is local only. `build` builds a Dockerfile (`build_cmd`).
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
@@ -31,6 +31,11 @@ pub enum TemplateCommand {
     /// `[exec]` defaults. Layers are unpacked as root of a user namespace on
     /// unprivileged ids, never as host root; nothing of the image runs on the host.
     FromOci(FromOciArgs),
+    /// Build a Dockerfile into a tag, every step inside a sandbox and cached as a diff
+    /// snapshot: FROM a template, a tag or an OCI image; RUN, COPY/ADD (with
+    /// .dockerignore), ENV, ARG, WORKDIR, USER, EXPOSE, CMD/ENTRYPOINT, LABEL, SHELL,
+    /// and READY (a command whose success marks the result warm).
+    Build(crate::build_cmd::BuildArgs),
 }
 
 #[derive(Args, Debug)]
@@ -70,6 +75,7 @@ pub fn run(a: TemplateArgs, remote: &crate::remote_cmd::RemoteArgs) -> Result<i3
             Some(client) => from_oci_remote(&client, f),
             None => from_oci(f),
         },
+        TemplateCommand::Build(b) => crate::build_cmd::run(b, remote),
     }
 }
 
@@ -163,11 +169,21 @@ mod tests {
     #[test]
     fn parses_from_oci() {
         let c = Cli::try_parse_from(["x", "from-oci", "img.tar", "--name", "web", "--start-image-command"]).unwrap();
-        let TemplateCommand::FromOci(f) = c.t;
+        let TemplateCommand::FromOci(f) = c.t else { panic!("{:?}", c.t) };
         assert!(f.start_image_command && f.start.is_none() && !f.snapshot);
         assert!(Cli::try_parse_from(["x", "from-oci", "img.tar"]).is_err(), "--name is required");
         assert!(Cli::try_parse_from(["x", "from-oci", "i", "--name", "w", "--start", "a", "--start-image-command"])
             .is_err());
         assert!(Cli::try_parse_from(["x", "from-oci", "i", "--name", "w", "--start", "s", "--ready", "true"]).is_ok());
+    }
+
+    #[test]
+    fn parses_build() {
+        let c = Cli::try_parse_from(["x", "build", "ctx", "-t", "app", "--build-arg", "A=1", "--build-arg", "B=2"])
+            .unwrap();
+        let TemplateCommand::Build(b) = c.t else { panic!("{:?}", c.t) };
+        assert_eq!((b.context.to_str(), b.tag.as_str(), b.build_args.len()), (Some("ctx"), "app", 2));
+        assert!(b.file.is_none() && !b.no_cache && !b.replace && !b.start);
+        assert!(Cli::try_parse_from(["x", "build", "ctx"]).is_err(), "--tag is required");
     }
 }

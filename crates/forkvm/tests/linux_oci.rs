@@ -126,39 +126,27 @@ fn an_oci_image_becomes_a_template_whose_sandboxes_see_the_merged_tree_and_its_d
     // The request's own cwd and env win over the image's.
     let own = env.ok(&["exec", &id, "--cwd", "/tmp", "-e", "GREETING=mine", "--", "sh", "-c", "pwd; echo $GREETING"]);
     assert_eq!(own, "/tmp\nmine\n");
-}
+    env.ok(&["kill", &id]);
 
-/// A `forkvm daemon` on a Unix socket in `env`'s run directory, templates in `templates`;
-/// killed when dropped.
-struct Daemon(std::process::Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_daemon(env: &CliEnv, templates: &Path) -> (Daemon, String) {
-    use std::io::BufRead;
-    let mut child = env
-        .command(&["daemon"])
-        .env("FORKVM_TEMPLATES", templates)
-        .env_remove("FORKVM_DAEMON")
-        .env_remove("FORKVM_TOKEN")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-    let endpoint = loop {
-        let mut line = String::new();
-        assert!(out.read_line(&mut line).unwrap() > 0, "the daemon exited");
-        if let Some(a) = line.trim().strip_prefix("forkvmd listening on ") {
-            break a.to_string();
-        }
-    };
-    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-    (Daemon(child), endpoint)
+    // A Dockerfile FROM the same archive (a path in its context): imported once as the
+    // template oci-<manifest>, built in sandboxes. RUN runs as the image's User (1000), as
+    // in Docker; the Dockerfile's ENV and USER go over the image's for the result.
+    let ctx = env.tmp.path().join("ctx");
+    std::fs::create_dir(&ctx).unwrap();
+    std::fs::copy(&archive, ctx.join("app.tar")).unwrap();
+    std::fs::write(
+        ctx.join("Dockerfile"),
+        "FROM oci:app.tar\nRUN echo built-as-$(id -u) > /app/built\nENV GREETING=\"from the dockerfile\"\nUSER root\n",
+    )
+    .unwrap();
+    let built: serde_json::Value =
+        serde_json::from_str(&run(&["template", "build", ctx.to_str().unwrap(), "--tag", "built"])).unwrap();
+    assert_eq!((built["ran"].as_u64(), built["from"].as_str()), (Some(1), Some("oci:app.tar")), "{built}");
+    let names: Vec<_> = std::fs::read_dir(&templates).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(names.iter().any(|n| n.to_string_lossy().starts_with("oci-")), "{names:?}");
+    let id = env.fork("--tag", "built", 1).remove(0);
+    let seen = env.ok(&["exec", &id, "--", "sh", "-c", "cat /app/built; echo $GREETING; id -u; pwd; cat hello.txt"]);
+    assert_eq!(seen, "built-as-1000\nfrom the dockerfile\n0\n/app\nhello from the image\n");
 }
 
 /// The same image uploaded through the daemon (`POST /v1/templates/oci`): its progress
@@ -168,7 +156,7 @@ fn start_daemon(env: &CliEnv, templates: &Path) -> (Daemon, String) {
 fn an_oci_archive_uploaded_to_the_daemon_becomes_a_template() {
     let env = CliEnv::new();
     let templates = env.tmp.path().join("templates");
-    let (_daemon, endpoint) = start_daemon(&env, &templates);
+    let (_daemon, endpoint) = env.start_daemon(&templates);
     let through = |args: &[&str]| -> std::process::Output {
         env.command(&[&["--daemon", endpoint.as_str()][..], args].concat()).output().unwrap()
     };

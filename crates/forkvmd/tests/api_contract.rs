@@ -16,8 +16,12 @@ use forkvm_snapshot::Store;
 /// A concrete URI for a route, naming `subject` as its sandbox or tag, with the query a
 /// files route needs.
 fn uri(path: &str, subject: &str, name: RouteName) -> String {
-    let p =
-        path.replace("{id}", subject).replace("{tag}", subject).replace("{name}", subject).replace("{port}", "8000");
+    let p = path
+        .replace("{id}", subject)
+        .replace("{tag}", subject)
+        .replace("{name}", subject)
+        .replace("{port}", "8000")
+        .replace("{pid}", "7");
     match name {
         RouteName::ReadFile
         | RouteName::WriteFile
@@ -27,6 +31,7 @@ fn uri(path: &str, subject: &str, name: RouteName) -> String {
             format!("{p}?path=/tmp/x")
         }
         RouteName::ImportOciTemplate => format!("{p}?name={subject}"),
+        RouteName::BuildTemplate => format!("{p}?tag={subject}"),
         _ => p,
     }
 }
@@ -40,13 +45,19 @@ fn good_body(name: RouteName) -> &'static str {
         RouteName::Eval => r#"{"code":"1"}"#,
         RouteName::Branch | RouteName::Fork => "{}",
         RouteName::CompactSnapshot => r#"{"to":"x2"}"#,
-        RouteName::WriteFile | RouteName::UnpackSnapshot | RouteName::ImportOciTemplate => "bytes",
+        RouteName::WriteFile | RouteName::UnpackSnapshot | RouteName::ImportOciTemplate | RouteName::BuildTemplate => {
+            "bytes"
+        }
         RouteName::SetTtl => r#"{"ttl_seconds":5}"#,
         RouteName::ExposePort => r#"{"port":8000}"#,
         RouteName::CreateWorkspace => r#"{"name":"w1","snapshot_tag":"nope"}"#,
         RouteName::SuspendWorkspace => r#"{"diff":false}"#,
         RouteName::CreateVolume => r#"{"name":"v1","size_mib":16}"#,
         RouteName::SnapshotVolume => r#"{"to":"v2"}"#,
+        RouteName::StartProcess => r#"{"args":["sleep","9"]}"#,
+        RouteName::SignalProcess => r#"{"signal":15}"#,
+        RouteName::ResizeProcess => r#"{"rows":24,"cols":80}"#,
+        RouteName::ProcessInput => "bytes",
         _ => "",
     }
 }
@@ -132,6 +143,9 @@ async fn malformed_json_and_unknown_fields_are_400_with_a_message() {
         RouteName::SuspendWorkspace,
         RouteName::CreateVolume,
         RouteName::SnapshotVolume,
+        RouteName::StartProcess,
+        RouteName::SignalProcess,
+        RouteName::ResizeProcess,
     ];
     for r in ROUTES.iter().filter(|r| json_routes.contains(&r.name)) {
         let u = uri(r.path, "nope", r.name);
@@ -175,6 +189,14 @@ async fn malformed_json_and_unknown_fields_are_400_with_a_message() {
         ("/v1/sandboxes/nope/disk-snapshots", r#"{"keep_daily":-1}"#),
         ("/v1/sandboxes/bad.id/disk-snapshots", r#"{}"#),
         ("/v1/sandboxes/nope/ttl", r#"{}"#),
+        ("/v1/sandboxes/nope/processes", r#"{"args":[]}"#),
+        ("/v1/sandboxes/nope/processes", r#"{"cmd":"sleep 1","pty":{"rows":0,"cols":80}}"#),
+        ("/v1/sandboxes/nope/processes", r#"{"cmd":"sleep 1","ring_bytes":999999999999}"#),
+        ("/v1/sandboxes/nope/processes", r#"{"cmd":"sleep 1","timeout_secs":0}"#),
+        ("/v1/sandboxes/nope/processes/7/signal", r#"{"signal":0}"#),
+        ("/v1/sandboxes/nope/processes/7/resize", r#"{"rows":24,"cols":0}"#),
+        ("/v1/sandboxes/nope/processes/x7/signal", r#"{"signal":15}"#),
+        ("/v1/sandboxes/nope/processes/0/input", ""),
         ("/v1/sandboxes/nope/ttl", r#"{"ttl_seconds":-1}"#),
         ("/v1/sandboxes/nope/ttl", r#"{"ttl_seconds":"soon"}"#),
         ("/v1/sandboxes/nope/ttl", r#"{"ttl_seconds":999999999999}"#),
@@ -448,4 +470,47 @@ async fn exposed_port_paths_need_their_own_token_not_the_apis() {
     let (status, _) =
         common_api::call_with(&e.app, "GET", "/v1/sandboxes/p1/ports/8000/", &[rebound, port_token], "").await;
     assert_eq!(status, StatusCode::FORBIDDEN);
+}
+
+/// A tar archive of `files` (name, text), as a request body.
+fn context_tar(files: &[(&str, &str)]) -> String {
+    let mut b = tar::Builder::new(Vec::new());
+    for (name, text) in files {
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(0o644);
+        h.set_size(text.len() as u64);
+        b.append_data(&mut h, name, text.as_bytes()).unwrap();
+    }
+    String::from_utf8(b.into_inner().unwrap()).unwrap()
+}
+
+#[tokio::test]
+async fn a_build_context_that_does_not_check_out_is_a_400_before_anything_runs() {
+    let e = env();
+    let build = |query: &str, body: String| {
+        let app = e.app.clone();
+        let uri = format!("/v1/templates/build?{query}");
+        async move { call(&app, "POST", &uri, Some(TOKEN), &body).await }
+    };
+    let cases = [
+        (
+            "tag=app",
+            "not a tar archive at all, long enough to look like one? no".to_string(),
+            "not a usable build context",
+        ),
+        ("tag=app", context_tar(&[("other", "x")]), "has no \"Dockerfile\""),
+        ("tag=app", context_tar(&[("Dockerfile", "FROM tiny\nHEALTHCHECK CMD true\n")]), "line 2: HEALTHCHECK"),
+        ("tag=app", context_tar(&[("Dockerfile", "FROM tiny\nCOPY nope /x\n")]), "line 2: COPY nope: not found"),
+        ("tag=app&dockerfile=sub/D", context_tar(&[("sub/D", "FROM tiny\nFROBNICATE\n")]), "FROBNICATE"),
+        ("tag=app&build_args=%5B1%5D", context_tar(&[("Dockerfile", "FROM tiny\n")]), "build_args"),
+        ("tag=..%2Fx", context_tar(&[("Dockerfile", "FROM tiny\n")]), "tag"),
+    ];
+    for (query, body, needle) in cases {
+        let (status, reply) = build(query, body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {reply}");
+        assert!(error_of(&reply).error.contains(needle), "{query}: {reply}");
+    }
+    assert!(e.state.0.registry.list().is_empty(), "nothing was started");
+    let staging = e.state.0.store.root().join("staging");
+    assert_eq!(std::fs::read_dir(&staging).map_or(0, |d| d.count()), 0, "the staged contexts are gone");
 }

@@ -24,9 +24,10 @@ from .errors import (
     ServerError,
     Unauthorized,
 )
-from .sandbox import Commands, Files, Network, Sandbox
+from .sandbox import Commands, Files, Network, Pty, Sandbox
+from .processes import OutputChunk, Process, ProcessOutput
 from .transport import Endpoint, default_socket_path, resolve_endpoint
-from .templates import TemplateImport
+from .templates import TemplateBuild, TemplateImport
 from .watch import FileChange, FileWatch
 from .types import (
     DiskSnapshotDisk,
@@ -42,6 +43,8 @@ from .types import (
     NetworkPolicy,
     VmmJail,
     Pong,
+    ProcessExit,
+    ProcessInfo,
     SandboxInfo,
     SnapshotInfo,
     SnapshotInfoDetail,
@@ -58,6 +61,12 @@ __all__ = [
     "Commands",
     "Files",
     "Network",
+    "Pty",
+    "Process",
+    "ProcessOutput",
+    "OutputChunk",
+    "ProcessInfo",
+    "ProcessExit",
     "Endpoint",
     "default_socket_path",
     "resolve_endpoint",
@@ -95,6 +104,7 @@ __all__ = [
     "FileEntry",
     "FileWatch",
     "FileWritten",
+    "TemplateBuild",
     "TemplateImport",
     "Pong",
     "VersionInfo",

@@ -9,19 +9,24 @@ friendlier object API on top.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import json
 import math
 import os
 import socket
-from typing import IO, Any, Dict, List, Mapping, Optional, Sequence, Union
+import tarfile
+import tempfile
+from typing import IO, Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 import httpx
 
 from .errors import ConnectionFailed, ProtocolError, error_from_response
 from .streaming import OutputCallback, collect_exec_events
 from .tcp import open_tcp
-from .templates import TemplateImport, template_import_from_lines
+from .templates import TemplateBuild, TemplateImport, template_build_from_lines, template_import_from_lines
 from .watch import FileWatch
+from .processes import ProcessOutput
 from .transport import Endpoint, make_client, quote_segment, resolve_endpoint, resolve_token
 from .types import (
     ArchiveReport,
@@ -34,6 +39,7 @@ from .types import (
     FileWritten,
     NetworkPolicy,
     Pong,
+    ProcessInfo,
     SandboxInfo,
     SnapshotInfo,
     SnapshotInfoDetail,
@@ -375,15 +381,51 @@ class Controller:
             if on:
                 params[key] = "true"
         with open(os.fspath(path), "rb") as f:
-            resp = self._request(
-                "POST",
-                "/v1/templates/oci",
-                content=f,
-                params=params,
-                headers={"Content-Type": "application/x-tar"},
-                timeout=timeout,
-            )
+            resp = self._post_tar("/v1/templates/oci", f, params, timeout)
         return template_import_from_lines(resp.text, str(resp.request.url))
+
+    def build_template(
+        self,
+        context: Union[PathLike, bytes],
+        tag: str,
+        *,
+        dockerfile: Optional[str] = None,
+        build_args: Optional[Dict[str, str]] = None,
+        no_cache: bool = False,
+        replace: bool = False,
+        start: bool = False,
+        timeout: Optional[float] = None,
+    ) -> TemplateBuild:
+        """``POST /v1/templates/build``: builds a Dockerfile into ``tag``, every step in a
+        sandbox on the daemon, each step kept as a diff snapshot so a rebuild runs only what
+        changed (docs/dockerfile.md). ``context`` is a directory (archived here with its
+        links as links), a tar archive file (gzip-compressed or not), or an archive's
+        bytes; the Dockerfile is ``dockerfile`` in it (``Dockerfile``). A Dockerfile that
+        does not check out is a :class:`BadRequest` naming the line; a tag no build made is
+        a :class:`Conflict` unless ``replace``. What RUN printed is in ``.output``."""
+        params: Dict[str, Union[str, int]] = {"tag": tag}
+        if dockerfile is not None:
+            params["dockerfile"] = dockerfile
+        if build_args:
+            params["build_args"] = json.dumps(build_args)
+        for key, on in (("no_cache", no_cache), ("replace", replace), ("start", start)):
+            if on:
+                params[key] = "true"
+        with _context_archive(context) as body:
+            resp = self._post_tar("/v1/templates/build", body, params, timeout)
+        return template_build_from_lines(resp.text, str(resp.request.url))
+
+    def _post_tar(
+        self,
+        path: str,
+        body: Union[bytes, IO[bytes]],
+        params: Dict[str, Union[str, int]],
+        timeout: Optional[float],
+    ) -> httpx.Response:
+        """A tar archive posted to ``path`` (streamed from a file)."""
+        return self._request(
+            "POST", path, content=body, params=params, headers={"Content-Type": "application/x-tar"}, timeout=timeout
+        )
 
     # --- sandboxes -------------------------------------------------------
 
@@ -850,6 +892,79 @@ class Controller:
             params["recursive"] = "true"
         return FileWatch(self._client, _sb(sandbox_id, "files", "watch"), params, str(self.endpoint))
 
+    # --- background processes --------------------------------------------
+
+    def list_processes(self, sandbox_id: str) -> List[ProcessInfo]:
+        """``GET /v1/sandboxes/{id}/processes``: running and ended, oldest pid first."""
+        resp = self._request("GET", _sb(sandbox_id, "processes"))
+        return parse_list(ProcessInfo, self._json(resp), "processes")
+
+    def start_process(
+        self,
+        sandbox_id: str,
+        args: Optional[Sequence[str]] = None,
+        *,
+        cmd: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        user: Optional[str] = None,
+        pty: Optional[Sequence[int]] = None,
+        tag: Optional[str] = None,
+        ring_bytes: Optional[int] = None,
+        timeout_secs: Optional[int] = None,
+    ) -> ProcessInfo:
+        """``POST /v1/sandboxes/{id}/processes``: starts ``args`` (or the shell line
+        ``cmd``) in the background; returns once it runs. ``pty=(rows, cols)`` runs it
+        on a terminal of that size."""
+        body: Dict[str, Any] = {}
+        if args is not None:
+            body["args"] = list(args)
+        for name, value in (("cmd", cmd), ("cwd", cwd), ("user", user), ("tag", tag)):
+            if value is not None:
+                body[name] = value
+        if env:
+            body["env"] = dict(env)
+        if pty is not None:
+            rows, cols = pty
+            body["pty"] = {"rows": int(rows), "cols": int(cols)}
+        if ring_bytes is not None:
+            body["ring_bytes"] = int(ring_bytes)
+        if timeout_secs is not None:
+            body["timeout_secs"] = int(timeout_secs)
+        resp = self._request("POST", _sb(sandbox_id, "processes"), json=body)
+        return ProcessInfo.from_json(self._json(resp))
+
+    def process_output(
+        self, sandbox_id: str, pid: int, *, offset: Optional[int] = None, follow: bool = False
+    ) -> ProcessOutput:
+        """``GET /v1/sandboxes/{id}/processes/{pid}/output``: its output from ``offset``
+        (the oldest byte kept by default); with ``follow``, as it comes until it ends.
+        Iterate it for :class:`~forkvm.processes.OutputChunk` records."""
+        params: Dict[str, str] = {}
+        if offset is not None:
+            params["offset"] = str(int(offset))
+        if follow:
+            params["follow"] = "true"
+        path = _sb(sandbox_id, "processes", str(int(pid)), "output")
+        return ProcessOutput(self._client, path, params, str(self.endpoint))
+
+    def process_input(self, sandbox_id: str, pid: int, data: Union[bytes, str], *, close: bool = False) -> int:
+        """``POST /v1/sandboxes/{id}/processes/{pid}/input``: ``data`` to its stdin
+        (``close``: then end its input); the bytes it took."""
+        content = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        params: Dict[str, Union[str, int]] = {"close": "true"} if close else {}
+        resp = self._request("POST", _sb(sandbox_id, "processes", str(int(pid)), "input"), params=params, content=content)
+        return int(self._json(resp)["bytes"])
+
+    def signal_process(self, sandbox_id: str, pid: int, signal: int = 15) -> None:
+        """``POST /v1/sandboxes/{id}/processes/{pid}/signal``: to its process group."""
+        self._request("POST", _sb(sandbox_id, "processes", str(int(pid)), "signal"), json={"signal": int(signal)})
+
+    def resize_process(self, sandbox_id: str, pid: int, rows: int, cols: int) -> None:
+        """``POST /v1/sandboxes/{id}/processes/{pid}/resize``: its terminal's size."""
+        body = {"rows": int(rows), "cols": int(cols)}
+        self._request("POST", _sb(sandbox_id, "processes", str(int(pid)), "resize"), json=body)
+
 
 #: The I/O caps a request's ``io_limits`` may hold.
 IO_LIMITS = (
@@ -859,6 +974,25 @@ IO_LIMITS = (
     "net_tx_bytes_per_sec",
     "net_rx_bytes_per_sec",
 )
+
+
+@contextlib.contextmanager
+def _context_archive(context: Union[PathLike, bytes]) -> Iterator[Union[bytes, IO[bytes]]]:
+    """A build context as a request body: bytes as they are, an archive file opened, a
+    directory archived into a temporary file first (links as links, never followed)."""
+    if isinstance(context, bytes):
+        yield context
+        return
+    path = os.fspath(context)
+    if not os.path.isdir(path):
+        with open(path, "rb") as f:
+            yield f
+        return
+    with tempfile.TemporaryFile() as f:
+        with tarfile.open(fileobj=f, mode="w") as tar:
+            tar.add(path, arcname=".", recursive=True)
+        f.seek(0)
+        yield f
 
 
 def _is_loopback(host: str) -> bool:

@@ -17,6 +17,7 @@ from .controller import Controller, NetworkPolicyLike
 from .errors import EvalError, NotFound
 from .streaming import OutputCallback
 from .watch import FileWatch
+from .processes import Process
 from .types import (
     ArchiveReport,
     ExposedPort,
@@ -31,7 +32,7 @@ from .types import (
     SnapshotInfo,
 )
 
-__all__ = ["Sandbox", "Commands", "Files"]
+__all__ = ["Sandbox", "Commands", "Files", "Pty"]
 
 
 def _headline(error: str, exit_code: int) -> str:
@@ -60,8 +61,13 @@ class Commands:
         on_stdout: Optional[OutputCallback] = None,
         on_stderr: Optional[OutputCallback] = None,
         max_output_bytes: Optional[int] = None,
-    ) -> ExecResult:
+        background: bool = False,
+    ) -> Union[ExecResult, Process]:
         """Runs ``cmd`` and waits: a string goes through ``/bin/sh -c``, a list is argv.
+
+        With ``background=True`` it does not wait: it returns a :class:`Process` once
+        the command runs (``timeout`` then kills it, ``0`` for none); its output is
+        kept to read later (``process.output()``), with ``stdin`` sent to it first.
 
         With ``on_stdout``/``on_stderr`` the output is streamed to them as it comes
         (all of it). Without, each stream is kept up to ``max_output_bytes`` (the
@@ -76,6 +82,14 @@ class Commands:
         else:
             argv = list(cmd)
         c, sid = self._sb.controller, self._sb.id
+        if background:
+            if on_stdout is not None or on_stderr is not None or max_output_bytes is not None:
+                raise ValueError("a background command's output is kept, not streamed: read process.output()")
+            info = c.start_process(sid, argv, cmd=shell, env=env, cwd=cwd, timeout_secs=int(timeout) or None)
+            process = Process(c, sid, info)
+            if stdin is not None:
+                process.send_stdin(stdin)
+            return process
         if on_stdout is not None or on_stderr is not None:
             if max_output_bytes is not None:
                 raise ValueError("max_output_bytes caps collected output; a streamed run is not collected")
@@ -85,6 +99,44 @@ class Commands:
         return c.exec_command(
             sid, argv, timeout, cmd=shell, env=env, cwd=cwd, stdin=stdin, max_output_bytes=max_output_bytes
         )
+
+
+    def list(self) -> List[Process]:
+        """The sandbox's background processes, running and ended."""
+        c, sid = self._sb.controller, self._sb.id
+        return [Process(c, sid, p) for p in c.list_processes(sid)]
+
+    def connect(self, pid: int) -> Process:
+        """The background process ``pid`` (:class:`NotFound` if the sandbox keeps none)."""
+        for p in self.list():
+            if p.pid == pid:
+                return p
+        raise NotFound(f"sandbox {self._sb.id} keeps no process {pid}")
+
+
+class Pty:
+    """``sandbox.pty``: terminals in the sandbox."""
+
+    def __init__(self, sandbox: "Sandbox") -> None:
+        self._sb = sandbox
+
+    def create(
+        self,
+        rows: int = 24,
+        cols: int = 80,
+        *,
+        cmd: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        user: Optional[str] = None,
+    ) -> Process:
+        """A command (a login shell by default) on a new terminal of ``rows`` x ``cols``:
+        keys go in with ``send_stdin``, the screen's bytes come out of ``output()``."""
+        shell = cmd or "if command -v bash >/dev/null 2>&1; then exec bash -l; else exec sh -l; fi"
+        full_env = {"TERM": "xterm-256color", **dict(env or {})}
+        c, sid = self._sb.controller, self._sb.id
+        info = c.start_process(sid, cmd=shell, env=full_env, cwd=cwd, user=user, pty=(rows, cols), tag="pty")
+        return Process(c, sid, info)
 
 
 class Files:
@@ -159,6 +211,7 @@ class Sandbox:
         self._killed = False
         self.commands = Commands(self)
         self.files = Files(self)
+        self.pty = Pty(self)
         self.network = Network(self)
 
     # --- making ----------------------------------------------------------

@@ -10,12 +10,14 @@ turns the events into callbacks and one :class:`ExecResult`.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional
 
-from .errors import ForkvmError, ProtocolError
+import httpx
+
+from .errors import ConnectionFailed, ForkvmError, ProtocolError, error_from_response
 from .types import ExecResult
 
-__all__ = ["NdjsonDecoder", "OutputCallback", "collect_exec_events"]
+__all__ = ["NdjsonDecoder", "NdjsonStream", "OutputCallback", "collect_exec_events"]
 
 #: Called with each chunk of output text, in order.
 OutputCallback = Callable[[str], None]
@@ -65,6 +67,59 @@ class NdjsonDecoder:
         if not isinstance(obj, dict):
             raise ProtocolError(f"exec stream: line is not a JSON object: {line[:200]!r}")
         return obj
+
+
+class NdjsonStream:
+    """A GET whose answer is NDJSON lines that keep coming (a watch, a process's
+    output): opened when made (an error status raises then), read a line at a time with
+    :meth:`_next_line`; closing it closes the connection, which ends the stream on the
+    daemon's side. ``keepalive_secs``: the daemon's silence between keepalives; six of
+    them without a byte is an error, not a hang."""
+
+    def __init__(
+        self, client: httpx.Client, path: str, params: Mapping[str, str], endpoint: str, keepalive_secs: float
+    ) -> None:
+        timeout = httpx.Timeout(30.0, read=keepalive_secs * 6)
+        self._url = path
+        try:
+            self._cm = client.stream("GET", path, params=dict(params), timeout=timeout)
+            self._resp = self._cm.__enter__()
+        except httpx.TransportError as e:
+            raise ConnectionFailed(f"cannot talk to forkvmd at {endpoint} (GET {path}): {type(e).__name__}: {e}") from e
+        if self._resp.status_code >= 300:
+            body = self._resp.read()
+            self._cm.__exit__(None, None, None)
+            raise error_from_response(self._resp.status_code, body, str(self._resp.request.url))
+        self._decoder = NdjsonDecoder()
+        self._chunks = self._resp.iter_raw()
+        self._pending: List[Dict[str, Any]] = []
+        self._closed = False
+
+    def _next_line(self) -> Optional[Dict[str, Any]]:
+        """The next line's object; ``None`` once the body ended."""
+        while not self._pending:
+            try:
+                chunk = next(self._chunks)
+            except StopIteration:
+                self._pending.extend(self._decoder.close())
+                if not self._pending:
+                    return None
+                break
+            except httpx.HTTPError as e:
+                raise ConnectionFailed(f"{self._url}: {type(e).__name__}: {e}") from e
+            self._pending.extend(self._decoder.feed(chunk))
+        return self._pending.pop(0)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._cm.__exit__(None, None, None)
+
+    def __enter__(self) -> "NdjsonStream":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _events(chunks: Iterable[bytes]) -> Iterator[Dict[str, Any]]:

@@ -34,6 +34,8 @@ __all__ = [
     "VersionInfo",
     "WorkspaceInfo",
     "VolumeInfo",
+    "ProcessExit",
+    "ProcessInfo",
 ]
 
 T = TypeVar("T")
@@ -866,5 +868,75 @@ class Pong(_Record):
             pong=f.bool_or("pong", True),
             warmup_ready=f.bool_or("warmup_ready", False),
             agent_lang=f.opt_str("agent_lang"),
+            raw=_raw(data),
+        )
+
+
+@dataclass
+class ProcessExit(_Record):
+    """How a background process ended."""
+
+    #: Its code, else 128 + the signal that ended it, else 124 after its timeout.
+    exit_code: int
+    timed_out: bool
+    duration_ms: int
+    signal: Optional[int] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "ProcessExit":
+        f = _Fields("ProcessExit", data)
+        return cls(
+            exit_code=f.req_int("exit_code"),
+            timed_out=f.req_bool("timed_out"),
+            duration_ms=f.req_int("duration_ms"),
+            signal=f.opt_int("signal"),
+            raw=_raw(data),
+        )
+
+
+@dataclass
+class ProcessInfo(_Record):
+    """A background process of a sandbox (``/v1/sandboxes/{id}/processes``): it runs on
+    after the call that started it; its output is kept (the last ``ring_bytes``) to
+    read from any offset. Offsets count stdout and stderr together."""
+
+    pid: int
+    argv: List[str]
+    started_at_unix_ms: int
+    #: The offset after its last byte of output so far.
+    output_end: int
+    #: The offset of the oldest byte still kept.
+    output_start: int
+    stdin_open: bool
+    running: bool
+    tag: Optional[str] = None
+    #: ``(rows, cols)`` of its terminal, when it runs on one.
+    pty: Optional[Tuple[int, int]] = None
+    #: How it ended; ``None`` while it runs.
+    exit: Optional[ProcessExit] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "ProcessInfo":
+        f = _Fields("ProcessInfo", data)
+        pty = data.get("pty") if isinstance(data, Mapping) else None
+        size: Optional[Tuple[int, int]] = None
+        if pty is not None:
+            if not isinstance(pty, Mapping) or not all(isinstance(pty.get(k), int) for k in ("rows", "cols")):
+                raise ProtocolError(f"ProcessInfo: field 'pty' should be {{rows, cols}}, got {pty!r}")
+            size = (int(pty["rows"]), int(pty["cols"]))
+        exit_ = data.get("exit") if isinstance(data, Mapping) else None
+        return cls(
+            pid=f.req_int("pid"),
+            argv=f.str_list("argv"),
+            started_at_unix_ms=f.req_int("started_at_unix_ms"),
+            output_end=f.req_int("output_end"),
+            output_start=f.req_int("output_start"),
+            stdin_open=f.req_bool("stdin_open"),
+            running=f.req_bool("running"),
+            tag=f.opt_str("tag"),
+            pty=size,
+            exit=None if exit_ is None else ProcessExit.from_json(exit_),
             raw=_raw(data),
         )

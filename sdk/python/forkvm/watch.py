@@ -15,8 +15,8 @@ from typing import Any, Dict, Iterator, Optional
 
 import httpx
 
-from .errors import ConnectionFailed, ForkvmError, ProtocolError, error_from_response
-from .streaming import NdjsonDecoder
+from .errors import ForkvmError, ProtocolError
+from .streaming import NdjsonStream
 
 __all__ = ["FileChange", "FileWatch", "KEEPALIVE_SECS"]
 
@@ -35,47 +35,17 @@ class FileChange:
     path: str
 
 
-class FileWatch:
+class FileWatch(NdjsonStream):
     """A running watch: iterate for :class:`FileChange` records; ``close()`` ends it."""
 
     def __init__(self, client: httpx.Client, path: str, params: Dict[str, str], endpoint: str) -> None:
-        # A read timeout of several keepalives: a daemon or sandbox that went silent
-        # is an error, not a hang.
-        timeout = httpx.Timeout(30.0, read=KEEPALIVE_SECS * 6)
-        self._url = path
-        try:
-            self._cm = client.stream("GET", path, params=params, timeout=timeout)
-            self._resp = self._cm.__enter__()
-        except httpx.TransportError as e:
-            raise ConnectionFailed(f"cannot talk to forkvmd at {endpoint} (GET {path}): {type(e).__name__}: {e}") from e
-        if self._resp.status_code >= 300:
-            body = self._resp.read()
-            self._cm.__exit__(None, None, None)
-            raise error_from_response(self._resp.status_code, body, str(self._resp.request.url))
-        self._decoder = NdjsonDecoder()
-        self._chunks = self._resp.iter_raw()
-        self._pending: list = []
-        self._closed = False
+        super().__init__(client, path, params, endpoint, KEEPALIVE_SECS)
         first = self._next_line()
         if first is None or first.get("type") != "armed":
             self.close()
             raise ProtocolError(f"watch: the first line is not `armed`: {first!r}", url=self._url)
         #: Directories the watch covers (1 unless recursive).
         self.directories: int = int(first.get("directories", 1))
-
-    def _next_line(self) -> Optional[Dict[str, Any]]:
-        while not self._pending:
-            try:
-                chunk = next(self._chunks)
-            except StopIteration:
-                self._pending.extend(self._decoder.close())
-                if not self._pending:
-                    return None
-                break
-            except httpx.HTTPError as e:
-                raise ConnectionFailed(f"watch {self._url}: {type(e).__name__}: {e}") from e
-            self._pending.extend(self._decoder.feed(chunk))
-        return self._pending.pop(0)
 
     def __iter__(self) -> Iterator[FileChange]:
         while not self._closed:
@@ -96,14 +66,5 @@ class FileWatch:
                 raise ForkvmError(message if isinstance(message, str) else f"watch error: {line!r}", url=self._url)
             # keepalive, and kinds a newer daemon may add: skipped.
 
-    def close(self) -> None:
-        """Ends the watch (in the guest too)."""
-        if not self._closed:
-            self._closed = True
-            self._cm.__exit__(None, None, None)
-
     def __enter__(self) -> "FileWatch":
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

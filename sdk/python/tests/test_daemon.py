@@ -198,6 +198,49 @@ def test_watch_reports_exactly_the_changes_in_order(sb: Sandbox) -> None:
         sb.files.watch("/tmp/watched/sub/kept")
 
 
+# --- background processes ----------------------------------------------------------
+
+
+def test_a_background_process_runs_on_and_is_read_fed_and_waited_for(sb: Sandbox) -> None:
+    from forkvm import Process
+
+    proc = sb.commands.run("read x; echo \"got $x\"; echo err >&2; exit 3", background=True, timeout=60)
+    assert isinstance(proc, Process) and proc.info.running
+    assert any(p.pid == proc.pid for p in sb.commands.list())
+    proc.send_stdin("hello\n", close=True)
+    ended = proc.wait()
+    assert ended.exit is not None and ended.exit.exit_code == 3 and not ended.running
+    with proc.output() as out:
+        chunks = list(out)
+    assert b"".join(c.data for c in chunks if c.stream == "stdout") == b"got hello\n"
+    assert b"".join(c.data for c in chunks if c.stream == "stderr") == b"err\n"
+    assert out.process is not None and out.process.output_end == 14
+    # From an offset: the rest.
+    assert proc.output(4).read_all() == b"hello\nerr\n"
+    with pytest.raises(BadRequest):
+        proc.output(99)
+    with pytest.raises(NotFound):
+        sb.commands.connect(999999)
+
+    # A terminal: its own, of its size, resized on request; Ctrl-C reaches its job.
+    term = sb.pty.create(24, 80, cmd="stty size; read x; stty size; sleep 600")
+    assert term.info.pty == (24, 80)
+    with term.output(follow=True) as out:
+        chunks = iter(out)
+        seen = b""
+        while b"24 80" not in seen:
+            seen += next(chunks).data
+        term.resize(40, 120)
+        term.send_stdin("\r")
+        while b"40 120" not in seen:
+            seen += next(chunks).data
+    term.send_stdin("\x03")
+    assert term.wait().exit is not None
+    sleeper = sb.commands.run(["sleep", "600"], background=True, timeout=0)
+    sleeper.kill()
+    assert sleeper.wait().exit.exit_code == 137  # type: ignore[union-attr]
+
+
 # --- eval ------------------------------------------------------------------------------
 
 
@@ -566,6 +609,34 @@ def test_a_volume_keeps_a_killed_writers_files_for_the_next_sandbox(ctl: Control
     ctl.delete_volume("sdk-vol-2")
     with pytest.raises(NotFound):
         ctl.get_volume("sdk-vol")
+
+
+def test_a_dockerfile_builds_in_sandboxes_and_rebuilds_only_what_changed(
+    ctl: Controller, py: str, tmp_path: Path
+) -> None:
+    ctx = tmp_path / "ctx"
+    (ctx / "app").mkdir(parents=True)
+    (ctx / "app" / "main.py").write_text("print(6 * 7)\n")
+    (ctx / "Dockerfile").write_text(
+        f"FROM {py}\nARG N=1\nCOPY app/ /srv/\n"
+        "RUN python3 /srv/main.py > /srv/out && echo n$N >> /srv/out\nWORKDIR /srv\nENV GREETING=hi\n"
+    )
+    built = ctl.build_template(ctx, "sdk-built", build_args={"N": "2"})
+    assert (built.ran, built.cached, built.finish_cached, built.replaced) == (2, 0, False, False), built
+    assert (built.workdir, built.env, built.base) == ("/srv", ["GREETING=hi"], py)
+    [s] = ctl.spawn_sandboxes("sdk-built")
+    try:
+        r = ctl.exec_command(s.id, ["sh", "-c", "pwd; cat out; echo $GREETING"])
+        assert r.stdout == "/srv\n42\nn2\nhi\n", r
+    finally:
+        ctl.kill_sandbox(s.id)
+    again = ctl.build_template(ctx, "sdk-built", build_args={"N": "2"})
+    assert (again.ran, again.cached, again.finish_cached, again.replaced) == (0, 2, True, True), again
+    (ctx / "Dockerfile.bad").write_text(f"FROM {py}\nVOLUME /x\n")
+    with pytest.raises(BadRequest, match="line 2: VOLUME"):
+        ctl.build_template(ctx, "sdk-built", dockerfile="Dockerfile.bad")
+    with pytest.raises(Conflict):
+        ctl.build_template(ctx, py)
 
 
 def test_archive_then_restore_keeps_files_and_delete_removes_it(ctl: Controller, py: str) -> None:

@@ -170,6 +170,29 @@ def test_a_background_command_has_a_pid_and_dies_by_kill(sbx: "e2b.Sandbox") -> 
     assert sbx.commands.kill(h.pid) is False, "a process that is gone is not found"
 
 
+def test_stdin_and_a_terminal_reach_a_started_process(sbx: "e2b.Sandbox") -> None:
+    from e2b.sandbox.commands.command_handle import PtySize
+
+    h = sbx.commands.run('read a; read b; echo "$a+$b"', background=True, stdin=True)
+    sbx.commands.send_stdin(h.pid, "1\n")
+    sbx.commands.stream_input(h.pid, ["2", "\n"])
+    assert h.wait().stdout == "1+2\n"
+    # Without stdin, a read sees the end at once (as from /dev/null).
+    assert sbx.commands.run("cat; echo done").stdout == "done\n"
+
+    term = sbx.pty.create(PtySize(rows=24, cols=80))
+    sbx.pty.resize(term.pid, PtySize(rows=30, cols=100))
+    sbx.pty.send_stdin(term.pid, b"stty size; exit 3\n")
+    screen = bytearray()
+    try:
+        result = term.wait(on_pty=lambda data: screen.extend(data))
+        code = result.exit_code
+    except e2b.CommandExitException as e:
+        code = e.exit_code
+    assert code == 3
+    assert b"30 100" in screen, screen
+
+
 def test_watch_dir_reports_the_changes_in_order(sbx: "e2b.Sandbox") -> None:
     from e2b.sandbox.filesystem.watch_handle import FilesystemEventType as T
 

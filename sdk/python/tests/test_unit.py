@@ -584,9 +584,38 @@ IMPORTED = (
     b'{"type":"imported","manifest":"sha256:ab","layers":2,"new_bytes":3,"shared_bytes":4,"command":["sh"],"exposed_ports":[]}\n'
     b'{"type":"built","image_bytes":5,"seconds":0.5}\n{"type":"done","template":"app"}\n'
 )
+BUILT = (
+    b'{"type":"planned","from":"tiny","steps":1,"unused_build_args":[]}\n'
+    b'{"type":"output","step":1,"text":"hello\\n"}\n'
+    b'{"type":"done","report":{"tag":"app","from":"tiny","base_snapshot":"build-base-1","base_cached":true,'
+    b'"steps":[{"step":1,"line":2,"instruction":"RUN echo hello","snapshot":"build-2","cached":false,"seconds":1.5}],'
+    b'"ran":1,"cached":0,"finish_cached":false,"env":["A=1"],"workdir":"/app","command":["python3"],'
+    b'"expose":["8080"],"labels":[],"replaced":false,"seconds":2.5}}\n'
+)
 STREAM = b'{"type":"exit","exit_code":0,"signal":null,"timed_out":false,"duration_ms":1}\n'
 
 # route name in routes.rs -> (canned JSON reply, call through the Controller)
+PROC = {
+    "pid": 7,
+    "argv": ["sleep", "9"],
+    "tag": None,
+    "pty": None,
+    "started_at_unix_ms": 1,
+    "output_end": 2,
+    "output_start": 0,
+    "stdin_open": True,
+    "running": True,
+    "exit": None,
+}
+PROC_ENDED = {**PROC, "running": False, "stdin_open": False, "exit": {"exit_code": 3, "signal": None, "timed_out": False, "duration_ms": 5}}
+PROC_OUTPUT = (
+    b'{"type":"from","offset":0,"skipped":0}\n'
+    b'{"type":"output","stream":"stdout","offset":0,"data":"aGk="}\n'
+    b'{"type":"keepalive"}\n'
+    b'{"type":"output","stream":"stderr","offset":2,"data":"IQ=="}\n'
+    + b'{"type":"end","process":' + json.dumps(PROC_ENDED).encode() + b"}\n"
+)
+
 CALLS: Dict[str, Tuple[Any, Callable[[Controller], Any]]] = {
     "Health": ({"ok": True}, lambda c: c.health()),
     "Version": ({"version": "0.1.0", "api": "v1"}, lambda c: c.version()),
@@ -628,6 +657,13 @@ CALLS: Dict[str, Tuple[Any, Callable[[Controller], Any]]] = {
     "DeleteVolume": (None, lambda c: c.delete_volume("NAME")),
     "SnapshotVolume": (VOL, lambda c: c.snapshot_volume("NAME", "data2")),
     "ImportOciTemplate": (IMPORTED, lambda c: c.import_oci_template(_pack_file(b"image"), "app")),
+    "BuildTemplate": (BUILT, lambda c: c.build_template(b"context", "app")),
+    "ListProcesses": ([PROC], lambda c: c.list_processes("ID")),
+    "StartProcess": (PROC, lambda c: c.start_process("ID", ["sleep", "9"])),
+    "ProcessOutput": (PROC_OUTPUT, lambda c: c.process_output("ID", 7).read_all()),
+    "ProcessInput": ({"bytes": 2}, lambda c: c.process_input("ID", 7, b"hi")),
+    "SignalProcess": (None, lambda c: c.signal_process("ID", 7, 15)),
+    "ResizeProcess": (None, lambda c: c.resize_process("ID", 7, 24, 80)),
 }
 
 
@@ -650,7 +686,13 @@ def test_every_route_is_covered(server: TcpServer, client: Controller) -> None:
     assert {name for _, _, name in routes} == set(CALLS), "routes.rs and the SDK's route table differ"
     for method, template, name in routes:
         reply, call = CALLS[name]
-        path = template.replace("{id}", "ID").replace("{tag}", "TAG").replace("{name}", "NAME").replace("{port}", "8000")
+        path = (
+            template.replace("{id}", "ID")
+            .replace("{tag}", "TAG")
+            .replace("{name}", "NAME")
+            .replace("{port}", "8000")
+            .replace("{pid}", "7")
+        )
         if isinstance(reply, bytes):
             body, ctype = reply, "application/octet-stream"
         elif isinstance(reply, str):
@@ -685,6 +727,39 @@ def test_a_template_import_sends_its_options_and_reads_its_lines(server: TcpServ
     server.routes[route] = _fixed(200, "application/x-ndjson", IMPORTED.split(b"\n")[0] + b"\n")
     with pytest.raises(ProtocolError, match="ended early"):
         client.import_oci_template(_pack_file(b"image"), "app")
+
+
+def test_a_template_build_sends_its_context_and_options_and_reads_its_report(
+    server: TcpServer, client: Controller, tmp_path: Any
+) -> None:
+    import io
+    import tarfile
+
+    from forkvm import ForkvmError, ProtocolError
+
+    route = ("POST", "/v1/templates/build")
+    server.routes[route] = _fixed(200, "application/x-ndjson", BUILT)
+    ctx = tmp_path / "ctx"
+    (ctx / "app").mkdir(parents=True)
+    (ctx / "app" / "main.py").write_text("print(1)\n")
+    (ctx / "Dockerfile").write_text("FROM tiny\n")
+    os.symlink("/etc/passwd", ctx / "app" / "link")
+    b = client.build_template(ctx, "app", build_args={"V": "2"}, no_cache=True, dockerfile="Dockerfile")
+    assert (b.tag, b.base, b.ran, b.cached, b.finish_cached, b.command, b.expose) == (
+        "app", "tiny", 1, 0, False, ["python3"], ["8080"])
+    assert (b.workdir, b.env, b.steps[0]["seconds"], b.output) == ("/app", ["A=1"], 1.5, "hello\n")
+    method, raw, headers, body = server.requests[-1]
+    assert raw == "/v1/templates/build?tag=app&dockerfile=Dockerfile&build_args=%7B%22V%22%3A+%222%22%7D&no_cache=true"
+    with tarfile.open(fileobj=io.BytesIO(body)) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+    assert {"./Dockerfile", "./app/main.py", "./app/link"} <= set(members), members
+    assert members["./app/link"].issym() and members["./app/link"].linkname == "/etc/passwd"
+    server.routes[route] = _fixed(200, "application/x-ndjson", BUILT.split(b"\n")[0] + b'\n{"type":"error","error":"step 1 failed"}\n')
+    with pytest.raises(ForkvmError, match="step 1 failed"):
+        client.build_template(b"context", "app")
+    server.routes[route] = _fixed(200, "application/x-ndjson", BUILT.split(b"\n")[0] + b"\n")
+    with pytest.raises(ProtocolError, match="ended early"):
+        client.build_template(b"context", "app")
 
 
 def test_a_watch_yields_changes_and_ends_or_raises_as_its_lines_say(server: TcpServer, client: Controller) -> None:
@@ -1000,3 +1075,48 @@ def test_lifecycle_errors_keep_their_class(server: TcpServer, client: Controller
     assert ei.value.state == "running"
     with pytest.raises(forkvm.NotFound):
         client.archive_sandbox("nope")
+
+
+# --- background processes ---------------------------------------------------------
+
+
+def test_background_processes_send_their_options_and_read_their_output(server: TcpServer, client: Controller) -> None:
+    from forkvm import ForkvmError, ProtocolError, Sandbox
+
+    server.routes[("POST", "/v1/sandboxes/sb/processes")] = _fixed(201, "application/json", json.dumps(PROC).encode())
+    p = client.start_process("sb", cmd="make", env={"A": "1"}, pty=(24, 80), tag="t", ring_bytes=64, timeout_secs=5)
+    assert (p.pid, p.running, p.exit, p.pty) == (7, True, None, None)
+    _, raw, _, body = server.requests[-1]
+    assert json.loads(body) == {
+        "cmd": "make",
+        "tag": "t",
+        "env": {"A": "1"},
+        "pty": {"rows": 24, "cols": 80},
+        "ring_bytes": 64,
+        "timeout_secs": 5,
+    }
+    route = ("GET", "/v1/sandboxes/sb/processes/7/output")
+    server.routes[route] = _fixed(200, "application/x-ndjson", PROC_OUTPUT)
+    with client.process_output("sb", 7, offset=0, follow=True) as out:
+        chunks = list(out)
+    assert [(c.stream, c.offset, c.data) for c in chunks] == [("stdout", 0, b"hi"), ("stderr", 2, b"!")]
+    assert out.process is not None and out.process.exit is not None and out.process.exit.exit_code == 3
+    assert server.requests[-1][1] == "/v1/sandboxes/sb/processes/7/output?offset=0&follow=true"
+    server.routes[route] = _fixed(200, "application/x-ndjson", PROC_OUTPUT.split(b"\n")[0] + b'\n{"type":"error","error":"gone"}\n')
+    with pytest.raises(ForkvmError, match="gone"):
+        client.process_output("sb", 7).read_all()
+    server.routes[route] = _fixed(200, "application/x-ndjson", b'{"type":"keepalive"}\n')
+    with pytest.raises(ProtocolError, match="first line"):
+        client.process_output("sb", 7)
+
+    # The sandbox's view: a background run sends its stdin and waits through the output.
+    server.routes[("GET", "/v1/sandboxes/sb")] = _fixed(200, "application/json", json.dumps({**SB, "id": "sb"}).encode())
+    server.routes[("POST", "/v1/sandboxes/sb/processes/7/input")] = _fixed(200, "application/json", b'{"bytes":3}')
+    server.routes[route] = _fixed(200, "application/x-ndjson", PROC_OUTPUT)
+    sb = Sandbox.connect("sb", controller=client)
+    proc = sb.commands.run("cat", background=True, stdin="abc")
+    assert proc.pid == 7
+    assert server.requests[-1][1] == "/v1/sandboxes/sb/processes/7/input"
+    assert proc.wait().exit is not None
+    with pytest.raises(ValueError, match="kept, not streamed"):
+        sb.commands.run("cat", background=True, on_stdout=print)

@@ -228,15 +228,42 @@ export class Controller {
     q: T.ImportOciQuery,
     timeoutMs = 3_600_000,
   ): AsyncGenerator<T.TemplateImportEvent> {
-    const body = typeof image === "object" && image !== null && "path" in image ? createReadStream(image.path) : (image as BodyLike);
-    const resp = await this.#request("POST", "/v1/templates/oci", {
-      body,
-      query: { ...q },
-      timeoutMs,
-      headers: { "content-type": "application/x-tar" },
-    });
-    if (!resp.body) throw new ProtocolError("the template import has no body");
-    for await (const event of ndjson(resp.body as ReadableStream<Uint8Array>)) yield event as T.TemplateImportEvent;
+    for await (const e of this.#tarUpload("/v1/templates/oci", image, { ...q }, timeoutMs, "template import")) {
+      yield e as T.TemplateImportEvent;
+    }
+  }
+
+  /**
+   * `POST /v1/templates/build`: builds a Dockerfile into the tag `q.tag`, every step in a
+   * sandbox on the daemon (docs/dockerfile.md). `context` is the build context as a tar
+   * archive (gzip-compressed or not; bytes, a stream, or `{ path }`, streamed) with the
+   * Dockerfile in it. A Dockerfile that does not check out is a `BadRequest`, a tag no
+   * build made a `Conflict` (without `replace`), before any event; then the progress
+   * comes as events: `planned`, `base`, `step`, `output`, `step_done`, `finished`, then
+   * `done` (with the report) or `error` last.
+   */
+  async *buildTemplate(
+    context: BodyLike | { path: string },
+    q: T.BuildTemplateQuery,
+    timeoutMs = 3_600_000,
+  ): AsyncGenerator<T.TemplateBuildEvent> {
+    for await (const e of this.#tarUpload("/v1/templates/build", context, { ...q }, timeoutMs, "template build")) {
+      yield e as T.TemplateBuildEvent;
+    }
+  }
+
+  /** A tar archive (bytes, a stream, or `{ path }`, streamed) posted to `path`; the NDJSON lines of the reply. */
+  async *#tarUpload(
+    path: string,
+    src: BodyLike | { path: string },
+    query: Call["query"],
+    timeoutMs: number,
+    what: string,
+  ): AsyncGenerator<unknown> {
+    const body = typeof src === "object" && src !== null && "path" in src ? createReadStream(src.path) : (src as BodyLike);
+    const resp = await this.#request("POST", path, { body, query, timeoutMs, headers: { "content-type": "application/x-tar" } });
+    if (!resp.body) throw new ProtocolError(`the ${what} has no body`);
+    yield* ndjson(resp.body as ReadableStream<Uint8Array>);
   }
 
   // --- sandboxes --------------------------------------------------------------------
@@ -345,6 +372,49 @@ export class Controller {
     const resp = await this.#request("GET", sb(id, "files", "watch"), { query, timeoutMs: WATCH_MAX_MS });
     if (!resp.body) throw new ProtocolError(`watching ${path}: no body`);
     for await (const event of ndjson(resp.body as ReadableStream<Uint8Array>)) yield event as T.WatchEvent;
+  }
+
+  // --- background processes ---------------------------------------------------------
+
+  /** `GET /v1/sandboxes/{id}/processes`: running and ended, oldest pid first. */
+  listProcesses(id: string): Promise<T.ProcessInfo[]> {
+    return this.#json("GET", sb(id, "processes"));
+  }
+
+  /**
+   * `POST /v1/sandboxes/{id}/processes`: `args` (or the shell line `cmd`) in the
+   * background, its output kept to read from any offset; resolves once it runs.
+   */
+  startProcess(id: string, req: T.StartProcessRequest): Promise<T.ProcessInfo> {
+    return this.#json("POST", sb(id, "processes"), { json: req });
+  }
+
+  /**
+   * `GET /v1/sandboxes/{id}/processes/{pid}/output`: its output from `offset` (the
+   * oldest byte kept by default) as `from`, `output` (base64 `data`) and `keepalive`
+   * events, `end` (or `error`) last; with `follow`, until the process ends. Stopping
+   * the iteration detaches; the process runs on.
+   */
+  async *processOutput(id: string, pid: number, opts: { offset?: number; follow?: boolean } = {}): AsyncGenerator<T.ProcessOutputEvent> {
+    const query = { offset: opts.offset?.toString(), follow: opts.follow || undefined };
+    const resp = await this.#request("GET", sb(id, "processes", String(pid), "output"), { query, timeoutMs: WATCH_MAX_MS });
+    if (!resp.body) throw new ProtocolError(`reading process ${pid}: no body`);
+    for await (const event of ndjson(resp.body as ReadableStream<Uint8Array>)) yield event as T.ProcessOutputEvent;
+  }
+
+  /** `POST /v1/sandboxes/{id}/processes/{pid}/input`: `data` to its stdin (`close`: then its end). */
+  processInput(id: string, pid: number, data: BodyLike, opts: { close?: boolean } = {}): Promise<T.ProcessInputWritten> {
+    return this.#json("POST", sb(id, "processes", String(pid), "input"), { body: data, query: { close: opts.close || undefined } });
+  }
+
+  /** `POST /v1/sandboxes/{id}/processes/{pid}/signal`: to its process group. */
+  signalProcess(id: string, pid: number, signal = 15): Promise<void> {
+    return this.#none("POST", sb(id, "processes", String(pid), "signal"), { json: { signal } });
+  }
+
+  /** `POST /v1/sandboxes/{id}/processes/{pid}/resize`: its terminal's new size. */
+  resizeProcess(id: string, pid: number, size: T.TerminalSize): Promise<void> {
+    return this.#none("POST", sb(id, "processes", String(pid), "resize"), { json: size });
   }
 
   // --- disks and lifecycle ----------------------------------------------------------

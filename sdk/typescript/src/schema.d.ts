@@ -405,6 +405,110 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/processes": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List a sandbox's background processes
+         * @description forkvm: every background process its agent keeps, running or ended, oldest pid first.
+         */
+        get: operations["list_processes"];
+        put?: never;
+        /**
+         * Start a background process
+         * @description forkvm: runs a command that outlives this request, its output kept in a ring of `ring_bytes` that any later request reads from an offset (`.../output`). With `pty`, on a terminal of its own. A fork or branch of the sandbox carries its processes (they run on in each copy, apart); the connections reading them stay behind. At most 64 are kept: a new one takes the place of the oldest that ended, and is refused (400) while all 64 run.
+         */
+        post: operations["start_process"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/processes/{pid}/output": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Read a background process's output (NDJSON stream)
+         * @description forkvm: its output from `offset` (the oldest byte kept when absent); with `follow`, as it comes until the process ends.
+         */
+        get: operations["process_output"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/processes/{pid}/input": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Write to a background process's stdin
+         * @description forkvm: the body (streamed) goes to its stdin, its terminal's on one; `close` ends its input after (on a terminal: end-of-file, the terminal stays).
+         */
+        post: operations["process_input"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/processes/{pid}/signal": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Signal a background process
+         * @description forkvm: to its process group.
+         */
+        post: operations["signal_process"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/processes/{pid}/resize": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Resize a background process's terminal
+         * @description forkvm: its terminal's new size; its foreground process group gets SIGWINCH.
+         */
+        post: operations["resize_process"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{id}/disk-snapshots": {
         parameters: {
             query?: never;
@@ -689,6 +793,26 @@ export interface paths {
          * @description forkvm. The request body is the image: an OCI archive (`docker buildx --output type=oci`, `podman save --format oci-archive`, the `docker save` of Docker 25+) or an older `docker save` archive, gzip-compressed or not, at most 64 GiB. It is imported into the blob store beside the template directory (every blob checked against its digest; layers shared with earlier images are stored once), the template `<name>.toml` is written with `base = "oci:sha256:<manifest>"` and the image config's Env, WorkingDir and User as `[exec]`, and its image is built (layers unpacked as root of a user namespace on unprivileged ids; nothing of the image runs on the host). All of that before the first line: a body that is not an image is a 400. The build's progress then streams as NDJSON (`docs/templates.md`).
          */
         post: operations["import_oci_template"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/templates/build": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Build a Dockerfile into a tag, every step in a sandbox (NDJSON progress)
+         * @description forkvm. The request body is the build context: a tar archive (gzip-compressed or not, at most 16 GiB) with the Dockerfile in it. It is staged in the store and indexed in place, never unpacked. The Dockerfile is parsed and evaluated (variables expanded, COPY/ADD sources selected with `.dockerignore` and hashed) and the tag checked before the first line: a Dockerfile that does not check out is a 400, a tag no build made a 409 (without `replace`). Then FROM's base (a template or a tag), and every RUN, COPY and ADD runs in a sandbox forked from the previous step's snapshot, kept as the diff snapshot `build-<key>`: a step whose snapshot exists is not run again. The last step writes ENV/WORKDIR/USER into the guest's exec defaults, starts CMD with `start`, and waits for READY; the result is published as `tag` (`docs/dockerfile.md`). Progress streams as NDJSON, `done` with the report or `error` last.
+         */
+        post: operations["build_template"];
         delete?: never;
         options?: never;
         head?: never;
@@ -1934,6 +2058,291 @@ export interface components {
             /** @description The volume it was snapshotted from. */
             snapshot_of: string | null;
         };
+        /** @description One step of a build's report. */
+        TemplateBuildStep: {
+            /**
+             * Format: uint32
+             * @description From 1.
+             */
+            step: number;
+            /**
+             * Format: uint32
+             * @description The Dockerfile line it starts on.
+             */
+            line: number;
+            /** @description The instruction's first line as written. */
+            instruction: string;
+            /** @description Its diff snapshot, `build-<key>`. */
+            snapshot: string;
+            /** @description Found from an earlier build, not run. */
+            cached: boolean;
+            /**
+             * Format: double
+             * @description How long it ran (absent when cached).
+             */
+            seconds?: number;
+        };
+        /** @description What a Dockerfile build did, and the configuration the result runs with. */
+        TemplateBuildReport: {
+            tag: string;
+            /** @description FROM, variables expanded. */
+            from: string;
+            /** @description The snapshot the first step forked. */
+            base_snapshot: string;
+            base_cached: boolean;
+            steps: components["schemas"]["TemplateBuildStep"][];
+            /**
+             * Format: uint32
+             * @description Steps run.
+             */
+            ran: number;
+            /**
+             * Format: uint32
+             * @description Steps found.
+             */
+            cached: number;
+            /** @description The last step (configuration, start, READY) was found too. */
+            finish_cached: boolean;
+            /** @description ENV, in order, as `NAME=VALUE` (over the base image's own). */
+            env: string[];
+            workdir?: string;
+            user?: string;
+            /** @description ENTRYPOINT and CMD as one argv. */
+            command?: string[];
+            /** @description EXPOSE, as written (`8080`, `53/udp`). */
+            expose: string[];
+            /** @description LABEL (and MAINTAINER), in order, as `KEY=VALUE`. */
+            labels: string[];
+            /** @description READY as an argv. */
+            ready?: string[];
+            /** @description An earlier tag of that name was replaced. */
+            replaced: boolean;
+            /** Format: double */
+            seconds: number;
+        };
+        /** @description The Dockerfile is valid: `steps` steps on `from`. */
+        TemplateBuildEventPlanned: {
+            /** @constant */
+            type: "planned";
+            from: string;
+            /** Format: uint32 */
+            steps: number;
+            /** @description `build_args` no ARG declared. */
+            unused_build_args: string[];
+        };
+        /** @description The base snapshot is there (booted or imported unless `cached`). */
+        TemplateBuildEventBase: {
+            /** @constant */
+            type: "base";
+            from: string;
+            /** @description `template` or `tag`. */
+            kind: string;
+            snapshot: string;
+            cached: boolean;
+            /** Format: double */
+            seconds: number;
+        };
+        /** @description Step `step` of `of` begins: found (`cached`) or running. */
+        TemplateBuildEventStep: {
+            /** @constant */
+            type: "step";
+            /** Format: uint32 */
+            step: number;
+            /** Format: uint32 */
+            of: number;
+            /** Format: uint32 */
+            line: number;
+            instruction: string;
+            snapshot: string;
+            cached: boolean;
+        };
+        /** @description What a running step printed (step 0: the last step). */
+        TemplateBuildEventOutput: {
+            /** @constant */
+            type: "output";
+            /** Format: uint32 */
+            step: number;
+            text: string;
+        };
+        /** @description A step that ran is done: its fork, its work, the branch and the diff, ms. */
+        TemplateBuildEventStepDone: {
+            /** @constant */
+            type: "step_done";
+            /** Format: uint32 */
+            step: number;
+            /** Format: double */
+            seconds: number;
+            /** Format: double */
+            spawn_ms: number;
+            /** Format: double */
+            work_ms: number;
+            /** Format: double */
+            branch_ms: number;
+            /** Format: double */
+            diff_ms: number;
+        };
+        /** @description The configuration is written and READY passed. */
+        TemplateBuildEventFinished: {
+            /** @constant */
+            type: "finished";
+            snapshot: string;
+            cached: boolean;
+            /** Format: double */
+            seconds: number;
+        };
+        /** @description The tag is published; the last line. */
+        TemplateBuildEventDone: {
+            /** @constant */
+            type: "done";
+            report: components["schemas"]["TemplateBuildReport"];
+        };
+        /** @description The build failed; the last line. Nothing was published under the tag. */
+        TemplateBuildEventError: {
+            /** @constant */
+            type: "error";
+            error: string;
+        };
+        /** @description One NDJSON line of `POST /v1/templates/build`'s progress (and of `forkvm template build --json-progress`), by `type`. */
+        TemplateBuildEvent: components["schemas"]["TemplateBuildEventPlanned"] | components["schemas"]["TemplateBuildEventBase"] | components["schemas"]["TemplateBuildEventStep"] | components["schemas"]["TemplateBuildEventOutput"] | components["schemas"]["TemplateBuildEventStepDone"] | components["schemas"]["TemplateBuildEventFinished"] | components["schemas"]["TemplateBuildEventDone"] | components["schemas"]["TemplateBuildEventError"];
+        /** @description A terminal's size in character cells (1 to 1000 each). */
+        TerminalSize: {
+            rows: number;
+            cols: number;
+        };
+        /** @description forkvm: start `args` (or `cmd` through `sh -c`) in the background; exactly one of the two. */
+        StartProcessRequest: {
+            /** @description The program and its arguments (`args[0]` looked up in `PATH`). */
+            args?: string[];
+            /** @description A shell command line, run by `/bin/sh -c`. */
+            cmd?: string | null;
+            /** @description Environment over the image's defaults. */
+            env?: {
+                [key: string]: string;
+            };
+            /** @description Working directory (the image's default, else the user's home). */
+            cwd?: string | null;
+            /** @description A guest user (name or uid) to run as; the image's default, else root. */
+            user?: string | null;
+            /** @description Run on a new terminal of this size: its output is one stream (`stdout`), it leads a session whose controlling terminal that is. */
+            pty?: components["schemas"]["TerminalSize"] | null;
+            /** @description A name of the caller's, listed with the process (at most 128 bytes). */
+            tag?: string | null;
+            /** @description Output bytes kept (1 MiB when absent, 1 to 16 MiB). */
+            ring_bytes?: number | null;
+            /** @description Kill its process group after this long (1 s to a day); it runs until it ends when absent. */
+            timeout_secs?: number | null;
+        };
+        /** @description How a background process ended. */
+        ProcessExit: {
+            /**
+             * Format: int32
+             * @description Its code, else 128 + the signal that ended it, else 124 after its timeout.
+             */
+            exit_code: number;
+            /**
+             * Format: int32
+             * @description The signal that ended it, if one did.
+             */
+            signal: number | null;
+            /** @description Killed at `timeout_secs`. */
+            timed_out: boolean;
+            /** Format: int64 */
+            duration_ms: number;
+        };
+        /** @description One background process of a sandbox. */
+        ProcessInfo: {
+            /** @description Its pid in the guest (also its process group's). */
+            pid: number;
+            /** @description What runs (`cmd` as `/bin/sh -c CMD`). */
+            argv: string[];
+            tag: string | null;
+            /** @description Its terminal's size, when it runs on one. */
+            pty: components["schemas"]["TerminalSize"] | null;
+            /**
+             * Format: int64
+             * @description By the guest's clock.
+             */
+            started_at_unix_ms: number;
+            /**
+             * Format: int64
+             * @description The offset after the last byte of output so far (stdout and stderr counted together).
+             */
+            output_end: number;
+            /**
+             * Format: int64
+             * @description The offset of the oldest byte still kept.
+             */
+            output_start: number;
+            stdin_open: boolean;
+            running: boolean;
+            /** @description How it ended; null while it runs. */
+            exit: components["schemas"]["ProcessExit"] | null;
+        };
+        /** @description forkvm: the reply to a process's input. */
+        ProcessInputWritten: {
+            /**
+             * Format: int64
+             * @description Bytes its stdin took.
+             */
+            bytes: number;
+        };
+        SignalProcessRequest: {
+            /** @description A signal number (15 TERM, 9 KILL, 2 INT, ...). */
+            signal: number;
+        };
+        /** @description forkvm: one line of `GET /v1/sandboxes/{id}/processes/{pid}/output` (NDJSON). */
+        ProcessOutputEvent: components["schemas"]["ProcessOutputEventFrom"] | components["schemas"]["ProcessOutputEventOutput"] | components["schemas"]["ProcessOutputEventKeepalive"] | components["schemas"]["ProcessOutputEventEnd"] | components["schemas"]["ProcessOutputEventError"];
+        /** @description The output that follows starts at `offset`; `skipped` bytes asked for had left the ring. First, and again when a follower fell behind the ring. */
+        ProcessOutputEventFrom: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "from";
+            /** Format: int64 */
+            offset: number;
+            /** Format: int64 */
+            skipped: number;
+        };
+        /** @description Bytes the process wrote, `data` in base64; `offset` is that of the first. */
+        ProcessOutputEventOutput: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "output";
+            /** @enum {string} */
+            stream: "stdout" | "stderr";
+            /** Format: int64 */
+            offset: number;
+            data: string;
+        };
+        /** @description Nothing new for 5 s; the stream is alive. */
+        ProcessOutputEventKeepalive: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "keepalive";
+        };
+        /** @description The last line: the process ended and all its output came (following), or all output so far came. */
+        ProcessOutputEventEnd: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "end";
+            process: components["schemas"]["ProcessInfo"];
+        };
+        /** @description The stream failed; the last line. */
+        ProcessOutputEventError: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "error";
+            error: string;
+        };
     };
     responses: {
         /** @description Bad request: malformed JSON, unknown field, bad tag/id, bad value. */
@@ -2930,6 +3339,241 @@ export interface operations {
             500: components["responses"]["Internal"];
         };
     };
+    list_processes: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id: 1 to 64 ASCII letters, digits, `-` or `_`. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Its processes, running and ended (the agent keeps 64). */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ProcessInfo"][];
+                };
+            };
+            /** @description Bad id, pid or body. */
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            /** @description No such sandbox. */
+            404: components["responses"]["NotFound"];
+            /** @description The sandbox is archived. */
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["Internal"];
+        };
+    };
+    start_process: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id: 1 to 64 ASCII letters, digits, `-` or `_`. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "cmd": "python3 -m http.server 8000",
+                 *       "tag": "web"
+                 *     }
+                 */
+                "application/json": components["schemas"]["StartProcessRequest"];
+            };
+        };
+        responses: {
+            /** @description The process, running. */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ProcessInfo"];
+                };
+            };
+            /** @description Bad id, pid or body. */
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            /** @description No such sandbox, or the program (`args[0]`) is not in the guest. */
+            404: components["responses"]["NotFound"];
+            /** @description The sandbox is archived. */
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["Internal"];
+        };
+    };
+    process_output: {
+        parameters: {
+            query?: {
+                /** @description Where to start; an offset the ring no longer holds starts at its oldest byte (the `from` line says how many were skipped). */
+                offset?: number;
+                /** @description Stream until the process ends, not just the output so far. */
+                follow?: boolean;
+            };
+            header?: never;
+            path: {
+                /** @description Sandbox id: 1 to 64 ASCII letters, digits, `-` or `_`. */
+                id: string;
+                /** @description The process's pid in the guest, as its start answered. */
+                pid: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description NDJSON: one ProcessOutputEvent per line. `from` first, output as it comes (following), a `keepalive` after 5 s without any; `end` (or `error`) last. A client that closes the connection detaches: the process runs on. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {"type":"from","offset":0,"skipped":0}
+                     *     {"type":"output","stream":"stdout","offset":0,"data":"aGkK"}
+                     */
+                    "application/x-ndjson": components["schemas"]["ProcessOutputEvent"];
+                };
+            };
+            /** @description Bad id or pid, or `offset` past the end of its output. */
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            /** @description No such sandbox or process. */
+            404: components["responses"]["NotFound"];
+            /** @description The sandbox is archived. */
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["Internal"];
+        };
+    };
+    process_input: {
+        parameters: {
+            query?: {
+                /** @description Close its stdin after the body. */
+                close?: boolean;
+            };
+            header?: never;
+            path: {
+                /** @description Sandbox id: 1 to 64 ASCII letters, digits, `-` or `_`. */
+                id: string;
+                /** @description The process's pid in the guest, as its start answered. */
+                pid: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/octet-stream": string;
+            };
+        };
+        responses: {
+            /** @description The bytes its stdin took. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ProcessInputWritten"];
+                };
+            };
+            /** @description Bad id or pid, or its stdin is closed. */
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            /** @description No such sandbox or process. */
+            404: components["responses"]["NotFound"];
+            /** @description The sandbox is archived. */
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["Internal"];
+        };
+    };
+    signal_process: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id: 1 to 64 ASCII letters, digits, `-` or `_`. */
+                id: string;
+                /** @description The process's pid in the guest, as its start answered. */
+                pid: number;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "signal": 15
+                 *     }
+                 */
+                "application/json": components["schemas"]["SignalProcessRequest"];
+            };
+        };
+        responses: {
+            /** @description Sent; no body. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Bad id, pid or body. */
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            /** @description No such sandbox, or no running process with that pid. */
+            404: components["responses"]["NotFound"];
+            /** @description The sandbox is archived. */
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["Internal"];
+        };
+    };
+    resize_process: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id: 1 to 64 ASCII letters, digits, `-` or `_`. */
+                id: string;
+                /** @description The process's pid in the guest, as its start answered. */
+                pid: number;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "rows": 50,
+                 *       "cols": 132
+                 *     }
+                 */
+                "application/json": components["schemas"]["TerminalSize"];
+            };
+        };
+        responses: {
+            /** @description Resized; no body. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Bad id, pid or size, or the process has no terminal. */
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            /** @description No such sandbox or process. */
+            404: components["responses"]["NotFound"];
+            /** @description The sandbox is archived. */
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["Internal"];
+        };
+    };
     list_disk_snapshots: {
         parameters: {
             query?: never;
@@ -3574,6 +4218,62 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             /** @description A built-in template's name (`state: built-in`), or a template of that name exists and `force` was not given (`state: exists`). */
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["Internal"];
+            507: components["responses"]["DiskFull"];
+        };
+    };
+    build_template: {
+        parameters: {
+            query: {
+                /** @description The tag the result is published as. One rule everywhere (CLI, store, daemon): 1 to 128 characters, first an ASCII letter or digit, then ASCII letters, digits, `.`, `_` or `-`; no `..`; must not end in `.partial`. */
+                tag: string;
+                /** @description The Dockerfile's path in the context; `Dockerfile` when absent. */
+                dockerfile?: string;
+                /** @description ARG values: a JSON object of strings, such as `{"VERSION":"2"}`. */
+                build_args?: string;
+                /** @description Run every step again (fresh step snapshots; the old ones stay). */
+                no_cache?: boolean;
+                /** @description Replace the tag even if no build made it. */
+                replace?: boolean;
+                /** @description Start CMD/ENTRYPOINT as a service before READY and the snapshot. */
+                start?: boolean;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description The build context, a tar archive. */
+        requestBody: {
+            content: {
+                "application/x-tar": string;
+                "application/gzip": string;
+                "application/octet-stream": string;
+            };
+        };
+        responses: {
+            /** @description NDJSON: one TemplateBuildEvent per line: `planned`, `base`, `step` per step (with `output` and `step_done` when it runs), `finished`, then `done` (the report) or `error` last. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {"type":"planned","from":"tiny","steps":1,"unused_build_args":[]}
+                     *     {"type":"base","from":"tiny","kind":"template","snapshot":"build-base-7eba481048ba184f57d61617","cached":true,"seconds":0.1}
+                     *     {"type":"step","step":1,"of":1,"line":2,"instruction":"RUN echo hi > /hi","snapshot":"build-1427622c8b71a866feb2920f","cached":false}
+                     *     {"type":"output","step":1,"text":"..."}
+                     *     {"type":"step_done","step":1,"seconds":1.9,"spawn_ms":160.0,"work_ms":1450.0,"branch_ms":230.0,"diff_ms":50.0}
+                     *     {"type":"finished","snapshot":"build-c63b13f763f24086e32ae980","cached":false,"seconds":1.2}
+                     *     {"type":"done","report":{"tag":"app","...":"..."}}
+                     */
+                    "application/x-ndjson": components["schemas"]["TemplateBuildEvent"];
+                };
+            };
+            /** @description A bad tag or `build_args`, an empty or too large body, a body that is not a tar archive (or has a name with `..`), no Dockerfile in it, or a Dockerfile that does not check out (the line is named: an unsupported instruction, a COPY source not in the context, FROM naming no template or tag). */
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            /** @description The tag exists, no build made it and `replace` was not given (`state: exists`). */
             409: components["responses"]["Conflict"];
             500: components["responses"]["Internal"];
             507: components["responses"]["DiskFull"];

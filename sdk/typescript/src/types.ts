@@ -32,6 +32,11 @@ export type TemplateImportEvent = S["TemplateImportEvent"];
 
 /** `POST /v1/templates/oci`'s query: the template's name and what to add to the image. */
 export type ImportOciQuery = operations["import_oci_template"]["parameters"]["query"];
+export type TemplateBuildEvent = S["TemplateBuildEvent"];
+export type TemplateBuildReport = S["TemplateBuildReport"];
+export type TemplateBuildStep = S["TemplateBuildStep"];
+/** `POST /v1/templates/build`'s query: the tag, the Dockerfile's path, ARG values as JSON. */
+export type BuildTemplateQuery = operations["build_template"]["parameters"]["query"];
 export type EvalRequest = S["EvalRequest"];
 export type EvalResponse = S["EvalResponse"];
 export type FileEntry = S["FileEntry"];
@@ -59,3 +64,9 @@ export type SnapshotVolumeRequest = S["SnapshotVolumeRequest"];
 export type VolumeInfo = S["VolumeInfo"];
 export type VolumeMount = S["VolumeMount"];
 export type VolumeMode = S["VolumeMode"];
+export type TerminalSize = S["TerminalSize"];
+export type StartProcessRequest = S["StartProcessRequest"];
+export type ProcessInfo = S["ProcessInfo"];
+export type ProcessExit = S["ProcessExit"];
+export type ProcessOutputEvent = S["ProcessOutputEvent"];
+export type ProcessInputWritten = S["ProcessInputWritten"];

@@ -84,6 +84,7 @@ const SNAP = { tag: "TAG", dir: "/d", created_at_unix: 1, branched_from: null, p
 const SB = { id: "ID", snapshot_tag: "TAG", guest_addr: "", created_at_unix: 1 };
 const WS = { id: "ws-ID", name: "NAME", source_snapshot_tag: "TAG", status: "running", created_at_unix: 1, last_active_unix: 1, sandbox_id: "ID" };
 const VOL = { name: "data", size_bytes: 1, created_at_unix_ms: 2, layers: 0, stored_bytes: 3, writer: null, readers: [], snapshot_of: null };
+const PROC = { pid: 7, argv: ["sleep", "9"], tag: null, pty: null, started_at_unix_ms: 1, output_end: 0, output_start: 0, stdin_open: true, running: true, exit: null };
 const EXIT = '{"type":"exit","exit_code":0,"signal":null,"timed_out":false,"duration_ms":1}\n';
 
 // route name in routes.rs -> [reply body, the call]
@@ -131,6 +132,12 @@ const CALLS: Record<string, [unknown, (c: Controller) => Promise<unknown>]> = {
   DeleteWorkspace: [null, (c) => c.deleteWorkspace("NAME")],
   SuspendWorkspace: [WS, (c) => c.suspendWorkspace("NAME")],
   ResumeWorkspace: [WS, (c) => c.resumeWorkspace("NAME")],
+  ListProcesses: [[PROC], (c) => c.listProcesses("ID")],
+  StartProcess: [PROC, (c) => c.startProcess("ID", { args: ["sleep", "9"] })],
+  ProcessOutput: [{ type: "end", process: PROC }, async (c) => { for await (const _ of c.processOutput("ID", 7, { follow: true })) void _; }],
+  ProcessInput: [{ bytes: 2 }, (c) => c.processInput("ID", 7, "hi", { close: true })],
+  SignalProcess: [null, (c) => c.signalProcess("ID", 7, 9)],
+  ResizeProcess: [null, (c) => c.resizeProcess("ID", 7, { rows: 24, cols: 80 })],
   ListVolumes: [[VOL], (c) => c.listVolumes()],
   CreateVolume: [VOL, (c) => c.createVolume({ name: "data", size_mib: 64 })],
   GetVolume: [VOL, (c) => c.getVolume("NAME")],
@@ -138,6 +145,9 @@ const CALLS: Record<string, [unknown, (c: Controller) => Promise<unknown>]> = {
   SnapshotVolume: [VOL, (c) => c.snapshotVolume("NAME", "data2")],
   ImportOciTemplate: [{ type: "done", template: "app" }, async (c) => {
     for await (const _ of c.importOciTemplate(new Uint8Array([1, 2]), { name: "app", force: true })) void _;
+  }],
+  BuildTemplate: [{ type: "error", error: "x" }, async (c) => {
+    for await (const _ of c.buildTemplate(new Uint8Array([1, 2]), { tag: "app", build_args: '{"V":"2"}' })) void _;
   }],
 };
 
@@ -191,7 +201,7 @@ describe("every route", () => {
         reply = body;
         seen.length = 0;
         await call(c);
-        const want = template.replace("{id}", "ID").replace("{tag}", "TAG").replace("{name}", "NAME").replace("{port}", "8000");
+        const want = template.replace("{id}", "ID").replace("{tag}", "TAG").replace("{name}", "NAME").replace("{port}", "8000").replace("{pid}", "7");
         assert.equal(seen.length, 1, `${name}: ${seen.length} requests`);
         const got = seen[0]!;
         assert.equal(`${got.method} ${got.url.split("?")[0]}`, `${method} ${want}`, name);

@@ -32,8 +32,19 @@ pub fn attach(
     policy: Option<&NetworkPolicy>,
     forked_from: Option<&str>,
 ) -> Result<bool, NetworkError> {
-    let Some(firewall) = serve(id, pid, None)? else { return Ok(false) };
-    if let Some(policy) = policy.filter(|p| !p.is_default()) {
+    let policy = policy.filter(|p| !p.is_default());
+    let firewall = match serve(id, pid, None)? {
+        Some(f) => f,
+        // A policy never goes unenforced: the sandbox is refused, not left open. Its
+        // VMM has its tap from birth, so the tap's absence is a fault (named here).
+        None if policy.is_some() && !matches!(uplink::current()?, uplink::Uplink::None) => {
+            return Err(NetworkError::Unenforced(format!(
+                "sandbox {id} asks for an egress policy, but its VMM (pid {pid}) holds no tap"
+            )))
+        }
+        None => return Ok(false),
+    };
+    if let Some(policy) = policy {
         super::set_policy(&firewall, policy)?;
         if let Some(source) = forked_from.and_then(served_firewall) {
             firewall.inherit(&source)?;

@@ -91,6 +91,8 @@ pub enum NetworkError {
         "the sandbox has no network (its template has no NIC; for a policy, also: this host gives sandboxes no uplink)"
     )]
     NoNetwork,
+    #[error("the sandbox's egress policy could not be put in force: {0}")]
+    Unenforced(String),
 }
 
 /// Puts `policy` in force in the sandbox `firewall` guards: checked, then the packet

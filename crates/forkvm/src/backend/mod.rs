@@ -5,6 +5,7 @@
 
 mod daemon;
 mod local;
+pub mod processes;
 
 pub use daemon::Daemon;
 pub use local::Local;

@@ -57,3 +57,39 @@ impl CliEnv {
         self.ok(&["exec", id, "--", "sh", "-c", script])
     }
 }
+
+/// A `forkvm daemon` on a Unix socket in a `CliEnv`'s run directory; killed when dropped.
+pub struct Daemon(std::process::Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl CliEnv {
+    /// Starts a daemon on this environment's store and run directory, templates in
+    /// `templates`; returns it and its endpoint.
+    pub fn start_daemon(&self, templates: &std::path::Path) -> (Daemon, String) {
+        use std::io::BufRead;
+        let mut child = self
+            .command(&["daemon"])
+            .env("FORKVM_TEMPLATES", templates)
+            .env_remove("FORKVM_DAEMON")
+            .env_remove("FORKVM_TOKEN")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let endpoint = loop {
+            let mut line = String::new();
+            assert!(out.read_line(&mut line).unwrap() > 0, "the daemon exited");
+            if let Some(a) = line.trim().strip_prefix("forkvmd listening on ") {
+                break a.to_string();
+            }
+        };
+        std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+        (Daemon(child), endpoint)
+    }
+}

@@ -18,7 +18,7 @@ use serde::Serialize;
 /// Largest request message accepted.
 pub const MAX_MESSAGE: usize = 4 << 20;
 /// The end-of-stream flag.
-const END_STREAM: u8 = 0x02;
+pub const END_STREAM: u8 = 0x02;
 /// A compressed message, which these clients never send and we never accept.
 const COMPRESSED: u8 = 0x01;
 /// The content type of a stream: exactly this (the Python client compares it verbatim).
@@ -177,6 +177,16 @@ pub fn stream_response(rx: tokio::sync::mpsc::Receiver<Bytes>) -> Response {
     let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
     let body = Body::from_stream(futures_util::StreamExt::map(stream, Ok::<_, std::io::Error>));
     let mut resp = Response::new(body);
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(STREAM_TYPE));
+    resp
+}
+
+/// The answer of a client-streaming call: its one message and the end of the stream,
+/// enveloped as a stream's are.
+pub fn stream_reply<T: Serialize>(msg: &T) -> Response {
+    let mut body = message(msg).to_vec();
+    body.extend_from_slice(&end_stream(None));
+    let mut resp = Response::new(Body::from(body));
     resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(STREAM_TYPE));
     resp
 }

@@ -121,7 +121,7 @@ impl E2bConfig {
 pub struct E2b {
     pub app: AppState,
     pub config: Arc<E2bConfig>,
-    /// The processes envd started that still run.
+    /// What envd was asked to start (List reports it).
     pub processes: envd::process::Processes,
     /// The polled file-system watchers envd's clients created.
     pub watchers: envd::watch::Watchers,

@@ -2,9 +2,9 @@
 //! (bounded channels between the HTTP body and the agent's frames), so a large file
 //! never sits in the daemon's memory.
 
+use super::run::client;
 use crate::error::{agent_error, ApiError};
 use crate::extract::{Param, QueryArgs};
-use crate::lifecycle::{use_sandbox, InUse};
 use crate::state::AppState;
 use axum::body::Body;
 use axum::extract::State;
@@ -12,12 +12,10 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use forkvm_api::{FileEntry, FileWritten};
-use forkvm_proto::{AgentClient, FileType, WriteFileRequest};
-use forkvm_sandbox::guest::AGENT_PORT;
+use forkvm_proto::{FileType, WriteFileRequest};
 use futures_util::StreamExt;
 use serde::Deserialize;
 use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
 use tokio::sync::mpsc;
 
 #[derive(Debug, Deserialize)]
@@ -53,13 +51,6 @@ fn check_path(path: &str) -> Result<(), ApiError> {
         return Err(ApiError::bad_request("path contains a NUL byte"));
     }
     Ok(())
-}
-
-/// The agent of running sandbox `id` (resumed if the daemon paused it), and the guard
-/// that keeps it from being paused while the call runs.
-fn client(s: &AppState, id: &str) -> Result<(AgentClient<UnixStream>, InUse), ApiError> {
-    let (r, in_use) = use_sandbox(s, id)?;
-    Ok((AgentClient::vsock_uds(r.vsock(), AGENT_PORT), in_use))
 }
 
 fn type_name(t: FileType) -> &'static str {
@@ -122,8 +113,25 @@ pub async fn read(
         .into_response())
 }
 
+/// A reader of `body` for a blocking thread, and the task that feeds it (to abort once
+/// the reader is done with it).
+pub(crate) fn body_reader(body: Body) -> (ChannelReader, tokio::task::JoinHandle<()>) {
+    let (tx, rx) = mpsc::channel(16);
+    let feeder = tokio::spawn(async move {
+        let mut stream = body.into_data_stream();
+        while let Some(chunk) = stream.next().await {
+            let item = chunk;
+            let stop = item.is_err();
+            if tx.send(item).await.is_err() || stop {
+                break;
+            }
+        }
+    });
+    (ChannelReader { rx, pending: bytes::Bytes::new() }, feeder)
+}
+
 /// Reads the request body from a bounded channel (fed by the async side).
-struct ChannelReader {
+pub(crate) struct ChannelReader {
     rx: mpsc::Receiver<Result<bytes::Bytes, axum::Error>>,
     pending: bytes::Bytes,
 }
@@ -154,24 +162,13 @@ pub async fn write(
     if a.mode.is_some_and(|m| m > 0o7777) {
         return Err(ApiError::bad_request(format!("mode {:o} has bits beyond 0o7777", a.mode.unwrap_or(0))));
     }
-    let (tx, rx) = mpsc::channel(16);
-    let feeder = tokio::spawn(async move {
-        let mut stream = body.into_data_stream();
-        while let Some(chunk) = stream.next().await {
-            let item = chunk;
-            let stop = item.is_err();
-            if tx.send(item).await.is_err() || stop {
-                break;
-            }
-        }
-    });
+    let (mut reader, feeder) = body_reader(body);
     let path = a.path.clone();
     let written = s
         .blocking(move |s| {
             let (c, _in_use) = client(&s, &id)?;
             let req =
                 WriteFileRequest { path: a.path.clone(), mode: a.mode, create_parents: a.create_parents, owner: None };
-            let mut reader = ChannelReader { rx, pending: bytes::Bytes::new() };
             c.write_file(&req, &mut reader).map_err(|e| agent_error(&id, e))
         })
         .await;

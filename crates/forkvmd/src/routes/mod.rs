@@ -8,9 +8,11 @@ pub mod disk;
 pub mod files;
 pub mod meta;
 pub mod ports;
+pub mod processes;
 pub mod run;
 pub mod sandboxes;
 pub mod snapshots;
+pub mod template_build;
 pub mod templates;
 pub mod upload;
 pub mod volumes;
@@ -53,7 +55,14 @@ fn handler(name: RouteName, filter: MethodFilter) -> MethodRouter<AppState> {
         RouteName::RemoveFile => on(filter, files::remove),
         RouteName::ListFiles => on(filter, files::list),
         RouteName::WatchFiles => on(filter, watch::watch),
+        RouteName::ListProcesses => on(filter, processes::list),
+        RouteName::StartProcess => on(filter, processes::start),
+        RouteName::ProcessOutput => on(filter, processes::output),
+        RouteName::ProcessInput => on(filter, processes::input),
+        RouteName::SignalProcess => on(filter, processes::signal),
+        RouteName::ResizeProcess => on(filter, processes::resize),
         RouteName::ImportOciTemplate => on(filter, templates::import_oci),
+        RouteName::BuildTemplate => on(filter, template_build::build_template),
         RouteName::TakeDiskSnapshot => on(filter, disk::take),
         RouteName::ListDiskSnapshots => on(filter, disk::list),
         RouteName::ArchiveSandbox => on(filter, sandboxes::archive),

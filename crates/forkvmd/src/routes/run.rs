@@ -17,7 +17,7 @@ use std::os::unix::net::UnixStream;
 
 /// The agent of running sandbox `id` (resumed if the daemon paused it), and the guard
 /// that keeps it from being paused while the call runs.
-fn client(s: &AppState, id: &str) -> Result<(AgentClient<UnixStream>, InUse), ApiError> {
+pub(crate) fn client(s: &AppState, id: &str) -> Result<(AgentClient<UnixStream>, InUse), ApiError> {
     let (r, in_use) = use_sandbox(s, id)?;
     Ok((AgentClient::vsock_uds(r.vsock(), AGENT_PORT), in_use))
 }

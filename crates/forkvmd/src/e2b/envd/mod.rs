@@ -2,8 +2,8 @@
 //! on port 49983 are translated onto the one agent protocol (one vsock connection per
 //! call), so no second agent runs in the guest.
 //!
-//! - [`process`]: `process.Process` (Start, Connect, List, SendSignal; the rest answer
-//!   `unimplemented` until the agent has stdin streams and PTYs);
+//! - [`process`]: `process.Process` (Start, Connect, List, SendSignal, SendInput,
+//!   StreamInput, CloseStdin, Update) on the agent's background processes;
 //! - [`filesystem`]: `filesystem.Filesystem` (Stat, ListDir, MakeDir, Move, Remove);
 //! - [`watch`]: its watching (WatchDir, and the polled CreateWatcher, GetWatcherEvents,
 //!   RemoveWatcher) over the agent's inotify watch;

@@ -1,13 +1,11 @@
-//! `process.Process`: Start runs a command through the agent (as the call's user, with
-//! the sandbox's and the request's environment, `Connect-Timeout-Ms` as its lifetime)
-//! and streams envd's events: `start` with the pid first, then `data`, then `end`.
-//! Each running process is listed per sandbox with a broadcast of its events, so List,
-//! Connect (a second reader of the same events, from when it attaches) and SendSignal
-//! (by pid or tag) reach it. A client that goes away does not stop the process (envd's
-//! behaviour); its lifetime still ends it.
-//!
-//! Not yet: stdin (SendInput, StreamInput, CloseStdin) and PTYs (Update): the agent's
-//! exec reads its whole stdin before it answers. They answer `unimplemented`.
+//! `process.Process` on the agent's background processes (`forkvm_proto::procs`): Start
+//! runs a command the agent keeps (as the call's user, with the sandbox's and the
+//! request's environment, `Connect-Timeout-Ms` as its lifetime, on a terminal when asked)
+//! and streams envd's events from its output: `start` with the pid first, then `data`
+//! (`stdout`, `stderr`, or `pty`), keepalives, then `end`. The process is the agent's,
+//! so a client that goes away stops only its stream (envd's behaviour); Connect attaches
+//! another stream from that moment, List and SendSignal find it by pid or tag, and
+//! SendInput, StreamInput, CloseStdin and Update (a terminal's size) reach it.
 
 use super::{open, Call};
 use crate::e2b::connect::{self, RpcError};
@@ -17,15 +15,13 @@ use axum::body::Bytes;
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
-use forkvm_proto::{Command, ExecRequest, ExitStatus};
+use forkvm_proto::{Command, ExitStatus, ProcAttachRequest, ProcEvent, ProcInfo, ProcStartRequest, PtySize};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::mpsc;
 
-/// Events a process's broadcast keeps for a slow reader before it drops the oldest.
-const EVENT_BUFFER: usize = 1024;
-/// Largest unary request body.
+/// Largest unary request body (and a StreamInput's whole body).
 const MAX_REQUEST: usize = 1 << 20;
 
 /// `ProcessConfig`.
@@ -40,13 +36,31 @@ pub struct ProcessConfig {
     pub cwd: Option<String>,
 }
 
+/// `PTY`: `{"size": {"cols", "rows"}}`.
+#[derive(Debug, Clone, Copy, Deserialize)]
+struct Pty {
+    size: PtySizeMsg,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+struct PtySizeMsg {
+    cols: u16,
+    rows: u16,
+}
+
+impl PtySizeMsg {
+    fn size(self) -> PtySize {
+        PtySize { rows: self.rows, cols: self.cols }
+    }
+}
+
 #[derive(Debug, Deserialize)]
 struct StartRequest {
     process: ProcessConfig,
     #[serde(default)]
     stdin: Option<bool>,
     #[serde(default)]
-    pty: Option<serde_json::Value>,
+    pty: Option<Pty>,
     #[serde(default)]
     tag: Option<String>,
 }
@@ -71,31 +85,61 @@ struct SignalRequest {
     signal: serde_json::Value,
 }
 
-/// A process started through envd and still running.
-#[derive(Debug)]
-struct Tracked {
-    config: ProcessConfig,
-    tag: Option<String>,
-    events: broadcast::Sender<Bytes>,
+/// `ProcessInput`: `{"stdin": b64}` or `{"pty": b64}`.
+#[derive(Debug, Deserialize)]
+struct Input {
+    #[serde(default)]
+    stdin: Option<String>,
+    #[serde(default)]
+    pty: Option<String>,
 }
 
-/// The running processes of every sandbox, by pid.
+impl Input {
+    fn bytes(&self) -> Result<Vec<u8>, RpcError> {
+        let text = self.stdin.as_deref().or(self.pty.as_deref()).unwrap_or("");
+        base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .map_err(|e| RpcError::invalid(format!("input is not base64: {e}")))
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct SendInputRequest {
+    process: Selector,
+    input: Input,
+}
+
+#[derive(Debug, Deserialize)]
+struct UpdateRequest {
+    process: Selector,
+    #[serde(default)]
+    pty: Option<Pty>,
+}
+
+/// One message of a StreamInput: `start` (the process) first, then `data` and
+/// `keepalive`.
+#[derive(Debug, Deserialize)]
+struct StreamInputMessage {
+    #[serde(default)]
+    start: Option<SelectorRequest>,
+    #[serde(default)]
+    data: Option<StreamInputData>,
+}
+
+#[derive(Debug, Deserialize)]
+struct StreamInputData {
+    input: Input,
+}
+
+/// What envd was asked to start, by sandbox and pid: List reports the configuration as
+/// given (the agent keeps only the argv). Entries of processes the agent no longer runs
+/// go at the next List.
 #[derive(Debug, Default, Clone)]
-pub struct Processes(Arc<Mutex<HashMap<String, HashMap<u32, Tracked>>>>);
+pub struct Processes(Arc<Mutex<HashMap<String, HashMap<u32, ProcessConfig>>>>);
 
 impl Processes {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, HashMap<u32, Tracked>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, HashMap<u32, ProcessConfig>>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn find(&self, sandbox: &str, sel: &Selector) -> Option<u32> {
-        let all = self.lock();
-        let procs = all.get(sandbox)?;
-        match (sel.pid, &sel.tag) {
-            (Some(pid), _) => procs.contains_key(&pid).then_some(pid),
-            (None, Some(tag)) => procs.iter().find(|(_, t)| t.tag.as_deref() == Some(tag)).map(|(pid, _)| *pid),
-            (None, None) => None,
-        }
     }
 }
 
@@ -146,7 +190,8 @@ fn end_event(st: &ExitStatus) -> serde_json::Value {
 }
 
 /// The agent's request for a Start.
-fn exec_request(call: &Call, cfg: &ProcessConfig, timeout_ms: Option<u64>) -> Result<ExecRequest, RpcError> {
+fn proc_request(call: &Call, req: &StartRequest, timeout_ms: Option<u64>) -> Result<ProcStartRequest, RpcError> {
+    let cfg = &req.process;
     if cfg.cmd.is_empty() {
         return Err(RpcError::invalid("process.cmd is empty"));
     }
@@ -155,14 +200,24 @@ fn exec_request(call: &Call, cfg: &ProcessConfig, timeout_ms: Option<u64>) -> Re
     let mut env: Vec<(String, String)> = call.rec.env_vars.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     env.extend(cfg.envs.iter().map(|(k, v)| (k.clone(), v.clone())));
     let cwd = cfg.cwd.as_deref().filter(|c| !c.is_empty()).map(|c| call.resolve(c)).transpose()?;
-    Ok(ExecRequest {
+    let pty = req.pty.map(|p| p.size.size());
+    if let Some(size) = pty.filter(|s| !s.is_valid()) {
+        return Err(RpcError::invalid(format!("pty size {}x{}: 1 to 1000 each", size.cols, size.rows)));
+    }
+    if req.tag.as_ref().is_some_and(|t| t.len() > forkvm_proto::procs::MAX_TAG) {
+        return Err(RpcError::invalid("tag is longer than 128 bytes"));
+    }
+    Ok(ProcStartRequest {
         command: Command::Argv(argv),
         env,
         cwd,
-        stdin: false,
-        timeout_ms: timeout_ms.filter(|&t| t > 0),
         user: Some(call.user.clone()),
-        report_start: true,
+        pty,
+        tag: req.tag.clone(),
+        // The largest ring: a stream that falls behind the process (a slow client)
+        // loses output only past 16 MiB not yet read.
+        ring_bytes: Some(forkvm_proto::procs::MAX_RING_BYTES),
+        timeout_ms: timeout_ms.filter(|&t| t > 0),
     })
 }
 
@@ -178,139 +233,250 @@ pub async fn serve(e2b: E2b, rec: E2bSandbox, user: String, rpc: &str, req: Requ
             Err(e) => connect::stream_error(e),
         },
         "Connect" => match connect::stream_request::<SelectorRequest>(&body) {
-            Ok(r) => attach(&e2b, &rec, &r.process),
+            Ok(r) => reconnect(e2b, rec, user, r.process).await,
             Err(e) => connect::stream_error(e),
         },
-        "List" => list(&e2b, &rec),
+        "List" => list(e2b, rec, user).await.unwrap_or_else(IntoResponse::into_response),
         "SendSignal" => match connect::unary_request::<SignalRequest>(&body) {
-            Ok(r) => signal(e2b, rec, user, r).await,
+            Ok(r) => signal(e2b, rec, user, r).await.unwrap_or_else(IntoResponse::into_response),
             Err(e) => e.into_response(),
         },
-        "SendInput" | "StreamInput" | "CloseStdin" | "Update" => RpcError::unimplemented(format!(
-            "process.Process/{rpc}: forkvm's envd has no stdin streams or PTYs yet (docs/e2b.md)"
-        ))
-        .into_response(),
+        "SendInput" => match connect::unary_request::<SendInputRequest>(&body) {
+            Ok(r) => send_input(e2b, rec, user, r).await.unwrap_or_else(IntoResponse::into_response),
+            Err(e) => e.into_response(),
+        },
+        "StreamInput" => stream_input(e2b, rec, user, &body).await.unwrap_or_else(connect::stream_error),
+        "CloseStdin" => match connect::unary_request::<SelectorRequest>(&body) {
+            Ok(r) => close_stdin(e2b, rec, user, r).await.unwrap_or_else(IntoResponse::into_response),
+            Err(e) => e.into_response(),
+        },
+        "Update" => match connect::unary_request::<UpdateRequest>(&body) {
+            Ok(r) => update(e2b, rec, user, r).await.unwrap_or_else(IntoResponse::into_response),
+            Err(e) => e.into_response(),
+        },
         other => RpcError::unimplemented(format!("process.Process has no {other}")).into_response(),
     }
 }
 
+/// Runs `f` with the call's agent on a blocking thread.
+async fn blocking<T: Send + 'static>(
+    call: Call,
+    f: impl FnOnce(&Call) -> Result<T, RpcError> + Send + 'static,
+) -> Result<T, RpcError> {
+    tokio::task::spawn_blocking(move || f(&call)).await.map_err(|e| RpcError::internal(e.to_string()))?
+}
+
+/// The process `sel` names among those the agent keeps (running, unless `ended_too`).
+fn find(call: &Call, sel: &Selector, ended_too: bool) -> Result<ProcInfo, RpcError> {
+    let procs = call.agent.proc_list().map_err(RpcError::from)?;
+    procs
+        .into_iter()
+        .filter(|p| ended_too || p.exit.is_none())
+        .find(|p| match (sel.pid, &sel.tag) {
+            (Some(pid), _) => p.pid == pid,
+            (None, Some(tag)) => p.tag.as_deref() == Some(tag.as_str()),
+            (None, None) => false,
+        })
+        .ok_or_else(|| RpcError::not_found(format!("no running process matches {sel:?}")))
+}
+
 async fn start(e2b: E2b, rec: E2bSandbox, user: String, req: StartRequest, timeout_ms: Option<u64>) -> Response {
-    if req.pty.is_some() {
-        return connect::stream_error(RpcError::unimplemented("PTYs are not served yet (docs/e2b.md)"));
-    }
-    if req.stdin == Some(true) {
-        return connect::stream_error(RpcError::unimplemented(
-            "stdin for a started process is not served yet: start it with stdin=False (docs/e2b.md)",
-        ));
-    }
     let call = match open(&e2b, &rec, user).await {
         Ok(c) => c,
         Err(e) => return connect::stream_error(e),
     };
-    let exec = match exec_request(&call, &req.process, timeout_ms) {
+    let agent_req = match proc_request(&call, &req, timeout_ms) {
         Ok(x) => x,
         Err(e) => return connect::stream_error(e),
     };
-    let (tx, rx) = mpsc::channel::<Bytes>(64);
     let processes = e2b.processes.clone();
-    let (config, tag, sandbox) = (req.process, req.tag, rec.id.clone());
+    let (config, stdin, sandbox) = (req.process, req.stdin == Some(true), rec.id.clone());
+    let started = tokio::task::spawn_blocking(move || {
+        let info = call.agent.proc_start(&agent_req)?;
+        // Without stdin (envd's default), its input is closed at once: a read sees the
+        // end, as from /dev/null. A terminal always takes input.
+        if !stdin && agent_req.pty.is_none() {
+            call.agent.proc_input(info.pid, &mut &[][..], true)?;
+        }
+        Ok::<_, forkvm_proto::ClientError>((call, info))
+    })
+    .await;
+    let (call, info) = match started {
+        Ok(Ok(x)) => x,
+        Ok(Err(e)) => return connect::stream_error(RpcError::from(e)),
+        Err(e) => return connect::stream_error(RpcError::internal(e.to_string())),
+    };
+    processes.lock().entry(sandbox).or_default().insert(info.pid, config);
+    stream_events(call, info, Some(0))
+}
+
+/// `Connect`: a process's events from now on (its start event first; one that already
+/// ended answers its end).
+async fn reconnect(e2b: E2b, rec: E2bSandbox, user: String, sel: Selector) -> Response {
+    let call = match open(&e2b, &rec, user).await {
+        Ok(c) => c,
+        Err(e) => return connect::stream_error(e),
+    };
+    let found = tokio::task::spawn_blocking(move || find(&call, &sel, true).map(|p| (call, p))).await;
+    match found {
+        Ok(Ok((call, info))) => {
+            let from = info.output_end;
+            stream_events(call, info, Some(from))
+        }
+        Ok(Err(e)) => connect::stream_error(e),
+        Err(e) => connect::stream_error(RpcError::internal(e.to_string())),
+    }
+}
+
+/// The stream of a process's events from `offset`: `start`, its output as `data`,
+/// keepalives, `end`. A reader that goes away ends only the stream.
+fn stream_events(call: Call, info: ProcInfo, offset: Option<u64>) -> Response {
+    let (tx, rx) = mpsc::channel::<Bytes>(64);
     tokio::task::spawn_blocking(move || {
         let Call { agent, in_use, .. } = call;
         let _in_use = in_use;
-        // The first reader is this call's; Connect adds more. A reader that went away is
-        // not an error: the process goes on.
-        let (events, _) = broadcast::channel::<Bytes>(EVENT_BUFFER);
-        let send = |b: Bytes| {
-            let _ = tx.blocking_send(b.clone());
-            let _ = events.send(b);
-        };
-        let mut pid = None;
-        let mut on_start = |p: u32| {
-            pid = Some(p);
-            processes
-                .lock()
-                .entry(sandbox.clone())
-                .or_default()
-                .insert(p, Tracked { config: config.clone(), tag: tag.clone(), events: events.clone() });
-            send(event(serde_json::json!({ "start": { "pid": p } })));
-        };
-        let result = agent.exec_reporting_start(
-            &exec,
-            None,
-            Some(&mut on_start),
-            &mut |chunk| send(event(serde_json::json!({ "data": { "stdout": b64(chunk) } }))),
-            &mut |chunk| send(event(serde_json::json!({ "data": { "stderr": b64(chunk) } }))),
-        );
-        if let Some(p) = pid {
-            let mut all = processes.lock();
-            if let Some(procs) = all.get_mut(&sandbox) {
-                procs.remove(&p);
-                if procs.is_empty() {
-                    all.remove(&sandbox);
-                }
-            }
-        }
-        match result {
-            Ok(st) => {
-                send(event(end_event(&st)));
-                send(connect::end_stream(None));
-            }
-            Err(e) => send(connect::end_stream(Some(&RpcError::from(e)))),
-        }
-    });
-    connect::stream_response(rx)
-}
-
-/// `Connect`: the events of a running process from now on (its start event first).
-fn attach(e2b: &E2b, rec: &E2bSandbox, sel: &Selector) -> Response {
-    let found = e2b.processes.find(&rec.id, sel).and_then(|pid| {
-        let all = e2b.processes.lock();
-        all.get(&rec.id)?.get(&pid).map(|t| (pid, t.events.subscribe()))
-    });
-    let Some((pid, mut events)) = found else {
-        return connect::stream_error(RpcError::not_found(format!("no running process matches {sel:?}")));
-    };
-    let (tx, rx) = mpsc::channel::<Bytes>(64);
-    tokio::spawn(async move {
-        if tx.send(event(serde_json::json!({ "start": { "pid": pid } }))).await.is_err() {
+        let send = |b: Bytes| tx.blocking_send(b).is_ok();
+        if !send(event(serde_json::json!({ "start": { "pid": info.pid } }))) {
             return;
         }
+        let on_terminal = info.pty.is_some();
+        let req = ProcAttachRequest { pid: info.pid, offset, follow: true };
+        let mut attached = match agent.proc_attach(&req) {
+            Ok(a) => a,
+            Err(e) => {
+                send(connect::end_stream(Some(&RpcError::from(e))));
+                return;
+            }
+        };
         loop {
-            match events.recv().await {
-                Ok(b) => {
-                    if tx.send(b).await.is_err() {
-                        return;
+            let line = match attached.recv() {
+                Ok(Some(ProcEvent::Stdout(b))) if on_terminal => {
+                    event(serde_json::json!({ "data": { "pty": b64(&b) } }))
+                }
+                Ok(Some(ProcEvent::Stdout(b))) => event(serde_json::json!({ "data": { "stdout": b64(&b) } })),
+                Ok(Some(ProcEvent::Stderr(b))) => event(serde_json::json!({ "data": { "stderr": b64(&b) } })),
+                Ok(Some(ProcEvent::Keepalive)) => event(serde_json::json!({ "keepalive": {} })),
+                Ok(Some(ProcEvent::From { .. })) => continue,
+                Ok(Some(ProcEvent::End(p))) => {
+                    let st =
+                        p.exit.unwrap_or(ExitStatus { code: None, signal: None, timed_out: false, duration_ms: 0 });
+                    if send(event(end_event(&st))) {
+                        send(connect::end_stream(None));
                     }
+                    return;
                 }
-                Err(broadcast::error::RecvError::Lagged(n)) => {
-                    tracing::debug!(pid, n, "an envd Connect reader fell behind; events dropped");
+                Ok(None) => return,
+                Err(e) => {
+                    send(connect::end_stream(Some(&RpcError::from(e))));
+                    return;
                 }
-                // The process ended and its last event (the end of stream) went out.
-                Err(broadcast::error::RecvError::Closed) => return,
+            };
+            if !send(line) {
+                return;
             }
         }
     });
     connect::stream_response(rx)
 }
 
-fn list(e2b: &E2b, rec: &E2bSandbox) -> Response {
-    let all = e2b.processes.lock();
-    let processes: Vec<serde_json::Value> = all
-        .get(&rec.id)
-        .map(|procs| {
-            procs
-                .iter()
-                .map(|(pid, t)| {
-                    let mut p = serde_json::json!({ "config": t.config, "pid": pid });
-                    if let Some(tag) = &t.tag {
-                        p["tag"] = tag.clone().into();
-                    }
-                    p
-                })
-                .collect()
+async fn list(e2b: E2b, rec: E2bSandbox, user: String) -> Result<Response, RpcError> {
+    let call = open(&e2b, &rec, user).await?;
+    let running: Vec<ProcInfo> =
+        blocking(call, |c| Ok(c.agent.proc_list()?.into_iter().filter(|p| p.exit.is_none()).collect())).await?;
+    let mut all = e2b.processes.lock();
+    let asked = all.entry(rec.id.clone()).or_default();
+    asked.retain(|pid, _| running.iter().any(|p| p.pid == *pid));
+    let processes: Vec<serde_json::Value> = running
+        .iter()
+        .map(|p| {
+            let config = asked.get(&p.pid).cloned().unwrap_or_else(|| ProcessConfig {
+                cmd: p.argv.first().cloned().unwrap_or_default(),
+                args: p.argv.iter().skip(1).cloned().collect(),
+                ..ProcessConfig::default()
+            });
+            let mut v = serde_json::json!({ "config": config, "pid": p.pid });
+            if let Some(tag) = &p.tag {
+                v["tag"] = tag.clone().into();
+            }
+            v
         })
-        .unwrap_or_default();
-    connect::unary(&serde_json::json!({ "processes": processes }))
+        .collect();
+    Ok(connect::unary(&serde_json::json!({ "processes": processes })))
+}
+
+async fn signal(e2b: E2b, rec: E2bSandbox, user: String, req: SignalRequest) -> Result<Response, RpcError> {
+    let signal = signal_number(&req.signal)?;
+    let call = open(&e2b, &rec, user).await?;
+    blocking(call, move |c| {
+        let p = find(c, &req.process, false)?;
+        Ok(c.agent.signal(p.pid, signal)?)
+    })
+    .await?;
+    Ok(connect::unary(&serde_json::json!({})))
+}
+
+async fn send_input(e2b: E2b, rec: E2bSandbox, user: String, req: SendInputRequest) -> Result<Response, RpcError> {
+    let bytes = req.input.bytes()?;
+    let call = open(&e2b, &rec, user).await?;
+    blocking(call, move |c| {
+        let p = find(c, &req.process, false)?;
+        Ok(c.agent.proc_input(p.pid, &mut bytes.as_slice(), false)?)
+    })
+    .await?;
+    Ok(connect::unary(&serde_json::json!({})))
+}
+
+/// `StreamInput` (client streaming): the `start` message names the process, each `data`
+/// message's input goes to it in order; answered as a stream (one message, then its end).
+async fn stream_input(e2b: E2b, rec: E2bSandbox, user: String, body: &[u8]) -> Result<Response, RpcError> {
+    let mut rest = body;
+    let mut target: Option<Selector> = None;
+    let mut chunks: Vec<Vec<u8>> = Vec::new();
+    while let Some((flags, msg)) = connect::next_envelope(&mut rest)? {
+        if flags & connect::END_STREAM != 0 {
+            break; // the end of the client's stream
+        }
+        let m: StreamInputMessage =
+            serde_json::from_slice(msg).map_err(|e| RpcError::invalid(format!("invalid message: {e}")))?;
+        if let Some(start) = m.start {
+            target = Some(start.process);
+        } else if let Some(data) = m.data {
+            chunks.push(data.input.bytes()?);
+        }
+    }
+    let sel = target.ok_or_else(|| RpcError::invalid("the stream has no start message naming the process"))?;
+    let call = open(&e2b, &rec, user).await?;
+    blocking(call, move |c| {
+        let p = find(c, &sel, false)?;
+        for chunk in &chunks {
+            c.agent.proc_input(p.pid, &mut chunk.as_slice(), false)?;
+        }
+        Ok(())
+    })
+    .await?;
+    Ok(connect::stream_reply(&serde_json::json!({})))
+}
+
+async fn close_stdin(e2b: E2b, rec: E2bSandbox, user: String, req: SelectorRequest) -> Result<Response, RpcError> {
+    let call = open(&e2b, &rec, user).await?;
+    blocking(call, move |c| {
+        let p = find(c, &req.process, false)?;
+        Ok(c.agent.proc_input(p.pid, &mut &[][..], true)?)
+    })
+    .await?;
+    Ok(connect::unary(&serde_json::json!({})))
+}
+
+/// `Update`: a terminal's new size.
+async fn update(e2b: E2b, rec: E2bSandbox, user: String, req: UpdateRequest) -> Result<Response, RpcError> {
+    let Some(pty) = req.pty else { return Ok(connect::unary(&serde_json::json!({}))) };
+    let call = open(&e2b, &rec, user).await?;
+    blocking(call, move |c| {
+        let p = find(c, &req.process, false)?;
+        Ok(c.agent.proc_resize(p.pid, pty.size.size())?)
+    })
+    .await?;
+    Ok(connect::unary(&serde_json::json!({})))
 }
 
 /// A `Signal` enum value (name or number) as a signal number.
@@ -322,26 +488,6 @@ fn signal_number(v: &serde_json::Value) -> Result<i32, RpcError> {
             Ok(n.as_i64().unwrap_or(9) as i32)
         }
         other => Err(RpcError::invalid(format!("signal {other}: SIGNAL_SIGKILL or SIGNAL_SIGTERM"))),
-    }
-}
-
-async fn signal(e2b: E2b, rec: E2bSandbox, user: String, req: SignalRequest) -> Response {
-    let signal = match signal_number(&req.signal) {
-        Ok(s) => s,
-        Err(e) => return e.into_response(),
-    };
-    let Some(pid) = e2b.processes.find(&rec.id, &req.process) else {
-        return RpcError::not_found(format!("no running process matches {:?}", req.process)).into_response();
-    };
-    let call = match open(&e2b, &rec, user).await {
-        Ok(c) => c,
-        Err(e) => return e.into_response(),
-    };
-    let sent = tokio::task::spawn_blocking(move || call.agent.signal(pid, signal)).await;
-    match sent {
-        Ok(Ok(())) => connect::unary(&serde_json::json!({})),
-        Ok(Err(e)) => RpcError::from(e).into_response(),
-        Err(e) => RpcError::internal(e.to_string()).into_response(),
     }
 }
 

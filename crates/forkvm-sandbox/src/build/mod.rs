@@ -1,0 +1,292 @@
+//! Dockerfile builds, each step inside a sandbox, each step's result a diff snapshot.
+//!
+//! A build evaluates the Dockerfile first (`forkvm_image::dockerfile`: parsed, variables
+//! expanded, COPY sources read and hashed), so a bad line fails before anything runs.
+//! FROM becomes a base snapshot ([`base`]). Then every RUN, COPY and ADD is a step: its
+//! key is the hash of its parent's key and of everything it depends on, and its result
+//! is the diff snapshot `build-<key>` over its parent's, made by forking the parent,
+//! doing the step in that sandbox ([`step`]) and taking what changed
+//! ([`crate::chain_ops::snapshot_diff_with`]: memory and disk, so page cache and all).
+//! A step whose snapshot exists is not run again: changing one input reruns that step
+//! and the ones after it. The last step writes the configuration and waits for READY
+//! ([`finish`]), and the result is published under the build's tag.
+//!
+//! Nothing of the build runs on the host: the host reads the build context and sends
+//! it; every command runs in a guest, under KVM, as the sandboxes of users do.
+
+pub mod base;
+pub mod finish;
+pub mod step;
+
+use crate::chain_ops::{snapshot_diff_via, ChainOpError};
+use crate::ready::SpawnedSandbox;
+use crate::registry::Registry;
+use crate::SpawnOptions;
+use forkvm_image::dockerfile::{self, Context, DockerfileError};
+use forkvm_image::kernel::BuildEvent as KernelEvent;
+use forkvm_snapshot::chain::{self, RemoveMode};
+use forkvm_snapshot::Store;
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+/// What to build.
+#[derive(Debug, Clone)]
+pub struct BuildRequest {
+    /// The Dockerfile's text.
+    pub dockerfile: String,
+    /// The build context: COPY sources, `.dockerignore`; OCI image paths FROM names when
+    /// it is a directory.
+    pub context: Context,
+    pub build_args: BTreeMap<String, String>,
+    /// The tag the result is published as.
+    pub tag: String,
+    /// Replace `tag` even when a build did not make it.
+    pub replace: bool,
+    /// Run every step again (fresh step snapshots; the old ones stay until removed).
+    pub no_cache: bool,
+    /// Start CMD/ENTRYPOINT as a detached service before READY and the snapshot.
+    pub start: bool,
+}
+
+pub use forkvm_api::{
+    TemplateBuildEvent as BuildEvent, TemplateBuildReport as BuildReport, TemplateBuildStep as StepReport,
+};
+
+/// How a build starts the sandbox of a step, from its parent's tag: the CLI forks VMMs
+/// itself ([`LocalSandboxes`]); the daemon asks its spawner process.
+pub trait StepSandboxes {
+    fn spawn(&self, tag: &str) -> Result<SpawnedSandbox, ChainOpError>;
+}
+
+/// Sandboxes started by this process, as `fork --tag` starts them.
+#[derive(Debug)]
+pub struct LocalSandboxes<'a> {
+    pub registry: &'a Registry,
+    pub store: &'a Store,
+}
+
+impl StepSandboxes for LocalSandboxes<'_> {
+    fn spawn(&self, tag: &str) -> Result<SpawnedSandbox, ChainOpError> {
+        crate::chain_ops::spawn_from_tag(self.registry, self.store, tag, &SpawnOptions::default())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error(transparent)]
+    Dockerfile(#[from] DockerfileError),
+    #[error("Dockerfile line {line}: FROM {from}: {detail}")]
+    From { line: usize, from: String, detail: String },
+    #[error("the base: {0}")]
+    Base(String),
+    #[error("tag {tag} exists and no build made it; give --replace to replace it")]
+    TagTaken { tag: String },
+    #[error("replacing tag {tag}: {detail}")]
+    Replace { tag: String, detail: String },
+    #[error("{step_label}: {source}")]
+    Step { step_label: String, source: Box<ChainOpError> },
+    #[error(transparent)]
+    Store(#[from] forkvm_snapshot::StoreError),
+}
+
+impl BuildError {
+    /// The API code.
+    pub fn code(&self) -> forkvm_api::ErrorCode {
+        use forkvm_api::ErrorCode;
+        match self {
+            BuildError::Dockerfile(_) | BuildError::From { .. } => ErrorCode::BadRequest,
+            BuildError::TagTaken { .. } | BuildError::Replace { .. } => ErrorCode::Conflict,
+            BuildError::Step { source, .. } => source.code(),
+            BuildError::Store(e) => e.code(),
+            BuildError::Base(_) => ErrorCode::Internal,
+        }
+    }
+}
+
+/// The prefix of every snapshot a build makes for its steps.
+pub const STEP_PREFIX: &str = "build-";
+
+/// Builds `req` with sandboxes of this process, reporting as it goes; the kernel's own
+/// build (first use only) reports to `kernel`.
+pub fn build(
+    registry: &Registry,
+    store: &Store,
+    req: &BuildRequest,
+    events: &mut dyn FnMut(BuildEvent),
+    kernel: &mut dyn FnMut(KernelEvent),
+) -> Result<BuildReport, BuildError> {
+    let sandboxes = LocalSandboxes { registry, store };
+    prepare(store, req.clone())?.run(registry, store, &sandboxes, events, kernel)
+}
+
+/// A build whose Dockerfile checked out and whose tag may be published: what
+/// [`prepare`] found before anything runs.
+#[derive(Debug)]
+pub struct Prepared {
+    req: BuildRequest,
+    plan: dockerfile::Plan,
+    replaced: bool,
+    started: Instant,
+}
+
+/// Parses and evaluates the Dockerfile (reading and hashing the COPY sources) and checks
+/// the tag: a bad line, a missing source or a taken tag fails here, in milliseconds.
+pub fn prepare(store: &Store, req: BuildRequest) -> Result<Prepared, BuildError> {
+    let started = Instant::now();
+    let parsed = dockerfile::parse(&req.dockerfile)?;
+    let ignore = dockerfile::read_ignore(&req.context)?;
+    let plan = dockerfile::plan(&parsed, &req.build_args, &req.context, &ignore)?;
+    let replaced = check_tag(store, &req.tag, req.replace)?;
+    Ok(Prepared { req, plan, replaced, started })
+}
+
+impl Prepared {
+    /// Runs the build: the base, every step not found, the last step, the tag.
+    pub fn run(
+        self,
+        registry: &Registry,
+        store: &Store,
+        sandboxes: &dyn StepSandboxes,
+        events: &mut dyn FnMut(BuildEvent),
+        kernel: &mut dyn FnMut(KernelEvent),
+    ) -> Result<BuildReport, BuildError> {
+        let Prepared { req, plan, replaced, started } = self;
+        let spawn_one = |tag: &str| sandboxes.spawn(tag);
+        events(BuildEvent::Planned {
+            from: plan.from.clone(),
+            steps: plan.steps.len() as u32,
+            unused_build_args: plan.unused_build_args.clone(),
+        });
+        let base = base::resolve(&plan.from, plan.from_line, &req.context, store, events, kernel)?;
+        // A fresh series of keys for --no-cache: the old step snapshots are left as they are.
+        let nonce = if req.no_cache { format!("no-cache-{}", crate::registry::now_unix_ms()) } else { String::new() };
+        let (mut parent, mut key) = (base.tag.clone(), base.key.clone());
+        let mut steps = Vec::new();
+        let of = plan.steps.len() as u32;
+        for (i, s) in plan.steps.iter().enumerate() {
+            let n = i as u32 + 1;
+            key = base::hash(&["step", &key, &s.digest, &nonce]);
+            let tag = format!("{STEP_PREFIX}{}", &key[..24]);
+            let cached = store.lookup(&tag).is_ok();
+            events(BuildEvent::Step {
+                step: n,
+                of,
+                line: s.line as u32,
+                instruction: s.text.clone(),
+                snapshot: tag.clone(),
+                cached,
+            });
+            let mut seconds = None;
+            if !cached {
+                let ran = Instant::now();
+                let r = snapshot_diff_via(registry, store, &parent, &tag, &spawn_one, |client| {
+                    step::run(client, n, &s.text, &s.action, events)
+                })
+                .map_err(|source| BuildError::Step {
+                    step_label: format!("step {n} (line {}: {})", s.line, s.text),
+                    source: Box::new(source),
+                })?;
+                let took = ran.elapsed().as_secs_f64();
+                events(BuildEvent::StepDone {
+                    step: n,
+                    seconds: took,
+                    spawn_ms: r.spawn_ms,
+                    work_ms: r.steps_ms,
+                    branch_ms: r.branch_ms,
+                    diff_ms: r.diff_ms,
+                });
+                seconds = Some(took);
+            }
+            steps.push(StepReport {
+                step: n,
+                line: s.line as u32,
+                instruction: s.text.clone(),
+                snapshot: tag.clone(),
+                cached,
+                seconds,
+            });
+            parent = tag;
+        }
+        // The last step: configuration, start, READY. Cached like the others.
+        let config_json = serde_json::to_string(&plan.config).expect("plain data serializes");
+        key = base::hash(&["finish", &key, &config_json, if req.start { "start" } else { "" }, &nonce]);
+        let finish_tag = format!("{STEP_PREFIX}{}", &key[..24]);
+        let finish_cached = store.lookup(&finish_tag).is_ok();
+        let finishing = Instant::now();
+        if !finish_cached {
+            snapshot_diff_via(registry, store, &parent, &finish_tag, &spawn_one, |client| {
+                finish::run(client, &plan.config, req.start, events)
+            })
+            .map_err(|source| BuildError::Step {
+                step_label: "the last step (configuration, READY)".into(),
+                source: Box::new(source),
+            })?;
+        }
+        events(BuildEvent::Finished {
+            snapshot: finish_tag.clone(),
+            cached: finish_cached,
+            seconds: finishing.elapsed().as_secs_f64(),
+        });
+        publish(registry, store, &finish_tag, &req.tag, replaced, &spawn_one)?;
+        let ran = steps.iter().filter(|s| !s.cached).count() as u32;
+        let config = &plan.config;
+        let pair = |(k, v): &(String, String)| format!("{k}={v}");
+        Ok(BuildReport {
+            tag: req.tag.clone(),
+            from: plan.from.clone(),
+            base_snapshot: base.tag,
+            base_cached: base.cached,
+            cached: steps.len() as u32 - ran,
+            ran,
+            steps,
+            finish_cached,
+            env: config.env.iter().map(pair).collect(),
+            workdir: config.workdir.clone(),
+            user: config.user.clone(),
+            command: config.command(),
+            expose: config.expose.clone(),
+            labels: config.labels.iter().map(pair).collect(),
+            ready: config.ready.as_ref().map(|r| config.argv(r)),
+            replaced,
+            seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+}
+
+/// Whether `tag` exists and is to be replaced: a tag an earlier build published (its
+/// parent is a build's last step) is, any other only with `replace`.
+fn check_tag(store: &Store, tag: &str, replace: bool) -> Result<bool, BuildError> {
+    match chain::info(store, tag) {
+        Err(_) => {
+            store.check_free(tag)?;
+            Ok(false)
+        }
+        Ok(info) => {
+            let by_build = info.parent_tag.as_deref().is_some_and(|p| p.starts_with(STEP_PREFIX));
+            if by_build || replace {
+                Ok(true)
+            } else {
+                Err(BuildError::TagTaken { tag: tag.to_string() })
+            }
+        }
+    }
+}
+
+/// Publishes `tag` as a diff over the build's last step with nothing changed (a spawn
+/// and a live branch): removing the old `tag` first when it is being replaced.
+fn publish(
+    registry: &Registry,
+    store: &Store,
+    last: &str,
+    tag: &str,
+    replace: bool,
+    spawn_one: &dyn Fn(&str) -> Result<SpawnedSandbox, ChainOpError>,
+) -> Result<(), BuildError> {
+    if replace {
+        chain::remove(store, &crate::source::assembled_cache(), tag, RemoveMode::Refuse)
+            .map_err(|e| BuildError::Replace { tag: tag.to_string(), detail: e.to_string() })?;
+    }
+    snapshot_diff_via(registry, store, last, tag, spawn_one, |_| Ok(String::new()))
+        .map_err(|source| BuildError::Step { step_label: format!("publishing {tag}"), source: Box::new(source) })?;
+    Ok(())
+}
