@@ -467,6 +467,8 @@ fn agent_guest(c: &mut Corpus) {
     frame(&mut w, FrameKind::End, b"");
     c.put("agent_frames_guest", "write-file", &w);
     c.put("agent_frames_guest", "read-file", &req(&Request::ReadFile { path: "/etc/hostname".into() }));
+    c.put("agent_frames_guest", "tar", &req(&Request::Tar { path: "/etc".into() }));
+    c.put("agent_frames_guest", "hash-file", &req(&Request::HashFile { path: "/etc/hostname".into() }));
     c.put("agent_frames_guest", "list", &req(&Request::List { path: "/".into() }));
     c.put("agent_frames_guest", "stat", &req(&Request::Stat { path: "/bin".into() }));
     c.put(

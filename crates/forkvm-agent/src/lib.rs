@@ -23,6 +23,7 @@ pub mod procs;
 pub mod reaper;
 pub mod server;
 pub mod spawn;
+pub mod tar_out;
 pub mod untar;
 pub mod vector_check;
 pub mod volumes;

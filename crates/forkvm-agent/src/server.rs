@@ -254,6 +254,8 @@ impl Agent {
             Request::MountVolume(req) => crate::volumes::mount(&req),
             Request::Sync => crate::volumes::sync(),
             Request::Untar(req) => return crate::untar::run(conn, &req),
+            Request::Tar { path } => return crate::tar_out::tar(conn, &path),
+            Request::HashFile { path } => crate::tar_out::hash_file(&path),
             Request::ProcStart(req) => self.procs.start(&req, &self.reaper, &self.running),
             Request::ProcList => self.procs.list(),
             Request::ProcAttach(req) => return crate::procs::attach(conn, &req, &self.procs),

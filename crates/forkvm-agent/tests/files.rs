@@ -202,3 +202,44 @@ fn untar_unpacks_a_stream_inside_its_directory_and_nowhere_else() {
     let err = c.untar(&forkvm_proto::UntarRequest { dir: "relative".into(), owner: None }, &mut &good[..]).unwrap_err();
     assert!(err.to_string().contains("not absolute"), "{err}");
 }
+
+#[test]
+fn a_directory_goes_out_as_a_tar_stream_and_a_file_is_hashed_in_the_guest() {
+    let agent = TestAgent::start();
+    let c = agent.client();
+    let root = agent.path("out");
+    let big: Vec<u8> = (0..3u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+    std::fs::create_dir_all(format!("{root}/sub/empty")).unwrap();
+    std::fs::write(format!("{root}/a.txt"), b"alpha").unwrap();
+    std::fs::write(format!("{root}/sub/big.bin"), &big).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", format!("{root}/link")).unwrap();
+    let mut archive = Vec::new();
+    let size = c.tar(&root, &mut archive).unwrap();
+    assert_eq!(size, archive.len() as u64);
+    let mut seen = Vec::new();
+    for entry in tar::Archive::new(&archive[..]).entries().unwrap() {
+        let mut entry = entry.unwrap();
+        let name = entry.path().unwrap().to_string_lossy().trim_end_matches('/').to_string();
+        let kind = entry.header().entry_type();
+        let mut data = Vec::new();
+        std::io::Read::read_to_end(&mut entry, &mut data).unwrap();
+        match name.as_str() {
+            "a.txt" => assert_eq!(data, b"alpha"),
+            "sub/big.bin" => assert!(data == big, "the big file came back different"),
+            "link" => {
+                assert_eq!(kind, tar::EntryType::Symlink, "a link stays a link");
+                assert_eq!(entry.link_name().unwrap().unwrap().to_str(), Some("/etc/passwd"));
+            }
+            _ => {}
+        }
+        seen.push(name);
+    }
+    assert_eq!(seen, ["a.txt", "link", "sub", "sub/big.bin", "sub/empty"], "every entry, in name order, relative");
+    assert_eq!(kind(c.tar(&format!("{root}/a.txt"), &mut Vec::new()).unwrap_err()), ErrorKind::NotADirectory);
+    assert_eq!(kind(c.tar(&agent.path("none"), &mut Vec::new()).unwrap_err()), ErrorKind::NotFound);
+
+    use sha2::Digest;
+    let want: String = sha2::Sha256::digest(&big).iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(c.hash_file(&format!("{root}/sub/big.bin")).unwrap(), (big.len() as u64, want));
+    assert_eq!(kind(c.hash_file(&format!("{root}/sub")).unwrap_err()), ErrorKind::IsADirectory);
+}

@@ -22,8 +22,9 @@ pub use disks::{
 pub use error_code::ErrorCode;
 pub use ports::{ExposeRequest, ExposedPort};
 pub use processes::{
-    ProcessExit, ProcessInfo, ProcessInputQuery, ProcessInputWritten, ProcessOutputEvent, ProcessOutputQuery,
-    SignalProcessRequest, StartProcessRequest, TerminalSize,
+    ProcessAttachQuery, ProcessControl, ProcessExit, ProcessInfo, ProcessInputQuery, ProcessInputWritten,
+    ProcessOutputEvent, ProcessOutputQuery, SignalProcessRequest, StartProcessRequest, TerminalSize, ATTACH_STDERR,
+    ATTACH_STDOUT,
 };
 pub use templates::{
     BuildTemplateQuery, ImportOciQuery, TemplateBuildEvent, TemplateBuildReport, TemplateBuildStep, TemplateImportEvent,
@@ -719,11 +720,24 @@ pub struct FileEntry {
     pub mtime_unix_ns: i64,
 }
 
-/// forkvm: the reply to a file upload.
+/// forkvm: the reply to a file upload (`PUT .../files`) or a tar upload (`PUT
+/// .../files/tar`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct FileWritten {
     pub path: String,
     pub bytes: u64,
+    /// The SHA-256 of the body as the daemon received it (lowercase hex).
+    pub sha256: String,
+}
+
+/// forkvm: `GET /v1/sandboxes/{id}/files/sha256?path=`: a file's size and SHA-256,
+/// computed in the guest (to check a download against).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct FileChecksum {
+    pub path: String,
+    pub size: u64,
+    /// Lowercase hex.
+    pub sha256: String,
 }
 
 /// forkvm: one line of `GET /v1/sandboxes/{id}/files/watch?path=` (NDJSON): `armed`

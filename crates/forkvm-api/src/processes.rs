@@ -146,3 +146,33 @@ pub struct SignalProcessRequest {
     /// 1..=64.
     pub signal: i32,
 }
+
+/// forkvm: the query of `GET /v1/sandboxes/{id}/processes/{pid}/attach`, a WebSocket
+/// that carries a process's output out and its input in (docs/processes.md): binary
+/// messages out are output, their first byte the stream (1 stdout, 2 stderr); text
+/// messages out are [`ProcessOutputEvent`] lines other than `output`. Binary messages
+/// in are stdin; text messages in are [`ProcessControl`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessAttachQuery {
+    /// Where the output starts (the oldest byte kept when absent).
+    #[serde(default)]
+    pub offset: Option<u64>,
+}
+
+/// forkvm: a text message a client sends on `.../processes/{pid}/attach`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ProcessControl {
+    /// The terminal's new size (1..=1000 each).
+    Resize { rows: u16, cols: u16 },
+    /// Ends the process's input (on a terminal: end-of-file).
+    CloseStdin,
+    /// A signal (1..=64) to the process's group.
+    Signal { signal: i32 },
+}
+
+/// The first byte of a binary output message on `.../attach`: the stream it came from.
+pub const ATTACH_STDOUT: u8 = 1;
+/// See [`ATTACH_STDOUT`].
+pub const ATTACH_STDERR: u8 = 2;

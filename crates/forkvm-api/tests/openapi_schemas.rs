@@ -86,6 +86,7 @@ fn every_component_has_the_fields_of_its_rust_type() {
         EvalResponse,
         FileEntry,
         FileWritten,
+        FileChecksum,
         DiskSnapshotRequest,
         DiskSnapshotReport,
         DiskSnapshotDisk,
@@ -136,6 +137,8 @@ fn every_component_has_the_fields_of_its_rust_type() {
         ("TemplateImportEvent", generated::<forkvm_api::TemplateImportEvent>(false)),
         ("TemplateBuildEvent", generated::<forkvm_api::TemplateBuildEvent>(false)),
         ("ProcessOutputEvent", generated::<forkvm_api::ProcessOutputEvent>(false)),
+        // Not lines but a WebSocket's text messages in (`.../processes/{pid}/attach`).
+        ("ProcessControl", generated::<forkvm_api::ProcessControl>(true)),
     ];
     for (stream, events) in &streams {
         for variant in events["oneOf"].as_array().unwrap_or_else(|| panic!("{stream} is a oneOf")) {
@@ -152,8 +155,15 @@ fn every_component_has_the_fields_of_its_rust_type() {
     }
     // The streams' unions (their variants are checked above), and a shape that is not
     // forkvm-api's: the agent's own reply, passed through.
-    let elsewhere =
-        ["ExecEvent", "WatchEvent", "TemplateImportEvent", "TemplateBuildEvent", "ProcessOutputEvent", "Pong"];
+    let elsewhere = [
+        "ExecEvent",
+        "WatchEvent",
+        "TemplateImportEvent",
+        "TemplateBuildEvent",
+        "ProcessOutputEvent",
+        "ProcessControl",
+        "Pong",
+    ];
     let unchecked: Vec<&String> =
         schemas.keys().filter(|k| !checked.contains(k.as_str()) && !elsewhere.contains(&k.as_str())).collect();
     assert!(unchecked.is_empty(), "components with no Rust type checked against them: {unchecked:?}");

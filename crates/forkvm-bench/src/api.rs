@@ -102,9 +102,14 @@ pub(crate) fn start_daemon(run_root: &Path) -> Result<(Child, std::path::PathBuf
 /// Runs `measure` against a `forkvm daemon` started for it on a socket in a temporary run
 /// root, then stops the daemon and kills what a failed measurement left running there.
 pub(crate) fn with_bench_daemon<T>(measure: impl FnOnce(&Path) -> Result<T>) -> Result<T> {
+    with_bench_daemon_pid(|socket, _pid| measure(socket))
+}
+
+/// [`with_bench_daemon`], telling `measure` the daemon's pid too (to watch its memory).
+pub(crate) fn with_bench_daemon_pid<T>(measure: impl FnOnce(&Path, u32) -> Result<T>) -> Result<T> {
     let dir = tempfile::tempdir()?;
     let (mut daemon, socket) = start_daemon(dir.path())?;
-    let result = measure(&socket);
+    let result = measure(&socket, daemon.id());
     let _ = daemon.kill();
     let _ = daemon.wait();
     let _ = Command::new(std::env::current_exe()?)

@@ -14,6 +14,7 @@ mod chain;
 mod disk;
 mod disk_fork;
 mod e2b;
+mod files;
 mod fork;
 mod fork_running;
 mod forkd;
@@ -82,6 +83,9 @@ pub enum BenchCommand {
     /// Background processes and terminals through the agent: start against exec, first
     /// output, a keystroke's echo on a terminal, output throughput (guest side).
     Procs(procs::BenchProcsArgs),
+    /// Large files and trees through the daemon: upload, download, the guest's SHA-256,
+    /// tar out and in (MiB/s), and the daemon's and the agent's memory meanwhile.
+    Files(files::BenchFilesArgs),
     /// Templates from OCI images: import and build against the busybox builder, unpack
     /// throughput, and the blob bytes a second image on the same base shares (host side).
     Oci(oci::BenchOciArgs),
@@ -106,6 +110,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<i32> {
         BenchCommand::Forkd(a) => forkd::run(a),
         BenchCommand::Watch(a) => watch::run(a),
         BenchCommand::Procs(a) => procs::run(a),
+        BenchCommand::Files(a) => files::run(a),
         BenchCommand::Oci(a) => oci::run(a),
         BenchCommand::Volume(a) => volume::run(a),
         BenchCommand::Build(a) => build::run(a),

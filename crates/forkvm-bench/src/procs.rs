@@ -10,6 +10,10 @@
 //!   own (what a REST client pays per keystroke);
 //! * `output`: `--mib` MiB written by one process and read as it comes on an attachment
 //!   (`mib_per_s`), against `exec_output`, the same bytes through an exec.
+//! * `through_daemon`: the same keystroke echo through a `forkvm daemon` started for the
+//!   bench, on the process's WebSocket (`socket_echo_ms`, what a browser terminal or an
+//!   SDK's attachment feels) against a REST input call per key read back on that socket
+//!   (`input_call_echo_ms`).
 //!
 //! Everything here crosses the guest kernel, which is emulated on PVM hosts
 //! (PLATFORM.md): these are guest-side times, inflated there.
@@ -17,6 +21,8 @@
 use crate::util::{machine, p50_p99, r2};
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use forkvm_client::api::{CreateSandboxRequest, StartProcessRequest, TerminalSize};
+use forkvm_client::{Client, Endpoint, ProcessSocket, SocketEvent};
 use forkvm_proto::{ExecRequest, ProcAttachRequest, ProcEvent, ProcStartRequest, PtySize};
 use forkvm_sandbox::{spawn, Registry, SpawnOptions, SpawnSource};
 use forkvm_snapshot::Store;
@@ -53,6 +59,9 @@ pub fn run(a: BenchProcsArgs) -> Result<i32> {
     let store = Store::open_default();
     let source = SpawnSource::from_tag(&store, &a.tag)?;
     let mut report = crate::util::in_private_registry("procs", |registry| measure(registry, &source, &a))?;
+    // After the library's spawn: this process forked the sandbox's VMM while it had one
+    // thread, and the daemon's client adds threads.
+    report["through_daemon"] = crate::api::with_bench_daemon(|socket| through_daemon(socket, &a))?;
     report["bench"] = "procs".into();
     report["command"] =
         format!("forkvm bench procs --tag {} --starts {} --keys {} --mib {} --json", a.tag, a.starts, a.keys, a.mib)
@@ -60,12 +69,14 @@ pub fn run(a: BenchProcsArgs) -> Result<i32> {
     report["machine"] = machine();
     if !a.json {
         eprintln!(
-            "start {} ms (exec {} ms), first output {} ms, keystroke echo {} ms (a call each: {} ms), output {} MiB/s (p50)",
+            "start {} ms (exec {} ms), first output {} ms, keystroke echo {} ms (a call each: {} ms; through the daemon's socket {} ms, a REST call each {} ms), output {} MiB/s (p50)",
             report["start_ms"]["p50"],
             report["exec_ms"]["p50"],
             report["first_output_ms"]["p50"],
             report["keystroke_echo_ms"]["p50"],
             report["input_call_ms"]["p50"],
+            report["through_daemon"]["socket_echo_ms"]["p50"],
+            report["through_daemon"]["input_call_echo_ms"]["p50"],
             report["output"]["mib_per_s"]
         );
     }
@@ -159,6 +170,51 @@ fn measure(registry: &Registry, source: &SpawnSource, a: &BenchProcsArgs) -> Res
             "mib_per_s": r2(exec_out.stdout.len() as f64 / exec_secs / 1048576.0),
         },
     }))
+}
+
+/// Keystroke echo through a daemon: on the process's WebSocket, and as a REST call per
+/// key read back on the socket.
+fn through_daemon(socket: &std::path::Path, a: &BenchProcsArgs) -> Result<serde_json::Value> {
+    let client = Client::new(Endpoint::Unix(socket.to_path_buf()), None)?;
+    let sb = client.spawn(&CreateSandboxRequest::new(&a.tag, 1))?.pop().context("the spawn gave no sandbox")?;
+    let req = StartProcessRequest {
+        cmd: Some("exec cat".into()),
+        pty: Some(TerminalSize { rows: 24, cols: 80 }),
+        timeout_secs: Some(600),
+        ..StartProcessRequest::default()
+    };
+    let p = client.start_process(&sb.id, &req).context("starting cat on a terminal through the daemon")?;
+    let mut sock = client.attach_process(&sb.id, p.pid, Some(0)).context("attaching to cat's socket")?;
+    let input = sock.input();
+    let (mut echo, mut calls) = (Vec::new(), Vec::new());
+    for i in 0..a.keys {
+        let key = b'a' + (i % 26) as u8;
+        let t = Instant::now();
+        input.send(&[key])?;
+        wait_on_socket(&mut sock, key)?;
+        echo.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    for i in 0..a.keys {
+        let key = b'A' + (i % 26) as u8;
+        let t = Instant::now();
+        client.process_input(&sb.id, p.pid, &mut &[key][..], false)?;
+        wait_on_socket(&mut sock, key)?;
+        calls.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    drop(sock);
+    client.kill_sandbox(&sb.id)?;
+    Ok(json!({ "socket_echo_ms": p50_p99(echo), "input_call_echo_ms": p50_p99(calls) }))
+}
+
+/// Reads the socket until a chunk of output holds `want`.
+fn wait_on_socket(sock: &mut ProcessSocket, want: u8) -> Result<()> {
+    loop {
+        if let SocketEvent::Stdout(b) = sock.recv()?.context("the terminal's socket ended")? {
+            if b.contains(&want) {
+                return Ok(());
+            }
+        }
+    }
 }
 
 /// Reads the attachment until a chunk of output holds `want`.

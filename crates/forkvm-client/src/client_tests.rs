@@ -278,7 +278,7 @@ fn uploads_stream_from_a_reader_and_downloads_into_a_writer() {
     let content: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
     let served = content.clone();
     let server = TestServer::tcp(move |r: &Recorded| match r.method.as_str() {
-        "PUT" => Reply::json(201, json!({"path": "/tmp/f", "bytes": r.body.len()})),
+        "PUT" => Reply::json(201, json!({"path": "/tmp/f", "bytes": r.body.len(), "sha256": "ab".repeat(32)})),
         _ => Reply::chunked(200, "application/octet-stream", served.chunks(70_000).map(<[u8]>::to_vec).collect()),
     });
     let client = Client::new(server.endpoint.clone(), None).unwrap();

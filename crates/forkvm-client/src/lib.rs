@@ -19,15 +19,18 @@
 //! plumbing), `transport` (sockets, request bodies), `tls` (what an https daemon is
 //! trusted by), `encode` (safe URL building),
 //! `ndjson` (streamed lines), `error`, and one file per resource: `system`, `snapshots`,
-//! `sandboxes`, `files`, `ports` (exposed ports, port forwarding).
+//! `sandboxes`, `files`, `ports` (exposed ports, port forwarding), `processes` and
+//! `process_socket` (background processes; one on a WebSocket).
 
 mod client;
 mod encode;
 mod endpoint;
 mod error;
+mod file_tar;
 mod files;
 mod ndjson;
 mod ports;
+mod process_socket;
 mod processes;
 mod sandboxes;
 mod snapshots;
@@ -49,4 +52,5 @@ pub use error::{ClientError, ErrorCode};
 pub use files::WriteFileOptions;
 pub use forkvm_api as api;
 pub use ports::ForwardErrors;
+pub use process_socket::{ProcessSocket, SocketEvent, SocketInput};
 pub use sandboxes::ExecExit;

@@ -7,7 +7,7 @@ use crate::encode::Target;
 use crate::error::ClientError;
 use crate::transport;
 use forkvm_api::{ExposeRequest, ExposedPort};
-use hyper::header::{HeaderValue, AUTHORIZATION, CONNECTION, HOST, UPGRADE, USER_AGENT};
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CONNECTION, HOST, UPGRADE, USER_AGENT};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use std::net::SocketAddr;
@@ -22,19 +22,30 @@ fn ports(id: &str) -> Result<Target, ClientError> {
 /// What a forwarded connection reports when it ends badly (the listener goes on).
 pub type ForwardErrors = Arc<dyn Fn(&str) + Send + Sync>;
 
-/// What opening a raw stream needs, owned, so each connection's task can open its own.
+/// What opening an upgraded stream needs, owned, so each connection's task (or a
+/// socket's own thread) can open its own.
 #[derive(Clone)]
-struct StreamOpener {
+pub(crate) struct StreamOpener {
     endpoint: crate::Endpoint,
     authorization: Option<HeaderValue>,
     tls: Option<TlsConnector>,
     connect_timeout: Duration,
-    target: String,
+    pub(crate) target: String,
 }
 
 impl StreamOpener {
     /// A raw stream to the guest's port, through its own connection to the daemon.
     async fn open(&self) -> Result<TokioIo<hyper::upgrade::Upgraded>, ClientError> {
+        Ok(self.upgrade("tcp", &[]).await?.1)
+    }
+
+    /// The target upgraded to `protocol` (with `headers` besides the usual ones), on a
+    /// connection of its own: the answer's headers and the stream.
+    pub(crate) async fn upgrade(
+        &self,
+        protocol: &'static str,
+        headers: &[(HeaderName, HeaderValue)],
+    ) -> Result<(HeaderMap, TokioIo<hyper::upgrade::Upgraded>), ClientError> {
         let name = format!("GET {}", self.target);
         let mut sender = transport::connect(&self.endpoint, self.tls.as_ref(), self.connect_timeout, &name).await?;
         let mut req = Request::builder()
@@ -43,9 +54,12 @@ impl StreamOpener {
             .header(HOST, self.endpoint.authority())
             .header(USER_AGENT, concat!("forkvm-client/", env!("CARGO_PKG_VERSION")))
             .header(CONNECTION, "upgrade")
-            .header(UPGRADE, "tcp");
+            .header(UPGRADE, protocol);
         if let Some(auth) = &self.authorization {
             req = req.header(AUTHORIZATION, auth.clone());
+        }
+        for (k, v) in headers {
+            req = req.header(k, v);
         }
         let req =
             req.body(transport::empty()).map_err(|e| ClientError::Send { request: name.clone(), source: e.into() })?;
@@ -60,9 +74,10 @@ impl StreamOpener {
                 source: format!("expected 101 Switching Protocols, got {}", resp.status()).into(),
             });
         }
+        let answered = resp.headers().clone();
         let upgraded =
             hyper::upgrade::on(resp).await.map_err(|e| ClientError::Receive { request: name, source: e.into() })?;
-        Ok(TokioIo::new(upgraded))
+        Ok((answered, TokioIo::new(upgraded)))
     }
 }
 
@@ -132,7 +147,7 @@ impl Client {
         })
     }
 
-    fn stream_opener(&self, target: Target) -> StreamOpener {
+    pub(crate) fn stream_opener(&self, target: Target) -> StreamOpener {
         StreamOpener {
             endpoint: self.endpoint().clone(),
             authorization: self.authorization().cloned(),

@@ -18,7 +18,7 @@ fn processes(id: &str) -> Result<Target, ClientError> {
     Ok(Target::new("/v1/sandboxes").segment("sandbox id", id)?.push("/processes"))
 }
 
-fn process(id: &str, pid: u32, suffix: &'static str) -> Result<Target, ClientError> {
+pub(crate) fn process(id: &str, pid: u32, suffix: &'static str) -> Result<Target, ClientError> {
     Ok(processes(id)?.segment("pid", &pid.to_string())?.push(suffix))
 }
 

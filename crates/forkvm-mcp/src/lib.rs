@@ -1,5 +1,5 @@
 //! `forkvm mcp`: an MCP server that gives an agent forkvm's sandboxes as tools (spawn,
-//! exec, eval, files, branch, fork, kill, snapshots) and resources (console log, file
+//! exec, eval, files, background processes, branch, fork, kill, snapshots) and resources (console log, file
 //! tree). It is a client of forkvmd like the CLI and the SDKs: every tool is a daemon
 //! call with the daemon's own checks, so the MCP server adds no way to the host.
 //!
@@ -10,6 +10,7 @@ mod daemon;
 pub mod http;
 mod output;
 mod params;
+mod process_tools;
 mod resources;
 mod server;
 mod tools;

@@ -208,6 +208,79 @@ pub struct ForkArgs {
     pub n: u32,
 }
 
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StartProcessArgs {
+    /// The sandbox's id.
+    pub sandbox_id: String,
+    /// A shell command line, run by `/bin/sh -c` in the background.
+    pub command: String,
+    /// Working directory; default: the image's, else `/`.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Extra environment variables.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// A name listed with the process.
+    #[serde(default)]
+    pub tag: Option<String>,
+    /// Output bytes kept for reading (1 to 16777216); default 1048576.
+    #[serde(default)]
+    pub ring_bytes: Option<u64>,
+    /// Kill it after this many seconds (1 to 86400); default: it runs until it ends.
+    #[serde(default)]
+    pub timeout_secs: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessOutputArgs {
+    /// The sandbox's id.
+    pub sandbox_id: String,
+    /// The process's pid (from `start_process` or `list_processes`).
+    pub pid: u32,
+    /// Byte of its output to start at (`next_offset` of the last read); default: the
+    /// oldest byte kept.
+    #[serde(default)]
+    pub offset: Option<u64>,
+    /// Most bytes returned, 1 to 1048576; default 65536.
+    #[serde(default = "default_read")]
+    pub max_bytes: usize,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SendInputArgs {
+    /// The sandbox's id.
+    pub sandbox_id: String,
+    /// The process's pid.
+    pub pid: u32,
+    /// Text for its standard input (add `\n` to end a line).
+    pub text: String,
+    /// End its input after the text.
+    #[serde(default)]
+    pub close: bool,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StopProcessArgs {
+    /// The sandbox's id.
+    pub sandbox_id: String,
+    /// The process's pid.
+    pub pid: u32,
+    /// The signal number; default 15 (TERM).
+    #[serde(default)]
+    pub signal: Option<i32>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListProcessesArgs {
+    /// The sandbox's id.
+    pub sandbox_id: String,
+}
+
 /// Most sandboxes one `spawn` or `fork` tool call makes (the API allows more; an agent
 /// asking for thousands is more likely a mistake).
 pub const MAX_PER_CALL: u32 = 100;

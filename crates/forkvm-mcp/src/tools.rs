@@ -33,17 +33,17 @@ pub struct ForkvmMcp {
 }
 
 /// A reply of JSON text (what agents read best), pretty-printed.
-fn json_reply<T: Serialize>(value: &T) -> ToolReply {
+pub(crate) fn json_reply<T: Serialize>(value: &T) -> ToolReply {
     let text = serde_json::to_string_pretty(value).map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
     Ok(CallToolResult::success(vec![ContentBlock::text(text)]))
 }
 
 /// A tool error: the message and, for a daemon error, its chain of causes.
-fn tool_error(step: &str, e: &CallError) -> CallToolResult {
+pub(crate) fn tool_error(step: &str, e: &CallError) -> CallToolResult {
     CallToolResult::error(vec![ContentBlock::text(format!("{step}: {}", describe(e)))])
 }
 
-fn invalid(message: impl Into<String>) -> CallToolResult {
+pub(crate) fn invalid(message: impl Into<String>) -> CallToolResult {
     CallToolResult::error(vec![ContentBlock::text(message.into())])
 }
 
@@ -81,7 +81,11 @@ fn check_count(n: u32) -> Result<(), CallToolResult> {
 #[tool_router(router = tool_router)]
 impl ForkvmMcp {
     pub fn new(daemon: Daemon) -> ForkvmMcp {
-        ForkvmMcp { daemon, tool_router: Self::tool_router(), exec_seq: Arc::new(AtomicU64::new(0)) }
+        ForkvmMcp {
+            daemon,
+            tool_router: Self::tool_router() + Self::process_router(),
+            exec_seq: Arc::new(AtomicU64::new(0)),
+        }
     }
 
     #[tool(

@@ -273,8 +273,25 @@ impl<S: Read + Write + IdleLimit> AgentClient<S> {
 
     /// Streams a guest file into `sink`; returns the byte count.
     pub fn read_file(&self, path: &str, sink: &mut dyn Write) -> Result<u64, ClientError> {
-        let step = "read_file";
-        let (mut stream, limit) = self.start(step, &Request::ReadFile { path: path.into() }, idle_limit::CALL)?;
+        self.read_stream("read_file", &Request::ReadFile { path: path.into() }, sink)
+    }
+
+    /// Streams a tar archive of guest directory `path` into `sink`; returns its size.
+    pub fn tar(&self, path: &str, sink: &mut dyn Write) -> Result<u64, ClientError> {
+        self.read_stream("tar", &Request::Tar { path: path.into() }, sink)
+    }
+
+    /// A guest file's size and SHA-256 (lowercase hex), computed by the agent.
+    pub fn hash_file(&self, path: &str) -> Result<(u64, String), ClientError> {
+        match self.call("hash_file", &Request::HashFile { path: path.into() }, idle_limit::CALL)? {
+            Response::FileHash { size, sha256 } => Ok((size, sha256)),
+            other => Err(unexpected("hash_file", &other)),
+        }
+    }
+
+    /// `Data` frames into `sink` until `ReadDone` (which must count what came).
+    fn read_stream(&self, step: &'static str, req: &Request, sink: &mut dyn Write) -> Result<u64, ClientError> {
+        let (mut stream, limit) = self.start(step, req, idle_limit::CALL)?;
         let mut total = 0u64;
         loop {
             let frame = read_frame(&mut stream).map_err(frame_failed(step, limit, false))?;

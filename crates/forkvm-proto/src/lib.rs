@@ -44,6 +44,9 @@
 //! | `signal`                 | —                    | `Response::Done`                              |
 //! | `read_file`              | —                    | `Data`*, `Response::ReadDone`                 |
 //! | `write_file`             | `Data`*, `End`       | `Response::Written`                           |
+//! | `untar`                  | `Data`*, `End`       | `Response::Written`                           |
+//! | `tar`                    | —                    | `Data`* (a tar archive), `Response::ReadDone` |
+//! | `hash_file`              | —                    | `Response::FileHash`                          |
 //! | `list` / `stat`          | —                    | `Response::Entries` / `Response::Stat`        |
 //! | `mkdir` / `remove` / `rename` | —               | `Response::Done`                              |
 //! | `eval`                   | —                    | `Response::Eval`                              |

@@ -66,6 +66,11 @@ pub enum Request {
     ProcInput(crate::ProcInputRequest),
     /// Resize a background process's terminal; `Done`.
     ProcResize(crate::ProcResizeRequest),
+    /// A file's size and SHA-256, computed in the guest; answered with `FileHash`.
+    HashFile { path: String },
+    /// Stream a tar archive of a directory back in `Data` frames (its entries named
+    /// relative to it; links kept as links, never followed); ends with `ReadDone`.
+    Tar { path: String },
 }
 
 /// An `untar` request: the entries of a tar stream made under `dir` (made if missing),
@@ -375,16 +380,29 @@ pub struct Pong {
 pub enum Response {
     Pong(Pong),
     Exit(ExitStatus),
-    ReadDone { bytes: u64 },
-    Written { bytes: u64 },
-    Entries { entries: Vec<FileInfo> },
+    ReadDone {
+        bytes: u64,
+    },
+    Written {
+        bytes: u64,
+    },
+    Entries {
+        entries: Vec<FileInfo>,
+    },
     Stat(FileInfo),
     Done,
     Eval(EvalResponse),
     Identity(IdentityApplied),
     ShuttingDown,
     Proc(crate::ProcInfo),
-    Procs { procs: Vec<crate::ProcInfo> },
+    Procs {
+        procs: Vec<crate::ProcInfo>,
+    },
+    /// A file's size and SHA-256 (lowercase hex).
+    FileHash {
+        size: u64,
+        sha256: String,
+    },
     Error(AgentError),
 }
 

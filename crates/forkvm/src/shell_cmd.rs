@@ -5,12 +5,11 @@
 //! typed (raw mode: Ctrl-C interrupts the sandbox's command, not this one), resizes
 //! follow this terminal, and the session ends with the command, with its exit code.
 
-use crate::backend::processes::{self, Processes};
+use crate::backend::processes::{self, AttachedEvent, AttachedInput, Processes};
 use crate::remote_cmd::RemoteArgs;
 use anyhow::Result;
-use base64::Engine;
 use clap::Args;
-use forkvm_client::api::{ProcessOutputEvent, StartProcessRequest, TerminalSize};
+use forkvm_client::api::{StartProcessRequest, TerminalSize};
 use std::io::{Read, Write};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -69,39 +68,50 @@ pub fn attach(a: AttachArgs, remote: &RemoteArgs) -> Result<i32> {
 }
 
 /// Runs the terminal session with process `pid` until it ends (its exit code) or the
-/// user detaches (0).
+/// user detaches (0), on one attachment: output read here, keys and resizes sent on it
+/// from threads of their own.
 fn session(procs: Arc<dyn Processes>, id: &str, pid: u32, offset: Option<u64>) -> Result<i32> {
+    let mut attached = procs.attach(id, pid, offset)?;
+    let keys = attached.input()?;
+    let sizes = attached.input()?;
     let raw = RawMode::enable();
     let interactive = raw.is_some();
     {
-        let (procs, id) = (procs.clone(), id.to_string());
-        std::thread::spawn(move || forward_keys(&*procs, &id, pid, interactive));
+        let id = id.to_string();
+        std::thread::spawn(move || forward_keys(keys, &id, pid, interactive));
     }
     if interactive {
-        let (procs, id) = (procs.clone(), id.to_string());
-        std::thread::spawn(move || follow_size(&*procs, &id, pid));
+        std::thread::spawn(move || follow_size(sizes));
     }
     let mut out = std::io::stdout().lock();
-    let end = procs.output(id, pid, offset, true, &mut |e| {
-        if let ProcessOutputEvent::Output { data, .. } = e {
-            let bytes = base64::engine::general_purpose::STANDARD.decode(data).unwrap_or_default();
-            return out.write_all(&bytes).and_then(|()| out.flush()).is_ok();
+    let mut end = None;
+    while let Some(event) = attached.next()? {
+        match event {
+            AttachedEvent::Output(bytes) => {
+                if out.write_all(&bytes).and_then(|()| out.flush()).is_err() {
+                    break;
+                }
+            }
+            AttachedEvent::End(p) => {
+                end = Some(p);
+                break;
+            }
+            AttachedEvent::Other => {}
         }
-        true
-    });
+    }
     drop(raw);
-    Ok(end?.and_then(|p| p.exit).map_or(0, |e| e.exit_code))
+    Ok(end.and_then(|p| p.exit).map_or(0, |e| e.exit_code))
 }
 
 /// Sends what is typed to the process; Ctrl-] detaches, the end of this input ends the
 /// process's (not interactive: a pipe).
-fn forward_keys(procs: &dyn Processes, id: &str, pid: u32, interactive: bool) {
+fn forward_keys(mut input: Box<dyn AttachedInput>, id: &str, pid: u32, interactive: bool) {
     let mut stdin = std::io::stdin().lock();
     let mut buf = [0u8; 4096];
     loop {
         let n = match stdin.read(&mut buf) {
             Ok(0) | Err(_) => {
-                let _ = procs.input(id, pid, &mut &[][..], true);
+                let _ = input.close_stdin();
                 return;
             }
             Ok(n) => n,
@@ -109,27 +119,28 @@ fn forward_keys(procs: &dyn Processes, id: &str, pid: u32, interactive: bool) {
         let keys = &buf[..n];
         if interactive {
             if let Some(at) = keys.iter().position(|b| *b == DETACH) {
-                let _ = procs.input(id, pid, &mut &keys[..at], false);
+                let _ = input.send(&keys[..at]);
+                input.detach();
                 RawMode::restore_saved();
                 eprintln!("\r\n[detached from process {pid}: forkvm attach {id} {pid}]");
                 std::process::exit(0);
             }
         }
-        if procs.input(id, pid, &mut &keys[..], false).is_err() {
+        if input.send(keys).is_err() {
             return;
         }
     }
 }
 
 /// Resizes the process's terminal whenever this one's size changes.
-fn follow_size(procs: &dyn Processes, id: &str, pid: u32) {
+fn follow_size(mut input: Box<dyn AttachedInput>) {
     let mut last = window_size();
     loop {
         std::thread::sleep(RESIZE_LOOK);
         let now = window_size();
         if now != last {
             if let Some(size) = now {
-                if procs.resize(id, pid, size).is_err() {
+                if input.resize(size).is_err() {
                     return;
                 }
             }

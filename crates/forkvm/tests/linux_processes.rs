@@ -86,6 +86,18 @@ fn check_processes(env: &CliEnv, daemon: Option<&str>, id: &str) {
     assert!(out.starts_with("/dev/pts/"), "{out:?}");
 }
 
+/// `forkvm shell` with a piped stdin: typed lines go to the terminal, the end of input
+/// is its EOF, and the session ends with the command's code.
+fn check_shell(env: &CliEnv, daemon: Option<&str>, id: &str) {
+    let argv: Vec<&str> =
+        daemon.map(|d| vec!["--daemon", d]).unwrap_or_default().into_iter().chain(["shell", id]).collect();
+    let mut shell = env.command(&argv).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    shell.stdin.take().unwrap().write_all(b"echo $((6 * 7))\nexit 5\n").unwrap();
+    let out = shell.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(5), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("42"), "{}", String::from_utf8_lossy(&out.stdout));
+}
+
 #[test]
 fn background_processes_run_on_and_are_read_fed_and_signalled_locally_and_through_the_daemon() {
     let env = CliEnv::new();
@@ -93,18 +105,14 @@ fn background_processes_run_on_and_are_read_fed_and_signalled_locally_and_throug
     let id = env.fork("--tag", "t", 1).remove(0);
     check_processes(&env, None, &id);
 
-    // `forkvm shell` with a piped stdin: typed lines go to the terminal, the end of
-    // input is its EOF, and the session ends with the command's code.
-    let mut shell = env.command(&["shell", &id]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
-    shell.stdin.take().unwrap().write_all(b"echo $((6 * 7))\nexit 5\n").unwrap();
-    let out = shell.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(5), "{}", String::from_utf8_lossy(&out.stdout));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("42"), "{}", String::from_utf8_lossy(&out.stdout));
+    check_shell(&env, None, &id);
 
-    // Through the daemon, on the same sandbox (it takes over the running one).
+    // Through the daemon, on the same sandbox (it takes over the running one); its
+    // shell on the process's WebSocket.
     let templates = env.tmp.path().join("templates");
     let (_daemon, endpoint) = env.start_daemon(&templates);
     check_processes(&env, Some(&endpoint), &id);
+    check_shell(&env, Some(&endpoint), &id);
     let bad = env.cmd(&["--daemon", &endpoint, "proc", "logs", &id, "999999"]);
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("no background process has pid 999999"));

@@ -27,7 +27,10 @@ fn uri(path: &str, subject: &str, name: RouteName) -> String {
         | RouteName::WriteFile
         | RouteName::RemoveFile
         | RouteName::ListFiles
-        | RouteName::WatchFiles => {
+        | RouteName::WatchFiles
+        | RouteName::FileChecksum
+        | RouteName::ReadTar
+        | RouteName::WriteTar => {
             format!("{p}?path=/tmp/x")
         }
         RouteName::ImportOciTemplate => format!("{p}?name={subject}"),
@@ -45,9 +48,11 @@ fn good_body(name: RouteName) -> &'static str {
         RouteName::Eval => r#"{"code":"1"}"#,
         RouteName::Branch | RouteName::Fork => "{}",
         RouteName::CompactSnapshot => r#"{"to":"x2"}"#,
-        RouteName::WriteFile | RouteName::UnpackSnapshot | RouteName::ImportOciTemplate | RouteName::BuildTemplate => {
-            "bytes"
-        }
+        RouteName::WriteFile
+        | RouteName::WriteTar
+        | RouteName::UnpackSnapshot
+        | RouteName::ImportOciTemplate
+        | RouteName::BuildTemplate => "bytes",
         RouteName::SetTtl => r#"{"ttl_seconds":5}"#,
         RouteName::ExposePort => r#"{"port":8000}"#,
         RouteName::CreateWorkspace => r#"{"name":"w1","snapshot_tag":"nope"}"#,

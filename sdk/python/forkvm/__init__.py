@@ -26,6 +26,7 @@ from .errors import (
 )
 from .sandbox import Commands, Files, Network, Pty, Sandbox
 from .processes import OutputChunk, Process, ProcessOutput
+from .attach import ProcessSocket
 from .transport import Endpoint, default_socket_path, resolve_endpoint
 from .templates import TemplateBuild, TemplateImport
 from .watch import FileChange, FileWatch
@@ -37,6 +38,8 @@ from .types import (
     EvalResult,
     ExecResult,
     ExposedPort,
+    FileChecksum,
+    FileChecksum,
     FileEntry,
     FileWritten,
     LastDiskSnapshot,
@@ -64,6 +67,7 @@ __all__ = [
     "Pty",
     "Process",
     "ProcessOutput",
+    "ProcessSocket",
     "OutputChunk",
     "ProcessInfo",
     "ProcessExit",
@@ -102,8 +106,10 @@ __all__ = [
     "ExposedPort",
     "FileChange",
     "FileEntry",
+    "FileChecksum",
     "FileWatch",
     "FileWritten",
+    "FileChecksum",
     "TemplateBuild",
     "TemplateImport",
     "Pong",

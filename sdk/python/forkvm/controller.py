@@ -24,6 +24,8 @@ import httpx
 from .errors import ConnectionFailed, ProtocolError, error_from_response
 from .streaming import OutputCallback, collect_exec_events
 from .tcp import open_tcp
+from .transfer import sha256_of_body, sha256_of_file, stream_to_file
+from .attach import ProcessSocket
 from .templates import TemplateBuild, TemplateImport, template_build_from_lines, template_import_from_lines
 from .watch import FileWatch
 from .processes import ProcessOutput
@@ -35,6 +37,7 @@ from .types import (
     EvalResult,
     ExecResult,
     ExposedPort,
+    FileChecksum,
     FileEntry,
     FileWritten,
     NetworkPolicy,
@@ -862,12 +865,98 @@ class Controller:
         """``PUT /v1/sandboxes/{id}/files?path=``: writes ``data`` (str as UTF-8),
         replacing the file atomically. ``mode`` is the permission bits (e.g. 0o755)."""
         content = data.encode("utf-8") if isinstance(data, str) else bytes(data)
-        params: Dict[str, Union[str, int]] = {"path": path}
-        if mode is not None:
-            params["mode"] = int(mode)
-        if create_parents:
-            params["create_parents"] = "true"
+        params = _upload_params(path, mode, create_parents, sha256_of_body(content))
         resp = self._request("PUT", _sb(sandbox_id, "files"), params=params, content=content)
+        return FileWritten.from_json(self._json(resp))
+
+    def upload_file(
+        self,
+        sandbox_id: str,
+        local_path: PathLike,
+        path: str,
+        *,
+        mode: Optional[int] = None,
+        create_parents: bool = False,
+        timeout: Optional[float] = None,
+    ) -> FileWritten:
+        """``PUT /v1/sandboxes/{id}/files?path=`` from the local file ``local_path``,
+        streamed (any size). Its SHA-256, read first, goes with it: a body that arrives
+        otherwise is refused and nothing is written."""
+        params = _upload_params(path, mode, create_parents, sha256_of_file(local_path))
+        with open(os.fspath(local_path), "rb") as f:
+            resp = self._request(
+                "PUT",
+                _sb(sandbox_id, "files"),
+                params=params,
+                content=f,
+                headers={"Content-Type": "application/octet-stream"},
+                timeout=timeout,
+            )
+        return FileWritten.from_json(self._json(resp))
+
+    def download_file(
+        self, sandbox_id: str, path: str, local_path: PathLike, *, verify: bool = True, timeout: Optional[float] = None
+    ) -> FileChecksum:
+        """``GET /v1/sandboxes/{id}/files?path=`` into the local file ``local_path``,
+        streamed (any size) through ``<local_path>.partial``. With ``verify``, what came
+        is compared with the file's SHA-256 computed in the guest before it is renamed
+        into place (a difference is a :class:`ProtocolError`, and nothing is left)."""
+
+        def check(size: int, sha256: str) -> None:
+            if verify:
+                theirs = self.file_checksum(sandbox_id, path)
+                if (theirs.size, theirs.sha256) != (size, sha256):
+                    raise ProtocolError(
+                        f"{path}: {size} bytes with sha256 {sha256} came, but the guest's file has "
+                        f"{theirs.size} bytes with sha256 {theirs.sha256} (changed meanwhile?)"
+                    )
+
+        size, sha256 = stream_to_file(
+            self._client,
+            _sb(sandbox_id, "files"),
+            {"path": path},
+            local_path,
+            timeout=timeout,
+            endpoint=str(self.endpoint),
+            check=check,
+        )
+        return FileChecksum(path=path, size=size, sha256=sha256)
+
+    def file_checksum(self, sandbox_id: str, path: str) -> FileChecksum:
+        """``GET /v1/sandboxes/{id}/files/sha256?path=``: the file's size and SHA-256,
+        computed in the guest."""
+        resp = self._request("GET", _sb(sandbox_id, "files", "sha256"), params={"path": path})
+        return FileChecksum.from_json(self._json(resp))
+
+    def download_tar(self, sandbox_id: str, path: str, local_path: PathLike, *, timeout: Optional[float] = None) -> int:
+        """``GET /v1/sandboxes/{id}/files/tar?path=``: a tar archive of the guest
+        directory ``path`` into the local file ``local_path`` (streamed); its size."""
+        size, _ = stream_to_file(
+            self._client,
+            _sb(sandbox_id, "files", "tar"),
+            {"path": path},
+            local_path,
+            timeout=timeout,
+            endpoint=str(self.endpoint),
+        )
+        return size
+
+    def upload_tar(
+        self, sandbox_id: str, path: str, source: Union[PathLike, bytes], *, timeout: Optional[float] = None
+    ) -> FileWritten:
+        """``PUT /v1/sandboxes/{id}/files/tar?path=``: ``source`` (a local directory,
+        archived here with links as links; a tar file; or an archive's bytes) unpacked
+        into the guest directory ``path``, streamed, its SHA-256 checked by the daemon."""
+        with _context_archive(source) as body:
+            params = {"path": path, "sha256": sha256_of_body(body)}
+            resp = self._request(
+                "PUT",
+                _sb(sandbox_id, "files", "tar"),
+                params=params,
+                content=body,
+                headers={"Content-Type": "application/x-tar"},
+                timeout=timeout,
+            )
         return FileWritten.from_json(self._json(resp))
 
     def remove_file(self, sandbox_id: str, path: str, recursive: bool = False) -> None:
@@ -965,6 +1054,17 @@ class Controller:
         body = {"rows": int(rows), "cols": int(cols)}
         self._request("POST", _sb(sandbox_id, "processes", str(int(pid)), "resize"), json=body)
 
+    def attach_process(
+        self, sandbox_id: str, pid: int, *, offset: Optional[int] = None, timeout: float = 30.0
+    ) -> ProcessSocket:
+        """``GET /v1/sandboxes/{id}/processes/{pid}/attach``, a WebSocket: its output
+        from ``offset`` (the oldest byte kept by default) as it comes, its input and
+        controls the other way. Close it to detach; the process runs on."""
+        target = _sb(sandbox_id, "processes", str(int(pid)), "attach")
+        if offset is not None:
+            target += f"?offset={int(offset)}"
+        return ProcessSocket(self.endpoint, target, self._token, timeout=timeout, verify=self._verify)
+
 
 #: The I/O caps a request's ``io_limits`` may hold.
 IO_LIMITS = (
@@ -974,6 +1074,15 @@ IO_LIMITS = (
     "net_tx_bytes_per_sec",
     "net_rx_bytes_per_sec",
 )
+
+
+def _upload_params(path: str, mode: Optional[int], create_parents: bool, sha256: str) -> Dict[str, Union[str, int]]:
+    params: Dict[str, Union[str, int]] = {"path": path, "sha256": sha256}
+    if mode is not None:
+        params["mode"] = int(mode)
+    if create_parents:
+        params["create_parents"] = "true"
+    return params
 
 
 @contextlib.contextmanager

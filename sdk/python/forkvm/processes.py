@@ -22,6 +22,7 @@ from .streaming import NdjsonStream
 from .types import ProcessInfo
 
 if TYPE_CHECKING:
+    from .attach import ProcessSocket
     from .controller import Controller
 
 __all__ = ["OutputChunk", "ProcessOutput", "Process"]
@@ -138,3 +139,8 @@ class Process:
     def resize(self, rows: int, cols: int) -> None:
         """Its terminal's new size."""
         self._c.resize_process(self.sandbox_id, self.pid, rows, cols)
+
+    def attach(self, offset: Optional[int] = None) -> "ProcessSocket":
+        """Its output from ``offset`` (the oldest kept by default) and its input on one
+        WebSocket: what a terminal needs. Closing it detaches; the process runs on."""
+        return self._c.attach_process(self.sandbox_id, self.pid, offset=offset)

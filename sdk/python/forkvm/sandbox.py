@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import httpx
 
-from .controller import Controller, NetworkPolicyLike
+from .controller import Controller, NetworkPolicyLike, PathLike
 from .errors import EvalError, NotFound
 from .streaming import OutputCallback
 from .watch import FileWatch
@@ -24,6 +24,7 @@ from .types import (
     DiskSnapshotInfo,
     DiskSnapshotReport,
     ExecResult,
+    FileChecksum,
     FileEntry,
     FileWritten,
     NetworkPolicy,
@@ -156,6 +157,22 @@ class Files:
     def write(self, path: str, data: Union[bytes, str], mode: Optional[int] = None) -> FileWritten:
         """Writes ``data`` to ``path``, creating parent directories."""
         return self._sb.controller.write_file(self._sb.id, path, data, mode=mode, create_parents=True)
+
+    def upload(self, local_path: PathLike, path: str, mode: Optional[int] = None) -> FileWritten:
+        """Streams the local file to ``path`` (parents made), checked by its SHA-256."""
+        return self._sb.controller.upload_file(self._sb.id, local_path, path, mode=mode, create_parents=True)
+
+    def download(self, path: str, local_path: PathLike) -> FileChecksum:
+        """Streams ``path`` to the local file, checked against the guest's SHA-256."""
+        return self._sb.controller.download_file(self._sb.id, path, local_path)
+
+    def download_dir(self, path: str, local_tar: PathLike) -> int:
+        """A tar archive of the directory ``path`` into the local file; its size."""
+        return self._sb.controller.download_tar(self._sb.id, path, local_tar)
+
+    def upload_dir(self, source: Union[PathLike, bytes], path: str) -> FileWritten:
+        """A local directory (or tar file, or archive bytes) unpacked into ``path``."""
+        return self._sb.controller.upload_tar(self._sb.id, path, source)
 
     def list(self, path: str) -> List[FileEntry]:
         """The entries of the directory ``path``."""

@@ -14,13 +14,14 @@ from urllib.parse import urlsplit
 from .errors import ConnectionFailed, ProtocolError, error_from_response
 from .transport import Endpoint
 
-__all__ = ["open_tcp"]
+__all__ = ["open_tcp", "connect_socket"]
 
 #: Largest answer head read before the stream starts.
 MAX_HEAD = 16 << 10
 
 
-def _connect(endpoint: Endpoint, timeout: float, verify: Union[bool, str]) -> Tuple[socket.socket, str]:
+def connect_socket(endpoint: Endpoint, timeout: float, verify: Union[bool, str]) -> Tuple[socket.socket, str]:
+    """A connection to the daemon (TLS-wrapped for https) and the Host it answers as."""
     if endpoint.uds is not None:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(timeout)
@@ -64,7 +65,7 @@ def open_tcp(
     mode. The daemon's errors (no such sandbox, nothing listening: :class:`BadGateway`)
     raise as for any call."""
     try:
-        s, host = _connect(endpoint, timeout, verify)
+        s, host = connect_socket(endpoint, timeout, verify)
     except OSError as e:
         raise ConnectionFailed(f"cannot talk to forkvmd at {endpoint}: {e}") from e
     try:

@@ -30,6 +30,7 @@ __all__ = [
     "EvalResult",
     "FileEntry",
     "FileWritten",
+    "FileChecksum",
     "Pong",
     "VersionInfo",
     "WorkspaceInfo",
@@ -826,16 +827,33 @@ class FileEntry(_Record):
 
 @dataclass
 class FileWritten(_Record):
-    """The reply to a file upload: where it went and how many bytes."""
+    """The reply to a file or tar upload: where it went, how many bytes, and their
+    SHA-256 as the daemon received them (``None`` from a daemon older than that)."""
 
     path: str
     bytes: int
+    sha256: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_json(cls, data: Any) -> "FileWritten":
         f = _Fields("FileWritten", data)
-        return cls(path=f.req_str("path"), bytes=f.req_int("bytes"), raw=_raw(data))
+        return cls(path=f.req_str("path"), bytes=f.req_int("bytes"), sha256=f.opt_str("sha256"), raw=_raw(data))
+
+
+@dataclass
+class FileChecksum(_Record):
+    """A file's size and SHA-256 (lowercase hex), computed in the guest."""
+
+    path: str
+    size: int
+    sha256: str
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "FileChecksum":
+        f = _Fields("FileChecksum", data)
+        return cls(path=f.req_str("path"), size=f.req_int("size"), sha256=f.req_str("sha256"), raw=_raw(data))
 
 
 @dataclass

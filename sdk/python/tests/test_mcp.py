@@ -39,6 +39,7 @@ pytestmark = pytest.mark.skipif(not os.path.exists(FORKVM_BIN), reason=f"FORKVM_
 TOOLS = {
     "list_snapshots", "create_snapshot", "snapshot_info", "delete_snapshot", "list_sandboxes", "spawn",
     "exec", "eval", "read_file", "write_file", "list_files", "branch", "fork", "kill",
+    "start_process", "process_output", "send_input", "stop_process", "list_processes",
 }
 # Seconds a guest call may take here (guest kernel code is emulated, ~1000x slower).
 GUEST_CALL_S = 300
@@ -177,6 +178,26 @@ def test_an_agent_spawns_execs_evals_edits_files_branches_forks_and_kills(daemon
         assert [(e["name"], e["type"], e["size"]) for e in entries] == [("notes.txt", "file", 11)]
         part = await call(s, "read_file", {"sandbox_id": sid, "path": "/tmp/mcp/notes.txt", "offset": 2, "max_bytes": 5})
         assert (part["text"], part["next_offset"]) == ("pha\nb", 7)
+
+        # A background process: started, fed, read a window at a time until it ended.
+        p = await call(s, "start_process", {"sandbox_id": sid, "command": "read x; echo got $x; seq 1 3; exit 4"})
+        pid = p["pid"]
+        assert (await call(s, "send_input", {"sandbox_id": sid, "pid": pid, "text": "hi\n", "close": True}))["bytes"] == 3
+        deadline = time.monotonic() + GUEST_CALL_S
+        while True:
+            out = await call(s, "process_output", {"sandbox_id": sid, "pid": pid})
+            if not out["running"] or time.monotonic() > deadline:
+                break
+            await anyio.sleep(0.5)
+        assert (out["text"], out["exit_code"], out["next_offset"]) == ("got hi\n1\n2\n3\n", 4, 13), out
+        head = await call(s, "process_output", {"sandbox_id": sid, "pid": pid, "offset": 4, "max_bytes": 3})
+        assert (head["text"], head["next_offset"], head["more"]) == ("hi\n", 7, True), head
+        sleeper = await call(s, "start_process", {"sandbox_id": sid, "command": "sleep 600", "tag": "nap"})
+        assert any(q["pid"] == sleeper["pid"] and q["running"] for q in await call(s, "list_processes", {"sandbox_id": sid}))
+        await call(s, "stop_process", {"sandbox_id": sid, "pid": sleeper["pid"], "signal": 9})
+        while any(q["pid"] == sleeper["pid"] and q["running"] for q in await call(s, "list_processes", {"sandbox_id": sid})):
+            assert time.monotonic() < deadline, "the stopped process runs on"
+            await anyio.sleep(0.5)
 
         # Python state persists between evals in the warm interpreter.
         e = await call(s, "eval", {"sandbox_id": sid, "code": "x = np.arange(5)\nx.sum()"})

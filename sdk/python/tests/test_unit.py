@@ -9,6 +9,7 @@ import socketserver
 import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import httpx
@@ -355,7 +356,8 @@ def test_sandbox_api_over_fake_server(server: TcpServer, client: Controller) -> 
         assert json.loads(server.requests[-1][3]) == {"snapshot_tag": "py", "n": 1, "memory_limit_mib": 64}
         assert sb.id == "abc" and sb.info.state == "running"
         assert sb.files.write("/a/b", "hi", mode=0o644).bytes == 2
-        assert server.requests[-1][1] == "/v1/sandboxes/abc/files?path=%2Fa%2Fb&mode=420&create_parents=true"
+        hi = "8f434346648f6b96df89dda901c5176b10a6d83961dd3c1ac88b59b2dc327aa4"
+        assert server.requests[-1][1] == f"/v1/sandboxes/abc/files?path=%2Fa%2Fb&sha256={hi}&mode=420&create_parents=true"
         assert server.requests[-1][3] == b"hi"
         assert sb.eval("1+1") == "2"
         with pytest.raises(EvalError) as ei:
@@ -639,10 +641,13 @@ CALLS: Dict[str, Tuple[Any, Callable[[Controller], Any]]] = {
     "Branch": (SNAP, lambda c: c.branch_sandbox("ID")),
     "Fork": ([SB], lambda c: c.fork_sandbox("ID")),
     "ReadFile": (b"x", lambda c: c.read_file("ID", "/a")),
-    "WriteFile": ({"path": "/a", "bytes": 1}, lambda c: c.write_file("ID", "/a", b"x")),
+    "WriteFile": ({"path": "/a", "bytes": 1, "sha256": "ab" * 32}, lambda c: c.write_file("ID", "/a", b"x")),
     "RemoveFile": (None, lambda c: c.remove_file("ID", "/a")),
     "ListFiles": ([ENTRY], lambda c: c.list_files("ID", "/")),
     "WatchFiles": (WATCH, lambda c: list(c.watch_files("ID", "/"))),
+    "FileChecksum": ({"path": "/a", "size": 2, "sha256": "ab" * 32}, lambda c: c.file_checksum("ID", "/a")),
+    "ReadTar": (b"tar bytes", lambda c: c.download_tar("ID", "/d", os.path.join(tempfile.mkdtemp(), "d.tar"))),
+    "WriteTar": ({"path": "/d", "bytes": 3, "sha256": "ab" * 32}, lambda c: c.upload_tar("ID", "/d", b"tar")),
     "TakeDiskSnapshot": (None, lambda c: c.disk_snapshot("ID")),
     "ListDiskSnapshots": (None, lambda c: c.list_disk_snapshots("ID")),
     "ListWorkspaces": ([WS], lambda c: c.list_workspaces()),
@@ -958,6 +963,15 @@ CALLS["UnexposePort"] = (None, lambda c: c.unexpose_port("ID", 8000))
 CALLS["ConnectTcp"] = (None, _connect_tcp_needs_a_101)
 
 
+def _attach_needs_a_websocket(c: Controller) -> None:
+    # The fake daemon answers 204, not 101: no socket is handed out.
+    with pytest.raises(ProtocolError, match="expected 101"):
+        c.attach_process("ID", 7, offset=3)
+
+
+CALLS["AttachProcess"] = (None, _attach_needs_a_websocket)
+
+
 def test_exposed_ports_carry_their_own_token_and_never_the_daemons(server: TcpServer) -> None:
     server.routes[("POST", "/v1/sandboxes/sb/ports")] = _json_reply(200, EXPOSED)
     server.routes[("GET", "/v1/sandboxes/sb/ports/8000/app/x")] = lambda h: (418, {"Content-Type": "application/json"}, b'{"error": "guest", "code": "teapot"}')
@@ -1120,3 +1134,89 @@ def test_background_processes_send_their_options_and_read_their_output(server: T
     assert proc.wait().exit is not None
     with pytest.raises(ValueError, match="kept, not streamed"):
         sb.commands.run("cat", background=True, on_stdout=print)
+
+
+# --- checked transfers --------------------------------------------------------------
+
+
+def test_uploads_name_their_sha256_and_a_download_unlike_the_guests_file_is_refused(
+    server: TcpServer, client: Controller, tmp_path: Path
+) -> None:
+    import hashlib
+    from urllib.parse import parse_qs, urlsplit
+
+    def query(i: int = -1) -> Dict[str, List[str]]:
+        return parse_qs(urlsplit(server.requests[i][1]).query)
+
+    server.routes[("PUT", "/v1/sandboxes/sb/files")] = _json_reply(201, {"path": "/a", "bytes": 2, "sha256": "ab" * 32})
+    assert client.write_file("sb", "/a", b"hi").sha256 == "ab" * 32
+    assert query()["sha256"] == [hashlib.sha256(b"hi").hexdigest()]
+    local = tmp_path / "big.bin"
+    local.write_bytes(bytes(range(256)) * 12_000)
+    client.upload_file("sb", local, "/big", mode=0o600)
+    assert query()["sha256"] == [hashlib.sha256(local.read_bytes()).hexdigest()] and query()["mode"] == ["384"]
+    assert len(server.requests[-1][3]) == local.stat().st_size
+
+    body = b"hello"
+    server.routes[("GET", "/v1/sandboxes/sb/files")] = _fixed(200, "application/octet-stream", body)
+    good = {"path": "/f", "size": 5, "sha256": hashlib.sha256(body).hexdigest()}
+    server.routes[("GET", "/v1/sandboxes/sb/files/sha256")] = _json_reply(200, good)
+    got = client.download_file("sb", "/f", tmp_path / "f")
+    assert (got.size, got.sha256, (tmp_path / "f").read_bytes()) == (5, good["sha256"], body)
+    server.routes[("GET", "/v1/sandboxes/sb/files/sha256")] = _json_reply(200, {**good, "sha256": "00" * 32})
+    with pytest.raises(ProtocolError, match="sha256"):
+        client.download_file("sb", "/f", tmp_path / "g")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.bin", "f"], "a refused download leaves nothing"
+
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "sub" / "x.txt").write_text("x")
+    server.routes[("PUT", "/v1/sandboxes/sb/files/tar")] = _json_reply(201, {"path": "/d", "bytes": 1, "sha256": "ab" * 32})
+    client.upload_tar("sb", "/d", tree)
+    import io
+    import tarfile
+
+    sent = server.requests[-1][3]
+    assert query()["sha256"] == [hashlib.sha256(sent).hexdigest()]
+    assert "./sub/x.txt" in tarfile.open(fileobj=io.BytesIO(sent)).getnames()
+
+
+# --- a process's socket ------------------------------------------------------------
+
+
+def test_a_process_socket_reads_output_keeps_what_follows_a_match_and_sends_keys_and_controls(tmp_path: Path) -> None:
+    from websockets.sync.server import unix_serve
+
+    got: List[Any] = []
+    heard: Dict[str, Any] = {}
+    proc = {"pid": 7, "argv": ["sh"], "started_at_unix_ms": 1, "output_end": 20, "output_start": 0,
+            "stdin_open": False, "running": False, "exit": {"exit_code": 3, "timed_out": False, "duration_ms": 9}}
+
+    def handler(ws: Any) -> None:
+        heard["path"] = ws.request.path
+        heard["auth"] = ws.request.headers.get("Authorization")
+        ws.send(json.dumps({"type": "from", "offset": 5, "skipped": 2}))
+        ws.send(b"\x01hello >>> wor")
+        ws.send(json.dumps({"type": "keepalive"}))
+        ws.send(b"\x02ld")
+        got.append(ws.recv(timeout=10))
+        got.append(ws.recv(timeout=10))
+        ws.send(json.dumps({"type": "end", "process": proc}))
+        ws.close()
+
+    path = str(tmp_path / "d.sock")
+    with unix_serve(handler, path) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        with Controller(f"unix:{path}", token="tok") as c:
+            with c.attach_process("sb", 7, offset=5) as sock:
+                assert (sock.offset, sock.skipped) == (5, 2)
+                assert sock.read_until(">>> ") == b"hello >>> "
+                assert sock.recv(timeout=10) == forkvm.OutputChunk(stream="stdout", offset=15, data=b"wor")
+                assert sock.recv(timeout=10) == forkvm.OutputChunk(stream="stderr", offset=18, data=b"ld")
+                sock.send("ls\r")
+                sock.resize(40, 100)
+                assert sock.recv(timeout=10) is None
+                assert sock.process is not None and sock.process.exit is not None and sock.process.exit.exit_code == 3
+        server.shutdown()
+    assert heard == {"path": "/v1/sandboxes/sb/processes/7/attach?offset=5", "auth": "Bearer tok"}
+    assert got == [b"ls\r", json.dumps({"type": "resize", "rows": 40, "cols": 100})]

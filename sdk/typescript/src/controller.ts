@@ -6,6 +6,7 @@
  * output is an async iterator of events, file and pack bodies are web streams.
  */
 
+import { createHash } from "node:crypto";
 import { createReadStream, createWriteStream } from "node:fs";
 import { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
@@ -13,6 +14,7 @@ import type { Duplex } from "node:stream";
 import { fetch, upgrade, type Agent } from "undici";
 import { ConnectionFailed, ForkvmError, ProtocolError, errorFromResponse } from "./errors.js";
 import { ndjson } from "./ndjson.js";
+import { ProcessSocket } from "./attach.js";
 import {
   type Endpoint,
   type TlsOptions,
@@ -56,6 +58,12 @@ interface Call {
   query?: Record<string, string | number | boolean | undefined>;
   timeoutMs?: number;
   headers?: Record<string, string>;
+}
+
+/** The SHA-256 of bytes or text (a stream's is not known before it is read). */
+function sha256Of(b: BodyLike): string | undefined {
+  if (typeof b === "string" || b instanceof Uint8Array) return createHash("sha256").update(b).digest("hex");
+  return undefined;
 }
 
 function toBody(b: BodyLike): { body: unknown; duplex?: "half" } {
@@ -345,10 +353,32 @@ export class Controller {
     return resp.body as ReadableStream<Uint8Array>;
   }
 
-  /** `PUT /v1/sandboxes/{id}/files`: writes `data` (bytes, text or a stream) to `path`. */
-  writeFile(id: string, path: string, data: BodyLike, opts: { mode?: number; createParents?: boolean } = {}): Promise<T.FileWritten> {
-    const query = { path, mode: opts.mode?.toString(8), create_parents: opts.createParents || undefined };
+  /**
+   * `PUT /v1/sandboxes/{id}/files`: writes `data` (bytes, text or a stream) to `path`. The
+   * SHA-256 of bytes or text is computed here and checked by the daemon before the file is
+   * replaced; give `sha256` for a stream whose digest you know.
+   */
+  writeFile(id: string, path: string, data: BodyLike, opts: { mode?: number; createParents?: boolean; sha256?: string } = {}): Promise<T.FileWritten> {
+    const query = { path, mode: opts.mode?.toString(), create_parents: opts.createParents || undefined, sha256: opts.sha256 ?? sha256Of(data) };
     return this.#json("PUT", sb(id, "files"), { body: data, query });
+  }
+
+  /** `GET /v1/sandboxes/{id}/files/sha256`: a file's size and SHA-256, computed in the guest (to check a download against). */
+  fileChecksum(id: string, path: string): Promise<T.FileChecksum> {
+    return this.#json("GET", sb(id, "files", "sha256"), { query: { path } });
+  }
+
+  /** `GET /v1/sandboxes/{id}/files/tar`: a tar archive of the guest directory `path`, streamed. */
+  async readTar(id: string, path: string): Promise<ReadableStream<Uint8Array>> {
+    const resp = await this.#request("GET", sb(id, "files", "tar"), { query: { path }, timeoutMs: WATCH_MAX_MS });
+    if (!resp.body) throw new ProtocolError(`reading ${path} as a tar archive: no body`);
+    return resp.body as ReadableStream<Uint8Array>;
+  }
+
+  /** `PUT /v1/sandboxes/{id}/files/tar`: the tar archive `data` unpacked into the guest directory `path` (checked by its SHA-256 as `writeFile`). */
+  writeTar(id: string, path: string, data: BodyLike, opts: { sha256?: string } = {}): Promise<T.FileWritten> {
+    const query = { path, sha256: opts.sha256 ?? sha256Of(data) };
+    return this.#json("PUT", sb(id, "files", "tar"), { body: data, query, headers: { "content-type": "application/x-tar" } });
   }
 
   /** `DELETE /v1/sandboxes/{id}/files`. */
@@ -415,6 +445,17 @@ export class Controller {
   /** `POST /v1/sandboxes/{id}/processes/{pid}/resize`: its terminal's new size. */
   resizeProcess(id: string, pid: number, size: T.TerminalSize): Promise<void> {
     return this.#none("POST", sb(id, "processes", String(pid), "resize"), { json: size });
+  }
+
+  /**
+   * `GET /v1/sandboxes/{id}/processes/{pid}/attach`, a WebSocket: its output from `offset`
+   * (the oldest byte kept by default) as it comes, its input and controls the other way.
+   * `close()` detaches; the process runs on.
+   */
+  attachProcess(id: string, pid: number, opts: { offset?: number; timeoutMs?: number } = {}): Promise<ProcessSocket> {
+    const base = this.endpoint.baseUrl.replace(/^http/, "ws");
+    const query = opts.offset === undefined ? "" : `?offset=${Math.trunc(opts.offset)}`;
+    return ProcessSocket.open(base + sb(id, "processes", String(pid), "attach") + query, this.#dispatcher, this.#token, opts.timeoutMs ?? 30_000);
   }
 
   // --- disks and lifecycle ----------------------------------------------------------

@@ -5,6 +5,7 @@
 
 import { Controller, type ControllerOptions } from "./controller.js";
 import { EvalError, ForkvmError, NotFound } from "./errors.js";
+import { ProcessHandle, startRequest, type StartOptions } from "./process_handle.js";
 import type * as T from "./types.js";
 
 /** Called with each chunk of output text, in order. */
@@ -42,8 +43,33 @@ function headline(error: string, exitCode: number): string {
 export class Commands {
   constructor(private readonly sb: Sandbox) {}
 
-  /** Runs `cmd` and waits: a string goes through `/bin/sh -c`, an array is argv. */
-  async run(cmd: string | string[], opts: RunOptions = {}): Promise<CommandResult> {
+  /**
+   * Runs `cmd` and waits: a string goes through `/bin/sh -c`, an array is argv. With
+   * `background: true` it is started and left running: a `ProcessHandle` comes back.
+   */
+  run(cmd: string | string[], opts: StartOptions & { background: true }): Promise<ProcessHandle>;
+  run(cmd: string | string[], opts?: RunOptions & { background?: false }): Promise<CommandResult>;
+  async run(cmd: string | string[], opts: (RunOptions | StartOptions) & { background?: boolean } = {}): Promise<CommandResult | ProcessHandle> {
+    if (opts.background) {
+      const info = await this.sb.controller.startProcess(this.sb.id, startRequest(cmd, opts as StartOptions));
+      return new ProcessHandle(this.sb.controller, this.sb.id, info);
+    }
+    return this.#wait(cmd, opts as RunOptions);
+  }
+
+  /** The background processes the sandbox keeps (running and ended). */
+  async list(): Promise<T.ProcessInfo[]> {
+    return this.sb.controller.listProcesses(this.sb.id);
+  }
+
+  /** The background process `pid` (NotFound when the sandbox keeps none). */
+  async connect(pid: number): Promise<ProcessHandle> {
+    const found = (await this.list()).find((p) => p.pid === pid);
+    if (!found) throw new NotFound(`sandbox ${this.sb.id} keeps no process ${pid}`);
+    return new ProcessHandle(this.sb.controller, this.sb.id, found);
+  }
+
+  async #wait(cmd: string | string[], opts: RunOptions): Promise<CommandResult> {
     const req = {
       ...(typeof cmd === "string" ? { cmd } : { args: cmd }),
       timeout_secs: Math.ceil(opts.timeoutSecs ?? 30),
@@ -84,6 +110,19 @@ export class Commands {
   }
 }
 
+/** `sandbox.pty`: terminals in the sandbox. */
+export class Pty {
+  constructor(private readonly sb: Sandbox) {}
+
+  /** A command (a login shell by default) on a new terminal: `attach()` it for the screen and the keys. */
+  async create(opts: StartOptions & { rows?: number; cols?: number; cmd?: string } = {}): Promise<ProcessHandle> {
+    const shell = opts.cmd ?? "if command -v bash >/dev/null 2>&1; then exec bash -l; else exec sh -l; fi";
+    const env = { TERM: "xterm-256color", ...opts.env };
+    const req = startRequest(shell, { ...opts, env, tag: opts.tag ?? "pty" }, { rows: opts.rows ?? 24, cols: opts.cols ?? 80 });
+    return new ProcessHandle(this.sb.controller, this.sb.id, await this.sb.controller.startProcess(this.sb.id, req));
+  }
+}
+
 export class Files {
   constructor(private readonly sb: Sandbox) {}
 
@@ -113,6 +152,21 @@ export class Files {
     return this.sb.controller.removeFile(this.sb.id, path, opts);
   }
 
+  /** A file's size and SHA-256, computed in the guest. */
+  checksum(path: string): Promise<T.FileChecksum> {
+    return this.sb.controller.fileChecksum(this.sb.id, path);
+  }
+
+  /** The directory `path` as a tar archive, streamed. */
+  readDir(path: string): Promise<ReadableStream<Uint8Array>> {
+    return this.sb.controller.readTar(this.sb.id, path);
+  }
+
+  /** A tar archive (bytes or a stream) unpacked into the directory `path`. */
+  writeDir(path: string, tar: Parameters<Controller["writeTar"]>[2]): Promise<T.FileWritten> {
+    return this.sb.controller.writeTar(this.sb.id, path, tar);
+  }
+
   /** The changes below the directory `path` (`armed` first; `break` to stop): see `Controller.watchFiles`. */
   watch(path: string, opts: { recursive?: boolean } = {}): AsyncGenerator<T.WatchEvent> {
     return this.sb.controller.watchFiles(this.sb.id, path, opts);
@@ -122,6 +176,7 @@ export class Files {
 export class Sandbox {
   readonly commands = new Commands(this);
   readonly files = new Files(this);
+  readonly pty = new Pty(this);
   #info: T.SandboxInfo;
   #killed = false;
 

@@ -360,7 +360,7 @@ export interface paths {
         get: operations["read_file"];
         /**
          * Upload a file
-         * @description Creates or replaces the file with the request body.
+         * @description Creates or replaces the file with the request body (atomically: a temporary file renamed into place). The daemon hashes the body as it streams; with `sha256`, a body whose digest differs is refused and nothing is written. The reply carries the digest.
          */
         put: operations["write_file"];
         post?: never;
@@ -398,6 +398,50 @@ export interface paths {
         /** Watch a directory's changes (NDJSON stream) */
         get: operations["watch_files"];
         put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/files/sha256": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * A file's size and SHA-256, computed in the guest
+         * @description forkvm: to check a download against (the agent reads the file once, in the guest).
+         */
+        get: operations["file_checksum"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/files/tar": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * A directory as a tar archive (stream)
+         * @description forkvm: a tar archive of the directory, made by the agent as it reads the tree and streamed as it is made: entries named relative to the directory, in name order, symbolic links kept as links (never followed), sockets and devices left out.
+         */
+        get: operations["read_tar"];
+        /**
+         * Unpack a tar archive into a directory
+         * @description forkvm: the body, a tar archive, unpacked into the directory (made if missing) as it streams; an entry whose name is absolute or has `..` is refused. With `sha256`, an archive whose digest differs is refused when it ends (entries before may have been unpacked). The reply carries the archive's size and digest.
+         */
+        put: operations["write_tar"];
         post?: never;
         delete?: never;
         options?: never;
@@ -503,6 +547,26 @@ export interface paths {
          * @description forkvm: its terminal's new size; its foreground process group gets SIGWINCH.
          */
         post: operations["resize_process"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/processes/{pid}/attach": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Attach to a background process (WebSocket)
+         * @description forkvm: a WebSocket carrying the process's output out and its input in, as a terminal needs it. Out: binary messages are output, their first byte the stream (1 stdout, 2 stderr), the rest the bytes; text messages are ProcessOutputEvent JSON (`from` first, `keepalive` after 5 s without output, `end` when the process ended, then a close with code 1000; `error`, then a close). In: binary messages are stdin (a terminal's keys); text messages are ProcessControl JSON (`resize`, `close_stdin`, `signal`); a control out of range is answered with an `error` and a close with code 1008. Closing the socket detaches: the process runs on. The attachment is made before the upgrade, so an unknown sandbox or pid is an HTTP error. The sandbox is not paused for idleness while attached.
+         */
+        get: operations["attach_process"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -1507,11 +1571,21 @@ export interface components {
             /** Format: int64 */
             mtime_unix_ns: number;
         };
-        /** @description forkvm: the reply to a file upload. */
+        /** @description forkvm: the reply to a file upload (`PUT .../files`) or a tar upload (`PUT .../files/tar`). */
         FileWritten: {
             path: string;
             /** Format: int64 */
             bytes: number;
+            /** @description The SHA-256 of the body as the daemon received it (lowercase hex). */
+            sha256: string;
+        };
+        /** @description forkvm: a file's size and SHA-256, computed in the guest (to check a download against). */
+        FileChecksum: {
+            path: string;
+            /** Format: int64 */
+            size: number;
+            /** @description Lowercase hex. */
+            sha256: string;
         };
         /** @description The watch is in place: every change from now on is reported. */
         WatchEventArmed: {
@@ -2342,6 +2416,35 @@ export interface components {
              */
             type: "error";
             error: string;
+        };
+        /** @description forkvm: a text message a client sends on `GET /v1/sandboxes/{id}/processes/{pid}/attach`. */
+        ProcessControl: components["schemas"]["ProcessControlResize"] | components["schemas"]["ProcessControlCloseStdin"] | components["schemas"]["ProcessControlSignal"];
+        /** @description The terminal's new size (1..=1000 each). */
+        ProcessControlResize: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "resize";
+            rows: number;
+            cols: number;
+        };
+        /** @description Ends the process's input (on a terminal: end-of-file). */
+        ProcessControlCloseStdin: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "close_stdin";
+        };
+        /** @description A signal (1..=64) to the process's group. */
+        ProcessControlSignal: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "signal";
+            signal: number;
         };
     };
     responses: {
@@ -3202,6 +3305,8 @@ export interface operations {
                 mode?: number;
                 /** @description Create missing parent directories. */
                 create_parents?: boolean;
+                /** @description The body's SHA-256 (64 hex digits): a body with another is refused (400) when it ends, before the agent commits it. */
+                sha256?: string;
             };
             header?: never;
             path: {
@@ -3226,7 +3331,7 @@ export interface operations {
                     "application/json": components["schemas"]["FileWritten"];
                 };
             };
-            /** @description Path not absolute, bad `mode`. */
+            /** @description Path not absolute, bad `mode` or `sha256`, or a body whose SHA-256 is not `sha256`. */
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             /** @description No such sandbox, or the parent directory is missing and `create_parents` is false. */
@@ -3337,6 +3442,112 @@ export interface operations {
             /** @description No such sandbox or directory. */
             404: components["responses"]["NotFound"];
             500: components["responses"]["Internal"];
+        };
+    };
+    file_checksum: {
+        parameters: {
+            query: {
+                /** @description Absolute path of a file inside the sandbox. */
+                path: string;
+            };
+            header?: never;
+            path: {
+                /** @description Sandbox id: 1 to 64 ASCII letters, digits, `-` or `_`. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Its size and digest. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["FileChecksum"];
+                };
+            };
+            /** @description Path not absolute, or a directory. */
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            /** @description No such sandbox or file. */
+            404: components["responses"]["NotFound"];
+            500: components["responses"]["Internal"];
+        };
+    };
+    read_tar: {
+        parameters: {
+            query: {
+                /** @description Absolute path of a directory inside the sandbox. */
+                path: string;
+            };
+            header?: never;
+            path: {
+                /** @description Sandbox id: 1 to 64 ASCII letters, digits, `-` or `_`. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The archive. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/x-tar": string;
+                };
+            };
+            /** @description Path not absolute, or not a directory. */
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            /** @description No such sandbox or directory. */
+            404: components["responses"]["NotFound"];
+            500: components["responses"]["Internal"];
+        };
+    };
+    write_tar: {
+        parameters: {
+            query: {
+                /** @description Absolute path of the directory to unpack into. */
+                path: string;
+                /** @description The body's SHA-256 (64 hex digits): a body with another is refused (400) when it ends, before the agent commits it. */
+                sha256?: string;
+            };
+            header?: never;
+            path: {
+                /** @description Sandbox id: 1 to 64 ASCII letters, digits, `-` or `_`. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        /** @description A tar archive (any Content-Type: the body is read as one). */
+        requestBody: {
+            content: {
+                "application/x-tar": string;
+                "application/octet-stream": string;
+            };
+        };
+        responses: {
+            /** @description Unpacked. */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["FileWritten"];
+                };
+            };
+            /** @description Path not absolute, bad `sha256`, an archive whose digest is not `sha256`, or an entry that would leave the directory. */
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            /** @description No such sandbox. */
+            404: components["responses"]["NotFound"];
+            500: components["responses"]["Internal"];
+            /** @description No space left in the sandbox. */
+            507: components["responses"]["DiskFull"];
         };
     };
     list_processes: {
@@ -3565,6 +3776,43 @@ export interface operations {
                 content?: never;
             };
             /** @description Bad id, pid or size, or the process has no terminal. */
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            /** @description No such sandbox or process. */
+            404: components["responses"]["NotFound"];
+            /** @description The sandbox is archived. */
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["Internal"];
+        };
+    };
+    attach_process: {
+        parameters: {
+            query?: {
+                /** @description Where the output starts; an offset the ring no longer holds starts at its oldest byte (the `from` message says how many were skipped). */
+                offset?: number;
+            };
+            header: {
+                /** @description `websocket` (with the rest of a WebSocket handshake). */
+                Upgrade: "websocket";
+            };
+            path: {
+                /** @description Sandbox id: 1 to 64 ASCII letters, digits, `-` or `_`. */
+                id: string;
+                /** @description The process's pid in the guest, as its start answered. */
+                pid: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The WebSocket (messages as described above). */
+            101: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Bad id or pid, an `offset` past the end of its output, or no WebSocket upgrade asked. */
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             /** @description No such sandbox or process. */

@@ -75,6 +75,52 @@ describe("against a real daemon", { skip: haveDaemonBinary() ? false : "no forkv
     await assert.rejects(async () => { for await (const _ of sb.files.watch("/tmp/no-such-dir")) void _; }, NotFound);
   });
 
+  it("drives a terminal over a WebSocket: resized, typed into, attached again, its exit delivered", async () => {
+    const term = await ctl.startProcess(sb.id, { cmd: "sh", pty: { rows: 24, cols: 80 }, env: { TERM: "xterm" } });
+    const readUntil = async (sock: Awaited<ReturnType<Controller["attachProcess"]>>, wanted: string): Promise<string> => {
+      let seen = "";
+      for await (const chunk of sock) {
+        seen += new TextDecoder().decode(chunk.data);
+        if (seen.includes(wanted)) return seen;
+      }
+      throw new Error(`the process ended before ${JSON.stringify(wanted)}: ${seen}`);
+    };
+    const first = await ctl.attachProcess(sb.id, term.pid);
+    first.resize(40, 100);
+    first.send("stty size; echo mark-$((6*7))\r");
+    assert.match(await readUntil(first, "mark-42"), /40 100/);
+    first.close();
+    const again = await ctl.attachProcess(sb.id, term.pid, { offset: first.offset });
+    again.send("echo back-$((1+1)); exit 5\r");
+    await readUntil(again, "back-2");
+    for await (const _ of again) void _;
+    assert.equal(again.process?.exit?.exit_code, 5);
+    await assert.rejects(ctl.attachProcess(sb.id, 999_999));
+    // The Sandbox's handles: a background command waited for, a terminal through `pty`.
+    const bg = await sb.commands.run("sleep 1; exit 4", { background: true });
+    assert.ok((await sb.commands.list()).some((p) => p.pid === bg.pid));
+    assert.equal((await bg.wait()).exit?.exit_code, 4);
+    const pty = await sb.pty.create({ rows: 30, cols: 90, cmd: "stty size" });
+    const sock = await pty.attach({ offset: 0 });
+    assert.match(await readUntil(sock, "30 90"), /30 90/);
+    assert.equal((await pty.wait()).exit?.exit_code, 0);
+  });
+
+  it("checks files by their SHA-256 and moves directories as tar", async () => {
+    const data = new TextEncoder().encode("checked\n");
+    const w = await sb.files.write("/tmp/ts-tar/d/a.txt", data);
+    const sum = await sb.files.checksum("/tmp/ts-tar/d/a.txt");
+    assert.deepEqual([sum.size, sum.sha256], [data.length, w.sha256]);
+    const chunks: Uint8Array[] = [];
+    for await (const c of await sb.files.readDir("/tmp/ts-tar")) chunks.push(c);
+    const tar = Buffer.concat(chunks);
+    assert.ok(tar.includes("d/a.txt"), "the archive names its entries relative to the directory");
+    const back = await sb.files.writeDir("/tmp/ts-tar2", tar);
+    assert.equal(back.bytes, tar.length);
+    assert.equal(await sb.files.readText("/tmp/ts-tar2/d/a.txt"), "checked\n");
+    await assert.rejects(ctl.writeFile(sb.id, "/tmp/ts-tar/bad", "x", { sha256: "00".repeat(32) }), BadRequest);
+  });
+
   it("evals in the warm interpreter and throws the guest's exception", async () => {
     assert.equal(await sb.eval("int(np.arange(4).sum())"), "6");
     await assert.rejects(sb.eval("1/0"), (e: unknown) => e instanceof EvalError && /ZeroDivisionError/.test(e.message) && /Traceback/.test(e.traceback));

@@ -115,6 +115,9 @@ const CALLS: Record<string, [unknown, (c: Controller) => Promise<unknown>]> = {
   RemoveFile: [null, (c) => c.removeFile("ID", "/a")],
   ListFiles: [[], (c) => c.listFiles("ID", "/")],
   WatchFiles: [{ type: "end", reason: "gone" }, async (c) => { for await (const _ of c.watchFiles("ID", "/")) void _; }],
+  FileChecksum: [{ path: "/a", size: 1, sha256: "ab".repeat(32) }, (c) => c.fileChecksum("ID", "/a")],
+  ReadTar: ["tar", async (c) => { for await (const _ of await c.readTar("ID", "/d")) void _; }],
+  WriteTar: [{ path: "/d", bytes: 3, sha256: "ab".repeat(32) }, (c) => c.writeTar("ID", "/d", new Uint8Array([1, 2, 3]))],
   TakeDiskSnapshot: [{}, (c) => c.diskSnapshot("ID")],
   ListDiskSnapshots: [[], (c) => c.listDiskSnapshots("ID")],
   ArchiveSandbox: [{}, (c) => c.archiveSandbox("ID")],
@@ -138,6 +141,8 @@ const CALLS: Record<string, [unknown, (c: Controller) => Promise<unknown>]> = {
   ProcessInput: [{ bytes: 2 }, (c) => c.processInput("ID", 7, "hi", { close: true })],
   SignalProcess: [null, (c) => c.signalProcess("ID", 7, 9)],
   ResizeProcess: [null, (c) => c.resizeProcess("ID", 7, { rows: 24, cols: 80 })],
+  // The fake answers the upgrade without a WebSocket's accept key: no socket is handed out.
+  AttachProcess: [null, async (c) => { await assert.rejects(c.attachProcess("ID", 7, { offset: 3 }), ConnectionFailed); }],
   ListVolumes: [[VOL], (c) => c.listVolumes()],
   CreateVolume: [VOL, (c) => c.createVolume({ name: "data", size_mib: 64 })],
   GetVolume: [VOL, (c) => c.getVolume("NAME")],
@@ -206,7 +211,15 @@ describe("every route", () => {
         const got = seen[0]!;
         assert.equal(`${got.method} ${got.url.split("?")[0]}`, `${method} ${want}`, name);
         assert.equal(got.auth, "Bearer tok", name);
+        if (name === "WriteFile") {
+          // The digest of "x", and no octal digits in a decimal field.
+          assert.match(got.url, /sha256=2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881/);
+        }
       }
+      seen.length = 0;
+      reply = { path: "/a", bytes: 1, sha256: "" };
+      await c.writeFile("ID", "/a", "x", { mode: 0o644 });
+      assert.match(seen[0]!.url, /mode=420(&|$)/, "mode goes in decimal, as the daemon reads it");
     } finally {
       await c.close();
     }

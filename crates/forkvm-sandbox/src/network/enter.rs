@@ -4,21 +4,38 @@
 //! to any process) and asks the tun driver for the namespace the tap lives in
 //! (`TUNGETDEVNETNS`). Works for any process that made the slot or not, after a daemon
 //! restart too, and leaves nothing behind: both descriptors are this process's own.
+//!
+//! A VMM is forked from a process that holds other sandboxes' taps (the daemon's ready
+//! slots, a fan-out's children's), and sheds them only once it runs: until then its
+//! descriptors show several taps, of which one is its own. The tap is read only once it
+//! holds one ([`SHED_LIMIT`]): reading the first of several handed a sandbox's policy
+//! to a namespace that was not its own and left its own open (a CI flake of
+//! `daemon_network`).
 
 use super::NetworkError;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::{Duration, Instant};
 
 /// `TUNGETDEVNETNS` (`<linux/if_tun.h>`, `_IO('T', 227)`): a descriptor of the tap's
 /// network namespace.
 const TUNGETDEVNETNS: libc::c_ulong = 0x54e3;
 
+/// How long a VMM that still holds several taps is given to shed what it inherited
+/// (it does so before anything else; a busy host may not run it at once).
+pub const SHED_LIMIT: Duration = Duration::from_secs(10);
+
 /// The network namespace of the sandbox whose VMM is `pid`.
 pub fn namespace_of_vmm(pid: i32) -> Result<OwnedFd, NetworkError> {
+    namespace_of_vmm_within(pid, SHED_LIMIT)
+}
+
+/// [`namespace_of_vmm`], waiting at most `limit` for the VMM to hold a single tap.
+pub fn namespace_of_vmm_within(pid: i32, limit: Duration) -> Result<OwnedFd, NetworkError> {
     let failed = |step: &str, e: std::io::Error| {
         NetworkError::Enter(std::io::Error::new(e.kind(), format!("{step} of VMM {pid}: {e}")))
     };
     let pidfd = crate::registry::pidfd_open(pid).map_err(|e| failed("a pidfd", e))?;
-    let target = tap_descriptor(pid).map_err(|e| failed("the tap descriptor", e))?;
+    let target = own_tap(pid, limit).map_err(|e| failed("the tap descriptor", e))?;
     // SAFETY: pidfd_getfd with a pidfd we own, a descriptor number, no flags.
     let raw = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), target, 0) };
     if raw < 0 {
@@ -36,16 +53,39 @@ pub fn namespace_of_vmm(pid: i32) -> Result<OwnedFd, NetworkError> {
     Ok(unsafe { OwnedFd::from_raw_fd(raw) })
 }
 
-/// The number of the VMM's descriptor that is a tap (the one open `/dev/net/tun`).
-fn tap_descriptor(pid: i32) -> std::io::Result<i32> {
+/// The number of the VMM's own tap descriptor: its only one, once it shed the ones it
+/// inherited (waited for up to `limit`).
+fn own_tap(pid: i32, limit: Duration) -> std::io::Result<i32> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let taps = tap_descriptors(pid)?;
+        match taps[..] {
+            [] => {
+                let why = "it has no tap (a sandbox without a network)";
+                return Err(std::io::Error::new(std::io::ErrorKind::NotFound, why));
+            }
+            [own] => return Ok(own),
+            _ if Instant::now() >= deadline => {
+                let why =
+                    format!("it still holds {} taps after {limit:?}: which one is its own is unknown", taps.len());
+                return Err(std::io::Error::other(why));
+            }
+            _ => std::thread::sleep(Duration::from_millis(2)),
+        }
+    }
+}
+
+/// The numbers of the process's descriptors that are taps (open `/dev/net/tun`).
+fn tap_descriptors(pid: i32) -> std::io::Result<Vec<i32>> {
+    let mut taps = Vec::new();
     for entry in std::fs::read_dir(format!("/proc/{pid}/fd"))?.flatten() {
         if std::fs::read_link(entry.path()).is_ok_and(|l| l.as_os_str() == "/dev/net/tun") {
             if let Some(n) = entry.file_name().to_str().and_then(|n| n.parse().ok()) {
-                return Ok(n);
+                taps.push(n);
             }
         }
     }
-    Err(std::io::Error::new(std::io::ErrorKind::NotFound, "it has no tap (a sandbox without a network)"))
+    Ok(taps)
 }
 
 /// The calling thread's network namespace.

@@ -135,3 +135,51 @@ fn a_running_sandboxs_namespace_is_found_again_from_its_vmm_alone() {
     let refused = refused.expect_err("a process without a tap has no sandbox namespace").to_string();
     assert!(refused.contains("no tap"), "{refused}");
 }
+
+#[test]
+fn a_vmm_still_holding_inherited_taps_is_read_once_it_holds_its_own_alone() {
+    if !is_root() {
+        eprintln!("skipped: making a network namespace needs root");
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let own = NetSlot::create_with(&uplink::Uplink::None).unwrap();
+    let inherited = NetSlot::create_with(&uplink::Uplink::None).unwrap();
+    let raw = |slot: &NetSlot| {
+        let TapSource::Fd(tap) = slot.tap_source() else { unreachable!("a slot's tap is a descriptor") };
+        tap.as_raw_fd()
+    };
+    let (own_fd, inherited_fd) = (raw(&own), raw(&inherited));
+    // Stand-in VMMs holding another sandbox's tap first (descriptor 3) and their own
+    // (4): one sheds the other's after a while, as a VMM forked from the daemon does
+    // once it runs; one never does.
+    let stand_in = |script: &str| {
+        let mut cmd = std::process::Command::new("sh");
+        cmd.args(["-c", script]);
+        // SAFETY: dup2 is async-signal-safe; it runs in the child between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::dup2(inherited_fd, 3) < 0 || libc::dup2(own_fd, 4) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        cmd.spawn().unwrap()
+    };
+    let mut shedding = stand_in("sleep 0.3; exec 3>&-; sleep 30");
+    let mut holding = stand_in("sleep 30");
+    let inode = |fd: &std::os::fd::OwnedFd| {
+        let meta = std::fs::metadata(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
+        std::os::unix::fs::MetadataExt::ino(&meta)
+    };
+    let found = enter::namespace_of_vmm(shedding.id() as i32);
+    let unknown = enter::namespace_of_vmm_within(holding.id() as i32, std::time::Duration::from_millis(200));
+    for child in [&mut shedding, &mut holding] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    assert_eq!(inode(&found.unwrap()), inode(own.namespace()), "the VMM's own tap's namespace");
+    let unknown = unknown.expect_err("a VMM that holds two taps has no known namespace").to_string();
+    assert!(unknown.contains("2 taps"), "{unknown}");
+}

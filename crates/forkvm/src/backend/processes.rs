@@ -5,8 +5,8 @@
 use crate::remote_cmd::RemoteArgs;
 use anyhow::{Context, Result};
 use forkvm_client::api::{ProcessInfo, ProcessOutputEvent, StartProcessRequest, TerminalSize};
-use forkvm_client::Client;
-use forkvm_proto::{AgentClient, ClientError, ProcAttachRequest};
+use forkvm_client::{Client, ProcessSocket, SocketEvent, SocketInput};
+use forkvm_proto::{AgentClient, ClientError, ProcAttachRequest, ProcAttachment, ProcEvent, ProcInput};
 use forkvm_sandbox::process_view;
 use forkvm_sandbox::registry::Registry;
 use std::io::Read;
@@ -29,6 +29,37 @@ pub trait Processes: Send + Sync {
     fn input(&self, id: &str, pid: u32, src: &mut dyn Read, close: bool) -> Result<u64>;
     fn signal(&self, id: &str, pid: u32, signal: i32) -> Result<()>;
     fn resize(&self, id: &str, pid: u32, size: TerminalSize) -> Result<()>;
+    /// One connection that reads the output from `offset` as it comes and takes input
+    /// and resizes: a terminal session's.
+    fn attach(&self, id: &str, pid: u32, offset: Option<u64>) -> Result<Box<dyn Attached>>;
+}
+
+/// What an attachment brings ([`Processes::attach`]).
+#[derive(Debug)]
+pub enum AttachedEvent {
+    /// Output (stdout or stderr; a terminal's is all stdout).
+    Output(Vec<u8>),
+    /// Something else: the offset, a keepalive.
+    Other,
+    /// The process ended and its output all came.
+    End(ProcessInfo),
+}
+
+/// An attachment's reading side; dropping it detaches.
+pub trait Attached: Send {
+    /// The next event; `None` once detached.
+    fn next(&mut self) -> Result<Option<AttachedEvent>>;
+    /// A handle that types and resizes from another thread.
+    fn input(&self) -> Result<Box<dyn AttachedInput>>;
+}
+
+/// An attachment's writing side.
+pub trait AttachedInput: Send {
+    fn send(&mut self, bytes: &[u8]) -> Result<()>;
+    fn resize(&mut self, size: TerminalSize) -> Result<()>;
+    fn close_stdin(&mut self) -> Result<()>;
+    /// Ends the attachment (its reader sees the end soon after); the process runs on.
+    fn detach(&mut self);
 }
 
 /// The process verbs `remote` asks for.
@@ -71,6 +102,43 @@ impl Processes for ThroughDaemon {
 
     fn resize(&self, id: &str, pid: u32, size: TerminalSize) -> Result<()> {
         Ok(self.0.resize_process(id, pid, size)?)
+    }
+
+    fn attach(&self, id: &str, pid: u32, offset: Option<u64>) -> Result<Box<dyn Attached>> {
+        let socket = self.0.attach_process(id, pid, offset)?;
+        Ok(Box::new(socket))
+    }
+}
+
+impl Attached for ProcessSocket {
+    fn next(&mut self) -> Result<Option<AttachedEvent>> {
+        Ok(self.recv()?.map(|e| match e {
+            SocketEvent::Stdout(b) | SocketEvent::Stderr(b) => AttachedEvent::Output(b),
+            SocketEvent::End(p) => AttachedEvent::End(p),
+            SocketEvent::From { .. } | SocketEvent::Keepalive => AttachedEvent::Other,
+        }))
+    }
+
+    fn input(&self) -> Result<Box<dyn AttachedInput>> {
+        Ok(Box::new(ProcessSocket::input(self)))
+    }
+}
+
+impl AttachedInput for SocketInput {
+    fn send(&mut self, bytes: &[u8]) -> Result<()> {
+        Ok(SocketInput::send(self, bytes)?)
+    }
+
+    fn resize(&mut self, size: TerminalSize) -> Result<()> {
+        Ok(SocketInput::resize(self, size)?)
+    }
+
+    fn close_stdin(&mut self) -> Result<()> {
+        Ok(SocketInput::close_stdin(self)?)
+    }
+
+    fn detach(&mut self) {
+        SocketInput::detach(self)
     }
 }
 
@@ -141,5 +209,43 @@ impl Processes for OnThisHost {
     fn resize(&self, id: &str, pid: u32, size: TerminalSize) -> Result<()> {
         let what = || format!("resizing process {pid}'s terminal in sandbox {id}");
         self.call(id, what, |a| a.proc_resize(pid, process_view::pty_size(size)))
+    }
+
+    fn attach(&self, id: &str, pid: u32, offset: Option<u64>) -> Result<Box<dyn Attached>> {
+        let what = || format!("attaching to process {pid} of sandbox {id}");
+        let attachment = self.call(id, what, |a| a.proc_attach(&ProcAttachRequest { pid, offset, follow: true }))?;
+        Ok(Box::new(attachment))
+    }
+}
+
+impl Attached for ProcAttachment<UnixStream> {
+    fn next(&mut self) -> Result<Option<AttachedEvent>> {
+        Ok(self.recv()?.map(|e| match e {
+            ProcEvent::Stdout(b) | ProcEvent::Stderr(b) => AttachedEvent::Output(b),
+            ProcEvent::End(p) => AttachedEvent::End(process_view::info(p)),
+            ProcEvent::From { .. } | ProcEvent::Keepalive => AttachedEvent::Other,
+        }))
+    }
+
+    fn input(&self) -> Result<Box<dyn AttachedInput>> {
+        Ok(Box::new(ProcAttachment::input(self).context("a second handle on the attachment")?))
+    }
+}
+
+impl AttachedInput for ProcInput {
+    fn send(&mut self, bytes: &[u8]) -> Result<()> {
+        Ok(ProcInput::send(self, bytes)?)
+    }
+
+    fn resize(&mut self, size: TerminalSize) -> Result<()> {
+        Ok(ProcInput::resize(self, process_view::pty_size(size))?)
+    }
+
+    fn close_stdin(&mut self) -> Result<()> {
+        Ok(ProcInput::close_stdin(self)?)
+    }
+
+    fn detach(&mut self) {
+        ProcInput::detach(self)
     }
 }

@@ -2,6 +2,7 @@
 //! (bounded channels between the HTTP body and the agent's frames), so a large file
 //! never sits in the daemon's memory.
 
+use super::checked_body::{expected_sha256, CheckedBody};
 use super::run::client;
 use crate::error::{agent_error, ApiError};
 use crate::extract::{Param, QueryArgs};
@@ -21,7 +22,7 @@ use tokio::sync::mpsc;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PathArg {
-    path: String,
+    pub(crate) path: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -32,6 +33,9 @@ pub struct WriteArgs {
     mode: Option<u32>,
     #[serde(default)]
     create_parents: bool,
+    /// The body's SHA-256: a body with another is refused and nothing is written.
+    #[serde(default)]
+    sha256: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -43,7 +47,7 @@ pub struct RemoveArgs {
 }
 
 /// Guest paths are absolute, without NUL bytes.
-fn check_path(path: &str) -> Result<(), ApiError> {
+pub(crate) fn check_path(path: &str) -> Result<(), ApiError> {
     if !path.starts_with('/') {
         return Err(ApiError::bad_request(format!("path {path:?} must be absolute")));
     }
@@ -63,7 +67,7 @@ fn type_name(t: FileType) -> &'static str {
 }
 
 /// Sends what the agent writes into a bounded channel (the response body).
-struct ChannelWriter(mpsc::Sender<Result<bytes::Bytes, std::io::Error>>);
+pub(crate) struct ChannelWriter(pub(crate) mpsc::Sender<Result<bytes::Bytes, std::io::Error>>);
 
 impl Write for ChannelWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -162,18 +166,37 @@ pub async fn write(
     if a.mode.is_some_and(|m| m > 0o7777) {
         return Err(ApiError::bad_request(format!("mode {:o} has bits beyond 0o7777", a.mode.unwrap_or(0))));
     }
-    let (mut reader, feeder) = body_reader(body);
+    let expected = expected_sha256(a.sha256.as_deref())?;
+    let (reader, feeder) = body_reader(body);
     let path = a.path.clone();
     let written = s
         .blocking(move |s| {
             let (c, _in_use) = client(&s, &id)?;
             let req =
                 WriteFileRequest { path: a.path.clone(), mode: a.mode, create_parents: a.create_parents, owner: None };
-            c.write_file(&req, &mut reader).map_err(|e| agent_error(&id, e))
+            let mut body = CheckedBody::new(reader, expected, "nothing was written");
+            let sent = c.write_file(&req, &mut body);
+            checked_upload(&id, sent, &body)
         })
         .await;
     feeder.abort();
-    Ok((StatusCode::CREATED, Json(FileWritten { path, bytes: written? })))
+    let (bytes, sha256) = written?;
+    Ok((StatusCode::CREATED, Json(FileWritten { path, bytes, sha256 })))
+}
+
+/// What an upload through `body` came to: its size and digest, the refusal of a body
+/// whose digest was not the one asked for, or the agent's error.
+pub(crate) fn checked_upload<R>(
+    id: &str,
+    sent: Result<u64, forkvm_proto::ClientError>,
+    body: &CheckedBody<R>,
+) -> Result<(u64, String), ApiError> {
+    if let Some(refused) = body.mismatch() {
+        return Err(refused);
+    }
+    let bytes = sent.map_err(|e| agent_error(id, e))?;
+    let sha256 = body.digest().ok_or_else(|| ApiError::internal("the upload ended before its body did"))?;
+    Ok((bytes, sha256.to_string()))
 }
 
 pub async fn remove(

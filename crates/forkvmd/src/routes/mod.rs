@@ -3,11 +3,14 @@
 //! methods.
 
 pub mod branch;
+pub mod checked_body;
 pub mod console;
 pub mod disk;
+pub mod file_tar;
 pub mod files;
 pub mod meta;
 pub mod ports;
+pub mod process_socket;
 pub mod processes;
 pub mod run;
 pub mod sandboxes;
@@ -55,12 +58,16 @@ fn handler(name: RouteName, filter: MethodFilter) -> MethodRouter<AppState> {
         RouteName::RemoveFile => on(filter, files::remove),
         RouteName::ListFiles => on(filter, files::list),
         RouteName::WatchFiles => on(filter, watch::watch),
+        RouteName::FileChecksum => on(filter, file_tar::checksum),
+        RouteName::ReadTar => on(filter, file_tar::read),
+        RouteName::WriteTar => on(filter, file_tar::write),
         RouteName::ListProcesses => on(filter, processes::list),
         RouteName::StartProcess => on(filter, processes::start),
         RouteName::ProcessOutput => on(filter, processes::output),
         RouteName::ProcessInput => on(filter, processes::input),
         RouteName::SignalProcess => on(filter, processes::signal),
         RouteName::ResizeProcess => on(filter, processes::resize),
+        RouteName::AttachProcess => on(filter, process_socket::attach),
         RouteName::ImportOciTemplate => on(filter, templates::import_oci),
         RouteName::BuildTemplate => on(filter, template_build::build_template),
         RouteName::TakeDiskSnapshot => on(filter, disk::take),

@@ -23,7 +23,7 @@ use forkvm_proto::ProcAttachRequest;
 use forkvm_sandbox::process_view;
 
 /// The pid of a path, as the agent names processes.
-fn pid_of(raw: &str) -> Result<u32, ApiError> {
+pub(super) fn pid_of(raw: &str) -> Result<u32, ApiError> {
     raw.parse::<u32>()
         .ok()
         .filter(|p| *p > 0)
@@ -32,7 +32,7 @@ fn pid_of(raw: &str) -> Result<u32, ApiError> {
 
 /// The API's error for an agent call on sandbox `id`: an agent older than background
 /// processes is the caller's to fix (a 400 saying how), anything else as for every call.
-fn proc_error(id: &str, e: ClientError) -> ApiError {
+pub(super) fn proc_error(id: &str, e: ClientError) -> ApiError {
     match process_view::agent_too_old(id, &e) {
         Some(message) => ApiError::bad_request(message),
         None => agent_error(id, e),
