@@ -7,8 +7,9 @@
 //!
 //! A VMM is forked from a process that holds other sandboxes' taps (the daemon's ready
 //! slots, a fan-out's children's), and sheds them only once it runs: until then its
-//! descriptors show several taps, of which one is its own. The tap is read only once it
-//! holds one ([`SHED_LIMIT`]): reading the first of several handed a sandbox's policy
+//! descriptors show taps of several namespaces. (A VMM may also hold its own tap twice:
+//! its device works on a duplicate.) The namespace is taken only once every tap the VMM
+//! holds is in one ([`SHED_LIMIT`]): taking the first tap's handed a sandbox's policy
 //! to a namespace that was not its own and left its own open (a CI flake of
 //! `daemon_network`).
 
@@ -20,8 +21,8 @@ use std::time::{Duration, Instant};
 /// network namespace.
 const TUNGETDEVNETNS: libc::c_ulong = 0x54e3;
 
-/// How long a VMM that still holds several taps is given to shed what it inherited
-/// (it does so before anything else; a busy host may not run it at once).
+/// How long a VMM whose taps are in several namespaces is given to shed what it
+/// inherited (it does so before anything else; a busy host may not run it at once).
 pub const SHED_LIMIT: Duration = Duration::from_secs(10);
 
 /// The network namespace of the sandbox whose VMM is `pid`.
@@ -29,17 +30,46 @@ pub fn namespace_of_vmm(pid: i32) -> Result<OwnedFd, NetworkError> {
     namespace_of_vmm_within(pid, SHED_LIMIT)
 }
 
-/// [`namespace_of_vmm`], waiting at most `limit` for the VMM to hold a single tap.
+/// [`namespace_of_vmm`], waiting at most `limit` for the VMM's taps to be in one
+/// namespace.
 pub fn namespace_of_vmm_within(pid: i32, limit: Duration) -> Result<OwnedFd, NetworkError> {
     let failed = |step: &str, e: std::io::Error| {
         NetworkError::Enter(std::io::Error::new(e.kind(), format!("{step} of VMM {pid}: {e}")))
     };
     let pidfd = crate::registry::pidfd_open(pid).map_err(|e| failed("a pidfd", e))?;
-    let target = own_tap(pid, limit).map_err(|e| failed("the tap descriptor", e))?;
+    let deadline = Instant::now() + limit;
+    loop {
+        let taps = tap_descriptors(pid).map_err(|e| failed("the tap descriptors", e))?;
+        if taps.is_empty() {
+            let why = "it has no tap (a sandbox without a network)";
+            return Err(failed("the tap descriptor", std::io::Error::new(std::io::ErrorKind::NotFound, why)));
+        }
+        // A descriptor closed meanwhile (the VMM shedding it) is looked at again.
+        let namespaces: Vec<(u64, OwnedFd)> = taps.iter().filter_map(|&fd| namespace_of_tap(&pidfd, fd).ok()).collect();
+        let first = namespaces.first().map(|(inode, _)| *inode);
+        let one = first.is_some() && namespaces.iter().all(|(inode, _)| Some(*inode) == first);
+        if one && namespaces.len() == taps.len() {
+            let (_, ns) = namespaces.into_iter().next().expect("one namespace at least");
+            return Ok(ns);
+        }
+        if Instant::now() >= deadline {
+            let why = format!(
+                "its {} taps are still in more than one namespace after {limit:?}: which one is its own is unknown",
+                taps.len()
+            );
+            return Err(failed("the tap descriptors", std::io::Error::other(why)));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// The namespace (its inode and a descriptor) of the tap at descriptor `target` of the
+/// process `pidfd` names.
+fn namespace_of_tap(pidfd: &OwnedFd, target: i32) -> std::io::Result<(u64, OwnedFd)> {
     // SAFETY: pidfd_getfd with a pidfd we own, a descriptor number, no flags.
     let raw = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), target, 0) };
     if raw < 0 {
-        return Err(failed("a copy of the tap", std::io::Error::last_os_error()));
+        return Err(std::io::Error::last_os_error());
     }
     // SAFETY: just made, owned by nothing else.
     let tap = unsafe { OwnedFd::from_raw_fd(raw as i32) };
@@ -47,32 +77,12 @@ pub fn namespace_of_vmm_within(pid: i32, limit: Duration) -> Result<OwnedFd, Net
     // descriptor or -1.
     let raw = unsafe { libc::ioctl(tap.as_raw_fd(), TUNGETDEVNETNS) };
     if raw < 0 {
-        return Err(failed("the tap's namespace", std::io::Error::last_os_error()));
+        return Err(std::io::Error::last_os_error());
     }
     // SAFETY: just made, owned by nothing else.
-    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
-}
-
-/// The number of the VMM's own tap descriptor: its only one, once it shed the ones it
-/// inherited (waited for up to `limit`).
-fn own_tap(pid: i32, limit: Duration) -> std::io::Result<i32> {
-    let deadline = Instant::now() + limit;
-    loop {
-        let taps = tap_descriptors(pid)?;
-        match taps[..] {
-            [] => {
-                let why = "it has no tap (a sandbox without a network)";
-                return Err(std::io::Error::new(std::io::ErrorKind::NotFound, why));
-            }
-            [own] => return Ok(own),
-            _ if Instant::now() >= deadline => {
-                let why =
-                    format!("it still holds {} taps after {limit:?}: which one is its own is unknown", taps.len());
-                return Err(std::io::Error::other(why));
-            }
-            _ => std::thread::sleep(Duration::from_millis(2)),
-        }
-    }
+    let ns = unsafe { OwnedFd::from_raw_fd(raw) };
+    let inode = std::fs::metadata(format!("/proc/self/fd/{}", ns.as_raw_fd()))?;
+    Ok((std::os::unix::fs::MetadataExt::ino(&inode), ns))
 }
 
 /// The numbers of the process's descriptors that are taps (open `/dev/net/tun`).

@@ -137,7 +137,7 @@ fn a_running_sandboxs_namespace_is_found_again_from_its_vmm_alone() {
 }
 
 #[test]
-fn a_vmm_still_holding_inherited_taps_is_read_once_it_holds_its_own_alone() {
+fn a_vmm_still_holding_inherited_taps_is_read_once_its_taps_are_in_one_namespace() {
     if !is_root() {
         eprintln!("skipped: making a network namespace needs root");
         return;
@@ -153,13 +153,13 @@ fn a_vmm_still_holding_inherited_taps_is_read_once_it_holds_its_own_alone() {
     // Stand-in VMMs holding another sandbox's tap first (descriptor 3) and their own
     // (4): one sheds the other's after a while, as a VMM forked from the daemon does
     // once it runs; one never does.
-    let stand_in = |script: &str| {
+    let stand_in = |script: &str, first: i32| {
         let mut cmd = std::process::Command::new("sh");
         cmd.args(["-c", script]);
         // SAFETY: dup2 is async-signal-safe; it runs in the child between fork and exec.
         unsafe {
             cmd.pre_exec(move || {
-                if libc::dup2(inherited_fd, 3) < 0 || libc::dup2(own_fd, 4) < 0 {
+                if libc::dup2(first, 3) < 0 || libc::dup2(own_fd, 4) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 Ok(())
@@ -167,19 +167,26 @@ fn a_vmm_still_holding_inherited_taps_is_read_once_it_holds_its_own_alone() {
         }
         cmd.spawn().unwrap()
     };
-    let mut shedding = stand_in("sleep 0.3; exec 3>&-; sleep 30");
-    let mut holding = stand_in("sleep 30");
+    let mut shedding = stand_in("sleep 0.3; exec 3>&-; sleep 30", inherited_fd);
+    let mut holding = stand_in("sleep 30", inherited_fd);
+    // Its own tap twice (its device works on a duplicate): one namespace, at once.
+    let mut twice = stand_in("sleep 30", own_fd);
     let inode = |fd: &std::os::fd::OwnedFd| {
         let meta = std::fs::metadata(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
         std::os::unix::fs::MetadataExt::ino(&meta)
     };
     let found = enter::namespace_of_vmm(shedding.id() as i32);
     let unknown = enter::namespace_of_vmm_within(holding.id() as i32, std::time::Duration::from_millis(200));
-    for child in [&mut shedding, &mut holding] {
+    let started = std::time::Instant::now();
+    let doubled = enter::namespace_of_vmm_within(twice.id() as i32, std::time::Duration::from_secs(5));
+    let doubled_took = started.elapsed();
+    for child in [&mut shedding, &mut holding, &mut twice] {
         let _ = child.kill();
         let _ = child.wait();
     }
     assert_eq!(inode(&found.unwrap()), inode(own.namespace()), "the VMM's own tap's namespace");
-    let unknown = unknown.expect_err("a VMM that holds two taps has no known namespace").to_string();
-    assert!(unknown.contains("2 taps"), "{unknown}");
+    let unknown = unknown.expect_err("a VMM holding taps of two namespaces has no known one").to_string();
+    assert!(unknown.contains("more than one namespace"), "{unknown}");
+    assert_eq!(inode(&doubled.unwrap()), inode(own.namespace()));
+    assert!(doubled_took < std::time::Duration::from_secs(1), "one namespace twice is no wait: {doubled_took:?}");
 }

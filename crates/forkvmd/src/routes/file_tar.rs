@@ -6,7 +6,7 @@
 //! held whole in the daemon.
 
 use super::checked_body::{expected_sha256, CheckedBody};
-use super::files::{body_reader, check_path, checked_upload, ChannelWriter, PathArg};
+use super::files::{agent_body, body_reader, check_path, checked_upload, PathArg};
 use super::run::client;
 use crate::error::{agent_error, ApiError};
 use crate::extract::{Param, QueryArgs};
@@ -19,7 +19,6 @@ use axum::Json;
 use forkvm_api::{FileChecksum, FileWritten};
 use forkvm_proto::{FileType, UntarRequest};
 use serde::Deserialize;
-use tokio::sync::mpsc;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -65,15 +64,7 @@ pub async fn read(
             Ok((c, in_use))
         })
         .await?;
-    let (tx, rx) = mpsc::channel(16);
-    tokio::task::spawn_blocking(move || {
-        let _in_use = in_use;
-        let mut w = ChannelWriter(tx.clone());
-        if let Err(e) = c.tar(&a.path, &mut w) {
-            let _ = tx.blocking_send(Err(std::io::Error::other(agent_error(&id, e).message)));
-        }
-    });
-    let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+    let body = agent_body(id, c, in_use, move |c, w| c.tar(&a.path, w));
     Ok(([(header::CONTENT_TYPE, "application/x-tar")], body).into_response())
 }
 

@@ -6,6 +6,7 @@ use super::checked_body::{expected_sha256, CheckedBody};
 use super::run::client;
 use crate::error::{agent_error, ApiError};
 use crate::extract::{Param, QueryArgs};
+use crate::lifecycle::InUse;
 use crate::state::AppState;
 use axum::body::Body;
 use axum::extract::State;
@@ -13,10 +14,11 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use forkvm_api::{FileEntry, FileWritten};
-use forkvm_proto::{FileType, WriteFileRequest};
+use forkvm_proto::{AgentClient, ClientError, FileType, WriteFileRequest};
 use futures_util::StreamExt;
 use serde::Deserialize;
 use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
 use tokio::sync::mpsc;
 
 #[derive(Debug, Deserialize)]
@@ -67,7 +69,7 @@ fn type_name(t: FileType) -> &'static str {
 }
 
 /// Sends what the agent writes into a bounded channel (the response body).
-pub(crate) struct ChannelWriter(pub(crate) mpsc::Sender<Result<bytes::Bytes, std::io::Error>>);
+struct ChannelWriter(mpsc::Sender<Result<bytes::Bytes, std::io::Error>>);
 
 impl Write for ChannelWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -100,21 +102,34 @@ pub async fn read(
             Ok((c, in_use, st.size))
         })
         .await?;
-    let (tx, rx) = mpsc::channel(16);
     let path = a.path.clone();
-    tokio::task::spawn_blocking(move || {
-        let _in_use = in_use;
-        let mut w = ChannelWriter(tx.clone());
-        if let Err(e) = c.read_file(&path, &mut w) {
-            let _ = tx.blocking_send(Err(std::io::Error::other(agent_error(&id, e).message)));
-        }
-    });
-    let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+    let body = agent_body(id, c, in_use, move |c, w| c.read_file(&path, w));
     Ok((
         [(header::CONTENT_TYPE, "application/octet-stream".to_string()), (header::CONTENT_LENGTH, size.to_string())],
         body,
     )
         .into_response())
+}
+
+/// A response body the agent's `Data` frames feed as they come: `send` runs on a
+/// blocking thread, writing into a bounded channel. An agent error once the answer has
+/// started breaks the body off with its message. `in_use` keeps the sandbox from idle
+/// pause until the body went.
+pub(crate) fn agent_body(
+    id: String,
+    c: AgentClient<UnixStream>,
+    in_use: InUse,
+    send: impl FnOnce(&AgentClient<UnixStream>, &mut dyn Write) -> Result<u64, ClientError> + Send + 'static,
+) -> Body {
+    let (tx, rx) = mpsc::channel(16);
+    tokio::task::spawn_blocking(move || {
+        let _in_use = in_use;
+        let mut w = ChannelWriter(tx.clone());
+        if let Err(e) = send(&c, &mut w) {
+            let _ = tx.blocking_send(Err(std::io::Error::other(agent_error(&id, e).message)));
+        }
+    });
+    Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
 /// A reader of `body` for a blocking thread, and the task that feeds it (to abort once
