@@ -159,9 +159,14 @@ fn a_vmm_still_holding_inherited_taps_is_read_once_its_taps_are_in_one_namespace
         // SAFETY: dup2 is async-signal-safe; it runs in the child between fork and exec.
         unsafe {
             cmd.pre_exec(move || {
-                if libc::dup2(first, 3) < 0 || libc::dup2(own_fd, 4) < 0 {
+                // Both copied above 3 and 4 first: a source that is itself 3 or 4 would
+                // be overwritten by the other's dup2.
+                let (a, b) = (libc::fcntl(first, libc::F_DUPFD, 100), libc::fcntl(own_fd, libc::F_DUPFD, 100));
+                if a < 0 || b < 0 || libc::dup2(a, 3) < 0 || libc::dup2(b, 4) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
+                libc::close(a);
+                libc::close(b);
                 Ok(())
             });
         }
