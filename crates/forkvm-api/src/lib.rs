@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod disks;
 pub mod error_code;
+pub mod lineage;
 pub mod paths;
 pub mod ports;
 pub mod processes;
@@ -20,6 +21,7 @@ pub use disks::{
     DiskSnapshotRequest, LastDiskSnapshot, RestoreRequest,
 };
 pub use error_code::ErrorCode;
+pub use lineage::{Lineage, LineageEdge, LineageNode, SandboxUsage};
 pub use ports::{ExposeRequest, ExposedPort};
 pub use processes::{
     ProcessAttachQuery, ProcessControl, ProcessExit, ProcessInfo, ProcessInputQuery, ProcessInputWritten,

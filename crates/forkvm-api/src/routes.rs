@@ -73,6 +73,8 @@ pub enum RouteName {
     GetVolume,
     DeleteVolume,
     SnapshotVolume,
+    Lineage,
+    SandboxUsage,
 }
 
 const fn r(method: &'static str, path: &'static str, name: RouteName) -> Route {
@@ -96,6 +98,7 @@ pub const ROUTES: &[Route] = &[
     r("GET", "/v1/sandboxes/{id}", RouteName::GetSandbox),
     r("DELETE", "/v1/sandboxes/{id}", RouteName::DeleteSandbox),
     r("GET", "/v1/sandboxes/{id}/console", RouteName::ReadConsole),
+    r("GET", "/v1/sandboxes/{id}/usage", RouteName::SandboxUsage),
     r("POST", "/v1/sandboxes/{id}/ping", RouteName::Ping),
     r("POST", "/v1/sandboxes/{id}/exec", RouteName::Exec),
     r("POST", "/v1/sandboxes/{id}/exec/stream", RouteName::ExecStream),
@@ -141,6 +144,7 @@ pub const ROUTES: &[Route] = &[
     r("GET", "/v1/volumes/{name}", RouteName::GetVolume),
     r("DELETE", "/v1/volumes/{name}", RouteName::DeleteVolume),
     r("POST", "/v1/volumes/{name}/snapshot", RouteName::SnapshotVolume),
+    r("GET", "/v1/lineage", RouteName::Lineage),
 ];
 
 /// Routes anyone may call without a token (liveness probes).

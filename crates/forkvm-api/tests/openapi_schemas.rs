@@ -112,6 +112,10 @@ fn every_component_has_the_fields_of_its_rust_type() {
         ProcessExit,
         ProcessInputWritten,
         SignalProcessRequest,
+        Lineage,
+        LineageNode,
+        LineageEdge,
+        SandboxUsage,
     ];
     // A request body (`PUT .../network`) before it is part of a response: checked as
     // the daemon reads it (every field optional).

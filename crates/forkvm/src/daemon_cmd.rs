@@ -95,6 +95,13 @@ pub struct DaemonArgs {
     /// --idle-pause is given (docs/forkd-compat.md). The Unix socket stays.
     #[arg(long, env = "FORKVMD_FORKD_COMPAT")]
     forkd_compat: bool,
+    /// Serve the web console at /ui/ on the TCP listener (--bind): sandboxes, snapshots,
+    /// their lineage, terminals (docs/console.md) [default: on; off with --forkd-compat].
+    #[arg(long, overrides_with = "no_console")]
+    console: bool,
+    /// Do not serve the web console.
+    #[arg(long, overrides_with = "console")]
+    no_console: bool,
     /// Archive (never delete) a sandbox this long after it started, unless its request
     /// set `ttl_seconds` (1h, 30m, ...). 0, the default, means no TTL.
     #[arg(long, default_value = "0", value_parser = interval, env = "FORKVMD_DEFAULT_TTL")]
@@ -145,6 +152,11 @@ impl DaemonArgs {
         }
     }
 
+    /// Whether the web console is served: the flags', else off under --forkd-compat.
+    fn console(&self) -> bool {
+        self.console || (!self.no_console && !self.forkd_compat)
+    }
+
     /// --forkd-compat's listener and token file, where the flags leave them open.
     fn apply_forkd_compat(&mut self) {
         if !self.forkd_compat {
@@ -160,6 +172,7 @@ impl DaemonArgs {
 pub fn run(mut a: DaemonArgs) -> Result<i32> {
     a.apply_forkd_compat();
     let idle_pause = a.idle_pause();
+    let console = a.console();
     let mut registry = Registry::open_default();
     if a.no_seccomp {
         eprintln!("forkvm daemon: --no-seccomp: sandboxes' VMMs run without their seccomp filters");
@@ -232,6 +245,7 @@ pub fn run(mut a: DaemonArgs) -> Result<i32> {
         spawner_exe: std::env::current_exe().context("finding the forkvm binary to run the spawner")?,
         ports_domain: a.ports_domain,
         e2b,
+        console,
     };
     forkvmd::run(cfg)?;
     Ok(0)
@@ -300,6 +314,10 @@ mod tests {
         let compat = args(&["--forkd-compat"]);
         assert_eq!(compat.bind, Some("127.0.0.1:8889".parse().unwrap()));
         assert_eq!(compat.idle_pause(), None, "forkd never pauses an idle sandbox");
+        assert!(!compat.console(), "forkd has no console");
+        assert!(args(&["--forkd-compat", "--console"]).console());
+        assert!(args(&[]).console() && !args(&["--no-console"]).console());
+        assert!(args(&["--no-console", "--console"]).console(), "the last flag wins");
         let told = args(&["--forkd-compat", "--bind", "127.0.0.1:9000", "--idle-pause", "60s", "--token-file", "/t"]);
         assert_eq!(told.bind, Some("127.0.0.1:9000".parse().unwrap()));
         assert_eq!(told.idle_pause(), Some(std::time::Duration::from_secs(60)));

@@ -45,6 +45,8 @@ pub struct DaemonConfig {
     pub ports_domain: String,
     /// The E2B face's listeners and settings (off unless given).
     pub e2b: crate::e2b::E2bConfig,
+    /// Serve the web console (`/ui/`) on the TCP listener.
+    pub console: bool,
 }
 
 impl DaemonConfig {
@@ -129,9 +131,15 @@ pub fn run(mut cfg: DaemonConfig) -> Result<(), DaemonError> {
                 let scheme = if tls.is_some() { "https" } else { "http" };
                 println!("forkvmd listening on {scheme}://{}", l.local_addr().unwrap_or(t.addr));
                 let token = tcp_token.clone().ok_or(ServeError::Unauthenticated(t.addr))?;
-                let gate = Gate::tcp(token, &cfg.allowed_origins, &t.allowed_hosts, Some(audit.clone()))
+                let mut gate = Gate::tcp(token, &cfg.allowed_origins, &t.allowed_hosts, Some(audit.clone()))
                     .with_ports_domain(&cfg.ports_domain);
-                Some(TcpServe { listener: l, app: wrap(app.clone(), gate, Some(audit.clone())), tls })
+                let mut tcp_app = app.clone();
+                if cfg.console {
+                    gate = gate.with_console();
+                    tcp_app = tcp_app.merge(crate::ui::router());
+                    println!("forkvmd console on {scheme}://{}/ui/", l.local_addr().unwrap_or(t.addr));
+                }
+                Some(TcpServe { listener: l, app: wrap(tcp_app, gate, Some(audit.clone())), tls })
             }
             None => None,
         };

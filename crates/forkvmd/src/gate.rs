@@ -15,6 +15,13 @@
 //! their Host names the ports domain the daemon was given, and every path there is
 //! the guest's ([`forkvm_api::ports::port_target`] decides, here and in the router).
 //!
+//! With the web console on ([`Gate::with_console`], TCP listeners only), its assets
+//! (`/ui/...`) are public but for the Host check, the page's own requests pass check 1
+//! (their `Origin` is the `Host` they are sent to: same-origin, which a cross-site page
+//! cannot forge and a rebound name fails at 2), and a WebSocket may carry the token
+//! as a subprotocol, `forkvm.bearer.<hex of the token>`, since a browser cannot set
+//! `Authorization` on one.
+//!
 //! Refusals are logged to the audit log at a bounded rate ([`AuditLog::refused`]), so a
 //! flood of bad requests cannot grow the log faster than that; only requests that pass
 //! the gate get the full audit line.
@@ -44,6 +51,8 @@ pub struct Gate {
     pub audit: Option<AuditLog>,
     /// The domain exposed ports have origins of their own under; `None`: the default.
     pub ports_domain: Option<Arc<str>>,
+    /// The web console is served here (see the module doc).
+    pub console: bool,
 }
 
 impl Gate {
@@ -56,6 +65,7 @@ impl Gate {
             allowed_hosts: allowed_hosts.into(),
             audit,
             ports_domain: None,
+            console: false,
         }
     }
 
@@ -68,6 +78,12 @@ impl Gate {
     /// This gate with exposed ports' own origins under `domain`.
     pub fn with_ports_domain(self, domain: &str) -> Gate {
         Gate { ports_domain: Some(domain.into()), ..self }
+    }
+
+    /// This gate with the web console on (its assets public, same-origin requests and a
+    /// WebSocket's subprotocol token admitted).
+    pub fn with_console(self) -> Gate {
+        Gate { console: true, ..self }
     }
 
     /// Whether a request goes to an exposed port, and which (see the module doc).
@@ -89,6 +105,10 @@ impl Gate {
         if port_proxy {
             return None;
         }
+        if self.console && crate::ui::is_console_path(path) {
+            let host = if self.check_host { self.host_refusal(headers) } else { None };
+            return host.map(|why| ApiError::new(forkvm_api::ErrorCode::Forbidden, why));
+        }
         if let Some(why) = self.browser_refusal(headers) {
             return Some(ApiError::new(forkvm_api::ErrorCode::Forbidden, why));
         }
@@ -102,6 +122,11 @@ impl Gate {
             return None;
         }
         match headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()) {
+            None if self.console => match socket_token(headers) {
+                Some(t) if token.matches(&t) => None,
+                Some(_) => Some(ApiError::unauthorized("invalid bearer token (WebSocket subprotocol)")),
+                None => Some(ApiError::unauthorized("missing bearer token")),
+            },
             None => Some(ApiError::unauthorized("missing bearer token")),
             Some(v) => match v.strip_prefix(b"Bearer ") {
                 Some(t) if token.matches(t) => None,
@@ -128,7 +153,7 @@ impl Gate {
         let origin = headers.get(header::ORIGIN).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
         let fetch_site = headers.get("sec-fetch-site").map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
         let from_browser = origin.is_some() || fetch_site.as_deref().is_some_and(|s| s != "none");
-        if !from_browser {
+        if !from_browser || (self.console && same_origin(headers, origin.as_deref(), fetch_site.as_deref())) {
             return None;
         }
         match origin {
@@ -153,6 +178,38 @@ impl Gate {
             ))
         }
     }
+}
+
+/// Whether a browser's request comes from a page of the origin it is sent to: its
+/// `Origin`'s host and port are the `Host` it names, or, without `Origin` (a GET of a
+/// script or style), the browser marks it `Sec-Fetch-Site: same-origin`.
+fn same_origin(headers: &HeaderMap, origin: Option<&str>, fetch_site: Option<&str>) -> bool {
+    let Some(origin) = origin else { return fetch_site == Some("same-origin") };
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    let authority = origin.strip_prefix("http://").or_else(|| origin.strip_prefix("https://"));
+    matches!((authority, host), (Some(a), Some(h)) if !a.is_empty() && a.eq_ignore_ascii_case(h))
+}
+
+/// The token a WebSocket upgrade carries as a subprotocol, `forkvm.bearer.<hex>`.
+fn socket_token(headers: &HeaderMap) -> Option<Vec<u8>> {
+    let upgrade = headers.get(header::UPGRADE).and_then(|v| v.to_str().ok());
+    if !upgrade.is_some_and(|u| u.eq_ignore_ascii_case("websocket")) {
+        return None;
+    }
+    let offered = headers.get_all(header::SEC_WEBSOCKET_PROTOCOL).iter().filter_map(|v| v.to_str().ok());
+    let hex = offered.flat_map(|v| v.split(',')).find_map(|p| p.trim().strip_prefix(SOCKET_TOKEN_PREFIX))?;
+    decode_hex(hex)
+}
+
+/// The subprotocol prefix of a WebSocket's token.
+pub const SOCKET_TOKEN_PREFIX: &str = "forkvm.bearer.";
+
+fn decode_hex(hex: &str) -> Option<Vec<u8>> {
+    if !hex.len().is_multiple_of(2) || hex.len() > 1024 {
+        return None;
+    }
+    let digit = |b: u8| (b as char).to_digit(16);
+    hex.as_bytes().chunks(2).map(|p| Some((digit(p[0])? * 16 + digit(p[1])?) as u8)).collect()
 }
 
 /// Whether a `Host` header value (`name[:port]`, `[v6]:port`) is an IP literal,
@@ -234,6 +291,60 @@ mod tests {
         let mut r = req("/v1/sandboxes", "Bearer 0123456789abcdef");
         gate.keep_token_from_guests(&mut r);
         assert!(r.headers().get("authorization").is_some(), "API requests keep it");
+    }
+
+    #[test]
+    fn the_console_admits_its_assets_its_own_pages_and_a_socket_token() {
+        let token = Token::new("0123456789abcdef+/=").unwrap();
+        let off = Gate::tcp(token.clone(), &[], &[], None);
+        let on = off.clone().with_console();
+        let code =
+            |g: &Gate, pairs: &[(&'static str, &str)], path| g.refusal(&headers(pairs), path).map(|e| e.status());
+        let typed = [("host", "127.0.0.1:8"), ("sec-fetch-site", "none")];
+        assert_eq!(code(&on, &typed, "/ui/"), None, "the page itself needs no token");
+        assert_eq!(code(&off, &typed, "/ui/"), Some(StatusCode::UNAUTHORIZED), "off: an API path like any other");
+        assert_eq!(code(&on, &[("host", "evil.example:8")], "/ui/"), Some(StatusCode::FORBIDDEN), "rebinding");
+        let script = [("host", "127.0.0.1:8"), ("sec-fetch-site", "same-origin")];
+        assert_eq!(code(&on, &script, "/ui/app.js"), None);
+        // The page's API calls: same origin, with the token.
+        let auth = ("authorization", "Bearer 0123456789abcdef+/=");
+        let own = [("host", "127.0.0.1:8"), ("origin", "http://127.0.0.1:8"), ("sec-fetch-site", "same-origin"), auth];
+        assert_eq!(code(&on, &own, "/v1/lineage"), None);
+        assert_eq!(code(&off, &own, "/v1/lineage"), Some(StatusCode::FORBIDDEN), "off: browsers are refused");
+        let no_token = [("host", "127.0.0.1:8"), ("origin", "http://127.0.0.1:8")];
+        assert_eq!(code(&on, &no_token, "/v1/lineage"), Some(StatusCode::UNAUTHORIZED));
+        // Another site's page, even with the token (it cannot have it, but still).
+        let cross = [("host", "127.0.0.1:8"), ("origin", "http://127.0.0.1:9"), auth];
+        assert_eq!(code(&on, &cross, "/v1/lineage"), Some(StatusCode::FORBIDDEN));
+        let cross =
+            [("host", "127.0.0.1:8"), ("origin", "https://evil.example"), ("sec-fetch-site", "cross-site"), auth];
+        assert_eq!(code(&on, &cross, "/v1/lineage"), Some(StatusCode::FORBIDDEN));
+        let sneaky = [("host", "127.0.0.1:8"), ("sec-fetch-site", "cross-site"), auth];
+        assert_eq!(code(&on, &sneaky, "/v1/lineage"), Some(StatusCode::FORBIDDEN));
+        // A WebSocket: the token as a subprotocol, hex of its bytes.
+        let hex: String = b"0123456789abcdef+/=".iter().map(|b| format!("{b:02x}")).collect();
+        let offered = format!("forkvm, forkvm.bearer.{hex}");
+        let socket = |protocols: &str| -> Vec<(&'static str, String)> {
+            vec![
+                ("host", "127.0.0.1:8".into()),
+                ("origin", "http://127.0.0.1:8".into()),
+                ("upgrade", "websocket".into()),
+                ("sec-websocket-protocol", protocols.into()),
+            ]
+        };
+        let code_owned = |g: &Gate, pairs: &[(&'static str, String)]| {
+            let pairs: Vec<(&'static str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            code(g, &pairs, "/v1/sandboxes/a/processes/1/attach")
+        };
+        assert_eq!(code_owned(&on, &socket(&offered)), None);
+        assert_eq!(code_owned(&on, &socket("forkvm, forkvm.bearer.30313233")), Some(StatusCode::UNAUTHORIZED));
+        assert_eq!(code_owned(&on, &socket("forkvm, forkvm.bearer.zz")), Some(StatusCode::UNAUTHORIZED));
+        assert_eq!(code_owned(&off, &socket(&offered)), Some(StatusCode::FORBIDDEN));
+        let mut not_upgrade = socket(&offered);
+        not_upgrade.retain(|(k, _)| *k != "upgrade");
+        assert_eq!(code_owned(&on, &not_upgrade), Some(StatusCode::UNAUTHORIZED), "only an upgrade carries it");
+        assert_eq!(decode_hex("4a4B"), Some(vec![0x4a, 0x4b]));
+        assert_eq!(decode_hex("4"), None);
     }
 
     #[test]

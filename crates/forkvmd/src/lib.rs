@@ -32,6 +32,7 @@ pub mod state;
 pub mod sweeper;
 #[cfg(test)]
 mod test_util;
+pub mod ui;
 pub mod views;
 pub mod workspaces;
 

@@ -40,10 +40,12 @@ from .types import (
     FileChecksum,
     FileEntry,
     FileWritten,
+    Lineage,
     NetworkPolicy,
     Pong,
     ProcessInfo,
     SandboxInfo,
+    SandboxUsage,
     SnapshotInfo,
     SnapshotInfoDetail,
     UnpackResult,
@@ -507,6 +509,16 @@ class Controller:
         sandbox whose VMM stopped and is not swept yet."""
         params: Dict[str, Union[str, int]] = {"bytes": bytes} if bytes is not None else {}
         return self._request("GET", _sb(sandbox_id, "console"), params=params).text
+
+    def sandbox_usage(self, sandbox_id: str) -> SandboxUsage:
+        """``GET /v1/sandboxes/{id}/usage``: what its VMM uses of the host now (memory
+        charged, cumulative CPU time)."""
+        return SandboxUsage.from_json(self._json(self._request("GET", _sb(sandbox_id, "usage"))))
+
+    def lineage(self) -> Lineage:
+        """``GET /v1/lineage``: every sandbox and snapshot, and who came from what
+        (spawn, fork, branch, chain and compact edges)."""
+        return Lineage.from_json(self._json(self._request("GET", "/v1/lineage")))
 
     def ping_sandbox(self, sandbox_id: str) -> Pong:
         """``POST /v1/sandboxes/{id}/ping``: a round trip to the guest agent."""

@@ -31,6 +31,10 @@ __all__ = [
     "FileEntry",
     "FileWritten",
     "FileChecksum",
+    "Lineage",
+    "LineageNode",
+    "LineageEdge",
+    "SandboxUsage",
     "Pong",
     "VersionInfo",
     "WorkspaceInfo",
@@ -854,6 +858,113 @@ class FileChecksum(_Record):
     def from_json(cls, data: Any) -> "FileChecksum":
         f = _Fields("FileChecksum", data)
         return cls(path=f.req_str("path"), size=f.req_int("size"), sha256=f.req_str("sha256"), raw=_raw(data))
+
+
+@dataclass
+class LineageNode(_Record):
+    """A sandbox (``sandbox:ID``) or a snapshot (``snapshot:TAG``) of the lineage graph."""
+
+    id: str
+    #: ``sandbox`` or ``snapshot``.
+    kind: str
+    #: The sandbox's id or the snapshot's tag.
+    name: str
+    #: A sandbox's (``running``, ``paused``, ``archived``) or a snapshot's (``ready``,
+    #: ``writing``, ``failed``).
+    state: str
+    #: Guest memory: a snapshot's, a sandbox's (its snapshot's; its limit or 0 when
+    #: that snapshot is gone).
+    memory_bytes: int
+    #: Bytes a snapshot's memory occupies in the store (None for a sandbox).
+    stored_bytes: Optional[int]
+    created_at_unix: int
+    #: A branch's mode (``full``, ``live``, ``diff``), when recorded.
+    mode: Optional[str]
+    #: Links below a snapshot in its chain (0 for a sandbox).
+    chain_depth: int
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "LineageNode":
+        f = _Fields("LineageNode", data)
+        return cls(
+            id=f.req_str("id"),
+            kind=f.req_str("kind"),
+            name=f.req_str("name"),
+            state=f.req_str("state"),
+            memory_bytes=f.req_int("memory_bytes"),
+            stored_bytes=f.opt_int("stored_bytes"),
+            created_at_unix=f.req_int("created_at_unix"),
+            mode=f.opt_str("mode"),
+            chain_depth=f.int_or("chain_depth", 0),
+            raw=_raw(data),
+        )
+
+
+@dataclass
+class LineageEdge(_Record):
+    """Who came from what: ``spawn``, ``fork``, ``branch``, ``chain`` or ``compact``."""
+
+    #: Node ids (``sandbox:ID``, ``snapshot:TAG``).
+    from_: str = field(metadata={"json": "from"})
+    to: str
+    kind: str
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "LineageEdge":
+        f = _Fields("LineageEdge", data)
+        return cls(from_=f.req_str("from"), to=f.req_str("to"), kind=f.req_str("kind"), raw=_raw(data))
+
+
+@dataclass
+class Lineage(_Record):
+    """``GET /v1/lineage``: every sandbox and snapshot, and the edges between them."""
+
+    nodes: List[LineageNode]
+    edges: List[LineageEdge]
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "Lineage":
+        f = _Fields("Lineage", data)
+        nodes = f._get("nodes", (list,), True, None)
+        edges = f._get("edges", (list,), True, None)
+        return cls(
+            nodes=[LineageNode.from_json(n) for n in nodes],
+            edges=[LineageEdge.from_json(e) for e in edges],
+            raw=_raw(data),
+        )
+
+    def node(self, node_id: str) -> Optional[LineageNode]:
+        """The node ``node_id`` (``sandbox:ID`` or ``snapshot:TAG``), if listed."""
+        return next((n for n in self.nodes if n.id == node_id), None)
+
+
+@dataclass
+class SandboxUsage(_Record):
+    """``GET /v1/sandboxes/{id}/usage``: what its VMM uses of the host now."""
+
+    at_unix_ms: int
+    #: Memory charged to its VMM.
+    memory_bytes: int
+    memory_limit_bytes: Optional[int]
+    #: CPU time since it started (a rate is the difference of two samples).
+    cpu_usage_usec: int
+    vcpus: int
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "SandboxUsage":
+        f = _Fields("SandboxUsage", data)
+        return cls(
+            at_unix_ms=f.req_int("at_unix_ms"),
+            memory_bytes=f.req_int("memory_bytes"),
+            memory_limit_bytes=f.opt_int("memory_limit_bytes"),
+            cpu_usage_usec=f.req_int("cpu_usage_usec"),
+            vcpus=f.req_int("vcpus"),
+            raw=_raw(data),
+        )
 
 
 @dataclass

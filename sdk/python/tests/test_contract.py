@@ -30,7 +30,9 @@ def schemas() -> Dict[str, Any]:
 
 
 def sdk_fields(cls: type) -> Dict[str, dataclasses.Field]:  # type: ignore[type-arg]
-    return {f.name: f for f in dataclasses.fields(cls) if f.name != "raw"}
+    """Fields by their JSON name (a field named after a Python keyword, ``from_``, says
+    its JSON name in its metadata)."""
+    return {f.metadata.get("json", f.name): f for f in dataclasses.fields(cls) if f.name != "raw"}
 
 
 @pytest.mark.parametrize("name", types.__all__)

@@ -669,6 +669,22 @@ CALLS: Dict[str, Tuple[Any, Callable[[Controller], Any]]] = {
     "ProcessInput": ({"bytes": 2}, lambda c: c.process_input("ID", 7, b"hi")),
     "SignalProcess": (None, lambda c: c.signal_process("ID", 7, 15)),
     "ResizeProcess": (None, lambda c: c.resize_process("ID", 7, 24, 80)),
+    "SandboxUsage": (
+        {"at_unix_ms": 1, "memory_bytes": 2, "memory_limit_bytes": None, "cpu_usage_usec": 3, "vcpus": 1},
+        lambda c: c.sandbox_usage("ID"),
+    ),
+    "Lineage": (
+        {
+            "nodes": [
+                {"id": "snapshot:py", "kind": "snapshot", "name": "py", "state": "ready", "memory_bytes": 1,
+                 "stored_bytes": 1, "created_at_unix": 1, "mode": None, "chain_depth": 0},
+                {"id": "sandbox:a", "kind": "sandbox", "name": "a", "state": "running", "memory_bytes": 0,
+                 "stored_bytes": None, "created_at_unix": 2, "mode": None, "chain_depth": 0},
+            ],
+            "edges": [{"from": "snapshot:py", "to": "sandbox:a", "kind": "spawn"}],
+        },
+        lambda c: c.lineage(),
+    ),
 }
 
 

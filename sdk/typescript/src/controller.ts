@@ -302,6 +302,16 @@ export class Controller {
     return (await this.#request("GET", sb(id, "console"), { query: { bytes: opts.bytes } })).text();
   }
 
+  /** `GET /v1/sandboxes/{id}/usage`: what its VMM uses of the host now (memory, cumulative CPU time). */
+  sandboxUsage(id: string): Promise<T.SandboxUsage> {
+    return this.#json("GET", sb(id, "usage"));
+  }
+
+  /** `GET /v1/lineage`: every sandbox and snapshot, and who came from what. */
+  lineage(): Promise<T.Lineage> {
+    return this.#json("GET", "/v1/lineage");
+  }
+
   /** `POST /v1/sandboxes/{id}/ping`. */
   pingSandbox(id: string): Promise<T.Pong> {
     return this.#json("POST", sb(id, "ping"));

@@ -238,6 +238,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/usage": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * What a sandbox's VMM uses of the host now
+         * @description forkvm: one sample from its VMM's cgroup (memory charged, cumulative CPU time); a CPU rate is the difference of two samples. The web console draws its sparklines from these.
+         */
+        get: operations["sandbox_usage"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{id}/ping": {
         parameters: {
             query?: never;
@@ -942,6 +962,26 @@ export interface paths {
          * @description A new volume `to` with this volume's data as of now (its sealed layers hard-linked: nothing is copied). The two diverge.
          */
         post: operations["snapshot_volume"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/lineage": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Who came from what: sandboxes, snapshots and the edges between them
+         * @description forkvm: spawn (snapshot → sandbox), fork (sandbox → sandbox), branch (sandbox → snapshot), chain (a diff link's parent → the link) and compact (a chain's head → its whole copy) edges, only between nodes that exist. The web console draws this graph.
+         */
+        get: operations["lineage"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -2446,6 +2486,73 @@ export interface components {
             type: "signal";
             signal: number;
         };
+        /** @description A sandbox (`sandbox:ID`) or a snapshot (`snapshot:TAG`). */
+        LineageNode: {
+            /** @description `sandbox:ID` or `snapshot:TAG`, unique in the graph. */
+            id: string;
+            /** @enum {string} */
+            kind: "sandbox" | "snapshot";
+            /** @description The sandbox's id or the snapshot's tag. */
+            name: string;
+            /** @description A sandbox's (`running`, `paused`, `archived`) or a snapshot's (`ready`, `writing`, `failed`). */
+            state: string;
+            /**
+             * Format: int64
+             * @description Guest memory: a snapshot's, a sandbox's (its snapshot's; its memory limit, or 0, when that snapshot is gone).
+             */
+            memory_bytes: number;
+            /**
+             * Format: int64
+             * @description Bytes a snapshot's memory occupies in the store (null for a sandbox).
+             */
+            stored_bytes: number | null;
+            /** Format: int64 */
+            created_at_unix: number;
+            /** @description A branch's mode (`full`, `live`, `diff`), when recorded. */
+            mode: string | null;
+            /**
+             * Format: int32
+             * @description Links below a snapshot in its chain; 0 for a sandbox.
+             */
+            chain_depth: number;
+        };
+        /** @description Who came from what. */
+        LineageEdge: {
+            from: string;
+            to: string;
+            /** @enum {string} */
+            kind: "spawn" | "fork" | "branch" | "chain" | "compact";
+        };
+        /** @description forkvm: every sandbox and snapshot, and the edges between them. */
+        Lineage: {
+            nodes: components["schemas"]["LineageNode"][];
+            edges: components["schemas"]["LineageEdge"][];
+        };
+        /** @description forkvm: what a sandbox's VMM uses of the host now, from its cgroup. */
+        SandboxUsage: {
+            /**
+             * Format: int64
+             * @description When it was read.
+             */
+            at_unix_ms: number;
+            /**
+             * Format: int64
+             * @description Memory charged to its VMM.
+             */
+            memory_bytes: number;
+            /**
+             * Format: int64
+             * @description Its memory limit, when it has one.
+             */
+            memory_limit_bytes: number | null;
+            /**
+             * Format: int64
+             * @description CPU time its VMM used since it started (cumulative).
+             */
+            cpu_usage_usec: number;
+            /** Format: int32 */
+            vcpus: number;
+        };
     };
     responses: {
         /** @description Bad request: malformed JSON, unknown field, bad tag/id, bad value. */
@@ -3023,6 +3130,35 @@ export interface operations {
             /** @description No such sandbox. */
             404: components["responses"]["NotFound"];
             /** @description The sandbox is archived. */
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["Internal"];
+        };
+    };
+    sandbox_usage: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id: 1 to 64 ASCII letters, digits, `-` or `_`. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description One sample. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SandboxUsage"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            /** @description No such sandbox, or it stopped. */
+            404: components["responses"]["NotFound"];
+            /** @description It is archived or still starting. */
             409: components["responses"]["Conflict"];
             500: components["responses"]["Internal"];
         };
@@ -4680,6 +4816,28 @@ export interface operations {
             404: components["responses"]["NotFound"];
             /** @description A volume has the new name. */
             409: components["responses"]["Conflict"];
+            500: components["responses"]["Internal"];
+        };
+    };
+    lineage: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The graph. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Lineage"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
             500: components["responses"]["Internal"];
         };
     };

@@ -397,6 +397,11 @@ impl CgroupRoot {
 
 /// One sandbox's group, `<root>/forkvm/<name>`: on v1 one directory per hierarchy, the
 /// memory one first.
+/// `usage_usec` of a v2 `cpu.stat`.
+fn cpu_stat_usage_usec(text: &str) -> Option<u64> {
+    text.lines().find_map(|l| l.strip_prefix("usage_usec ")).and_then(|v| v.trim().parse().ok())
+}
+
 #[derive(Debug, Clone)]
 pub struct SandboxCgroup {
     version: CgroupVersion,
@@ -438,6 +443,29 @@ impl SandboxCgroup {
             CgroupVersion::V1 => "memory.usage_in_bytes",
             CgroupVersion::V2 => "memory.current",
         })
+    }
+
+    /// CPU time the group used since it was made, in microseconds: v2's `cpu.stat`
+    /// `usage_usec`, v1's `cpuacct.usage` (nanoseconds) in whichever hierarchy has it.
+    pub fn cpu_usage_usec(&self) -> Result<u64, CgroupError> {
+        match self.version {
+            CgroupVersion::V2 => {
+                let path = self.dir().join("cpu.stat");
+                let text = read_control(&path)?;
+                cpu_stat_usage_usec(&text).ok_or(CgroupError::ParseControl { path, content: text })
+            }
+            CgroupVersion::V1 => {
+                let path = self
+                    .dirs
+                    .iter()
+                    .map(|d| d.join("cpuacct.usage"))
+                    .find(|p| p.exists())
+                    .unwrap_or_else(|| self.dir().join("cpuacct.usage"));
+                let text = read_control(&path)?;
+                let ns: u64 = text.trim().parse().map_err(|_| CgroupError::ParseControl { path, content: text })?;
+                Ok(ns / 1000)
+            }
+        }
     }
 
     /// The processes in the group.

@@ -360,17 +360,14 @@ async fn pause(
 }
 
 /// `GET /sandboxes/{id}/metrics`: one sample, now, from its VMM's cgroup (E2B keeps a
-/// history in 5 s buckets; forkvm does not yet, docs/e2b.md).
+/// history in 5 s buckets; forkvm does not yet, docs/e2b.md). CPU use is a rate, which a
+/// single sample cannot give: 0 until forkvm keeps a history.
 async fn metrics(State(e2b): State<E2b>, Path(id): Path<String>) -> Result<Json<Vec<SandboxMetric>>, E2bError> {
     let (rec, _seen) = record(&e2b, &id)?;
     let now = now_unix_ms();
-    let cgroup = e2b.app.registry.lookup(&id).ok().and_then(|(r, _)| r.cgroup);
-    let read = |file: &str| -> Option<u64> {
-        let dir = cgroup.as_deref()?;
-        std::fs::read_to_string(std::path::Path::new(dir).join(file)).ok()?.trim().parse().ok()
-    };
+    let used = e2b.app.registry.lookup(&id).ok().map(|(r, _)| crate::routes::usage::sample(&r));
     let mem_total = rec.memory_mb << 20;
-    let mem_used = read("memory.current").or_else(|| read("memory.usage_in_bytes")).unwrap_or(0).min(mem_total);
+    let mem_used = used.map_or(0, |u| u.memory_bytes).min(mem_total);
     Ok(Json(vec![SandboxMetric {
         timestamp: rfc3339(now),
         timestamp_unix: now / 1000,

@@ -8,6 +8,7 @@ pub mod console;
 pub mod disk;
 pub mod file_tar;
 pub mod files;
+pub mod lineage;
 pub mod meta;
 pub mod ports;
 pub mod process_socket;
@@ -18,6 +19,7 @@ pub mod snapshots;
 pub mod template_build;
 pub mod templates;
 pub mod upload;
+pub mod usage;
 pub mod volumes;
 pub mod watch;
 pub mod workspaces;
@@ -92,6 +94,8 @@ fn handler(name: RouteName, filter: MethodFilter) -> MethodRouter<AppState> {
         RouteName::GetVolume => on(filter, volumes::get),
         RouteName::DeleteVolume => on(filter, volumes::delete),
         RouteName::SnapshotVolume => on(filter, volumes::snapshot),
+        RouteName::Lineage => on(filter, lineage::lineage),
+        RouteName::SandboxUsage => on(filter, usage::usage),
     }
 }
 

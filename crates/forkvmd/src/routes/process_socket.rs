@@ -61,7 +61,11 @@ pub async fn attach(
     let handles = attachment.input().and_then(|a| Ok((a, attachment.input()?)));
     let (input, detach) = handles.map_err(|e| ApiError::internal(format!("a handle on the attachment: {e}")))?;
     let session = Session { s, id, pid, in_use };
-    Ok(ws.max_message_size(MAX_MESSAGE).on_upgrade(move |socket| session.run(socket, attachment, input, detach)))
+    // A browser (the web console) offers `forkvm` beside its token and needs it chosen.
+    Ok(ws
+        .max_message_size(MAX_MESSAGE)
+        .protocols(["forkvm"])
+        .on_upgrade(move |socket| session.run(socket, attachment, input, detach)))
 }
 
 /// One attached client.

@@ -348,3 +348,11 @@ fn service_names_are_no_sandbox_names_and_sweeps_keep_their_groups() {
     assert_eq!(root.sweep(&|_| false), Vec::<String>::new());
     assert!(dir.is_dir());
 }
+
+#[test]
+fn cpu_stat_usage_is_read_from_its_line() {
+    let v2 = "usage_usec 123456\nuser_usec 100000\nsystem_usec 23456\nnr_periods 0\n";
+    assert_eq!(super::cpu_stat_usage_usec(v2), Some(123456));
+    assert_eq!(super::cpu_stat_usage_usec("user_usec 5\n"), None);
+    assert_eq!(super::cpu_stat_usage_usec("usage_usec x\n"), None);
+}

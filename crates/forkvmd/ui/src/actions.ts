@@ -1,0 +1,64 @@
+// actions.ts — the buttons that change the selected sandbox: fork N, branch (live,
+// full or diff), archive and kill. Each runs one API call with the buttons disabled,
+// reports the outcome in #status and refreshes the lists.
+
+import { api } from "./api";
+import { byId } from "./dom";
+import { status, statusError } from "./status";
+
+const BUTTONS = ["fork", "branch", "archive", "kill"];
+
+function setBusy(busy: boolean): void {
+  for (const id of BUTTONS) (byId(id) as HTMLButtonElement).disabled = busy;
+  byId("actions").toggleAttribute("aria-busy", busy);
+}
+
+export function setupActions(getSelected: () => string | null, refresh: () => Promise<void>): void {
+  const run = async (what: string, fn: (id: string) => Promise<string>) => {
+    const id = getSelected();
+    if (!id) return;
+    setBusy(true);
+    status(`${what} ${id} …`);
+    try {
+      const message = await fn(id);
+      status(message, "ok");
+    } catch (e) {
+      statusError(`${what} ${id}`, e);
+    } finally {
+      setBusy(false);
+      await refresh();
+    }
+  };
+
+  byId("fork").addEventListener("click", () =>
+    run("fork", async (id) => {
+      const input = byId("fork-n") as HTMLInputElement;
+      const n = Math.max(1, Math.min(1000, Math.floor(Number(input.value) || 1)));
+      input.value = String(n);
+      const made = await api.fork(id, n);
+      const ids = made.map((s) => s.id);
+      const shown = ids.length > 8 ? `${ids.slice(0, 8).join(", ")} … (+${ids.length - 8})` : ids.join(", ");
+      return `forked ${id} into ${made.length}: ${shown}`;
+    }),
+  );
+  byId("branch").addEventListener("click", () =>
+    run("branch", async (id) => {
+      const mode = (byId("branch-mode") as HTMLSelectElement).value;
+      const snap = await api.branch(id, mode);
+      return `branched ${id} into snapshot ${snap.tag} (${snap.mode ?? mode}, ${snap.status})`;
+    }),
+  );
+  byId("archive").addEventListener("click", () =>
+    run("archive", async (id) => {
+      await api.archive(id);
+      return `archived ${id}`;
+    }),
+  );
+  // No confirm(): the page is driven headless too. Kill acts on the first click.
+  byId("kill").addEventListener("click", () =>
+    run("kill", async (id) => {
+      await api.kill(id);
+      return `killed ${id}`;
+    }),
+  );
+}
