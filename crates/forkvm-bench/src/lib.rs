@@ -19,6 +19,7 @@ mod fork;
 mod fork_running;
 mod forkd;
 mod lazy;
+mod lineage;
 mod mcp;
 mod memory;
 mod net;
@@ -86,6 +87,9 @@ pub enum BenchCommand {
     /// Large files and trees through the daemon: upload, download, the guest's SHA-256,
     /// tar out and in (MiB/s), and the daemon's and the agent's memory meanwhile.
     Files(files::BenchFilesArgs),
+    /// What the web console's data costs the daemon: the lineage graph, the lists and a
+    /// usage sample over a parent with N forked children (host-side).
+    Lineage(lineage::BenchLineageArgs),
     /// Templates from OCI images: import and build against the busybox builder, unpack
     /// throughput, and the blob bytes a second image on the same base shares (host side).
     Oci(oci::BenchOciArgs),
@@ -111,6 +115,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<i32> {
         BenchCommand::Watch(a) => watch::run(a),
         BenchCommand::Procs(a) => procs::run(a),
         BenchCommand::Files(a) => files::run(a),
+        BenchCommand::Lineage(a) => lineage::run(a),
         BenchCommand::Oci(a) => oci::run(a),
         BenchCommand::Volume(a) => volume::run(a),
         BenchCommand::Build(a) => build::run(a),

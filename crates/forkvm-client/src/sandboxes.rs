@@ -33,6 +33,16 @@ impl Client {
         self.call_json(Method::GET, "/v1/sandboxes", None::<&()>, "sandbox list")
     }
 
+    /// `GET /v1/lineage`: every sandbox and snapshot, and who came from what.
+    pub fn lineage(&self) -> Result<forkvm_api::Lineage, ClientError> {
+        self.call_json(Method::GET, "/v1/lineage", None::<&()>, "lineage")
+    }
+
+    /// `GET /v1/sandboxes/{id}/usage`: what its VMM uses of the host now.
+    pub fn sandbox_usage(&self, id: &str) -> Result<forkvm_api::SandboxUsage, ClientError> {
+        self.call_json(Method::GET, &sandbox(id)?.push("/usage").build(), None::<&()>, "sandbox usage")
+    }
+
     /// `POST /v1/sandboxes`: `req.n` sandboxes from a tag, all ready, or none.
     pub fn spawn(&self, req: &CreateSandboxRequest) -> Result<Vec<SandboxInfo>, ClientError> {
         self.call_json(Method::POST, "/v1/sandboxes", Some(req), "spawned sandboxes")

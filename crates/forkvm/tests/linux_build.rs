@@ -189,3 +189,58 @@ fn a_dockerfile_builds_through_the_daemon() {
     let ps: Value = serde_json::from_slice(&through(&["ps", "--json"]).stdout).unwrap();
     assert_eq!(ps.as_array().map_or(0, |a| a.len()), 0, "no build sandbox is left running: {ps}");
 }
+
+#[test]
+fn a_multi_stage_build_copies_from_the_stages_it_needs_and_skips_the_rest() {
+    let env = CliEnv::new();
+    let ctx = env.tmp.path().join("ctx");
+    // The `never` stage would fail the build if it ran: only the stages the last one
+    // reaches (through FROM and COPY --from) are built.
+    write(
+        &ctx,
+        "Dockerfile",
+        "ARG V=1\n\
+         FROM tiny AS Build\n\
+         ARG V\n\
+         WORKDIR /src\n\
+         RUN mkdir -p out/sub && echo \"built $V\" > out/sub/a.txt && ln -s sub/a.txt out/link && printf '#!/bin/sh\\necho tool\\n' > tool && chmod 755 tool\n\
+         FROM build AS never\n\
+         RUN exit 7\n\
+         FROM tiny\n\
+         COPY --from=build /src/out /app/\n\
+         COPY --from=0 /src/tool /usr/local/bin/mytool\n",
+    );
+    let ctx_s = ctx.to_str().unwrap();
+    let build = |extra: &[&str]| {
+        let mut args = vec!["template", "build", ctx_s, "--tag", "staged"];
+        args.extend_from_slice(extra);
+        env.json(&args)
+    };
+    let first = build(&[]);
+    assert_eq!(outcome(&first), (vec![false; 3], false), "{first}");
+    assert_eq!(first["from"], "tiny");
+    let id = env.fork("--tag", "staged", 1).remove(0);
+    let sh = |script: &str| env.sh(&id, script);
+    assert_eq!(sh("cat /app/sub/a.txt; readlink /app/link"), "built 1\nsub/a.txt\n", "a directory, its link kept");
+    assert_eq!(sh("stat -c '%a %U' /usr/local/bin/mytool; mytool"), "755 root\ntool\n", "a file, its mode kept");
+    assert_eq!(sh("test -e /src || echo no-src"), "no-src\n", "the last stage has only what it copied");
+    env.ok(&["kill", &id]);
+
+    let again = build(&[]);
+    assert_eq!(outcome(&again), (vec![true; 3], true), "{again}");
+    // The build stage changes: the copies from it run again, though their own text did not.
+    let changed = build(&["--build-arg", "V=2"]);
+    assert_eq!(outcome(&changed), (vec![false; 3], false), "{changed}");
+    let id = env.fork("--tag", "staged", 1).remove(0);
+    assert_eq!(env.sh(&id, "cat /app/sub/a.txt"), "built 2\n");
+    env.ok(&["kill", &id]);
+
+    // A path the stage does not have fails its step by name and leaves the tag as it was.
+    write(&ctx, "Dockerfile", "FROM tiny AS b\nFROM tiny\nCOPY --from=b /nowhere /x\n");
+    let out = env.command(&["template", "build", ctx_s, "--tag", "staged"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("/nowhere in the stage"), "{err}");
+    let id = env.fork("--tag", "staged", 1).remove(0);
+    assert_eq!(env.sh(&id, "cat /app/sub/a.txt"), "built 2\n", "the tag is as it was");
+    env.ok(&["kill", &id]);
+}

@@ -13,7 +13,7 @@ pub mod words;
 pub use context::Context;
 pub use ignore::IgnoreRules;
 pub use parse::{parse, CommandForm, DockerfileError};
-pub use plan::{plan, Action, FinalConfig, Plan, Step};
+pub use plan::{plan, Action, FinalConfig, Plan, Stage, StageBase, Step};
 
 /// The ignore file of a context, if it has one.
 pub const IGNORE_FILE: &str = ".dockerignore";

@@ -4,8 +4,9 @@
 //! flags) is `parse-dockerfile`'s. On top of it: our `READY` instruction (a command whose
 //! success marks the template warm), which that parser does not know, so its lines are
 //! handed to it as `HEALTHCHECK CMD` and told apart again by line number; and the
-//! refusals, each naming its line: a second stage, `COPY --from`, `RUN --mount`, ADD of
-//! a URL, HEALTHCHECK, ONBUILD, VOLUME, STOPSIGNAL.
+//! refusals, each naming its line: `RUN --mount`, ADD of a URL, `ADD --from`,
+//! HEALTHCHECK, ONBUILD, VOLUME, STOPSIGNAL. A Dockerfile may have several stages (`FROM
+//! ... AS name`); which of them a build needs is the plan's business.
 
 use parse_dockerfile as pd;
 use std::collections::BTreeSet;
@@ -35,9 +36,21 @@ pub enum CommandForm {
 /// One instruction, its arguments as written (expanded later, in order).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Kind {
-    From { image: String },
+    /// `FROM image [AS name]`.
+    From {
+        image: String,
+        name: Option<String>,
+    },
     Run(CommandForm),
-    Copy { add: bool, sources: Vec<String>, dest: String, chown: Option<String>, chmod: Option<String> },
+    /// COPY or ADD; `from`: `COPY --from=STAGE` (a stage's name or index).
+    Copy {
+        add: bool,
+        sources: Vec<String>,
+        dest: String,
+        chown: Option<String>,
+        chmod: Option<String>,
+        from: Option<String>,
+    },
     Env(String),
     Arg(String),
     Label(String),
@@ -58,13 +71,23 @@ pub struct Instruction {
     pub kind: Kind,
 }
 
-/// A one-stage Dockerfile: the ARGs before FROM, FROM, and what follows it.
+/// A Dockerfile: the ARGs before the first FROM, then its stages in order (the last is
+/// what the build makes).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Parsed {
     pub global_args: Vec<Instruction>,
+    pub stages: Vec<ParsedStage>,
+}
+
+/// One stage: its FROM and what follows it up to the next FROM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParsedStage {
     pub from: Instruction,
     pub body: Vec<Instruction>,
 }
+
+/// The most stages a Dockerfile may have.
+pub const MAX_STAGES: usize = 32;
 
 const READY: &str = "READY";
 
@@ -80,29 +103,35 @@ pub fn parse(text: &str) -> Result<Parsed, DockerfileError> {
     let lines: Vec<&str> = text.lines().collect();
     let line_of = |pos: usize| rewritten[..pos].matches('\n').count() + 1;
     let mut global_args = Vec::new();
-    let mut from = None;
-    let mut body = Vec::new();
+    let mut stages: Vec<ParsedStage> = Vec::new();
     for ins in &file.instructions {
         let start = span_start(ins);
         let line = line_of(start);
         let text = lines.get(line - 1).map_or(String::new(), |l| shorten(l.trim()));
         let kind = convert(ins, line, &rewritten, escape, ready_lines.contains(&line))?;
         let ins = Instruction { line, text, kind };
-        match (&ins.kind, &from) {
-            (Kind::From { .. }, Some(_)) => {
-                return Err(DockerfileError::at(
-                    line,
-                    "a second FROM: multi-stage builds are not supported (build each stage as its own template and FROM it)",
-                ))
+        let full = stages.len() == MAX_STAGES;
+        match (&ins.kind, stages.last_mut()) {
+            (Kind::From { .. }, _) if full => {
+                return Err(DockerfileError::at(line, format!("more than {MAX_STAGES} stages")))
             }
-            (Kind::From { .. }, None) => from = Some(ins),
+            (Kind::From { .. }, _) => stages.push(ParsedStage { from: ins, body: Vec::new() }),
             (Kind::Arg(_), None) => global_args.push(ins),
             (_, None) => return Err(DockerfileError::at(line, "only ARG may come before FROM")),
-            (_, Some(_)) => body.push(ins),
+            (_, Some(stage)) => stage.body.push(ins),
         }
     }
-    let from = from.ok_or(DockerfileError { line: None, message: "no FROM instruction".into() })?;
-    Ok(Parsed { global_args, from, body })
+    if stages.is_empty() {
+        return Err(DockerfileError { line: None, message: "no FROM instruction".into() });
+    }
+    Ok(Parsed { global_args, stages })
+}
+
+impl Parsed {
+    /// The stage the build makes (the last).
+    pub fn last(&self) -> &ParsedStage {
+        self.stages.last().expect("parse refuses a Dockerfile without FROM")
+    }
 }
 
 /// The text with each `READY` instruction's keyword replaced by `HEALTHCHECK CMD`, and
@@ -143,13 +172,15 @@ fn convert(
     let refuse = |what: &str| Err(DockerfileError::at(line, format!("{what} is not supported")));
     Ok(match ins {
         pd::Instruction::From(f) => {
-            if f.as_.is_some() {
-                return refuse("FROM ... AS (a named stage)");
-            }
             if let Some(flag) = f.options.iter().find(|o| o.name.value != "platform") {
                 return refuse(&format!("FROM --{}", flag.name.value));
             }
-            Kind::From { image: f.image.value.to_string() }
+            // Stage names are case-insensitive, as in Docker.
+            let name = f.as_.as_ref().map(|(_, n)| n.value.to_ascii_lowercase());
+            if let Some(n) = &name {
+                check_stage_name(n).map_err(|e| DockerfileError::at(line, e))?;
+            }
+            Kind::From { image: f.image.value.to_string(), name }
         }
         pd::Instruction::Run(r) => {
             if let Some(flag) = r.options.first() {
@@ -193,14 +224,15 @@ fn copy(
     dest: &pd::UnescapedString<'_>,
 ) -> Result<Kind, DockerfileError> {
     let name = if add { "ADD" } else { "COPY" };
-    let (mut chown, mut chmod) = (None, None);
+    let (mut chown, mut chmod, mut from) = (None, None, None);
     for flag in options {
         let value = flag.value.as_ref().map(|v| v.value.to_string());
         match (&*flag.name.value, value) {
             ("chown", Some(v)) => chown = Some(v),
             ("chmod", Some(v)) => chmod = Some(v),
-            ("from", _) => {
-                return Err(DockerfileError::at(line, format!("{name} --from is not supported (one stage per build)")))
+            ("from", Some(v)) if !add => from = Some(v.to_ascii_lowercase()),
+            ("from", _) if add => {
+                return Err(DockerfileError::at(line, "ADD --from is not supported (use COPY --from)"))
             }
             (other, _) => return Err(DockerfileError::at(line, format!("{name} --{other} is not supported"))),
         }
@@ -212,7 +244,22 @@ fn copy(
             _ => return Err(DockerfileError::at(line, format!("{name} from a here-document is not supported"))),
         }
     }
-    Ok(Kind::Copy { add, sources, dest: dest.value.to_string(), chown, chmod })
+    Ok(Kind::Copy { add, sources, dest: dest.value.to_string(), chown, chmod, from })
+}
+
+/// A stage name: Docker's rule (a letter, then letters, digits, `_`, `.`, `-`), lower
+/// case, at most 64 bytes.
+pub fn check_stage_name(name: &str) -> Result<(), String> {
+    let ok = name.len() <= 64
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "_.-".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "stage name {name:?}: a lowercase letter, then lowercase letters, digits, '_', '.' or '-' (at most 64)"
+        ))
+    }
 }
 
 fn command(c: &pd::Command<'_>, escape: char) -> CommandForm {
@@ -305,7 +352,9 @@ mod tests {
         )
         .unwrap();
         assert_eq!(p.global_args.len(), 1);
-        assert_eq!((p.from.line, &p.from.kind), (3, &Kind::From { image: "${BASE}".into() }));
+        assert_eq!(p.stages.len(), 1);
+        let p = p.last();
+        assert_eq!((p.from.line, &p.from.kind), (3, &Kind::From { image: "${BASE}".into(), name: None }));
         let lines: Vec<usize> = p.body.iter().map(|i| i.line).collect();
         assert_eq!(lines, [5, 8, 9, 10, 11]);
         assert_eq!(p.body[0].kind, Kind::Run(CommandForm::Shell("echo a &&   echo b".into())));
@@ -318,7 +367,8 @@ mod tests {
                 sources: vec!["a".into(), "b".into()],
                 dest: "/dst/".into(),
                 chown: Some("app".into()),
-                chmod: None
+                chmod: None,
+                from: None,
             }
         );
         assert_eq!(p.body[3].kind, Kind::Run(CommandForm::Exec(vec!["/bin/echo".into(), "hi".into()])));
@@ -328,9 +378,9 @@ mod tests {
     #[test]
     fn what_forkvm_does_not_build_is_refused_by_line() {
         let cases = [
-            ("FROM a\nRUN x\nFROM b\n", 3, "multi-stage"),
-            ("FROM a AS b\n", 1, "named stage"),
-            ("FROM a\n\nCOPY --from=x a /b\n", 3, "--from"),
+            ("FROM a AS 1x\n", 1, "stage name"),
+            ("FROM t AS a\nFROM t AS a\n", 2, "duplicate stage"),
+            ("FROM a\n\nADD --from=x a /b\n", 3, "ADD --from"),
             ("FROM a\nRUN --mount=type=cache,target=/x true\n", 2, "RUN --mount"),
             ("FROM a\nHEALTHCHECK CMD true\n", 2, "HEALTHCHECK"),
             ("FROM a\nVOLUME /x\n", 2, "VOLUME"),
@@ -344,5 +394,27 @@ mod tests {
             assert!(e.to_string().contains(needle), "{text}: {e}");
         }
         assert!(parse("# nothing\n").unwrap_err().to_string().contains("FROM"));
+        let many: String = (0..=MAX_STAGES).map(|i| format!("FROM a AS s{i}\n")).collect();
+        assert_eq!(parse(&many).unwrap_err().line, Some(MAX_STAGES + 1));
+    }
+
+    #[test]
+    fn stages_and_copy_from() {
+        let p = parse("ARG V=1\nFROM tiny AS Build\nRUN make\nFROM build AS test\nFROM tiny\nCOPY --from=build --chown=app /out/ /app/\n").unwrap();
+        assert_eq!(p.stages.len(), 3);
+        assert_eq!(p.stages[0].from.kind, Kind::From { image: "tiny".into(), name: Some("build".into()) });
+        assert_eq!(p.stages[1].from.kind, Kind::From { image: "build".into(), name: Some("test".into()) });
+        assert!(p.stages[1].body.is_empty());
+        assert_eq!(
+            p.last().body[0].kind,
+            Kind::Copy {
+                add: false,
+                sources: vec!["/out/".into()],
+                dest: "/app/".into(),
+                chown: Some("app".into()),
+                chmod: None,
+                from: Some("build".into()),
+            }
+        );
     }
 }

@@ -6,10 +6,16 @@
 //! user; for a copy the digest of what it carries), and its digest is the hash of that:
 //! a step's cache key is its parent's key and its digest, so changing one input reruns
 //! that step and those after it, and nothing before.
+//!
+//! A Dockerfile of several stages is planned stage by stage: a stage starts from an image
+//! or from an earlier stage (whose configuration it inherits, its ARGs not), and `COPY
+//! --from=STAGE` takes paths from an earlier stage's result. The build needs the last
+//! stage and what it reaches through those two references ([`Plan::needed`]); the
+//! others are checked but not run, as BuildKit does.
 
 use super::context::{self, Context, CopySet};
 use super::ignore::IgnoreRules;
-use super::parse::{CommandForm, DockerfileError, Instruction, Kind, Parsed};
+use super::parse::{CommandForm, DockerfileError, Instruction, Kind, Parsed, ParsedStage};
 use super::words;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -23,6 +29,10 @@ pub enum Action {
     /// Put `set` at `dest` (a directory when it ends in `/`), owned by `chown`, with
     /// `chmod` over the files' own modes; `cwd` is made first.
     Copy { set: CopySet, dest: String, chown: Option<String>, chmod: Option<u32>, cwd: Option<String> },
+    /// Put `paths` of stage `stage`'s result at `dest` (a directory when it ends in `/`,
+    /// or when a path is one), owned by `chown`; `cwd` is made first. The step's cache
+    /// key covers that stage's key, so a changed stage reruns the copy.
+    CopyFrom { stage: usize, paths: Vec<String>, dest: String, chown: Option<String>, cwd: Option<String> },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,16 +85,55 @@ impl FinalConfig {
     }
 }
 
+/// What a stage starts from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StageBase {
+    /// A template name, a tag, or an OCI image path, variables expanded.
+    Image(String),
+    /// An earlier stage's result (its index).
+    Stage(usize),
+}
+
+/// One evaluated stage.
+#[derive(Debug, Clone)]
+pub struct Stage {
+    /// Its name (`FROM ... AS name`), lower case.
+    pub name: Option<String>,
+    pub base: StageBase,
+    pub from_line: usize,
+    pub steps: Vec<Step>,
+    /// The configuration it ends with (a stage based on it starts with this).
+    pub config: FinalConfig,
+}
+
 /// The evaluated build.
 #[derive(Debug, Clone)]
 pub struct Plan {
-    /// FROM's image, variables expanded: a template name, a tag, or an OCI image path.
-    pub from: String,
-    pub from_line: usize,
-    pub steps: Vec<Step>,
-    pub config: FinalConfig,
+    /// Every stage, in order; the last is what the build makes.
+    pub stages: Vec<Stage>,
+    /// The stages the last one needs (through FROM and COPY --from), in order, the last
+    /// one last.
+    pub needed: Vec<usize>,
     /// `--build-arg`s no ARG declared (Docker warns about these too).
     pub unused_build_args: Vec<String>,
+}
+
+impl Plan {
+    /// The stage the build makes.
+    pub fn result(&self) -> &Stage {
+        self.stages.last().expect("a plan has a stage")
+    }
+
+    /// The image stage `index` starts from, through the stages it is based on.
+    pub fn root_image(&self, index: usize) -> (&str, usize) {
+        let mut at = index;
+        loop {
+            match &self.stages[at].base {
+                StageBase::Image(image) => return (image, self.stages[at].from_line),
+                StageBase::Stage(earlier) => at = *earlier,
+            }
+        }
+    }
 }
 
 /// Evaluates `parsed` with `build_args`, reading COPY and ADD sources from the context
@@ -103,28 +152,80 @@ pub fn plan(
         let seen = global.clone();
         declare_args(ins, text, build_args, &mut global, &mut used, &|n| global_value(&seen, n))?;
     }
-    let lookup = |n: &str| global_value(&global, n);
-    let from = words::word(
-        match &parsed.from.kind {
-            Kind::From { image } => image,
-            _ => unreachable!("parse puts FROM there"),
-        },
-        &lookup,
-    )
-    .map_err(|e| DockerfileError::at(parsed.from.line, e))?;
-    if from.trim().is_empty() {
-        return Err(DockerfileError::at(parsed.from.line, "FROM names nothing"));
+    let mut stages: Vec<Stage> = Vec::new();
+    for parsed_stage in &parsed.stages {
+        let stage = plan_stage(parsed_stage, &stages, build_args, &global, &mut used, context, ignore)?;
+        stages.push(stage);
     }
-    let mut s = State {
-        config: FinalConfig { shell: vec!["/bin/sh".into(), "-c".into()], ..Default::default() },
-        args: BTreeMap::new(),
-        steps: Vec::new(),
-    };
-    for ins in &parsed.body {
-        s.apply(ins, build_args, &global, &mut used, context, ignore)?;
-    }
+    let needed = needed(&stages);
     let unused_build_args = build_args.keys().filter(|k| !used.contains(*k)).cloned().collect();
-    Ok(Plan { from, from_line: parsed.from.line, steps: s.steps, config: s.config, unused_build_args })
+    Ok(Plan { stages, needed, unused_build_args })
+}
+
+/// The index of the earlier stage `name` names (its name, or its index as a number).
+fn stage_named(stages: &[Stage], name: &str) -> Option<usize> {
+    let lower = name.to_ascii_lowercase();
+    stages
+        .iter()
+        .position(|s| s.name.as_deref() == Some(lower.as_str()))
+        .or_else(|| name.parse::<usize>().ok().filter(|i| *i < stages.len()))
+}
+
+fn plan_stage(
+    parsed: &ParsedStage,
+    earlier: &[Stage],
+    build_args: &BTreeMap<String, String>,
+    global: &BTreeMap<String, Option<String>>,
+    used: &mut std::collections::BTreeSet<String>,
+    context: &Context,
+    ignore: &IgnoreRules,
+) -> Result<Stage, DockerfileError> {
+    let line = parsed.from.line;
+    let Kind::From { image, name } = &parsed.from.kind else { unreachable!("parse puts FROM there") };
+    if let Some(n) = name {
+        if earlier.iter().any(|s| s.name.as_deref() == Some(n.as_str())) {
+            return Err(DockerfileError::at(line, format!("a second stage named {n:?}")));
+        }
+    }
+    let from = words::word(image, &|n| global_value(global, n)).map_err(|e| DockerfileError::at(line, e))?;
+    if from.trim().is_empty() {
+        return Err(DockerfileError::at(line, "FROM names nothing"));
+    }
+    // An earlier stage's name wins over a template or tag of that name, as in Docker.
+    let lower = from.to_ascii_lowercase();
+    let base = match earlier.iter().position(|s| s.name.as_deref() == Some(lower.as_str())) {
+        Some(i) => StageBase::Stage(i),
+        None => StageBase::Image(from),
+    };
+    let config = match &base {
+        StageBase::Stage(i) => earlier[*i].config.clone(),
+        StageBase::Image(_) => FinalConfig { shell: vec!["/bin/sh".into(), "-c".into()], ..Default::default() },
+    };
+    let mut s = State { config, args: BTreeMap::new(), steps: Vec::new(), earlier };
+    for ins in &parsed.body {
+        s.apply(ins, build_args, global, used, context, ignore)?;
+    }
+    Ok(Stage { name: name.clone(), base, from_line: line, steps: s.steps, config: s.config })
+}
+
+/// The stages the last one reaches through its base and its COPY --from steps, in order.
+fn needed(stages: &[Stage]) -> Vec<usize> {
+    let mut keep = vec![false; stages.len()];
+    let mut todo = vec![stages.len() - 1];
+    while let Some(i) = todo.pop() {
+        if std::mem::replace(&mut keep[i], true) {
+            continue;
+        }
+        if let StageBase::Stage(b) = stages[i].base {
+            todo.push(b);
+        }
+        for step in &stages[i].steps {
+            if let Action::CopyFrom { stage, .. } = step.action {
+                todo.push(stage);
+            }
+        }
+    }
+    (0..stages.len()).filter(|i| keep[*i]).collect()
 }
 
 fn global_value(global: &BTreeMap<String, Option<String>>, name: &str) -> Option<String> {
@@ -158,14 +259,16 @@ fn declare_args(
     Ok(())
 }
 
-struct State {
+struct State<'a> {
     config: FinalConfig,
     /// ARGs declared in the stage, with their values.
     args: BTreeMap<String, Option<String>>,
     steps: Vec<Step>,
+    /// The stages before this one (what COPY --from may name).
+    earlier: &'a [Stage],
 }
 
-impl State {
+impl State<'_> {
     fn lookup(&self, name: &str) -> Option<String> {
         self.config
             .env
@@ -201,7 +304,7 @@ impl State {
         let line = ins.line;
         let at = |e: String| DockerfileError::at(line, e);
         match &ins.kind {
-            Kind::From { .. } => unreachable!("one FROM per build"),
+            Kind::From { .. } => unreachable!("a FROM starts a stage"),
             Kind::Arg(text) => {
                 let mut declared = BTreeMap::new();
                 declare_args(ins, text, build_args, &mut declared, used, &|n| self.lookup(n))?;
@@ -260,7 +363,38 @@ impl State {
                 };
                 self.push(ins, action);
             }
-            Kind::Copy { add, sources, dest, chown, chmod } => {
+            Kind::Copy { from: Some(from), sources, dest, chown, chmod, .. } => {
+                let stage = stage_named(self.earlier, from).ok_or_else(|| {
+                    at(format!(
+                        "COPY --from={from}: no earlier stage of that name or index (to copy from an image or tag, make it a stage: FROM it AS name)"
+                    ))
+                })?;
+                if chmod.is_some() {
+                    return Err(at("COPY --from with --chmod is not supported".into()));
+                }
+                let mut paths = Vec::new();
+                for s in sources {
+                    let s = self.expand(line, s)?;
+                    if s.contains(['*', '?', '[']) {
+                        return Err(at(format!("COPY --from: {s:?}: wildcards are not supported here")));
+                    }
+                    paths.push(absolute("/", &s).ok_or_else(|| at("COPY --from: an empty source".into()))?);
+                }
+                let dest_text = self.expand(line, dest)?;
+                let base = self.config.workdir.clone().unwrap_or_else(|| "/".into());
+                let mut dest = absolute(&base, &dest_text).ok_or_else(|| at("COPY has no destination".into()))?;
+                let names_dir = dest_text.ends_with('/') || dest_text == "." || dest_text.ends_with("/.");
+                if paths.len() > 1 && !names_dir {
+                    return Err(at("COPY with several sources needs a destination ending in /".into()));
+                }
+                if names_dir && !dest.ends_with('/') {
+                    dest.push('/');
+                }
+                let chown = chown.as_ref().map(|c| self.expand(line, c)).transpose()?;
+                let action = Action::CopyFrom { stage, paths, dest, chown, cwd: self.config.workdir.clone() };
+                self.push(ins, action);
+            }
+            Kind::Copy { add, sources, dest, chown, chmod, from: None } => {
                 let name = if *add { "ADD" } else { "COPY" };
                 let sources: Vec<String> = sources.iter().map(|s| self.expand(line, s)).collect::<Result<_, _>>()?;
                 let dest_text = self.expand(line, dest)?;
@@ -336,13 +470,34 @@ fn digest(a: &Action) -> String {
     #[derive(Serialize)]
     #[serde(rename_all = "snake_case")]
     enum Canon<'a> {
-        Run { argv: &'a [String], env: &'a [(String, String)], cwd: &'a Option<String>, user: &'a Option<String> },
-        Copy { content: &'a str, dest: &'a str, chown: &'a Option<String>, chmod: Option<u32>, cwd: &'a Option<String> },
+        Run {
+            argv: &'a [String],
+            env: &'a [(String, String)],
+            cwd: &'a Option<String>,
+            user: &'a Option<String>,
+        },
+        Copy {
+            content: &'a str,
+            dest: &'a str,
+            chown: &'a Option<String>,
+            chmod: Option<u32>,
+            cwd: &'a Option<String>,
+        },
+        CopyFrom {
+            stage: usize,
+            paths: &'a [String],
+            dest: &'a str,
+            chown: &'a Option<String>,
+            cwd: &'a Option<String>,
+        },
     }
     let canon = match a {
         Action::Run { argv, env, cwd, user } => Canon::Run { argv, env, cwd, user },
         Action::Copy { set, dest, chown, chmod, cwd } => {
             Canon::Copy { content: &set.digest, dest, chown, chmod: *chmod, cwd }
+        }
+        Action::CopyFrom { stage, paths, dest, chown, cwd } => {
+            Canon::CopyFrom { stage: *stage, paths, dest, chown, cwd }
         }
     };
     let json = serde_json::to_vec(&canon).expect("plain data serializes");
@@ -364,9 +519,11 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         std::fs::write(d.path().join("app.py"), "x").unwrap();
         let text = "ARG BASE=tiny\nFROM $BASE\nARG V=1\nENV A=$V B=\"b c\"\nWORKDIR /srv\nWORKDIR app\nUSER app\nRUN echo $A\nCOPY --chmod=755 app.py .\nCOPY app.py ./renamed.py\nEXPOSE 8080 53/udp\nCMD [\"python3\", \"app.py\"]\nREADY test -f app.py\n";
-        let p = plan_of(text, &[("V", "2"), ("UNUSED", "x")], d.path()).unwrap();
-        assert_eq!(p.from, "tiny");
-        assert_eq!(p.unused_build_args, ["UNUSED"]);
+        let plan = plan_of(text, &[("V", "2"), ("UNUSED", "x")], d.path()).unwrap();
+        let p = plan.result();
+        assert_eq!(p.base, StageBase::Image("tiny".into()));
+        assert_eq!(plan.needed, [0]);
+        assert_eq!(plan.unused_build_args, ["UNUSED"]);
         assert_eq!(p.steps.len(), 3);
         let Action::Run { argv, env, cwd, user } = &p.steps[0].action else { panic!() };
         assert_eq!(argv, &["/bin/sh", "-c", "echo $A"]);
@@ -382,10 +539,38 @@ mod tests {
 
         // A different build arg changes the RUN's digest; the same one does not.
         let again = plan_of(text, &[("V", "2")], d.path()).unwrap();
-        assert_eq!(again.steps[0].digest, p.steps[0].digest);
+        assert_eq!(again.result().steps[0].digest, p.steps[0].digest);
         let other = plan_of(text, &[("V", "3")], d.path()).unwrap();
-        assert_ne!(other.steps[0].digest, p.steps[0].digest);
-        assert_eq!(other.steps[1].digest, p.steps[1].digest, "the copy does not depend on V");
+        assert_ne!(other.result().steps[0].digest, p.steps[0].digest);
+        assert_eq!(other.result().steps[1].digest, p.steps[1].digest, "the copy does not depend on V");
+    }
+
+    #[test]
+    fn stages_inherit_their_base_and_copy_from_what_came_before() {
+        let d = tempfile::tempdir().unwrap();
+        let text = "ARG BASE=tiny\nFROM $BASE AS build\nARG V=1\nENV OUT=/out\nWORKDIR /src\nRUN make $V\nFROM build AS unused\nRUN echo never\nFROM build AS test\nRUN echo $OUT\nFROM $BASE\nWORKDIR /app\nCOPY --from=BUILD --chown=app /out/bin out/ ./\nCOPY --from=2 etc/x /x\n";
+        let p = plan_of(text, &[("V", "2")], d.path()).unwrap();
+        assert_eq!(p.stages.len(), 4);
+        assert_eq!(p.needed, [0, 2, 3], "the unused stage is planned, not needed");
+        assert_eq!(p.stages[2].base, StageBase::Stage(0));
+        assert_eq!(p.root_image(2), ("tiny", 2));
+        // A stage on an earlier one starts with its ENV and WORKDIR, not its ARGs.
+        let Action::Run { env, cwd, .. } = &p.stages[2].steps[0].action else { panic!() };
+        assert_eq!((env.as_slice(), cwd.as_deref()), (&[("OUT".to_string(), "/out".to_string())][..], Some("/src")));
+        let last = p.result();
+        assert_eq!(last.base, StageBase::Image("tiny".into()));
+        assert_eq!(last.config.env, [], "a stage on an image starts clean");
+        let Action::CopyFrom { stage, paths, dest, chown, .. } = &last.steps[0].action else { panic!() };
+        assert_eq!(
+            (*stage, paths.as_slice(), dest.as_str()),
+            (0, &["/out/bin".to_string(), "/out/".to_string()][..], "/app/")
+        );
+        assert_eq!(chown.as_deref(), Some("app"));
+        let Action::CopyFrom { stage, paths, dest, .. } = &last.steps[1].action else { panic!() };
+        assert_eq!((*stage, paths.as_slice(), dest.as_str()), (2, &["/etc/x".to_string()][..], "/x"));
+        // The step's digest names the stage and the paths.
+        let other = plan_of(&text.replace("--from=2", "--from=0"), &[("V", "2")], d.path()).unwrap();
+        assert_ne!(other.result().steps[1].digest, last.steps[1].digest);
     }
 
     #[test]
@@ -400,6 +585,12 @@ mod tests {
             ("FROM t\nENV 1=2\n", 2, "variable name"),
             ("FROM t\nCOPY missing /x\n", 2, "not found"),
             ("FROM t\nWORKDIR ${X\n", 2, "expected }"),
+            ("FROM t\nCOPY --from=later /a /b\nFROM t AS later\n", 2, "no earlier stage"),
+            ("FROM t AS a\nFROM t\nCOPY --from=a /x* /b/\n", 3, "wildcards"),
+            ("FROM t AS a\nFROM t\nCOPY --from=a --chmod=644 /x /b\n", 3, "--chmod"),
+            ("FROM t AS a\nFROM t\nCOPY --from=a /x /y /b\n", 3, "ending in /"),
+            ("FROM t AS a\nFROM t\nCOPY --from=1 /x /b\n", 3, "no earlier stage"),
+            ("FROM t AS a\nFROM t AS A\n", 2, "a second stage"),
         ] {
             let e = plan_of(text, &[], d.path()).unwrap_err();
             assert_eq!(e.line, Some(line), "{text}: {e}");

@@ -11,10 +11,17 @@
 //! and the ones after it. The last step writes the configuration and waits for READY
 //! ([`finish`]), and the result is published under the build's tag.
 //!
+//! A Dockerfile of several stages builds the stages the last one needs, in order, each
+//! as above: a stage on an earlier stage starts from that stage's last snapshot and key,
+//! and a `COPY --from` step takes its files from a sandbox of that stage's result
+//! ([`copy_from`]), its key covering that stage's key. Only the last stage is finished
+//! and published.
+//!
 //! Nothing of the build runs on the host: the host reads the build context and sends
 //! it; every command runs in a guest, under KVM, as the sandboxes of users do.
 
 pub mod base;
+pub mod copy_from;
 pub mod finish;
 pub mod step;
 
@@ -22,7 +29,7 @@ use crate::chain_ops::{snapshot_diff_via, ChainOpError};
 use crate::ready::SpawnedSandbox;
 use crate::registry::Registry;
 use crate::SpawnOptions;
-use forkvm_image::dockerfile::{self, Context, DockerfileError};
+use forkvm_image::dockerfile::{self, Action, Context, DockerfileError, StageBase};
 use forkvm_image::kernel::BuildEvent as KernelEvent;
 use forkvm_snapshot::chain::{self, RemoveMode};
 use forkvm_snapshot::Store;
@@ -152,70 +159,109 @@ impl Prepared {
     ) -> Result<BuildReport, BuildError> {
         let Prepared { req, plan, replaced, started } = self;
         let spawn_one = |tag: &str| sandboxes.spawn(tag);
+        let last = plan.stages.len() - 1;
+        let (root, _) = plan.root_image(last);
+        let of = plan.needed.iter().map(|i| plan.stages[*i].steps.len() as u32).sum::<u32>();
         events(BuildEvent::Planned {
-            from: plan.from.clone(),
-            steps: plan.steps.len() as u32,
+            from: root.to_string(),
+            steps: of,
             unused_build_args: plan.unused_build_args.clone(),
         });
-        let base = base::resolve(&plan.from, plan.from_line, &req.context, store, events, kernel)?;
         // A fresh series of keys for --no-cache: the old step snapshots are left as they are.
         let nonce = if req.no_cache { format!("no-cache-{}", crate::registry::now_unix_ms()) } else { String::new() };
-        let (mut parent, mut key) = (base.tag.clone(), base.key.clone());
+        // Each image a stage starts from, resolved once; each stage's last snapshot and key.
+        let mut bases: BTreeMap<String, base::Base> = BTreeMap::new();
+        let mut done: BTreeMap<usize, (String, String)> = BTreeMap::new();
         let mut steps = Vec::new();
-        let of = plan.steps.len() as u32;
-        for (i, s) in plan.steps.iter().enumerate() {
-            let n = i as u32 + 1;
-            key = base::hash(&["step", &key, &s.digest, &nonce]);
-            let tag = format!("{STEP_PREFIX}{}", &key[..24]);
-            let cached = store.lookup(&tag).is_ok();
-            events(BuildEvent::Step {
-                step: n,
-                of,
-                line: s.line as u32,
-                instruction: s.text.clone(),
-                snapshot: tag.clone(),
-                cached,
-            });
-            let mut seconds = None;
-            if !cached {
-                let ran = Instant::now();
-                let r = snapshot_diff_via(registry, store, &parent, &tag, &spawn_one, |client| {
-                    step::run(client, n, &s.text, &s.action, events)
-                })
-                .map_err(|source| BuildError::Step {
-                    step_label: format!("step {n} (line {}: {})", s.line, s.text),
-                    source: Box::new(source),
-                })?;
-                let took = ran.elapsed().as_secs_f64();
-                events(BuildEvent::StepDone {
+        let mut n = 0u32;
+        for &index in &plan.needed {
+            let stage = &plan.stages[index];
+            let (mut parent, mut key) = match &stage.base {
+                StageBase::Stage(earlier) => done[earlier].clone(),
+                StageBase::Image(image) => {
+                    if !bases.contains_key(image) {
+                        let b = base::resolve(image, stage.from_line, &req.context, store, events, kernel)?;
+                        bases.insert(image.clone(), b);
+                    }
+                    let b = &bases[image];
+                    (b.tag.clone(), b.key.clone())
+                }
+            };
+            for s in &stage.steps {
+                n += 1;
+                key = match &s.action {
+                    Action::CopyFrom { stage: from, .. } => {
+                        base::hash(&["step", &key, &s.digest, &nonce, "from", &done[from].1])
+                    }
+                    _ => base::hash(&["step", &key, &s.digest, &nonce]),
+                };
+                let tag = format!("{STEP_PREFIX}{}", &key[..24]);
+                let cached = store.lookup(&tag).is_ok();
+                events(BuildEvent::Step {
                     step: n,
-                    seconds: took,
-                    spawn_ms: r.spawn_ms,
-                    work_ms: r.steps_ms,
-                    branch_ms: r.branch_ms,
-                    diff_ms: r.diff_ms,
+                    of,
+                    line: s.line as u32,
+                    instruction: s.text.clone(),
+                    snapshot: tag.clone(),
+                    cached,
                 });
-                seconds = Some(took);
+                let mut seconds = None;
+                if !cached {
+                    let ran = Instant::now();
+                    // COPY --from's source: a sandbox of the stage's last snapshot, for the step.
+                    let source = |from: usize,
+                                  work: &mut dyn FnMut(
+                        &forkvm_proto::AgentClient<std::os::unix::net::UnixStream>,
+                    ) -> Result<String, ChainOpError>| {
+                        let sandbox = spawn_one(&done[&from].0)?;
+                        let result = work(&sandbox.client);
+                        let killed = crate::verbs::kill(registry, &sandbox.record.id);
+                        let output = result?;
+                        killed?;
+                        Ok(output)
+                    };
+                    let r = snapshot_diff_via(registry, store, &parent, &tag, &spawn_one, |client| {
+                        step::run(client, n, &s.text, &s.action, &source, events)
+                    })
+                    .map_err(|source| BuildError::Step {
+                        step_label: format!("step {n} (line {}: {})", s.line, s.text),
+                        source: Box::new(source),
+                    })?;
+                    let took = ran.elapsed().as_secs_f64();
+                    events(BuildEvent::StepDone {
+                        step: n,
+                        seconds: took,
+                        spawn_ms: r.spawn_ms,
+                        work_ms: r.steps_ms,
+                        branch_ms: r.branch_ms,
+                        diff_ms: r.diff_ms,
+                    });
+                    seconds = Some(took);
+                }
+                steps.push(StepReport {
+                    step: n,
+                    line: s.line as u32,
+                    instruction: s.text.clone(),
+                    snapshot: tag.clone(),
+                    cached,
+                    seconds,
+                });
+                parent = tag;
             }
-            steps.push(StepReport {
-                step: n,
-                line: s.line as u32,
-                instruction: s.text.clone(),
-                snapshot: tag.clone(),
-                cached,
-                seconds,
-            });
-            parent = tag;
+            done.insert(index, (parent, key));
         }
+        let (parent, mut key) = done.remove(&last).expect("the last stage is needed");
+        let result = plan.result();
+        let base = &bases[root];
         // The last step: configuration, start, READY. Cached like the others.
-        let config_json = serde_json::to_string(&plan.config).expect("plain data serializes");
+        let config_json = serde_json::to_string(&result.config).expect("plain data serializes");
         key = base::hash(&["finish", &key, &config_json, if req.start { "start" } else { "" }, &nonce]);
         let finish_tag = format!("{STEP_PREFIX}{}", &key[..24]);
         let finish_cached = store.lookup(&finish_tag).is_ok();
         let finishing = Instant::now();
         if !finish_cached {
             snapshot_diff_via(registry, store, &parent, &finish_tag, &spawn_one, |client| {
-                finish::run(client, &plan.config, req.start, events)
+                finish::run(client, &result.config, req.start, events)
             })
             .map_err(|source| BuildError::Step {
                 step_label: "the last step (configuration, READY)".into(),
@@ -229,12 +275,12 @@ impl Prepared {
         });
         publish(registry, store, &finish_tag, &req.tag, replaced, &spawn_one)?;
         let ran = steps.iter().filter(|s| !s.cached).count() as u32;
-        let config = &plan.config;
+        let config = &result.config;
         let pair = |(k, v): &(String, String)| format!("{k}={v}");
         Ok(BuildReport {
             tag: req.tag.clone(),
-            from: plan.from.clone(),
-            base_snapshot: base.tag,
+            from: root.to_string(),
+            base_snapshot: base.tag.clone(),
             base_cached: base.cached,
             cached: steps.len() as u32 - ran,
             ran,

@@ -1,5 +1,6 @@
 //! One build step in its sandbox: a RUN as an exec (streamed out as it prints), a COPY
-//! or ADD as a tar stream the agent unpacks. Only the guest runs anything; the host
+//! or ADD as a tar stream the agent unpacks, a COPY --from as one from another
+//! sandbox's agent ([`super::copy_from`]). Only the guest runs anything; the host
 //! reads the build context and nothing else.
 
 use super::BuildEvent;
@@ -12,12 +13,18 @@ use std::os::unix::net::UnixStream;
 /// How much of a step's output is kept for its error message.
 const OUTPUT_TAIL: usize = 16 << 10;
 
+/// Runs `work` with the agent of a sandbox of stage `index`'s result (COPY --from's
+/// source), which is stopped after.
+pub type StageSource<'a> = dyn Fn(usize, &mut dyn FnMut(&AgentClient<UnixStream>) -> Result<String, ChainOpError>) -> Result<String, ChainOpError>
+    + 'a;
+
 /// Runs `action` (step `n`, written `text`); returns what it printed (its tail).
 pub fn run(
     client: &AgentClient<UnixStream>,
     n: u32,
     text: &str,
     action: &Action,
+    stage: &StageSource<'_>,
     events: &mut dyn FnMut(BuildEvent),
 ) -> Result<String, ChainOpError> {
     match action {
@@ -32,6 +39,12 @@ pub fn run(
         Action::Copy { set, dest, chown, chmod, cwd } => {
             make_dir(client, text, cwd.as_deref())?;
             copy(client, text, set, dest, chown.as_deref(), *chmod)
+        }
+        Action::CopyFrom { stage: index, paths, dest, chown, cwd } => {
+            make_dir(client, text, cwd.as_deref())?;
+            stage(*index, &mut |source| {
+                super::copy_from::copy_from(client, source, text, paths, dest, chown.as_deref())
+            })
         }
     }
 }
