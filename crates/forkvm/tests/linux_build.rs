@@ -244,3 +244,35 @@ fn a_multi_stage_build_copies_from_the_stages_it_needs_and_skips_the_rest() {
     assert_eq!(env.sh(&id, "cat /app/sub/a.txt"), "built 2\n", "the tag is as it was");
     env.ok(&["kill", &id]);
 }
+
+#[test]
+fn two_builds_at_once_make_each_step_once() {
+    let env = CliEnv::new();
+    let ctx = env.tmp.path().join("ctx");
+    // The base first, so the two builds below race on their step alone.
+    write(&ctx, "Dockerfile", "FROM tiny\n");
+    env.json(&["template", "build", ctx.to_str().unwrap(), "--tag", "warm"]);
+    write(&ctx, "Dockerfile", "FROM tiny\nRUN echo once >> /made\n");
+    let start = |tag: &str| {
+        env.command(&["template", "build", ctx.to_str().unwrap(), "--tag", tag])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (left, right) = (start("left"), start("right"));
+    let mut ran = Vec::new();
+    for child in [left, right] {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        ran.push(outcome(&report));
+    }
+    ran.sort();
+    assert_eq!(ran, [(vec![false], false), (vec![true], true)], "one build made the step, the other found it");
+    for tag in ["left", "right"] {
+        let id = env.fork("--tag", tag, 1).remove(0);
+        assert_eq!(env.sh(&id, "cat /made"), "once\n", "{tag}");
+        env.ok(&["kill", &id]);
+    }
+}

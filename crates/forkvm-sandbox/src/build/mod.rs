@@ -94,6 +94,8 @@ pub enum BuildError {
     Step { step_label: String, source: Box<ChainOpError> },
     #[error(transparent)]
     Store(#[from] forkvm_snapshot::StoreError),
+    #[error("{0}")]
+    Lock(String),
 }
 
 impl BuildError {
@@ -105,7 +107,7 @@ impl BuildError {
             BuildError::TagTaken { .. } | BuildError::Replace { .. } => ErrorCode::Conflict,
             BuildError::Step { source, .. } => source.code(),
             BuildError::Store(e) => e.code(),
-            BuildError::Base(_) => ErrorCode::Internal,
+            BuildError::Base(_) | BuildError::Lock(_) => ErrorCode::Internal,
         }
     }
 }
@@ -196,6 +198,9 @@ impl Prepared {
                     _ => base::hash(&["step", &key, &s.digest, &nonce]),
                 };
                 let tag = format!("{STEP_PREFIX}{}", &key[..24]);
+                // Held until the step's snapshot exists: a build beside this one that
+                // reaches the same step waits, then finds it.
+                let _making = step_lock(store, &tag)?;
                 let cached = store.lookup(&tag).is_ok();
                 events(BuildEvent::Step {
                     step: n,
@@ -257,6 +262,7 @@ impl Prepared {
         let config_json = serde_json::to_string(&result.config).expect("plain data serializes");
         key = base::hash(&["finish", &key, &config_json, if req.start { "start" } else { "" }, &nonce]);
         let finish_tag = format!("{STEP_PREFIX}{}", &key[..24]);
+        let finish_lock = step_lock(store, &finish_tag)?;
         let finish_cached = store.lookup(&finish_tag).is_ok();
         let finishing = Instant::now();
         if !finish_cached {
@@ -273,7 +279,13 @@ impl Prepared {
             cached: finish_cached,
             seconds: finishing.elapsed().as_secs_f64(),
         });
+        drop(finish_lock);
+        // Two builds publishing one tag: one at a time, each deciding again under the
+        // lock whether the tag is a build's to replace.
+        let publish_lock = step_lock(store, &req.tag)?;
+        let replaced = replaced || check_tag(store, &req.tag, req.replace)?;
         publish(registry, store, &finish_tag, &req.tag, replaced, &spawn_one)?;
+        drop(publish_lock);
         let ran = steps.iter().filter(|s| !s.cached).count() as u32;
         let config = &result.config;
         let pair = |(k, v): &(String, String)| format!("{k}={v}");
@@ -297,6 +309,21 @@ impl Prepared {
             seconds: started.elapsed().as_secs_f64(),
         })
     }
+}
+
+/// Lock files of build steps: one of [`STEP_LOCKS`] by the name's hash, so their number
+/// is bounded whatever the builds (two steps sharing one only wait for each other).
+const STEP_LOCK_DIR: &str = "build-locks";
+const STEP_LOCKS: u64 = 256;
+
+/// An exclusive lock on making snapshot `name`, held while the returned file lives.
+fn step_lock(store: &Store, name: &str) -> Result<std::fs::File, BuildError> {
+    let dir = store.root().join(STEP_LOCK_DIR);
+    let lock_error = |e: std::io::Error| BuildError::Lock(format!("locking {name} in {}: {e}", dir.display()));
+    std::fs::create_dir_all(&dir).map_err(lock_error)?;
+    let digest = <sha2::Sha256 as sha2::Digest>::digest(name.as_bytes());
+    let slot = u64::from_le_bytes(digest[..8].try_into().expect("8 bytes")) % STEP_LOCKS;
+    forkvm_snapshot::flock::lock_file(&dir.join(format!("{slot:02x}.lock")), libc::LOCK_EX).map_err(lock_error)
 }
 
 /// Whether `tag` exists and is to be replaced: a tag an earlier build published (its
