@@ -29,7 +29,8 @@ pub use processes::{
     ATTACH_STDOUT,
 };
 pub use templates::{
-    BuildTemplateQuery, ImportOciQuery, TemplateBuildEvent, TemplateBuildReport, TemplateBuildStep, TemplateImportEvent,
+    BuildTemplateQuery, ImportOciQuery, PruneBuildsReport, PruneBuildsRequest, TemplateBuildEvent, TemplateBuildReport,
+    TemplateBuildStep, TemplateImportEvent,
 };
 pub use volumes::{CreateVolumeRequest, SnapshotVolumeRequest, VolumeInfo, VolumeMode, VolumeMount};
 pub use workspaces::{CreateWorkspaceRequest, SuspendWorkspaceRequest, WorkspaceInfo};

@@ -75,6 +75,7 @@ pub enum RouteName {
     SnapshotVolume,
     Lineage,
     SandboxUsage,
+    PruneBuilds,
 }
 
 const fn r(method: &'static str, path: &'static str, name: RouteName) -> Route {
@@ -139,6 +140,7 @@ pub const ROUTES: &[Route] = &[
     r("POST", "/v1/workspaces/{name}/resume", RouteName::ResumeWorkspace),
     r("POST", "/v1/templates/oci", RouteName::ImportOciTemplate),
     r("POST", "/v1/templates/build", RouteName::BuildTemplate),
+    r("POST", "/v1/templates/prune", RouteName::PruneBuilds),
     r("GET", "/v1/volumes", RouteName::ListVolumes),
     r("POST", "/v1/volumes", RouteName::CreateVolume),
     r("GET", "/v1/volumes/{name}", RouteName::GetVolume),

@@ -159,3 +159,30 @@ pub enum TemplateBuildEvent {
     /// The build failed; the last line. Nothing was published under the tag.
     Error { error: String },
 }
+
+/// `POST /v1/templates/prune`: remove the snapshots Dockerfile builds made for their
+/// steps (`build-*`) that nothing needs any more: not below a tag of the store's in its
+/// chain, not what a sandbox runs from. Refused (409) while a build runs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PruneBuildsRequest {
+    /// Report what would go, remove nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+    /// Keep step snapshots made less than this many seconds ago.
+    #[serde(default)]
+    pub older_than_seconds: Option<u64>,
+}
+
+/// What a prune removed (or would remove, in a dry run).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct PruneBuildsReport {
+    /// The step snapshots removed, leaves first.
+    pub removed: Vec<String>,
+    /// Step snapshots kept: below a tag, run from, or too recent.
+    pub kept: u32,
+    /// Bytes they held in the store (their memory and disk layers as `info` counts
+    /// them; chunks another snapshot shares stay).
+    pub freed_bytes: u64,
+    pub dry_run: bool,
+}

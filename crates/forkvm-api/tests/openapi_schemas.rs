@@ -116,6 +116,8 @@ fn every_component_has_the_fields_of_its_rust_type() {
         LineageNode,
         LineageEdge,
         SandboxUsage,
+        PruneBuildsRequest,
+        PruneBuildsReport,
     ];
     // A request body (`PUT .../network`) before it is part of a response: checked as
     // the daemon reads it (every field optional).

@@ -59,6 +59,15 @@ impl Client {
 }
 
 impl Client {
+    /// `POST /v1/templates/prune`: removes the build cache's step snapshots nothing
+    /// needs (or lists them, `dry_run`); a conflict while a build runs.
+    pub fn prune_builds(
+        &self,
+        req: &forkvm_api::PruneBuildsRequest,
+    ) -> Result<forkvm_api::PruneBuildsReport, ClientError> {
+        self.call_json(hyper::Method::POST, "/v1/templates/prune", Some(req), "prune report")
+    }
+
     /// Builds a Dockerfile on the daemon from the build context `src`, a tar archive
     /// (gzip-compressed or not) with the Dockerfile in it. `on_event` gets the progress
     /// as it happens; the report comes back once the tag is published. A build that

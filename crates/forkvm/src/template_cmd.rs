@@ -36,6 +36,23 @@ pub enum TemplateCommand {
     /// .dockerignore), ENV, ARG, WORKDIR, USER, EXPOSE, CMD/ENTRYPOINT, LABEL, SHELL,
     /// and READY (a command whose success marks the result warm).
     Build(crate::build_cmd::BuildArgs),
+    /// Remove the build cache's step snapshots (`build-*`) nothing needs: none under a
+    /// tag that is not a build step's, none a sandbox runs from. Refused while a build
+    /// runs.
+    Prune(PruneArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct PruneArgs {
+    /// List what would go; remove nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Keep step snapshots younger than this (30m, 24h, ...).
+    #[arg(long, value_parser = seconds)]
+    pub older_than: Option<u64>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -76,7 +93,43 @@ pub fn run(a: TemplateArgs, remote: &crate::remote_cmd::RemoteArgs) -> Result<i3
             None => from_oci(f),
         },
         TemplateCommand::Build(b) => crate::build_cmd::run(b, remote),
+        TemplateCommand::Prune(p) => prune(p, remote),
     }
+}
+
+/// An interval (`30m`, `24h`) in whole seconds, more than 0.
+fn seconds(text: &str) -> Result<u64, String> {
+    match forkvmd::disk::parse_interval(text).map_err(|e| e.to_string())? {
+        Some(d) if d.as_secs() > 0 => Ok(d.as_secs()),
+        _ => Err(format!("{text:?}: give an interval of a second or more (30m, 24h, ...)")),
+    }
+}
+
+fn prune(a: PruneArgs, remote: &crate::remote_cmd::RemoteArgs) -> Result<i32> {
+    let req = forkvm_client::api::PruneBuildsRequest { dry_run: a.dry_run, older_than_seconds: a.older_than };
+    let report = match remote.client()? {
+        Some(client) => client.prune_builds(&req)?,
+        None => forkvm_sandbox::build::prune::prune(
+            &forkvm_sandbox::Registry::open_default(),
+            &forkvm_snapshot::Store::open_default(),
+            &req,
+        )?,
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        let verb = if report.dry_run { "would remove" } else { "removed" };
+        for tag in &report.removed {
+            println!("{tag}");
+        }
+        eprintln!(
+            "{verb} {} step snapshot(s), {:.1} MiB; kept {}",
+            report.removed.len(),
+            report.freed_bytes as f64 / (1u64 << 20) as f64,
+            report.kept
+        );
+    }
+    Ok(0)
 }
 
 /// Uploads the archive to the daemon; prints its progress lines as they were sent.

@@ -242,7 +242,39 @@ fn a_multi_stage_build_copies_from_the_stages_it_needs_and_skips_the_rest() {
     assert!(!out.status.success() && err.contains("/nowhere in the stage"), "{err}");
     let id = env.fork("--tag", "staged", 1).remove(0);
     assert_eq!(env.sh(&id, "cat /app/sub/a.txt"), "built 2\n", "the tag is as it was");
+
+    // Pruning the build cache: the first build's steps (no tag sits on them any more) and
+    // the build stage's step go; the chain under `staged` stays, and a sandbox running
+    // from it runs on.
+    let tags = || -> Vec<String> {
+        let list = env.json(&["snapshot", "ls", "--json"]);
+        list.as_array().unwrap().iter().map(|s| s["tag"].as_str().unwrap().to_string()).collect()
+    };
+    let staged_chain: Vec<String> = env.json(&["snapshot-info", "staged", "--json"])["ancestors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap().to_string())
+        .collect();
+    let first_steps: Vec<String> =
+        first["steps"].as_array().unwrap().iter().map(|s| s["snapshot"].as_str().unwrap().to_string()).collect();
+    let dry = env.json(&["template", "prune", "--dry-run", "--json"]);
+    let would: Vec<String> =
+        dry["removed"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_string()).collect();
+    assert!(first_steps.iter().all(|t| would.contains(t)), "{dry}");
+    assert!(staged_chain.iter().all(|t| !would.contains(t)), "{dry}");
+    assert!(would.iter().all(|t| tags().contains(t)), "a dry run removes nothing");
+    let pruned = env.json(&["template", "prune", "--json"]);
+    assert_eq!(pruned["removed"], dry["removed"], "{pruned}");
+    assert!(pruned["freed_bytes"].as_u64().unwrap() > 0, "{pruned}");
+    let left = tags();
+    assert!(would.iter().all(|t| !left.contains(t)) && staged_chain.iter().all(|t| left.contains(t)), "{left:?}");
+    assert_eq!(env.sh(&id, "cat /app/sub/a.txt"), "built 2\n", "the running sandbox is untouched");
     env.ok(&["kill", &id]);
+    let id = env.fork("--tag", "staged", 1).remove(0);
+    assert_eq!(env.sh(&id, "mytool"), "tool\n", "the tag still starts");
+    env.ok(&["kill", &id]);
+    assert_eq!(env.json(&["template", "prune", "--json"])["removed"], serde_json::json!([]), "nothing more to prune");
 }
 
 #[test]

@@ -44,6 +44,7 @@ from .types import (
     NetworkPolicy,
     Pong,
     ProcessInfo,
+    PruneBuildsReport,
     SandboxInfo,
     SandboxUsage,
     SnapshotInfo,
@@ -388,6 +389,16 @@ class Controller:
         with open(os.fspath(path), "rb") as f:
             resp = self._post_tar("/v1/templates/oci", f, params, timeout)
         return template_import_from_lines(resp.text, str(resp.request.url))
+
+    def prune_builds(self, *, dry_run: bool = False, older_than_seconds: Optional[int] = None) -> PruneBuildsReport:
+        """``POST /v1/templates/prune``: removes the build cache's step snapshots nothing
+        needs (none under a tag, none a sandbox runs from, none younger than
+        ``older_than_seconds``), or lists them with ``dry_run``. ``Conflict`` while a
+        build runs."""
+        body: Dict[str, Any] = {"dry_run": dry_run}
+        if older_than_seconds is not None:
+            body["older_than_seconds"] = older_than_seconds
+        return PruneBuildsReport.from_json(self._json(self._request("POST", "/v1/templates/prune", json=body)))
 
     def build_template(
         self,

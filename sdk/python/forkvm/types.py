@@ -35,6 +35,7 @@ __all__ = [
     "LineageNode",
     "LineageEdge",
     "SandboxUsage",
+    "PruneBuildsReport",
     "Pong",
     "VersionInfo",
     "WorkspaceInfo",
@@ -963,6 +964,31 @@ class SandboxUsage(_Record):
             memory_limit_bytes=f.opt_int("memory_limit_bytes"),
             cpu_usage_usec=f.req_int("cpu_usage_usec"),
             vcpus=f.req_int("vcpus"),
+            raw=_raw(data),
+        )
+
+
+@dataclass
+class PruneBuildsReport(_Record):
+    """``POST /v1/templates/prune``: the build cache's step snapshots removed (or, in a
+    dry run, those that would be)."""
+
+    #: Leaves first.
+    removed: List[str]
+    #: Step snapshots kept: under a tag, run from, or too recent.
+    kept: int
+    freed_bytes: int
+    dry_run: bool
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "PruneBuildsReport":
+        f = _Fields("PruneBuildsReport", data)
+        return cls(
+            removed=f.str_list("removed"),
+            kept=f.req_int("kept"),
+            freed_bytes=f.req_int("freed_bytes"),
+            dry_run=f.req_bool("dry_run"),
             raw=_raw(data),
         )
 

@@ -754,6 +754,27 @@ def test_a_dockerfile_builds_in_sandboxes_and_rebuilds_only_what_changed(
     with pytest.raises(Conflict):
         ctl.build_template(ctx, py)
 
+    # Two stages through the daemon: the copy's source sandbox comes from its spawner too.
+    (ctx / "Dockerfile.staged").write_text(
+        f"FROM {py} AS b\nRUN mkdir -p /o && echo staged > /o/f\nFROM {py}\nCOPY --from=b /o/f /srv/f\n"
+    )
+    staged = ctl.build_template(ctx, "sdk-staged", dockerfile="Dockerfile.staged")
+    assert (staged.ran, staged.cached) == (2, 0), staged
+    [s] = ctl.spawn_sandboxes("sdk-staged")
+    try:
+        assert ctl.exec_command(s.id, ["cat", "/srv/f"]).stdout == "staged\n"
+    finally:
+        ctl.kill_sandbox(s.id)
+    # The build stage's step is under no tag: a prune takes it, and nothing under a tag.
+    stage_step, copy_step = (st["snapshot"] for st in staged.steps)
+    dry = ctl.prune_builds(dry_run=True)
+    assert stage_step in dry.removed and copy_step not in dry.removed and dry.dry_run, dry
+    assert stage_step in {x.tag for x in ctl.list_snapshots()}, "a dry run removes nothing"
+    done = ctl.prune_builds()
+    assert (done.removed, done.dry_run) == (dry.removed, False) and done.freed_bytes > 0, done
+    left = {x.tag for x in ctl.list_snapshots()}
+    assert stage_step not in left and {copy_step, "sdk-staged", "sdk-built"} <= left
+
 
 def test_archive_then_restore_keeps_files_and_delete_removes_it(ctl: Controller, py: str) -> None:
     s = Sandbox.create(py, controller=ctl)

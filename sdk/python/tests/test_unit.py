@@ -663,6 +663,10 @@ CALLS: Dict[str, Tuple[Any, Callable[[Controller], Any]]] = {
     "SnapshotVolume": (VOL, lambda c: c.snapshot_volume("NAME", "data2")),
     "ImportOciTemplate": (IMPORTED, lambda c: c.import_oci_template(_pack_file(b"image"), "app")),
     "BuildTemplate": (BUILT, lambda c: c.build_template(b"context", "app")),
+    "PruneBuilds": (
+        {"removed": ["build-ab"], "kept": 2, "freed_bytes": 4096, "dry_run": True},
+        lambda c: c.prune_builds(dry_run=True, older_than_seconds=60),
+    ),
     "ListProcesses": ([PROC], lambda c: c.list_processes("ID")),
     "StartProcess": (PROC, lambda c: c.start_process("ID", ["sleep", "9"])),
     "ProcessOutput": (PROC_OUTPUT, lambda c: c.process_output("ID", 7).read_all()),

@@ -241,6 +241,11 @@ export class Controller {
     }
   }
 
+  /** `POST /v1/templates/prune`: removes the build cache's step snapshots nothing needs (or lists them: `dry_run`). */
+  pruneBuilds(req: T.PruneBuildsRequest = {}): Promise<T.PruneBuildsReport> {
+    return this.#json("POST", "/v1/templates/prune", { json: req });
+  }
+
   /**
    * `POST /v1/templates/build`: builds a Dockerfile into the tag `q.tag`, every step in a
    * sandbox on the daemon (docs/dockerfile.md). `context` is the build context as a tar

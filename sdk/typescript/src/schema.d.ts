@@ -903,6 +903,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/templates/prune": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Remove the build cache's step snapshots nothing needs
+         * @description forkvm: the `build-*` snapshots Dockerfile builds made for their steps, unless a tag that is not a step sits on them in its chain, a sandbox runs from them, or they are younger than `older_than_seconds`; leaves first. An empty body is `{}`. Refused (409) while a build runs (docs/dockerfile.md).
+         */
+        post: operations["prune_builds"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/volumes": {
         parameters: {
             query?: never;
@@ -2552,6 +2572,35 @@ export interface components {
             cpu_usage_usec: number;
             /** Format: int32 */
             vcpus: number;
+        };
+        /** @description forkvm: what a prune of the build cache keeps. */
+        PruneBuildsRequest: {
+            /**
+             * @description Report what would go, remove nothing.
+             * @default false
+             */
+            dry_run?: boolean;
+            /**
+             * Format: int64
+             * @description Keep step snapshots made less than this many seconds ago.
+             */
+            older_than_seconds?: number | null;
+        };
+        /** @description forkvm: what a prune removed (or would remove). */
+        PruneBuildsReport: {
+            /** @description The step snapshots removed, leaves first. */
+            removed: string[];
+            /**
+             * Format: int32
+             * @description Step snapshots kept.
+             */
+            kept: number;
+            /**
+             * Format: int64
+             * @description Bytes they held (memory and disk layers; shared chunks stay).
+             */
+            freed_bytes: number;
+            dry_run: boolean;
         };
     };
     responses: {
@@ -4661,6 +4710,35 @@ export interface operations {
             409: components["responses"]["Conflict"];
             500: components["responses"]["Internal"];
             507: components["responses"]["DiskFull"];
+        };
+    };
+    prune_builds: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["PruneBuildsRequest"];
+            };
+        };
+        responses: {
+            /** @description What was removed (or would be, in a dry run). */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PruneBuildsReport"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            /** @description A build is running. */
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["Internal"];
         };
     };
     list_volumes: {

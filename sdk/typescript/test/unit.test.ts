@@ -143,6 +143,7 @@ const CALLS: Record<string, [unknown, (c: Controller) => Promise<unknown>]> = {
   ResizeProcess: [null, (c) => c.resizeProcess("ID", 7, { rows: 24, cols: 80 })],
   SandboxUsage: [{ at_unix_ms: 1, memory_bytes: 2, memory_limit_bytes: null, cpu_usage_usec: 3, vcpus: 1 }, (c) => c.sandboxUsage("ID")],
   Lineage: [{ nodes: [], edges: [] }, (c) => c.lineage()],
+  PruneBuilds: [{ removed: [], kept: 0, freed_bytes: 0, dry_run: true }, (c) => c.pruneBuilds({ dry_run: true })],
   // The fake answers the upgrade without a WebSocket's accept key: no socket is handed out.
   AttachProcess: [null, async (c) => { await assert.rejects(c.attachProcess("ID", 7, { offset: 3 }), ConnectionFailed); }],
   ListVolumes: [[VOL], (c) => c.listVolumes()],

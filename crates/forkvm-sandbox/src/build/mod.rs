@@ -23,6 +23,7 @@
 pub mod base;
 pub mod copy_from;
 pub mod finish;
+pub mod prune;
 pub mod step;
 
 use crate::chain_ops::{snapshot_diff_via, ChainOpError};
@@ -160,6 +161,8 @@ impl Prepared {
         kernel: &mut dyn FnMut(KernelEvent),
     ) -> Result<BuildReport, BuildError> {
         let Prepared { req, plan, replaced, started } = self;
+        // Shared for the whole build: a prune waits for no build, and removes nothing of one.
+        let _building = prune::hold_for_build(store)?;
         let spawn_one = |tag: &str| sandboxes.spawn(tag);
         let last = plan.stages.len() - 1;
         let (root, _) = plan.root_image(last);

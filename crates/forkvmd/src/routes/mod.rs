@@ -17,6 +17,7 @@ pub mod run;
 pub mod sandboxes;
 pub mod snapshots;
 pub mod template_build;
+pub mod template_prune;
 pub mod templates;
 pub mod upload;
 pub mod usage;
@@ -96,6 +97,7 @@ fn handler(name: RouteName, filter: MethodFilter) -> MethodRouter<AppState> {
         RouteName::SnapshotVolume => on(filter, volumes::snapshot),
         RouteName::Lineage => on(filter, lineage::lineage),
         RouteName::SandboxUsage => on(filter, usage::usage),
+        RouteName::PruneBuilds => on(filter, template_prune::prune),
     }
 }
 
