@@ -196,9 +196,7 @@ fn a_multi_stage_build_copies_from_the_stages_it_needs_and_skips_the_rest() {
     let ctx = env.tmp.path().join("ctx");
     // The `never` stage would fail the build if it ran: only the stages the last one
     // reaches (through FROM and COPY --from) are built.
-    write(
-        &ctx,
-        "Dockerfile",
+    let staged_dockerfile = String::from(
         "ARG V=1\n\
          FROM tiny AS Build\n\
          ARG V\n\
@@ -210,6 +208,7 @@ fn a_multi_stage_build_copies_from_the_stages_it_needs_and_skips_the_rest() {
          COPY --from=build /src/out /app/\n\
          COPY --from=0 /src/tool /usr/local/bin/mytool\n",
     );
+    write(&ctx, "Dockerfile", &staged_dockerfile);
     let ctx_s = ctx.to_str().unwrap();
     let build = |extra: &[&str]| {
         let mut args = vec!["template", "build", ctx_s, "--tag", "staged"];
@@ -275,6 +274,11 @@ fn a_multi_stage_build_copies_from_the_stages_it_needs_and_skips_the_rest() {
     assert_eq!(env.sh(&id, "mytool"), "tool\n", "the tag still starts");
     env.ok(&["kill", &id]);
     assert_eq!(env.json(&["template", "prune", "--json"])["removed"], serde_json::json!([]), "nothing more to prune");
+    // Rebuilt after the prune: the copies are found, so the build stage, pruned, is not
+    // needed and does not run.
+    write(&ctx, "Dockerfile", &staged_dockerfile);
+    let after = build(&["--build-arg", "V=2"]);
+    assert_eq!(outcome(&after), (vec![true; 3], true), "{after}");
 }
 
 #[test]

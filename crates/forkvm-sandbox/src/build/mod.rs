@@ -15,7 +15,9 @@
 //! as above: a stage on an earlier stage starts from that stage's last snapshot and key,
 //! and a `COPY --from` step takes its files from a sandbox of that stage's result
 //! ([`copy_from`]), its key covering that stage's key. Only the last stage is finished
-//! and published.
+//! and published. Every key is worked out before anything runs, so only the steps whose
+//! snapshot is missing and that something missing needs are run: a stage only copied
+//! from is skipped when the copies from it are found.
 //!
 //! Nothing of the build runs on the host: the host reads the build context and sends
 //! it; every command runs in a guest, under KVM, as the sandboxes of users do.
@@ -34,7 +36,7 @@ use forkvm_image::dockerfile::{self, Action, Context, DockerfileError, StageBase
 use forkvm_image::kernel::BuildEvent as KernelEvent;
 use forkvm_snapshot::chain::{self, RemoveMode};
 use forkvm_snapshot::Store;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 /// What to build.
@@ -174,15 +176,14 @@ impl Prepared {
         });
         // A fresh series of keys for --no-cache: the old step snapshots are left as they are.
         let nonce = if req.no_cache { format!("no-cache-{}", crate::registry::now_unix_ms()) } else { String::new() };
-        // Each image a stage starts from, resolved once; each stage's last snapshot and key.
+        // Each image a stage starts from, resolved once; then every step's key and
+        // snapshot, before anything runs (a key depends only on what came before).
         let mut bases: BTreeMap<String, base::Base> = BTreeMap::new();
-        let mut done: BTreeMap<usize, (String, String)> = BTreeMap::new();
-        let mut steps = Vec::new();
-        let mut n = 0u32;
+        let mut keyed: BTreeMap<usize, Keyed> = BTreeMap::new();
         for &index in &plan.needed {
             let stage = &plan.stages[index];
-            let (mut parent, mut key) = match &stage.base {
-                StageBase::Stage(earlier) => done[earlier].clone(),
+            let (base_tag, base_key) = match &stage.base {
+                StageBase::Stage(earlier) => keyed[earlier].last().clone(),
                 StageBase::Image(image) => {
                     if !bases.contains_key(image) {
                         let b = base::resolve(image, stage.from_line, &req.context, store, events, kernel)?;
@@ -192,19 +193,41 @@ impl Prepared {
                     (b.tag.clone(), b.key.clone())
                 }
             };
+            let mut key = base_key.clone();
+            let mut steps = Vec::new();
             for s in &stage.steps {
-                n += 1;
                 key = match &s.action {
                     Action::CopyFrom { stage: from, .. } => {
-                        base::hash(&["step", &key, &s.digest, &nonce, "from", &done[from].1])
+                        base::hash(&["step", &key, &s.digest, &nonce, "from", &keyed[from].last().1])
                     }
                     _ => base::hash(&["step", &key, &s.digest, &nonce]),
                 };
-                let tag = format!("{STEP_PREFIX}{}", &key[..24]);
+                steps.push((format!("{STEP_PREFIX}{}", &key[..24]), key.clone()));
+            }
+            keyed.insert(index, Keyed { base: (base_tag, base_key), steps });
+        }
+        let (_, last_key) = keyed[&last].last().clone();
+        let config_json = serde_json::to_string(&plan.result().config).expect("plain data serializes");
+        let finish_key = base::hash(&["finish", &last_key, &config_json, if req.start { "start" } else { "" }, &nonce]);
+        let finish_tag = format!("{STEP_PREFIX}{}", &finish_key[..24]);
+        // The steps that must run: those whose snapshot is missing and that something
+        // missing needs; a stage only copied from is not run when its copies are found.
+        let mut to_run = BTreeSet::new();
+        if store.lookup(&finish_tag).is_err() {
+            must_exist(&plan, &keyed, store, last, plan.stages[last].steps.len().checked_sub(1), &mut to_run);
+        }
+        let mut steps = Vec::new();
+        let mut n = 0u32;
+        for &index in &plan.needed {
+            let stage = &plan.stages[index];
+            let mut parent = keyed[&index].base.0.clone();
+            for (i, s) in stage.steps.iter().enumerate() {
+                n += 1;
+                let tag = keyed[&index].steps[i].0.clone();
                 // Held until the step's snapshot exists: a build beside this one that
                 // reaches the same step waits, then finds it.
                 let _making = step_lock(store, &tag)?;
-                let cached = store.lookup(&tag).is_ok();
+                let cached = !to_run.contains(&(index, i)) || store.lookup(&tag).is_ok();
                 events(BuildEvent::Step {
                     step: n,
                     of,
@@ -221,7 +244,7 @@ impl Prepared {
                                   work: &mut dyn FnMut(
                         &forkvm_proto::AgentClient<std::os::unix::net::UnixStream>,
                     ) -> Result<String, ChainOpError>| {
-                        let sandbox = spawn_one(&done[&from].0)?;
+                        let sandbox = spawn_one(&keyed[&from].last().0)?;
                         let result = work(&sandbox.client);
                         let killed = crate::verbs::kill(registry, &sandbox.record.id);
                         let output = result?;
@@ -256,15 +279,11 @@ impl Prepared {
                 });
                 parent = tag;
             }
-            done.insert(index, (parent, key));
         }
-        let (parent, mut key) = done.remove(&last).expect("the last stage is needed");
+        let parent = keyed[&last].last().0.clone();
         let result = plan.result();
         let base = &bases[root];
         // The last step: configuration, start, READY. Cached like the others.
-        let config_json = serde_json::to_string(&result.config).expect("plain data serializes");
-        key = base::hash(&["finish", &key, &config_json, if req.start { "start" } else { "" }, &nonce]);
-        let finish_tag = format!("{STEP_PREFIX}{}", &key[..24]);
         let finish_lock = step_lock(store, &finish_tag)?;
         let finish_cached = store.lookup(&finish_tag).is_ok();
         let finishing = Instant::now();
@@ -311,6 +330,50 @@ impl Prepared {
             replaced,
             seconds: started.elapsed().as_secs_f64(),
         })
+    }
+}
+
+/// A needed stage's snapshots and keys: its base's, then each step's.
+struct Keyed {
+    base: (String, String),
+    steps: Vec<(String, String)>,
+}
+
+impl Keyed {
+    /// The stage's result: its last step's snapshot and key, or its base's.
+    fn last(&self) -> &(String, String) {
+        self.steps.last().unwrap_or(&self.base)
+    }
+}
+
+/// Marks step `step` of stage `stage` (`None`: its base) to run unless its snapshot
+/// exists, and so on down what it needs: the step before it (or the stage it starts
+/// from), and for a COPY --from the source stage's result.
+fn must_exist(
+    plan: &dockerfile::Plan,
+    keyed: &BTreeMap<usize, Keyed>,
+    store: &Store,
+    stage: usize,
+    step: Option<usize>,
+    to_run: &mut BTreeSet<(usize, usize)>,
+) {
+    let mut todo = vec![(stage, step)];
+    while let Some((stage, step)) = todo.pop() {
+        let Some(i) = step else {
+            // A stage's base: an image is resolved; an earlier stage's result must exist.
+            if let StageBase::Stage(earlier) = plan.stages[stage].base {
+                todo.push((earlier, plan.stages[earlier].steps.len().checked_sub(1)));
+            }
+            continue;
+        };
+        if to_run.contains(&(stage, i)) || store.lookup(&keyed[&stage].steps[i].0).is_ok() {
+            continue;
+        }
+        to_run.insert((stage, i));
+        todo.push((stage, i.checked_sub(1)));
+        if let Action::CopyFrom { stage: from, .. } = plan.stages[stage].steps[i].action {
+            todo.push((from, plan.stages[from].steps.len().checked_sub(1)));
+        }
     }
 }
 
