@@ -177,6 +177,11 @@ def test_stdin_and_a_terminal_reach_a_started_process(sbx: "e2b.Sandbox") -> Non
     sbx.commands.send_stdin(h.pid, "1\n")
     sbx.commands.stream_input(h.pid, ["2", "\n"])
     assert h.wait().stdout == "1+2\n"
+    # close_stdin (envd 0.5.2): the end of input reaches the process, which ends.
+    counted = sbx.commands.run("wc -l", background=True, stdin=True)
+    sbx.commands.send_stdin(counted.pid, "a\nb\nc\n")
+    sbx.commands.close_stdin(counted.pid)
+    assert counted.wait().stdout.strip() == "3"
     # Without stdin, a read sees the end at once (as from /dev/null).
     assert sbx.commands.run("cat; echo done").stdout == "done\n"
 

@@ -10,10 +10,10 @@ use std::collections::BTreeMap;
 
 /// The envd version forkvm reports. It gates what the SDKs use (e2b-api.md §2.2):
 /// ≥ 0.4.0 means the server picks the default user (no `Authorization` header from the
-/// SDK); below 0.5.2 the SDKs send no `close_stdin`, below 0.5.7 they upload as
-/// multipart only, below 0.6.2 they send no file metadata. Every feature gated at or
-/// below this version is served.
-pub const ENVD_VERSION: &str = "0.4.0";
+/// SDK); from 0.5.2 the SDKs send `close_stdin` (`process.Process/CloseStdin`, served);
+/// below 0.5.7 they upload as multipart only, below 0.6.2 they send no file metadata.
+/// Every feature gated at or below this version is served.
+pub const ENVD_VERSION: &str = "0.5.2";
 /// `clientID` is required by the SDKs and means nothing to them.
 pub const CLIENT_ID: &str = "forkvm";
 /// A sandbox's lifetime when create names none (E2B's default).

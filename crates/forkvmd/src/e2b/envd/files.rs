@@ -126,7 +126,7 @@ async fn upload(e2b: E2b, rec: E2bSandbox, user: String, path: Option<String>, r
     if !is_multipart {
         return http_error(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "POST /files takes multipart/form-data (forkvm reports envd 0.4.0: no octet-stream uploads)",
+            "POST /files takes multipart/form-data (forkvm reports envd 0.5.2: no octet-stream uploads)",
         );
     }
     let mut parts = match Multipart::from_request(req, &()).await {
