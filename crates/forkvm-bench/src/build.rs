@@ -11,6 +11,12 @@
 //!   directory COPY on;
 //! * `run_step_s`, `copy_step_s`, `finish_and_publish_s`: one RUN, one directory COPY, and the rest (the
 //!   base, the last step, the tag).
+//! * `copy_from_step_s`: a second, two-stage Dockerfile whose last stage copies that
+//!   directory out of a stage on the first build's tag (`COPY --from`, agent to agent
+//!   through the host), against `copy_step_s` from the context; `two_stage_cached_s`
+//!   the same build again;
+//! * `prune_s`, `pruned`: `template prune` afterwards (host side: the store), and how
+//!   many step snapshots it removed (those the changes above left under no tag).
 //!
 //! Every step forks its parent, works in the guest and takes a diff branch: the guest
 //! part is emulated on PVM hosts (PLATFORM.md) and dominates these times there.
@@ -71,6 +77,10 @@ pub fn run(a: BenchBuildArgs) -> Result<i32> {
         "run_step_s": col("run_step_s"),
         "copy_step_s": col("copy_step_s"),
         "finish_and_publish_s": col("finish_and_publish_s"),
+        "copy_from_step_s": col("copy_from_step_s"),
+        "two_stage_cached_s": col("two_stage_cached_s"),
+        "prune_s": col("prune_s"),
+        "pruned": col("pruned"),
         "rounds": rounds,
         "machine": machine(),
     });
@@ -120,7 +130,28 @@ fn measure(registry: &Registry, store: &Store, dir: &Path, a: &BenchBuildArgs) -
         bail!("the changed builds ran {} and {} step(s), not 1 and 3", last.ran, changed.ran);
     }
     let step_s = |i: usize| cold.steps[i].seconds.unwrap_or_default();
+    // Two stages: the directory out of a stage on the tag just built, into a fresh one.
+    let staged = BuildRequest {
+        dockerfile: format!("FROM bench AS gen\nFROM {}\nCOPY --from=gen /app/src /app/src/\n", a.from),
+        tag: "bench-staged".into(),
+        ..req.clone()
+    };
+    let two_stage = build(registry, store, &staged, &mut |_| {}, &mut |_| {})?;
+    let started = std::time::Instant::now();
+    let again = build(registry, store, &staged, &mut |_| {}, &mut |_| {})?;
+    let two_stage_cached_s = started.elapsed().as_secs_f64();
+    if (two_stage.ran, again.ran) != (1, 0) {
+        bail!("the two-stage builds ran {} and {} step(s), not 1 and 0", two_stage.ran, again.ran);
+    }
+    let started = std::time::Instant::now();
+    let pruned = forkvm_sandbox::build::prune::prune(registry, store, &Default::default())?;
+    let prune_s = started.elapsed().as_secs_f64();
     Ok(json!({
+        "copy_from_step_s": r2(two_stage.steps[0].seconds.unwrap_or_default()),
+        "two_stage_cached_s": r2(two_stage_cached_s),
+        "prune_s": r2(prune_s),
+        "pruned": pruned.removed.len(),
+        "pruned_mib": r2(pruned.freed_bytes as f64 / (1u64 << 20) as f64),
         "cold_s": r2(cold_s),
         "cached_s": r2(cached_s),
         "change_last_s": r2(change_last_s),
