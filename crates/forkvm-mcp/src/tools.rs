@@ -137,6 +137,14 @@ impl ForkvmMcp {
     }
 
     #[tool(
+        description = "The tree of what came from what: every sandbox and snapshot as a node (`sandbox:ID`, `snapshot:TAG`, with state and memory) and the edges between them: spawn (snapshot to a sandbox started from it), fork (sandbox to a child forked while it ran), branch (sandbox to a snapshot it branched into), chain (a diff link's parent to the link), compact.",
+        annotations(read_only_hint = true)
+    )]
+    async fn lineage(&self) -> ToolReply {
+        json_reply(&try_call!("reading the lineage", self.daemon.call(|c| c.lineage())))
+    }
+
+    #[tool(
         description = "Start `n` sandboxes from a snapshot, each a copy-on-write clone of it (milliseconds each): the snapshot's running processes, loaded modules and files, in its own VM. Returns their ids."
     )]
     async fn spawn(&self, Parameters(a): Parameters<SpawnArgs>) -> ToolReply {

@@ -39,7 +39,7 @@ pytestmark = pytest.mark.skipif(not os.path.exists(FORKVM_BIN), reason=f"FORKVM_
 TOOLS = {
     "list_snapshots", "create_snapshot", "snapshot_info", "delete_snapshot", "list_sandboxes", "spawn",
     "exec", "eval", "read_file", "write_file", "list_files", "branch", "fork", "kill",
-    "start_process", "process_output", "send_input", "stop_process", "list_processes",
+    "start_process", "process_output", "send_input", "stop_process", "list_processes", "lineage",
 }
 # Seconds a guest call may take here (guest kernel code is emulated, ~1000x slower).
 GUEST_CALL_S = 300
@@ -226,6 +226,10 @@ def test_an_agent_spawns_execs_evals_edits_files_branches_forks_and_kills(daemon
         assert info["tag"] == "mcp-branch"
         kids = await call(s, "fork", {"sandbox_id": sid, "n": 2})
         assert len(kids) == 2 and all(k["forked_from"] == sid for k in kids)
+        graph = await call(s, "lineage", {})
+        edges = {(e["from"], e["to"], e["kind"]) for e in graph["edges"]}
+        assert {(f"sandbox:{sid}", f"sandbox:{k['id']}", "fork") for k in kids} <= edges, edges
+        assert (f"sandbox:{sid}", "snapshot:mcp-branch", "branch") in edges, edges
         for i, kid in enumerate(kids):
             r = await call(s, "exec", {"sandbox_id": kid["id"], "command": f"cat /tmp/mcp/notes.txt; echo {i} > /tmp/mine"})
             assert r["stdout"] == "alpha\nbeta\n", r
