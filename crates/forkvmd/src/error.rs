@@ -178,6 +178,27 @@ impl From<forkvm_snapshot::TagError> for ApiError {
     }
 }
 
+/// A transport failure of an agent call to sandbox `id` (its connection refused or cut):
+/// a 404 when the sandbox is gone or its VMM has exited (it was killed or stopped while
+/// the call ran, which is the caller's news, not a server fault), else [`agent_error`]'s
+/// 500. The VMM's exit is looked for a few times over 100 ms: a connection is cut as the
+/// exiting VMM closes its descriptors, a moment before the kernel marks it exited.
+pub fn agent_error_in(registry: &forkvm_sandbox::Registry, id: &str, e: forkvm_proto::ClientError) -> ApiError {
+    if matches!(e, forkvm_proto::ClientError::Agent(_)) {
+        return agent_error(id, e);
+    }
+    for _ in 0..5 {
+        match registry.lookup(id) {
+            Err(forkvm_sandbox::RegistryError::NotFound(_)) => {
+                return ApiError::not_found(format!("sandbox {id} was removed while the call ran"))
+            }
+            Ok((_, false)) => return ApiError::not_found(format!("sandbox {id} stopped while the call ran ({e})")),
+            _ => std::thread::sleep(std::time::Duration::from_millis(20)),
+        }
+    }
+    agent_error(id, e)
+}
+
 /// An agent call failed: the guest's own refusal keeps its meaning (a missing file is a
 /// 404, a bad path a 400); a transport failure is a 500 naming the sandbox.
 pub fn agent_error(id: &str, e: forkvm_proto::ClientError) -> ApiError {
@@ -195,5 +216,26 @@ pub fn agent_error(id: &str, e: forkvm_proto::ClientError) -> ApiError {
             _ => ApiError::internal(format!("sandbox {id}: {}", a.message)),
         },
         _ => ApiError::internal(format!("sandbox {id}: agent: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod agent_error_tests {
+    use super::*;
+
+    #[test]
+    fn a_cut_connection_to_a_sandbox_that_is_gone_is_a_404() {
+        let dir = tempfile::tempdir().unwrap();
+        let registry = forkvm_sandbox::Registry::open(dir.path());
+        let cut = || forkvm_proto::ClientError::Connect(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        let e = agent_error_in(&registry, "gone1", cut());
+        assert_eq!(e.status(), axum::http::StatusCode::NOT_FOUND);
+        assert!(e.message.contains("gone1 was removed while the call ran"), "{}", e.message);
+        // The guest's own refusal keeps its meaning, whatever the registry says.
+        let refused = forkvm_proto::ClientError::Agent(forkvm_proto::AgentError::new(
+            forkvm_proto::ErrorKind::InvalidInput,
+            "bad path",
+        ));
+        assert_eq!(agent_error_in(&registry, "gone1", refused).status(), axum::http::StatusCode::BAD_REQUEST);
     }
 }

@@ -8,7 +8,7 @@
 use super::checked_body::{expected_sha256, CheckedBody};
 use super::files::{agent_body, body_reader, check_path, checked_upload, PathArg};
 use super::run::client;
-use crate::error::{agent_error, ApiError};
+use crate::error::{agent_error_in, ApiError};
 use crate::extract::{Param, QueryArgs};
 use crate::state::AppState;
 use axum::body::Body;
@@ -38,7 +38,7 @@ pub async fn checksum(
     check_path(&a.path)?;
     s.blocking(move |s| {
         let (c, _in_use) = client(&s, &id)?;
-        let (size, sha256) = c.hash_file(&a.path).map_err(|e| agent_error(&id, e))?;
+        let (size, sha256) = c.hash_file(&a.path).map_err(|e| agent_error_in(&s.registry, &id, e))?;
         Ok(Json(FileChecksum { path: a.path, size, sha256 }))
     })
     .await
@@ -57,7 +57,7 @@ pub async fn read(
     let (c, in_use) = s
         .blocking(move |s| {
             let (c, in_use) = client(&s, &id2)?;
-            let st = c.stat(&path).map_err(|e| agent_error(&id2, e))?;
+            let st = c.stat(&path).map_err(|e| agent_error_in(&s.registry, &id2, e))?;
             if st.file_type != FileType::Dir {
                 return Err(ApiError::bad_request(format!("{path:?} is not a directory")));
             }

@@ -4,7 +4,7 @@
 
 use super::checked_body::{expected_sha256, CheckedBody};
 use super::run::client;
-use crate::error::{agent_error, ApiError};
+use crate::error::{agent_error, agent_error_in, ApiError};
 use crate::extract::{Param, QueryArgs};
 use crate::lifecycle::InUse;
 use crate::state::AppState;
@@ -95,7 +95,7 @@ pub async fn read(
     let (c, in_use, size) = s
         .blocking(move |s| {
             let (c, in_use) = client(&s, &id2)?;
-            let st = c.stat(&path).map_err(|e| agent_error(&id2, e))?;
+            let st = c.stat(&path).map_err(|e| agent_error_in(&s.registry, &id2, e))?;
             if st.file_type != FileType::File {
                 return Err(ApiError::bad_request(format!("{path:?} is a {}, not a file", type_name(st.file_type))));
             }
@@ -225,7 +225,7 @@ pub async fn remove(
     }
     s.blocking(move |s| {
         let (c, _in_use) = client(&s, &id)?;
-        c.remove(&a.path, a.recursive).map_err(|e| agent_error(&id, e))?;
+        c.remove(&a.path, a.recursive).map_err(|e| agent_error_in(&s.registry, &id, e))?;
         Ok(StatusCode::NO_CONTENT)
     })
     .await
@@ -239,7 +239,7 @@ pub async fn list(
     check_path(&a.path)?;
     s.blocking(move |s| {
         let (c, _in_use) = client(&s, &id)?;
-        let entries = c.list(&a.path).map_err(|e| agent_error(&id, e))?;
+        let entries = c.list(&a.path).map_err(|e| agent_error_in(&s.registry, &id, e))?;
         Ok(Json(
             entries
                 .into_iter()

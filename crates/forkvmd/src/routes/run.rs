@@ -1,6 +1,6 @@
 //! Talking to a sandbox's agent: ping, exec (collected or streamed as NDJSON), eval.
 
-use crate::error::{agent_error, ApiError};
+use crate::error::{agent_error, agent_error_in, ApiError};
 use crate::extract::{JsonBody, Param};
 use crate::lifecycle::{use_sandbox, InUse};
 use crate::state::AppState;
@@ -40,7 +40,7 @@ fn exit_event(st: &ExitStatus) -> ExecEvent {
 pub async fn ping(State(s): State<AppState>, Param(id): Param) -> Result<Json<serde_json::Value>, ApiError> {
     s.blocking(move |s| {
         let (c, _in_use) = client(&s, &id)?;
-        let pong = c.ping().map_err(|e| agent_error(&id, e))?;
+        let pong = c.ping().map_err(|e| agent_error_in(&s.registry, &id, e))?;
         let warm = pong.eval_available;
         let mut reply = serde_json::to_value(pong).map_err(|e| ApiError::internal(e.to_string()))?;
         // forkd's agent's fields: no forkd client reads them, but they are its documented shape.
@@ -82,7 +82,7 @@ pub async fn exec(
                     stderr.push(reason.as_bytes());
                     ExitStatus { code: Some(code), signal: None, timed_out: false, duration_ms: 0 }
                 }
-                None => return Err(agent_error(&id, e)),
+                None => return Err(agent_error_in(&s.registry, &id, e)),
             },
         };
         learn_after_first_call(&s, &id);
@@ -196,7 +196,7 @@ pub async fn eval(
 ) -> Result<Json<EvalResponse>, ApiError> {
     s.blocking(move |s| {
         let (c, _in_use) = client(&s, &id)?;
-        let r = c.eval(&req.code).map_err(|e| agent_error(&id, e))?;
+        let r = c.eval(&req.code).map_err(|e| agent_error_in(&s.registry, &id, e))?;
         learn_after_first_call(&s, &id);
         Ok(Json(forkvm_sandbox::info::eval_response(r)))
     })

@@ -54,11 +54,36 @@ export function setupActions(getSelected: () => string | null, refresh: () => Pr
       return `archived ${id}`;
     }),
   );
-  // No confirm(): the page is driven headless too. Kill acts on the first click.
-  byId("kill").addEventListener("click", () =>
-    run("kill", async (id) => {
-      await api.kill(id);
-      return `killed ${id}`;
-    }),
-  );
+  // Kill loses the sandbox, so it takes two clicks: the first arms the button for a few
+  // seconds (for that sandbox only), the second kills. No confirm() dialog: the page is
+  // driven headless too.
+  const kill = byId("kill") as HTMLButtonElement;
+  const label = kill.textContent ?? "Kill";
+  let armed: { id: string; timer: number } | null = null;
+  const disarm = () => {
+    if (armed) window.clearTimeout(armed.timer);
+    armed = null;
+    kill.textContent = label;
+    delete kill.dataset.armed;
+  };
+  kill.addEventListener("click", () => {
+    const id = getSelected();
+    if (!id) return;
+    if (armed?.id !== id) {
+      disarm();
+      armed = { id, timer: window.setTimeout(disarm, KILL_ARMED_MS) };
+      kill.textContent = "Really kill?";
+      kill.dataset.armed = id;
+      status(`click again within ${KILL_ARMED_MS / 1000} s to kill ${id}`);
+      return;
+    }
+    disarm();
+    void run("kill", async (sid) => {
+      await api.kill(sid);
+      return `killed ${sid}`;
+    });
+  });
 }
+
+/** How long a first click on Kill waits for the second. */
+const KILL_ARMED_MS = 4000;
