@@ -26,7 +26,7 @@ from forkvm import Controller
 
 TEMPLATE_TIMEOUT_S = 900
 TOKEN = "console+test/token=0123456789abcdef"  # base64 characters, raw in the fragment
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 REQUIRED = os.environ.get("FORKVM_SDK_REQUIRE_DAEMON") == "1"
 
