@@ -279,6 +279,18 @@ fn a_multi_stage_build_copies_from_the_stages_it_needs_and_skips_the_rest() {
     write(&ctx, "Dockerfile", &staged_dockerfile);
     let after = build(&["--build-arg", "V=2"]);
     assert_eq!(outcome(&after), (vec![true; 3], true), "{after}");
+
+    // COPY --from an image (here a template) rather than a stage: an implicit stage of it.
+    write(&ctx, "Dockerfile", "FROM tiny\nCOPY --from=tiny /bin/busybox /opt/busybox\n");
+    let from_image = env.json(&["template", "build", ctx_s, "--tag", "from-image"]);
+    assert_eq!(outcome(&from_image), (vec![false], false), "{from_image}");
+    let id = env.fork("--tag", "from-image", 1).remove(0);
+    assert_eq!(env.sh(&id, "/opt/busybox echo copied"), "copied\n");
+    env.ok(&["kill", &id]);
+    write(&ctx, "Dockerfile", "FROM tiny\nCOPY --from=no-such-image /x /y\n");
+    let out = env.command(&["template", "build", ctx_s, "--tag", "from-image"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("line 2: COPY --from=no-such-image"), "{err}");
 }
 
 #[test]

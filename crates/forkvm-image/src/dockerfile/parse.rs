@@ -230,7 +230,8 @@ fn copy(
         match (&*flag.name.value, value) {
             ("chown", Some(v)) => chown = Some(v),
             ("chmod", Some(v)) => chmod = Some(v),
-            ("from", Some(v)) if !add => from = Some(v.to_ascii_lowercase()),
+            // As written: a stage name matches in any case, an image keeps its own.
+            ("from", Some(v)) if !add => from = Some(v),
             ("from", _) if add => {
                 return Err(DockerfileError::at(line, "ADD --from is not supported (use COPY --from)"))
             }

@@ -104,6 +104,9 @@ pub struct Stage {
     pub steps: Vec<Step>,
     /// The configuration it ends with (a stage based on it starts with this).
     pub config: FinalConfig,
+    /// Made for a `COPY --from=IMAGE` (an image, template or tag, not a stage): no steps,
+    /// no name, and no index of its own for `--from=N`.
+    pub implicit: bool,
 }
 
 /// The evaluated build.
@@ -152,9 +155,20 @@ pub fn plan(
         let seen = global.clone();
         declare_args(ins, text, build_args, &mut global, &mut used, &|n| global_value(&seen, n))?;
     }
+    // Every stage name, so a COPY --from naming a later stage is refused, not taken for an image.
+    let names: std::collections::BTreeSet<String> = parsed
+        .stages
+        .iter()
+        .filter_map(|s| match &s.from.kind {
+            Kind::From { name, .. } => name.clone(),
+            _ => None,
+        })
+        .collect();
     let mut stages: Vec<Stage> = Vec::new();
     for parsed_stage in &parsed.stages {
-        let stage = plan_stage(parsed_stage, &stages, build_args, &global, &mut used, context, ignore)?;
+        let (stage, implicit) =
+            plan_stage(parsed_stage, &stages, &names, build_args, &global, &mut used, context, ignore)?;
+        stages.extend(implicit);
         stages.push(stage);
     }
     let needed = needed(&stages);
@@ -162,24 +176,30 @@ pub fn plan(
     Ok(Plan { stages, needed, unused_build_args })
 }
 
-/// The index of the earlier stage `name` names (its name, or its index as a number).
+/// The index of the earlier stage `name` names: its name, or its index as a number
+/// (counting the stages the Dockerfile declares, not the implicit ones).
 fn stage_named(stages: &[Stage], name: &str) -> Option<usize> {
     let lower = name.to_ascii_lowercase();
-    stages
-        .iter()
-        .position(|s| s.name.as_deref() == Some(lower.as_str()))
-        .or_else(|| name.parse::<usize>().ok().filter(|i| *i < stages.len()))
+    let by_name = stages.iter().position(|s| s.name.as_deref() == Some(lower.as_str()));
+    by_name.or_else(|| {
+        let n = name.parse::<usize>().ok()?;
+        stages.iter().enumerate().filter(|(_, s)| !s.implicit).nth(n).map(|(i, _)| i)
+    })
 }
 
+/// Plans one stage, and the implicit stages its `COPY --from=IMAGE` steps need (to be
+/// put before it, in order: their indices follow `earlier`'s).
+#[allow(clippy::too_many_arguments)]
 fn plan_stage(
     parsed: &ParsedStage,
     earlier: &[Stage],
+    names: &std::collections::BTreeSet<String>,
     build_args: &BTreeMap<String, String>,
     global: &BTreeMap<String, Option<String>>,
     used: &mut std::collections::BTreeSet<String>,
     context: &Context,
     ignore: &IgnoreRules,
-) -> Result<Stage, DockerfileError> {
+) -> Result<(Stage, Vec<Stage>), DockerfileError> {
     let line = parsed.from.line;
     let Kind::From { image, name } = &parsed.from.kind else { unreachable!("parse puts FROM there") };
     if let Some(n) = name {
@@ -201,11 +221,12 @@ fn plan_stage(
         StageBase::Stage(i) => earlier[*i].config.clone(),
         StageBase::Image(_) => FinalConfig { shell: vec!["/bin/sh".into(), "-c".into()], ..Default::default() },
     };
-    let mut s = State { config, args: BTreeMap::new(), steps: Vec::new(), earlier };
+    let mut s = State { config, args: BTreeMap::new(), steps: Vec::new(), earlier, names, implicit: Vec::new() };
     for ins in &parsed.body {
         s.apply(ins, build_args, global, used, context, ignore)?;
     }
-    Ok(Stage { name: name.clone(), base, from_line: line, steps: s.steps, config: s.config })
+    let stage = Stage { name: name.clone(), base, from_line: line, steps: s.steps, config: s.config, implicit: false };
+    Ok((stage, s.implicit))
 }
 
 /// The stages the last one reaches through its base and its COPY --from steps, in order.
@@ -266,6 +287,10 @@ struct State<'a> {
     steps: Vec<Step>,
     /// The stages before this one (what COPY --from may name).
     earlier: &'a [Stage],
+    /// Every stage name of the Dockerfile.
+    names: &'a std::collections::BTreeSet<String>,
+    /// Implicit stages this one's `COPY --from=IMAGE` steps made (indices after `earlier`).
+    implicit: Vec<Stage>,
 }
 
 impl State<'_> {
@@ -364,11 +389,16 @@ impl State<'_> {
                 self.push(ins, action);
             }
             Kind::Copy { from: Some(from), sources, dest, chown, chmod, .. } => {
-                let stage = stage_named(self.earlier, from).ok_or_else(|| {
-                    at(format!(
-                        "COPY --from={from}: no earlier stage of that name or index (to copy from an image or tag, make it a stage: FROM it AS name)"
-                    ))
-                })?;
+                let stage = match stage_named(self.earlier, from) {
+                    Some(i) => i,
+                    None if from.parse::<usize>().is_ok() => {
+                        return Err(at(format!("COPY --from={from}: no earlier stage of that index")))
+                    }
+                    None if self.names.contains(&from.to_ascii_lowercase()) => {
+                        return Err(at(format!("COPY --from={from}: that stage is this one or comes after it")))
+                    }
+                    None => self.implicit_stage(line, from)?,
+                };
                 if chmod.is_some() {
                     return Err(at("COPY --from with --chmod is not supported".into()));
                 }
@@ -425,6 +455,28 @@ impl State<'_> {
             }
         }
         Ok(())
+    }
+
+    /// The index of an implicit stage of `image` (a template, tag or OCI image, variables
+    /// expanded): an earlier one of the same image, else a new one.
+    fn implicit_stage(&mut self, line: usize, image: &str) -> Result<usize, DockerfileError> {
+        let image = self.expand(line, image)?;
+        let same = |s: &Stage| s.implicit && s.base == StageBase::Image(image.clone());
+        if let Some(i) = self.earlier.iter().position(same) {
+            return Ok(i);
+        }
+        if let Some(j) = self.implicit.iter().position(same) {
+            return Ok(self.earlier.len() + j);
+        }
+        self.implicit.push(Stage {
+            name: None,
+            base: StageBase::Image(image),
+            from_line: line,
+            steps: Vec::new(),
+            config: FinalConfig::default(),
+            implicit: true,
+        });
+        Ok(self.earlier.len() + self.implicit.len() - 1)
     }
 
     fn push(&mut self, ins: &Instruction, action: Action) {
@@ -574,6 +626,27 @@ mod tests {
     }
 
     #[test]
+    fn copy_from_an_image_is_an_implicit_stage_that_declared_indices_skip() {
+        let d = tempfile::tempdir().unwrap();
+        let text = "FROM t AS a\nCOPY --from=img /x /x\nFROM t\nCOPY --from=IMG /y /y\nCOPY --from=0 /z /z\nCOPY --from=img /w /w\n";
+        let p = plan_of(text, &[], d.path()).unwrap();
+        // Each implicit stage goes just before the stage that made it.
+        let kinds: Vec<(Option<&str>, bool)> = p.stages.iter().map(|s| (s.name.as_deref(), s.implicit)).collect();
+        assert_eq!(kinds, [(None, true), (Some("a"), false), (None, true), (None, false)]);
+        assert_eq!(p.stages[0].base, StageBase::Image("img".into()));
+        assert_eq!(p.stages[2].base, StageBase::Image("IMG".into()), "image names keep their case");
+        let from = |stage: usize, step: usize| match &p.stages[stage].steps[step].action {
+            Action::CopyFrom { stage, .. } => *stage,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(from(1, 0), 0);
+        assert_eq!(from(3, 0), 2);
+        assert_eq!(from(3, 1), 1, "--from=0 is the first declared stage, not an implicit one");
+        assert_eq!(from(3, 2), 0, "the same image again is the same implicit stage");
+        assert_eq!(p.needed, [0, 1, 2, 3]);
+    }
+
+    #[test]
     fn bad_values_name_their_line() {
         let d = tempfile::tempdir().unwrap();
         std::fs::write(d.path().join("a"), "x").unwrap();
@@ -585,11 +658,12 @@ mod tests {
             ("FROM t\nENV 1=2\n", 2, "variable name"),
             ("FROM t\nCOPY missing /x\n", 2, "not found"),
             ("FROM t\nWORKDIR ${X\n", 2, "expected }"),
-            ("FROM t\nCOPY --from=later /a /b\nFROM t AS later\n", 2, "no earlier stage"),
             ("FROM t AS a\nFROM t\nCOPY --from=a /x* /b/\n", 3, "wildcards"),
             ("FROM t AS a\nFROM t\nCOPY --from=a --chmod=644 /x /b\n", 3, "--chmod"),
             ("FROM t AS a\nFROM t\nCOPY --from=a /x /y /b\n", 3, "ending in /"),
-            ("FROM t AS a\nFROM t\nCOPY --from=1 /x /b\n", 3, "no earlier stage"),
+            ("FROM t AS a\nFROM t\nCOPY --from=1 /x /b\n", 3, "no earlier stage of that index"),
+            ("FROM t\nCOPY --from=later /a /b\nFROM t AS later\n", 2, "comes after it"),
+            ("FROM t AS me\nCOPY --from=me /a /b\n", 2, "comes after it"),
             ("FROM t AS a\nFROM t AS A\n", 2, "a second stage"),
         ] {
             let e = plan_of(text, &[], d.path()).unwrap_err();

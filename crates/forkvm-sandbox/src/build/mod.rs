@@ -87,6 +87,8 @@ pub enum BuildError {
     Dockerfile(#[from] DockerfileError),
     #[error("Dockerfile line {line}: FROM {from}: {detail}")]
     From { line: usize, from: String, detail: String },
+    #[error("Dockerfile line {line}: COPY --from={from}: {detail}")]
+    CopyFromImage { line: usize, from: String, detail: String },
     #[error("the base: {0}")]
     Base(String),
     #[error("tag {tag} exists and no build made it; give --replace to replace it")]
@@ -106,7 +108,9 @@ impl BuildError {
     pub fn code(&self) -> forkvm_api::ErrorCode {
         use forkvm_api::ErrorCode;
         match self {
-            BuildError::Dockerfile(_) | BuildError::From { .. } => ErrorCode::BadRequest,
+            BuildError::Dockerfile(_) | BuildError::From { .. } | BuildError::CopyFromImage { .. } => {
+                ErrorCode::BadRequest
+            }
             BuildError::TagTaken { .. } | BuildError::Replace { .. } => ErrorCode::Conflict,
             BuildError::Step { source, .. } => source.code(),
             BuildError::Store(e) => e.code(),
@@ -186,7 +190,15 @@ impl Prepared {
                 StageBase::Stage(earlier) => keyed[earlier].last().clone(),
                 StageBase::Image(image) => {
                     if !bases.contains_key(image) {
-                        let b = base::resolve(image, stage.from_line, &req.context, store, events, kernel)?;
+                        let b = base::resolve(image, stage.from_line, &req.context, store, events, kernel).map_err(
+                            |e| match e {
+                                // An implicit stage is a COPY --from=IMAGE's: say so.
+                                BuildError::From { line, from, detail } if stage.implicit => {
+                                    BuildError::CopyFromImage { line, from, detail }
+                                }
+                                e => e,
+                            },
+                        )?;
                         bases.insert(image.clone(), b);
                     }
                     let b = &bases[image];
