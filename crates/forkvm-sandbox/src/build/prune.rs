@@ -88,9 +88,11 @@ pub fn prune(registry: &Registry, store: &Store, req: &PruneBuildsRequest) -> Re
             at = parents.get(&tag).cloned().flatten();
         }
     }
+    let links: std::collections::HashMap<&str, &str> =
+        parents.iter().filter_map(|(t, p)| Some((t.as_str(), p.as_deref()?))).collect();
     let steps: Vec<&String> = parents.keys().filter(|t| t.starts_with(STEP_PREFIX)).collect();
     let mut doomed: Vec<(usize, String)> =
-        steps.iter().filter(|t| !needed.contains(**t)).map(|t| (depth(&parents, t), (*t).clone())).collect();
+        steps.iter().filter(|t| !needed.contains(**t)).map(|t| (chain::depth_in(&links, t), (*t).clone())).collect();
     // Leaves first: a link deeper in its chain before the link it sits on.
     doomed.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
     let kept = (steps.len() - doomed.len()) as u32;
@@ -106,20 +108,6 @@ pub fn prune(registry: &Registry, store: &Store, req: &PruneBuildsRequest) -> Re
         report.removed.push(tag);
     }
     Ok(report)
-}
-
-/// Links below `tag` in its chain (bounded by the number of snapshots: no cycle loops).
-fn depth(parents: &BTreeMap<String, Option<String>>, tag: &str) -> usize {
-    let mut n = 0;
-    let mut at = parents.get(tag).cloned().flatten();
-    while let Some(p) = at {
-        n += 1;
-        if n > parents.len() {
-            break;
-        }
-        at = parents.get(&p).cloned().flatten();
-    }
-    n
 }
 
 #[cfg(test)]
@@ -142,12 +130,9 @@ mod tests {
 
     #[test]
     fn depth_counts_links_and_ends_on_a_cycle() {
-        let p = |pairs: &[(&str, Option<&str>)]| -> BTreeMap<String, Option<String>> {
-            pairs.iter().map(|(t, p)| (t.to_string(), p.map(str::to_string))).collect()
-        };
-        let chain = p(&[("a", None), ("b", Some("a")), ("c", Some("b"))]);
-        assert_eq!((depth(&chain, "a"), depth(&chain, "c")), (0, 2));
-        let cycle = p(&[("x", Some("y")), ("y", Some("x"))]);
-        assert!(depth(&cycle, "x") <= 3);
+        let chain = [("b", "a"), ("c", "b")].into_iter().collect();
+        assert_eq!((chain::depth_in(&chain, "a"), chain::depth_in(&chain, "c")), (0, 2));
+        let cycle = [("x", "y"), ("y", "x")].into_iter().collect();
+        assert!(chain::depth_in(&cycle, "x") <= 3);
     }
 }

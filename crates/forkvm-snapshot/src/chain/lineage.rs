@@ -58,6 +58,22 @@ pub struct ChainInfo {
     pub disk_bytes: u64,
 }
 
+/// Links below `tag` in its chain, given each listed snapshot's parent (a tag whose
+/// parent is not listed ends the count there; a cycle, which the store never makes, stops
+/// it at the number of links given).
+pub fn depth_in(parents: &std::collections::HashMap<&str, &str>, tag: &str) -> usize {
+    let mut depth = 0;
+    let mut at = tag;
+    while let Some(p) = parents.get(at) {
+        depth += 1;
+        if depth > parents.len() {
+            break;
+        }
+        at = p;
+    }
+    depth
+}
+
 /// Reports on `tag`, also when its chain is broken (then `bootable` is false).
 pub fn info(store: &Store, tag: &str) -> Result<ChainInfo, ChainError> {
     let dir = store.tag_dir(tag)?;

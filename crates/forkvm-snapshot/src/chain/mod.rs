@@ -40,7 +40,7 @@ use crate::store::{Store, StoreError};
 
 pub use assemble::{AssembleStats, AssembledCache};
 pub use convert::{compact, ingest, write_diff, ConvertReport};
-pub use lineage::{collect_garbage, dependents, info, remove, ChainInfo, RemoveMode, RemoveReport};
+pub use lineage::{collect_garbage, dependents, depth_in, info, remove, ChainInfo, RemoveMode, RemoveReport};
 pub use measure::{measure_diff, DiffMeasure};
 pub use pack::{pack, pack_signed, unpack, unpack_trusted, PackReport, UnpackReport};
 

@@ -53,7 +53,7 @@ pub fn graph(sandboxes: &[SandboxInfo], snapshots: &[(SnapshotInfo, Option<Strin
             stored_bytes: Some(i.memory_physical_bytes),
             created_at_unix: i.created_at_unix,
             mode: i.mode.clone(),
-            chain_depth: chain_depth(&parents, &i.tag),
+            chain_depth: u32::try_from(forkvm_snapshot::chain::depth_in(&parents, &i.tag)).unwrap_or(u32::MAX),
         });
     }
     for sb in sandboxes {
@@ -99,21 +99,6 @@ pub fn graph(sandboxes: &[SandboxInfo], snapshots: &[(SnapshotInfo, Option<Strin
         }
     }
     Lineage { nodes, edges }
-}
-
-/// Links below `tag` in its chain, counting only listed parents (a cycle, which the
-/// store never makes, stops the count at the number of snapshots).
-fn chain_depth(parents: &HashMap<&str, &str>, tag: &str) -> u32 {
-    let mut depth = 0;
-    let mut at = tag;
-    while let Some(p) = parents.get(at) {
-        depth += 1;
-        if depth as usize > parents.len() {
-            break;
-        }
-        at = p;
-    }
-    depth
 }
 
 #[cfg(test)]
