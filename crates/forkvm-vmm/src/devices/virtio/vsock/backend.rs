@@ -45,6 +45,14 @@ const POLL_TIMEOUT_MS: i32 = 10_000;
 /// get to the event.
 const RESET_ACK_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// While a reset is unacknowledged, the used-buffer interrupt is raised again this often.
+/// A restored guest could miss the first one (raised as its vCPU and interrupt state are
+/// being put back): idle, it then slept until its own next timer, or until
+/// [`RESET_ACK_LIMIT`], before it took the reset in, and a fork of a sandbox idle for a
+/// while took 10 s to answer. An interrupt with nothing new in the rings is harmless: the
+/// guest's handler finds no work.
+const RESET_NUDGE: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// Where a restored device is with the transport reset it owes the guest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ResetAck {
@@ -53,7 +61,8 @@ pub enum ResetAck {
     Settled,
     /// Posted; the guest had made `avail` event buffers available at the time. Rx waits
     /// until it makes more (it refills after handling the event), or until `deadline`.
-    Awaiting { avail: std::num::Wrapping<u16>, deadline: std::time::Instant },
+    /// `nudged`: when the interrupt was last raised for it ([`RESET_NUDGE`]).
+    Awaiting { avail: std::num::Wrapping<u16>, deadline: std::time::Instant, nudged: std::time::Instant },
 }
 
 /// Errors starting the backend.
@@ -218,8 +227,9 @@ impl Shared {
     /// overdue, else the safety net.
     fn poll_timeout_ms(&self) -> i32 {
         match self.reset_ack {
-            ResetAck::Awaiting { deadline, .. } => {
-                let left = deadline.saturating_duration_since(std::time::Instant::now());
+            ResetAck::Awaiting { deadline, nudged, .. } => {
+                let now = std::time::Instant::now();
+                let left = deadline.saturating_duration_since(now).min((nudged + RESET_NUDGE).saturating_duration_since(now));
                 i32::try_from(left.as_millis() + 1).unwrap_or(POLL_TIMEOUT_MS).min(POLL_TIMEOUT_MS)
             }
             ResetAck::Settled => POLL_TIMEOUT_MS,
@@ -260,14 +270,20 @@ impl Shared {
                 used |= q.event.add_used(&q.mem, head, len).is_ok();
                 *reset_event_pending = false;
                 let avail = q.event.avail_idx(&q.mem, std::sync::atomic::Ordering::Acquire).unwrap_or_default();
-                *reset_ack = ResetAck::Awaiting { avail, deadline: std::time::Instant::now() + RESET_ACK_LIMIT };
+                let now = std::time::Instant::now();
+                *reset_ack = ResetAck::Awaiting { avail, deadline: now + RESET_ACK_LIMIT, nudged: now };
             }
         }
-        if let ResetAck::Awaiting { avail, deadline } = *reset_ack {
+        if let ResetAck::Awaiting { avail, deadline, nudged } = *reset_ack {
             let now_avail = q.event.avail_idx(&q.mem, std::sync::atomic::Ordering::Acquire).unwrap_or(avail);
+            let now = std::time::Instant::now();
             if now_avail != avail {
                 *reset_ack = ResetAck::Settled;
-            } else if std::time::Instant::now() >= deadline {
+            } else if now < deadline && now >= nudged + RESET_NUDGE {
+                *reset_ack = ResetAck::Awaiting { avail, deadline, nudged: now };
+                self.metrics.reset_nudges.fetch_add(1, Ordering::Relaxed);
+                used = true;
+            } else if now >= deadline {
                 *reset_ack = ResetAck::Settled;
                 errors.push(format!(
                     "the guest did not acknowledge the transport reset within {RESET_ACK_LIMIT:?}; going on"

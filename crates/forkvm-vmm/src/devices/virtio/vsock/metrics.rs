@@ -20,6 +20,8 @@ pub struct VsockMetrics {
     pub guest_errors: AtomicU64,
     pub host_clients_rejected: AtomicU64,
     pub interrupts: AtomicU64,
+    /// Interrupts raised again while a restored guest had not taken its reset in.
+    pub reset_nudges: AtomicU64,
 }
 
 /// A point-in-time copy of [`VsockMetrics`].
@@ -36,6 +38,7 @@ pub struct VsockMetricsSnapshot {
     pub guest_errors: u64,
     pub host_clients_rejected: u64,
     pub interrupts: u64,
+    pub reset_nudges: u64,
 }
 
 impl VsockMetrics {
@@ -52,6 +55,7 @@ impl VsockMetrics {
             guest_errors: self.guest_errors.load(Relaxed),
             host_clients_rejected: self.host_clients_rejected.load(Relaxed),
             interrupts: self.interrupts.load(Relaxed),
+            reset_nudges: self.reset_nudges.load(Relaxed),
         }
     }
 }

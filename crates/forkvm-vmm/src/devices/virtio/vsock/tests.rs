@@ -302,3 +302,22 @@ fn a_guest_that_never_acknowledges_the_reset_gets_requests_after_the_limit() {
     assert_eq!((hdr.op, hdr.dst_port), (OP_REQUEST, ECHO_PORT));
     assert!(started.elapsed() >= Duration::from_secs(9), "came after {:?}", started.elapsed());
 }
+
+/// A restored guest that missed the interrupt of its transport reset (raised while its
+/// vCPU and interrupt state were being put back) is interrupted again until it takes the
+/// reset in, and no more once it has: an idle guest does not sleep out the 10 s limit.
+#[test]
+fn an_unacknowledged_reset_raises_the_interrupt_again_until_it_is_taken_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut restored, mut guest, _sock) = restored_and_reset(dir.path());
+    let before = guest.irq.0.load(Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(300));
+    let nudged = guest.irq.0.load(Ordering::SeqCst) - before;
+    assert!((3..=20).contains(&nudged), "{nudged} interrupts in 300 ms while the reset waited (one per 20 ms)");
+    assert!(restored.metrics().snapshot().reset_nudges as usize >= nudged);
+    guest.add_event_buffer(Some(&mut restored));
+    std::thread::sleep(Duration::from_millis(50));
+    let settled = guest.irq.0.load(Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(guest.irq.0.load(Ordering::SeqCst), settled, "no interrupts once the reset is taken in");
+}
