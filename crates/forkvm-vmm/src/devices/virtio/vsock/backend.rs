@@ -229,7 +229,8 @@ impl Shared {
         match self.reset_ack {
             ResetAck::Awaiting { deadline, nudged, .. } => {
                 let now = std::time::Instant::now();
-                let left = deadline.saturating_duration_since(now).min((nudged + RESET_NUDGE).saturating_duration_since(now));
+                let left =
+                    deadline.saturating_duration_since(now).min((nudged + RESET_NUDGE).saturating_duration_since(now));
                 i32::try_from(left.as_millis() + 1).unwrap_or(POLL_TIMEOUT_MS).min(POLL_TIMEOUT_MS)
             }
             ResetAck::Settled => POLL_TIMEOUT_MS,
