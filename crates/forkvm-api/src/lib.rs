@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod checkpoints;
 pub mod disks;
 pub mod error_code;
 pub mod lineage;
@@ -16,6 +17,9 @@ pub mod templates;
 pub mod volumes;
 pub mod workspaces;
 
+pub use checkpoints::{
+    CheckpointInfo, CheckpointList, CheckpointPolicy, CreateCheckpointRequest, RewindReport, RewindRequest,
+};
 pub use disks::{
     ArchiveReport, DiskForkRequest, DiskRestoreMode, DiskSnapshotDisk, DiskSnapshotInfo, DiskSnapshotReport,
     DiskSnapshotRequest, LastDiskSnapshot, RestoreRequest,

@@ -76,6 +76,10 @@ pub enum RouteName {
     Lineage,
     SandboxUsage,
     PruneBuilds,
+    ListCheckpoints,
+    CreateCheckpoint,
+    SetCheckpointPolicy,
+    RewindSandbox,
 }
 
 const fn r(method: &'static str, path: &'static str, name: RouteName) -> Route {
@@ -125,6 +129,10 @@ pub const ROUTES: &[Route] = &[
     r("GET", "/v1/sandboxes/{id}/disk-snapshots", RouteName::ListDiskSnapshots),
     r("POST", "/v1/sandboxes/{id}/archive", RouteName::ArchiveSandbox),
     r("POST", "/v1/sandboxes/{id}/restore", RouteName::RestoreSandbox),
+    r("GET", "/v1/sandboxes/{id}/checkpoints", RouteName::ListCheckpoints),
+    r("POST", "/v1/sandboxes/{id}/checkpoints", RouteName::CreateCheckpoint),
+    r("PUT", "/v1/sandboxes/{id}/checkpoints", RouteName::SetCheckpointPolicy),
+    r("POST", "/v1/sandboxes/{id}/rewind", RouteName::RewindSandbox),
     r("POST", "/v1/sandboxes/{id}/disk-fork", RouteName::DiskFork),
     r("POST", "/v1/sandboxes/{id}/ttl", RouteName::SetTtl),
     r("PUT", "/v1/sandboxes/{id}/network", RouteName::SetNetwork),

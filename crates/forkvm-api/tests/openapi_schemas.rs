@@ -118,10 +118,17 @@ fn every_component_has_the_fields_of_its_rust_type() {
         SandboxUsage,
         PruneBuildsRequest,
         PruneBuildsReport,
+        CreateCheckpointRequest,
+        CheckpointInfo,
+        CheckpointList,
+        RewindRequest,
+        RewindReport,
     ];
     // A request body (`PUT .../network`) before it is part of a response: checked as
     // the daemon reads it (every field optional).
     rust.push(("NetworkPolicy", generated::<forkvm_api::NetworkPolicy>(true)));
+    // The body of `PUT .../checkpoints`, and part of `CheckpointList`.
+    rust.push(("CheckpointPolicy", generated::<forkvm_api::CheckpointPolicy>(true)));
     // A build's report and its steps (in the `done` line of `POST /v1/templates/build`).
     rust.push(("TemplateBuildReport", generated::<forkvm_api::TemplateBuildReport>(false)));
     rust.push(("TemplateBuildStep", generated::<forkvm_api::TemplateBuildStep>(false)));

@@ -169,4 +169,30 @@ impl Client {
         let target = sandbox(id)?.push("/disk-snapshots").build();
         self.call_json(Method::GET, &target, None::<&()>, "disk snapshot list")
     }
+
+    /// `GET /v1/sandboxes/{id}/checkpoints`: its checkpoints, oldest first, and its policy.
+    pub fn checkpoints(&self, id: &str) -> Result<forkvm_api::CheckpointList, ClientError> {
+        let target = sandbox(id)?.push("/checkpoints").build();
+        self.call_json(Method::GET, &target, None::<&()>, "checkpoint list")
+    }
+
+    /// `POST /v1/sandboxes/{id}/checkpoints`: a checkpoint now (memory and disks).
+    pub fn checkpoint(&self, id: &str, note: Option<&str>) -> Result<forkvm_api::CheckpointInfo, ClientError> {
+        let req = forkvm_api::CreateCheckpointRequest { note: note.map(String::from) };
+        self.call_json(Method::POST, &sandbox(id)?.push("/checkpoints").build(), Some(&req), "checkpoint")
+    }
+
+    /// `PUT /v1/sandboxes/{id}/checkpoints`: when it is checkpointed by itself, how many kept.
+    pub fn set_checkpoint_policy(
+        &self,
+        id: &str,
+        policy: &forkvm_api::CheckpointPolicy,
+    ) -> Result<forkvm_api::CheckpointList, ClientError> {
+        self.call_json(Method::PUT, &sandbox(id)?.push("/checkpoints").build(), Some(policy), "checkpoint list")
+    }
+
+    /// `POST /v1/sandboxes/{id}/rewind`: the sandbox back at a checkpoint, in place.
+    pub fn rewind(&self, id: &str, req: &forkvm_api::RewindRequest) -> Result<forkvm_api::RewindReport, ClientError> {
+        self.call_json(Method::POST, &sandbox(id)?.push("/rewind").build(), Some(req), "rewind report")
+    }
 }

@@ -212,7 +212,7 @@ pub(crate) fn spawn_from_tag(
 /// Branches running sandbox `id` (spawned from `parent`) into a staging directory and
 /// publishes it as the diff `tag` over `parent`. Returns the diff, the pause, the branch
 /// time and the diff time.
-fn diff_branch(
+pub(crate) fn diff_branch(
     registry: &Registry,
     store: &Store,
     id: &str,

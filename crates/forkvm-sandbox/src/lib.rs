@@ -13,6 +13,7 @@ pub mod artifacts;
 pub mod branch_inbox;
 pub mod build;
 pub mod chain_ops;
+pub mod checkpoint;
 pub mod delete;
 pub(crate) mod disk_grant;
 pub mod disk_snapshots;

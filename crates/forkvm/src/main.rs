@@ -4,6 +4,7 @@ mod archive_cmd;
 mod backend;
 mod build_cmd;
 mod chain_cmd;
+mod checkpoint_cmd;
 mod daemon_cmd;
 mod daemon_e2b_args;
 mod disk_cmd;
@@ -117,6 +118,12 @@ enum Command {
     Unarchive(archive_cmd::UnarchiveArgs),
     /// List archived sandboxes.
     Archives(archive_cmd::ArchivesArgs),
+    /// Checkpoint a running sandbox now, memory and disks (daemon only).
+    Checkpoint(checkpoint_cmd::CheckpointArgs),
+    /// List a sandbox's checkpoints; set when it is checkpointed by itself (daemon only).
+    Checkpoints(checkpoint_cmd::CheckpointsArgs),
+    /// Put a running sandbox back at one of its checkpoints, in place (daemon only).
+    Rewind(checkpoint_cmd::RewindArgs),
     /// Set a sandbox's time to live (daemon only): archived, never deleted, when it ends.
     Ttl(archive_cmd::TtlArgs),
     /// Set where a sandbox may connect to (daemon only), from now on.
@@ -210,6 +217,9 @@ fn main() {
         Command::Unarchive(a) => archive_cmd::unarchive(a, remote),
         Command::Archives(a) => archive_cmd::list(a, remote),
         Command::Ttl(a) => archive_cmd::ttl(a, remote),
+        Command::Checkpoint(a) => checkpoint_cmd::checkpoint(a, remote),
+        Command::Checkpoints(a) => checkpoint_cmd::checkpoints(a, remote),
+        Command::Rewind(a) => checkpoint_cmd::rewind(a, remote),
         Command::Network(a) => network_cmd::run(a, remote),
         Command::Expose(a) => ports_cmd::expose(a, remote),
         Command::Ports(a) => ports_cmd::list(a, remote),

@@ -157,6 +157,7 @@ pub fn run(mut cfg: DaemonConfig) -> Result<(), DaemonError> {
         tracing::info!(idle_pause = ?cfg.lifecycle.idle_pause, default_ttl = ?cfg.lifecycle.default_ttl, "lifecycle");
         tokio::spawn(crate::lifecycle::schedule(state.clone(), Some(audit.clone())));
         tokio::spawn(crate::sweeper::schedule(state.clone()));
+        tokio::spawn(crate::checkpoints::schedule(state.clone()));
         let unix = UnixServe {
             listener: unix,
             app: wrap(

@@ -194,6 +194,7 @@ impl Db {
         conn.pragma_update(None, "synchronous", "NORMAL").map_err(err)?;
         conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(err)?;
         conn.execute_batch(SCHEMA).map_err(err)?;
+        crate::checkpoints::records::create_tables(&conn).map_err(err)?;
         let found: Option<String> =
             conn.query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| r.get(0)).optional().map_err(err)?;
         match found.and_then(|v| v.parse::<i64>().ok()) {

@@ -11,6 +11,7 @@
 
 pub mod audit;
 pub mod auth;
+pub mod checkpoints;
 pub mod daemon;
 pub mod db;
 pub mod disk;

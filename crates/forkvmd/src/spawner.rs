@@ -24,6 +24,7 @@
 
 use forkvm_api::ErrorCode;
 use forkvm_sandbox::start::restore::PendingRestore;
+use forkvm_sandbox::start::rewind::PendingRewind;
 use forkvm_sandbox::{Registry, SandboxRecord, SpawnOptions, SpawnSource, StartedVmms};
 use forkvm_snapshot::Store;
 use forkvm_vmm::host::jail::Jail;
@@ -69,6 +70,12 @@ pub enum Order {
     Restore {
         id: String,
     },
+    /// Running sandbox `id` back at snapshot `tag`, in place
+    /// ([`forkvm_sandbox::start::rewind::start_rewind`]).
+    Rewind {
+        id: String,
+        tag: String,
+    },
     /// New sandbox `id` cold-booted on a disk snapshot of `source`
     /// ([`forkvm_sandbox::start::disk::start_disk_fork`]).
     DiskFork {
@@ -85,6 +92,7 @@ pub enum Order {
 enum Answer {
     Started(StartedVmms),
     Restoring(PendingRestore),
+    Rewinding(PendingRewind),
     Booting(SandboxRecord),
     Refused(SpawnRefused),
 }
@@ -178,6 +186,15 @@ impl Spawner {
     pub fn start_restore(&self, id: &str) -> Result<PendingRestore, SpawnRefused> {
         match self.ask(&Order::Restore { id: id.to_string() })? {
             Answer::Restoring(p) => Ok(p),
+            other => Err(self.unexpected(&other)),
+        }
+    }
+
+    /// Stops running sandbox `id`'s VMM and starts one from snapshot `tag` under the same
+    /// id (blocking); the guest is not yet answering.
+    pub fn start_rewind(&self, id: &str, tag: &str) -> Result<PendingRewind, SpawnRefused> {
+        match self.ask(&Order::Rewind { id: id.to_string(), tag: tag.to_string() })? {
+            Answer::Rewinding(p) => Ok(p),
             other => Err(self.unexpected(&other)),
         }
     }
@@ -295,6 +312,12 @@ fn execute(order: &Order, registry: &Registry, store: &Store) -> Answer {
         Order::Restore { id } => {
             return match forkvm_sandbox::start::restore::start_restore(registry, store, id) {
                 Ok(p) => Answer::Restoring(p),
+                Err(e) => refused(e.code(), e.to_string()),
+            }
+        }
+        Order::Rewind { id, tag } => {
+            return match forkvm_sandbox::start::rewind::start_rewind(registry, store, id, tag) {
+                Ok(p) => Answer::Rewinding(p),
                 Err(e) => refused(e.code(), e.to_string()),
             }
         }

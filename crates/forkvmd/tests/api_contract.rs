@@ -63,6 +63,8 @@ fn good_body(name: RouteName) -> &'static str {
         RouteName::SignalProcess => r#"{"signal":15}"#,
         RouteName::ResizeProcess => r#"{"rows":24,"cols":80}"#,
         RouteName::ProcessInput => "bytes",
+        RouteName::SetCheckpointPolicy => r#"{"every_seconds":5,"keep":3}"#,
+        RouteName::RewindSandbox => r#"{"seq":1}"#,
         _ => "",
     }
 }
@@ -151,6 +153,9 @@ async fn malformed_json_and_unknown_fields_are_400_with_a_message() {
         RouteName::StartProcess,
         RouteName::SignalProcess,
         RouteName::ResizeProcess,
+        RouteName::CreateCheckpoint,
+        RouteName::SetCheckpointPolicy,
+        RouteName::RewindSandbox,
     ];
     for r in ROUTES.iter().filter(|r| json_routes.contains(&r.name)) {
         let u = uri(r.path, "nope", r.name);
@@ -194,6 +199,9 @@ async fn malformed_json_and_unknown_fields_are_400_with_a_message() {
         ("/v1/sandboxes/nope/disk-snapshots", r#"{"keep_daily":-1}"#),
         ("/v1/sandboxes/bad.id/disk-snapshots", r#"{}"#),
         ("/v1/sandboxes/nope/ttl", r#"{}"#),
+        ("/v1/sandboxes/nope/checkpoints", r#"{"note":"a\u0000b"}"#),
+        ("/v1/sandboxes/nope/rewind", r#"{}"#),
+        ("/v1/sandboxes/nope/rewind", r#"{"seq":"last"}"#),
         ("/v1/sandboxes/nope/processes", r#"{"args":[]}"#),
         ("/v1/sandboxes/nope/processes", r#"{"cmd":"sleep 1","pty":{"rows":0,"cols":80}}"#),
         ("/v1/sandboxes/nope/processes", r#"{"cmd":"sleep 1","ring_bytes":999999999999}"#),

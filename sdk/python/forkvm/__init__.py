@@ -27,6 +27,7 @@ from .errors import (
 from .sandbox import Commands, Files, Network, Pty, Sandbox
 from .processes import OutputChunk, Process, ProcessOutput
 from .attach import ProcessSocket
+from .checkpoints import CheckpointInfo, CheckpointList, CheckpointPolicy, Checkpoints, RewindReport
 from .transport import Endpoint, default_socket_path, resolve_endpoint
 from .templates import TemplateBuild, TemplateImport
 from .watch import FileChange, FileWatch
@@ -68,6 +69,11 @@ __all__ = [
     "Commands",
     "Files",
     "Network",
+    "Checkpoints",
+    "CheckpointInfo",
+    "CheckpointList",
+    "CheckpointPolicy",
+    "RewindReport",
     "Pty",
     "Process",
     "ProcessOutput",

@@ -26,6 +26,7 @@ from .streaming import OutputCallback, collect_exec_events
 from .tcp import open_tcp
 from .transfer import sha256_of_body, sha256_of_file, stream_to_file
 from .attach import ProcessSocket
+from .checkpoints import CheckpointInfo, CheckpointList, CheckpointPolicy, RewindReport
 from .templates import TemplateBuild, TemplateImport, template_build_from_lines, template_import_from_lines
 from .watch import FileWatch
 from .processes import ProcessOutput
@@ -722,6 +723,37 @@ class Controller:
         return SandboxInfo.from_json(self._json(resp))
 
     restore_sandbox = restore
+
+    # --- checkpoints -----------------------------------------------------
+
+    def list_checkpoints(self, sandbox_id: str) -> "CheckpointList":
+        """``GET /v1/sandboxes/{id}/checkpoints``: its checkpoints, oldest first, and
+        when it is checkpointed by itself."""
+        return CheckpointList.from_json(self._json(self._request("GET", _sb(sandbox_id, "checkpoints"))))
+
+    def create_checkpoint(self, sandbox_id: str, *, note: Optional[str] = None) -> "CheckpointInfo":
+        """``POST /v1/sandboxes/{id}/checkpoints``: its memory and disks now, as a
+        snapshot tag of their own (the guest pauses for a few milliseconds)."""
+        body: Dict[str, Any] = {} if note is None else {"note": note}
+        return CheckpointInfo.from_json(self._json(self._request("POST", _sb(sandbox_id, "checkpoints"), json=body)))
+
+    def set_checkpoint_policy(self, sandbox_id: str, policy: "CheckpointPolicy") -> "CheckpointList":
+        """``PUT /v1/sandboxes/{id}/checkpoints``: a checkpoint every ``every_seconds``
+        and/or after every exec/eval call; ``keep`` of them kept."""
+        resp = self._request("PUT", _sb(sandbox_id, "checkpoints"), json=policy.to_json())
+        return CheckpointList.from_json(self._json(resp))
+
+    def rewind(
+        self, sandbox_id: str, *, seq: Optional[int] = None, ago_seconds: Optional[float] = None
+    ) -> "RewindReport":
+        """``POST /v1/sandboxes/{id}/rewind``: the sandbox back at checkpoint ``seq`` (or
+        the newest at least ``ago_seconds`` old), in place, same id."""
+        body: Dict[str, Any] = {}
+        if seq is not None:
+            body["seq"] = seq
+        if ago_seconds is not None:
+            body["ago_seconds"] = ago_seconds
+        return RewindReport.from_json(self._json(self._request("POST", _sb(sandbox_id, "rewind"), json=body)))
 
     def set_ttl(self, sandbox_id: str, ttl_seconds: int) -> SandboxInfo:
         """``POST /v1/sandboxes/{id}/ttl``: the daemon archives (never deletes) the

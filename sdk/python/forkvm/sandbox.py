@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import httpx
 
+from .checkpoints import Checkpoints
 from .controller import Controller, NetworkPolicyLike, PathLike
 from .errors import EvalError, NotFound
 from .streaming import OutputCallback
@@ -230,6 +231,7 @@ class Sandbox:
         self.files = Files(self)
         self.pty = Pty(self)
         self.network = Network(self)
+        self.checkpoints = Checkpoints(self)
 
     # --- making ----------------------------------------------------------
 

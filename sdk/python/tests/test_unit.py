@@ -967,6 +967,44 @@ CALLS["DiskFork"] = (SANDBOX, lambda c: c.disk_fork("ID"))
 CALLS["SetTtl"] = (SANDBOX, lambda c: c.set_ttl("ID", 5))
 CALLS["SetNetwork"] = (SANDBOX, lambda c: c.set_network("ID", {"allow_internet": False}))
 
+CHECKPOINT = {
+    "sandbox_id": "ID",
+    "seq": 3,
+    "tag": "ckpt-ID-3",
+    "created_at_unix_ms": 7,
+    "trigger": "exec",
+    "note": "eval: x = 1",
+    "pause_ms": 3.5,
+    "pages": 12,
+    "bytes_stored": 8192,
+    "total_ms": 210.0,
+}
+CHECKPOINTS = {
+    "sandbox_id": "ID",
+    "policy": {"every_seconds": 5, "after_exec": True, "keep": 8},
+    "base_tag": "py",
+    "checkpoints": [CHECKPOINT],
+}
+
+
+def _policy_round_trip(c: Controller) -> None:
+    from forkvm import CheckpointPolicy
+
+    got = c.set_checkpoint_policy("ID", CheckpointPolicy(every_seconds=5, after_exec=True, keep=8))
+    assert got.policy == CheckpointPolicy(every_seconds=5, after_exec=True, keep=8)
+    assert got.checkpoints[0].note == "eval: x = 1" and got.base_tag == "py"
+
+
+def _rewind_reads_its_report(c: Controller) -> None:
+    r = c.rewind("ID", ago_seconds=1.5)
+    assert (r.checkpoint.seq, r.checkpoint.tag, r.total_ms) == (3, "ckpt-ID-3", 180.0)
+
+
+CALLS["ListCheckpoints"] = (CHECKPOINTS, lambda c: c.list_checkpoints("ID"))
+CALLS["CreateCheckpoint"] = (CHECKPOINT, lambda c: c.create_checkpoint("ID", note="before rm -rf"))
+CALLS["SetCheckpointPolicy"] = (CHECKPOINTS, _policy_round_trip)
+CALLS["RewindSandbox"] = ({"sandbox_id": "ID", "checkpoint": CHECKPOINT, "stop_ms": 4.0, "total_ms": 180.0}, _rewind_reads_its_report)
+
 
 EXPOSED = {"port": 8000, "path": "/v1/sandboxes/sb/ports/8000/", "token": "fvp_" + "ab" * 32, "created_at_unix_ms": 5}
 

@@ -683,15 +683,26 @@ impl Registry {
         self.forget(r);
     }
 
+    /// Removes sandbox `r`'s run directory and cgroup but keeps its row: its VMM has
+    /// stopped and another starts under the same id (a rewind).
+    pub fn release(&self, r: &SandboxRecord) {
+        let _ = std::fs::remove_dir_all(&r.run_dir);
+        remove_cgroup(r);
+    }
+
     /// Removes sandbox `r`'s cgroup and row (unless archived); its run directory is gone.
     fn forget(&self, r: &SandboxRecord) {
-        if let (Some(name), Ok(root)) = (&r.cgroup, CgroupRoot::detect()) {
-            if let Some(g) = root.open(name) {
-                let _ = g.remove();
-            }
-        }
+        remove_cgroup(r);
         if let Err(e) = self.records.delete(&r.id, Some(&WITH_A_VMM)) {
             tracing::warn!(id = %r.id, error = %e, "removing a sandbox record failed");
+        }
+    }
+}
+
+fn remove_cgroup(r: &SandboxRecord) {
+    if let (Some(name), Ok(root)) = (&r.cgroup, CgroupRoot::detect()) {
+        if let Some(g) = root.open(name) {
+            let _ = g.remove();
         }
     }
 }

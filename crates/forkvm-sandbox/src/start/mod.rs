@@ -20,6 +20,7 @@ pub mod in_process;
 pub mod jail;
 pub mod limits;
 pub mod restore;
+pub mod rewind;
 pub mod running;
 pub mod snapshot;
 

@@ -17,12 +17,7 @@ pub fn kill(registry: &Registry, id: &str) -> Result<(), LifecycleError> {
 /// [`kill`] for a record in hand (also used to undo a failed spawn).
 /// A restored sandbox's archive (its lower disk layers) goes with it.
 pub fn kill_record(registry: &Registry, r: &SandboxRecord) -> Result<(), LifecycleError> {
-    const GRACE: Duration = Duration::from_secs(10);
     let archive = crate::archive::linked_archive(&r.run_dir);
-    // Taken before anything else: the process checked now is the one signalled later.
-    // A pid that now names another process (the VMM died, the pid was reused) is dead.
-    let pidfd = crate::registry::vmm_pidfd(r);
-    let alive = || pidfd.is_some() && vmm_alive(r.pid);
     let archive_error = |dir: &std::path::Path, source| LifecycleError::RemoveArchive {
         id: r.id.clone(),
         dir: dir.to_path_buf(),
@@ -34,6 +29,24 @@ pub fn kill_record(registry: &Registry, r: &SandboxRecord) -> Result<(), Lifecyc
         crate::archive::format::uncommit(dir).map_err(|e| archive_error(dir, e))?;
     }
     sync_volume_writer(registry, r);
+    stop_vmm(r)?;
+    // The VMM removes both when it stops cleanly; after SIGKILL it could not.
+    registry.clean_up(r);
+    if let Some(dir) = &archive {
+        crate::archive::format::remove_linked(dir).map_err(|e| archive_error(dir, e))?;
+    }
+    Ok(())
+}
+
+/// Stops sandbox `r`'s VMM (shutdown through its control socket, SIGKILL if it does not
+/// stop within a grace period) and nothing else: its row, run directory and cgroup are
+/// the caller's to remove or reuse (a rewind keeps the row).
+pub fn stop_vmm(r: &SandboxRecord) -> Result<(), LifecycleError> {
+    const GRACE: Duration = Duration::from_secs(10);
+    // Taken before anything else: the process checked now is the one signalled later.
+    // A pid that now names another process (the VMM died, the pid was reused) is dead.
+    let pidfd = crate::registry::vmm_pidfd(r);
+    let alive = || pidfd.is_some() && vmm_alive(r.pid);
     // Asked when something serves its control socket (whatever the answer: a VMM may
     // stop before it replies).
     let asked = ControlClient::connect(&r.control_socket())
@@ -64,11 +77,6 @@ pub fn kill_record(registry: &Registry, r: &SandboxRecord) -> Result<(), Lifecyc
             }
             std::thread::sleep(Duration::from_millis(2));
         }
-    }
-    // The VMM removes both when it stops cleanly; after SIGKILL it could not.
-    registry.clean_up(r);
-    if let Some(dir) = &archive {
-        crate::archive::format::remove_linked(dir).map_err(|e| archive_error(dir, e))?;
     }
     Ok(())
 }

@@ -13,7 +13,7 @@ mod kill;
 
 pub use agent::agent;
 pub use branch::{branch, branch_to_dir};
-pub use kill::{kill, kill_record};
+pub use kill::{kill, kill_record, stop_vmm};
 
 use crate::registry::{Registry, RegistryError, SandboxRecord};
 use crate::start::SpawnError;

@@ -4,6 +4,7 @@
 
 pub mod branch;
 pub mod checked_body;
+pub mod checkpoints;
 pub mod console;
 pub mod disk;
 pub mod file_tar;
@@ -98,6 +99,10 @@ fn handler(name: RouteName, filter: MethodFilter) -> MethodRouter<AppState> {
         RouteName::Lineage => on(filter, lineage::lineage),
         RouteName::SandboxUsage => on(filter, usage::usage),
         RouteName::PruneBuilds => on(filter, template_prune::prune),
+        RouteName::ListCheckpoints => on(filter, checkpoints::list),
+        RouteName::CreateCheckpoint => on(filter, checkpoints::create),
+        RouteName::SetCheckpointPolicy => on(filter, checkpoints::set_policy),
+        RouteName::RewindSandbox => on(filter, checkpoints::rewind),
     }
 }
 

@@ -86,6 +86,9 @@ pub async fn exec(
             },
         };
         learn_after_first_call(&s, &id);
+        drop(_in_use);
+        let text = req.cmd.clone().unwrap_or_else(|| req.args.join(" "));
+        crate::checkpoints::after_call(&s, &id, "exec", &text);
         Ok(Json(ExecResponse {
             truncated: stdout.truncated() || stderr.truncated(),
             stdout_bytes: stdout.seen,
@@ -198,6 +201,8 @@ pub async fn eval(
         let (c, _in_use) = client(&s, &id)?;
         let r = c.eval(&req.code).map_err(|e| agent_error_in(&s.registry, &id, e))?;
         learn_after_first_call(&s, &id);
+        drop(_in_use);
+        crate::checkpoints::after_call(&s, &id, "eval", &req.code);
         Ok(Json(forkvm_sandbox::info::eval_response(r)))
     })
     .await

@@ -135,6 +135,7 @@ pub async fn delete(
         if found == forkvm_sandbox::Deleted::Nothing {
             return Err(ApiError::not_found(format!("sandbox {id:?} not found")));
         }
+        crate::checkpoints::forget(&s, &id);
         tracing::info!(sandbox_id = %id, purge = args.purge, "deleted");
         Ok(StatusCode::NO_CONTENT)
     })

@@ -1,0 +1,55 @@
+//! Checkpoints: snapshots of a running sandbox, memory and disks together, cheap enough
+//! to take every few seconds or after every call, so the sandbox can be rewound to one
+//! in place (`start::rewind`) or forked from one.
+//!
+//! A checkpoint is a diff snapshot over the sandbox's **base** (the tag it was first
+//! spawned from), taken through a live branch: the guest pauses only while its VMM
+//! forks and its disks are sealed, and the branch's memory is compared with the base
+//! while the sandbox runs on. Every checkpoint is one link above the base, so a rewind
+//! or a fork never walks a chain, and any checkpoint can be dropped without touching the
+//! others. Consecutive checkpoints still store only what changed between them: memory
+//! goes into the content-addressed chunk store in 64 KiB windows, so every window the
+//! sandbox did not touch since the previous checkpoint is a chunk the store already has
+//! (`chunks_reused`), and the disk's sealed layers hold only the blocks written since.
+
+use crate::chain_ops::{diff_branch, ChainOpError};
+use crate::registry::Registry;
+use crate::source::assembled_cache;
+use forkvm_snapshot::{chain, Store};
+use serde::Serialize;
+use std::time::Instant;
+
+/// What taking a checkpoint did.
+#[derive(Debug, Clone, Serialize)]
+pub struct Taken {
+    pub tag: String,
+    /// The guest's pause (the live-branch window).
+    pub pause_ms: f64,
+    /// Memory pages that differ from the base.
+    pub pages: u64,
+    /// Bytes of memory chunks the store did not have yet: this checkpoint's own cost.
+    pub bytes_stored: u64,
+    pub chunks_new: u64,
+    /// Chunks shared with the base's other checkpoints (unchanged since).
+    pub chunks_reused: u64,
+    /// The whole call, the branch's write and the comparison included.
+    pub total_ms: f64,
+}
+
+/// Takes a checkpoint of running sandbox `id` as snapshot `tag` (free), a diff over
+/// `base` (the tag the sandbox was first spawned from: see the module doc).
+pub fn take(registry: &Registry, store: &Store, id: &str, base: &str, tag: &str) -> Result<Taken, ChainOpError> {
+    let started = Instant::now();
+    // A diff's parent must be chunked; done once per base.
+    chain::ingest(store, &assembled_cache(), base)?;
+    let (diff, pause_ms, _, _) = diff_branch(registry, store, id, base, tag)?;
+    Ok(Taken {
+        tag: tag.to_string(),
+        pause_ms,
+        pages: diff.pages,
+        bytes_stored: diff.bytes_stored,
+        chunks_new: diff.chunks_new,
+        chunks_reused: diff.chunks_reused,
+        total_ms: started.elapsed().as_secs_f64() * 1e3,
+    })
+}

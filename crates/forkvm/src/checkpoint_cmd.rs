@@ -1,0 +1,159 @@
+//! `checkpoint ID` (one now), `checkpoints ID` (the list, and the policy with `--every`,
+//! `--after-exec`, `--keep`), and `rewind ID --to SEQ | --ago DURATION` (the sandbox
+//! back at a checkpoint, in place). Daemon only: checkpoints are the daemon's records.
+//! Forking from a checkpoint is `forkvm fork --tag ckpt-ID-SEQ`.
+
+use crate::remote_cmd::RemoteArgs;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use forkvm_client::api::{CheckpointInfo, CheckpointList, CheckpointPolicy, RewindRequest};
+
+#[derive(Args, Debug)]
+pub struct CheckpointArgs {
+    /// The running sandbox.
+    pub id: String,
+    /// What it is for (shown in the list).
+    #[arg(long)]
+    pub note: Option<String>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct CheckpointsArgs {
+    /// The sandbox.
+    pub id: String,
+    /// Set its policy: a checkpoint every DURATION (`30s`, `5m`, `off`).
+    #[arg(long, value_name = "DURATION")]
+    pub every: Option<String>,
+    /// Set its policy: a checkpoint after every exec and eval (`true`/`false`).
+    #[arg(long, value_name = "BOOL")]
+    pub after_exec: Option<bool>,
+    /// Set its policy: keep this many checkpoints (1-256).
+    #[arg(long)]
+    pub keep: Option<u32>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct RewindArgs {
+    /// The running sandbox.
+    pub id: String,
+    /// The checkpoint's number.
+    #[arg(long, conflicts_with = "ago", required_unless_present = "ago")]
+    pub to: Option<u64>,
+    /// The newest checkpoint at least this old (`90s`, `2m`, `1h`, or seconds).
+    #[arg(long, value_name = "DURATION")]
+    pub ago: Option<String>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Seconds in `90`, `90s`, `2m` or `1h`.
+pub fn parse_duration(text: &str) -> Result<f64> {
+    let t = text.trim();
+    let (number, unit) = match t.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((i, _)) => (&t[..i], &t[i..]),
+        None => (t, "s"),
+    };
+    let scale = match unit {
+        "ms" => 1e-3,
+        "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        other => bail!("duration {text:?}: unknown unit {other:?} (use ms, s, m or h)"),
+    };
+    let n: f64 = number.trim().parse().with_context(|| format!("duration {text:?}: not a number"))?;
+    if !n.is_finite() || n < 0.0 {
+        bail!("duration {text:?}: must be 0 or more");
+    }
+    Ok(n * scale)
+}
+
+fn line(c: &CheckpointInfo) -> String {
+    format!(
+        "{}\t{}\t{}\tpause {:.1} ms\t{} KiB new\t{}",
+        c.seq,
+        c.tag,
+        c.trigger,
+        c.pause_ms,
+        c.bytes_stored / 1024,
+        c.note.as_deref().unwrap_or("-")
+    )
+}
+
+pub fn checkpoint(a: CheckpointArgs, remote: &RemoteArgs) -> Result<i32> {
+    let c = remote.required_client("checkpoint")?.checkpoint(&a.id, a.note.as_deref())?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&c)?);
+    } else {
+        println!("{}", line(&c));
+    }
+    Ok(0)
+}
+
+pub fn checkpoints(a: CheckpointsArgs, remote: &RemoteArgs) -> Result<i32> {
+    let client = remote.required_client("checkpoints")?;
+    let list: CheckpointList = if a.every.is_some() || a.after_exec.is_some() || a.keep.is_some() {
+        let mut policy = client.checkpoints(&a.id)?.policy;
+        if let Some(every) = &a.every {
+            policy.every_seconds = match every.as_str() {
+                "off" | "none" => None,
+                d => Some(parse_duration(d)?.round() as u64),
+            };
+        }
+        if let Some(x) = a.after_exec {
+            policy.after_exec = x;
+        }
+        if let Some(k) = a.keep {
+            policy.keep = k;
+        }
+        client.set_checkpoint_policy(&a.id, &policy)?
+    } else {
+        client.checkpoints(&a.id)?
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&list)?);
+        return Ok(0);
+    }
+    let p: &CheckpointPolicy = &list.policy;
+    let every = p.every_seconds.map_or("off".to_string(), |s| format!("{s}s"));
+    println!("# every {every}, after exec {}, keep {}", p.after_exec, p.keep);
+    for c in &list.checkpoints {
+        println!("{}", line(c));
+    }
+    Ok(0)
+}
+
+pub fn rewind(a: RewindArgs, remote: &RemoteArgs) -> Result<i32> {
+    let ago_seconds = a.ago.as_deref().map(parse_duration).transpose()?;
+    let req = RewindRequest { seq: a.to, ago_seconds };
+    let r = remote.required_client("rewind")?.rewind(&a.id, &req)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        println!(
+            "{}: back at checkpoint {} ({}) in {:.0} ms",
+            r.sandbox_id, r.checkpoint.seq, r.checkpoint.tag, r.total_ms
+        );
+    }
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90").unwrap(), 90.0);
+        assert_eq!(parse_duration("90s").unwrap(), 90.0);
+        assert_eq!(parse_duration("2m").unwrap(), 120.0);
+        assert_eq!(parse_duration("1.5h").unwrap(), 5400.0);
+        assert_eq!(parse_duration("250ms").unwrap(), 0.25);
+        for bad in ["", "s", "-1s", "5d", "x5", "NaN"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,54 @@
+//! `/v1/sandboxes/{id}/checkpoints` (list, take one, set the policy) and
+//! `/v1/sandboxes/{id}/rewind`: thin handlers over [`crate::checkpoints`].
+
+use crate::checkpoints::{self, records, Trigger};
+use crate::error::ApiError;
+use crate::extract::{JsonBody, Param};
+use crate::routes::sandboxes::running;
+use crate::state::AppState;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use forkvm_api::{
+    CheckpointInfo, CheckpointList, CheckpointPolicy, CreateCheckpointRequest, RewindReport, RewindRequest,
+};
+
+pub async fn list(State(s): State<AppState>, Param(id): Param) -> Result<Json<CheckpointList>, ApiError> {
+    s.blocking(move |s| checkpoints::list(&s, &id).map(Json)).await
+}
+
+pub async fn create(
+    State(s): State<AppState>,
+    Param(id): Param,
+    JsonBody(req): JsonBody<CreateCheckpointRequest>,
+) -> Result<(StatusCode, Json<CheckpointInfo>), ApiError> {
+    if let Some(n) = &req.note {
+        checkpoints::check_note(n)?;
+    }
+    let info = checkpoints::checkpoint(&s, &id, Trigger::Api, req.note).await?;
+    Ok((StatusCode::CREATED, Json(info)))
+}
+
+pub async fn set_policy(
+    State(s): State<AppState>,
+    Param(id): Param,
+    JsonBody(policy): JsonBody<CheckpointPolicy>,
+) -> Result<Json<CheckpointList>, ApiError> {
+    policy.validate().map_err(ApiError::bad_request)?;
+    s.blocking(move |s| {
+        running(&s, &id)?;
+        records::set_policy(&s.db(), &id, &policy)
+            .map_err(|e| ApiError::internal(format!("setting the policy: {e}")))?;
+        checkpoints::list(&s, &id).map(Json)
+    })
+    .await
+}
+
+pub async fn rewind(
+    State(s): State<AppState>,
+    Param(id): Param,
+    JsonBody(req): JsonBody<RewindRequest>,
+) -> Result<Json<RewindReport>, ApiError> {
+    checkpoints::check_rewind(&req)?;
+    checkpoints::rewind(&s, &id, req).await.map(Json)
+}
