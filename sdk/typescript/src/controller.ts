@@ -495,6 +495,26 @@ export class Controller {
     return this.#json("POST", sb(id, "restore"), { json: req });
   }
 
+  /** `GET /v1/sandboxes/{id}/checkpoints`: its checkpoints, oldest first, and its policy. */
+  listCheckpoints(id: string): Promise<T.CheckpointList> {
+    return this.#json("GET", sb(id, "checkpoints"));
+  }
+
+  /** `POST /v1/sandboxes/{id}/checkpoints`: its memory and disks now, as a snapshot tag of their own. */
+  createCheckpoint(id: string, req: T.CreateCheckpointRequest = {}): Promise<T.CheckpointInfo> {
+    return this.#json("POST", sb(id, "checkpoints"), { json: req });
+  }
+
+  /** `PUT /v1/sandboxes/{id}/checkpoints`: a checkpoint every `every_seconds` and/or after every exec/eval; `keep` kept. */
+  setCheckpointPolicy(id: string, policy: T.CheckpointPolicy): Promise<T.CheckpointList> {
+    return this.#json("PUT", sb(id, "checkpoints"), { json: policy });
+  }
+
+  /** `POST /v1/sandboxes/{id}/rewind`: the sandbox back at a checkpoint (`seq`, or the newest `ago_seconds` old), in place. */
+  rewindSandbox(id: string, req: T.RewindRequest): Promise<T.RewindReport> {
+    return this.#json("POST", sb(id, "rewind"), { json: req });
+  }
+
   /** `POST /v1/sandboxes/{id}/disk-fork`: a new sandbox booted from one of its disk snapshots. */
   diskFork(id: string, req: T.DiskForkRequest = {}): Promise<T.SandboxInfo> {
     return this.#json("POST", sb(id, "disk-fork"), { json: req });

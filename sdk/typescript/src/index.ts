@@ -4,7 +4,7 @@
  */
 
 export { Controller, type ControllerOptions, type ExecOptions, type BodyLike } from "./controller.js";
-export { Sandbox, Commands, Files, Pty, type CommandResult, type CreateOptions, type RunOptions, type SandboxOptions, type OutputCallback } from "./sandbox.js";
+export { Sandbox, Checkpoints, Commands, Files, Pty, type CommandResult, type CreateOptions, type RunOptions, type SandboxOptions, type OutputCallback } from "./sandbox.js";
 export * from "./errors.js";
 export { ProcessSocket, type OutputChunk } from "./attach.js";
 export { ProcessHandle, type StartOptions } from "./process_handle.js";

@@ -173,10 +173,47 @@ export class Files {
   }
 }
 
+/** `sandbox.checkpoints`: take, list, rewind to and fork from checkpoints. */
+export class Checkpoints {
+  constructor(private readonly sb: Sandbox) {}
+
+  /** A checkpoint now (the guest pauses for a few milliseconds). */
+  create(note?: string): Promise<T.CheckpointInfo> {
+    return this.sb.controller.createCheckpoint(this.sb.id, note === undefined ? {} : { note });
+  }
+
+  /** The kept checkpoints, oldest first. */
+  async list(): Promise<T.CheckpointInfo[]> {
+    return (await this.sb.controller.listCheckpoints(this.sb.id)).checkpoints;
+  }
+
+  /** Replaces when the daemon checkpoints this sandbox by itself. */
+  async setPolicy(policy: T.CheckpointPolicy): Promise<T.CheckpointPolicy> {
+    return (await this.sb.controller.setCheckpointPolicy(this.sb.id, policy)).policy;
+  }
+
+  /** This sandbox back at checkpoint `seq` (or the newest `agoSeconds` old), in place. */
+  async rewind(to: { seq: number } | { agoSeconds: number }): Promise<T.RewindReport> {
+    const req = "seq" in to ? { seq: to.seq } : { ago_seconds: to.agoSeconds };
+    const report = await this.sb.controller.rewindSandbox(this.sb.id, req);
+    await this.sb.refresh();
+    return report;
+  }
+
+  /** `n` new sandboxes started at checkpoint `seq` (this one runs on); they share its controller. */
+  async fork(seq: number, n = 1): Promise<Sandbox[]> {
+    const c = (await this.list()).find((x) => x.seq === seq);
+    if (!c) throw new ForkvmError(`sandbox ${this.sb.id} has no checkpoint ${seq}`);
+    const infos = await this.sb.controller.spawnSandboxes({ snapshot_tag: c.tag, n });
+    return Promise.all(infos.map((i) => Sandbox.connect(i.id, { controller: this.sb.controller })));
+  }
+}
+
 export class Sandbox {
   readonly commands = new Commands(this);
   readonly files = new Files(this);
   readonly pty = new Pty(this);
+  readonly checkpoints = new Checkpoints(this);
   #info: T.SandboxInfo;
   #killed = false;
 

@@ -657,6 +657,54 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/checkpoints": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * A sandbox's checkpoints and checkpoint policy
+         * @description forkvm: the checkpoints kept, oldest first, and when the daemon takes them by itself.
+         */
+        get: operations["list_checkpoints"];
+        /**
+         * Set when a sandbox is checkpointed by itself
+         * @description forkvm: a checkpoint every `every_seconds` and/or after every exec/eval call; `keep` of them kept. Replaces the policy; its checkpoints stay.
+         */
+        put: operations["set_checkpoint_policy"];
+        /**
+         * Checkpoint a running sandbox now
+         * @description forkvm: its memory and disks now, as a diff snapshot over its base taken through a live branch: the guest pauses only for the branch window. Past the policy's `keep`, the oldest checkpoint is removed. The body is optional.
+         */
+        post: operations["create_checkpoint"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/rewind": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Put a running sandbox back at one of its checkpoints, in place
+         * @description forkvm: its VMM is stopped and one started from the checkpoint under the same id: processes, interpreter state and files as they were then; what it did since is gone, and open connections are reset. It keeps its limits and network policy. A failure after the stop leaves no sandbox (the error says so); its checkpoints stay, so any of them still starts a copy.
+         */
+        post: operations["rewind_sandbox"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{id}/disk-fork": {
         parameters: {
             query?: never;
@@ -2602,6 +2650,113 @@ export interface components {
             freed_bytes: number;
             dry_run: boolean;
         };
+        /** @description forkvm: `POST /v1/sandboxes/{id}/checkpoints`. The body is optional. */
+        CreateCheckpointRequest: {
+            /**
+             * @description What the checkpoint is for (at most 1024 bytes, no NUL), shown in the list.
+             * @default null
+             */
+            note?: string | null;
+        };
+        /** @description forkvm: when a sandbox is checkpointed by itself (`PUT /v1/sandboxes/{id}/checkpoints`, and in `CheckpointList`). In a request every field is optional. */
+        CheckpointPolicy: {
+            /**
+             * Format: int64
+             * @description A checkpoint every this many seconds while it runs (not while paused); `null`: no timer.
+             * @default null
+             */
+            every_seconds?: number | null;
+            /**
+             * @description A checkpoint after every `exec` and `eval` call, taken before the call answers; its note names the call.
+             * @default false
+             */
+            after_exec?: boolean;
+            /**
+             * Format: int32
+             * @description How many checkpoints are kept: past it the oldest is removed, unless a running sandbox was started from it.
+             * @default 32
+             */
+            keep?: number;
+        };
+        /** @description forkvm: one checkpoint of a sandbox: its memory and disks at one moment, as a snapshot tag of its own. */
+        CheckpointInfo: {
+            sandbox_id: string;
+            /**
+             * Format: int64
+             * @description Its number in the sandbox, from 1, never reused.
+             */
+            seq: number;
+            /** @description Its snapshot tag (`ckpt-<id>-<seq>`): `POST /v1/sandboxes` with it starts children there. */
+            tag: string;
+            /** Format: int64 */
+            created_at_unix_ms: number;
+            /**
+             * @description What took it.
+             * @enum {string}
+             */
+            trigger: "api" | "interval" | "exec";
+            /** @description The note given, or for `exec` the call that ran just before it. */
+            note: string | null;
+            /**
+             * Format: double
+             * @description The guest's pause while it was taken.
+             */
+            pause_ms: number;
+            /**
+             * Format: int64
+             * @description Memory pages that differ from the sandbox's base snapshot.
+             */
+            pages: number;
+            /**
+             * Format: int64
+             * @description Bytes of memory this checkpoint added to the store: what changed since the previous one (unchanged memory is shared).
+             */
+            bytes_stored: number;
+            /**
+             * Format: double
+             * @description The whole checkpoint, writing and comparing its memory included.
+             */
+            total_ms: number;
+        };
+        /** @description forkvm: `GET /v1/sandboxes/{id}/checkpoints`. */
+        CheckpointList: {
+            sandbox_id: string;
+            policy: components["schemas"]["CheckpointPolicy"];
+            /** @description The snapshot every checkpoint is a diff over (fixed by the first; `null` before it). */
+            base_tag: string | null;
+            /** @description Oldest first. */
+            checkpoints: components["schemas"]["CheckpointInfo"][];
+        };
+        /** @description forkvm: `POST /v1/sandboxes/{id}/rewind`: exactly one of `seq` and `ago_seconds`. */
+        RewindRequest: {
+            /**
+             * Format: int64
+             * @description The checkpoint to go back to.
+             * @default null
+             */
+            seq?: number | null;
+            /**
+             * Format: double
+             * @description The newest checkpoint taken at least this many seconds ago.
+             * @default null
+             */
+            ago_seconds?: number | null;
+        };
+        /** @description forkvm: what a rewind did. */
+        RewindReport: {
+            sandbox_id: string;
+            checkpoint: components["schemas"]["CheckpointInfo"];
+            /**
+             * Format: double
+             * @description Stopping its VMM.
+             */
+            stop_ms: number;
+            /**
+             * Format: double
+             * @description Until its agent answered from the checkpoint.
+             */
+            total_ms: number;
+        };
     };
     responses: {
         /** @description Bad request: malformed JSON, unknown field, bad tag/id, bad value. */
@@ -4155,6 +4310,155 @@ export interface operations {
             /** @description No such sandbox and no archive of one. */
             404: components["responses"]["NotFound"];
             /** @description It is running (`state: running`) or starting. */
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["Internal"];
+        };
+    };
+    list_checkpoints: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id: 1 to 64 ASCII letters, digits, `-` or `_`. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The list. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CheckpointList"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            /** @description No such sandbox. */
+            404: components["responses"]["NotFound"];
+            500: components["responses"]["Internal"];
+        };
+    };
+    set_checkpoint_policy: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id: 1 to 64 ASCII letters, digits, `-` or `_`. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "every_seconds": 30,
+                 *       "after_exec": true,
+                 *       "keep": 20
+                 *     }
+                 */
+                "application/json": components["schemas"]["CheckpointPolicy"];
+            };
+        };
+        responses: {
+            /** @description The policy in force and the checkpoints. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CheckpointList"];
+                };
+            };
+            /** @description A bound is out of range. */
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            /** @description No such sandbox, or it stopped. */
+            404: components["responses"]["NotFound"];
+            /** @description It is archived or starting. */
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["Internal"];
+        };
+    };
+    create_checkpoint: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id: 1 to 64 ASCII letters, digits, `-` or `_`. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                /**
+                 * @example {
+                 *       "note": "before rm -rf"
+                 *     }
+                 */
+                "application/json": components["schemas"]["CreateCheckpointRequest"];
+            };
+        };
+        responses: {
+            /** @description Taken. */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CheckpointInfo"];
+                };
+            };
+            /** @description Bad body, or the sandbox was not spawned from a tag (a fork of a running sandbox has no base to diff over). */
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            /** @description No such sandbox, or it stopped. */
+            404: components["responses"]["NotFound"];
+            /** @description It is archived or starting. */
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["Internal"];
+        };
+    };
+    rewind_sandbox: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id: 1 to 64 ASCII letters, digits, `-` or `_`. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "seq": 3
+                 *     }
+                 */
+                "application/json": components["schemas"]["RewindRequest"];
+            };
+        };
+        responses: {
+            /** @description Running again from the checkpoint. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RewindReport"];
+                };
+            };
+            /** @description Neither or both of `seq` and `ago_seconds`, or the sandbox cannot be rewound (restored from an archive, or writing a volume). */
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            /** @description No such sandbox, or no such checkpoint (the message lists those kept). */
+            404: components["responses"]["NotFound"];
+            /** @description It is archived or starting. */
             409: components["responses"]["Conflict"];
             500: components["responses"]["Internal"];
         };

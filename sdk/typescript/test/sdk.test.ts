@@ -144,6 +144,29 @@ describe("against a real daemon", { skip: haveDaemonBinary() ? false : "no forkv
     }
   });
 
+  it("checkpoints, rewinds in place and forks from a checkpoint", async () => {
+    const s = await Sandbox.create("py", { controller: ctl });
+    try {
+      await s.eval("v = 'first'");
+      await s.files.write("/root/ck.txt", "first");
+      const first = await s.checkpoints.create("first");
+      assert.deepEqual([first.seq, first.trigger, first.note], [1, "api", "first"]);
+      await s.eval("v = 'second'");
+      await s.files.write("/root/ck.txt", "second");
+      const report = await s.checkpoints.rewind({ seq: 1 });
+      assert.deepEqual([report.sandbox_id, report.checkpoint.tag], [s.id, first.tag]);
+      assert.equal(await s.eval("v"), "'first'");
+      assert.equal(await s.files.readText("/root/ck.txt"), "first");
+      const [child] = await s.checkpoints.fork(1);
+      assert.equal(await child!.files.readText("/root/ck.txt"), "first");
+      await child!.kill();
+      await assert.rejects(s.checkpoints.rewind({ seq: 9 }), NotFound);
+      await assert.rejects(s.checkpoints.setPolicy({ keep: 0 }), BadRequest);
+    } finally {
+      await s.kill();
+    }
+  });
+
   it("runs the README's agent example: ten forks of a warmed parent, the best kept", async () => {
     const { best, scores } = await bestOfTen("py", { baseUrl: `unix:${daemon.socket}` });
     try {

@@ -82,6 +82,19 @@ describe("ndjson", () => {
 const SNAP = { tag: "TAG", dir: "/d", created_at_unix: 1, branched_from: null, pause_ms: null, status: "ready", bootable: true,
   warning: null, template: null, mode: null, memory_logical_bytes: 0, memory_physical_bytes: 0, default_limits: null };
 const SB = { id: "ID", snapshot_tag: "TAG", guest_addr: "", created_at_unix: 1 };
+const CHECKPOINT = {
+  sandbox_id: "ID",
+  seq: 3,
+  tag: "ckpt-ID-3",
+  created_at_unix_ms: 7,
+  trigger: "exec",
+  note: "eval: x = 1",
+  pause_ms: 3.5,
+  pages: 12,
+  bytes_stored: 8192,
+  total_ms: 210,
+};
+const CHECKPOINTS = { sandbox_id: "ID", policy: { every_seconds: 5, after_exec: true, keep: 8 }, base_tag: "py", checkpoints: [CHECKPOINT] };
 const WS = { id: "ws-ID", name: "NAME", source_snapshot_tag: "TAG", status: "running", created_at_unix: 1, last_active_unix: 1, sandbox_id: "ID" };
 const VOL = { name: "data", size_bytes: 1, created_at_unix_ms: 2, layers: 0, stored_bytes: 3, writer: null, readers: [], snapshot_of: null };
 const PROC = { pid: 7, argv: ["sleep", "9"], tag: null, pty: null, started_at_unix_ms: 1, output_end: 0, output_start: 0, stdin_open: true, running: true, exit: null };
@@ -122,6 +135,10 @@ const CALLS: Record<string, [unknown, (c: Controller) => Promise<unknown>]> = {
   ListDiskSnapshots: [[], (c) => c.listDiskSnapshots("ID")],
   ArchiveSandbox: [{}, (c) => c.archiveSandbox("ID")],
   RestoreSandbox: [SB, (c) => c.restoreSandbox("ID")],
+  ListCheckpoints: [CHECKPOINTS, (c) => c.listCheckpoints("ID")],
+  CreateCheckpoint: [CHECKPOINT, (c) => c.createCheckpoint("ID", { note: "before rm -rf" })],
+  SetCheckpointPolicy: [CHECKPOINTS, (c) => c.setCheckpointPolicy("ID", { every_seconds: 5, after_exec: true, keep: 8 })],
+  RewindSandbox: [{ sandbox_id: "ID", checkpoint: CHECKPOINT, stop_ms: 4, total_ms: 180 }, (c) => c.rewindSandbox("ID", { seq: 3 })],
   DiskFork: [SB, (c) => c.diskFork("ID")],
   SetTtl: [SB, (c) => c.setTtl("ID", 5)],
   SetNetwork: [SB, (c) => c.setNetwork("ID", { allow_internet: false })],
