@@ -305,3 +305,26 @@ fn default_shown() -> usize {
 fn default_read() -> usize {
     64 << 10
 }
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointArgs {
+    /// The running sandbox to checkpoint (memory and disks); it keeps running.
+    pub sandbox_id: String,
+    /// What the checkpoint is for, e.g. "before deleting the build directory".
+    #[serde(default)]
+    pub note: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RewindArgs {
+    /// The running sandbox to put back.
+    pub sandbox_id: String,
+    /// The checkpoint's number (from `list_checkpoints`).
+    #[serde(default)]
+    pub seq: Option<u64>,
+    /// Or: the newest checkpoint taken at least this many seconds ago.
+    #[serde(default)]
+    pub ago_seconds: Option<f64>,
+}

@@ -285,6 +285,32 @@ impl ForkvmMcp {
     }
 
     #[tool(
+        description = "Checkpoint a running sandbox now: its memory, processes and files at this moment, kept so that `rewind` can put it back here (it pauses for milliseconds and keeps running). Take one before anything risky. Returns its `seq` and `tag` (spawn from the tag to start copies there)."
+    )]
+    async fn checkpoint(&self, Parameters(a): Parameters<CheckpointArgs>) -> ToolReply {
+        json_reply(&try_call!(
+            "checkpointing the sandbox",
+            self.daemon.call(move |c| c.checkpoint(&a.sandbox_id, a.note.as_deref()))
+        ))
+    }
+
+    #[tool(
+        description = "A sandbox's checkpoints, oldest first: `seq`, `tag`, when, what took it (`api`, `interval`, `exec`) and its note (for `exec`, the call that ran just before it), and the sandbox's checkpoint policy.",
+        annotations(read_only_hint = true)
+    )]
+    async fn list_checkpoints(&self, Parameters(a): Parameters<SandboxArgs>) -> ToolReply {
+        json_reply(&try_call!("listing checkpoints", self.daemon.call(move |c| c.checkpoints(&a.sandbox_id))))
+    }
+
+    #[tool(
+        description = "Put a running sandbox back at one of its checkpoints, in place (same id): its processes, variables and files as they were then; everything it did since is gone. Name the checkpoint by `seq`, or by `ago_seconds` (the newest at least that old)."
+    )]
+    async fn rewind(&self, Parameters(a): Parameters<RewindArgs>) -> ToolReply {
+        let req = forkvm_api::RewindRequest { seq: a.seq, ago_seconds: a.ago_seconds };
+        json_reply(&try_call!("rewinding the sandbox", self.daemon.call(move |c| c.rewind(&a.sandbox_id, &req))))
+    }
+
+    #[tool(
         description = "Copy a running sandbox `n` times: each copy has its memory, processes and files at this moment and goes on on its own (try n approaches at once and keep the best)."
     )]
     async fn fork(&self, Parameters(a): Parameters<ForkArgs>) -> ToolReply {

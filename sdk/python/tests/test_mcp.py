@@ -40,6 +40,7 @@ TOOLS = {
     "list_snapshots", "create_snapshot", "snapshot_info", "delete_snapshot", "list_sandboxes", "spawn",
     "exec", "eval", "read_file", "write_file", "list_files", "branch", "fork", "kill",
     "start_process", "process_output", "send_input", "stop_process", "list_processes", "lineage",
+    "checkpoint", "list_checkpoints", "rewind",
 }
 # Seconds a guest call may take here (guest kernel code is emulated, ~1000x slower).
 GUEST_CALL_S = 300
@@ -238,6 +239,18 @@ def test_an_agent_spawns_execs_evals_edits_files_branches_forks_and_kills(daemon
         r = await call(s, "exec", {"sandbox_id": sid, "command": "cat /tmp/mine 2>/dev/null || echo none"})
         assert r["stdout"] == "none\n", "a fork's write reached its source"
         assert (await call(s, "delete_snapshot", {"tag": "mcp-branch"})) == {"deleted": "mcp-branch"}
+
+        # A checkpoint before something risky; the rewind puts the file (and x) back.
+        ck = await call(s, "checkpoint", {"sandbox_id": sid, "note": "before rm"})
+        assert (ck["seq"], ck["note"]) == (1, "before rm"), ck
+        await call(s, "exec", {"sandbox_id": sid, "command": "rm -rf /tmp/mcp"})
+        listed = await call(s, "list_checkpoints", {"sandbox_id": sid})
+        assert [c["tag"] for c in listed["checkpoints"]] == [ck["tag"]], listed
+        back = await call(s, "rewind", {"sandbox_id": sid, "seq": 1})
+        assert back["checkpoint"]["seq"] == 1, back
+        r = await call(s, "exec", {"sandbox_id": sid, "command": "cat /tmp/mcp/notes.txt"})
+        assert r["stdout"] == "alpha\nbeta\n", r
+        assert (await call(s, "eval", {"sandbox_id": sid, "code": "int(x.sum())"}))["result"] == "10"
 
     anyio.run(main)
 
