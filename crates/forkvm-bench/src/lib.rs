@@ -11,6 +11,7 @@ mod boot;
 mod branch;
 mod build;
 mod chain;
+mod checkpoint;
 mod disk;
 mod disk_fork;
 mod e2b;
@@ -96,6 +97,9 @@ pub enum BenchCommand {
     /// Volumes: create, spawn with one (rw, ro) against without, the writer's kill and
     /// take-in, a volume snapshot (host and guest side).
     Volume(volume::BenchVolumeArgs),
+    /// Checkpoints and rewind: the pause and bytes stored per checkpoint of an idle and of
+    /// a memory-writing sandbox, and a rewind in place against a spawn from the tag.
+    Checkpoint(checkpoint::BenchCheckpointArgs),
     /// Dockerfile builds: every step run, none run (all cached), and after changing one
     /// COPY'd file (guest side: each step is a fork, guest work and a diff branch).
     Build(build::BenchBuildArgs),
@@ -119,6 +123,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<i32> {
         BenchCommand::Oci(a) => oci::run(a),
         BenchCommand::Volume(a) => volume::run(a),
         BenchCommand::Build(a) => build::run(a),
+        BenchCommand::Checkpoint(a) => checkpoint::run(a),
         BenchCommand::Boot(a) => boot::run(a),
         BenchCommand::Branch(a) => branch::run(a),
         BenchCommand::Spawn(a) => spawn::run(a),
