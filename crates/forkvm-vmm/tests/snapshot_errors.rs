@@ -10,18 +10,19 @@ use forkvm_vmm::vstate::irqchip::IrqchipMode;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-/// One good snapshot, made once; each test copies it and damages the copy.
+/// One good snapshot, made once; each test copies it and damages the copy. It lives in
+/// cargo's per-target scratch directory under a fixed name, replaced by the next run: a
+/// static is never dropped, so a temporary directory here would be left in /tmp.
 fn good_snapshot() -> &'static Path {
-    static DIR: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    &DIR.get_or_init(|| {
-        let tmp = tempfile::tempdir().unwrap();
-        let snap = tmp.path().join("good");
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let snap = Path::new(env!("CARGO_TARGET_TMPDIR")).join("snapshot-errors-good");
+        let _ = std::fs::remove_dir_all(&snap);
         let (mut vmm, mut console) = boot_guest(TestGuest::Hello, &[], 16, IrqchipMode::Split);
         console.wait_for("hello from ring 3\n", T);
         vmm.snapshot(&snap).unwrap();
-        (tmp, snap)
+        snap
     })
-    .1
 }
 
 fn damaged(name: &str, damage: impl FnOnce(&Path)) -> (tempfile::TempDir, PathBuf) {

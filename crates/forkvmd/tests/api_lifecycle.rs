@@ -15,11 +15,14 @@ use forkvmd::audit::AuditLog;
 // --- disk snapshots ---------------------------------------------------------------------
 
 /// The vault keys of this test process (`FORKVM_KEYS` is read by the library), set once:
-/// sandbox ids differ between tests, so they can share it.
+/// sandbox ids differ between tests, so they can share it. In cargo's per-target scratch
+/// directory under a fixed name, emptied by the next run (a static is never dropped, so a
+/// directory in /tmp would be left behind).
 fn test_keys() {
     static KEYS: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
     KEYS.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("forkvmd-api-contract-keys-{}", std::process::id()));
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("api-lifecycle-keys");
+        let _ = std::fs::remove_dir_all(&dir);
         std::env::set_var("FORKVM_KEYS", &dir);
         dir
     });
