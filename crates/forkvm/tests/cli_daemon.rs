@@ -176,6 +176,23 @@ fn cli_verbs_through_the_daemon_over_unix_and_tls() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("ZeroDivisionError"));
 
+    // Checkpoints: one now, a change, the rewind back to it; the policy set and shown;
+    // without a daemon the verbs say they need one.
+    let ck: serde_json::Value =
+        serde_json::from_str(&env.ok(&["checkpoint", a, "--note", "x is 42", "--json"])).unwrap();
+    assert_eq!((ck["seq"].as_u64(), ck["note"].as_str()), (Some(1), Some("x is 42")), "{ck}");
+    assert_eq!(env.ok(&["eval", a, "x = 7\nx"]).trim(), "7");
+    let listed = env.ok(&["checkpoints", a, "--every", "5m", "--keep", "4"]);
+    assert!(listed.starts_with("# every 300s, after exec false, keep 4\n1\t"), "{listed}");
+    assert!(env.ok(&["rewind", a, "--to", "1"]).contains("back at checkpoint 1"));
+    assert_eq!(env.ok(&["eval", a, "x"]).trim(), "42");
+    env.ok(&["checkpoints", a, "--every", "off"]);
+    let out = env.command(&["checkpoint", a]).env("FORKVM_RUN", env.dir.join("no-daemon")).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("checkpoint needs the daemon"), "{out:?}");
+    let out = env.cli(&["rewind", a, "--ago", "5d"], &[]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown unit"), "{out:?}");
+
     let b: serde_json::Value =
         serde_json::from_str(&env.ok(&["branch", a, "--mode", "live", "--tag", "cli-b", "--json"])).unwrap();
     assert_eq!(b["tag"], "cli-b", "{b}");
