@@ -398,6 +398,10 @@ pub struct CreateSandboxRequest {
     /// `n` is 1). docs/volumes.md.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<VolumeMount>,
+    /// forkvm: each sandbox's checkpoint policy from the start (as `PUT
+    /// .../checkpoints` would set it). docs/checkpoints.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoints: Option<CheckpointPolicy>,
 }
 
 fn one() -> u32 {
@@ -422,6 +426,7 @@ impl CreateSandboxRequest {
             hugepages: false,
             ttl_seconds: None,
             volumes: Vec::new(),
+            checkpoints: None,
         }
     }
 }

@@ -134,6 +134,7 @@ fn request_bodies_are_the_api_types() {
         hugepages: false,
         ttl_seconds: Some(60),
         volumes: Vec::new(),
+        checkpoints: None,
     };
     assert_eq!(client.spawn(&req).unwrap().len(), 2);
     let sent = server.last();

@@ -28,6 +28,10 @@ pub struct ForkArgs {
     /// Running sandbox to fork straight into N new ones (no disk round trip).
     #[arg(long)]
     pub from_sandbox: Option<String>,
+    /// A sandbox's checkpoint to start the new ones at: `ID@SEQ` (its tag is
+    /// `ckpt-ID-SEQ`; `forkvm checkpoints ID` lists them).
+    #[arg(long, value_name = "ID@SEQ", conflicts_with_all = ["tag", "from_sandbox", "image", "snapshot"])]
+    pub from_checkpoint: Option<String>,
     /// Template whose snapshot to fork (booted and warmed once, cached).
     #[arg(long)]
     pub image: Option<String>,
@@ -93,6 +97,10 @@ const MAX_CHILDREN: usize = 4096;
 pub fn run(a: ForkArgs, remote: &RemoteArgs) -> Result<i32> {
     if a.count == 0 || a.count > MAX_CHILDREN {
         bail!("-n must be between 1 and {MAX_CHILDREN}, got {}", a.count);
+    }
+    if let Some(at) = &a.from_checkpoint {
+        let tag = checkpoint_tag(at)?;
+        return run_linux(&a, remote, NewFrom::Tag(&tag));
     }
     let snapshot = match (&a.snapshot, &a.tag, &a.image, &a.from_sandbox) {
         (Some(s), None, None, None) => s.clone(),
@@ -276,4 +284,13 @@ fn exec_collected(backend: &dyn Backend, id: &str, cmd: &str) -> Result<ExecResp
 
 fn round1(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
+}
+
+/// The snapshot tag of checkpoint `ID@SEQ`.
+fn checkpoint_tag(at: &str) -> Result<String> {
+    let parsed = at.split_once('@').and_then(|(id, seq)| Some((id, seq.parse::<u64>().ok()?)));
+    match parsed {
+        Some((id, seq)) if !id.is_empty() && seq > 0 => Ok(format!("ckpt-{id}-{seq}")),
+        _ => bail!("--from-checkpoint {at:?}: expected ID@SEQ, e.g. 4f2a9c@3"),
+    }
 }

@@ -186,6 +186,13 @@ fn cli_verbs_through_the_daemon_over_unix_and_tls() {
     assert!(listed.starts_with("# every 300s, after exec false, keep 4\n1\t"), "{listed}");
     assert!(env.ok(&["rewind", a, "--to", "1"]).contains("back at checkpoint 1"));
     assert_eq!(env.ok(&["eval", a, "x"]).trim(), "42");
+    let at = format!("{a}@1");
+    let kid: serde_json::Value =
+        serde_json::from_str(&env.ok(&["fork", "--from-checkpoint", &at, "-n", "1", "--eval", "x", "--rm", "--json"]))
+            .unwrap();
+    assert_eq!(kid["sandboxes"][0]["eval"]["result"], "42", "{kid}");
+    let out = env.cli(&["fork", "--from-checkpoint", a, "-n", "1"], &[]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expected ID@SEQ"), "{out:?}");
     env.ok(&["checkpoints", a, "--every", "off"]);
     let out = env.command(&["checkpoint", a]).env("FORKVM_RUN", env.dir.join("no-daemon")).output().unwrap();
     assert!(!out.status.success());

@@ -464,8 +464,12 @@ class Controller:
         network: Optional[NetworkPolicyLike] = None,
         vcpus: Optional[int] = None,
         volumes: Optional[Sequence[VolumeLike]] = None,
+        checkpoints: Optional["CheckpointPolicy"] = None,
     ) -> List[SandboxInfo]:
         """``POST /v1/sandboxes``: ``n`` sandboxes from a snapshot, all ready, or none.
+
+        ``checkpoints`` is each sandbox's checkpoint policy from the start
+        (:class:`CheckpointPolicy`: a timer, after every exec/eval, how many kept).
 
         ``volumes`` attaches volumes to each (``{"name", "mount", "mode"}`` or
         ``"NAME:/mount[:rw|ro|cow]"``; a writable one only when ``n`` is 1).
@@ -497,6 +501,8 @@ class Controller:
             body["network"] = network_body(network)
         if vcpus is not None:
             body["vcpus"] = vcpus
+        if checkpoints is not None:
+            body["checkpoints"] = checkpoints.to_json()
         if volumes:
             body["volumes"] = [volume_body(v) for v in volumes]
         return parse_list(SandboxInfo, self._json(self._request("POST", "/v1/sandboxes", json=body)), "sandboxes")

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import httpx
 
-from .checkpoints import Checkpoints
+from .checkpoints import CheckpointPolicy, Checkpoints
 from .controller import Controller, NetworkPolicyLike, PathLike
 from .errors import EvalError, NotFound
 from .streaming import OutputCallback
@@ -246,11 +246,13 @@ class Sandbox:
         pids_limit: Optional[int] = None,
         io_limits: Optional[Dict[str, int]] = None,
         network: Optional[NetworkPolicyLike] = None,
+        checkpoints: Optional[CheckpointPolicy] = None,
         **controller_kwargs: Any,
     ) -> "Sandbox":
         """Spawns one sandbox from the snapshot tagged ``template_or_tag``, with the
         daemon's default CPU and tasks limits unless given (``cpu_limit_millis``:
         thousandths of a CPU), and with I/O caps when ``io_limits`` gives them.
+        ``checkpoints`` is its checkpoint policy from the start (:class:`CheckpointPolicy`).
 
         Without ``controller``, a Controller is made from ``controller_kwargs``
         (``base_url``, ``token``, ``timeout``) and owned by the sandbox.
@@ -266,6 +268,7 @@ class Sandbox:
                 pids_limit=pids_limit,
                 io_limits=io_limits,
                 network=network,
+                checkpoints=checkpoints,
             )
         except BaseException:
             if own:

@@ -56,10 +56,9 @@ def _state(s: Sandbox) -> tuple:
 
 
 def test_rewinding_to_any_checkpoint_gives_that_steps_variable_and_file(ctl: Controller, py: str) -> None:
-    s = Sandbox.create(py, controller=ctl)
+    s = Sandbox.create(py, controller=ctl, checkpoints=CheckpointPolicy(after_exec=True, keep=STEPS + 5))
     try:
-        policy = s.checkpoints.set_policy(after_exec=True, keep=STEPS + 5)
-        assert policy == CheckpointPolicy(every_seconds=None, after_exec=True, keep=STEPS + 5)
+        assert s.checkpoints.policy() == CheckpointPolicy(every_seconds=None, after_exec=True, keep=STEPS + 5)
         for k in range(1, STEPS + 1):
             s.eval(f"x = {k}; open('/root/step.txt', 'w').write('step {k}')")
         kept = s.checkpoints.list()
@@ -109,6 +108,8 @@ def test_rewinding_to_any_checkpoint_gives_that_steps_variable_and_file(ctl: Con
             s.checkpoints.set_policy(every_seconds=0)
         with pytest.raises(BadRequest, match="note"):
             s.checkpoints.create("x" * 2000)
+        with pytest.raises(BadRequest, match="checkpoints: keep"):
+            ctl.spawn_sandboxes(py, checkpoints=CheckpointPolicy(keep=999))
     finally:
         s.kill()
     # Its checkpoints go with it.

@@ -1353,6 +1353,11 @@ export interface components {
             vcpus?: number;
             /** @description forkvm: volumes to attach to each sandbox (a writable one only when `n` is 1; docs/volumes.md). */
             volumes?: components["schemas"]["VolumeMount"][];
+            /**
+             * @description forkvm: each sandbox's checkpoint policy from the start, as `PUT /v1/sandboxes/{id}/checkpoints` would set it (docs/checkpoints.md).
+             * @default null
+             */
+            checkpoints?: components["schemas"]["CheckpointPolicy"] | null;
         };
         /** @description forkvm: `POST /v1/sandboxes/{id}/fork`: N copies of a running sandbox, no disk. */
         ForkSandboxRequest: {

@@ -85,6 +85,7 @@ impl Backend for Daemon {
                     ttl_seconds: None,
                     network: network.cloned(),
                     volumes: volumes.to_vec(),
+                    checkpoints: None,
                 })?
             }
             NewFrom::Sandbox(id) => {

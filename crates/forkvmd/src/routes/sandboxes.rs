@@ -189,6 +189,9 @@ pub async fn create(
     // ask for what every sandbox has here: accepted (docs/forkd-compat.md).
     checked_network(req.network.as_ref())?;
     validate_tag(&req.snapshot_tag)?;
+    if let Some(p) = &req.checkpoints {
+        p.validate().map_err(|e| ApiError::bad_request(format!("checkpoints: {e}")))?;
+    }
     let ttl = s.lifecycle.ttl_for(req.ttl_seconds)?;
     s.blocking(move |s| {
         let started = Instant::now();
@@ -216,6 +219,12 @@ pub async fn create(
             Ok(ready)
         });
         let infos = settle(&s, "snapshot", started, made, &ids, ttl)?;
+        if let Some(policy) = &req.checkpoints {
+            for id in &ids {
+                crate::checkpoints::records::set_policy(&s.db(), id, policy)
+                    .map_err(|e| ApiError::internal(format!("setting sandbox {id}'s checkpoint policy: {e}")))?;
+            }
+        }
         Ok((StatusCode::CREATED, Json(infos)))
     })
     .await
