@@ -15,7 +15,7 @@
 use crate::chain_ops::{diff_branch, ChainOpError};
 use crate::registry::Registry;
 use crate::source::assembled_cache;
-use forkvm_snapshot::{chain, Store};
+use forkvm_snapshot::{chain, SnapshotDir, Store};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -38,11 +38,28 @@ pub struct Taken {
 
 /// Takes a checkpoint of running sandbox `id` as snapshot `tag` (free), a diff over
 /// `base` (the tag the sandbox was first spawned from: see the module doc).
-pub fn take(registry: &Registry, store: &Store, id: &str, base: &str, tag: &str) -> Result<Taken, ChainOpError> {
+///
+/// The new checkpoint's flat memory image stays in the assembled-image cache (a rewind
+/// to the newest checkpoint maps it at once); `previous`'s is dropped from it, so a
+/// sandbox's checkpoints hold one flat image there, not one each (a rewind to an older
+/// one assembles it from the chunks first).
+pub fn take(
+    registry: &Registry,
+    store: &Store,
+    id: &str,
+    base: &str,
+    tag: &str,
+    previous: Option<&str>,
+) -> Result<Taken, ChainOpError> {
     let started = Instant::now();
+    let cache = assembled_cache();
     // A diff's parent must be chunked; done once per base.
-    chain::ingest(store, &assembled_cache(), base)?;
+    chain::ingest(store, &cache, base)?;
     let (diff, pause_ms, _, _) = diff_branch(registry, store, id, base, tag)?;
+    if let Some(hash) = previous.and_then(|p| SnapshotDir::open(&store.snapshots_dir().join(p)).ok()?.meta.content_hash)
+    {
+        cache.evict(&hash);
+    }
     Ok(Taken {
         tag: tag.to_string(),
         pause_ms,

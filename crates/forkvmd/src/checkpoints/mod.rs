@@ -93,7 +93,8 @@ pub fn take_locked(s: &AppState, id: &str, trigger: Trigger, note: Option<String
     let tag = tag_of(id, seq);
     let _claim =
         s.claim_tag(&tag).ok_or_else(|| ApiError::conflict(format!("checkpoint {tag:?} is being taken"), "writing"))?;
-    let taken = forkvm_sandbox::checkpoint::take(&s.registry, &s.store, id, &base, &tag)?;
+    let previous = records::list(&s.db(), id).unwrap_or_default().pop().map(|c| c.tag);
+    let taken = forkvm_sandbox::checkpoint::take(&s.registry, &s.store, id, &base, &tag, previous.as_deref())?;
     let info = CheckpointInfo {
         sandbox_id: id.to_string(),
         seq,
