@@ -9,6 +9,8 @@ use serde::{Deserialize, Serialize};
 pub const MAX_KEEP: u32 = 256;
 /// Longest checkpoint note accepted, in bytes.
 pub const MAX_NOTE: usize = 1024;
+/// Largest `max_stored_mib` (1 TiB).
+pub const MAX_STORED_MIB: u64 = 1 << 20;
 /// Shortest interval between automatic checkpoints, in seconds.
 pub const MIN_EVERY_SECONDS: u64 = 1;
 
@@ -36,6 +38,11 @@ pub struct CheckpointPolicy {
     /// running sandbox was rewound to.
     #[serde(default = "default_keep")]
     pub keep: u32,
+    /// The most memory, in MiB, the kept checkpoints may have added to the store (the
+    /// sum of their `bytes_stored`): past it the oldest go first, the newest always
+    /// stays. `null`: only `keep` bounds them.
+    #[serde(default)]
+    pub max_stored_mib: Option<u64>,
 }
 
 fn default_keep() -> u32 {
@@ -44,7 +51,7 @@ fn default_keep() -> u32 {
 
 impl Default for CheckpointPolicy {
     fn default() -> Self {
-        CheckpointPolicy { every_seconds: None, after_exec: false, keep: default_keep() }
+        CheckpointPolicy { every_seconds: None, after_exec: false, keep: default_keep(), max_stored_mib: None }
     }
 }
 
@@ -56,6 +63,9 @@ impl CheckpointPolicy {
         }
         if let Some(s) = self.every_seconds.filter(|s| *s < MIN_EVERY_SECONDS || *s > 86_400) {
             return Err(format!("every_seconds must be between {MIN_EVERY_SECONDS} and 86400, got {s}"));
+        }
+        if let Some(m) = self.max_stored_mib.filter(|m| *m == 0 || *m > MAX_STORED_MIB) {
+            return Err(format!("max_stored_mib must be between 1 and {MAX_STORED_MIB}, got {m}"));
         }
         Ok(())
     }

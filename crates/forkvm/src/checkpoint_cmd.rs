@@ -32,6 +32,10 @@ pub struct CheckpointsArgs {
     /// Set its policy: keep this many checkpoints (1-256).
     #[arg(long)]
     pub keep: Option<u32>,
+    /// Set its policy: the most MiB of memory its kept checkpoints may have added to the
+    /// store (`off`: no such bound).
+    #[arg(long, value_name = "MIB")]
+    pub max_stored_mib: Option<String>,
     #[arg(long)]
     pub json: bool,
 }
@@ -95,7 +99,8 @@ pub fn checkpoint(a: CheckpointArgs, remote: &RemoteArgs) -> Result<i32> {
 
 pub fn checkpoints(a: CheckpointsArgs, remote: &RemoteArgs) -> Result<i32> {
     let client = remote.required_client("checkpoints")?;
-    let list: CheckpointList = if a.every.is_some() || a.after_exec.is_some() || a.keep.is_some() {
+    let changes = a.every.is_some() || a.after_exec.is_some() || a.keep.is_some() || a.max_stored_mib.is_some();
+    let list: CheckpointList = if changes {
         let mut policy = client.checkpoints(&a.id)?.policy;
         if let Some(every) = &a.every {
             policy.every_seconds = match every.as_str() {
@@ -109,6 +114,12 @@ pub fn checkpoints(a: CheckpointsArgs, remote: &RemoteArgs) -> Result<i32> {
         if let Some(k) = a.keep {
             policy.keep = k;
         }
+        if let Some(m) = &a.max_stored_mib {
+            policy.max_stored_mib = match m.as_str() {
+                "off" | "none" => None,
+                n => Some(n.parse().with_context(|| format!("--max-stored-mib {n:?}: not a number"))?),
+            };
+        }
         client.set_checkpoint_policy(&a.id, &policy)?
     } else {
         client.checkpoints(&a.id)?
@@ -119,7 +130,8 @@ pub fn checkpoints(a: CheckpointsArgs, remote: &RemoteArgs) -> Result<i32> {
     }
     let p: &CheckpointPolicy = &list.policy;
     let every = p.every_seconds.map_or("off".to_string(), |s| format!("{s}s"));
-    println!("# every {every}, after exec {}, keep {}", p.after_exec, p.keep);
+    let quota = p.max_stored_mib.map_or(String::new(), |m| format!(", at most {m} MiB"));
+    println!("# every {every}, after exec {}, keep {}{quota}", p.after_exec, p.keep);
     for c in &list.checkpoints {
         println!("{}", line(c));
     }

@@ -29,6 +29,8 @@ class CheckpointPolicy(_Record):
     after_exec: bool = False
     #: How many are kept (1-256); the oldest goes first.
     keep: int = 32
+    #: The most MiB of memory the kept checkpoints may have added to the store (None: no bound).
+    max_stored_mib: Optional[int] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -38,11 +40,17 @@ class CheckpointPolicy(_Record):
             every_seconds=f.opt_int("every_seconds"),
             after_exec=f.bool_or("after_exec", False),
             keep=f.int_or("keep", 32),
+            max_stored_mib=f.opt_int("max_stored_mib"),
             raw=_raw(data),
         )
 
     def to_json(self) -> Dict[str, Any]:
-        return {"every_seconds": self.every_seconds, "after_exec": self.after_exec, "keep": self.keep}
+        return {
+            "every_seconds": self.every_seconds,
+            "after_exec": self.after_exec,
+            "keep": self.keep,
+            "max_stored_mib": self.max_stored_mib,
+        }
 
 
 @dataclass
@@ -146,10 +154,18 @@ class Checkpoints:
         return self._sb.controller.list_checkpoints(self._sb.id).policy
 
     def set_policy(
-        self, *, every_seconds: Optional[int] = None, after_exec: bool = False, keep: int = 32
+        self,
+        *,
+        every_seconds: Optional[int] = None,
+        after_exec: bool = False,
+        keep: int = 32,
+        max_stored_mib: Optional[int] = None,
     ) -> CheckpointPolicy:
-        """Replaces when the daemon checkpoints this sandbox by itself."""
-        policy = CheckpointPolicy(every_seconds=every_seconds, after_exec=after_exec, keep=keep)
+        """Replaces when the daemon checkpoints this sandbox by itself, and how many (and
+        how many MiB of them) it keeps."""
+        policy = CheckpointPolicy(
+            every_seconds=every_seconds, after_exec=after_exec, keep=keep, max_stored_mib=max_stored_mib
+        )
         return self._sb.controller.set_checkpoint_policy(self._sb.id, policy).policy
 
     def rewind(self, seq: Optional[int] = None, *, ago_seconds: Optional[float] = None) -> RewindReport:

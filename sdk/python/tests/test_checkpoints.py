@@ -110,6 +110,16 @@ def test_rewinding_to_any_checkpoint_gives_that_steps_variable_and_file(ctl: Con
             s.checkpoints.create("x" * 2000)
         with pytest.raises(BadRequest, match="checkpoints: keep"):
             ctl.spawn_sandboxes(py, checkpoints=CheckpointPolicy(keep=999))
+        with pytest.raises(BadRequest, match="max_stored_mib"):
+            s.checkpoints.set_policy(max_stored_mib=0)
+
+        # A lower bound thins them at once, oldest first: at most 1 MiB of what they
+        # added stays, and the newest always does.
+        s.checkpoints.set_policy(keep=STEPS + 5, max_stored_mib=1)
+        left = s.checkpoints.list()
+        assert left and left[-1].seq == STEPS and len(left) < STEPS, [c.seq for c in left]
+        assert len(left) == 1 or sum(c.bytes_stored for c in left) <= 1 << 20, left
+        assert [c.seq for c in left] == list(range(left[0].seq, STEPS + 1)), "the oldest went first"
     finally:
         s.kill()
     # Its checkpoints go with it.

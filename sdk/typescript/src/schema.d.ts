@@ -2682,6 +2682,12 @@ export interface components {
              * @default 32
              */
             keep?: number;
+            /**
+             * Format: int64
+             * @description The most memory, in MiB, the kept checkpoints may have added to the store (the sum of their `bytes_stored`): past it the oldest go first; the newest always stays. `null`: only `keep` bounds them.
+             * @default null
+             */
+            max_stored_mib?: number | null;
         };
         /** @description forkvm: one checkpoint of a sandbox: its memory and disks at one moment, as a snapshot tag of its own. */
         CheckpointInfo: {

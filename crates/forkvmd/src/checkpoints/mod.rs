@@ -113,21 +113,35 @@ pub fn take_locked(s: &AppState, id: &str, trigger: Trigger, note: Option<String
     }
     s.metrics.inc("forkvm_checkpoints_total", &[("trigger", trigger.as_str())]);
     s.metrics.observe("forkvm_checkpoint_pause_seconds", &[], taken.pause_ms / 1e3);
-    let keep = known_base.map_or(forkvm_api::CheckpointPolicy::default().keep, |p| p.policy.keep);
-    thin(s, id, keep as usize);
+    let policy = known_base.map(|p| p.policy).unwrap_or_default();
+    thin(s, id, &policy);
     Ok(info)
 }
 
-/// Removes sandbox `id`'s oldest checkpoints past `keep` (blocking). One a sandbox runs
-/// from (rewound to it, or forked from it) or that another snapshot depends on stays.
-fn thin(s: &AppState, id: &str, keep: usize) {
+/// Sandbox `id`'s oldest checkpoints past its policy's bounds, removed (blocking). One a
+/// sandbox runs from (rewound to it, or forked from it) or that another snapshot depends
+/// on stays.
+pub fn thin(s: &AppState, id: &str, policy: &forkvm_api::CheckpointPolicy) {
     let list = records::list(&s.db(), id).unwrap_or_default();
-    let excess = list.len().saturating_sub(keep);
-    for c in list.iter().take(excess) {
+    for c in past_bounds(&list, policy) {
         if remove_snapshot(s, &c.tag) {
             let _ = records::delete(&s.db(), id, c.seq);
         }
     }
+}
+
+/// The oldest checkpoints of `list` (oldest first) that `policy` does not keep: past
+/// `keep` of them, or while the kept ones added more than `max_stored_mib`. The newest
+/// always stays.
+fn past_bounds<'a>(list: &'a [CheckpointInfo], policy: &forkvm_api::CheckpointPolicy) -> &'a [CheckpointInfo] {
+    let quota = policy.max_stored_mib.map_or(u64::MAX, |m| m.saturating_mul(1 << 20));
+    let mut stored: u64 = list.iter().map(|c| c.bytes_stored).sum();
+    let mut cut = 0;
+    while cut + 1 < list.len() && (list.len() - cut > policy.keep as usize || stored > quota) {
+        stored -= list[cut].bytes_stored;
+        cut += 1;
+    }
+    &list[..cut]
 }
 
 /// Removes checkpoint snapshot `tag` unless something still uses it; whether it is gone.
@@ -352,6 +366,22 @@ mod tests {
             .unwrap_err()
             .message
             .contains("none"));
+    }
+
+    #[test]
+    fn the_oldest_go_past_the_count_or_the_bytes_and_the_newest_stays() {
+        let list: Vec<_> = (1..=5).map(|seq| CheckpointInfo { bytes_stored: seq << 20, ..c(seq, seq) }).collect();
+        let policy = |keep, max_stored_mib| forkvm_api::CheckpointPolicy { keep, max_stored_mib, ..Default::default() };
+        let gone = |keep, mib| past_bounds(&list, &policy(keep, mib)).iter().map(|c| c.seq).collect::<Vec<_>>();
+        assert_eq!(gone(5, None), Vec::<u64>::new());
+        assert_eq!(gone(3, None), vec![1, 2]);
+        assert_eq!(gone(1, None), vec![1, 2, 3, 4]);
+        // 1+2+3+4+5 = 15 MiB: within 9 MiB only 4 and 5 fit.
+        assert_eq!(gone(32, Some(15)), Vec::<u64>::new());
+        assert_eq!(gone(32, Some(9)), vec![1, 2, 3]);
+        assert_eq!(gone(32, Some(1)), vec![1, 2, 3, 4], "the newest stays even past the quota");
+        assert_eq!(gone(2, Some(100)), vec![1, 2, 3]);
+        assert!(past_bounds(&[], &policy(1, Some(1))).is_empty());
     }
 
     #[test]

@@ -35,10 +35,15 @@ pub async fn set_policy(
     JsonBody(policy): JsonBody<CheckpointPolicy>,
 ) -> Result<Json<CheckpointList>, ApiError> {
     policy.validate().map_err(ApiError::bad_request)?;
+    // Under the sandbox's lock: a lower bound removes checkpoints now, not beside one
+    // being taken.
+    let lock = s.disk.sandbox_lock(&id);
+    let _held = lock.lock().await;
     s.blocking(move |s| {
         running(&s, &id)?;
         records::set_policy(&s.db(), &id, &policy)
             .map_err(|e| ApiError::internal(format!("setting the policy: {e}")))?;
+        checkpoints::thin(&s, &id, &policy);
         checkpoints::list(&s, &id).map(Json)
     })
     .await
