@@ -11,6 +11,8 @@ pub const MAX_KEEP: u32 = 256;
 pub const MAX_NOTE: usize = 1024;
 /// Largest `max_stored_mib` (1 TiB).
 pub const MAX_STORED_MIB: u64 = 1 << 20;
+/// Longest `max_age_seconds` (a year).
+pub const MAX_AGE_SECONDS: u64 = 365 * 86_400;
 /// Shortest interval between automatic checkpoints, in seconds.
 pub const MIN_EVERY_SECONDS: u64 = 1;
 
@@ -43,6 +45,10 @@ pub struct CheckpointPolicy {
     /// stays. `null`: only `keep` bounds them.
     #[serde(default)]
     pub max_stored_mib: Option<u64>,
+    /// Checkpoints older than this many seconds go (a time window), the newest always
+    /// stays; checked whenever one is taken or the policy is set. `null`: no window.
+    #[serde(default)]
+    pub max_age_seconds: Option<u64>,
 }
 
 fn default_keep() -> u32 {
@@ -51,7 +57,13 @@ fn default_keep() -> u32 {
 
 impl Default for CheckpointPolicy {
     fn default() -> Self {
-        CheckpointPolicy { every_seconds: None, after_exec: false, keep: default_keep(), max_stored_mib: None }
+        CheckpointPolicy {
+            every_seconds: None,
+            after_exec: false,
+            keep: default_keep(),
+            max_stored_mib: None,
+            max_age_seconds: None,
+        }
     }
 }
 
@@ -66,6 +78,9 @@ impl CheckpointPolicy {
         }
         if let Some(m) = self.max_stored_mib.filter(|m| *m == 0 || *m > MAX_STORED_MIB) {
             return Err(format!("max_stored_mib must be between 1 and {MAX_STORED_MIB}, got {m}"));
+        }
+        if let Some(a) = self.max_age_seconds.filter(|a| *a == 0 || *a > MAX_AGE_SECONDS) {
+            return Err(format!("max_age_seconds must be between 1 and {MAX_AGE_SECONDS}, got {a}"));
         }
         Ok(())
     }

@@ -36,6 +36,9 @@ pub struct CheckpointsArgs {
     /// store (`off`: no such bound).
     #[arg(long, value_name = "MIB")]
     pub max_stored_mib: Option<String>,
+    /// Set its policy: checkpoints older than DURATION go, the newest stays (`1h`, `off`).
+    #[arg(long, value_name = "DURATION")]
+    pub max_age: Option<String>,
     #[arg(long)]
     pub json: bool,
 }
@@ -99,7 +102,11 @@ pub fn checkpoint(a: CheckpointArgs, remote: &RemoteArgs) -> Result<i32> {
 
 pub fn checkpoints(a: CheckpointsArgs, remote: &RemoteArgs) -> Result<i32> {
     let client = remote.required_client("checkpoints")?;
-    let changes = a.every.is_some() || a.after_exec.is_some() || a.keep.is_some() || a.max_stored_mib.is_some();
+    let changes = a.every.is_some()
+        || a.after_exec.is_some()
+        || a.keep.is_some()
+        || a.max_stored_mib.is_some()
+        || a.max_age.is_some();
     let list: CheckpointList = if changes {
         let mut policy = client.checkpoints(&a.id)?.policy;
         if let Some(every) = &a.every {
@@ -120,6 +127,12 @@ pub fn checkpoints(a: CheckpointsArgs, remote: &RemoteArgs) -> Result<i32> {
                 n => Some(n.parse().with_context(|| format!("--max-stored-mib {n:?}: not a number"))?),
             };
         }
+        if let Some(d) = &a.max_age {
+            policy.max_age_seconds = match d.as_str() {
+                "off" | "none" => None,
+                d => Some(parse_duration(d)?.round() as u64),
+            };
+        }
         client.set_checkpoint_policy(&a.id, &policy)?
     } else {
         client.checkpoints(&a.id)?
@@ -131,7 +144,8 @@ pub fn checkpoints(a: CheckpointsArgs, remote: &RemoteArgs) -> Result<i32> {
     let p: &CheckpointPolicy = &list.policy;
     let every = p.every_seconds.map_or("off".to_string(), |s| format!("{s}s"));
     let quota = p.max_stored_mib.map_or(String::new(), |m| format!(", at most {m} MiB"));
-    println!("# every {every}, after exec {}, keep {}{quota}", p.after_exec, p.keep);
+    let window = p.max_age_seconds.map_or(String::new(), |a| format!(", at most {a}s old"));
+    println!("# every {every}, after exec {}, keep {}{quota}{window}", p.after_exec, p.keep);
     for c in &list.checkpoints {
         println!("{}", line(c));
     }

@@ -31,6 +31,8 @@ class CheckpointPolicy(_Record):
     keep: int = 32
     #: The most MiB of memory the kept checkpoints may have added to the store (None: no bound).
     max_stored_mib: Optional[int] = None
+    #: Checkpoints older than this many seconds go; the newest stays (None: no window).
+    max_age_seconds: Optional[int] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -41,6 +43,7 @@ class CheckpointPolicy(_Record):
             after_exec=f.bool_or("after_exec", False),
             keep=f.int_or("keep", 32),
             max_stored_mib=f.opt_int("max_stored_mib"),
+            max_age_seconds=f.opt_int("max_age_seconds"),
             raw=_raw(data),
         )
 
@@ -50,6 +53,7 @@ class CheckpointPolicy(_Record):
             "after_exec": self.after_exec,
             "keep": self.keep,
             "max_stored_mib": self.max_stored_mib,
+            "max_age_seconds": self.max_age_seconds,
         }
 
 
@@ -160,11 +164,16 @@ class Checkpoints:
         after_exec: bool = False,
         keep: int = 32,
         max_stored_mib: Optional[int] = None,
+        max_age_seconds: Optional[int] = None,
     ) -> CheckpointPolicy:
         """Replaces when the daemon checkpoints this sandbox by itself, and how many (and
         how many MiB of them) it keeps."""
         policy = CheckpointPolicy(
-            every_seconds=every_seconds, after_exec=after_exec, keep=keep, max_stored_mib=max_stored_mib
+            every_seconds=every_seconds,
+            after_exec=after_exec,
+            keep=keep,
+            max_stored_mib=max_stored_mib,
+            max_age_seconds=max_age_seconds,
         )
         return self._sb.controller.set_checkpoint_policy(self._sb.id, policy).policy
 

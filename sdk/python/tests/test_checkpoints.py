@@ -149,5 +149,18 @@ def test_a_timer_keeps_the_newest_checkpoints_and_an_idle_sandbox_stores_almost_
         tags = {t.tag for t in ctl.list_snapshots()}
         assert f"ckpt-{s.id}-1" not in tags, "the oldest past keep is removed"
         assert {c.tag for c in kept} <= tags
+
+        # A time window instead of a count: what is kept is recent.
+        s.checkpoints.set_policy(every_seconds=1, keep=32, max_age_seconds=2)
+        start = max(c.seq for c in s.checkpoints.list())
+        while time.monotonic() < deadline and max(c.seq for c in s.checkpoints.list()) < start + 4:
+            time.sleep(0.5)
+        s.checkpoints.set_policy(keep=32, max_age_seconds=2)
+        window = s.checkpoints.list()
+        newest = window[-1].created_at_unix_ms
+        assert window[-1].seq >= start + 4, [c.seq for c in window]
+        assert all(newest - c.created_at_unix_ms <= 2000 + 1500 for c in window), [
+            (c.seq, newest - c.created_at_unix_ms) for c in window
+        ]
     finally:
         s.kill()

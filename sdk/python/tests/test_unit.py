@@ -981,7 +981,7 @@ CHECKPOINT = {
 }
 CHECKPOINTS = {
     "sandbox_id": "ID",
-    "policy": {"every_seconds": 5, "after_exec": True, "keep": 8, "max_stored_mib": 64},
+    "policy": {"every_seconds": 5, "after_exec": True, "keep": 8, "max_stored_mib": 64, "max_age_seconds": 600},
     "base_tag": "py",
     "checkpoints": [CHECKPOINT],
 }
@@ -990,8 +990,9 @@ CHECKPOINTS = {
 def _policy_round_trip(c: Controller) -> None:
     from forkvm import CheckpointPolicy
 
-    got = c.set_checkpoint_policy("ID", CheckpointPolicy(every_seconds=5, after_exec=True, keep=8, max_stored_mib=64))
-    assert got.policy == CheckpointPolicy(every_seconds=5, after_exec=True, keep=8, max_stored_mib=64)
+    policy = CheckpointPolicy(every_seconds=5, after_exec=True, keep=8, max_stored_mib=64, max_age_seconds=600)
+    got = c.set_checkpoint_policy("ID", policy)
+    assert got.policy == policy
     assert got.checkpoints[0].note == "eval: x = 1" and got.base_tag == "py"
 
 

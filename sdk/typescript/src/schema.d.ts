@@ -2688,6 +2688,12 @@ export interface components {
              * @default null
              */
             max_stored_mib?: number | null;
+            /**
+             * Format: int64
+             * @description A time window: checkpoints older than this many seconds go, the newest always stays; checked whenever one is taken or the policy is set. `null`: no window.
+             * @default null
+             */
+            max_age_seconds?: number | null;
         };
         /** @description forkvm: one checkpoint of a sandbox: its memory and disks at one moment, as a snapshot tag of its own. */
         CheckpointInfo: {

@@ -123,21 +123,28 @@ pub fn take_locked(s: &AppState, id: &str, trigger: Trigger, note: Option<String
 /// on stays.
 pub fn thin(s: &AppState, id: &str, policy: &forkvm_api::CheckpointPolicy) {
     let list = records::list(&s.db(), id).unwrap_or_default();
-    for c in past_bounds(&list, policy) {
+    for c in past_bounds(&list, policy, now_unix_ms()) {
         if remove_snapshot(s, &c.tag) {
             let _ = records::delete(&s.db(), id, c.seq);
         }
     }
 }
 
-/// The oldest checkpoints of `list` (oldest first) that `policy` does not keep: past
-/// `keep` of them, or while the kept ones added more than `max_stored_mib`. The newest
-/// always stays.
-fn past_bounds<'a>(list: &'a [CheckpointInfo], policy: &forkvm_api::CheckpointPolicy) -> &'a [CheckpointInfo] {
+/// The oldest checkpoints of `list` (oldest first) that `policy` does not keep at
+/// `now_ms`: past `keep` of them, while the kept ones added more than `max_stored_mib`,
+/// or older than `max_age_seconds`. The newest always stays.
+fn past_bounds<'a>(
+    list: &'a [CheckpointInfo],
+    policy: &forkvm_api::CheckpointPolicy,
+    now_ms: u64,
+) -> &'a [CheckpointInfo] {
     let quota = policy.max_stored_mib.map_or(u64::MAX, |m| m.saturating_mul(1 << 20));
+    let oldest_kept_ms = policy.max_age_seconds.map_or(0, |a| now_ms.saturating_sub(a.saturating_mul(1000)));
     let mut stored: u64 = list.iter().map(|c| c.bytes_stored).sum();
     let mut cut = 0;
-    while cut + 1 < list.len() && (list.len() - cut > policy.keep as usize || stored > quota) {
+    while cut + 1 < list.len()
+        && (list.len() - cut > policy.keep as usize || stored > quota || list[cut].created_at_unix_ms < oldest_kept_ms)
+    {
         stored -= list[cut].bytes_stored;
         cut += 1;
     }
@@ -372,7 +379,7 @@ mod tests {
     fn the_oldest_go_past_the_count_or_the_bytes_and_the_newest_stays() {
         let list: Vec<_> = (1..=5).map(|seq| CheckpointInfo { bytes_stored: seq << 20, ..c(seq, seq) }).collect();
         let policy = |keep, max_stored_mib| forkvm_api::CheckpointPolicy { keep, max_stored_mib, ..Default::default() };
-        let gone = |keep, mib| past_bounds(&list, &policy(keep, mib)).iter().map(|c| c.seq).collect::<Vec<_>>();
+        let gone = |keep, mib| past_bounds(&list, &policy(keep, mib), 0).iter().map(|c| c.seq).collect::<Vec<_>>();
         assert_eq!(gone(5, None), Vec::<u64>::new());
         assert_eq!(gone(3, None), vec![1, 2]);
         assert_eq!(gone(1, None), vec![1, 2, 3, 4]);
@@ -381,7 +388,14 @@ mod tests {
         assert_eq!(gone(32, Some(9)), vec![1, 2, 3]);
         assert_eq!(gone(32, Some(1)), vec![1, 2, 3, 4], "the newest stays even past the quota");
         assert_eq!(gone(2, Some(100)), vec![1, 2, 3]);
-        assert!(past_bounds(&[], &policy(1, Some(1))).is_empty());
+        assert!(past_bounds(&[], &policy(1, Some(1)), 0).is_empty());
+        // A time window: checkpoint `seq` made at `seq` seconds.
+        let timed: Vec<_> = (1..=5).map(|seq| c(seq, seq * 1000)).collect();
+        let window = |secs| forkvm_api::CheckpointPolicy { max_age_seconds: Some(secs), ..Default::default() };
+        let gone = |secs, now| past_bounds(&timed, &window(secs), now).iter().map(|c| c.seq).collect::<Vec<_>>();
+        assert_eq!(gone(2, 5000), vec![1, 2], "made at 1 s and 2 s are older than 2 s at 5 s");
+        assert_eq!(gone(10, 5000), Vec::<u64>::new());
+        assert_eq!(gone(1, 60_000), vec![1, 2, 3, 4], "the newest stays, however old");
     }
 
     #[test]

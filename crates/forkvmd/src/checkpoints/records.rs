@@ -14,6 +14,7 @@ CREATE TABLE IF NOT EXISTS checkpoint_policies (
   after_exec INTEGER NOT NULL,
   keep INTEGER NOT NULL,
   max_stored_mib INTEGER,
+  max_age_seconds INTEGER,
   base_tag TEXT,
   next_seq INTEGER NOT NULL
 );
@@ -50,7 +51,8 @@ pub fn policy(db: &Db, id: &str) -> Result<Option<PolicyRow>, DbError> {
     let row = db
         .conn()
         .query_row(
-            "SELECT every_seconds, after_exec, keep, max_stored_mib, base_tag, next_seq FROM checkpoint_policies WHERE sandbox_id = ?1",
+            "SELECT every_seconds, after_exec, keep, max_stored_mib, max_age_seconds, base_tag, next_seq
+             FROM checkpoint_policies WHERE sandbox_id = ?1",
             [id],
             |r| {
                 Ok(PolicyRow {
@@ -59,9 +61,10 @@ pub fn policy(db: &Db, id: &str) -> Result<Option<PolicyRow>, DbError> {
                         after_exec: r.get(1)?,
                         keep: r.get(2)?,
                         max_stored_mib: r.get::<_, Option<i64>>(3)?.map(|m| m as u64),
+                        max_age_seconds: r.get::<_, Option<i64>>(4)?.map(|a| a as u64),
                     },
-                    base_tag: r.get(4)?,
-                    next_seq: r.get::<_, i64>(5)? as u64,
+                    base_tag: r.get(5)?,
+                    next_seq: r.get::<_, i64>(6)? as u64,
                 })
             },
         )
@@ -72,10 +75,19 @@ pub fn policy(db: &Db, id: &str) -> Result<Option<PolicyRow>, DbError> {
 /// Sets sandbox `id`'s policy (its base and numbering are kept).
 pub fn set_policy(db: &Db, id: &str, p: &CheckpointPolicy) -> Result<(), DbError> {
     db.conn().execute(
-        "INSERT INTO checkpoint_policies (sandbox_id, every_seconds, after_exec, keep, max_stored_mib, base_tag, next_seq)
-         VALUES (?1, ?2, ?3, ?4, ?5, NULL, 1)
-         ON CONFLICT(sandbox_id) DO UPDATE SET every_seconds = ?2, after_exec = ?3, keep = ?4, max_stored_mib = ?5",
-        params![id, p.every_seconds.map(|s| s as i64), p.after_exec, p.keep, p.max_stored_mib.map(|m| m as i64)],
+        "INSERT INTO checkpoint_policies
+           (sandbox_id, every_seconds, after_exec, keep, max_stored_mib, max_age_seconds, base_tag, next_seq)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, NULL, 1)
+         ON CONFLICT(sandbox_id) DO UPDATE SET
+           every_seconds = ?2, after_exec = ?3, keep = ?4, max_stored_mib = ?5, max_age_seconds = ?6",
+        params![
+            id,
+            p.every_seconds.map(|s| s as i64),
+            p.after_exec,
+            p.keep,
+            p.max_stored_mib.map(|m| m as i64),
+            p.max_age_seconds.map(|a| a as i64)
+        ],
     )?;
     Ok(())
 }
@@ -194,7 +206,13 @@ mod tests {
         assert_eq!(claim_seq(&db, "a", "py").unwrap(), (1, "py".into()));
         assert_eq!(claim_seq(&db, "a", "ckpt-a-1").unwrap(), (2, "py".into()), "the base stays");
         assert_eq!(claim_seq(&db, "b", "tiny").unwrap(), (1, "tiny".into()));
-        let p = CheckpointPolicy { every_seconds: Some(5), after_exec: true, keep: 3, max_stored_mib: Some(64) };
+        let p = CheckpointPolicy {
+            every_seconds: Some(5),
+            after_exec: true,
+            keep: 3,
+            max_stored_mib: Some(64),
+            max_age_seconds: Some(600),
+        };
         set_policy(&db, "a", &p).unwrap();
         let row = policy(&db, "a").unwrap().unwrap();
         assert_eq!((row.policy, row.base_tag.as_deref(), row.next_seq), (p, Some("py"), 3));
