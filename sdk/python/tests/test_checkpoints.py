@@ -120,6 +120,14 @@ def test_rewinding_to_any_checkpoint_gives_that_steps_variable_and_file(ctl: Con
         assert left and left[-1].seq == STEPS and len(left) < STEPS, [c.seq for c in left]
         assert len(left) == 1 or sum(c.bytes_stored for c in left) <= 1 << 20, left
         assert [c.seq for c in left] == list(range(left[0].seq, STEPS + 1)), "the oldest went first"
+
+        # A command run collected and one streamed are checkpointed after too.
+        s.checkpoints.set_policy(after_exec=True)
+        s.commands.run("echo collected > /root/c.txt")
+        seen: list = []
+        s.commands.run("echo streamed > /root/s.txt", on_stdout=seen.append)
+        notes = [c.note for c in s.checkpoints.list()[-2:]]
+        assert notes == ["exec: echo collected > /root/c.txt", "exec: echo streamed > /root/s.txt"], notes
     finally:
         s.kill()
     # Its checkpoints go with it.

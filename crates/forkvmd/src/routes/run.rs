@@ -159,6 +159,7 @@ pub async fn exec_stream(
     let s2 = s.clone();
     let (c, in_use) = s.blocking(move |s| client(&s, &id2)).await?;
     let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(64);
+    let text = req.cmd.clone().unwrap_or_else(|| req.args.join(" "));
     tokio::task::spawn_blocking(move || {
         let _in_use = in_use;
         let send = |e: ExecEvent| {
@@ -175,6 +176,8 @@ pub async fn exec_stream(
         );
         match result {
             Ok(st) => {
+                // Before the exit line: a client that waits for it finds the checkpoint made.
+                crate::checkpoints::after_call(&s2, &id, "exec", &text);
                 send(exit_event(&st));
                 learn_after_first_call(&s2, &id);
             }
