@@ -7,6 +7,11 @@
 //! cache: it is safe to delete and rebuilt on demand. An image under its final name is
 //! always complete (written to a temporary name, synced, renamed), and is never written
 //! again, so running sandboxes may keep it mapped while it is evicted.
+//!
+//! The cache is bounded ([`DEFAULT_MAX_BYTES`], `$FORKVM_ASSEMBLED_CACHE_MAX_MIB`): each
+//! time an image goes in, the least recently used others go until the images' allocated
+//! bytes fit (a spawn that finds its image marks it used). Images of snapshots in stores
+//! deleted whole (tests' private stores, say) leave the cache this way too.
 
 use std::fs::{self, File, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -32,16 +37,66 @@ pub struct AssembleStats {
     pub ms: f64,
 }
 
+/// Default bound of the cache's allocated bytes (8 GiB).
+pub const DEFAULT_MAX_BYTES: u64 = 8 << 30;
+/// An image used this recently is never evicted.
+const RECENT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The cache of assembled images, `<cache>/assembled/`.
 #[derive(Debug, Clone)]
 pub struct AssembledCache {
     root: PathBuf,
+    max_bytes: u64,
 }
 
 impl AssembledCache {
-    /// The cache under `cache_root` (the artefact cache, `$FORKVM_CACHE`).
+    /// The cache under `cache_root` (the artefact cache, `$FORKVM_CACHE`), bounded by
+    /// `$FORKVM_ASSEMBLED_CACHE_MAX_MIB` (else [`DEFAULT_MAX_BYTES`]).
     pub fn new(cache_root: &Path) -> AssembledCache {
-        AssembledCache { root: cache_root.join("assembled") }
+        let max_bytes = std::env::var("FORKVM_ASSEMBLED_CACHE_MAX_MIB")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map_or(DEFAULT_MAX_BYTES, |mib| mib.saturating_mul(1 << 20));
+        AssembledCache::with_max_bytes(cache_root, max_bytes)
+    }
+
+    /// [`AssembledCache::new`] with bound `max_bytes`.
+    pub fn with_max_bytes(cache_root: &Path, max_bytes: u64) -> AssembledCache {
+        AssembledCache { root: cache_root.join("assembled"), max_bytes }
+    }
+
+    /// Evicts the least recently used images but `keep` until the images' allocated
+    /// bytes are within the bound. An image used in the last [`RECENT`] is left alone (a
+    /// spawn may be about to map it), as is one whose assembly lock is held (being
+    /// built); a sandbox mapping an evicted image keeps its mapping.
+    fn trim(&self, keep: &str) {
+        let recent = std::time::SystemTime::now() - RECENT;
+        let mut entries: Vec<(std::time::SystemTime, u64, PathBuf)> = fs::read_dir(&self.root)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_str().is_some_and(|n| is_hash(n) && n != keep))
+            .filter_map(|e| {
+                let meta = fs::metadata(e.path().join(MEMORY_IMG)).ok()?;
+                Some((meta.modified().ok()?, allocated(&meta), e.path()))
+            })
+            .collect();
+        let kept = fs::metadata(self.image_path(keep)).map_or(0, |m| allocated(&m));
+        let mut total: u64 = kept + entries.iter().map(|e| e.1).sum::<u64>();
+        entries.sort_by_key(|e| e.0);
+        for (used, bytes, dir) in entries {
+            if total <= self.max_bytes || used > recent {
+                break;
+            }
+            if let Ok(lock) = File::open(dir.join(".lock")) {
+                if forkvm_disk::flock::flock(&lock, libc::LOCK_EX | libc::LOCK_NB).is_err() {
+                    continue;
+                }
+            }
+            if fs::remove_dir_all(&dir).is_ok() {
+                total = total.saturating_sub(bytes);
+            }
+        }
     }
 
     /// Where the image of content hash `hash` lives (whether or not it exists).
@@ -63,6 +118,7 @@ impl AssembledCache {
         let hash = head.meta.content_hash.clone().unwrap_or_default();
         let image = self.image_path(&hash);
         if image.is_file() {
+            mark_used(&image);
             return Ok((image, None));
         }
         let dir = image.parent().expect("image path has a parent").to_path_buf();
@@ -83,6 +139,8 @@ impl AssembledCache {
             }
         }
         let stats = assemble_into(store, chain, &image)?;
+        drop(lock);
+        self.trim(&hash);
         Ok((image, Some(stats)))
     }
 
@@ -104,6 +162,8 @@ impl AssembledCache {
         let ok = fs::rename(image, &target).is_ok();
         if ok {
             let _ = File::open(dir).and_then(|d| d.sync_all());
+            mark_used(&target);
+            self.trim(hash);
         }
         ok
     }
@@ -115,7 +175,11 @@ impl AssembledCache {
             return false;
         }
         let Some(dir) = target.parent() else { return false };
-        fs::create_dir_all(dir).is_ok() && fs::hard_link(image, &target).is_ok()
+        let ok = fs::create_dir_all(dir).is_ok() && fs::hard_link(image, &target).is_ok();
+        if ok {
+            self.trim(hash);
+        }
+        ok
     }
 
     /// Drops the assembled image of `hash` (sandboxes mapping it keep their mapping).
@@ -128,6 +192,19 @@ impl AssembledCache {
     /// Whether an assembled image of `hash` is cached.
     pub fn contains(&self, hash: &str) -> bool {
         is_hash(hash) && self.image_path(hash).is_file()
+    }
+}
+
+/// Bytes a file occupies on disk (an image is sparse).
+fn allocated(meta: &fs::Metadata) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    meta.blocks() * 512
+}
+
+/// Notes that `image` was just used (its mtime: the cache's recency). Best effort.
+fn mark_used(image: &Path) {
+    if let Ok(f) = OpenOptions::new().append(true).open(image) {
+        let _ = f.set_modified(std::time::SystemTime::now());
     }
 }
 
@@ -186,5 +263,51 @@ struct TempFile<'a>(&'a Path);
 impl Drop for TempFile<'_> {
     fn drop(&mut self) {
         let _ = fs::remove_file(self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, SystemTime};
+
+    /// A cached image of `hash` with `kib` KiB of data, last used `ago` before now.
+    fn cached(cache: &AssembledCache, hash: &str, kib: usize, ago: Duration) {
+        let path = cache.image_path(hash);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(&path, vec![7u8; kib << 10]).unwrap();
+        let f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.set_modified(SystemTime::now() - ago).unwrap();
+    }
+
+    #[test]
+    fn the_least_recently_used_images_go_past_the_bound_but_not_recent_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        // Room for about three 256 KiB images.
+        let cache = AssembledCache::with_max_bytes(dir.path(), 800 << 10);
+        let h = |c: char| c.to_string().repeat(64);
+        cached(&cache, &h('a'), 256, Duration::from_secs(500));
+        cached(&cache, &h('b'), 256, Duration::from_secs(400));
+        cached(&cache, &h('c'), 256, Duration::from_secs(300));
+        assert!(cache.contains(&h('a')) && cache.contains(&h('c')));
+        // A fourth goes in: the least recently used one goes.
+        let image = dir.path().join("new.img");
+        fs::write(&image, vec![1u8; 256 << 10]).unwrap();
+        assert!(cache.adopt(&h('d'), &image));
+        assert!(!cache.contains(&h('a')), "the least recently used went");
+        assert!(cache.contains(&h('b')) && cache.contains(&h('c')) && cache.contains(&h('d')));
+        // Using one makes it recent: the next to go is the other.
+        mark_used(&cache.image_path(&h('b')));
+        let image = dir.path().join("new2.img");
+        fs::write(&image, vec![2u8; 256 << 10]).unwrap();
+        assert!(cache.adopt(&h('e'), &image));
+        assert!(!cache.contains(&h('c')) && cache.contains(&h('b')), "b was used, c was not");
+        // Recent images stay even past the bound.
+        let image = dir.path().join("new3.img");
+        fs::write(&image, vec![3u8; 256 << 10]).unwrap();
+        assert!(cache.adopt(&h('f'), &image));
+        for c in ['b', 'd', 'e', 'f'] {
+            assert!(cache.contains(&h(c)), "{c} was used in the last minute");
+        }
     }
 }
