@@ -94,6 +94,15 @@ def test_rewinding_to_any_checkpoint_gives_that_steps_variable_and_file(ctl: Con
             for c in children:
                 assert _state(c) == (7, "step 7")
             assert int(s.eval("x")) == 99
+            # A fork of a running sandbox has no base to diff over: refused, saying so.
+            forked = s.fork()[0]
+            try:
+                with pytest.raises(BadRequest, match="not spawned from a tagged snapshot"):
+                    forked.checkpoints.set_policy(after_exec=True)
+                with pytest.raises(BadRequest, match="not spawned from a tagged snapshot"):
+                    forked.checkpoints.create()
+            finally:
+                forked.kill()
         finally:
             for c in children:
                 c.kill()

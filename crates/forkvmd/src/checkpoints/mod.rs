@@ -85,10 +85,7 @@ pub fn note_of_call(kind: &str, text: &str) -> String {
 pub fn take_locked(s: &AppState, id: &str, trigger: Trigger, note: Option<String>) -> Result<CheckpointInfo, ApiError> {
     running(s, id)?;
     let known_base = records::policy(&s.db(), id).map_err(db_err("reading its checkpoint policy"))?;
-    let base = match known_base.as_ref().and_then(|p| p.base_tag.clone()) {
-        Some(b) => b,
-        None => forkvm_sandbox::chain_ops::diff_parent(&s.registry, id)?,
-    };
+    let base = base_of(s, id, known_base.as_ref())?;
     let (seq, base) = records::claim_seq(&s.db(), id, &base).map_err(db_err("numbering the checkpoint"))?;
     let tag = tag_of(id, seq);
     let _claim =
@@ -116,6 +113,16 @@ pub fn take_locked(s: &AppState, id: &str, trigger: Trigger, note: Option<String
     let policy = known_base.map(|p| p.policy).unwrap_or_default();
     thin(s, id, &policy);
     Ok(info)
+}
+
+/// The snapshot sandbox `id`'s checkpoints are diffs over: the one its first checkpoint
+/// fixed, else the tag it was spawned from (none for a fork of a running sandbox: an
+/// error that says so).
+pub fn base_of(s: &AppState, id: &str, known: Option<&records::PolicyRow>) -> Result<String, ApiError> {
+    match known.and_then(|p| p.base_tag.clone()) {
+        Some(b) => Ok(b),
+        None => Ok(forkvm_sandbox::chain_ops::diff_parent(&s.registry, id)?),
+    }
 }
 
 /// Sandbox `id`'s oldest checkpoints past its policy's bounds, removed (blocking). One a

@@ -41,6 +41,11 @@ pub async fn set_policy(
     let _held = lock.lock().await;
     s.blocking(move |s| {
         running(&s, &id)?;
+        // A sandbox that cannot be checkpointed is told so now, not at every call.
+        if policy.every_seconds.is_some() || policy.after_exec {
+            let known = records::policy(&s.db(), &id).map_err(|e| ApiError::internal(e.to_string()))?;
+            checkpoints::base_of(&s, &id, known.as_ref())?;
+        }
         records::set_policy(&s.db(), &id, &policy)
             .map_err(|e| ApiError::internal(format!("setting the policy: {e}")))?;
         checkpoints::thin(&s, &id, &policy);
