@@ -42,8 +42,8 @@ pub struct BenchCheckpointArgs {
 }
 
 pub fn run(a: BenchCheckpointArgs) -> Result<i32> {
-    if !(2..=200).contains(&a.checkpoints) || !(1..=50).contains(&a.rewinds) || a.dirty_mib > 1024 {
-        bail!("--checkpoints is 2..=200, --rewinds 1..=50, --dirty-mib at most 1024");
+    if !(2..=1000).contains(&a.checkpoints) || !(1..=50).contains(&a.rewinds) || a.dirty_mib > 1024 {
+        bail!("--checkpoints is 2..=1000, --rewinds 1..=50, --dirty-mib at most 1024");
     }
     let mut report = crate::api::with_bench_daemon(|socket| measure(socket, &a))?;
     report["bench"] = "checkpoint".into();

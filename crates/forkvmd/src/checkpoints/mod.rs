@@ -233,27 +233,42 @@ pub fn list(s: &AppState, id: &str) -> Result<CheckpointList, ApiError> {
     Ok(CheckpointList { sandbox_id: id.to_string(), policy, base_tag, checkpoints })
 }
 
-/// Checks a rewind request's shape (before anything is looked up).
-pub fn check_rewind(req: &RewindRequest) -> Result<(), ApiError> {
-    chosen(&[], req, 0).map(|_| ()).or_else(|e| if e.code == forkvm_api::ErrorCode::NotFound { Ok(()) } else { Err(e) })
+/// The checkpoint a rewind asks for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RewindTarget {
+    Seq(u64),
+    /// The newest at least this many seconds old.
+    Ago(f64),
 }
 
-/// The checkpoint a rewind request names.
-fn chosen(list: &[CheckpointInfo], req: &RewindRequest, now_ms: u64) -> Result<CheckpointInfo, ApiError> {
-    match (req.seq, req.ago_seconds) {
-        (Some(seq), None) => list
-            .iter()
-            .find(|c| c.seq == seq)
-            .cloned()
-            .ok_or_else(|| ApiError::not_found(format!("no checkpoint {seq} (kept: {})", seqs(list)))),
-        (None, Some(ago)) if ago.is_finite() && ago >= 0.0 => {
-            let cutoff = now_ms.saturating_sub((ago * 1e3) as u64);
-            list.iter().rev().find(|c| c.created_at_unix_ms <= cutoff).cloned().ok_or_else(|| {
-                ApiError::not_found(format!("no checkpoint is {ago} s old or older (kept: {})", seqs(list)))
-            })
+impl RewindTarget {
+    /// The target of a request (exactly one of `seq` and a finite, non-negative
+    /// `ago_seconds`), checked before anything is looked up.
+    pub fn of(req: &RewindRequest) -> Result<RewindTarget, ApiError> {
+        match (req.seq, req.ago_seconds) {
+            (Some(seq), None) => Ok(RewindTarget::Seq(seq)),
+            (None, Some(ago)) if ago.is_finite() && ago >= 0.0 => Ok(RewindTarget::Ago(ago)),
+            (None, Some(ago)) => Err(ApiError::bad_request(format!("ago_seconds must be 0 or more, got {ago}"))),
+            _ => Err(ApiError::bad_request("name exactly one of seq and ago_seconds")),
         }
-        (None, Some(ago)) => Err(ApiError::bad_request(format!("ago_seconds must be 0 or more, got {ago}"))),
-        _ => Err(ApiError::bad_request("name exactly one of seq and ago_seconds")),
+    }
+
+    /// The checkpoint of `list` it names at `now_ms`.
+    fn find(self, list: &[CheckpointInfo], now_ms: u64) -> Result<CheckpointInfo, ApiError> {
+        let found = match self {
+            RewindTarget::Seq(seq) => list.iter().find(|c| c.seq == seq),
+            RewindTarget::Ago(ago) => {
+                let cutoff = now_ms.saturating_sub((ago * 1e3) as u64);
+                list.iter().rev().find(|c| c.created_at_unix_ms <= cutoff)
+            }
+        };
+        found.cloned().ok_or_else(|| {
+            let what = match self {
+                RewindTarget::Seq(seq) => format!("no checkpoint {seq}"),
+                RewindTarget::Ago(ago) => format!("no checkpoint is {ago} s old or older"),
+            };
+            ApiError::not_found(format!("{what} (kept: {})", seqs(list)))
+        })
     }
 }
 
@@ -265,7 +280,7 @@ fn seqs(list: &[CheckpointInfo]) -> String {
 }
 
 /// Puts sandbox `id` back at a checkpoint, in place.
-pub async fn rewind(s: &AppState, id: &str, req: RewindRequest) -> Result<RewindReport, ApiError> {
+pub async fn rewind(s: &AppState, id: &str, target: RewindTarget) -> Result<RewindReport, ApiError> {
     let lock = s.disk.sandbox_lock(id);
     let _held = lock.lock().await;
     let id = id.to_string();
@@ -274,7 +289,7 @@ pub async fn rewind(s: &AppState, id: &str, req: RewindRequest) -> Result<Rewind
             let started = Instant::now();
             running(&s, &id)?;
             let list = records::list(&s.db(), &id).map_err(db_err("listing its checkpoints"))?;
-            let checkpoint = chosen(&list, &req, now_unix_ms())?;
+            let checkpoint = target.find(&list, now_unix_ms())?;
             let spawner = s.spawner.clone().ok_or_else(|| ApiError::internal("this daemon has no spawner process"))?;
             let pending = spawner
                 .start_rewind(&id, &checkpoint.tag)
@@ -364,7 +379,7 @@ mod tests {
     #[test]
     fn a_rewind_names_one_checkpoint_by_number_or_age() {
         let list = [c(1, 10_000), c(2, 20_000), c(4, 30_000)];
-        let pick = |seq, ago| chosen(&list, &RewindRequest { seq, ago_seconds: ago }, 40_000);
+        let pick = |seq, ago| RewindTarget::of(&RewindRequest { seq, ago_seconds: ago })?.find(&list, 40_000);
         assert_eq!(pick(Some(2), None).unwrap().seq, 2);
         let e = pick(Some(3), None).unwrap_err();
         assert!(e.message.contains("kept: 1, 2, 4"), "{}", e.message);
@@ -376,10 +391,7 @@ mod tests {
         for bad in [pick(None, None), pick(Some(1), Some(1.0)), pick(None, Some(-1.0)), pick(None, Some(f64::NAN))] {
             assert_eq!(bad.unwrap_err().code, forkvm_api::ErrorCode::BadRequest);
         }
-        assert!(chosen(&[], &RewindRequest { seq: Some(1), ago_seconds: None }, 0)
-            .unwrap_err()
-            .message
-            .contains("none"));
+        assert!(RewindTarget::Seq(1).find(&[], 0).unwrap_err().message.contains("none"));
     }
 
     #[test]

@@ -59,6 +59,6 @@ pub async fn rewind(
     Param(id): Param,
     JsonBody(req): JsonBody<RewindRequest>,
 ) -> Result<Json<RewindReport>, ApiError> {
-    checkpoints::check_rewind(&req)?;
-    checkpoints::rewind(&s, &id, req).await.map(Json)
+    let target = checkpoints::RewindTarget::of(&req)?;
+    checkpoints::rewind(&s, &id, target).await.map(Json)
 }
