@@ -81,6 +81,6 @@ pub fn snapshot_info(store: &Store, e: &StoreEntry, mode: Option<&str>, pause_ms
 
 /// Snapshot `tag` of `store` as [`snapshot_info`] shows it, if the store has it.
 pub fn tag_info(store: &Store, tag: &str, mode: Option<&str>, pause_ms: Option<f64>) -> Option<SnapshotInfo> {
-    let entry = store.list().into_iter().find(|e| e.tag == tag)?;
+    let entry = store.entry(tag)?;
     Some(snapshot_info(store, &entry, mode, pause_ms))
 }

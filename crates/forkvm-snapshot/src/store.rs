@@ -176,6 +176,14 @@ impl Store {
         out
     }
 
+    /// Snapshot `tag` as [`Store::list`] would list it (a valid tag with a readable
+    /// `snapshot.json`, ready or writing), reading only its own description.
+    pub fn entry(&self, tag: &str) -> Option<StoreEntry> {
+        validate_tag(tag).ok()?;
+        let meta = read_meta(&self.snapshots_dir().join(tag).join(SNAPSHOT_JSON)).ok()?;
+        Some(StoreEntry { tag: tag.to_string(), meta })
+    }
+
     /// Deletes snapshot `tag` (ready or writing).
     pub fn remove(&self, tag: &str) -> Result<(), StoreError> {
         let dir = self.tag_dir(tag)?;
@@ -295,6 +303,19 @@ mod tests {
         assert!(store.check_free("free").is_ok());
         let tags: Vec<_> = store.list().into_iter().map(|e| e.tag).collect();
         assert_eq!(tags, ["busy", "ready"]);
+    }
+
+    #[test]
+    fn one_entry_is_what_the_list_has_for_its_tag() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path());
+        put(&store, "ready", SnapshotStatus::Ready, None);
+        put(&store, "busy", SnapshotStatus::Writing, Some(std::process::id()));
+        for e in store.list() {
+            let one = store.entry(&e.tag).unwrap();
+            assert_eq!((one.tag, one.meta.status), (e.tag, e.meta.status));
+        }
+        assert!(store.entry("nope").is_none() && store.entry("../etc").is_none());
     }
 
     #[test]

@@ -105,7 +105,7 @@ pub fn take_locked(s: &AppState, id: &str, trigger: Trigger, note: Option<String
         total_ms: taken.total_ms,
     };
     records::insert(&s.db(), &info).map_err(db_err("recording the checkpoint"))?;
-    if let Some(e) = s.store.list().into_iter().find(|e| e.tag == tag) {
+    if let Some(e) = s.store.entry(&tag) {
         let _ = s.db().upsert_snapshot(&snapshot_row(&snapshot_info(&s.store, &e, None)));
     }
     s.metrics.inc("forkvm_checkpoints_total", &[("trigger", trigger.as_str())]);

@@ -184,7 +184,7 @@ pub async fn branch(
             s.metrics.inc("forkvm_branches_total", &[("mode", mode.name()), ("outcome", "ok")]);
             s.metrics.observe("forkvm_branch_pause_seconds", &[("mode", mode.name())], pause_ms / 1e3);
             let _ = s.db().set_branch_tag(&op, &tag);
-            let entry = s.store.list().into_iter().find(|e| e.tag == tag).ok_or_else(|| {
+            let entry = s.store.entry(&tag).ok_or_else(|| {
                 ApiError::internal(format!("branch {tag:?} reported success but is not in the store"))
             })?;
             let mut info = snapshot_info(&s.store, &entry, None);
@@ -236,7 +236,7 @@ pub fn settle_branch(s: &AppState, op: &str, tag: &str) -> bool {
     match s.store.lookup(tag) {
         Err(StoreError::Writing { .. }) => return false,
         Ok(_) => {
-            if let Some(e) = s.store.list().into_iter().find(|e| e.tag == tag) {
+            if let Some(e) = s.store.entry(tag) {
                 let info = snapshot_info(&s.store, &e, None);
                 let _ = s.db().upsert_snapshot(&snapshot_row(&info));
             }

@@ -46,9 +46,7 @@ pub async fn list(State(s): State<AppState>) -> Result<Json<Vec<SnapshotInfo>>, 
 fn entry(s: &AppState, tag: &str) -> Result<StoreEntry, ApiError> {
     validate_tag(tag)?;
     s.store
-        .list()
-        .into_iter()
-        .find(|e| e.tag == tag)
+        .entry(tag)
         .ok_or_else(|| ApiError::from(StoreError::NotFound { tag: tag.to_string(), store: s.store.snapshots_dir() }))
 }
 
