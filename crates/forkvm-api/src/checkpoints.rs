@@ -40,15 +40,24 @@ pub struct CheckpointPolicy {
     /// running sandbox was rewound to.
     #[serde(default = "default_keep")]
     pub keep: u32,
-    /// The most memory, in MiB, the kept checkpoints may have added to the store (the
-    /// sum of their `bytes_stored`): past it the oldest go first, the newest always
-    /// stays. `null`: only `keep` bounds them.
+    /// The most bytes, in MiB, the kept checkpoints may have added to the store, memory
+    /// and disk layers (the sum of their `bytes_stored`): past it the oldest go first,
+    /// the newest always stays. `null`: only `keep` bounds them.
     #[serde(default)]
     pub max_stored_mib: Option<u64>,
     /// Checkpoints older than this many seconds go (a time window), the newest always
     /// stays; checked whenever one is taken or the policy is set. `null`: no window.
     #[serde(default)]
     pub max_age_seconds: Option<u64>,
+    /// Checkpoints older than this many seconds are thinned to one per
+    /// `thin_every_seconds` (the newest of each such stretch of time stays): recent
+    /// history dense, older history sparse. Given with `thin_every_seconds`; `null`:
+    /// no thinning.
+    #[serde(default)]
+    pub thin_after_seconds: Option<u64>,
+    /// With `thin_after_seconds`: the stretch of time one old checkpoint stands for.
+    #[serde(default)]
+    pub thin_every_seconds: Option<u64>,
 }
 
 fn default_keep() -> u32 {
@@ -63,6 +72,8 @@ impl Default for CheckpointPolicy {
             keep: default_keep(),
             max_stored_mib: None,
             max_age_seconds: None,
+            thin_after_seconds: None,
+            thin_every_seconds: None,
         }
     }
 }
@@ -81,6 +92,18 @@ impl CheckpointPolicy {
         }
         if let Some(a) = self.max_age_seconds.filter(|a| *a == 0 || *a > MAX_AGE_SECONDS) {
             return Err(format!("max_age_seconds must be between 1 and {MAX_AGE_SECONDS}, got {a}"));
+        }
+        match (self.thin_after_seconds, self.thin_every_seconds) {
+            (None, None) => {}
+            (Some(after), Some(every)) => {
+                if after == 0 || after > MAX_AGE_SECONDS {
+                    return Err(format!("thin_after_seconds must be between 1 and {MAX_AGE_SECONDS}, got {after}"));
+                }
+                if !(2..=MAX_AGE_SECONDS).contains(&every) {
+                    return Err(format!("thin_every_seconds must be between 2 and {MAX_AGE_SECONDS}, got {every}"));
+                }
+            }
+            _ => return Err("thin_after_seconds and thin_every_seconds are given together".into()),
         }
         Ok(())
     }
@@ -103,9 +126,13 @@ pub struct CheckpointInfo {
     pub pause_ms: f64,
     /// Memory pages that differ from the sandbox's base snapshot.
     pub pages: u64,
-    /// Bytes of memory this checkpoint added to the store (what changed since the
-    /// previous one; unchanged memory is shared).
+    /// Bytes this checkpoint added to the store, memory and disk (what changed since the
+    /// previous one; unchanged memory and disk layers are shared).
     pub bytes_stored: u64,
+    /// Of `bytes_stored`, the disks' new sealed layers (blocks written since the
+    /// previous checkpoint).
+    #[serde(default)]
+    pub disk_bytes_stored: u64,
     /// The whole checkpoint, writing and comparing its memory included.
     pub total_ms: f64,
 }
@@ -143,4 +170,30 @@ pub struct RewindReport {
     pub stop_ms: f64,
     /// Until its agent answered from the checkpoint.
     pub total_ms: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_policy_names_the_field_it_refuses() {
+        let ok = CheckpointPolicy { thin_after_seconds: Some(600), thin_every_seconds: Some(60), ..Default::default() };
+        ok.validate().unwrap();
+        CheckpointPolicy::default().validate().unwrap();
+        let bad = [
+            (CheckpointPolicy { keep: 0, ..Default::default() }, "keep"),
+            (CheckpointPolicy { every_seconds: Some(0), ..Default::default() }, "every_seconds"),
+            (CheckpointPolicy { max_stored_mib: Some(0), ..Default::default() }, "max_stored_mib"),
+            (CheckpointPolicy { max_age_seconds: Some(0), ..Default::default() }, "max_age_seconds"),
+            (CheckpointPolicy { thin_after_seconds: Some(60), ..Default::default() }, "together"),
+            (CheckpointPolicy { thin_every_seconds: Some(60), ..Default::default() }, "together"),
+            (CheckpointPolicy { thin_every_seconds: Some(1), ..ok.clone() }, "thin_every_seconds"),
+            (CheckpointPolicy { thin_after_seconds: Some(0), ..ok.clone() }, "thin_after_seconds"),
+        ];
+        for (policy, field) in bad {
+            let e = policy.validate().unwrap_err();
+            assert!(e.contains(field), "{e} should name {field}");
+        }
+    }
 }

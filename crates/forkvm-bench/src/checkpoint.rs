@@ -6,7 +6,10 @@
 //! - checkpoints of a sandbox that rewrites `--dirty-mib` of memory (numpy, in place,
 //!   every byte changed) before each: the same, and bytes stored against bytes dirtied;
 //! - rewinding the sandbox in place to a checkpoint, against spawning a sandbox from T
-//!   (both to the agent's first answer).
+//!   (both to the agent's first answer);
+//! - what a checkpoint after every call (`after_exec`) adds to an `eval` call as its
+//!   client sees it: the call answers at the checkpoint's pause, and the writing goes on
+//!   during the `--call-gap-ms` before the next call (an agent's think time).
 //!
 //! The pause and the store's bytes are host-side (real here); the dirtying and the
 //! rewind's guest readiness run guest code, emulated on PVM hosts (PLATFORM.md).
@@ -36,26 +39,32 @@ pub struct BenchCheckpointArgs {
     /// Rewinds timed (and spawns from the tag beside them).
     #[arg(long, default_value_t = 5)]
     pub rewinds: usize,
+    /// Calls timed with and without a checkpoint after each (0: skip them).
+    #[arg(long, default_value_t = 10)]
+    pub calls: usize,
+    /// Time between those calls (an agent's think time).
+    #[arg(long, default_value_t = 1000)]
+    pub call_gap_ms: u64,
     /// Print JSON only.
     #[arg(long)]
     pub json: bool,
 }
 
 pub fn run(a: BenchCheckpointArgs) -> Result<i32> {
-    if !(2..=1000).contains(&a.checkpoints) || !(1..=50).contains(&a.rewinds) || a.dirty_mib > 1024 {
-        bail!("--checkpoints is 2..=1000, --rewinds 1..=50, --dirty-mib at most 1024");
+    if !(2..=1000).contains(&a.checkpoints) || !(1..=50).contains(&a.rewinds) || a.dirty_mib > 1024 || a.calls > 200 {
+        bail!("--checkpoints is 2..=1000, --rewinds 1..=50, --dirty-mib at most 1024, --calls at most 200");
     }
     let mut report = crate::api::with_bench_daemon(|socket| measure(socket, &a))?;
     report["bench"] = "checkpoint".into();
     report["command"] = format!(
-        "forkvm bench checkpoint --tag {} --checkpoints {} --gap-ms {} --dirty-mib {} --rewinds {} --json",
-        a.tag, a.checkpoints, a.gap_ms, a.dirty_mib, a.rewinds
+        "forkvm bench checkpoint --tag {} --checkpoints {} --gap-ms {} --dirty-mib {} --rewinds {} --calls {} --call-gap-ms {} --json",
+        a.tag, a.checkpoints, a.gap_ms, a.dirty_mib, a.rewinds, a.calls, a.call_gap_ms
     )
     .into();
     report["machine"] = machine();
     if !a.json {
         eprintln!(
-            "idle: pause p50 {} ms, {} KiB/checkpoint; dirty {} MiB: pause p50 {} ms, stored/dirtied {}; rewind p50 {} ms vs spawn {} ms",
+            "idle: pause p50 {} ms, {} KiB/checkpoint; dirty {} MiB: pause p50 {} ms, stored/dirtied {}; rewind p50 {} ms vs spawn {} ms; eval {} ms, with a checkpoint after it {} ms",
             report["idle"]["pause_ms"]["p50"],
             report["idle"]["kib_stored_p50"],
             a.dirty_mib,
@@ -63,6 +72,8 @@ pub fn run(a: BenchCheckpointArgs) -> Result<i32> {
             report["dirty"]["stored_over_dirtied"],
             report["rewind_ms"]["p50"],
             report["spawn_from_tag_ms"]["p50"],
+            report["after_exec"]["call_ms"]["p50"],
+            report["after_exec"]["call_with_checkpoint_ms"]["p50"],
         );
     }
     println!("{}", serde_json::to_string_pretty(&report)?);
@@ -126,6 +137,7 @@ fn measure(socket: &std::path::Path, a: &BenchCheckpointArgs) -> Result<serde_js
                 let _ = client.kill_sandbox(&s.id);
             }
         }
+        let after_exec = calls(&client, &sb.id, a)?;
         let dirtied = (a.dirty_mib << 20) as f64;
         let mut stored: Vec<f64> = dirty.iter().map(|c| c.bytes_stored as f64).collect();
         let stored_p50 = median(&mut stored);
@@ -143,8 +155,48 @@ fn measure(socket: &std::path::Path, a: &BenchCheckpointArgs) -> Result<serde_js
             "rewind_ms": p50_p99(rewind_ms),
             "spawn_from_tag_ms": p50_p99(spawn_ms),
             "rewind_over_spawn": r2(rewind_p50 / spawn_p50),
+            "after_exec": after_exec,
         }))
     })();
     let _ = client.kill_sandbox(&sb.id);
     measured
+}
+
+/// `eval("None")` timed `a.calls` times without a checkpoint policy, then with
+/// `after_exec` (each call `a.call_gap_ms` after the previous one answered).
+fn calls(client: &Client, id: &str, a: &BenchCheckpointArgs) -> Result<serde_json::Value> {
+    if a.calls == 0 {
+        return Ok(json!(null));
+    }
+    let time_calls = || -> Result<Vec<f64>> {
+        let mut ms = Vec::new();
+        for _ in 0..a.calls {
+            std::thread::sleep(Duration::from_millis(a.call_gap_ms));
+            let t = Instant::now();
+            client.eval(id, "None")?;
+            ms.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        Ok(ms)
+    };
+    let mut policy = client.checkpoints(id)?.policy;
+    let plain = time_calls()?;
+    policy.after_exec = true;
+    client.set_checkpoint_policy(id, &policy)?;
+    let with = time_calls();
+    policy.after_exec = false;
+    client.set_checkpoint_policy(id, &policy)?;
+    let with = with?;
+    let list = client.checkpoints(id)?.checkpoints;
+    let made: Vec<&CheckpointInfo> = list.iter().filter(|c| c.trigger == "exec").collect();
+    if made.len() < a.calls.min(policy.keep as usize) {
+        bail!("{} calls made {} checkpoints after them", a.calls, made.len());
+    }
+    let (p, w) = (median(&mut plain.clone()), median(&mut with.clone()));
+    Ok(json!({
+        "gap_ms": a.call_gap_ms,
+        "call_ms": p50_p99(plain),
+        "call_with_checkpoint_ms": p50_p99(with),
+        "added_ms_p50": r2(w - p),
+        "checkpoint_total_ms": p50_p99(made.iter().map(|c| c.total_ms).collect()),
+    }))
 }

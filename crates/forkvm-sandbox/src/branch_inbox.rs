@@ -139,7 +139,7 @@ impl Drop for Inbox {
 }
 
 /// Writes `defaults` into the `snapshot.json` of branch `tag` at `dir` (ours by now).
-fn stamp_defaults(tag: &str, dir: &Path, defaults: &BranchDefaults) -> Result<(), AdoptError> {
+pub(crate) fn stamp_defaults(tag: &str, dir: &Path, defaults: &BranchDefaults) -> Result<(), AdoptError> {
     let refused = |e: forkvm_snapshot::MetadataError| AdoptError::Refused { tag: tag.into(), reason: e.to_string() };
     let mut meta = forkvm_snapshot::read_meta(&dir.join(forkvm_snapshot::SNAPSHOT_JSON)).map_err(refused)?;
     meta.default_limits = defaults.limits;

@@ -140,7 +140,7 @@ pub fn snapshot_diff_via(
         let steps_started = Instant::now();
         let output = work(&sandbox.client)?;
         let steps_ms = steps_started.elapsed().as_secs_f64() * 1e3;
-        let (diff, pause_ms, branch_ms, diff_ms) = diff_branch(registry, store, &id, from, tag)?;
+        let (diff, pause_ms, branch_ms, diff_ms) = diff_branch(registry, store, &id, from, tag, None)?;
         Ok::<_, ChainOpError>((output, steps_ms, diff, pause_ms, branch_ms, diff_ms))
     })();
     let killed = verbs::kill(registry, &id);
@@ -211,13 +211,15 @@ pub(crate) fn spawn_from_tag(
 
 /// Branches running sandbox `id` (spawned from `parent`) into a staging directory and
 /// publishes it as the diff `tag` over `parent`. Returns the diff, the pause, the branch
-/// time and the diff time.
+/// time and the diff time. `paused`: called once the sandbox runs again, before its
+/// memory is written and compared (`verbs::branch_to_dir_then`).
 pub(crate) fn diff_branch(
     registry: &Registry,
     store: &Store,
     id: &str,
     parent: &str,
     tag: &str,
+    paused: Option<&mut dyn FnMut()>,
 ) -> Result<(ConvertReport, f64, f64, f64), ChainOpError> {
     store.check_free(tag).map_err(ChainError::from)?;
     let chain = chain::resolve(store, parent)?;
@@ -229,7 +231,10 @@ pub(crate) fn diff_branch(
     let staging = chain::new_staging_dir(store, "diff")?;
     let result = (|| {
         let branched = Instant::now();
-        let report = verbs::branch_to_dir(registry, store, &staging, id, tag, mode, true)?;
+        let report = match paused {
+            Some(paused) => verbs::branch_to_dir_then(registry, store, &staging, id, tag, mode, paused)?,
+            None => verbs::branch_to_dir(registry, store, &staging, id, tag, mode, true)?,
+        };
         let branch_ms = branched.elapsed().as_secs_f64() * 1e3;
         let staged = SnapshotDir::open(&report.dir).map_err(|e| ChainOpError::Staged(e.to_string()))?;
         let diffing = Instant::now();
@@ -257,7 +262,7 @@ pub fn branch_diff(
     // The sandbox's memory started as the parent's: if the parent is still a whole
     // image, moving it into the chunk store does not change that.
     chain::ingest(store, &cache, &parent)?;
-    let (diff, pause_ms, _, _) = diff_branch(registry, store, id, &parent, tag)?;
+    let (diff, pause_ms, _, _) = diff_branch(registry, store, id, &parent, tag, None)?;
     let _ = registry.record_branch(id, tag);
     Ok((diff, pause_ms))
 }

@@ -17,6 +17,8 @@ use crate::registry::Registry;
 use crate::source::assembled_cache;
 use forkvm_snapshot::{chain, SnapshotDir, Store};
 use serde::Serialize;
+use std::collections::HashSet;
+use std::os::unix::fs::MetadataExt;
 use std::time::Instant;
 
 /// What taking a checkpoint did.
@@ -27,8 +29,12 @@ pub struct Taken {
     pub pause_ms: f64,
     /// Memory pages that differ from the base.
     pub pages: u64,
-    /// Bytes of memory chunks the store did not have yet: this checkpoint's own cost.
+    /// Bytes of memory chunks the store did not have yet: this checkpoint's own cost in
+    /// memory.
     pub bytes_stored: u64,
+    /// Bytes of the disks' sealed layers neither the base nor `previous` holds: its own
+    /// cost in disk.
+    pub disk_bytes_stored: u64,
     pub chunks_new: u64,
     /// Chunks shared with the base's other checkpoints (unchanged since).
     pub chunks_reused: u64,
@@ -43,6 +49,10 @@ pub struct Taken {
 /// to the newest checkpoint maps it at once); `previous`'s is dropped from it, so a
 /// sandbox's checkpoints hold one flat image there, not one each (a rewind to an older
 /// one assembles it from the chunks first).
+///
+/// `paused` is called as soon as the sandbox runs again: its state is the checkpoint's
+/// from then on, so a caller may answer its client there while the memory is written
+/// and compared.
 pub fn take(
     registry: &Registry,
     store: &Store,
@@ -50,23 +60,52 @@ pub fn take(
     base: &str,
     tag: &str,
     previous: Option<&str>,
+    paused: &mut dyn FnMut(),
 ) -> Result<Taken, ChainOpError> {
     let started = Instant::now();
     let cache = assembled_cache();
     // A diff's parent must be chunked; done once per base.
     chain::ingest(store, &cache, base)?;
-    let (diff, pause_ms, _, _) = diff_branch(registry, store, id, base, tag)?;
-    if let Some(hash) = previous.and_then(|p| SnapshotDir::open(&store.snapshots_dir().join(p)).ok()?.meta.content_hash)
-    {
+    let (diff, pause_ms, _, _) = diff_branch(registry, store, id, base, tag, Some(paused))?;
+    let open = |tag: &str| SnapshotDir::open(&store.snapshots_dir().join(tag)).ok();
+    let previous = previous.and_then(open);
+    if let Some(hash) = previous.as_ref().and_then(|p| p.meta.content_hash.clone()) {
         cache.evict(&hash);
     }
+    let disk_bytes_stored = match open(tag) {
+        Some(taken) => new_layer_bytes(&taken, [open(base), previous].iter().flatten()),
+        None => 0,
+    };
     Ok(Taken {
         tag: tag.to_string(),
         pause_ms,
         pages: diff.pages,
         bytes_stored: diff.bytes_stored,
+        disk_bytes_stored,
         chunks_new: diff.chunks_new,
         chunks_reused: diff.chunks_reused,
         total_ms: started.elapsed().as_secs_f64() * 1e3,
     })
+}
+
+/// The sealed layers of `dir`'s disks: (directory, layer id).
+fn layers(dir: &SnapshotDir) -> Vec<(std::path::PathBuf, String)> {
+    let disk_dir = dir.path.join(forkvm_snapshot::DISK_DIR);
+    let disks = dir.meta.devices.iter().flat_map(|d| d.disks.iter()).filter(|d| d.has_plain_name());
+    disks.flat_map(|d| d.layers.iter().flatten().map(|l| (d.layer_dir(&disk_dir, l), l.clone()))).collect()
+}
+
+/// Bytes on the host (allocated, so a sparse layer counts what it holds) of the sealed
+/// layers of `taken` that none of `others` holds: layer ids are random and never reused.
+fn new_layer_bytes<'a>(taken: &SnapshotDir, others: impl Iterator<Item = &'a SnapshotDir>) -> u64 {
+    let known: HashSet<String> = others.flat_map(|o| layers(o).into_iter().map(|(_, id)| id)).collect();
+    let allocated = |p: std::path::PathBuf| std::fs::symlink_metadata(p).map_or(0, |m| m.blocks() * 512);
+    layers(taken)
+        .into_iter()
+        .filter(|(_, id)| !known.contains(id))
+        .map(|(dir, _)| {
+            allocated(dir.join(forkvm_snapshot::layered_disk::DATA_FILE))
+                + allocated(dir.join(forkvm_snapshot::layered_disk::BITMAP_FILE))
+        })
+        .sum()
 }

@@ -1,5 +1,5 @@
 //! `checkpoint ID` (one now), `checkpoints ID` (the list, and the policy with `--every`,
-//! `--after-exec`, `--keep`), and `rewind ID --to SEQ | --ago DURATION` (the sandbox
+//! `--after-exec`, `--keep`, `--max-stored-mib`, `--max-age`, `--thin`), and `rewind ID --to SEQ | --ago DURATION` (the sandbox
 //! back at a checkpoint, in place). Daemon only: checkpoints are the daemon's records.
 //! Forking from a checkpoint is `forkvm fork --tag ckpt-ID-SEQ`.
 
@@ -32,15 +32,30 @@ pub struct CheckpointsArgs {
     /// Set its policy: keep this many checkpoints (1-256).
     #[arg(long)]
     pub keep: Option<u32>,
-    /// Set its policy: the most MiB of memory its kept checkpoints may have added to the
-    /// store (`off`: no such bound).
+    /// Set its policy: the most MiB (memory and disk layers) its kept checkpoints may have
+    /// added to the store (`off`: no such bound).
     #[arg(long, value_name = "MIB")]
     pub max_stored_mib: Option<String>,
     /// Set its policy: checkpoints older than DURATION go, the newest stays (`1h`, `off`).
     #[arg(long, value_name = "DURATION")]
     pub max_age: Option<String>,
+    /// Set its policy: past AGE, one checkpoint per EVERY (`10m:1m`: older than ten
+    /// minutes, one per minute; `off`).
+    #[arg(long, value_name = "AGE:EVERY")]
+    pub thin: Option<String>,
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--thin AGE:EVERY` (or `off`): (thin_after_seconds, thin_every_seconds).
+fn parse_thin(text: &str) -> Result<(Option<u64>, Option<u64>)> {
+    if matches!(text, "off" | "none") {
+        return Ok((None, None));
+    }
+    let Some((after, every)) = text.split_once(':') else {
+        bail!("--thin {text:?}: give AGE:EVERY, e.g. 10m:1m, or off");
+    };
+    Ok((Some(parse_duration(after)?.round() as u64), Some(parse_duration(every)?.round() as u64)))
 }
 
 #[derive(Args, Debug)]
@@ -80,12 +95,13 @@ pub fn parse_duration(text: &str) -> Result<f64> {
 
 fn line(c: &CheckpointInfo) -> String {
     format!(
-        "{}\t{}\t{}\tpause {:.1} ms\t{} KiB new\t{}",
+        "{}\t{}\t{}\tpause {:.1} ms\t{} KiB new ({} KiB disk)\t{}",
         c.seq,
         c.tag,
         c.trigger,
         c.pause_ms,
         c.bytes_stored / 1024,
+        c.disk_bytes_stored / 1024,
         c.note.as_deref().unwrap_or("-")
     )
 }
@@ -106,7 +122,8 @@ pub fn checkpoints(a: CheckpointsArgs, remote: &RemoteArgs) -> Result<i32> {
         || a.after_exec.is_some()
         || a.keep.is_some()
         || a.max_stored_mib.is_some()
-        || a.max_age.is_some();
+        || a.max_age.is_some()
+        || a.thin.is_some();
     let list: CheckpointList = if changes {
         let mut policy = client.checkpoints(&a.id)?.policy;
         if let Some(every) = &a.every {
@@ -133,6 +150,9 @@ pub fn checkpoints(a: CheckpointsArgs, remote: &RemoteArgs) -> Result<i32> {
                 d => Some(parse_duration(d)?.round() as u64),
             };
         }
+        if let Some(t) = &a.thin {
+            (policy.thin_after_seconds, policy.thin_every_seconds) = parse_thin(t)?;
+        }
         client.set_checkpoint_policy(&a.id, &policy)?
     } else {
         client.checkpoints(&a.id)?
@@ -145,7 +165,11 @@ pub fn checkpoints(a: CheckpointsArgs, remote: &RemoteArgs) -> Result<i32> {
     let every = p.every_seconds.map_or("off".to_string(), |s| format!("{s}s"));
     let quota = p.max_stored_mib.map_or(String::new(), |m| format!(", at most {m} MiB"));
     let window = p.max_age_seconds.map_or(String::new(), |a| format!(", at most {a}s old"));
-    println!("# every {every}, after exec {}, keep {}{quota}{window}", p.after_exec, p.keep);
+    let thin = match (p.thin_after_seconds, p.thin_every_seconds) {
+        (Some(after), Some(every)) => format!(", past {after}s one per {every}s"),
+        _ => String::new(),
+    };
+    println!("# every {every}, after exec {}, keep {}{quota}{window}{thin}", p.after_exec, p.keep);
     for c in &list.checkpoints {
         println!("{}", line(c));
     }
@@ -169,7 +193,7 @@ pub fn rewind(a: RewindArgs, remote: &RemoteArgs) -> Result<i32> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_duration;
+    use super::{parse_duration, parse_thin};
 
     #[test]
     fn durations() {
@@ -180,6 +204,15 @@ mod tests {
         assert_eq!(parse_duration("250ms").unwrap(), 0.25);
         for bad in ["", "s", "-1s", "5d", "x5", "NaN"] {
             assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn thinning() {
+        assert_eq!(parse_thin("10m:1m").unwrap(), (Some(600), Some(60)));
+        assert_eq!(parse_thin("off").unwrap(), (None, None));
+        for bad in ["10m", "10m:", ":1m", "x:1m"] {
+            assert!(parse_thin(bad).is_err(), "{bad:?}");
         }
     }
 }

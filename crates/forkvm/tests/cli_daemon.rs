@@ -199,6 +199,23 @@ fn cli_verbs_through_the_daemon_over_unix_and_tls() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("checkpoint needs the daemon"), "{out:?}");
     let out = env.cli(&["rewind", a, "--ago", "5d"], &[]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown unit"), "{out:?}");
+    // A sandbox killed without the daemon (the CLI's own kill) leaves checkpoints behind;
+    // the daemon's sweep removes them, rows and snapshots.
+    let made: serde_json::Value = serde_json::from_str(&env.ok(&["fork", "--tag", "py", "-n", "1", "--json"])).unwrap();
+    let c = made["sandboxes"][0]["sandbox_id"].as_str().unwrap().to_string();
+    env.ok(&["checkpoints", &c, "--thin", "10m:1m"]);
+    env.ok(&["checkpoint", &c]);
+    let tag = format!("ckpt-{c}-1");
+    assert!(env.ok(&["snapshot", "ls"]).contains(&tag));
+    let out = env.command(&["kill", &c]).output().unwrap();
+    assert!(out.status.success(), "local kill: {}", String::from_utf8_lossy(&out.stderr));
+    let swept = (0..80).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        !env.ok(&["snapshot", "ls"]).contains(&tag)
+    });
+    assert!(swept, "{tag} outlived its sandbox by 20 s");
+    let out = env.cli(&["checkpoints", &c], &[]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not found"), "{out:?}");
 
     let b: serde_json::Value =
         serde_json::from_str(&env.ok(&["branch", a, "--mode", "live", "--tag", "cli-b", "--json"])).unwrap();

@@ -10,6 +10,7 @@
 //! - Branches in flight are settled: a snapshot whose writer finished is recorded ready,
 //!   one still being written is watched, one whose writer died is removed.
 //! - Snapshot rows follow the store.
+//! - The checkpoints of sandboxes that are gone are removed (`checkpoints::sweep_orphans`).
 
 use crate::state::AppState;
 use crate::views::{snapshot_info, snapshot_row};
@@ -34,6 +35,8 @@ pub struct Reconciled {
     pub swept_snapshots: Vec<String>,
     /// Running sandboxes whose network (DNS, policy) this daemon serves again.
     pub networks_served: Vec<String>,
+    /// Sandboxes that are gone whose checkpoints were removed.
+    pub checkpoints_swept: Vec<String>,
 }
 
 /// Runs before the listeners open. Returns the branches (op, tag) still being written.
@@ -69,6 +72,8 @@ pub fn reconcile(s: &AppState) -> (Reconciled, Vec<(String, String)>) {
             }
         }
     }
+
+    out.checkpoints_swept = crate::checkpoints::sweep_orphans(s);
 
     let rows = s.snapshot_rows();
     let entries = s.store.list();

@@ -6,7 +6,9 @@
 //! polling a sandbox cannot remove or salvage anything. This pass does, every
 //! [`PERIOD`]: [`Registry::sweep`](forkvm_sandbox::Registry::sweep) salvages the disk
 //! writes into the sandbox's vault and removes the run directory and the row (a restored
-//! sandbox goes back to `archived`), and settles starts whose starter died.
+//! sandbox goes back to `archived`), and settles starts whose starter died; then the
+//! checkpoints of sandboxes that are gone are removed
+//! ([`crate::checkpoints::sweep_orphans`]).
 
 use crate::state::AppState;
 use forkvm_sandbox::registry::Swept;
@@ -24,6 +26,10 @@ pub fn sweep_once(s: &AppState) -> Swept {
     s.metrics.add("forkvm_vmm_seccomp_kills_total", &[], swept.seccomp_denied.len() as u64);
     if !swept.is_empty() {
         tracing::info!(?swept, "swept sandboxes whose VMM or starter had stopped");
+    }
+    let orphans = crate::checkpoints::sweep_orphans(s);
+    if !orphans.is_empty() {
+        tracing::info!(sandboxes = ?orphans, "removed the checkpoints of sandboxes that are gone");
     }
     swept
 }

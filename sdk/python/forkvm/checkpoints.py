@@ -29,10 +29,15 @@ class CheckpointPolicy(_Record):
     after_exec: bool = False
     #: How many are kept (1-256); the oldest goes first.
     keep: int = 32
-    #: The most MiB of memory the kept checkpoints may have added to the store (None: no bound).
+    #: The most MiB (memory and disk layers) the kept checkpoints may have added to the
+    #: store (None: no bound).
     max_stored_mib: Optional[int] = None
     #: Checkpoints older than this many seconds go; the newest stays (None: no window).
     max_age_seconds: Optional[int] = None
+    #: Checkpoints older than this many seconds are thinned to one per
+    #: ``thin_every_seconds`` (the newest of each stretch stays); both or neither.
+    thin_after_seconds: Optional[int] = None
+    thin_every_seconds: Optional[int] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -44,6 +49,8 @@ class CheckpointPolicy(_Record):
             keep=f.int_or("keep", 32),
             max_stored_mib=f.opt_int("max_stored_mib"),
             max_age_seconds=f.opt_int("max_age_seconds"),
+            thin_after_seconds=f.opt_int("thin_after_seconds"),
+            thin_every_seconds=f.opt_int("thin_every_seconds"),
             raw=_raw(data),
         )
 
@@ -54,6 +61,8 @@ class CheckpointPolicy(_Record):
             "keep": self.keep,
             "max_stored_mib": self.max_stored_mib,
             "max_age_seconds": self.max_age_seconds,
+            "thin_after_seconds": self.thin_after_seconds,
+            "thin_every_seconds": self.thin_every_seconds,
         }
 
 
@@ -72,8 +81,10 @@ class CheckpointInfo(_Record):
     pause_ms: float
     #: Memory pages that differ from the sandbox's base snapshot.
     pages: int
-    #: Bytes of memory this checkpoint added to the store.
+    #: Bytes this checkpoint added to the store, memory and disk.
     bytes_stored: int
+    #: Of ``bytes_stored``, the disks' new sealed layers.
+    disk_bytes_stored: int
     total_ms: float
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -90,6 +101,7 @@ class CheckpointInfo(_Record):
             pause_ms=f.req_float("pause_ms"),
             pages=f.req_int("pages"),
             bytes_stored=f.req_int("bytes_stored"),
+            disk_bytes_stored=f.req_int("disk_bytes_stored"),
             total_ms=f.req_float("total_ms"),
             raw=_raw(data),
         )

@@ -977,11 +977,20 @@ CHECKPOINT = {
     "pause_ms": 3.5,
     "pages": 12,
     "bytes_stored": 8192,
+    "disk_bytes_stored": 4096,
     "total_ms": 210.0,
 }
 CHECKPOINTS = {
     "sandbox_id": "ID",
-    "policy": {"every_seconds": 5, "after_exec": True, "keep": 8, "max_stored_mib": 64, "max_age_seconds": 600},
+    "policy": {
+        "every_seconds": 5,
+        "after_exec": True,
+        "keep": 8,
+        "max_stored_mib": 64,
+        "max_age_seconds": 600,
+        "thin_after_seconds": 300,
+        "thin_every_seconds": 60,
+    },
     "base_tag": "py",
     "checkpoints": [CHECKPOINT],
 }
@@ -990,9 +999,18 @@ CHECKPOINTS = {
 def _policy_round_trip(c: Controller) -> None:
     from forkvm import CheckpointPolicy
 
-    policy = CheckpointPolicy(every_seconds=5, after_exec=True, keep=8, max_stored_mib=64, max_age_seconds=600)
+    policy = CheckpointPolicy(
+        every_seconds=5,
+        after_exec=True,
+        keep=8,
+        max_stored_mib=64,
+        max_age_seconds=600,
+        thin_after_seconds=300,
+        thin_every_seconds=60,
+    )
     got = c.set_checkpoint_policy("ID", policy)
     assert got.policy == policy
+    assert got.checkpoints[0].disk_bytes_stored == 4096
     assert got.checkpoints[0].note == "eval: x = 1" and got.base_tag == "py"
 
 

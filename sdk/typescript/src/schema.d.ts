@@ -2684,7 +2684,7 @@ export interface components {
             keep?: number;
             /**
              * Format: int64
-             * @description The most memory, in MiB, the kept checkpoints may have added to the store (the sum of their `bytes_stored`): past it the oldest go first; the newest always stays. `null`: only `keep` bounds them.
+             * @description The most bytes, in MiB, the kept checkpoints may have added to the store, memory and disk layers (the sum of their `bytes_stored`): past it the oldest go first; the newest always stays. `null`: only `keep` bounds them.
              * @default null
              */
             max_stored_mib?: number | null;
@@ -2694,6 +2694,18 @@ export interface components {
              * @default null
              */
             max_age_seconds?: number | null;
+            /**
+             * Format: int64
+             * @description Checkpoints older than this many seconds are thinned to one per `thin_every_seconds` (the newest of each such stretch of time stays): recent history dense, older history sparse. Given with `thin_every_seconds`; `null`: no thinning.
+             * @default null
+             */
+            thin_after_seconds?: number | null;
+            /**
+             * Format: int64
+             * @description With `thin_after_seconds`: the stretch of time one old checkpoint stands for.
+             * @default null
+             */
+            thin_every_seconds?: number | null;
         };
         /** @description forkvm: one checkpoint of a sandbox: its memory and disks at one moment, as a snapshot tag of its own. */
         CheckpointInfo: {
@@ -2726,9 +2738,14 @@ export interface components {
             pages: number;
             /**
              * Format: int64
-             * @description Bytes of memory this checkpoint added to the store: what changed since the previous one (unchanged memory is shared).
+             * @description Bytes this checkpoint added to the store, memory and disk: what changed since the previous one (unchanged memory and disk layers are shared).
              */
             bytes_stored: number;
+            /**
+             * Format: int64
+             * @description Of `bytes_stored`, the disks' new sealed layers (blocks written since the previous checkpoint).
+             */
+            disk_bytes_stored: number;
             /**
              * Format: double
              * @description The whole checkpoint, writing and comparing its memory included.

@@ -92,6 +92,7 @@ const CHECKPOINT = {
   pause_ms: 3.5,
   pages: 12,
   bytes_stored: 8192,
+  disk_bytes_stored: 4096,
   total_ms: 210,
 };
 const CHECKPOINTS = { sandbox_id: "ID", policy: { every_seconds: 5, after_exec: true, keep: 8 }, base_tag: "py", checkpoints: [CHECKPOINT] };

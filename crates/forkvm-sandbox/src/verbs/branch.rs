@@ -9,6 +9,13 @@ use crate::registry::{Registry, SandboxRecord};
 use forkvm_snapshot::{SnapshotStatus, Store};
 use forkvm_vmm::vmm::{BranchMode, BranchReport, BranchRequest, DiskCapture};
 use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// Longest wait for a live branch's memory to be written once its pause is over (it
+/// takes a fraction of a second here; the writer runs at idle priority).
+const WRITE_DEADLINE: Duration = Duration::from_secs(300);
+/// How often the wait looks.
+const WRITE_POLL: Duration = Duration::from_millis(2);
 
 /// Snapshots running sandbox `id` under `tag` (default `branch-<id>-<n>`, the first
 /// free) in `store`.
@@ -26,7 +33,7 @@ pub fn branch(
         None => default_tag(store, id),
     };
     store.check_free(&tag)?;
-    let report = branch_into(registry, store, &snapshots, id, &tag, mode, wait)?;
+    let (report, _) = branch_into(registry, store, &snapshots, id, &tag, mode, wait)?;
     // Counted in its row (best effort: the snapshot stands either way).
     let _ = registry.record_branch(id, &report.tag);
     Ok(report)
@@ -43,7 +50,60 @@ pub fn branch_to_dir(
     mode: BranchMode,
     wait: bool,
 ) -> Result<BranchReport, LifecycleError> {
-    branch_into(registry, store, dir, id, tag, mode, wait)
+    branch_into(registry, store, dir, id, tag, mode, wait).map(|(report, _)| report)
+}
+
+/// [`branch_to_dir`] that calls `paused` as soon as the sandbox runs again (its state is
+/// captured by then), and only then waits for a live branch's memory to be written and
+/// takes the snapshot over. A caller answers its own client in `paused` and lets the
+/// writing go on.
+pub fn branch_to_dir_then(
+    registry: &Registry,
+    store: &Store,
+    dir: &Path,
+    id: &str,
+    tag: &str,
+    mode: BranchMode,
+    paused: &mut dyn FnMut(),
+) -> Result<BranchReport, LifecycleError> {
+    let (mut report, defaults) = branch_into(registry, store, dir, id, tag, mode, false)?;
+    paused();
+    if report.status == SnapshotStatus::Writing {
+        wait_written(&report.dir, tag)?;
+        store
+            .adopt_ready(&report.dir)
+            .map_err(|e| LifecycleError::NotWritten { tag: tag.to_string(), reason: format!("taking it over: {e}") })?;
+        crate::branch_inbox::stamp_defaults(tag, &report.dir, &defaults)?;
+        report.status = SnapshotStatus::Ready;
+    }
+    Ok(report)
+}
+
+/// Waits until the live branch at `dir` says it is ready. Its VMM removes it when the
+/// writing fails, and a VMM that died writes nothing more: both end the wait, as does
+/// [`WRITE_DEADLINE`].
+fn wait_written(dir: &Path, tag: &str) -> Result<(), LifecycleError> {
+    let not_written = |reason: String| LifecycleError::NotWritten { tag: tag.to_string(), reason };
+    let started = Instant::now();
+    loop {
+        let meta = match forkvm_snapshot::read_meta(&dir.join(forkvm_snapshot::SNAPSHOT_JSON)) {
+            Ok(m) => m,
+            Err(e) => return Err(not_written(format!("its description: {e}"))),
+        };
+        if meta.status == SnapshotStatus::Ready {
+            return Ok(());
+        }
+        match forkvm_snapshot::writer_pid(dir, None) {
+            Some(pid) if !forkvm_snapshot::process_alive(pid) => {
+                return Err(not_written(format!("its VMM (pid {pid}) exited while writing it")))
+            }
+            _ => {}
+        }
+        if started.elapsed() > WRITE_DEADLINE {
+            return Err(not_written(format!("still being written after {WRITE_DEADLINE:?}")));
+        }
+        std::thread::sleep(WRITE_POLL);
+    }
 }
 
 fn branch_into(
@@ -54,7 +114,7 @@ fn branch_into(
     tag: &str,
     mode: BranchMode,
     wait: bool,
-) -> Result<BranchReport, LifecycleError> {
+) -> Result<(BranchReport, BranchDefaults), LifecycleError> {
     forkvm_snapshot::validate_tag(tag).map_err(forkvm_snapshot::StoreError::from)?;
     let (r, _) = check_ready(registry, id)?;
     let inbox = Inbox::make(store, &r).map_err(|e| LifecycleError::Inbox(e.to_string()))?;
@@ -79,7 +139,7 @@ fn branch_into(
     let writer = (report.status == SnapshotStatus::Writing).then_some(r.pid);
     inbox.adopt(tag, &grant_of(store, &r), &dest, writer, &defaults)?;
     report.dir = dest;
-    Ok(report)
+    Ok((report, defaults))
 }
 
 fn grant_of(store: &Store, r: &SandboxRecord) -> DiskGrant {

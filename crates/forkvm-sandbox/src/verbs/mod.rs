@@ -12,7 +12,7 @@ mod branch;
 mod kill;
 
 pub use agent::agent;
-pub use branch::{branch, branch_to_dir};
+pub use branch::{branch, branch_to_dir, branch_to_dir_then};
 pub use kill::{kill, kill_record, stop_vmm};
 
 use crate::registry::{Registry, RegistryError, SandboxRecord};
@@ -46,6 +46,8 @@ pub enum LifecycleError {
     Inbox(String),
     #[error(transparent)]
     Adopt(#[from] crate::branch_inbox::AdoptError),
+    #[error("branch {tag}: its memory was not written: {reason}")]
+    NotWritten { tag: String, reason: String },
 }
 
 impl LifecycleError {

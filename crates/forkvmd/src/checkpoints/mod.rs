@@ -81,8 +81,16 @@ pub fn note_of_call(kind: &str, text: &str) -> String {
     note.replace('\0', "")
 }
 
-/// Checkpoints running sandbox `id` now (blocking; the caller holds its lock).
-pub fn take_locked(s: &AppState, id: &str, trigger: Trigger, note: Option<String>) -> Result<CheckpointInfo, ApiError> {
+/// Checkpoints running sandbox `id` now (blocking; the caller holds its lock). `paused`
+/// is called once the sandbox runs again, its state captured (see
+/// `forkvm_sandbox::checkpoint::take`).
+pub fn take_locked(
+    s: &AppState,
+    id: &str,
+    trigger: Trigger,
+    note: Option<String>,
+    paused: &mut dyn FnMut(),
+) -> Result<CheckpointInfo, ApiError> {
     running(s, id)?;
     let known_base = records::policy(&s.db(), id).map_err(db_err("reading its checkpoint policy"))?;
     let base = base_of(s, id, known_base.as_ref())?;
@@ -91,7 +99,7 @@ pub fn take_locked(s: &AppState, id: &str, trigger: Trigger, note: Option<String
     let _claim =
         s.claim_tag(&tag).ok_or_else(|| ApiError::conflict(format!("checkpoint {tag:?} is being taken"), "writing"))?;
     let previous = records::list(&s.db(), id).unwrap_or_default().pop().map(|c| c.tag);
-    let taken = forkvm_sandbox::checkpoint::take(&s.registry, &s.store, id, &base, &tag, previous.as_deref())?;
+    let taken = forkvm_sandbox::checkpoint::take(&s.registry, &s.store, id, &base, &tag, previous.as_deref(), paused)?;
     let info = CheckpointInfo {
         sandbox_id: id.to_string(),
         seq,
@@ -101,7 +109,8 @@ pub fn take_locked(s: &AppState, id: &str, trigger: Trigger, note: Option<String
         note,
         pause_ms: taken.pause_ms,
         pages: taken.pages,
-        bytes_stored: taken.bytes_stored,
+        bytes_stored: taken.bytes_stored + taken.disk_bytes_stored,
+        disk_bytes_stored: taken.disk_bytes_stored,
         total_ms: taken.total_ms,
     };
     records::insert(&s.db(), &info).map_err(db_err("recording the checkpoint"))?;
@@ -125,7 +134,7 @@ pub fn base_of(s: &AppState, id: &str, known: Option<&records::PolicyRow>) -> Re
     }
 }
 
-/// Sandbox `id`'s oldest checkpoints past its policy's bounds, removed (blocking). One a
+/// Sandbox `id`'s checkpoints past its policy's bounds, removed (blocking). One a
 /// sandbox runs from (rewound to it, or forked from it) or that another snapshot depends
 /// on stays.
 pub fn thin(s: &AppState, id: &str, policy: &forkvm_api::CheckpointPolicy) {
@@ -137,25 +146,44 @@ pub fn thin(s: &AppState, id: &str, policy: &forkvm_api::CheckpointPolicy) {
     }
 }
 
-/// The oldest checkpoints of `list` (oldest first) that `policy` does not keep at
-/// `now_ms`: past `keep` of them, while the kept ones added more than `max_stored_mib`,
-/// or older than `max_age_seconds`. The newest always stays.
+/// The checkpoints of `list` (oldest first, as they were taken) that `policy` does not
+/// keep at `now_ms`, oldest first. First the thinning: of those older than
+/// `thin_after_seconds`, only the newest of each `thin_every_seconds` of time stays.
+/// Then, oldest first: past `keep` of them, while the kept ones added more than
+/// `max_stored_mib`, or older than `max_age_seconds`. The newest always stays.
 fn past_bounds<'a>(
     list: &'a [CheckpointInfo],
     policy: &forkvm_api::CheckpointPolicy,
     now_ms: u64,
-) -> &'a [CheckpointInfo] {
+) -> Vec<&'a CheckpointInfo> {
+    let Some(newest) = list.len().checked_sub(1) else { return Vec::new() };
+    let mut gone = vec![false; list.len()];
+    if let (Some(after), Some(every)) = (policy.thin_after_seconds, policy.thin_every_seconds) {
+        let thinned_before_ms = now_ms.saturating_sub(after.saturating_mul(1000));
+        let stretch = |c: &CheckpointInfo| c.created_at_unix_ms / every.saturating_mul(1000).max(1);
+        for i in 0..newest {
+            let (this, next) = (&list[i], &list[i + 1]);
+            gone[i] = next.created_at_unix_ms < thinned_before_ms && stretch(this) == stretch(next);
+        }
+    }
     let quota = policy.max_stored_mib.map_or(u64::MAX, |m| m.saturating_mul(1 << 20));
     let oldest_kept_ms = policy.max_age_seconds.map_or(0, |a| now_ms.saturating_sub(a.saturating_mul(1000)));
-    let mut stored: u64 = list.iter().map(|c| c.bytes_stored).sum();
-    let mut cut = 0;
-    while cut + 1 < list.len()
-        && (list.len() - cut > policy.keep as usize || stored > quota || list[cut].created_at_unix_ms < oldest_kept_ms)
-    {
-        stored -= list[cut].bytes_stored;
-        cut += 1;
+    let kept: Vec<&CheckpointInfo> = list.iter().zip(&gone).filter(|(_, g)| !**g).map(|(c, _)| c).collect();
+    let mut count = kept.len();
+    let mut stored: u64 = kept.iter().map(|c| c.bytes_stored).sum();
+    for i in 0..newest {
+        if gone[i] {
+            continue;
+        }
+        let c = &list[i];
+        if count <= policy.keep as usize && stored <= quota && c.created_at_unix_ms >= oldest_kept_ms {
+            break;
+        }
+        gone[i] = true;
+        count -= 1;
+        stored -= c.bytes_stored;
     }
-    &list[..cut]
+    list.iter().zip(gone).filter(|(_, g)| *g).map(|(c, _)| c).collect()
 }
 
 /// Removes checkpoint snapshot `tag` unless something still uses it; whether it is gone.
@@ -181,15 +209,53 @@ fn remove_snapshot(s: &AppState, tag: &str) -> bool {
     }
 }
 
-/// Removes what is kept about killed sandbox `id`'s checkpoints, and the snapshots
-/// nothing else uses (blocking).
+/// Removes killed sandbox `id`'s checkpoints (blocking): each snapshot nothing else uses
+/// goes with its row; one a running child was forked from keeps its row, so the sweep
+/// ([`sweep_orphans`]) removes it once that child is gone. The policy goes with the
+/// last row.
 pub fn forget(s: &AppState, id: &str) {
     // Read first: the database's lock must not be held while snapshots are removed.
     let list = records::list(&s.db(), id).unwrap_or_default();
+    let mut kept = 0;
     for c in &list {
-        remove_snapshot(s, &c.tag);
+        if remove_snapshot(s, &c.tag) {
+            let _ = records::delete(&s.db(), id, c.seq);
+        } else {
+            kept += 1;
+        }
     }
-    let _ = records::delete_all(&s.db(), id);
+    if kept == 0 {
+        let _ = records::delete_all(&s.db(), id);
+    }
+}
+
+/// Forgets the checkpoints of every sandbox that no longer exists (blocking): killed
+/// outside this daemon (the CLI's own `kill`), while it was down, or by its lifecycle;
+/// and those [`forget`] kept for a child that has since gone. A sandbox whose lock is
+/// held (a rewind, a kill, a checkpoint) is left for the next sweep. Run at start
+/// (`reconcile`) and by the daemon's sweeper. Returns the ids whose checkpoints were
+/// all removed.
+pub fn sweep_orphans(s: &AppState) -> Vec<String> {
+    let ids = match records::sandboxes(&s.db()) {
+        Ok(ids) => ids,
+        Err(e) => {
+            tracing::warn!(error = %e, "listing the sandboxes with checkpoints");
+            return Vec::new();
+        }
+    };
+    let mut swept = Vec::new();
+    for id in ids {
+        let lock = s.disk.sandbox_lock(&id);
+        let Ok(_held) = lock.try_lock() else { continue };
+        if s.sandbox_row(&id).is_some() {
+            continue;
+        }
+        forget(s, &id);
+        if records::sandboxes(&s.db()).is_ok_and(|left| !left.contains(&id)) {
+            swept.push(id);
+        }
+    }
+    swept
 }
 
 /// Checkpoints sandbox `id` under its lock.
@@ -202,22 +268,38 @@ pub async fn checkpoint(
     let lock = s.disk.sandbox_lock(id);
     let _held = lock.lock().await;
     let id = id.to_string();
-    s.blocking(move |s| take_locked(&s, &id, trigger, note)).await
+    s.blocking(move |s| take_locked(&s, &id, trigger, note, &mut || {})).await
 }
 
 /// After an exec or eval call on sandbox `id` (blocking, on the call's thread): a
-/// checkpoint if its policy asks for one after every call. Taken before the call
-/// answers, so the client's next call finds it made. A failure is logged, not the
-/// call's.
+/// checkpoint if its policy asks for one after every call. The call answers once the
+/// sandbox's state is captured (the checkpoint's pause, a few ms), before anything else
+/// reaches the guest; its memory is written and compared on a thread of its own under
+/// the sandbox's lock, which the list, a rewind and the next checkpoint wait for. A
+/// failure is logged, not the call's.
 pub fn after_call(s: &AppState, id: &str, kind: &str, text: &str) {
     let wanted = records::policy(&s.db(), id).ok().flatten().is_some_and(|p| p.policy.after_exec);
     if !wanted {
         return;
     }
-    let lock = s.disk.sandbox_lock(id);
-    let _held = lock.blocking_lock();
-    if let Err(e) = take_locked(s, id, Trigger::Exec, Some(note_of_call(kind, text))) {
-        tracing::warn!(sandbox_id = %id, error = %e.message, "a checkpoint after a call failed");
+    let (captured, wait) = std::sync::mpsc::channel::<()>();
+    let (s, id, note) = (s.clone(), id.to_string(), note_of_call(kind, text));
+    let taking = std::thread::Builder::new().name("checkpoint".into()).spawn(move || {
+        let lock = s.disk.sandbox_lock(&id);
+        let _held = lock.blocking_lock();
+        let mut paused = || {
+            let _ = captured.send(());
+        };
+        if let Err(e) = take_locked(&s, &id, Trigger::Exec, Some(note), &mut paused) {
+            tracing::warn!(sandbox_id = %id, error = %e.message, "a checkpoint after a call failed");
+        }
+    });
+    match taking {
+        // Woken by the pause's end, or by the thread ending without one (a failure).
+        Ok(_) => {
+            let _ = wait.recv();
+        }
+        Err(e) => tracing::warn!(error = %e, "starting a checkpoint's thread failed"),
     }
 }
 
@@ -346,7 +428,7 @@ pub async fn schedule(s: AppState) {
                     let id = id.clone();
                     move |s| {
                         let _held = held;
-                        take_locked(&s, &id, Trigger::Interval, None)
+                        take_locked(&s, &id, Trigger::Interval, None, &mut || {})
                     }
                 })
                 .await;
@@ -372,6 +454,7 @@ mod tests {
             pause_ms: 0.0,
             pages: 0,
             bytes_stored: 0,
+            disk_bytes_stored: 0,
             total_ms: 0.0,
         }
     }
@@ -415,6 +498,42 @@ mod tests {
         assert_eq!(gone(2, 5000), vec![1, 2], "made at 1 s and 2 s are older than 2 s at 5 s");
         assert_eq!(gone(10, 5000), Vec::<u64>::new());
         assert_eq!(gone(1, 60_000), vec![1, 2, 3, 4], "the newest stays, however old");
+    }
+
+    #[test]
+    fn old_checkpoints_thin_to_one_per_stretch_of_time() {
+        // One every 10 s for 30 minutes; past 10 minutes, one per minute.
+        let list: Vec<_> = (0..180).map(|i| c(i + 1, i * 10_000)).collect();
+        let policy = forkvm_api::CheckpointPolicy {
+            keep: 256,
+            thin_after_seconds: Some(600),
+            thin_every_seconds: Some(60),
+            ..Default::default()
+        };
+        let now = 1_800_000;
+        let gone: Vec<u64> = past_bounds(&list, &policy, now).iter().map(|c| c.seq).collect();
+        let kept: Vec<&CheckpointInfo> = list.iter().filter(|c| !gone.contains(&c.seq)).collect();
+        let (old, recent): (Vec<&CheckpointInfo>, Vec<&CheckpointInfo>) =
+            kept.iter().partition(|c| c.created_at_unix_ms < now - 600_000);
+        assert_eq!(recent.len(), 60, "the last ten minutes stay whole");
+        assert_eq!(old.len(), 20, "twenty minutes, one per minute");
+        for pair in old.windows(2) {
+            assert_eq!(pair[1].created_at_unix_ms - pair[0].created_at_unix_ms, 60_000, "{pair:?}");
+        }
+        assert!(old.iter().all(|c| c.created_at_unix_ms % 60_000 == 50_000), "each minute's newest stays");
+        // A minute later, the minute that aged is thinned to its newest; what was thinned
+        // before stays as it is.
+        let again: Vec<CheckpointInfo> = kept.iter().map(|c| (*c).clone()).collect();
+        let later: Vec<u64> = past_bounds(&again, &policy, now + 60_000).iter().map(|c| c.created_at_unix_ms).collect();
+        assert_eq!(later, [1_200_000, 1_210_000, 1_220_000, 1_230_000, 1_240_000]);
+        // With the count too: thinning first, then the oldest of what is left.
+        let both = forkvm_api::CheckpointPolicy { keep: 50, ..policy.clone() };
+        let gone_both = past_bounds(&list, &both, now);
+        assert_eq!(list.len() - gone_both.len(), 50, "80 after thinning, then the 30 oldest");
+        assert!(gone_both.windows(2).all(|p| p[0].seq < p[1].seq), "oldest first");
+        // The newest stays even when it is old and shares a stretch with the one before.
+        let two = [c(1, 0), c(2, 1000)];
+        assert_eq!(past_bounds(&two, &policy, 10_000_000).iter().map(|c| c.seq).collect::<Vec<_>>(), [1]);
     }
 
     #[test]

@@ -13,7 +13,10 @@ use forkvm_api::{
     CheckpointInfo, CheckpointList, CheckpointPolicy, CreateCheckpointRequest, RewindReport, RewindRequest,
 };
 
+/// The list, once a checkpoint being written (one taken after a call, which answered at
+/// its pause) is in it: the sandbox's lock is waited for.
 pub async fn list(State(s): State<AppState>, Param(id): Param) -> Result<Json<CheckpointList>, ApiError> {
+    drop(s.disk.sandbox_lock(&id).lock().await);
     s.blocking(move |s| checkpoints::list(&s, &id).map(Json)).await
 }
 
