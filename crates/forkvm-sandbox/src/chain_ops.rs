@@ -140,7 +140,7 @@ pub fn snapshot_diff_via(
         let steps_started = Instant::now();
         let output = work(&sandbox.client)?;
         let steps_ms = steps_started.elapsed().as_secs_f64() * 1e3;
-        let (diff, pause_ms, branch_ms, diff_ms) = diff_branch(registry, store, &id, from, tag, None)?;
+        let (diff, pause_ms, branch_ms, diff_ms) = diff_branch(registry, store, &id, from, tag, None, None)?;
         Ok::<_, ChainOpError>((output, steps_ms, diff, pause_ms, branch_ms, diff_ms))
     })();
     let killed = verbs::kill(registry, &id);
@@ -212,7 +212,8 @@ pub(crate) fn spawn_from_tag(
 /// Branches running sandbox `id` (spawned from `parent`) into a staging directory and
 /// publishes it as the diff `tag` over `parent`. Returns the diff, the pause, the branch
 /// time and the diff time. `paused`: called once the sandbox runs again, before its
-/// memory is written and compared (`verbs::branch_to_dir_then`).
+/// memory is written and compared (`verbs::branch_to_dir_then`). `seal`: the diff's
+/// chunks are sealed with that key.
 pub(crate) fn diff_branch(
     registry: &Registry,
     store: &Store,
@@ -220,6 +221,7 @@ pub(crate) fn diff_branch(
     parent: &str,
     tag: &str,
     paused: Option<&mut dyn FnMut()>,
+    seal: Option<&chain::MemorySeal>,
 ) -> Result<(ConvertReport, f64, f64, f64), ChainOpError> {
     store.check_free(tag).map_err(ChainError::from)?;
     let chain = chain::resolve(store, parent)?;
@@ -238,7 +240,7 @@ pub(crate) fn diff_branch(
         let branch_ms = branched.elapsed().as_secs_f64() * 1e3;
         let staged = SnapshotDir::open(&report.dir).map_err(|e| ChainOpError::Staged(e.to_string()))?;
         let diffing = Instant::now();
-        let diff = chain::write_diff(store, &assembled_cache(), &chain, &staged, tag)?;
+        let diff = chain::write_diff(store, &assembled_cache(), &chain, &staged, tag, seal)?;
         Ok::<_, ChainOpError>((diff, report.pause_ms, branch_ms, diffing.elapsed().as_secs_f64() * 1e3))
     })();
     let _ = std::fs::remove_dir_all(&staging);
@@ -262,7 +264,7 @@ pub fn branch_diff(
     // The sandbox's memory started as the parent's: if the parent is still a whole
     // image, moving it into the chunk store does not change that.
     chain::ingest(store, &cache, &parent)?;
-    let (diff, pause_ms, _, _) = diff_branch(registry, store, id, &parent, tag, None)?;
+    let (diff, pause_ms, _, _) = diff_branch(registry, store, id, &parent, tag, None, None)?;
     let _ = registry.record_branch(id, tag);
     Ok((diff, pause_ms))
 }

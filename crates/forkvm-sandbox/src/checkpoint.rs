@@ -66,7 +66,8 @@ pub fn take(
     let cache = assembled_cache();
     // A diff's parent must be chunked; done once per base.
     chain::ingest(store, &cache, base)?;
-    let (diff, pause_ms, _, _) = diff_branch(registry, store, id, base, tag, Some(paused))?;
+    let seal = memory_seal(id)?;
+    let (diff, pause_ms, _, _) = diff_branch(registry, store, id, base, tag, Some(paused), Some(&seal))?;
     let open = |tag: &str| SnapshotDir::open(&store.snapshots_dir().join(tag)).ok();
     let previous = previous.and_then(open);
     if let Some(hash) = previous.as_ref().and_then(|p| p.meta.content_hash.clone()) {
@@ -86,6 +87,15 @@ pub fn take(
         chunks_reused: diff.chunks_reused,
         total_ms: started.elapsed().as_secs_f64() * 1e3,
     })
+}
+
+/// The seal of sandbox `id`'s checkpoint memory: its vault key's (made if it has none
+/// yet), as its disk snapshots and archives use.
+fn memory_seal(id: &str) -> Result<chain::MemorySeal, ChainOpError> {
+    let key = forkvm_snapshot::vault::KeyStore::open(&crate::disk_snapshots::keys_dir())
+        .and_then(|keys| keys.sandbox_key(id))
+        .map_err(|e| ChainOpError::Work { step: format!("unlocking sandbox {id}'s key"), detail: e.to_string() })?;
+    Ok(chain::MemorySeal { owner: id.to_string(), seal: forkvm_snapshot::ChunkSeal::of_key(&key) })
 }
 
 /// The sealed layers of `dir`'s disks: (directory, layer id).

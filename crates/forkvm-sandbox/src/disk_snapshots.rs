@@ -86,11 +86,7 @@ pub struct DiskSnapshotReport {
 /// The directory of the host key and the wrapped per-sandbox keys:
 /// `$FORKVM_KEYS`, else `$HOME/.config/forkvm/keys` — never inside the store.
 pub fn keys_dir() -> PathBuf {
-    if let Some(v) = std::env::var_os("FORKVM_KEYS").filter(|v| !v.is_empty()) {
-        return PathBuf::from(v);
-    }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
-    home.join(".config/forkvm/keys")
+    forkvm_snapshot::vault::default_keys_dir()
 }
 
 /// Where sandbox `id`'s vault lives in `store`.

@@ -23,6 +23,11 @@
 //!
 //! Chunk files are untrusted on read: the compressed size and the
 //! decompressed size are capped, and the content hash is checked.
+//!
+//! A handle may carry a sandbox's [`ChunkSeal`] ([`ChunkStore::with_seal`]): its chunks
+//! are then named by a hash keyed with that sandbox's key and stored encrypted (the
+//! checkpoints' memory). They share the directory, the lock and the garbage collector
+//! with the plain chunks; only a handle with the same seal reads them.
 
 use std::cell::RefCell;
 use std::collections::HashSet;
@@ -32,7 +37,11 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
+
+pub use forkvm_disk::vault::ChunkSeal;
+use forkvm_disk::vault::SEALED_CHUNK_OVERHEAD;
 
 /// Largest chunk, uncompressed (1 MiB).
 pub const MAX_CHUNK_BYTES: usize = 1 << 20;
@@ -143,12 +152,28 @@ pub struct ChunkLock {
 #[derive(Debug, Clone)]
 pub struct ChunkStore {
     dir: PathBuf,
+    /// Seals what this handle puts and opens what it gets (see the module doc).
+    seal: Option<Arc<ChunkSeal>>,
 }
 
 impl ChunkStore {
     /// The store at `<store_root>/chunks`. Does no I/O; directories are created on demand.
     pub fn open(store_root: &Path) -> ChunkStore {
-        ChunkStore { dir: store_root.join("chunks") }
+        ChunkStore { dir: store_root.join("chunks"), seal: None }
+    }
+
+    /// This store through `seal`: chunks put are sealed with it, chunks got must open
+    /// under it.
+    pub fn with_seal(self, seal: ChunkSeal) -> ChunkStore {
+        ChunkStore { seal: Some(Arc::new(seal)), ..self }
+    }
+
+    /// The name of a chunk holding `data` through this handle.
+    fn name_of(&self, data: &[u8]) -> ChunkId {
+        match &self.seal {
+            Some(seal) => seal.name_of(data),
+            None => ChunkId::of(data),
+        }
     }
 
     /// The chunks directory.
@@ -170,14 +195,17 @@ impl ChunkStore {
         if data.len() > MAX_CHUNK_BYTES {
             return Err(ChunkError::TooLarge { len: data.len() });
         }
-        let id = ChunkId::of(data);
+        let id = self.name_of(data);
         let path = self.path_of(&id);
         if let Ok(meta) = fs::symlink_metadata(&path) {
             if meta.is_file() {
                 return Ok(PutOutcome { id, new: false, stored_bytes: meta.len() });
             }
         }
-        let compressed = compress(data).map_err(io_err("compress chunk", &path))?;
+        let mut compressed = compress(data).map_err(io_err("compress chunk", &path))?;
+        if let Some(seal) = &self.seal {
+            compressed = seal.seal(&id, &compressed).map_err(|e| io_err("seal chunk", &path)(io::Error::other(e)))?;
+        }
         let fanout = path.parent().unwrap_or(&self.dir);
         let hex = id.to_hex();
         let counter = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
@@ -220,7 +248,8 @@ impl ChunkStore {
             Err(e) => return Err(io_err("open chunk", &path)(e)),
         };
         // No valid chunk compresses to more than this; refuse to read more.
-        let cap = zstd::zstd_safe::compress_bound(MAX_CHUNK_BYTES) as u64;
+        let sealing = if self.seal.is_some() { SEALED_CHUNK_OVERHEAD } else { 0 };
+        let cap = (zstd::zstd_safe::compress_bound(MAX_CHUNK_BYTES) + sealing) as u64;
         let mut compressed = Vec::new();
         file.take(cap + 1).read_to_end(&mut compressed).map_err(io_err("read chunk", &path))?;
         if compressed.len() as u64 > cap {
@@ -228,6 +257,13 @@ impl ChunkStore {
                 path,
                 reason: format!("compressed size exceeds {cap} bytes, the most a {MAX_CHUNK_BYTES}-byte chunk needs"),
             });
+        }
+        if let Some(seal) = &self.seal {
+            compressed = seal.open(id, &compressed).ok_or_else(|| ChunkError::Corrupt {
+                path: path.clone(),
+                reason: "does not open under its sandbox's key and name (another key's, renamed or tampered with)"
+                    .into(),
+            })?;
         }
         decompress_into(&compressed, out).map_err(|e| ChunkError::Corrupt {
             path: path.clone(),
@@ -238,7 +274,7 @@ impl ChunkStore {
             out.clear();
             return Err(ChunkError::Corrupt { path, reason: format!("decompressed to {len} bytes, over the cap") });
         }
-        let actual = ChunkId::of(out);
+        let actual = self.name_of(out);
         if actual != *id {
             out.clear();
             return Err(ChunkError::Corrupt { path, reason: format!("content hashes to {actual}, not its name") });

@@ -302,3 +302,34 @@ fn classify_names() {
     assert_eq!(c(".lock"), Entry::Other);
     assert_eq!(c(&hex.to_uppercase()), Entry::Other);
 }
+
+#[test]
+fn a_sealed_handle_stores_ciphertext_shares_within_its_key_and_reads_its_own_only() {
+    use forkvm_disk::vault::SandboxKey;
+    let (_tmp, plain) = store();
+    let seal = |b: u8| ChunkSeal::of_key(&SandboxKey::from_bytes([b; 32]));
+    let (a, b) = (plain.clone().with_seal(seal(1)), plain.clone().with_seal(seal(2)));
+    // Compressible, so a plain chunk's file would be readable zstd of it.
+    let d = b"a secret the sandbox computed ".repeat(2000);
+    let sealed = a.put(&d).unwrap();
+    assert!(sealed.new);
+    assert_eq!(a.put(&d).unwrap(), PutOutcome { new: false, ..sealed }, "convergent within the key");
+    let other = b.put(&d).unwrap();
+    assert!(other.new && other.id != sealed.id, "another key: another name");
+    let open = plain.put(&d).unwrap();
+    assert!(open.new && open.id == ChunkId::of(&d), "the plain chunk is another one");
+    let bytes = fs::read(a.path_of(&sealed.id)).unwrap();
+    assert!(bytes.starts_with(&forkvm_disk::vault::SEALED_CHUNK_MAGIC));
+    assert!(zstd::decode_all(&bytes[..]).is_err(), "not a zstd frame");
+    assert!(!bytes.windows(8).any(|w| w == b"a secret"), "no plaintext");
+    assert_eq!(a.get(&sealed.id).unwrap(), d);
+    assert_eq!(b.get(&other.id).unwrap(), d);
+    for (handle, id) in [(&b, sealed.id), (&plain, sealed.id), (&a, open.id)] {
+        let e = handle.get(&id).unwrap_err();
+        assert!(matches!(e, ChunkError::Corrupt { .. }), "{e}");
+    }
+    // A sealed chunk copied under another name of the same key does not open.
+    let moved = a.put(b"another chunk").unwrap();
+    fs::copy(a.path_of(&sealed.id), a.path_of(&moved.id)).unwrap();
+    assert!(a.get(&moved.id).unwrap_err().to_string().contains("does not open"));
+}

@@ -32,7 +32,7 @@ pub mod page_map;
 pub mod store;
 pub mod tag;
 
-pub use chunk_store::{ChunkError, ChunkId, ChunkLock, ChunkStore, GcReport, PutOutcome, MAX_CHUNK_BYTES};
+pub use chunk_store::{ChunkError, ChunkId, ChunkLock, ChunkSeal, ChunkStore, GcReport, PutOutcome, MAX_CHUNK_BYTES};
 pub use container::{
     decode_vmstate, encode_vmstate, read_vmstate_file, write_vmstate_file, ContainerError, VMSTATE_FORMAT_VERSION,
     VMSTATE_MAGIC, VMSTATE_MAX_BYTES,

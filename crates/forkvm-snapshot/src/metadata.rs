@@ -103,6 +103,11 @@ pub struct SnapshotMeta {
     /// branch was taken from). Absent: anywhere (`NetworkPolicy::default`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_network: Option<forkvm_api::NetworkPolicy>,
+    /// The sandbox whose key seals this snapshot's own memory chunks (a checkpoint's:
+    /// `ChunkStore::with_seal`); reading them needs that sandbox's key. Absent: plain
+    /// chunks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_sealed_by: Option<String>,
 }
 
 /// A snapshot's default limits for the sandboxes spawned from it; `None`: forkvm's own
@@ -358,6 +363,7 @@ pub(crate) fn minimal_meta(tag: &str, status: SnapshotStatus) -> SnapshotMeta {
         content_hash: None,
         default_limits: None,
         default_network: None,
+        memory_sealed_by: None,
     }
 }
 
@@ -396,6 +402,7 @@ mod tests {
                 allow: vec!["pypi.org".into(), "*.pythonhosted.org".into()],
                 deny: Vec::new(),
             }),
+            memory_sealed_by: Some("0123456789abcdef".into()),
         }
     }
 

@@ -82,6 +82,7 @@ fn write_snapshot(dir: &Path, tag: &str, mem: &[u8], disk: &Path) {
         content_hash: None,
         default_limits: None,
         default_network: None,
+        memory_sealed_by: None,
     };
     write_meta(&dir.join(SNAPSHOT_JSON), &meta).unwrap();
     std::fs::write(dir.join(VMSTATE_BIN), format!("state of {tag}")).unwrap();
@@ -103,7 +104,7 @@ fn build(env: &Env) -> Vec<Vec<u8>> {
         let staged = env.dir.join(format!("staged-{tag}"));
         write_snapshot(&staged, tag, &mems[i + 1], &disk);
         let parent = chain::resolve(&store, if i == 0 { "base" } else { "l1" }).unwrap();
-        chain::write_diff(&store, &env.cache(), &parent, &SnapshotDir::open(&staged).unwrap(), tag).unwrap();
+        chain::write_diff(&store, &env.cache(), &parent, &SnapshotDir::open(&staged).unwrap(), tag, None).unwrap();
     }
     mems
 }

@@ -81,7 +81,7 @@ fn build_chain(e: &Env) {
         write_image_snapshot(&staged_dir, tag, &mem);
         let staged = SnapshotDir::open(&staged_dir).unwrap();
         let parent_chain = chain::resolve(store, parent).unwrap();
-        chain::write_diff(store, &e.state.cache, &parent_chain, &staged, tag).unwrap();
+        chain::write_diff(store, &e.state.cache, &parent_chain, &staged, tag, None).unwrap();
         parent = tag;
     }
     forkvmd::reconcile::reconcile(&e.state);

@@ -8,6 +8,7 @@ checkpoint starts there too. Skipped, with the reason, only when the binary is m
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import time
@@ -17,7 +18,7 @@ import pytest
 
 from daemon_proc import FORKVM_BIN, Daemon, serving
 
-from forkvm import BadRequest, CheckpointPolicy, Controller, NotFound, Sandbox
+from forkvm import BadRequest, CheckpointPolicy, Conflict, Controller, NotFound, Sandbox
 
 if os.environ.get("FORKVM_SDK_REQUIRE_DAEMON") == "1" and not os.path.exists(FORKVM_BIN):
     raise RuntimeError(f"FORKVM_BIN={FORKVM_BIN} does not exist, and FORKVM_SDK_REQUIRE_DAEMON=1")
@@ -55,7 +56,9 @@ def _state(s: Sandbox) -> tuple:
     return (int(s.eval("x")), s.files.read_text("/root/step.txt"))
 
 
-def test_rewinding_to_any_checkpoint_gives_that_steps_variable_and_file(ctl: Controller, py: str) -> None:
+def test_rewinding_to_any_checkpoint_gives_that_steps_variable_and_file(
+    daemon: Daemon, ctl: Controller, py: str
+) -> None:
     s = Sandbox.create(py, controller=ctl, checkpoints=CheckpointPolicy(after_exec=True, keep=STEPS + 5))
     try:
         assert s.checkpoints.policy() == CheckpointPolicy(every_seconds=None, after_exec=True, keep=STEPS + 5)
@@ -64,6 +67,11 @@ def test_rewinding_to_any_checkpoint_gives_that_steps_variable_and_file(ctl: Con
         kept = s.checkpoints.list()
         assert [c.seq for c in kept] == list(range(1, STEPS + 1))
         assert all(c.trigger == "exec" and c.tag == f"ckpt-{s.id}-{c.seq}" for c in kept)
+        # Their memory chunks are sealed with the sandbox's key (the chain tests check
+        # the chunks themselves), so rewinding below reads them back through it.
+        for c in kept:
+            with open(os.path.join(daemon.root, "store", "snapshots", c.tag, "snapshot.json")) as f:
+                assert json.load(f).get("memory_sealed_by") == s.id, c.tag
         assert kept[4].note == "eval: x = 5; open('/root/step.txt', 'w').write('step 5')", "what ran before it"
         pauses = sorted(c.pause_ms for c in kept)
         print(f"\ncheckpoint pause p50 {pauses[len(pauses) // 2]:.1f} ms, max {pauses[-1]:.1f} ms; "
@@ -93,6 +101,11 @@ def test_rewinding_to_any_checkpoint_gives_that_steps_variable_and_file(ctl: Con
         try:
             for c in children:
                 assert _state(c) == (7, "step 7")
+            assert int(s.eval("x")) == 99
+            # Purging the sandbox would shred the key the children's checkpoint is sealed
+            # with: refused while they run, and nothing is lost.
+            with pytest.raises(Conflict, match="in use by"):
+                ctl.kill_sandbox(s.id, purge=True)
             assert int(s.eval("x")) == 99
             # A fork of a running sandbox has no base to diff over: refused, saying so.
             forked = s.fork()[0]

@@ -16,6 +16,16 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use zeroize::Zeroizing;
 
+/// The directory of the host key and the wrapped per-sandbox keys:
+/// `$FORKVM_KEYS`, else `$HOME/.config/forkvm/keys` — never inside the store.
+pub fn default_keys_dir() -> PathBuf {
+    if let Some(v) = std::env::var_os("FORKVM_KEYS").filter(|v| !v.is_empty()) {
+        return PathBuf::from(v);
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
+    home.join(".config/forkvm/keys")
+}
+
 /// The host key file inside the keys directory.
 pub const HOST_KEY_FILE: &str = "host.key";
 /// The directory of wrapped sandbox keys inside the keys directory.

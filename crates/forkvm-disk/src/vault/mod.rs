@@ -76,6 +76,7 @@
 //! remaining manifest references. All vault bytes read back are untrusted: sizes are
 //! capped, every field is checked, and every chunk is authenticated and re-hashed.
 
+mod chunk_seal;
 mod chunks;
 mod crypto;
 pub(crate) mod fsutil;
@@ -88,7 +89,8 @@ mod retain;
 mod sealed_file;
 mod store;
 
-pub use keys::{KeyStore, SandboxKey};
+pub use chunk_seal::{ChunkSeal, SEALED_CHUNK_MAGIC, SEALED_CHUNK_OVERHEAD};
+pub use keys::{default_keys_dir, KeyStore, SandboxKey};
 pub use lazy::{LazyStats, Playbook, Prefetcher, SealedCache, VaultLayer};
 pub use manifest::{DiskMap, Manifest};
 pub use restore::RestoredLayer;

@@ -18,7 +18,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::{is_hash, verify, Chain, ChainError};
-use crate::chunk_store::ChunkStore;
+use crate::chunk_store::{ChunkSeal, ChunkStore};
+use crate::dir::SnapshotDir;
 use crate::metadata::MemoryFormat;
 use crate::page_map::{apply_page_map, PageMap};
 use crate::store::Store;
@@ -47,6 +48,8 @@ const RECENT: std::time::Duration = std::time::Duration::from_secs(60);
 pub struct AssembledCache {
     root: PathBuf,
     max_bytes: u64,
+    /// Where the keys of sealed links are (`vault::default_keys_dir`).
+    keys_dir: PathBuf,
 }
 
 impl AssembledCache {
@@ -62,7 +65,33 @@ impl AssembledCache {
 
     /// [`AssembledCache::new`] with bound `max_bytes`.
     pub fn with_max_bytes(cache_root: &Path, max_bytes: u64) -> AssembledCache {
-        AssembledCache { root: cache_root.join("assembled"), max_bytes }
+        AssembledCache {
+            root: cache_root.join("assembled"),
+            max_bytes,
+            keys_dir: forkvm_disk::vault::default_keys_dir(),
+        }
+    }
+
+    /// This cache, reading sealed links' keys from `keys_dir`.
+    pub fn with_keys_dir(self, keys_dir: &Path) -> AssembledCache {
+        AssembledCache { keys_dir: keys_dir.to_path_buf(), ..self }
+    }
+
+    /// The chunk store `link`'s own chunks are read through: sealed with its owner's
+    /// key when it says so (an error naming the owner when that key is gone).
+    pub fn chunks_of(&self, store: &Store, link: &SnapshotDir) -> Result<ChunkStore, ChainError> {
+        let chunks = ChunkStore::open(store.root());
+        match &link.meta.memory_sealed_by {
+            None => Ok(chunks),
+            Some(owner) => {
+                let seal = ChunkSeal::load(&self.keys_dir, owner).map_err(|e| ChainError::Sealed {
+                    tag: link.meta.tag.clone(),
+                    owner: owner.clone(),
+                    reason: e.to_string(),
+                })?;
+                Ok(chunks.with_seal(seal))
+            }
+        }
     }
 
     /// Evicts the least recently used images but `keep` until the images' allocated
@@ -138,7 +167,7 @@ impl AssembledCache {
                 let _ = fs::remove_file(e.path());
             }
         }
-        let stats = assemble_into(store, chain, &image)?;
+        let stats = assemble_into(self, store, chain, &image)?;
         drop(lock);
         self.trim(&hash);
         Ok((image, Some(stats)))
@@ -209,12 +238,16 @@ fn mark_used(image: &Path) {
 }
 
 /// Verifies `chain` and writes its head's flat memory to `image` (via a temporary name).
-fn assemble_into(store: &Store, chain: &Chain, image: &Path) -> Result<AssembleStats, ChainError> {
+fn assemble_into(
+    cache: &AssembledCache,
+    store: &Store,
+    chain: &Chain,
+    image: &Path,
+) -> Result<AssembleStats, ChainError> {
     let started = Instant::now();
     verify(chain)?;
     let head = chain.head();
     let mem_size = head.meta.mem_size_bytes;
-    let chunks = ChunkStore::open(store.root());
     let tmp = image.with_file_name(format!(".{MEMORY_IMG}.{}.tmp", std::process::id()));
     let file = OpenOptions::new()
         .read(true)
@@ -242,6 +275,7 @@ fn assemble_into(store: &Store, chain: &Chain, image: &Path) -> Result<AssembleS
                 reason: format!("memory.map describes {} bytes, snapshot says {mem_size}", map.mem_size),
             });
         }
+        let chunks = cache.chunks_of(store, link)?;
         let applied =
             apply_page_map(&map, &chunks, &file).map_err(ChainError::page_map(format!("assembling {tag}'s pages")))?;
         stats.chunks_read += applied.chunks_read;

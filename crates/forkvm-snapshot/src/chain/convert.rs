@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use super::assemble::AssembledCache;
-use super::{content_hash, resolve, Chain, ChainError};
+use super::{content_hash, resolve, Chain, ChainError, MemorySeal};
 use crate::chunk_store::ChunkStore;
 use crate::dir::{SnapshotDir, SnapshotWriter, MEMORY_MAP, SNAPSHOT_JSON, VMSTATE_BIN};
 use crate::metadata::{replace_meta, write_meta, MemoryFormat, SnapshotMeta, SnapshotStatus};
@@ -113,12 +113,14 @@ pub fn ingest(store: &Store, cache: &AssembledCache, tag: &str) -> Result<Conver
 /// `memory.map` will hold only the pages that differ from the parent's memory. Its
 /// vmstate and disks are taken over; its `memory.img` becomes the new snapshot's
 /// assembled image. `staged` is consumed (the caller removes what is left of it).
+/// `seal`: its chunks are sealed with that sandbox's key (a checkpoint's).
 pub fn write_diff(
     store: &Store,
     cache: &AssembledCache,
     parent: &Chain,
     staged: &SnapshotDir,
     tag: &str,
+    seal: Option<&MemorySeal>,
 ) -> Result<ConvertReport, ChainError> {
     let started = Instant::now();
     let head = parent.head();
@@ -144,12 +146,16 @@ pub fn write_diff(
     let parent_file = open_image(&parent_image, mem_size)?;
     let image_path = staged.memory_path();
     let image = open_image(&image_path, mem_size)?;
-    let chunks = ChunkStore::open(store.root());
+    let chunks = match seal {
+        Some(s) => ChunkStore::open(store.root()).with_seal(s.seal.clone()),
+        None => ChunkStore::open(store.root()),
+    };
     let _lock = chunks.lock_shared().map_err(ChainError::chunks("locking the chunk store"))?;
     let (map, stats) = build_page_map(&image, Some(&parent_file), mem_size, &chunks)
         .map_err(ChainError::page_map(format!("diffing {tag}'s memory against {parent_tag}")))?;
     chunks.sync().map_err(ChainError::chunks("syncing new chunks"))?;
     let mut meta = staged.meta.clone();
+    meta.memory_sealed_by = seal.map(|s| s.owner.clone());
     meta.tag = tag.into();
     meta.status = SnapshotStatus::Ready;
     meta.writer_pid = None;
@@ -163,6 +169,8 @@ pub fn write_diff(
 }
 
 /// Writes `to`: the flat equivalent of `from`'s chain (no parent), sharing its chunks.
+/// A chain with sealed links (a checkpoint's) compacts to a snapshot sealed with the
+/// key of its newest sealed link's owner: what was sealed stays sealed.
 pub fn compact(store: &Store, cache: &AssembledCache, from: &str, to: &str) -> Result<ConvertReport, ChainError> {
     let started = Instant::now();
     if from == to {
@@ -176,7 +184,11 @@ pub fn compact(store: &Store, cache: &AssembledCache, from: &str, to: &str) -> R
     let head = chain.head().clone();
     let (image_path, _) = cache.memory_for(store, &chain)?;
     let image = open_image(&image_path, head.meta.mem_size_bytes)?;
-    let chunks = ChunkStore::open(store.root());
+    let sealed_link = chain.links.iter().rev().find(|l| l.meta.memory_sealed_by.is_some());
+    let chunks = match sealed_link {
+        Some(link) => cache.chunks_of(store, link)?,
+        None => ChunkStore::open(store.root()),
+    };
     let _lock = chunks.lock_shared().map_err(ChainError::chunks("locking the chunk store"))?;
     let (map, stats) = build_page_map(&image, None, head.meta.mem_size_bytes, &chunks)
         .map_err(ChainError::page_map(format!("chunking {from}'s assembled memory")))?;
@@ -186,6 +198,7 @@ pub fn compact(store: &Store, cache: &AssembledCache, from: &str, to: &str) -> R
     meta.parent_tag = None;
     meta.parent_hash = None;
     meta.branched_from = Some(format!("compact:{from}"));
+    meta.memory_sealed_by = sealed_link.and_then(|l| l.meta.memory_sealed_by.clone());
     meta.created_at_unix_ms = now_unix_ms();
     meta.memory_bytes_allocated = stats.bytes_stored;
     let hash = publish_chunked(&dest, &head.path, &map, meta)?;

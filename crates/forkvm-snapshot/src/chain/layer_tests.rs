@@ -113,7 +113,7 @@ fn layered_chain(env: &Env, depth: usize, seed: u64) -> Vec<Vec<u8>> {
         write_layered_snapshot(&staged_dir, &tag, &mem, &disk);
         let staged = SnapshotDir::open(&staged_dir).unwrap();
         let chain = resolve(&env.store, &parent).unwrap();
-        write_diff(&env.store, &env.cache, &chain, &staged, &tag).unwrap();
+        write_diff(&env.store, &env.cache, &chain, &staged, &tag, None).unwrap();
         disks.push(snapshot_disk(&env.store, &tag, &env.scratch));
         parent = tag;
     }

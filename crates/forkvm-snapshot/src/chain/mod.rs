@@ -84,6 +84,16 @@ pub enum ChainError {
     BadPack { path: PathBuf, reason: String },
     #[error("{0}")]
     Pack(#[from] crate::pack_archive::PackError),
+    #[error("snapshot {tag:?}: its memory is sealed with sandbox {owner}'s key: {reason}")]
+    Sealed { tag: String, owner: String, reason: String },
+}
+
+/// Whose key seals the memory chunks a diff writes (a checkpoint's: its sandbox's).
+#[derive(Debug, Clone)]
+pub struct MemorySeal {
+    /// The sandbox whose key it is (recorded as the snapshot's `memory_sealed_by`).
+    pub owner: String,
+    pub seal: crate::chunk_store::ChunkSeal,
 }
 
 impl ChainError {
@@ -95,6 +105,7 @@ impl ChainError {
             | ChainError::ParentChanged { .. }
             | ChainError::ParentUnusable { .. }
             | ChainError::DiskLayer { .. }
+            | ChainError::Sealed { .. }
             | ChainError::HasDependents { .. } => forkvm_api::ErrorCode::Conflict,
             ChainError::Pack(crate::pack_archive::PackError::NoSpace { .. }) => forkvm_api::ErrorCode::DiskFull,
             ChainError::Pack(crate::pack_archive::PackError::Io { .. }) => forkvm_api::ErrorCode::Internal,
@@ -113,6 +124,7 @@ impl ChainError {
             | ChainError::ParentUnusable { .. }
             | ChainError::Malformed { .. }
             | ChainError::DiskLayer { .. }
+            | ChainError::Sealed { .. }
             | ChainError::ContentMismatch { .. } => Some("not_bootable"),
             ChainError::HasDependents { .. } => Some("has_dependents"),
             _ => None,

@@ -134,6 +134,15 @@ pub fn pack_signed(
         chain = resolve(store, tag)?;
     }
     verify(&chain)?;
+    // A pack carries plain chunks another store checks by their hashes; a sealed link's
+    // are readable only with its sandbox's key, which stays on this host.
+    if let Some(link) = chain.links.iter().find(|l| l.meta.memory_sealed_by.is_some()) {
+        return Err(ChainError::Sealed {
+            tag: link.meta.tag.clone(),
+            owner: link.meta.memory_sealed_by.clone().unwrap_or_default(),
+            reason: "a sealed snapshot (a checkpoint) is not packed; fork a sandbox from it and branch that".into(),
+        });
+    }
     let chunks = ChunkStore::open(store.root());
     let mut w = PackWriter::create(out)?;
     let mut logical = 0u64;

@@ -1,7 +1,7 @@
 //! Chains end to end on synthetic snapshots (no VM): diffs, assembly, lineage, pack.
 
 use super::*;
-use crate::chunk_store::ChunkStore;
+use crate::chunk_store::{ChunkSeal, ChunkStore};
 use crate::dir::{MEMORY_IMG, SNAPSHOT_JSON};
 use crate::metadata::{minimal_meta, read_meta, replace_meta, write_meta, DevicesMeta, DiskMeta, SnapshotStatus};
 use crate::pack_archive::PackTrust;
@@ -133,7 +133,7 @@ fn build_chain(env: &Env, depth: usize, seed: u64) -> Vec<Vec<u8>> {
         write_image_snapshot(&staged_dir, &tag, &mem, &disk(env));
         let staged = SnapshotDir::open(&staged_dir).unwrap();
         let chain = resolve(&env.store, &parent).unwrap();
-        let r = write_diff(&env.store, &env.cache, &chain, &staged, &tag).unwrap();
+        let r = write_diff(&env.store, &env.cache, &chain, &staged, &tag, None).unwrap();
         assert_eq!(r.parent_tag.as_deref(), Some(parent.as_str()));
         assert!(r.pages > 0 && r.pages < PAGES / 4, "a diff holds only changed pages: {}", r.pages);
         all.push(mem.clone());
@@ -448,3 +448,76 @@ fn files_under(root: &Path) -> Vec<PathBuf> {
 
 #[path = "layer_tests.rs"]
 mod layers;
+
+/// Stages `mem` as `tag` and publishes it as a diff over `parent`, sealed with `seal`.
+fn sealed_diff(
+    env: &Env,
+    cache: &AssembledCache,
+    parent: &str,
+    tag: &str,
+    mem: &[u8],
+    seal: &MemorySeal,
+) -> ConvertReport {
+    let staged_dir = env.scratch.join(format!("staged-{tag}"));
+    write_image_snapshot(&staged_dir, tag, mem, &disk(env));
+    let chain = resolve(&env.store, parent).unwrap();
+    write_diff(&env.store, cache, &chain, &SnapshotDir::open(&staged_dir).unwrap(), tag, Some(seal)).unwrap()
+}
+
+/// `tag`'s memory assembled again through `cache`.
+fn assembled_through(env: &Env, cache: &AssembledCache, tag: &str) -> Result<Vec<u8>, ChainError> {
+    let chain = resolve(&env.store, tag).unwrap();
+    cache.evict(chain.head().meta.content_hash.as_deref().unwrap());
+    cache.memory_for(&env.store, &chain).map(|(path, _)| read_image(&path))
+}
+
+#[test]
+fn sealed_diffs_assemble_with_their_key_only_and_share_what_did_not_change() {
+    let env = env();
+    let keys = env.scratch.join("keys");
+    let cache = env.cache.clone().with_keys_dir(&keys);
+    let key = crate::vault::KeyStore::open(&keys).unwrap().sandbox_key("sb1").unwrap();
+    let seal = MemorySeal { owner: "sb1".into(), seal: ChunkSeal::of_key(&key) };
+    let mut rng = Rng(41);
+    let mut mem = base_memory(&mut rng);
+    write_image_snapshot(&env.store.tag_dir("base").unwrap(), "base", &mem, &disk(&env));
+    ingest(&env.store, &cache, "base").unwrap();
+    // Two checkpoints over the base: the second changes one page more than the first.
+    mutate(&mut mem, &mut rng, 1);
+    let first = mem.clone();
+    let c1 = sealed_diff(&env, &cache, "base", "c1", &first, &seal);
+    mem[4096..4096 + 8].copy_from_slice(b"changed!");
+    let second = mem.clone();
+    let c2 = sealed_diff(&env, &cache, "base", "c2", &second, &seal);
+    assert!(c1.chunks_new > 0 && c2.chunks_reused > 0 && c2.chunks_new < c1.chunks_new, "{c1:?}\n{c2:?}");
+    let c1_dir = env.store.lookup("c1").unwrap();
+    assert_eq!(c1_dir.meta.memory_sealed_by.as_deref(), Some("sb1"));
+    // Every chunk of its own is sealed: nothing of it is plain zstd in the store.
+    let map = crate::page_map::PageMap::read_file(&c1_dir.memory_map_path()).unwrap();
+    let plain = ChunkStore::open(env.store.root());
+    let mut sealed_chunks = 0;
+    for e in &map.extents {
+        if let crate::page_map::ExtentContent::Chunk(id) = e.content {
+            let bytes = fs::read(plain.path_of(&id)).unwrap();
+            assert!(bytes.starts_with(&crate::vault::SEALED_CHUNK_MAGIC) && zstd::decode_all(&bytes[..]).is_err());
+            sealed_chunks += 1;
+        }
+    }
+    assert!(sealed_chunks > 0);
+    assert_eq!(assembled_through(&env, &cache, "c1").unwrap(), first);
+    assert_eq!(assembled_through(&env, &cache, "c2").unwrap(), second);
+    // Without its key (another host's keys, or a purged sandbox): refused, naming whose.
+    let keyless = env.cache.clone().with_keys_dir(&env.scratch.join("other-keys"));
+    let e = assembled_through(&env, &keyless, "c1").unwrap_err();
+    assert!(matches!(e, ChainError::Sealed { .. }) && e.to_string().contains("sandbox sb1 has no key"), "{e}");
+    assert_eq!(e.state(), Some("not_bootable"));
+    // The garbage collector keeps sealed chunks that a snapshot references.
+    collect_garbage(&env.store).unwrap();
+    assert_eq!(assembled_through(&env, &cache, "c2").unwrap(), second);
+    // Compacting keeps it sealed; packing refuses it.
+    compact(&env.store, &cache, "c2", "flat").unwrap();
+    assert_eq!(env.store.lookup("flat").unwrap().meta.memory_sealed_by.as_deref(), Some("sb1"));
+    assert_eq!(assembled_through(&env, &cache, "flat").unwrap(), second);
+    let e = pack(&env.store, &cache, "c2", &env.scratch.join("c2.tar.zst")).unwrap_err();
+    assert!(matches!(e, ChainError::Sealed { .. }) && e.to_string().contains("not packed"), "{e}");
+}

@@ -369,6 +369,7 @@ impl Vmm {
             content_hash: None,
             default_limits: lineage.default_limits,
             default_network: lineage.default_network.clone(),
+            memory_sealed_by: None,
         }
     }
 

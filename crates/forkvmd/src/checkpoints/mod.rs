@@ -229,6 +229,27 @@ pub fn forget(s: &AppState, id: &str) {
     }
 }
 
+/// Refuses (409) while a running sandbox was started from one of sandbox `id`'s
+/// checkpoints: their memory is sealed with `id`'s key, which a purge shreds.
+pub fn check_none_in_use(s: &AppState, id: &str) -> Result<(), ApiError> {
+    let list = records::list(&s.db(), id).map_err(db_err("listing its checkpoints"))?;
+    for c in &list {
+        let users: Vec<String> = s.registry.spawned_from(&c.tag).into_iter().filter(|u| u != id).collect();
+        if !users.is_empty() {
+            return Err(ApiError::conflict(
+                format!(
+                    "sandbox {id}'s checkpoint {} is in use by {}: its memory is sealed with the key a purge \
+                     shreds; kill those first, or delete without purge",
+                    c.seq,
+                    users.join(", ")
+                ),
+                "in_use",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Forgets the checkpoints of every sandbox that no longer exists (blocking): killed
 /// outside this daemon (the CLI's own `kill`), while it was down, or by its lifecycle;
 /// and those [`forget`] kept for a child that has since gone. A sandbox whose lock is

@@ -125,6 +125,10 @@ pub async fn delete(
     let sandbox_lock = s.disk.sandbox_lock(&id);
     let _held = sandbox_lock.lock().await;
     s.blocking(move |s| {
+        if args.purge {
+            // A purge shreds the key its checkpoints' memory is sealed with.
+            crate::checkpoints::check_none_in_use(&s, &id)?;
+        }
         let found = forkvm_sandbox::delete(&s.registry, &s.store, &id, args.purge).map_err(|e| match e {
             forkvm_sandbox::DeleteError::Lifecycle(e) => e.into(),
             forkvm_sandbox::DeleteError::Purge(e) if e.code() == forkvm_api::ErrorCode::Conflict => {
