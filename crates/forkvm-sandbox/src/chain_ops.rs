@@ -233,10 +233,7 @@ pub(crate) fn diff_branch(
     let staging = chain::new_staging_dir(store, "diff")?;
     let result = (|| {
         let branched = Instant::now();
-        let report = match paused {
-            Some(paused) => verbs::branch_to_dir_then(registry, store, &staging, id, tag, mode, paused)?,
-            None => verbs::branch_to_dir(registry, store, &staging, id, tag, mode, true)?,
-        };
+        let report = verbs::branch_to_dir_then(registry, store, &staging, id, tag, mode, paused.unwrap_or(&mut || {}))?;
         let branch_ms = branched.elapsed().as_secs_f64() * 1e3;
         let staged = SnapshotDir::open(&report.dir).map_err(|e| ChainOpError::Staged(e.to_string()))?;
         let diffing = Instant::now();

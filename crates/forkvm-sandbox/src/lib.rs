@@ -55,4 +55,4 @@ pub use start::{SpawnError, SpawnOptions};
 pub use state::{SandboxState, StateReason};
 pub use tags::{check_tag_defaults, publish_template, PublishError};
 pub use template_snapshot::{ensure_template_snapshot, TemplateSnapshot, TemplateSnapshotError};
-pub use verbs::{branch, branch_to_dir, kill, kill_record, LifecycleError};
+pub use verbs::{branch, branch_to_dir_then, kill, kill_record, LifecycleError};

@@ -40,23 +40,10 @@ pub fn branch(
 }
 
 /// [`branch`] into `<dir>/<tag>` instead of the store's snapshots (a staging place for a
-/// diff, on the store's file system).
-pub fn branch_to_dir(
-    registry: &Registry,
-    store: &Store,
-    dir: &Path,
-    id: &str,
-    tag: &str,
-    mode: BranchMode,
-    wait: bool,
-) -> Result<BranchReport, LifecycleError> {
-    branch_into(registry, store, dir, id, tag, mode, wait).map(|(report, _)| report)
-}
-
-/// [`branch_to_dir`] that calls `paused` as soon as the sandbox runs again (its state is
-/// captured by then), and only then waits for a live branch's memory to be written and
-/// takes the snapshot over. A caller answers its own client in `paused` and lets the
-/// writing go on.
+/// diff, on the store's file system), complete when it returns. It calls `paused` as soon
+/// as the sandbox runs again (its state is captured by then), and only then waits for a
+/// live branch's memory to be written and takes the snapshot over: a caller may answer
+/// its own client in `paused` and let the writing go on.
 pub fn branch_to_dir_then(
     registry: &Registry,
     store: &Store,

@@ -12,7 +12,7 @@ mod branch;
 mod kill;
 
 pub use agent::agent;
-pub use branch::{branch, branch_to_dir, branch_to_dir_then};
+pub use branch::{branch, branch_to_dir_then};
 pub use kill::{kill, kill_record, stop_vmm};
 
 use crate::registry::{Registry, RegistryError, SandboxRecord};
