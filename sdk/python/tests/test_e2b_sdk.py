@@ -16,6 +16,7 @@ tested against real kernels on the host in every run (test_code_interpreter_serv
 
 from __future__ import annotations
 
+import datetime
 import os
 import time
 import urllib.error
@@ -136,6 +137,21 @@ def test_commands_files_info_list_and_kill(forkvm_e2b: Daemon) -> None:
         assert (info.sandbox_id, info.template_id, info.state.value) == (s.sandbox_id, "base", "running")
         assert info.metadata == {"case": "lifecycle"}
         assert info.cpu_count >= 1 and info.memory_mb > 0
+        # Metrics every 5 s while it runs: CPU as a share of its vCPUs since the sample
+        # before, the memory its VMM uses; a range picks samples by their time.
+        deadline = time.monotonic() + 20
+        while len(m := s.get_metrics()) < 2 and time.monotonic() < deadline:
+            time.sleep(1)
+        assert len(m) >= 2, m
+        for x in m:
+            assert 0 <= x.cpu_used_pct <= 100 and 0 < x.mem_used <= x.mem_total, x
+            assert (x.cpu_count, x.mem_total) == (info.cpu_count, info.memory_mb << 20), x
+        assert any(x.cpu_used_pct > 0 for x in m), "its commands used CPU"
+        assert [x.timestamp for x in m] == sorted(x.timestamp for x in m)
+        newest = s.get_metrics(start=m[-1].timestamp)
+        assert newest and newest[0].timestamp == m[-1].timestamp, (m, newest)
+        assert s.get_metrics(start=m[0].timestamp, end=m[0].timestamp) == [m[0]]
+        assert s.get_metrics(end=m[0].timestamp - datetime.timedelta(hours=1)) == []
         listed = {x.sandbox_id: x for x in e2b.Sandbox.list(query=e2b.SandboxQuery(metadata={"case": "lifecycle"})).next_items()}
         assert list(listed) == [s.sandbox_id]
         assert s.is_running() is True

@@ -8,6 +8,7 @@
 //! `autoPause`). Pause stops the vCPUs and keeps memory (E2B's default); connect resumes
 //! (201) or finds it running (200), with the same `envdAccessToken` either way.
 
+use super::metrics_history::{metric, Sample, Sizes};
 use super::records::{self, E2bSandbox};
 use super::wire::{
     rfc3339, ConnectSandbox, E2bError, Lifecycle, NewSandbox, Sandbox, SandboxDetail, SandboxMetric, SetTimeout,
@@ -359,26 +360,38 @@ async fn pause(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// `GET /sandboxes/{id}/metrics`: one sample, now, from its VMM's cgroup (E2B keeps a
-/// history in 5 s buckets; forkvm does not yet, docs/e2b.md). CPU use is a rate, which a
-/// single sample cannot give: 0 until forkvm keeps a history.
-async fn metrics(State(e2b): State<E2b>, Path(id): Path<String>) -> Result<Json<Vec<SandboxMetric>>, E2bError> {
+/// `GET /sandboxes/{id}/metrics` query: unix seconds, both optional.
+#[derive(Debug, Default, serde::Deserialize)]
+struct MetricsQuery {
+    start: Option<u64>,
+    end: Option<u64>,
+}
+
+/// `GET /sandboxes/{id}/metrics`: its samples in the range (every 5 s, the last hour;
+/// [`super::metrics_history`]). A sandbox not sampled yet, asked without a range that
+/// excludes now, gets one sample taken now (its CPU rate unknown: 0).
+async fn metrics(
+    State(e2b): State<E2b>,
+    Path(id): Path<String>,
+    Query(q): Query<MetricsQuery>,
+) -> Result<Json<Vec<SandboxMetric>>, E2bError> {
     let (rec, _seen) = record(&e2b, &id)?;
-    let now = now_unix_ms();
-    let used = e2b.app.registry.lookup(&id).ok().map(|(r, _)| crate::routes::usage::sample(&r));
-    let mem_total = rec.memory_mb << 20;
-    let mem_used = used.map_or(0, |u| u.memory_bytes).min(mem_total);
-    Ok(Json(vec![SandboxMetric {
-        timestamp: rfc3339(now),
-        timestamp_unix: now / 1000,
-        cpu_count: rec.cpu_count,
-        cpu_used_pct: 0.0,
-        mem_used,
-        mem_total,
-        mem_cache: 0,
-        disk_used: 0,
-        disk_total: rec.disk_mb << 20,
-    }]))
+    if let (Some(start), Some(end)) = (q.start, q.end) {
+        if start > end {
+            return Err(E2bError::bad_request(format!("start {start} is after end {end}")));
+        }
+    }
+    let sizes = Sizes { cpu_count: rec.cpu_count, mem_total: rec.memory_mb << 20, disk_total: rec.disk_mb << 20 };
+    let now_s = now_unix_ms() / 1000;
+    let covers_now = q.start.is_none_or(|s| s <= now_s) && q.end.is_none_or(|e| e >= now_s);
+    if e2b.metrics_history.has(&id) || !covers_now {
+        return Ok(Json(e2b.metrics_history.series(&id, q.start, q.end, sizes)));
+    }
+    let now = e2b.app.registry.lookup(&id).ok().map(|(r, _)| crate::routes::usage::sample(&r));
+    Ok(Json(now.map_or_else(Vec::new, |u| {
+        let s = Sample { at_unix_ms: u.at_unix_ms, cpu_usage_usec: u.cpu_usage_usec, memory_bytes: u.memory_bytes };
+        vec![metric(&s, None, sizes)]
+    })))
 }
 
 /// `GET /v2/sandboxes` query.

@@ -12,7 +12,7 @@
 //!   guest's own.
 //!
 //! What E2B keeps per sandbox beyond the registry (token, metadata, env, lifetime) is in
-//! [`records`]; lifetimes end in [`expiry`].
+//! [`records`]; lifetimes end in [`expiry`]; [`metrics_history`] samples them.
 //!
 //! The design makes one thing awkward, said here rather than hidden: a forkvm sandbox's
 //! TTL archives, while E2B's lifetime kills (or pauses), so E2B sandboxes carry no TTL
@@ -23,6 +23,7 @@ pub mod control;
 pub mod envd;
 pub mod expiry;
 pub mod front;
+pub mod metrics_history;
 pub mod records;
 pub mod wire;
 
@@ -125,6 +126,8 @@ pub struct E2b {
     pub processes: envd::process::Processes,
     /// The polled file-system watchers envd's clients created.
     pub watchers: envd::watch::Watchers,
+    /// Each running sandbox's metrics over the last hour.
+    pub metrics_history: metrics_history::History,
 }
 
 /// Starts the configured listeners and the lifetime tick; returns their addresses. The
@@ -149,7 +152,13 @@ pub async fn start(
         None => None,
     };
     let scheme = if tls.is_some() { "https" } else { "http" };
-    let e2b = E2b { app, config: Arc::new(config), processes: Default::default(), watchers: Default::default() };
+    let e2b = E2b {
+        app,
+        config: Arc::new(config),
+        processes: Default::default(),
+        watchers: Default::default(),
+        metrics_history: Default::default(),
+    };
     let mut bound = Vec::new();
     for (addr, router, what) in [
         (e2b.config.api, control::router(e2b.clone()), "E2B API"),
@@ -165,6 +174,7 @@ pub async fn start(
         let serve = TcpServe { listener, app: router, tls: tls.clone() };
         tokio::spawn(crate::serve::run(None, Some(serve), limits, None, std::future::pending()));
     }
+    tokio::spawn(metrics_history::schedule(e2b.clone()));
     tokio::spawn(expiry::schedule(e2b));
     Ok(bound)
 }
