@@ -358,7 +358,7 @@ def test_run_code_keeps_state_and_returns_errors_plots_and_contexts(forkvm_e2b: 
     import base64
 
     t = time.monotonic()
-    s = e2b_code_interpreter.Sandbox.create(timeout=600)
+    s = e2b_code_interpreter.Sandbox.create(timeout=600, envs={"WIDE": "sandbox", "BOTH": "sandbox"})
     print(f"code interpreter Sandbox.create: {(time.monotonic() - t) * 1e3:.0f} ms")
     try:
         t = time.monotonic()
@@ -384,6 +384,10 @@ def test_run_code_keeps_state_and_returns_errors_plots_and_contexts(forkvm_e2b: 
                          on_stdout=lambda m: streamed.append(m.line))
         assert (env.text, streamed) == ("/home/user", ["yes\n"])
         assert s.run_code("os.environ.get('ASKED')").text is None, "a run's envs end with it"
+        # The sandbox's envs reach every cell; a run's own of the same name wins.
+        both = s.run_code("os.environ['WIDE'] + ' ' + os.environ['BOTH']", envs={"BOTH": "run"})
+        assert both.text == "sandbox run", both
+        assert s.run_code("os.environ['BOTH']").text == "sandbox"
 
         with pytest.raises(e2b.NotFoundException):
             s.run_code("1", context=e2b_code_interpreter.Context(context_id="nope", language="python", cwd="/"))

@@ -9,7 +9,8 @@
 //!   (compared in constant time), or on another port than envd's the same secret as
 //!   `E2B-Traffic-Access-Token` (the create reply's `trafficAccessToken`), else 401;
 //! - port 49983 is envd, served here ([`super::envd`]); any other port is the guest's
-//!   own, reached over the sandbox's network like an exposed port, bodies streamed.
+//!   own, reached over the sandbox's network like an exposed port, bodies streamed (a
+//!   code-interpreter cell gets the sandbox's envs first, [`super::code_envs`]).
 //!
 //! Under a domain, `Host: api.<domain>` is E2B's control plane, answered here too: the
 //! SDKs then reach everything at port 443 of one address, as at E2B.
@@ -126,6 +127,13 @@ async fn route(State(e2b): State<E2b>, req: Request) -> Response {
     if port == ENVD_PORT {
         return super::envd::serve(e2b, rec, req).await;
     }
+    let req = match super::code_envs::applies(port, req.method(), req.uri().path()) {
+        true if !rec.env_vars.is_empty() => match super::code_envs::with_sandbox_envs(req, &rec.env_vars).await {
+            Ok(req) => req,
+            Err(refused) => return refused,
+        },
+        _ => req,
+    };
     forward(e2b, id, port, req).await
 }
 

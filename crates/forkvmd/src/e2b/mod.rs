@@ -18,6 +18,7 @@
 //! TTL archives, while E2B's lifetime kills (or pauses), so E2B sandboxes carry no TTL
 //! of the registry's and the E2B face ends them itself.
 
+pub mod code_envs;
 pub mod connect;
 pub mod control;
 pub mod envd;
