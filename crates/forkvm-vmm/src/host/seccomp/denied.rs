@@ -20,10 +20,18 @@ thread_local! {
     /// The calling thread's kind (0: not yet narrowed). Const-initialized, so reading it
     /// in a signal handler allocates nothing.
     static KIND: Cell<u8> = const { Cell::new(0) };
+    /// The calling thread's name, as far as it fits (NUL-padded), read the same way.
+    static NAME: Cell<[u8; 16]> = const { Cell::new([0; 16]) };
 }
 
 pub(super) fn set_thread_kind(kind: ThreadKind) {
     KIND.with(|k| k.set(kind as u8));
+    let mut name = [0u8; 16];
+    if let Some(n) = std::thread::current().name() {
+        let n = n.as_bytes();
+        name[..n.len().min(16)].copy_from_slice(&n[..n.len().min(16)]);
+    }
+    NAME.with(|c| c.set(name));
 }
 
 fn thread_kind_name() -> &'static str {
@@ -78,10 +86,10 @@ pub(super) enum Why {
 /// Writes why to stderr and ends the process with [`EXIT_SECCOMP_DENIED`].
 pub(super) fn die(kind: ThreadKind, why: Why) -> ! {
     set_thread_kind(kind);
-    report_and_exit(why)
+    report_and_exit(why, None)
 }
 
-fn report_and_exit(why: Why) -> ! {
+fn report_and_exit(why: Why, path: Option<*const u8>) -> ! {
     let mut line = Line::default();
     line.push(b"\n");
     line.push(DENIED_MARKER.as_bytes());
@@ -89,8 +97,30 @@ fn report_and_exit(why: Why) -> ! {
     line.push(thread_kind_name().as_bytes());
     match why {
         Why::Denied(nr) => {
-            line.push(b" thread made system call ");
+            line.push(b" thread");
+            let name = NAME.with(|c| c.get());
+            let len = name.iter().position(|b| *b == 0).unwrap_or(name.len());
+            if len > 0 {
+                line.push(b" (");
+                line.push(&name[..len]);
+                line.push(b")");
+            }
+            line.push(b" made system call ");
             line.push_number(nr);
+            if let Some(p) = path.filter(|p| !p.is_null()) {
+                // The path the call named, as far as the line has room: the thread's own
+                // memory, valid for the call it was passed to.
+                line.push(b" on \"");
+                for i in 0..48 {
+                    // SAFETY: see above; reading stops at its NUL.
+                    let b = unsafe { p.add(i).read() };
+                    if b == 0 {
+                        break;
+                    }
+                    line.push(&[if b.is_ascii_graphic() || b == b' ' { b } else { b'?' }]);
+                }
+                line.push(b"\"");
+            }
             line.push(b", which its filter denies");
         }
         Why::Install => line.push(b" thread could not install its filter"),
@@ -103,23 +133,44 @@ fn report_and_exit(why: Why) -> ! {
     }
 }
 
-extern "C" fn on_sigsys(_signal: libc::c_int, info: *mut libc::siginfo_t, _context: *mut libc::c_void) {
+extern "C" fn on_sigsys(_signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
     // For SIGSYS the kernel fills `siginfo._sigsys` { void *call_addr; int syscall;
     // unsigned arch; } after the 16-byte header: the call's number is the int at byte 24.
     // SAFETY: the kernel passes a valid siginfo for an SA_SIGINFO handler.
     let nr = unsafe { info.cast::<u8>().add(24).cast::<i32>().read_unaligned() };
-    report_and_exit(Why::Denied(i64::from(nr)))
+    report_and_exit(Why::Denied(i64::from(nr)), path_argument(i64::from(nr), context))
+}
+
+/// The path a denied `open`/`openat`-like call named, from the registers it was made
+/// with (x86-64: the first argument in `rdi`, the second in `rsi`).
+#[cfg(target_arch = "x86_64")]
+fn path_argument(nr: i64, context: *mut libc::c_void) -> Option<*const u8> {
+    let reg = match nr {
+        libc::SYS_open | libc::SYS_stat | libc::SYS_lstat | libc::SYS_access | libc::SYS_readlink => libc::REG_RDI,
+        libc::SYS_openat | libc::SYS_newfstatat | libc::SYS_faccessat | libc::SYS_readlinkat | libc::SYS_openat2 => {
+            libc::REG_RSI
+        }
+        _ => return None,
+    };
+    // SAFETY: for an SA_SIGINFO handler the kernel passes a valid ucontext_t.
+    let gregs = unsafe { (*context.cast::<libc::ucontext_t>()).uc_mcontext.gregs };
+    Some(gregs[reg as usize] as *const u8)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn path_argument(_nr: i64, _context: *mut libc::c_void) -> Option<*const u8> {
+    None
 }
 
 /// A fixed buffer a line is built in without allocating.
 struct Line {
-    buf: [u8; 160],
+    buf: [u8; 256],
     len: usize,
 }
 
 impl Default for Line {
     fn default() -> Line {
-        Line { buf: [0; 160], len: 0 }
+        Line { buf: [0; 256], len: 0 }
     }
 }
 

@@ -179,11 +179,28 @@ pub fn enforce() -> Result<(), SeccompError> {
         return Ok(());
     }
     let programs = programs()?;
+    keep_malloc_off_files();
     denied::install_handler().map_err(SeccompError::Handler)?;
     apply(ThreadKind::Control.name(), programs.of(ThreadKind::Control))?;
     denied::set_thread_kind(ThreadKind::Control);
     denied::unblock_sigsys();
     Ok(())
+}
+
+/// Keeps glibc's allocator from opening files on a filtered thread. Freeing memory at
+/// the top of a thread's arena makes glibc shrink that arena's heap, and the first time
+/// it does, it reads `/proc/sys/vm/overcommit_memory` (`check_may_shrink_heap`): an
+/// `openat` a device thread's filter denies, which ended the whole VMM (a vsock backend
+/// that had just passed a large file along, seconds into a sandbox's life). With the
+/// trim threshold above any heap's size (64 MiB) no heap is ever shrunk, so that read
+/// never happens; freed memory stays with its arena for the next allocation, and whole
+/// heaps are still unmapped when they empty.
+fn keep_malloc_off_files() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets an allocator parameter.
+    unsafe {
+        libc::mallopt(libc::M_TRIM_THRESHOLD, libc::c_int::MAX);
+    }
 }
 
 fn apply(kind: &'static str, program: &BpfProgram) -> Result<(), SeccompError> {
