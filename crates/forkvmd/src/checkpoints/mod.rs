@@ -203,7 +203,7 @@ fn remove_snapshot(s: &AppState, tag: &str) -> bool {
             true
         }
         Err(e) => {
-            tracing::info!(%tag, error = %e, "a checkpoint past its sandbox's keep stays");
+            tracing::debug!(%tag, error = %e, "a checkpoint stays: it could not be removed (another snapshot depends on it?); tried again later");
             false
         }
     }
