@@ -388,10 +388,7 @@ async fn metrics(
         return Ok(Json(e2b.metrics_history.series(&id, q.start, q.end, sizes)));
     }
     let now = e2b.app.registry.lookup(&id).ok().map(|(r, _)| crate::routes::usage::sample(&r));
-    Ok(Json(now.map_or_else(Vec::new, |u| {
-        let s = Sample { at_unix_ms: u.at_unix_ms, cpu_usage_usec: u.cpu_usage_usec, memory_bytes: u.memory_bytes };
-        vec![metric(&s, None, sizes)]
-    })))
+    Ok(Json(now.map_or_else(Vec::new, |u| vec![metric(&Sample::of(&u), None, sizes)])))
 }
 
 /// `GET /v2/sandboxes` query.

@@ -28,6 +28,13 @@ pub struct Sample {
     pub memory_bytes: u64,
 }
 
+impl Sample {
+    /// The reading of one usage sample of a sandbox's VMM.
+    pub fn of(u: &forkvm_api::SandboxUsage) -> Sample {
+        Sample { at_unix_ms: u.at_unix_ms, cpu_usage_usec: u.cpu_usage_usec, memory_bytes: u.memory_bytes }
+    }
+}
+
 /// What E2B reports beside the samples: the sandbox's size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sizes {
@@ -126,10 +133,7 @@ pub fn tick(e2b: &E2b) {
         }
         if let Ok((r, _)) = e2b.app.registry.lookup(&rec.id) {
             let u = crate::routes::usage::sample(&r);
-            e2b.metrics_history.record(
-                &rec.id,
-                Sample { at_unix_ms: u.at_unix_ms, cpu_usage_usec: u.cpu_usage_usec, memory_bytes: u.memory_bytes },
-            );
+            e2b.metrics_history.record(&rec.id, Sample::of(&u));
         }
         running.push(rec.id);
     }
