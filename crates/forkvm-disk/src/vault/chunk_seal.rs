@@ -51,15 +51,18 @@ impl ChunkSeal {
 
     /// The seal of `owner`'s existing key in the keys directory `keys_dir`: an error
     /// when it has none (never made, or shredded by a purge), never a new key.
+    ///
+    /// Looks before it opens: a host without that key gets no keys directory made.
     pub fn load(keys_dir: &Path, owner: &str) -> Result<ChunkSeal, VaultError> {
-        let keys = KeyStore::open(keys_dir)?;
-        if !keys.has_sandbox_key(owner) {
+        super::validate_name("sandbox key owner", owner)?;
+        let path = keys_dir.join(super::keys::SANDBOXES_DIR).join(format!("{owner}.key"));
+        if !path.exists() {
             return Err(VaultError::Key {
-                path: keys_dir.join(super::keys::SANDBOXES_DIR).join(format!("{owner}.key")),
+                path,
                 reason: format!("sandbox {owner} has no key (its vault was purged, or this is another host's store)"),
             });
         }
-        keys.sandbox_key(owner).map(|k| ChunkSeal::of_key(&k))
+        KeyStore::open(keys_dir)?.sandbox_key(owner).map(|k| ChunkSeal::of_key(&k))
     }
 
     /// The name of a chunk holding `plain`.

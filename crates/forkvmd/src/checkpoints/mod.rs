@@ -212,8 +212,8 @@ fn remove_snapshot(s: &AppState, tag: &str) -> bool {
 /// Removes killed sandbox `id`'s checkpoints (blocking): each snapshot nothing else uses
 /// goes with its row; one a running child was forked from keeps its row, so the sweep
 /// ([`sweep_orphans`]) removes it once that child is gone. The policy goes with the
-/// last row.
-pub fn forget(s: &AppState, id: &str) {
+/// last row. Returns whether nothing of `id` is left.
+pub fn forget(s: &AppState, id: &str) -> bool {
     // Read first: the database's lock must not be held while snapshots are removed.
     let list = records::list(&s.db(), id).unwrap_or_default();
     let mut kept = 0;
@@ -224,9 +224,7 @@ pub fn forget(s: &AppState, id: &str) {
             kept += 1;
         }
     }
-    if kept == 0 {
-        let _ = records::delete_all(&s.db(), id);
-    }
+    kept == 0 && records::delete_all(&s.db(), id).is_ok()
 }
 
 /// Refuses (409) while a running sandbox was started from one of sandbox `id`'s
@@ -271,8 +269,7 @@ pub fn sweep_orphans(s: &AppState) -> Vec<String> {
         if s.sandbox_row(&id).is_some() {
             continue;
         }
-        forget(s, &id);
-        if records::sandboxes(&s.db()).is_ok_and(|left| !left.contains(&id)) {
+        if forget(s, &id) {
             swept.push(id);
         }
     }

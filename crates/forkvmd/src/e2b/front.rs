@@ -127,13 +127,12 @@ async fn route(State(e2b): State<E2b>, req: Request) -> Response {
     if port == ENVD_PORT {
         return super::envd::serve(e2b, rec, req).await;
     }
-    let req = match super::code_envs::applies(port, req.method(), req.uri().path()) {
-        true if !rec.env_vars.is_empty() => match super::code_envs::with_sandbox_envs(req, &rec.env_vars).await {
-            Ok(req) => req,
-            Err(refused) => return refused,
-        },
-        _ => req,
-    };
+    if !rec.env_vars.is_empty() && super::code_envs::applies(port, req.method(), req.uri().path()) {
+        return match super::code_envs::with_sandbox_envs(req, &rec.env_vars).await {
+            Ok(req) => forward(e2b, id, port, req).await,
+            Err(refused) => refused,
+        };
+    }
     forward(e2b, id, port, req).await
 }
 
