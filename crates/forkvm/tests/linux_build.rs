@@ -316,8 +316,11 @@ fn two_builds_at_once_make_each_step_once() {
         let report: Value = serde_json::from_slice(&out.stdout).unwrap();
         ran.push(outcome(&report));
     }
-    ran.sort();
-    assert_eq!(ran, [(vec![false], false), (vec![true], true)], "one build made the step, the other found it");
+    // Each step is made once across the two builds: the RUN by one, and the finish by
+    // whichever build reaches it first (not always the one that made the RUN).
+    let made_run = ran.iter().filter(|(steps, _)| !steps[0]).count();
+    let made_finish = ran.iter().filter(|(_, finish_cached)| !finish_cached).count();
+    assert_eq!((made_run, made_finish), (1, 1), "one build made each step, the other found it: {ran:?}");
     for tag in ["left", "right"] {
         let id = env.fork("--tag", tag, 1).remove(0);
         assert_eq!(env.sh(&id, "cat /made"), "once\n", "{tag}");
