@@ -14,6 +14,7 @@ mod image_cmd;
 mod limit_args;
 mod mcp_cmd;
 mod network_cmd;
+mod object_store_cmd;
 mod ports_cmd;
 mod proc_cmd;
 mod remote_cmd;
@@ -102,6 +103,16 @@ enum Command {
     /// Make an ed25519 key pair for signing packs: PATH (secret, 0600) and PATH.pub.
     #[command(name = "pack-keygen")]
     PackKeygen(chain_cmd::PackKeygenArgs),
+    /// Push a snapshot's chain to object storage (sealed blocks; only what the remote lacks).
+    Push(object_store_cmd::PushArgs),
+    /// Bring a tag's chain from object storage into the store (only what this host lacks).
+    Pull(object_store_cmd::PullArgs),
+    /// Make the 32-byte key that seals a remote's blocks (shared by its hosts).
+    #[command(name = "remote-keygen")]
+    RemoteKeygen(object_store_cmd::RemoteKeygenArgs),
+    /// List the tags pushed to a remote.
+    #[command(name = "remote-tags")]
+    RemoteTags(object_store_cmd::RemoteTagsArgs),
     /// Run forkvmd, the REST controller (Unix socket; optionally TCP with a token, TLS).
     Daemon(Box<daemon_cmd::DaemonArgs>),
     /// Take an encrypted, incremental snapshot of a sandbox's disks now.
@@ -209,6 +220,10 @@ fn main() {
         Command::Pack(a) => chain_cmd::pack(a, remote),
         Command::Unpack(a) => chain_cmd::unpack(a, remote),
         Command::PackKeygen(a) => chain_cmd::pack_keygen(a),
+        Command::Push(a) => object_store_cmd::push(a),
+        Command::Pull(a) => object_store_cmd::pull(a),
+        Command::RemoteKeygen(a) => object_store_cmd::keygen(a),
+        Command::RemoteTags(a) => object_store_cmd::tags(a),
         Command::DiskSnapshot(a) => disk_cmd::snapshot(a, remote),
         Command::DiskSnapshots(a) => disk_cmd::list(a, remote),
         Command::DiskExport(a) => disk_cmd::export(a, remote),

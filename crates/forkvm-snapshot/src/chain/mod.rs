@@ -42,7 +42,10 @@ pub use assemble::{AssembleStats, AssembledCache};
 pub use convert::{compact, ingest, write_diff, ConvertReport};
 pub use lineage::{collect_garbage, dependents, depth_in, info, remove, ChainInfo, RemoveMode, RemoveReport};
 pub use measure::{measure_diff, DiffMeasure};
-pub use pack::{pack, pack_signed, unpack, unpack_trusted, PackReport, UnpackReport};
+pub use pack::{
+    accept_entry_name, install_staged, pack, pack_signed, unpack, unpack_trusted, write_chain, ChainSink, ChainWalk,
+    Installed, PackReport, UnpackReport,
+};
 
 /// Longest chain accepted (links above the base). Deeper chains should be compacted.
 pub const MAX_CHAIN_DEPTH: usize = 64;
@@ -131,7 +134,8 @@ impl ChainError {
         }
     }
 
-    pub(crate) fn io(step: impl Into<String>, path: &Path) -> impl FnOnce(io::Error) -> ChainError {
+    /// A host file operation `step` on `path` failed.
+    pub fn io(step: impl Into<String>, path: &Path) -> impl FnOnce(io::Error) -> ChainError {
         let (step, path) = (step.into(), path.to_path_buf());
         move |source| ChainError::Io { step, path, source }
     }

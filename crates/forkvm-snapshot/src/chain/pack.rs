@@ -113,6 +113,47 @@ fn link_entry(tag: &str, name: &str) -> String {
     format!("snapshots/{tag}/{name}")
 }
 
+/// Where [`write_chain`] puts a chain's entries: a pack file ([`PackWriter`]), or an
+/// object-storage remote (`forkvm-remote`), which stores them as chunks.
+///
+/// Entry names are the ones [`accept_entry_name`] accepts; an entry is written once.
+pub trait ChainSink {
+    /// The whole file at `path`.
+    fn add_file(&mut self, name: &str, path: &Path) -> Result<(), ChainError>;
+    /// The file at `path`, whose data lies in `extents` (a disk image, a layer's data);
+    /// the rest reads as zeros.
+    fn add_sparse_file(&mut self, name: &str, path: &Path, extents: &SparseExtents) -> Result<(), ChainError>;
+    /// `data` itself (a memory chunk).
+    fn add_bytes(&mut self, name: &str, data: &[u8]) -> Result<(), ChainError>;
+}
+
+impl ChainSink for PackWriter {
+    fn add_file(&mut self, name: &str, path: &Path) -> Result<(), ChainError> {
+        Ok(PackWriter::add_file(self, name, path)?)
+    }
+    fn add_sparse_file(&mut self, name: &str, path: &Path, extents: &SparseExtents) -> Result<(), ChainError> {
+        Ok(PackWriter::add_sparse_file(self, name, path, extents)?)
+    }
+    fn add_bytes(&mut self, name: &str, data: &[u8]) -> Result<(), ChainError> {
+        Ok(PackWriter::add_bytes(self, name, data)?)
+    }
+}
+
+/// What [`write_chain`] wrote into its sink.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChainWalk {
+    /// Tags from the base to the head.
+    pub links: Vec<String>,
+    pub chunks: u64,
+    pub disks: u64,
+    /// Distinct sealed layers of layered disks.
+    pub layers: u64,
+    /// Bytes of the entries (a sparse entry counts its data and its extent list).
+    pub logical_bytes: u64,
+    /// The chain's description, which [`install_staged`] takes back: opaque to sinks.
+    pub description: serde_json::Value,
+}
+
 /// Writes `tag`'s whole chain to `out` (refused if `out` exists). A whole-image
 /// snapshot is moved into the chunk store first.
 pub fn pack(store: &Store, cache: &AssembledCache, tag: &str, out: &Path) -> Result<PackReport, ChainError> {
@@ -128,6 +169,31 @@ pub fn pack_signed(
     key: Option<&ed25519_dalek::SigningKey>,
 ) -> Result<PackReport, ChainError> {
     let started = Instant::now();
+    let mut w = PackWriter::create(out)?;
+    let walk = write_chain(store, cache, tag, &mut w)?;
+    let (pack_bytes, _) = w.finish_signed(walk.description, key)?;
+    Ok(PackReport {
+        path: out.into(),
+        links: walk.links,
+        chunks: walk.chunks,
+        disks: walk.disks,
+        layers: walk.layers,
+        logical_bytes: walk.logical_bytes,
+        pack_bytes,
+        ms: started.elapsed().as_secs_f64() * 1e3,
+    })
+}
+
+/// Writes every entry of `tag`'s chain into `sink`: each link's `snapshot.json`,
+/// `vmstate.bin` and `memory.map`, each distinct disk image and sealed layer once, and
+/// every chunk the maps reference. A whole-image snapshot is moved into the chunk store
+/// first; a sealed chain (a checkpoint's) is refused.
+pub fn write_chain(
+    store: &Store,
+    cache: &AssembledCache,
+    tag: &str,
+    sink: &mut dyn ChainSink,
+) -> Result<ChainWalk, ChainError> {
     let mut chain = resolve(store, tag)?;
     if chain.head().meta.memory_format == MemoryFormat::Image {
         ingest(store, cache, tag)?;
@@ -144,7 +210,6 @@ pub fn pack_signed(
         });
     }
     let chunks = ChunkStore::open(store.root());
-    let mut w = PackWriter::create(out)?;
     let mut logical = 0u64;
     let mut disks_by_inode: HashMap<(u64, u64), String> = HashMap::new();
     let mut layers_by_inode: HashMap<[u64; 4], String> = HashMap::new();
@@ -156,7 +221,7 @@ pub fn pack_signed(
         for name in [SNAPSHOT_JSON, VMSTATE_BIN, MEMORY_MAP] {
             let path = link.path.join(name);
             logical += std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-            w.add_file(&link_entry(t, name), &path)?;
+            sink.add_file(&link_entry(t, name), &path)?;
         }
         let mut disks = Vec::new();
         let disk_dir = link.path.join(DISK_DIR);
@@ -170,7 +235,7 @@ pub fn pack_signed(
                 let extents = SparseExtents::of_file(&file, m.len())
                     .map_err(ChainError::io("finding a disk's data extents", &path))?;
                 logical += extents.encoded_len();
-                w.add_sparse_file(&entry, &path, &extents)?;
+                sink.add_sparse_file(&entry, &path, &extents)?;
             }
             let mut layers = Vec::new();
             for name in d.layers.iter().flatten() {
@@ -190,8 +255,8 @@ pub fn pack_signed(
                     })?;
                     let extents = layer_extents(&layer);
                     logical += extents.encoded_len() + mb.len();
-                    w.add_sparse_file(&format!("{entry}/{DATA_FILE}"), &data, &extents)?;
-                    w.add_file(&format!("{entry}/{BITMAP_FILE}"), &bitmap)?;
+                    sink.add_sparse_file(&format!("{entry}/{DATA_FILE}"), &data, &extents)?;
+                    sink.add_file(&format!("{entry}/{BITMAP_FILE}"), &bitmap)?;
                 }
                 layers.push(PackLayer { name: name.clone(), entry });
             }
@@ -214,22 +279,25 @@ pub fn pack_signed(
     for id in &ids {
         chunks.get_into(id, &mut buf).map_err(ChainError::chunks("reading a chunk to pack"))?;
         logical += buf.len() as u64;
-        w.add_bytes(&chunk_entry(id), &buf)?;
+        sink.add_bytes(&chunk_entry(id), &buf)?;
     }
     let meta = PackMeta { head: tag.into(), links };
-    let meta =
-        serde_json::to_value(&meta).map_err(|e| ChainError::BadPack { path: out.into(), reason: e.to_string() })?;
-    let (pack_bytes, _) = w.finish_signed(meta, key)?;
-    Ok(PackReport {
-        path: out.into(),
+    let description = serde_json::to_value(&meta)
+        .map_err(|e| ChainError::BadPack { path: store.root().into(), reason: e.to_string() })?;
+    Ok(ChainWalk {
         links: chain.tags(),
         chunks: ids.len() as u64,
         disks: disks_by_inode.len() as u64,
         layers: layers_by_inode.len() as u64,
         logical_bytes: logical,
-        pack_bytes,
-        ms: started.elapsed().as_secs_f64() * 1e3,
+        description,
     })
+}
+
+/// Whether a pack (or a remote's manifest) may hold an entry named `name`: only the
+/// names [`write_chain`] writes, each part checked (no other path reaches the disk).
+pub fn accept_entry_name(name: &str) -> bool {
+    accept_name(name)
 }
 
 /// The names a pack may hold (besides its manifest).
@@ -291,15 +359,52 @@ pub fn unpack(store: &Store, pack_path: &Path) -> Result<UnpackReport, ChainErro
 /// not accept.
 pub fn unpack_trusted(store: &Store, pack_path: &Path, trust: &PackTrust) -> Result<UnpackReport, ChainError> {
     let started = Instant::now();
-    let bad = |reason: String| ChainError::BadPack { path: pack_path.to_path_buf(), reason };
     let pack_bytes = std::fs::metadata(pack_path).map_err(ChainError::io("opening the pack", pack_path))?.len();
     let staging = Staging(new_staging_dir(store, "unpack")?);
     let manifest = extract_pack_trusted(pack_path, &staging.0, &accept_name, &PackLimits::configured(), trust)?;
     let signed_by = manifest.signature.as_ref().map(|s| s.key.clone());
     let logical: u64 = manifest.entries.iter().map(|e| e.size).sum();
     decode_sparse_entries(&staging.0, &manifest)?;
+    let installed = install_staged(store, &staging.0, &manifest.meta, pack_path)?;
+    Ok(UnpackReport {
+        head: installed.head,
+        imported: installed.imported,
+        reused: installed.reused,
+        chunks_new: installed.chunks_new,
+        chunks_present: installed.chunks_present,
+        logical_bytes: logical,
+        pack_bytes,
+        ms: started.elapsed().as_secs_f64() * 1e3,
+        signed_by,
+    })
+}
+
+/// What [`install_staged`] put into the store.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Installed {
+    pub head: String,
+    /// Links written into the store, base first.
+    pub imported: Vec<String>,
+    /// Links already in the store with the same content, reused.
+    pub reused: Vec<String>,
+    pub chunks_new: u64,
+    pub chunks_present: u64,
+}
+
+/// Imports a chain staged as files in `staging` (the entries [`write_chain`] wrote,
+/// sparse ones as the files they encode; a `chunks/<hex>` entry may be missing when
+/// the store has that chunk) and described by `description` (the walk's). Everything
+/// is checked before the store is touched; links already present with the same
+/// content are reused. `source` names where the chain came from in errors.
+pub fn install_staged(
+    store: &Store,
+    staging: &Path,
+    description: &serde_json::Value,
+    source: &Path,
+) -> Result<Installed, ChainError> {
+    let bad = |reason: String| ChainError::BadPack { path: source.to_path_buf(), reason };
     let meta: PackMeta =
-        serde_json::from_value(manifest.meta.clone()).map_err(|e| bad(format!("chain description: {e}")))?;
+        serde_json::from_value(description.clone()).map_err(|e| bad(format!("chain description: {e}")))?;
     if meta.links.is_empty() || meta.links.len() > MAX_CHAIN_DEPTH + 1 {
         return Err(bad(format!("{} links (1 to {} expected)", meta.links.len(), MAX_CHAIN_DEPTH + 1)));
     }
@@ -310,8 +415,8 @@ pub fn unpack_trusted(store: &Store, pack_path: &Path, trust: &PackTrust) -> Res
     let mut metas: Vec<SnapshotMeta> = Vec::new();
     let mut needed: BTreeSet<ChunkId> = BTreeSet::new();
     for (i, link) in meta.links.iter().enumerate() {
-        let m = check_link(&staging.0, link, i.checked_sub(1).map(|p| &meta.links[p])).map_err(|m| bad(m.0))?;
-        let map_path = staging.0.join("snapshots").join(&link.tag).join(MEMORY_MAP);
+        let m = check_link(staging, link, i.checked_sub(1).map(|p| &meta.links[p])).map_err(|m| bad(m.0))?;
+        let map_path = staging.join("snapshots").join(&link.tag).join(MEMORY_MAP);
         let map = PageMap::read_file(&map_path).map_err(|e| bad(format!("{}: memory.map: {e}", link.tag)))?;
         if map.mem_size != m.mem_size_bytes || metas.first().is_some_and(|b| b.mem_size_bytes != m.mem_size_bytes) {
             return Err(bad(format!("{}: memory sizes of the links disagree", link.tag)));
@@ -320,7 +425,7 @@ pub fn unpack_trusted(store: &Store, pack_path: &Path, trust: &PackTrust) -> Res
         metas.push(m);
     }
     for id in &needed {
-        if !staging.0.join(chunk_entry(id)).is_file() && !chunks.contains(id) {
+        if !staging.join(chunk_entry(id)).is_file() && !chunks.contains(id) {
             return Err(bad(format!("chunk {id} is referenced but not in the pack")));
         }
     }
@@ -345,7 +450,7 @@ pub fn unpack_trusted(store: &Store, pack_path: &Path, trust: &PackTrust) -> Res
     let _lock = chunks.lock_shared().map_err(ChainError::chunks("locking the chunk store"))?;
     let (mut chunks_new, mut chunks_present) = (0, 0);
     for id in &needed {
-        let path = staging.0.join(chunk_entry(id));
+        let path = staging.join(chunk_entry(id));
         if !path.is_file() {
             chunks_present += 1;
             continue;
@@ -368,7 +473,7 @@ pub fn unpack_trusted(store: &Store, pack_path: &Path, trust: &PackTrust) -> Res
             reused.push(link.tag.clone());
             continue;
         }
-        let src = staging.0.join("snapshots").join(&link.tag);
+        let src = staging.join("snapshots").join(&link.tag);
         let writer = SnapshotWriter::begin(&store.tag_dir(&link.tag)?)
             .map_err(ChainError::dir(format!("importing {}", link.tag)))?;
         for name in [SNAPSHOT_JSON, VMSTATE_BIN, MEMORY_MAP, DISK_DIR] {
@@ -381,17 +486,7 @@ pub fn unpack_trusted(store: &Store, pack_path: &Path, trust: &PackTrust) -> Res
         writer.commit().map_err(ChainError::dir(format!("publishing {}", link.tag)))?;
         imported.push(link.tag.clone());
     }
-    Ok(UnpackReport {
-        head: meta.head,
-        imported,
-        reused,
-        chunks_new,
-        chunks_present,
-        logical_bytes: logical,
-        pack_bytes,
-        ms: started.elapsed().as_secs_f64() * 1e3,
-        signed_by,
-    })
+    Ok(Installed { head: meta.head, imported, reused, chunks_new, chunks_present })
 }
 
 /// Checks one staged link against the pack's description and its parent link, puts its

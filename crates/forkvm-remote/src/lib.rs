@@ -1,0 +1,56 @@
+//! Snapshot chains in object storage: `forkvm push` and `forkvm pull`.
+//!
+//! Why this exists: everything the store keeps lives on one host's disk. A remote (an
+//! S3, GCS or Azure bucket, or a directory, through the `object_store` crate) lets any
+//! host pull a template or branch another host pushed, moving only what it lacks.
+//!
+//! # Layout of a remote (`<url>/…`)
+//!
+//! | object | content |
+//! |--------|---------|
+//! | `chunks/<64 hex>` | one sealed block: [`ChunkSeal`] format (magic `FKVMSCH1`, nonce, XChaCha20-Poly1305 of the zstd block, the name as associated data) |
+//! | `tags/<tag>` | the tag's sealed [`manifest::RemoteManifest`] (same format; its "name" is a hash of the tag) |
+//!
+//! A chain is written as the entries of a pack ([`forkvm_snapshot::chain::write_chain`]):
+//! each file (a link's metadata, VM state and memory map, a disk image, a layer, a
+//! memory chunk) is cut into 1 MiB blocks at 1 MiB-aligned offsets; all-zero blocks
+//! (holes) are not stored. A block's name is the BLAKE3 hash of its bytes **keyed with
+//! the remote key**: equal blocks are stored once across tags and hosts that share the
+//! key, and names say nothing to whoever holds the bucket without it.
+//!
+//! # Keys
+//!
+//! A remote is sealed with a 32-byte **remote key** ([`key::RemoteKey`], default
+//! `<keys dir>/remote.key`, 0600), which every host using the remote holds: the bucket
+//! sees only ciphertext, and the hosts' vault keys never leave them. A block that
+//! fails to open (another key, a flipped byte, an object moved to another name) and a
+//! manifest that fails to open or names another tag are refused with an error naming
+//! the object; pull also re-hashes every block, and the store's install step re-checks
+//! every link's content hash before anything enters the store.
+//!
+//! # Crash safety and resumption
+//!
+//! A push lists the chunks the remote holds, uploads the missing ones (idempotent:
+//! content-addressed), and writes the tag's manifest **last**: a push cut off at any
+//! point leaves the previous manifest (or none), and the next push uploads only what
+//! is still missing. A pull stages everything in the store's staging directory and
+//! installs the chain only once every block has arrived and checked out.
+
+pub mod cache;
+pub mod error;
+pub mod key;
+pub mod manifest;
+pub mod pull;
+pub mod push;
+pub mod remote;
+
+pub use cache::BlockCache;
+pub use error::RemoteError;
+pub use forkvm_disk::vault::ChunkSeal;
+pub use key::RemoteKey;
+pub use pull::{pull, PullReport};
+pub use push::{push, PushReport};
+pub use remote::Remote;
+
+/// Size of a block, and the alignment of its offset in its file.
+pub const BLOCK_BYTES: u64 = 1 << 20;

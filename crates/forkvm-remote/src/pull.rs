@@ -1,0 +1,197 @@
+//! `forkvm pull`: a tag's chain from a remote into the store, fetching only what the
+//! host lacks.
+//!
+//! Memory chunks the store holds already are not fetched; every other block comes from
+//! the host's [`BlockCache`] or the remote (a few downloads at a time, [`jobs`]), is
+//! opened with the remote key and re-hashed against its name, and is written at its
+//! offset into a staging directory. Only once every block is in does the store's
+//! install step check the chain (content hashes, parent edges, layers) and move it in:
+//! a refused block, a missing object or a cut-off pull leaves the store as it was.
+
+use crate::manifest::RemoteManifest;
+use crate::push::{jobs, Progress};
+use crate::remote::{chunk_object, tag_object};
+use crate::{BlockCache, Remote, RemoteError, RemoteKey};
+use forkvm_snapshot::chain::{install_staged, new_staging_dir};
+use forkvm_snapshot::{ChunkId, ChunkStore, Store};
+use serde::Serialize;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// What a pull did.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct PullReport {
+    pub tag: String,
+    pub remote: String,
+    /// Links written into the store, base first.
+    pub imported: Vec<String>,
+    /// Links the store had with the same content.
+    pub reused: Vec<String>,
+    /// Blocks the chain is made of.
+    pub blocks: u64,
+    /// Blocks not needed: memory chunks the store had.
+    pub blocks_local: u64,
+    /// Blocks read from the host's block cache.
+    pub blocks_cached: u64,
+    /// Blocks downloaded.
+    pub blocks_fetched: u64,
+    /// Bytes downloaded (sealed blocks and the manifest).
+    pub bytes_fetched: u64,
+    /// Memory chunks the store gained.
+    pub chunks_new: u64,
+    pub ms: f64,
+}
+
+/// One block to bring in.
+struct Job {
+    file: Arc<File>,
+    offset: u64,
+    len: u32,
+    id: ChunkId,
+}
+
+/// Removes a staging directory however the pull ends.
+struct Staging(PathBuf);
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Pulls `tag`'s chain from `remote` into `store`.
+pub fn pull(
+    store: &Store,
+    tag: &str,
+    remote: &Remote,
+    key: &RemoteKey,
+    cache: &BlockCache,
+    progress: &Progress,
+) -> Result<PullReport, RemoteError> {
+    let started = Instant::now();
+    forkvm_snapshot::validate_tag(tag)
+        .map_err(|e| RemoteError::BadUrl { url: remote.url().into(), reason: e.to_string() })?;
+    let sealed = remote
+        .get(&tag_object(tag))?
+        .ok_or_else(|| RemoteError::NoTag { url: remote.url().into(), tag: tag.into() })?;
+    let manifest_bytes = sealed.len() as u64;
+    let manifest = RemoteManifest::open(key.seal(), tag, &sealed, remote.url())?;
+    let staging = Staging(new_staging_dir(store, "pull")?);
+    let local = ChunkStore::open(store.root());
+    let (mut jobs_list, mut blocks, mut blocks_local) = (Vec::new(), 0u64, 0u64);
+    for entry in &manifest.entries {
+        let checked = entry.checked_blocks().map_err(|reason| refused(remote, &tag_object(tag), reason))?;
+        blocks += checked.len() as u64;
+        let in_store = entry.name.strip_prefix("chunks/").and_then(|hex| ChunkId::from_hex(hex).ok());
+        if in_store.is_some_and(|id| local.contains(&id)) {
+            blocks_local += checked.len() as u64;
+            continue;
+        }
+        let path = staging.0.join(&entry.name);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(RemoteError::io("staging a pulled entry", dir))?;
+        }
+        let file = File::create_new(&path).map_err(RemoteError::io("staging a pulled entry", &path))?;
+        file.set_len(entry.size).map_err(RemoteError::io("sizing a pulled entry", &path))?;
+        let file = Arc::new(file);
+        for (offset, len, id) in checked {
+            jobs_list.push(Job { file: file.clone(), offset, len, id });
+        }
+    }
+    progress.blocks.store(jobs_list.len() as u64, Ordering::Relaxed);
+    let queue = Mutex::new(jobs_list.into_iter());
+    let failure: Mutex<Option<RemoteError>> = Mutex::new(None);
+    let cached = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..jobs() {
+            s.spawn(|| loop {
+                if failure.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+                    return;
+                }
+                let Some(job) = queue.lock().unwrap_or_else(|p| p.into_inner()).next() else { return };
+                match fetch(remote, key, cache, &job, progress) {
+                    Ok(from_cache) => {
+                        if from_cache {
+                            cached.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    Err(e) => {
+                        failure.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+                    }
+                }
+            });
+        }
+    });
+    if let Some(e) = failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(e);
+    }
+    let installed = install_staged(store, &staging.0, &manifest.description, Path::new(remote.url()))?;
+    let _ = cache.trim();
+    let blocks_cached = cached.load(Ordering::Relaxed);
+    Ok(PullReport {
+        tag: tag.into(),
+        remote: remote.url().into(),
+        imported: installed.imported,
+        reused: installed.reused,
+        blocks,
+        blocks_local,
+        blocks_cached,
+        blocks_fetched: progress.moved.load(Ordering::Relaxed) - blocks_cached,
+        bytes_fetched: progress.bytes.load(Ordering::Relaxed) + manifest_bytes,
+        chunks_new: installed.chunks_new,
+        ms: started.elapsed().as_secs_f64() * 1e3,
+    })
+}
+
+fn refused(remote: &Remote, object: &str, reason: String) -> RemoteError {
+    RemoteError::Refused { url: remote.url().into(), object: object.into(), reason }
+}
+
+/// Opens sealed block `id`: its content, checked against its name and length.
+fn open_block(key: &RemoteKey, id: &ChunkId, len: u32, sealed: &[u8]) -> Result<Vec<u8>, String> {
+    let packed = key
+        .seal()
+        .open(id, sealed)
+        .ok_or("it does not open under the remote key (another key, tampered with, or another block's)")?;
+    let plain = zstd::bulk::decompress(&packed, len as usize).map_err(|e| format!("zstd: {e}"))?;
+    if plain.len() != len as usize || key.seal().name_of(&plain) != *id {
+        return Err("its content does not hash to its name".into());
+    }
+    Ok(plain)
+}
+
+/// Brings one block in; whether it came from the cache.
+fn fetch(
+    remote: &Remote,
+    key: &RemoteKey,
+    cache: &BlockCache,
+    job: &Job,
+    progress: &Progress,
+) -> Result<bool, RemoteError> {
+    let object = chunk_object(&job.id);
+    let (plain, from_cache) = match cache.get(&job.id).and_then(|s| open_block(key, &job.id, job.len, &s).ok()) {
+        Some(plain) => (plain, true),
+        None => {
+            let sealed = remote.get(&object)?.ok_or_else(|| {
+                refused(
+                    remote,
+                    &object,
+                    "missing: the remote lost a block its manifest names (push the tag again)".into(),
+                )
+            })?;
+            let plain = open_block(key, &job.id, job.len, &sealed).map_err(|r| refused(remote, &object, r))?;
+            progress.bytes.fetch_add(sealed.len() as u64, Ordering::Relaxed);
+            cache.put(&job.id, &sealed);
+            (plain, false)
+        }
+    };
+    job.file
+        .write_all_at(&plain, job.offset)
+        .map_err(RemoteError::io("writing a pulled block", PathBuf::from(&object)))?;
+    progress.moved.fetch_add(1, Ordering::Relaxed);
+    Ok(from_cache)
+}

@@ -1,0 +1,192 @@
+//! `push`, `pull`, `remote-keygen`, `remote-tags`: the store's chains in object storage
+//! (`forkvm-remote`). A remote is a URL (`s3://bucket/prefix`, `gs://…`, `az://…`,
+//! `file:///dir`), from `--to`/`--from` or `$FORKVM_REMOTE`; its key is `--key-file`,
+//! `$FORKVM_REMOTE_KEY` or `remote.key` in the vault's keys directory.
+//!
+//! They act on this host's store directly (a daemon's sandboxes fork from a pulled tag
+//! like from any other).
+
+use anyhow::{Context, Result};
+use clap::Args;
+use forkvm_remote::push::Progress;
+use forkvm_remote::{BlockCache, Remote, RemoteKey};
+use forkvm_sandbox::source::assembled_cache;
+use forkvm_snapshot::Store;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// Environment variable naming the default remote.
+const REMOTE_ENV: &str = "FORKVM_REMOTE";
+
+#[derive(Args, Debug)]
+pub struct RemoteOpts {
+    /// The remote key (32 bytes, 0600) [default: $FORKVM_REMOTE_KEY, else remote.key in the keys directory].
+    #[arg(long, value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct PushArgs {
+    /// The snapshot (template or branch) whose chain to push.
+    pub tag: String,
+    /// The remote URL [default: $FORKVM_REMOTE].
+    #[arg(long, value_name = "URL")]
+    pub to: Option<String>,
+    #[command(flatten)]
+    pub opts: RemoteOpts,
+}
+
+#[derive(Args, Debug)]
+pub struct PullArgs {
+    /// The tag to bring into this host's store.
+    pub tag: String,
+    /// The remote URL [default: $FORKVM_REMOTE].
+    #[arg(long, value_name = "URL")]
+    pub from: Option<String>,
+    #[command(flatten)]
+    pub opts: RemoteOpts,
+}
+
+#[derive(Args, Debug)]
+pub struct RemoteKeygenArgs {
+    /// Where to write it [default: $FORKVM_REMOTE_KEY, else remote.key in the keys directory].
+    #[arg(long, value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct RemoteTagsArgs {
+    /// The remote URL [default: $FORKVM_REMOTE].
+    #[arg(long, value_name = "URL")]
+    pub from: Option<String>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn open(url: Option<&str>) -> Result<Remote> {
+    let url = match url {
+        Some(u) => u.to_string(),
+        None => std::env::var(REMOTE_ENV)
+            .ok()
+            .filter(|u| !u.is_empty())
+            .context("no remote: give --to/--from URL or set FORKVM_REMOTE (s3://bucket/prefix, file:///dir)")?,
+    };
+    Ok(Remote::open(&url)?)
+}
+
+fn key(opts: &RemoteOpts) -> Result<RemoteKey> {
+    Ok(RemoteKey::load(&opts.key_file.clone().unwrap_or_else(RemoteKey::default_path))?)
+}
+
+/// The host's block cache: `$FORKVM_REMOTE_CACHE`, else `<cache>/remote-blocks` (safe to delete).
+fn block_cache() -> BlockCache {
+    let dir = std::env::var_os("FORKVM_REMOTE_CACHE")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| forkvm_image::kernel::cache_dir().join("remote-blocks"));
+    BlockCache::configured(&dir)
+}
+
+/// Runs `work` with a progress bar on a terminal (not with --json).
+fn with_progress<T: Send>(json: bool, verb: &str, work: impl FnOnce(&Progress) -> T + Send) -> T {
+    let progress = Progress::default();
+    if json || !std::io::stderr().is_terminal() {
+        return work(&progress);
+    }
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg} {bar:30} {pos}/{len} blocks, {prefix}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_message(verb.to_string());
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let out = std::thread::scope(|s| {
+        s.spawn(|| {
+            while !done.load(Ordering::Relaxed) {
+                bar.set_length(progress.blocks.load(Ordering::Relaxed));
+                bar.set_position(progress.moved.load(Ordering::Relaxed));
+                bar.set_prefix(format!("{:.1} MiB", progress.bytes.load(Ordering::Relaxed) as f64 / 1048576.0));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        let out = work(&progress);
+        done.store(true, Ordering::Relaxed);
+        out
+    });
+    bar.finish_and_clear();
+    out
+}
+
+fn print<T: Serialize>(json: bool, report: &T, line: impl FnOnce() -> String) -> Result<i32> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(report)?);
+    } else {
+        println!("{}", line());
+    }
+    Ok(0)
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
+}
+
+pub fn push(a: PushArgs) -> Result<i32> {
+    let (remote, key) = (open(a.to.as_deref())?, key(&a.opts)?);
+    let store = Store::open_default();
+    let r = with_progress(a.opts.json, "pushing", |p| {
+        forkvm_remote::push(&store, &assembled_cache(), &a.tag, &remote, &key, p)
+    })?;
+    print(a.opts.json, &r, || {
+        format!(
+            "{} → {}: {} links, {} blocks ({} uploaded, {} already there), {} sent in {:.0} ms",
+            r.tag,
+            r.remote,
+            r.links.len(),
+            r.blocks,
+            r.blocks_uploaded,
+            r.blocks_present + r.blocks_repeated,
+            mib(r.bytes_uploaded),
+            r.ms
+        )
+    })
+}
+
+pub fn pull(a: PullArgs) -> Result<i32> {
+    let (remote, key) = (open(a.from.as_deref())?, key(&a.opts)?);
+    let store = Store::open_default();
+    let cache = block_cache();
+    let r = with_progress(a.opts.json, "pulling", |p| forkvm_remote::pull(&store, &a.tag, &remote, &key, &cache, p))?;
+    print(a.opts.json, &r, || {
+        format!(
+            "{} ← {}: imported {}; {} blocks ({} fetched, {} cached, {} in the store), {} received in {:.0} ms",
+            r.tag,
+            r.remote,
+            if r.imported.is_empty() { "nothing new".into() } else { r.imported.join(", ") },
+            r.blocks,
+            r.blocks_fetched,
+            r.blocks_cached,
+            r.blocks_local,
+            mib(r.bytes_fetched),
+            r.ms
+        )
+    })
+}
+
+pub fn keygen(a: RemoteKeygenArgs) -> Result<i32> {
+    let path = a.key_file.unwrap_or_else(RemoteKey::default_path);
+    RemoteKey::generate(&path)?;
+    println!("remote key {} (0600): copy it to every host that shares the remote", path.display());
+    Ok(0)
+}
+
+pub fn tags(a: RemoteTagsArgs) -> Result<i32> {
+    let remote = open(a.from.as_deref())?;
+    let tags = remote.tags()?;
+    print(a.json, &tags, || tags.join("\n"))
+}

@@ -1,0 +1,394 @@
+//! Linux tier, through the CLI: chains in object storage. A real S3-compatible server
+//! (moto's server mode, on loopback, started and stopped here) is the remote. A python
+//! template and a diff link over it are pushed, pulled into empty stores and forked;
+//! only what a side lacks travels; a stalled server, a push killed half-way, a flipped
+//! or swapped object and a full block cache are each met with completion or a clear
+//! refusal that leaves the store as it was. The template boots once (cached); every
+//! sandbox is a restore.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BUCKET: &str = "forkvm-test";
+
+/// An Authorization header moto accepts (it does not check signatures, but treats a
+/// request without one as anonymous, which may not read private objects).
+const AUTH: &str = "Authorization: AWS4-HMAC-SHA256 Credential=test/20261201/us-east-1/s3/aws4_request, \
+                    SignedHeaders=host, Signature=0\r\n";
+
+/// moto's S3 server on a loopback port; killed (and reaped) when dropped.
+struct S3Server {
+    child: Child,
+    port: u16,
+}
+
+impl S3Server {
+    fn start() -> S3Server {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = Command::new("python3")
+            .args(["-m", "moto.server", "-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("moto's server (pip install 'moto[server]')");
+        let server = S3Server { child, port };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "moto's server did not listen within 60 s");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let (status, _) = server.http("PUT", &format!("/{BUCKET}"), &[]);
+        assert_eq!(status, 200, "creating the bucket");
+        server
+    }
+
+    /// One plain HTTP/1.1 request (moto does not check signatures): (status, body).
+    fn http(&self, method: &str, path: &str, body: &[u8]) -> (u16, Vec<u8>) {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: {}\r\nConnection: close\r\n{AUTH}\r\n",
+            self.port,
+            body.len()
+        );
+        s.write_all(head.as_bytes()).unwrap();
+        s.write_all(body).unwrap();
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).unwrap();
+        let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("an HTTP answer");
+        let status = String::from_utf8_lossy(&raw[9..12]).parse().unwrap();
+        let headers = String::from_utf8_lossy(&raw[..split]).to_ascii_lowercase();
+        let mut body = raw[split + 4..].to_vec();
+        if headers.contains("transfer-encoding: chunked") {
+            body = dechunk(&body);
+        }
+        (status, body)
+    }
+
+    /// The object names under `prefix` (one listing page is enough here: < 1000 asked for).
+    fn keys(&self, prefix: &str) -> Vec<String> {
+        let (status, body) = self.http("GET", &format!("/{BUCKET}?list-type=2&prefix={prefix}"), &[]);
+        assert_eq!(status, 200);
+        let xml = String::from_utf8(body).unwrap();
+        xml.split("<Key>").skip(1).map(|k| k.split("</Key>").next().unwrap().to_string()).collect()
+    }
+
+    fn get(&self, key: &str) -> Vec<u8> {
+        let (status, body) = self.http("GET", &format!("/{BUCKET}/{key}"), &[]);
+        assert_eq!(status, 200, "GET {key}");
+        body
+    }
+
+    fn put(&self, key: &str, body: &[u8]) {
+        assert_eq!(self.http("PUT", &format!("/{BUCKET}/{key}"), body).0, 200, "PUT {key}");
+    }
+
+    fn signal(&self, sig: &str) {
+        assert!(Command::new("kill").args([sig, &self.child.id().to_string()]).status().unwrap().success());
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        self.signal("-CONT");
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn dechunk(mut body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = body.windows(2).position(|w| w == b"\r\n").unwrap();
+        let len = usize::from_str_radix(std::str::from_utf8(&body[..line_end]).unwrap().trim(), 16).unwrap();
+        if len == 0 {
+            return out;
+        }
+        out.extend_from_slice(&body[line_end + 2..line_end + 2 + len]);
+        body = &body[line_end + 4 + len..];
+    }
+}
+
+struct Env {
+    _tmp: tempfile::TempDir,
+    dir: PathBuf,
+    store: PathBuf,
+    run: PathBuf,
+    key: PathBuf,
+    s3: S3Server,
+}
+
+impl Env {
+    fn new() -> Env {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
+        let s3 = S3Server::start();
+        let env =
+            Env { store: dir.join("store"), run: dir.join("run"), key: dir.join("remote.key"), dir, s3, _tmp: tmp };
+        env.ok(&["remote-keygen", "--key-file", env.key.to_str().unwrap()]);
+        env
+    }
+
+    fn url(&self, prefix: &str) -> String {
+        format!("s3://{BUCKET}/{prefix}")
+    }
+
+    fn command_in(&self, store: &Path, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_forkvm"));
+        c.args(args)
+            .env("FORKVM_STORE", store)
+            .env("FORKVM_RUN", &self.run)
+            .env("FORKVM_REMOTE_KEY", &self.key)
+            .env(
+                "FORKVM_REMOTE_CACHE",
+                self.dir.join(format!("cache-of-{}", store.file_name().unwrap().to_str().unwrap())),
+            )
+            .env("AWS_ENDPOINT", format!("http://127.0.0.1:{}", self.s3.port))
+            .env("AWS_ALLOW_HTTP", "true")
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .env("AWS_DEFAULT_REGION", "us-east-1")
+            .env_remove("HTTP_PROXY")
+            .env_remove("HTTPS_PROXY")
+            .env_remove("http_proxy")
+            .env_remove("https_proxy");
+        c
+    }
+
+    fn cmd_in(&self, store: &Path, args: &[&str]) -> Output {
+        self.command_in(store, args).output().unwrap()
+    }
+
+    fn ok_in(&self, store: &Path, args: &[&str]) -> String {
+        let out = self.cmd_in(store, args);
+        assert!(
+            out.status.success(),
+            "forkvm {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        self.ok_in(&self.store, args)
+    }
+
+    fn json_in(&self, store: &Path, args: &[&str]) -> serde_json::Value {
+        serde_json::from_str(&self.ok_in(store, args)).unwrap()
+    }
+
+    fn json(&self, args: &[&str]) -> serde_json::Value {
+        self.json_in(&self.store, args)
+    }
+
+    fn fails_in(&self, store: &Path, args: &[&str]) -> String {
+        let out = self.cmd_in(store, args);
+        assert!(!out.status.success(), "forkvm {args:?} succeeded: {}", String::from_utf8_lossy(&out.stdout));
+        String::from_utf8(out.stderr).unwrap()
+    }
+
+    fn push(&self, tag: &str, prefix: &str) -> serde_json::Value {
+        self.json(&["push", tag, "--to", &self.url(prefix), "--json"])
+    }
+
+    fn pull_in(&self, store: &Path, tag: &str, prefix: &str) -> serde_json::Value {
+        self.json_in(store, &["pull", tag, "--from", &self.url(prefix), "--json"])
+    }
+
+    /// The base template and a diff link over it, in the first store.
+    fn chain(&self) {
+        self.ok(&["snapshot", "create", "--image", "python", "--tag", "base"]);
+        self.ok(&[
+            "snapshot-diff",
+            "--from",
+            "base",
+            "--tag",
+            "d1",
+            "--exec",
+            "echo remote > /tmp/r",
+            "--eval",
+            "r = 6 * 7",
+        ]);
+    }
+
+    /// A child of `tag` in `store` sees the link's file and value.
+    fn check_child(&self, store: &Path, tag: &str) {
+        let r = self.json_in(
+            store,
+            &["fork", "--tag", tag, "-n", "1", "--exec", "cat /tmp/r", "--eval", "r", "--rm", "--json"],
+        );
+        let kid = &r["sandboxes"][0];
+        assert_eq!(kid["exec"]["stdout"], "remote\n", "{r}");
+        assert_eq!(kid["eval"]["result"], "42", "{r}");
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        for store in [self.store.clone(), self.dir.join("other"), self.dir.join("third")] {
+            let _ = self.cmd_in(&store, &["kill", "--all"]);
+        }
+    }
+}
+
+fn n(v: &serde_json::Value, field: &str) -> u64 {
+    v[field].as_u64().unwrap_or_else(|| panic!("{field} in {v}"))
+}
+
+fn files_under(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if !p.ends_with(".lock") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn a_chain_pushed_to_s3_is_pulled_into_empty_stores_moving_only_what_is_missing() {
+    let env = Env::new();
+    env.chain();
+    let base = env.push("base", "p");
+    assert_eq!(n(&base, "blocks_uploaded"), n(&base, "blocks"), "an empty remote gets every block: {base}");
+    assert!(n(&base, "bytes_uploaded") < n(&base, "logical_bytes"), "blocks are compressed: {base}");
+    // The link shares the template's blocks: only its own travel.
+    let d1 = env.push("d1", "p");
+    assert_eq!(d1["links"], serde_json::json!(["base", "d1"]));
+    assert!(n(&d1, "blocks_present") >= n(&base, "blocks") - 2, "the template's blocks are not sent again: {d1}");
+    assert!(n(&d1, "bytes_uploaded") * 10 < n(&base, "bytes_uploaded"), "dedup across tags: {d1}");
+    eprintln!(
+        "push: base {} blocks in {:.0} ms; d1 uploaded {} of {} blocks, {} of {} bytes",
+        n(&base, "blocks"),
+        base["ms"].as_f64().unwrap(),
+        n(&d1, "blocks_uploaded"),
+        n(&d1, "blocks"),
+        n(&d1, "bytes_uploaded"),
+        n(&base, "bytes_uploaded")
+    );
+    assert_eq!(n(&env.push("d1", "p"), "blocks_uploaded"), 0, "a second push sends nothing");
+    let tags = env.json(&["remote-tags", "--from", &env.url("p"), "--json"]);
+    assert_eq!(tags, serde_json::json!(["base", "d1"]));
+    let objects = env.s3.keys("p/");
+    assert!(objects.iter().all(|k| k.starts_with("p/chunks/") || k.starts_with("p/tags/")), "{objects:?}");
+    for key in objects.iter().filter(|k| k.starts_with("p/chunks/")).take(20) {
+        let body = env.s3.get(key);
+        assert!(body.starts_with(b"FKVMSCH1"), "{key} is sealed");
+    }
+
+    // An empty store: everything travels, the chain forks.
+    let other = env.dir.join("other");
+    let pulled = env.pull_in(&other, "d1", "p");
+    assert_eq!(pulled["imported"], serde_json::json!(["base", "d1"]), "{pulled}");
+    assert_eq!(n(&pulled, "blocks_fetched"), n(&pulled, "blocks"), "{pulled}");
+    env.check_child(&other, "d1");
+    // A store with the template: the link's memory only (and disks, from the cache).
+    let third = env.dir.join("third");
+    env.pull_in(&third, "base", "p");
+    let link = env.pull_in(&third, "d1", "p");
+    assert_eq!(
+        (link["imported"].clone(), link["reused"].clone()),
+        (serde_json::json!(["d1"]), serde_json::json!(["base"]))
+    );
+    assert!(n(&link, "blocks_local") > 0, "the template's memory is not fetched again: {link}");
+    assert!(n(&link, "bytes_fetched") * 10 < n(&pulled, "bytes_fetched"), "{link}");
+    eprintln!(
+        "pull: d1 into an empty store {} blocks ({} bytes) in {:.0} ms; over the template {} fetched ({} bytes), \
+         {} cached, {} in the store",
+        n(&pulled, "blocks"),
+        n(&pulled, "bytes_fetched"),
+        pulled["ms"].as_f64().unwrap(),
+        n(&link, "blocks_fetched"),
+        n(&link, "bytes_fetched"),
+        n(&link, "blocks_cached"),
+        n(&link, "blocks_local")
+    );
+    env.check_child(&third, "d1");
+
+    let err = env.fails_in(&third, &["pull", "nope", "--from", &env.url("p")]);
+    assert!(err.contains("no tag \"nope\""), "{err}");
+    let other_key = env.dir.join("other.key");
+    env.ok(&["remote-keygen", "--key-file", other_key.to_str().unwrap()]);
+    let fresh = env.dir.join("fresh");
+    let err = env.fails_in(&fresh, &["pull", "d1", "--from", &env.url("p"), "--key-file", other_key.to_str().unwrap()]);
+    assert!(err.contains("does not open under the remote key"), "another key: {err}");
+    assert!(files_under(&fresh.join("snapshots")).is_empty());
+}
+
+#[test]
+fn a_stalled_server_a_killed_push_tampered_objects_and_a_full_cache_lose_nothing() {
+    let env = Env::new();
+    env.chain();
+    // A push cut off half-way leaves no tag; the next one sends only what is missing.
+    let mut push = env.command_in(&env.store, &["push", "d1", "--to", &env.url("k"), "--json"]).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while env.s3.keys("k/chunks/").len() < 100 {
+        assert!(Instant::now() < deadline && push.try_wait().unwrap().is_none(), "the push ended before 100 blocks");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    push.kill().unwrap();
+    push.wait().unwrap();
+    assert!(env.s3.keys("k/tags/").is_empty(), "no manifest before every block is up");
+    let resumed = env.push("d1", "k");
+    assert!(n(&resumed, "blocks_present") >= 100, "{resumed}");
+    assert!(n(&resumed, "blocks_uploaded") < n(&resumed, "blocks"), "{resumed}");
+
+    // The server stops answering mid-push (SIGSTOP) for 3 s: the push waits it out.
+    let mut push = env.command_in(&env.store, &["push", "d1", "--to", &env.url("s"), "--json"]).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while env.s3.keys("s/chunks/").len() < 50 {
+        assert!(Instant::now() < deadline, "the push did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    env.s3.signal("-STOP");
+    std::thread::sleep(Duration::from_secs(3));
+    env.s3.signal("-CONT");
+    assert!(push.wait().unwrap().success(), "the push completes after the stall");
+
+    // A flipped byte in a block, and a manifest swapped for another tag's: refused,
+    // the store untouched.
+    let fresh = env.dir.join("other");
+    let before = files_under(&fresh);
+    let chunks = env.s3.keys("k/chunks/");
+    let victim = &chunks[chunks.len() / 2];
+    let good = env.s3.get(victim);
+    let mut bad = good.clone();
+    let at = bad.len() - 5;
+    bad[at] ^= 1;
+    env.s3.put(victim, &bad);
+    let err = env.fails_in(&fresh, &["pull", "d1", "--from", &env.url("k")]);
+    assert!(err.contains(victim.trim_start_matches("k/")) && err.contains("refused"), "{err}");
+    assert_eq!(files_under(&fresh), before, "a refused pull left something in the store");
+    env.s3.put(victim, &good);
+    env.push("base", "k");
+    let base_manifest = env.s3.get("k/tags/base");
+    let d1_manifest = env.s3.get("k/tags/d1");
+    env.s3.put("k/tags/d1", &base_manifest);
+    let err = env.fails_in(&fresh, &["pull", "d1", "--from", &env.url("k")]);
+    assert!(err.contains("tags/d1 refused"), "{err}");
+    assert_eq!(files_under(&fresh), before);
+    env.s3.put("k/tags/d1", &d1_manifest);
+
+    // A cache far smaller than the chain: blocks are evicted, the pull completes.
+    let small = 4u64 << 20;
+    let r = env
+        .command_in(&fresh, &["pull", "d1", "--from", &env.url("k"), "--json"])
+        .env("FORKVM_REMOTE_CACHE_BYTES", small.to_string())
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let cached: u64 = files_under(&env.dir.join("cache-of-other")).iter().map(|p| p.metadata().unwrap().len()).sum();
+    assert!(cached > 0 && cached <= small, "the cache holds {cached} bytes, at most {small}");
+    env.check_child(&fresh, "d1");
+}
