@@ -43,6 +43,7 @@ pub mod manifest;
 pub mod pull;
 pub mod push;
 pub mod remote;
+pub mod replicate;
 
 pub use cache::BlockCache;
 pub use error::RemoteError;

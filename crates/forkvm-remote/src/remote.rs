@@ -189,6 +189,22 @@ impl Remote {
         Ok(names)
     }
 
+    /// The paths (relative to `dir`, `/`-separated) of every object under `dir`, at any depth.
+    pub fn list_paths(&self, dir: &str) -> Result<Vec<String>, RemoteError> {
+        let path = self.path(dir);
+        let metas: Vec<_> = self.rt.block_on(self.store.list(Some(&path)).collect());
+        let mut out = Vec::with_capacity(metas.len());
+        for m in metas {
+            let m = m.map_err(self.err("listing", dir))?;
+            let rel =
+                m.location.prefix_match(&path).map(|parts| parts.map(|p| p.as_ref().to_string()).collect::<Vec<_>>());
+            if let Some(rel) = rel {
+                out.push(rel.join("/"));
+            }
+        }
+        Ok(out)
+    }
+
     /// The blocks the remote holds (names that are not block names are ignored).
     pub fn chunks(&self) -> Result<HashSet<ChunkId>, RemoteError> {
         Ok(self.list("chunks")?.iter().filter_map(|n| ChunkId::from_hex(n).ok()).collect())

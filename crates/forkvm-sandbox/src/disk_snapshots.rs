@@ -106,7 +106,8 @@ pub struct VaultOwner {
     pub vcpus: Option<u8>,
 }
 
-fn owner_path(store: &Store, id: &str) -> PathBuf {
+/// Where the owner record of sandbox `id`'s vault lives in `store`.
+pub fn owner_path(store: &Store, id: &str) -> PathBuf {
     store.root().join("vault").join(format!("{id}.owner.json"))
 }
 

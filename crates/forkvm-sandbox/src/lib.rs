@@ -26,6 +26,7 @@ pub mod parallel;
 pub mod process_view;
 pub mod ready;
 pub mod registry;
+pub mod replication;
 pub mod run_dir;
 pub mod salvage;
 pub mod sandbox_uid;

@@ -75,6 +75,13 @@ pub struct DaemonArgs {
     /// unit means seconds); 0 turns the schedule off.
     #[arg(long, default_value = "60s", value_parser = interval, env = "FORKVMD_DISK_SNAPSHOT_INTERVAL")]
     disk_snapshot_interval: Interval,
+    /// Ship every sandbox's disk snapshots (and the templates they run on) to this
+    /// remote as they are taken (s3://bucket/prefix, file:///dir; docs/object-storage.md).
+    #[arg(long, value_name = "URL", env = "FORKVMD_REPLICATE")]
+    replicate: Option<String>,
+    /// The remote key for --replicate [default: $FORKVM_REMOTE_KEY, else remote.key in the keys directory].
+    #[arg(long, value_name = "FILE", env = "FORKVMD_REPLICATE_KEY")]
+    replicate_key: Option<PathBuf>,
     /// Disk snapshot retention: keep the newest N snapshots of each sandbox.
     #[arg(long, default_value_t = DEFAULT_RETENTION.keep_last, env = "FORKVMD_DISK_RETENTION_KEEP_LAST")]
     disk_retention_keep_last: u32,
@@ -213,6 +220,13 @@ pub fn run(mut a: DaemonArgs) -> Result<i32> {
         bail!("--max-connections must be at least 1");
     }
     let e2b = a.e2b.config()?;
+    let replication = match &a.replicate {
+        Some(url) => {
+            let key = a.replicate_key.clone().unwrap_or_else(forkvm_remote::RemoteKey::default_path);
+            Some(std::sync::Arc::new(forkvm_sandbox::replication::Replication::open(url, &key).context("--replicate")?))
+        }
+        None => None,
+    };
     let cfg = DaemonConfig {
         socket: a.socket.unwrap_or_else(|| DaemonConfig::default_socket(&registry)),
         state_dir: a.state_dir.unwrap_or_else(|| DaemonConfig::default_state_dir(&store)),
@@ -246,6 +260,7 @@ pub fn run(mut a: DaemonArgs) -> Result<i32> {
         ports_domain: a.ports_domain,
         e2b,
         console,
+        replication,
     };
     forkvmd::run(cfg)?;
     Ok(0)

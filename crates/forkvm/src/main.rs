@@ -110,6 +110,12 @@ enum Command {
     /// Make the 32-byte key that seals a remote's blocks (shared by its hosts).
     #[command(name = "remote-keygen")]
     RemoteKeygen(object_store_cmd::RemoteKeygenArgs),
+    /// Ship a sandbox's disk snapshots (its vault), key and template to a remote now.
+    Replicate(object_store_cmd::ReplicateArgs),
+    /// Bring a sandbox's replicated disk snapshots from a remote and boot the newest
+    /// (a disk-only fork; --no-start only brings them).
+    #[command(name = "restore-sandbox")]
+    RestoreSandbox(object_store_cmd::RestoreSandboxArgs),
     /// List the tags pushed to a remote.
     #[command(name = "remote-tags")]
     RemoteTags(object_store_cmd::RemoteTagsArgs),
@@ -224,6 +230,8 @@ fn main() {
         Command::Pull(a) => object_store_cmd::pull(a),
         Command::RemoteKeygen(a) => object_store_cmd::keygen(a),
         Command::RemoteTags(a) => object_store_cmd::tags(a),
+        Command::Replicate(a) => object_store_cmd::replicate(a),
+        Command::RestoreSandbox(a) => object_store_cmd::restore_sandbox(a, remote),
         Command::DiskSnapshot(a) => disk_cmd::snapshot(a, remote),
         Command::DiskSnapshots(a) => disk_cmd::list(a, remote),
         Command::DiskExport(a) => disk_cmd::export(a, remote),

@@ -190,3 +190,71 @@ pub fn tags(a: RemoteTagsArgs) -> Result<i32> {
     let tags = remote.tags()?;
     print(a.json, &tags, || tags.join("\n"))
 }
+
+#[derive(Args, Debug)]
+pub struct ReplicateArgs {
+    /// The sandbox whose vault (disk snapshots) to ship.
+    pub id: String,
+    /// The remote URL [default: $FORKVM_REMOTE].
+    #[arg(long, value_name = "URL")]
+    pub to: Option<String>,
+    #[command(flatten)]
+    pub opts: RemoteOpts,
+}
+
+#[derive(Args, Debug)]
+pub struct RestoreSandboxArgs {
+    /// The remote URL [default: $FORKVM_REMOTE].
+    #[arg(long, value_name = "URL")]
+    pub from: Option<String>,
+    /// The remote key [default: $FORKVM_REMOTE_KEY, else remote.key in the keys directory].
+    #[arg(long, value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
+    /// Only bring the vault (and the template) to this host; boot nothing.
+    #[arg(long)]
+    pub no_start: bool,
+    #[command(flatten)]
+    pub fork: crate::disk_cmd::DiskForkArgs,
+}
+
+fn replication(url: Option<&str>, key_file: Option<&PathBuf>) -> Result<forkvm_sandbox::replication::Replication> {
+    let remote = open(url)?;
+    let key = key_file.cloned().unwrap_or_else(RemoteKey::default_path);
+    Ok(forkvm_sandbox::replication::Replication::open(remote.url(), &key)?)
+}
+
+pub fn replicate(a: ReplicateArgs) -> Result<i32> {
+    let r = replication(a.to.as_deref(), a.opts.key_file.as_ref())?.replicate(&Store::open_default(), &a.id)?;
+    print(a.opts.json, &r, || {
+        format!(
+            "{} → {}: {} files uploaded ({}), {} there already; {} snapshots there, newest {}",
+            r.sandbox_id,
+            r.remote,
+            r.files_uploaded,
+            mib(r.bytes_uploaded),
+            r.files_present,
+            r.snapshots,
+            r.newest_seq.map(|s| s.to_string()).unwrap_or_else(|| "none".into())
+        )
+    })
+}
+
+pub fn restore_sandbox(a: RestoreSandboxArgs, remote_args: &crate::remote_cmd::RemoteArgs) -> Result<i32> {
+    let rep = replication(a.from.as_deref(), a.key_file.as_ref())?;
+    let r = rep.restore(&Store::open_default(), &a.fork.id, &block_cache())?;
+    let line = format!(
+        "{} ← {}: {} files fetched ({}), {} here already; newest disk snapshot {} of {}",
+        r.sandbox_id,
+        r.remote,
+        r.files_fetched,
+        mib(r.bytes_fetched),
+        r.files_present,
+        r.newest_seq.map(|s| s.to_string()).unwrap_or_else(|| "none".into()),
+        r.snapshots
+    );
+    if a.no_start {
+        return print(a.fork.json, &r, || line);
+    }
+    eprintln!("{line}");
+    crate::disk_cmd::fork(a.fork, remote_args)
+}

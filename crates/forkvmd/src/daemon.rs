@@ -47,6 +47,8 @@ pub struct DaemonConfig {
     pub e2b: crate::e2b::E2bConfig,
     /// Serve the web console (`/ui/`) on the TCP listener.
     pub console: bool,
+    /// Where every sandbox's disk snapshots are shipped after they are taken (off unless given).
+    pub replication: Option<std::sync::Arc<forkvm_sandbox::replication::Replication>>,
 }
 
 impl DaemonConfig {
@@ -108,6 +110,7 @@ pub fn run(mut cfg: DaemonConfig) -> Result<(), DaemonError> {
     let audit = AuditLog::open(&audit_path).map_err(|source| DaemonError::Audit { path: audit_path, source })?;
     let state = AppState::new(cfg.registry.clone(), cfg.store.clone(), db, Some(spawner), cfg.branch_concurrency);
     state.disk.set_retention(cfg.disk_snapshots.retention);
+    state.disk.set_replication(cfg.replication.clone());
     state.lifecycle.set_config(cfg.lifecycle);
     state.set_pack_policy(std::mem::take(&mut cfg.packs));
     state.set_ports_domain(&cfg.ports_domain);

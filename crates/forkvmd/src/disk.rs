@@ -16,6 +16,7 @@ use crate::error::ApiError;
 use crate::state::AppState;
 use forkvm_api::{DiskSnapshotInfo, LastDiskSnapshot};
 use forkvm_sandbox::disk_snapshots::{self, DiskSnapshotError, DiskSnapshotReport, DEFAULT_RETENTION};
+use forkvm_sandbox::replication::Replication;
 use forkvm_snapshot::vault::{RetentionPolicy, SnapshotInfo};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -95,6 +96,11 @@ impl Trigger {
 #[derive(Debug)]
 pub struct DiskSnapshots {
     retention: Mutex<RetentionPolicy>,
+    /// The remote disk snapshots are shipped to, if any.
+    replication: Mutex<Option<Arc<Replication>>>,
+    /// Sandboxes this daemon replicated at least once (an unchanged snapshot of one of
+    /// them ships nothing new).
+    replicated: Mutex<HashSet<String>>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     last: Mutex<HashMap<String, LastDiskSnapshot>>,
 }
@@ -103,6 +109,8 @@ impl Default for DiskSnapshots {
     fn default() -> Self {
         DiskSnapshots {
             retention: Mutex::new(DEFAULT_RETENTION),
+            replication: Mutex::new(None),
+            replicated: Mutex::new(HashSet::new()),
             locks: Mutex::new(HashMap::new()),
             last: Mutex::new(HashMap::new()),
         }
@@ -120,6 +128,15 @@ impl DiskSnapshots {
 
     pub fn set_retention(&self, policy: RetentionPolicy) {
         *lock(&self.retention) = policy;
+    }
+
+    pub fn set_replication(&self, replication: Option<Arc<Replication>>) {
+        *lock(&self.replication) = replication;
+    }
+
+    /// The remote disk snapshots are shipped to, if any.
+    pub fn replication(&self) -> Option<Arc<Replication>> {
+        lock(&self.replication).clone()
     }
 
     /// The last attempt on sandbox `id`, if this daemon made one.
@@ -185,7 +202,35 @@ pub async fn take(
     s.metrics.observe("forkvm_disk_snapshot_duration_seconds", &[("trigger", t)], seconds);
     s.metrics.set("forkvm_disk_snapshot_last_duration_seconds", &[], seconds);
     s.disk.record(id, &outcome);
+    if let (Ok(r), Some(replication)) = (&outcome, s.disk.replication()) {
+        if !r.unchanged || !lock(&s.disk.replicated).contains(id) {
+            replicate(s, id, replication).await?;
+        }
+    }
     Ok(outcome)
+}
+
+/// Ships sandbox `id`'s new disk snapshot off the host (under the sandbox's lock, held
+/// by the caller). A failure is logged and counted, never a failed disk snapshot: the
+/// next snapshot ships what this one missed.
+async fn replicate(s: &AppState, id: &str, replication: Arc<Replication>) -> Result<(), ApiError> {
+    let owned = id.to_string();
+    let result = s.blocking(move |s| Ok(replication.replicate(&s.store, &owned))).await?;
+    match result {
+        Ok(r) => {
+            s.metrics.inc("forkvm_replications_total", &[("outcome", "ok")]);
+            s.metrics.add("forkvm_replicated_bytes_total", &[], r.bytes_uploaded);
+            s.metrics.set("forkvm_replication_last_success_unix", &[], crate::state::now_unix() as f64);
+            lock(&s.disk.replicated).insert(id.to_string());
+            tracing::info!(sandbox_id = %id, remote = %r.remote, newest_seq = ?r.newest_seq,
+                files = r.files_uploaded, bytes = r.bytes_uploaded, ms = r.ms, "disk snapshots replicated");
+        }
+        Err(e) => {
+            s.metrics.inc("forkvm_replications_total", &[("outcome", "failed")]);
+            tracing::warn!(sandbox_id = %id, error = %e, "replicating disk snapshots failed");
+        }
+    }
+    Ok(())
 }
 
 /// Errors a scheduled round passes over quietly: the sandbox has no layered disk, or it

@@ -142,6 +142,59 @@ impl KeyStore {
         Ok(key)
     }
 
+    /// `owner`'s existing key sealed under `seal` for the name `name`, to carry it to
+    /// another host that holds `seal` (a remote's key); an error when `owner` has none
+    /// here (never a new key).
+    pub fn export_sandbox_key(
+        &self,
+        owner: &str,
+        seal: &super::ChunkSeal,
+        name: &crate::chunk_id::ChunkId,
+    ) -> Result<Vec<u8>, VaultError> {
+        let path = self.sandbox_path(owner)?;
+        if !path.exists() {
+            return Err(VaultError::Key { path, reason: format!("sandbox {owner} has no key on this host") });
+        }
+        let key = self.unwrap(owner, &path)?;
+        seal.seal(name, key.bytes())
+    }
+
+    /// Takes in a key [`KeyStore::export_sandbox_key`] sealed, wrapped with this host's
+    /// key. Refused when it does not open, or when `owner` has another key here already
+    /// (the same key is fine: nothing is written).
+    pub fn import_sandbox_key(
+        &self,
+        owner: &str,
+        seal: &super::ChunkSeal,
+        name: &crate::chunk_id::ChunkId,
+        sealed: &[u8],
+    ) -> Result<(), VaultError> {
+        let path = self.sandbox_path(owner)?;
+        let bad = |reason: String| VaultError::Key { path: path.clone(), reason };
+        let plain = seal
+            .open(name, sealed)
+            .map(Zeroizing::new)
+            .ok_or_else(|| bad("the carried key does not open (another remote key, or tampered with)".into()))?;
+        if plain.len() != KEY_LEN {
+            return Err(bad(format!("the carried key is {} bytes", plain.len())));
+        }
+        if path.exists() {
+            let have = self.unwrap(owner, &path)?;
+            if have.bytes()[..] != plain[..] {
+                return Err(bad(format!("sandbox {owner} has another key on this host; not replaced")));
+            }
+            return Ok(());
+        }
+        let aad = wrap_aad(owner);
+        let (nonce, ct) = crypto::seal(&self.host, &aad, &plain, &path)?;
+        let mut file = Vec::with_capacity(WRAPPED_LEN);
+        file.extend_from_slice(&WRAPPED_KEY_MAGIC);
+        file.extend_from_slice(&WRAPPED_KEY_VERSION.to_le_bytes());
+        file.extend_from_slice(&nonce);
+        file.extend_from_slice(&ct);
+        create_no_clobber(&path, &file, 0o600).map(|_| ())
+    }
+
     /// Whether `owner` has a key (an invalid owner name has none).
     pub fn has_sandbox_key(&self, owner: &str) -> bool {
         self.sandbox_path(owner).is_ok_and(|p| p.exists())

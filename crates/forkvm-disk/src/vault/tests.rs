@@ -532,6 +532,29 @@ fn key_store_creation_races_agree_on_one_key() {
 }
 
 #[test]
+fn a_sandbox_key_carried_to_another_host_opens_there_only_under_the_carrying_seal() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (here, there) = (KeyStore::open(&tmp.path().join("a")).unwrap(), KeyStore::open(&tmp.path().join("b")).unwrap());
+    let carrier = ChunkSeal::of_key(&SandboxKey::from_bytes([9; 32]));
+    let name = crate::chunk_id::ChunkId::of(b"sbx");
+    assert!(here.export_sandbox_key("sbx", &carrier, &name).is_err(), "no key is made to be exported");
+    let key = here.sandbox_key("sbx").unwrap();
+    let carried = here.export_sandbox_key("sbx", &carrier, &name).unwrap();
+    assert!(!carried.windows(32).any(|w| w == key.bytes()), "the key travels sealed");
+    let wrong = ChunkSeal::of_key(&SandboxKey::from_bytes([8; 32]));
+    assert!(there.import_sandbox_key("sbx", &wrong, &name, &carried).is_err(), "another seal");
+    assert!(there.import_sandbox_key("sbx", &carrier, &crate::chunk_id::ChunkId::of(b"x"), &carried).is_err());
+    assert!(!there.has_sandbox_key("sbx"));
+    there.import_sandbox_key("sbx", &carrier, &name, &carried).unwrap();
+    assert_eq!(there.sandbox_key("sbx").unwrap().bytes(), key.bytes(), "the same key, wrapped by the other host's");
+    there.import_sandbox_key("sbx", &carrier, &name, &carried).unwrap();
+    here.sandbox_key("other").unwrap();
+    let other = here.export_sandbox_key("other", &carrier, &name).unwrap();
+    let err = there.import_sandbox_key("sbx", &carrier, &name, &other).unwrap_err();
+    assert!(err.to_string().contains("another key"), "{err}");
+}
+
+#[test]
 fn key_store_files_are_private_and_checked() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("keys");
