@@ -94,7 +94,8 @@ pub fn run(a: BenchChainArgs) -> Result<i32> {
 
 fn run_in(a: &BenchChainArgs, work: &std::path::Path) -> Result<i32> {
     let store = Store::open(work.join("store"));
-    let registry = Registry::open(work.join("run"));
+    // The VMMs' jail shows them their registry's store only.
+    let registry = Registry::open(work.join("run")).salvaging_into(store.root());
     let cache = assembled_cache();
     let template = crate::util::template_snapshot(&a.image, Some(1))?;
     forkvm_sandbox::publish_template(&store, &template, "base", &Default::default(), None)?;

@@ -27,6 +27,7 @@ mod net;
 mod oci;
 mod procs;
 pub mod procstat;
+pub mod remote;
 mod seccomp;
 mod spawn;
 pub mod util;
@@ -51,6 +52,9 @@ pub enum BenchCommand {
     Api(api::BenchApiArgs),
     /// Diff-snapshot chains: spawn cost per depth, bytes on disk, pack/unpack throughput.
     Chain(chain::BenchChainArgs),
+    /// Chains through object storage: push and pull throughput, dedup of a second tag,
+    /// first command from a remote against from the local store (docs/object-storage.md).
+    Remote(remote::BenchRemoteArgs),
     /// Continuous disk snapshots: steady-state cost against the guest's write rate.
     DiskSnapshot(disk::BenchDiskArgs),
     /// Lazy restore from a disk snapshot: eager vs lazy vs lazy + prefetch playbook (host side).
@@ -129,6 +133,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<i32> {
         BenchCommand::Spawn(a) => spawn::run(a),
         BenchCommand::Api(a) => api::run(a),
         BenchCommand::Chain(a) => chain::run(a),
+        BenchCommand::Remote(a) => remote::run(a),
         BenchCommand::DiskSnapshot(a) => disk::run(a),
         BenchCommand::LazyRestore(a) => lazy::run(a),
         BenchCommand::DiskFork(a) => disk_fork::run(a),

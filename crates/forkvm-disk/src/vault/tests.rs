@@ -534,7 +534,8 @@ fn key_store_creation_races_agree_on_one_key() {
 #[test]
 fn a_sandbox_key_carried_to_another_host_opens_there_only_under_the_carrying_seal() {
     let tmp = tempfile::tempdir().unwrap();
-    let (here, there) = (KeyStore::open(&tmp.path().join("a")).unwrap(), KeyStore::open(&tmp.path().join("b")).unwrap());
+    let (here, there) =
+        (KeyStore::open(&tmp.path().join("a")).unwrap(), KeyStore::open(&tmp.path().join("b")).unwrap());
     let carrier = ChunkSeal::of_key(&SandboxKey::from_bytes([9; 32]));
     let name = crate::chunk_id::ChunkId::of(b"sbx");
     assert!(here.export_sandbox_key("sbx", &carrier, &name).is_err(), "no key is made to be exported");
