@@ -36,21 +36,36 @@
 //! is still missing. A pull stages everything in the store's staging directory and
 //! installs the chain only once every block has arrived and checked out.
 
+// Without the default `client` feature only the manifest is built (no object-store client):
+// what the fuzz targets need.
+#[cfg(feature = "client")]
 pub mod cache;
+#[cfg(feature = "client")]
 pub mod error;
+#[cfg(feature = "client")]
 pub mod key;
 pub mod manifest;
+#[cfg(feature = "client")]
 pub mod pull;
+#[cfg(feature = "client")]
 pub mod push;
+#[cfg(feature = "client")]
 pub mod remote;
+#[cfg(feature = "client")]
 pub mod replicate;
 
+#[cfg(feature = "client")]
 pub use cache::BlockCache;
+#[cfg(feature = "client")]
 pub use error::RemoteError;
 pub use forkvm_disk::vault::ChunkSeal;
+#[cfg(feature = "client")]
 pub use key::RemoteKey;
+#[cfg(feature = "client")]
 pub use pull::{pull, PullReport};
+#[cfg(feature = "client")]
 pub use push::{push, PushReport};
+#[cfg(feature = "client")]
 pub use remote::Remote;
 
 /// Size of a block, and the alignment of its offset in its file.

@@ -6,7 +6,9 @@
 //! not open. Everything in it is checked on read: names are the pack's names only,
 //! blocks lie inside their entry, aligned and in order, and sizes are capped.
 
-use crate::{RemoteError, BLOCK_BYTES};
+#[cfg(feature = "client")]
+use crate::RemoteError;
+use crate::BLOCK_BYTES;
 use forkvm_disk::vault::ChunkSeal;
 use forkvm_snapshot::chain::accept_entry_name;
 use forkvm_snapshot::pack_archive::PackLimits;
@@ -82,6 +84,7 @@ impl RemoteManifest {
     }
 
     /// Opens and checks the manifest read from `tags/<tag>`.
+    #[cfg(feature = "client")]
     pub fn open(seal: &ChunkSeal, tag: &str, sealed: &[u8], url: &str) -> Result<RemoteManifest, RemoteError> {
         let refused =
             |reason: String| RemoteError::Refused { url: url.into(), object: crate::remote::tag_object(tag), reason };
@@ -89,8 +92,17 @@ impl RemoteManifest {
             refused("it does not open under the remote key (another key, tampered with, or another tag's)".into())
         })?;
         let json = zstd::bulk::decompress(&packed, MAX_MANIFEST_JSON).map_err(|e| refused(format!("zstd: {e}")))?;
-        let m: RemoteManifest = serde_json::from_slice(&json).map_err(|e| refused(format!("JSON: {e}")))?;
-        m.check(tag).map_err(refused)?;
+        RemoteManifest::from_json(tag, &json).map_err(refused)
+    }
+
+    /// Parses and checks an opened manifest's JSON as `tag`'s (the fuzzed half of
+    /// [`RemoteManifest::open`]).
+    pub fn from_json(tag: &str, json: &[u8]) -> Result<RemoteManifest, String> {
+        if json.len() > MAX_MANIFEST_JSON {
+            return Err(format!("{} bytes of JSON (at most {MAX_MANIFEST_JSON})", json.len()));
+        }
+        let m: RemoteManifest = serde_json::from_slice(json).map_err(|e| format!("JSON: {e}"))?;
+        m.check(tag)?;
         Ok(m)
     }
 
