@@ -80,7 +80,9 @@ impl Proc {
             output_end: st.ring.end(),
             output_start: st.ring.start(),
             stdin_open: st.input.is_some() && st.exit.is_none(),
-            exit: st.exit.as_ref().map(|(status, _)| status.clone()),
+            // Shown once the output is complete too, so a caller that saw the exit reads
+            // all of it (the readers may still be draining the pipes right after it).
+            exit: st.exit.as_ref().filter(|_| Proc::output_ended(&st)).map(|(status, _)| status.clone()),
         }
     }
 
