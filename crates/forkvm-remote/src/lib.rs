@@ -53,6 +53,8 @@ pub mod push;
 pub mod remote;
 #[cfg(feature = "client")]
 pub mod replicate;
+#[cfg(feature = "client")]
+mod workers;
 
 #[cfg(feature = "client")]
 pub use cache::BlockCache;

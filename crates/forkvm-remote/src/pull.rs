@@ -9,8 +9,9 @@
 //! a refused block, a missing object or a cut-off pull leaves the store as it was.
 
 use crate::manifest::RemoteManifest;
-use crate::push::{jobs, Progress};
+use crate::push::Progress;
 use crate::remote::{chunk_object, tag_object};
+use crate::workers::parallel;
 use crate::{BlockCache, Remote, RemoteError, RemoteKey};
 use forkvm_snapshot::chain::{install_staged, new_staging_dir};
 use forkvm_snapshot::{ChunkId, ChunkStore, Store};
@@ -19,7 +20,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// What a pull did.
@@ -103,35 +104,9 @@ pub fn pull(
         }
     }
     progress.blocks.store(jobs_list.len() as u64, Ordering::Relaxed);
-    let queue = Mutex::new(jobs_list.into_iter());
-    let failure: Mutex<Option<RemoteError>> = Mutex::new(None);
-    let cached = std::sync::atomic::AtomicU64::new(0);
-    std::thread::scope(|s| {
-        for _ in 0..jobs() {
-            s.spawn(|| loop {
-                if failure.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
-                    return;
-                }
-                let Some(job) = queue.lock().unwrap_or_else(|p| p.into_inner()).next() else { return };
-                match fetch(remote, key, cache, &job, progress) {
-                    Ok(from_cache) => {
-                        if from_cache {
-                            cached.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                    Err(e) => {
-                        failure.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
-                    }
-                }
-            });
-        }
-    });
-    if let Some(e) = failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
-        return Err(e);
-    }
+    let blocks_cached = parallel(&jobs_list, |job| fetch(remote, key, cache, job, progress).map(u64::from))?;
     let installed = install_staged(store, &staging.0, &manifest.description, Path::new(remote.url()))?;
     let _ = cache.trim();
-    let blocks_cached = cached.load(Ordering::Relaxed);
     Ok(PullReport {
         tag: tag.into(),
         remote: remote.url().into(),

@@ -14,14 +14,13 @@
 //! key, their associated data naming the sandbox), and the vault's own files as they are
 //! on disk (`keycheck`, `chunks/<2 hex>/<64 hex>`, `snapshots/<seq>.snap`).
 
-use crate::push::jobs;
+use crate::workers::parallel;
 use crate::{Remote, RemoteError, RemoteKey};
 use forkvm_disk::vault::KeyStore;
 use forkvm_snapshot::ChunkId;
 use serde::Serialize;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::time::Instant;
 
 /// `blake3::derive_key` contexts naming a sandbox's carried key and owner record.
@@ -115,35 +114,6 @@ fn local_files(dir: &Path) -> Result<Vec<String>, RemoteError> {
     }
     out.sort_by_key(|r| (r.starts_with("snapshots/"), r.clone()));
     Ok(out)
-}
-
-/// Runs `each` over `items` on a few threads; the first error wins.
-fn parallel<T: Sync>(items: &[T], each: impl Fn(&T) -> Result<u64, RemoteError> + Sync) -> Result<u64, RemoteError> {
-    let next = Mutex::new(items.iter());
-    let total = std::sync::atomic::AtomicU64::new(0);
-    let failure: Mutex<Option<RemoteError>> = Mutex::new(None);
-    std::thread::scope(|s| {
-        for _ in 0..jobs().min(items.len().max(1)) {
-            s.spawn(|| loop {
-                if failure.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
-                    return;
-                }
-                let Some(item) = next.lock().unwrap_or_else(|p| p.into_inner()).next() else { return };
-                match each(item) {
-                    Ok(n) => {
-                        total.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    Err(e) => {
-                        failure.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
-                    }
-                }
-            });
-        }
-    });
-    match failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
-        Some(e) => Err(e),
-        None => Ok(total.into_inner()),
-    }
 }
 
 /// Copies what `remote` lacks of sandbox `vault.id`'s vault, its key and its owner record.

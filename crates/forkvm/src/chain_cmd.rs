@@ -104,7 +104,8 @@ pub fn pack_keygen(a: PackKeygenArgs) -> Result<i32> {
     Ok(0)
 }
 
-fn print<T: Serialize>(json: bool, report: &T, line: impl FnOnce() -> String) -> Result<i32> {
+/// Prints `report` as JSON with `--json`, else the one line `line` makes.
+pub(crate) fn print<T: Serialize>(json: bool, report: &T, line: impl FnOnce() -> String) -> Result<i32> {
     if json {
         println!("{}", serde_json::to_string_pretty(report)?);
     } else {
@@ -113,7 +114,7 @@ fn print<T: Serialize>(json: bool, report: &T, line: impl FnOnce() -> String) ->
     Ok(0)
 }
 
-fn mib(bytes: u64) -> String {
+pub(crate) fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
 }
 

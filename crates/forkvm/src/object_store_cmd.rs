@@ -6,6 +6,7 @@
 //! They act on this host's store directly (a daemon's sandboxes fork from a pulled tag
 //! like from any other).
 
+use crate::chain_cmd::{mib, print};
 use anyhow::{Context, Result};
 use clap::Args;
 use forkvm_remote::push::Progress;
@@ -13,7 +14,6 @@ use forkvm_remote::{BlockCache, Remote, RemoteKey};
 use forkvm_sandbox::source::assembled_cache;
 use forkvm_snapshot::Store;
 use indicatif::{ProgressBar, ProgressStyle};
-use serde::Serialize;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -121,19 +121,6 @@ fn with_progress<T: Send>(json: bool, verb: &str, work: impl FnOnce(&Progress) -
     });
     bar.finish_and_clear();
     out
-}
-
-fn print<T: Serialize>(json: bool, report: &T, line: impl FnOnce() -> String) -> Result<i32> {
-    if json {
-        println!("{}", serde_json::to_string_pretty(report)?);
-    } else {
-        println!("{}", line());
-    }
-    Ok(0)
-}
-
-fn mib(bytes: u64) -> String {
-    format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
 }
 
 pub fn push(a: PushArgs) -> Result<i32> {
