@@ -7,7 +7,7 @@
 //! sandbox is a restore.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 #[path = "common/s3_server.rs"]
@@ -227,7 +227,11 @@ fn a_stalled_server_a_killed_push_tampered_objects_and_a_full_cache_lose_nothing
     let env = Env::new();
     env.chain();
     // A push cut off half-way leaves no tag; the next one sends only what is missing.
-    let mut push = env.command_in(&env.store, &["push", "d1", "--to", &env.url("k"), "--json"]).spawn().unwrap();
+    let mut push = env
+        .command_in(&env.store, &["push", "d1", "--to", &env.url("k"), "--json"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     while env.s3.keys("k/chunks/").len() < 100 {
         assert!(Instant::now() < deadline && push.try_wait().unwrap().is_none(), "the push ended before 100 blocks");
@@ -241,7 +245,11 @@ fn a_stalled_server_a_killed_push_tampered_objects_and_a_full_cache_lose_nothing
     assert!(n(&resumed, "blocks_uploaded") < n(&resumed, "blocks"), "{resumed}");
 
     // The server stops answering mid-push (SIGSTOP) for 3 s: the push waits it out.
-    let mut push = env.command_in(&env.store, &["push", "d1", "--to", &env.url("s"), "--json"]).spawn().unwrap();
+    let mut push = env
+        .command_in(&env.store, &["push", "d1", "--to", &env.url("s"), "--json"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     while env.s3.keys("s/chunks/").len() < 50 {
         assert!(Instant::now() < deadline, "the push did not start");
