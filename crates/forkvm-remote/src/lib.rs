@@ -56,19 +56,16 @@ pub mod replicate;
 #[cfg(feature = "client")]
 mod workers;
 
-#[cfg(feature = "client")]
-pub use cache::BlockCache;
-#[cfg(feature = "client")]
-pub use error::RemoteError;
 pub use forkvm_disk::vault::ChunkSeal;
 #[cfg(feature = "client")]
-pub use key::RemoteKey;
-#[cfg(feature = "client")]
-pub use pull::{pull, PullReport};
-#[cfg(feature = "client")]
-pub use push::{push, PushReport};
-#[cfg(feature = "client")]
-pub use remote::Remote;
+pub use {
+    cache::BlockCache,
+    error::RemoteError,
+    key::RemoteKey,
+    pull::{pull, PullReport},
+    push::{push, PushReport},
+    remote::Remote,
+};
 
 /// Size of a block, and the alignment of its offset in its file.
 pub const BLOCK_BYTES: u64 = 1 << 20;

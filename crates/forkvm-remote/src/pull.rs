@@ -13,7 +13,7 @@ use crate::push::Progress;
 use crate::remote::{chunk_object, tag_object};
 use crate::workers::parallel;
 use crate::{BlockCache, Remote, RemoteError, RemoteKey};
-use forkvm_snapshot::chain::{install_staged, new_staging_dir};
+use forkvm_snapshot::chain::{install_staged, installed_already, StagingDir};
 use forkvm_snapshot::{ChunkId, ChunkStore, Store};
 use serde::Serialize;
 use std::fs::File;
@@ -34,7 +34,7 @@ pub struct PullReport {
     pub reused: Vec<String>,
     /// Blocks the chain is made of.
     pub blocks: u64,
-    /// Blocks not needed: memory chunks the store had.
+    /// Blocks not needed: the store had them (memory chunks, or the whole chain).
     pub blocks_local: u64,
     /// Blocks read from the host's block cache.
     pub blocks_cached: u64,
@@ -55,15 +55,6 @@ struct Job {
     id: ChunkId,
 }
 
-/// Removes a staging directory however the pull ends.
-struct Staging(PathBuf);
-
-impl Drop for Staging {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// Pulls `tag`'s chain from `remote` into `store`.
 pub fn pull(
     store: &Store,
@@ -81,7 +72,24 @@ pub fn pull(
         .ok_or_else(|| RemoteError::NoTag { url: remote.url().into(), tag: tag.into() })?;
     let manifest_bytes = sealed.len() as u64;
     let manifest = RemoteManifest::open(key.seal(), tag, &sealed, remote.url())?;
-    let staging = Staging(new_staging_dir(store, "pull")?);
+    // Every link here already: nothing to fetch (not even the cached disk blocks).
+    if let Some(reused) = installed_already(store, &manifest.description) {
+        let blocks = manifest.entries.iter().map(|e| e.blocks.len() as u64).sum();
+        return Ok(PullReport {
+            tag: tag.into(),
+            remote: remote.url().into(),
+            imported: Vec::new(),
+            reused,
+            blocks,
+            blocks_local: blocks,
+            blocks_cached: 0,
+            blocks_fetched: 0,
+            bytes_fetched: manifest_bytes,
+            chunks_new: 0,
+            ms: started.elapsed().as_secs_f64() * 1e3,
+        });
+    }
+    let staging = StagingDir::new(store, "pull")?;
     let local = ChunkStore::open(store.root());
     let (mut jobs_list, mut blocks, mut blocks_local) = (Vec::new(), 0u64, 0u64);
     for entry in &manifest.entries {
@@ -92,7 +100,7 @@ pub fn pull(
             blocks_local += checked.len() as u64;
             continue;
         }
-        let path = staging.0.join(&entry.name);
+        let path = staging.path().join(&entry.name);
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(RemoteError::io("staging a pulled entry", dir))?;
         }
@@ -105,7 +113,7 @@ pub fn pull(
     }
     progress.blocks.store(jobs_list.len() as u64, Ordering::Relaxed);
     let blocks_cached = parallel(&jobs_list, |job| fetch(remote, key, cache, job, progress).map(u64::from))?;
-    let installed = install_staged(store, &staging.0, &manifest.description, Path::new(remote.url()))?;
+    let installed = install_staged(store, staging.path(), &manifest.description, Path::new(remote.url()))?;
     let _ = cache.trim();
     Ok(PullReport {
         tag: tag.into(),

@@ -3,6 +3,8 @@
 //! controllable sandboxes, and no orphaned processes or files. Also the listener rules
 //! (non-loopback TCP without a token, placeholder tokens) and graceful stop.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -57,20 +59,9 @@ impl Env {
     }
 
     /// Processes whose environment names this test's run directory (daemon, spawner,
-    /// VMMs), other than `except`.
+    /// VMMs).
     fn processes(&self) -> Vec<i32> {
-        let needle = format!("FORKVM_RUN={}", self.run.display());
-        let mut out = Vec::new();
-        for e in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
-            let Ok(env) = std::fs::read(e.path().join("environ")) else { continue };
-            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-            let zombie = stat.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z'));
-            if !zombie && env.split(|b| *b == 0).any(|v| v == needle.as_bytes()) {
-                out.push(pid);
-            }
-        }
-        out
+        common::processes_of(&self.run)
     }
 
     fn run_dirs(&self) -> Vec<String> {

@@ -25,22 +25,6 @@ fn s3_vars(s3: &S3Server, key: &Path) -> Vec<(String, String)> {
     vars
 }
 
-/// Processes whose environment names the run directory `run` (daemon, spawner, VMMs).
-fn processes_of(run: &Path) -> Vec<i32> {
-    let needle = format!("FORKVM_RUN={}", run.display());
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
-        let Ok(env) = std::fs::read(e.path().join("environ")) else { continue };
-        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-        let zombie = stat.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z'));
-        if !zombie && env.split(|b| *b == 0).any(|v| v == needle.as_bytes()) {
-            out.push(pid);
-        }
-    }
-    out
-}
-
 #[test]
 fn a_replicated_sandbox_comes_back_on_another_host_after_its_host_is_lost() {
     let s3 = S3Server::start();
@@ -84,7 +68,7 @@ fn a_replicated_sandbox_comes_back_on_another_host_after_its_host_is_lost() {
 
     // The host is lost: SIGKILL for the daemon and the VMM, its directories gone.
     let run = a.dir.join("run");
-    for pid in processes_of(&run) {
+    for pid in common::processes_of(&run) {
         // SAFETY: signals a process by pid.
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }
@@ -92,7 +76,7 @@ fn a_replicated_sandbox_comes_back_on_another_host_after_its_host_is_lost() {
         let _ = d.wait();
     }
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !processes_of(&run).is_empty() {
+    while !common::processes_of(&run).is_empty() {
         assert!(std::time::Instant::now() < deadline, "the lost host's processes did not die");
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
@@ -121,7 +105,7 @@ fn a_replicated_sandbox_comes_back_on_another_host_after_its_host_is_lost() {
     assert_eq!(after, before, "every file of the last replicated snapshot, byte for byte");
     assert_eq!(local(&["exec", &restored, "--", "cat", "/root/work/notes"]), "kept\n");
     let _ = b.command(&["kill", "--all"]).output();
-    for pid in processes_of(&b.dir.join("run")) {
+    for pid in common::processes_of(&b.dir.join("run")) {
         // SAFETY: signals a process by pid.
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }

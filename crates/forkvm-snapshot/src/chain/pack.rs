@@ -340,10 +340,23 @@ fn decode_sparse_entries(staging: &Path, manifest: &PackManifest) -> Result<(), 
     Ok(())
 }
 
-/// Removes a staging directory however unpack ends.
-struct Staging(PathBuf);
+/// A new staging directory in the store, removed however its import ends (unpack, a
+/// remote's pull).
+#[derive(Debug)]
+pub struct StagingDir(PathBuf);
 
-impl Drop for Staging {
+impl StagingDir {
+    /// A fresh staging directory for `what` (`unpack`, `pull`, ...).
+    pub fn new(store: &Store, what: &str) -> Result<StagingDir, ChainError> {
+        Ok(StagingDir(new_staging_dir(store, what)?))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for StagingDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
@@ -360,12 +373,12 @@ pub fn unpack(store: &Store, pack_path: &Path) -> Result<UnpackReport, ChainErro
 pub fn unpack_trusted(store: &Store, pack_path: &Path, trust: &PackTrust) -> Result<UnpackReport, ChainError> {
     let started = Instant::now();
     let pack_bytes = std::fs::metadata(pack_path).map_err(ChainError::io("opening the pack", pack_path))?.len();
-    let staging = Staging(new_staging_dir(store, "unpack")?);
-    let manifest = extract_pack_trusted(pack_path, &staging.0, &accept_name, &PackLimits::configured(), trust)?;
+    let staging = StagingDir::new(store, "unpack")?;
+    let manifest = extract_pack_trusted(pack_path, staging.path(), &accept_name, &PackLimits::configured(), trust)?;
     let signed_by = manifest.signature.as_ref().map(|s| s.key.clone());
     let logical: u64 = manifest.entries.iter().map(|e| e.size).sum();
-    decode_sparse_entries(&staging.0, &manifest)?;
-    let installed = install_staged(store, &staging.0, &manifest.meta, pack_path)?;
+    decode_sparse_entries(staging.path(), &manifest)?;
+    let installed = install_staged(store, staging.path(), &manifest.meta, pack_path)?;
     Ok(UnpackReport {
         head: installed.head,
         imported: installed.imported,
@@ -389,6 +402,17 @@ pub struct Installed {
     pub reused: Vec<String>,
     pub chunks_new: u64,
     pub chunks_present: u64,
+}
+
+/// The chain `description` (a [`ChainWalk`]'s) names, when every link of it is in
+/// `store` already with the same content: an import of it would only reuse them.
+pub fn installed_already(store: &Store, description: &serde_json::Value) -> Option<Vec<String>> {
+    let meta: PackMeta = serde_json::from_value(description.clone()).ok()?;
+    let present = |l: &PackLink| {
+        store.lookup(&l.tag).is_ok_and(|d| d.meta.content_hash.as_deref() == Some(l.content_hash.as_str()))
+    };
+    (!meta.links.is_empty() && meta.links.iter().all(present))
+        .then(|| meta.links.iter().map(|l| l.tag.clone()).collect())
 }
 
 /// Imports a chain staged as files in `staging` (the entries [`write_chain`] wrote,

@@ -99,3 +99,20 @@ impl Env {
         self.daemon = Some(child);
     }
 }
+
+/// Processes (not zombies) whose environment names the run directory `run`: a daemon,
+/// its spawner, its VMMs.
+pub fn processes_of(run: &std::path::Path) -> Vec<i32> {
+    let needle = format!("FORKVM_RUN={}", run.display());
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(env) = std::fs::read(e.path().join("environ")) else { continue };
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        let zombie = stat.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z'));
+        if !zombie && env.split(|b| *b == 0).any(|v| v == needle.as_bytes()) {
+            out.push(pid);
+        }
+    }
+    out
+}
