@@ -213,6 +213,7 @@ fn fork_run(snap: &Path, dir: &Path, n: usize) -> Result<ForkRun> {
             devices: Default::default(),
             labels: Default::default(),
             owned: Default::default(),
+            memory_source: None,
         };
         pids.push(zygote.spawn(spec)?);
         streams.push(ours);

@@ -25,6 +25,7 @@ pub mod container;
 pub mod dir;
 pub mod disk_references;
 pub mod memory_image;
+pub mod memory_windows;
 pub mod metadata;
 pub mod ownership;
 pub mod pack_archive;

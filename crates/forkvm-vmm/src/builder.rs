@@ -94,6 +94,10 @@ pub enum BuildError {
     State { dir: PathBuf, source: StateError },
     #[error("snapshot {dir}: {source}")]
     MemoryImage { dir: PathBuf, source: forkvm_snapshot::MemoryImageError },
+    #[error("snapshot {0}: prepared without a memory image, so it restores only lazily (from a memory source)")]
+    NoMemoryImage(PathBuf),
+    #[error(transparent)]
+    LazyMemory(#[from] crate::vstate::lazy_memory::LazyMemoryError),
     #[error("snapshot {dir}: snapshot.json says {meta} but vmstate.bin says {state}")]
     Mismatch { dir: PathBuf, meta: String, state: String },
     #[error("starting vCPU thread {index}: {source}")]
@@ -326,7 +330,8 @@ pub struct PreparedSnapshot {
     pub dir: PathBuf,
     pub meta: SnapshotMeta,
     pub state: VmState,
-    pub memory: File,
+    /// The memory image to map; `None` for a snapshot restored lazily ([`prepare_lazy`]).
+    pub memory: Option<File>,
 }
 
 /// Reads `snapshot.json` and `vmstate.bin`, opens `memory.img`, and checks they agree.
@@ -337,6 +342,17 @@ pub fn prepare(dir: &Path) -> Result<PreparedSnapshot, BuildError> {
 /// [`prepare`], with the memory image taken from `memory` instead of the directory's
 /// `memory.img`: a chunked snapshot's assembled image (`forkvm_snapshot::chain`).
 pub fn prepare_with_memory(dir: &Path, memory: Option<&Path>) -> Result<PreparedSnapshot, BuildError> {
+    let mut prepared = prepare_lazy(dir)?;
+    let memory_path = memory.map(Path::to_path_buf).unwrap_or_else(|| dir.join(forkvm_snapshot::MEMORY_IMG));
+    let memory = forkvm_snapshot::open_image(&memory_path, prepared.state.mem_size)
+        .map_err(|source| BuildError::MemoryImage { dir: prepared.dir.clone(), source })?;
+    prepared.memory = Some(memory);
+    Ok(prepared)
+}
+
+/// [`prepare`] without the memory image: for a restore whose memory arrives from a
+/// memory source while the guest runs ([`restore_lazy`]).
+pub fn prepare_lazy(dir: &Path) -> Result<PreparedSnapshot, BuildError> {
     let d = dir.to_path_buf();
     let snap = SnapshotDir::open(dir).map_err(|source| BuildError::SnapshotDir { dir: d.clone(), source })?;
     let payload = forkvm_snapshot::read_vmstate_file(&snap.vmstate_path())
@@ -356,10 +372,7 @@ pub fn prepare_with_memory(dir: &Path, memory: Option<&Path>) -> Result<Prepared
     if snap.meta.irqchip != state.irqchip_mode.name() {
         return Err(mismatch("irqchip", snap.meta.irqchip.clone(), state.irqchip_mode.name().to_string()));
     }
-    let memory_path = memory.map(Path::to_path_buf).unwrap_or_else(|| snap.memory_path());
-    let memory = forkvm_snapshot::open_image(&memory_path, state.mem_size)
-        .map_err(|source| BuildError::MemoryImage { dir: d.clone(), source })?;
-    Ok(PreparedSnapshot { dir: d, meta: snap.meta, state, memory })
+    Ok(PreparedSnapshot { dir: d, meta: snap.meta, state, memory: None })
 }
 
 /// Restores one VM from a prepared snapshot; its memory is a private copy-on-write
@@ -372,10 +385,34 @@ pub fn restore(
     start_paused: bool,
 ) -> Result<Vmm, BuildError> {
     let mut timer = PhaseTimer::new();
-    let mem = memory::private_file_mapping(&snap.memory, snap.state.mem_size)?;
+    let image = snap.memory.as_ref().ok_or_else(|| BuildError::NoMemoryImage(snap.dir.clone()))?;
+    let mem = memory::private_file_mapping(image, snap.state.mem_size)?;
     timer.mark("map_memory");
     let guest = GuestInfo { kind: snap.meta.guest.kind.clone(), name: snap.meta.guest.name.clone() };
     restore_state(kvm, &snap.state, mem, guest, console, devices, start_paused, timer)
+}
+
+/// Restores one VM whose memory is `lazy` (mapped beforehand, while privileged), filled
+/// from `source` as the guest touches it and in the background
+/// (`vstate::lazy_memory`); `failure` gets the reason if a window cannot be had.
+#[allow(clippy::too_many_arguments)]
+pub fn restore_lazy(
+    kvm: &Kvm,
+    snap: &PreparedSnapshot,
+    lazy: crate::vstate::lazy_memory::LazyMemory,
+    source: Box<dyn forkvm_snapshot::memory_windows::WindowSource>,
+    failure: crate::vstate::lazy_memory::FailureAction,
+    console: ConsoleOut,
+    devices: &DeviceConfig,
+    start_paused: bool,
+) -> Result<Vmm, BuildError> {
+    let mut timer = PhaseTimer::new();
+    let (mem, progress) = lazy.serve(source, failure)?;
+    timer.mark("serve_memory");
+    let guest = GuestInfo { kind: snap.meta.guest.kind.clone(), name: snap.meta.guest.name.clone() };
+    let mut vmm = restore_state(kvm, &snap.state, mem, guest, console, devices, start_paused, timer)?;
+    vmm.set_lazy_memory(progress);
+    Ok(vmm)
 }
 
 /// Builds a VM around guest memory that already holds the saved state's contents (a

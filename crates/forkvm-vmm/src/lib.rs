@@ -18,5 +18,8 @@ pub mod vmm;
 pub mod vstate;
 pub mod zygote;
 
-pub use builder::{boot, prepare, prepare_with_memory, restore, BootConfig, BuildError, Payload, PreparedSnapshot};
+pub use builder::{
+    boot, prepare, prepare_lazy, prepare_with_memory, restore, restore_lazy, BootConfig, BuildError, Payload,
+    PreparedSnapshot,
+};
 pub use vmm::{Vmm, VmmError};

@@ -123,6 +123,9 @@ pub struct VmmStatus {
     /// The kinds of its virtio devices, in slot order (`vsock`, `rng`, `block`, `net`).
     #[serde(default)]
     pub devices: Vec<String>,
+    /// Set for a VM restored lazily: how much of its memory has arrived.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lazy_memory: Option<LazyMemoryStatus>,
 }
 
 /// A VM the builder has finished, before its vCPU threads run.
@@ -171,6 +174,28 @@ pub struct Vmm {
     branch_seq: u64,
     /// Live branches whose memory image is still being written.
     live_writes: Vec<branch::LiveWrite>,
+    /// How far lazily restored memory has arrived (`vstate::lazy_memory`).
+    lazy_memory: Option<Arc<LazyProgress>>,
+}
+
+use crate::vstate::lazy_memory::LazyProgress;
+
+/// How long a fork of this process waits for lazily restored memory to complete.
+const AWAIT_MEMORY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Where lazily restored memory is, in a VMM's status.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LazyMemoryStatus {
+    /// 64 KiB windows in the image.
+    pub windows: u64,
+    /// Windows fetched because the guest or a device touched them.
+    pub on_demand: u64,
+    /// Windows fetched ahead, in the background.
+    pub ahead: u64,
+    pub complete: bool,
+    /// Why the memory will not complete (the VMM stops on it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<String>,
 }
 
 impl Vmm {
@@ -202,7 +227,22 @@ impl Vmm {
             faults: FaultPlan::default(),
             branch_seq: 0,
             live_writes: Vec::new(),
+            lazy_memory: None,
         })
+    }
+
+    pub(crate) fn set_lazy_memory(&mut self, progress: Arc<LazyProgress>) {
+        self.lazy_memory = Some(progress);
+    }
+
+    /// Waits (up to [`AWAIT_MEMORY`]) until lazily restored memory is all in: before a
+    /// `fork()` of this process, whose child would see missing pages as zeros. The error
+    /// says why it is not.
+    pub(crate) fn await_memory(&self) -> Result<(), String> {
+        match &self.lazy_memory {
+            Some(p) => p.wait(AWAIT_MEMORY),
+            None => Ok(()),
+        }
     }
 
     pub fn set_labels(&mut self, labels: VmmLabels) {
@@ -272,6 +312,13 @@ impl Vmm {
             branches_writing: self.live_writes.iter().filter(|w| !w.is_finished()).map(|w| w.tag.clone()).collect(),
             throttled: self.devices.throttled(),
             devices: self.devices.kinds(),
+            lazy_memory: self.lazy_memory.as_ref().map(|p| LazyMemoryStatus {
+                windows: p.windows,
+                on_demand: p.on_demand.load(std::sync::atomic::Ordering::Relaxed),
+                ahead: p.ahead.load(std::sync::atomic::Ordering::Relaxed),
+                complete: p.is_complete(),
+                failed: p.failure(),
+            }),
         }
     }
 

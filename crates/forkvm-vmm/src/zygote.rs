@@ -12,15 +12,17 @@
 //! The zygote holds no guest memory, so `fork()` copies almost no page tables. It must be
 //! single-threaded when it forks (only the calling thread survives in the child).
 
-use crate::builder::{prepare_with_memory, restore, BuildError, PreparedSnapshot};
+use crate::builder::{prepare_lazy, prepare_with_memory, restore, restore_lazy, BuildError, PreparedSnapshot};
 use crate::control::serve_until_exit;
 use crate::devices::attach::DeviceConfig;
 use crate::devices::console_log::ConsoleLog;
 use crate::devices::serial::ConsoleOut;
 use crate::host::process::{close_fds_except, detach_stdio};
 use crate::host::{open_kvm, KvmUnavailable};
+use crate::vstate::lazy_memory::LazyMemory;
 use crate::vstate::memory_playbook::MemoryPrefetch;
 use crate::vstate::vcpu::VcpuExitReason;
+use forkvm_snapshot::memory_windows::SocketWindows;
 use kvm_ioctls::Kvm;
 use std::fs::File;
 use std::io::Write;
@@ -42,6 +44,9 @@ pub(crate) fn open_console_log(path: Option<&Path>) -> Result<Option<ConsoleLog>
 
 /// Exit status of a child that could not restore its VM.
 pub const EXIT_RESTORE_FAILED: i32 = 70;
+/// Exit status of a lazily restored VMM whose memory could not be fetched (its console
+/// log says which window and why).
+pub const EXIT_MEMORY_LOST: i32 = 71;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ZygoteError {
@@ -81,6 +86,9 @@ pub struct ChildSpec {
     pub labels: crate::vmm::VmmLabels,
     /// What the child owns and removes when its VM stops.
     pub owned: Owned,
+    /// The VMM's end of its memory source (`memory_windows::serve_windows` on the host's):
+    /// required by a lazy zygote ([`Zygote::lazy`]), ignored by one with an image.
+    pub memory_source: Option<UnixStream>,
 }
 
 #[derive(Debug)]
@@ -106,6 +114,15 @@ impl Zygote {
         Ok(Zygote { kvm, snapshot, memory_prefetch: None })
     }
 
+    /// A zygote whose children restore lazily: each maps empty memory and fills it from
+    /// its [`ChildSpec::memory_source`] as its guest runs (`vstate::lazy_memory`).
+    pub fn lazy(snapshot_dir: &Path) -> Result<Zygote, ZygoteError> {
+        let kvm = open_kvm()?;
+        let snapshot = prepare_lazy(snapshot_dir)?;
+        crate::host::seccomp::prepare()?;
+        Ok(Zygote { kvm, snapshot, memory_prefetch: None })
+    }
+
     pub fn snapshot(&self) -> &PreparedSnapshot {
         &self.snapshot
     }
@@ -114,7 +131,9 @@ impl Zygote {
     /// its pages of the image ahead, and has every child spawned from here on map them on
     /// a background thread as its vCPUs start.
     pub fn prefetch_memory(&mut self, prefetch: MemoryPrefetch) {
-        prefetch.advise(&self.snapshot.memory);
+        if let Some(image) = &self.snapshot.memory {
+            prefetch.advise(image);
+        }
         self.memory_prefetch = Some(prefetch).filter(|p| !p.is_empty());
     }
 
@@ -137,7 +156,9 @@ impl Zygote {
             // A detached VMM outlives its caller: it must not keep the caller's files,
             // sockets or locks open (a daemon's state lock, its spawner's socket).
             use std::os::fd::AsRawFd;
-            let mut keep = vec![0, 1, 2, self.kvm.as_raw_fd(), self.snapshot.memory.as_raw_fd()];
+            let mut keep = vec![0, 1, 2, self.kvm.as_raw_fd()];
+            keep.extend(self.snapshot.memory.as_ref().map(|f| f.as_raw_fd()));
+            keep.extend(spec.memory_source.as_ref().map(|s| s.as_raw_fd()));
             keep.extend(spec.owned.jail_fds());
             keep.extend(spec.devices.tap_fd());
             keep.extend(log.as_ref().map(|f| f.file().as_raw_fd()));
@@ -164,6 +185,18 @@ impl Zygote {
             // while it still may.
             crate::host::preopen::offer_for(&spec.devices, None, Some(&self.kvm));
         }
+        // Lazy memory's userfaultfd needs privilege: made before the VMM gives it up.
+        let lazy = match self.snapshot.memory {
+            Some(_) => None,
+            None => match LazyMemory::map(self.snapshot.state.mem_size) {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    let code = fail(format!("restore failed: {e}"), &mut error_log);
+                    spec.owned.release(true);
+                    return code;
+                }
+            },
+        };
         if let Err(e) = spec.owned.enter() {
             let code = fail(format!("confining the VMM: {e}"), &mut error_log);
             spec.owned.release(true);
@@ -173,21 +206,34 @@ impl Zygote {
             started.elapsed().as_secs_f64() * 1e6,
             (crate::phase_timer::thread_cpu_time().saturating_sub(cpu_before)).as_secs_f64() * 1e6,
         );
-        let code = self.run_child(&spec, console, input, &mut error_log, confine_us, fail);
+        let code = self.run_child(&mut spec, lazy, console, input, &mut error_log, confine_us, fail);
         spec.owned.release(code == EXIT_RESTORE_FAILED);
         code
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn run_child(
         &self,
-        spec: &ChildSpec,
+        spec: &mut ChildSpec,
+        lazy: Option<LazyMemory>,
         console: ConsoleOut,
         input: Option<UnixStream>,
         error_log: &mut Option<File>,
         confine_us: (f64, f64),
         fail: impl Fn(String, &mut Option<File>) -> i32,
     ) -> i32 {
-        let mut vmm = match restore(&self.kvm, &self.snapshot, console, &spec.devices, false) {
+        let restored = match lazy {
+            None => restore(&self.kvm, &self.snapshot, console, &spec.devices, false),
+            Some(lazy) => {
+                let Some(stream) = spec.memory_source.take() else {
+                    return fail("restore failed: a lazy restore without a memory source".into(), error_log);
+                };
+                let source = Box::new(SocketWindows::new(stream));
+                let log = error_log.as_ref().and_then(|f| f.try_clone().ok());
+                restore_lazy(&self.kvm, &self.snapshot, lazy, source, memory_lost(log), console, &spec.devices, false)
+            }
+        };
+        let mut vmm = match restored {
             Ok(v) => v,
             Err(e) => return fail(format!("restore failed: {e}"), error_log),
         };
@@ -204,6 +250,22 @@ impl Zygote {
         }
         serve_to_exit_code(vmm, spec.socket.as_deref(), error_log, fail)
     }
+}
+
+/// The failure action of a lazy VMM's memory: the reason into the console log, then the
+/// end of the process ([`EXIT_MEMORY_LOST`]); nothing more of the guest runs.
+fn memory_lost(mut log: Option<File>) -> crate::vstate::lazy_memory::FailureAction {
+    Box::new(move |reason| {
+        let line = format!("[forkvm] guest memory could not be fetched, the VMM stops: {reason}");
+        match log.as_mut() {
+            Some(f) => {
+                let _ = writeln!(f, "\n{line}");
+            }
+            None => eprintln!("forkvm child {}: {line}", std::process::id()),
+        }
+        // SAFETY: _exit ends the process at once; nothing of it is used after.
+        unsafe { libc::_exit(EXIT_MEMORY_LOST) }
+    })
 }
 
 /// Serves `vmm`'s control socket until its VM stops, notes why in the console log, and

@@ -134,6 +134,7 @@ pub fn run(a: ForkArgs, remote: &RemoteArgs) -> Result<i32> {
             devices: Default::default(),
             labels: Default::default(),
             owned: Default::default(),
+            memory_source: None,
         };
         let pid = zygote.spawn(spec).with_context(|| format!("starting child {index}"))?;
         children.push(Child { index, pid, socket, console });

@@ -244,6 +244,7 @@ impl<'r> Batch<'r> {
                 jail,
                 ids: r.uid.map(forkvm_vmm::host::ids::SandboxIds::of),
             },
+            memory_source: None,
         })
     }
 

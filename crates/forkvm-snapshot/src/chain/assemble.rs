@@ -20,6 +20,7 @@ use std::time::Instant;
 use super::{is_hash, verify, Chain, ChainError};
 use crate::chunk_store::{ChunkSeal, ChunkStore};
 use crate::dir::SnapshotDir;
+use crate::memory_windows::{ChunkSource, PageMapWindows};
 use crate::metadata::MemoryFormat;
 use crate::page_map::{apply_page_map, PageMap};
 use crate::store::Store;
@@ -173,6 +174,20 @@ impl AssembledCache {
         Ok((image, Some(stats)))
     }
 
+    /// `chain`'s head memory as windows read on demand from its links' page maps and
+    /// chunks: what a lazy restore maps instead of an assembled image. Verifies the chain
+    /// (as an assembly would) but writes nothing.
+    pub fn windows_for(&self, store: &Store, chain: &Chain) -> Result<PageMapWindows, ChainError> {
+        verify(chain)?;
+        let mem_size = chain.head().meta.mem_size_bytes;
+        let mut links = Vec::with_capacity(chain.links.len());
+        for link in &chain.links {
+            let map = read_link_map(link, mem_size)?;
+            links.push((map, Box::new(self.chunks_of(store, link)?) as Box<dyn ChunkSource>));
+        }
+        Ok(PageMapWindows::new(links, mem_size))
+    }
+
     /// Puts `image` (a complete flat image of the snapshot with content hash `hash`)
     /// into the cache by renaming it, so the first spawn does not assemble. Returns
     /// whether it was adopted; an image on another filesystem is left where it is.
@@ -261,20 +276,7 @@ fn assemble_into(
     let mut stats = AssembleStats { links: chain.links.len(), ..AssembleStats::default() };
     for link in &chain.links {
         let tag = &link.meta.tag;
-        if link.meta.mem_size_bytes != mem_size {
-            return Err(ChainError::Malformed {
-                tag: tag.clone(),
-                reason: format!("memory size {} differs from the head's {mem_size}", link.meta.mem_size_bytes),
-            });
-        }
-        let map = PageMap::read_file(&link.memory_map_path())
-            .map_err(ChainError::page_map(format!("reading {tag}'s memory.map")))?;
-        if map.mem_size != mem_size {
-            return Err(ChainError::Malformed {
-                tag: tag.clone(),
-                reason: format!("memory.map describes {} bytes, snapshot says {mem_size}", map.mem_size),
-            });
-        }
+        let map = read_link_map(link, mem_size)?;
         let chunks = cache.chunks_of(store, link)?;
         let applied =
             apply_page_map(&map, &chunks, &file).map_err(ChainError::page_map(format!("assembling {tag}'s pages")))?;
@@ -289,6 +291,26 @@ fn assemble_into(
     }
     stats.ms = started.elapsed().as_secs_f64() * 1e3;
     Ok(stats)
+}
+
+/// `link`'s page map, checked to describe `mem_size` bytes (the head's).
+fn read_link_map(link: &SnapshotDir, mem_size: u64) -> Result<PageMap, ChainError> {
+    let tag = &link.meta.tag;
+    if link.meta.mem_size_bytes != mem_size {
+        return Err(ChainError::Malformed {
+            tag: tag.clone(),
+            reason: format!("memory size {} differs from the head's {mem_size}", link.meta.mem_size_bytes),
+        });
+    }
+    let map = PageMap::read_file(&link.memory_map_path())
+        .map_err(ChainError::page_map(format!("reading {tag}'s memory.map")))?;
+    if map.mem_size != mem_size {
+        return Err(ChainError::Malformed {
+            tag: tag.clone(),
+            reason: format!("memory.map describes {} bytes, snapshot says {mem_size}", map.mem_size),
+        });
+    }
+    Ok(map)
 }
 
 /// Removes a temporary file unless forgotten.

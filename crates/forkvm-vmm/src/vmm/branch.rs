@@ -145,13 +145,17 @@ pub enum BranchError {
     Snapshot { source: VmmError, disk_full: bool, resumed: String },
     #[error("branch: the snapshot {} is valid{}, but resuming the source VM failed: {source}", dir.display(), if *writing { " (its memory image is still being written)" } else { "" })]
     Resume { dir: PathBuf, writing: bool, source: VmmError },
+    #[error("branch: a live branch copies the source's memory with fork(), and {0}; try again once it is in (or branch with mode full)")]
+    MemoryArriving(String),
 }
 
 impl BranchError {
     /// `conflict`, `bad_request`, `disk_full` or `internal`.
     pub fn code(&self) -> forkvm_api::ErrorCode {
         match self {
-            BranchError::Conflict { .. } | BranchError::NotRunning(_) => forkvm_api::ErrorCode::Conflict,
+            BranchError::Conflict { .. } | BranchError::NotRunning(_) | BranchError::MemoryArriving(_) => {
+                forkvm_api::ErrorCode::Conflict
+            }
             BranchError::BadTag(_) => forkvm_api::ErrorCode::BadRequest,
             BranchError::Snapshot { disk_full: true, .. } => forkvm_api::ErrorCode::DiskFull,
             _ => forkvm_api::ErrorCode::Internal,
@@ -263,6 +267,9 @@ impl Vmm {
         let state = self.state();
         if state == RunState::Exited {
             return Err(BranchError::NotRunning(state));
+        }
+        if req.mode == BranchMode::Live {
+            self.await_memory().map_err(BranchError::MemoryArriving)?;
         }
         let was_running = state == RunState::Running;
         let mut phases = PhaseTimer::new();

@@ -99,6 +99,8 @@ pub enum ForkRunningError {
     FanOutLost { done: usize, wanted: usize },
     #[error("fork: the children started, but resuming the source VM failed: {0}")]
     Resume(VmmError),
+    #[error("fork: the children copy the source's memory with fork(), and {0}; try again once it is in")]
+    MemoryArriving(String),
 }
 
 impl Vmm {
@@ -107,6 +109,7 @@ impl Vmm {
         if children.is_empty() {
             return Err(ForkRunningError::NoChildren);
         }
+        self.await_memory().map_err(ForkRunningError::MemoryArriving)?;
         if self.device_config.vsock.is_some() {
             if let Some(index) = children.iter().position(|c| c.vsock_uds.is_none()) {
                 return Err(ForkRunningError::MissingVsock { index });

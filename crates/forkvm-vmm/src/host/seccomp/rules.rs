@@ -234,9 +234,13 @@ fn vcpu_ioctls() -> Vec<u64> {
     ]
 }
 
-/// ioctls any thread that raises interrupts or sets a socket non-blocking makes.
+/// ioctls any thread that raises interrupts or sets a socket non-blocking makes, and
+/// those of a lazy restore's memory server.
 fn device_ioctls() -> Vec<u64> {
-    vec![KVM_IRQ_LINE(), KVM_SIGNAL_MSI(), FIONBIO, FIONREAD]
+    let mut ioctls = vec![KVM_IRQ_LINE(), KVM_SIGNAL_MSI(), FIONBIO, FIONREAD];
+    // Lazy guest memory's serving thread: copies windows in, wakes, unregisters.
+    ioctls.extend(crate::vstate::uffd::serving_ioctls());
+    ioctls
 }
 
 /// ioctls on the network device's tap: checking a tap handed to the VMM (control
