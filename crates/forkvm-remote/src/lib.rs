@@ -44,6 +44,8 @@ pub mod cache;
 pub mod error;
 #[cfg(feature = "client")]
 pub mod key;
+#[cfg(feature = "client")]
+pub mod lazy;
 pub mod manifest;
 #[cfg(feature = "client")]
 pub mod pull;
@@ -62,7 +64,7 @@ pub use {
     cache::BlockCache,
     error::RemoteError,
     key::RemoteKey,
-    pull::{pull, PullReport},
+    pull::{pull, pull_lazy, PullReport},
     push::{push, PushReport},
     remote::Remote,
 };

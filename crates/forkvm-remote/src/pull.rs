@@ -8,14 +8,16 @@
 //! install step check the chain (content hashes, parent edges, layers) and move it in:
 //! a refused block, a missing object or a cut-off pull leaves the store as it was.
 
+use crate::lazy::{LazyRecord, LAZY_FORMAT};
 use crate::manifest::RemoteManifest;
 use crate::push::Progress;
 use crate::remote::{chunk_object, tag_object};
 use crate::workers::parallel;
 use crate::{BlockCache, Remote, RemoteError, RemoteKey};
-use forkvm_snapshot::chain::{install_staged, installed_already, StagingDir};
+use forkvm_snapshot::chain::{install_staged_with, installed_already, ChunksStaged, StagingDir};
 use forkvm_snapshot::{ChunkId, ChunkStore, Store};
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -44,6 +46,8 @@ pub struct PullReport {
     pub bytes_fetched: u64,
     /// Memory chunks the store gained.
     pub chunks_new: u64,
+    /// Memory chunks left on the remote (`--lazy`): fetched by the sandboxes that touch them.
+    pub chunks_left_remote: u64,
     pub ms: f64,
 }
 
@@ -63,6 +67,32 @@ pub fn pull(
     key: &RemoteKey,
     cache: &BlockCache,
     progress: &Progress,
+) -> Result<PullReport, RemoteError> {
+    pull_with(store, tag, remote, key, cache, progress, false)
+}
+
+/// [`pull`] without the memory chunks the store lacks: they stay on the remote, named by
+/// a lazy-pull record per link ([`crate::lazy`]), and sandboxes spawned from the tag
+/// fetch the memory they touch as they run.
+pub fn pull_lazy(
+    store: &Store,
+    tag: &str,
+    remote: &Remote,
+    key: &RemoteKey,
+    cache: &BlockCache,
+    progress: &Progress,
+) -> Result<PullReport, RemoteError> {
+    pull_with(store, tag, remote, key, cache, progress, true)
+}
+
+fn pull_with(
+    store: &Store,
+    tag: &str,
+    remote: &Remote,
+    key: &RemoteKey,
+    cache: &BlockCache,
+    progress: &Progress,
+    lazy: bool,
 ) -> Result<PullReport, RemoteError> {
     let started = Instant::now();
     forkvm_snapshot::validate_tag(tag)
@@ -86,12 +116,14 @@ pub fn pull(
             blocks_fetched: 0,
             bytes_fetched: manifest_bytes,
             chunks_new: 0,
+            chunks_left_remote: 0,
             ms: started.elapsed().as_secs_f64() * 1e3,
         });
     }
     let staging = StagingDir::new(store, "pull")?;
     let local = ChunkStore::open(store.root());
     let (mut jobs_list, mut blocks, mut blocks_local) = (Vec::new(), 0u64, 0u64);
+    let mut left_remote = BTreeMap::new();
     for entry in &manifest.entries {
         let checked = entry.checked_blocks().map_err(|reason| refused(remote, &tag_object(tag), reason))?;
         blocks += checked.len() as u64;
@@ -99,6 +131,16 @@ pub fn pull(
         if in_store.is_some_and(|id| local.contains(&id)) {
             blocks_local += checked.len() as u64;
             continue;
+        }
+        if let (true, Some(id)) = (lazy, in_store) {
+            // A memory chunk is at most one block, holding all of it.
+            match checked.as_slice() {
+                [(0, len, block)] if u64::from(*len) == entry.size => {
+                    left_remote.insert(id.to_hex(), (block.to_hex(), *len));
+                    continue;
+                }
+                _ => return Err(refused(remote, &tag_object(tag), format!("{}: not one whole block", entry.name))),
+            }
         }
         let path = staging.path().join(&entry.name);
         if let Some(dir) = path.parent() {
@@ -113,7 +155,17 @@ pub fn pull(
     }
     progress.blocks.store(jobs_list.len() as u64, Ordering::Relaxed);
     let blocks_cached = parallel(&jobs_list, |job| fetch(remote, key, cache, job, progress).map(u64::from))?;
-    let installed = install_staged(store, staging.path(), &manifest.description, Path::new(remote.url()))?;
+    let chunks_left_remote = left_remote.len() as u64;
+    // The records go first: a link installed without its chunks is never without them.
+    let records = LazyRecords::write(store, &manifest.links, remote, key, cache, left_remote)?;
+    let installed = install_staged_with(
+        store,
+        staging.path(),
+        &manifest.description,
+        Path::new(remote.url()),
+        if lazy { ChunksStaged::Some } else { ChunksStaged::All },
+    )?;
+    records.keep();
     let _ = cache.trim();
     Ok(PullReport {
         tag: tag.into(),
@@ -126,8 +178,56 @@ pub fn pull(
         blocks_fetched: progress.moved.load(Ordering::Relaxed) - blocks_cached,
         bytes_fetched: progress.bytes.load(Ordering::Relaxed) + manifest_bytes,
         chunks_new: installed.chunks_new,
+        chunks_left_remote,
         ms: started.elapsed().as_secs_f64() * 1e3,
     })
+}
+
+/// The lazy-pull records of a pull's links, removed again unless kept (the install
+/// failed: nothing of the chain is in the store).
+struct LazyRecords<'a> {
+    store: &'a Store,
+    tags: Vec<String>,
+}
+
+impl<'a> LazyRecords<'a> {
+    fn write(
+        store: &'a Store,
+        links: &[String],
+        remote: &Remote,
+        key: &RemoteKey,
+        cache: &BlockCache,
+        chunks: BTreeMap<String, (String, u32)>,
+    ) -> Result<LazyRecords<'a>, RemoteError> {
+        let mut written = LazyRecords { store, tags: Vec::new() };
+        if chunks.is_empty() {
+            return Ok(written);
+        }
+        let record = LazyRecord {
+            format: LAZY_FORMAT.into(),
+            remote: remote.url().into(),
+            key_file: key.path().into(),
+            cache_dir: cache.dir().into(),
+            chunks,
+        };
+        for tag in links {
+            record.write(store, tag)?;
+            written.tags.push(tag.clone());
+        }
+        Ok(written)
+    }
+
+    fn keep(mut self) {
+        self.tags.clear();
+    }
+}
+
+impl Drop for LazyRecords<'_> {
+    fn drop(&mut self) {
+        for tag in &self.tags {
+            LazyRecord::remove(self.store, tag);
+        }
+    }
 }
 
 fn refused(remote: &Remote, object: &str, reason: String) -> RemoteError {
@@ -135,7 +235,7 @@ fn refused(remote: &Remote, object: &str, reason: String) -> RemoteError {
 }
 
 /// Opens sealed block `id`: its content, checked against its name and length.
-fn open_block(key: &RemoteKey, id: &ChunkId, len: u32, sealed: &[u8]) -> Result<Vec<u8>, String> {
+pub(crate) fn open_block(key: &RemoteKey, id: &ChunkId, len: u32, sealed: &[u8]) -> Result<Vec<u8>, String> {
     let packed = key
         .seal()
         .open(id, sealed)

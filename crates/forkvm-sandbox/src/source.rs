@@ -30,6 +30,8 @@ pub enum SourceError {
          make a tag with {asked} from a template (snapshot create --vcpus {asked})"
     )]
     Vcpus { what: String, has: u8, asked: u8 },
+    #[error("snapshot {tag} was pulled lazily, and its memory's remote: {source}")]
+    Lazy { tag: String, source: Box<forkvm_remote::RemoteError> },
 }
 
 impl SourceError {
@@ -37,6 +39,7 @@ impl SourceError {
         match self {
             SourceError::Store(e) => e.code(),
             SourceError::Chain(e) => e.code(),
+            SourceError::Lazy { source, .. } => source.code(),
             _ => forkvm_api::ErrorCode::BadRequest,
         }
     }
@@ -64,6 +67,9 @@ pub struct SpawnSource {
     /// The memory image to map when it is not the directory's `memory.img`: a chunked
     /// snapshot's assembled image.
     pub memory: Option<PathBuf>,
+    /// A tag pulled lazily with memory chunks still on its remote: each child's memory
+    /// arrives while it runs, from a memory server ([`forkvm_remote::lazy`]).
+    pub lazy_memory: bool,
     /// Links above the chain's base (0 for a snapshot without a parent).
     pub chain_depth: usize,
     /// What assembling the chain cost, when this call assembled it (first spawn).
@@ -86,6 +92,21 @@ pub struct VaultLower {
     pub replaces: Vec<String>,
 }
 
+/// Whether `tag` was pulled lazily and some of its memory chunks are still on the
+/// remote. A record whose chunks have all arrived is dropped: the tag is ordinary now.
+fn lazily_pulled(store: &Store, tag: &str, chain: &Chain) -> Result<bool, SourceError> {
+    use forkvm_remote::lazy::{missing_chunks, LazyRecord};
+    let lazy = |source| SourceError::Lazy { tag: tag.to_string(), source: Box::new(source) };
+    if LazyRecord::load(store, tag).map_err(lazy)?.is_none() {
+        return Ok(false);
+    }
+    if missing_chunks(store, chain).map_err(lazy)? > 0 {
+        return Ok(true);
+    }
+    LazyRecord::remove(store, tag);
+    Ok(false)
+}
+
 /// The cache of assembled chain images, under the artefact cache.
 pub fn assembled_cache() -> AssembledCache {
     AssembledCache::new(&forkvm_image::kernel::cache_dir())
@@ -96,9 +117,15 @@ impl SpawnSource {
     /// for a chunked snapshot, its memory assembled (once: later calls find it cached).
     pub fn from_tag(store: &Store, tag: &str) -> Result<SpawnSource, SourceError> {
         let chain = SpawnSource::check_tag(store, tag)?;
-        let (image, assembled) = assembled_cache().memory_for(store, &chain)?;
+        let lazy_memory = lazily_pulled(store, tag, &chain)?;
+        let (memory, assembled) = match lazy_memory {
+            true => (None, None),
+            false => {
+                let (image, assembled) = assembled_cache().memory_for(store, &chain)?;
+                (chain.head().is_chunked().then_some(image), assembled)
+            }
+        };
         let snap = chain.head().clone();
-        let memory = snap.is_chunked().then_some(image);
         let devices = snap.meta.devices.clone().ok_or_else(|| SourceError::NoDevices(snap.path.clone()))?;
         Ok(SpawnSource {
             dir: snap.path,
@@ -106,6 +133,7 @@ impl SpawnSource {
             meta: snap.meta,
             devices,
             memory,
+            lazy_memory,
             chain_depth: chain.depth(),
             assembled,
             vault_lowers: Vec::new(),
@@ -131,6 +159,7 @@ impl SpawnSource {
             meta: snap.meta,
             devices,
             memory: None,
+            lazy_memory: false,
             chain_depth: 0,
             assembled: None,
             vault_lowers: Vec::new(),
@@ -168,6 +197,7 @@ impl SpawnSource {
             meta,
             devices,
             memory: None,
+            lazy_memory: false,
             chain_depth: 0,
             assembled: None,
             vault_lowers: Vec::new(),

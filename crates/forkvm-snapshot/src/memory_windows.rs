@@ -21,6 +21,8 @@ use std::os::unix::net::UnixStream;
 pub const WINDOW_BYTES: u64 = PAGE * PAGES_PER_CHUNK as u64;
 /// Longest error message carried on the wire.
 pub const MAX_ERROR_BYTES: usize = 4096;
+/// The request index that says "every window is in" (no reply).
+const COMPLETE: u64 = u64::MAX;
 const STATUS_OK: u8 = 0;
 const STATUS_ERROR: u8 = 1;
 
@@ -29,6 +31,9 @@ pub trait WindowSource: Send {
     /// Fills `out` ([`WINDOW_BYTES`] long) with window `index` of the memory image, or
     /// says why it cannot (the guest must then never see the window).
     fn fill(&mut self, index: u64, out: &mut [u8]) -> Result<(), String>;
+
+    /// Told once every window is in: nothing more will be asked.
+    fn complete(&mut self) {}
 }
 
 /// Where the chunks a page map names are read from; every chunk is checked against its
@@ -84,7 +89,10 @@ impl WindowSource for PageMapWindows {
         out.fill(0);
         let first = index * u64::from(PAGES_PER_CHUNK);
         let end = first + u64::from(PAGES_PER_CHUNK);
-        for (map, chunks) in &mut self.links {
+        // Head first: a page a later link wrote is never read from an earlier one, so a
+        // chunk is fetched only if it holds a page no later link covers.
+        let mut decided: u32 = 0;
+        for (map, chunks) in self.links.iter_mut().rev() {
             let from = map.extents.partition_point(|e| e.first_page < first);
             for e in map.extents[from..].iter().take_while(|e| e.first_page < end) {
                 let at = ((e.first_page - first) * PAGE) as usize;
@@ -92,24 +100,33 @@ impl WindowSource for PageMapWindows {
                 let Some(dst) = out.get_mut(at..at + len) else {
                     return Err(format!("an extent at page {} crosses window {index}", e.first_page));
                 };
-                match e.content {
-                    ExtentContent::Zero => dst.fill(0),
-                    ExtentContent::Chunk(id) => {
-                        chunks.chunk_into(&id, &mut self.chunk)?;
-                        if self.chunk.len() != len {
-                            return Err(format!(
-                                "chunk {} holds {} bytes, its extent {len}",
-                                id.to_hex(),
-                                self.chunk.len()
-                            ));
-                        }
-                        dst.copy_from_slice(&self.chunk);
-                        self.chunks_read += 1;
-                    }
+                let pages = ((1u32 << e.pages) - 1) << (e.first_page - first);
+                let mine = (pages & !decided) >> (e.first_page - first);
+                decided |= pages;
+                // `out` starts zeroed and only undecided pages are written: a zero
+                // extent has nothing to do.
+                let ExtentContent::Chunk(id) = e.content else { continue };
+                if mine == 0 {
+                    continue;
                 }
+                chunks.chunk_into(&id, &mut self.chunk)?;
+                if self.chunk.len() != len {
+                    return Err(format!("chunk {} holds {} bytes, its extent {len}", id.to_hex(), self.chunk.len()));
+                }
+                self.chunks_read += 1;
+                copy_pages(dst, &self.chunk, mine);
             }
         }
         Ok(())
+    }
+}
+
+/// Copies the pages of `src` whose bits are set in `pages` into `dst`.
+fn copy_pages(dst: &mut [u8], src: &[u8], pages: u32) {
+    for (i, (d, s)) in dst.chunks_mut(PAGE as usize).zip(src.chunks(PAGE as usize)).enumerate() {
+        if pages & (1 << i) != 0 {
+            d.copy_from_slice(s);
+        }
     }
 }
 
@@ -126,6 +143,11 @@ impl SocketWindows {
 }
 
 impl WindowSource for SocketWindows {
+    fn complete(&mut self) {
+        // Best effort: a source that is gone needs no news.
+        let _ = self.stream.write_all(&COMPLETE.to_le_bytes());
+    }
+
     fn fill(&mut self, index: u64, out: &mut [u8]) -> Result<(), String> {
         let lost = |e: std::io::Error| format!("the memory source is gone: {e}");
         self.stream.write_all(&index.to_le_bytes()).map_err(lost)?;
@@ -149,11 +171,19 @@ impl WindowSource for SocketWindows {
     }
 }
 
+/// What [`serve_windows`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Served {
+    /// Windows sent.
+    pub windows: u64,
+    /// Whether the VMM said its memory is complete before it hung up.
+    pub complete: bool,
+}
+
 /// Answers window requests on `stream` from `source` until the other side closes it.
-/// Returns the number of windows served.
-pub fn serve_windows(mut stream: UnixStream, source: &mut dyn WindowSource) -> std::io::Result<u64> {
+pub fn serve_windows(mut stream: UnixStream, source: &mut dyn WindowSource) -> std::io::Result<Served> {
     let mut window = vec![0u8; WINDOW_BYTES as usize];
-    let mut served = 0;
+    let mut served = Served::default();
     loop {
         let mut index = [0u8; 8];
         match stream.read_exact(&mut index) {
@@ -161,11 +191,16 @@ pub fn serve_windows(mut stream: UnixStream, source: &mut dyn WindowSource) -> s
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(served),
             Err(e) => return Err(e),
         }
-        match source.fill(u64::from_le_bytes(index), &mut window) {
+        let index = u64::from_le_bytes(index);
+        if index == COMPLETE {
+            served.complete = true;
+            continue;
+        }
+        match source.fill(index, &mut window) {
             Ok(()) => {
                 stream.write_all(&[STATUS_OK])?;
                 stream.write_all(&window)?;
-                served += 1;
+                served.windows += 1;
             }
             Err(msg) => {
                 let mut msg = msg.into_bytes();
@@ -234,6 +269,22 @@ mod tests {
     }
 
     #[test]
+    fn a_chunk_every_page_of_which_a_later_link_rewrote_is_not_read() {
+        let mut chunks = std::collections::HashMap::new();
+        chunks.insert(id(2), vec![0x22; PAGE as usize]);
+        let extent = |first_page, pages, content| Extent { first_page, pages, content };
+        // The base's chunk 1 is not to be had; the diff rewrote (zeroed) its only page.
+        let base = PageMap { mem_size: WINDOW_BYTES, extents: vec![extent(3, 1, ExtentContent::Chunk(id(1)))] };
+        let diff = PageMap { mem_size: WINDOW_BYTES, extents: vec![extent(3, 1, ExtentContent::Zero)] };
+        let source = || Box::new(Chunks(chunks.clone())) as Box<dyn ChunkSource>;
+        let mut w = PageMapWindows::new(vec![(base, source()), (diff, source())], WINDOW_BYTES);
+        let mut out = vec![0xffu8; WINDOW_BYTES as usize];
+        w.fill(0, &mut out).unwrap();
+        assert!(out.iter().all(|&b| b == 0));
+        assert_eq!(w.chunks_read, 0);
+    }
+
+    #[test]
     fn a_missing_chunk_is_an_error_not_zeros() {
         let mut w = windows();
         w.links[0].1 = Box::new(Chunks(Default::default()));
@@ -250,8 +301,9 @@ mod tests {
         remote.fill(1, &mut out).unwrap();
         assert_eq!(out[2 * PAGE as usize], 0x22);
         assert!(remote.fill(9, &mut out).unwrap_err().contains("window 9"));
+        remote.complete();
         drop(remote);
-        assert_eq!(server.join().unwrap(), 1);
+        assert_eq!(server.join().unwrap(), Served { windows: 1, complete: true });
     }
 
     #[test]

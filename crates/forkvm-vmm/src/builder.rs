@@ -394,7 +394,8 @@ pub fn restore(
 
 /// Restores one VM whose memory is `lazy` (mapped beforehand, while privileged), filled
 /// from `source` as the guest touches it and in the background
-/// (`vstate::lazy_memory`); `failure` gets the reason if a window cannot be had.
+/// (`vstate::lazy_memory`; in the background unless `$FORKVM_LAZY_AHEAD` is `0`);
+/// `failure` gets the reason if a window cannot be had.
 #[allow(clippy::too_many_arguments)]
 pub fn restore_lazy(
     kvm: &Kvm,
@@ -407,7 +408,8 @@ pub fn restore_lazy(
     start_paused: bool,
 ) -> Result<Vmm, BuildError> {
     let mut timer = PhaseTimer::new();
-    let (mem, progress) = lazy.serve(source, failure)?;
+    let ahead = crate::vstate::lazy_memory::ahead_from_env();
+    let (mem, progress) = lazy.serve(source, failure, ahead)?;
     timer.mark("serve_memory");
     let guest = GuestInfo { kind: snap.meta.guest.kind.clone(), name: snap.meta.guest.name.clone() };
     let mut vmm = restore_state(kvm, &snap.state, mem, guest, console, devices, start_paused, timer)?;

@@ -10,7 +10,7 @@ use common::*;
 use forkvm_snapshot::chain::assemble::AssembledCache;
 use forkvm_snapshot::chain::convert::ingest;
 use forkvm_snapshot::chain::resolve;
-use forkvm_snapshot::memory_windows::{serve_windows, PageMapWindows, WindowSource, WINDOW_BYTES};
+use forkvm_snapshot::memory_windows::{serve_windows, PageMapWindows, Served, WindowSource, WINDOW_BYTES};
 use forkvm_snapshot::Store;
 use forkvm_testguest::{monitor, TestGuest};
 use forkvm_vmm::control::Request;
@@ -52,9 +52,9 @@ fn spawn_lazy(
     dir: &Path,
     snap: &Path,
     mut source: impl WindowSource + 'static,
-) -> (i32, PathBuf, PathBuf, std::thread::JoinHandle<u64>) {
+) -> (i32, PathBuf, PathBuf, std::thread::JoinHandle<Served>) {
     let (vmm_end, host_end) = UnixStream::pair().unwrap();
-    let server = std::thread::spawn(move || serve_windows(host_end, &mut source).unwrap_or(0));
+    let server = std::thread::spawn(move || serve_windows(host_end, &mut source).unwrap_or_default());
     let zygote = Zygote::lazy(snap).unwrap();
     let (socket, log) = (dir.join("child.sock"), dir.join("child.log"));
     // The VMM's uid makes its control socket here.
@@ -113,7 +113,8 @@ fn a_lazy_child_runs_on_memory_fetched_as_it_touches_it() {
     client.send_input(&monitor::read(0x180_0000)).unwrap();
     wait_log(&log, &format!("={:016x}\n", 0x77), 1);
     shutdown(&mut client, pid);
-    assert_eq!(server.join().unwrap(), windows, "the host served each window once");
+    let served = server.join().unwrap();
+    assert_eq!(served, Served { windows, complete: true }, "the host served each window once");
 }
 
 /// Serves windows from `inner` but refuses window `refuse`.

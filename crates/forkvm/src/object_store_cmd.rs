@@ -49,6 +49,10 @@ pub struct PullArgs {
     /// The remote URL [default: $FORKVM_REMOTE].
     #[arg(long, value_name = "URL")]
     pub from: Option<String>,
+    /// Leave the memory on the remote: sandboxes spawned from the tag start at once and
+    /// fetch the memory they touch while they run (the rest follows in the background).
+    #[arg(long)]
+    pub lazy: bool,
     #[command(flatten)]
     pub opts: RemoteOpts,
 }
@@ -148,10 +152,15 @@ pub fn pull(a: PullArgs) -> Result<i32> {
     let (remote, key) = (open(a.from.as_deref())?, key(&a.opts)?);
     let store = Store::open_default();
     let cache = block_cache();
-    let r = with_progress(a.opts.json, "pulling", |p| forkvm_remote::pull(&store, &a.tag, &remote, &key, &cache, p))?;
+    let pull = if a.lazy { forkvm_remote::pull_lazy } else { forkvm_remote::pull };
+    let r = with_progress(a.opts.json, "pulling", |p| pull(&store, &a.tag, &remote, &key, &cache, p))?;
     print(a.opts.json, &r, || {
+        let lazy = match r.chunks_left_remote {
+            0 => String::new(),
+            n => format!("; {n} memory chunks left on the remote, fetched by its sandboxes as they run"),
+        };
         format!(
-            "{} ← {}: imported {}; {} blocks ({} fetched, {} cached, {} in the store), {} received in {:.0} ms",
+            "{} ← {}: imported {}; {} blocks ({} fetched, {} cached, {} in the store), {} received in {:.0} ms{lazy}",
             r.tag,
             r.remote,
             if r.imported.is_empty() { "nothing new".into() } else { r.imported.join(", ") },

@@ -125,7 +125,7 @@ impl Env {
 
 impl Drop for Env {
     fn drop(&mut self) {
-        for store in [self.store.clone(), self.dir.join("other"), self.dir.join("third")] {
+        for store in [self.store.clone(), self.dir.join("other"), self.dir.join("third"), self.dir.join("lazy")] {
             let _ = self.cmd_in(&store, &["kill", "--all"]);
         }
     }
@@ -211,6 +211,7 @@ fn a_chain_pushed_to_s3_is_pulled_into_empty_stores_moving_only_what_is_missing(
         n(&link, "blocks_local")
     );
     env.check_child(&third, "d1");
+    lazy_pull_forks_before_the_memory_is_here(&env, n(&pulled, "bytes_fetched"));
 
     let err = env.fails_in(&third, &["pull", "nope", "--from", &env.url("p")]);
     assert!(err.contains("no tag \"nope\""), "{err}");
@@ -220,6 +221,67 @@ fn a_chain_pushed_to_s3_is_pulled_into_empty_stores_moving_only_what_is_missing(
     let err = env.fails_in(&fresh, &["pull", "d1", "--from", &env.url("p"), "--key-file", other_key.to_str().unwrap()]);
     assert!(err.contains("does not open under the remote key"), "another key: {err}");
     assert!(files_under(&fresh.join("snapshots")).is_empty());
+}
+
+/// `pull --lazy` into an empty store brings everything but the memory; a sandbox forks
+/// from it at once and fetches the memory it touches (then, by default, the rest in the
+/// background, after which the tag is an ordinary local one).
+fn lazy_pull_forks_before_the_memory_is_here(env: &Env, whole_pull_bytes: u64) {
+    let lazy = env.dir.join("lazy");
+    let pulled = env.json_in(&lazy, &["pull", "d1", "--from", &env.url("p"), "--lazy", "--json"]);
+    let left = n(&pulled, "chunks_left_remote");
+    assert!(left > 100, "the memory stays on the remote: {pulled}");
+    assert!(n(&pulled, "bytes_fetched") < whole_pull_bytes, "{pulled}");
+    let record = lazy.join("remote-lazy").join("d1.json");
+    assert!(record.is_file(), "{pulled}");
+    let chunks_in = || files_under(&lazy.join("chunks")).len() as u64;
+    let before = chunks_in();
+
+    // Only what the guest touches (nothing fetched ahead): the first command answers on
+    // a fraction of the memory.
+    let started = Instant::now();
+    let out = env
+        .command_in(&lazy, &["fork", "--tag", "d1", "-n", "1", "--exec", "cat /tmp/r", "--eval", "r", "--rm", "--json"])
+        .env("FORKVM_LAZY_AHEAD", "0")
+        .output()
+        .unwrap();
+    let first_ms = started.elapsed().as_secs_f64() * 1e3;
+    assert!(out.status.success(), "lazy fork: {}", String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["sandboxes"][0]["exec"]["stdout"], "remote\n", "{r}");
+    assert_eq!(r["sandboxes"][0]["eval"]["result"], "42", "{r}");
+    let touched = chunks_in() - before;
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(lazy.join("snapshots/d1/snapshot.json")).unwrap()).unwrap();
+    let image = n(&meta, "mem_size_bytes");
+    // A chunk is at most a 64 KiB window.
+    let touched_bytes = touched << 16;
+    assert!(touched > 0 && touched < left, "fetched {touched} of the {left} chunks left on the remote");
+    assert!(touched_bytes * 4 < image, "fetched {touched_bytes} bytes of a {image}-byte image");
+    eprintln!(
+        "lazy: pull {} bytes ({left} chunks left remote) in {:.0} ms; fork + first command {first_ms:.0} ms \
+         fetching {touched} chunks (≤ {} MiB of a {} MiB image; {:.0}% of the chunks left)",
+        n(&pulled, "bytes_fetched"),
+        pulled["ms"].as_f64().unwrap(),
+        touched_bytes >> 20,
+        image >> 20,
+        100.0 * touched as f64 / left as f64
+    );
+
+    // Fetching ahead (the default): the memory completes while the sandbox runs, and
+    // then the tag is local: its record goes, later forks map its assembled image.
+    let t0 = Instant::now();
+    let started = env.json_in(&lazy, &["fork", "--tag", "d1", "-n", "1", "--json"]);
+    let id = started["sandboxes"][0]["id"].as_str().expect("a sandbox id").to_string();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while record.exists() {
+        assert!(Instant::now() < deadline, "the memory never completed: {} of {left} chunks", chunks_in() - before);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(chunks_in() - before, left, "every chunk arrived, once");
+    eprintln!("lazy: the memory completed {:.0} ms after the fork began", t0.elapsed().as_secs_f64() * 1e3);
+    env.ok_in(&lazy, &["kill", &id]);
+    env.check_child(&lazy, "d1");
 }
 
 #[test]

@@ -19,6 +19,7 @@ pub mod disk;
 pub mod in_process;
 pub mod jail;
 pub mod limits;
+pub mod memory_server;
 pub mod restore;
 pub mod rewind;
 pub mod running;
@@ -62,6 +63,8 @@ pub enum SpawnError {
     Network(#[from] crate::network::NetworkError),
     #[error(transparent)]
     Volume(#[from] crate::volumes::VolumeError),
+    #[error(transparent)]
+    MemoryServer(#[from] memory_server::MemoryServerError),
 }
 
 impl SpawnError {

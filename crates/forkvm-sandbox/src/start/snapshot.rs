@@ -7,6 +7,7 @@
 //! zygote forks). The sandboxes outlive the caller until they are killed
 //! ([`crate::verbs::kill`]).
 
+use super::memory_server::{self, MemoryServerError};
 use super::{ms_since, new_sandbox_id, Batch, SpawnError, SpawnOptions, VmmUids, MAX_SPAWN};
 use crate::ready::{finish, learn_memory, SpawnedSandbox};
 use crate::registry::{Origin, Registry, SandboxRecord};
@@ -84,7 +85,16 @@ pub fn start_vmms_with(
     // The snapshot's defaults (a template tag's), but for what the spawn asks.
     let opts = &SpawnOptions::of_snapshot(&source.meta).overridden_by(*opts);
     let started = Instant::now();
-    let mut zygote = Zygote::with_memory(&source.dir, source.memory.as_deref())?;
+    let mut zygote = match source.lazy_memory {
+        true => Zygote::lazy(&source.dir)?,
+        false => Zygote::with_memory(&source.dir, source.memory.as_deref())?,
+    };
+    let lazy_from = match (source.lazy_memory, &source.tag, registry.store_root()) {
+        (false, _, _) => None,
+        (true, Some(tag), Some(root)) => Some((root.to_path_buf(), tag.clone())),
+        (true, None, _) => return Err(MemoryServerError::NoTag("no tag").into()),
+        (true, _, None) => return Err(MemoryServerError::NoTag("no store").into()),
+    };
     let image = source.memory.clone().unwrap_or_else(|| source.dir.join(forkvm_snapshot::MEMORY_IMG));
     let memory_playbook = crate::memory_playbook::playbook_path(&image);
     let memory_prefetch_pages = match &memory_playbook {
@@ -116,7 +126,10 @@ pub fn start_vmms_with(
         let mut devices =
             source.devices(&r.vsock(), &r.disk_dir(), net.as_ref().map(crate::network::NetSlot::tap_source));
         volume_slots = crate::volumes::attach::apply(&leased, &mut devices, &r.id, r.uid)?;
-        let spec = batch.vmm_spec(i, devices)?;
+        let mut spec = batch.vmm_spec(i, devices)?;
+        if let Some((root, tag)) = &lazy_from {
+            spec.memory_source = Some(memory_server::start(root, tag, &batch.records()[i].console())?);
+        }
         let pid = zygote.spawn(spec)?;
         // Its DNS and policy are served once it runs, by whoever makes it ready
         // (`ready::finish`), from its VMM's tap.

@@ -43,8 +43,8 @@ pub use convert::{compact, ingest, write_diff, ConvertReport};
 pub use lineage::{collect_garbage, dependents, depth_in, info, remove, ChainInfo, RemoveMode, RemoveReport};
 pub use measure::{measure_diff, DiffMeasure};
 pub use pack::{
-    accept_entry_name, install_staged, installed_already, pack, pack_signed, unpack, unpack_trusted, write_chain,
-    ChainSink, ChainWalk, Installed, PackReport, StagingDir, UnpackReport,
+    accept_entry_name, install_staged, install_staged_with, installed_already, pack, pack_signed, unpack,
+    unpack_trusted, write_chain, ChainSink, ChainWalk, ChunksStaged, Installed, PackReport, StagingDir, UnpackReport,
 };
 
 /// Longest chain accepted (links above the base). Deeper chains should be compacted.

@@ -402,6 +402,8 @@ pub struct Installed {
     pub reused: Vec<String>,
     pub chunks_new: u64,
     pub chunks_present: u64,
+    /// Chunks neither staged nor in the store ([`ChunksStaged::Some`] only).
+    pub chunks_missing: u64,
 }
 
 /// The chain `description` (a [`ChainWalk`]'s) names, when every link of it is in
@@ -426,6 +428,27 @@ pub fn install_staged(
     description: &serde_json::Value,
     source: &Path,
 ) -> Result<Installed, ChainError> {
+    install_staged_with(store, staging, description, source, ChunksStaged::All)
+}
+
+/// Which memory chunks a staged chain must bring (or the store have).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChunksStaged {
+    /// Every chunk its maps name.
+    All,
+    /// Those staged; the others stay where they are (a lazy pull's, on a remote).
+    Some,
+}
+
+/// [`install_staged`], with chunks missing from both the staging directory and the
+/// store allowed when `chunks` says so ([`Installed::chunks_missing`] counts them).
+pub fn install_staged_with(
+    store: &Store,
+    staging: &Path,
+    description: &serde_json::Value,
+    source: &Path,
+    chunks_staged: ChunksStaged,
+) -> Result<Installed, ChainError> {
     let bad = |reason: String| ChainError::BadPack { path: source.to_path_buf(), reason };
     let meta: PackMeta =
         serde_json::from_value(description.clone()).map_err(|e| bad(format!("chain description: {e}")))?;
@@ -448,9 +471,13 @@ pub fn install_staged(
         needed.extend(map.chunks());
         metas.push(m);
     }
+    let mut chunks_missing = 0;
     for id in &needed {
         if !staging.join(chunk_entry(id)).is_file() && !chunks.contains(id) {
-            return Err(bad(format!("chunk {id} is referenced but not in the pack")));
+            if chunks_staged == ChunksStaged::All {
+                return Err(bad(format!("chunk {id} is referenced but not in the pack")));
+            }
+            chunks_missing += 1;
         }
     }
     // Which links exist already: the same content is reused, different content refused.
@@ -476,7 +503,7 @@ pub fn install_staged(
     for id in &needed {
         let path = staging.join(chunk_entry(id));
         if !path.is_file() {
-            chunks_present += 1;
+            chunks_present += u64::from(chunks.contains(id));
             continue;
         }
         let data = std::fs::read(&path).map_err(ChainError::io("reading a staged chunk", &path))?;
@@ -510,7 +537,7 @@ pub fn install_staged(
         writer.commit().map_err(ChainError::dir(format!("publishing {}", link.tag)))?;
         imported.push(link.tag.clone());
     }
-    Ok(Installed { head: meta.head, imported, reused, chunks_new, chunks_present })
+    Ok(Installed { head: meta.head, imported, reused, chunks_new, chunks_present, chunks_missing })
 }
 
 /// Checks one staged link against the pack's description and its parent link, puts its

@@ -57,6 +57,16 @@ pub struct LazyMemory {
     regions: Vec<Region>,
 }
 
+/// Environment variable turning fetching ahead off (`0`): a lazily restored VMM then
+/// fetches only the windows its guest touches, and its memory never completes (forks and
+/// live branches of it wait in vain). For measuring what a guest touches.
+pub const AHEAD_ENV: &str = "FORKVM_LAZY_AHEAD";
+
+/// Whether fetching ahead is on ([`AHEAD_ENV`] is not `0`).
+pub fn ahead_from_env() -> bool {
+    std::env::var(AHEAD_ENV).map_or(true, |v| v.trim() != "0")
+}
+
 /// What the serving thread does with a window it cannot fetch (the reason).
 pub type FailureAction = Box<dyn FnOnce(String) + Send>;
 
@@ -88,11 +98,14 @@ impl LazyMemory {
     }
 
     /// Starts the serving thread (see the module doc) and returns the memory to build
-    /// the VM around. `failure` runs at most once, on the serving thread.
+    /// the VM around. `failure` runs at most once, on the serving thread. Without
+    /// `ahead` only touched windows are fetched: the memory never completes (a
+    /// measurement's setting, [`AHEAD_ENV`]).
     pub fn serve(
         self,
         source: Box<dyn WindowSource>,
         failure: FailureAction,
+        ahead: bool,
     ) -> Result<(GuestMemoryMmap, Arc<LazyProgress>), LazyMemoryError> {
         let windows = self.regions.iter().map(|r| r.len).sum::<u64>() / WINDOW_BYTES;
         let progress = Arc::new(LazyProgress { windows, ..LazyProgress::default() });
@@ -103,6 +116,7 @@ impl LazyMemory {
             present: vec![0u64; windows.div_ceil(64) as usize],
             progress: progress.clone(),
             buf: vec![0u8; WINDOW_BYTES as usize],
+            ahead,
         };
         std::thread::Builder::new()
             .name("lazy-memory".into())
@@ -176,6 +190,8 @@ struct Server {
     present: Vec<u64>,
     progress: Arc<LazyProgress>,
     buf: Vec<u8>,
+    /// Whether windows nobody touched are fetched too.
+    ahead: bool,
 }
 
 impl Server {
@@ -196,14 +212,19 @@ impl Server {
     /// Faults first, then the next missing window ahead, until every window is in.
     fn serve_all(&mut self) -> Result<(), String> {
         let mut ahead = 0u64;
+        // Without fetching ahead: wait for faults, for ever.
+        let wait_ms = if self.ahead { 0 } else { -1 };
         loop {
             // Drain the faults waiting now; then do one window ahead.
-            while let Some(addr) = self.uffd.next_fault(0).map_err(|e| format!("reading a memory fault: {e}"))? {
+            while let Some(addr) = self.uffd.next_fault(wait_ms).map_err(|e| format!("reading a memory fault: {e}"))? {
                 let window =
                     self.window_of(addr).ok_or_else(|| format!("a fault at {addr:#x} outside guest memory"))?;
                 if self.copy_in(window)? {
                     self.progress.on_demand.fetch_add(1, Ordering::Relaxed);
                 }
+            }
+            if !self.ahead {
+                continue;
             }
             while ahead < self.progress.windows && self.is_present(ahead) {
                 ahead += 1;
@@ -218,6 +239,7 @@ impl Server {
         for r in &self.regions {
             self.uffd.unregister(r.host, r.len).map_err(|e| format!("unregistering guest memory: {e}"))?;
         }
+        self.source.complete();
         Ok(())
     }
 
@@ -286,7 +308,7 @@ mod tests {
         let lazy = LazyMemory::map(4 << 20).unwrap();
         let asked = Arc::new(Mutex::new(Vec::new()));
         let source = Box::new(Pattern { fail: None, asked: asked.clone() });
-        let (mem, progress) = lazy.serve(source, Box::new(|r| panic!("{r}"))).unwrap();
+        let (mem, progress) = lazy.serve(source, Box::new(|r| panic!("{r}")), true).unwrap();
         let v: u8 = mem.read_obj(GuestAddress(7 * WINDOW_BYTES + 123)).unwrap();
         assert_eq!(v, 8);
         progress.wait(Duration::from_secs(30)).unwrap();
@@ -321,6 +343,7 @@ mod tests {
                 Box::new(move |reason| {
                     tx.send(reason).unwrap();
                 }),
+                true,
             )
             .unwrap();
         // (No touch of window 5 here: its thread would wait for ever, which is what a
