@@ -205,96 +205,135 @@ impl ChunkSource for RemoteChunks {
     }
 }
 
-/// `tag`'s memory as windows: chunks from the store, else from the remote its record
-/// names. Returns the windows and the counters the chunk sources share.
-pub fn lazy_windows(store: &Store, tag: &str) -> Result<(PageMapWindows, Arc<LazyStats>), RemoteError> {
-    let record = LazyRecord::load(store, tag)?.ok_or_else(|| RemoteError::NoTag {
-        url: store.root().display().to_string(),
-        tag: format!("{tag} (no lazy-pull record)"),
-    })?;
-    let chain = resolve(store, tag)?;
-    if let Some(sealed) = chain.links.iter().find(|l| l.meta.memory_sealed_by.is_some()) {
-        return Err(RemoteError::Refused {
-            url: record.remote.clone(),
-            object: sealed.meta.tag.clone(),
-            reason: "its memory is sealed with a sandbox's key: pull it whole".into(),
-        });
+/// The remote side of a lazy restore, opened: the remote (its client and runtime), key,
+/// cache and record that every chunk fetch shares.
+#[derive(Clone)]
+struct Fetching {
+    record: Arc<LazyRecord>,
+    remote: Arc<Remote>,
+    key: Arc<RemoteKey>,
+    cache: Arc<BlockCache>,
+    stats: Arc<LazyStats>,
+}
+
+impl Fetching {
+    fn open(record: LazyRecord) -> Result<Fetching, RemoteError> {
+        Ok(Fetching {
+            remote: Arc::new(Remote::open(&record.remote)?),
+            key: Arc::new(RemoteKey::load(&record.key_file)?),
+            cache: Arc::new(BlockCache::configured(&record.cache_dir)),
+            stats: Arc::new(LazyStats::default()),
+            record: Arc::new(record),
+        })
     }
-    let remote = Arc::new(Remote::open(&record.remote)?);
-    let key = Arc::new(RemoteKey::load(&record.key_file)?);
-    let cache = Arc::new(BlockCache::configured(&record.cache_dir));
-    let stats = Arc::new(LazyStats::default());
-    let record = Arc::new(record);
-    let mem_size = chain.head().meta.mem_size_bytes;
-    // Checked as an assembly checks them: content hashes, then each map's size.
-    verify(&chain)?;
-    let mut links = Vec::with_capacity(chain.links.len());
-    for link in &chain.links {
-        let map = PageMap::read_file(&link.memory_map_path()).map_err(|e| RemoteError::Io {
-            step: "reading a memory map",
-            path: link.memory_map_path(),
-            source: std::io::Error::other(e),
+
+    fn chunks(&self, store: &Store) -> RemoteChunks {
+        RemoteChunks {
+            record: self.record.clone(),
+            remote: self.remote.clone(),
+            key: self.key.clone(),
+            cache: self.cache.clone(),
+            local: ChunkStore::open(store.root()),
+            stats: self.stats.clone(),
+        }
+    }
+}
+
+/// One lazily restored VMM's memory server, opened and ready to serve: [`Self::open`]
+/// makes everything it needs (the remote's client and runtime included) so that a
+/// process forked to serve can close what it inherited before it serves.
+pub struct LazyMemoryServer {
+    store: Store,
+    tag: String,
+    chain: Chain,
+    fetching: Fetching,
+    windows: PageMapWindows,
+}
+
+impl std::fmt::Debug for LazyMemoryServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LazyMemoryServer")
+            .field("tag", &self.tag)
+            .field("remote", &self.fetching.record.remote)
+            .finish()
+    }
+}
+
+impl LazyMemoryServer {
+    /// The server of `tag`'s memory: its chain checked (content hashes, map sizes), its
+    /// record read and its remote opened.
+    pub fn open(store: &Store, tag: &str) -> Result<LazyMemoryServer, RemoteError> {
+        let record = LazyRecord::load(store, tag)?.ok_or_else(|| RemoteError::NoTag {
+            url: store.root().display().to_string(),
+            tag: format!("{tag} (no lazy-pull record)"),
         })?;
-        if map.mem_size != mem_size {
+        let chain = resolve(store, tag)?;
+        if let Some(sealed) = chain.links.iter().find(|l| l.meta.memory_sealed_by.is_some()) {
             return Err(RemoteError::Refused {
                 url: record.remote.clone(),
-                object: link.meta.tag.clone(),
-                reason: format!("its memory map describes {} bytes, the head {mem_size}", map.mem_size),
+                object: sealed.meta.tag.clone(),
+                reason: "its memory is sealed with a sandbox's key: pull it whole".into(),
             });
         }
-        let source = RemoteChunks {
-            record: record.clone(),
-            remote: remote.clone(),
-            key: key.clone(),
-            cache: cache.clone(),
-            local: ChunkStore::open(store.root()),
-            stats: stats.clone(),
-        };
-        links.push((map, Box::new(source) as Box<dyn ChunkSource>));
+        // Checked as an assembly checks them: content hashes, then each map's size.
+        verify(&chain)?;
+        let fetching = Fetching::open(record)?;
+        let mem_size = chain.head().meta.mem_size_bytes;
+        let mut links = Vec::with_capacity(chain.links.len());
+        for link in &chain.links {
+            let map = PageMap::read_file(&link.memory_map_path()).map_err(|e| RemoteError::Io {
+                step: "reading a memory map",
+                path: link.memory_map_path(),
+                source: std::io::Error::other(e),
+            })?;
+            if map.mem_size != mem_size {
+                return Err(RemoteError::Refused {
+                    url: fetching.record.remote.clone(),
+                    object: link.meta.tag.clone(),
+                    reason: format!("its memory map describes {} bytes, the head {mem_size}", map.mem_size),
+                });
+            }
+            links.push((map, Box::new(fetching.chunks(store)) as Box<dyn ChunkSource>));
+        }
+        let windows = PageMapWindows::new(links, mem_size);
+        Ok(LazyMemoryServer { store: store.clone(), tag: tag.into(), chain, fetching, windows })
     }
-    Ok((PageMapWindows::new(links, mem_size), stats))
-}
 
-/// Serves `tag`'s memory to a lazily restored VMM on `stream` until it hangs up. When it
-/// said its memory is complete, the chunks no window needed (pages later links rewrote)
-/// are fetched too and the records dropped: the tag is an ordinary local one from then
-/// on. Returns the windows served.
-pub fn serve_lazy_memory(store: &Store, tag: &str, stream: UnixStream) -> Result<u64, RemoteError> {
-    let (mut windows, _stats) = lazy_windows(store, tag)?;
-    let served = serve_windows(stream, &mut windows)
-        .map_err(RemoteError::io("serving memory windows", PathBuf::from(format!("<{tag}'s VMM>"))))?;
-    if served.complete {
-        complete_locally(store, tag)?;
+    /// What the chunk sources fetched so far.
+    pub fn stats(&self) -> Arc<LazyStats> {
+        self.fetching.stats.clone()
     }
-    Ok(served.windows)
-}
 
-/// Fetches every chunk of `tag`'s chain the store still lacks, then drops its links'
-/// records.
-pub fn complete_locally(store: &Store, tag: &str) -> Result<u64, RemoteError> {
-    let chain = resolve(store, tag)?;
-    let Some(record) = LazyRecord::load(store, tag)? else { return Ok(0) };
-    let record = Arc::new(record);
-    let mut source = RemoteChunks {
-        remote: Arc::new(Remote::open(&record.remote)?),
-        key: Arc::new(RemoteKey::load(&record.key_file)?),
-        cache: Arc::new(BlockCache::configured(&record.cache_dir)),
-        local: ChunkStore::open(store.root()),
-        stats: Arc::new(LazyStats::default()),
-        record,
-    };
-    let mut fetched = 0;
-    let mut buf = Vec::new();
-    for id in chunks_missing(store, &chain)? {
-        source.chunk_into(&id, &mut buf).map_err(|reason| RemoteError::Refused {
-            url: source.record.remote.clone(),
-            object: format!("chunk {}", id.to_hex()),
-            reason,
-        })?;
-        fetched += 1;
+    /// Serves the memory to a lazily restored VMM on `stream` until it hangs up. When it
+    /// said its memory is complete, the chunks no window needed (pages later links
+    /// rewrote) are fetched too and the records dropped: the tag is an ordinary local one
+    /// from then on. Returns the windows served.
+    pub fn serve(mut self, stream: UnixStream) -> Result<u64, RemoteError> {
+        let served = serve_windows(stream, &mut self.windows)
+            .map_err(RemoteError::io("serving memory windows", PathBuf::from(format!("<{}'s VMM>", self.tag))))?;
+        if served.complete {
+            self.complete_locally()?;
+        }
+        Ok(served.windows)
     }
-    for link in &chain.links {
-        LazyRecord::remove(store, &link.meta.tag);
+
+    /// Fetches every chunk of the chain the store still lacks, then drops the links'
+    /// records. Returns the chunks fetched.
+    pub fn complete_locally(&self) -> Result<u64, RemoteError> {
+        let mut source = self.fetching.chunks(&self.store);
+        let mut fetched = 0;
+        let mut buf = Vec::new();
+        for id in chunks_missing(&self.store, &self.chain)? {
+            source.chunk_into(&id, &mut buf).map_err(|reason| RemoteError::Refused {
+                url: self.fetching.record.remote.clone(),
+                object: format!("chunk {}", id.to_hex()),
+                reason,
+            })?;
+            fetched += 1;
+        }
+        for link in &self.chain.links {
+            LazyRecord::remove(&self.store, &link.meta.tag);
+        }
+        Ok(fetched)
     }
-    Ok(fetched)
 }
