@@ -3,7 +3,8 @@
 //! template and a diff link over it are pushed, pulled into empty stores and forked;
 //! only what a side lacks travels; a stalled server, a push killed half-way, a flipped
 //! or swapped object and a full block cache are each met with completion or a clear
-//! refusal that leaves the store as it was. The template boots once (cached); every
+//! refusal that leaves the store as it was. A lazy pull forks before its memory is
+//! here, fetching what the guest touches. The template boots once (cached); every
 //! sandbox is a restore.
 
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 //! then lost (daemon and VMM killed with SIGKILL, its store, run and keys directories
 //! removed), and another host holding only the remote key brings the sandbox back with
 //! `restore-sandbox`: every file written before the last replicated snapshot is there,
-//! byte for byte.
+//! byte for byte. A third host's daemon forks the replicated template from a lazy pull.
 
 use std::path::Path;
 use std::process::Command;
@@ -106,6 +106,28 @@ fn a_replicated_sandbox_comes_back_on_another_host_after_its_host_is_lost() {
     assert_eq!(local(&["exec", &restored, "--", "cat", "/root/work/notes"]), "kept\n");
     let _ = b.command(&["kill", "--all"]).output();
     for pid in common::processes_of(&b.dir.join("run")) {
+        // SAFETY: signals a process by pid.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+
+    // Host C: a daemon whose store gets the template lazily (everything but its
+    // memory); a sandbox forked through the daemon's spawner runs at once, its memory
+    // served from the remote by a memory server the spawner forked.
+    let mut c = Env::new();
+    c.start_daemon_with(&[], &var_refs);
+    let mut pull = c.command(&["pull", "py", "--from", &url, "--lazy", "--json"]);
+    for (k, v) in &vars {
+        pull.env(k, v);
+    }
+    let out = pull.output().unwrap();
+    assert!(out.status.success(), "pull --lazy: {}", String::from_utf8_lossy(&out.stderr));
+    let pulled: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(pulled["chunks_left_remote"].as_u64() > Some(100), "{pulled}");
+    c.ok(&["fork", "--tag", "py", "-n", "1"]);
+    let lazy_id = c.json(&["ps", "--json"])[0]["id"].as_str().unwrap().to_string();
+    assert_eq!(c.ok(&["exec", &lazy_id, "--", "sh", "-c", "echo lazy $((6 * 7))"]), "lazy 42\n");
+    let _ = c.command(&["kill", "--all"]).output();
+    for pid in common::processes_of(&c.dir.join("run")) {
         // SAFETY: signals a process by pid.
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }
