@@ -76,17 +76,14 @@ impl LazyRecord {
             }
             Ok(_) => std::fs::read(&path).map_err(RemoteError::io("reading a lazy-pull record", &path))?,
         };
-        let record: LazyRecord = serde_json::from_slice(&bytes).map_err(|e| RemoteError::Io {
+        let bad = |reason: String| RemoteError::Io {
             step: "parsing a lazy-pull record",
             path: path.clone(),
-            source: std::io::Error::other(e),
-        })?;
+            source: std::io::Error::other(reason),
+        };
+        let record: LazyRecord = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
         if record.format != LAZY_FORMAT {
-            return Err(RemoteError::Io {
-                step: "parsing a lazy-pull record",
-                path,
-                source: std::io::Error::other(format!("format {:?}", record.format)),
-            });
+            return Err(bad(format!("format {:?}", record.format)));
         }
         Ok(Some(record))
     }
@@ -121,14 +118,19 @@ fn chunks_missing(store: &Store, chain: &Chain) -> Result<std::collections::BTre
     let local = ChunkStore::open(store.root());
     let mut missing = std::collections::BTreeSet::new();
     for link in &chain.links {
-        let map = PageMap::read_file(&link.memory_map_path()).map_err(|e| RemoteError::Io {
-            step: "reading a memory map",
-            path: link.memory_map_path(),
-            source: std::io::Error::other(e),
-        })?;
+        let map = read_map(link)?;
         missing.extend(map.chunks().filter(|id| !local.contains(id)));
     }
     Ok(missing)
+}
+
+/// `link`'s page map.
+fn read_map(link: &forkvm_snapshot::SnapshotDir) -> Result<PageMap, RemoteError> {
+    PageMap::read_file(&link.memory_map_path()).map_err(|e| RemoteError::Io {
+        step: "reading a memory map",
+        path: link.memory_map_path(),
+        source: std::io::Error::other(e),
+    })
 }
 
 /// What a lazy restore's memory server fetched.
@@ -281,11 +283,7 @@ impl LazyMemoryServer {
         let mem_size = chain.head().meta.mem_size_bytes;
         let mut links = Vec::with_capacity(chain.links.len());
         for link in &chain.links {
-            let map = PageMap::read_file(&link.memory_map_path()).map_err(|e| RemoteError::Io {
-                step: "reading a memory map",
-                path: link.memory_map_path(),
-                source: std::io::Error::other(e),
-            })?;
+            let map = read_map(link)?;
             if map.mem_size != mem_size {
                 return Err(RemoteError::Refused {
                     url: fetching.record.remote.clone(),

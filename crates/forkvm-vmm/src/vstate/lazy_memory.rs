@@ -19,14 +19,13 @@
 //! kernel), which needs privilege here: [`LazyMemory::map`] runs before a VMM gives its
 //! privileges up, and the serving thread only copies and wakes.
 
-use super::memory::{image_offsets, MemoryError};
+use super::memory::{anonymous_region, image_offsets, MemoryError};
 use super::uffd::Uffd;
 use crate::arch::x86_64::layout::ram_regions;
 use forkvm_snapshot::memory_windows::{WindowSource, WINDOW_BYTES};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
-use vm_memory::mmap::MmapRegion;
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap};
 
 #[derive(Debug, thiserror::Error)]
@@ -78,13 +77,7 @@ impl LazyMemory {
         let mut regions = Vec::new();
         let mut guest = Vec::new();
         for ((addr, size), image_offset) in ram_regions(mem_size).into_iter().zip(image_offsets(mem_size)) {
-            let prot = libc::PROT_READ | libc::PROT_WRITE;
-            let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
-            let mapping = MmapRegion::build(None, size as usize, prot, flags).map_err(|source| MemoryError::Map {
-                addr,
-                size,
-                source,
-            })?;
+            let mapping = anonymous_region(addr, size)?;
             let host = mapping.as_ptr() as u64;
             uffd.register_missing(host, size).map_err(|source| LazyMemoryError::Register { addr, size, source })?;
             regions.push(Region { host, len: size, image_offset });

@@ -44,19 +44,20 @@ pub fn anonymous(mem_size: u64) -> Result<GuestMemoryMmap, MemoryError> {
     check_size(mem_size)?;
     let mut regions = Vec::new();
     for (addr, size) in ram_regions(mem_size) {
-        let prot = libc::PROT_READ | libc::PROT_WRITE;
-        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
-        let mapping = MmapRegion::build(None, size as usize, prot, flags).map_err(|source| MemoryError::Map {
-            addr,
-            size,
-            source,
-        })?;
+        let mapping = anonymous_region(addr, size)?;
         // SAFETY: the range is exactly the mapping just created; madvise only changes
         // how the kernel backs it.
         unsafe { libc::madvise(mapping.as_ptr().cast(), size as usize, libc::MADV_HUGEPAGE) };
         regions.push(GuestRegionMmap::new(mapping, GuestAddress(addr)).ok_or(MemoryError::Overflow(addr))?);
     }
     assemble(regions)
+}
+
+/// One region of private anonymous memory for guest RAM at `addr` (for errors).
+pub(crate) fn anonymous_region(addr: u64, size: u64) -> Result<MmapRegion, MemoryError> {
+    let prot = libc::PROT_READ | libc::PROT_WRITE;
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+    MmapRegion::build(None, size as usize, prot, flags).map_err(|source| MemoryError::Map { addr, size, source })
 }
 
 /// Maps `image` (laid out region after region, as [`image_offsets`] says) copy-on-write.
