@@ -16,9 +16,10 @@
 
 use crate::pull::open_block;
 use crate::remote::chunk_object;
+use crate::workers::parallel;
 use crate::{BlockCache, Remote, RemoteError, RemoteKey};
 use forkvm_snapshot::chain::{resolve, verify, Chain};
-use forkvm_snapshot::memory_windows::{serve_windows, ChunkSource, PageMapWindows};
+use forkvm_snapshot::memory_windows::{ahead_from_env, serve_windows, ChunkSource, PageMapWindows};
 use forkvm_snapshot::page_map::PageMap;
 use forkvm_snapshot::{ChunkId, ChunkStore, Store};
 use serde::{Deserialize, Serialize};
@@ -297,41 +298,89 @@ impl LazyMemoryServer {
         Ok(LazyMemoryServer { store: store.clone(), tag: tag.into(), chain, fetching, windows })
     }
 
-    /// What the chunk sources fetched so far.
-    pub fn stats(&self) -> Arc<LazyStats> {
-        self.fetching.stats.clone()
-    }
-
     /// Serves the memory to a lazily restored VMM on `stream` until it hangs up. When it
     /// said its memory is complete, the chunks no window needed (pages later links
     /// rewrote) are fetched too and the records dropped: the tag is an ordinary local one
     /// from then on. Returns the windows served.
-    pub fn serve(mut self, stream: UnixStream) -> Result<u64, RemoteError> {
-        let served = serve_windows(stream, &mut self.windows)
-            .map_err(RemoteError::io("serving memory windows", PathBuf::from(format!("<{}'s VMM>", self.tag))))?;
-        if served.complete {
-            self.complete_locally()?;
+    ///
+    /// Unless fetching ahead is off ([`ahead_from_env`]), the chunks the store lacks are
+    /// also fetched meanwhile, a few at a time ([`crate::push::jobs`]), so the VMM's own
+    /// window-by-window pass finds them local; once they all are, the records go even if
+    /// the VMM stopped first.
+    pub fn serve(self, stream: UnixStream) -> Result<ServeReport, RemoteError> {
+        let LazyMemoryServer { store, tag, chain, fetching, mut windows } = self;
+        let (served, ahead) = std::thread::scope(|s| {
+            let ahead = ahead_from_env().then(|| s.spawn(|| fetch_missing(&store, &chain, &fetching)));
+            let served = serve_windows(stream, &mut windows);
+            (served, ahead.map(|t| t.join()))
+        });
+        let served =
+            served.map_err(RemoteError::io("serving memory windows", PathBuf::from(format!("<{tag}'s VMM>"))))?;
+        let all_here = matches!(ahead, Some(Ok(Ok(_))));
+        if served.complete || all_here {
+            complete_locally(&store, &chain, &fetching)?;
         }
-        Ok(served.windows)
+        let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let stats = &fetching.stats;
+        Ok(ServeReport {
+            windows: served.windows,
+            vmm_complete: served.complete,
+            chunks_local: n(&stats.local),
+            chunks_cached: n(&stats.cached),
+            chunks_fetched: n(&stats.fetched),
+            bytes_fetched: n(&stats.bytes_fetched),
+        })
     }
+}
 
-    /// Fetches every chunk of the chain the store still lacks, then drops the links'
-    /// records. Returns the chunks fetched.
-    pub fn complete_locally(&self) -> Result<u64, RemoteError> {
-        let mut source = self.fetching.chunks(&self.store);
-        let mut fetched = 0;
-        let mut buf = Vec::new();
-        for id in chunks_missing(&self.store, &self.chain)? {
-            source.chunk_into(&id, &mut buf).map_err(|reason| RemoteError::Refused {
-                url: self.fetching.record.remote.clone(),
-                object: format!("chunk {}", id.to_hex()),
-                reason,
-            })?;
-            fetched += 1;
-        }
-        for link in &self.chain.links {
-            LazyRecord::remove(&self.store, &link.meta.tag);
-        }
-        Ok(fetched)
+/// What a memory server did, for its line in the sandbox's console log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServeReport {
+    pub windows: u64,
+    /// Whether the VMM said its memory was complete.
+    pub vmm_complete: bool,
+    pub chunks_local: u64,
+    pub chunks_cached: u64,
+    pub chunks_fetched: u64,
+    /// Sealed bytes downloaded.
+    pub bytes_fetched: u64,
+}
+
+impl std::fmt::Display for ServeReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} windows served{}; chunks: {} from the store, {} from the block cache, {} downloaded ({} bytes)",
+            self.windows,
+            if self.vmm_complete { ", the memory complete" } else { "" },
+            self.chunks_local,
+            self.chunks_cached,
+            self.chunks_fetched,
+            self.bytes_fetched
+        )
     }
+}
+
+/// Fetches the chain's chunks the store lacks, in parallel; returns how many.
+fn fetch_missing(store: &Store, chain: &Chain, fetching: &Fetching) -> Result<u64, RemoteError> {
+    let missing: Vec<ChunkId> = chunks_missing(store, chain)?.into_iter().collect();
+    parallel(&missing, |id| {
+        let mut buf = Vec::new();
+        fetching.chunks(store).chunk_into(id, &mut buf).map_err(|reason| RemoteError::Refused {
+            url: fetching.record.remote.clone(),
+            object: format!("chunk {}", id.to_hex()),
+            reason,
+        })?;
+        Ok(1)
+    })
+}
+
+/// Fetches every chunk of the chain the store still lacks, then drops the links'
+/// records. Returns the chunks fetched.
+fn complete_locally(store: &Store, chain: &Chain, fetching: &Fetching) -> Result<u64, RemoteError> {
+    let fetched = fetch_missing(store, chain, fetching)?;
+    for link in &chain.links {
+        LazyRecord::remove(store, &link.meta.tag);
+    }
+    Ok(fetched)
 }

@@ -26,6 +26,17 @@ const COMPLETE: u64 = u64::MAX;
 const STATUS_OK: u8 = 0;
 const STATUS_ERROR: u8 = 1;
 
+/// Environment variable turning fetching ahead off (`0`): a lazily restored VMM then
+/// fetches only the windows its guest touches, its memory server fetches nothing on its
+/// own, and the memory never completes (forks and live branches of the VMM wait in
+/// vain). For measuring what a guest touches.
+pub const AHEAD_ENV: &str = "FORKVM_LAZY_AHEAD";
+
+/// Whether fetching ahead is on ([`AHEAD_ENV`] is not `0`).
+pub fn ahead_from_env() -> bool {
+    std::env::var(AHEAD_ENV).map_or(true, |v| v.trim() != "0")
+}
+
 /// Where a lazily restored guest's memory comes from.
 pub trait WindowSource: Send {
     /// Fills `out` ([`WINDOW_BYTES`] long) with window `index` of the memory image, or

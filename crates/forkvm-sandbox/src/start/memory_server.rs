@@ -55,7 +55,10 @@ pub fn start(store_root: &Path, tag: &str, console_log: &Path) -> Result<UnixStr
         }
         detach_stdio(Some(&log));
         match server.and_then(|s| s.serve(host_end)) {
-            Ok(_) => 0,
+            Ok(report) => {
+                let _ = writeln!(&log, "\n[forkvm] memory server of {tag}: {report}");
+                0
+            }
             Err(e) => {
                 let _ = writeln!(&log, "\n[forkvm] memory server of {tag}: {e}");
                 1

@@ -56,15 +56,7 @@ pub struct LazyMemory {
     regions: Vec<Region>,
 }
 
-/// Environment variable turning fetching ahead off (`0`): a lazily restored VMM then
-/// fetches only the windows its guest touches, and its memory never completes (forks and
-/// live branches of it wait in vain). For measuring what a guest touches.
-pub const AHEAD_ENV: &str = "FORKVM_LAZY_AHEAD";
-
-/// Whether fetching ahead is on ([`AHEAD_ENV`] is not `0`).
-pub fn ahead_from_env() -> bool {
-    std::env::var(AHEAD_ENV).map_or(true, |v| v.trim() != "0")
-}
+pub use forkvm_snapshot::memory_windows::{ahead_from_env, AHEAD_ENV};
 
 /// What the serving thread does with a window it cannot fetch (the reason).
 pub type FailureAction = Box<dyn FnOnce(String) + Send>;
