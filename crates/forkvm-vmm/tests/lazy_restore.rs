@@ -15,7 +15,9 @@ use forkvm_snapshot::Store;
 use forkvm_testguest::{monitor, TestGuest};
 use forkvm_vmm::control::Request;
 use forkvm_vmm::host::ids::SandboxIds;
+use forkvm_vmm::vmm::ForkChild;
 use forkvm_vmm::vstate::irqchip::IrqchipMode;
+use forkvm_vmm::vstate::lazy_memory::LazyMemory;
 use forkvm_vmm::zygote::{ChildSpec, Owned, Zygote, EXIT_MEMORY_LOST};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -84,7 +86,9 @@ fn a_lazy_child_runs_on_memory_fetched_as_it_touches_it() {
     let dir = tempfile::tempdir().unwrap();
     let (snap, windows) = lazy_snapshot(dir.path());
     let started = Instant::now();
-    let (pid, socket, log, server) = spawn_lazy(dir.path(), &snap, windows);
+    // A remote's pace (1 ms a window) keeps the background pass behind the guest's
+    // first touches, as on a real bucket.
+    let (pid, socket, log, server) = spawn_lazy(dir.path(), &snap, Paced(windows));
     let mut client = wait_socket(&socket);
     // The whole fill, read by the guest: every window of it arrives intact.
     client.send_input(&monitor::sum(FILL.0, FILL.1)).unwrap();
@@ -115,6 +119,16 @@ fn a_lazy_child_runs_on_memory_fetched_as_it_touches_it() {
     shutdown(&mut client, pid);
     let served = server.join().unwrap();
     assert_eq!(served, Served { windows, complete: true }, "the host served each window once");
+}
+
+/// Serves windows from `inner`, 1 ms each.
+struct Paced<S>(S);
+
+impl<S: WindowSource> WindowSource for Paced<S> {
+    fn fill(&mut self, index: u64, out: &mut [u8]) -> Result<(), String> {
+        std::thread::sleep(Duration::from_millis(1));
+        self.0.fill(index, out)
+    }
 }
 
 /// Serves windows from `inner` but refuses window `refuse`.
@@ -160,4 +174,39 @@ fn a_window_that_cannot_be_fetched_stops_the_vmm_with_the_reason_not_with_zeros(
         }
     }
     server.join().unwrap();
+}
+
+#[test]
+fn a_fork_of_a_lazily_restored_vm_waits_for_its_memory_and_gets_all_of_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (snap, windows) = lazy_snapshot(dir.path());
+    let prepared = forkvm_vmm::prepare_lazy(&snap).unwrap();
+    let lazy = LazyMemory::map(prepared.state.mem_size).unwrap();
+    let (mut console, out) = Console::pair();
+    let failure = Box::new(|reason: String| panic!("{reason}"));
+    let mut vmm =
+        forkvm_vmm::restore_lazy(&kvm(), &prepared, lazy, Box::new(windows), failure, out, &Default::default(), false)
+            .unwrap();
+    // Forked at once, before the guest touched its fill: fork() copies the memory, so
+    // it waits until every window is in, and the child's copy has no page missing (a
+    // missing page would read as zero there).
+    let child = ForkChild {
+        socket: dir.path().join("fork.sock"),
+        console_log: Some(dir.path().join("fork.log")),
+        vsock_uds: None,
+        labels: Default::default(),
+        run_dir: None,
+        rate_limits: None,
+        disk_dir: None,
+        tap: None,
+    };
+    let report = vmm.fork_running(std::slice::from_ref(&child)).unwrap();
+    assert_eq!(vmm.status().lazy_memory.map(|l| l.complete), Some(true));
+    let mut client = wait_socket(&child.socket);
+    let log = child.console_log.clone().unwrap();
+    client.send_input(&monitor::sum(FILL.0, FILL.1)).unwrap();
+    wait_log(&log, &format!("={:016x}\n", filled_sum()), 1);
+    vmm.send_serial_input(&monitor::sum(FILL.0, FILL.1)).unwrap();
+    console.wait_for(&format!("={:016x}\n", filled_sum()), T);
+    shutdown(&mut client, report.pids[0]);
 }
