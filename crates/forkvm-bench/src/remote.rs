@@ -22,7 +22,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use forkvm_proto::ExecRequest;
 use forkvm_remote::push::Progress;
-use forkvm_remote::{BlockCache, Remote, RemoteKey};
+use forkvm_remote::{BlockCache, PullReport, Remote, RemoteError, RemoteKey};
 use forkvm_sandbox::source::assembled_cache;
 use forkvm_sandbox::{snapshot_diff, spawn, DiffStep, Registry, SpawnOptions, SpawnSource};
 use forkvm_snapshot::Store;
@@ -76,6 +76,17 @@ fn spawn_and_exec(registry: &Registry, store: &Store, tag: &str) -> Result<(f64,
     Ok((ready, first))
 }
 
+/// `forkvm_remote::pull` or `pull_lazy`.
+type Puller = fn(&Store, &str, &Remote, &RemoteKey, &BlockCache, &Progress) -> Result<PullReport, RemoteError>;
+
+/// One run from nothing local: its pull, (pull + first command ms, ready ms), and the
+/// memory chunks the store gained by the time the command answered.
+struct RemoteRun {
+    report: PullReport,
+    first: (f64, f64),
+    chunks_at_first: f64,
+}
+
 /// Memory chunk files in `store`'s chunk store.
 fn chunk_files(store: &Store) -> usize {
     let dirs = std::fs::read_dir(store.root().join("chunks")).into_iter().flatten().flatten();
@@ -105,33 +116,28 @@ fn run_in(a: &BenchRemoteArgs, work: &Path) -> Result<serde_json::Value> {
     let d1 = push("d1")?;
     let again = push("d1")?;
 
-    let mut pulls = Vec::new();
-    let mut remote_first = Vec::new();
-    for i in 0..a.runs {
-        let other = Store::open(work.join(format!("pulled-{i}")));
-        let blocks = BlockCache::new(&work.join(format!("blocks-{i}")), 1 << 30);
-        let t = Instant::now();
-        let p = forkvm_remote::pull(&other, "d1", &remote, &key, &blocks, &Progress::default())?;
-        let pull_ms = t.elapsed().as_secs_f64() * 1e3;
-        let (ready, first) = spawn_and_exec(&registry_of(&other), &other, "d1")?;
-        remote_first.push((pull_ms + first, ready));
-        pulls.push(p);
-    }
-    let mut lazy_first = Vec::new();
-    let mut lazy_pulls = Vec::new();
-    let mut lazy_chunks_at_first = Vec::new();
-    for i in 0..a.runs {
-        let other = Store::open(work.join(format!("lazy-{i}")));
-        let blocks = BlockCache::new(&work.join(format!("lazy-blocks-{i}")), 1 << 30);
-        let t = Instant::now();
-        let p = forkvm_remote::pull_lazy(&other, "d1", &remote, &key, &blocks, &Progress::default())?;
-        let pull_ms = t.elapsed().as_secs_f64() * 1e3;
-        let before = chunk_files(&other);
-        let (ready, first) = spawn_and_exec(&registry_of(&other), &other, "d1")?;
-        lazy_chunks_at_first.push((chunk_files(&other) - before) as f64);
-        lazy_first.push((pull_ms + first, ready));
-        lazy_pulls.push(p);
-    }
+    // From nothing local to the first command, `--runs` times: each run pulls (whole or
+    // lazily) into an empty store with an empty block cache, then spawns and execs.
+    let from_remote = |name: &str, pull: Puller| -> Result<Vec<RemoteRun>> {
+        (0..a.runs)
+            .map(|i| {
+                let other = Store::open(work.join(format!("{name}-{i}")));
+                let blocks = BlockCache::new(&work.join(format!("{name}-blocks-{i}")), 1 << 30);
+                let t = Instant::now();
+                let report = pull(&other, "d1", &remote, &key, &blocks, &Progress::default())?;
+                let pull_ms = t.elapsed().as_secs_f64() * 1e3;
+                let before = chunk_files(&other);
+                let (ready, first) = spawn_and_exec(&registry_of(&other), &other, "d1")?;
+                let chunks_at_first = (chunk_files(&other) - before) as f64;
+                Ok(RemoteRun { report, first: (pull_ms + first, ready), chunks_at_first })
+            })
+            .collect()
+    };
+    let whole = from_remote("pulled", forkvm_remote::pull)?;
+    let lazy = from_remote("lazy", forkvm_remote::pull_lazy)?;
+    let (pulls, remote_first): (Vec<_>, Vec<_>) = whole.into_iter().map(|r| (r.report, r.first)).unzip();
+    let mut lazy_chunks_at_first: Vec<f64> = lazy.iter().map(|r| r.chunks_at_first).collect();
+    let (lazy_pulls, lazy_first): (Vec<_>, Vec<_>) = lazy.into_iter().map(|r| (r.report, r.first)).unzip();
     let mut local_first = Vec::new();
     for _ in 0..a.runs {
         local_first.push(spawn_and_exec(&registry, &store, "d1")?);
