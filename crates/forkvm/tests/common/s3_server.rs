@@ -30,38 +30,51 @@ impl S3Server {
             .stderr(Stdio::null())
             .spawn()
             .expect("moto's server (pip install 'moto[server]')");
-        let server = S3Server { child, port };
+        let mut server = S3Server { child, port };
+        // Listening is not yet serving: while moto starts, a connection may be accepted
+        // and reset. Creating the bucket is retried until it answers.
         let deadline = Instant::now() + Duration::from_secs(60);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "moto's server did not listen within 60 s");
+        loop {
+            match server.try_http("PUT", &format!("/{BUCKET}"), &[]) {
+                Ok((200, _)) => break,
+                Ok((status, _)) => panic!("creating the bucket: HTTP {status}"),
+                Err(e) => assert!(Instant::now() < deadline, "moto's server did not serve within 60 s: {e}"),
+            }
+            if let Some(status) = server.child.try_wait().unwrap() {
+                panic!("moto's server exited before serving ({status}): is port {port} taken?");
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
-        let (status, _) = server.http("PUT", &format!("/{BUCKET}"), &[]);
-        assert_eq!(status, 200, "creating the bucket");
         server
     }
 
     /// One plain HTTP/1.1 request (moto does not check signatures): (status, body).
     pub fn http(&self, method: &str, path: &str, body: &[u8]) -> (u16, Vec<u8>) {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        self.try_http(method, path, body).unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+    }
+
+    fn try_http(&self, method: &str, path: &str, body: &[u8]) -> std::io::Result<(u16, Vec<u8>)> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port))?;
+        s.set_read_timeout(Some(Duration::from_secs(30)))?;
         let head = format!(
             "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: {}\r\nConnection: close\r\n{AUTH}\r\n",
             self.port,
             body.len()
         );
-        s.write_all(head.as_bytes()).unwrap();
-        s.write_all(body).unwrap();
+        s.write_all(head.as_bytes())?;
+        s.write_all(body)?;
         let mut raw = Vec::new();
-        s.read_to_end(&mut raw).unwrap();
-        let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("an HTTP answer");
+        s.read_to_end(&mut raw)?;
+        let Some(split) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
+            return Err(std::io::Error::other("no HTTP answer"));
+        };
         let status = String::from_utf8_lossy(&raw[9..12]).parse().unwrap();
         let headers = String::from_utf8_lossy(&raw[..split]).to_ascii_lowercase();
         let mut body = raw[split + 4..].to_vec();
         if headers.contains("transfer-encoding: chunked") {
             body = dechunk(&body);
         }
-        (status, body)
+        Ok((status, body))
     }
 
     /// The object names under `prefix` (one listing page is enough here: < 1000 asked for).
