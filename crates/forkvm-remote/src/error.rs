@@ -16,6 +16,9 @@ pub enum RemoteError {
     /// An object did not open under the key, or its content is not what its name says.
     #[error("remote {url}: {object} refused: {reason}")]
     Refused { url: String, object: String, reason: String },
+    /// Another host's push or collection holds the remote.
+    #[error("remote {url}: {object}: {reason} (try again when it ends)")]
+    Locked { url: String, object: String, reason: String },
     /// The remote key file.
     #[error("remote key {path}: {reason}")]
     Key { path: PathBuf, reason: String },
@@ -38,7 +41,7 @@ impl RemoteError {
         match self {
             RemoteError::BadUrl { .. } | RemoteError::Key { .. } => forkvm_api::ErrorCode::BadRequest,
             RemoteError::NoTag { .. } => forkvm_api::ErrorCode::NotFound,
-            RemoteError::Refused { .. } => forkvm_api::ErrorCode::Conflict,
+            RemoteError::Refused { .. } | RemoteError::Locked { .. } => forkvm_api::ErrorCode::Conflict,
             RemoteError::Chain(e) => e.code(),
             _ => forkvm_api::ErrorCode::Internal,
         }

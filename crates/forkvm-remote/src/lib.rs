@@ -10,6 +10,8 @@
 //! |--------|---------|
 //! | `chunks/<64 hex>` | one sealed block: [`ChunkSeal`] format (magic `FKVMSCH1`, nonce, XChaCha20-Poly1305 of the zstd block, the name as associated data) |
 //! | `tags/<tag>` | the tag's sealed [`manifest::RemoteManifest`] (same format; its "name" is a hash of the tag) |
+//! | `locks/<shared\|exclusive>-<16 hex>` | a running push's or collection's lock ([`lock`]) |
+//! | `vaults/<sandbox id>/…` | a replicated sandbox ([`replicate`]) |
 //!
 //! A chain is written as the entries of a pack ([`forkvm_snapshot::chain::write_chain`]):
 //! each file (a link's metadata, VM state and memory map, a disk image, a layer, a
@@ -33,7 +35,9 @@
 //! A push lists the chunks the remote holds, uploads the missing ones (idempotent:
 //! content-addressed), and writes the tag's manifest **last**: a push cut off at any
 //! point leaves the previous manifest (or none), and the next push uploads only what
-//! is still missing. A pull stages everything in the store's staging directory and
+//! is still missing. Pushes hold a shared lock on the remote and a collection of unreferenced
+//! blocks ([`gc`]) an exclusive one, so a block a push chose to reuse is never deleted
+//! before its manifest names it. A pull stages everything in the store's staging directory and
 //! installs the chain only once every block has arrived and checked out.
 
 // Without the default `client` feature only the manifest is built (no object-store client):
@@ -43,9 +47,13 @@ pub mod cache;
 #[cfg(feature = "client")]
 pub mod error;
 #[cfg(feature = "client")]
+pub mod gc;
+#[cfg(feature = "client")]
 pub mod key;
 #[cfg(feature = "client")]
 pub mod lazy;
+#[cfg(feature = "client")]
+pub mod lock;
 pub mod manifest;
 #[cfg(feature = "client")]
 pub mod pull;

@@ -3,8 +3,10 @@
 //! The store walks the chain ([`write_chain`]) into a [`RemoteSink`], which cuts each
 //! entry into blocks and hands the ones the remote lacks to a few upload threads
 //! (bounded: [`JOBS_ENV`], default 8) through a bounded queue. The manifest goes up
-//! once every block has: it is the commit point (see the crate's doc).
+//! once every block has: it is the commit point (see the crate's doc). The whole push
+//! holds a shared lock on the remote ([`crate::lock`]).
 
+use crate::lock::{LockKind, RemoteLock};
 use crate::manifest::{RemoteEntry, RemoteManifest, MANIFEST_FORMAT, MANIFEST_VERSION};
 use crate::remote::{chunk_object, tag_object};
 use crate::{Remote, RemoteError, RemoteKey, BLOCK_BYTES};
@@ -74,6 +76,9 @@ pub fn push(
     progress: &Progress,
 ) -> Result<PushReport, RemoteError> {
     let started = Instant::now();
+    // Before listing what the remote holds: a collection must not delete a block we
+    // skip because it is there, until our manifest names it.
+    let lock = RemoteLock::acquire(remote, LockKind::Shared, &format!("push {tag}"))?;
     let present = remote.chunks()?;
     let failure: Mutex<Option<RemoteError>> = Mutex::new(None);
     let (tx, rx) = sync_channel::<(ChunkId, Vec<u8>)>(jobs() * 2);
@@ -104,7 +109,9 @@ pub fn push(
         reason: format!("sealing the manifest: {reason}"),
     })?;
     let manifest_bytes = sealed.len() as u64;
+    lock.check_held()?;
     remote.put(&tag_object(tag), sealed)?;
+    drop(lock);
     Ok(PushReport {
         tag: tag.into(),
         remote: remote.url().into(),

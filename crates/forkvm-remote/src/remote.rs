@@ -17,6 +17,15 @@ use std::time::Duration;
 /// a manifest of a big chain a few MiB).
 pub const MAX_OBJECT_BYTES: u64 = 64 << 20;
 
+/// One object of a listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    pub name: String,
+    pub size: u64,
+    /// When the store last wrote it (its clock, not this host's).
+    pub modified: std::time::SystemTime,
+}
+
 /// One remote, opened.
 pub struct Remote {
     url: String,
@@ -187,6 +196,24 @@ impl Remote {
             }
         }
         Ok(names)
+    }
+
+    /// The objects directly under `dir` with their sizes and the store's modification times.
+    pub fn listing(&self, dir: &str) -> Result<Vec<Listed>, RemoteError> {
+        let path = self.path(dir);
+        let metas: Vec<_> = self.rt.block_on(self.store.list(Some(&path)).collect());
+        let mut out = Vec::with_capacity(metas.len());
+        for m in metas {
+            let m = m.map_err(self.err("listing", dir))?;
+            let Some(name) = m.location.filename() else { continue };
+            let ms = u64::try_from(m.last_modified.timestamp_millis()).unwrap_or(0);
+            out.push(Listed {
+                name: name.to_string(),
+                size: m.size,
+                modified: std::time::UNIX_EPOCH + Duration::from_millis(ms),
+            });
+        }
+        Ok(out)
     }
 
     /// The paths (relative to `dir`, `/`-separated) of every object under `dir`, at any depth.

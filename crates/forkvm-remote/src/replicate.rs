@@ -8,7 +8,8 @@
 //! sandbox's key sealed with the remote key and the owner record (the template it runs
 //! on). [`restore_vault`] does the reverse on another host, which can then boot the
 //! newest snapshot as a disk-only fork. Manifests the host's retention removed are removed
-//! from the remote too; chunks no remaining manifest needs stay (no remote collection yet).
+//! from the remote too; chunks no remaining manifest needs stay (`forkvm remote-gc`
+//! collects only the tags' blocks, see [`crate::gc`]).
 //!
 //! Remote layout under `vaults/<sandbox id>/`: `key` and `owner` (sealed with the remote
 //! key, their associated data naming the sandbox), and the vault's own files as they are

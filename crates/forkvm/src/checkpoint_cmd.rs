@@ -72,7 +72,7 @@ pub struct RewindArgs {
     pub json: bool,
 }
 
-/// Seconds in `90`, `90s`, `2m` or `1h`.
+/// Seconds in `90`, `90s`, `2m`, `1h` or `1d`.
 pub fn parse_duration(text: &str) -> Result<f64> {
     let t = text.trim();
     let (number, unit) = match t.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
@@ -84,7 +84,8 @@ pub fn parse_duration(text: &str) -> Result<f64> {
         "s" => 1.0,
         "m" => 60.0,
         "h" => 3600.0,
-        other => bail!("duration {text:?}: unknown unit {other:?} (use ms, s, m or h)"),
+        "d" => 86400.0,
+        other => bail!("duration {text:?}: unknown unit {other:?} (use ms, s, m, h or d)"),
     };
     let n: f64 = number.trim().parse().with_context(|| format!("duration {text:?}: not a number"))?;
     if !n.is_finite() || n < 0.0 {
@@ -200,9 +201,10 @@ mod tests {
         assert_eq!(parse_duration("90").unwrap(), 90.0);
         assert_eq!(parse_duration("90s").unwrap(), 90.0);
         assert_eq!(parse_duration("2m").unwrap(), 120.0);
+        assert_eq!(parse_duration("1d").unwrap(), 86400.0);
         assert_eq!(parse_duration("1.5h").unwrap(), 5400.0);
         assert_eq!(parse_duration("250ms").unwrap(), 0.25);
-        for bad in ["", "s", "-1s", "5d", "x5", "NaN"] {
+        for bad in ["", "s", "-1s", "5w", "x5", "NaN"] {
             assert!(parse_duration(bad).is_err(), "{bad:?}");
         }
     }

@@ -119,6 +119,12 @@ enum Command {
     /// List the tags pushed to a remote.
     #[command(name = "remote-tags")]
     RemoteTags(object_store_cmd::RemoteTagsArgs),
+    /// Remove a tag from a remote (its blocks stay until remote-gc).
+    #[command(name = "remote-rm")]
+    RemoteRm(object_store_cmd::RemoteRmArgs),
+    /// Delete the blocks no tag on a remote names (under the remote's exclusive lock).
+    #[command(name = "remote-gc")]
+    RemoteGc(object_store_cmd::RemoteGcArgs),
     /// Run forkvmd, the REST controller (Unix socket; optionally TCP with a token, TLS).
     Daemon(Box<daemon_cmd::DaemonArgs>),
     /// Take an encrypted, incremental snapshot of a sandbox's disks now.
@@ -230,6 +236,8 @@ fn main() {
         Command::Pull(a) => object_store_cmd::pull(a),
         Command::RemoteKeygen(a) => object_store_cmd::keygen(a),
         Command::RemoteTags(a) => object_store_cmd::tags(a),
+        Command::RemoteRm(a) => object_store_cmd::rm(a),
+        Command::RemoteGc(a) => object_store_cmd::gc(a),
         Command::Replicate(a) => object_store_cmd::replicate(a),
         Command::RestoreSandbox(a) => object_store_cmd::restore_sandbox(a, remote),
         Command::DiskSnapshot(a) => disk_cmd::snapshot(a, remote),

@@ -1,4 +1,4 @@
-//! `push`, `pull`, `remote-keygen`, `remote-tags`: the store's chains in object storage
+//! `push`, `pull`, `remote-keygen`, `remote-tags`, `remote-rm`, `remote-gc`: the store's chains in object storage
 //! (`forkvm-remote`). A remote is a URL (`s3://bucket/prefix`, `gs://…`, `az://…`,
 //! `file:///dir`), from `--to`/`--from` or `$FORKVM_REMOTE`; its key is `--key-file`,
 //! `$FORKVM_REMOTE_KEY` or `remote.key` in the vault's keys directory.
@@ -71,6 +71,31 @@ pub struct RemoteTagsArgs {
     pub from: Option<String>,
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct RemoteRmArgs {
+    /// The tag whose manifest to remove (its blocks go at the next remote-gc).
+    pub tag: String,
+    /// The remote URL [default: $FORKVM_REMOTE].
+    #[arg(long, value_name = "URL")]
+    pub from: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct RemoteGcArgs {
+    /// The remote URL [default: $FORKVM_REMOTE].
+    #[arg(long, value_name = "URL")]
+    pub from: Option<String>,
+    /// Keep unreferenced blocks younger than this (a cut-off push resumes with them):
+    /// seconds, or with s/m/h/d.
+    #[arg(long, value_name = "AGE", default_value = "1d")]
+    pub min_age: String,
+    /// Count what would go; delete nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    #[command(flatten)]
+    pub opts: RemoteOpts,
 }
 
 fn open(url: Option<&str>) -> Result<Remote> {
@@ -185,6 +210,36 @@ pub fn tags(a: RemoteTagsArgs) -> Result<i32> {
     let remote = open(a.from.as_deref())?;
     let tags = remote.tags()?;
     print(a.json, &tags, || tags.join("\n"))
+}
+
+pub fn rm(a: RemoteRmArgs) -> Result<i32> {
+    let remote = open(a.from.as_deref())?;
+    forkvm_remote::gc::remove_tag(&remote, &a.tag)?;
+    println!("{} removed from {} (its blocks go at the next remote-gc)", a.tag, remote.url());
+    Ok(0)
+}
+
+pub fn gc(a: RemoteGcArgs) -> Result<i32> {
+    let (remote, key) = (open(a.from.as_deref())?, key(&a.opts)?);
+    let min_age = crate::checkpoint_cmd::parse_duration(&a.min_age)
+        .and_then(|s| Ok(Duration::try_from_secs_f64(s)?))
+        .context("--min-age")?;
+    let r = forkvm_remote::gc::collect(&remote, &key, min_age, a.dry_run)?;
+    print(a.opts.json, &r, || {
+        format!(
+            "{}: {} blocks, {} named by {} tags, {} younger than {}; {} {} unreferenced blocks ({}) in {:.0} ms",
+            r.remote,
+            r.blocks,
+            r.blocks_referenced,
+            r.tags,
+            r.blocks_young,
+            a.min_age,
+            if r.dry_run { "would delete" } else { "deleted" },
+            r.blocks_deleted,
+            mib(r.bytes_deleted),
+            r.ms
+        )
+    })
 }
 
 #[derive(Args, Debug)]

@@ -214,6 +214,8 @@ fn a_chain_pushed_to_s3_is_pulled_into_empty_stores_moving_only_what_is_missing(
     env.check_child(&third, "d1");
     lazy_pull_forks_before_the_memory_is_here(&env, n(&pulled, "bytes_fetched"));
 
+    collect_after_removing_a_tag(&env, n(&d1, "blocks_uploaded"));
+
     let err = env.fails_in(&third, &["pull", "nope", "--from", &env.url("p")]);
     assert!(err.contains("no tag \"nope\""), "{err}");
     let other_key = env.dir.join("other.key");
@@ -222,6 +224,35 @@ fn a_chain_pushed_to_s3_is_pulled_into_empty_stores_moving_only_what_is_missing(
     let err = env.fails_in(&fresh, &["pull", "d1", "--from", &env.url("p"), "--key-file", other_key.to_str().unwrap()]);
     assert!(err.contains("does not open under the remote key"), "another key: {err}");
     assert!(files_under(&fresh.join("snapshots")).is_empty());
+}
+
+/// A collection with every tag in place deletes nothing; once `d1` is removed it deletes
+/// exactly the blocks `d1`'s push added, and `base` still pulls whole (every block
+/// re-hashed) into an empty store.
+fn collect_after_removing_a_tag(env: &Env, d1_own_blocks: u64) {
+    let url = env.url("p");
+    let gc = |extra: &[&str]| {
+        let mut args = vec!["remote-gc", "--from", url.as_str(), "--json"];
+        args.extend_from_slice(extra);
+        env.json(&args)
+    };
+    let r = gc(&["--min-age", "0s"]);
+    assert_eq!((n(&r, "blocks_deleted"), n(&r, "blocks_referenced")), (0, n(&r, "blocks")), "{r}");
+    env.ok(&["remote-rm", "d1", "--from", &env.url("p")]);
+    let err = env.fails_in(&env.store, &["remote-rm", "d1", "--from", &env.url("p")]);
+    assert!(err.contains("no tag \"d1\""), "{err}");
+    let r = gc(&[]);
+    assert_eq!((n(&r, "blocks_deleted"), n(&r, "blocks_young")), (0, d1_own_blocks), "a day's grace by default: {r}");
+    let dry = gc(&["--min-age", "0s", "--dry-run"]);
+    assert_eq!(n(&dry, "blocks_deleted"), d1_own_blocks, "{dry}");
+    let before = env.s3.keys("p/chunks/").len() as u64;
+    let r = gc(&["--min-age", "0s"]);
+    assert_eq!(n(&r, "blocks_deleted"), d1_own_blocks, "{r}");
+    assert_eq!(env.s3.keys("p/chunks/").len() as u64, before - d1_own_blocks);
+    assert!(env.s3.keys("p/locks/").is_empty(), "the collection's lock is gone");
+    eprintln!("remote-gc: {} of {before} blocks deleted in {:.0} ms", d1_own_blocks, r["ms"].as_f64().unwrap());
+    let after = env.pull_in(&env.dir.join("after-gc"), "base", "p");
+    assert_eq!(n(&after, "blocks_fetched"), n(&after, "blocks"), "{after}");
 }
 
 /// `pull --lazy` into an empty store brings everything but the memory; a sandbox forks
@@ -304,6 +335,9 @@ fn a_stalled_server_a_killed_push_tampered_objects_and_a_full_cache_lose_nothing
     push.kill().unwrap();
     push.wait().unwrap();
     assert!(env.s3.keys("k/tags/").is_empty(), "no manifest before every block is up");
+    // Its lock is left behind, fresh: a collection must not run before it goes stale.
+    let err = env.fails_in(&env.store, &["remote-gc", "--from", &env.url("k"), "--min-age", "0s"]);
+    assert!(err.contains("push d1 on host") && err.contains("locks/shared-"), "{err}");
     let resumed = env.push("d1", "k");
     assert!(n(&resumed, "blocks_present") >= 100, "{resumed}");
     assert!(n(&resumed, "blocks_uploaded") < n(&resumed, "blocks"), "{resumed}");
