@@ -147,6 +147,7 @@ mod tests {
             format: MANIFEST_FORMAT.into(),
             version: MANIFEST_VERSION,
             tag: tag.into(),
+            generation: 1,
             links: vec![tag.into()],
             description: serde_json::json!({}),
             entries: vec![RemoteEntry {

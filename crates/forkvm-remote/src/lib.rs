@@ -64,6 +64,8 @@ pub mod remote;
 #[cfg(feature = "client")]
 pub mod replicate;
 #[cfg(feature = "client")]
+pub mod seen;
+#[cfg(feature = "client")]
 mod workers;
 
 pub use forkvm_disk::vault::ChunkSeal;

@@ -36,6 +36,11 @@ pub struct RemoteManifest {
     pub tag: String,
     /// Tags from the base to the head.
     pub links: Vec<String>,
+    /// Grows with every push of the tag: `max(previous + 1, push time in ms)`. A host
+    /// refuses a manifest older than one it pulled before ([`crate::seen`]: a remote
+    /// rolled back, or an old manifest put back). 0: written before generations.
+    #[serde(default)]
+    pub generation: u64,
     /// The store's description of the chain (`ChainWalk::description`), opaque here.
     pub description: serde_json::Value,
     pub entries: Vec<RemoteEntry>,
@@ -149,6 +154,7 @@ mod tests {
             format: MANIFEST_FORMAT.into(),
             version: MANIFEST_VERSION,
             tag: "t".into(),
+            generation: 1,
             links: vec!["t".into()],
             description: serde_json::json!({"head": "t"}),
             entries: vec![RemoteEntry {

@@ -6,7 +6,8 @@
 //! opened with the remote key and re-hashed against its name, and is written at its
 //! offset into a staging directory. Only once every block is in does the store's
 //! install step check the chain (content hashes, parent edges, layers) and move it in:
-//! a refused block, a missing object or a cut-off pull leaves the store as it was.
+//! a refused block, a missing object or a cut-off pull leaves the store as it was. A
+//! manifest older than one this host pulled before is refused ([`crate::seen`]).
 
 use crate::lazy::{LazyRecord, LAZY_FORMAT};
 use crate::manifest::RemoteManifest;
@@ -102,8 +103,10 @@ fn pull_with(
         .ok_or_else(|| RemoteError::NoTag { url: remote.url().into(), tag: tag.into() })?;
     let manifest_bytes = sealed.len() as u64;
     let manifest = RemoteManifest::open(key.seal(), tag, &sealed, remote.url())?;
+    crate::seen::check(store, remote.url(), tag, manifest.generation)?;
     // Every link here already: nothing to fetch (not even the cached disk blocks).
     if let Some(reused) = installed_already(store, &manifest.description) {
+        crate::seen::record(store, remote.url(), tag, manifest.generation)?;
         let blocks = manifest.entries.iter().map(|e| e.blocks.len() as u64).sum();
         return Ok(PullReport {
             tag: tag.into(),
@@ -166,6 +169,7 @@ fn pull_with(
         if lazy { ChunksStaged::Some } else { ChunksStaged::All },
     )?;
     records.keep();
+    crate::seen::record(store, remote.url(), tag, manifest.generation)?;
     let _ = cache.trim();
     Ok(PullReport {
         tag: tag.into(),

@@ -99,6 +99,7 @@ pub fn push(
         format: MANIFEST_FORMAT.into(),
         version: MANIFEST_VERSION,
         tag: tag.into(),
+        generation: next_generation(remote, key, tag)?,
         links: walk.links.clone(),
         description: walk.description,
         entries: sink.entries,
@@ -125,6 +126,19 @@ pub fn push(
         logical_bytes: sink.logical,
         ms: started.elapsed().as_secs_f64() * 1e3,
     })
+}
+
+/// The generation of `tag`'s next manifest: past the one on the remote (if it opens),
+/// and at least the time in ms, so it grows even over a manifest that does not open.
+fn next_generation(remote: &Remote, key: &RemoteKey, tag: &str) -> Result<u64, RemoteError> {
+    let previous = match remote.get(&tag_object(tag))? {
+        Some(sealed) => RemoteManifest::open(key.seal(), tag, &sealed, remote.url()).map_or(0, |m| m.generation),
+        None => 0,
+    };
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    Ok(previous.saturating_add(1).max(now_ms))
 }
 
 fn upload_worker(

@@ -3,8 +3,10 @@
 //! template and a diff link over it are pushed, pulled into empty stores and forked;
 //! only what a side lacks travels; a stalled server, a push killed half-way, a flipped
 //! or swapped object and a full block cache are each met with completion or a clear
-//! refusal that leaves the store as it was. A lazy pull forks before its memory is
-//! here, fetching what the guest touches. The template boots once (cached); every
+//! refusal that leaves the store as it was, and so is a manifest rolled back to an older
+//! push. A lazy pull forks before its memory is here, fetching what the guest touches.
+//! A removed tag's own blocks are collected, under the remote's lock, and only they.
+//! The template boots once (cached); every
 //! sandbox is a restore.
 
 use std::path::{Path, PathBuf};
@@ -393,4 +395,13 @@ fn a_stalled_server_a_killed_push_tampered_objects_and_a_full_cache_lose_nothing
     let cached: u64 = files_under(&env.dir.join("cache-of-other")).iter().map(|p| p.metadata().unwrap().len()).sum();
     assert!(cached > 0 && cached <= small, "the cache holds {cached} bytes, at most {small}");
     env.check_child(&fresh, "d1");
+
+    // A remote rolled back: d1's older manifest put back after this host pulled a newer
+    // push of it is refused, though the tag is installed here.
+    let older = env.s3.get("k/tags/d1");
+    env.push("d1", "k");
+    env.pull_in(&fresh, "d1", "k");
+    env.s3.put("k/tags/d1", &older);
+    let err = env.fails_in(&fresh, &["pull", "d1", "--from", &env.url("k")]);
+    assert!(err.contains("tags/d1 refused") && err.contains("rolled back"), "{err}");
 }
