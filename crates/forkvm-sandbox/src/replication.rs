@@ -8,12 +8,14 @@
 //! back ([`Replication::restore`], pulling the template too) and boot its newest snapshot
 //! as a disk-only fork. The recovery point is the newest replicated disk snapshot: at
 //! most one snapshot interval (plus the time to upload it) of disk writes is lost, and the
-//! sandbox's memory (its processes) is not carried.
+//! sandbox's memory (its processes) is not carried by them. A branch carries it: the
+//! daemon pushes each branch it takes ([`Replication::push_snapshot`]), and another host
+//! pulls and forks it.
 
 use crate::disk_snapshots::{keys_dir, owner_path, read_owner, vault_dir};
 use forkvm_remote::push::Progress;
 use forkvm_remote::replicate::{replicate_vault, restore_vault, ReplicateReport, RestoreReport, VaultFiles};
-use forkvm_remote::{BlockCache, Remote, RemoteError, RemoteKey};
+use forkvm_remote::{BlockCache, PushReport, Remote, RemoteError, RemoteKey};
 use forkvm_snapshot::vault::KeyStore;
 use forkvm_snapshot::{Store, StoreError};
 use std::collections::HashSet;
@@ -84,6 +86,15 @@ impl Replication {
         }
         let keys = KeyStore::open(&keys_dir())?;
         Ok(replicate_vault(&vault_files(store, id), &keys, &self.remote, &self.key)?)
+    }
+
+    /// Pushes snapshot `tag` (a sandbox's branch: memory, disks and the chain under it)
+    /// to the remote, only what it lacks; another host pulls and forks it.
+    pub fn push_snapshot(&self, store: &Store, tag: &str) -> Result<PushReport, ReplicationError> {
+        let cache = crate::source::assembled_cache();
+        let report = forkvm_remote::push(store, &cache, tag, &self.remote, &self.key, &Progress::default())?;
+        self.pushed.lock().unwrap_or_else(|p| p.into_inner()).insert(tag.into());
+        Ok(report)
     }
 
     /// Brings sandbox `id`'s replicated vault onto this host, and the template it runs on

@@ -3,10 +3,12 @@
 //! then lost (daemon and VMM killed with SIGKILL, its store, run and keys directories
 //! removed), and another host holding only the remote key brings the sandbox back with
 //! `restore-sandbox`: every file written before the last replicated snapshot is there,
-//! byte for byte. A third host's daemon forks the replicated template from a lazy pull.
+//! byte for byte; a branch the first daemon took (and pushed by itself) forks there with
+//! its memory. A third host's daemon forks the replicated template from a lazy pull.
 
 use std::path::Path;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 mod common;
 #[path = "common/s3_server.rs"]
@@ -57,6 +59,14 @@ fn a_replicated_sandbox_comes_back_on_another_host_after_its_host_is_lost() {
     let digest =
         |env: &Env, sid: &str| env.ok(&["exec", sid, "--", "sh", "-c", "cd /root && md5sum first second work/notes"]);
     let before = digest(&a, &id);
+    // A branch carries the memory too (/tmp is a tmpfs): the daemon pushes it by itself.
+    a.ok(&["exec", &id, "--", "sh", "-c", "echo only-in-memory > /tmp/marker"]);
+    a.ok(&["branch", &id, "--tag", "mid"]);
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while s3.keys("cluster/tags/mid").is_empty() {
+        assert!(Instant::now() < deadline, "the branch did not reach the remote within 180 s");
+        std::thread::sleep(Duration::from_millis(200));
+    }
     // Written after the last replicated snapshot: may be lost (the recovery point).
     write("after", 3);
     let objects = s3.keys(&format!("cluster/vaults/{id}/"));
@@ -75,10 +85,10 @@ fn a_replicated_sandbox_comes_back_on_another_host_after_its_host_is_lost() {
     if let Some(mut d) = a.daemon.take() {
         let _ = d.wait();
     }
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(10);
     while !common::processes_of(&run).is_empty() {
-        assert!(std::time::Instant::now() < deadline, "the lost host's processes did not die");
-        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(Instant::now() < deadline, "the lost host's processes did not die");
+        std::thread::sleep(Duration::from_millis(50));
     }
     for d in ["store", "run", "keys"] {
         std::fs::remove_dir_all(a.dir.join(d)).unwrap();
@@ -104,6 +114,22 @@ fn a_replicated_sandbox_comes_back_on_another_host_after_its_host_is_lost() {
     let after = local(&["exec", &restored, "--", "sh", "-c", "cd /root && md5sum first second work/notes"]);
     assert_eq!(after, before, "every file of the last replicated snapshot, byte for byte");
     assert_eq!(local(&["exec", &restored, "--", "cat", "/root/work/notes"]), "kept\n");
+    // The branch, pulled and forked here: its memory and its disks as they were.
+    let mut pull = b.command(&["pull", "mid", "--from", &url, "--json"]);
+    for (k, v) in &vars {
+        pull.env(k, v);
+    }
+    let out = pull.output().unwrap();
+    assert!(out.status.success(), "pull mid: {}", String::from_utf8_lossy(&out.stderr));
+    let ids = |out: String| -> Vec<String> {
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v.as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap().to_string()).collect()
+    };
+    let running = ids(local(&["ps", "--json"]));
+    local(&["fork", "--tag", "mid", "-n", "1"]);
+    let branched = ids(local(&["ps", "--json"])).into_iter().find(|i| !running.contains(i)).expect("the fork of mid");
+    assert_eq!(local(&["exec", &branched, "--", "cat", "/tmp/marker"]), "only-in-memory\n");
+    assert_eq!(local(&["exec", &branched, "--", "sh", "-c", "cd /root && md5sum first second work/notes"]), before);
     let _ = b.command(&["kill", "--all"]).output();
     for pid in common::processes_of(&b.dir.join("run")) {
         // SAFETY: signals a process by pid.

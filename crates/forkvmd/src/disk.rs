@@ -103,6 +103,8 @@ pub struct DiskSnapshots {
     replicated: Mutex<HashSet<String>>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     last: Mutex<HashMap<String, LastDiskSnapshot>>,
+    /// One branch push to the replication remote at a time ([`crate::replicate_branch`]).
+    branch_pushes: Arc<tokio::sync::Semaphore>,
 }
 
 impl Default for DiskSnapshots {
@@ -113,6 +115,7 @@ impl Default for DiskSnapshots {
             replicated: Mutex::new(HashSet::new()),
             locks: Mutex::new(HashMap::new()),
             last: Mutex::new(HashMap::new()),
+            branch_pushes: Arc::new(tokio::sync::Semaphore::new(1)),
         }
     }
 }
@@ -137,6 +140,11 @@ impl DiskSnapshots {
     /// The remote disk snapshots are shipped to, if any.
     pub fn replication(&self) -> Option<Arc<Replication>> {
         lock(&self.replication).clone()
+    }
+
+    /// The turn of branch pushes to the replication remote.
+    pub fn branch_pushes(&self) -> Arc<tokio::sync::Semaphore> {
+        self.branch_pushes.clone()
     }
 
     /// The last attempt on sandbox `id`, if this daemon made one.

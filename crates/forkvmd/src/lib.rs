@@ -26,6 +26,7 @@ mod own_cgroup;
 pub mod port_auth;
 pub mod port_proxy;
 pub mod reconcile;
+pub mod replicate_branch;
 pub mod routes;
 pub mod serve;
 pub mod spawner;

@@ -84,6 +84,10 @@ const HELP: &[(&str, &str, &str)] = &[
         "Sandboxes whose VMM a seccomp filter stopped (a denied system call; the console log names it).",
     ),
     ("forkvm_restores_total", "counter", "Restores of archived sandboxes by outcome (ok or the error code)."),
+    ("forkvm_replications_total", "counter", "Disk snapshots shipped to the replication remote, by outcome."),
+    ("forkvm_branch_replications_total", "counter", "Branches pushed to the replication remote, by outcome."),
+    ("forkvm_replicated_bytes_total", "counter", "Bytes uploaded to the replication remote (vaults and branches)."),
+    ("forkvm_replication_last_success_unix", "gauge", "When a disk snapshot was last replicated (Unix seconds)."),
 ];
 
 impl Metrics {

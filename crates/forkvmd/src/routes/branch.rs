@@ -7,6 +7,9 @@
 //! daemon as a diff over the tag the sandbox was spawned from (only the pages that
 //! differ are stored; see `forkvm_sandbox::branch_diff`). The daemon, not the VMM,
 //! names it, so it also picks the default tag, claiming it like a requested one.
+//!
+//! A daemon with a replication remote pushes each branch there once it is ready
+//! ([`crate::replicate_branch`]).
 
 use crate::db::BranchRow;
 use crate::error::ApiError;
@@ -209,11 +212,13 @@ pub async fn branch(
         tokio::spawn(watch_writing(s.clone(), op, info.tag.clone()));
         return Ok((StatusCode::ACCEPTED, Json(info)));
     }
+    crate::replicate_branch::replicate_branch(&s, info.tag.clone());
     Ok((StatusCode::CREATED, Json(info)))
 }
 
 /// Waits for a `writing` snapshot to become ready (or be abandoned), then settles its
-/// database rows. Also used on restart for branches the previous daemon left in flight.
+/// database rows and replicates a ready one. Also used on restart for branches the
+/// previous daemon left in flight.
 pub async fn watch_writing(s: AppState, op: String, tag: String) {
     loop {
         let done = s
@@ -224,6 +229,9 @@ pub async fn watch_writing(s: AppState, op: String, tag: String) {
             .await
             .unwrap_or(true);
         if done {
+            if s.store.lookup(&tag).is_ok() {
+                crate::replicate_branch::replicate_branch(&s, tag);
+            }
             return;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
