@@ -15,7 +15,7 @@ use forkvm_proto::{
     DATA_CHUNK,
 };
 
-use crate::guest_user::GuestUser;
+use crate::guest_user::{GuestUser, IdNames};
 use crate::server::ServeError;
 
 /// The uid and gid of `owner`, when one is named.
@@ -148,7 +148,8 @@ pub fn write_file(conn: &mut UnixStream, req: &WriteFileRequest) -> Result<Respo
     Ok(Response::Written { bytes: total })
 }
 
-fn info(name: String, meta: &fs::Metadata) -> FileInfo {
+/// `meta` of the file at `path`, named `name`, its owner and group by their names.
+fn info(name: String, path: &Path, meta: &fs::Metadata, names: &IdNames) -> FileInfo {
     let ft = meta.file_type();
     let file_type = if ft.is_symlink() {
         FileType::Symlink
@@ -165,6 +166,12 @@ fn info(name: String, meta: &fs::Metadata) -> FileInfo {
         size: meta.size(),
         mode: meta.mode() & 0o7777,
         mtime_unix_ns: meta.mtime().saturating_mul(1_000_000_000).saturating_add(meta.mtime_nsec()),
+        owner: Some(names.user(meta.uid())),
+        group: Some(names.group(meta.gid())),
+        symlink_target: match file_type {
+            FileType::Symlink => fs::read_link(path).ok().map(|t| t.to_string_lossy().into_owned()),
+            _ => None,
+        },
     }
 }
 
@@ -175,6 +182,7 @@ pub fn list(path: &str) -> Response {
         Err(e) => return Response::Error(AgentError::from_io(&format!("list {path}"), &e)),
     };
     let mut entries = Vec::new();
+    let names = IdNames::read(Path::new("/"));
     for entry in dir {
         let entry = match entry {
             Ok(e) => e,
@@ -182,7 +190,7 @@ pub fn list(path: &str) -> Response {
         };
         // An entry can vanish between readdir and lstat; skip it rather than fail.
         if let Ok(meta) = entry.path().symlink_metadata() {
-            entries.push(info(entry.file_name().to_string_lossy().into_owned(), &meta));
+            entries.push(info(entry.file_name().to_string_lossy().into_owned(), &entry.path(), &meta, &names));
         }
     }
     entries.sort_by(|a, b| a.name.cmp(&b.name));
@@ -194,7 +202,7 @@ pub fn stat(path: &str) -> Response {
     match fs::metadata(path) {
         Ok(meta) => {
             let name = Path::new(path).file_name().map_or_else(|| path.to_string(), |n| n.to_string_lossy().into());
-            Response::Stat(info(name, &meta))
+            Response::Stat(info(name, Path::new(path), &meta, &IdNames::read(Path::new("/"))))
         }
         Err(e) => Response::Error(AgentError::from_io(&format!("stat {path}"), &e)),
     }

@@ -86,6 +86,42 @@ impl GuestUser {
     }
 }
 
+/// The names of the guest's uids and gids, read once from `<root>/etc/passwd` and
+/// `<root>/etc/group` (for file listings: a file's owner and group by name, as `ls -l`
+/// shows them; an id with no line is shown as its number).
+#[derive(Debug, Default)]
+pub struct IdNames {
+    users: std::collections::HashMap<u32, String>,
+    groups: std::collections::HashMap<u32, String>,
+}
+
+impl IdNames {
+    /// Reads both files; a missing or unreadable one names nothing.
+    pub fn read(root: &Path) -> IdNames {
+        let table = |file: &str| {
+            let text = read_bounded(&root.join(file)).unwrap_or_default();
+            let mut names = std::collections::HashMap::new();
+            for line in text.lines() {
+                let f: Vec<&str> = line.split(':').collect();
+                if let (Some(name), Some(Ok(id))) = (f.first(), f.get(2).map(|i| i.parse::<u32>())) {
+                    // The first line of an id wins, as getpwuid's.
+                    names.entry(id).or_insert_with(|| name.to_string());
+                }
+            }
+            names
+        };
+        IdNames { users: table("etc/passwd"), groups: table("etc/group") }
+    }
+
+    pub fn user(&self, uid: u32) -> String {
+        self.users.get(&uid).cloned().unwrap_or_else(|| uid.to_string())
+    }
+
+    pub fn group(&self, gid: u32) -> String {
+        self.groups.get(&gid).cloned().unwrap_or_else(|| gid.to_string())
+    }
+}
+
 fn read_bounded(path: &Path) -> io::Result<String> {
     let mut text = String::new();
     std::fs::File::open(path)?.take(MAX_FILE).read_to_string(&mut text)?;
@@ -183,6 +219,23 @@ mod tests {
         assert_eq!(ids("1000:27").unwrap(), ("user".into(), 1000, 27, vec![27]));
         assert!(ids("user:nogroup").unwrap_err().message.contains("group \"nogroup\""));
         assert!(ids("nobody").unwrap_err().message.contains("does not exist"));
+    }
+
+    #[test]
+    fn ids_are_named_by_their_first_line_or_shown_as_numbers() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("etc")).unwrap();
+        std::fs::write(
+            dir.path().join("etc/passwd"),
+            "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/bash\nalias:x:1000:1000::/:/bin/sh\nbad\n",
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("etc/group"), "root:x:0:\nuser:x:1000:\n").unwrap();
+        let names = IdNames::read(dir.path());
+        assert_eq!((names.user(0), names.user(1000), names.user(7)), ("root".into(), "user".into(), "7".into()));
+        assert_eq!((names.group(1000), names.group(9)), ("user".into(), "9".into()));
+        let none = IdNames::read(&dir.path().join("nowhere"));
+        assert_eq!(none.user(0), "0");
     }
 
     #[test]

@@ -68,6 +68,9 @@ fn list_stat_mkdir_remove() {
     assert!(entries[0].mtime_unix_ns > 1_600_000_000_000_000_000);
     assert_eq!(c.stat(&format!("{root}/x/y")).unwrap().mode, 0o750);
     assert_eq!(c.stat(&format!("{root}/x/link")).unwrap().file_type, FileType::File);
+    assert_eq!(entries[1].symlink_target.as_deref(), Some("file"));
+    assert_eq!(entries[0].symlink_target, None);
+    assert!(entries.iter().all(|e| e.owner.is_some() && e.group.is_some()), "{entries:?}");
 
     assert_eq!(kind(c.remove(&format!("{root}/x"), false).unwrap_err()), ErrorKind::DirectoryNotEmpty);
     c.remove(&format!("{root}/x/file"), false).unwrap();
@@ -137,6 +140,20 @@ fn what_a_write_or_mkdir_creates_belongs_to_the_owner_it_names_and_rename_moves(
     c.mkdir(&MkdirRequest { path: agent.path("o/d3"), parents: false, mode: None, owner: Some("nobody".into()) })
         .unwrap();
     assert_eq!([ids("o/d1"), ids("o/d1/d2"), ids("o/d3")], [(uid, gid); 3]);
+    // Listings and stat name owners and groups as the guest's files do.
+    let group_of_nobody = std::fs::read_to_string("/etc/group")
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            (f.len() > 2 && f[2] == gid.to_string()).then(|| f[0].to_string())
+        })
+        .unwrap_or_else(|| gid.to_string());
+    let entries = c.list(&agent.path("o")).unwrap();
+    let d1 = entries.iter().find(|e| e.name == "d1").unwrap();
+    assert_eq!((d1.owner.as_deref(), d1.group.as_deref()), (Some("nobody"), Some(group_of_nobody.as_str())));
+    let f = c.stat(&agent.path("o/g")).unwrap();
+    assert_eq!((f.owner.as_deref(), f.group.as_deref()), (Some("root"), Some("root")));
 }
 
 /// A tar stream with `entries` (name, data; a name ending in `@` is a link to the data;

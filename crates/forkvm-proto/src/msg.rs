@@ -280,6 +280,15 @@ pub struct FileInfo {
     pub mode: u32,
     /// Modification time, nanoseconds since the Unix epoch (i64: years 1677..2262).
     pub mtime_unix_ns: i64,
+    /// The owner's and group's names in the guest (their numbers when the guest's
+    /// `/etc/passwd` or `/etc/group` has no line for them). Absent from older agents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// Where a symlink points (`list` only, which does not follow links).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub symlink_target: Option<String>,
 }
 
 /// How the warm interpreter's evaluation ended.

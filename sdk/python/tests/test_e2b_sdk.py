@@ -120,8 +120,8 @@ def test_commands_files_info_list_and_kill(forkvm_e2b: Daemon) -> None:
         assert s.files.read("notes/a.txt") == "hello from e2b\n"
         assert s.files.read("/home/user/notes/a.txt") == "hello from e2b\n"
         entries = s.files.list("/home/user/notes")
-        assert [(e.name, e.path, e.type.value, e.size) for e in entries] == [
-            ("a.txt", "/home/user/notes/a.txt", "file", 15)
+        assert [(e.name, e.path, e.type.value, e.size, e.owner, e.group) for e in entries] == [
+            ("a.txt", "/home/user/notes/a.txt", "file", 15, "user", "user")
         ]
         assert s.commands.run("stat -c %U notes/a.txt notes").stdout == "user\nuser\n", "owned by the user"
         assert s.files.exists("notes/a.txt") and not s.files.exists("notes/nope")

@@ -130,6 +130,9 @@ mod tests {
                 size,
                 mode: 0o104755,
                 mtime_unix_ns: 1_700_000_000_123_000_000,
+                owner: None,
+                group: None,
+                symlink_target: None,
             };
             let data: Vec<u8> = (0..size).map(|i| i as u8).collect();
             let mut bytes = file_header("tool", &info).unwrap().as_bytes().to_vec();

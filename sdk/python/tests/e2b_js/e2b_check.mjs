@@ -26,7 +26,10 @@ try {
   await sbx.files.write('js/hello.txt', 'from node')
   assert.equal(await sbx.files.read('js/hello.txt'), 'from node')
   const entries = await sbx.files.list('js')
-  assert.deepEqual(entries.map((e) => [e.name, e.path]), [['hello.txt', '/home/user/js/hello.txt']])
+  assert.deepEqual(
+    entries.map((e) => [e.name, e.path, e.owner, e.group]),
+    [['hello.txt', '/home/user/js/hello.txt', 'user', 'user']]
+  )
 
   step('files.watchDir')
   await sbx.files.makeDir('jsw')

@@ -64,16 +64,22 @@ pub fn entry(info: &FileInfo, path: &str) -> serde_json::Value {
         _ => "FILE_TYPE_FILE",
     };
     let mtime_ms = u64::try_from(info.mtime_unix_ns / 1_000_000).unwrap_or(0);
-    serde_json::json!({
+    let mut entry = serde_json::json!({
         "name": info.name,
         "type": kind,
         "path": path,
         "size": info.size.to_string(),
         "mode": info.mode,
         "permissions": permissions(info.file_type, info.mode),
+        "owner": info.owner.as_deref().unwrap_or_default(),
+        "group": info.group.as_deref().unwrap_or_default(),
         "modifiedTime": rfc3339(mtime_ms),
         "isSymlink": info.file_type == FileType::Symlink,
-    })
+    });
+    if let Some(target) = &info.symlink_target {
+        entry["symlinkTarget"] = target.as_str().into();
+    }
+    entry
 }
 
 fn join(dir: &str, name: &str) -> String {
@@ -186,8 +192,21 @@ mod tests {
             size: 5,
             mode: 0o644,
             mtime_unix_ns: 1_000_000_000_000,
+            owner: Some("user".into()),
+            group: Some("users".into()),
+            symlink_target: None,
         };
         let e = entry(&info, "/home/user/a.txt");
+        assert_eq!((e["owner"].as_str(), e["group"].as_str()), (Some("user"), Some("users")));
+        assert!(e.get("symlinkTarget").is_none());
+        let link = FileInfo {
+            file_type: FileType::Symlink,
+            symlink_target: Some("a.txt".into()),
+            owner: None,
+            ..info.clone()
+        };
+        let l = entry(&link, "/home/user/l");
+        assert_eq!((l["symlinkTarget"].as_str(), l["owner"].as_str()), (Some("a.txt"), Some("")));
         assert_eq!(e["type"], "FILE_TYPE_FILE");
         assert_eq!(e["size"], "5");
         assert_eq!(e["permissions"], "-rw-r--r--");
