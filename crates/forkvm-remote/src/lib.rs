@@ -43,6 +43,8 @@
 // Without the default `client` feature only the manifest is built (no object-store client):
 // what the fuzz targets need.
 #[cfg(feature = "client")]
+mod atomic_file;
+#[cfg(feature = "client")]
 pub mod cache;
 #[cfg(feature = "client")]
 pub mod error;

@@ -186,16 +186,7 @@ impl Remote {
 
     /// The names of the objects directly under `dir` (e.g. `chunks`, `tags`).
     pub fn list(&self, dir: &str) -> Result<Vec<String>, RemoteError> {
-        let path = self.path(dir);
-        let metas: Vec<_> = self.rt.block_on(self.store.list(Some(&path)).collect());
-        let mut names = Vec::with_capacity(metas.len());
-        for m in metas {
-            let m = m.map_err(self.err("listing", dir))?;
-            if let Some(name) = m.location.filename() {
-                names.push(name.to_string());
-            }
-        }
-        Ok(names)
+        Ok(self.listing(dir)?.into_iter().map(|l| l.name).collect())
     }
 
     /// The objects directly under `dir` with their sizes and the store's modification times.

@@ -15,6 +15,7 @@
 //! key, their associated data naming the sandbox), and the vault's own files as they are
 //! on disk (`keycheck`, `chunks/<2 hex>/<64 hex>`, `snapshots/<seq>.snap`).
 
+use crate::atomic_file::write_atomic;
 use crate::workers::parallel;
 use crate::{Remote, RemoteError, RemoteKey};
 use forkvm_disk::vault::KeyStore;
@@ -248,18 +249,6 @@ pub fn restore_vault(
         source_tag,
         ms: started.elapsed().as_secs_f64() * 1e3,
     })
-}
-
-/// Writes `bytes` to `path` through a temp file, synced, renamed into place.
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), RemoteError> {
-    use std::io::Write;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(RemoteError::io("creating a directory", dir))?;
-    }
-    let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
-    let mut f = std::fs::File::create(&tmp).map_err(RemoteError::io("writing", &tmp))?;
-    f.write_all(bytes).and_then(|_| f.sync_all()).map_err(RemoteError::io("writing", &tmp))?;
-    std::fs::rename(&tmp, path).map_err(RemoteError::io("renaming into place", path))
 }
 
 #[cfg(test)]

@@ -84,14 +84,9 @@ pub fn record(store: &Store, url: &str, tag: &str, generation: u64) -> Result<()
     if generation <= last(store, url, tag)? {
         return Ok(());
     }
-    let path = path(store, url, tag);
-    let dir = path.parent().expect("a record has a directory");
-    std::fs::create_dir_all(dir).map_err(RemoteError::io("making the pulled-before directory", dir))?;
     let body = serde_json::to_vec(&SeenRecord { remote: url.into(), tag: tag.into(), generation })
         .expect("a record serializes");
-    let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
-    std::fs::write(&tmp, body).map_err(RemoteError::io("writing what was pulled", &tmp))?;
-    std::fs::rename(&tmp, &path).map_err(RemoteError::io("installing what was pulled", &path))
+    crate::atomic_file::write_atomic(&path(store, url, tag), &body)
 }
 
 #[cfg(test)]
