@@ -197,7 +197,7 @@ fn cli_verbs_through_the_daemon_over_unix_and_tls() {
     let out = env.command(&["checkpoint", a]).env("FORKVM_RUN", env.dir.join("no-daemon")).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("checkpoint needs the daemon"), "{out:?}");
-    let out = env.cli(&["rewind", a, "--ago", "5d"], &[]);
+    let out = env.cli(&["rewind", a, "--ago", "5w"], &[]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown unit"), "{out:?}");
     // A sandbox killed without the daemon (the CLI's own kill) leaves checkpoints behind;
     // the daemon's sweep removes them, rows and snapshots.
