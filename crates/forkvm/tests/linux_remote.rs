@@ -216,8 +216,6 @@ fn a_chain_pushed_to_s3_is_pulled_into_empty_stores_moving_only_what_is_missing(
     env.check_child(&third, "d1");
     lazy_pull_forks_before_the_memory_is_here(&env, n(&pulled, "bytes_fetched"));
 
-    collect_after_removing_a_tag(&env, n(&d1, "blocks_uploaded"));
-
     let err = env.fails_in(&third, &["pull", "nope", "--from", &env.url("p")]);
     assert!(err.contains("no tag \"nope\""), "{err}");
     let other_key = env.dir.join("other.key");
@@ -226,6 +224,7 @@ fn a_chain_pushed_to_s3_is_pulled_into_empty_stores_moving_only_what_is_missing(
     let err = env.fails_in(&fresh, &["pull", "d1", "--from", &env.url("p"), "--key-file", other_key.to_str().unwrap()]);
     assert!(err.contains("does not open under the remote key"), "another key: {err}");
     assert!(files_under(&fresh.join("snapshots")).is_empty());
+    collect_after_removing_a_tag(&env, n(&d1, "blocks_uploaded"));
 }
 
 /// A collection with every tag in place deletes nothing; once `d1` is removed it deletes
