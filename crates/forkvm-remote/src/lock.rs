@@ -189,11 +189,6 @@ impl<'a> RemoteLock<'a> {
         }
         Ok(())
     }
-
-    /// The lock's object.
-    pub fn object(&self) -> &str {
-        &self.object
-    }
 }
 
 impl Drop for RemoteLock<'_> {
