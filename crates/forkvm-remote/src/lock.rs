@@ -203,6 +203,75 @@ impl Drop for RemoteLock<'_> {
     }
 }
 
+/// One lock object on a remote, as an operator sees it (`forkvm remote-locks`).
+#[derive(Debug, Clone, Serialize)]
+pub struct LockInfo {
+    /// The object's name under `locks/` (what [`break_lock`] takes).
+    pub name: String,
+    pub kind: LockKind,
+    /// Who wrote it, when it could be read (a lock being written, or another tool's
+    /// object, reads as nothing).
+    pub host: Option<String>,
+    pub pid: Option<u32>,
+    pub purpose: Option<String>,
+    /// Since the holder last rewrote it, by the store's clock against this host's.
+    pub age_s: u64,
+    /// Older than [`STALE`]: a crashed holder's, which nothing waits for.
+    pub stale: bool,
+}
+
+/// Every lock on `remote`, oldest first.
+pub fn list_locks(remote: &Remote) -> Result<Vec<LockInfo>, RemoteError> {
+    let now = SystemTime::now();
+    let mut out = Vec::new();
+    for listed in remote.listing("locks")? {
+        let Some(kind) = LockKind::of_name(&listed.name) else { continue };
+        let age = now.duration_since(listed.modified).unwrap_or(Duration::ZERO);
+        let body = match remote.get(&format!("locks/{}", listed.name)) {
+            Ok(Some(b)) if b.len() <= MAX_LOCK_BYTES => serde_json::from_slice::<LockBody>(&b).ok(),
+            Ok(_) => None,
+            Err(e) => return Err(e),
+        };
+        out.push(LockInfo {
+            name: listed.name,
+            kind,
+            host: body.as_ref().map(|b| b.host.clone()),
+            pid: body.as_ref().map(|b| b.pid),
+            purpose: body.map(|b| b.purpose),
+            age_s: age.as_secs(),
+            stale: age >= STALE,
+        });
+    }
+    out.sort_by(|a, b| b.age_s.cmp(&a.age_s).then_with(|| a.name.cmp(&b.name)));
+    Ok(out)
+}
+
+/// Whether `name` is a lock object's name: `shared-` or `exclusive-` and 16 hex digits.
+fn is_lock_name(name: &str) -> bool {
+    let Some((side, hex)) = name.split_once('-') else { return false };
+    matches!(side, "shared" | "exclusive") && hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Removes the lock `name` (as [`list_locks`] names it), for an operator who knows its
+/// holder is gone: a push killed half-way leaves a lock that blocks collections until it
+/// goes stale. Returns what the lock said. Breaking a live holder's lock lets a collection
+/// race its push: the push's tag may then name a block that is gone.
+pub fn break_lock(remote: &Remote, name: &str) -> Result<LockInfo, RemoteError> {
+    let refused =
+        |reason: String| RemoteError::Refused { url: remote.url().into(), object: format!("locks/{name}"), reason };
+    if !is_lock_name(name) {
+        return Err(refused(
+            "not a lock's name (shared-<16 hex> or exclusive-<16 hex>, as remote-locks lists them)".into(),
+        ));
+    }
+    let info = list_locks(remote)?
+        .into_iter()
+        .find(|l| l.name == name)
+        .ok_or_else(|| refused("no such lock on the remote".into()))?;
+    remote.delete(&format!("locks/{name}"))?;
+    Ok(info)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -246,5 +315,42 @@ mod tests {
         std::fs::File::options().write(true).open(&path).unwrap().set_modified(SystemTime::now()).unwrap();
         let err = RemoteLock::acquire(&r, LockKind::Shared, "push").unwrap_err();
         assert!(err.to_string().contains("unreadable lock"), "{err}");
+    }
+
+    #[test]
+    fn locks_are_listed_and_broken_by_name_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = remote(dir.path());
+        let held = RemoteLock::acquire(&r, LockKind::Shared, "push d1").unwrap();
+        r.put("locks/exclusive-00000000000000ff", b"not json".to_vec()).unwrap();
+        r.put("locks/README", b"someone else's".to_vec()).unwrap();
+        let locks = list_locks(&r).unwrap();
+        assert_eq!(locks.len(), 2, "{locks:?}");
+        let ours = locks.iter().find(|l| l.kind == LockKind::Shared).unwrap();
+        assert_eq!(ours.purpose.as_deref(), Some("push d1"));
+        assert_eq!(ours.pid, Some(std::process::id()));
+        assert!(!ours.stale);
+        let odd = locks.iter().find(|l| l.kind == LockKind::Exclusive).unwrap();
+        assert_eq!((odd.host.as_deref(), odd.purpose.as_deref()), (None, None));
+
+        for bad in ["README", "../chunks/x", "shared-0123", "shared-0123456789abcdeg", "other-0123456789abcdef", ""] {
+            let err = break_lock(&r, bad).unwrap_err();
+            assert!(err.to_string().contains("not a lock's name"), "{bad}: {err}");
+        }
+        let err = break_lock(&r, "exclusive-0123456789abcdef").unwrap_err();
+        assert!(err.to_string().contains("no such lock"), "{err}");
+        assert!(dir.path().join("locks/README").exists(), "nothing else removed");
+
+        // A collection is refused while the push's lock is there, and runs once it is broken.
+        break_lock(&r, "exclusive-00000000000000ff").unwrap();
+        assert!(RemoteLock::acquire(&r, LockKind::Exclusive, "gc").is_err());
+        let name = ours.name.clone();
+        let broken = break_lock(&r, &name).unwrap();
+        assert_eq!(broken.purpose.as_deref(), Some("push d1"));
+        RemoteLock::acquire(&r, LockKind::Exclusive, "gc").unwrap();
+        assert!(list_locks(&r).unwrap().is_empty());
+        // The broken holder's release removes nothing of anyone else's.
+        drop(held);
+        assert!(dir.path().join("locks/README").exists());
     }
 }

@@ -125,6 +125,13 @@ enum Command {
     /// Delete the blocks no tag on a remote names (under the remote's exclusive lock).
     #[command(name = "remote-gc")]
     RemoteGc(object_store_cmd::RemoteGcArgs),
+    /// List the locks on a remote: who holds each (a push or a collection) and since when.
+    #[command(name = "remote-locks")]
+    RemoteLocks(object_store_cmd::RemoteTagsArgs),
+    /// Remove a lock a dead holder left on a remote (a push killed half-way blocks
+    /// remote-gc until its lock goes stale, 30 min).
+    #[command(name = "remote-unlock")]
+    RemoteUnlock(object_store_cmd::RemoteUnlockArgs),
     /// Run forkvmd, the REST controller (Unix socket; optionally TCP with a token, TLS).
     Daemon(Box<daemon_cmd::DaemonArgs>),
     /// Take an encrypted, incremental snapshot of a sandbox's disks now.
@@ -238,6 +245,8 @@ fn main() {
         Command::RemoteTags(a) => object_store_cmd::tags(a),
         Command::RemoteRm(a) => object_store_cmd::rm(a),
         Command::RemoteGc(a) => object_store_cmd::gc(a),
+        Command::RemoteLocks(a) => object_store_cmd::locks(a),
+        Command::RemoteUnlock(a) => object_store_cmd::unlock(a),
         Command::Replicate(a) => object_store_cmd::replicate(a),
         Command::RestoreSandbox(a) => object_store_cmd::restore_sandbox(a, remote),
         Command::DiskSnapshot(a) => disk_cmd::snapshot(a, remote),

@@ -1,4 +1,5 @@
-//! `push`, `pull`, `remote-keygen`, `remote-tags`, `remote-rm`, `remote-gc`: the store's chains in object storage
+//! `push`, `pull`, `remote-keygen`, `remote-tags`, `remote-rm`, `remote-gc`, `remote-locks`,
+//! `remote-unlock`: the store's chains in object storage
 //! (`forkvm-remote`). A remote is a URL (`s3://bucket/prefix`, `gs://…`, `az://…`,
 //! `file:///dir`), from `--to`/`--from` or `$FORKVM_REMOTE`; its key is `--key-file`,
 //! `$FORKVM_REMOTE_KEY` or `remote.key` in the vault's keys directory.
@@ -96,6 +97,15 @@ pub struct RemoteGcArgs {
     pub dry_run: bool,
     #[command(flatten)]
     pub opts: RemoteOpts,
+}
+
+#[derive(Args, Debug)]
+pub struct RemoteUnlockArgs {
+    /// The lock's name, as remote-locks lists it (`shared-<16 hex>` or `exclusive-<16 hex>`).
+    pub name: String,
+    /// The remote URL [default: $FORKVM_REMOTE].
+    #[arg(long, value_name = "URL")]
+    pub from: Option<String>,
 }
 
 fn open(url: Option<&str>) -> Result<Remote> {
@@ -240,6 +250,39 @@ pub fn gc(a: RemoteGcArgs) -> Result<i32> {
             r.ms
         )
     })
+}
+
+/// A lock's holder in one phrase: `push d1 on host "a" (pid 7)`.
+fn holder(l: &forkvm_remote::lock::LockInfo) -> String {
+    match (&l.purpose, &l.host, l.pid) {
+        (Some(p), Some(h), Some(pid)) => format!("{p} on host {h:?} (pid {pid})"),
+        _ => "unreadable".into(),
+    }
+}
+
+pub fn locks(a: RemoteTagsArgs) -> Result<i32> {
+    let remote = open(a.from.as_deref())?;
+    let locks = forkvm_remote::lock::list_locks(&remote)?;
+    print(a.json, &locks, || {
+        if locks.is_empty() {
+            return format!("{}: no locks", remote.url());
+        }
+        let lines: Vec<String> = locks
+            .iter()
+            .map(|l| {
+                let stale = if l.stale { ", stale (ignored)" } else { "" };
+                format!("{}  {}, refreshed {} s ago{stale}", l.name, holder(l), l.age_s)
+            })
+            .collect();
+        lines.join("\n")
+    })
+}
+
+pub fn unlock(a: RemoteUnlockArgs) -> Result<i32> {
+    let remote = open(a.from.as_deref())?;
+    let l = forkvm_remote::lock::break_lock(&remote, &a.name)?;
+    println!("{} removed from {} ({}, refreshed {} s ago)", l.name, remote.url(), holder(&l), l.age_s);
+    Ok(0)
 }
 
 #[derive(Args, Debug)]

@@ -344,6 +344,23 @@ fn a_stalled_server_a_killed_push_tampered_objects_and_a_full_cache_lose_nothing
     // Its lock is left behind, fresh: a collection must not run before it goes stale.
     let err = env.fails_in(&env.store, &["remote-gc", "--from", &env.url("k"), "--min-age", "0s"]);
     assert!(err.contains("push d1 on host") && err.contains("locks/shared-"), "{err}");
+    // An operator who knows the pusher is dead lists its lock and breaks it by name.
+    let locks: serde_json::Value =
+        serde_json::from_str(&env.ok_in(&env.store, &["remote-locks", "--from", &env.url("k"), "--json"])).unwrap();
+    let locks = locks.as_array().unwrap();
+    assert_eq!(locks.len(), 1, "{locks:?}");
+    assert_eq!((locks[0]["kind"].as_str(), locks[0]["purpose"].as_str()), (Some("shared"), Some("push d1")));
+    assert_eq!(locks[0]["stale"], false);
+    let name = locks[0]["name"].as_str().unwrap();
+    let err = env.fails_in(&env.store, &["remote-unlock", "../tags/d1", "--from", &env.url("k")]);
+    assert!(err.contains("not a lock's name"), "{err}");
+    env.ok_in(&env.store, &["remote-unlock", name, "--from", &env.url("k")]);
+    assert!(env.s3.keys("k/locks/").is_empty());
+    let dry: serde_json::Value = serde_json::from_str(
+        &env.ok_in(&env.store, &["remote-gc", "--from", &env.url("k"), "--min-age", "0s", "--dry-run", "--json"]),
+    )
+    .unwrap();
+    assert_eq!(dry["dry_run"], true, "the collection runs once the lock is broken: {dry}");
     let resumed = env.push("d1", "k");
     assert!(n(&resumed, "blocks_present") >= 100, "{resumed}");
     assert!(n(&resumed, "blocks_uploaded") < n(&resumed, "blocks"), "{resumed}");
