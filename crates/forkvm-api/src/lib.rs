@@ -12,6 +12,7 @@ pub mod lineage;
 pub mod paths;
 pub mod ports;
 pub mod processes;
+pub mod remote;
 pub mod routes;
 pub mod templates;
 pub mod volumes;
@@ -31,6 +32,9 @@ pub use processes::{
     ProcessAttachQuery, ProcessControl, ProcessExit, ProcessInfo, ProcessInputQuery, ProcessInputWritten,
     ProcessOutputEvent, ProcessOutputQuery, SignalProcessRequest, StartProcessRequest, TerminalSize, ATTACH_STDERR,
     ATTACH_STDOUT,
+};
+pub use remote::{
+    CollectRequest, GcReport, LockInfo, LockKind, PullReport, PullRequest, PushReport, PushRequest, RemoteInfo,
 };
 pub use templates::{
     BuildTemplateQuery, ImportOciQuery, PruneBuildsReport, PruneBuildsRequest, TemplateBuildEvent, TemplateBuildReport,

@@ -80,6 +80,13 @@ pub enum RouteName {
     CreateCheckpoint,
     SetCheckpointPolicy,
     RewindSandbox,
+    RemoteInfo,
+    PushTag,
+    PullTag,
+    RemoveRemoteTag,
+    CollectRemote,
+    ListRemoteLocks,
+    BreakRemoteLock,
 }
 
 const fn r(method: &'static str, path: &'static str, name: RouteName) -> Route {
@@ -155,6 +162,13 @@ pub const ROUTES: &[Route] = &[
     r("DELETE", "/v1/volumes/{name}", RouteName::DeleteVolume),
     r("POST", "/v1/volumes/{name}/snapshot", RouteName::SnapshotVolume),
     r("GET", "/v1/lineage", RouteName::Lineage),
+    r("GET", "/v1/remote", RouteName::RemoteInfo),
+    r("POST", "/v1/remote/push", RouteName::PushTag),
+    r("POST", "/v1/remote/pull", RouteName::PullTag),
+    r("DELETE", "/v1/remote/tags/{tag}", RouteName::RemoveRemoteTag),
+    r("POST", "/v1/remote/gc", RouteName::CollectRemote),
+    r("GET", "/v1/remote/locks", RouteName::ListRemoteLocks),
+    r("DELETE", "/v1/remote/locks/{name}", RouteName::BreakRemoteLock),
 ];
 
 /// Routes anyone may call without a token (liveness probes).

@@ -123,6 +123,15 @@ fn every_component_has_the_fields_of_its_rust_type() {
         CheckpointList,
         RewindRequest,
         RewindReport,
+        PushRequest,
+        PullRequest,
+        CollectRequest,
+        RemoteInfo,
+        PushReport,
+        PullReport,
+        GcReport,
+        LockInfo,
+        LockKind,
     ];
     // A request body (`PUT .../network`) before it is part of a response: checked as
     // the daemon reads it (every field optional).

@@ -16,6 +16,12 @@ pub enum RemoteError {
     /// An object did not open under the key, or its content is not what its name says.
     #[error("remote {url}: {object} refused: {reason}")]
     Refused { url: String, object: String, reason: String },
+    /// A lock name that is not one (`shared-`/`exclusive-` and 16 hex digits).
+    #[error("remote {url}: {name:?} is not a lock's name (shared-<16 hex> or exclusive-<16 hex>, as the remote's locks are listed)")]
+    BadLockName { url: String, name: String },
+    /// No lock of that name on the remote.
+    #[error("remote {url}: no such lock locks/{name}")]
+    NoLock { url: String, name: String },
     /// Another host's push or collection holds the remote.
     #[error("remote {url}: {object}: {reason} (try again when it ends)")]
     Locked { url: String, object: String, reason: String },
@@ -39,11 +45,15 @@ impl RemoteError {
     /// The API's error code for this failure.
     pub fn code(&self) -> forkvm_api::ErrorCode {
         match self {
-            RemoteError::BadUrl { .. } | RemoteError::Key { .. } => forkvm_api::ErrorCode::BadRequest,
-            RemoteError::NoTag { .. } => forkvm_api::ErrorCode::NotFound,
+            RemoteError::BadUrl { .. } | RemoteError::Key { .. } | RemoteError::BadLockName { .. } => {
+                forkvm_api::ErrorCode::BadRequest
+            }
+            RemoteError::NoTag { .. } | RemoteError::NoLock { .. } => forkvm_api::ErrorCode::NotFound,
             RemoteError::Refused { .. } | RemoteError::Locked { .. } => forkvm_api::ErrorCode::Conflict,
             RemoteError::Chain(e) => e.code(),
-            _ => forkvm_api::ErrorCode::Internal,
+            // The object store is the daemon's upstream.
+            RemoteError::Store { .. } => forkvm_api::ErrorCode::BadGateway,
+            RemoteError::Io { .. } => forkvm_api::ErrorCode::Internal,
         }
     }
 }

@@ -21,29 +21,10 @@ use crate::manifest::RemoteManifest;
 use crate::remote::{chunk_object, tag_object};
 use crate::workers::parallel;
 use crate::{Remote, RemoteError, RemoteKey};
+pub use forkvm_api::remote::GcReport;
 use forkvm_snapshot::ChunkId;
-use serde::Serialize;
 use std::collections::HashSet;
 use std::time::{Duration, Instant, SystemTime};
-
-/// What a collection did (or, with `dry_run`, would do).
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct GcReport {
-    pub remote: String,
-    pub dry_run: bool,
-    /// Tags whose manifests were read.
-    pub tags: u64,
-    /// Blocks on the remote before.
-    pub blocks: u64,
-    /// Blocks some manifest names.
-    pub blocks_referenced: u64,
-    /// Blocks no manifest names but younger than the minimum age (kept).
-    pub blocks_young: u64,
-    /// Blocks deleted (or that would be).
-    pub blocks_deleted: u64,
-    pub bytes_deleted: u64,
-    pub ms: f64,
-}
 
 /// Removes `tag`'s manifest from `remote` (its blocks stay until a [`collect`]).
 pub fn remove_tag(remote: &Remote, tag: &str) -> Result<(), RemoteError> {

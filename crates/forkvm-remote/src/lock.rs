@@ -30,30 +30,20 @@ pub const HELD_FOR: Duration = Duration::from_secs(20 * 60);
 /// Largest lock object read.
 const MAX_LOCK_BYTES: usize = 4096;
 
-/// Which side a lock is on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LockKind {
-    /// A push: many at once.
-    Shared,
-    /// A collection: alone.
-    Exclusive,
+pub use forkvm_api::remote::{LockInfo, LockKind};
+
+fn prefix(kind: LockKind) -> &'static str {
+    match kind {
+        LockKind::Shared => "shared",
+        LockKind::Exclusive => "exclusive",
+    }
 }
 
-impl LockKind {
-    fn prefix(self) -> &'static str {
-        match self {
-            LockKind::Shared => "shared",
-            LockKind::Exclusive => "exclusive",
-        }
-    }
-
-    fn of_name(name: &str) -> Option<LockKind> {
-        match name.split_once('-')?.0 {
-            "shared" => Some(LockKind::Shared),
-            "exclusive" => Some(LockKind::Exclusive),
-            _ => None,
-        }
+fn kind_of_name(name: &str) -> Option<LockKind> {
+    match name.split_once('-')?.0 {
+        "shared" => Some(LockKind::Shared),
+        "exclusive" => Some(LockKind::Exclusive),
+        _ => None,
     }
 }
 
@@ -97,7 +87,7 @@ impl<'a> RemoteLock<'a> {
             reason: format!("naming a lock: {e}"),
         })?;
         let hex: String = nonce.iter().map(|b| format!("{b:02x}")).collect();
-        let name = format!("{}-{hex}", kind.prefix());
+        let name = format!("{}-{hex}", prefix(kind));
         let object = format!("locks/{name}");
         let body = LockBody {
             kind,
@@ -132,7 +122,7 @@ impl<'a> RemoteLock<'a> {
             if listed.name == ours {
                 continue;
             }
-            let Some(theirs) = LockKind::of_name(&listed.name) else { continue };
+            let Some(theirs) = kind_of_name(&listed.name) else { continue };
             let age = now.duration_since(listed.modified).unwrap_or(Duration::ZERO);
             if age >= STALE {
                 continue;
@@ -203,29 +193,12 @@ impl Drop for RemoteLock<'_> {
     }
 }
 
-/// One lock object on a remote, as an operator sees it (`forkvm remote-locks`).
-#[derive(Debug, Clone, Serialize)]
-pub struct LockInfo {
-    /// The object's name under `locks/` (what [`break_lock`] takes).
-    pub name: String,
-    pub kind: LockKind,
-    /// Who wrote it, when it could be read (a lock being written, or another tool's
-    /// object, reads as nothing).
-    pub host: Option<String>,
-    pub pid: Option<u32>,
-    pub purpose: Option<String>,
-    /// Since the holder last rewrote it, by the store's clock against this host's.
-    pub age_s: u64,
-    /// Older than [`STALE`]: a crashed holder's, which nothing waits for.
-    pub stale: bool,
-}
-
 /// Every lock on `remote`, oldest first.
 pub fn list_locks(remote: &Remote) -> Result<Vec<LockInfo>, RemoteError> {
     let now = SystemTime::now();
     let mut out = Vec::new();
     for listed in remote.listing("locks")? {
-        let Some(kind) = LockKind::of_name(&listed.name) else { continue };
+        let Some(kind) = kind_of_name(&listed.name) else { continue };
         let age = now.duration_since(listed.modified).unwrap_or(Duration::ZERO);
         let body = match remote.get(&format!("locks/{}", listed.name)) {
             Ok(Some(b)) if b.len() <= MAX_LOCK_BYTES => serde_json::from_slice::<LockBody>(&b).ok(),
@@ -257,17 +230,13 @@ fn is_lock_name(name: &str) -> bool {
 /// goes stale. Returns what the lock said. Breaking a live holder's lock lets a collection
 /// race its push: the push's tag may then name a block that is gone.
 pub fn break_lock(remote: &Remote, name: &str) -> Result<LockInfo, RemoteError> {
-    let refused =
-        |reason: String| RemoteError::Refused { url: remote.url().into(), object: format!("locks/{name}"), reason };
     if !is_lock_name(name) {
-        return Err(refused(
-            "not a lock's name (shared-<16 hex> or exclusive-<16 hex>, as remote-locks lists them)".into(),
-        ));
+        return Err(RemoteError::BadLockName { url: remote.url().into(), name: name.chars().take(200).collect() });
     }
     let info = list_locks(remote)?
         .into_iter()
         .find(|l| l.name == name)
-        .ok_or_else(|| refused("no such lock on the remote".into()))?;
+        .ok_or_else(|| RemoteError::NoLock { url: remote.url().into(), name: name.into() })?;
     remote.delete(&format!("locks/{name}"))?;
     Ok(info)
 }
@@ -335,10 +304,11 @@ mod tests {
 
         for bad in ["README", "../chunks/x", "shared-0123", "shared-0123456789abcdeg", "other-0123456789abcdef", ""] {
             let err = break_lock(&r, bad).unwrap_err();
+            assert!(matches!(err, RemoteError::BadLockName { .. }), "{bad}: {err}");
             assert!(err.to_string().contains("not a lock's name"), "{bad}: {err}");
         }
         let err = break_lock(&r, "exclusive-0123456789abcdef").unwrap_err();
-        assert!(err.to_string().contains("no such lock"), "{err}");
+        assert!(matches!(err, RemoteError::NoLock { .. }), "{err}");
         assert!(dir.path().join("locks/README").exists(), "nothing else removed");
 
         // A collection is refused while the push's lock is there, and runs once it is broken.

@@ -15,9 +15,9 @@ use crate::push::Progress;
 use crate::remote::{chunk_object, tag_object};
 use crate::workers::parallel;
 use crate::{BlockCache, Remote, RemoteError, RemoteKey};
+pub use forkvm_api::remote::PullReport;
 use forkvm_snapshot::chain::{install_staged_with, installed_already, ChunksStaged, StagingDir};
 use forkvm_snapshot::{ChunkId, ChunkStore, Store};
-use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -25,32 +25,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
-
-/// What a pull did.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct PullReport {
-    pub tag: String,
-    pub remote: String,
-    /// Links written into the store, base first.
-    pub imported: Vec<String>,
-    /// Links the store had with the same content.
-    pub reused: Vec<String>,
-    /// Blocks the chain is made of.
-    pub blocks: u64,
-    /// Blocks not needed: the store had them (memory chunks, or the whole chain).
-    pub blocks_local: u64,
-    /// Blocks read from the host's block cache.
-    pub blocks_cached: u64,
-    /// Blocks downloaded.
-    pub blocks_fetched: u64,
-    /// Bytes downloaded (sealed blocks and the manifest).
-    pub bytes_fetched: u64,
-    /// Memory chunks the store gained.
-    pub chunks_new: u64,
-    /// Memory chunks left on the remote (`--lazy`): fetched by the sandboxes that touch them.
-    pub chunks_left_remote: u64,
-    pub ms: f64,
-}
 
 /// One block to bring in.
 struct Job {

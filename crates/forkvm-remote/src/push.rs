@@ -10,10 +10,10 @@ use crate::lock::{LockKind, RemoteLock};
 use crate::manifest::{RemoteEntry, RemoteManifest, MANIFEST_FORMAT, MANIFEST_VERSION};
 use crate::remote::{chunk_object, tag_object};
 use crate::{Remote, RemoteError, RemoteKey, BLOCK_BYTES};
+pub use forkvm_api::remote::PushReport;
 use forkvm_snapshot::chain::{write_chain, AssembledCache, ChainError, ChainSink};
 use forkvm_snapshot::pack_archive::SparseExtents;
 use forkvm_snapshot::{ChunkId, Store};
-use serde::Serialize;
 use std::collections::HashSet;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -41,29 +41,6 @@ pub struct Progress {
     pub moved: AtomicU64,
     /// Bytes uploaded or fetched so far (sealed, as on the wire).
     pub bytes: AtomicU64,
-}
-
-/// What a push did.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct PushReport {
-    pub tag: String,
-    pub remote: String,
-    /// Tags from the base to the head.
-    pub links: Vec<String>,
-    pub entries: u64,
-    /// Blocks the chain is made of (holes are not blocks).
-    pub blocks: u64,
-    /// Blocks uploaded: the remote lacked them.
-    pub blocks_uploaded: u64,
-    /// Blocks the remote held already (another tag's, or an earlier cut-off push's).
-    pub blocks_present: u64,
-    /// Blocks repeated within the chain, uploaded once.
-    pub blocks_repeated: u64,
-    /// Bytes uploaded (sealed blocks and the manifest).
-    pub bytes_uploaded: u64,
-    /// Bytes of the entries' blocks before compression.
-    pub logical_bytes: u64,
-    pub ms: f64,
 }
 
 /// Pushes `tag`'s chain to `remote`, sealed with `key`.

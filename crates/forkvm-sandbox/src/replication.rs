@@ -52,6 +52,16 @@ impl ReplicationError {
     }
 }
 
+/// The host's cache of remote blocks: `$FORKVM_REMOTE_CACHE`, else `<cache>/remote-blocks`
+/// (safe to delete).
+pub fn host_block_cache() -> BlockCache {
+    let dir = std::env::var_os("FORKVM_REMOTE_CACHE")
+        .filter(|d| !d.is_empty())
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| forkvm_image::kernel::cache_dir().join("remote-blocks"));
+    BlockCache::configured(&dir)
+}
+
 fn vault_files(store: &Store, id: &str) -> VaultFiles {
     VaultFiles { id: id.into(), dir: vault_dir(store, id), owner_json: owner_path(store, id) }
 }
@@ -68,6 +78,16 @@ impl Replication {
 
     pub fn url(&self) -> &str {
         self.remote.url()
+    }
+
+    /// The remote itself (tags, locks, collection).
+    pub fn remote(&self) -> &Remote {
+        &self.remote
+    }
+
+    /// The key its blocks are sealed with.
+    pub fn key(&self) -> &RemoteKey {
+        &self.key
     }
 
     /// Ships what the remote lacks of sandbox `id`'s vault (after pushing the template it

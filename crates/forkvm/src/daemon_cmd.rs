@@ -82,6 +82,13 @@ pub struct DaemonArgs {
     /// The remote key for --replicate [default: $FORKVM_REMOTE_KEY, else remote.key in the keys directory].
     #[arg(long, value_name = "FILE", env = "FORKVMD_REPLICATE_KEY")]
     replicate_key: Option<PathBuf>,
+    /// The remote the API pushes tags to and pulls them from (`/v1/remote*`; s3://bucket/prefix,
+    /// file:///dir) [default: the --replicate remote, if any].
+    #[arg(long, value_name = "URL", env = "FORKVMD_REMOTE")]
+    remote: Option<String>,
+    /// The remote key for --remote [default: $FORKVM_REMOTE_KEY, else remote.key in the keys directory].
+    #[arg(long, value_name = "FILE", env = "FORKVMD_REMOTE_KEY")]
+    remote_key: Option<PathBuf>,
     /// Disk snapshot retention: keep the newest N snapshots of each sandbox.
     #[arg(long, default_value_t = DEFAULT_RETENTION.keep_last, env = "FORKVMD_DISK_RETENTION_KEEP_LAST")]
     disk_retention_keep_last: u32,
@@ -227,6 +234,14 @@ pub fn run(mut a: DaemonArgs) -> Result<i32> {
         }
         None => None,
     };
+    let remote = match &a.remote {
+        Some(url) => {
+            let key = a.remote_key.clone().unwrap_or_else(forkvm_remote::RemoteKey::default_path);
+            Some(std::sync::Arc::new(forkvm_sandbox::replication::Replication::open(url, &key).context("--remote")?))
+        }
+        None if a.remote_key.is_some() => bail!("--remote-key applies to --remote: give --remote URL too"),
+        None => replication.clone(),
+    };
     let cfg = DaemonConfig {
         socket: a.socket.unwrap_or_else(|| DaemonConfig::default_socket(&registry)),
         state_dir: a.state_dir.unwrap_or_else(|| DaemonConfig::default_state_dir(&store)),
@@ -261,6 +276,7 @@ pub fn run(mut a: DaemonArgs) -> Result<i32> {
         e2b,
         console,
         replication,
+        remote,
     };
     forkvmd::run(cfg)?;
     Ok(0)

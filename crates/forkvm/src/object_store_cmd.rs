@@ -123,13 +123,8 @@ fn key(opts: &RemoteOpts) -> Result<RemoteKey> {
     Ok(RemoteKey::load(&opts.key_file.clone().unwrap_or_else(RemoteKey::default_path))?)
 }
 
-/// The host's block cache: `$FORKVM_REMOTE_CACHE`, else `<cache>/remote-blocks` (safe to delete).
 fn block_cache() -> BlockCache {
-    let dir = std::env::var_os("FORKVM_REMOTE_CACHE")
-        .filter(|d| !d.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| forkvm_image::kernel::cache_dir().join("remote-blocks"));
-    BlockCache::configured(&dir)
+    forkvm_sandbox::replication::host_block_cache()
 }
 
 /// Runs `work` with a progress bar on a terminal (not with --json).

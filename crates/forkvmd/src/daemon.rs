@@ -49,6 +49,8 @@ pub struct DaemonConfig {
     pub console: bool,
     /// Where every sandbox's disk snapshots are shipped after they are taken (off unless given).
     pub replication: Option<std::sync::Arc<forkvm_sandbox::replication::Replication>>,
+    /// The remote of `/v1/remote*` (push, pull, collection); off unless given.
+    pub remote: Option<std::sync::Arc<forkvm_sandbox::replication::Replication>>,
 }
 
 impl DaemonConfig {
@@ -111,6 +113,9 @@ pub fn run(mut cfg: DaemonConfig) -> Result<(), DaemonError> {
     let state = AppState::new(cfg.registry.clone(), cfg.store.clone(), db, Some(spawner), cfg.branch_concurrency);
     state.disk.set_retention(cfg.disk_snapshots.retention);
     state.disk.set_replication(cfg.replication.clone());
+    if let Some(remote) = cfg.remote.clone() {
+        let _ = state.remote.set(remote);
+    }
     state.lifecycle.set_config(cfg.lifecycle);
     state.set_pack_policy(std::mem::take(&mut cfg.packs));
     state.set_ports_domain(&cfg.ports_domain);

@@ -46,6 +46,8 @@ pub struct Inner {
     /// Where exposed ports have origins of their own (`--ports-domain`;
     /// [`forkvm_api::ports::DEFAULT_PORTS_DOMAIN`] unless set).
     pub ports_domain: std::sync::OnceLock<String>,
+    /// The remote `/v1/remote*` pushes to and pulls from (`--remote`, else `--replicate`).
+    pub remote: std::sync::OnceLock<Arc<forkvm_sandbox::replication::Replication>>,
 }
 
 /// The daemon's pack signing and trust (`--pack-signing-key`, `--trust-pack-key`).
@@ -96,6 +98,7 @@ impl AppState {
             lifecycle: Lifecycle::default(),
             packs: Mutex::new(Arc::new(PackPolicy::default())),
             ports_domain: std::sync::OnceLock::new(),
+            remote: std::sync::OnceLock::new(),
         }))
     }
 

@@ -14,6 +14,7 @@ pub mod meta;
 pub mod ports;
 pub mod process_socket;
 pub mod processes;
+pub mod remote;
 pub mod run;
 pub mod sandboxes;
 pub mod snapshots;
@@ -103,6 +104,13 @@ fn handler(name: RouteName, filter: MethodFilter) -> MethodRouter<AppState> {
         RouteName::CreateCheckpoint => on(filter, checkpoints::create),
         RouteName::SetCheckpointPolicy => on(filter, checkpoints::set_policy),
         RouteName::RewindSandbox => on(filter, checkpoints::rewind),
+        RouteName::RemoteInfo => on(filter, remote::info),
+        RouteName::PushTag => on(filter, remote::push),
+        RouteName::PullTag => on(filter, remote::pull),
+        RouteName::RemoveRemoteTag => on(filter, remote::remove_tag),
+        RouteName::CollectRemote => on(filter, remote::collect),
+        RouteName::ListRemoteLocks => on(filter, remote::locks),
+        RouteName::BreakRemoteLock => on(filter, remote::break_lock),
     }
 }
 
