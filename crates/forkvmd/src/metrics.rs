@@ -87,6 +87,8 @@ const HELP: &[(&str, &str, &str)] = &[
     ("forkvm_replications_total", "counter", "Disk snapshots shipped to the replication remote, by outcome."),
     ("forkvm_branch_replications_total", "counter", "Branches pushed to the replication remote, by outcome."),
     ("forkvm_replicated_bytes_total", "counter", "Bytes uploaded to the replication remote (vaults and branches)."),
+    ("forkvm_remote_pushed_bytes_total", "counter", "Bytes POST /v1/remote/push uploaded to the daemon's remote."),
+    ("forkvm_remote_pulled_bytes_total", "counter", "Bytes POST /v1/remote/pull fetched from the daemon's remote."),
     ("forkvm_replication_last_success_unix", "gauge", "When a disk snapshot was last replicated (Unix seconds)."),
 ];
 

@@ -60,6 +60,11 @@ from .types import (
     VersionInfo,
     VolumeInfo,
     WorkspaceInfo,
+    RemoteInfo,
+    PushReport,
+    PullReport,
+    GcReport,
+    LockInfo,
 )
 
 __all__ = [
@@ -106,6 +111,11 @@ __all__ = [
     "EvalResult",
     "ArchiveReport",
     "VolumeInfo",
+    "RemoteInfo",
+    "PushReport",
+    "PullReport",
+    "GcReport",
+    "LockInfo",
     "WorkspaceInfo",
     "DiskSnapshotReport",
     "DiskSnapshotInfo",

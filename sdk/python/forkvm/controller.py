@@ -53,6 +53,11 @@ from .types import (
     UnpackResult,
     VersionInfo,
     VolumeInfo,
+    RemoteInfo,
+    PushReport,
+    PullReport,
+    GcReport,
+    LockInfo,
     WorkspaceInfo,
     parse_list,
 )
@@ -707,6 +712,52 @@ class Controller:
     def snapshot_volume(self, name: str, to: str) -> VolumeInfo:
         """``POST /v1/volumes/{name}/snapshot``: a new volume ``to`` with its data as of now."""
         return VolumeInfo.from_json(self._json(self._request("POST", _vol(name, "snapshot"), json={"to": to})))
+
+    # --- the daemon's remote ----------------------------------------------
+    # The remote is the daemon's own (``forkvm daemon --remote URL``): a call names tags
+    # and locks, never a URL or a key. Without one, each call raises :class:`Conflict`.
+
+    def remote_info(self) -> RemoteInfo:
+        """``GET /v1/remote``: the daemon's remote and the tags pushed there."""
+        return RemoteInfo.from_json(self._json(self._request("GET", "/v1/remote")))
+
+    def push_tag(self, tag: str, *, timeout: Optional[float] = None) -> PushReport:
+        """``POST /v1/remote/push``: the tag's chain (memory and disks), only the blocks
+        the remote lacks; answers when the manifest is written."""
+        resp = self._request("POST", "/v1/remote/push", json={"tag": tag}, timeout=timeout)
+        return PushReport.from_json(self._json(resp))
+
+    def pull_tag(self, tag: str, *, timeout: Optional[float] = None) -> PullReport:
+        """``POST /v1/remote/pull``: the links of the tag's chain the daemon's store lacks;
+        sandboxes spawn from it once this returns."""
+        resp = self._request("POST", "/v1/remote/pull", json={"tag": tag}, timeout=timeout)
+        return PullReport.from_json(self._json(resp))
+
+    def remove_remote_tag(self, tag: str) -> None:
+        """``DELETE /v1/remote/tags/{tag}``: the tag's manifest; its blocks go at the next
+        :meth:`collect_remote`."""
+        self._request("DELETE", "/".join(["/v1/remote/tags", quote_segment(tag)]))
+
+    def collect_remote(
+        self, *, min_age_s: Optional[int] = None, dry_run: bool = False, timeout: Optional[float] = None
+    ) -> GcReport:
+        """``POST /v1/remote/gc``: deletes the blocks no tag names and older than
+        ``min_age_s`` (absent: a day), under the remote's exclusive lock."""
+        body: Dict[str, Any] = {"dry_run": dry_run}
+        if min_age_s is not None:
+            body["min_age_s"] = min_age_s
+        resp = self._request("POST", "/v1/remote/gc", json=body, timeout=timeout)
+        return GcReport.from_json(self._json(resp))
+
+    def remote_locks(self) -> List[LockInfo]:
+        """``GET /v1/remote/locks``: who holds the remote's locks, oldest first."""
+        return parse_list(LockInfo, self._json(self._request("GET", "/v1/remote/locks")), "remote locks")
+
+    def break_remote_lock(self, name: str) -> LockInfo:
+        """``DELETE /v1/remote/locks/{name}``: removes a lock a dead push or collection
+        left; only for a holder known to be gone."""
+        resp = self._request("DELETE", "/".join(["/v1/remote/locks", quote_segment(name)]))
+        return LockInfo.from_json(self._json(resp))
 
     # --- lifecycle -------------------------------------------------------
 

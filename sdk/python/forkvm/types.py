@@ -42,6 +42,11 @@ __all__ = [
     "VolumeInfo",
     "ProcessExit",
     "ProcessInfo",
+    "RemoteInfo",
+    "PushReport",
+    "PullReport",
+    "GcReport",
+    "LockInfo",
 ]
 
 T = TypeVar("T")
@@ -1093,5 +1098,184 @@ class ProcessInfo(_Record):
             tag=f.opt_str("tag"),
             pty=size,
             exit=None if exit_ is None else ProcessExit.from_json(exit_),
+            raw=_raw(data),
+        )
+
+
+# --- the daemon's remote (``/v1/remote*``) -----------------------------------------------
+
+
+@dataclass
+class RemoteInfo(_Record):
+    """forkvm: ``GET /v1/remote``: the daemon's object-storage remote (``forkvm daemon
+    --remote URL``) and the tags pushed there."""
+
+    url: str
+    tags: List[str] = field(default_factory=list)
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "RemoteInfo":
+        f = _Fields("RemoteInfo", data)
+        return cls(url=f.req_str("url"), tags=f.str_list("tags"), raw=_raw(data))
+
+
+@dataclass
+class PushReport(_Record):
+    """forkvm: ``POST /v1/remote/push``: what pushing a tag's chain did."""
+
+    tag: str
+    remote: str
+    #: Tags from the base to the head.
+    links: List[str]
+    entries: int
+    #: Blocks the chain is made of (holes are not blocks).
+    blocks: int
+    #: Blocks uploaded: the remote lacked them.
+    blocks_uploaded: int
+    #: Blocks the remote held already (another tag's, or an earlier cut-off push's).
+    blocks_present: int
+    #: Blocks repeated within the chain, uploaded once.
+    blocks_repeated: int
+    #: Bytes uploaded (sealed blocks and the manifest).
+    bytes_uploaded: int
+    #: Bytes of the entries' blocks before compression.
+    logical_bytes: int
+    ms: float
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "PushReport":
+        f = _Fields("PushReport", data)
+        return cls(
+            tag=f.req_str("tag"),
+            remote=f.req_str("remote"),
+            links=f.str_list("links"),
+            entries=f.req_int("entries"),
+            blocks=f.req_int("blocks"),
+            blocks_uploaded=f.req_int("blocks_uploaded"),
+            blocks_present=f.req_int("blocks_present"),
+            blocks_repeated=f.req_int("blocks_repeated"),
+            bytes_uploaded=f.req_int("bytes_uploaded"),
+            logical_bytes=f.req_int("logical_bytes"),
+            ms=f.req_float("ms"),
+            raw=_raw(data),
+        )
+
+
+@dataclass
+class PullReport(_Record):
+    """forkvm: ``POST /v1/remote/pull``: what pulling a tag's chain did."""
+
+    tag: str
+    remote: str
+    #: Links written into the store, base first.
+    imported: List[str]
+    #: Links the store had with the same content.
+    reused: List[str]
+    #: Blocks the chain is made of.
+    blocks: int
+    #: Blocks not needed: the store had them.
+    blocks_local: int
+    #: Blocks read from the host's block cache.
+    blocks_cached: int
+    #: Blocks downloaded.
+    blocks_fetched: int
+    #: Bytes downloaded (sealed blocks and the manifest).
+    bytes_fetched: int
+    #: Memory chunks the store gained.
+    chunks_new: int
+    #: Memory chunks left on the remote (a lazy pull).
+    chunks_left_remote: int
+    ms: float
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "PullReport":
+        f = _Fields("PullReport", data)
+        return cls(
+            tag=f.req_str("tag"),
+            remote=f.req_str("remote"),
+            imported=f.str_list("imported"),
+            reused=f.str_list("reused"),
+            blocks=f.req_int("blocks"),
+            blocks_local=f.req_int("blocks_local"),
+            blocks_cached=f.req_int("blocks_cached"),
+            blocks_fetched=f.req_int("blocks_fetched"),
+            bytes_fetched=f.req_int("bytes_fetched"),
+            chunks_new=f.req_int("chunks_new"),
+            chunks_left_remote=f.req_int("chunks_left_remote"),
+            ms=f.req_float("ms"),
+            raw=_raw(data),
+        )
+
+
+@dataclass
+class GcReport(_Record):
+    """forkvm: ``POST /v1/remote/gc``: what a collection did (or, dry, would do)."""
+
+    remote: str
+    dry_run: bool
+    #: Tags whose manifests were read.
+    tags: int
+    #: Blocks on the remote before.
+    blocks: int
+    #: Blocks some manifest names.
+    blocks_referenced: int
+    #: Blocks no manifest names but younger than the minimum age (kept).
+    blocks_young: int
+    #: Blocks deleted (or that would be).
+    blocks_deleted: int
+    bytes_deleted: int
+    ms: float
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "GcReport":
+        f = _Fields("GcReport", data)
+        return cls(
+            remote=f.req_str("remote"),
+            dry_run=f.req_bool("dry_run"),
+            tags=f.req_int("tags"),
+            blocks=f.req_int("blocks"),
+            blocks_referenced=f.req_int("blocks_referenced"),
+            blocks_young=f.req_int("blocks_young"),
+            blocks_deleted=f.req_int("blocks_deleted"),
+            bytes_deleted=f.req_int("bytes_deleted"),
+            ms=f.req_float("ms"),
+            raw=_raw(data),
+        )
+
+
+@dataclass
+class LockInfo(_Record):
+    """forkvm: one lock on the daemon's remote (``GET /v1/remote/locks``)."""
+
+    #: The object's name under ``locks/`` (what :meth:`Controller.break_remote_lock` takes).
+    name: str
+    #: ``shared`` (a push) or ``exclusive`` (a collection).
+    kind: str
+    #: Seconds since the holder last rewrote it.
+    age_s: int
+    #: Not rewritten for 30 minutes: a crashed holder's, which nothing waits for.
+    stale: bool
+    #: Who wrote it, when it could be read.
+    host: Optional[str] = None
+    pid: Optional[int] = None
+    #: What holds it: ``push TAG`` or ``gc``.
+    purpose: Optional[str] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "LockInfo":
+        f = _Fields("LockInfo", data)
+        return cls(
+            name=f.req_str("name"),
+            kind=f.req_str("kind"),
+            age_s=f.req_int("age_s"),
+            stale=f.req_bool("stale"),
+            host=f.opt_str("host"),
+            pid=f.opt_int("pid"),
+            purpose=f.opt_str("purpose"),
             raw=_raw(data),
         )

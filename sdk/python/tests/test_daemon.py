@@ -13,6 +13,7 @@ sandbox where they can; in all about six sandboxes are spawned.
 from __future__ import annotations
 
 import os
+import secrets
 import time
 from pathlib import Path
 from typing import Iterator, List
@@ -25,6 +26,8 @@ import forkvm
 from forkvm import BadRequest, Conflict, Controller, EvalError, ForkvmError, NotFound, Sandbox
 
 TEMPLATE_TIMEOUT_S = 900
+#: The session daemon's remote key (32 bytes), shared with the daemon that pulls from it.
+REMOTE_KEY = secrets.token_hex(16)
 
 # The test command (scripts/test) sets FORKVM_SDK_REQUIRE_DAEMON=1: there a missing
 # binary is a failure, never a silent skip.
@@ -39,7 +42,8 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="session")
 def daemon() -> Iterator[Daemon]:
-    with serving() as d:
+    remote = ["--remote", "file://{root}/remote", "--remote-key", "{root}/remote.key"]
+    with serving(remote, files={"remote.key": REMOTE_KEY}) as d:
         yield d
 
 
@@ -517,6 +521,49 @@ def test_diff_branch_chain_round_trip(ctl: Controller, tmp_path: Path) -> None:
             ctl.delete_snapshot(base, cascade=True)
         except NotFound:
             pass
+
+
+# --- the daemon's remote -------------------------------------------------------------------
+
+
+def test_a_tag_pushed_by_one_daemon_is_pulled_and_spawned_by_another(daemon: Daemon, ctl: Controller, py: str) -> None:
+    """`py` goes to the session daemon's remote (a directory, through the object-store
+    client); a second daemon with its own store and the same key pulls it and spawns
+    from it; the tag is removed and its blocks collected. No request names a URL."""
+    info = ctl.remote_info()
+    assert info.url == f"file://{daemon.root}/remote" and py not in info.tags
+    pushed = ctl.push_tag(py, timeout=600)
+    assert pushed.tag == py and pushed.blocks_uploaded > 0, pushed
+    assert pushed.blocks_uploaded + pushed.blocks_repeated == pushed.blocks, pushed
+    again = ctl.push_tag(py, timeout=600)
+    assert (again.blocks_uploaded, again.blocks_present) == (0, pushed.blocks_uploaded), "only what the remote lacks travels"
+    assert py in ctl.remote_info().tags and ctl.remote_locks() == []
+    with pytest.raises(NotFound):
+        ctl.push_tag("no-such-tag")
+    with pytest.raises(BadRequest):
+        ctl.pull_tag("../py")
+    with pytest.raises(BadRequest):
+        ctl.break_remote_lock("../tags/py")
+
+    other_args = ["--remote", f"file://{daemon.root}/remote", "--remote-key", "{root}/remote.key"]
+    with serving(other_args, files={"remote.key": REMOTE_KEY}, env_extra={"FORKVM_REMOTE_CACHE": "{root}/blocks"}) as other:
+        with Controller(other.url, timeout=120) as c2:
+            assert py not in {s.tag for s in c2.list_snapshots()}
+            pulled = c2.pull_tag(py, timeout=600)
+            assert pulled.imported == [py] and pulled.blocks == pushed.blocks and pulled.blocks_fetched > 0, pulled
+            assert c2.snapshot_info(py).bootable
+            with Sandbox.create(py, controller=c2) as s:
+                assert s.eval("6 * 7") == "42"
+            assert c2.pull_tag(py).imported == [], "pulled again: nothing new"
+
+    dry = ctl.collect_remote(min_age_s=0, dry_run=True)
+    assert (dry.blocks_deleted, dry.blocks_referenced) == (0, pushed.blocks_uploaded), "every block is named"
+    ctl.remove_remote_tag(py)
+    with pytest.raises(NotFound):
+        ctl.remove_remote_tag(py)
+    gc = ctl.collect_remote(min_age_s=0)
+    assert (gc.dry_run, gc.blocks_deleted, gc.tags) == (False, pushed.blocks_uploaded, 0), gc
+    assert ctl.remote_info().tags == []
 
 
 # --- errors ---------------------------------------------------------------------------------

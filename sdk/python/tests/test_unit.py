@@ -618,6 +618,24 @@ PROC_OUTPUT = (
     + b'{"type":"end","process":' + json.dumps(PROC_ENDED).encode() + b"}\n"
 )
 
+PUSHED = {
+    "tag": "py", "remote": "file:///r", "links": ["py"], "entries": 3, "blocks": 10, "blocks_uploaded": 4,
+    "blocks_present": 6, "blocks_repeated": 0, "bytes_uploaded": 100, "logical_bytes": 1000, "ms": 1.5,
+}
+PULLED = {
+    "tag": "py", "remote": "file:///r", "imported": ["py"], "reused": [], "blocks": 10, "blocks_local": 0,
+    "blocks_cached": 1, "blocks_fetched": 9, "bytes_fetched": 90, "chunks_new": 5, "chunks_left_remote": 0, "ms": 2.0,
+}
+COLLECTED = {
+    "remote": "file:///r", "dry_run": True, "tags": 1, "blocks": 12, "blocks_referenced": 10, "blocks_young": 0,
+    "blocks_deleted": 2, "bytes_deleted": 20, "ms": 0.5,
+}
+LOCK = {
+    "name": "shared-0123456789abcdef", "kind": "shared", "host": "h", "pid": 7, "purpose": "push py",
+    "age_s": 3, "stale": False,
+}
+
+
 CALLS: Dict[str, Tuple[Any, Callable[[Controller], Any]]] = {
     "Health": ({"ok": True}, lambda c: c.health()),
     "Version": ({"version": "0.1.0", "api": "v1"}, lambda c: c.version()),
@@ -689,6 +707,13 @@ CALLS: Dict[str, Tuple[Any, Callable[[Controller], Any]]] = {
         },
         lambda c: c.lineage(),
     ),
+    "RemoteInfo": ({"url": "file:///r", "tags": ["py"]}, lambda c: c.remote_info()),
+    "PushTag": (PUSHED, lambda c: c.push_tag("py")),
+    "PullTag": (PULLED, lambda c: c.pull_tag("py")),
+    "RemoveRemoteTag": (None, lambda c: c.remove_remote_tag("TAG")),
+    "CollectRemote": (COLLECTED, lambda c: c.collect_remote(min_age_s=0, dry_run=True)),
+    "ListRemoteLocks": ([LOCK], lambda c: c.remote_locks()),
+    "BreakRemoteLock": (LOCK, lambda c: c.break_remote_lock("NAME")),
 }
 
 
@@ -729,6 +754,25 @@ def test_every_route_is_covered(server: TcpServer, client: Controller) -> None:
         call(client)
         got_method, raw, _, _ = server.requests[-1]
         assert (got_method, raw.split("?", 1)[0]) == (method, path), name
+
+
+def test_the_remote_calls_send_tags_and_read_typed_reports(server: TcpServer, client: Controller) -> None:
+    server.routes[("POST", "/v1/remote/push")] = _fixed(200, "application/json", json.dumps(PUSHED).encode())
+    r = client.push_tag("py")
+    assert (r.tag, r.blocks_uploaded, r.blocks_present, r.ms, r.links) == ("py", 4, 6, 1.5, ["py"])
+    assert json.loads(server.requests[-1][3]) == {"tag": "py"}
+    server.routes[("POST", "/v1/remote/gc")] = _fixed(200, "application/json", json.dumps(COLLECTED).encode())
+    g = client.collect_remote(min_age_s=0, dry_run=True)
+    assert (g.dry_run, g.blocks_deleted, g.bytes_deleted) == (True, 2, 20)
+    assert json.loads(server.requests[-1][3]) == {"min_age_s": 0, "dry_run": True}
+    client.collect_remote()
+    assert json.loads(server.requests[-1][3]) == {"dry_run": False}
+    server.routes[("GET", "/v1/remote/locks")] = _fixed(200, "application/json", json.dumps([LOCK, {**LOCK, "host": None, "pid": None, "purpose": None}]).encode())
+    locks = client.remote_locks()
+    assert [(l.kind, l.pid, l.purpose, l.stale) for l in locks] == [("shared", 7, "push py", False), ("shared", None, None, False)]
+    server.routes[("DELETE", "/v1/remote/locks/a%2Fb")] = _fixed(200, "application/json", json.dumps(LOCK).encode())
+    client.break_remote_lock("a/b")
+    assert server.requests[-1][1] == "/v1/remote/locks/a%2Fb", "a name stays one path segment"
 
 
 # --- file watching ------------------------------------------------------------------

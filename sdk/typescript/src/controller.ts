@@ -626,4 +626,41 @@ export class Controller {
   snapshotVolume(name: string, to: string): Promise<T.VolumeInfo> {
     return this.#json("POST", vol(name, "snapshot"), { json: { to } satisfies T.SnapshotVolumeRequest });
   }
+
+  // --- the daemon's remote (`forkvm daemon --remote URL`): tags, never URLs ---------
+
+  /** `GET /v1/remote`: the daemon's remote and the tags pushed there (409 without one). */
+  remoteInfo(): Promise<T.RemoteInfo> {
+    return this.#json("GET", "/v1/remote");
+  }
+
+  /** `POST /v1/remote/push`: the tag's chain, only the blocks the remote lacks. */
+  pushTag(tag: string): Promise<T.PushReport> {
+    return this.#json("POST", "/v1/remote/push", { json: { tag } satisfies T.PushRequest });
+  }
+
+  /** `POST /v1/remote/pull`: the links of the tag's chain the daemon's store lacks. */
+  pullTag(tag: string): Promise<T.PullReport> {
+    return this.#json("POST", "/v1/remote/pull", { json: { tag } satisfies T.PullRequest });
+  }
+
+  /** `DELETE /v1/remote/tags/{tag}`: the manifest; its blocks go at the next collection. */
+  removeRemoteTag(tag: string): Promise<void> {
+    return this.#none("DELETE", ["/v1/remote/tags", quoteSegment(tag)].join("/"));
+  }
+
+  /** `POST /v1/remote/gc`: deletes the blocks no tag names (absent `min_age_s`: a day). */
+  collectRemote(req: T.CollectRequest = {}): Promise<T.GcReport> {
+    return this.#json("POST", "/v1/remote/gc", { json: req });
+  }
+
+  /** `GET /v1/remote/locks`: who holds the remote's locks, oldest first. */
+  remoteLocks(): Promise<T.LockInfo[]> {
+    return this.#json("GET", "/v1/remote/locks");
+  }
+
+  /** `DELETE /v1/remote/locks/{name}`: removes a lock a dead holder left. */
+  breakRemoteLock(name: string): Promise<T.LockInfo> {
+    return this.#json("DELETE", ["/v1/remote/locks", quoteSegment(name)].join("/"));
+  }
 }

@@ -1056,6 +1056,146 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/remote": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The daemon's remote and its tags
+         * @description The remote the daemon was started with (`--remote URL`, else its `--replicate` one) and the tags pushed there. No request names a URL or a key.
+         */
+        get: operations["remote_info"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/remote/push": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Push a tag's chain to the remote
+         * @description Every link of the tag's chain, memory and disks, sealed with the remote key; only the blocks the remote lacks are uploaded, and the manifest is written last, under the remote's shared lock. Answers when the push is done.
+         */
+        post: operations["push_tag"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/remote/pull": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Pull a tag's chain from the remote
+         * @description The links the store lacks, each block checked against its name and the manifest against the remote key; a manifest older than one this host pulled before is refused (a rolled-back remote). Sandboxes spawn from the tag like from any other once this answers.
+         */
+        post: operations["pull_tag"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/remote/tags/{tag}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /**
+         * Remove a tag from the remote
+         * @description Removes the tag's manifest; its blocks stay (other tags share them) until `POST /v1/remote/gc`.
+         */
+        delete: operations["remove_remote_tag"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/remote/gc": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Delete the remote's unreferenced blocks
+         * @description Reads every tag's manifest and deletes the blocks none names and older than `min_age_s`, under the remote's exclusive lock (refused while a push holds a lock). A manifest that does not open stops it before anything is deleted.
+         */
+        post: operations["collect_remote"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/remote/locks": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The remote's locks
+         * @description Who holds each lock (a push or a collection, host and pid) and how long ago it was refreshed, oldest first.
+         */
+        get: operations["list_remote_locks"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/remote/locks/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /**
+         * Break a dead holder's lock
+         * @description Removes a lock a dead push or collection left (one blocks collections until it goes stale, 30 minutes). Break only a lock whose holder is gone: a collection beside a live push can delete a block its tag will name.
+         */
+        delete: operations["break_remote_lock"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -2790,6 +2930,116 @@ export interface components {
              * @description Until its agent answered from the checkpoint.
              */
             total_ms: number;
+        };
+        /** @description `POST /v1/remote/push`. */
+        PushRequest: {
+            /** @description The snapshot (template or branch) whose chain to push. */
+            tag: string;
+        };
+        /** @description `POST /v1/remote/pull`. */
+        PullRequest: {
+            /** @description The tag to bring into the daemon's store (every link it lacks, memory included). */
+            tag: string;
+        };
+        /** @description `POST /v1/remote/gc`. */
+        CollectRequest: {
+            /** @description Keep unreferenced blocks younger than this many seconds (a cut-off push resumes with them); absent: 86400. */
+            min_age_s?: number;
+            /**
+             * @description Count what would go; delete nothing.
+             * @default false
+             */
+            dry_run?: boolean;
+        };
+        /** @description The daemon's remote and its tags. */
+        RemoteInfo: {
+            /** @description Its URL (`s3://bucket/prefix`, `file:///dir`, ...). */
+            url: string;
+            /** @description The tags pushed there, sorted. */
+            tags: string[];
+        };
+        /** @description What a push did. */
+        PushReport: {
+            tag: string;
+            remote: string;
+            /** @description Tags from the base to the head. */
+            links: string[];
+            entries: number;
+            /** @description Blocks the chain is made of (holes are not blocks). */
+            blocks: number;
+            /** @description Blocks uploaded: the remote lacked them. */
+            blocks_uploaded: number;
+            /** @description Blocks the remote held already (another tag's, or an earlier cut-off push's). */
+            blocks_present: number;
+            /** @description Blocks repeated within the chain, uploaded once. */
+            blocks_repeated: number;
+            /** @description Bytes uploaded (sealed blocks and the manifest). */
+            bytes_uploaded: number;
+            /** @description Bytes of the entries' blocks before compression. */
+            logical_bytes: number;
+            ms: number;
+        };
+        /** @description What a pull did. */
+        PullReport: {
+            tag: string;
+            remote: string;
+            /** @description Links written into the store, base first. */
+            imported: string[];
+            /** @description Links the store had with the same content. */
+            reused: string[];
+            /** @description Blocks the chain is made of. */
+            blocks: number;
+            /** @description Blocks not needed: the store had them. */
+            blocks_local: number;
+            /** @description Blocks read from the host's block cache. */
+            blocks_cached: number;
+            /** @description Blocks downloaded. */
+            blocks_fetched: number;
+            /** @description Bytes downloaded (sealed blocks and the manifest). */
+            bytes_fetched: number;
+            /** @description Memory chunks the store gained. */
+            chunks_new: number;
+            /** @description Memory chunks left on the remote (a lazy pull): fetched by the sandboxes that touch them. */
+            chunks_left_remote: number;
+            ms: number;
+        };
+        /** @description What a collection did (or, with `dry_run`, would do). */
+        GcReport: {
+            remote: string;
+            dry_run: boolean;
+            /** @description Tags whose manifests were read. */
+            tags: number;
+            /** @description Blocks on the remote before. */
+            blocks: number;
+            /** @description Blocks some manifest names. */
+            blocks_referenced: number;
+            /** @description Blocks no manifest names but younger than the minimum age (kept). */
+            blocks_young: number;
+            /** @description Blocks deleted (or that would be). */
+            blocks_deleted: number;
+            bytes_deleted: number;
+            ms: number;
+        };
+        /**
+         * @description `shared`: a push (many at once); `exclusive`: a collection (alone).
+         * @enum {string}
+         */
+        LockKind: "shared" | "exclusive";
+        /** @description One lock object on a remote. */
+        LockInfo: {
+            /** @description The object's name under `locks/`. */
+            name: string;
+            kind: components["schemas"]["LockKind"];
+            /** @description The holder's host, when the lock could be read. */
+            host: string | null;
+            /** @description The holder's process. */
+            pid: number | null;
+            /** @description What holds it: `push TAG` or `gc`. */
+            purpose: string | null;
+            /** @description Seconds since the holder last rewrote it. */
+            age_s: number;
+            /** @description Not rewritten for 30 minutes: a crashed holder's, which nothing waits for. */
+            stale: boolean;
         };
     };
     responses: {
@@ -5255,6 +5505,237 @@ export interface operations {
             };
             401: components["responses"]["Unauthorized"];
             500: components["responses"]["Internal"];
+        };
+    };
+    remote_info: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The remote. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RemoteInfo"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            /** @description The daemon has no remote (start it with `--remote URL`), or a lock is in the way. */
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["Internal"];
+            /** @description The object store failed (after its retries). */
+            502: components["responses"]["BadGateway"];
+        };
+    };
+    push_tag: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "tag": "py"
+                 *     }
+                 */
+                "application/json": components["schemas"]["PushRequest"];
+            };
+        };
+        responses: {
+            /** @description Pushed. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PushReport"];
+                };
+            };
+            /** @description Bad tag. */
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            /** @description No such snapshot. */
+            404: components["responses"]["NotFound"];
+            /** @description The daemon has no remote (start it with `--remote URL`), or a lock is in the way. */
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["Internal"];
+            /** @description The object store failed (after its retries). */
+            502: components["responses"]["BadGateway"];
+        };
+    };
+    pull_tag: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "tag": "py"
+                 *     }
+                 */
+                "application/json": components["schemas"]["PullRequest"];
+            };
+        };
+        responses: {
+            /** @description Pulled (or present already). */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PullReport"];
+                };
+            };
+            /** @description Bad tag. */
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            /** @description The remote has no such tag. */
+            404: components["responses"]["NotFound"];
+            /** @description No remote, an object that does not open under the key, or a rolled-back tag. */
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["Internal"];
+            /** @description The object store failed (after its retries). */
+            502: components["responses"]["BadGateway"];
+        };
+    };
+    remove_remote_tag: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Snapshot tag: 1 to 128 ASCII letters, digits, `.`, `_` or `-`, starting with a letter or digit. */
+                tag: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Removed. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Bad tag. */
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            /** @description The remote has no such tag. */
+            404: components["responses"]["NotFound"];
+            /** @description The daemon has no remote (start it with `--remote URL`), or a lock is in the way. */
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["Internal"];
+            /** @description The object store failed (after its retries). */
+            502: components["responses"]["BadGateway"];
+        };
+    };
+    collect_remote: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "min_age_s": 86400,
+                 *       "dry_run": true
+                 *     }
+                 */
+                "application/json": components["schemas"]["CollectRequest"];
+            };
+        };
+        responses: {
+            /** @description Collected (or counted). */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["GcReport"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            /** @description The daemon has no remote (start it with `--remote URL`), or a lock is in the way. */
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["Internal"];
+            /** @description The object store failed (after its retries). */
+            502: components["responses"]["BadGateway"];
+        };
+    };
+    list_remote_locks: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The locks. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["LockInfo"][];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            /** @description The daemon has no remote (start it with `--remote URL`), or a lock is in the way. */
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["Internal"];
+            /** @description The object store failed (after its retries). */
+            502: components["responses"]["BadGateway"];
+        };
+    };
+    break_remote_lock: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A lock's name as `GET /v1/remote/locks` lists it: `shared-` or `exclusive-` and 16 hex digits. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Removed; what the lock said. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["LockInfo"];
+                };
+            };
+            /** @description Not a lock's name. */
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            /** @description No such lock. */
+            404: components["responses"]["NotFound"];
+            /** @description The daemon has no remote (start it with `--remote URL`), or a lock is in the way. */
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["Internal"];
+            /** @description The object store failed (after its retries). */
+            502: components["responses"]["BadGateway"];
         };
     };
 }

@@ -169,6 +169,13 @@ const CALLS: Record<string, [unknown, (c: Controller) => Promise<unknown>]> = {
   GetVolume: [VOL, (c) => c.getVolume("NAME")],
   DeleteVolume: [null, (c) => c.deleteVolume("NAME")],
   SnapshotVolume: [VOL, (c) => c.snapshotVolume("NAME", "data2")],
+  RemoteInfo: [{ url: "file:///r", tags: ["py"] }, (c) => c.remoteInfo()],
+  PushTag: [{ tag: "py" }, (c) => c.pushTag("py")],
+  PullTag: [{ tag: "py" }, (c) => c.pullTag("py")],
+  RemoveRemoteTag: [null, (c) => c.removeRemoteTag("TAG")],
+  CollectRemote: [{ dry_run: true }, (c) => c.collectRemote({ min_age_s: 0, dry_run: true })],
+  ListRemoteLocks: [[], (c) => c.remoteLocks()],
+  BreakRemoteLock: [{ name: "NAME" }, (c) => c.breakRemoteLock("NAME")],
   ImportOciTemplate: [{ type: "done", template: "app" }, async (c) => {
     for await (const _ of c.importOciTemplate(new Uint8Array([1, 2]), { name: "app", force: true })) void _;
   }],
