@@ -340,7 +340,16 @@ fn response(out: &mut Vec<u8>, r: &Response) {
 }
 
 fn info(name: &str, file_type: FileType) -> FileInfo {
-    FileInfo { name: name.into(), file_type, size: 4096, mode: 0o755, mtime_unix_ns: 1_700_000_000_000_000_000 }
+    FileInfo {
+        name: name.into(),
+        file_type,
+        size: 4096,
+        mode: 0o755,
+        mtime_unix_ns: 1_700_000_000_000_000_000,
+        owner: None,
+        group: None,
+        symlink_target: None,
+    }
 }
 
 fn agent_host(c: &mut Corpus) {
