@@ -24,6 +24,9 @@ fn s3_vars(s3: &S3Server, key: &Path) -> Vec<(String, String)> {
     let mut vars: Vec<(String, String)> =
         c.get_envs().filter_map(|(k, v)| Some((k.to_str()?.to_string(), v?.to_str()?.to_string()))).collect();
     vars.push(("FORKVM_REMOTE_KEY".into(), key.to_str().unwrap().into()));
+    // The test's own block cache, not the host's (`~/.cache/forkvm/remote-blocks`).
+    let cache = key.parent().unwrap().join("remote-blocks");
+    vars.push(("FORKVM_REMOTE_CACHE".into(), cache.to_str().unwrap().into()));
     vars
 }
 
