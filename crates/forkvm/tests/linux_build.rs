@@ -206,7 +206,9 @@ fn a_multi_stage_build_copies_from_the_stages_it_needs_and_skips_the_rest() {
          RUN exit 7\n\
          FROM tiny\n\
          COPY --from=build /src/out /app/\n\
-         COPY --from=0 /src/tool /usr/local/bin/mytool\n",
+         COPY --from=0 /src/tool /usr/local/bin/mytool\n\
+         COPY --from=build --chmod=750 /src/out /moded/\n\
+         COPY --from=build --chmod=700 /src/tool /usr/local/bin/tool700\n",
     );
     write(&ctx, "Dockerfile", &staged_dockerfile);
     let ctx_s = ctx.to_str().unwrap();
@@ -216,20 +218,25 @@ fn a_multi_stage_build_copies_from_the_stages_it_needs_and_skips_the_rest() {
         env.json(&args)
     };
     let first = build(&[]);
-    assert_eq!(outcome(&first), (vec![false; 3], false), "{first}");
+    assert_eq!(outcome(&first), (vec![false; 5], false), "{first}");
     assert_eq!(first["from"], "tiny");
     let id = env.fork("--tag", "staged", 1).remove(0);
     let sh = |script: &str| env.sh(&id, script);
     assert_eq!(sh("cat /app/sub/a.txt; readlink /app/link"), "built 1\nsub/a.txt\n", "a directory, its link kept");
     assert_eq!(sh("stat -c '%a %U' /usr/local/bin/mytool; mytool"), "755 root\ntool\n", "a file, its mode kept");
     assert_eq!(sh("test -e /src || echo no-src"), "no-src\n", "the last stage has only what it copied");
+    // --chmod over every file and directory of a copied directory (its link kept), and a file.
+    assert_eq!(
+        sh("stat -c '%a' /moded/sub /moded/sub/a.txt; readlink /moded/link; cat /moded/sub/a.txt; stat -c '%a' /usr/local/bin/tool700"),
+        "750\n750\nsub/a.txt\nbuilt 1\n700\n"
+    );
     env.ok(&["kill", &id]);
 
     let again = build(&[]);
-    assert_eq!(outcome(&again), (vec![true; 3], true), "{again}");
+    assert_eq!(outcome(&again), (vec![true; 5], true), "{again}");
     // The build stage changes: the copies from it run again, though their own text did not.
     let changed = build(&["--build-arg", "V=2"]);
-    assert_eq!(outcome(&changed), (vec![false; 3], false), "{changed}");
+    assert_eq!(outcome(&changed), (vec![false; 5], false), "{changed}");
     let id = env.fork("--tag", "staged", 1).remove(0);
     assert_eq!(env.sh(&id, "cat /app/sub/a.txt"), "built 2\n");
     env.ok(&["kill", &id]);

@@ -8,6 +8,7 @@ pub mod ignore;
 pub mod parse;
 pub mod plan;
 pub mod tar_context;
+pub mod tar_mode;
 pub mod words;
 
 pub use context::Context;

@@ -30,9 +30,17 @@ pub enum Action {
     /// `chmod` over the files' own modes; `cwd` is made first.
     Copy { set: CopySet, dest: String, chown: Option<String>, chmod: Option<u32>, cwd: Option<String> },
     /// Put `paths` of stage `stage`'s result at `dest` (a directory when it ends in `/`,
-    /// or when a path is one), owned by `chown`; `cwd` is made first. The step's cache
-    /// key covers that stage's key, so a changed stage reruns the copy.
-    CopyFrom { stage: usize, paths: Vec<String>, dest: String, chown: Option<String>, cwd: Option<String> },
+    /// or when a path is one), owned by `chown`, with `chmod` over every copied file's
+    /// and directory's own mode; `cwd` is made first. The step's cache key covers that
+    /// stage's key, so a changed stage reruns the copy.
+    CopyFrom {
+        stage: usize,
+        paths: Vec<String>,
+        dest: String,
+        chown: Option<String>,
+        chmod: Option<u32>,
+        cwd: Option<String>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -399,9 +407,7 @@ impl State<'_> {
                     }
                     None => self.implicit_stage(line, from)?,
                 };
-                if chmod.is_some() {
-                    return Err(at("COPY --from with --chmod is not supported".into()));
-                }
+                let chmod = octal_mode(chmod.as_deref()).map_err(at)?;
                 let mut paths = Vec::new();
                 for s in sources {
                     let s = self.expand(line, s)?;
@@ -421,7 +427,7 @@ impl State<'_> {
                     dest.push('/');
                 }
                 let chown = chown.as_ref().map(|c| self.expand(line, c)).transpose()?;
-                let action = Action::CopyFrom { stage, paths, dest, chown, cwd: self.config.workdir.clone() };
+                let action = Action::CopyFrom { stage, paths, dest, chown, chmod, cwd: self.config.workdir.clone() };
                 self.push(ins, action);
             }
             Kind::Copy { add, sources, dest, chown, chmod, from: None } => {
@@ -441,15 +447,7 @@ impl State<'_> {
                     }
                 }
                 let chown = chown.as_ref().map(|c| self.expand(line, c)).transpose()?;
-                let chmod = chmod
-                    .as_ref()
-                    .map(|m| {
-                        u32::from_str_radix(m, 8)
-                            .ok()
-                            .filter(|m| *m <= 0o7777)
-                            .ok_or_else(|| at(format!("--chmod={m} is not an octal mode")))
-                    })
-                    .transpose()?;
+                let chmod = octal_mode(chmod.as_deref()).map_err(at)?;
                 let action = Action::Copy { set, dest, chown, chmod, cwd: self.config.workdir.clone() };
                 self.push(ins, action);
             }
@@ -540,6 +538,9 @@ fn digest(a: &Action) -> String {
             paths: &'a [String],
             dest: &'a str,
             chown: &'a Option<String>,
+            // Absent from the key when not given, so earlier steps keep their keys.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            chmod: Option<u32>,
             cwd: &'a Option<String>,
         },
     }
@@ -548,12 +549,23 @@ fn digest(a: &Action) -> String {
         Action::Copy { set, dest, chown, chmod, cwd } => {
             Canon::Copy { content: &set.digest, dest, chown, chmod: *chmod, cwd }
         }
-        Action::CopyFrom { stage, paths, dest, chown, cwd } => {
-            Canon::CopyFrom { stage: *stage, paths, dest, chown, cwd }
+        Action::CopyFrom { stage, paths, dest, chown, chmod, cwd } => {
+            Canon::CopyFrom { stage: *stage, paths, dest, chown, chmod: *chmod, cwd }
         }
     };
     let json = serde_json::to_vec(&canon).expect("plain data serializes");
     context::hex(&Sha256::new_with_prefix(b"forkvm-build-step-v1\0").chain_update(json).finalize())
+}
+
+/// `--chmod`'s value: an octal mode up to 7777.
+fn octal_mode(text: Option<&str>) -> Result<Option<u32>, String> {
+    text.map(|m| {
+        u32::from_str_radix(m, 8)
+            .ok()
+            .filter(|m| *m <= 0o7777)
+            .ok_or_else(|| format!("--chmod={m} is not an octal mode"))
+    })
+    .transpose()
 }
 
 #[cfg(test)]
@@ -647,6 +659,19 @@ mod tests {
     }
 
     #[test]
+    fn copy_from_takes_a_chmod_into_its_action_and_key() {
+        let d = tempfile::tempdir().unwrap();
+        let text = "FROM t AS a\nFROM t\nCOPY --from=a --chmod=750 /out/ /app/\n";
+        let p = plan_of(text, &[], d.path()).unwrap();
+        let Action::CopyFrom { chmod, .. } = &p.result().steps[0].action else { panic!() };
+        assert_eq!(*chmod, Some(0o750));
+        let plain = plan_of(&text.replace("--chmod=750 ", ""), &[], d.path()).unwrap();
+        let other = plan_of(&text.replace("750", "755"), &[], d.path()).unwrap();
+        let keys = [&p, &plain, &other].map(|p| p.result().steps[0].digest.clone());
+        assert!(keys[0] != keys[1] && keys[0] != keys[2] && keys[1] != keys[2], "{keys:?}");
+    }
+
+    #[test]
     fn bad_values_name_their_line() {
         let d = tempfile::tempdir().unwrap();
         std::fs::write(d.path().join("a"), "x").unwrap();
@@ -659,7 +684,7 @@ mod tests {
             ("FROM t\nCOPY missing /x\n", 2, "not found"),
             ("FROM t\nWORKDIR ${X\n", 2, "expected }"),
             ("FROM t AS a\nFROM t\nCOPY --from=a /x* /b/\n", 3, "wildcards"),
-            ("FROM t AS a\nFROM t\nCOPY --from=a --chmod=644 /x /b\n", 3, "--chmod"),
+            ("FROM t AS a\nFROM t\nCOPY --from=a --chmod=8 /x /b\n", 3, "--chmod=8 is not an octal mode"),
             ("FROM t AS a\nFROM t\nCOPY --from=a /x /y /b\n", 3, "ending in /"),
             ("FROM t AS a\nFROM t\nCOPY --from=1 /x /b\n", 3, "no earlier stage of that index"),
             ("FROM t\nCOPY --from=later /a /b\nFROM t AS later\n", 2, "comes after it"),

@@ -4,7 +4,9 @@
 //! host's disk: a directory as the agent's `tar` (its entries relative to it, links kept
 //! as links), a file as a one-entry archive made here around the agent's `read_file`.
 //! The step's agent unpacks it confined to the destination (`untar`), as for COPY from
-//! the context.
+//! the context. With `--chmod`, a file's archive is made with that mode, and a
+//! directory's stream has its modes rewritten on the way
+//! ([`forkvm_image::dockerfile::tar_mode`]).
 
 use crate::chain_ops::ChainOpError;
 use forkvm_proto::{AgentClient, FileInfo, FileType, UntarRequest, DATA_CHUNK};
@@ -13,7 +15,7 @@ use std::os::unix::net::UnixStream;
 
 /// Puts `paths` of `source` at `dest` in `target`: into it when it ends in `/`, when a
 /// path is a directory, or when it is a directory in the target; else the one file
-/// becomes `dest`.
+/// becomes `dest`. `mode`, when given, is every copied file's and directory's.
 pub fn copy_from(
     target: &AgentClient<UnixStream>,
     source: &AgentClient<UnixStream>,
@@ -21,6 +23,7 @@ pub fn copy_from(
     paths: &[String],
     dest: &str,
     owner: Option<&str>,
+    mode: Option<u32>,
 ) -> Result<String, ChainOpError> {
     let work = |detail: String| ChainOpError::Work { step: text.to_string(), detail };
     let mut sent = 0;
@@ -51,10 +54,18 @@ pub fn copy_from(
             let (mut reader, writer) = io::pipe().map_err(|e| work(format!("a pipe: {e}")))?;
             let producer = scope.spawn(move || -> io::Result<()> {
                 let mut out = io::BufWriter::with_capacity(DATA_CHUNK, writer);
-                if is_dir {
-                    source.tar(trimmed, &mut out).map_err(io::Error::other)?;
-                } else {
-                    one_file_archive(source, trimmed, &name, &info, &mut out)?;
+                match (is_dir, mode) {
+                    (true, None) => {
+                        source.tar(trimmed, &mut out).map_err(io::Error::other)?;
+                    }
+                    (true, Some(mode)) => remoded_tar(source, trimmed, mode, &mut out)?,
+                    (false, _) => {
+                        let mut info = info.clone();
+                        if let Some(mode) = mode {
+                            info.mode = mode;
+                        }
+                        one_file_archive(source, trimmed, &name, &info, &mut out)?;
+                    }
                 }
                 out.flush()
             });
@@ -77,6 +88,28 @@ pub fn copy_from(
         };
     }
     Ok(format!("{} path(s) from the stage into {dest} ({sent} bytes)\n", paths.len()))
+}
+
+/// The agent's tar stream of directory `path`, every file's and directory's mode made
+/// `mode` on its way to `out`.
+fn remoded_tar(source: &AgentClient<UnixStream>, path: &str, mode: u32, out: &mut dyn Write) -> io::Result<()> {
+    std::thread::scope(|scope| {
+        let (reader, writer) = io::pipe()?;
+        let producer = scope.spawn(move || -> io::Result<()> {
+            let mut w = io::BufWriter::with_capacity(DATA_CHUNK, writer);
+            source.tar(path, &mut w).map_err(io::Error::other)?;
+            w.flush()
+        });
+        let copied = forkvm_image::dockerfile::tar_mode::copy_with_mode(io::BufReader::new(reader), out, mode);
+        // The reader is gone here: a producer still writing sees a broken pipe.
+        let produced = producer.join().unwrap_or_else(|_| Err(io::Error::other("the stage's tar panicked")));
+        match (copied, produced) {
+            (_, Err(e)) if e.kind() != io::ErrorKind::BrokenPipe => Err(e),
+            (Err(e), _) => Err(e),
+            (Ok(_), Err(e)) => Err(e),
+            (Ok(_), Ok(())) => Ok(()),
+        }
+    })
 }
 
 /// A tar archive of one regular file, `name`, with `info`'s size, mode and mtime, its

@@ -40,10 +40,10 @@ pub fn run(
             make_dir(client, text, cwd.as_deref())?;
             copy(client, text, set, dest, chown.as_deref(), *chmod)
         }
-        Action::CopyFrom { stage: index, paths, dest, chown, cwd } => {
+        Action::CopyFrom { stage: index, paths, dest, chown, chmod, cwd } => {
             make_dir(client, text, cwd.as_deref())?;
             stage(*index, &mut |source| {
-                super::copy_from::copy_from(client, source, text, paths, dest, chown.as_deref())
+                super::copy_from::copy_from(client, source, text, paths, dest, chown.as_deref(), *chmod)
             })
         }
     }
