@@ -11,7 +11,8 @@ use crate::chain_cmd::{mib, print};
 use anyhow::{Context, Result};
 use clap::Args;
 use forkvm_remote::push::Progress;
-use forkvm_remote::{BlockCache, Remote, RemoteKey};
+use forkvm_remote::{Remote, RemoteKey};
+use forkvm_sandbox::replication::host_block_cache;
 use forkvm_sandbox::source::assembled_cache;
 use forkvm_snapshot::Store;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -123,10 +124,6 @@ fn key(opts: &RemoteOpts) -> Result<RemoteKey> {
     Ok(RemoteKey::load(&opts.key_file.clone().unwrap_or_else(RemoteKey::default_path))?)
 }
 
-fn block_cache() -> BlockCache {
-    forkvm_sandbox::replication::host_block_cache()
-}
-
 /// Runs `work` with a progress bar on a terminal (not with --json).
 fn with_progress<T: Send>(json: bool, verb: &str, work: impl FnOnce(&Progress) -> T + Send) -> T {
     let progress = Progress::default();
@@ -181,7 +178,7 @@ pub fn push(a: PushArgs) -> Result<i32> {
 pub fn pull(a: PullArgs) -> Result<i32> {
     let (remote, key) = (open(a.from.as_deref())?, key(&a.opts)?);
     let store = Store::open_default();
-    let cache = block_cache();
+    let cache = host_block_cache();
     let pull = if a.lazy { forkvm_remote::pull_lazy } else { forkvm_remote::pull };
     let r = with_progress(a.opts.json, "pulling", |p| pull(&store, &a.tag, &remote, &key, &cache, p))?;
     print(a.opts.json, &r, || {
@@ -330,7 +327,7 @@ pub fn replicate(a: ReplicateArgs) -> Result<i32> {
 
 pub fn restore_sandbox(a: RestoreSandboxArgs, remote_args: &crate::remote_cmd::RemoteArgs) -> Result<i32> {
     let rep = replication(a.from.as_deref(), a.key_file.as_ref())?;
-    let r = rep.restore(&Store::open_default(), &a.fork.id, &block_cache())?;
+    let r = rep.restore(&Store::open_default(), &a.fork.id, &host_block_cache())?;
     let line = format!(
         "{} ← {}: {} files fetched ({}), {} here already; newest disk snapshot {} of {}",
         r.sandbox_id,
