@@ -285,7 +285,7 @@ fn a_multi_stage_build_copies_from_the_stages_it_needs_and_skips_the_rest() {
     // needed and does not run.
     write(&ctx, "Dockerfile", &staged_dockerfile);
     let after = build(&["--build-arg", "V=2"]);
-    assert_eq!(outcome(&after), (vec![true; 3], true), "{after}");
+    assert_eq!(outcome(&after), (vec![true; 5], true), "{after}");
 
     // COPY --from an image (here a template) rather than a stage: an implicit stage of it.
     write(&ctx, "Dockerfile", "FROM tiny\nCOPY --from=tiny /bin/busybox /opt/busybox\n");
