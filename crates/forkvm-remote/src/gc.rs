@@ -26,6 +26,10 @@ use forkvm_snapshot::ChunkId;
 use std::collections::HashSet;
 use std::time::{Duration, Instant, SystemTime};
 
+/// How old an unreferenced block must be before a collection deletes it, unless told
+/// otherwise: a push cut off within it resumes with the blocks it uploaded.
+pub const DEFAULT_MIN_AGE: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// Removes `tag`'s manifest from `remote` (its blocks stay until a [`collect`]).
 pub fn remove_tag(remote: &Remote, tag: &str) -> Result<(), RemoteError> {
     forkvm_snapshot::validate_tag(tag)

@@ -221,8 +221,8 @@ pub fn list_locks(remote: &Remote) -> Result<Vec<LockInfo>, RemoteError> {
 
 /// Whether `name` is a lock object's name: `shared-` or `exclusive-` and 16 hex digits.
 fn is_lock_name(name: &str) -> bool {
-    let Some((side, hex)) = name.split_once('-') else { return false };
-    matches!(side, "shared" | "exclusive") && hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit())
+    let hex = name.split_once('-').map_or("", |(_, hex)| hex);
+    kind_of_name(name).is_some() && hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// Removes the lock `name` (as [`list_locks`] names it), for an operator who knows its

@@ -227,19 +227,12 @@ pub fn run(mut a: DaemonArgs) -> Result<i32> {
         bail!("--max-connections must be at least 1");
     }
     let e2b = a.e2b.config()?;
-    let replication = match &a.replicate {
-        Some(url) => {
-            let key = a.replicate_key.clone().unwrap_or_else(forkvm_remote::RemoteKey::default_path);
-            Some(std::sync::Arc::new(forkvm_sandbox::replication::Replication::open(url, &key).context("--replicate")?))
-        }
-        None => None,
-    };
-    let remote = match &a.remote {
-        Some(url) => {
-            let key = a.remote_key.clone().unwrap_or_else(forkvm_remote::RemoteKey::default_path);
-            Some(std::sync::Arc::new(forkvm_sandbox::replication::Replication::open(url, &key).context("--remote")?))
-        }
-        None if a.remote_key.is_some() => bail!("--remote-key applies to --remote: give --remote URL too"),
+    let replication = open_remote(a.replicate.as_deref(), a.replicate_key.as_ref(), "--replicate")?;
+    if a.remote.is_none() && a.remote_key.is_some() {
+        bail!("--remote-key applies to --remote: give --remote URL too");
+    }
+    let remote = match open_remote(a.remote.as_deref(), a.remote_key.as_ref(), "--remote")? {
+        Some(remote) => Some(remote),
         None => replication.clone(),
     };
     let cfg = DaemonConfig {
@@ -280,6 +273,18 @@ pub fn run(mut a: DaemonArgs) -> Result<i32> {
     };
     forkvmd::run(cfg)?;
     Ok(0)
+}
+
+/// The remote at `url` (a daemon flag, `flag`) with its key file, else the default key.
+fn open_remote(
+    url: Option<&str>,
+    key: Option<&PathBuf>,
+    flag: &str,
+) -> Result<Option<std::sync::Arc<forkvm_sandbox::replication::Replication>>> {
+    let Some(url) = url else { return Ok(None) };
+    let key = key.cloned().unwrap_or_else(forkvm_remote::RemoteKey::default_path);
+    let remote = forkvm_sandbox::replication::Replication::open(url, &key).with_context(|| flag.to_string())?;
+    Ok(Some(std::sync::Arc::new(remote)))
 }
 
 /// `forkvm __spawner`: the daemon's spawner process ([`forkvmd::spawner::main`]).

@@ -21,9 +21,6 @@ use forkvm_sandbox::replication::{host_block_cache, Replication};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A collection keeps unreferenced blocks younger than this unless told otherwise.
-const DEFAULT_MIN_AGE_S: u64 = 24 * 60 * 60;
-
 fn remote_err(e: RemoteError) -> ApiError {
     ApiError::new(e.code(), e.to_string())
 }
@@ -101,7 +98,7 @@ pub async fn collect(
     JsonBody(req): JsonBody<CollectRequest>,
 ) -> Result<Json<GcReport>, ApiError> {
     let r = remote(&s)?;
-    let min_age = Duration::from_secs(req.min_age_s.unwrap_or(DEFAULT_MIN_AGE_S));
+    let min_age = req.min_age_s.map_or(forkvm_remote::gc::DEFAULT_MIN_AGE, Duration::from_secs);
     s.blocking(move |_| {
         let report = forkvm_remote::gc::collect(r.remote(), r.key(), min_age, req.dry_run).map_err(remote_err)?;
         tracing::info!(remote = %report.remote, dry_run = report.dry_run, deleted = report.blocks_deleted,
