@@ -65,6 +65,11 @@ pub fn offered_file(path: &Path, write: bool) -> Option<std::io::Result<File>> {
     }))
 }
 
+/// Withdraws the offer at `path`, if any (its file is gone: a merged layer).
+pub fn withdraw(path: &Path) {
+    offered().retain(|o| o.path != path);
+}
+
 /// The offered descriptors (a process that closes the rest keeps these).
 pub fn fds() -> Vec<RawFd> {
     offered().iter().map(|o| o.file.as_raw_fd()).collect()

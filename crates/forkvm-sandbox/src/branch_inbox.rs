@@ -118,6 +118,14 @@ impl Inbox {
                 .map_err(io("noting its writer"))?,
         }
         link_references(tag, &branch.join(DISK_DIR), grant)?;
+        let disk = branch.join(DISK_DIR);
+        if writer.is_none() && std::fs::symlink_metadata(&disk).is_ok() {
+            // The sandbox's own layers it named are the branch's now, like every other
+            // file of it (a live branch's are taken with the rest by `Store::adopt_ready`):
+            // its VMM keeps them open (`layered_disk::offer_sealed_layer`) but can no
+            // longer change what the branch's spawns read.
+            crate::sandbox_uid::disown_tree(&disk).map_err(io("taking its disk files over"))?;
+        }
         forkvm_snapshot::rename_noreplace(&branch, dest).map_err(|e| {
             if e.kind() == std::io::ErrorKind::AlreadyExists {
                 AdoptError::Exists { tag: tag.into(), dest: dest.to_path_buf() }
@@ -300,8 +308,18 @@ mod tests {
                 (&format!("disk1.img.layers/{L2}"), own.clone()),
             ],
         );
+        // The sandbox's own layer is its uid's until the branch takes it.
+        let sandbox_uid = 0x7FFC_0000 + 65_536 + 7;
+        for f in ["data", "bitmap"] {
+            std::os::unix::fs::lchown(own.join(f), Some(sandbox_uid), Some(sandbox_uid)).unwrap();
+        }
         let dest = store.snapshots_dir().join("b");
         inbox.adopt("b", &grant, &dest, None, &no_internet()).unwrap();
+        // SAFETY: geteuid cannot fail.
+        let us = unsafe { libc::geteuid() };
+        for f in ["data", "bitmap"] {
+            assert_eq!(std::fs::metadata(own.join(f)).unwrap().uid(), us, "{f}: the branch's now, not the sandbox's");
+        }
         let meta = forkvm_snapshot::read_meta(&dest.join(forkvm_snapshot::SNAPSHOT_JSON)).unwrap();
         assert_eq!(meta.default_network, no_internet().network, "our policy, not the VMM's");
         assert_eq!(meta.default_limits, no_internet().limits, "our limits, not the VMM's");

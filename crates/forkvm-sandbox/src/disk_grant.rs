@@ -69,6 +69,16 @@ impl DiskGrant {
         }
     }
 
+    /// The sealed layers in `record`'s own disk directories only: what a fork of the
+    /// running sandbox inherits (`start::inherited_layers`).
+    pub(crate) fn own_layers(record: &SandboxRecord) -> DiskGrant {
+        DiskGrant {
+            within: vec![record.run_dir.clone()],
+            layer_trees: record.disks.iter().map(|d| d.dir.clone()).collect(),
+            ..DiskGrant::default()
+        }
+    }
+
     /// `path` if a reference may name it as a `kind`, else why not.
     pub(crate) fn check(&self, path: &Path, kind: Kind) -> std::io::Result<PathBuf> {
         let refuse = |why: &str| Err(std::io::Error::other(format!("the VMM names {}: {why}", path.display())));

@@ -140,6 +140,25 @@ fn each_sandbox_writes_its_own_disk_and_forks_and_branches_carry_it() {
     }
     assert_eq!(env.sh(&kids[0], "cat /root/who"), "later\n");
 
+    // The branch took over the layers it captured (the store's now, not the sandbox's
+    // uid's): forks of the running sandbox still inherit them, and forks of those.
+    let own_layers = env.run.join("sandboxes").join(&kids[0]).join("disks/disk1");
+    let owners: Vec<(String, u32)> = std::fs::read_dir(&own_layers)
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.unwrap();
+            let m = std::fs::metadata(e.path().join("data")).ok()?;
+            Some((e.file_name().to_string_lossy().into_owned(), std::os::unix::fs::MetadataExt::uid(&m)))
+        })
+        .collect();
+    assert!(owners.iter().any(|(_, uid)| *uid == 0), "no layer in {} is root's: {owners:?}", own_layers.display());
+    let grandkid = env.fork("--from-sandbox", &kids[0], 1).remove(0);
+    assert_eq!(env.sh(&grandkid, "cat /root/who"), "later\n");
+    env.sh(&grandkid, "echo grandkid > /root/who && sync");
+    let great = env.fork("--from-sandbox", &grandkid, 1).remove(0);
+    assert_eq!(env.sh(&great, "cat /root/who"), "grandkid\n");
+    env.ok(&["kill", &great, &grandkid]);
+
     // Sealed layers are shared by hard link, not copied: the tag's layers are links.
     let layers = env.store.join("snapshots/k0/disk/disk1.img.layers");
     let mut linked = 0;

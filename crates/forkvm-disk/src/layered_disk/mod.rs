@@ -114,6 +114,41 @@ pub const DATA_FILE: &str = "data";
 /// A layer directory's bitmap file.
 pub const BITMAP_FILE: &str = "bitmap";
 
+/// Offers the two files of the sealed layer at `dir` ([`crate::preopened`]), opened
+/// read-only now, while this process may: a branch that captures the layer takes its
+/// files over (root's, 0600), and this process and the children it forks still reopen
+/// them by path (a fork's restore, a merge).
+pub fn offer_sealed_layer(dir: &std::path::Path) -> io::Result<()> {
+    for name in [DATA_FILE, BITMAP_FILE] {
+        let path = dir.join(name);
+        if crate::preopened::offered_file(&path, false).is_none() {
+            let file = std::fs::File::open(&path)?;
+            crate::preopened::offer(&path, file, false);
+        }
+    }
+    Ok(())
+}
+
+/// Offers the files of the layer at `from` (this process's offers, else opened now) at
+/// `to` too: a name a forked child gives its source's layer, which the host side links.
+pub fn offer_layer_as(from: &std::path::Path, to: &std::path::Path) -> io::Result<()> {
+    for name in [DATA_FILE, BITMAP_FILE] {
+        let file = match crate::preopened::offered_file(&from.join(name), false) {
+            Some(file) => file?,
+            None => std::fs::File::open(from.join(name))?,
+        };
+        crate::preopened::offer(&to.join(name), file, false);
+    }
+    Ok(())
+}
+
+/// Withdraws the offers [`offer_sealed_layer`] made for the layer at `dir` (removed).
+pub fn withdraw_layer(dir: &std::path::Path) {
+    for name in [DATA_FILE, BITMAP_FILE] {
+        crate::preopened::withdraw(&dir.join(name));
+    }
+}
+
 /// Number of blocks of a `size`-byte disk (the last may be partial).
 pub fn blocks_for(size: u64) -> u64 {
     size.div_ceil(BLOCK_SIZE)

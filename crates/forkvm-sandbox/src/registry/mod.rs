@@ -741,10 +741,10 @@ impl Origin {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn record(reg: &Registry, id: &str, pid: i32) -> SandboxRecord {
+    pub(crate) fn record(reg: &Registry, id: &str, pid: i32) -> SandboxRecord {
         SandboxRecord {
             id: id.into(),
             pid,

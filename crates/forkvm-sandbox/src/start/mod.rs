@@ -17,6 +17,7 @@
 
 pub mod disk;
 pub mod in_process;
+mod inherited_layers;
 pub mod jail;
 pub mod limits;
 pub mod memory_server;

@@ -42,6 +42,7 @@ pub fn fork_running_as(
     let rate_limits = batch.rate_limits();
     let mut children: Vec<ForkChild> =
         batch.records_mut().iter_mut().map(|r| fork_child(&source, r, rate_limits)).collect();
+    super::inherited_layers::link_inherited_layers(&source, batch.records()).map_err(super::SpawnError::from)?;
     // A source with a network device: each child gets a namespace and tap of its own
     // (sent to the source's VMM with the request; this process keeps no copy after).
     let status = call(&source, |c| c.status())?;
@@ -89,7 +90,8 @@ pub fn fork_running_as(
 }
 
 /// What the source's VMM needs to fork child `r`; notes in `r` the source's disks, in
-/// the child's own directory (where its VMM links the source's layers: `inherited-*`).
+/// the child's own directory (where the source's layers get their `inherited-*` names:
+/// `inherited_layers`).
 fn fork_child(
     source: &SandboxRecord,
     r: &mut SandboxRecord,

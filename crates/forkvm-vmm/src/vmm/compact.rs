@@ -76,7 +76,12 @@ pub fn compact_disks(
         let done = vmm.lock().unwrap_or_else(|p| p.into_inner()).apply_compaction(&plan);
         match done {
             Ok(c) => {
+                // A sealed layer of ours like any other (`seal_disks`).
+                if let Err(e) = forkvm_snapshot::layered_disk::offer_sealed_layer(&plan.merged) {
+                    tracing::warn!(dir = %plan.merged.display(), error = %e, "keeping the merged layer open failed");
+                }
                 for dir in &plan.dirs {
+                    forkvm_snapshot::layered_disk::withdraw_layer(dir);
                     if let Err(e) = std::fs::remove_dir_all(dir) {
                         tracing::warn!(dir = %dir.display(), error = %e, "removing a merged layer failed");
                     }

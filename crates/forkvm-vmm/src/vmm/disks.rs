@@ -12,6 +12,7 @@
 
 use super::{Vmm, VmmError};
 use crate::devices::virtio::blk::LazyReport;
+use forkvm_snapshot::layered_disk::{offer_layer_as, offer_sealed_layer};
 use forkvm_snapshot::{link_or_copy, DiskMeta, DiskReferences, LayerId, DISK_DIR};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -66,6 +67,11 @@ impl Vmm {
             }
             let sealed =
                 block.seal(&layered.free_top()).map_err(|e| VmmError::Disk(format!("sealing disk {index}: {e}")))?;
+            // Ours now; a branch that captures them takes them over (`offer_sealed_layer`).
+            for dir in settled.iter().chain(sealed.as_ref().map(|s| &s.dir)) {
+                offer_sealed_layer(dir)
+                    .map_err(|e| VmmError::Disk(format!("keeping sealed layer {} open: {e}", dir.display())))?;
+            }
             let layers = block.sealed_layers().unwrap_or_default();
             drop(transport);
             let config = &mut self.device_config.blocks[index];
@@ -169,8 +175,12 @@ impl Vmm {
 }
 
 /// Gives a forked child its own names for the layers in `sealed` that live in the
-/// source's directory `source_dir`: each is hard-linked (copied across filesystems) into
-/// `<child_dir>/inherited-<name>` and `sealed` is updated. Shared layers (a tag's) stay.
+/// source's directory `source_dir`, `<child_dir>/inherited-<name>`, and updates `sealed`.
+/// Shared layers (a tag's) stay. The host side linked those names before the fork
+/// (`forkvm-sandbox`'s `start::running`): a branch may have taken a layer's files over,
+/// and a VMM may not link a file it does not own. A layer sealed since (the fork's own)
+/// is still this uid's and is linked here. Either way the child reads the files through
+/// the descriptors its source offered, offered again at the new names.
 pub(crate) fn inherit_layers(source_dir: &Path, sealed: &mut [PathBuf], child_dir: &Path) -> Result<(), VmmError> {
     for path in sealed.iter_mut().filter(|p| p.starts_with(source_dir)) {
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
@@ -178,6 +188,8 @@ pub(crate) fn inherit_layers(source_dir: &Path, sealed: &mut [PathBuf], child_di
         if !to.exists() {
             link_layer(path, &to)?;
         }
+        offer_layer_as(path, &to)
+            .map_err(|e| VmmError::Disk(format!("opening the source's layer {}: {e}", path.display())))?;
         *path = to;
     }
     Ok(())
