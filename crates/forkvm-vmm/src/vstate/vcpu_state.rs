@@ -5,7 +5,7 @@
 //! and MP state last, because setting earlier state can reset them.
 
 use kvm_bindings::{
-    kvm_cpuid_entry2, kvm_debugregs, kvm_fpu, kvm_lapic_state, kvm_mp_state, kvm_msr_entry, kvm_regs, kvm_sregs,
+    kvm_cpuid_entry2, kvm_debugregs, kvm_lapic_state, kvm_mp_state, kvm_msr_entry, kvm_regs, kvm_sregs,
     kvm_vcpu_events, kvm_xcrs, kvm_xsave, CpuId, Msrs,
 };
 use kvm_ioctls::VcpuFd;
@@ -27,8 +27,7 @@ fn kvm(step: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VcpuStateError {
     move |source| VcpuStateError::Kvm { step, source }
 }
 
-/// Everything KVM holds for one vCPU.
-/// x87/SSE state (`kvm_fpu`, which kvm-bindings does not make serializable).
+/// x87/SSE state, as `kvm_fpu` lays it out, read from the XSAVE area's legacy region.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FpuState {
     pub fpr: [[u8; 16]; 8],
@@ -42,35 +41,28 @@ pub struct FpuState {
     pub mxcsr: u32,
 }
 
-impl From<&kvm_fpu> for FpuState {
-    fn from(f: &kvm_fpu) -> Self {
-        FpuState {
-            fpr: f.fpr,
-            fcw: f.fcw,
-            fsw: f.fsw,
-            ftwx: f.ftwx,
-            last_opcode: f.last_opcode,
-            last_ip: f.last_ip,
-            last_dp: f.last_dp,
-            xmm: f.xmm,
-            mxcsr: f.mxcsr,
+impl FpuState {
+    /// The x87/SSE state in the legacy region of `xsave` (the FXSAVE layout, which is
+    /// what `KVM_GET_FPU` reads too): the saved state keeps its `fpu` without a second
+    /// ioctl per vCPU.
+    fn from_xsave(xsave: &XsaveState) -> FpuState {
+        let mut bytes = [0u8; 512];
+        for (chunk, word) in bytes.chunks_exact_mut(4).zip(&xsave.0) {
+            chunk.copy_from_slice(&word.to_le_bytes());
         }
-    }
-}
-
-impl From<&FpuState> for kvm_fpu {
-    fn from(f: &FpuState) -> Self {
-        kvm_fpu {
-            fpr: f.fpr,
-            fcw: f.fcw,
-            fsw: f.fsw,
-            ftwx: f.ftwx,
-            last_opcode: f.last_opcode,
-            last_ip: f.last_ip,
-            last_dp: f.last_dp,
-            xmm: f.xmm,
-            mxcsr: f.mxcsr,
-            ..Default::default()
+        let u16_at = |at: usize| u16::from_le_bytes([bytes[at], bytes[at + 1]]);
+        let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+        let sixteen = |at: usize| -> [u8; 16] { bytes[at..at + 16].try_into().expect("16 bytes") };
+        FpuState {
+            fpr: std::array::from_fn(|i| sixteen(32 + 16 * i)),
+            fcw: u16_at(0),
+            fsw: u16_at(2),
+            ftwx: bytes[4],
+            last_opcode: u16_at(6),
+            last_ip: u64_at(8),
+            last_dp: u64_at(16),
+            xmm: std::array::from_fn(|i| sixteen(160 + 16 * i)),
+            mxcsr: u32::from_le_bytes(bytes[24..28].try_into().expect("4 bytes")),
         }
     }
 }
@@ -118,12 +110,13 @@ impl VcpuState {
         if got != entries.len() {
             return Err(VcpuStateError::PartialMsrs { got, want: entries.len() });
         }
+        let xsave = XsaveState(vcpu.get_xsave().map_err(kvm("KVM_GET_XSAVE"))?.region.to_vec());
         Ok(VcpuState {
             cpuid: cpuid.to_vec(),
             regs: vcpu.get_regs().map_err(kvm("KVM_GET_REGS"))?,
             sregs: vcpu.get_sregs().map_err(kvm("KVM_GET_SREGS"))?,
-            fpu: FpuState::from(&vcpu.get_fpu().map_err(kvm("KVM_GET_FPU"))?),
-            xsave: XsaveState(vcpu.get_xsave().map_err(kvm("KVM_GET_XSAVE"))?.region.to_vec()),
+            fpu: FpuState::from_xsave(&xsave),
+            xsave,
             xcrs: vcpu.get_xcrs().map_err(kvm("KVM_GET_XCRS"))?,
             lapic: vcpu.get_lapic().map_err(kvm("KVM_GET_LAPIC"))?,
             msrs: msrs.as_slice().to_vec(),
@@ -139,7 +132,8 @@ impl VcpuState {
         vcpu.set_cpuid2(&cpuid).map_err(kvm("KVM_SET_CPUID2"))?;
         vcpu.set_sregs(&self.sregs).map_err(kvm("KVM_SET_SREGS"))?;
         vcpu.set_regs(&self.regs).map_err(kvm("KVM_SET_REGS"))?;
-        vcpu.set_fpu(&kvm_fpu::from(&self.fpu)).map_err(kvm("KVM_SET_FPU"))?;
+        // No KVM_SET_FPU: the XSAVE area holds the x87/SSE state too, and KVM_SET_XSAVE
+        // sets every component it describes (`fpu` is kept for the format only).
         let xsave = self.xsave.to_kvm()?;
         // SAFETY: `xsave` is the legacy 4 KiB layout with no trailing extra area, which
         // is exactly what KVM_SET_XSAVE reads.
