@@ -259,7 +259,7 @@ pub(crate) fn read_file(path: &Path) -> Result<(Header, Bitmap), LayerError> {
 /// Whether `<dir>/bitmap` starts with this format's magic and version and says sealed:
 /// its first 16 bytes only, never through a link at the last step (a quick look for a
 /// caller that need not trust the answer, such as retention deciding a pin is moot).
-pub(crate) fn dir_holds_sealed(dir: &Path) -> bool {
+pub fn dir_holds_sealed(dir: &Path) -> bool {
     use std::os::unix::fs::OpenOptionsExt;
     let path = dir.join(super::BITMAP_FILE);
     let Ok(file) = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(&path) else { return false };

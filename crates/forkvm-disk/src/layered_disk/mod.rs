@@ -89,12 +89,10 @@ mod layer;
 mod merge;
 mod stack;
 
+pub use bitmap::dir_holds_sealed as dir_holds_sealed_layer;
 /// The bitmap file's header and its atomic read/write, for layers built elsewhere in
 /// the crate (the vault's lazy cache layer).
-pub(crate) use bitmap::{
-    dir_holds_sealed as dir_holds_sealed_layer, read_file as read_bitmap_file, write_file as write_bitmap_file,
-    Header as BitmapHeader,
-};
+pub(crate) use bitmap::{read_file as read_bitmap_file, write_file as write_bitmap_file, Header as BitmapHeader};
 pub use bitmap::{Bitmap, LAYER_FORMAT_VERSION, LAYER_MAGIC};
 pub use builder::SealedLayerBuilder;
 pub use layer::{inspect, Layer, LayerInfo, PresentBlocks};

@@ -13,11 +13,12 @@
 //!
 //! The source's directories are its VMM's to write: each layer is checked against what
 //! the source was given (`DiskGrant::own_layers`: inside its disk directories, no link on
-//! the way) and must hold a sealed layer of two regular files.
+//! the way) and must be two regular files whose bitmap header says sealed (its first 16
+//! bytes: a VMM that lied would only hand its own children a bad layer of its own).
 
 use crate::disk_grant::{DiskGrant, Kind};
 use crate::registry::{RegistryError, SandboxRecord};
-use forkvm_snapshot::layered_disk::{inspect, BITMAP_FILE, DATA_FILE};
+use forkvm_snapshot::layered_disk::{dir_holds_sealed_layer, BITMAP_FILE, DATA_FILE};
 use std::path::{Path, PathBuf};
 
 /// The most layers one disk directory is looked at for (a day of minute snapshots,
@@ -67,7 +68,7 @@ fn sealed_layers(grant: &DiskGrant, dir: &Path) -> Result<Vec<(String, PathBuf)>
         let Some(name) = entry.file_name().to_str().map(str::to_string) else { continue };
         let path = entry.path();
         // A top being written, a staging directory, anything else the VMM made: skipped.
-        if grant.check(&path, Kind::Dir).is_err() || !inspect(&path).is_ok_and(|l| l.sealed) {
+        if grant.check(&path, Kind::Dir).is_err() || !dir_holds_sealed_layer(&path) {
             continue;
         }
         let plain =
