@@ -117,8 +117,8 @@ impl Inbox {
             Some(pid) => std::fs::write(branch.join(forkvm_snapshot::WRITER_HOST_PID), pid.to_string())
                 .map_err(io("noting its writer"))?,
         }
-        link_references(tag, &branch.join(DISK_DIR), grant)?;
         let disk = branch.join(DISK_DIR);
+        link_references(tag, &disk, grant)?;
         if writer.is_none() && std::fs::symlink_metadata(&disk).is_ok() {
             // The sandbox's own layers it named are the branch's now, like every other
             // file of it (a live branch's are taken with the rest by `Store::adopt_ready`):
@@ -177,15 +177,14 @@ fn link_references(tag: &str, disk_dir: &Path, grant: &DiskGrant) -> Result<(), 
             Some((image, layer)) if is_image_name(image) && is_layer_name(layer) => {
                 let from = grant.check(path, Kind::Dir).map_err(refused)?;
                 let to = disk_dir.join(name);
-                std::fs::create_dir_all(&to).map_err(io(format!("creating {}", to.display())))?;
                 for file in [forkvm_snapshot::layered_disk::DATA_FILE, forkvm_snapshot::layered_disk::BITMAP_FILE] {
                     let src = from.join(file);
                     let is_file = std::fs::symlink_metadata(&src).is_ok_and(|m| m.is_file());
                     if !is_file {
                         return Err(refused(std::io::Error::other(format!("{} is not a regular file", src.display()))));
                     }
-                    link_or_copy(&src, &to.join(file)).map_err(io(format!("linking {}", src.display())))?;
                 }
+                forkvm_snapshot::link_layer(&from, &to).map_err(io(format!("linking layer {}", from.display())))?;
                 sync(&to).map_err(io(format!("syncing {}", to.display())))?;
             }
             _ => return Err(bad()),

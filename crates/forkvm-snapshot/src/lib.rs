@@ -61,5 +61,5 @@ pub use page_map::{
     apply_page_map, build_page_map, ApplyStats, BuildStats, Extent, ExtentContent, PageMap, PageMapError,
     PAGES_PER_CHUNK,
 };
-pub use store::{link_or_copy, process_alive, writer_pid, Store, StoreEntry, StoreError, WRITER_HOST_PID};
+pub use store::{link_layer, link_or_copy, process_alive, writer_pid, Store, StoreEntry, StoreError, WRITER_HOST_PID};
 pub use tag::{validate_tag, TagError};

@@ -262,6 +262,22 @@ pub fn process_alive(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
 
+/// Gives the sealed layer at `from` a second name, a new directory `to` holding hard
+/// links (copies across filesystems) of its data and bitmap files. An error names the
+/// step and the file.
+pub fn link_layer(from: &Path, to: &Path) -> io::Result<()> {
+    let named = |step: &str, path: &Path| {
+        let what = format!("{step} {}", path.display());
+        move |e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"))
+    };
+    std::fs::create_dir_all(to).map_err(named("creating", to))?;
+    for name in [crate::layered_disk::DATA_FILE, crate::layered_disk::BITMAP_FILE] {
+        let src = from.join(name);
+        link_or_copy(&src, &to.join(name)).map_err(named("linking", &src))?;
+    }
+    Ok(())
+}
+
 /// Hard-links `src` to `dst`, or copies it when they are on different filesystems.
 pub fn link_or_copy(src: &Path, dst: &Path) -> io::Result<()> {
     match std::fs::hard_link(src, dst) {

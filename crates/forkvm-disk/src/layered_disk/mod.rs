@@ -117,14 +117,7 @@ pub const BITMAP_FILE: &str = "bitmap";
 /// files over (root's, 0600), and this process and the children it forks still reopen
 /// them by path (a fork's restore, a merge).
 pub fn offer_sealed_layer(dir: &std::path::Path) -> io::Result<()> {
-    for name in [DATA_FILE, BITMAP_FILE] {
-        let path = dir.join(name);
-        if crate::preopened::offered_file(&path, false).is_none() {
-            let file = std::fs::File::open(&path)?;
-            crate::preopened::offer(&path, file, false);
-        }
-    }
-    Ok(())
+    offer_layer_as(dir, dir)
 }
 
 /// Offers the files of the layer at `from` (this process's offers, else opened now) at

@@ -37,12 +37,16 @@ pub(crate) fn link_inherited_layers(source: &SandboxRecord, children: &[SandboxR
         for child in children {
             let Some(to_disk) = child.disks.get(index) else { continue };
             for (name, from) in &layers {
-                link_layer(from, &to_disk.dir.join(format!("inherited-{name}")))?;
+                let to = to_disk.dir.join(format!("inherited-{name}"));
+                forkvm_snapshot::link_layer(from, &to).map_err(|source| RegistryError::Io { path: to, source })?;
                 linked = true;
             }
         }
     }
-    for child in children.iter().filter(|_| linked) {
+    if !linked {
+        return Ok(());
+    }
+    for child in children {
         if let Some(uid) = child.uid {
             crate::sandbox_uid::own_tree(&child.run_dir, uid, uid)
                 .map_err(|source| RegistryError::Io { path: child.run_dir.clone(), source })?;
@@ -78,16 +82,6 @@ fn sealed_layers(grant: &DiskGrant, dir: &Path) -> Result<Vec<(String, PathBuf)>
         }
     }
     Ok(layers)
-}
-
-/// Hard-links the two files of the layer at `from` into a new directory `to`.
-fn link_layer(from: &Path, to: &Path) -> Result<(), RegistryError> {
-    std::fs::create_dir_all(to).map_err(|source| RegistryError::Io { path: to.to_path_buf(), source })?;
-    for name in [DATA_FILE, BITMAP_FILE] {
-        std::fs::hard_link(from.join(name), to.join(name))
-            .map_err(|source| RegistryError::Io { path: from.join(name), source })?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

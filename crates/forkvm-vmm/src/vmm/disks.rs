@@ -197,12 +197,7 @@ pub(crate) fn inherit_layers(source_dir: &Path, sealed: &mut [PathBuf], child_di
 
 /// Hard-links (or copies) a sealed layer's files into `to`.
 fn link_layer(from: &Path, to: &Path) -> Result<(), VmmError> {
-    std::fs::create_dir_all(to).map_err(|e| VmmError::Disk(format!("creating {}: {e}", to.display())))?;
-    for name in [forkvm_snapshot::layered_disk::DATA_FILE, forkvm_snapshot::layered_disk::BITMAP_FILE] {
-        link_or_copy(&from.join(name), &to.join(name))
-            .map_err(|e| VmmError::Disk(format!("linking layer file {}: {e}", from.join(name).display())))?;
-    }
-    Ok(())
+    forkvm_snapshot::link_layer(from, to).map_err(|e| VmmError::Disk(format!("layer {}: {e}", from.display())))
 }
 
 /// Puts `from` at `to`: with references, only notes it as `name` (its absolute path);
