@@ -12,6 +12,7 @@ mod branch;
 mod build;
 mod chain;
 mod checkpoint;
+mod density;
 mod disk;
 mod disk_fork;
 mod e2b;
@@ -19,6 +20,7 @@ mod files;
 mod fork;
 mod fork_running;
 mod forkd;
+mod guard;
 mod lazy;
 mod lineage;
 mod mcp;
@@ -48,6 +50,12 @@ pub enum BenchCommand {
     Branch(branch::BenchBranchArgs),
     /// N Linux sandboxes from a tag until each answered an eval, against cold boots.
     Spawn(spawn::BenchSpawnArgs),
+    /// N live Linux sandboxes at once (1,000 by default), spawned in batches: host CPU a
+    /// child, host memory and idle CPU with all N idle, and nothing left after the kill.
+    Density(density::BenchDensityArgs),
+    /// A spawn's host-side cost per child against the ceilings of `bench/guard.json`:
+    /// exits 1 when a figure is over its ceiling in two runs (a regression).
+    Guard(guard::BenchGuardArgs),
     /// The REST API's overhead: spawn of N, exec and eval round trips, REST vs library.
     Api(api::BenchApiArgs),
     /// Diff-snapshot chains: spawn cost per depth, bytes on disk, pack/unpack throughput.
@@ -113,6 +121,8 @@ pub enum BenchCommand {
 pub fn run(cmd: BenchCommand) -> anyhow::Result<i32> {
     match cmd {
         BenchCommand::Fork(a) => fork::run(a),
+        BenchCommand::Density(a) => density::run(a),
+        BenchCommand::Guard(a) => guard::run(a),
         BenchCommand::ForkRunning(a) => fork_running::run(a),
         BenchCommand::VectorState(a) => vector::run(a),
         BenchCommand::Seccomp(a) => seccomp::run(a),

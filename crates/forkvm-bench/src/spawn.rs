@@ -75,14 +75,15 @@ fn r1(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
 }
 
-/// The tag to spawn from: `--tag`, else the warm parent of `--template`, published
+/// The tag to spawn from: `tag`, else the warm parent of `template` on `vcpus`, published
 /// under a name holding its content key (so a changed template makes a new one).
-fn source_tag(a: &BenchSpawnArgs, store: &Store) -> Result<String> {
-    if let Some(tag) = &a.tag {
-        return Ok(tag.clone());
+pub(crate) fn source_tag(tag: Option<&str>, template: &str, vcpus: u8, store: &Store) -> Result<String> {
+    if let Some(tag) = tag {
+        return Ok(tag.to_string());
     }
-    let template = crate::util::template_snapshot(&a.template, Some(a.vcpus))?;
-    let tag = format!("bench-{}-{}", a.template, &template.key[..template.key.len().min(12)]);
+    let name = template;
+    let template = crate::util::template_snapshot(name, Some(vcpus))?;
+    let tag = format!("bench-{name}-{}", &template.key[..template.key.len().min(12)]);
     if store.lookup(&tag).is_err() {
         forkvm_sandbox::publish_template(store, &template, &tag, &Default::default(), None)
             .with_context(|| format!("publishing the warm parent as tag {tag}"))?;
@@ -195,13 +196,25 @@ fn prepare_network(quiet: bool, count: usize) -> serde_json::Value {
 }
 
 pub fn run(a: BenchSpawnArgs) -> Result<i32> {
+    let report = measure(&a)?;
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(0)
+}
+
+/// Runs the spawn `a` asks for (and its cold boots) and returns the report; with `--json`
+/// unset, a summary on stderr too.
+fn measure(a: &BenchSpawnArgs) -> Result<serde_json::Value> {
     let store = Store::open_default();
-    let tag = source_tag(&a, &store)?;
+    let tag = source_tag(a.tag.as_deref(), &a.template, a.vcpus, &store)?;
     let source = SpawnSource::from_tag(&store, &tag)?;
     let template = source.template().map(String::from);
     let vcpus = source.meta.vcpu_count;
     // A private registry: the bench's sandboxes never mix with the user's.
-    let run_root = std::env::temp_dir().join(format!("forkvm-bench-spawn-{}", std::process::id()));
+    // One per call: a process's VMM jail binds the run directory it was made for, so a
+    // second spawn in a re-made directory of the same name would see the deleted one.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let run_root = std::env::temp_dir().join(format!("forkvm-bench-spawn-{}-{call}", std::process::id()));
     let mut registry = Registry::open(&run_root);
     if a.no_seccomp {
         registry = registry.without_seccomp();
@@ -237,6 +250,7 @@ pub fn run(a: BenchSpawnArgs) -> Result<i32> {
     let mut restore_us: Vec<f64> = Vec::new();
     let mut restore_cpu_us: Vec<f64> = Vec::new();
     let mut phase_us: Vec<(String, Vec<f64>)> = Vec::new();
+    let mut phase_cpu_us: Vec<(String, Vec<f64>)> = Vec::new();
     for sb in &sandboxes {
         let Ok(mut ctl) = ControlClient::connect(&sb.record.control_socket()) else { continue };
         let Ok(status) = ctl.status() else { continue };
@@ -244,12 +258,8 @@ pub fn run(a: BenchSpawnArgs) -> Result<i32> {
         if let Some(cpu) = status.restore_cpu_us {
             restore_cpu_us.push(cpu);
         }
-        for (name, us) in status.restore_phases_us {
-            match phase_us.iter_mut().find(|(n, _)| *n == name) {
-                Some((_, v)) => v.push(us),
-                None => phase_us.push((name, vec![us])),
-            }
-        }
+        collect_steps(&mut phase_us, status.restore_phases_us);
+        collect_steps(&mut phase_cpu_us, status.restore_phases_cpu_us);
     }
     let first_ready_ms = sandboxes.iter().map(|s| s.ready_ms).fold(f64::INFINITY, f64::min);
     let ready_trace = crate::util::ready_trace_medians(&sandboxes);
@@ -310,10 +320,9 @@ pub fn run(a: BenchSpawnArgs) -> Result<i32> {
         "network": network,
         "host_restore_ms_per_child": (median(&mut restore_us) / 10.0).round() / 100.0,
         "host_restore_cpu_ms_per_child": (median(&mut restore_cpu_us) / 10.0).round() / 100.0,
-        "host_restore_phases_us": phase_us
-            .into_iter()
-            .map(|(name, mut v)| (name, json!(median(&mut v).round())))
-            .collect::<serde_json::Map<_, _>>(),
+        "host_restore_phases_us": step_medians(phase_us),
+        "host_restore_phases_cpu_us": step_medians(phase_cpu_us),
+        "memory_prefetch_pages": timings.memory_prefetch_pages,
         "first_ready_ms": r1(first_ready_ms),
         "ready_trace": ready_trace,
         "all_identified_ms": r1(timings.all_ready_ms),
@@ -353,6 +362,20 @@ pub fn run(a: BenchSpawnArgs) -> Result<i32> {
             );
         }
     }
-    println!("{}", serde_json::to_string_pretty(&report)?);
-    Ok(0)
+    Ok(report)
+}
+
+/// Adds one VMM's restore steps to `into` (each step's values over the VMMs).
+fn collect_steps(into: &mut Vec<(String, Vec<f64>)>, steps: Vec<(String, f64)>) {
+    for (name, us) in steps {
+        match into.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, v)) => v.push(us),
+            None => into.push((name, vec![us])),
+        }
+    }
+}
+
+/// Each step's median, rounded to a microsecond.
+fn step_medians(steps: Vec<(String, Vec<f64>)>) -> serde_json::Map<String, serde_json::Value> {
+    steps.into_iter().map(|(name, mut v)| (name, json!(median(&mut v).round()))).collect()
 }

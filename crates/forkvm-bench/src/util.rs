@@ -51,6 +51,7 @@ pub fn machine() -> serde_json::Value {
         "mem_gib": mem_kib / (1 << 20),
         "kvm": HostKind::detect().name(),
         "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+        "build": crate::guard::build_profile(),
     })
 }
 

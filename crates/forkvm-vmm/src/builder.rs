@@ -434,6 +434,7 @@ pub(crate) fn restore_state(
     timer.mark("create_vm_and_memory");
     let device_config = devices.clone();
     let devices = attach_devices(&vm, &mem, console, devices, Some(&state.devices))?;
+    timer.mark("devices");
     let (events_tx, events) = channel();
     let exit = Arc::new(ExitLatch::default());
     let run_size = vcpu_run_size(kvm)?;
@@ -477,6 +478,6 @@ pub(crate) fn restore_state(
     };
     let mut vmm = Vmm::start(parts, start_paused)?;
     timer.mark("start_threads");
-    vmm.set_restore_phases(timer.steps(1e6), timer.cpu().as_secs_f64() * 1e6);
+    vmm.set_restore_phases(&timer);
     Ok(vmm)
 }

@@ -1,7 +1,7 @@
 //! Step timings for benchmarks and reports: a restore's steps (`status` reports them) and
-//! a branch's pause window. Wall time per step, and the calling thread's CPU time over all
-//! steps (wall time includes waiting for a CPU when many VMs start at once; CPU time is
-//! the host-side work).
+//! a branch's pause window. Wall time and the calling thread's CPU time per step (wall
+//! time includes waiting for a CPU when many VMs start at once; CPU time is the host-side
+//! work).
 
 use std::time::{Duration, Instant};
 
@@ -17,24 +17,32 @@ pub fn thread_cpu_time() -> Duration {
 pub struct PhaseTimer {
     last: Instant,
     started_cpu: Duration,
-    steps: Vec<(String, Duration)>,
+    last_cpu: Duration,
+    /// Each step's name, wall time and CPU time.
+    steps: Vec<(String, Duration, Duration)>,
 }
 
 impl PhaseTimer {
     pub fn new() -> PhaseTimer {
-        PhaseTimer { last: Instant::now(), started_cpu: thread_cpu_time(), steps: Vec::new() }
+        let cpu = thread_cpu_time();
+        PhaseTimer { last: Instant::now(), started_cpu: cpu, last_cpu: cpu, steps: Vec::new() }
     }
 
     /// Ends the step `name` (it began at the previous mark, or at `new`).
     pub fn mark(&mut self, name: &str) {
-        let now = Instant::now();
-        self.steps.push((name.to_string(), now - self.last));
-        self.last = now;
+        let (now, cpu) = (Instant::now(), thread_cpu_time());
+        self.steps.push((name.to_string(), now - self.last, cpu.saturating_sub(self.last_cpu)));
+        (self.last, self.last_cpu) = (now, cpu);
     }
 
     /// Each step's wall time in `unit`s (1e3: milliseconds, 1e6: microseconds).
     pub fn steps(&self, unit: f64) -> Vec<(String, f64)> {
-        self.steps.iter().map(|(n, d)| (n.clone(), d.as_secs_f64() * unit)).collect()
+        self.steps.iter().map(|(n, d, _)| (n.clone(), d.as_secs_f64() * unit)).collect()
+    }
+
+    /// Each step's CPU time (this thread's) in `unit`s.
+    pub fn cpu_steps(&self, unit: f64) -> Vec<(String, f64)> {
+        self.steps.iter().map(|(n, _, c)| (n.clone(), c.as_secs_f64() * unit)).collect()
     }
 
     /// This thread's CPU time since `new`.
@@ -68,5 +76,10 @@ mod tests {
         assert_eq!(steps.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["sleep", "spin"]);
         assert!(steps[0].1 >= 5.0, "{steps:?}");
         assert!(t.cpu() > Duration::ZERO);
+        // Sleeping takes no CPU; spinning does, and the steps add up to the whole.
+        let cpu = t.cpu_steps(1e3);
+        assert!(cpu[0].1 < 2.0 && cpu[1].1 > 0.0, "{cpu:?}");
+        let sum: f64 = cpu.iter().map(|(_, ms)| ms).sum();
+        assert!(sum <= t.cpu().as_secs_f64() * 1e3 + 1e-6, "{cpu:?} against {:?}", t.cpu());
     }
 }

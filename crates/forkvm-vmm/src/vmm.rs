@@ -112,6 +112,9 @@ pub struct VmmStatus {
     /// CPU time the restore took on the host (the phases are wall time).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore_cpu_us: Option<f64>,
+    /// The restoring thread's CPU time per restore step, in microseconds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub restore_phases_cpu_us: Vec<(String, f64)>,
     pub labels: VmmLabels,
     /// Tags of live branches still being written.
     #[serde(default)]
@@ -166,6 +169,7 @@ pub struct Vmm {
     cpu_template: CpuTemplate,
     state: RunState,
     restore_phases_us: Vec<(String, f64)>,
+    restore_phases_cpu_us: Vec<(String, f64)>,
     restore_cpu_us: Option<f64>,
     device_config: DeviceConfig,
     labels: VmmLabels,
@@ -221,6 +225,7 @@ impl Vmm {
             cpu_template,
             state,
             restore_phases_us: Vec::new(),
+            restore_phases_cpu_us: Vec::new(),
             restore_cpu_us: None,
             device_config,
             labels: VmmLabels::default(),
@@ -263,15 +268,18 @@ impl Vmm {
         &self.device_config
     }
 
-    pub(crate) fn set_restore_phases(&mut self, phases: Vec<(String, f64)>, cpu_us: f64) {
-        self.restore_phases_us = phases;
-        self.restore_cpu_us = Some(cpu_us);
+    /// Notes a restore's steps from `timer` (wall and CPU time per step, and in all).
+    pub(crate) fn set_restore_phases(&mut self, timer: &crate::phase_timer::PhaseTimer) {
+        self.restore_phases_us = timer.steps(1e6);
+        self.restore_phases_cpu_us = timer.cpu_steps(1e6);
+        self.restore_cpu_us = Some(timer.cpu().as_secs_f64() * 1e6);
     }
 
     /// Counts the confinement of this VMM process (cgroup, privileges, seccomp: done
     /// before the restore) as the restore's first phase, `confine`.
     pub(crate) fn note_confinement(&mut self, wall_us: f64, cpu_us: f64) {
         self.restore_phases_us.insert(0, ("confine".to_string(), wall_us));
+        self.restore_phases_cpu_us.insert(0, ("confine".to_string(), cpu_us));
         self.restore_cpu_us = Some(self.restore_cpu_us.unwrap_or(0.0) + cpu_us);
     }
 
@@ -308,6 +316,7 @@ impl Vmm {
             emulation_fixups: crate::vstate::emulation::counts().into_iter().map(|(k, n)| (k.to_string(), n)).collect(),
             restore_phases_us: self.restore_phases_us.clone(),
             restore_cpu_us: self.restore_cpu_us,
+            restore_phases_cpu_us: self.restore_phases_cpu_us.clone(),
             labels: self.labels.clone(),
             branches_writing: self.live_writes.iter().filter(|w| !w.is_finished()).map(|w| w.tag.clone()).collect(),
             throttled: self.devices.throttled(),
