@@ -140,6 +140,7 @@ impl Zygote {
     /// Forks one child VMM ([`fork_vmm`]: moved into its cgroup before it goes on);
     /// returns its pid. The child never returns from this call.
     pub fn spawn(&self, spec: ChildSpec) -> Result<libc::pid_t, ZygoteError> {
+        preload_sealed_layers(&spec.devices);
         let log = open_console_log(spec.console_log.as_deref())?;
         let detach = spec.detach;
         let owned = spec.owned.clone();
@@ -249,6 +250,16 @@ impl Zygote {
             }
         }
         serve_to_exit_code(vmm, spec.socket.as_deref(), error_log, fail)
+    }
+}
+
+/// Decodes the bitmaps of `devices`' sealed disk layers once, in this process, so the VMMs
+/// it forks share them instead of each reading and decoding its own
+/// (`forkvm_snapshot::layered_disk::sealed_bitmaps`). Best effort: a layer that cannot be read
+/// here fails in the child, which says why.
+fn preload_sealed_layers(devices: &DeviceConfig) {
+    for dir in devices.blocks.iter().filter_map(|b| b.layers.as_ref()).flat_map(|l| l.sealed.iter()) {
+        let _ = forkvm_snapshot::layered_disk::sealed_bitmaps::preload(dir);
     }
 }
 

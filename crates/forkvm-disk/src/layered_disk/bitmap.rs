@@ -4,10 +4,12 @@
 //! `Vec<u64>`. On disk it is the `bitmap` file described in the module doc of
 //! [`super`]; it is read back as untrusted input, so decoding checks every field.
 
+use super::sealed_bitmaps::FileKey;
 use super::{blocks_for, LayerError, LayerId, BLOCK_SIZE, MAX_DISK_BYTES};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::Path;
+use std::sync::Arc;
 
 /// First bytes of a layer bitmap file.
 pub const LAYER_MAGIC: [u8; 8] = *b"FKVMLAYR";
@@ -243,6 +245,25 @@ pub(super) fn decode(path: &Path, bytes: &[u8]) -> Result<(Header, Bitmap), Laye
 pub(crate) fn read_file(path: &Path) -> Result<(Header, Bitmap), LayerError> {
     let err = |source| LayerError::ReadBitmap { path: path.to_path_buf(), source };
     let file = crate::preopened::open(path, false).map_err(err)?;
+    read_open(path, &file)
+}
+
+/// [`read_file`], but a sealed bitmap this process preloaded (`sealed_bitmaps`) is
+/// shared instead of read again; with the file's identity, for the cache.
+pub(super) fn read_file_keyed(path: &Path) -> Result<(FileKey, Header, Arc<Bitmap>), LayerError> {
+    let err = |source| LayerError::ReadBitmap { path: path.to_path_buf(), source };
+    let file = crate::preopened::open(path, false).map_err(err)?;
+    let key = FileKey::of(&file.metadata().map_err(err)?);
+    if let Some((header, bits)) = super::sealed_bitmaps::lookup(&key) {
+        return Ok((key, header, bits));
+    }
+    let (header, bits) = read_open(path, &file)?;
+    Ok((key, header, Arc::new(bits)))
+}
+
+/// Reads and validates the open bitmap file `file` (`path` names it in errors).
+fn read_open(path: &Path, file: &File) -> Result<(Header, Bitmap), LayerError> {
+    let err = |source| LayerError::ReadBitmap { path: path.to_path_buf(), source };
     let len = file.metadata().map_err(err)?.len();
     let max = max_encoded_len();
     if len > max {
@@ -252,7 +273,7 @@ pub(crate) fn read_file(path: &Path) -> Result<(Header, Bitmap), LayerError> {
     // (`crate::preopened`) is shared with every process that inherited it, the children
     // of a running sandbox restoring at once. The length it had at the stat, no more.
     let mut bytes = vec![0u8; len as usize];
-    std::os::unix::fs::FileExt::read_exact_at(&file, &mut bytes, 0).map_err(err)?;
+    std::os::unix::fs::FileExt::read_exact_at(file, &mut bytes, 0).map_err(err)?;
     decode(path, &bytes)
 }
 

@@ -11,6 +11,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Whether a layer is opened to be written (the top) or only read (sealed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,7 +27,9 @@ pub struct Layer {
     data_path: PathBuf,
     data: File,
     header: Header,
-    bits: Bitmap,
+    /// Shared with other processes' layers of the same sealed file when preloaded
+    /// (`sealed_bitmaps`); a top's is its own (copied on write if it ever were not).
+    bits: Arc<Bitmap>,
 }
 
 /// What a layer's bitmap file says, read without opening its data.
@@ -63,14 +66,15 @@ impl Layer {
         let written = bitmap::write_file(&partial, &header, &bits)?;
         fs::rename(&partial, dir).map_err(err("renaming the staging directory into place"))?;
         bitmap::sync_dir(parent_dir(dir)).map_err(err("syncing the parent directory"))?;
-        let layer = Layer { dir: dir.to_path_buf(), data_path: dir.join(DATA_FILE), data, header, bits };
+        let layer =
+            Layer { dir: dir.to_path_buf(), data_path: dir.join(DATA_FILE), data, header, bits: Arc::new(bits) };
         Ok((layer, written))
     }
 
     /// Opens the layer at `dir`, checking it is sealed (or, for the top, not sealed)
     /// and that its data file has the disk's size.
     pub(super) fn open(dir: &Path, role: Role) -> Result<Layer, LayerError> {
-        let (header, bits) = bitmap::read_file(&dir.join(BITMAP_FILE))?;
+        let (_, header, bits) = bitmap::read_file_keyed(&dir.join(BITMAP_FILE))?;
         match (role, header.sealed) {
             (Role::Sealed, false) => return Err(LayerError::NotSealed { path: dir.to_path_buf() }),
             (Role::Top, true) => return Err(LayerError::TopSealed { path: dir.to_path_buf() }),
@@ -154,7 +158,7 @@ impl Layer {
     }
 
     pub(super) fn bits_mut(&mut self) -> &mut Bitmap {
-        &mut self.bits
+        Arc::make_mut(&mut self.bits)
     }
 
     /// Persists the bitmap atomically, with the sealed flag as given. Does not change

@@ -87,6 +87,7 @@ mod bitmap;
 mod builder;
 mod layer;
 mod merge;
+pub mod sealed_bitmaps;
 mod stack;
 
 pub use bitmap::dir_holds_sealed as dir_holds_sealed_layer;
