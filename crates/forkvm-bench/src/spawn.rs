@@ -196,25 +196,13 @@ fn prepare_network(quiet: bool, count: usize) -> serde_json::Value {
 }
 
 pub fn run(a: BenchSpawnArgs) -> Result<i32> {
-    let report = measure(&a)?;
-    println!("{}", serde_json::to_string_pretty(&report)?);
-    Ok(0)
-}
-
-/// Runs the spawn `a` asks for (and its cold boots) and returns the report; with `--json`
-/// unset, a summary on stderr too.
-fn measure(a: &BenchSpawnArgs) -> Result<serde_json::Value> {
     let store = Store::open_default();
     let tag = source_tag(a.tag.as_deref(), &a.template, a.vcpus, &store)?;
     let source = SpawnSource::from_tag(&store, &tag)?;
     let template = source.template().map(String::from);
     let vcpus = source.meta.vcpu_count;
     // A private registry: the bench's sandboxes never mix with the user's.
-    // One per call: a process's VMM jail binds the run directory it was made for, so a
-    // second spawn in a re-made directory of the same name would see the deleted one.
-    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let run_root = std::env::temp_dir().join(format!("forkvm-bench-spawn-{}-{call}", std::process::id()));
+    let run_root = std::env::temp_dir().join(format!("forkvm-bench-spawn-{}", std::process::id()));
     let mut registry = Registry::open(&run_root);
     if a.no_seccomp {
         registry = registry.without_seccomp();
@@ -362,7 +350,8 @@ fn measure(a: &BenchSpawnArgs) -> Result<serde_json::Value> {
             );
         }
     }
-    Ok(report)
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(0)
 }
 
 /// Adds one VMM's restore steps to `into` (each step's values over the VMMs).
