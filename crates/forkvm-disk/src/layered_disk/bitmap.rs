@@ -245,7 +245,8 @@ pub(super) fn decode(path: &Path, bytes: &[u8]) -> Result<(Header, Bitmap), Laye
 pub(crate) fn read_file(path: &Path) -> Result<(Header, Bitmap), LayerError> {
     let err = |source| LayerError::ReadBitmap { path: path.to_path_buf(), source };
     let file = crate::preopened::open(path, false).map_err(err)?;
-    read_open(path, &file)
+    let len = file.metadata().map_err(err)?.len();
+    read_open(path, &file, len)
 }
 
 /// [`read_file`], but a sealed bitmap this process preloaded (`sealed_bitmaps`) is
@@ -253,18 +254,19 @@ pub(crate) fn read_file(path: &Path) -> Result<(Header, Bitmap), LayerError> {
 pub(super) fn read_file_keyed(path: &Path) -> Result<(FileKey, Header, Arc<Bitmap>), LayerError> {
     let err = |source| LayerError::ReadBitmap { path: path.to_path_buf(), source };
     let file = crate::preopened::open(path, false).map_err(err)?;
-    let key = FileKey::of(&file.metadata().map_err(err)?);
+    let meta = file.metadata().map_err(err)?;
+    let key = FileKey::of(&meta);
     if let Some((header, bits)) = super::sealed_bitmaps::lookup(&key) {
         return Ok((key, header, bits));
     }
-    let (header, bits) = read_open(path, &file)?;
+    let (header, bits) = read_open(path, &file, meta.len())?;
     Ok((key, header, Arc::new(bits)))
 }
 
-/// Reads and validates the open bitmap file `file` (`path` names it in errors).
-fn read_open(path: &Path, file: &File) -> Result<(Header, Bitmap), LayerError> {
+/// Reads and validates the open bitmap file `file`, `len` bytes long at its stat
+/// (`path` names it in errors).
+fn read_open(path: &Path, file: &File, len: u64) -> Result<(Header, Bitmap), LayerError> {
     let err = |source| LayerError::ReadBitmap { path: path.to_path_buf(), source };
-    let len = file.metadata().map_err(err)?.len();
     let max = max_encoded_len();
     if len > max {
         return Err(LayerError::BitmapTooLarge { path: path.to_path_buf(), len, max });
