@@ -11,9 +11,12 @@
 //! * `memory`: the host's `MemAvailable` drop with all N idle (everything they cost it:
 //!   private guest pages, page tables, KVM's own, VMM heaps), the PSS summed over the
 //!   VMMs, the median PSS / private per VMM, and the growth of the kernel's own memory
-//!   that no PSS shows (`kernel_mib`: page tables, KVM's page tables, stacks, slab);
+//!   that no PSS shows (`kernel_mib`: page tables, KVM's page tables, stacks, slab,
+//!   vmalloc, per-CPU);
 //! * `idle`: the CPU the N idle sandboxes took over the window (their VMM processes, all
-//!   threads) in percent of one core, and the whole host's busy share meanwhile;
+//!   threads) in percent of one core, split per child into the guests' (vCPU threads:
+//!   guest kernel code, emulated on PVM hosts) and the VMMs' own threads, and the whole
+//!   host's busy share meanwhile;
 //! * `kill_ms`, `left_behind`: the run fails if anything is left.
 
 use crate::procstat::{mem_usage, process_cpu_us, vmm_cpu_us};
@@ -55,8 +58,9 @@ pub struct BenchDensityArgs {
 
 /// `/proc/meminfo` fields of the kernel's own memory the sandboxes grow (outside any
 /// process's PSS): page tables of the VMMs, KVM's (secondary) page tables, kernel stacks
-/// of their threads, slab.
-const KERNEL_MEMORY: [&str; 4] = ["PageTables", "SecPageTables", "KernelStack", "Slab"];
+/// of their threads, slab, vmalloc (KVM's per-page metadata of each memory slot), and
+/// per-CPU memory (each cgroup's counters).
+const KERNEL_MEMORY: [&str; 6] = ["PageTables", "SecPageTables", "KernelStack", "Slab", "VmallocUsed", "Percpu"];
 
 /// The sandboxes spawned so far; dropped, it kills every one of them (a failed run
 /// leaves nothing behind either).
@@ -95,8 +99,12 @@ fn host_cpu_ticks() -> (u64, u64) {
 }
 
 /// CPU of every VMM in `sandboxes` (all threads), in microseconds.
-fn fleet_cpu_us(sandboxes: &[SpawnedSandbox]) -> f64 {
-    sandboxes.iter().filter_map(|s| vmm_cpu_us(s.record.pid).ok()).map(|c| c.host_us + c.vcpu_us).sum()
+/// The VMMs' CPU so far, summed: (their vCPU threads, i.e. the guests; their own threads).
+fn fleet_cpu_us(sandboxes: &[SpawnedSandbox]) -> (f64, f64) {
+    sandboxes
+        .iter()
+        .filter_map(|s| vmm_cpu_us(s.record.pid).ok())
+        .fold((0.0, 0.0), |(vcpu, host), c| (vcpu + c.vcpu_us, host + c.host_us))
 }
 
 /// What `sandboxes` left on the host after their kill: live VMM processes, run
@@ -181,7 +189,9 @@ fn measure(a: &BenchDensityArgs, tag: &str, source: &SpawnSource, registry: &Reg
     let window = Instant::now();
     std::thread::sleep(Duration::from_secs(a.idle_s));
     let window_us = window.elapsed().as_secs_f64() * 1e6;
-    let fleet_us = fleet_cpu_us(&fleet.sandboxes) - fleet0;
+    let fleet1 = fleet_cpu_us(&fleet.sandboxes);
+    let (vcpu_us, vmm_threads_us) = (fleet1.0 - fleet0.0, fleet1.1 - fleet0.1);
+    let fleet_us = vcpu_us + vmm_threads_us;
     let (busy1, all1) = host_cpu_ticks();
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as f64;
     let host_busy_pct_of_one_core =
@@ -237,6 +247,8 @@ fn measure(a: &BenchDensityArgs, tag: &str, source: &SpawnSource, registry: &Reg
             "seconds": r2(window_us / 1e6),
             "sandboxes_cpu_pct_of_one_core": r2(fleet_us / window_us * 100.0),
             "sandboxes_cpu_us_per_child_per_s": r2(fleet_us / n / (window_us / 1e6)),
+            "guest_vcpu_us_per_child_per_s": r2(vcpu_us / n / (window_us / 1e6)),
+            "vmm_threads_us_per_child_per_s": r2(vmm_threads_us / n / (window_us / 1e6)),
             "host_busy_pct_of_one_core": r2(host_busy_pct_of_one_core),
         },
         "kill_ms": r2(kill_ms),

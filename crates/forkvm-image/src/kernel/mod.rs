@@ -100,6 +100,18 @@ pub const PATCHES: &[(&str, &str)] = &[
         include_str!("../../kernel/patches/0001-x86-pvm-syscall-in-page-fault.patch"),
     ),
     ("0002-virtio-net-no-tx-watchdog.patch", include_str!("../../kernel/patches/0002-virtio-net-no-tx-watchdog.patch")),
+    (
+        "0003-hwrng-reader-stops-once-the-crng-is-seeded.patch",
+        include_str!("../../kernel/patches/0003-hwrng-reader-stops-once-the-crng-is-seeded.patch"),
+    ),
+    (
+        "0004-ipv4-deferrable-address-lifetime-check.patch",
+        include_str!("../../kernel/patches/0004-ipv4-deferrable-address-lifetime-check.patch"),
+    ),
+    (
+        "0005-x86-tsc-deferrable-sync-check.patch",
+        include_str!("../../kernel/patches/0005-x86-tsc-deferrable-sync-check.patch"),
+    ),
 ];
 
 /// The Debian package the kernel is built from.
