@@ -58,8 +58,8 @@ pub struct BenchDensityArgs {
 
 /// `/proc/meminfo` fields of the kernel's own memory the sandboxes grow (outside any
 /// process's PSS): page tables of the VMMs, KVM's (secondary) page tables, kernel stacks
-/// of their threads, slab, vmalloc (KVM's per-page metadata of each memory slot), and
-/// per-CPU memory (each cgroup's counters).
+/// of their threads, slab, vmalloc (KVM's larger allocations; it also holds the kernel
+/// stacks `KernelStack` counts), and per-CPU memory (each cgroup's counters).
 const KERNEL_MEMORY: [&str; 6] = ["PageTables", "SecPageTables", "KernelStack", "Slab", "VmallocUsed", "Percpu"];
 
 /// The sandboxes spawned so far; dropped, it kills every one of them (a failed run
@@ -98,13 +98,30 @@ fn host_cpu_ticks() -> (u64, u64) {
     (all - idle, all)
 }
 
-/// CPU of every VMM in `sandboxes` (all threads), in microseconds.
-/// The VMMs' CPU so far, summed: (their vCPU threads, i.e. the guests; their own threads).
-fn fleet_cpu_us(sandboxes: &[SpawnedSandbox]) -> (f64, f64) {
-    sandboxes
-        .iter()
-        .filter_map(|s| vmm_cpu_us(s.record.pid).ok())
-        .fold((0.0, 0.0), |(vcpu, host), c| (vcpu + c.vcpu_us, host + c.host_us))
+/// The CPU the VMMs of a fleet have used so far, summed, in microseconds.
+#[derive(Debug, Clone, Copy, Default)]
+struct FleetCpu {
+    /// Their vCPU threads: the guests' own work (emulated kernel code on PVM hosts).
+    guests_us: f64,
+    /// Their other threads: devices, control, what they reaped.
+    vmm_threads_us: f64,
+}
+
+impl FleetCpu {
+    fn read(sandboxes: &[SpawnedSandbox]) -> FleetCpu {
+        sandboxes.iter().filter_map(|s| vmm_cpu_us(s.record.pid).ok()).fold(FleetCpu::default(), |sum, c| FleetCpu {
+            guests_us: sum.guests_us + c.vcpu_us,
+            vmm_threads_us: sum.vmm_threads_us + c.host_us,
+        })
+    }
+
+    /// What was used since `earlier`.
+    fn since(self, earlier: FleetCpu) -> FleetCpu {
+        FleetCpu {
+            guests_us: self.guests_us - earlier.guests_us,
+            vmm_threads_us: self.vmm_threads_us - earlier.vmm_threads_us,
+        }
+    }
 }
 
 /// What `sandboxes` left on the host after their kill: live VMM processes, run
@@ -185,13 +202,12 @@ fn measure(a: &BenchDensityArgs, tag: &str, source: &SpawnSource, registry: &Reg
     // Settle, then the idle window.
     std::thread::sleep(Duration::from_secs(5));
     let (busy0, all0) = host_cpu_ticks();
-    let fleet0 = fleet_cpu_us(&fleet.sandboxes);
+    let fleet0 = FleetCpu::read(&fleet.sandboxes);
     let window = Instant::now();
     std::thread::sleep(Duration::from_secs(a.idle_s));
     let window_us = window.elapsed().as_secs_f64() * 1e6;
-    let fleet1 = fleet_cpu_us(&fleet.sandboxes);
-    let (vcpu_us, vmm_threads_us) = (fleet1.0 - fleet0.0, fleet1.1 - fleet0.1);
-    let fleet_us = vcpu_us + vmm_threads_us;
+    let idle = FleetCpu::read(&fleet.sandboxes).since(fleet0);
+    let fleet_us = idle.guests_us + idle.vmm_threads_us;
     let (busy1, all1) = host_cpu_ticks();
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as f64;
     let host_busy_pct_of_one_core =
@@ -247,8 +263,8 @@ fn measure(a: &BenchDensityArgs, tag: &str, source: &SpawnSource, registry: &Reg
             "seconds": r2(window_us / 1e6),
             "sandboxes_cpu_pct_of_one_core": r2(fleet_us / window_us * 100.0),
             "sandboxes_cpu_us_per_child_per_s": r2(fleet_us / n / (window_us / 1e6)),
-            "guest_vcpu_us_per_child_per_s": r2(vcpu_us / n / (window_us / 1e6)),
-            "vmm_threads_us_per_child_per_s": r2(vmm_threads_us / n / (window_us / 1e6)),
+            "guest_vcpu_us_per_child_per_s": r2(idle.guests_us / n / (window_us / 1e6)),
+            "vmm_threads_us_per_child_per_s": r2(idle.vmm_threads_us / n / (window_us / 1e6)),
             "host_busy_pct_of_one_core": r2(host_busy_pct_of_one_core),
         },
         "kill_ms": r2(kill_ms),
